@@ -1,0 +1,1 @@
+"""The Textual operator console for tokengate."""
