@@ -1,0 +1,460 @@
+"""Admission: does a request run now, wait, or get refused? (pure core)
+
+No I/O and no clock: every method takes `now`. One `Admission` guards one
+backend: its ledger (what is in flight), its class queues (what waits) and
+the rules below. The async shell owns the timers; it calls `advance(now)` on
+every release, budget change or at `next_deadline()`.
+
+Terms (per class c):
+  reserved_c  tokens guaranteed to c: other classes never borrow them while c
+              leaves them unused.
+  limit_c     the most c may hold, reserved share plus borrowing.
+  held back   sum over the other classes c' of max(0, reserved_c' - in_flight_c').
+
+A request r of class c, tenant t fits when all of:
+  F1. in_flight + cost(r) <= budget - held back            (shared budget)
+  F2. in_flight_c + cost(r) <= limit_c                      (class limit)
+  F3. in_flight_t + cost(r) <= max_tokens_in_flight_t       (tenant quota, if set)
+  F4. prefilling + prompt(r) <= max_prefill_tokens          (prefill burst, if set)
+  F5. a slot is free                                        (llama-server never defers)
+While a higher-priority class waits for the shared budget (F1/F4), a lower
+class may only dispatch within its own reservation: its borrowing yields.
+
+Never fits (refused at once, never queued): cost > the context one slot holds,
+cost > the largest share the class can reach at the ceiling (400), or cost >
+the tenant's whole quota (429 tenant_quota). Cost above what the class can reach
+at the current working budget is 429 token_budget_exceeded.
+
+Invariants (`check_invariants`): the ledger's L1-L4, the queues' Q1-Q4, and
+  A1. no request is both waiting and holding a reservation;
+  A2. busy slots (reservations held) <= slots.
+A refusal changes nothing; shrinking the budget revokes nothing already admitted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol
+
+from gate import ledger as ledger_mod
+from gate import queueing
+from gate.ledger import Ledger, Request, Reservation
+from gate.queueing import ClassQueue, Waiting
+from gate.reasons import Reason
+
+RETRY_MIN_S = 1.0
+RETRY_MAX_S = 120.0
+
+
+class ClassPolicy(Protocol):
+    """The fields of config.ClassConfig that admission reads."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def reserved_tokens(self) -> int: ...
+    @property
+    def limit_tokens(self) -> int | None: ...
+    @property
+    def queue_depth(self) -> int: ...
+    @property
+    def queue_timeout_s(self) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TenantPolicy:
+    weight: float = 1.0
+    max_tokens_in_flight: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """What the backend can physically hold."""
+
+    slots: int
+    slot_context: int  # tokens one request can occupy (per-slot n_ctx)
+    ceiling: int  # the most KV tokens in flight (pool size, or slots x slot_context)
+    max_prefill_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    request: Request
+    at: float
+
+    @property
+    def queued_s(self) -> float:
+        return self.at - self.request.arrival
+
+
+@dataclass(frozen=True, slots=True)
+class Queue:
+    request: Request
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    request: Request
+    reason: Reason
+    detail: str
+    retry_after_s: float | None = None
+
+    @property
+    def status(self) -> int:
+        return self.reason.status
+
+
+Decision = Admit | Queue | Refuse
+
+
+class Block(Enum):
+    """Why a request does not fit right now (F1-F5)."""
+
+    BUDGET = "budget"
+    CLASS_LIMIT = "class_limit"
+    TENANT = "tenant"
+    PREFILL = "prefill"
+    SLOTS = "slots"
+
+
+_SHARED = (Block.BUDGET, Block.PREFILL)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What `advance` changed: requests dispatched and requests whose wait ran out."""
+
+    admitted: tuple[Admit, ...] = ()
+    expired: tuple[Refuse, ...] = ()
+
+
+@dataclass(slots=True)
+class _Class:
+    policy: ClassPolicy
+    queue: ClassQueue
+
+
+@dataclass(slots=True)
+class DrainRate:
+    """Reserved tokens released per second over a sliding window."""
+
+    window_s: float = 30.0
+    _events: deque[tuple[float, int]] = field(default_factory=deque)
+    _total: int = 0
+    _since: float | None = None
+
+    def record(self, now: float, tokens: int) -> None:
+        if self._since is None:
+            self._since = now
+        self._events.append((now, tokens))
+        self._total += tokens
+        self._trim(now)
+
+    def rate(self, now: float) -> float:
+        self._trim(now)
+        if self._since is None or not self._events:
+            return 0.0
+        span = min(self.window_s, now - self._since)
+        # A burst of releases at one instant says little: count at least one second.
+        return self._total / max(span, 1.0)
+
+    def _trim(self, now: float) -> None:
+        while self._events and self._events[0][0] < now - self.window_s:
+            self._total -= self._events.popleft()[1]
+
+
+def clamp_retry(seconds: float) -> float:
+    """Retry-After is always within [1, 120] s."""
+    if math.isnan(seconds):
+        return RETRY_MAX_S
+    return min(RETRY_MAX_S, max(RETRY_MIN_S, seconds))
+
+
+class Admission:
+    """The admission core for one backend."""
+
+    def __init__(
+        self,
+        classes: Iterable[ClassPolicy],
+        capacity: Capacity,
+        *,
+        budget: int | None = None,
+        tenant_policy: Callable[[str], TenantPolicy] = lambda _t: TenantPolicy(),
+        drain_window_s: float = 30.0,
+    ) -> None:
+        self.capacity = capacity
+        self.budget = capacity.ceiling if budget is None else budget
+        self.ledger = Ledger()
+        self.drain_rate = DrainRate(drain_window_s)
+        self._tenant_policy = tenant_policy
+        self._classes: dict[str, _Class] = {}
+        for policy in classes:
+            self._classes[policy.name] = _Class(
+                policy,
+                ClassQueue(
+                    policy.name,
+                    depth=policy.queue_depth,
+                    timeout_s=policy.queue_timeout_s,
+                    weight_of=lambda t: self._tenant_policy(t).weight,
+                ),
+            )
+        self._order = sorted(self._classes.values(), key=lambda c: -c.policy.priority)
+
+    # ---- reading -----------------------------------------------------------
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        return tuple(c.policy.name for c in self._order)
+
+    def policy(self, cls: str) -> ClassPolicy:
+        return self._classes[cls].policy
+
+    def queue(self, cls: str) -> ClassQueue:
+        return self._classes[cls].queue
+
+    def waiting(self) -> int:
+        return sum(len(c.queue) for c in self._order)
+
+    def next_deadline(self) -> float | None:
+        """The earliest moment a waiting request times out (for the shell's one timer)."""
+        deadlines = [d for c in self._order if (d := c.queue.next_deadline()) is not None]
+        return min(deadlines) if deadlines else None
+
+    def held_back(self, cls: str) -> int:
+        """Unused reservations of the classes other than `cls`."""
+        return sum(
+            max(0, c.policy.reserved_tokens - self.ledger.class_tokens(c.policy.name))
+            for c in self._order
+            if c.policy.name != cls
+        )
+
+    def class_reach(self, cls: str, budget: int) -> int:
+        """The most tokens `cls` could hold at `budget` with every other class idle."""
+        policy = self._classes[cls].policy
+        reserved_elsewhere = sum(
+            c.policy.reserved_tokens for c in self._order if c.policy.name != cls
+        )
+        reach = budget - reserved_elsewhere
+        if policy.limit_tokens is not None:
+            reach = min(reach, policy.limit_tokens)
+        return reach
+
+    def blocker(self, request: Request, *, own_share_only: bool = False) -> Block | None:
+        """The first of F5, F1-F4 that `request` fails now, or None if it fits."""
+        led = self.ledger
+        policy = self._classes[request.cls].policy
+        cost = request.cost
+        if len(led) >= self.capacity.slots:
+            return Block.SLOTS
+        in_class = led.class_tokens(request.cls)
+        if led.in_flight + cost > self.budget - self.held_back(request.cls):
+            return Block.BUDGET
+        if own_share_only and in_class + cost > policy.reserved_tokens:
+            return Block.BUDGET
+        if policy.limit_tokens is not None and in_class + cost > policy.limit_tokens:
+            return Block.CLASS_LIMIT
+        quota = self._tenant_policy(request.tenant).max_tokens_in_flight
+        if quota is not None and led.tenant_tokens(request.tenant) + cost > quota:
+            return Block.TENANT
+        cap = self.capacity.max_prefill_tokens
+        if cap is not None and led.prefilling + request.prompt_tokens > cap:
+            return Block.PREFILL
+        return None
+
+    def retry_after(self, cls: str, cost: int, now: float, *, ahead: int | None = None) -> float:
+        """Seconds until the class queue has drained enough for `cost`, clamped to [1, 120]."""
+        queue = self._classes[cls].queue
+        tokens_ahead = queue.tokens if ahead is None else ahead
+        rate = self.drain_rate.rate(now)
+        if rate <= 0:
+            # Nothing has finished yet to measure: the class's own wait bound is the honest guess.
+            return clamp_retry(queue.timeout_s)
+        return clamp_retry((tokens_ahead + cost) / rate)
+
+    # ---- deciding ----------------------------------------------------------
+
+    def offer(self, request: Request, now: float) -> Decision:
+        """Admit, enqueue or refuse a new request; a refusal changes nothing."""
+        entry = self._classes.get(request.cls)
+        if entry is None:
+            raise KeyError(f"unknown class {request.cls!r}")
+        never = self._never_fits(request)
+        if never is not None:
+            return never
+        if entry.queue.paused:
+            return Refuse(
+                request,
+                Reason.CLASS_PAUSED,
+                f"class {request.cls!r} is paused by the operator",
+                self.retry_after(request.cls, request.cost, now),
+            )
+        if request.cost > self.class_reach(request.cls, self.budget):
+            return Refuse(
+                request,
+                Reason.TOKEN_BUDGET_EXCEEDED,
+                f"request needs {request.cost} tokens; class {request.cls!r} can reach "
+                f"{self.class_reach(request.cls, self.budget)} at the current budget of {self.budget}",
+                self.retry_after(request.cls, request.cost, now),
+            )
+        # No overtaking: with requests of its class waiting, a newcomer waits behind them.
+        if not entry.queue and self.blocker(
+            request, own_share_only=self._yield_to_higher(entry)
+        ) is None:
+            self.ledger.reserve(request, now)
+            return Admit(request, now)
+        if entry.queue.full:
+            return Refuse(
+                request,
+                Reason.QUEUE_FULL,
+                f"class {request.cls!r} queue is full ({entry.queue.depth} waiting)",
+                self.retry_after(request.cls, request.cost, now),
+            )
+        item = entry.queue.push(request, now)
+        assert item is not None
+        return Queue(request, item.deadline)
+
+    def advance(self, now: float) -> Step:
+        """Expire overdue waiters, then dispatch by priority and DRR while requests fit."""
+        expired = tuple(self._expire(now))
+        admitted: list[Admit] = []
+        shared_blocked = False
+        for entry in self._order:
+            queue = entry.queue
+            if queue.paused or not queue:
+                continue
+            exclude: set[str] = set()
+            while True:
+                item = queue.select(exclude)
+                if item is None:
+                    break
+                block = self.blocker(item.request, own_share_only=shared_blocked)
+                if block is None:
+                    queue.pop(item)
+                    self.ledger.reserve(item.request, now)
+                    admitted.append(Admit(item.request, now))
+                    continue
+                if block is Block.SLOTS:
+                    return Step(tuple(admitted), expired)
+                if block is Block.TENANT:
+                    exclude.add(item.request.tenant)
+                    continue
+                if block in _SHARED:
+                    shared_blocked = True
+                break
+        return Step(tuple(admitted), expired)
+
+    def cancel(self, request_id: str) -> Waiting | None:
+        """A waiting request's client went away: forget it (no reservation to release)."""
+        for entry in self._order:
+            item = entry.queue.remove(request_id)
+            if item is not None:
+                return item
+        return None
+
+    def first_token(self, request_id: str) -> bool:
+        return self.ledger.first_token(request_id)
+
+    def release(self, request_id: str, now: float) -> Reservation | None:
+        """Return a reservation's tokens exactly once; None if it was already released."""
+        res = self.ledger.release(request_id)
+        if res is not None:
+            self.drain_rate.record(now, res.cost)
+        return res
+
+    def drain(self, cls: str, now: float) -> list[Refuse]:
+        """Refuse everything waiting in `cls` (operator action)."""
+        queue = self._classes[cls].queue
+        return [
+            Refuse(
+                w.request,
+                Reason.DRAINED,
+                f"class {cls!r} queue was drained by the operator",
+                self.retry_after(cls, w.request.cost, now, ahead=0),
+            )
+            for w in queue.drain()
+        ]
+
+    # ---- steering ----------------------------------------------------------
+
+    def set_budget(self, tokens: int) -> None:
+        """Change the working budget; admitted work is never revoked, only new admissions wait."""
+        if tokens < 1:
+            raise ValueError(f"budget must be positive, got {tokens}")
+        self.budget = min(tokens, self.capacity.ceiling)
+
+    def set_capacity(self, capacity: Capacity) -> None:
+        self.capacity = capacity
+        self.budget = min(self.budget, capacity.ceiling)
+
+    def pause(self, cls: str) -> None:
+        self._classes[cls].queue.paused = True
+
+    def resume(self, cls: str) -> None:
+        self._classes[cls].queue.paused = False
+
+    # ---- internals ---------------------------------------------------------
+
+    def _never_fits(self, request: Request) -> Refuse | None:
+        cost = request.cost
+        if cost > self.capacity.slot_context:
+            return Refuse(
+                request,
+                Reason.CONTEXT_LENGTH_EXCEEDED,
+                f"prompt ({request.prompt_tokens}) + max_tokens ({request.max_tokens}) = {cost} "
+                f"tokens exceeds the {self.capacity.slot_context}-token context of a slot",
+            )
+        reach = self.class_reach(request.cls, self.capacity.ceiling)
+        if cost > reach:
+            return Refuse(
+                request,
+                Reason.CONTEXT_LENGTH_EXCEEDED,
+                f"request needs {cost} tokens; class {request.cls!r} can never hold more than {reach}",
+            )
+        quota = self._tenant_policy(request.tenant).max_tokens_in_flight
+        if quota is not None and cost > quota:
+            return Refuse(
+                request,
+                Reason.TENANT_QUOTA,
+                f"request needs {cost} tokens; tenant {request.tenant!r} may hold at most {quota}",
+            )
+        return None
+
+    def _yield_to_higher(self, entry: _Class) -> bool:
+        """Does a higher-priority class wait for the shared budget (so `entry` may not borrow)?"""
+        for other in self._order:
+            if other is entry:
+                return False
+            if other.queue.paused or not other.queue:
+                continue
+            item = other.queue.select()
+            if item is not None and self.blocker(item.request) in _SHARED:
+                return True
+        return False
+
+    def _expire(self, now: float) -> Iterable[Refuse]:
+        for entry in self._order:
+            for w in entry.queue.expire(now):
+                yield Refuse(
+                    w.request,
+                    Reason.QUEUE_TIMEOUT,
+                    f"waited {now - w.enqueued_at:.1f}s in class {entry.policy.name!r}, "
+                    f"its limit is {entry.queue.timeout_s:g}s",
+                    self.retry_after(entry.policy.name, w.request.cost, now),
+                )
+
+
+def check_invariants(adm: Admission) -> None:
+    """Raise AssertionError if any of L1-L4, Q1-Q4, A1-A2 does not hold."""
+    ledger_mod.check_invariants(adm.ledger)
+    for cls in adm.class_names:
+        queueing.check_invariants(adm.queue(cls))
+        for w in adm.queue(cls):
+            assert w.request.id not in adm.ledger, "A1 waiting and reserved"
+    assert len(adm.ledger) <= adm.capacity.slots, "A2 slots"

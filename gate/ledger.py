@@ -1,0 +1,134 @@
+"""The reservation ledger: what is in flight, and exactly-once release.
+
+Pure: no I/O, no clock; times are passed in. One ledger guards one backend.
+
+Invariants (checked by `check_invariants`):
+  L1. in_flight == sum of the costs of the held reservations.
+  L2. by_class[c] and by_tenant[t] are the sums over the reservations of c and t;
+      keys whose sum is zero are absent.
+  L3. prefilling == sum of prompt tokens of reservations that have not produced
+      their first token.
+  L4. A reservation is released at most once: a second release returns None and
+      changes nothing but the `double_releases` counter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What admission needs to know about one request; no prompt text."""
+
+    id: str
+    cls: str
+    tenant: str
+    prompt_tokens: int
+    max_tokens: int
+    arrival: float
+
+    @property
+    def cost(self) -> int:
+        """Worst-case KV tokens: the prompt plus every token it may generate."""
+        return self.prompt_tokens + self.max_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    request: Request
+    admitted_at: float
+    prefilling: bool = True
+
+    @property
+    def cost(self) -> int:
+        return self.request.cost
+
+
+@dataclass(slots=True)
+class Ledger:
+    """Held reservations with running sums per class and per tenant."""
+
+    _held: dict[str, Reservation] = field(default_factory=dict)
+    in_flight: int = 0
+    prefilling: int = 0
+    by_class: dict[str, int] = field(default_factory=dict)
+    by_tenant: dict[str, int] = field(default_factory=dict)
+    double_releases: int = 0
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._held
+
+    def __iter__(self) -> Iterator[Reservation]:
+        return iter(self._held.values())
+
+    def get(self, request_id: str) -> Reservation | None:
+        return self._held.get(request_id)
+
+    def class_tokens(self, cls: str) -> int:
+        return self.by_class.get(cls, 0)
+
+    def tenant_tokens(self, tenant: str) -> int:
+        return self.by_tenant.get(tenant, 0)
+
+    def reserve(self, request: Request, now: float) -> Reservation:
+        """Hold `request.cost` tokens; the caller has checked that it fits."""
+        if request.id in self._held:
+            raise ValueError(f"request {request.id!r} already holds a reservation")
+        res = Reservation(request, now)
+        self._held[request.id] = res
+        self.in_flight += request.cost
+        self.prefilling += request.prompt_tokens
+        _add(self.by_class, request.cls, request.cost)
+        _add(self.by_tenant, request.tenant, request.cost)
+        return res
+
+    def first_token(self, request_id: str) -> bool:
+        """The prompt is processed: stop counting it against the prefill limit."""
+        res = self._held.get(request_id)
+        if res is None or not res.prefilling:
+            return False
+        self._held[request_id] = Reservation(res.request, res.admitted_at, prefilling=False)
+        self.prefilling -= res.request.prompt_tokens
+        return True
+
+    def release(self, request_id: str) -> Reservation | None:
+        """Give the tokens back; exactly once. A repeat returns None and is counted."""
+        res = self._held.pop(request_id, None)
+        if res is None:
+            self.double_releases += 1
+            return None
+        req = res.request
+        self.in_flight -= req.cost
+        if res.prefilling:
+            self.prefilling -= req.prompt_tokens
+        _add(self.by_class, req.cls, -req.cost)
+        _add(self.by_tenant, req.tenant, -req.cost)
+        return res
+
+
+def _add(sums: dict[str, int], key: str, delta: int) -> None:
+    value = sums.get(key, 0) + delta
+    if value:
+        sums[key] = value
+    else:
+        # Absent rather than zero, so idle tenants do not accumulate forever.
+        sums.pop(key, None)
+
+
+def check_invariants(ledger: Ledger) -> None:
+    """Raise AssertionError if L1-L3 do not hold."""
+    held = list(ledger)
+    assert ledger.in_flight == sum(r.cost for r in held), "L1 in_flight"
+    by_class: dict[str, int] = {}
+    by_tenant: dict[str, int] = {}
+    for r in held:
+        _add(by_class, r.request.cls, r.cost)
+        _add(by_tenant, r.request.tenant, r.cost)
+    assert ledger.by_class == by_class, "L2 by_class"
+    assert ledger.by_tenant == by_tenant, "L2 by_tenant"
+    assert ledger.prefilling == sum(r.request.prompt_tokens for r in held if r.prefilling), "L3"

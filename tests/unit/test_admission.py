@@ -1,0 +1,302 @@
+"""Example-based tests of the admission core (gate/admission.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gate.admission import Admit, Capacity, Queue, Refuse, TenantPolicy, check_invariants, clamp_retry
+from gate.reasons import Reason
+from tests.unit.core_helpers import req, state_of, two_classes
+
+
+def test_request_that_fits_is_admitted_and_reserves_its_worst_case_cost():
+    adm = two_classes()
+    r = req("interactive", 300, prompt=100)
+    decision = adm.offer(r, now=0.0)
+    assert isinstance(decision, Admit)
+    assert adm.ledger.in_flight == 300
+    assert adm.ledger.prefilling == 100
+    assert adm.ledger.class_tokens("interactive") == 300
+
+
+def test_request_larger_than_a_slot_context_is_refused_400_and_never_queued():
+    adm = two_classes(slot_context=512, budget=2048)
+    before = state_of(adm)
+    decision = adm.offer(req("batch", 513), now=0.0)
+    assert isinstance(decision, Refuse)
+    assert decision.reason is Reason.CONTEXT_LENGTH_EXCEEDED
+    assert decision.status == 400
+    assert decision.retry_after_s is None
+    assert state_of(adm) == before
+
+
+def test_request_beyond_class_limit_at_the_ceiling_never_fits():
+    adm = two_classes(batch={"limit_tokens": 300})
+    decision = adm.offer(req("batch", 301), now=0.0)
+    assert isinstance(decision, Refuse) and decision.reason is Reason.CONTEXT_LENGTH_EXCEEDED
+
+
+def test_request_beyond_current_working_budget_but_within_ceiling_is_429_with_retry():
+    adm = two_classes(budget=1000)
+    adm.set_budget(400)
+    decision = adm.offer(req("batch", 500), now=0.0)
+    assert isinstance(decision, Refuse)
+    assert decision.reason is Reason.TOKEN_BUDGET_EXCEEDED
+    assert decision.status == 429
+    assert 1.0 <= decision.retry_after_s <= 120.0
+
+
+def test_request_larger_than_the_tenant_quota_itself_is_refused_tenant_quota():
+    adm = two_classes(tenants={"small": TenantPolicy(max_tokens_in_flight=200)})
+    decision = adm.offer(req("batch", 201, tenant="small"), now=0.0)
+    assert isinstance(decision, Refuse) and decision.reason is Reason.TENANT_QUOTA
+    assert decision.status == 429
+
+
+def test_full_budget_queues_then_release_dispatches_the_waiter():
+    adm = two_classes(budget=1000)
+    first = req("batch", 800)
+    assert isinstance(adm.offer(first, 0.0), Admit)
+    second = req("batch", 300, at=1.0)
+    decision = adm.offer(second, 1.0)
+    assert isinstance(decision, Queue)
+    assert decision.deadline == pytest.approx(11.0)
+    assert adm.advance(2.0).admitted == ()
+    adm.release(first.id, 3.0)
+    step = adm.advance(3.0)
+    assert [a.request.id for a in step.admitted] == [second.id]
+    assert step.admitted[0].queued_s == pytest.approx(2.0)
+
+
+def test_newcomer_never_overtakes_a_waiting_request_of_its_class():
+    adm = two_classes(budget=1000)
+    adm.offer(req("batch", 700), 0.0)
+    big = req("batch", 400)
+    assert isinstance(adm.offer(big, 0.0), Queue)
+    small = req("batch", 100)
+    # 100 would fit in the 300 left, but `big` is ahead of it.
+    assert isinstance(adm.offer(small, 0.0), Queue)
+
+
+def test_interactive_arrivals_dispatch_before_every_queued_batch_request():
+    adm = two_classes(budget=1000, slots=2)
+    running = [req("batch", 400), req("batch", 400)]
+    for r in running:
+        assert isinstance(adm.offer(r, 0.0), Admit)
+    queued_batch = [req("batch", 100, at=0.1) for _ in range(3)]
+    for r in queued_batch:
+        assert isinstance(adm.offer(r, 0.1), Queue)  # no free slot
+    late_interactive = req("interactive", 100, at=0.5)
+    assert isinstance(adm.offer(late_interactive, 0.5), Queue)
+    adm.release(running[0].id, 1.0)
+    step = adm.advance(1.0)
+    assert [a.request.id for a in step.admitted] == [late_interactive.id]
+
+
+def test_unused_reservation_of_another_class_is_held_back_from_borrowers():
+    adm = two_classes(budget=1000, interactive={"reserved_tokens": 400})
+    assert isinstance(adm.offer(req("batch", 600), 0.0), Admit)
+    # 400 tokens are free, but they are interactive's reservation.
+    assert isinstance(adm.offer(req("batch", 100), 0.0), Queue)
+    assert isinstance(adm.offer(req("interactive", 400), 0.0), Admit)
+
+
+def test_batch_borrows_idle_interactive_share_only_beyond_reservations():
+    adm = two_classes(budget=1000, interactive={"reserved_tokens": 300}, batch={"limit_tokens": 900})
+    # Batch can reach budget - interactive's reservation = 700, not its 900 limit.
+    assert adm.class_reach("batch", adm.budget) == 700
+    assert isinstance(adm.offer(req("batch", 700), 0.0), Admit)
+
+
+def test_class_limit_stops_borrowing():
+    adm = two_classes(budget=1000, batch={"limit_tokens": 500})
+    assert isinstance(adm.offer(req("batch", 400), 0.0), Admit)
+    assert isinstance(adm.offer(req("batch", 200), 0.0), Queue)
+    assert isinstance(adm.offer(req("interactive", 200), 0.0), Admit)
+
+
+def test_lower_class_yields_borrowed_budget_while_higher_class_waits_for_it():
+    adm = two_classes(budget=1000, batch={"reserved_tokens": 200})
+    adm.offer(req("interactive", 750), 0.0)
+    # Interactive can reach 800 (budget - batch's reservation): 750 + 300 waits.
+    assert isinstance(adm.offer(req("interactive", 300), 0.0), Queue)
+    # 250 free tokens exist, but borrowing them would starve the waiting interactive request.
+    assert isinstance(adm.offer(req("batch", 250), 0.0), Queue)
+
+
+def test_batch_within_its_reservation_still_runs_while_interactive_waits():
+    adm = two_classes(budget=1000, batch={"reserved_tokens": 300})
+    adm.offer(req("interactive", 650), 0.0)
+    assert isinstance(adm.offer(req("interactive", 400), 0.0), Queue)  # needs 1050 - waits
+    # Batch's guaranteed 300 are not interactive's to take.
+    assert isinstance(adm.offer(req("batch", 300), 0.0), Admit)
+
+
+def test_no_free_slot_queues_even_with_budget_left():
+    adm = two_classes(budget=10_000, slots=1)
+    adm.offer(req("batch", 10), 0.0)
+    assert isinstance(adm.offer(req("interactive", 10), 0.0), Queue)
+
+
+def test_prefill_limit_holds_back_a_burst_of_long_prompts_until_first_token():
+    adm = two_classes(budget=10_000, slot_context=10_000, max_prefill_tokens=1000)
+    first = req("batch", 900, prompt=800)
+    adm.offer(first, 0.0)
+    second = req("batch", 900, prompt=800)
+    assert isinstance(adm.offer(second, 0.0), Queue)
+    assert adm.first_token(first.id) is True
+    assert adm.first_token(first.id) is False
+    assert [a.request.id for a in adm.advance(0.5).admitted] == [second.id]
+
+
+def test_tenant_at_its_quota_waits_without_blocking_other_tenants_of_the_class():
+    adm = two_classes(budget=10_000, slot_context=10_000, tenants={"greedy": TenantPolicy(max_tokens_in_flight=500)})
+    adm.offer(req("batch", 400, tenant="greedy"), 0.0)
+    capped = req("batch", 400, tenant="greedy")
+    assert isinstance(adm.offer(capped, 0.0), Queue)
+    other = req("batch", 400, tenant="polite")
+    assert isinstance(adm.offer(other, 0.0), Queue)  # behind `capped`: no overtaking on arrival
+    step = adm.advance(0.0)
+    assert [a.request.id for a in step.admitted] == [other.id]
+    assert capped.id in adm.queue("batch")
+
+
+def test_queue_full_refuses_with_retry_after_and_changes_nothing():
+    adm = two_classes(budget=100, slots=1, batch={"queue_depth": 2})
+    adm.offer(req("batch", 100), 0.0)
+    adm.offer(req("batch", 100), 0.0)
+    adm.offer(req("batch", 100), 0.0)
+    before = state_of(adm)
+    decision = adm.offer(req("batch", 100), 0.0)
+    assert isinstance(decision, Refuse) and decision.reason is Reason.QUEUE_FULL
+    assert decision.retry_after_s is not None
+    assert state_of(adm) == before
+
+
+def test_waiter_past_its_deadline_is_expired_not_dispatched():
+    adm = two_classes(budget=100, batch={"queue_timeout_s": 5.0})
+    running = req("batch", 100)
+    adm.offer(running, 0.0)
+    late = req("batch", 100)
+    adm.offer(late, 0.0)
+    adm.release(running.id, 5.0)
+    step = adm.advance(5.0)
+    assert step.admitted == ()
+    assert [(r.request.id, r.reason) for r in step.expired] == [(late.id, Reason.QUEUE_TIMEOUT)]
+    assert adm.ledger.in_flight == 0
+
+
+def test_next_deadline_reports_the_earliest_waiter():
+    adm = two_classes(budget=100, interactive={"queue_timeout_s": 2.0}, batch={"queue_timeout_s": 9.0})
+    adm.offer(req("batch", 100), 0.0)
+    adm.offer(req("batch", 10), 1.0)
+    adm.offer(req("interactive", 10), 3.0)
+    assert adm.next_deadline() == pytest.approx(5.0)
+
+
+def test_paused_class_refuses_newcomers_and_holds_its_waiters():
+    adm = two_classes(budget=100)
+    running = req("batch", 100)
+    adm.offer(running, 0.0)
+    held = req("batch", 50)
+    adm.offer(held, 0.0)
+    adm.pause("batch")
+    decision = adm.offer(req("batch", 10), 0.0)
+    assert isinstance(decision, Refuse) and decision.reason is Reason.CLASS_PAUSED
+    assert decision.status == 503
+    adm.release(running.id, 1.0)
+    assert adm.advance(1.0).admitted == ()
+    adm.resume("batch")
+    assert [a.request.id for a in adm.advance(1.0).admitted] == [held.id]
+
+
+def test_drain_refuses_every_waiter_with_drained():
+    adm = two_classes(budget=100)
+    adm.offer(req("batch", 100), 0.0)
+    waiters = [req("batch", 10) for _ in range(3)]
+    for r in waiters:
+        adm.offer(r, 0.0)
+    refused = adm.drain("batch", 1.0)
+    assert [r.request.id for r in refused] == [r.id for r in waiters]
+    assert {r.reason for r in refused} == {Reason.DRAINED}
+    assert len(adm.queue("batch")) == 0
+
+
+def test_release_is_exactly_once():
+    adm = two_classes()
+    r = req("batch", 100)
+    adm.offer(r, 0.0)
+    assert adm.release(r.id, 1.0) is not None
+    assert adm.release(r.id, 1.0) is None
+    assert adm.ledger.in_flight == 0
+    assert adm.ledger.double_releases == 1
+
+
+def test_shrinking_the_budget_revokes_nothing_and_stops_new_admissions():
+    adm = two_classes(budget=1000)
+    held = [req("batch", 300) for _ in range(3)]
+    for r in held:
+        adm.offer(r, 0.0)
+    adm.set_budget(500)
+    assert adm.ledger.in_flight == 900
+    assert all(r.id in adm.ledger for r in held)
+    assert isinstance(adm.offer(req("interactive", 100), 0.0), Queue)
+    adm.release(held[0].id, 1.0)
+    adm.release(held[1].id, 1.0)
+    assert len(adm.advance(1.0).admitted) == 1
+
+
+def test_budget_cannot_exceed_the_ceiling():
+    adm = two_classes(budget=1000)
+    adm.set_budget(5000)
+    assert adm.budget == 1000
+    with pytest.raises(ValueError):
+        adm.set_budget(0)
+
+
+def test_cancel_removes_a_waiter_without_touching_the_ledger():
+    adm = two_classes(budget=100)
+    adm.offer(req("batch", 100), 0.0)
+    waiter = req("batch", 10)
+    adm.offer(waiter, 0.0)
+    assert adm.cancel(waiter.id) is not None
+    assert adm.cancel(waiter.id) is None
+    assert adm.ledger.in_flight == 100
+    check_invariants(adm)
+
+
+def test_retry_after_comes_from_queued_tokens_over_the_measured_drain_rate():
+    adm = two_classes(budget=1000, slot_context=1000, slots=1)
+    for t in range(10):
+        r = req("batch", 200)
+        adm.offer(r, float(t))
+        adm.release(r.id, float(t) + 0.5)  # 200 tokens released per second
+    blocker = req("batch", 1000)
+    adm.offer(blocker, 10.0)
+    for _ in range(3):
+        adm.offer(req("batch", 400), 10.0)  # 1200 tokens queued
+    rate = adm.drain_rate.rate(10.0)
+    assert rate == pytest.approx(2000 / 9.5)
+    expected = (1200 + 400) / rate
+    assert adm.retry_after("batch", 400, 10.0) == pytest.approx(expected)
+
+
+def test_retry_after_is_clamped_between_1_and_120_seconds():
+    assert clamp_retry(0.01) == 1.0
+    assert clamp_retry(10_000.0) == 120.0
+    assert clamp_retry(float("nan")) == 120.0
+    assert clamp_retry(7.5) == 7.5
+
+
+def test_unknown_class_is_a_programming_error_for_the_core():
+    adm = two_classes()
+    with pytest.raises(KeyError):
+        adm.offer(req("nope", 10), 0.0)
+
+
+def test_capacity_change_clamps_budget_to_new_ceiling():
+    adm = two_classes(budget=1000)
+    adm.set_capacity(Capacity(slots=2, slot_context=256, ceiling=512))
+    assert adm.budget == 512
+    decision = adm.offer(req("batch", 300), 0.0)
+    assert isinstance(decision, Refuse) and decision.reason is Reason.CONTEXT_LENGTH_EXCEEDED
