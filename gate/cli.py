@@ -1,0 +1,250 @@
+"""The ``tokengate`` command line.
+
+Exit codes: 0 ok, 2 usage or config error (the message names the file, the key and the
+problem), 1 runtime failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import TextIO
+
+from gate import __version__
+from gate.config import EXAMPLE_CONFIG, Config, ConfigError, load_config, parse_config
+
+EXIT_OK = 0
+EXIT_RUNTIME = 1
+EXIT_USAGE = 2
+
+_EXIT_CODES = """\
+exit codes:
+  0  ok
+  1  runtime failure
+  2  usage or config error (the message names the file, the key and the problem)
+"""
+
+_DESCRIPTION = """\
+tokengate: a token-aware admission gate for llama.cpp's llama-server.
+
+It sits in front of llama-server and decides, before a request reaches it, whether the
+request runs now, waits in a bounded per-class queue, or is refused with a clear answer
+(429/503 with Retry-After), so a shared KV cache is never overcommitted. The console shows
+slots, GPU memory, classes, denials and the token budget live, and lets the on-call
+operator retune, pause, drain and freeze.
+"""
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keep the hand-wrapped descriptions and epilogs as written."""
+
+
+def _plural(n: int, singular: str, plural: str) -> str:
+    return f"{n} {singular if n == 1 else plural}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tokengate",
+        description=_DESCRIPTION,
+        epilog=_EXIT_CODES + "\nRun `tokengate COMMAND --help` for a command's options.",
+        formatter_class=_Formatter,
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"tokengate {__version__}",
+        help="print the version and exit",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+
+    # console
+    console = commands.add_parser(
+        "console",
+        help="the live console with the gate embedded",
+        description=(
+            "Run the gate and its Textual console in this terminal: slots per backend, GPU\n"
+            "memory, classes, denials, the budget curve and the decision tail. Every operator\n"
+            "action is journaled with your user name and SSH origin."
+        ),
+        epilog=_EXIT_CODES,
+        formatter_class=_Formatter,
+    )
+    console.add_argument(
+        "--config",
+        metavar="FILE",
+        help="TOML config file (see `tokengate config example`); default: built-in defaults",
+    )
+    console.add_argument(
+        "--demo",
+        action="store_true",
+        help="run against the built-in llama-server simulator with synthetic interactive and "
+        "batch traffic; the screen is labelled SIMULATED",
+    )
+    console.add_argument(
+        "--read-only",
+        action="store_true",
+        help="watch only: hide every action (retune, pause, drain, freeze)",
+    )
+    console.set_defaults(func=_cmd_console)
+
+    # config
+    config = commands.add_parser(
+        "config",
+        help="check a config file or print an annotated example",
+        description="Validate a tokengate TOML config, or print an example with every key explained.",
+        epilog=_EXIT_CODES,
+        formatter_class=_Formatter,
+    )
+    config_commands = config.add_subparsers(dest="config_command", metavar="ACTION", title="actions")
+    config_commands.required = True
+    check = config_commands.add_parser(
+        "check",
+        help="validate a config file",
+        description=(
+            "Parse and validate FILE. On success print `ok: FILE (...)` and exit 0; on the first\n"
+            "problem print `FILE: key.path: problem` to stderr and exit 2. Nothing is contacted:\n"
+            "environment variables named by api_key_env are not read."
+        ),
+        epilog=_EXIT_CODES,
+        formatter_class=_Formatter,
+    )
+    check.add_argument("file", metavar="FILE", help="the TOML file, or - to read standard input")
+    check.set_defaults(func=_cmd_config_check)
+    example = config_commands.add_parser(
+        "example",
+        help="print an annotated example config (every key, with its default)",
+        description=(
+            "Print an annotated tokengate.toml listing every key with what it does, its unit and\n"
+            "its default. Start from it: tokengate config example > tokengate.toml"
+        ),
+        epilog=_EXIT_CODES,
+        formatter_class=_Formatter,
+    )
+    example.set_defaults(func=_cmd_config_example)
+    return parser
+
+
+# ------------------------------------------------------------------------------------------
+# Commands
+
+
+def _cmd_config_example(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    out.write(EXAMPLE_CONFIG)
+    return EXIT_OK
+
+
+def _cmd_config_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if args.file == "-":
+        source = "<stdin>"
+        config = parse_config(sys.stdin.read(), source)
+    else:
+        source = args.file
+        config = load_config(args.file)
+    counts = ", ".join(
+        (
+            _plural(len(config.backends), "backend", "backends"),
+            _plural(len(config.classes), "class", "classes"),
+            _plural(len(config.tenants), "tenant", "tenants"),
+        )
+    )
+    out.write(f"ok: {source} ({counts})\n")
+    return EXIT_OK
+
+
+def _fmt_tokens(n: int | None, none: str) -> str:
+    return none if n is None else str(n)
+
+
+def _fmt_num(x: float) -> str:
+    return f"{x:g}"
+
+
+def describe_config(config: Config) -> list[str]:
+    """A short human summary of the effective config, one line per item."""
+    lines = [f"listen   {config.gate.listen}    journal {config.gate.journal}"]
+    for b in config.backends:
+        extra = []
+        if b.models:
+            extra.append("models " + ", ".join(b.models))
+        if b.token_budget is not None:
+            extra.append(f"token_budget {b.token_budget}")
+        if b.max_prefill_tokens is not None:
+            extra.append(f"max_prefill_tokens {b.max_prefill_tokens}")
+        tail = ("  " + "  ".join(extra)) if extra else ""
+        lines.append(f"backend  {b.name}  {b.url}  kv {b.kv}{tail}")
+    bu = config.budget
+    slo = f"TTFT p95 {_fmt_num(bu.slo_ttft_p95_ms)} ms"
+    if bu.slo_tpot_p95_ms is not None:
+        slo += f", TPOT p95 {_fmt_num(bu.slo_tpot_p95_ms)} ms"
+    lines.append(f"budget   {bu.mode}, min {bu.min_tokens} tokens, SLO {slo}")
+    for c in config.classes:
+        default = "  (default)" if c.name == config.default_class else ""
+        lines.append(
+            f"class    {c.name}  priority {c.priority}  reserved {c.reserved_tokens}  "
+            f"limit {_fmt_tokens(c.limit_tokens, 'budget')}  depth {c.queue_depth}  "
+            f"timeout {_fmt_num(c.queue_timeout_s)} s{default}"
+        )
+    if config.tenants:
+        lines.append(f"tenants  {', '.join(t.name for t in config.tenants)}")
+    else:
+        lines.append("tenants  none (open gate)")
+    return lines
+
+
+def _cmd_console(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    config = load_config(args.config)
+    flags = [f for f, on in (("demo", args.demo), ("read-only", args.read_only)) if on]
+    out.write(f"tokengate {__version__}" + (f"  [{', '.join(flags)}]" if flags else "") + "\n")
+    out.write(f"config   {args.config if args.config else '(built-in defaults)'}\n")
+    for line in describe_config(config):
+        out.write(line + "\n")
+    out.write("the console is not built yet: this is a summary of the effective config only\n")
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------------------------------
+# Entry point
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``tokengate`` entry point; returns the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version, usage errors
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    out, err = sys.stdout, sys.stderr
+    try:
+        code: int = args.func(args, out, err)
+        out.flush()
+        return code
+    except ConfigError as e:
+        err.write(f"{e}\n")
+        return EXIT_USAGE
+    except BrokenPipeError:
+        # The reader went away (e.g. `tokengate config example | head`): not our failure.
+        _silence_stdout()
+        return EXIT_OK
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # noqa: BLE001 - the contract is "1 on runtime failure", with a message
+        err.write(f"tokengate: error: {type(e).__name__}: {e}\n")
+        return EXIT_RUNTIME
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

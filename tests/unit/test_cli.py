@@ -1,0 +1,207 @@
+"""gate.cli: the `tokengate` command line (config check / example, console placeholder)."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gate import __version__
+from gate.cli import main
+from gate.config import EXAMPLE_CONFIG
+
+
+def run(
+    capsys: pytest.CaptureFixture[str], *argv: str
+) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_config_example_prints_the_example(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "config", "example")
+    assert code == 0
+    assert out == EXAMPLE_CONFIG
+    assert err == ""
+
+
+def test_example_piped_into_check_stdin(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, example, _ = run(capsys, "config", "example")
+    monkeypatch.setattr(sys, "stdin", io.StringIO(example))
+    code, out, err = run(capsys, "config", "check", "-")
+    assert code == 0, err
+    assert out == "ok: <stdin> (1 backend, 2 classes, 0 tenants)\n"
+    assert err == ""
+
+
+def test_check_counts_what_it_found(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    p = tmp_path / "two.toml"
+    p.write_text(
+        '[[backends]]\nname = "a"\nurl = "http://a:1"\n[[backends]]\nname = "b"\nurl = "http://b:1"\n'
+        '[classes.only]\npriority = 1\n'
+        '[[tenants]]\nname = "x"\napi_key_env = "X"\n[[tenants]]\nname = "y"\napi_key_env = "Y"\n'
+    )
+    code, out, err = run(capsys, "config", "check", str(p))
+    assert code == 0, err
+    assert out == f"ok: {p} (2 backends, 1 class, 2 tenants)\n"
+
+
+def test_typo_config_exits_2_naming_the_key(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    p = tmp_path / "tokengate.toml"
+    p.write_text('[gate]\nlisten = "127.0.0.1:8081"\nshed_factr = 3\n')
+    code, out, err = run(capsys, "config", "check", str(p))
+    assert code == 2
+    assert out == ""
+    assert err == f'{p}: gate.shed_factr: unknown key; did you mean "shed_factor"?\n'
+
+
+def test_negative_depth_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    p = tmp_path / "tokengate.toml"
+    p.write_text("[classes.batch]\npriority = 1\nqueue_depth = -3\n")
+    code, out, err = run(capsys, "config", "check", str(p))
+    assert code == 2
+    assert out == ""
+    assert err.strip() == f"{p}: classes.batch.queue_depth: must be a positive integer, got -3"
+
+
+def test_bad_stdin_names_stdin(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO("[budget]\ndecrease = 1.5\n"))
+    code, _, err = run(capsys, "config", "check", "-")
+    assert code == 2
+    assert err.startswith("<stdin>: budget.decrease: ")
+
+
+def test_missing_file_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = run(capsys, "config", "check", str(tmp_path / "absent.toml"))
+    assert code == 2
+    assert "absent.toml" in err and "cannot read" in err
+
+
+def test_toml_syntax_error_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    p = tmp_path / "broken.toml"
+    p.write_text("[gate\n")
+    code, _, err = run(capsys, "config", "check", str(p))
+    assert code == 2
+    assert err.startswith(f"{p}: line 1")
+    assert "invalid TOML" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["config"], ["config", "check"], ["nope"], ["console", "--bogus"], ["config", "check", "a", "b"]],
+)
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    assert "usage: tokengate" in err
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "--version")
+    assert code == 0
+    assert out.strip() == f"tokengate {__version__}"
+
+
+@pytest.mark.parametrize(
+    ("argv", "expect"),
+    [
+        ([], ["console", "config", "exit codes", "2  usage or config error"]),
+        (["console"], ["--config", "--demo", "SIMULATED", "--read-only"]),
+        (["config", "check"], ["FILE", "standard input", "exit codes"]),
+    ],
+)
+def test_help_texts(capsys: pytest.CaptureFixture[str], argv: list[str], expect: list[str]) -> None:
+    code, out, _ = run(capsys, *argv, "--help")
+    assert code == 0
+    for fragment in expect:
+        assert fragment in out
+
+
+def test_console_placeholder_summarises_the_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "console")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == f"tokengate {__version__}"
+    assert "127.0.0.1:8081" in out
+    assert "backend  default  http://127.0.0.1:8080  kv unified" in out
+    assert "adaptive" in out and "2000 ms" in out
+    interactive = next(line for line in lines if "interactive" in line)
+    assert "priority 10" in interactive and "depth 64" in interactive and "timeout 10 s" in interactive
+    batch = next(line for line in lines if line.startswith("class    batch"))
+    assert "priority 1 " in batch and "depth 256" in batch and "timeout 120 s" in batch
+    assert lines.index(interactive) < lines.index(batch)  # highest priority first
+    assert "not built yet" in lines[-1]
+
+
+def test_console_placeholder_reads_the_config(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    p = tmp_path / "c.toml"
+    p.write_text(
+        '[gate]\nlisten = "[::1]:9999"\n[[backends]]\nurl = "http://gpu:8080"\nkv = "split"\n'
+        '[budget]\nmode = "static"\n'
+        "[classes.gold]\npriority = 5\nreserved_tokens = 512\nlimit_tokens = 4096\nqueue_depth = 7\n"
+    )
+    code, out, err = run(capsys, "console", "--config", str(p), "--demo", "--read-only")
+    assert code == 0, err
+    assert "demo" in out.splitlines()[0] and "read-only" in out.splitlines()[0]
+    assert "[::1]:9999" in out
+    assert "kv split" in out and "static" in out
+    assert "class    gold  priority 5  reserved 512  limit 4096  depth 7" in out
+
+
+def test_console_with_bad_config_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    p = tmp_path / "c.toml"
+    p.write_text("[classes.batch]\npriority = 1\nqueue_depth = -3\n")
+    code, out, err = run(capsys, "console", "--config", str(p))
+    assert code == 2
+    assert "classes.batch.queue_depth" in err
+
+
+def test_installed_script_pipes_example_into_check(tmp_path: Path) -> None:
+    script = Path(sys.executable).parent / "tokengate"
+    assert script.exists(), f"the tokengate script is not installed next to {sys.executable}"
+    example = subprocess.run(
+        [str(script), "config", "example"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert example.returncode == 0, example.stderr
+    assert example.stdout == EXAMPLE_CONFIG
+    check = subprocess.run(
+        [str(script), "config", "check", "-"],
+        input=example.stdout,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert check.returncode == 0, check.stderr
+    assert check.stdout.startswith("ok: <stdin> (1 backend, 2 classes")
+
+    bad = subprocess.run(
+        [str(script), "config", "check", "-"],
+        input="[classes.batch]\npriority = 1\nqueue_depth = -3\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert bad.returncode == 2
+    assert "<stdin>: classes.batch.queue_depth: must be a positive integer, got -3" in bad.stderr
+
+
+def test_installed_script_in_a_real_shell_pipe(tmp_path: Path) -> None:
+    script = Path(sys.executable).parent / "tokengate"
+    proc = subprocess.run(
+        f'"{script}" config example | "{script}" config check -',
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("ok: <stdin>")

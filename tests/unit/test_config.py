@@ -1,0 +1,471 @@
+"""gate.config: TOML -> frozen dataclasses, strict validation with key-path errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from gate.config import (
+    EXAMPLE_CONFIG,
+    BackendConfig,
+    BudgetConfig,
+    ClassConfig,
+    Config,
+    ConfigError,
+    GateConfig,
+    TenantConfig,
+    config_from_dict,
+    load_config,
+    parse_config,
+    validate_config,
+)
+
+SHA_A = "a" * 64
+SHA_B = "0123456789abcdef" * 4
+
+_COMMENTED_KEY = re.compile(r"^# ((?:[a-z0-9_]+ = .*)|\[\[tenants\]\])$")
+
+
+def uncommented_example() -> str:
+    """EXAMPLE_CONFIG with every commented-out key (and tenant) switched on."""
+    return "\n".join(_COMMENTED_KEY.sub(r"\1", line) for line in EXAMPLE_CONFIG.splitlines())
+
+
+def error_of(text: str, source: str = "t.toml") -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, source)
+    return info.value
+
+
+# ---------------------------------------------------------------------------- defaults
+
+
+def test_defaults_without_a_file() -> None:
+    c = load_config(None)
+    assert c == Config()
+    assert c == parse_config("")
+    assert (c.gate.listen_host, c.gate.listen_port) == ("127.0.0.1", 8081)
+    assert c.gate.journal == "tokengate.db"
+    assert c.gate.max_body_bytes == 8 * 1024 * 1024
+    assert c.gate.request_timeout_s == 600.0
+    assert c.gate.shed_factor == 2.5
+    assert c.backends == (BackendConfig(name="default", url="http://127.0.0.1:8080", kv="unified"),)
+    assert c.budget == BudgetConfig(
+        mode="adaptive",
+        min_tokens=2048,
+        slo_ttft_p95_ms=2000.0,
+        slo_tpot_p95_ms=None,
+        window_s=30.0,
+        cooldown_s=5.0,
+        increase=1.1,
+        decrease=0.8,
+        min_samples=20,
+    )
+    assert c.classes == (
+        ClassConfig("interactive", 10, 0, None, 64, 10.0, 256, 4096),
+        ClassConfig("batch", 1, 0, None, 256, 120.0, 512, 4096),
+    )
+    assert c.default_class == "interactive"
+    assert c.tenants == ()
+
+
+def test_defaults_per_section_when_sections_are_partial() -> None:
+    c = parse_config('[gate]\nshed_factor = 3\n[budget]\nmode = "static"\n')
+    assert c.gate == GateConfig(shed_factor=3.0)
+    assert isinstance(c.gate.shed_factor, float)
+    assert c.budget == BudgetConfig(mode="static")
+    assert c.classes == Config().classes
+
+
+def test_defined_classes_replace_the_defaults_and_get_field_defaults() -> None:
+    c = parse_config("[classes.bulk]\npriority = 3\n")
+    assert c.classes == (ClassConfig(name="bulk", priority=3),)
+    assert c.classes[0].queue_depth == 64 and c.classes[0].queue_timeout_s == 30.0
+    # no "interactive" class and no default_class: the highest-priority class
+    assert c.default_class == "bulk"
+
+
+def test_classes_sorted_by_priority_highest_first() -> None:
+    c = parse_config(
+        "[classes.low]\npriority = 1\n[classes.high]\npriority = 50\n[classes.mid]\npriority = 7\n"
+    )
+    assert [x.name for x in c.classes] == ["high", "mid", "low"]
+    assert c.default_class == "high"
+    assert c.class_by_name("mid").priority == 7
+    with pytest.raises(KeyError):
+        c.class_by_name("nope")
+
+
+def test_lookup_helpers() -> None:
+    c = parse_config(
+        '[[backends]]\nname = "a"\nurl = "http://10.0.0.1:8080"\n'
+        '[[backends]]\nname = "b"\nurl = "https://gpu-2:443/"\nmodels = ["m1"]\nkv = "split"\n'
+    )
+    assert c.backend_by_name("b").kv == "split"
+    assert c.backend_by_name("b").url == "https://gpu-2:443"  # trailing "/" dropped
+    assert c.backend_by_name("a").models == ()
+    with pytest.raises(KeyError):
+        c.backend_by_name("default")
+
+
+# ---------------------------------------------------------------------------- example
+
+
+def test_example_parses_to_the_documented_values() -> None:
+    c = parse_config(EXAMPLE_CONFIG, "example")
+    assert c.gate == GateConfig()
+    assert c.budget == BudgetConfig()
+    assert c.backends == (BackendConfig(),)
+    assert [x.name for x in c.classes] == ["interactive", "batch"]
+    assert c.class_by_name("interactive").reserved_tokens == 1024
+    assert c.class_by_name("batch").limit_tokens == 16384
+    assert c.tenants == ()  # the tenant examples are commented out: the gate stays open
+    assert c.default_class == "interactive"
+
+
+def test_example_with_every_commented_key_switched_on_is_valid_and_complete() -> None:
+    c = parse_config(uncommented_example(), "example")
+    be = c.backends[0]
+    assert (be.token_budget, be.max_prefill_tokens, be.api_key_env) == (16384, 8192, "LLAMA_API_KEY")
+    assert c.budget.slo_tpot_p95_ms == 100.0
+    assert c.class_by_name("interactive").limit_tokens == 8192
+    assert [t.name for t in c.tenants] == ["team-a", "nightly-batch"]
+    a, b = c.tenants
+    assert a == TenantConfig(
+        name="team-a",
+        api_key_env="TOKENGATE_KEY_TEAM_A",
+        class_name="interactive",
+        allowed_classes=("interactive", "batch"),
+        weight=2.0,
+        max_tokens_in_flight=8192,
+        requests_per_minute=600,
+        tokens_per_minute=200000,
+    )
+    assert b.api_key_sha256 is not None and b.class_name == "batch"
+
+
+@pytest.mark.parametrize(
+    ("section", "cls", "exclude"),
+    [
+        ("gate", GateConfig, {"listen_host", "listen_port"}),
+        ("backends", BackendConfig, set()),
+        ("budget", BudgetConfig, set()),
+        ("classes", ClassConfig, {"name"}),
+        ("tenants", TenantConfig, {"class_name"}),
+    ],
+)
+def test_example_lists_every_key(section: str, cls: type, exclude: set[str]) -> None:
+    keys = {f.name for f in dataclasses.fields(cls)} - exclude
+    if section == "gate":
+        keys.add("listen")
+    if section == "tenants":
+        keys.add("class")
+    written = set(re.findall(r"^(?:# )?([a-z0-9_]+) = ", EXAMPLE_CONFIG, flags=re.M))
+    assert keys - written == set()
+    assert "default_class" in written
+
+
+def test_example_keys_each_have_a_comment_above() -> None:
+    lines = EXAMPLE_CONFIG.splitlines()
+    seen_first: set[str] = set()
+    for i, line in enumerate(lines):
+        m = re.match(r"^(?:# )?([a-z0-9_]+) = ", line)
+        if not m or m.group(1) in seen_first:
+            continue
+        seen_first.add(m.group(1))
+        # the first occurrence of each key is explained by a comment right above it
+        # (possibly above other commented-out keys of the same block)
+        assert lines[i - 1].startswith("#"), f"key {m.group(1)!r} has no comment above it"
+
+
+def test_example_round_trips_through_tomllib_and_config_from_dict() -> None:
+    data = tomllib.loads(uncommented_example())
+    assert config_from_dict(data, "d") == parse_config(uncommented_example())
+
+
+# ---------------------------------------------------------------------------- immutability
+
+
+def test_config_objects_are_frozen_and_slotted() -> None:
+    c = parse_config(uncommented_example())
+    for obj in (c, c.gate, c.backends[0], c.budget, c.classes[0], c.tenants[0]):
+        first = dataclasses.fields(obj)[0].name
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(obj, first, "x")
+        assert not hasattr(obj, "__dict__")
+    assert isinstance(c.backends, tuple) and isinstance(c.classes, tuple)
+    assert isinstance(c.tenants, tuple) and isinstance(c.backends[0].models, tuple)
+    assert isinstance(c.tenants[0].allowed_classes, tuple)
+    hash(c)  # frozen all the way down: usable as a dict key / in sets
+
+
+# ---------------------------------------------------------------------------- listen
+
+
+@pytest.mark.parametrize(
+    ("listen", "host", "port"),
+    [
+        ("127.0.0.1:8081", "127.0.0.1", 8081),
+        ("0.0.0.0:1", "0.0.0.0", 1),
+        ("localhost:65535", "localhost", 65535),
+        ("[::1]:8081", "::1", 8081),
+        ("[::]:9000", "::", 9000),
+        ("[fe80::1%eth0]:80", "fe80::1%eth0", 80),
+    ],
+)
+def test_listen_parsing(listen: str, host: str, port: int) -> None:
+    g = parse_config(f'[gate]\nlisten = "{listen}"\n').gate
+    assert (g.listen_host, g.listen_port) == (host, port)
+    assert g.listen == listen
+
+
+@pytest.mark.parametrize(
+    "listen",
+    ["8081", ":8081", "host:", "host:0", "host:65536", "host:80a", "::1:8081", "[::1]8081",
+     "[::1]", "[127.0.0.1]:80", "ho st:80"],
+)
+def test_bad_listen(listen: str) -> None:
+    e = error_of(f'[gate]\nlisten = "{listen}"\n')
+    assert e.key == "gate.listen"
+    assert f'"{listen}"' in e.problem
+
+
+# ---------------------------------------------------------------------------- errors
+
+TENANT = '[[tenants]]\nname = "t"\napi_key_env = "K"\n'
+
+BAD_CONFIGS = [
+    # (id, toml, exact key path, fragment of the problem)
+    ("neg-depth", "[classes.batch]\npriority = 1\nqueue_depth = -3\n",
+     "classes.batch.queue_depth", "must be a positive integer, got -3"),
+    ("zero-depth", "[classes.batch]\npriority = 1\nqueue_depth = 0\n",
+     "classes.batch.queue_depth", "positive integer, got 0"),
+    ("bool-not-int", "[budget]\nmin_tokens = true\n", "budget.min_tokens", "integer, got boolean true"),
+    ("float-not-int", "[gate]\nmax_body_bytes = 1.5\n", "gate.max_body_bytes", "integer, got float 1.5"),
+    ("string-not-number", '[gate]\nshed_factor = "2"\n', "gate.shed_factor", 'number, got string "2"'),
+    ("shed-factor-1", "[gate]\nshed_factor = 1\n", "gate.shed_factor", "greater than 1"),
+    ("timeout-zero", "[gate]\nrequest_timeout_s = 0\n", "gate.request_timeout_s", "positive"),
+    ("port-range", '[gate]\nlisten = "h:70000"\n', "gate.listen", "65535"),
+    ("empty-journal", '[gate]\njournal = ""\n', "gate.journal", "empty"),
+    ("reserved-neg", "[classes.a]\npriority = 1\nreserved_tokens = -1\n",
+     "classes.a.reserved_tokens", "got -1"),
+    ("limit-below-reserved", "[classes.a]\npriority = 1\nreserved_tokens = 100\nlimit_tokens = 50\n",
+     "classes.a.limit_tokens", "at least reserved_tokens (100), got 50"),
+    ("limit-zero", "[classes.a]\npriority = 1\nlimit_tokens = 0\n", "classes.a.limit_tokens", "got 0"),
+    ("default-over-cap", "[classes.a]\npriority = 1\ndefault_max_tokens = 5000\nmax_tokens_cap = 4096\n",
+     "classes.a.default_max_tokens", "at most max_tokens_cap (4096), got 5000"),
+    ("queue-timeout-zero", "[classes.a]\npriority = 1\nqueue_timeout_s = 0\n",
+     "classes.a.queue_timeout_s", "got 0"),
+    ("missing-priority", "[classes.a]\nqueue_depth = 3\n", "classes.a.priority", "missing"),
+    ("bad-class-name", '[classes."Batch Jobs"]\npriority = 1\n', 'classes."Batch Jobs"', "a-z 0-9 _ -"),
+    ("class-not-table", "[classes]\nbatch = 3\n", "classes.batch", "must be a table"),
+    ("reserved-over-min",
+     "[budget]\nmin_tokens = 1000\n[classes.a]\npriority = 2\nreserved_tokens = 600\n"
+     "[classes.b]\npriority = 1\nreserved_tokens = 600\n",
+     "classes", "add up to 1200 (a 600 + b 600), more than budget.min_tokens (1000)"),
+    ("increase-le-1", "[budget]\nincrease = 1.0\n", "budget.increase", "greater than 1"),
+    ("decrease-ge-1", "[budget]\ndecrease = 1\n", "budget.decrease", "between 0 and 1"),
+    ("decrease-zero", "[budget]\ndecrease = 0.0\n", "budget.decrease", "between 0 and 1"),
+    ("mode-typo", '[budget]\nmode = "adaptiv"\n', "budget.mode", 'did you mean "adaptive"?'),
+    ("tpot-negative", "[budget]\nslo_tpot_p95_ms = -5\n", "budget.slo_tpot_p95_ms", "got -5"),
+    ("min-samples-zero", "[budget]\nmin_samples = 0\n", "budget.min_samples", "got 0"),
+    ("cooldown-negative", "[budget]\ncooldown_s = -1\n", "budget.cooldown_s", "got -1"),
+    ("kv-bad", '[[backends]]\nkv = "shared"\n', "backends[0].kv", '"unified" or "split"'),
+    ("url-path", '[[backends]]\nname = "a"\n[[backends]]\nname = "b"\nurl = "http://h:8080/v1"\n',
+     "backends[1].url", "must not have a path"),
+    ("url-scheme", '[[backends]]\nurl = "ftp://h:8080"\n', "backends[0].url", "http://host[:port]"),
+    ("url-no-host", '[[backends]]\nurl = "http://:8080"\n', "backends[0].url", "host"),
+    ("url-query", '[[backends]]\nurl = "http://h:8080?x=1"\n', "backends[0].url", "query"),
+    ("url-port", '[[backends]]\nurl = "http://h:99999"\n', "backends[0].url", "valid URL"),
+    ("dup-backend", '[[backends]]\nurl = "http://a:1"\n[[backends]]\nurl = "http://b:1"\n',
+     "backends[1].name", 'duplicate backend name "default"'),
+    ("model-two-backends",
+     '[[backends]]\nname = "a"\nmodels = ["x", "qwen"]\n[[backends]]\nname = "b"\nmodels = ["qwen"]\n',
+     "backends[1].models[0]", '"qwen" is already routed to backends[0] (a)'),
+    ("model-not-string", '[[backends]]\nmodels = ["a", 3]\n', "backends[0].models[1]", "got integer 3"),
+    ("token-budget-zero", "[[backends]]\ntoken_budget = 0\n", "backends[0].token_budget", "got 0"),
+    ("token-budget-below-min", "[[backends]]\ntoken_budget = 1000\n", "backends[0].token_budget",
+     "at least budget.min_tokens (2048), got 1000"),
+    ("prefill-neg", "[[backends]]\nmax_prefill_tokens = -1\n", "backends[0].max_prefill_tokens", "got -1"),
+    ("backend-env-bad", '[[backends]]\napi_key_env = "1KEY"\n', "backends[0].api_key_env", '"1KEY"'),
+    ("backends-not-array", '[backends]\nurl = "http://h:1"\n', "backends", "[[backends]]"),
+    ("no-backends", "backends = []\n", "backends", "at least one backend"),
+    ("no-classes", "[classes]\n", "classes", "at least one class"),
+    ("default-class-unknown", 'default_class = "interactiv"\n', "default_class",
+     'did you mean "interactive"?'),
+    ("tenant-class-unknown", TENANT + 'class = "bulk"\n', "tenants[0].class", 'got "bulk"'),
+    ("tenant-allowed-unknown", TENANT + 'allowed_classes = ["interactive", "gold"]\n',
+     "tenants[0].allowed_classes[1]", 'got "gold"'),
+    ("tenant-allowed-misses-own", TENANT + 'class = "batch"\nallowed_classes = ["interactive"]\n',
+     "tenants[0].allowed_classes", 'must include the tenant\'s class "batch"'),
+    ("tenant-dup-name", TENANT + '[[tenants]]\nname = "t"\napi_key_env = "K2"\n',
+     "tenants[1].name", 'duplicate tenant name "t"'),
+    ("tenant-no-key", '[[tenants]]\nname = "t"\n', "tenants[0]", "exactly one of api_key_sha256 or api_key_env"),
+    ("tenant-both-keys", TENANT + f'api_key_sha256 = "{SHA_A}"\n', "tenants[0].api_key_sha256", "not both"),
+    ("tenant-sha-upper", f'[[tenants]]\nname = "t"\napi_key_sha256 = "{SHA_A.upper()}"\n',
+     "tenants[0].api_key_sha256", "64 lowercase hex"),
+    ("tenant-sha-short", '[[tenants]]\nname = "t"\napi_key_sha256 = "abc"\n',
+     "tenants[0].api_key_sha256", '"abc"'),
+    ("tenant-dup-sha",
+     f'[[tenants]]\nname = "a"\napi_key_sha256 = "{SHA_B}"\n'
+     f'[[tenants]]\nname = "b"\napi_key_sha256 = "{SHA_B}"\n',
+     "tenants[1].api_key_sha256", "already used by tenants[0] (a)"),
+    ("tenant-dup-env", TENANT + '[[tenants]]\nname = "u"\napi_key_env = "K"\n',
+     "tenants[1].api_key_env", "already the key of tenants[0] (t)"),
+    ("tenant-weight-zero", TENANT + "weight = 0\n", "tenants[0].weight", "positive number, got 0"),
+    ("tenant-rpm-zero", TENANT + "requests_per_minute = 0\n", "tenants[0].requests_per_minute", "got 0"),
+    ("tenant-tpm-bool", TENANT + "tokens_per_minute = false\n", "tenants[0].tokens_per_minute",
+     "boolean false"),
+    ("tenant-quota-neg", TENANT + "max_tokens_in_flight = -9\n", "tenants[0].max_tokens_in_flight", "-9"),
+    ("tenant-missing-name", '[[tenants]]\napi_key_env = "K"\n', "tenants[0].name", "missing"),
+    ("tenants-not-array", '[tenants]\nname = "t"\n', "tenants", "[[tenants]]"),
+    ("allowed-not-array", TENANT + 'allowed_classes = "batch"\n', "tenants[0].allowed_classes",
+     'array of strings, got string "batch"'),
+    ("gate-not-table", "gate = 3\n", "gate", "must be a table, got integer 3"),
+]
+
+
+@pytest.mark.parametrize(("toml", "key", "fragment"), [c[1:] for c in BAD_CONFIGS],
+                         ids=[c[0] for c in BAD_CONFIGS])
+def test_bad_config_names_the_key(toml: str, key: str, fragment: str) -> None:
+    e = error_of(toml)
+    assert e.source == "t.toml"
+    assert e.key == key, str(e)
+    assert fragment in e.problem, str(e)
+    assert str(e) == f"t.toml: {key}: {e.problem}"
+
+
+def test_error_string_format() -> None:
+    e = error_of("[classes.batch]\npriority = 1\nqueue_depth = -3\n", "tokengate.toml")
+    assert str(e) == "tokengate.toml: classes.batch.queue_depth: must be a positive integer, got -3"
+    assert isinstance(e, Exception)
+    copy = pickle.loads(pickle.dumps(e))
+    assert (copy.source, copy.key, copy.problem) == (e.source, e.key, e.problem)
+
+
+@pytest.mark.parametrize(
+    ("toml", "key", "suggestion"),
+    [
+        ("[gate]\nlistn = 1\n", "gate.listn", "listen"),
+        ("[budget]\nslo_ttft_ms = 1\n", "budget.slo_ttft_ms", "slo_ttft_p95_ms"),
+        ("[classes.batch]\npriority = 1\nqueue_dept = 3\n", "classes.batch.queue_dept", "queue_depth"),
+        ('[[backends]]\nmodel = ["a"]\n', "backends[0].model", "models"),
+        ('[[tenants]]\nname = "t"\napi_key_env = "K"\nclass_name = "batch"\n', "tenants[0].class_name",
+         "class"),
+        ('defaultclass = "batch"\n', "defaultclass", "default_class"),
+        ("[backend]\nurl = 1\n", "backend", "backends"),
+    ],
+)
+def test_unknown_key_suggests_the_nearest(toml: str, key: str, suggestion: str) -> None:
+    e = error_of(toml)
+    assert e.key == key
+    assert e.problem.startswith("unknown key")
+    assert f'did you mean "{suggestion}"?' in e.problem
+
+
+def test_unknown_key_without_a_near_match_lists_the_valid_keys() -> None:
+    e = error_of("[gate]\nzzzzzz = 1\n")
+    assert e.key == "gate.zzzzzz"
+    assert "did you mean" not in e.problem
+    assert "listen" in e.problem and "shed_factor" in e.problem
+
+
+def test_toml_syntax_error_is_a_config_error_with_the_line() -> None:
+    e = error_of("[gate]\nlisten = \n", "bad.toml")
+    assert e.source == "bad.toml"
+    assert e.key.startswith("line 2")
+    assert "invalid TOML" in e.problem
+    assert str(e).startswith("bad.toml: line 2")
+
+
+def test_ints_are_accepted_for_floats_and_become_floats() -> None:
+    c = parse_config("[budget]\nslo_ttft_p95_ms = 500\nincrease = 2\n[gate]\nrequest_timeout_s = 5\n")
+    assert c.budget.slo_ttft_p95_ms == 500.0 and isinstance(c.budget.slo_ttft_p95_ms, float)
+    assert c.budget.increase == 2.0 and isinstance(c.budget.increase, float)
+    assert isinstance(c.gate.request_timeout_s, float)
+
+
+def test_nan_and_inf_are_refused() -> None:
+    assert error_of("[gate]\nshed_factor = inf\n").key == "gate.shed_factor"
+    assert error_of("[budget]\nwindow_s = nan\n").key == "budget.window_s"
+
+
+def test_reservations_that_fit_min_tokens_exactly_are_fine() -> None:
+    c = parse_config(
+        "[budget]\nmin_tokens = 1000\n[classes.a]\npriority = 2\nreserved_tokens = 600\n"
+        "[classes.b]\npriority = 1\nreserved_tokens = 400\n"
+    )
+    assert sum(x.reserved_tokens for x in c.classes) == 1000
+    assert "smallest budget" in error_of(
+        "[budget]\nmin_tokens = 999\n[classes.a]\npriority = 2\nreserved_tokens = 600\n"
+        "[classes.b]\npriority = 1\nreserved_tokens = 400\n"
+    ).problem
+
+
+def test_tenant_defaults_and_class_mapping() -> None:
+    c = parse_config(TENANT + f'[[tenants]]\nname = "u"\napi_key_sha256 = "{SHA_A}"\nclass = "batch"\n')
+    t, u = c.tenants
+    assert t == TenantConfig(name="t", api_key_env="K")
+    assert t.class_name is None and t.allowed_classes == () and t.weight == 1.0
+    assert u.class_name == "batch" and u.api_key_sha256 == SHA_A
+
+
+def test_tenant_without_class_must_allow_the_default_class() -> None:
+    e = error_of(TENANT + 'allowed_classes = ["batch"]\n')
+    assert e.key == "tenants[0].allowed_classes"
+    assert 'default_class "interactive"' in e.problem
+
+
+def test_load_config_names_the_file(tmp_path: Path) -> None:
+    p = tmp_path / "gate.toml"
+    p.write_text("[classes.batch]\npriority = 1\nqueue_depth = -3\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(p)
+    assert info.value.source == str(p)
+    assert info.value.key == "classes.batch.queue_depth"
+    p.write_text('[gate]\nlisten = "[::1]:9000"\n')
+    assert load_config(str(p)).gate.listen_host == "::1"
+
+
+def test_load_config_unreadable_file_is_a_config_error(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.toml"
+    with pytest.raises(ConfigError) as info:
+        load_config(missing)
+    assert info.value.source == str(missing)
+    assert "cannot read" in info.value.problem
+    binary = tmp_path / "bin.toml"
+    binary.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(ConfigError, match="UTF-8"):
+        load_config(binary)
+
+
+def test_validate_config_checks_hand_built_configs() -> None:
+    good = parse_config(uncommented_example())
+    validate_config(good)
+    batch = good.class_by_name("batch")
+    retuned = dataclasses.replace(
+        good,
+        classes=tuple(
+            dataclasses.replace(c, queue_depth=0) if c is batch else c for c in good.classes
+        ),
+    )
+    with pytest.raises(ConfigError) as info:
+        validate_config(retuned, "<retune>")
+    assert str(info.value) == "<retune>: classes.batch.queue_depth: must be a positive integer, got 0"
+
+    bad_type = dataclasses.replace(good, gate=dataclasses.replace(good.gate, listen_port=True))
+    with pytest.raises(ConfigError) as info:
+        validate_config(bad_type)
+    assert info.value.key == "gate.listen_port"
+
+    bad_tenant = dataclasses.replace(
+        good, tenants=(dataclasses.replace(good.tenants[0], class_name="nope"),)
+    )
+    with pytest.raises(ConfigError) as info:
+        validate_config(bad_tenant)
+    assert info.value.key == "tenants[0].class"
