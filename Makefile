@@ -1,0 +1,41 @@
+# Two entry points for humans and CI: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: demo test unit llama-server bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# Stamps: reinstall only when pyproject.toml changes.
+$(VENV)/.runtime: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.test: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@ $(VENV)/.runtime
+
+demo: $(VENV)/.runtime
+	$(BIN)/tokengate console --demo
+
+# Builds llama-server from source on a cold cache (~9 min on 2 cores), then reuses it.
+llama-server:
+	bash tests/llama/build_llama_server.sh
+
+test: $(VENV)/.test
+	LLAMA_SERVER_BIN="$${LLAMA_SERVER_BIN:-$$(bash tests/llama/build_llama_server.sh | tail -n 1)}" \
+		$(BIN)/pytest $(PYTEST_ARGS)
+
+# The pure core and config only: seconds, no llama-server.
+unit: $(VENV)/.test
+	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+bench: $(VENV)/.test
+	$(BIN)/python bench/decide_throughput.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
