@@ -1,0 +1,63 @@
+"""Session fixtures for tests that need the real llama-server (``@pytest.mark.llama``).
+
+Nothing here runs unless a test asks for one of these fixtures, so unit tests
+stay fast.  These fixtures never skip: a binary that cannot be built or a server
+that does not come up is a test ERROR, in CI and locally alike.
+
+* ``llama_bin``: path of llama-server (``$LLAMA_SERVER_BIN`` or the cached build;
+  a cold build takes ~9 minutes on 2 cores).
+* ``tiny_model``: path of the cached random-weight GGUF (n_embd 640, 8 layers).
+* ``llama_split``: llama-server with ``-c 2048 -np 4`` (4 slots x 512 tokens).
+* ``llama_unified``: llama-server with ``-c 2048 -np 4 -kvu`` (4 slots sharing 2048).
+
+The servers are :class:`tests.llama.server.LlamaServer` objects: ``.url``,
+``.port``, ``.n_ctx`` (per slot), ``.ctx`` (total), ``.mode``, ``.log_path``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+_REPO = Path(__file__).resolve().parents[1]
+if str(_REPO) not in sys.path:  # `tests.llama` is imported by path, not installed
+    sys.path.insert(0, str(_REPO))
+
+from tests.llama.server import LlamaServer, find_llama_server  # noqa: E402
+
+LLAMA_CTX = 2048
+LLAMA_SLOTS = 4
+
+
+@pytest.fixture(scope="session")
+def llama_bin() -> Path:
+    return find_llama_server()
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    from tests.llama.make_model import cached_model  # imports numpy + gguf: only when asked
+
+    return cached_model("default")
+
+
+def _serve(llama_bin: Path, tiny_model: Path, tmp_path_factory, mode: str):
+    log = tmp_path_factory.mktemp("llama") / f"llama-server-{mode}.log"
+    server = LlamaServer(llama_bin, tiny_model, mode=mode, ctx=LLAMA_CTX, n_slots=LLAMA_SLOTS, log_path=log)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def llama_split(llama_bin, tiny_model, tmp_path_factory):
+    yield from _serve(llama_bin, tiny_model, tmp_path_factory, "split")
+
+
+@pytest.fixture(scope="session")
+def llama_unified(llama_bin, tiny_model, tmp_path_factory):
+    yield from _serve(llama_bin, tiny_model, tmp_path_factory, "unified")
