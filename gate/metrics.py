@@ -1,0 +1,220 @@
+"""Prometheus exposition: every series of DESIGN.md "Metrics (Prometheus)".
+
+`GateMetrics` owns its own `CollectorRegistry` (never the process-wide default),
+so two gates, or two tests, in one process never collide. Its methods are small
+setters with no I/O; `render()` produces the `/metrics` body.
+
+Conventions:
+- Label values are plain `str`; a `Reason` (a `StrEnum`) passes as its value.
+- `decision()` is called once per request, at its end (the same moment as the
+  journal's decision row). A successful request has reason "" in the journal;
+  here it is labelled `reason="ok"` so that no series carries an empty label.
+- `admission_control_denials_total` counts only outcome "refused" (the name and
+  meaning operators already alert on); shed/cancelled/failed are only in
+  `tokengate_decisions_total`.
+- `tokengate_token_budget` has no label: with several backends the caller sets
+  the sum of their budgets.
+- `register_classes()` creates the per-class children at 0 before any traffic,
+  because alerts on absent series behave poorly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from gate import __version__
+
+OUTCOMES = ("admitted", "refused", "shed", "cancelled", "failed")
+OK_REASON = "ok"
+TOKEN_COUNT_SOURCES = ("exact", "estimate")
+
+# 1 ms .. 120 s
+QUEUE_WAIT_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0,
+)  # fmt: skip
+# 10 ms .. 60 s
+TTFT_BUCKETS = (
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0,
+)  # fmt: skip
+# 50 ms .. 600 s
+DURATION_BUCKETS = (
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+)  # fmt: skip
+
+
+class GateMetrics:
+    """The gate's metrics on a private registry."""
+
+    def __init__(self, *, version: str = __version__) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self._denials = Counter(
+            "admission_control_denials",
+            "Requests refused by admission control.",
+            ["model", "reason", "priority_class"],
+            registry=r,
+        )
+        self._decisions = Counter(
+            "tokengate_decisions",
+            "Requests by class, final outcome and reason (reason 'ok' on success).",
+            ["class", "outcome", "reason"],
+            registry=r,
+        )
+        self._in_flight = Gauge(
+            "tokengate_tokens_in_flight",
+            "Tokens reserved by admitted, unfinished requests.",
+            ["class"],
+            registry=r,
+        )
+        self._budget = Gauge(
+            "tokengate_token_budget",
+            "Current token budget (sum over backends).",
+            registry=r,
+        )
+        self._queue_depth = Gauge(
+            "tokengate_queue_depth", "Requests waiting in the queue.", ["class"], registry=r
+        )
+        self._queue_wait = Histogram(
+            "tokengate_queue_wait_seconds",
+            "Time a request waited before admission.",
+            ["class"],
+            buckets=QUEUE_WAIT_BUCKETS,
+            registry=r,
+        )
+        self._ttft = Histogram(
+            "tokengate_upstream_ttft_seconds",
+            "Upstream time to first token.",
+            ["class"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self._duration = Histogram(
+            "tokengate_request_duration_seconds",
+            "Whole request duration, queueing included.",
+            ["class"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self._drain = Gauge(
+            "tokengate_queue_drain_seconds",
+            "Estimated seconds to drain the current queue (autoscaling signal).",
+            registry=r,
+        )
+        self._backend_up = Gauge(
+            "tokengate_backend_up", "1 when the backend is ready, else 0.", ["backend"], registry=r
+        )
+        self._backend_slots = Gauge(
+            "tokengate_backend_slots",
+            "llama-server slots by state (busy|idle).",
+            ["backend", "state"],
+            registry=r,
+        )
+        self._gpu_memory = Gauge(
+            "tokengate_gpu_memory_bytes",
+            "GPU memory by kind (used|total).",
+            ["gpu", "kind"],
+            registry=r,
+        )
+        self._journal_dropped = Counter(
+            "tokengate_journal_dropped",
+            "Journal rows dropped (full buffer or failing disk).",
+            registry=r,
+        )
+        self._reaped = Counter(
+            "tokengate_reaped", "Reservations reclaimed by the reaper.", registry=r
+        )
+        self._token_count = Counter(
+            "tokengate_token_count",
+            "Prompt token counts by source (exact|estimate).",
+            ["source"],
+            registry=r,
+        )
+        self._info = Info("tokengate", "tokengate build information.", registry=r)
+        self._info.info({"version": version})
+        for source in TOKEN_COUNT_SOURCES:
+            self._token_count.labels(source=source)
+
+    # -- setup ---------------------------------------------------------------
+
+    def register_classes(self, names: Iterable[str]) -> None:
+        """Create the per-class series at 0 so they exist before traffic."""
+        for name in names:
+            cls = str(name)
+            self._in_flight.labels(cls)
+            self._queue_depth.labels(cls)
+            self._queue_wait.labels(cls)
+            self._ttft.labels(cls)
+            self._duration.labels(cls)
+            self._decisions.labels(cls, "admitted", OK_REASON)
+
+    # -- events --------------------------------------------------------------
+
+    def decision(self, *, cls: str, outcome: str, reason: str, model: str) -> None:
+        """Record one request's final outcome; refusals also count as denials."""
+        outcome = str(outcome)
+        if outcome not in OUTCOMES:
+            raise ValueError(f"unknown outcome {outcome!r}; expected one of {OUTCOMES}")
+        label = str(reason) or OK_REASON
+        self._decisions.labels(str(cls), outcome, label).inc()
+        if outcome == "refused":
+            self._denials.labels(
+                model=str(model or ""), reason=label, priority_class=str(cls)
+            ).inc()
+
+    def queue_wait(self, cls: str, seconds: float) -> None:
+        self._queue_wait.labels(str(cls)).observe(max(0.0, seconds))
+
+    def ttft(self, cls: str, seconds: float) -> None:
+        self._ttft.labels(str(cls)).observe(max(0.0, seconds))
+
+    def duration(self, cls: str, seconds: float) -> None:
+        self._duration.labels(str(cls)).observe(max(0.0, seconds))
+
+    def token_count(self, source: str) -> None:
+        source = str(source)
+        if source not in TOKEN_COUNT_SOURCES:
+            raise ValueError(f"unknown token count source {source!r}")
+        self._token_count.labels(source=source).inc()
+
+    def journal_dropped(self, n: int = 1) -> None:
+        self._journal_dropped.inc(n)
+
+    def reaped(self, n: int = 1) -> None:
+        self._reaped.inc(n)
+
+    # -- state ---------------------------------------------------------------
+
+    def set_class_state(self, cls: str, *, in_flight: int, queued: int) -> None:
+        self._in_flight.labels(str(cls)).set(in_flight)
+        self._queue_depth.labels(str(cls)).set(queued)
+
+    def set_budget(self, tokens: int) -> None:
+        """The gate's whole budget; with several backends, pass their sum."""
+        self._budget.set(tokens)
+
+    def set_drain_seconds(self, s: float) -> None:
+        self._drain.set(s)
+
+    def set_backend(self, name: str, *, up: bool, busy: int, total: int) -> None:
+        name = str(name)
+        self._backend_up.labels(name).set(1 if up else 0)
+        self._backend_slots.labels(name, "busy").set(busy)
+        self._backend_slots.labels(name, "idle").set(max(0, total - busy))
+
+    def set_gpu(self, gpu: str, *, used: int, total: int) -> None:
+        self._gpu_memory.labels(str(gpu), "used").set(used)
+        self._gpu_memory.labels(str(gpu), "total").set(total)
+
+    def clear_gpu(self) -> None:
+        """Drop every GPU series (e.g. NVML became unavailable)."""
+        self._gpu_memory.clear()
+
+    # -- exposition ----------------------------------------------------------
+
+    def render(self) -> tuple[bytes, str]:
+        """The `/metrics` body and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
