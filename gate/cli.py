@@ -7,6 +7,8 @@ problem), 1 runtime failure.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -89,6 +91,38 @@ def build_parser() -> argparse.ArgumentParser:
         help="watch only: hide every action (retune, pause, drain, freeze)",
     )
     console.set_defaults(func=_cmd_console)
+
+    # serve
+    serve = commands.add_parser(
+        "serve",
+        help="the gate alone, headless (for systemd)",
+        description=(
+            "Run the admission gate without the console. Clients talk to the `listen` address\n"
+            "instead of llama-server. SIGTERM or SIGINT stops admitting (503 shutting_down),\n"
+            "lets in-flight requests finish for up to --grace seconds, then exits 0."
+        ),
+        epilog=_EXIT_CODES,
+        formatter_class=_Formatter,
+    )
+    serve.add_argument(
+        "--config",
+        metavar="FILE",
+        help="TOML config file (see `tokengate config example`); default: built-in defaults",
+    )
+    serve.add_argument(
+        "--grace",
+        metavar="SECONDS",
+        type=float,
+        default=30.0,
+        help="how long to let in-flight requests finish on SIGTERM (default: 30)",
+    )
+    serve.add_argument(
+        "--log-level",
+        default="info",
+        choices=("debug", "info", "warning", "error"),
+        help="log verbosity on stderr (default: info)",
+    )
+    serve.set_defaults(func=_cmd_serve)
 
     # config
     config = commands.add_parser(
@@ -203,6 +237,16 @@ def _cmd_console(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         out.write(line + "\n")
     out.write("the console is not built yet: this is a summary of the effective config only\n")
     return EXIT_OK
+
+
+def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    config = load_config(args.config)
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=err, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    from gate.service import serve_until_signalled  # the HTTP stack only when serving
+
+    return asyncio.run(serve_until_signalled(config, grace_s=args.grace))
 
 
 # ------------------------------------------------------------------------------------------

@@ -73,3 +73,33 @@ _RETRYABLE = frozenset(
         Reason.SHUTTING_DOWN,
     }
 )
+
+
+_ERROR_TYPES: dict[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    502: "server_error",
+    503: "unavailable_error",
+    504: "server_error",
+}
+
+
+def error_body(
+    reason: Reason, message: str, *, param: str | None = None, retry_after_s: float | None = None, status: int | None = None
+) -> dict[str, object]:
+    """The OpenAI-shaped error object, plus `retry_after_s` where waiting helps."""
+    body: dict[str, object] = {
+        "error": {
+            "message": message,
+            "type": _ERROR_TYPES.get(status or reason.status, "server_error"),
+            "code": reason.value,
+            "param": param,
+        }
+    }
+    if retry_after_s is not None:
+        body["retry_after_s"] = retry_after_s
+    return body

@@ -1,0 +1,153 @@
+"""Backends: readiness, capacity from llama-server's own /props, and model routing.
+
+Each backend gets its admission core (and gatekeeper) once its capacity is
+known: slots from `total_slots`, per-slot context from
+`default_generation_settings.n_ctx`, and the KV mode from config (llama-server
+does not say which it runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+
+from gate.admission import Admission, Capacity, ClassPolicy, TenantPolicy
+from gate.config import BackendConfig
+from gate.gatekeeper import Gatekeeper
+from gate.shedding import DurationModel
+from gate.upstream import Upstream
+
+log = logging.getLogger("tokengate.backends")
+
+BackendState = Literal["ready", "loading", "down"]
+
+
+def capacity_from_props(props: Mapping[str, Any], config: BackendConfig) -> Capacity:
+    """The physical limits of a llama-server from its /props and the configured KV mode."""
+    slots = props.get("total_slots")
+    n_ctx = (props.get("default_generation_settings") or {}).get("n_ctx")
+    if not isinstance(slots, int) or slots < 1 or not isinstance(n_ctx, int) or n_ctx < 1:
+        raise ValueError(f"/props lacks total_slots/default_generation_settings.n_ctx: {slots!r}, {n_ctx!r}")
+    # Unified: every slot reports the whole shared pool. Split: each slot owns n_ctx.
+    ceiling = n_ctx if config.kv == "unified" else slots * n_ctx
+    if config.token_budget is not None:
+        ceiling = config.token_budget
+    return Capacity(slots=slots, slot_context=n_ctx, ceiling=ceiling, max_prefill_tokens=config.max_prefill_tokens)
+
+
+@dataclass(slots=True)
+class Backend:
+    """One llama-server: its state, capacity and the gatekeeper guarding it."""
+
+    config: BackendConfig
+    upstream: Upstream
+    auth_token: str | None = None
+    state: BackendState = "down"
+    detail: str = "not probed yet"
+    capacity: Capacity | None = None
+    gatekeeper: Gatekeeper | None = None
+    props: dict[str, Any] = field(default_factory=dict)
+    durations: DurationModel = field(default_factory=DurationModel)
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def url(self) -> str:
+        return self.config.url
+
+    @property
+    def admission(self) -> Admission | None:
+        return None if self.gatekeeper is None else self.gatekeeper.admission
+
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.auth_token}"} if self.auth_token else {}
+
+
+class BackendPool:
+    """All backends, routing by model name, and the probe loop that keeps their state."""
+
+    def __init__(
+        self,
+        configs: Iterable[BackendConfig],
+        client: httpx.AsyncClient,
+        *,
+        classes: Iterable[ClassPolicy],
+        tenant_policy: Callable[[str], TenantPolicy],
+        environ: Mapping[str, str],
+        on_change: Callable[[], None] | None = None,
+        probe_timeout_s: float = 2.0,
+    ) -> None:
+        self._client = client
+        self._classes = tuple(classes)
+        self._tenant_policy = tenant_policy
+        self._on_change = on_change
+        self._timeout = probe_timeout_s
+        self.backends: tuple[Backend, ...] = tuple(
+            Backend(c, Upstream(client, c.url), environ.get(c.api_key_env) if c.api_key_env else None) for c in configs
+        )
+
+    def __iter__(self):
+        return iter(self.backends)
+
+    def route(self, model: str | None) -> Backend | None:
+        """Declared models first; an absent model goes to the first backend; else a catch-all."""
+        if model is None:
+            return self.backends[0]
+        for b in self.backends:
+            if model in b.config.models:
+                return b
+        return next((b for b in self.backends if not b.config.models), None)
+
+    def by_name(self, name: str) -> Backend | None:
+        return next((b for b in self.backends if b.name == name), None)
+
+    @property
+    def any_ready(self) -> bool:
+        return any(b.state == "ready" for b in self.backends)
+
+    async def probe_all(self) -> None:
+        await asyncio.gather(*(self.probe(b) for b in self.backends))
+
+    async def probe(self, backend: Backend) -> None:
+        """One health check (and /props when ready); never raises."""
+        before = (backend.state, backend.capacity)
+        try:
+            health = await self._client.get(backend.url + "/health", headers=backend.auth_headers(), timeout=self._timeout)
+            if health.status_code == 503:
+                backend.state, backend.detail = "loading", "llama-server is loading the model"
+            elif health.status_code != 200:
+                backend.state, backend.detail = "down", f"/health answered {health.status_code}"
+            else:
+                props = await self._client.get(backend.url + "/props", headers=backend.auth_headers(), timeout=self._timeout)
+                props.raise_for_status()
+                backend.props = props.json()
+                self._apply_capacity(backend, capacity_from_props(backend.props, backend.config))
+                backend.state, backend.detail = "ready", "ok"
+        except (httpx.HTTPError, ValueError) as exc:
+            backend.state, backend.detail = "down", f"{type(exc).__name__}: {exc}"[:200]
+        if (backend.state, backend.capacity) != before:
+            log.info("backend %s: %s (%s) capacity=%s", backend.name, backend.state, backend.detail, backend.capacity)
+            if backend.gatekeeper is not None:
+                backend.gatekeeper.advance()
+            if self._on_change is not None:
+                self._on_change()
+
+    def _apply_capacity(self, backend: Backend, capacity: Capacity) -> None:
+        if backend.gatekeeper is None:
+            backend.gatekeeper = Gatekeeper(Admission(self._classes, capacity, tenant_policy=self._tenant_policy))
+        elif backend.capacity != capacity:
+            backend.gatekeeper.admission.set_capacity(capacity)
+        backend.capacity = capacity
+
+    async def run(self, interval_s: float = 1.0) -> None:
+        """Probe every backend forever; a down backend costs one refused connect per interval."""
+        while True:
+            await self.probe_all()
+            await asyncio.sleep(interval_s)

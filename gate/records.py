@@ -1,0 +1,59 @@
+"""One decision record per request, at its end: the journal's `decisions` row.
+
+Never the prompt text. Until the SQLite journal lands, records go to a bounded
+in-memory tail that the console and tests read.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+Outcome = Literal["admitted", "refused", "shed", "cancelled", "failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRecord:
+    ts: float  # wall clock, seconds since the epoch
+    request_id: str
+    tenant: str
+    cls: str
+    backend: str
+    endpoint: str
+    stream: bool
+    prompt_tokens: int | None
+    token_count_source: Literal["exact", "estimate"] | None
+    max_tokens: int | None
+    reserved_tokens: int
+    outcome: Outcome
+    reason: str  # a Reason value, "ok" for a completed request, "client_disconnect" for a cancel
+    http_status: int
+    queue_ms: float | None
+    ttft_ms: float | None
+    duration_ms: float
+    completion_tokens: int | None
+    budget_at_decision: int | None
+    in_flight_at_decision: int | None
+
+
+class RecentDecisions:
+    """The last N records, newest last."""
+
+    def __init__(self, maxlen: int = 10_000) -> None:
+        self._rows: deque[DecisionRecord] = deque(maxlen=maxlen)
+        self.total = 0
+
+    def add(self, record: DecisionRecord) -> None:
+        self._rows.append(record)
+        self.total += 1
+
+    def __iter__(self) -> Iterator[DecisionRecord]:
+        return iter(tuple(self._rows))
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def find(self, request_id: str) -> DecisionRecord | None:
+        return next((r for r in reversed(self._rows) if r.request_id == request_id), None)

@@ -1,0 +1,217 @@
+"""One gate: config in, HTTP server, backends, counters and loops wired together.
+
+`GateService.start()` runs inside an existing event loop (the console embeds it);
+`stop()` stops admitting, lets in-flight requests finish within a grace period,
+then closes everything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping
+
+import httpx
+import uvicorn
+
+from gate.admission import TenantPolicy
+from gate.backends import BackendPool
+from gate.config import Config
+from gate.metrics import GateMetrics
+from gate.ratelimit import RateLimiter, TenantLimits
+from gate.records import DecisionRecord, RecentDecisions
+from gate.server import build_app
+from gate.tenants import TenantDirectory
+from gate.tokens import TokenCounter
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn without its own signal handlers: the host process owns signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+class GateService:
+    """Everything one gate needs, started and stopped as a unit."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        environ: Mapping[str, str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        probe_interval_s: float = 1.0,
+    ) -> None:
+        environ = os.environ if environ is None else environ
+        self.config = config
+        self.clock = clock
+        self.log = logging.getLogger("tokengate.service")
+        self.shutting_down = False
+        self.probe_interval_s = probe_interval_s
+        self.tenants = TenantDirectory.from_config(config, environ)
+        tenant_cfg = {t.name: t for t in config.tenants}
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(connect=5.0, read=None, write=30.0, pool=30.0),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+        )
+        self.tokens = TokenCounter(self.client)
+        self.ratelimit = RateLimiter(
+            lambda name: TenantLimits(tenant_cfg[name].requests_per_minute, tenant_cfg[name].tokens_per_minute)
+            if name in tenant_cfg
+            else TenantLimits(None, None)
+        )
+        self.metrics = GateMetrics()
+        self.metrics.register_classes([c.name for c in config.classes])
+        self.records = RecentDecisions()
+        self.backends = BackendPool(
+            config.backends,
+            self.client,
+            classes=config.classes,
+            tenant_policy=lambda name: TenantPolicy(tenant_cfg[name].weight, tenant_cfg[name].max_tokens_in_flight)
+            if name in tenant_cfg
+            else TenantPolicy(),
+            environ=environ,
+        )
+        self.app = build_app(self)
+        self._server: _EmbeddedServer | None = None
+        self._tasks: list[asyncio.Task] = []
+        self.port: int | None = None
+        self.host = config.gate.listen_host
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def start(self, *, port: int | None = None) -> None:
+        """Probe backends once, start the loops and the HTTP server; returns once it listens."""
+        await self.backends.probe_all()
+        self._tasks = [
+            asyncio.create_task(self.backends.run(self.probe_interval_s), name="tokengate-probe"),
+            asyncio.create_task(self._housekeeping(), name="tokengate-housekeeping"),
+        ]
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.config.gate.listen_port if port is None else port))
+        sock.setblocking(False)
+        self.port = sock.getsockname()[1]
+        uv_config = uvicorn.Config(
+            self.app, log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=5
+        )
+        self._server = _EmbeddedServer(uv_config)
+        self._tasks.append(asyncio.create_task(self._server.serve(sockets=[sock]), name="tokengate-http"))
+        while not self._server.started:
+            if self._tasks[-1].done():
+                self._tasks[-1].result()  # surface why the server did not start
+            await asyncio.sleep(0.01)
+        self.log.info("tokengate listening on %s", self.url)
+
+    async def stop(self, grace_s: float = 30.0) -> None:
+        """Refuse new work (503 shutting_down), wait for in-flight requests, then close."""
+        self.shutting_down = True
+        deadline = self.clock() + grace_s
+        while self.in_flight_requests() and self.clock() < deadline:
+            await asyncio.sleep(0.05)
+        left = self.in_flight_requests()
+        if left:
+            self.log.warning("stopping with %d requests still in flight after %.0fs grace", left, grace_s)
+        if self._server is not None:
+            self._server.should_exit = True
+        for task in self._tasks:
+            if task.get_name() != "tokengate-http":
+                task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for backend in self.backends:
+            if backend.gatekeeper is not None:
+                backend.gatekeeper.close()
+        await self.client.aclose()
+
+    def in_flight_requests(self) -> int:
+        """Requests holding a reservation or waiting in a queue, over all backends."""
+        total = 0
+        for backend in self.backends:
+            if backend.admission is not None:
+                total += len(backend.admission.ledger) + backend.admission.waiting()
+        return total
+
+    def record(self, record: DecisionRecord, *, model: str | None, queued_s: float | None, ttft_s: float | None) -> None:
+        """One finished request: the in-memory tail and the metrics."""
+        self.records.add(record)
+        m = self.metrics
+        m.decision(cls=record.cls, outcome=record.outcome, reason=record.reason, model=model or "")
+        if record.token_count_source is not None:
+            m.token_count(record.token_count_source)
+        if record.cls:
+            if queued_s is not None:
+                m.queue_wait(record.cls, queued_s)
+            if ttft_s is not None:
+                m.ttft(record.cls, ttft_s)
+            m.duration(record.cls, record.duration_ms / 1000)
+
+    def refresh_metrics(self) -> None:
+        """Gauges from current state (cheap; called per scrape and per second)."""
+        m = self.metrics
+        in_flight = {c.name: 0 for c in self.config.classes}
+        queued = dict(in_flight)
+        budget = 0
+        drain_s = 0.0
+        now = self.clock()
+        for b in self.backends:
+            adm = b.admission
+            m.set_backend(b.name, up=b.state == "ready", busy=len(adm.ledger) if adm else 0, total=b.capacity.slots if b.capacity else 0)
+            if adm is None:
+                continue
+            budget += adm.budget
+            queued_tokens = 0
+            for cls in adm.class_names:
+                in_flight[cls] += adm.ledger.class_tokens(cls)
+                queued[cls] += len(adm.queue(cls))
+                queued_tokens += adm.queue(cls).tokens
+            rate = adm.drain_rate.rate(now)
+            if queued_tokens:
+                drain_s = max(drain_s, queued_tokens / rate if rate > 0 else float("inf"))
+        for cls in in_flight:
+            m.set_class_state(cls, in_flight=in_flight[cls], queued=queued[cls])
+        m.set_budget(budget)
+        m.set_drain_seconds(drain_s if drain_s != float("inf") else 3600.0)
+
+    async def _housekeeping(self) -> None:
+        """Once a second: reap leaked reservations, forget idle rate buckets, refresh gauges."""
+        while True:
+            await asyncio.sleep(1.0)
+            for b in self.backends:
+                if b.gatekeeper is not None:
+                    reaped = b.gatekeeper.reap()
+                    if reaped:
+                        self.metrics.reaped(len(reaped))
+            self.ratelimit.forget_idle(self.clock(), 600.0)
+            self.refresh_metrics()
+
+
+async def serve_until_signalled(config: Config, *, grace_s: float = 30.0) -> int:
+    """Run a gate until SIGTERM/SIGINT, then drain gracefully; returns the exit code."""
+    import signal
+
+    gate = GateService(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    # Reload arrives with the operator control API; until then say so instead of dying.
+    loop.add_signal_handler(
+        signal.SIGHUP, lambda: gate.log.warning("SIGHUP: config reload is not supported yet; restart to apply")
+    )
+    await gate.start()
+    for b in gate.backends:
+        gate.log.info("backend %s at %s: %s (%s)", b.name, b.url, b.state, b.detail)
+    await stop.wait()
+    gate.log.info("signal received: refusing new requests, draining for up to %.0fs", grace_s)
+    await gate.stop(grace_s)
+    return 0

@@ -1,0 +1,289 @@
+"""Relay to llama-server: always streamed upstream, so cancellation is reliable.
+
+llama-server notices a closed stream at once but can miss a closed non-streaming
+request for 10+ s (notes/llama-server.md). So the gate always asks upstream for
+a stream: streaming clients get it relayed line by line (pings included), and
+for non-streaming clients the answer is assembled here into the shape
+llama-server would have sent. Closing the upstream response frees the slot.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from gate.intake import Kind
+from gate.reasons import Reason
+
+# Headers that describe one hop, not the message (RFC 9110 7.6.1), plus the ones
+# the gate sets itself. X-Conversation-Id makes llama-server keep generating
+# after a disconnect (resumable streams): never forward it.
+_DROP_HEADERS = frozenset(
+    {
+        "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+        "trailer", "transfer-encoding", "upgrade", "host", "content-length",
+        "authorization", "x-conversation-id", "accept-encoding", "x-tokengate-class",
+    }
+)
+
+
+class UpstreamFailure(Exception):
+    """The backend failed before or while answering."""
+
+    def __init__(self, reason: Reason, message: str, *, status: int | None = None, body: bytes | None = None):
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.status = status if status is not None else reason.status
+        self.body = body  # llama-server's own error body, relayed as is when present
+
+
+@dataclass(slots=True)
+class RelayStats:
+    """What one relay measured; times are from the injected clock."""
+
+    dispatched_at: float
+    first_token_at: float | None = None
+    completion_tokens: int | None = None
+    prompt_tokens: int | None = None
+    decode_tps: float | None = None
+    prompt_s: float | None = None  # llama-server's own prefill time for this request
+    upstream_status: int | None = None
+    finished: bool = False
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_at is None else self.first_token_at - self.dispatched_at
+
+    def read_final(self, chunk: Mapping[str, Any]) -> None:
+        """Take usage and timings from a (final) chunk, in any of the three endpoint shapes."""
+        usage = chunk.get("usage")
+        if isinstance(usage, Mapping):
+            self.completion_tokens = _int(usage.get("completion_tokens"), self.completion_tokens)
+            self.prompt_tokens = _int(usage.get("prompt_tokens"), self.prompt_tokens)
+        timings = chunk.get("timings")
+        if isinstance(timings, Mapping):
+            self.completion_tokens = _int(timings.get("predicted_n"), self.completion_tokens)
+            tps = timings.get("predicted_per_second")
+            if isinstance(tps, (int, float)) and tps > 0:
+                self.decode_tps = float(tps)
+            prompt_ms = timings.get("prompt_ms")
+            if isinstance(prompt_ms, (int, float)) and prompt_ms > 0:
+                self.prompt_s = prompt_ms / 1000.0
+        if "tokens_predicted" in chunk:
+            self.completion_tokens = _int(chunk.get("tokens_predicted"), self.completion_tokens)
+
+
+def _int(value: Any, default: int | None) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def forward_headers(incoming: Mapping[str, str], upstream_auth: str | None) -> dict[str, str]:
+    """The client's end-to-end headers, with the gate's own upstream credentials."""
+    out = {k: v for k, v in incoming.items() if k.lower() not in _DROP_HEADERS}
+    if upstream_auth:
+        out["Authorization"] = f"Bearer {upstream_auth}"
+    return out
+
+
+def upstream_body(kind: Kind, body: Mapping[str, Any]) -> dict[str, Any]:
+    """The client's body, switched to streaming with usage, whatever the client asked."""
+    out = dict(body)
+    out["stream"] = True
+    # A pinned slot may be busy while others are free: llama-server would then queue
+    # the request itself, behind the gate's back.
+    out.pop("id_slot", None)
+    if kind != "completion":
+        options = dict(out.get("stream_options") or {})
+        options["include_usage"] = True
+        out["stream_options"] = options
+    return out
+
+
+@dataclass(slots=True)
+class Upstream:
+    """One backend's base URL and the shared httpx client."""
+
+    client: httpx.AsyncClient
+    base_url: str
+    clock: Callable[[], float] = time.monotonic
+
+    async def open(self, path: str, body: Mapping[str, Any], headers: Mapping[str, str]) -> httpx.Response:
+        """Send the request and wait for the status line; the caller must `aclose()` it."""
+        request = self.client.build_request(
+            "POST", self.base_url + path, content=json.dumps(body).encode(), headers={**headers, "Content-Type": "application/json"}
+        )
+        try:
+            response = await self.client.send(request, stream=True)
+        except httpx.TimeoutException as exc:
+            raise UpstreamFailure(Reason.UPSTREAM_TIMEOUT, f"backend did not answer: {type(exc).__name__}") from exc
+        except httpx.HTTPError as exc:
+            raise UpstreamFailure(Reason.UPSTREAM_ERROR, f"backend unreachable: {type(exc).__name__}: {exc}") from exc
+        if response.status_code != 200:
+            try:
+                raw = await response.aread()
+            except httpx.HTTPError:
+                raw = b""
+            finally:
+                await response.aclose()
+            raise UpstreamFailure(
+                Reason.UPSTREAM_ERROR,
+                f"backend answered {response.status_code}",
+                status=response.status_code,
+                body=raw[:65536] or None,
+            )
+        return response
+
+
+@dataclass(slots=True)
+class SseRelay:
+    """Reads an upstream SSE stream line by line, recording first token and usage."""
+
+    response: httpx.Response
+    stats: RelayStats
+    clock: Callable[[], float]
+    on_first_token: Callable[[], None]
+    keep_usage_chunk: bool = True
+    chunks: list[dict[str, Any]] = field(default_factory=list)
+    collect: bool = False  # keep parsed chunks (for assembling a non-streaming answer)
+    error: dict[str, Any] | None = None
+
+    async def lines(self) -> AsyncIterator[str]:
+        """Yield each line to relay (without its newline); pings and blank lines included."""
+        try:
+            async for line in self.response.aiter_lines():
+                if line.startswith("data:"):
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        self.stats.finished = True
+                        yield line
+                        continue
+                    if self.stats.first_token_at is None:
+                        self.stats.first_token_at = self.clock()
+                        self.on_first_token()
+                    if not self._inspect(payload):
+                        continue
+                yield line
+        except httpx.TimeoutException as exc:
+            raise UpstreamFailure(Reason.UPSTREAM_TIMEOUT, "backend stalled mid-answer") from exc
+        except httpx.HTTPError as exc:
+            raise UpstreamFailure(Reason.UPSTREAM_ERROR, f"backend stream broke: {type(exc).__name__}") from exc
+
+    def _inspect(self, payload: str) -> bool:
+        """Parse what matters; False drops the line (a usage chunk the client did not ask for)."""
+        # Most chunks are one token: parse only the ones that carry accounting or errors.
+        interesting = self.collect or '"usage"' in payload or '"timings"' in payload or '"error"' in payload or '"stop":true' in payload
+        if not interesting:
+            return True
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            return True
+        if not isinstance(chunk, dict):
+            return True
+        if "error" in chunk and isinstance(chunk["error"], dict):
+            self.error = chunk["error"]
+        self.stats.read_final(chunk)
+        if chunk.get("stop") is True:
+            self.stats.finished = True  # /completion ends without [DONE]
+        if self.collect:
+            self.chunks.append(chunk)
+        if not self.keep_usage_chunk and chunk.get("choices") == [] and "usage" in chunk:
+            return False
+        return True
+
+
+def assemble(kind: Kind, chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Build the non-streaming answer llama-server would have sent from its stream chunks."""
+    if kind == "completion":
+        return _assemble_completion(chunks)
+    if kind == "completions":
+        return _assemble_text_completion(chunks)
+    return _assemble_chat(chunks)
+
+
+def _first(chunks: list[dict[str, Any]], key: str) -> Any:
+    return next((c[key] for c in chunks if key in c), None)
+
+
+def _extras(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in ("usage", "timings"):
+        value = next((c[key] for c in reversed(chunks) if c.get(key) is not None), None)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def _assemble_chat(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    content: list[str] = []
+    reasoning: list[str] = []
+    tool_calls: dict[int, dict[str, Any]] = {}
+    finish_reason = None
+    role = "assistant"
+    for chunk in chunks:
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            role = delta.get("role") or role
+            if isinstance(delta.get("content"), str):
+                content.append(delta["content"])
+            if isinstance(delta.get("reasoning_content"), str):
+                reasoning.append(delta["reasoning_content"])
+            for call in delta.get("tool_calls") or []:
+                slot = tool_calls.setdefault(call.get("index", 0), {"type": "function", "function": {"name": "", "arguments": ""}})
+                if call.get("id"):
+                    slot["id"] = call["id"]
+                fn = call.get("function") or {}
+                slot["function"]["name"] += fn.get("name") or ""
+                slot["function"]["arguments"] += fn.get("arguments") or ""
+            finish_reason = choice.get("finish_reason") or finish_reason
+    message: dict[str, Any] = {"role": role, "content": "".join(content) if content or not tool_calls else None}
+    if reasoning:
+        message["reasoning_content"] = "".join(reasoning)
+    if tool_calls:
+        message["tool_calls"] = [tool_calls[i] for i in sorted(tool_calls)]
+    out: dict[str, Any] = {
+        "id": _first(chunks, "id"),
+        "object": "chat.completion",
+        "created": _first(chunks, "created") or int(time.time()),
+        "model": _first(chunks, "model"),
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
+    }
+    if (fp := _first(chunks, "system_fingerprint")) is not None:
+        out["system_fingerprint"] = fp
+    out.update(_extras(chunks))
+    return out
+
+
+def _assemble_text_completion(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    text: list[str] = []
+    finish_reason = None
+    for chunk in chunks:
+        for choice in chunk.get("choices") or []:
+            if isinstance(choice.get("text"), str):
+                text.append(choice["text"])
+            finish_reason = choice.get("finish_reason") or finish_reason
+    out: dict[str, Any] = {
+        "id": _first(chunks, "id"),
+        "object": "text_completion",
+        "created": _first(chunks, "created") or int(time.time()),
+        "model": _first(chunks, "model"),
+        "choices": [{"text": "".join(text), "index": 0, "logprobs": None, "finish_reason": finish_reason}],
+    }
+    if (fp := _first(chunks, "system_fingerprint")) is not None:
+        out["system_fingerprint"] = fp
+    out.update(_extras(chunks))
+    return out
+
+
+def _assemble_completion(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    # The native endpoint's last chunk (stop: true) carries every final field.
+    final = dict(next((c for c in reversed(chunks) if c.get("stop") is True), chunks[-1] if chunks else {}))
+    final["content"] = "".join(c.get("content", "") for c in chunks if isinstance(c.get("content"), str))
+    final["stop"] = True
+    return final

@@ -1,0 +1,458 @@
+"""Tests for gate/intake.py: raw request -> validated Intake or an OpenAI-shaped 4xx."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from typing import Any
+
+import pytest
+
+from gate.config import parse_config
+from gate.intake import (
+    ENDPOINTS,
+    MAX_JSON_DEPTH,
+    Intake,
+    IntakeError,
+    build_intake,
+    check_size,
+    parse_request,
+)
+from gate.reasons import Reason
+from gate.tenants import Caller, TenantDirectory
+
+CHAT = "/v1/chat/completions"
+CMPL = "/v1/completions"
+NATIVE = "/completion"
+
+CONFIG_TOML = """
+default_class = "interactive"
+[classes.interactive]
+priority = 10
+default_max_tokens = 256
+max_tokens_cap = 1024
+[classes.batch]
+priority = 1
+default_max_tokens = 512
+max_tokens_cap = 8192
+"""
+CONFIG = parse_config(CONFIG_TOML)
+OPEN = TenantDirectory.from_config(CONFIG, {})
+
+KEY = "sk-intake-test"
+TENANT_CONFIG = parse_config(
+    CONFIG_TOML
+    + f"""
+[[tenants]]
+name = "team-a"
+api_key_sha256 = "{hashlib.sha256(KEY.encode()).hexdigest()}"
+"""
+)
+TENANTS = TenantDirectory.from_config(TENANT_CONFIG, {})
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def raw(body: Any) -> bytes:
+    return json.dumps(body).encode()
+
+
+def parse(
+    path: str,
+    body: Any,
+    headers: dict[str, str] | None = None,
+    host: str | None = "10.0.0.9",
+    config=CONFIG,
+    tenants=OPEN,
+) -> Intake:
+    data = body if isinstance(body, bytes) else raw(body)
+    return parse_request(path, data, headers or {}, host, config, tenants)
+
+
+def refusal(path: str, body: Any, **kw: Any) -> IntakeError:
+    with pytest.raises(IntakeError) as info:
+        parse(path, body, **kw)
+    return info.value
+
+
+def nested(depth: int) -> bytes:
+    return b'{"model": "m", "x": ' + b"[" * depth + b"]" * depth + b"}"
+
+
+# -- malformed requests: (path, body, param, fragment of the message) ----------------------------
+# Every one is 400 invalid_request in open mode.
+
+BAD = [
+    # the body as a whole
+    pytest.param(CHAT, b"", None, "empty", id="empty-body"),
+    pytest.param(CHAT, b"   \n", None, "empty", id="blank-body"),
+    pytest.param(CHAT, b'{"model": "m", "messages": \xff}', None, "UTF-8", id="invalid-utf8"),
+    pytest.param(CHAT, b'{"model": "\xc3\x28"}', None, "at byte 11", id="invalid-utf8-position"),
+    pytest.param(CHAT, b'{"model": "m",', None, "line 1, column 15", id="truncated-json"),
+    pytest.param(CHAT, b'{"messages": [\n  {"role": "user",}\n]}', None, "line 2", id="trailing-comma"),
+    pytest.param(CHAT, b"{'model': 'm'}", None, "invalid JSON", id="single-quotes"),
+    pytest.param(CHAT, b'{"max_tokens": NaN}', None, "NaN is not a JSON value", id="nan"),
+    pytest.param(CHAT, b'{"max_tokens": Infinity}', None, "Infinity", id="infinity"),
+    pytest.param(
+        CHAT, b'{"max_tokens": 10, "max_tokens": 99999}', None, "duplicate key", id="duplicate-key"
+    ),
+    pytest.param(CHAT, b'{"n": ' + b"9" * 5000 + b"}", None, "digits", id="huge-int-literal"),
+    pytest.param(CHAT, b"[1, 2]", None, "JSON object, got an array", id="array-body"),
+    pytest.param(CHAT, b'"hello"', None, "JSON object, got string", id="string-body"),
+    pytest.param(CHAT, b"null", None, "JSON object, got null", id="null-body"),
+    pytest.param(CHAT, nested(100_000), None, "nested deeper", id="deep-nesting-recursion"),
+    pytest.param(CHAT, nested(MAX_JSON_DEPTH + 5), None, "nested deeper", id="deep-nesting-walk"),
+    # common fields
+    pytest.param(CHAT, {"model": 7, "messages": MSG}, "model", "string", id="model-int"),
+    pytest.param(CHAT, {"user": ["u"], "messages": MSG}, "user", "string", id="user-array"),
+    pytest.param(CHAT, {"stream": "true", "messages": MSG}, "stream", "boolean", id="stream-string"),
+    pytest.param(CHAT, {"stream": 1, "messages": MSG}, "stream", "boolean", id="stream-int"),
+    pytest.param(
+        CHAT,
+        {"messages": MSG, "stream_options": {"include_usage": True}},
+        "stream_options",
+        "only allowed when 'stream' is true",
+        id="stream-options-without-stream",
+    ),
+    pytest.param(
+        CHAT,
+        {"messages": MSG, "stream": True, "stream_options": True},
+        "stream_options",
+        "object",
+        id="stream-options-not-object",
+    ),
+    pytest.param(
+        CHAT,
+        {"messages": MSG, "stream": True, "stream_options": {"include_usage": "yes"}},
+        "stream_options.include_usage",
+        "boolean",
+        id="include-usage-string",
+    ),
+    pytest.param(CHAT, {"messages": MSG, "n": 2}, "n", "one completion", id="n-2"),
+    pytest.param(CHAT, {"messages": MSG, "n": 0}, "n", "must be 1", id="n-0"),
+    pytest.param(CHAT, {"messages": MSG, "n": 1.0}, "n", "integer", id="n-float"),
+    pytest.param(CMPL, {"prompt": "p", "n_cmpl": 3}, "n_cmpl", "one completion", id="n-cmpl-3"),
+    # chat messages
+    pytest.param(CHAT, {"model": "m"}, "messages", "required", id="messages-missing"),
+    pytest.param(CHAT, {"messages": []}, "messages", "empty", id="messages-empty"),
+    pytest.param(CHAT, {"messages": "hi"}, "messages", "array", id="messages-string"),
+    pytest.param(CHAT, {"messages": ["hi"]}, "messages[0]", "message object", id="message-string"),
+    pytest.param(CHAT, {"messages": [{"content": "hi"}]}, "messages[0].role", "required", id="no-role"),
+    pytest.param(
+        CHAT, {"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role", "wizard", id="unknown-role"
+    ),
+    pytest.param(CHAT, {"messages": [{"role": 1, "content": "hi"}]}, "messages[0].role", "string", id="role-int"),
+    pytest.param(
+        CHAT,
+        {"messages": [*MSG, {"role": "user", "content": 5}]},
+        "messages[1].content",
+        "got integer 5",
+        id="content-int",
+    ),
+    pytest.param(CHAT, {"messages": [{"role": "user"}]}, "messages[0].content", "required", id="content-missing"),
+    pytest.param(
+        CHAT, {"messages": [{"role": "user", "content": None}]}, "messages[0].content", "required", id="content-null-user"
+    ),
+    pytest.param(
+        CHAT,
+        {"messages": [*MSG, {"role": "assistant", "content": None}]},
+        "messages[1].content",
+        "tool_calls",
+        id="content-null-assistant-without-tool-calls",
+    ),
+    pytest.param(
+        CHAT,
+        {"messages": [{"role": "user", "content": ["hi"]}]},
+        "messages[0].content[0]",
+        "content part",
+        id="content-part-string",
+    ),
+    pytest.param(
+        CHAT,
+        {"messages": [{"role": "user", "content": [{"text": "hi"}]}]},
+        "messages[0].content[0].type",
+        "required",
+        id="content-part-no-type",
+    ),
+    pytest.param(
+        CHAT,
+        {"messages": [{"role": "user", "content": [{"type": 3}]}]},
+        "messages[0].content[0].type",
+        "string",
+        id="content-part-type-int",
+    ),
+    pytest.param(
+        CHAT,
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": 3}]}]},
+        "messages[0].content[0].text",
+        "string",
+        id="text-part-text-int",
+    ),
+    # completions prompt
+    pytest.param(CMPL, {"model": "m"}, "prompt", "required", id="prompt-missing"),
+    pytest.param(CMPL, {"prompt": None}, "prompt", "required", id="prompt-null"),
+    pytest.param(CMPL, {"prompt": []}, "prompt", "empty", id="prompt-empty-list"),
+    pytest.param(CMPL, {"prompt": 42}, "prompt", "got integer 42", id="prompt-int"),
+    pytest.param(CMPL, {"prompt": {"x": 1}}, "prompt", "got an object", id="prompt-object"),
+    pytest.param(CMPL, {"prompt": ["a", "b"]}, "prompt", "one completion", id="prompt-two-strings"),
+    pytest.param(CMPL, {"prompt": [1, -2, 3]}, "prompt[1]", "token id", id="prompt-negative-token"),
+    pytest.param(CMPL, {"prompt": [1, True]}, "prompt[1]", "got true", id="prompt-bool-token"),
+    pytest.param(CMPL, {"prompt": [1, 1.5]}, "prompt[1]", "got number 1.5", id="prompt-float-token"),
+    pytest.param(CMPL, {"prompt": ["a", 5]}, "prompt", "mix", id="prompt-mixed"),
+    pytest.param(NATIVE, {"n_predict": 8}, "prompt", "required", id="native-prompt-missing"),
+    # max tokens
+    pytest.param(CHAT, {"messages": MSG, "max_tokens": 1025}, "max_tokens", "at most 1024", id="max-tokens-over-cap"),
+    pytest.param(
+        CHAT, {"messages": MSG, "max_tokens": 10**30}, "max_tokens", "at most 1024", id="max-tokens-huge"
+    ),
+    pytest.param(CHAT, {"messages": MSG, "max_tokens": 0}, "max_tokens", "at least 1", id="max-tokens-zero"),
+    pytest.param(CHAT, {"messages": MSG, "max_tokens": -5}, "max_tokens", "at least 1", id="max-tokens-negative"),
+    pytest.param(CHAT, {"messages": MSG, "max_tokens": 1.5}, "max_tokens", "integer", id="max-tokens-float"),
+    pytest.param(CHAT, {"messages": MSG, "max_tokens": 3.0}, "max_tokens", "integer", id="max-tokens-float-whole"),
+    pytest.param(CHAT, {"messages": MSG, "max_tokens": "64"}, "max_tokens", "integer", id="max-tokens-string"),
+    pytest.param(CHAT, {"messages": MSG, "max_tokens": True}, "max_tokens", "got true", id="max-tokens-bool"),
+    pytest.param(
+        CHAT,
+        {"messages": MSG, "max_completion_tokens": 5000},
+        "max_completion_tokens",
+        "at most 1024",
+        id="max-completion-tokens-over-cap",
+    ),
+    pytest.param(
+        CHAT,
+        {"messages": MSG, "max_completion_tokens": 100, "max_tokens": 200},
+        "max_tokens",
+        "'max_completion_tokens' is 100",
+        id="max-fields-disagree",
+    ),
+    pytest.param(NATIVE, {"prompt": "p", "n_predict": -1}, "n_predict", "unlimited", id="n-predict-unlimited"),
+    pytest.param(NATIVE, {"prompt": "p", "n_predict": 0}, "n_predict", "at least 1", id="n-predict-zero"),
+    pytest.param(NATIVE, {"prompt": "p", "n_predict": -7}, "n_predict", "at least 1", id="n-predict-negative"),
+    pytest.param(NATIVE, {"prompt": "p", "n_predict": 2048}, "n_predict", "at most 1024", id="n-predict-over-cap"),
+    pytest.param(CMPL, {"prompt": "p", "max_tokens": -1}, "max_tokens", "unlimited", id="max-tokens-minus-one"),
+    # llama-server reads n_predict on every endpoint, before max_tokens: no way around the cap
+    pytest.param(
+        CHAT,
+        {"messages": MSG, "max_tokens": 16, "n_predict": -1},
+        "n_predict",
+        "unlimited",
+        id="chat-n-predict-bypass",
+    ),
+    pytest.param(
+        CMPL,
+        {"prompt": "p", "max_tokens": 16, "n_predict": 900},
+        "max_tokens",
+        "'n_predict' is 900",
+        id="completions-n-predict-disagrees",
+    ),
+    pytest.param(
+        NATIVE,
+        {"prompt": "p", "max_tokens": 5000},
+        "max_tokens",
+        "at most 1024",
+        id="native-max-tokens-alias-over-cap",
+    ),
+]
+
+
+@pytest.mark.parametrize("path, body, param, fragment", BAD)
+def test_malformed_request_is_400_invalid_request(path, body, param, fragment) -> None:
+    e = refusal(path, body)
+    assert e.reason is Reason.INVALID_REQUEST
+    assert e.status == 400
+    assert e.param == param
+    assert fragment in e.message
+    err = e.to_body()["error"]
+    assert err == {
+        "message": e.message,
+        "type": "invalid_request_error",
+        "code": "invalid_request",
+        "param": param,
+    }
+    json.dumps(e.to_body())  # serialisable as is
+
+
+def test_the_table_is_large_enough() -> None:
+    assert len(BAD) >= 30
+
+
+def test_cap_depends_on_the_class() -> None:
+    body = {"messages": MSG, "max_tokens": 5000}
+    e = refusal(CHAT, body)
+    assert "'interactive'" in e.message
+    ok = parse(CHAT, body, headers={"X-Tokengate-Class": "batch"})
+    assert ok.max_tokens == 5000 and ok.caller.cls == "batch"
+
+
+# -- positive cases ------------------------------------------------------------------------------
+
+
+def test_chat_without_max_tokens_gets_the_class_default_injected() -> None:
+    body = {"model": "llama", "messages": MSG, "temperature": 0.2}
+    it = parse(CHAT, body)
+    assert it.kind == "chat" and it.path == CHAT
+    assert it.model == "llama"
+    assert it.stream is False and it.include_usage is False
+    assert it.max_tokens == 256 and it.max_tokens_injected
+    assert it.body == {**body, "max_tokens": 256}
+    assert it.caller == Caller(tenant="10.0.0.9", cls="interactive", tenant_config=None)
+
+
+def test_completions_injects_max_tokens_and_native_injects_n_predict() -> None:
+    it = parse(CMPL, {"prompt": "once upon"})
+    assert it.body == {"prompt": "once upon", "max_tokens": 256} and it.max_tokens_injected
+    it = parse(NATIVE, {"prompt": "once upon"}, headers={"x-tokengate-class": "batch"})
+    assert it.body == {"prompt": "once upon", "n_predict": 512}
+    assert it.max_tokens == 512 and it.max_tokens_injected
+
+
+def test_null_limit_counts_as_absent_and_is_replaced() -> None:
+    it = parse(CHAT, {"messages": MSG, "max_tokens": None, "n": None, "stream": None})
+    assert it.max_tokens_injected and it.body["max_tokens"] == 256
+    assert it.stream is False
+
+
+def test_given_max_tokens_is_kept_and_not_injected() -> None:
+    it = parse(CHAT, {"messages": MSG, "max_tokens": 1024})
+    assert it.max_tokens == 1024 and not it.max_tokens_injected
+    assert it.body == {"messages": MSG, "max_tokens": 1024}
+
+
+def test_max_completion_tokens_alone_is_the_limit() -> None:
+    it = parse(CHAT, {"messages": MSG, "max_completion_tokens": 40})
+    assert it.max_tokens == 40 and not it.max_tokens_injected
+    assert "max_tokens" not in it.body
+
+
+def test_agreeing_limit_fields_are_accepted() -> None:
+    it = parse(CHAT, {"messages": MSG, "max_completion_tokens": 40, "max_tokens": 40, "n_predict": 40})
+    assert it.max_tokens == 40
+
+
+def test_native_completion_takes_n_predict() -> None:
+    it = parse(NATIVE, {"prompt": [1, 2, 3], "n_predict": 7, "stream": True})
+    assert it.kind == "completion" and it.max_tokens == 7 and it.stream
+    assert not it.max_tokens_injected
+
+
+def test_streaming_with_include_usage() -> None:
+    it = parse(CHAT, {"messages": MSG, "stream": True, "stream_options": {"include_usage": True}})
+    assert it.stream and it.include_usage
+    it = parse(CHAT, {"messages": MSG, "stream": True, "stream_options": {}})
+    assert it.stream and not it.include_usage
+    it = parse(CHAT, {"messages": MSG, "stream": False, "stream_options": None})
+    assert not it.include_usage
+
+
+@pytest.mark.parametrize(
+    "prompt", ["text", "", [1, 2, 3], ["one prompt"]], ids=["string", "empty-string", "tokens", "list-of-one"]
+)
+def test_prompt_shapes_accepted(prompt) -> None:
+    assert parse(CMPL, {"prompt": prompt}).body["prompt"] == prompt
+
+
+def test_chat_message_shapes_accepted() -> None:
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "developer", "content": [{"type": "text", "text": "rules"}]},
+        {"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "x"}}]},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function"}]},
+        {"role": "assistant", "tool_calls": [{"id": "c2", "type": "function"}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+    ]
+    it = parse(CHAT, {"messages": messages, "n": 1})
+    assert it.body["messages"] == messages
+
+
+def test_utf8_bom_and_unicode_are_fine() -> None:
+    data = "\ufeff".encode() + json.dumps({"messages": [{"role": "user", "content": "héllo ✓"}]}).encode()
+    assert parse(CHAT, data).body["messages"][0]["content"] == "héllo ✓"
+
+
+def test_nesting_at_the_limit_is_accepted() -> None:
+    # the body object is level 1, so MAX_JSON_DEPTH - 1 arrays fit inside it
+    it = parse(CHAT, b'{"messages": [{"role": "user", "content": "x"}], "x": '
+               + b"[" * (MAX_JSON_DEPTH - 1) + b"]" * (MAX_JSON_DEPTH - 1) + b"}")
+    assert it.kind == "chat"
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting() -> None:
+    it = parse(CHAT, {"messages": [{"role": "user", "content": "[" * 500 + "{" * 500}]})
+    assert it.kind == "chat"
+
+
+def test_open_mode_tenant_comes_from_user_field() -> None:
+    it = parse(CHAT, {"messages": MSG, "user": "alice"})
+    assert it.caller.tenant == "alice"
+    it = parse(CHAT, {"messages": MSG}, host=None)
+    assert it.caller.tenant == "anonymous"
+
+
+def test_build_intake_never_mutates_the_input() -> None:
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "stream": True}
+    before = copy.deepcopy(body)
+    caller = Caller(tenant="t", cls="interactive", tenant_config=None)
+    it = build_intake("chat", CHAT, body, caller, CONFIG)
+    assert body == before
+    assert it.body is not body and "max_tokens" not in body
+    assert it.body["max_tokens"] == 256
+
+
+def test_intake_is_frozen() -> None:
+    it = parse(CHAT, {"messages": MSG})
+    with pytest.raises(AttributeError):
+        it.max_tokens = 5  # type: ignore[misc]
+
+
+def test_endpoint_table() -> None:
+    assert ENDPOINTS == {CHAT: "chat", CMPL: "completions", NATIVE: "completion"}
+    with pytest.raises(ValueError):
+        parse("/v1/embeddings", {"input": "x"})
+
+
+# -- identity and its order against body errors ---------------------------------------------------
+
+
+def test_tenants_mode_auth_is_checked_before_the_body() -> None:
+    for body in (b"not json", b"\xff", raw({"messages": []})):
+        e = refusal(CHAT, body, config=TENANT_CONFIG, tenants=TENANTS)
+        assert e.reason is Reason.INVALID_API_KEY and e.status == 401
+        assert e.to_body()["error"]["type"] == "authentication_error"
+        assert e.to_body()["error"]["code"] == "invalid_api_key"
+
+
+def test_tenants_mode_class_is_checked_before_the_body() -> None:
+    headers = {"Authorization": f"Bearer {KEY}", "X-Tokengate-Class": "batch"}
+    e = refusal(CHAT, b"not json", headers=headers, config=TENANT_CONFIG, tenants=TENANTS)
+    assert e.reason is Reason.CLASS_NOT_ALLOWED and e.status == 403
+    assert e.to_body()["error"]["type"] == "permission_error"
+    assert e.param == "X-Tokengate-Class"
+
+
+def test_tenants_mode_valid_request() -> None:
+    headers = {"authorization": f"Bearer {KEY}"}
+    it = parse(CHAT, {"messages": MSG, "user": "ignored"}, headers=headers, config=TENANT_CONFIG, tenants=TENANTS)
+    assert it.caller.tenant == "team-a" and it.caller.tenant_config is not None
+    assert it.max_tokens == 256
+
+
+def test_open_mode_body_errors_come_before_an_unknown_class() -> None:
+    e = refusal(CHAT, b"{", headers={"X-Tokengate-Class": "nope"})
+    assert "invalid JSON" in e.message
+    e = refusal(CHAT, {"messages": []}, headers={"X-Tokengate-Class": "nope"})
+    assert e.param == "X-Tokengate-Class"  # identity before fields
+
+
+# -- size ---------------------------------------------------------------------------------------
+
+
+def test_check_size() -> None:
+    check_size(100, 100)
+    with pytest.raises(IntakeError) as info:
+        check_size(101, 100)
+    e = info.value
+    assert e.reason is Reason.BODY_TOO_LARGE and e.status == 413
+    assert "101" in e.message and "100" in e.message
+    assert e.to_body()["error"]["type"] == "invalid_request_error"
+    assert e.to_body()["error"]["code"] == "body_too_large"
