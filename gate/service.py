@@ -97,7 +97,10 @@ class GateService:
             asyncio.create_task(self._housekeeping(), name="tokengate-housekeeping"),
         ]
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only
+        # when the listening socket says so, and without it every keep-alive response
+        # waits ~40 ms for the client's delayed ACK (Nagle).
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.config.gate.listen_port if port is None else port))
         sock.setblocking(False)

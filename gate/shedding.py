@@ -14,6 +14,9 @@ from dataclasses import dataclass
 class DurationModel:
     alpha: float = 0.2  # EWMA weight of the newest measurement
     min_samples: int = 3
+    # Short requests are dominated by HTTP and scheduling noise, not decode speed:
+    # never expect less than this, so a busy gate does not shed its smallest requests.
+    floor_s: float = 1.0
     decode_tps: float | None = None
     prefill_tps: float | None = None
     samples: int = 0
@@ -31,7 +34,7 @@ class DurationModel:
         if self.samples < self.min_samples or not self.decode_tps:
             return None
         prefill = prompt_tokens / self.prefill_tps if self.prefill_tps else 0.0
-        return prefill + max_tokens / self.decode_tps
+        return max(self.floor_s, prefill + max_tokens / self.decode_tps)
 
 
 def _ewma(old: float | None, new: float, alpha: float) -> float:

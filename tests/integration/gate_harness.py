@@ -1,0 +1,78 @@
+"""Run a real GateService in the test's event loop, in front of real (or fault) backends."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
+
+import httpx
+
+from gate.config import parse_config
+from gate.service import GateService
+
+
+def gate_toml(backend_urls: Sequence[str], extra: str = "", *, kv: str = "unified", backend_extra: str = "") -> str:
+    """A config with one [[backends]] table per URL; `extra` is appended verbatim."""
+    tables = "\n".join(
+        f'[[backends]]\nname = "b{i}"\nurl = "{url}"\nkv = "{kv}"\n{backend_extra}\n' for i, url in enumerate(backend_urls)
+    )
+    return tables + "\n" + extra
+
+
+@contextlib.asynccontextmanager
+async def running_gate(
+    backend_urls: Sequence[str] | str,
+    extra: str = "",
+    *,
+    kv: str = "unified",
+    backend_extra: str = "",
+    environ: Mapping[str, str] | None = None,
+    probe_interval_s: float = 0.2,
+) -> AsyncIterator[GateService]:
+    """A started gate on a free loopback port; stopped (and checked for leaks) on exit."""
+    urls = [backend_urls] if isinstance(backend_urls, str) else list(backend_urls)
+    config = parse_config(gate_toml(urls, extra, kv=kv, backend_extra=backend_extra), "test.toml")
+    gate = GateService(config, environ=environ or {}, probe_interval_s=probe_interval_s)
+    await gate.start(port=0)
+    try:
+        yield gate
+    finally:
+        await gate.stop(grace_s=10)
+
+
+def ledger_total(gate: GateService) -> int:
+    """Tokens reserved over all backends (0 when nothing leaked)."""
+    return sum(b.admission.ledger.in_flight for b in gate.backends if b.admission is not None)
+
+
+async def wait_until(predicate, timeout_s: float = 5.0, interval_s: float = 0.02) -> float:
+    """Poll an observable condition of an external process; returns the seconds it took.
+
+    For state outside this process (llama-server's /slots), polling is the only
+    way to observe it; the timeout makes a failure explicit.
+    """
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while True:
+        result = predicate()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return loop.time() - start
+        if loop.time() - start > timeout_s:
+            raise AssertionError(f"condition not met within {timeout_s}s")
+        await asyncio.sleep(interval_s)
+
+
+async def busy_slots(client: httpx.AsyncClient, llama_url: str) -> int:
+    slots = (await client.get(llama_url + "/slots")).json()
+    return sum(1 for s in slots if s.get("is_processing"))
+
+
+WORDS = "the quick brown fox jumps over the lazy dog and then some more words follow here".split()
+
+
+def words(n: int) -> str:
+    """A prompt of n words the tiny model's vocabulary holds (about one token each)."""
+    return " ".join(WORDS[i % len(WORDS)] for i in range(n))
