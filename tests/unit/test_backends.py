@@ -1,0 +1,102 @@
+"""Backend capacity from /props, model routing, and the probe's state machine."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from gate.admission import TenantPolicy
+from gate.backends import BackendPool, capacity_from_props
+from gate.config import BackendConfig, parse_config
+
+PROPS = {"total_slots": 4, "default_generation_settings": {"n_ctx": 512}}
+
+
+def test_split_kv_ceiling_is_slots_times_per_slot_context():
+    cap = capacity_from_props(PROPS, BackendConfig(kv="split"))
+    assert (cap.slots, cap.slot_context, cap.ceiling) == (4, 512, 2048)
+
+
+def test_unified_kv_ceiling_is_the_shared_pool_each_slot_reports():
+    cap = capacity_from_props({**PROPS, "default_generation_settings": {"n_ctx": 2048}}, BackendConfig(kv="unified"))
+    assert (cap.slots, cap.slot_context, cap.ceiling) == (4, 2048, 2048)
+
+
+def test_configured_token_budget_overrides_the_ceiling_and_prefill_limit_passes_through():
+    cap = capacity_from_props(PROPS, BackendConfig(kv="split", token_budget=1000, max_prefill_tokens=300))
+    assert cap.ceiling == 1000 and cap.max_prefill_tokens == 300
+
+
+@pytest.mark.parametrize("props", [{}, {"total_slots": 0, "default_generation_settings": {"n_ctx": 5}}, {"total_slots": 4}])
+def test_props_without_slots_or_context_are_rejected(props):
+    with pytest.raises(ValueError):
+        capacity_from_props(props, BackendConfig())
+
+
+def pool(toml: str, handler=None) -> BackendPool:
+    config = parse_config(toml)
+    transport = httpx.MockTransport(handler or (lambda request: httpx.Response(404)))
+    return BackendPool(
+        config.backends,
+        httpx.AsyncClient(transport=transport),
+        classes=config.classes,
+        tenant_policy=lambda _t: TenantPolicy(),
+        environ={"UP_KEY": "secret"},
+    )
+
+
+TWO = """
+[[backends]]
+name = "big"
+url = "http://big:8080"
+models = ["llama-70b"]
+api_key_env = "UP_KEY"
+[[backends]]
+name = "small"
+url = "http://small:8080"
+models = ["llama-8b", "qwen"]
+"""
+
+
+def test_routing_by_declared_model_and_first_backend_when_absent():
+    p = pool(TWO)
+    assert p.route("qwen").name == "small"
+    assert p.route("llama-70b").name == "big"
+    assert p.route(None).name == "big"
+    assert p.route("unknown") is None  # every backend declares its models: 404
+
+
+def test_backend_without_declared_models_catches_unknown_models():
+    p = pool(TWO + '\n[[backends]]\nname = "any"\nurl = "http://any:8080"\n')
+    assert p.route("whatever").name == "any"
+
+
+def test_upstream_key_comes_from_the_environment_variable():
+    p = pool(TWO)
+    assert p.by_name("big").auth_headers() == {"Authorization": "Bearer secret"}
+    assert p.by_name("small").auth_headers() == {}
+
+
+async def test_probe_moves_through_loading_ready_and_down_and_builds_the_gatekeeper():
+    state = {"health": 503}
+
+    def fake_llama(request: httpx.Request) -> httpx.Response:  # a fake upstream (unit test only)
+        if state["health"] is None:
+            raise httpx.ConnectError("refused", request=request)
+        if request.url.path == "/health":
+            return httpx.Response(state["health"], json={})
+        return httpx.Response(200, json=PROPS)
+
+    p = pool('[[backends]]\nurl = "http://llama:8080"\nkv = "split"\n', fake_llama)
+    backend = p.backends[0]
+    await p.probe(backend)
+    assert backend.state == "loading" and backend.gatekeeper is None
+    state["health"] = 200
+    await p.probe(backend)
+    assert backend.state == "ready"
+    assert backend.admission.capacity.ceiling == 2048
+    assert p.any_ready
+    state["health"] = None
+    await p.probe(backend)
+    assert backend.state == "down" and "ConnectError" in backend.detail
+    assert backend.gatekeeper is not None  # kept: in-flight work still needs its ledger
