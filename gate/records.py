@@ -57,3 +57,48 @@ class RecentDecisions:
 
     def find(self, request_id: str) -> DecisionRecord | None:
         return next((r for r in reversed(self._rows) if r.request_id == request_id), None)
+
+
+AuditSource = Literal["console", "config", "controller", "signal", "api"]
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    """One change to the gate's settings: who, from where, what, old and new value."""
+
+    ts: float  # wall clock, seconds since the epoch
+    operator: str  # user name (SUDO_USER over USER); "controller" for the adaptive loop
+    origin: str  # SSH client address, or "local"
+    source: AuditSource
+    action: str  # e.g. "set_budget", "pause_class", "drain_class", "freeze", "reload"
+    target: str  # e.g. "backend:default", "class:batch", "controller"
+    old_value: str | None
+    new_value: str | None
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ClassSample:
+    cls: str
+    in_flight: int
+    queued: int
+
+
+@dataclass(frozen=True, slots=True)
+class SampleRecord:
+    """The gate's state once a second, per backend: what the review screen charts."""
+
+    ts: float  # wall clock, seconds since the epoch
+    backend: str
+    budget: int | None
+    in_flight: int
+    queued: int
+    slots_busy: int | None
+    slots_total: int | None
+    gpu_used_bytes: int | None
+    gpu_total_bytes: int | None
+    p95_ttft_ms: float | None
+    p95_tpot_ms: float | None
+    admitted: int  # decisions in the last second
+    refused: int
+    classes: tuple[ClassSample, ...] = ()
