@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 __all__ = [
@@ -317,6 +317,10 @@ class BudgetController:
             raise ValueError(f"ceiling_tokens must be >= 1, got {ceiling_tokens}")
         self._ceiling = ceiling_tokens
         return self._move_to(now, self._budget, Cause.CEILING_CHANGED)
+
+    def set_slos(self, slo_ttft_p95_s: float, slo_tpot_p95_s: float | None) -> None:
+        """The operator retuned the objectives; the next tick judges against them."""
+        self._settings = replace(self._settings, slo_ttft_p95_s=slo_ttft_p95_s, slo_tpot_p95_s=slo_tpot_p95_s)
 
     def set_bounds(
         self, now: float, min_tokens: int, ceiling_tokens: int | None = None

@@ -393,6 +393,21 @@ class Admission:
         self.capacity = capacity
         self.budget = min(self.budget, capacity.ceiling)
 
+    def set_policy(self, policy: ClassPolicy) -> None:
+        """Replace a class's shares and queue bounds; waiters keep their deadlines.
+
+        A smaller depth refuses newcomers until the queue is below it; nothing
+        already waiting is dropped.
+        """
+        entry = self._classes[policy.name]
+        entry.policy = policy
+        entry.queue.depth = policy.queue_depth
+        entry.queue.timeout_s = policy.queue_timeout_s
+        self._order = sorted(self._classes.values(), key=lambda c: -c.policy.priority)
+
+    def paused(self, cls: str) -> bool:
+        return self._classes[cls].queue.paused
+
     def pause(self, cls: str) -> None:
         self._classes[cls].queue.paused = True
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -17,7 +18,8 @@ from typing import Any, Literal
 import httpx
 
 from gate.admission import Admission, Capacity, ClassPolicy, TenantPolicy
-from gate.config import BackendConfig
+from gate.adaptive import BudgetController, ControllerSettings
+from gate.config import BackendConfig, BudgetConfig
 from gate.gatekeeper import Gatekeeper
 from gate.shedding import DurationModel
 from gate.upstream import Upstream
@@ -53,6 +55,7 @@ class Backend:
     gatekeeper: Gatekeeper | None = None
     props: dict[str, Any] = field(default_factory=dict)
     durations: DurationModel = field(default_factory=DurationModel)
+    controller: BudgetController | None = None
 
     @property
     def name(self) -> str:
@@ -70,6 +73,21 @@ class Backend:
         return {"Authorization": f"Bearer {self.auth_token}"} if self.auth_token else {}
 
 
+def controller_settings(budget: BudgetConfig, ceiling: int) -> ControllerSettings:
+    """The controller's tuning from `[budget]` and the backend's ceiling."""
+    return ControllerSettings(
+        min_tokens=min(budget.min_tokens, ceiling),
+        ceiling_tokens=ceiling,
+        slo_ttft_p95_s=budget.slo_ttft_p95_ms / 1000,
+        slo_tpot_p95_s=None if budget.slo_tpot_p95_ms is None else budget.slo_tpot_p95_ms / 1000,
+        window_s=budget.window_s,
+        min_samples=budget.min_samples,
+        cooldown_s=budget.cooldown_s,
+        increase=budget.increase,
+        decrease=budget.decrease,
+    )
+
+
 class BackendPool:
     """All backends, routing by model name, and the probe loop that keeps their state."""
 
@@ -81,13 +99,19 @@ class BackendPool:
         classes: Iterable[ClassPolicy],
         tenant_policy: Callable[[str], TenantPolicy],
         environ: Mapping[str, str],
+        budget: BudgetConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
         on_change: Callable[[], None] | None = None,
+        on_created: Callable[[Backend], None] | None = None,
         probe_timeout_s: float = 2.0,
     ) -> None:
         self._client = client
+        self._budget = budget or BudgetConfig()
+        self._clock = clock
         self._classes = tuple(classes)
         self._tenant_policy = tenant_policy
         self._on_change = on_change
+        self._on_created = on_created
         self._timeout = probe_timeout_s
         self.backends: tuple[Backend, ...] = tuple(
             Backend(c, Upstream(client, c.url), environ.get(c.api_key_env) if c.api_key_env else None) for c in configs
@@ -95,6 +119,13 @@ class BackendPool:
 
     def __iter__(self):
         return iter(self.backends)
+
+    def set_budget_config(self, budget: BudgetConfig) -> None:
+        """Controllers created from now on use these settings (live ones are retuned by control)."""
+        self._budget = budget
+
+    def set_classes(self, classes: Iterable[ClassPolicy]) -> None:
+        self._classes = tuple(classes)
 
     def route(self, model: str | None) -> Backend | None:
         """Declared models first; an absent model goes to the first backend; else a catch-all."""
@@ -141,9 +172,18 @@ class BackendPool:
 
     def _apply_capacity(self, backend: Backend, capacity: Capacity) -> None:
         if backend.gatekeeper is None:
-            backend.gatekeeper = Gatekeeper(Admission(self._classes, capacity, tenant_policy=self._tenant_policy))
+            backend.controller = BudgetController(controller_settings(self._budget, capacity.ceiling))
+            admission = Admission(
+                self._classes, capacity, budget=backend.controller.budget, tenant_policy=self._tenant_policy
+            )
+            backend.gatekeeper = Gatekeeper(admission, clock=self._clock)
+            if self._on_created is not None:
+                self._on_created(backend)  # operator state (paused classes, freeze) carries over
         elif backend.capacity != capacity:
             backend.gatekeeper.admission.set_capacity(capacity)
+            if backend.controller is not None:
+                backend.controller.set_ceiling(self._clock(), capacity.ceiling)
+                backend.gatekeeper.admission.set_budget(backend.controller.budget)
         backend.capacity = capacity
 
     async def run(self, interval_s: float = 1.0) -> None:

@@ -228,11 +228,8 @@ class _Flow:
         return UpstreamFailure(Reason.UPSTREAM_TIMEOUT, f"no complete answer within request_timeout_s={self.gate.config.gate.request_timeout_s:g}")
 
     def _finish_ok(self) -> None:
-        stats = self.stats
-        if self.backend is not None and stats is not None:
-            self.backend.durations.observe(
-                decode_tps=stats.decode_tps, prompt_tokens=stats.prompt_tokens, prompt_s=stats.prompt_s
-            )
+        if self.backend is not None and self.stats is not None and self.intake is not None:
+            self.gate.observe_success(self.backend, self.intake.caller.cls, self.stats)
         self.conclude("admitted", "ok", 200)
 
     # ---- responses -----------------------------------------------------------

@@ -52,13 +52,13 @@ class ClassQueue:
         if depth < 1 or timeout_s <= 0 or quantum < 1:
             raise ValueError("depth, timeout_s and quantum must be positive")
         self.name = name
+        self._by_id: dict[str, Waiting] = {}
         self.depth = depth
         self.timeout_s = timeout_s
         self.paused = False
         self.tokens = 0
         self._weight_of = weight_of
         self._quantum = quantum
-        self._by_id: dict[str, Waiting] = {}
         self._fifos: dict[str, deque[Waiting]] = {}
         self._ring: deque[str] = deque()  # ring[0] is the tenant whose turn it is
         self._deficit: dict[str, float] = {}
@@ -66,6 +66,7 @@ class ClassQueue:
         # Deadlines in a heap with lazy deletion: removing from the middle is O(1).
         self._deadlines: list[tuple[float, int, str]] = []
         self._seq = 0
+        self._grandfathered = 0
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -80,6 +81,18 @@ class ClassQueue:
     @property
     def full(self) -> bool:
         return len(self._by_id) >= self.depth
+
+    @property
+    def depth(self) -> int:
+        return self._depth
+
+    @depth.setter
+    def depth(self, value: int) -> None:
+        """Lowering the depth drops nobody: those already waiting stay (and are remembered)."""
+        if value < 1:
+            raise ValueError("depth must be positive")
+        self._depth = value
+        self._grandfathered = len(self._by_id) if len(self._by_id) > value else 0
 
     def oldest_enqueued_at(self) -> float | None:
         heads = [fifo[0].enqueued_at for fifo in self._fifos.values()]
@@ -219,7 +232,8 @@ class ClassQueue:
 def check_invariants(queue: ClassQueue) -> None:
     """Raise AssertionError if Q1-Q4 do not hold."""
     items = list(queue)
-    assert len(items) <= queue.depth, "Q1 depth"
+    # An operator may lower the depth below what already waits; only pushes are bounded.
+    assert len(items) <= max(queue.depth, queue._grandfathered), "Q1 depth"
     assert len(items) == len(queue._by_id), "Q2 index"
     assert all(queue._by_id[w.request.id] is w for w in items), "Q2 index"
     assert queue.tokens == sum(w.request.cost for w in items), "Q3 tokens"

@@ -80,6 +80,7 @@ _ERROR_TYPES: dict[int, str] = {
     401: "authentication_error",
     403: "permission_error",
     404: "invalid_request_error",
+    405: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
     502: "server_error",

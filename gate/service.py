@@ -13,20 +13,25 @@ import logging
 import os
 import socket
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 
 import httpx
 import uvicorn
 
+from gate.adaptive import has_demand
 from gate.admission import TenantPolicy
 from gate.backends import BackendPool
 from gate.config import Config
 from gate.metrics import GateMetrics
 from gate.ratelimit import RateLimiter, TenantLimits
-from gate.records import DecisionRecord, RecentDecisions
+from gate.backends import Backend
+from gate.control import Control
+from gate.records import AuditRecord, DecisionRecord, RecentDecisions
 from gate.server import build_app
 from gate.tenants import TenantDirectory
 from gate.tokens import TokenCounter
+from gate.upstream import RelayStats
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -47,6 +52,7 @@ class GateService:
         environ: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
         probe_interval_s: float = 1.0,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         environ = os.environ if environ is None else environ
         self.config = config
@@ -57,6 +63,7 @@ class GateService:
         self.tenants = TenantDirectory.from_config(config, environ)
         tenant_cfg = {t.name: t for t in config.tenants}
         self.client = httpx.AsyncClient(
+            transport=transport,  # a test seam (httpx.MockTransport); None = real network
             timeout=httpx.Timeout(connect=5.0, read=None, write=30.0, pool=30.0),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
         )
@@ -77,7 +84,15 @@ class GateService:
             if name in tenant_cfg
             else TenantPolicy(),
             environ=environ,
+            budget=config.budget,
+            clock=clock,
+            on_created=self._adopt_backend,
         )
+        # Operator state that outlives any one backend's admission core.
+        self.paused_classes: set[str] = set()
+        self.frozen = False
+        self.recent_audit: deque[AuditRecord] = deque(maxlen=1000)
+        self.control = Control(self)
         self.app = build_app(self)
         self._server: _EmbeddedServer | None = None
         self._tasks: list[asyncio.Task] = []
@@ -144,6 +159,20 @@ class GateService:
                 total += len(backend.admission.ledger) + backend.admission.waiting()
         return total
 
+    def _adopt_backend(self, backend: Backend) -> None:
+        for cls in self.paused_classes:
+            backend.admission.pause(cls)
+        if self.frozen and backend.controller is not None:
+            backend.controller.freeze()
+
+    def audit(self, record: AuditRecord) -> None:
+        """One operator or controller change: kept for the console and journaled."""
+        self.recent_audit.append(record)
+        self.log.info(
+            "audit %s@%s %s %s %s: %s -> %s %s", record.operator, record.origin, record.source,
+            record.action, record.target, record.old_value, record.new_value, record.note,
+        )
+
     def record(self, record: DecisionRecord, *, model: str | None, queued_s: float | None, ttft_s: float | None) -> None:
         """One finished request: the in-memory tail and the metrics."""
         self.records.add(record)
@@ -185,10 +214,45 @@ class GateService:
         m.set_budget(budget)
         m.set_drain_seconds(drain_s if drain_s != float("inf") else 3600.0)
 
+    def observe_success(self, backend: Backend, cls: str, stats: RelayStats) -> None:
+        """Feed a completed request's upstream latencies to the controller and the shed model."""
+        now = self.clock()
+        backend.durations.observe(decode_tps=stats.decode_tps, prompt_tokens=stats.prompt_tokens, prompt_s=stats.prompt_s)
+        tpot = None
+        if stats.first_token_at is not None and stats.completion_tokens and stats.completion_tokens > 1:
+            tpot = (now - stats.first_token_at) / (stats.completion_tokens - 1)
+        if backend.controller is not None:
+            backend.controller.observe(now, stats.ttft_s, tpot)
+
+    def tick_controllers(self) -> None:
+        """One adaptive step per backend: move the budget when upstream latency says so."""
+        if self.config.budget.mode != "adaptive":
+            return
+        now = self.clock()
+        for b in self.backends:
+            if b.controller is None or b.admission is None:
+                continue
+            adm = b.admission
+            move = b.controller.tick(now, has_demand(adm.waiting(), adm.ledger.in_flight, adm.budget))
+            if move is None:
+                continue
+            adm.set_budget(move.new_budget)
+            b.gatekeeper.advance()
+            ttft = "n/a" if move.p95_ttft_s is None else f"{move.p95_ttft_s * 1000:.0f} ms"
+            self.audit(
+                AuditRecord(
+                    ts=time.time(), operator="controller", origin="local", source="controller",
+                    action=f"budget_{move.cause}", target=f"backend:{b.name}", old_value=str(move.old_budget),
+                    new_value=str(move.new_budget),
+                    note=f"p95 TTFT {ttft} vs SLO {self.config.budget.slo_ttft_p95_ms:g} ms over {move.samples} samples",
+                )
+            )
+
     async def _housekeeping(self) -> None:
-        """Once a second: reap leaked reservations, forget idle rate buckets, refresh gauges."""
+        """Once a second: adapt budgets, reap leaked reservations, forget idle rate buckets, refresh gauges."""
         while True:
             await asyncio.sleep(1.0)
+            self.tick_controllers()
             for b in self.backends:
                 if b.gatekeeper is not None:
                     reaped = b.gatekeeper.reap()

@@ -1,0 +1,161 @@
+"""Operator actions through gate/control.py: applied, audited with old/new, or refused cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from gate.config import parse_config
+from gate.control import Control, ControlError, Operator
+from gate.service import GateService
+
+ALICE = Operator("alice", "10.1.2.3")
+
+CONFIG = """
+[budget]
+min_tokens = 1024
+[[backends]]
+url = "http://llama:8080"
+kv = "split"
+[classes.interactive]
+priority = 10
+reserved_tokens = 512
+queue_depth = 4
+[classes.batch]
+priority = 1
+queue_depth = 8
+"""
+
+
+def fake_llama(request: httpx.Request) -> httpx.Response:
+    """A fake upstream for unit tests: healthy, 4 slots x 2048 tokens."""
+    if request.url.path == "/health":
+        return httpx.Response(200, json={"status": "ok"})
+    return httpx.Response(200, json={"total_slots": 4, "default_generation_settings": {"n_ctx": 2048}})
+
+
+@pytest.fixture
+async def gate():
+    g = GateService(parse_config(CONFIG), environ={}, transport=httpx.MockTransport(fake_llama))
+    await g.backends.probe_all()
+    yield g
+    await g.client.aclose()
+
+
+def last_audit(gate: GateService):
+    return gate.recent_audit[-1]
+
+
+def test_operator_identity_prefers_sudo_user_and_ssh_client_address():
+    assert Operator.from_environ({"USER": "root", "SUDO_USER": "bob", "SSH_CONNECTION": "192.0.2.7 51000 10.0.0.1 22"}) == Operator("bob", "192.0.2.7")
+    assert Operator.from_environ({"USER": "carol"}) == Operator("carol", "local")
+
+
+async def test_set_budget_applies_to_admission_and_audits_old_and_new(gate):
+    backend = gate.backends.backends[0]
+    assert backend.admission.budget == 8192
+    gate.control.set_budget(4096, operator=ALICE, note="incident 42")
+    assert backend.admission.budget == 4096 and backend.controller.budget == 4096
+    row = last_audit(gate)
+    assert (row.operator, row.origin, row.source, row.action, row.target) == ("alice", "10.1.2.3", "console", "set_budget", "backend:default")
+    assert (row.old_value, row.new_value, row.note) == ("8192", "4096", "incident 42")
+
+
+@pytest.mark.parametrize("tokens", [10, 100_000])
+async def test_budget_outside_bounds_is_refused_and_changes_nothing(gate, tokens):
+    before = len(gate.recent_audit)
+    with pytest.raises(ControlError, match=r"outside \[1024, 8192\]"):
+        gate.control.set_budget(tokens, operator=ALICE)
+    assert gate.backends.backends[0].admission.budget == 8192
+    assert len(gate.recent_audit) == before
+
+
+async def test_set_class_retunes_shares_and_queue_bounds(gate):
+    gate.control.set_class("batch", operator=ALICE, queue_depth=2, limit_tokens=3000)
+    adm = gate.backends.backends[0].admission
+    assert adm.policy("batch").limit_tokens == 3000 and adm.queue("batch").depth == 2
+    assert gate.config.class_by_name("batch").queue_depth == 2
+    row = last_audit(gate)
+    assert row.target == "class:batch"
+    assert row.old_value == "limit_tokens=None, queue_depth=8" and row.new_value == "limit_tokens=3000, queue_depth=2"
+
+
+@pytest.mark.parametrize(
+    ("cls", "changes", "message"),
+    [
+        ("batch", {"queue_depth": -3}, "queue_depth"),
+        ("interactive", {"reserved_tokens": 5000}, "reserved_tokens"),  # above budget.min_tokens
+        ("nope", {"queue_depth": 1}, "unknown class 'nope'"),
+        ("batch", {"colour": "red"}, "unknown class setting"),
+    ],
+)
+async def test_invalid_class_change_is_refused_with_a_clear_message(gate, cls, changes, message):
+    before = gate.config
+    with pytest.raises(ControlError, match=message):
+        gate.control.set_class(cls, operator=ALICE, **changes)
+    assert gate.config is before
+
+
+async def test_pause_refuses_newcomers_and_resume_restores(gate):
+    adm = gate.backends.backends[0].admission
+    gate.control.pause("batch", True, operator=ALICE)
+    assert adm.paused("batch") and last_audit(gate).action == "pause_class"
+    gate.control.pause("batch", False, operator=ALICE)
+    assert not adm.paused("batch") and last_audit(gate).action == "resume_class"
+
+
+async def test_drain_refuses_every_waiter_and_audits_how_many(gate):
+    from gate.gatekeeper import Refused
+    from gate.ledger import Request
+
+    backend = gate.backends.backends[0]
+    gk = backend.gatekeeper
+    holders = [await gk.acquire(Request(f"h{i}", "batch", "t", 10, 10, 0.0)) for i in range(4)]  # all slots
+    waiters = [asyncio.create_task(gk.acquire(Request(f"w{i}", "batch", "t", 10, 10, 0.0))) for i in range(3)]
+    await asyncio.sleep(0)
+    assert gate.control.queued("batch") == 3
+    gate.control.drain("batch", operator=ALICE)
+    for w in waiters:
+        with pytest.raises(Refused):
+            await w
+    row = last_audit(gate)
+    assert (row.action, row.old_value, row.new_value, row.note) == ("drain_class", "3", "0", "3 requests refused")
+    for h in holders:
+        gk.release(h)
+    assert backend.admission.ledger.in_flight == 0
+
+
+async def test_freeze_stops_the_controller_and_is_audited(gate):
+    gate.control.freeze(True, operator=ALICE)
+    assert gate.backends.backends[0].controller.frozen
+    assert (last_audit(gate).action, last_audit(gate).new_value) == ("freeze", "True")
+
+
+async def test_slo_and_min_budget_retune_reach_the_controller(gate):
+    gate.control.set_budget_settings(operator=ALICE, slo_ttft_p95_ms=500.0, min_tokens=2048)
+    controller = gate.backends.backends[0].controller
+    assert controller.settings.slo_ttft_p95_s == 0.5 and controller.min_tokens == 2048
+    with pytest.raises(ControlError, match="min_tokens"):
+        gate.control.set_budget_settings(operator=ALICE, min_tokens=100)  # below interactive's reservation
+
+
+async def test_reload_audits_each_changed_key_and_refuses_backend_changes(gate):
+    changed = parse_config(CONFIG.replace("queue_depth = 8", "queue_depth = 16"))
+    results = gate.control.reload(changed, operator=ALICE)
+    assert [(r.target, r.old_value, r.new_value) for r in results] == [("classes.batch.queue_depth", "8", "16")]
+    assert gate.backends.backends[0].admission.queue("batch").depth == 16
+    with pytest.raises(ControlError, match="restart"):
+        gate.control.reload(parse_config(CONFIG.replace("llama:8080", "llama:9090")), operator=ALICE)
+
+
+async def test_controller_tick_shrinks_budget_on_slow_upstream_and_audits_it(gate):
+    backend = gate.backends.backends[0]
+    now = gate.clock()
+    for _ in range(30):
+        backend.controller.observe(now, 10.0, None)  # 10 s TTFT against a 2 s SLO
+    gate.tick_controllers()
+    assert backend.admission.budget == int(8192 * 0.8)
+    row = last_audit(gate)
+    assert (row.source, row.operator, row.action, row.old_value, row.new_value) == ("controller", "controller", "budget_close", "8192", "6553")
