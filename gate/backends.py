@@ -56,6 +56,7 @@ class Backend:
     props: dict[str, Any] = field(default_factory=dict)
     durations: DurationModel = field(default_factory=DurationModel)
     controller: BudgetController | None = None
+    kv_bytes_per_token: int | None = None  # from the model's GGUF header, when local
 
     @property
     def name(self) -> str:

@@ -55,6 +55,10 @@ class RecentDecisions:
     def __len__(self) -> int:
         return len(self._rows)
 
+    def tail(self, n: int) -> list[DecisionRecord]:
+        """The newest n records, oldest first."""
+        return list(self._rows)[-n:] if n < len(self._rows) else list(self._rows)
+
     def find(self, request_id: str) -> DecisionRecord | None:
         return next((r for r in reversed(self._rows) if r.request_id == request_id), None)
 

@@ -15,6 +15,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import httpx
 import uvicorn
@@ -26,8 +27,10 @@ from gate.config import Config
 from gate.metrics import GateMetrics
 from gate.ratelimit import RateLimiter, TenantLimits
 from gate.backends import Backend
-from gate.control import Control
+from gate.control import Control, Operator
 from gate.records import AuditRecord, DecisionRecord, RecentDecisions
+from gate.rollup import Rollup
+from gate.snapshot import BackendView, ClassView, ControllerView, DenialView, GateSnapshot, JournalView, Label, SlotView
 from gate.server import build_app
 from gate.tenants import TenantDirectory
 from gate.tokens import TokenCounter
@@ -92,6 +95,13 @@ class GateService:
         self.paused_classes: set[str] = set()
         self.frozen = False
         self.recent_audit: deque[AuditRecord] = deque(maxlen=1000)
+        self.rollup = Rollup()
+        self.label: Label = "LIVE"
+        self.operator = Operator.from_environ(environ)
+        # Filled by the telemetry and GPU loops once wired; None/empty means "not polled".
+        self.telemetry: dict[str, Any] = {}
+        self.gpu_reading: Any = None
+        self.journal: Any = None
         self.control = Control(self)
         self.app = build_app(self)
         self._server: _EmbeddedServer | None = None
@@ -176,6 +186,7 @@ class GateService:
     def record(self, record: DecisionRecord, *, model: str | None, queued_s: float | None, ttft_s: float | None) -> None:
         """One finished request: the in-memory tail and the metrics."""
         self.records.add(record)
+        self.rollup.add(self.clock(), record.cls, record.outcome, record.reason, record.ttft_ms)
         m = self.metrics
         m.decision(cls=record.cls, outcome=record.outcome, reason=record.reason, model=model or "")
         if record.token_count_source is not None:
@@ -247,6 +258,81 @@ class GateService:
                     note=f"p95 TTFT {ttft} vs SLO {self.config.budget.slo_ttft_p95_ms:g} ms over {move.samples} samples",
                 )
             )
+
+    def snapshot(self) -> GateSnapshot:
+        """Everything the console shows, as one immutable value."""
+        now = self.clock()
+        config = self.config
+        counts = self.rollup.counts(now, 60)
+        backends = []
+        for b in self.backends:
+            adm, cap, tel = b.admission, b.capacity, self.telemetry.get(b.name)
+            backends.append(
+                BackendView(
+                    name=b.name, url=b.url, state=b.state, detail=b.detail, kv=b.config.kv,
+                    slots_busy=len(adm.ledger) if adm else 0,
+                    slots_total=cap.slots if cap else None,
+                    slot_context=cap.slot_context if cap else None,
+                    ceiling=cap.ceiling if cap else None,
+                    budget=adm.budget if adm else None,
+                    in_flight=adm.ledger.in_flight if adm else 0,
+                    prefilling=adm.ledger.prefilling if adm else 0,
+                    queued=adm.waiting() if adm else 0,
+                    slots=None if tel is None or tel.slots is None else tuple(
+                        SlotView(s.id, s.n_ctx, s.processing, s.n_prompt_tokens, s.n_decoded) for s in tel.slots
+                    ),
+                    decode_tps=None if tel is None else tel.decode_tps,
+                    requests_deferred=None if tel is None else tel.requests_deferred,
+                    kv_bytes_per_token=b.kv_bytes_per_token,
+                )
+            )
+        classes = []
+        for c in config.classes:
+            in_flight = queued = 0
+            oldest: float | None = None
+            for b in self.backends:
+                if b.admission is None:
+                    continue
+                q = b.admission.queue(c.name)
+                in_flight += b.admission.ledger.class_tokens(c.name)
+                queued += len(q)
+                enq = q.oldest_enqueued_at()
+                if enq is not None:
+                    oldest = max(oldest or 0.0, now - enq)
+            classes.append(
+                ClassView(
+                    name=c.name, priority=c.priority, paused=c.name in self.paused_classes,
+                    reserved_tokens=c.reserved_tokens, limit_tokens=c.limit_tokens, queue_depth=c.queue_depth,
+                    queue_timeout_s=c.queue_timeout_s, default_max_tokens=c.default_max_tokens,
+                    max_tokens_cap=c.max_tokens_cap, in_flight=in_flight, queued=queued, oldest_wait_s=oldest,
+                    admitted_per_min=sum(n for (cls, o, _), n in counts.items() if cls == c.name and o == "admitted"),
+                    refused_per_min=sum(n for (cls, o, _), n in counts.items() if cls == c.name and o == "refused"),
+                    p95_ttft_ms=self.rollup.p95_ttft_ms(now, c.name),
+                )
+            )
+        controllers = [b.controller for b in self.backends if b.controller is not None]
+        ttfts = [c.p95_ttft_s for c in controllers if c.p95_ttft_s is not None]
+        tpots = [c.p95_tpot_s for c in controllers if c.p95_tpot_s is not None]
+        budgets = [b.admission.budget for b in self.backends if b.admission is not None]
+        ceilings = [b.capacity.ceiling for b in self.backends if b.capacity is not None]
+        controller = ControllerView(
+            mode=config.budget.mode, frozen=self.frozen, budget=sum(budgets) if budgets else None,
+            min_tokens=config.budget.min_tokens, ceiling=sum(ceilings) if ceilings else None,
+            p95_ttft_ms=max(ttfts) * 1000 if ttfts else None, p95_tpot_ms=max(tpots) * 1000 if tpots else None,
+            slo_ttft_ms=config.budget.slo_ttft_p95_ms, slo_tpot_ms=config.budget.slo_tpot_p95_ms,
+        )
+        denials = tuple(DenialView(reason, cls, *n) for (reason, cls), n in self.rollup.denials(now).items())
+        journal = None
+        if self.journal is not None:
+            h = self.journal.health
+            journal = JournalView(h.ok, h.path, h.written, h.dropped, h.pending, h.last_error)
+        return GateSnapshot(
+            ts=time.time(), label=self.label, listen=f"{self.host}:{self.port}", operator=self.operator.name,
+            backends=tuple(backends), classes=tuple(classes), controller=controller, gpu=self.gpu_reading,
+            denials=denials, decisions=tuple(self.records.tail(200)), audit=tuple(self.recent_audit)[-50:],
+            journal=journal, reaped=sum(b.gatekeeper.reaped for b in self.backends if b.gatekeeper),
+            shutting_down=self.shutting_down,
+        )
 
     async def _housekeeping(self) -> None:
         """Once a second: adapt budgets, reap leaked reservations, forget idle rate buckets, refresh gauges."""

@@ -159,3 +159,17 @@ async def test_controller_tick_shrinks_budget_on_slow_upstream_and_audits_it(gat
     assert backend.admission.budget == int(8192 * 0.8)
     row = last_audit(gate)
     assert (row.source, row.operator, row.action, row.old_value, row.new_value) == ("controller", "controller", "budget_close", "8192", "6553")
+
+
+async def test_snapshot_reflects_operator_state_and_is_immutable(gate):
+    import dataclasses
+
+    gate.control.pause("batch", True, operator=ALICE)
+    gate.control.set_budget(2048, operator=ALICE)
+    snap = gate.snapshot()
+    batch = next(c for c in snap.classes if c.name == "batch")
+    assert batch.paused and snap.budget == 2048
+    assert snap.backends[0].slots_total == 4 and snap.backends[0].state == "ready"
+    assert [a.action for a in snap.audit][-2:] == ["pause_class", "set_budget"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        snap.label = "REVIEW"

@@ -1,0 +1,72 @@
+"""Per-second rollups of finished requests: rates, denials by window, p95 TTFT (pure).
+
+The console asks "what happened in the last 1/5/15 minutes" every second; a
+bucket per second keeps that O(window) and memory bounded at any request rate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+WINDOWS_S = (60, 300, 900)
+_TTFT_PER_BUCKET = 256  # enough for a p95 per class per second, bounded at any rate
+
+
+@dataclass(slots=True)
+class _Bucket:
+    second: int
+    outcomes: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # (cls, outcome, reason)
+    ttft_ms: dict[str, list[float]] = field(default_factory=dict)
+
+
+class Rollup:
+    """Counts by (class, outcome, reason) and TTFT samples, bucketed by second."""
+
+    def __init__(self, horizon_s: int = max(WINDOWS_S)) -> None:
+        self.horizon_s = horizon_s
+        self._buckets: deque[_Bucket] = deque()
+
+    def add(self, now: float, cls: str, outcome: str, reason: str, ttft_ms: float | None = None) -> None:
+        bucket = self._bucket(int(now))
+        bucket.outcomes[(cls, outcome, reason)] += 1
+        if ttft_ms is not None:
+            samples = bucket.ttft_ms.setdefault(cls, [])
+            if len(samples) < _TTFT_PER_BUCKET:
+                samples.append(ttft_ms)
+
+    def counts(self, now: float, window_s: int) -> Counter[tuple[str, str, str]]:
+        total: Counter[tuple[str, str, str]] = Counter()
+        for b in self._within(now, window_s):
+            total.update(b.outcomes)
+        return total
+
+    def denials(self, now: float) -> dict[tuple[str, str], tuple[int, ...]]:
+        """(reason, class) -> refusals in each of WINDOWS_S, for every pair seen in the horizon."""
+        per_window = [self.counts(now, w) for w in WINDOWS_S]
+        keys = {(reason, cls) for (cls, outcome, reason) in per_window[-1] if outcome == "refused"}
+        return {
+            key: tuple(sum(n for (c, o, r), n in counts.items() if o == "refused" and (r, c) == key) for counts in per_window)
+            for key in sorted(keys)
+        }
+
+    def p95_ttft_ms(self, now: float, cls: str, window_s: int = 60) -> float | None:
+        values = sorted(v for b in self._within(now, window_s) for v in b.ttft_ms.get(cls, ()))
+        if not values:
+            return None
+        return values[max(0, math.ceil(0.95 * len(values)) - 1)]
+
+    def _bucket(self, second: int) -> _Bucket:
+        if not self._buckets or self._buckets[-1].second < second:
+            self._buckets.append(_Bucket(second))
+            while self._buckets and self._buckets[0].second <= second - self.horizon_s:
+                self._buckets.popleft()
+        if self._buckets[-1].second == second:
+            return self._buckets[-1]
+        # A late record for an earlier second (clock jitter): count it in the newest bucket.
+        return self._buckets[-1]
+
+    def _within(self, now: float, window_s: int):
+        start = int(now) - window_s
+        return (b for b in self._buckets if b.second > start)

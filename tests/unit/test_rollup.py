@@ -1,0 +1,31 @@
+"""Per-second rollups: windows, denials by reason and class, p95 TTFT."""
+
+from gate.rollup import Rollup
+
+
+def test_denials_are_counted_per_reason_and_class_over_1_5_15_minutes():
+    r = Rollup()
+    r.add(0.0, "batch", "refused", "queue_full")
+    r.add(400.0, "batch", "refused", "queue_full")
+    r.add(850.0, "interactive", "refused", "rate_limited")
+    r.add(899.0, "batch", "refused", "queue_full")
+    r.add(899.5, "batch", "admitted", "ok")
+    assert r.denials(899.9) == {("queue_full", "batch"): (1, 1, 3), ("rate_limited", "interactive"): (1, 1, 1)}
+
+
+def test_old_buckets_fall_out_of_the_horizon():
+    r = Rollup(horizon_s=60)
+    r.add(0.0, "batch", "refused", "queue_full")
+    r.add(100.0, "batch", "admitted", "ok")
+    assert r.denials(100.0) == {}
+    assert r.counts(100.0, 60) == {("batch", "admitted", "ok"): 1}
+
+
+def test_p95_ttft_is_nearest_rank_over_the_window_per_class():
+    r = Rollup()
+    for i in range(1, 101):
+        r.add(10.0, "interactive", "admitted", "ok", ttft_ms=float(i))
+    r.add(10.0, "batch", "admitted", "ok", ttft_ms=5000.0)
+    assert r.p95_ttft_ms(10.5, "interactive") == 95.0
+    assert r.p95_ttft_ms(10.5, "batch") == 5000.0
+    assert r.p95_ttft_ms(200.0, "interactive") is None
