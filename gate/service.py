@@ -33,6 +33,9 @@ from gate.rollup import Rollup
 from gate.snapshot import BackendView, ClassView, ControllerView, DenialView, GateSnapshot, JournalView, Label, SlotView
 from gate.server import build_app
 from gate.tenants import TenantDirectory
+from gate.gpu import GpuMonitor
+from gate.kvsize import kv_bytes_per_token
+from gate.telemetry import TelemetryPoller, backend_triples
 from gate.tokens import TokenCounter
 from gate.upstream import RelayStats
 
@@ -103,6 +106,8 @@ class GateService:
         self.gpu_reading: Any = None
         self.journal: Any = None
         self.control = Control(self)
+        self.telemetry_poller = TelemetryPoller(self.client, backend_triples(self.backends.backends), interval_s=probe_interval_s)
+        self.gpu = GpuMonitor()
         self.app = build_app(self)
         self._server: _EmbeddedServer | None = None
         self._tasks: list[asyncio.Task] = []
@@ -120,6 +125,8 @@ class GateService:
         self._tasks = [
             asyncio.create_task(self.backends.run(self.probe_interval_s), name="tokengate-probe"),
             asyncio.create_task(self._housekeeping(), name="tokengate-housekeeping"),
+            asyncio.create_task(self.telemetry_poller.run(self._on_telemetry), name="tokengate-telemetry"),
+            asyncio.create_task(self._gpu_loop(), name="tokengate-gpu"),
         ]
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only
@@ -159,6 +166,7 @@ class GateService:
         for backend in self.backends:
             if backend.gatekeeper is not None:
                 backend.gatekeeper.close()
+        await asyncio.to_thread(self.gpu.close)
         await self.client.aclose()
 
     def in_flight_requests(self) -> int:
@@ -333,6 +341,24 @@ class GateService:
             journal=journal, reaped=sum(b.gatekeeper.reaped for b in self.backends if b.gatekeeper),
             shutting_down=self.shutting_down,
         )
+
+    def _on_telemetry(self, latest: dict[str, Any]) -> None:
+        self.telemetry = dict(latest)
+
+    async def _gpu_loop(self, interval_s: float = 2.0) -> None:
+        """NVML in a worker thread every 2 s; absent NVML reads as n/a, never an error."""
+        while True:
+            reading = await self.gpu.read_async()
+            self.gpu_reading = reading
+            if reading.unavailable:
+                self.metrics.clear_gpu()
+            for d in reading.devices:
+                self.metrics.set_gpu(str(d.index), used=d.used_bytes, total=d.total_bytes)
+            for b in self.backends:
+                if b.kv_bytes_per_token is None and b.props.get("model_path"):
+                    # Reading the GGUF header blocks (file I/O): a thread, once per backend.
+                    b.kv_bytes_per_token = await asyncio.to_thread(kv_bytes_per_token, b.props["model_path"]) or 0
+            await asyncio.sleep(interval_s)
 
     async def _housekeeping(self) -> None:
         """Once a second: adapt budgets, reap leaked reservations, forget idle rate buckets, refresh gauges."""
