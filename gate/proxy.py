@@ -191,10 +191,11 @@ class _Flow:
                 else:
                     event.append(line)
         except TimeoutError:
-            failure = self._overrun(loop, shed_at)
-            await self._sse_error(failure)
+            await relay.response.aclose()  # stop llama-server first, then tell the client
+            await self._sse_error(self._overrun(loop, shed_at))
             return
         except UpstreamFailure as exc:
+            await relay.response.aclose()
             await self._sse_error(exc)
             return
         if event:
@@ -339,7 +340,13 @@ class _Flow:
         stats = self.stats
         intake = self.intake
         if self.ticket is not None and self.backend is not None and self.backend.gatekeeper is not None:
-            self.backend.gatekeeper.release(self.ticket)
+            if stats is not None and outcome != "admitted":
+                # Cut short after dispatch: llama-server frees the slot a moment after
+                # the stream closes. Releasing now would let the next request find every
+                # slot busy and wait in llama-server's own queue.
+                gate.release_when_slot_frees(self.backend, self.ticket)
+            else:
+                self.backend.gatekeeper.release(self.ticket)
         if self.rate_charged and intake is not None:
             if outcome == "refused":
                 # Refused after the rate check: the tenant got nothing, so it pays nothing.

@@ -84,7 +84,7 @@ def build_app(gate: GateService) -> Starlette:
         if status == 405:
             message = f"{request.method} is not allowed on {request.url.path}"
         body = error_body(Reason.INVALID_REQUEST, message, status=status)
-        return JSONResponse(body, status_code=status)
+        return JSONResponse(body, status_code=status, headers=getattr(exc, "headers", None))  # Allow on 405
 
     routes = [Route(path, admitted, methods=["POST"]) for path in ENDPOINTS]
     routes += [Route(path, pass_through, methods=["POST"]) for path in PASS_THROUGH_POST]

@@ -22,12 +22,12 @@ import uvicorn
 
 from gate.adaptive import has_demand
 from gate.admission import TenantPolicy
-from gate.backends import BackendPool
+from gate.backends import Backend, BackendPool
 from gate.config import Config
 from gate.metrics import GateMetrics
 from gate.ratelimit import RateLimiter, TenantLimits
-from gate.backends import Backend
 from gate.control import Control, Operator
+from gate.gatekeeper import Ticket
 from gate.records import AuditRecord, DecisionRecord, RecentDecisions
 from gate.rollup import Rollup
 from gate.snapshot import BackendView, ClassView, ControllerView, DenialView, GateSnapshot, JournalView, Label, SlotView
@@ -111,6 +111,7 @@ class GateService:
         self.app = build_app(self)
         self._server: _EmbeddedServer | None = None
         self._tasks: list[asyncio.Task] = []
+        self._background: set[asyncio.Task] = set()
         self.port: int | None = None
         self.host = config.gate.listen_host
 
@@ -162,7 +163,9 @@ class GateService:
         for task in self._tasks:
             if task.get_name() != "tokengate-http":
                 task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for task in self._background:
+            task.cancel()  # each releases its ticket in `finally`
+        await asyncio.gather(*self._tasks, *self._background, return_exceptions=True)
         for backend in self.backends:
             if backend.gatekeeper is not None:
                 backend.gatekeeper.close()
@@ -176,6 +179,31 @@ class GateService:
             if backend.admission is not None:
                 total += len(backend.admission.ledger) + backend.admission.waiting()
         return total
+
+    def release_when_slot_frees(self, backend: Backend, ticket: Ticket, timeout_s: float = 3.0) -> None:
+        """Release `ticket` once llama-server shows one busy slot fewer than the gate holds."""
+        task = asyncio.get_running_loop().create_task(self._release_when_slot_frees(backend, ticket, timeout_s))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _release_when_slot_frees(self, backend: Backend, ticket: Ticket, timeout_s: float) -> None:
+        deadline = self.clock() + timeout_s
+        try:
+            while self.clock() < deadline and backend.admission is not None:
+                try:
+                    response = await self.client.get(backend.url + "/slots", headers=backend.auth_headers(), timeout=1.0)
+                    slots = response.json() if response.status_code == 200 else None
+                except (httpx.HTTPError, ValueError):
+                    slots = None
+                if not isinstance(slots, list):
+                    break  # /slots is off or the backend is gone: nothing to wait for
+                busy = sum(1 for s in slots if isinstance(s, dict) and s.get("is_processing"))
+                if busy < len(backend.admission.ledger):  # the ledger still counts this ticket
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            if backend.gatekeeper is not None:
+                backend.gatekeeper.release(ticket)
 
     def _adopt_backend(self, backend: Backend) -> None:
         for cls in self.paused_classes:

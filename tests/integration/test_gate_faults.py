@@ -1,0 +1,437 @@
+"""Faults around the admitted path (DESIGN.md 4 and 7): clients leaving, overruns, backends down,
+killed or hanging, and a graceful SIGTERM of `tokengate serve`.
+
+After each: the llama-server slot is free, the gate's ledger is back to zero, and the
+request has a decision record with the right outcome. The shared llama-server
+fixtures are left idle at the end of every test (the `llama` fixture checks it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gate.shedding import DurationModel
+from tests.integration.fake_upstream import fake_upstream
+from tests.integration.gate_harness import busy_slots, ledger_total, running_gate, wait_until, words
+from tests.llama.server import LlamaServer, free_port
+
+CHAT = "/v1/chat/completions"
+FREE_WITHIN_S = 2.0  # a disconnected client's slot must be free this soon
+MEASURED: dict[str, float] = {}  # seconds, printed with -s
+
+
+def chat(max_tokens: int, stream: bool, **extra: Any) -> dict[str, Any]:
+    return {
+        "messages": [{"role": "user", "content": words(8)}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": stream,
+        **extra,
+    }
+
+
+def rid(name: str) -> dict[str, str]:
+    return {"X-Request-Id": name}
+
+
+async def idle(client: httpx.AsyncClient, llama_url: str) -> bool:
+    return await busy_slots(client, llama_url) == 0
+
+
+async def running_with(client: httpx.AsyncClient, llama_url: str, n_predict: int) -> bool:
+    """Whether a llama-server slot is processing a request with this (distinctive) n_predict."""
+    slots = (await client.get(llama_url + "/slots")).json()
+    return any(s.get("is_processing") and (s.get("params") or {}).get("n_predict") == n_predict for s in slots)
+
+
+async def record_of(gate, request_id: str, timeout_s: float = 2.0):
+    """The request's decision record (written when the gate concludes it)."""
+    await wait_until(lambda: gate.records.find(request_id) is not None, timeout_s=timeout_s)
+    return gate.records.find(request_id)
+
+
+def data_events(lines: list[str]) -> list[str]:
+    return [line[5:].strip() for line in lines if line.startswith("data:")]
+
+
+def note(name: str, seconds: float) -> None:
+    MEASURED[name] = seconds
+    print(f"\n[measured] {name}: {seconds:.3f}s")
+
+
+async def gate_then_slot(gate, request_id: str, slot_free, label: str):
+    """After a client left: the gate's part (upstream closed, record written), then llama's
+    (the slot is free), both within FREE_WITHIN_S of now; returns the request's record."""
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    # On a disconnect the gate closes its upstream request BEFORE it writes the record.
+    gate_s = await wait_until(lambda: gate.records.find(request_id) is not None, timeout_s=FREE_WITHIN_S)
+    try:
+        await wait_until(slot_free, timeout_s=max(0.0, FREE_WITHIN_S - (loop.time() - t0)))
+    except AssertionError:
+        raise AssertionError(
+            f"llama-server slot still busy {FREE_WITHIN_S}s after the client left "
+            f"(the gate had closed upstream after {gate_s:.3f}s)"
+        ) from None
+    note(f"{label}: gate closed upstream", gate_s)
+    note(f"{label}: slot freed", loop.time() - t0)
+    return gate.records.find(request_id)
+
+
+@pytest.fixture
+async def llama(llama_unified):
+    """The shared unified llama-server; checked idle again after the test."""
+    yield llama_unified
+    async with httpx.AsyncClient(timeout=10) as client:
+        await wait_until(lambda: idle(client, llama_unified.url), timeout_s=30)
+
+
+@pytest.fixture
+def own_llama(llama_bin, tiny_model, tmp_path):
+    """A llama-server of this test's own, which it may kill."""
+    server = LlamaServer(llama_bin, tiny_model, mode="unified", ctx=2048, n_slots=4, log_path=tmp_path / "own-llama.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def sigkill(server: LlamaServer) -> None:
+    # LlamaServer keeps its Popen private; a test that must crash the server reaches in.
+    os.kill(server._proc.pid, signal.SIGKILL)
+
+
+# ---- 1. client disconnect mid-stream ---------------------------------------------------------
+
+
+@pytest.mark.llama
+async def test_client_disconnect_mid_stream_frees_slot(llama):
+    async with running_gate(llama.url) as gate, httpx.AsyncClient(timeout=30) as client:
+        async with client.stream("POST", gate.url + CHAT, json=chat(1500, True), headers=rid("gone-stream")) as r:
+            assert r.status_code == 200
+            # Keep a reference: a dropped aiter_lines() generator is finalized, which closes
+            # the connection at once (an early disconnect, not the one under test).
+            lines = r.aiter_lines()
+            async for line in lines:
+                if line.startswith("data:"):
+                    break
+            assert await busy_slots(client, llama.url) == 1
+            assert gate.records.find("gone-stream") is None  # still streaming
+            assert ledger_total(gate) > 1500
+        # Leaving the block closed the connection with ~1500 tokens still to generate.
+        record = await gate_then_slot(gate, "gone-stream", lambda: idle(client, llama.url), "streaming client disconnect")
+        assert (record.outcome, record.reason) == ("cancelled", "client_disconnect")
+        assert record.completion_tokens is None or record.completion_tokens < 1500
+        # A request cut short after dispatch is released once llama-server frees its slot.
+        await wait_until(lambda: ledger_total(gate) == 0 and gate.in_flight_requests() == 0, timeout_s=5)
+
+
+# ---- 2. client disconnect mid-non-stream, under load -----------------------------------------
+
+
+@pytest.mark.llama
+async def test_client_disconnect_non_stream_under_load_frees_slot(llama):
+    """llama-server can miss a closed NON-streaming request for 10+ s under load; the gate's
+    upstream request is streamed, so its slot must still come free at once."""
+    victim_n = 900  # distinctive (finds the victim's slot in /slots); ~10 s of work if not cancelled
+    async with running_gate(llama.url) as gate, httpx.AsyncClient(timeout=60) as client:
+        load = [
+            asyncio.create_task(client.post(gate.url + CHAT, json=chat(300, False), headers=rid(f"load-{i}")))
+            for i in range(3)
+        ]
+        try:
+            await wait_until(lambda: busy_slots_eq(client, llama.url, 3), timeout_s=10)
+            victim = asyncio.create_task(client.post(gate.url + CHAT, json=chat(victim_n, False), headers=rid("gone-plain")))
+            await wait_until(lambda: running_with(client, llama.url, victim_n), timeout_s=10)
+            victim.cancel()
+            record = await gate_then_slot(
+                gate, "gone-plain", lambda: not_running_with(client, llama.url, victim_n), "non-streaming client disconnect, 3 others busy"
+            )
+            # It was under load the whole time: the other three still run.
+            assert await busy_slots(client, llama.url) == 3
+            assert (record.outcome, record.reason) == ("cancelled", "client_disconnect")
+            assert len(gate.backends.backends[0].admission.ledger) == 3
+        finally:
+            for task in load:
+                task.cancel()
+            await asyncio.gather(*load, return_exceptions=True)
+        await wait_until(lambda: idle(client, llama.url), timeout_s=10)
+        for i in range(3):
+            assert (await record_of(gate, f"load-{i}")).outcome == "cancelled"
+        # A request cut short after dispatch is released once llama-server frees its slot.
+        await wait_until(lambda: ledger_total(gate) == 0 and gate.in_flight_requests() == 0, timeout_s=5)
+
+
+async def busy_slots_eq(client: httpx.AsyncClient, llama_url: str, n: int) -> bool:
+    return await busy_slots(client, llama_url) == n
+
+
+async def not_running_with(client: httpx.AsyncClient, llama_url: str, n_predict: int) -> bool:
+    return not await running_with(client, llama_url, n_predict)
+
+
+# ---- 3. client disconnect while queued ---------------------------------------------------------
+
+
+@pytest.mark.llama
+async def test_client_disconnect_while_queued(llama):
+    queued_n = 51  # distinctive: proves it never reached llama-server
+    async with running_gate(llama.url) as gate, httpx.AsyncClient(timeout=60) as client:
+        admission = gate.backends.backends[0].admission
+        runners = [
+            asyncio.create_task(client.post(gate.url + CHAT, json=chat(300, False), headers=rid(f"run-{i}")))
+            for i in range(4)
+        ]
+        try:
+            await wait_until(lambda: len(admission.ledger) == 4, timeout_s=10)
+            held = ledger_total(gate)
+            # Tokens would fit; the slots are all taken: it waits in the gate's queue.
+            queued = asyncio.create_task(client.post(gate.url + CHAT, json=chat(queued_n, False), headers=rid("gone-queued")))
+            await wait_until(lambda: admission.waiting() == 1, timeout_s=5)
+            assert len(admission.queue("interactive")) == 1
+            queued.cancel()
+            await asyncio.gather(queued, return_exceptions=True)
+            await wait_until(lambda: admission.waiting() == 0, timeout_s=2)
+            assert len(admission.queue("interactive")) == 0
+            assert admission.queue("interactive").tokens == 0
+            record = await record_of(gate, "gone-queued")
+            assert (record.outcome, record.reason) == ("cancelled", "client_disconnect")
+            assert record.reserved_tokens == 0
+            # The queued request took no reservation; the four runners' tokens are untouched.
+            assert ledger_total(gate) == held
+            assert len(admission.ledger) == 4
+        finally:
+            for task in runners:
+                task.cancel()
+            await asyncio.gather(*runners, return_exceptions=True)
+        await wait_until(lambda: idle(client, llama.url), timeout_s=10)
+        assert admission.waiting() == 0
+        await wait_until(lambda: ledger_total(gate) == 0, timeout_s=5)
+        await wait_until(lambda: gate.backends.backends[0].gatekeeper.tickets == (), timeout_s=5)
+        # Freed slots did not go to the abandoned request.
+        slots = (await client.get(llama.url + "/slots")).json()
+        assert all((s.get("params") or {}).get("n_predict") != queued_n for s in slots)
+        assert [r.request_id for r in gate.records].count("gone-queued") == 1
+
+
+# ---- 4. shedding an overrunning request ---------------------------------------------------------
+
+SHED_CONFIG = "[gate]\nshed_factor = 1.5\n"
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "non-stream"])
+async def test_overrunning_request_is_shed(llama, stream):
+    # The model claims 1000 tok/s per slot: 1000 tokens "should" take 1 s, so the request
+    # is shed at 1.5 x 1 = 1.5 s; the tiny model really needs 5+ s for them.
+    async with running_gate(llama.url, SHED_CONFIG) as gate, httpx.AsyncClient(timeout=30) as client:
+        gate.backends.backends[0].durations = DurationModel(decode_tps=1000.0, samples=10)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        if stream:
+            async with client.stream("POST", gate.url + CHAT, json=chat(1000, True), headers=rid("shed")) as r:
+                assert r.status_code == 200
+                lines = [line async for line in r.aiter_lines()]
+            events = data_events(lines)
+            assert "[DONE]" not in events
+            last = json.loads(events[-1])
+            assert last["error"]["code"] == "shed_overrun", last
+            assert set(last["error"]) >= {"message", "type", "code"}
+            tokens = [json.loads(e) for e in events[:-1]]
+            assert all("error" not in t for t in tokens)
+            assert not any(c.get("finish_reason") for t in tokens for c in t.get("choices") or [])
+        else:
+            r = await client.post(gate.url + CHAT, json=chat(1000, False), headers=rid("shed"))
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["code"] == "shed_overrun"
+        elapsed = loop.time() - started
+        assert 1.4 <= elapsed < 5.0, elapsed
+        freed = await wait_until(lambda: idle(client, llama.url), timeout_s=FREE_WITHIN_S)
+        note(f"slot freed after shedding ({'stream' if stream else 'non-stream'})", freed)
+        record = await record_of(gate, "shed")
+        assert (record.outcome, record.reason, record.http_status) == ("shed", "shed_overrun", 200 if stream else 503)
+        # A request cut short after dispatch is released once llama-server frees its slot.
+        await wait_until(lambda: ledger_total(gate) == 0 and gate.in_flight_requests() == 0, timeout_s=5)
+
+
+# ---- 5. backend down at start ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["non-stream", "stream"])
+async def test_backend_down_at_start(stream):
+    closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    async with running_gate(closed) as gate, httpx.AsyncClient(timeout=10) as client:
+        r = await client.post(gate.url + CHAT, json=chat(8, stream), headers=rid("no-backend"))
+        assert r.status_code == 503, r.text
+        assert r.headers["content-type"].startswith("application/json")
+        assert r.json()["error"]["code"] == "no_backend"
+        assert int(r.headers["retry-after"]) >= 1
+        assert int(r.headers["retry-after-ms"]) >= 1
+        assert r.headers["x-request-id"] == "no-backend"
+        health = await client.get(gate.url + "/health")
+        assert health.status_code == 503
+        assert health.json()["backends"]["b0"]["state"] == "down"
+        record = gate.records.find("no-backend")
+        assert (record.outcome, record.reason, record.http_status) == ("refused", "no_backend", 503)
+        # A request cut short after dispatch is released once llama-server frees its slot.
+        await wait_until(lambda: ledger_total(gate) == 0 and gate.in_flight_requests() == 0, timeout_s=5)
+
+
+# ---- 6. backend killed mid-answer ------------------------------------------------------------------
+
+
+@pytest.mark.llama
+async def test_backend_killed_mid_stream(own_llama):
+    async with running_gate(own_llama.url) as gate, httpx.AsyncClient(timeout=30) as client:
+        lines: list[str] = []
+        async with client.stream("POST", gate.url + CHAT, json=chat(1500, True), headers=rid("killed")) as r:
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                lines.append(line)
+                if line.startswith("data:") and own_llama.running:
+                    sigkill(own_llama)
+                    await wait_until(lambda: not own_llama.running, timeout_s=5)
+            # the stream ENDED (no exception, no hang): aiter_lines ran out
+        events = data_events(lines)
+        last = json.loads(events[-1])
+        assert last["error"]["code"] == "upstream_error", last
+        assert "[DONE]" not in events
+        record = await record_of(gate, "killed")
+        assert (record.outcome, record.reason, record.http_status) == ("failed", "upstream_error", 200)
+        # A request cut short after dispatch is released once llama-server frees its slot.
+        await wait_until(lambda: ledger_total(gate) == 0 and gate.in_flight_requests() == 0, timeout_s=5)
+        # The probe notices the dead backend.
+        await wait_until(lambda: gate_health_is(client, gate.url, 503), timeout_s=5)
+
+
+@pytest.mark.llama
+async def test_backend_killed_mid_non_stream(own_llama):
+    async with running_gate(own_llama.url) as gate, httpx.AsyncClient(timeout=30) as client:
+        task = asyncio.create_task(client.post(gate.url + CHAT, json=chat(1500, False), headers=rid("killed-plain")))
+        await wait_until(lambda: busy_slots_eq(client, own_llama.url, 1), timeout_s=10)
+        sigkill(own_llama)
+        r = await asyncio.wait_for(task, 10)
+        assert r.status_code == 502, r.text
+        assert r.json()["error"]["code"] == "upstream_error"
+        record = await record_of(gate, "killed-plain")
+        assert (record.outcome, record.reason, record.http_status) == ("failed", "upstream_error", 502)
+        # A request cut short after dispatch is released once llama-server frees its slot.
+        await wait_until(lambda: ledger_total(gate) == 0 and gate.in_flight_requests() == 0, timeout_s=5)
+
+
+async def gate_health_is(client: httpx.AsyncClient, gate_url: str, status: int) -> bool:
+    return (await client.get(gate_url + "/health")).status_code == status
+
+
+# ---- 7. backend hanging ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mode", "stream"),
+    [("hang", False), ("hang", True), ("stall", True), ("stall", False)],
+    ids=["hang-non-stream", "hang-stream", "stall-mid-stream", "stall-non-stream"],
+)
+async def test_backend_hanging_times_out(mode, stream):
+    """A FAKE upstream that holds the connection: 504 (or an SSE error once streaming)."""
+    async with fake_upstream(mode) as fake:
+        async with running_gate(fake.url, "[gate]\nrequest_timeout_s = 1.0\n") as gate, httpx.AsyncClient(timeout=30) as client:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            if mode == "stall" and stream:
+                async with client.stream("POST", gate.url + CHAT, json=chat(64, True), headers=rid("hung")) as r:
+                    assert r.status_code == 200
+                    lines = [line async for line in r.aiter_lines()]
+                events = data_events(lines)
+                assert json.loads(events[0])["choices"][0]["delta"]["content"] == "hello"
+                assert json.loads(events[-1])["error"]["code"] == "upstream_timeout"
+                expected_status = 200
+            else:
+                r = await client.post(gate.url + CHAT, json=chat(64, stream), headers=rid("hung"))
+                assert r.status_code == 504, r.text
+                assert r.json()["error"]["code"] == "upstream_timeout"
+                expected_status = 504
+            elapsed = loop.time() - started
+            assert 0.9 <= elapsed < 5.0, elapsed
+            assert fake.completions == 1
+            # The gate closed the upstream connection (what frees a real llama-server's slot).
+            await asyncio.wait_for(fake.released.wait(), 2)
+            record = await record_of(gate, "hung")
+            assert (record.outcome, record.reason, record.http_status) == ("failed", "upstream_timeout", expected_status)
+            # A request cut short after dispatch is released once llama-server frees its slot.
+            await wait_until(lambda: ledger_total(gate) == 0 and gate.in_flight_requests() == 0, timeout_s=5)
+
+
+# ---- 8. `tokengate serve` and SIGTERM ------------------------------------------------------------
+
+
+@pytest.mark.llama
+async def test_serve_sigterm_drains_in_flight_and_exits_zero(llama, tmp_path):
+    port = free_port()
+    config = tmp_path / "tokengate.toml"
+    config.write_text(
+        f'[gate]\nlisten = "127.0.0.1:{port}"\njournal = "{tmp_path / "journal.db"}"\n\n'
+        f'[[backends]]\nname = "llama"\nurl = "{llama.url}"\n'
+    )
+    exe = Path(sys.executable).with_name("tokengate")
+    log_path = tmp_path / "serve.log"
+    grace_s = 60.0  # generous: 300 tokens take ~3 s alone, far longer on a shared 2-core box
+    with open(log_path, "wb") as log:
+        proc = await asyncio.create_subprocess_exec(
+            str(exe), "serve", "--config", str(config), "--grace", str(grace_s),
+            stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, cwd=tmp_path,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient(timeout=grace_s) as client:
+
+            async def health_is(status: int) -> bool:
+                try:
+                    return (await client.get(url + "/health")).status_code == status
+                except httpx.TransportError:
+                    return False  # not listening yet
+
+            await wait_until(lambda: health_is(200), timeout_s=30)
+            first = asyncio.Event()
+
+            async def consume() -> list[str]:
+                async with client.stream("POST", url + CHAT, json=chat(300, True), headers=rid("in-flight")) as r:
+                    assert r.status_code == 200
+                    lines = []
+                    async for line in r.aiter_lines():
+                        lines.append(line)
+                        first.set()
+                    return lines
+
+            stream = asyncio.create_task(consume())
+            await asyncio.wait_for(first.wait(), 10)
+            proc.send_signal(signal.SIGTERM)
+            await wait_until(lambda: health_is(503), timeout_s=5)
+            refused = await client.post(url + CHAT, json=chat(8, False), headers=rid("late"))
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["error"]["code"] == "shutting_down"
+            assert int(refused.headers["retry-after"]) >= 1
+            assert not stream.done(), "the in-flight stream should still be running when the 503 came"
+            lines = await asyncio.wait_for(stream, grace_s)
+            events = data_events(lines)
+            assert events[-1] == "[DONE]"
+            chunks = [json.loads(e) for e in events[:-1]]
+            assert all("error" not in c for c in chunks)
+            assert any(c.get("finish_reason") == "length" for ch in chunks for c in ch.get("choices") or [])
+        rc = await asyncio.wait_for(proc.wait(), 15)  # the drain is over: only shutdown is left
+        assert rc == 0, log_path.read_text()
+        text = log_path.read_text()
+        assert "still in flight" not in text, text
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
