@@ -158,7 +158,59 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_Formatter,
     )
     example.set_defaults(func=_cmd_config_example)
+
+    # log
+    log_cmd = commands.add_parser(
+        "log",
+        help="export the journal (decisions, audit or samples) without a UI",
+        description=(
+            "Stream journal rows to standard output, oldest first. The journal is opened\n"
+            "read-only, so this is safe while the gate is running. Timestamps are ISO-8601\n"
+            "UTC (table, csv); json is JSON Lines with the raw epoch `ts` plus `ts_iso`.\n"
+            "Example: tokengate log --since 2h --format csv > last-2h.csv"
+        ),
+        epilog=_EXIT_CODES,
+        formatter_class=_Formatter,
+    )
+    log_cmd.add_argument(
+        "--journal",
+        metavar="FILE",
+        default="tokengate.db",
+        help="the SQLite journal (default: tokengate.db)",
+    )
+    log_cmd.add_argument(
+        "--kind",
+        choices=("decisions", "audit", "samples"),
+        default="decisions",
+        help="which rows (default: decisions)",
+    )
+    log_cmd.add_argument(
+        "--since",
+        metavar="WHEN",
+        type=_since_arg,
+        default=None,
+        help="only rows from this long ago (30s, 15m, 2h, 7d) or since an ISO-8601 "
+        "timestamp (UTC unless it says otherwise); default: all",
+    )
+    log_cmd.add_argument(
+        "--format",
+        choices=("table", "json", "csv"),
+        default="table",
+        help="table (aligned columns), json (JSON Lines) or csv (with a header); default: table",
+    )
+    log_cmd.set_defaults(func=_cmd_log)
     return parser
+
+
+def _since_arg(text: str) -> float:
+    import time
+
+    from gate.export import parse_since
+
+    try:
+        return parse_since(text, time.time())
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 # ------------------------------------------------------------------------------------------
@@ -236,6 +288,17 @@ def _cmd_console(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     for line in describe_config(config):
         out.write(line + "\n")
     out.write("the console is not built yet: this is a summary of the effective config only\n")
+    return EXIT_OK
+
+
+def _cmd_log(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from gate.export import ExportError, export
+
+    try:
+        export(args.journal, out, kind=args.kind, fmt=args.format, since_ts=args.since)
+    except ExportError as e:
+        err.write(f"tokengate log: error: {e}\n")
+        return EXIT_RUNTIME
     return EXIT_OK
 
 

@@ -1,0 +1,985 @@
+"""The SQLite journal: decisions, audit and samples, written by one group-commit writer.
+
+Write side
+    ``Journal.add(row)`` never blocks and never raises: the row goes into a bounded
+    buffer and the call returns a future that resolves ``True`` once the transaction
+    holding the row has committed, ``False`` when the row was dropped (buffer full, bad
+    row, the write failed, or the journal is closed). One writer task wakes as soon as
+    rows are pending, writes everything pending (up to ``max_batch``) in ONE transaction
+    (``executemany`` per table), resolves the futures and loops: under light load a row
+    commits within a millisecond or two, under heavy load the batches grow by themselves.
+
+    Faults (disk full, read-only file or directory, database locked past
+    ``busy_timeout``, I/O errors, the directory gone) never reach the caller: the failed
+    batch's rows are counted as dropped (their futures resolve ``False``), ``last_error``
+    is recorded, the connection is thrown away and reopened with backoff (0.5 s doubling
+    to 5 s), so writing resumes by itself once the fault is removed. While the writer is
+    failing, rows keep queueing up to ``max_pending``; beyond it they are dropped at once.
+    A row waiting through a fault resolves at the next attempt, so a caller that must not
+    wait that long bounds its wait (``asyncio.wait_for(asyncio.shield(fut), ...)``).
+
+    ``add`` must be called from the event loop the journal was opened in.
+
+Retention
+    ``apply_retention()`` deletes rows older than ``retention_days`` from the three
+    tables, in chunks, in the writer's connection between batches (so it never holds the
+    write lock for long). The journal runs it once at open and hourly by itself.
+
+Read side
+    A separate read-only connection (``mode=ro``) on its own thread, so reads never
+    block the writer (WAL): ``decisions_page``, ``count_decisions``, ``audit_rows``,
+    ``samples``. Rows come back as dicts keyed by the record field names (``cls``, not
+    the column name ``class``) plus ``id``; ``stream`` is a bool and a sample's
+    ``classes`` a list of ``{"cls", "in_flight", "queued"}`` dicts. The export
+    (``tokengate log``) uses the column names instead, as operators read them.
+
+Schema
+    ``PRAGMA user_version`` is the schema version; ``MIGRATIONS[i]`` takes a journal from
+    version ``i`` to ``i + 1`` (v1 creates everything). A journal written by a newer
+    tokengate (a higher version than ``SCHEMA_VERSION``) is refused with
+    ``JournalVersionError``. The file is created with mode 0600 before SQLite touches it
+    (SQLite gives the ``-wal``/``-shm`` files the same mode; they are chmod'ed too).
+    Never the prompt text: the records carry none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import json
+import logging
+import operator
+import os
+import sqlite3
+import stat
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from gate.records import AuditRecord, ClassSample, DecisionRecord, SampleRecord
+
+log = logging.getLogger("gate.journal")
+
+Row = DecisionRecord | AuditRecord | SampleRecord
+
+# ------------------------------------------------------------------------------------------
+# Schema
+
+
+def _column(field: str) -> str:
+    return "class" if field == "cls" else field
+
+
+DECISION_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(DecisionRecord))
+AUDIT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(AuditRecord))
+SAMPLE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(SampleRecord))
+
+#: Column names per table, in record field order (``id`` first is not included).
+COLUMNS: dict[str, tuple[str, ...]] = {
+    "decisions": tuple(_column(f) for f in DECISION_FIELDS),
+    "audit": tuple(_column(f) for f in AUDIT_FIELDS),
+    "samples": tuple(_column(f) for f in SAMPLE_FIELDS),
+}
+TABLES: tuple[str, ...] = ("decisions", "audit", "samples")
+
+_V1 = (
+    """CREATE TABLE decisions (
+        id INTEGER PRIMARY KEY,
+        ts REAL NOT NULL,
+        request_id TEXT NOT NULL,
+        tenant TEXT NOT NULL,
+        "class" TEXT NOT NULL,
+        backend TEXT NOT NULL,
+        endpoint TEXT NOT NULL,
+        stream INTEGER NOT NULL,
+        prompt_tokens INTEGER,
+        token_count_source TEXT,
+        max_tokens INTEGER,
+        reserved_tokens INTEGER NOT NULL,
+        outcome TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        http_status INTEGER NOT NULL,
+        queue_ms REAL,
+        ttft_ms REAL,
+        duration_ms REAL NOT NULL,
+        completion_tokens INTEGER,
+        budget_at_decision INTEGER,
+        in_flight_at_decision INTEGER
+    )""",
+    "CREATE INDEX decisions_ts ON decisions (ts)",
+    'CREATE INDEX decisions_class_ts ON decisions ("class", ts)',
+    "CREATE INDEX decisions_outcome_ts ON decisions (outcome, ts)",
+    "CREATE INDEX decisions_tenant_ts ON decisions (tenant, ts)",
+    """CREATE TABLE audit (
+        id INTEGER PRIMARY KEY,
+        ts REAL NOT NULL,
+        operator TEXT NOT NULL,
+        origin TEXT NOT NULL,
+        source TEXT NOT NULL,
+        action TEXT NOT NULL,
+        target TEXT NOT NULL,
+        old_value TEXT,
+        new_value TEXT,
+        note TEXT NOT NULL DEFAULT ''
+    )""",
+    "CREATE INDEX audit_ts ON audit (ts)",
+    """CREATE TABLE samples (
+        id INTEGER PRIMARY KEY,
+        ts REAL NOT NULL,
+        backend TEXT NOT NULL,
+        budget INTEGER,
+        in_flight INTEGER NOT NULL,
+        queued INTEGER NOT NULL,
+        slots_busy INTEGER,
+        slots_total INTEGER,
+        gpu_used_bytes INTEGER,
+        gpu_total_bytes INTEGER,
+        p95_ttft_ms REAL,
+        p95_tpot_ms REAL,
+        admitted INTEGER NOT NULL,
+        refused INTEGER NOT NULL,
+        classes TEXT NOT NULL DEFAULT '[]'
+    )""",
+    "CREATE INDEX samples_ts ON samples (ts)",
+)
+
+#: ``MIGRATIONS[i]`` takes a journal from schema version ``i`` to ``i + 1``. Append only.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1,)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class JournalError(Exception):
+    """The journal cannot be used as asked (the message names the file)."""
+
+
+class JournalVersionError(JournalError):
+    """The journal was written by a newer tokengate than this one."""
+
+
+def _newer_message(path: str, version: int) -> str:
+    return (
+        f"{path}: journal schema version {version} is newer than this tokengate understands "
+        f"(up to {SCHEMA_VERSION}); upgrade tokengate or point it at another journal file"
+    )
+
+
+def migrate_sync(conn: sqlite3.Connection, path: str = "<journal>") -> int:
+    """Bring a plain ``sqlite3`` connection's schema up to date (benchmarks, tools).
+
+    The connection must be in autocommit mode (``isolation_level=None``). Returns the
+    version found before migrating.
+    """
+    (version,) = conn.execute("PRAGMA user_version").fetchone()
+    if version > SCHEMA_VERSION:
+        raise JournalVersionError(_newer_message(path, version))
+    if version < SCHEMA_VERSION:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            (version,) = conn.execute("PRAGMA user_version").fetchone()
+            for step in MIGRATIONS[version:]:
+                for statement in step:
+                    conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise
+    return version
+
+
+# ------------------------------------------------------------------------------------------
+# Rows <-> tuples
+
+_INSERT = {
+    table: (
+        f"INSERT INTO {table} ("
+        + ", ".join(f'"{c}"' for c in cols)
+        + ") VALUES ("
+        + ", ".join("?" * len(cols))
+        + ")"
+    )
+    for table, cols in COLUMNS.items()
+}
+_decision_tuple = operator.attrgetter(*DECISION_FIELDS)
+_audit_tuple = operator.attrgetter(*AUDIT_FIELDS)
+_sample_head = operator.attrgetter(*SAMPLE_FIELDS[:-1])
+assert SAMPLE_FIELDS[-1] == "classes"
+
+
+def _classes_json(classes: Iterable[ClassSample]) -> str:
+    return json.dumps(
+        [{"cls": c.cls, "in_flight": c.in_flight, "queued": c.queued} for c in classes],
+        separators=(",", ":"),
+    )
+
+
+def _sample_tuple(row: SampleRecord) -> tuple[Any, ...]:
+    return (*_sample_head(row), _classes_json(row.classes))
+
+
+_TABLE_OF: dict[type, tuple[str, Callable[[Any], tuple[Any, ...]]]] = {
+    DecisionRecord: ("decisions", _decision_tuple),
+    AuditRecord: ("audit", _audit_tuple),
+    SampleRecord: ("samples", _sample_tuple),
+}
+
+_TABLE_OF_NAME = {table: to_tuple for table, to_tuple in _TABLE_OF.values()}
+
+# Errors that mean "this row's data cannot be stored", not "the disk is in trouble".
+_DATA_ERRORS = (
+    AttributeError,  # a malformed row (e.g. not a ClassSample in a sample's classes)
+    sqlite3.IntegrityError,
+    sqlite3.InterfaceError,
+    sqlite3.ProgrammingError,
+    OverflowError,
+    TypeError,
+    ValueError,
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JournalHealth:
+    ok: bool  # the last write (or open) attempt succeeded
+    dropped: int  # rows dropped since open (buffer full, failed writes, bad rows, closed)
+    written: int  # rows committed since open
+    pending: int  # rows accepted but not yet resolved
+    last_error: str | None  # the most recent fault, kept after recovery
+    path: str
+
+
+@dataclasses.dataclass(slots=True)
+class _RetentionJob:
+    cutoff: float
+    future: asyncio.Future[dict[str, int]] | None
+    tables: list[str]
+    deleted: dict[str, int]
+
+
+def _private_file(path: str) -> None:
+    """Create ``path`` with mode 0600 if it does not exist; tighten it if it does."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+    except FileExistsError:
+        _tighten(path)
+    else:
+        os.close(fd)
+
+
+def _tighten(path: str) -> None:
+    try:
+        st = os.stat(path)
+        if stat.S_ISREG(st.st_mode) and st.st_mode & 0o077:
+            os.chmod(path, stat.S_IMODE(st.st_mode) & 0o600)
+    except OSError:
+        pass
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"
+
+
+_FIELD_FILTERS = {"cls": '"class"', "reason": "reason", "tenant": "tenant", "outcome": "outcome"}
+_DECISION_SELECT = "SELECT id, " + ", ".join(
+    f'"class" AS cls' if c == "class" else c for c in COLUMNS["decisions"]
+) + " FROM decisions"
+_AUDIT_SELECT = "SELECT id, " + ", ".join(COLUMNS["audit"]) + " FROM audit"
+_SAMPLE_SELECT = "SELECT id, " + ", ".join(COLUMNS["samples"]) + " FROM samples"
+
+
+def _decision_where(
+    cls: str | Sequence[str] | None,
+    reason: str | Sequence[str] | None,
+    tenant: str | Sequence[str] | None,
+    outcome: str | Sequence[str] | None,
+    since_ts: float | None,
+    until_ts: float | None,
+) -> tuple[list[str], list[Any]]:
+    clauses: list[str] = []
+    params: list[Any] = []
+    for name, value in (("cls", cls), ("reason", reason), ("tenant", tenant), ("outcome", outcome)):
+        if value is None:
+            continue
+        column = _FIELD_FILTERS[name]
+        if isinstance(value, str):
+            clauses.append(f"{column} = ?")
+            params.append(value)
+        else:
+            values = list(value)
+            if not values:
+                clauses.append("0")
+                continue
+            clauses.append(f"{column} IN ({', '.join('?' * len(values))})")
+            params.extend(values)
+    if since_ts is not None:
+        clauses.append("ts >= ?")
+        params.append(since_ts)
+    if until_ts is not None:
+        clauses.append("ts < ?")
+        params.append(until_ts)
+    return clauses, params
+
+
+def _decision_dict(row: sqlite3.Row) -> dict[str, Any]:
+    d = dict(row)
+    d["stream"] = bool(d["stream"])
+    return d
+
+
+def _sample_dict(row: sqlite3.Row) -> dict[str, Any]:
+    d = dict(row)
+    try:
+        d["classes"] = json.loads(d["classes"]) if d["classes"] else []
+    except ValueError:
+        d["classes"] = []
+    return d
+
+
+# ------------------------------------------------------------------------------------------
+# The journal
+
+
+class Journal:
+    """The SQLite journal. Create with ``await Journal.open(path)``; always ``await close()``."""
+
+    RETENTION_INTERVAL_S = 3600.0
+    RETENTION_CHUNK = 5000
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_pending: int,
+        max_batch: int,
+        retention_days: float,
+        clock: Callable[[], float],
+        busy_timeout_ms: int,
+        on_drop: Callable[[int], None] | None,
+        close_timeout_s: float,
+        backoff_s: tuple[float, float] = (0.5, 5.0),
+    ) -> None:
+        self.path = os.fspath(path)
+        self._memory = self.path == ":memory:"
+        if self._memory:  # a shared in-memory database, so the reader sees the writer's rows
+            name = f"tokengate-{uuid.uuid4().hex}"
+            self._write_target = f"file:{name}?mode=memory&cache=shared"
+            self._read_target = self._write_target
+        else:
+            self._write_target = self.path
+            self._read_target = Path(self.path).absolute().as_uri() + "?mode=ro"
+        self.max_pending = max(1, int(max_pending))
+        self.max_batch = max(1, int(max_batch))
+        self.retention_days = float(retention_days)
+        self.busy_timeout_ms = int(busy_timeout_ms)
+        self.close_timeout_s = float(close_timeout_s)
+        self.on_drop = on_drop
+        self.backoff_min_s, self.backoff_max_s = (float(b) for b in backoff_s)
+        self._clock = clock
+        self._loop = asyncio.get_running_loop()
+
+        self._pending: collections.deque[tuple[Row, asyncio.Future[bool]]] = collections.deque()
+        self._inflight: list[tuple[Row, asyncio.Future[bool]]] = []
+        self._wake = asyncio.Event()
+        self._kick = asyncio.Event()  # interrupts a backoff sleep (close)
+        self._conn: aiosqlite.Connection | None = None
+        self._rconn: aiosqlite.Connection | None = None
+        self._rlock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+
+        self._accepting = True
+        self._stopping = False
+        self._closed = False
+        self._failing = False
+        self._retry_at = 0.0
+        self._backoff = self.backoff_min_s
+        self._last_error: str | None = None
+        self._dropped = 0
+        self._written = 0
+        #: committed write transactions (row batches); retention deletes are not counted
+        self.transactions = 0
+        self._retention_jobs: collections.deque[_RetentionJob] = collections.deque()
+        self._next_retention = time.monotonic()  # open() queues the first pass; then hourly
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    @classmethod
+    async def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        max_pending: int = 50_000,
+        max_batch: int = 1000,
+        retention_days: float = 14.0,
+        clock: Callable[[], float] = time.time,
+        busy_timeout_ms: int = 1000,
+        on_drop: Callable[[int], None] | None = None,
+        close_timeout_s: float = 5.0,
+        backoff_s: tuple[float, float] = (0.5, 5.0),
+        strict: bool = False,
+    ) -> Journal:
+        """Open (creating or migrating) the journal and start its writer.
+
+        A journal of a newer schema version raises ``JournalVersionError``. Any other
+        failure to open (missing directory, read-only file, ...) raises ``JournalError``
+        when ``strict``; otherwise the journal starts unhealthy (``health.ok`` False,
+        ``last_error`` set) and the writer keeps retrying with backoff.
+
+        ``busy_timeout_ms``: how long a write waits for another process's lock before
+        the batch counts as failed. ``backoff_s``: (first, longest) retry delay after a
+        fault, doubling in between. ``on_drop(n)`` is called whenever n rows are dropped.
+        """
+        journal = cls(
+            path,
+            max_pending=max_pending,
+            max_batch=max_batch,
+            retention_days=retention_days,
+            clock=clock,
+            busy_timeout_ms=busy_timeout_ms,
+            on_drop=on_drop,
+            close_timeout_s=close_timeout_s,
+            backoff_s=backoff_s,
+        )
+        try:
+            await journal._connect_writer()
+        except JournalVersionError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any fault: degrade, or refuse when strict
+            if strict:
+                raise JournalError(f"{journal.path}: cannot open the journal: {_describe(e)}") from e
+            journal._note_fault(e)
+            log.warning("journal %s: cannot open, will retry: %s", journal.path, _describe(e))
+        journal._schedule_retention()  # the pass at open, ahead of anything asked later
+        journal._task = asyncio.get_running_loop().create_task(
+            journal._run(), name=f"journal-writer:{journal.path}"
+        )
+        return journal
+
+    async def close(self, timeout: float | None = None) -> None:
+        """Flush what is pending (bounded by ``timeout``, default ``close_timeout_s``), then
+        close both connections. Rows still pending after the timeout are dropped."""
+        if self._closed:
+            return
+        self._stopping = True
+        self._wake.set()
+        self._kick.set()
+        timeout = self.close_timeout_s if timeout is None else timeout
+        task = self._task
+        if task is not None and not task.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(task), timeout)
+            except (TimeoutError, asyncio.TimeoutError):
+                log.warning("journal %s: flush timed out after %.1f s", self.path, timeout)
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+            except Exception:  # noqa: BLE001 - the writer never raises; be safe anyway
+                log.exception("journal %s: writer failed", self.path)
+        self._accepting = False
+        self._drop(self._inflight)
+        self._inflight = []
+        self._drop(list(self._pending))
+        self._pending.clear()
+        for job in self._retention_jobs:
+            if job.future is not None and not job.future.done():
+                job.future.set_exception(JournalError(f"{self.path}: journal closed"))
+        self._retention_jobs.clear()
+        await self._close_writer_conn()
+        rconn, self._rconn = self._rconn, None
+        if rconn is not None:
+            with contextlib.suppress(Exception):
+                await rconn.close()
+        self._closed = True
+
+    async def __aenter__(self) -> Journal:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- write side --------------------------------------------------------------------
+
+    def add(self, row: Row) -> asyncio.Future[bool]:
+        """Queue one row; never blocks, never raises. See the module docstring."""
+        try:
+            fut: asyncio.Future[bool] = self._loop.create_future()
+        except Exception:  # noqa: BLE001 - the loop is closed: nothing can be awaited anyway
+            fut = asyncio.Future(loop=self._loop)
+            fut.set_result(False)
+            self._count_dropped(1)
+            return fut
+        try:
+            if not self._accepting or type(row) not in _TABLE_OF:
+                if self._accepting:
+                    log.warning("journal %s: not a journal row: %r", self.path, type(row))
+                fut.set_result(False)
+                self._count_dropped(1)
+            elif len(self._pending) >= self.max_pending:
+                fut.set_result(False)
+                self._count_dropped(1)
+            else:
+                self._pending.append((row, fut))
+                if not self._wake.is_set():
+                    self._wake.set()
+        except Exception:  # noqa: BLE001 - never raise into the request path
+            if not fut.done():
+                fut.set_result(False)
+            self._count_dropped(1)
+        return fut
+
+    @property
+    def health(self) -> JournalHealth:
+        return JournalHealth(
+            ok=not self._failing and not self._closed,
+            dropped=self._dropped,
+            written=self._written,
+            pending=len(self._pending) + len(self._inflight),
+            last_error=self._last_error,
+            path=self.path,
+        )
+
+    async def apply_retention(self, now: float | None = None) -> dict[str, int]:
+        """Delete rows older than ``retention_days`` (relative to ``now``, default the
+        clock) from all three tables; returns the rows deleted per table. Runs in the
+        writer's connection between batches; raises ``JournalError`` if it fails."""
+        if self._stopping or self._closed:
+            raise JournalError(f"{self.path}: journal closed")
+        now = self._clock() if now is None else now
+        fut: asyncio.Future[dict[str, int]] = self._loop.create_future()
+        self._retention_jobs.append(
+            _RetentionJob(now - self.retention_days * 86400.0, fut, list(TABLES), dict.fromkeys(TABLES, 0))
+        )
+        self._wake.set()
+        return await fut
+
+    # -- the writer --------------------------------------------------------------------
+
+    def _has_work(self) -> bool:
+        return bool(self._pending) or bool(self._retention_jobs)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                if await self._step():
+                    return
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the writer must survive anything
+                log.exception("journal %s: writer error", self.path)
+                self._note_fault(e)
+                self._drop(self._inflight)
+                self._inflight = []
+                await self._close_writer_conn()
+
+    async def _step(self) -> bool:
+        """One turn of the writer; True when it is done (closing and nothing left)."""
+        while True:
+            if time.monotonic() >= self._next_retention and not self._stopping:
+                self._schedule_retention()
+            if self._has_work():
+                break
+            if self._stopping:
+                self._accepting = False  # same step as the emptiness check: nothing sneaks in
+                return True
+            self._wake.clear()
+            delay = self._next_retention - time.monotonic()
+            if delay > 0:
+                with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), delay)
+
+        if self._stopping and not self._pending:
+            # closing: abandon retention, nothing else to flush
+            for job in self._retention_jobs:
+                if job.future is not None and not job.future.done():
+                    job.future.set_exception(JournalError(f"{self.path}: journal closed"))
+            self._retention_jobs.clear()
+            return False
+
+        wait = self._retry_at - time.monotonic()
+        if wait > 0:
+            if self._stopping:
+                wait = min(wait, 0.1)
+            self._kick.clear()
+            with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), wait)
+
+        n = min(len(self._pending), self.max_batch)
+        batch = [self._pending.popleft() for _ in range(n)]
+        self._inflight = batch
+        try:
+            if self._conn is None:
+                await self._connect_writer()
+            if batch:
+                await self._write(batch)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a fault: drop this batch, back off, retry
+            self._inflight = []
+            self._drop(batch)
+            self._note_fault(e)
+            self._fail_retention_callers(e)
+            await self._close_writer_conn()
+            return False
+        self._inflight = []
+        self._recovered()
+
+        if self._retention_jobs and not self._stopping:
+            try:
+                await self._retention_step()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001
+                self._note_fault(e)
+                self._fail_retention_callers(e)
+                await self._close_writer_conn()
+        return False
+
+    async def _write(self, batch: list[tuple[Row, asyncio.Future[bool]]]) -> None:
+        groups: dict[str, list[Row]] = {}
+        owners: dict[str, list[asyncio.Future[bool]]] = {}
+        for row, fut in batch:
+            table = _TABLE_OF[type(row)][0]
+            groups.setdefault(table, []).append(row)
+            owners.setdefault(table, []).append(fut)
+        conn = self._conn
+        assert conn is not None
+        await conn.execute("BEGIN IMMEDIATE")
+        try:
+            for table, rows in groups.items():
+                # the rows become tuples inside executemany, on the connection's thread
+                await conn.executemany(_INSERT[table], map(_TABLE_OF_NAME[table], rows))
+            await conn.execute("COMMIT")
+        except _DATA_ERRORS as e:
+            await self._rollback()
+            log.warning("journal %s: a row could not be stored (%s); retrying row by row", self.path, _describe(e))
+            await self._write_one_by_one(groups, owners)
+            return
+        except BaseException:
+            await self._rollback()
+            raise
+        self.transactions += 1
+        self._written += len(batch)
+        for _row, fut in batch:
+            if not fut.done():
+                fut.set_result(True)
+
+    async def _write_one_by_one(
+        self, groups: dict[str, list[Row]], owners: dict[str, list[asyncio.Future[bool]]]
+    ) -> None:
+        """A batch held a row SQLite refused: store the others, drop only the bad ones."""
+        conn = self._conn
+        assert conn is not None
+        stored: list[asyncio.Future[bool]] = []
+        rejected: list[asyncio.Future[bool]] = []
+        await conn.execute("BEGIN IMMEDIATE")
+        try:
+            for table, rows in groups.items():
+                to_tuple = _TABLE_OF_NAME[table]
+                for row, fut in zip(rows, owners[table], strict=True):
+                    try:
+                        values = to_tuple(row)
+                        await conn.execute(_INSERT[table], values)
+                    except _DATA_ERRORS:
+                        rejected.append(fut)
+                    else:
+                        stored.append(fut)
+            await conn.execute("COMMIT")
+        except BaseException:
+            await self._rollback()
+            raise
+        self.transactions += 1
+        self._written += len(stored)
+        for fut in stored:
+            if not fut.done():
+                fut.set_result(True)
+        for fut in rejected:
+            if not fut.done():
+                fut.set_result(False)
+        self._count_dropped(len(rejected))
+
+    async def _rollback(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                await self._conn.execute("ROLLBACK")
+
+    async def _retention_step(self) -> None:
+        job = self._retention_jobs[0]
+        conn = self._conn
+        assert conn is not None
+        table = job.tables[0]
+        cursor = await conn.execute(
+            f"DELETE FROM {table} WHERE id IN (SELECT id FROM {table} WHERE ts < ? LIMIT ?)",
+            (job.cutoff, self.RETENTION_CHUNK),
+        )
+        n = max(cursor.rowcount, 0)
+        job.deleted[table] += n
+        if n < self.RETENTION_CHUNK:
+            job.tables.pop(0)
+        if not job.tables:
+            self._retention_jobs.popleft()
+            if any(job.deleted.values()):
+                log.info("journal %s: retention deleted %s", self.path, job.deleted)
+            if job.future is not None and not job.future.done():
+                job.future.set_result(dict(job.deleted))
+
+    def _schedule_retention(self) -> None:
+        """Queue the automatic pass (no caller waits on it) and plan the next one."""
+        self._next_retention = time.monotonic() + self.RETENTION_INTERVAL_S
+        cutoff = self._clock() - self.retention_days * 86400.0
+        self._retention_jobs.append(_RetentionJob(cutoff, None, list(TABLES), dict.fromkeys(TABLES, 0)))
+
+    def _fail_retention_callers(self, exc: BaseException) -> None:
+        keep: collections.deque[_RetentionJob] = collections.deque()
+        for job in self._retention_jobs:
+            if job.future is None:
+                keep.append(job)  # the hourly run: retried once writing works again
+            elif not job.future.done():
+                job.future.set_exception(JournalError(f"{self.path}: retention failed: {_describe(exc)}"))
+        self._retention_jobs = keep
+
+    async def _connect_writer(self) -> None:
+        if not self._memory:
+            _private_file(self.path)
+        conn = await aiosqlite.connect(
+            self._write_target,
+            isolation_level=None,
+            timeout=self.busy_timeout_ms / 1000.0,
+            uri=self._memory,
+        )
+        try:
+            await conn.execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
+            if not self._memory:
+                cursor = await conn.execute("PRAGMA journal_mode = WAL")
+                row = await cursor.fetchone()
+                if row is None or str(row[0]).lower() != "wal":
+                    log.warning("journal %s: WAL mode refused (journal_mode=%s)", self.path, row and row[0])
+            await conn.execute("PRAGMA synchronous = NORMAL")
+            await self._migrate(conn)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await conn.close()
+            raise
+        if not self._memory:
+            for suffix in ("-wal", "-shm"):
+                _tighten(self.path + suffix)
+        self._conn = conn
+
+    async def _migrate(self, conn: aiosqlite.Connection) -> None:
+        cursor = await conn.execute("PRAGMA user_version")
+        (version,) = await cursor.fetchone()  # type: ignore[misc]
+        if version > SCHEMA_VERSION:
+            raise JournalVersionError(_newer_message(self.path, version))
+        if version == SCHEMA_VERSION:
+            return
+        await conn.execute("BEGIN IMMEDIATE")
+        try:
+            cursor = await conn.execute("PRAGMA user_version")  # another process may have won
+            (version,) = await cursor.fetchone()  # type: ignore[misc]
+            if version > SCHEMA_VERSION:
+                raise JournalVersionError(_newer_message(self.path, version))
+            for step in MIGRATIONS[version:]:
+                for statement in step:
+                    await conn.execute(statement)
+            await conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            await conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await conn.execute("ROLLBACK")
+            raise
+        if version < SCHEMA_VERSION:
+            log.info("journal %s: schema v%d -> v%d", self.path, version, SCHEMA_VERSION)
+
+    async def _close_writer_conn(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    # -- bookkeeping -------------------------------------------------------------------
+
+    def _note_fault(self, exc: BaseException) -> None:
+        message = _describe(exc)
+        if not self._failing or message != self._last_error:
+            log.warning("journal %s: write failed (retrying in %.1f s): %s", self.path, self._backoff, message)
+        self._failing = True
+        self._last_error = message
+        self._retry_at = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, self.backoff_max_s)
+
+    def _recovered(self) -> None:
+        if self._failing:
+            log.warning("journal %s: writing again", self.path)
+        self._failing = False
+        self._retry_at = 0.0
+        self._backoff = self.backoff_min_s
+
+    def _drop(self, entries: Iterable[tuple[Row, asyncio.Future[bool]]]) -> None:
+        n = 0
+        for _row, fut in entries:
+            n += 1
+            if not fut.done():
+                fut.set_result(False)
+        self._count_dropped(n)
+
+    def _count_dropped(self, n: int) -> None:
+        if n <= 0:
+            return
+        self._dropped += n
+        if self.on_drop is not None:
+            try:
+                self.on_drop(n)
+            except Exception:  # noqa: BLE001 - a metrics hook must not break the journal
+                log.exception("journal %s: on_drop hook failed", self.path)
+
+    # -- read side ---------------------------------------------------------------------
+
+    async def _reader(self) -> aiosqlite.Connection:
+        if self._closed:
+            raise JournalError(f"{self.path}: journal closed")
+        if self._rconn is not None:
+            return self._rconn
+        async with self._rlock:
+            if self._rconn is None:
+                if not self._memory and not os.path.isfile(self.path):
+                    raise JournalError(f"{self.path}: journal file not found")
+                conn = await aiosqlite.connect(
+                    self._read_target, uri=True, timeout=self.busy_timeout_ms / 1000.0
+                )
+                try:
+                    conn.row_factory = sqlite3.Row
+                    await conn.execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
+                    if self._memory:
+                        await conn.execute("PRAGMA read_uncommitted = 1")
+                    await conn.execute("PRAGMA query_only = 1")
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+                    raise
+                self._rconn = conn
+            return self._rconn
+
+    async def _fetch(self, sql: str, params: Sequence[Any]) -> list[sqlite3.Row]:
+        conn = await self._reader()
+        try:
+            return list(await conn.execute_fetchall(sql, params))
+        except sqlite3.Error:
+            # the file may have been replaced or removed: reopen on the next read
+            if self._rconn is conn:
+                self._rconn = None
+                with contextlib.suppress(Exception):
+                    await conn.close()
+            raise
+
+    async def decisions_page(
+        self,
+        *,
+        after_id: int | None = None,
+        before_id: int | None = None,
+        limit: int = 200,
+        cls: str | Sequence[str] | None = None,
+        reason: str | Sequence[str] | None = None,
+        tenant: str | Sequence[str] | None = None,
+        outcome: str | Sequence[str] | None = None,
+        since_ts: float | None = None,
+        until_ts: float | None = None,
+    ) -> list[dict[str, Any]]:
+        """One page of decisions in time order (``ts``, then ``id``), keyset-paged: the
+        id of a row already shown is the cursor.
+
+        * neither ``after_id`` nor ``before_id``: the newest ``limit`` rows, newest first;
+        * ``before_id=X``: the ``limit`` rows just older than row X, newest first
+          (scrolling back: pass the last id of the previous page; [] once X is gone);
+        * ``after_id=X``: the ``limit`` rows just newer than row X, OLDEST first
+          (scrolling forward or tailing: pass the newest id seen; if row X was deleted
+          by retention, everything left counts as newer);
+        * both: rows strictly between the two, newest first, the ``limit`` nearest X.
+
+        Ordering by (ts, id) rather than id alone lets the (class|outcome|tenant, ts)
+        indexes serve a filtered page without sorting; ids follow ts except across a
+        wall-clock step, and the (ts, id) keyset stays exact either way.
+
+        Filters (each a value or a sequence of values) combine with AND; ``since_ts`` is
+        inclusive, ``until_ts`` exclusive.
+        """
+        clauses, params = _decision_where(cls, reason, tenant, outcome, since_ts, until_ts)
+        if after_id is not None:
+            clauses.append("(ts, id) > (COALESCE((SELECT ts FROM decisions WHERE id = ?), -1e308), ?)")
+            params += [after_id, after_id]
+        if before_id is not None:
+            clauses.append("(ts, id) < ((SELECT ts FROM decisions WHERE id = ?), ?)")
+            params += [before_id, before_id]
+        ascending = after_id is not None and before_id is None
+        sql = _DECISION_SELECT
+        if clauses:
+            sql += " WHERE " + " AND ".join(clauses)
+        direction = "ASC" if ascending else "DESC"
+        sql += f" ORDER BY ts {direction}, id {direction} LIMIT ?"
+        params.append(max(0, int(limit)))
+        return [_decision_dict(r) for r in await self._fetch(sql, params)]
+
+    async def count_decisions(
+        self,
+        *,
+        cls: str | Sequence[str] | None = None,
+        reason: str | Sequence[str] | None = None,
+        tenant: str | Sequence[str] | None = None,
+        outcome: str | Sequence[str] | None = None,
+        since_ts: float | None = None,
+        until_ts: float | None = None,
+    ) -> int:
+        clauses, params = _decision_where(cls, reason, tenant, outcome, since_ts, until_ts)
+        sql = "SELECT COUNT(*) FROM decisions"
+        if clauses:
+            sql += " WHERE " + " AND ".join(clauses)
+        rows = await self._fetch(sql, params)
+        return int(rows[0][0])
+
+    async def audit_rows(
+        self, since_ts: float | None = None, until_ts: float | None = None
+    ) -> list[dict[str, Any]]:
+        """Audit rows in time order (oldest first)."""
+        clauses, params = _decision_where(None, None, None, None, since_ts, until_ts)
+        sql = _AUDIT_SELECT + (" WHERE " + " AND ".join(clauses) if clauses else "") + " ORDER BY ts, id"
+        return [dict(r) for r in await self._fetch(sql, params)]
+
+    async def samples(
+        self,
+        since_ts: float | None = None,
+        until_ts: float | None = None,
+        backend: str | None = None,
+        *,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Samples in time order (oldest first); ``limit`` keeps the newest N of them."""
+        clauses, params = _decision_where(None, None, None, None, since_ts, until_ts)
+        if backend is not None:
+            clauses.append("backend = ?")
+            params.append(backend)
+        where = " WHERE " + " AND ".join(clauses) if clauses else ""
+        if limit is None:
+            sql = _SAMPLE_SELECT + where + " ORDER BY ts, id"
+        else:
+            sql = (
+                f"SELECT * FROM ({_SAMPLE_SELECT}{where} ORDER BY ts DESC, id DESC LIMIT ?) "
+                "ORDER BY ts, id"
+            )
+            params.append(max(0, int(limit)))
+        return [_sample_dict(r) for r in await self._fetch(sql, params)]
+
+
+def decision_from_row(row: dict[str, Any]) -> DecisionRecord:
+    """A ``decisions_page`` dict back into a ``DecisionRecord``."""
+    return DecisionRecord(**{f: row[f] for f in DECISION_FIELDS})
+
+
+def sample_from_row(row: dict[str, Any]) -> SampleRecord:
+    """A ``samples`` dict back into a ``SampleRecord``."""
+    values = {f: row[f] for f in SAMPLE_FIELDS if f != "classes"}
+    classes = tuple(ClassSample(c["cls"], c["in_flight"], c["queued"]) for c in row.get("classes") or ())
+    return SampleRecord(**values, classes=classes)

@@ -1,0 +1,211 @@
+"""gate.export and `tokengate log`: table, JSON Lines and CSV from a real journal file."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from gate.cli import main
+from gate.export import ExportError, export, iso, parse_since
+from gate.journal import SCHEMA_VERSION, Journal
+from tests.unit.test_journal import audit, decision, sample
+
+NOW = float(int(time.time()))
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Path:
+    """Decisions at now-3h, now-90min, now-10min; one audit row; two samples."""
+    path = tmp_path / "tokengate.db"
+
+    async def fill() -> None:
+        j = await Journal.open(path)
+        try:
+            rows = [
+                decision(1, ts=NOW - 3 * 3600, tenant="alice", cls="interactive"),
+                decision(2, ts=NOW - 90 * 60, tenant="bob, \"the\" builder", cls="batch",
+                         outcome="refused", reason="queue_full", http_status=429,
+                         prompt_tokens=None, queue_ms=None, ttft_ms=None, completion_tokens=None,
+                         stream=False),
+                decision(3, ts=NOW - 10 * 60, tenant="carol", cls="interactive"),
+                audit(1, ts=NOW - 60),
+                sample(1, ts=NOW - 30),
+                sample(2, ts=NOW - 29),
+            ]
+            assert all(await asyncio.gather(*(j.add(r) for r in rows)))
+        finally:
+            await j.close()
+
+    asyncio.run(fill())
+    return path
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_lines(journal: Path) -> None:
+    buf = io.StringIO()
+    assert export(str(journal), buf, kind="decisions", fmt="json") == 3
+    lines = buf.getvalue().splitlines()
+    rows = [json.loads(line) for line in lines]
+    assert [r["request_id"] for r in rows] == ["req-1", "req-2", "req-3"]
+    first = rows[0]
+    assert first["ts"] == NOW - 3 * 3600 and isinstance(first["ts"], float)
+    assert first["ts_iso"] == iso(NOW - 3 * 3600) and first["ts_iso"].endswith("Z")
+    assert first["class"] == "interactive" and first["stream"] is True
+    assert list(first)[:4] == ["id", "ts", "ts_iso", "request_id"]
+    assert rows[1]["prompt_tokens"] is None and rows[1]["stream"] is False
+    assert rows[1]["tenant"] == 'bob, "the" builder'
+
+
+def test_csv_parses_with_header(journal: Path) -> None:
+    buf = io.StringIO()
+    export(str(journal), buf, kind="decisions", fmt="csv")
+    rows = list(csv.DictReader(io.StringIO(buf.getvalue())))
+    assert len(rows) == 3
+    assert rows[0]["ts"] == iso(NOW - 3 * 3600)
+    assert rows[1]["tenant"] == 'bob, "the" builder'  # quoting survives
+    assert rows[1]["prompt_tokens"] == "" and rows[1]["stream"] == "false"
+    assert rows[1]["class"] == "batch" and rows[1]["reason"] == "queue_full"
+    assert list(rows[0])[:3] == ["id", "ts", "request_id"]
+
+
+def test_table_is_aligned(journal: Path) -> None:
+    buf = io.StringIO()
+    export(str(journal), buf, kind="decisions", fmt="table")
+    lines = buf.getvalue().splitlines()
+    assert len(lines) == 4
+    assert lines[0].split()[:4] == ["id", "ts", "request_id", "tenant"]
+    # every row's class column starts where the header's does
+    col = lines[0].index("class")
+    assert all(line[col:].startswith(("class", "interactive", "batch")) for line in lines)
+    assert iso(NOW - 90 * 60) in lines[2]
+
+
+def test_samples_and_audit(journal: Path) -> None:
+    buf = io.StringIO()
+    assert export(str(journal), buf, kind="samples", fmt="json") == 2
+    first = json.loads(buf.getvalue().splitlines()[0])
+    assert first["classes"] == [
+        {"cls": "interactive", "in_flight": 2000, "queued": 0},
+        {"cls": "batch", "in_flight": 1000, "queued": 2},
+    ]
+    buf = io.StringIO()
+    export(str(journal), buf, kind="samples", fmt="csv")
+    rows = list(csv.DictReader(io.StringIO(buf.getvalue())))
+    assert json.loads(rows[0]["classes"])[1]["cls"] == "batch"
+    buf = io.StringIO()
+    assert export(str(journal), buf, kind="audit", fmt="table") == 1
+    assert "set_budget" in buf.getvalue()
+
+
+def test_since_filters(journal: Path) -> None:
+    buf = io.StringIO()
+    assert export(str(journal), buf, fmt="json", since_ts=parse_since("2h", NOW)) == 2
+    buf = io.StringIO()
+    assert export(str(journal), buf, fmt="json", since_ts=parse_since("15m", NOW)) == 1
+
+
+def test_parse_since() -> None:
+    assert parse_since("30s", 1000.0) == 970.0
+    assert parse_since("15m", 10_000.0) == 10_000.0 - 900
+    assert parse_since("2h", 10_000.0) == 10_000.0 - 7200
+    assert parse_since("7d", 1e6) == 1e6 - 7 * 86400
+    assert parse_since("1.5h", 10_000.0) == 10_000.0 - 5400
+    assert parse_since("2025-01-31T14:00:00Z", 0) == 1738332000.0
+    assert parse_since("2025-01-31T14:00:00", 0) == 1738332000.0  # naive = UTC
+    assert parse_since("2025-01-31T15:00:00+01:00", 0) == 1738332000.0
+    with pytest.raises(ValueError, match="duration"):
+        parse_since("yesterday", 0)
+
+
+def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.db"
+    with pytest.raises(ExportError, match="nope.db: journal file not found"):
+        export(str(missing), io.StringIO())
+    assert not missing.exists()  # read-only: never created
+
+
+def test_not_a_journal_and_newer_journal(tmp_path: Path) -> None:
+    other = tmp_path / "other.db"
+    sqlite3.connect(other).close()
+    with pytest.raises(ExportError, match="not a tokengate journal"):
+        export(str(other), io.StringIO())
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"this is not sqlite at all" * 100)
+    with pytest.raises(ExportError, match="garbage.db"):
+        export(str(garbage), io.StringIO())
+    newer = tmp_path / "newer.db"
+    conn = sqlite3.connect(newer)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(ExportError, match="newer"):
+        export(str(newer), io.StringIO())
+
+
+def test_export_never_writes(journal: Path) -> None:
+    content, mtime = journal.read_bytes(), os.stat(journal).st_mtime_ns
+    export(str(journal), io.StringIO(), fmt="csv")
+    assert journal.read_bytes() == content and os.stat(journal).st_mtime_ns == mtime
+    # SQLite may create its (empty) coordination files for a WAL journal: private too
+    for suffix in ("-wal", "-shm"):
+        side = Path(f"{journal}{suffix}")
+        if side.exists():
+            assert side.stat().st_mode & 0o077 == 0
+    wal = Path(f"{journal}-wal")
+    assert not wal.exists() or wal.stat().st_size == 0
+
+
+# ------------------------------------------------------------------------------------------
+# The CLI
+
+
+def test_cli_log_json(journal: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "log", "--journal", str(journal), "--format", "json")
+    assert code == 0, err
+    assert [json.loads(line)["request_id"] for line in out.splitlines()] == ["req-1", "req-2", "req-3"]
+
+
+def test_cli_log_defaults_to_a_decisions_table_in_tokengate_db(
+    journal: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(journal.parent)
+    code, out, err = run(capsys, "log")
+    assert code == 0, err
+    assert out.splitlines()[0].split()[:2] == ["id", "ts"] and len(out.splitlines()) == 4
+
+
+def test_cli_log_since_and_kind(journal: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "log", "--journal", str(journal), "--since", "2h", "--format", "csv")
+    assert code == 0
+    assert len(list(csv.DictReader(io.StringIO(out)))) == 2
+    code, out, _ = run(capsys, "log", "--journal", str(journal), "--kind", "audit", "--format", "json")
+    assert code == 0 and json.loads(out)["action"] == "set_budget"
+    since = iso(NOW - 20 * 60)
+    code, out, _ = run(capsys, "log", "--journal", str(journal), "--since", since, "--format", "json")
+    assert code == 0 and len(out.splitlines()) == 1
+
+
+def test_cli_log_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "missing.db"
+    code, out, err = run(capsys, "log", "--journal", str(missing))
+    assert code == 1
+    assert out == ""
+    assert str(missing) in err and "not found" in err
+
+
+def test_cli_log_bad_since_is_a_usage_error(journal: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "log", "--journal", str(journal), "--since", "soon")
+    assert code == 2
+    assert "--since" in err and "duration" in err
