@@ -307,13 +307,15 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), stream=err, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # One line per upstream call drowns what matters; the gate logs its own decisions.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     from gate.service import serve_until_signalled  # the HTTP stack only when serving
 
     try:
         import uvloop  # faster event loop for the headless gate; the console keeps asyncio's
     except ImportError:
-        return asyncio.run(serve_until_signalled(config, grace_s=args.grace))
-    return uvloop.run(serve_until_signalled(config, grace_s=args.grace))
+        return asyncio.run(serve_until_signalled(config, config_path=args.config, grace_s=args.grace))
+    return uvloop.run(serve_until_signalled(config, config_path=args.config, grace_s=args.grace))
 
 
 # ------------------------------------------------------------------------------------------

@@ -74,6 +74,7 @@ class _Flow:
         self.rate_charged = 0
         self.started = False  # response headers sent
         self.concluded = False
+        self.committed: asyncio.Future[bool] | None = None  # the decision row's commit
         self.budget_at: int | None = None
         self.in_flight_at: int | None = None
 
@@ -221,7 +222,7 @@ class _Flow:
         payload = json.dumps(assemble(intake.kind, relay.chunks)).encode()
         self._finish_ok()
         await self._start(200, "application/json", {})
-        await self.send({"type": "http.response.body", "body": payload, "more_body": False})
+        await self._last(payload)
 
     def _overrun(self, loop, shed_at: float | None) -> UpstreamFailure:
         if shed_at is not None and loop.time() >= shed_at:
@@ -298,8 +299,13 @@ class _Flow:
     async def _body(self, data: bytes) -> None:
         await self.send({"type": "http.response.body", "body": data, "more_body": True})
 
+    async def _last(self, data: bytes) -> None:
+        """The response's last bytes, sent only once its decision row is committed (DESIGN.md 5)."""
+        await self.gate.committed(self.committed)
+        await self.send({"type": "http.response.body", "body": data, "more_body": False})
+
     async def _end(self) -> None:
-        await self.send({"type": "http.response.body", "body": b"", "more_body": False})
+        await self._last(b"")
 
     async def _error(self, reason: Reason, message: str, *, param: str | None = None, retry_after_s: float | None = None, status: int | None = None, raw: bytes | None = None) -> None:
         status = status or reason.status
@@ -313,7 +319,7 @@ class _Flow:
             extra["retry-after-ms"] = str(int(retry_after_s * 1000))
         payload = raw if raw is not None else json.dumps(error_body(reason, message, param=param, retry_after_s=retry_after_s, status=status)).encode()
         await self._start(status, "application/json", extra)
-        await self.send({"type": "http.response.body", "body": payload, "more_body": False})
+        await self._last(payload)
 
     async def _upstream_failed(self, exc: UpstreamFailure) -> None:
         if self.started:
@@ -381,7 +387,9 @@ class _Flow:
             budget_at_decision=self.budget_at,
             in_flight_at_decision=self.in_flight_at,
         )
-        gate.record(record, model=intake.model if intake is not None else None, queued_s=queued_s, ttft_s=stats.ttft_s if stats else None)
+        self.committed = gate.record(
+            record, model=intake.model if intake is not None else None, queued_s=queued_s, ttft_s=stats.ttft_s if stats else None
+        )
 
 
 _REFUSALS_5XX = frozenset({Reason.CLASS_PAUSED, Reason.DRAINED, Reason.NO_BACKEND, Reason.SHUTTING_DOWN})

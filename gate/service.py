@@ -23,12 +23,13 @@ import uvicorn
 from gate.adaptive import has_demand
 from gate.admission import TenantPolicy
 from gate.backends import Backend, BackendPool
-from gate.config import Config
+from gate.config import Config, ConfigError
 from gate.metrics import GateMetrics
 from gate.ratelimit import RateLimiter, TenantLimits
 from gate.control import Control, Operator
 from gate.gatekeeper import Ticket
-from gate.records import AuditRecord, DecisionRecord, RecentDecisions
+from gate.journal import Journal
+from gate.records import AuditRecord, ClassSample, DecisionRecord, RecentDecisions, SampleRecord
 from gate.rollup import Rollup
 from gate.snapshot import BackendView, ClassView, ControllerView, DenialView, GateSnapshot, JournalView, Label, SlotView
 from gate.server import build_app
@@ -59,6 +60,7 @@ class GateService:
         clock: Callable[[], float] = time.monotonic,
         probe_interval_s: float = 1.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        journal_path: str | None = None,
     ) -> None:
         environ = os.environ if environ is None else environ
         self.config = config
@@ -104,7 +106,8 @@ class GateService:
         # Filled by the telemetry and GPU loops once wired; None/empty means "not polled".
         self.telemetry: dict[str, Any] = {}
         self.gpu_reading: Any = None
-        self.journal: Any = None
+        self.journal: Journal | None = None
+        self.journal_path = journal_path or config.gate.journal
         self.control = Control(self)
         self.telemetry_poller = TelemetryPoller(self.client, backend_triples(self.backends.backends), interval_s=probe_interval_s)
         self.gpu = GpuMonitor()
@@ -121,7 +124,8 @@ class GateService:
         return f"http://{host}:{self.port}"
 
     async def start(self, *, port: int | None = None) -> None:
-        """Probe backends once, start the loops and the HTTP server; returns once it listens."""
+        """Open the journal, probe backends once, start the loops and the HTTP server; returns once it listens."""
+        self.journal = await Journal.open(self.journal_path, on_drop=self.metrics.journal_dropped)
         await self.backends.probe_all()
         self._tasks = [
             asyncio.create_task(self.backends.run(self.probe_interval_s), name="tokengate-probe"),
@@ -171,6 +175,8 @@ class GateService:
                 backend.gatekeeper.close()
         await asyncio.to_thread(self.gpu.close)
         await self.client.aclose()
+        if self.journal is not None:
+            await self.journal.close()  # flushes every pending row
 
     def in_flight_requests(self) -> int:
         """Requests holding a reservation or waiting in a queue, over all backends."""
@@ -214,13 +220,18 @@ class GateService:
     def audit(self, record: AuditRecord) -> None:
         """One operator or controller change: kept for the console and journaled."""
         self.recent_audit.append(record)
+        if self.journal is not None:
+            self.journal.add(record)
         self.log.info(
             "audit %s@%s %s %s %s: %s -> %s %s", record.operator, record.origin, record.source,
             record.action, record.target, record.old_value, record.new_value, record.note,
         )
 
-    def record(self, record: DecisionRecord, *, model: str | None, queued_s: float | None, ttft_s: float | None) -> None:
-        """One finished request: the in-memory tail and the metrics."""
+    def record(
+        self, record: DecisionRecord, *, model: str | None, queued_s: float | None, ttft_s: float | None
+    ) -> asyncio.Future[bool] | None:
+        """One finished request: journal, in-memory tail and metrics; the future resolves at commit."""
+        committed = self.journal.add(record) if self.journal is not None else None
         self.records.add(record)
         self.rollup.add(self.clock(), record.cls, record.outcome, record.reason, record.ttft_ms)
         m = self.metrics
@@ -233,6 +244,45 @@ class GateService:
             if ttft_s is not None:
                 m.ttft(record.cls, ttft_s)
             m.duration(record.cls, record.duration_ms / 1000)
+        return committed
+
+    async def committed(self, fut: asyncio.Future[bool] | None, timeout_s: float = 1.0) -> None:
+        """Wait for a decision row's commit before the client's last bytes (bounded; never while failing)."""
+        if fut is None or fut.done() or self.journal is None or not self.journal.health.ok:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout_s)
+        except TimeoutError:
+            self.log.warning("journal commit took over %.1fs; answering the client anyway", timeout_s)
+
+    def write_samples(self) -> None:
+        """One samples row per backend: what the review screen charts."""
+        if self.journal is None:
+            return
+        now = self.clock()
+        counts = self.rollup.counts(now, 1)
+        admitted = sum(n for (_, o, _), n in counts.items() if o == "admitted")
+        refused = sum(n for (_, o, _), n in counts.items() if o == "refused")
+        gpu_used = gpu_total = None
+        if self.gpu_reading is not None and self.gpu_reading.devices:
+            gpu_used = sum(d.used_bytes for d in self.gpu_reading.devices)
+            gpu_total = sum(d.total_bytes for d in self.gpu_reading.devices)
+        for b in self.backends:
+            adm, c = b.admission, b.controller
+            classes = tuple(
+                ClassSample(name, adm.ledger.class_tokens(name), len(adm.queue(name))) for name in adm.class_names
+            ) if adm else ()
+            self.journal.add(
+                SampleRecord(
+                    ts=time.time(), backend=b.name, budget=adm.budget if adm else None,
+                    in_flight=adm.ledger.in_flight if adm else 0, queued=adm.waiting() if adm else 0,
+                    slots_busy=len(adm.ledger) if adm else None, slots_total=b.capacity.slots if b.capacity else None,
+                    gpu_used_bytes=gpu_used, gpu_total_bytes=gpu_total,
+                    p95_ttft_ms=None if c is None or c.p95_ttft_s is None else c.p95_ttft_s * 1000,
+                    p95_tpot_ms=None if c is None or c.p95_tpot_s is None else c.p95_tpot_s * 1000,
+                    admitted=admitted, refused=refused, classes=classes,
+                )
+            )
 
     def refresh_metrics(self) -> None:
         """Gauges from current state (cheap; called per scrape and per second)."""
@@ -400,21 +450,34 @@ class GateService:
                         self.metrics.reaped(len(reaped))
             self.ratelimit.forget_idle(self.clock(), 600.0)
             self.refresh_metrics()
+            self.write_samples()
 
 
-async def serve_until_signalled(config: Config, *, grace_s: float = 30.0) -> int:
-    """Run a gate until SIGTERM/SIGINT, then drain gracefully; returns the exit code."""
+async def serve_until_signalled(config: Config, *, config_path: str | None = None, grace_s: float = 30.0) -> int:
+    """Run a gate until SIGTERM/SIGINT (then drain gracefully); SIGHUP re-reads the config."""
     import signal
 
+    from gate.config import load_config
+    from gate.control import ControlError
+
     gate = GateService(config)
+
+    def reload() -> None:
+        if config_path is None:
+            gate.log.warning("SIGHUP: no --config file to re-read")
+            return
+        try:
+            results = gate.control.reload(load_config(config_path), operator=gate.operator, source="signal")
+        except (ConfigError, ControlError) as exc:
+            gate.log.error("SIGHUP: reload refused, nothing changed: %s", exc)
+            return
+        gate.log.info("SIGHUP: reloaded %s (%d changes audited)", config_path, len(results))
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    # Reload arrives with the operator control API; until then say so instead of dying.
-    loop.add_signal_handler(
-        signal.SIGHUP, lambda: gate.log.warning("SIGHUP: config reload is not supported yet; restart to apply")
-    )
+    loop.add_signal_handler(signal.SIGHUP, reload)
     await gate.start()
     for b in gate.backends:
         gate.log.info("backend %s at %s: %s (%s)", b.name, b.url, b.state, b.detail)

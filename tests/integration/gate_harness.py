@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import tempfile
+from pathlib import Path
 from collections.abc import AsyncIterator, Mapping, Sequence
 
 import httpx
@@ -33,12 +35,14 @@ async def running_gate(
     """A started gate on a free loopback port; stopped (and checked for leaks) on exit."""
     urls = [backend_urls] if isinstance(backend_urls, str) else list(backend_urls)
     config = parse_config(gate_toml(urls, extra, kv=kv, backend_extra=backend_extra), "test.toml")
-    gate = GateService(config, environ=environ or {}, probe_interval_s=probe_interval_s)
-    await gate.start(port=0)
-    try:
-        yield gate
-    finally:
-        await gate.stop(grace_s=10)
+    with tempfile.TemporaryDirectory(prefix="tokengate-test-") as tmp:
+        journal = str(Path(tmp) / "journal.db")
+        gate = GateService(config, environ=environ or {}, probe_interval_s=probe_interval_s, journal_path=journal)
+        await gate.start(port=0)
+        try:
+            yield gate
+        finally:
+            await gate.stop(grace_s=10)
 
 
 def ledger_total(gate: GateService) -> int:
