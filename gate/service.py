@@ -73,7 +73,9 @@ class GateService:
         self.client = httpx.AsyncClient(
             transport=transport,  # a test seam (httpx.MockTransport); None = real network
             timeout=httpx.Timeout(connect=5.0, read=None, write=30.0, pool=30.0),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+            # Shorter than llama-server's own 5 s keep-alive, so a pooled connection is
+            # never reused in the instant the server closes it.
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=2.0),
         )
         self.tokens = TokenCounter(self.client)
         self.ratelimit = RateLimiter(

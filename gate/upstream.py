@@ -116,7 +116,9 @@ class Upstream:
     async def open(self, path: str, body: Mapping[str, Any], headers: Mapping[str, str]) -> httpx.Response:
         """Send the request and wait for the status line; the caller must `aclose()` it."""
         request = self.client.build_request(
-            "POST", self.base_url + path, content=json.dumps(body).encode(), headers={**headers, "Content-Type": "application/json"}
+            "POST", self.base_url + path, content=json.dumps(body).encode(),
+            # llama-server closes the connection after every streamed answer without saying so; pooled, it fails the next request (502).
+            headers={**headers, "Content-Type": "application/json", "Connection": "close"},
         )
         try:
             response = await self.client.send(request, stream=True)

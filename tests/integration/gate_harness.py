@@ -15,11 +15,11 @@ from gate.service import GateService
 
 
 def gate_toml(backend_urls: Sequence[str], extra: str = "", *, kv: str = "unified", backend_extra: str = "") -> str:
-    """A config with one [[backends]] table per URL; `extra` is appended verbatim."""
+    """A config with one [[backends]] table per URL; `extra` goes first, so top-level keys stay top-level."""
     tables = "\n".join(
         f'[[backends]]\nname = "b{i}"\nurl = "{url}"\nkv = "{kv}"\n{backend_extra}\n' for i, url in enumerate(backend_urls)
     )
-    return tables + "\n" + extra
+    return extra + "\n" + tables
 
 
 @contextlib.asynccontextmanager
@@ -31,12 +31,16 @@ async def running_gate(
     backend_extra: str = "",
     environ: Mapping[str, str] | None = None,
     probe_interval_s: float = 0.2,
+    journal_path: str | None = None,
 ) -> AsyncIterator[GateService]:
-    """A started gate on a free loopback port; stopped (and checked for leaks) on exit."""
+    """A started gate on a free loopback port; stopped (and checked for leaks) on exit.
+
+    The journal goes to a fresh temporary directory unless `journal_path` names the file.
+    """
     urls = [backend_urls] if isinstance(backend_urls, str) else list(backend_urls)
     config = parse_config(gate_toml(urls, extra, kv=kv, backend_extra=backend_extra), "test.toml")
     with tempfile.TemporaryDirectory(prefix="tokengate-test-") as tmp:
-        journal = str(Path(tmp) / "journal.db")
+        journal = journal_path or str(Path(tmp) / "journal.db")
         gate = GateService(config, environ=environ or {}, probe_interval_s=probe_interval_s, journal_path=journal)
         await gate.start(port=0)
         try:

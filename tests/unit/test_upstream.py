@@ -63,3 +63,21 @@ def test_forwarded_headers_drop_hop_by_hop_client_auth_and_conversation_id():
         upstream_auth="upstream",
     )
     assert out == {"X-Trace": "t", "Authorization": "Bearer upstream"}
+
+
+async def test_generation_requests_ask_upstream_to_close_the_connection():
+    import httpx
+
+    from gate.upstream import Upstream
+
+    seen = {}
+
+    def fake_llama(request: httpx.Request) -> httpx.Response:  # a fake upstream (unit test only)
+        seen.update(request.headers)
+        return httpx.Response(200, text="data: [DONE]\n\n")
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(fake_llama)) as client:
+        response = await Upstream(client, "http://llama:8080").open("/v1/chat/completions", {"messages": []}, {})
+        await response.aclose()
+    # llama-server drops the connection after a stream while advertising keep-alive.
+    assert seen["connection"] == "close"
