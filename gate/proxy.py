@@ -178,6 +178,7 @@ class _Flow:
         await self._start(200, "text/event-stream", {"cache-control": "no-cache"})
         lines = relay.lines().__aiter__()
         event: list[str] = []
+        final = b""  # the terminal event ([DONE], or /completion's stop chunk), held back
         try:
             while True:
                 try:
@@ -185,12 +186,20 @@ class _Flow:
                         line = await anext(lines)
                 except StopAsyncIteration:
                     break
-                if line == "":  # an SSE event ends at a blank line: send it whole
-                    if event:  # (empty when the relay dropped the event's only line)
-                        await self._body(("\n".join(event) + "\n\n").encode())
-                    event = []
-                else:
+                if line != "":
                     event.append(line)
+                    continue
+                # An SSE event ends at a blank line: send it whole (unless the relay
+                # dropped its only line). The terminal event waits for the decision
+                # row's commit, so a client never sees the end of a request the
+                # journal could still lose.
+                if event:
+                    data = ("\n".join(event) + "\n\n").encode()
+                    if relay.stats.finished:
+                        final += data
+                    else:
+                        await self._body(data)
+                event = []
         except TimeoutError:
             await relay.response.aclose()  # stop llama-server first, then tell the client
             await self._sse_error(self._overrun(loop, shed_at))
@@ -200,12 +209,12 @@ class _Flow:
             await self._sse_error(exc)
             return
         if event:
-            await self._body(("\n".join(event) + "\n\n").encode())
+            final += ("\n".join(event) + "\n\n").encode()
         if relay.error is not None or not relay.stats.finished:
             self.conclude("failed", Reason.UPSTREAM_ERROR, 200)
         else:
             self._finish_ok()
-        await self._end()
+        await self._last(final)
 
     async def _relay_collect(self, relay: SseRelay, intake: Intake, loop, deadline: float, shed_at: float | None) -> None:
         try:
