@@ -199,6 +199,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="table (aligned columns), json (JSON Lines) or csv (with a header); default: table",
     )
     log_cmd.set_defaults(func=_cmd_log)
+
+    # review
+    review = commands.add_parser(
+        "review",
+        help="the console over a journal file, read-only",
+        description=(
+            "Open a journal in the console, read-only (safe while the gate is running): the\n"
+            "budget curve with audit events marked, the audit rows, and the decisions paged\n"
+            "from SQLite with filters (/) and CSV export of the filtered view (e). Keys 1-5\n"
+            "pick the range (15m, 1h, 6h, 24h, all), ending at the journal's newest row.\n"
+            "Times are UTC."
+        ),
+        epilog=_EXIT_CODES,
+        formatter_class=_Formatter,
+    )
+    review.add_argument(
+        "--journal",
+        metavar="FILE",
+        default=None,
+        help="the SQLite journal (default: the config's gate.journal, else tokengate.db)",
+    )
+    review.add_argument(
+        "--config",
+        metavar="FILE",
+        help="TOML config file: only its journal path and TTFT SLO (drawn on the chart) are used",
+    )
+    review.set_defaults(func=_cmd_review)
+    _add_simulate_parser(commands)
     return parser
 
 
@@ -302,6 +330,29 @@ def _cmd_log(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
+def _cmd_review(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    slo_ms: float | None = None
+    journal = args.journal
+    if args.config:
+        config = load_config(args.config)
+        slo_ms = config.budget.slo_ttft_p95_ms
+        journal = journal or config.gate.journal
+    journal = journal or "tokengate.db"
+    from console.review_app import ReviewApp, ReviewError, check_journal
+
+    try:
+        check_journal(journal)
+    except ReviewError as e:
+        err.write(f"tokengate review: error: {e}\n")
+        return EXIT_RUNTIME
+    app = ReviewApp(journal, slo_ttft_ms=slo_ms)
+    app.run()
+    if app.error:
+        err.write(f"tokengate review: error: {app.error}\n")
+        return EXIT_RUNTIME
+    return app.return_code or EXIT_OK
+
+
 def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     config = load_config(args.config)
     logging.basicConfig(
@@ -316,6 +367,135 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except ImportError:
         return asyncio.run(serve_until_signalled(config, config_path=args.config, grace_s=args.grace))
     return uvloop.run(serve_until_signalled(config, config_path=args.config, grace_s=args.grace))
+
+
+# ------------------------------------------------------------------------------------------
+# simulate: the built-in llama-server stand-in (gate/simulator.py)
+
+
+def _add_simulate_parser(commands: argparse._SubParsersAction) -> None:
+    simulate = commands.add_parser(
+        "simulate",
+        help="run the built-in llama-server simulator (for demos and benchmarks)",
+        description=(
+            "Serve a llama-server stand-in: the same endpoints and shapes (/health, /props,\n"
+            "/slots, /metrics, /tokenize, /apply-template, the completion routes), N slots, an\n"
+            "unbounded FIFO when they are busy, a unified or split KV pool, and decode rates\n"
+            "that slow as more slots are busy. Runs until Ctrl-C or SIGTERM. It is a model,\n"
+            "not llama-server: measure anything that matters against the real server."
+        ),
+        epilog=_EXIT_CODES,
+        formatter_class=_Formatter,
+    )
+    simulate.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    simulate.add_argument(
+        "--port", type=int, default=8080, help="port to listen on (default: 8080, llama-server's; 0: any free port)"
+    )
+    simulate.add_argument("--slots", type=_positive_int, default=4, help="parallel slots (default: 4)")
+    simulate.add_argument("--ctx", type=_positive_int, default=8192, help="total context in tokens (default: 8192)")
+    kv = simulate.add_mutually_exclusive_group()
+    kv.add_argument(
+        "--unified",
+        dest="kv",
+        action="store_const",
+        const="unified",
+        help="one KV pool shared by every slot; when it runs out every active request fails (default)",
+    )
+    kv.add_argument(
+        "--split", dest="kv", action="store_const", const="split", help="each slot gets ctx/slots tokens of its own"
+    )
+    simulate.set_defaults(kv="unified")
+    simulate.add_argument(
+        "--decode-tps",
+        type=_positive_float,
+        default=None,
+        metavar="X",
+        help="tokens/s one slot generates when it is alone (default: 22.2, i.e. 45 ms/token, an 8B Q4 "
+        "model on an A10G); with every slot busy each gets a quarter of that",
+    )
+    simulate.add_argument(
+        "--speed", type=_positive_float, default=1.0, metavar="F", help="run F times faster than the modelled GPU (default: 1)"
+    )
+    simulate.add_argument("--seed", type=int, default=0, help="seed of the generated text and EOS (default: 0)")
+    simulate.set_defaults(func=_cmd_simulate)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1: {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number: {text}")
+    return value
+
+
+def _cmd_simulate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from gate.simulator import SimulatorConfig
+
+    base = SimulatorConfig()
+    ms_alone = base.ms_per_token_alone if args.decode_tps is None else 1000.0 / args.decode_tps
+    try:
+        config = SimulatorConfig(
+            slots=args.slots,
+            ctx=args.ctx,
+            kv=args.kv,
+            ms_per_token_alone=ms_alone,
+            ms_per_token_full=ms_alone * base.ms_per_token_full / base.ms_per_token_alone,
+            seed=args.seed,
+            speed=args.speed,
+        )
+    except ValueError as e:
+        err.write(f"tokengate simulate: error: {e}\n")
+        return EXIT_USAGE
+    return asyncio.run(_simulate_until_signalled(config, args.host, args.port, out, err))
+
+
+async def _simulate_until_signalled(config, host: str, port: int, out: TextIO, err: TextIO) -> int:
+    import contextlib
+    import signal
+
+    from gate.simulator import serve_simulator
+
+    try:
+        handle = await serve_simulator(config, host, port)
+    except OSError as e:
+        err.write(f"tokengate simulate: error: cannot listen on {host}:{port}: {e.strerror or e}\n")
+        return EXIT_RUNTIME
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, stop.set)
+    out.write(f"tokengate simulator (a SIMULATED llama-server) listening on {handle.url}\n")
+    out.write(
+        f"slots {config.slots}  ctx {config.ctx} ({config.kv} KV, {config.slot_ctx} per slot)  "
+        f"decode {1000.0 / config.ms_per_token_alone:.1f} tok/s alone, "
+        f"{1000.0 / config.ms_per_token_full:.1f} each with all busy  "
+        f"prefill {config.prefill_tps:g} tok/s  speed x{config.speed:g}  seed {config.seed}\n"
+    )
+    out.write("Ctrl-C or SIGTERM stops it\n")
+    out.flush()
+    waiter = asyncio.ensure_future(handle.wait())
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for f in (waiter, stopper):
+            f.cancel()
+        await handle.stop()
+    out.write("simulator stopped\n")
+    return EXIT_OK
 
 
 # ------------------------------------------------------------------------------------------

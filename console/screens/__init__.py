@@ -1,0 +1,1 @@
+"""Console screens, one per file (import them from their modules)."""

@@ -1,0 +1,621 @@
+"""The review screen: a journal file, read-only, over a chosen time range.
+
+Self-contained, so the live console can ``push_screen(ReviewScreen(journal_path))`` (key
+``r``) and ``tokengate review`` can run it alone (:class:`console.review_app.ReviewApp`):
+it opens its own read-only connection (:class:`console.review_app.JournalReader`) and
+closes it on unmount. ``escape``/``q`` dismisses it with ``None`` (or the open error's
+message when the journal could not be read).
+
+Shows: the budget curve for the range (samples bucketed in SQL to at most
+``CHART_POINTS`` points) with audit events as marks; the audit rows; the decisions, one
+page of ``PAGE_SIZE`` rows at a time, keyset-paged from SQLite (never all loaded),
+newest first; a filter (``/``); CSV export of the whole filtered view (``e``, in a
+thread).
+
+"now" is the newest row in the journal (so a journal from yesterday opens on its last
+hour), or ``clock()`` when a clock is given; it is fixed when the screen opens and moves
+only on ``r`` (reload), so paging and counts stay consistent while the gate writes on.
+All times are shown in UTC, like ``tokengate log``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Input, Static
+from textual.worker import Worker, WorkerState, get_current_worker
+
+from console.review_app import (
+    DecisionFilters,
+    JournalReader,
+    ReviewError,
+    default_export_name,
+    export_decisions_csv,
+)
+from console.widgets.budget_chart import BudgetChart
+
+PAGE_SIZE = 200
+CHART_POINTS = 600
+AUDIT_ROWS = 200  # newest audit rows listed (the count says how many there are)
+
+#: (label, seconds; None = everything in the journal), keys 1-5
+RANGES: tuple[tuple[str, float | None], ...] = (
+    ("15m", 900.0),
+    ("1h", 3600.0),
+    ("6h", 21600.0),
+    ("24h", 86400.0),
+    ("all", None),
+)
+DEFAULT_RANGE = 1  # last 1h
+
+OUTCOMES = ("admitted", "refused", "shed", "cancelled", "failed")
+_FILTER_KEYS = {"class": "cls", "cls": "cls", "reason": "reason", "tenant": "tenant", "outcome": "outcome"}
+FILTER_HELP = "class=batch reason=queue_full tenant=alice outcome=refused (a,b = either)"
+
+
+class FilterError(ValueError):
+    """The filter text is not ``key=value`` terms (the message says what is wrong)."""
+
+
+def parse_filter(text: str) -> dict[str, tuple[str, ...]]:
+    """``class=batch outcome=refused,shed tenant="a b"`` -> ``{"cls": ("batch",),
+    "outcome": ("refused", "shed"), "tenant": ("a b",)}``. Keys: class (or cls), reason,
+    tenant, outcome; ``a,b`` accepts either; a key given twice accepts either too. An
+    empty text is no filter. Raises :class:`FilterError`."""
+    try:
+        terms = shlex.split(text)
+    except ValueError as e:
+        raise FilterError(f"cannot read the filter: {e}") from None
+    out: dict[str, list[str]] = {}
+    for term in terms:
+        key, sep, value = term.partition("=")
+        key = key.strip().lower()
+        if not sep:
+            raise FilterError(f"{term!r} is not key=value; use {FILTER_HELP}")
+        if key not in _FILTER_KEYS:
+            raise FilterError(f"unknown filter key {key!r}: use class, reason, tenant or outcome")
+        values = [v.strip() for v in value.split(",")]
+        if not value.strip() or any(not v for v in values):
+            raise FilterError(f"{term!r}: empty value")
+        field = _FILTER_KEYS[key]
+        if field == "outcome":
+            bad = [v for v in values if v not in OUTCOMES]
+            if bad:
+                raise FilterError(f"outcome {bad[0]!r} is not one of {', '.join(OUTCOMES)}")
+        seen = out.setdefault(field, [])
+        seen.extend(v for v in values if v not in seen)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def format_filter(filters: dict[str, tuple[str, ...]]) -> str:
+    names = {"cls": "class", "reason": "reason", "tenant": "tenant", "outcome": "outcome"}
+    parts = []
+    for field in ("cls", "reason", "tenant", "outcome"):
+        values = filters.get(field)
+        if values:
+            joined = ",".join(values)
+            parts.append(f"{names[field]}={shlex.quote(joined) if ' ' in joined else joined}")
+    return " ".join(parts)
+
+
+def _utc(ts: float | None, fmt: str = "%m-%d %H:%M:%S") -> str:
+    if ts is None:
+        return "-"
+    return time.strftime(fmt, time.gmtime(ts))
+
+
+def _num(v: Any, digits: int = 0) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+class DecisionTable(DataTable):
+    """The decisions page; pagedown/pageup turn the page (not scroll inside it)."""
+
+    BINDINGS = [
+        Binding("pagedown", "screen.next_page", "Next page", show=False),
+        Binding("pageup", "screen.prev_page", "Prev page", show=False),
+    ]
+
+
+class ReviewScreen(Screen[str | None]):
+    """Review a journal file read-only. See the module docstring."""
+
+    DEFAULT_CSS = """
+    ReviewScreen {
+        layout: vertical;
+    }
+    ReviewScreen #review-header {
+        height: 1;
+        background: $panel;
+    }
+    ReviewScreen #review-body {
+        height: 1fr;
+    }
+    ReviewScreen #review-top {
+        height: 14;
+    }
+    ReviewScreen #review-chart {
+        width: 1fr;
+        height: 14;
+    }
+    ReviewScreen #review-audit-box {
+        width: 58;
+        height: 14;
+    }
+    ReviewScreen #review-audit-title {
+        height: 1;
+        color: $text-muted;
+    }
+    ReviewScreen #review-audit {
+        height: 1fr;
+    }
+    ReviewScreen #review-filter {
+        height: 1;
+        margin-top: 1;
+    }
+    ReviewScreen #review-filter-error {
+        height: auto;
+        color: $error;
+        display: none;
+    }
+    ReviewScreen #review-filter-error.shown {
+        display: block;
+    }
+    ReviewScreen #review-decisions {
+        height: 1fr;
+    }
+    ReviewScreen #review-status {
+        height: 1;
+        background: $panel;
+    }
+    ReviewScreen #review-error {
+        height: 1fr;
+        content-align: center middle;
+        color: $error;
+        display: none;
+    }
+    """
+
+    BINDINGS = [
+        Binding("escape", "close", "Back"),
+        Binding("q", "close", "Close"),
+        Binding("1", "set_range(0)", "Range", key_display="1-5"),
+        Binding("2", "set_range(1)", "1h", show=False),
+        Binding("3", "set_range(2)", "6h", show=False),
+        Binding("4", "set_range(3)", "24h", show=False),
+        Binding("5", "set_range(4)", "all", show=False),
+        Binding("n", "next_page", "Next page"),
+        Binding("p", "prev_page", "Prev page"),
+        Binding("slash", "focus_filter", "Filter"),
+        Binding("e", "export", "Export CSV"),
+        Binding("r", "reload", "Reload"),
+    ]
+
+    def __init__(
+        self,
+        journal_path: str | os.PathLike[str],
+        *,
+        slo_ttft_ms: float | None = None,
+        clock: Callable[[], float] | None = None,
+        export_dir: str | os.PathLike[str] | None = None,
+        range_index: int = DEFAULT_RANGE,
+        name: str | None = None,
+        id: str | None = None,  # noqa: A002 - Textual's name
+        classes: str | None = None,
+    ) -> None:
+        """``clock``: returns "now" (epoch seconds); default: the journal's newest row.
+        ``slo_ttft_ms``: draws the SLO line (the journal does not record it).
+        ``export_dir``: where ``e`` writes its CSV (default: the working directory)."""
+        super().__init__(name=name, id=id, classes=classes)
+        self.journal_path = os.fspath(journal_path)
+        self.slo_ttft_ms = slo_ttft_ms
+        self.clock = clock
+        self.export_dir = Path(export_dir) if export_dir is not None else None
+        self.range_index = range_index
+        self.reader: JournalReader | None = None
+        #: the open error (shown instead of the review), if any
+        self.error: str | None = None
+        #: "now": the end of every range (epoch seconds)
+        self.now: float | None = None
+        self.oldest: float | None = None
+        self.filter_fields: dict[str, tuple[str, ...]] = {}
+        self.filters = DecisionFilters()
+        self.page_rows: list[dict[str, Any]] = []
+        self.page_no = 1
+        self.total = 0
+        self.audit: list[dict[str, Any]] = []
+        self.audit_total = 0
+        #: (path, rows) of the last finished export
+        self.last_export: tuple[Path, int] | None = None
+        self._review_unmounted = False
+        #: strftime format of the tables' time column: the date only when the range spans days
+        self.time_fmt = "%m-%d %H:%M:%S"
+
+    # -- layout ------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield Static(self._header_text(), id="review-header")
+        with Vertical(id="review-body"):
+            with Horizontal(id="review-top"):
+                yield BudgetChart(
+                    id="review-chart",
+                    time_axis="utc",
+                    title="tokens (left) · p95 TTFT ms (right) · UTC",
+                )
+                with Vertical(id="review-audit-box"):
+                    yield Static("audit", id="review-audit-title")
+                    audit = DataTable(id="review-audit", cursor_type="row", zebra_stripes=True)
+                    audit.add_column("time (UTC)", key="ts")
+                    audit.add_column("action", key="action")
+                    audit.add_column("target", key="target")
+                    audit.add_column("change", key="change")
+                    audit.add_column("who", key="operator")
+                    yield audit
+            yield Input(placeholder=f"/ filter: {FILTER_HELP}", id="review-filter", compact=True)
+            yield Static("", id="review-filter-error")
+            table = DecisionTable(id="review-decisions", cursor_type="row", zebra_stripes=True)
+            for label, key in (
+                ("time (UTC)", "ts"),
+                ("tenant", "tenant"),
+                ("class", "cls"),
+                ("outcome", "outcome"),
+                ("reason", "reason"),
+                ("http", "http_status"),
+                ("prompt", "prompt_tokens"),
+                ("max", "max_tokens"),
+                ("queue ms", "queue_ms"),
+                ("ttft ms", "ttft_ms"),
+                ("dur ms", "duration_ms"),
+            ):
+                table.add_column(label, key=key)
+            yield table
+            yield Static("loading…", id="review-status")
+        yield Static("", id="review-error")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#review-decisions", DataTable).focus()
+        self.run_worker(self._start(), group="review-open", exit_on_error=False)
+
+    async def on_unmount(self) -> None:
+        self._review_unmounted = True
+        reader, self.reader = self.reader, None
+        if reader is not None:
+            await reader.close()
+
+    # -- loading -----------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        try:
+            reader = await JournalReader.open(self.journal_path)
+        except ReviewError as e:
+            self._show_error(str(e))
+            return
+        except Exception as e:  # noqa: BLE001 - any failure to open is shown, not raised
+            self._show_error(f"{self.journal_path}: cannot open the journal: {type(e).__name__}: {e}")
+            return
+        if self._review_unmounted:
+            await reader.close()
+            return
+        self.reader = reader
+        try:
+            await self._load_bounds()
+            self._apply_range()
+            await self._load_timeline()
+            await self._load_decisions("first", count=True)
+        except Exception as e:  # noqa: BLE001
+            self._show_error(f"{self.journal_path}: reading the journal failed: {type(e).__name__}: {e}")
+
+    async def _load_bounds(self) -> None:
+        assert self.reader is not None
+        lo, hi = await self.reader.bounds()
+        self.oldest = lo
+        if self.clock is not None:
+            self.now = float(self.clock())
+        else:
+            self.now = hi if hi is not None else time.time()
+
+    def _range_bounds(self) -> tuple[float | None, float | None]:
+        """[since, until) of the current range; until just past "now" (inclusive of it)."""
+        assert self.now is not None
+        until = math.nextafter(self.now, math.inf)
+        seconds = RANGES[self.range_index][1]
+        since = None if seconds is None else self.now - seconds
+        return since, until
+
+    def _apply_range(self) -> None:
+        since, until = self._range_bounds()
+        self.filters = DecisionFilters(**self._filter_kwargs(self.filter_fields), since_ts=since, until_ts=until)
+        start = since if since is not None else self.oldest
+        one_day = start is not None and self.now is not None and time.gmtime(start)[:3] == time.gmtime(self.now)[:3]
+        self.time_fmt = "%H:%M:%S" if one_day else "%m-%d %H:%M:%S"
+        self._refresh_header()
+
+    @staticmethod
+    def _filter_kwargs(fields: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...] | None]:
+        return {k: fields.get(k) or None for k in ("cls", "reason", "tenant", "outcome")}
+
+    async def _load_timeline(self) -> None:
+        reader = self.reader
+        if reader is None or self.now is None:
+            return
+        since, until = self._range_bounds()
+        chart_since = since if since is not None else (self.oldest if self.oldest is not None else self.now - 60)
+        chart_until = until if until is not None else self.now
+        points = await reader.sample_series(chart_since, chart_until, buckets=CHART_POINTS)
+        audit = await reader.audit_rows(since, until, limit=AUDIT_ROWS)
+        audit_total = await reader.count_audit(since, until)
+        marks = await reader.audit_marks(chart_since, chart_until, buckets=200)
+        if reader is not self.reader:
+            return
+        self.audit = audit
+        self.audit_total = audit_total
+        chart = self.query_one("#review-chart", BudgetChart)
+        chart.set_series(
+            times=[p.ts for p in points],
+            budget=[p.budget for p in points],
+            in_flight=[p.in_flight for p in points],
+            p95_ttft_ms=[p.p95_ttft_ms for p in points],
+            slo_ttft_ms=self.slo_ttft_ms,
+            marks=marks,
+            now=self.now,
+            window_s=max(self.now - chart_since, 1.0),
+        )
+        table = self.query_one("#review-audit", DataTable)
+        table.clear()
+        table.add_rows(
+            (
+                (
+                    Text(_utc(a["ts"], self.time_fmt)),
+                    Text(a["action"]),
+                    Text(a["target"]),
+                    Text(
+                        f"{a['old_value'] if a['old_value'] is not None else '-'} → "
+                        f"{a['new_value'] if a['new_value'] is not None else '-'}"
+                    ),
+                    Text(f"{a['operator']} ({a['source']}, {a['origin']})"),
+                )
+                for a in reversed(audit)  # newest first, like the decisions
+            )
+        )
+        title = f"audit: {audit_total:,} in range"
+        if audit_total > len(audit):
+            title += f" (newest {len(audit):,} listed)"
+        self.query_one("#review-audit-title", Static).update(title)
+
+    async def _load_decisions(self, where: str, *, count: bool = False) -> None:
+        """``where``: "first" (newest page), "next" (older), "prev" (newer)."""
+        reader = self.reader
+        if reader is None:
+            return
+        filters = self.filters
+        kw = filters.kwargs()
+        page_no = self.page_no
+        if where == "next" and self.page_rows:
+            rows = await reader.decisions_page(before_id=self.page_rows[-1]["id"], limit=PAGE_SIZE, **kw)
+            if not rows:
+                self.notify("last page", timeout=2)
+                return
+            page_no += 1
+        elif where == "prev" and self.page_rows:
+            if page_no <= 1:
+                self.notify("first page", timeout=2)
+                return
+            rows = await reader.decisions_page(after_id=self.page_rows[0]["id"], limit=PAGE_SIZE, **kw)
+            rows.reverse()
+            page_no -= 1
+            if not rows or (page_no == 1 and len(rows) < PAGE_SIZE):
+                rows = await reader.decisions_page(limit=PAGE_SIZE, **kw)
+                page_no = 1
+        else:
+            rows = await reader.decisions_page(limit=PAGE_SIZE, **kw)
+            page_no = 1
+        total = await reader.count_decisions(**kw) if count else self.total
+        if reader is not self.reader or filters is not self.filters:
+            return  # superseded while reading
+        self.page_rows = rows
+        self.page_no = page_no
+        self.total = total
+        self._fill_decisions()
+
+    def _fill_decisions(self) -> None:
+        table = self.query_one("#review-decisions", DataTable)
+        table.clear()
+        table.add_rows(
+            (
+                (
+                    Text(_utc(r["ts"], self.time_fmt)),
+                    Text(r["tenant"]),
+                    Text(r["cls"]),
+                    _outcome_text(r["outcome"]),
+                    Text(r["reason"]),
+                    Text(str(r["http_status"])),
+                    Text(_num(r["prompt_tokens"]), justify="right"),
+                    Text(_num(r["max_tokens"]), justify="right"),
+                    Text(_num(r["queue_ms"]), justify="right"),
+                    Text(_num(r["ttft_ms"]), justify="right"),
+                    Text(_num(r["duration_ms"]), justify="right"),
+                )
+                for r in self.page_rows
+            ),
+        )
+        # Cells are rich Text, never str: a str cell is parsed as markup (a tenant named
+        # "[b]x" would be mangled) and measuring it costs ~3x more (200 rows x 11 cells).
+        self._refresh_status()
+
+    @property
+    def page_ids(self) -> list[int]:
+        """The journal ids of the rows shown, top to bottom."""
+        return [r["id"] for r in self.page_rows]
+
+    def _refresh_status(self) -> None:
+        if self.error is not None:
+            return
+        if self.page_rows:
+            first = (self.page_no - 1) * PAGE_SIZE + 1
+            last = first + len(self.page_rows) - 1
+            text = f"page {self.page_no}, rows {first:,}-{last:,} of {self.total:,}"
+        else:
+            text = f"page 1, rows 0-0 of {self.total:,} (no decisions match)"
+        shown = format_filter(self.filter_fields)
+        text += f"  ·  filter: {shown}" if shown else "  ·  no filter"
+        text += "  ·  n/p page  / filter  e export"
+        self.query_one("#review-status", Static).update(Text(" " + text))
+
+    def _header_text(self) -> Text:
+        text = Text()
+        text.append(" REVIEW ", style="bold black on dark_orange")
+        text.append(f" {Path(self.journal_path).name} ", style="bold")
+        text.append(" read-only ", style="dim")
+        text.append("  range ")
+        for i, (label, _s) in enumerate(RANGES):
+            style = "bold reverse" if i == self.range_index else "dim"
+            text.append(f"{i + 1} {label}", style=style)
+            text.append(" ")
+        if self.now is not None:
+            since, _until = self._range_bounds()
+            start = since if since is not None else self.oldest
+            fmt = "%Y-%m-%d %H:%M:%S"
+            text.append(f"  {_utc(start, fmt)} → {_utc(self.now, fmt)} UTC")
+        return text
+
+    def _refresh_header(self) -> None:
+        self.query_one("#review-header", Static).update(self._header_text())
+
+    def _show_error(self, message: str) -> None:
+        self.error = message
+        self.query_one("#review-body").display = False
+        err = self.query_one("#review-error", Static)
+        err.update(Text(f"cannot review the journal\n\n{message}\n\npress q to close", justify="center"))
+        err.display = True
+        self.notify(message, title="review", severity="error", timeout=10)
+
+    # -- actions -----------------------------------------------------------------------
+
+    def action_close(self) -> None:
+        filt = self.query_one("#review-filter", Input)
+        if self.focused is filt:
+            self.query_one("#review-decisions", DataTable).focus()
+            return
+        self.dismiss(self.error)
+
+    def action_set_range(self, index: int) -> None:
+        if not 0 <= index < len(RANGES):
+            return
+        self.range_index = index
+        if self.reader is None or self.now is None:
+            self._refresh_header()
+            return
+        self._apply_range()
+        self.run_worker(self._load_timeline(), group="review-timeline", exclusive=True, exit_on_error=False)
+        self.run_worker(
+            self._load_decisions("first", count=True), group="review-decisions", exclusive=True, exit_on_error=False
+        )
+
+    def action_next_page(self) -> None:
+        if self.reader is not None:
+            self.run_worker(self._load_decisions("next"), group="review-decisions", exclusive=True, exit_on_error=False)
+
+    def action_prev_page(self) -> None:
+        if self.reader is not None:
+            self.run_worker(self._load_decisions("prev"), group="review-decisions", exclusive=True, exit_on_error=False)
+
+    def action_focus_filter(self) -> None:
+        self.query_one("#review-filter", Input).focus()
+
+    def action_reload(self) -> None:
+        if self.reader is None:
+            return
+
+        async def reload() -> None:
+            await self._load_bounds()
+            self._apply_range()
+            await self._load_timeline()
+            await self._load_decisions("first", count=True)
+
+        # the timeline's group: a page turn meanwhile is discarded (the filters change) and
+        # the reload ends on the first page anyway
+        self.run_worker(reload(), group="review-timeline", exclusive=True, exit_on_error=False)
+
+    def action_export(self) -> None:
+        if self.reader is None:
+            self.notify("nothing to export: the journal is not open", severity="warning")
+            return
+        directory = self.export_dir if self.export_dir is not None else Path.cwd()
+        out = directory / default_export_name()
+        n = 1
+        while out.exists():  # two exports in the same second
+            n += 1
+            out = directory / default_export_name().replace(".csv", f"-{n}.csv")
+        self.notify(f"exporting {self.total:,} decisions to {out} …", timeout=3)
+        self.run_worker(
+            partial(self._export_thread, out, self.filters),
+            thread=True,
+            group="review-export",
+            name=str(out),
+            exit_on_error=False,
+        )
+
+    def _export_thread(self, out: Path, filters: DecisionFilters) -> tuple[Path, int]:
+        worker = get_current_worker()
+        rows = export_decisions_csv(self.journal_path, out, filters, cancelled=lambda: worker.is_cancelled)
+        return out, rows
+
+    # -- events ------------------------------------------------------------------------
+
+    @on(Input.Submitted, "#review-filter")
+    def _filter_submitted(self, event: Input.Submitted) -> None:
+        error = self.query_one("#review-filter-error", Static)
+        try:
+            fields = parse_filter(event.value)
+        except FilterError as e:
+            error.update(Text(f"filter not applied: {e}"))
+            error.add_class("shown")
+            self.notify(str(e), title="filter", severity="error", timeout=5)
+            return
+        error.update("")
+        error.remove_class("shown")
+        self.filter_fields = fields
+        self.query_one("#review-decisions", DataTable).focus()
+        if self.reader is None or self.now is None:
+            return
+        self._apply_range()
+        self.run_worker(
+            self._load_decisions("first", count=True), group="review-decisions", exclusive=True, exit_on_error=False
+        )
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        worker = event.worker
+        if event.state == WorkerState.SUCCESS and worker.group == "review-export":
+            out, rows = worker.result
+            self.last_export = (out, rows)
+            self.notify(f"exported {rows:,} decisions to {out}", title="export", timeout=8)
+        elif event.state == WorkerState.ERROR:
+            error = worker.error
+            what = "export" if worker.group == "review-export" else "review"
+            message = str(error) if isinstance(error, ReviewError) else f"{type(error).__name__}: {error}"
+            self.notify(message, title=f"{what} failed", severity="error", timeout=10)
+
+
+def _outcome_text(outcome: str) -> Text:
+    style = {"admitted": "green", "refused": "yellow", "shed": "red", "failed": "red", "cancelled": "dim"}.get(
+        outcome, ""
+    )
+    return Text(outcome, style=style)

@@ -1,0 +1,1 @@
+"""Console widgets, one per file (import them from their modules)."""

@@ -1,0 +1,1 @@
+"""Console tests: Pilot tests and SVG snapshots (pytest-textual-snapshot)."""

@@ -1,0 +1,149 @@
+"""console.widgets.budget_chart: the budget curve shared by the live console and review."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+from textual.app import App, ComposeResult
+
+from console.widgets.budget_chart import NO_DATA, BudgetChart, time_ticks, value_ticks
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+T0 = 1_700_000_000.0  # 2023-11-14 22:13:20 UTC
+
+
+class ChartApp(App[None]):
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__()
+        self.kwargs = kwargs
+
+    def compose(self) -> ComposeResult:
+        yield BudgetChart(id="chart", **self.kwargs)  # type: ignore[arg-type]
+
+
+def text_of(chart: BudgetChart) -> str:
+    chart.render()  # sizes the figure to the widget, as Textual does
+    return _ANSI.sub("", chart.plt.build())
+
+
+def series(n: int = 300, step: float = 2.0) -> dict[str, list]:
+    times = [T0 + i * step for i in range(n)]
+    return {
+        "times": times,
+        "budget": [8000 + 1000 * math.sin(i / 30) for i in range(n)],
+        "in_flight": [None if i % 50 == 0 else 4000 + 3000 * math.sin(i / 10) for i in range(n)],
+        "p95_ttft_ms": [800 + 400 * math.sin(i / 20) for i in range(n)],
+    }
+
+
+async def test_empty_chart_says_no_samples_yet() -> None:
+    app = ChartApp()
+    async with app.run_test(size=(100, 20)) as pilot:
+        chart = app.query_one(BudgetChart)
+        await pilot.pause()
+        assert chart.empty
+        assert NO_DATA in text_of(chart)
+        # explicitly empty data: same, no crash
+        chart.set_series(times=[], budget=[], in_flight=[], p95_ttft_ms=[], slo_ttft_ms=None)
+        await pilot.pause()
+        assert chart.empty and chart.points == 0
+        assert NO_DATA in text_of(chart)
+        # values all missing: nothing to draw either
+        chart.set_series(
+            times=[T0, T0 + 1], budget=[None, None], in_flight=[None, None], p95_ttft_ms=[None, None], slo_ttft_ms=500
+        )
+        await pilot.pause()
+        assert chart.empty
+        assert NO_DATA in text_of(chart)
+
+
+async def test_series_renders_lines_axes_slo_and_marks() -> None:
+    app = ChartApp(time_axis="utc")
+    async with app.run_test(size=(100, 22)) as pilot:
+        chart = app.query_one(BudgetChart)
+        data = series()
+        chart.set_series(**data, slo_ttft_ms=1500, marks=[(T0 + 200, "set_budget"), (T0 + 400, "freeze")])
+        await pilot.pause()
+        assert not chart.empty
+        # 300 points are more than a 100-column chart shows (2 braille dots a column)
+        assert 0 < chart.points <= 3 * 200
+        monitor = chart.plt.monitor
+        assert len(monitor.x) >= 3  # budget, in-flight runs, p95, the SLO line
+        assert "right" in monitor.yside  # p95 and the SLO on the right axis
+        out = text_of(chart)
+        assert NO_DATA not in out
+        for label in ("budget", "in-flight", "p95 TTFT ms", "SLO", "set_budget", "freeze"):
+            assert label in out, label
+        assert "1.5k" in out  # the right axis reaches the SLO
+        assert "22:14" in out  # UTC clock labels on the x axis
+        assert any(ch in out for ch in "⠁⠂⠄⡀⢀⣀")  # braille lines were drawn
+        # back to empty: the previous series is gone
+        chart.set_series(times=[], budget=[], in_flight=[], p95_ttft_ms=[], slo_ttft_ms=None)
+        await pilot.pause()
+        assert NO_DATA in text_of(chart)
+        assert "set_budget" not in text_of(chart)
+
+
+async def test_more_points_than_columns_are_bucketed_keeping_peaks() -> None:
+    app = ChartApp()
+    async with app.run_test(size=(60, 16)) as pilot:
+        chart = app.query_one(BudgetChart)
+        n = 3600
+        spike = 1234
+        chart.set_series(
+            times=[T0 + i for i in range(n)],
+            budget=[10_000.0] * n,
+            in_flight=[50_000.0 if i == spike else 1000.0 for i in range(n)],
+            p95_ttft_ms=[9000.0 if i == spike else 500.0 for i in range(n)],
+            slo_ttft_ms=1000,
+        )
+        await pilot.pause()
+        assert 0 < chart.points <= 3 * 2 * 60  # at most 2 points per column per series
+        monitor = chart.plt.monitor
+        drawn = [y for ys in monitor.y for y in ys]
+        assert 50_000.0 in drawn and 9000.0 in drawn  # the peaks survive the bucketing
+        assert 10_000.0 in drawn
+        # a wider chart redraws with more points
+        before = chart.points
+        await pilot.resize_terminal(120, 16)
+        await pilot.pause()
+        assert chart.points > before
+
+
+async def test_relative_axis_and_fixed_window() -> None:
+    app = ChartApp()
+    async with app.run_test(size=(80, 16)) as pilot:
+        chart = app.query_one(BudgetChart)
+        data = series(n=120, step=1.0)
+        chart.set_series(**data, slo_ttft_ms=None, now=T0 + 119, window_s=600)
+        await pilot.pause()
+        out = text_of(chart)
+        assert "now" in out and "-2m" in out and "-10m" in out
+        assert "SLO" not in out
+
+
+async def test_mismatched_lengths_are_refused() -> None:
+    app = ChartApp()
+    async with app.run_test(size=(80, 16)):
+        chart = app.query_one(BudgetChart)
+        with pytest.raises(ValueError, match="same length"):
+            chart.set_series(times=[T0], budget=[], in_flight=[1], p95_ttft_ms=[1], slo_ttft_ms=None)
+
+
+def test_time_ticks_relative_and_utc() -> None:
+    ticks, labels = time_ticks(-600, 0, T0, "relative")
+    assert labels[-1] == "now" and labels[0] == "-10m"
+    assert ticks == sorted(ticks)
+    ticks, labels = time_ticks(-86400, 0, T0, "utc")
+    assert 2 <= len(ticks) <= 7
+    assert all(-86400 <= t <= 0 for t in ticks)
+    assert all(re.fullmatch(r"\d\d:\d\d|\d\d-\d\d", label) for label in labels)
+
+
+def test_value_ticks_are_round() -> None:
+    ticks, labels = value_ticks(11500)
+    assert ticks[0] == 0 and ticks[-1] <= 11500
+    assert labels[:3] == ["0", "2.5k", "5k"]
+    assert value_ticks(0) == ([0.0], ["0"])
