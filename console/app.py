@@ -1,0 +1,545 @@
+"""The operator console: one Textual app in front of one GateService, in the same event loop.
+
+It renders only from `gate.snapshot()` (one per tick, handed to every widget's
+`update_snapshot`) and changes the gate only through `gate.control`, as
+`gate.operator`; control writes the audit row, the console shows a toast.
+
+Layout: everything at once on a big terminal (a 2x3 grid); below
+WIDE_MIN_COLS x WIDE_MIN_ROWS a compact stack (capacity lines, classes table,
+and tabs for denials / budget chart / decision tail). `on_resize` toggles the
+`compact` CSS class on #body; console/app.tcss does the rest.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from functools import partial
+from typing import Any
+
+from textual import events, on
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding, BindingsMap
+from textual.command import CommandPalette
+from textual.containers import Container
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Footer, Tab, Tabs
+
+from console.commands import GateCommands
+from console.screens.confirm import ConfirmScreen
+from console.screens.help import HelpScreen
+from console.screens.retune import RetuneChanges, RetuneScreen
+from console.widgets.budget_chart import BudgetChart
+from console.widgets.classes import ClassesTable
+from console.widgets.decisions import DecisionTail, FilterChanged, FilterClosed
+from console.widgets.denials import DenialsTable
+from console.widgets.gpu import GpuPanel
+from console.widgets.header import GateHeader
+from console.widgets.slots import SlotsPanel
+from console.widgets.status import StatusBar
+from gate.control import ActionResult, ControlError
+from gate.snapshot import GateSnapshot
+
+#: refresh intervals `+`/`-` step through (seconds)
+INTERVALS: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
+MIN_INTERVAL_S, MAX_INTERVAL_S = INTERVALS[0], INTERVALS[-1]
+#: what the budget chart shows
+CHART_WINDOW_S = 600.0
+CHART_POINTS = 600
+#: below this the compact layout is used
+WIDE_MIN_COLS = 150
+WIDE_MIN_ROWS = 40
+#: the most rows the classes/denials row of the wide grid takes
+MIDDLE_MAX_ROWS = 12
+
+#: actions that change the gate: absent in --read-only
+GATE_ACTIONS = frozenset({"retune", "pause_class", "drain_class", "freeze"})
+#: actions that only make sense on the live view (not under the review screen)
+MAIN_ONLY = GATE_ACTIONS | {"review", "toggle_render", "faster", "slower", "filter", "help"}
+
+PANES = ("denials", "chart", "decisions")
+
+#: key -> what `?` says about it (descriptions for the footer stay short)
+KEY_HELP: dict[str, str] = {
+    "retune": "retune budget, SLO and the selected class",
+    "pause_class": "pause/resume the selected class (503 class_paused)",
+    "drain_class": "drain the selected class's queue (asks; 503 drained)",
+    "freeze": "freeze/unfreeze the adaptive controller",
+    "review": "review the journal (read-only)",
+    "filter": "filter the decision tail (enter keeps, esc clears)",
+    "toggle_render": "pause/resume rendering (the gate goes on)",
+    "faster": "refresh faster (down to 0.25 s)",
+    "slower": "refresh slower (up to 10 s)",
+    "command_palette": "command palette: every action by name",
+    "help": "this help",
+    "quit": "quit; asks while requests are in flight (stops the gate)",
+}
+
+
+def _gate_bindings() -> list[Binding]:
+    return [
+        Binding("t", "retune", "retune"),
+        Binding("p", "pause_class", "pause"),
+        Binding("d", "drain_class", "drain"),
+        Binding("f", "freeze", "freeze"),
+    ]
+
+
+class TokengateApp(App[None]):
+    """The live console for one GateService (see the module docstring)."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "tokengate"
+    COMMAND_PALETTE_BINDING = ":"
+    COMMANDS = App.COMMANDS | {GateCommands}
+    BINDINGS = [
+        *_gate_bindings(),
+        Binding("r", "review", "review"),
+        Binding("slash", "filter", "filter", key_display="/"),
+        Binding("space", "toggle_render", "view", key_display="space"),
+        Binding("plus", "faster", "faster", show=False, key_display="+"),
+        Binding("minus", "slower", "slower", show=False, key_display="-"),
+        # Not a priority binding (Textual's default is): ':' must stay typeable in inputs.
+        Binding("colon", "command_palette", "palette", show=False, key_display=":"),
+        Binding("question_mark", "help", "help", key_display="?"),
+        Binding("q", "quit", "quit"),
+    ]
+
+    def __init__(
+        self,
+        gate: Any,
+        *,
+        read_only: bool = False,
+        interval_s: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__()
+        self.gate = gate
+        self.read_only = read_only
+        self.interval_s = min(max(float(interval_s), MIN_INTERVAL_S), 3600.0)
+        self.clock = clock
+        if read_only:
+            # Absent, not disabled: the keys do nothing, the footer and `?` don't list them.
+            self._bindings = BindingsMap.from_keys(
+                {
+                    key: kept
+                    for key, bindings in self._bindings.key_to_bindings.items()
+                    if (kept := [b for b in bindings if b.action not in GATE_ACTIONS])
+                }
+            )
+        #: (ts, budget, in_flight, p95 TTFT ms), appended every tick, paused or not
+        self.history: deque[tuple[float, int | None, int, float | None]] = deque(
+            maxlen=int(CHART_WINDOW_S / MIN_INTERVAL_S)
+        )
+        self.last_snapshot: GateSnapshot | None = None
+        self.render_paused = False
+        self.ticks = 0
+        self.renders = 0
+        self.tick_ms: float | None = None
+        self.last_error: str | None = None
+        self.compact = False
+        self._timer = None
+        self._grid_rows = ""
+
+    # ---- layout ----------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        # Built here, not in __init__: DataTable columns need the running app.
+        self.header = GateHeader(id="header", clock=self.clock, read_only=self.read_only)
+        self.slots = SlotsPanel(id="slots")
+        self.gpu = GpuPanel(id="gpu")
+        self.class_table = ClassesTable(id="classes")
+        self.tabs = Tabs(
+            Tab("denials", id="tab-denials"), Tab("budget", id="tab-chart"), Tab("decisions", id="tab-decisions"),
+            id="tabs", active="tab-decisions",
+        )
+        self.denials = DenialsTable(id="denials", classes="pane")
+        self.chart = BudgetChart(id="chart", classes="pane")
+        self.decisions = DecisionTail(id="decisions", classes="pane")
+        self.status = StatusBar(id="status")
+        yield self.header
+        self.body = Container(id="body")
+        with self.body:
+            yield self.slots
+            yield self.gpu
+            yield self.class_table
+            yield self.tabs
+            yield self.denials
+            yield self.decisions  # wide grid: decisions left, chart right of the last row
+            yield self.chart
+        yield self.status
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self.slots.border_title = "capacity"
+        self.gpu.border_title = "GPU"
+        self.class_table.border_title = "classes"
+        self.denials.border_title = "denials"
+        self.chart.border_title = "budget (10 min)"
+        self.decisions.border_title = "decisions"
+        self._show_pane("decisions", sync_tabs=False)
+        self.apply_layout(self.size.width, self.size.height)
+        self.class_table.focus()
+        self.tick()
+        self._timer = self.set_interval(self.interval_s, self.tick, name="tokengate-tick")
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.apply_layout(event.size.width, event.size.height)
+
+    def apply_layout(self, width: int, height: int) -> None:
+        """Compact below WIDE_MIN_COLS x WIDE_MIN_ROWS: summary lines, classes, tabbed panes."""
+        compact = width < WIDE_MIN_COLS or height < WIDE_MIN_ROWS
+        self.body.set_class(compact, "compact")
+        if compact != self.compact:
+            self.compact = compact
+            self.slots.set_compact(compact)
+            self.gpu.set_compact(compact)
+
+    def _size_middle_row(self, snap: GateSnapshot) -> None:
+        """Wide grid: the classes/denials row fits its rows (a DataTable under `auto` does not)."""
+        rows = max(len(snap.classes), min(len(snap.denials), MIDDLE_MAX_ROWS), 3)
+        grid_rows = f"auto {min(rows, MIDDLE_MAX_ROWS) + 3} 1fr"  # + header row + border
+        if grid_rows != self._grid_rows:
+            self._grid_rows = grid_rows
+            self.body.styles.grid_rows = grid_rows
+
+    def _show_pane(self, pane: str, *, sync_tabs: bool = True) -> None:
+        for name in PANES:
+            getattr(self, name).set_class(name == pane, "-active")
+        if sync_tabs and self.tabs.active != f"tab-{pane}":
+            self.tabs.active = f"tab-{pane}"
+
+    @on(Tabs.TabActivated, "#tabs")
+    def _tab_activated(self, event: Tabs.TabActivated) -> None:
+        if event.tab.id:
+            self._show_pane(event.tab.id.removeprefix("tab-"), sync_tabs=False)
+
+    # ---- ticking and rendering -----------------------------------------------------
+
+    def _main_active(self) -> bool:
+        """True when the live view is on top (the command palette over it does not count)."""
+        return len([s for s in self.screen_stack if not isinstance(s, CommandPalette)]) <= 1
+
+    def tick(self) -> None:
+        """One snapshot: into the chart history always; onto the widgets unless paused or covered."""
+        started = time.perf_counter()
+        try:
+            snap = self.gate.snapshot()
+        except Exception as exc:  # noqa: BLE001 - the console must outlive a bad snapshot
+            self._console_error(f"snapshot failed: {type(exc).__name__}: {exc}")
+            return
+        self.ticks += 1
+        self.last_error = None  # shown until a tick goes through cleanly
+        self.last_snapshot = snap
+        self.history.append((self.clock(), snap.controller.budget, snap.in_flight, snap.controller.p95_ttft_ms))
+        if self.render_paused or len(self.screen_stack) > 1:
+            return
+        self.render_snapshot(snap)
+        self.tick_ms = (time.perf_counter() - started) * 1000
+        self._show_status()
+
+    def refresh_view(self) -> None:
+        """Render a fresh snapshot now (after an action), unless rendering is paused."""
+        if self.render_paused:
+            return
+        try:
+            snap = self.gate.snapshot()
+        except Exception as exc:  # noqa: BLE001
+            self._console_error(f"snapshot failed: {type(exc).__name__}: {exc}")
+            return
+        self.last_error = None
+        self.last_snapshot = snap
+        self.render_snapshot(snap)
+        self._show_status()
+
+    def render_snapshot(self, snap: GateSnapshot) -> None:
+        self.renders += 1
+        self._size_middle_row(snap)
+        with self.batch_update():
+            for widget in (self.header, self.slots, self.gpu, self.class_table, self.denials, self.decisions):
+                try:
+                    widget.update_snapshot(snap)
+                except Exception as exc:  # noqa: BLE001 - one broken panel must not blank the others
+                    self._console_error(f"{widget.id}: {type(exc).__name__}: {exc}")
+            try:
+                self._update_chart(snap)
+            except Exception as exc:  # noqa: BLE001
+                self._console_error(f"chart: {type(exc).__name__}: {exc}")
+
+    def chart_series(self, snap: GateSnapshot) -> dict[str, Any]:
+        """The last CHART_WINDOW_S of history, at most CHART_POINTS points, plus audit marks."""
+        now = self.clock()
+        points = [p for p in self.history if p[0] >= now - CHART_WINDOW_S]
+        if len(points) > CHART_POINTS:
+            step = len(points) / CHART_POINTS
+            points = [points[int(i * step)] for i in range(CHART_POINTS - 1)] + [points[-1]]
+        marks = [(a.ts, a.action.removeprefix("budget_")) for a in snap.audit if a.ts >= now - CHART_WINDOW_S]
+        return dict(
+            times=[p[0] for p in points],
+            budget=[p[1] for p in points],
+            in_flight=[p[2] for p in points],
+            p95_ttft_ms=[p[3] for p in points],
+            slo_ttft_ms=snap.controller.slo_ttft_ms,
+            marks=marks,
+            now=now,
+            window_s=CHART_WINDOW_S,
+        )
+
+    def _update_chart(self, snap: GateSnapshot) -> None:
+        self.chart.set_series(**self.chart_series(snap))
+
+    def _show_status(self) -> None:
+        snap = self.last_snapshot
+        self.status.show(
+            interval_s=self.interval_s,
+            paused=self.render_paused,
+            filter_text=self.decisions.filter_text,
+            tick_ms=self.tick_ms,
+            error=self.last_error,
+            reaped=snap.reaped if snap is not None else 0,
+        )
+
+    def _console_error(self, message: str) -> None:
+        if message != self.last_error:
+            self.log.error(message)
+        self.last_error = message
+        try:
+            self._show_status()
+        except Exception:  # noqa: BLE001 - before mount
+            pass
+
+    # ---- bindings ----------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in GATE_ACTIONS and self.read_only:
+            return False
+        if action in MAIN_ONLY and not self._main_active():
+            return False
+        if action == "quit" and isinstance(self.screen, ModalScreen):
+            return False  # answer the dialog first (the footer then stops offering q)
+        return True
+
+    def key_help(self) -> list[tuple[str, str]]:
+        """(key, what it does) for every binding this console has (read-only lists fewer)."""
+        keys: dict[str, list[str]] = {}
+        for _key, binding in self._bindings:
+            if binding.action in KEY_HELP:
+                keys.setdefault(binding.action, []).append(binding.key_display or binding.key)
+        rows = [(", ".join(sorted(keys[action], key=len)), KEY_HELP[action]) for action in KEY_HELP if action in keys]
+        rows.append(("up/down", "select a class (the row p, d and t act on)"))
+        rows.append(("esc", "clear the filter / close a dialog"))
+        return rows
+
+    # ---- the command palette -----------------------------------------------------
+
+    def palette_commands(self) -> list[tuple[str, str, Callable[[], Any]]]:
+        """(name, help, callback) for the `:` palette; no gate actions when read-only."""
+        commands: list[tuple[str, str, Callable[[], Any]]] = []
+        if not self._main_active():
+            return [("Quit", KEY_HELP["quit"], self.action_quit)]
+        snap = self.last_snapshot
+        if not self.read_only:
+            selected = self.class_table.selected_class
+            commands.append(("Retune", KEY_HELP["retune"] + (f" (selected: {selected})" if selected else ""), self.action_retune))
+            for c in snap.classes if snap is not None else ():
+                verb = "Resume" if c.paused else "Pause"
+                commands.append((f"{verb} class {c.name}", f"{verb.lower()} admission for {c.name}", partial(self.action_pause_class, c.name)))
+                commands.append((f"Drain class {c.name}", f"refuse the {c.queued} requests queued in {c.name} (asks first)", partial(self.action_drain_class, c.name)))
+                commands.append((f"Retune class {c.name}", f"retune {c.name} and the budget", partial(self.action_retune, c.name)))
+            frozen = snap is not None and snap.controller.frozen
+            commands.append(("Unfreeze controller" if frozen else "Freeze controller", KEY_HELP["freeze"], self.action_freeze))
+        commands += [
+            ("Review journal", KEY_HELP["review"], self.action_review),
+            ("Filter decisions", KEY_HELP["filter"], self.action_filter),
+            ("Resume rendering" if self.render_paused else "Pause rendering", KEY_HELP["toggle_render"], self.action_toggle_render),
+            ("Refresh faster", KEY_HELP["faster"], self.action_faster),
+            ("Refresh slower", KEY_HELP["slower"], self.action_slower),
+            ("Help", "list the keys", self.action_help),
+            ("Quit", KEY_HELP["quit"], self.action_quit),
+        ]
+        return commands
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        # Textual's own "Quit" would skip the in-flight confirmation; ours is in GateCommands.
+        for command in super().get_system_commands(screen):
+            if command.title != "Quit":
+                yield command
+
+    # ---- gate actions ------------------------------------------------------------
+
+    def _selected(self, cls: str | None) -> str | None:
+        cls = cls or self.class_table.selected_class
+        if cls is None:
+            self.notify("no class selected", severity="warning", markup=False)
+        return cls
+
+    def _gate_action_allowed(self) -> bool:
+        return not self.read_only and self._main_active()
+
+    def run_control(self, what: Callable[[], ActionResult | list[ActionResult]]) -> list[ActionResult]:
+        """Call gate.control; toast the result (or the refusal, as an error); re-render."""
+        try:
+            result = what()
+        except ControlError as exc:
+            self.notify(str(exc), title="refused", severity="error", markup=False)
+            return []
+        results = result if isinstance(result, list) else [result]
+        if results:
+            self.notify("\n".join(r.message for r in results), title=f"{self.gate.operator.name}", markup=False)
+        self.refresh_view()
+        return results
+
+    def action_pause_class(self, cls: str | None = None) -> None:
+        if not self._gate_action_allowed() or (cls := self._selected(cls)) is None:
+            return
+        view = next((c for c in self.gate.snapshot().classes if c.name == cls), None)
+        paused = not (view is not None and view.paused)
+        self.run_control(lambda: self.gate.control.pause(cls, paused, operator=self.gate.operator))
+
+    def action_freeze(self) -> None:
+        if not self._gate_action_allowed():
+            return
+        frozen = not self.gate.snapshot().controller.frozen
+        self.run_control(lambda: self.gate.control.freeze(frozen, operator=self.gate.operator))
+
+    def action_drain_class(self, cls: str | None = None) -> None:
+        if not self._gate_action_allowed() or (cls := self._selected(cls)) is None:
+            return
+        try:
+            waiting = self.gate.control.queued(cls)
+        except ControlError as exc:
+            self.notify(str(exc), title="refused", severity="error", markup=False)
+            return
+        if waiting == 0:
+            self.notify(f"{cls}: nothing queued, nothing to drain", severity="warning", markup=False)
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.run_control(lambda: self.gate.control.drain(cls, operator=self.gate.operator))
+
+        plural = "request" if waiting == 1 else "requests"
+        self.push_screen(
+            ConfirmScreen(
+                f"Drain {cls}?",
+                f"Drain {cls}: {waiting} queued {plural} will be refused with 503 drained.",
+                yes_label="Drain",
+            ),
+            answered,
+        )
+
+    def action_retune(self, cls: str | None = None) -> None:
+        if not self._gate_action_allowed():
+            return
+        cls = cls or self.class_table.selected_class
+        snap = self.gate.snapshot()
+
+        def done(messages: list[str] | None) -> None:
+            if messages:
+                self.notify("\n".join(messages), title=f"{self.gate.operator.name}: retuned", markup=False)
+            elif messages is not None:
+                self.notify("nothing changed", markup=False)
+            self.refresh_view()
+
+        self.push_screen(RetuneScreen(snap, cls, self.apply_retune), done)
+
+    def apply_retune(self, changes: RetuneChanges) -> list[str]:
+        """Apply a retune through gate.control, in an order each step can validate.
+
+        A lower min budget goes after the class change (reservations must fit it), a
+        higher one before; the budget itself goes last (it must lie within the bounds).
+        A refusal part way raises ControlError naming what was already applied.
+        """
+        control, op = self.gate.control, self.gate.operator
+        steps: list[tuple[str, Callable[[], Any]]] = []
+        settings_step = ("budget settings", lambda: control.set_budget_settings(operator=op, **changes.settings))
+        class_step = (f"class {changes.cls}", lambda: control.set_class(changes.cls, operator=op, **changes.class_changes))
+        lowering_min = "min_tokens" in changes.settings and changes.settings["min_tokens"] < self.gate.snapshot().controller.min_tokens
+        if changes.class_changes and changes.cls:
+            steps.append(class_step)
+        if changes.settings:
+            steps.insert(len(steps) if lowering_min else 0, settings_step)
+        if changes.budget is not None:
+            steps.append(("budget", lambda: control.set_budget(changes.budget, operator=op)))
+        messages: list[str] = []
+        for _name, step in steps:
+            try:
+                result = step()
+            except ControlError as exc:
+                if messages:
+                    self.notify("\n".join(messages), title=f"{op.name}: partly applied", markup=False)
+                    self.refresh_view()
+                    raise ControlError(f"{exc} (already applied: {'; '.join(messages)})") from None
+                raise
+            messages += [r.message for r in (result if isinstance(result, list) else [result])]
+        return messages
+
+    # ---- view actions ------------------------------------------------------------
+
+    def action_toggle_render(self) -> None:
+        self.render_paused = not self.render_paused
+        self.header.set_paused(self.render_paused)
+        if not self.render_paused:
+            self.refresh_view()
+        self._show_status()
+
+    def _set_interval(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        if self._timer is not None:
+            self._timer.stop()
+        self._timer = self.set_interval(interval_s, self.tick, name="tokengate-tick")
+        self._show_status()
+        self.notify(f"refresh every {interval_s:g} s", timeout=2, markup=False)
+
+    def action_faster(self) -> None:
+        faster = [i for i in INTERVALS if i < self.interval_s]
+        self._set_interval(faster[-1] if faster else MIN_INTERVAL_S)
+
+    def action_slower(self) -> None:
+        slower = [i for i in INTERVALS if i > self.interval_s]
+        self._set_interval(slower[0] if slower else MAX_INTERVAL_S)
+
+    def action_filter(self) -> None:
+        self._show_pane("decisions")
+        self.decisions.open_filter()
+
+    @on(FilterClosed)
+    def _filter_closed(self) -> None:
+        self.class_table.focus()
+        self._show_status()
+
+    @on(FilterChanged)
+    def _filter_changed(self) -> None:
+        self._show_status()
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen(self.key_help(), read_only=self.read_only))
+
+    def action_review(self) -> None:
+        from console.screens.review import ReviewScreen
+
+        slo = self.last_snapshot.controller.slo_ttft_ms if self.last_snapshot is not None else None
+        self.push_screen(ReviewScreen(self.gate.journal_path, slo_ttft_ms=slo), lambda _error: self.refresh_view())
+
+    async def action_quit(self) -> None:
+        """Quit; while requests are in flight or queued, ask first (the gate stops with the console)."""
+        busy = self.gate.in_flight_requests()
+        if not busy:
+            self.exit()
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.exit()
+
+        plural = "request is" if busy == 1 else "requests are"
+        self.push_screen(
+            ConfirmScreen(
+                "Quit tokengate?",
+                f"{busy} {plural} in flight or queued. Quitting stops the gate: it refuses new "
+                "requests (503 shutting_down) and lets those finish within the grace period.",
+                yes_label="Quit",
+            ),
+            answered,
+        )

@@ -1,0 +1,54 @@
+"""`?`: the keys this console answers to (only those that exist in this mode) and what the colours mean."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+LEGEND = (
+    ("p95 TTFT", "green below 0.7 x SLO, yellow up to the SLO, red above it"),
+    ("deferred", "llama-server's own queue: the gate keeps it at 0; red otherwise"),
+    ("bars", "green < 70%, yellow < 90%, red above (GPU: nvitop's 10/80%)"),
+    ("header", "READ-ONLY: no actions; PAUSED: rendering stopped, the gate still collects"),
+)
+
+
+class HelpScreen(ModalScreen[None]):
+    """Lists (key, description) pairs handed in by the app."""
+
+    BINDINGS = [Binding("escape,question_mark,q", "close", "close")]
+
+    def __init__(self, keys: Sequence[tuple[str, str]], *, read_only: bool = False) -> None:
+        super().__init__(classes="dialog-screen")
+        self.keys = list(keys)
+        self.read_only = read_only
+
+    def compose(self) -> ComposeResult:
+        table = Table.grid(padding=(0, 2))
+        table.add_column(style="bold cyan", no_wrap=True)
+        table.add_column()
+        for key, description in self.keys:
+            table.add_row(key, description)
+        legend = Table.grid(padding=(0, 2))
+        legend.add_column(style="bold", no_wrap=True)
+        legend.add_column()
+        for name, meaning in LEGEND:
+            legend.add_row(name, meaning)
+        with Vertical(id="help-dialog", classes="dialog"):
+            title = "Keys" + ("  (READ-ONLY: actions are turned off)" if self.read_only else "")
+            yield Static(title, classes="dialog-title")
+            with VerticalScroll(id="help-body"):
+                yield Static(table, id="help-keys")
+                yield Static(Text("\nColours", style="bold"))
+                yield Static(legend, id="help-legend")
+            yield Static("esc, ? or q closes", classes="dialog-hint")
+
+    def action_close(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,286 @@
+"""`t`: retune the budget and the selected class in one form, validated as you type.
+
+Each field says what is wrong with it next to it, and Save stays disabled until
+every field is valid. Save hands only the changed values to the app's `apply`
+callback (which goes through gate.control); a ControlError it raises is shown
+in the form, which stays open.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Static
+
+from gate.control import ControlError
+from gate.snapshot import GateSnapshot
+
+MAX_SLO_MS = 600_000.0
+MAX_QUEUE_DEPTH = 100_000
+MAX_QUEUE_TIMEOUT_S = 3600.0
+
+
+@dataclass
+class RetuneChanges:
+    """What Save applies; empty parts are left alone."""
+
+    budget: int | None = None  # set_budget on every backend
+    settings: dict[str, Any] = field(default_factory=dict)  # set_budget_settings
+    cls: str | None = None
+    class_changes: dict[str, Any] = field(default_factory=dict)  # set_class(cls, ...)
+
+    def __bool__(self) -> bool:
+        return self.budget is not None or bool(self.settings) or bool(self.class_changes)
+
+
+class Invalid(ValueError):
+    pass
+
+
+def parse_int(text: str) -> int:
+    text = text.strip().replace("_", "").replace(",", "")
+    if not text:
+        raise Invalid("required")
+    try:
+        return int(text)
+    except ValueError:
+        raise Invalid("a whole number, please") from None
+
+
+def parse_num(text: str) -> float:
+    text = text.strip().replace("_", "").replace(",", "")
+    if not text:
+        raise Invalid("required")
+    try:
+        value = float(text)
+    except ValueError:
+        raise Invalid("a number, please") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise Invalid("a finite number, please")
+    return value
+
+
+def parse_limit(text: str) -> int | None:
+    if text.strip().lower() in ("", "none", "-"):
+        return None
+    return parse_int(text)
+
+
+def _g(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+# field key -> (label, which part it belongs to)
+FIELDS: tuple[tuple[str, str], ...] = (
+    ("budget", "budget (tokens)"),
+    ("min_tokens", "min budget (tokens)"),
+    ("slo_ttft_p95_ms", "SLO p95 TTFT (ms)"),
+    ("reserved_tokens", "reserved (tokens)"),
+    ("limit_tokens", "limit (tokens|none)"),
+    ("queue_depth", "queue depth"),
+    ("queue_timeout_s", "queue timeout (s)"),
+    ("default_max_tokens", "default max_tokens"),
+)
+BUDGET_SETTINGS = ("min_tokens", "slo_ttft_p95_ms")
+CLASS_SETTINGS = ("reserved_tokens", "limit_tokens", "queue_depth", "queue_timeout_s", "default_max_tokens")
+
+
+class RetuneScreen(ModalScreen[list[str] | None]):
+    """Dismisses with the applied actions' messages, or None when cancelled."""
+
+    BINDINGS = [Binding("escape", "cancel", "cancel")]
+
+    def __init__(self, snap: GateSnapshot, cls: str | None, apply: Callable[[RetuneChanges], list[str]]) -> None:
+        super().__init__(classes="dialog-screen")
+        self.snap = snap
+        self.apply = apply
+        self.cls_view = next((c for c in snap.classes if c.name == cls), None)
+        self.cls = self.cls_view.name if self.cls_view else None
+        ready = [b for b in snap.backends if b.budget is not None and b.ceiling is not None]
+        self.ceiling = min((b.ceiling for b in ready), default=None)
+        budgets = {b.budget for b in ready}
+        c = snap.controller
+        self.initial: dict[str, str] = {
+            "budget": str(budgets.pop()) if len(budgets) == 1 else "",
+            "min_tokens": str(c.min_tokens),
+            "slo_ttft_p95_ms": _g(c.slo_ttft_ms),
+        }
+        if self.cls_view is not None:
+            v = self.cls_view
+            self.initial.update(
+                reserved_tokens=str(v.reserved_tokens),
+                limit_tokens="none" if v.limit_tokens is None else str(v.limit_tokens),
+                queue_depth=str(v.queue_depth),
+                queue_timeout_s=_g(v.queue_timeout_s),
+                default_max_tokens=str(v.default_max_tokens),
+            )
+        self.keys = [k for k, _ in FIELDS if k in self.initial]
+        self.errors: dict[str, str] = {}
+
+    # ---- layout ------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        title = "Retune" + (f" (class {self.cls})" if self.cls else "")
+        with Vertical(id="retune-dialog", classes="dialog"):
+            yield Static(title, classes="dialog-title")
+            with VerticalScroll(id="retune-fields"):
+                for key, label in FIELDS:
+                    if key not in self.initial:
+                        continue
+                    if key == "reserved_tokens":
+                        yield Static(f"class {self.cls}", classes="retune-section")
+                    with Horizontal(classes="retune-row", id=f"row-{key}"):
+                        yield Label(label, classes="retune-label")
+                        yield Input(self.initial[key], id=f"field-{key}", compact=True, classes="retune-input")
+                        yield Label("", id=f"error-{key}", classes="retune-error", markup=False)
+                if not self.initial["budget"]:
+                    yield Static("budget: backends differ or are not ready; leave empty to keep", classes="dialog-hint")
+            yield Label("", id="retune-result", classes="retune-error", markup=False)
+            yield Static("enter saves when every field is valid · esc cancels · tab moves", classes="dialog-hint")
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("Save", id="save", variant="success")
+                yield Button("Cancel", id="cancel")
+
+    def on_mount(self) -> None:
+        self.validate_all()
+        self.query_one(f"#field-{self.keys[0]}", Input).focus()
+
+    # ---- validation ----------------------------------------------------------------
+
+    def _text(self, key: str) -> str:
+        return self.query_one(f"#field-{key}", Input).value
+
+    def parsed(self) -> tuple[dict[str, Any], dict[str, str]]:
+        """(values, errors) for the current text of every field, cross-field rules included."""
+        values: dict[str, Any] = {}
+        errors: dict[str, str] = {}
+        parsers = {
+            "budget": parse_int, "min_tokens": parse_int, "slo_ttft_p95_ms": parse_num,
+            "reserved_tokens": parse_int, "limit_tokens": parse_limit, "queue_depth": parse_int,
+            "queue_timeout_s": parse_num, "default_max_tokens": parse_int,
+        }
+        for key in self.keys:
+            text = self._text(key)
+            if key == "budget" and not text.strip() and not self.initial["budget"]:
+                values[key] = None  # unknown or differing budgets: blank keeps them
+                continue
+            try:
+                values[key] = parsers[key](text)
+            except Invalid as exc:
+                errors[key] = str(exc)
+        ceiling = self.ceiling
+
+        def check(key: str, ok: bool, why: str) -> None:
+            if key not in errors and key in values and values[key] is not None and not ok:
+                errors[key] = why
+
+        min_tokens = values.get("min_tokens")
+        check("min_tokens", (min_tokens or 0) > 0, "must be positive")
+        if ceiling is not None:
+            check("min_tokens", (min_tokens or 0) <= ceiling, f"at most the ceiling ({ceiling:,})")
+        if "budget" in values and values["budget"] is not None:
+            b = values["budget"]
+            if ceiling is None:
+                errors["budget"] = "no backend is ready: capacity unknown"
+            else:
+                lo = min_tokens if isinstance(min_tokens, int) and "min_tokens" not in errors else self.snap.controller.min_tokens
+                check("budget", lo <= b <= ceiling, f"{lo:,}..{ceiling:,} (min budget..ceiling)")
+        slo = values.get("slo_ttft_p95_ms")
+        check("slo_ttft_p95_ms", (slo or 0) > 0, "must be positive")
+        check("slo_ttft_p95_ms", (slo or 0) <= MAX_SLO_MS, f"at most {MAX_SLO_MS:,.0f} ms")
+        if self.cls_view is not None:
+            reserved = values.get("reserved_tokens")
+            check("reserved_tokens", (reserved if reserved is not None else 0) >= 0, "zero or more")
+            if isinstance(reserved, int) and isinstance(min_tokens, int):
+                others = sum(c.reserved_tokens for c in self.snap.classes if c.name != self.cls)
+                check(
+                    "reserved_tokens", others + reserved <= min_tokens,
+                    f"all reservations ({others:,} + this) must fit min budget ({min_tokens:,})",
+                )
+            limit = values.get("limit_tokens")
+            if limit is not None:
+                check("limit_tokens", limit > 0, "positive, or none")
+                if isinstance(reserved, int):
+                    check("limit_tokens", limit >= reserved, f"at least reserved ({reserved:,})")
+            depth = values.get("queue_depth")
+            check("queue_depth", 1 <= (depth or 0) <= MAX_QUEUE_DEPTH, f"between 1 and {MAX_QUEUE_DEPTH:,}")
+            timeout = values.get("queue_timeout_s")
+            check("queue_timeout_s", 0 < (timeout or 0) <= MAX_QUEUE_TIMEOUT_S, f"above 0, at most {MAX_QUEUE_TIMEOUT_S:g} s")
+            default = values.get("default_max_tokens")
+            cap = self.cls_view.max_tokens_cap
+            check("default_max_tokens", 1 <= (default or 0) <= cap, f"between 1 and max_tokens_cap ({cap:,})")
+        return values, errors
+
+    def validate_all(self) -> bool:
+        _, errors = self.parsed()
+        self.errors = errors
+        for key in self.keys:
+            self.query_one(f"#error-{key}", Label).update(errors.get(key, ""))
+            self.query_one(f"#field-{key}", Input).set_class(key in errors, "-invalid")
+        self.query_one("#save", Button).disabled = bool(errors)
+        return not errors
+
+    def changes(self) -> RetuneChanges:
+        values, errors = self.parsed()
+        if errors:
+            raise ControlError("; ".join(f"{k}: {v}" for k, v in errors.items()))
+        initial = {}
+        for key in self.keys:
+            try:
+                initial[key] = parse_limit(self.initial[key]) if key == "limit_tokens" else (
+                    parse_num(self.initial[key]) if key in ("slo_ttft_p95_ms", "queue_timeout_s") else parse_int(self.initial[key])
+                )
+            except Invalid:
+                initial[key] = None
+        out = RetuneChanges(cls=self.cls)
+        for key in self.keys:
+            if values[key] == initial[key]:
+                continue
+            if key == "budget":
+                out.budget = values[key]
+            elif key in BUDGET_SETTINGS:
+                out.settings[key] = float(values[key]) if key == "slo_ttft_p95_ms" else values[key]
+            else:
+                out.class_changes[key] = float(values[key]) if key == "queue_timeout_s" else values[key]
+        return out
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        event.stop()
+        self.validate_all()
+        self.query_one("#retune-result", Label).update("")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.save()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        if event.button.id == "save":
+            self.save()
+        else:
+            self.action_cancel()
+
+    # ---- actions ---------------------------------------------------------------------
+
+    def save(self) -> None:
+        if not self.validate_all():
+            return
+        try:
+            changes = self.changes()
+            if not changes:
+                self.dismiss([])
+                return
+            messages = self.apply(changes)
+        except ControlError as exc:
+            self.query_one("#retune-result", Label).update(f"refused: {exc}")
+            return
+        self.dismiss(messages)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

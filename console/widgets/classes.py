@@ -1,0 +1,138 @@
+"""The classes table: one keyed row per class, updated cell by cell.
+
+Its cursor row is "the selected class" that `p` (pause), `d` (drain) and `t`
+(retune) act on. Narrower than NARROW_BELOW columns it drops the static
+columns (priority, reserved, limit) so that load and latency stay visible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.text import Text
+from textual import events
+from textual.widgets import DataTable
+from textual.widgets.data_table import CellDoesNotExist, RowDoesNotExist
+
+from console.widgets.slots import ttft_style
+from gate.snapshot import ClassView, GateSnapshot
+
+LABELS: dict[str, str] = {
+    "name": "class",
+    "prio": "prio",
+    "paused": "paused",
+    "reserved": "resv",
+    "limit": "limit",
+    "in_flight": "in-flight",
+    "queued": "queued",
+    "oldest": "oldest",
+    "adm": "adm/m",
+    "ref": "ref/m",
+    "p95": "p95/SLO ms",
+}
+FULL = tuple(LABELS)
+NARROW = ("name", "paused", "in_flight", "queued", "oldest", "adm", "ref", "p95")
+NARROW_BELOW = 96
+
+
+def sync_row(table: DataTable, cache: dict[str, dict[str, Any]], key: str, cells: Mapping[str, Any], columns: Sequence[str]) -> None:
+    """Add the row `key`, or update only the shown cells that changed (`cache` holds every cell)."""
+    old = cache.get(key)
+    if old is None:
+        table.add_row(*(cells[c] for c in columns), key=key)
+    else:
+        for col in columns:
+            if old.get(col) != cells[col]:
+                try:
+                    table.update_cell(key, col, cells[col])
+                except (CellDoesNotExist, RowDoesNotExist):
+                    pass
+    cache[key] = dict(cells)
+
+
+def drop_stale(table: DataTable, cache: dict[str, Any], keep: set[str]) -> None:
+    """Remove the rows whose key is no longer in `keep`."""
+    for key in [k for k in cache if k not in keep]:
+        try:
+            table.remove_row(key)
+        except RowDoesNotExist:
+            pass
+        del cache[key]
+
+
+def _wait(s: float | None, timeout_s: float) -> Text:
+    if s is None:
+        return Text("")
+    style = "green" if s < 0.5 * timeout_s else "yellow" if s < 0.9 * timeout_s else "bold red"
+    return Text(f"{s:.1f}s", style=style)
+
+
+def class_cells(c: ClassView, slo_ms: float) -> dict[str, Any]:
+    queued_style = "bold red" if c.queued >= c.queue_depth else "yellow" if c.queued else ""
+    p95 = "n/a" if c.p95_ttft_ms is None else f"{c.p95_ttft_ms:,.0f}"
+    return {
+        "name": Text(c.name, style="bold"),
+        "prio": c.priority,
+        "paused": Text("PAUSED", style="bold black on yellow") if c.paused else Text(""),
+        "reserved": c.reserved_tokens,
+        "limit": "-" if c.limit_tokens is None else c.limit_tokens,
+        "in_flight": c.in_flight,
+        "queued": Text(f"{c.queued}/{c.queue_depth}", style=queued_style),
+        "oldest": _wait(c.oldest_wait_s, c.queue_timeout_s),
+        "adm": c.admitted_per_min,
+        "ref": Text(str(c.refused_per_min), style="bold red" if c.refused_per_min else ""),
+        "p95": Text(f"{p95}/{slo_ms:,.0f}", style=ttft_style(c.p95_ttft_ms, slo_ms)),
+    }
+
+
+class ClassesTable(DataTable):
+    """Priority, pause state, shares, load and latency per class."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+        self._cells: dict[str, dict[str, Any]] = {}
+        self.columns_shown: tuple[str, ...] = FULL
+        self._add_columns()
+
+    def _add_columns(self) -> None:
+        for key in self.columns_shown:
+            self.add_column(LABELS[key], key=key)
+
+    def on_resize(self, event: events.Resize) -> None:
+        wanted = NARROW if event.size.width < NARROW_BELOW else FULL
+        if wanted != self.columns_shown:
+            self.columns_shown = wanted
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        selected = self.selected_class
+        self.clear(columns=True)
+        self._add_columns()
+        for key, cells in self._cells.items():
+            self.add_row(*(cells[c] for c in self.columns_shown), key=key)
+        if selected is not None:
+            self.select_class(selected)
+
+    @property
+    def selected_class(self) -> str | None:
+        """The class under the cursor (None while the table is empty)."""
+        if not self.row_count:
+            return None
+        try:
+            row_key, _ = self.coordinate_to_cell_key(self.cursor_coordinate)
+        except CellDoesNotExist:
+            return None
+        return row_key.value
+
+    def select_class(self, name: str) -> None:
+        try:
+            self.move_cursor(row=self.get_row_index(name))
+        except RowDoesNotExist:
+            pass
+
+    def update_snapshot(self, snap: GateSnapshot) -> None:
+        slo = snap.controller.slo_ttft_ms
+        for c in snap.classes:
+            sync_row(self, self._cells, c.name, class_cells(c, slo), self.columns_shown)
+        drop_stale(self, self._cells, {c.name for c in snap.classes})

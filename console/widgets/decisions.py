@@ -1,0 +1,203 @@
+"""The decision tail: the newest decisions, newest at the bottom, with a `/` filter.
+
+Rows are keyed by request id and appended as they arrive; the table is trimmed
+back to MAX_ROWS once it grows SLACK rows past it (one rebuild instead of
+hundreds of O(n) `remove_row` calls; see textual#5273). A tick adds at most
+MAX_NEW_ROWS_PER_TICK rows (its newest): at hundreds of requests per second
+nobody reads every row, and each new row costs a re-render of the visible
+ones; the filter still sees every decision the console has received.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+
+from rich.text import Text
+from textual import events
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.message import Message
+from textual.widgets import DataTable, Input
+
+from gate.records import DecisionRecord
+from gate.snapshot import GateSnapshot
+
+LABELS: dict[str, str] = {
+    "time": "time",
+    "cls": "class",
+    "tenant": "tenant",
+    "outcome": "outcome",
+    "reason": "reason",
+    "status": "http",
+    "tokens": "prompt+max",
+    "queue": "queue ms",
+    "ttft": "TTFT ms",
+}
+FULL = tuple(LABELS)
+NARROW = ("time", "cls", "tenant", "outcome", "reason", "status", "ttft")
+NARROW_WIDTHS = {"cls": 11, "tenant": 10, "reason": 14}
+NARROW_BELOW = 100
+OUTCOME_STYLES = {"admitted": "green", "refused": "bold red", "shed": "magenta", "cancelled": "dim", "failed": "red"}
+
+
+def _ms(value: float | None) -> str:
+    return "" if value is None else f"{value:,.0f}"
+
+
+def decision_cells(r: DecisionRecord) -> dict[str, str]:
+    """The row as plain strings (what the filter matches against)."""
+    prompt = "?" if r.prompt_tokens is None else str(r.prompt_tokens)
+    max_tokens = "?" if r.max_tokens is None else str(r.max_tokens)
+    return {
+        "time": time.strftime("%H:%M:%S", time.localtime(r.ts)),
+        "cls": r.cls or "-",
+        "tenant": r.tenant or "-",
+        "outcome": r.outcome,
+        "reason": r.reason,
+        "status": str(r.http_status),
+        "tokens": f"{prompt}+{max_tokens}",
+        "queue": _ms(r.queue_ms),
+        "ttft": _ms(r.ttft_ms),
+    }
+
+
+def _styled(cells: dict[str, str], columns: tuple[str, ...]) -> list:
+    out: list = []
+    for c in columns:
+        value = cells[c]
+        if c == "outcome":
+            out.append(Text(value, style=OUTCOME_STYLES.get(value, "")))
+        elif c == "status":
+            status = int(value) if value.isdigit() else 0
+            out.append(Text(value, style="red" if status >= 500 else "yellow" if status >= 400 else ""))
+        else:
+            out.append(Text(value))  # never markup: tenant names are client-chosen
+    return out
+
+
+class FilterClosed(Message):
+    """The filter input is done (enter or esc): the app moves focus back."""
+
+
+class FilterChanged(Message):
+    """The filter text changed (the app shows it in the status line)."""
+
+
+class DecisionTail(Vertical):
+    """Recent decisions with a substring filter over every column (esc clears it)."""
+
+    MAX_ROWS = 500
+    SLACK = 250
+    #: at most this many of a tick's newest decisions become rows (all stay filterable)
+    MAX_NEW_ROWS_PER_TICK = 100
+    BINDINGS = [Binding("escape", "clear_filter", "clear filter", show=False)]
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.filter_text = ""
+        self._records: OrderedDict[str, tuple[dict[str, str], str]] = OrderedDict()
+        self.columns_shown: tuple[str, ...] = FULL
+        self.input = Input(placeholder="filter: substring of any column; enter keeps it, esc clears", id="decision-filter")
+        self.input.display = False
+        self.table = DataTable(id="decision-table", cursor_type="none", zebra_stripes=True)
+        self._add_columns()
+
+    def _add_columns(self) -> None:
+        narrow = self.columns_shown == NARROW
+        for key in self.columns_shown:
+            self.table.add_column(LABELS[key], key=key, width=NARROW_WIDTHS.get(key) if narrow else None)
+
+    def on_resize(self, event: events.Resize) -> None:
+        wanted = NARROW if event.size.width < NARROW_BELOW else FULL
+        if wanted != self.columns_shown:
+            self.columns_shown = wanted
+            self.table.clear(columns=True)
+            self._add_columns()
+            self._rebuild()
+            self.table.scroll_end(animate=False, immediate=True)
+
+    def compose(self) -> ComposeResult:
+        yield self.input
+        yield self.table
+
+    # ---- data ----------------------------------------------------------------
+
+    def update_snapshot(self, snap: GateSnapshot) -> None:
+        new = [r for r in snap.decisions if r.request_id not in self._records]
+        if not new:
+            return
+        table = self.table
+        at_end = table.scroll_y >= table.max_scroll_y
+        matching: list[tuple[str, dict[str, str]]] = []
+        for r in new:
+            cells = decision_cells(r)
+            haystack = " ".join(cells.values()).lower()
+            self._records[r.request_id] = (cells, haystack)
+            if self._matches(haystack) and r.request_id not in table.rows:
+                matching.append((r.request_id, cells))
+        for rid, cells in matching[-self.MAX_NEW_ROWS_PER_TICK:]:
+            table.add_row(*_styled(cells, self.columns_shown), key=rid)
+        while len(self._records) > self.MAX_ROWS:
+            self._records.popitem(last=False)
+        if table.row_count > self.MAX_ROWS + self.SLACK:
+            self._rebuild()
+        if at_end:
+            table.scroll_end(animate=False, immediate=True)
+        self._subtitle()
+
+    def _matches(self, haystack: str) -> bool:
+        return not self.filter_text or self.filter_text in haystack
+
+    def _rebuild(self) -> None:
+        table = self.table
+        table.clear()
+        rows = [(rid, cells) for rid, (cells, hay) in self._records.items() if self._matches(hay)]
+        for rid, cells in rows[-self.MAX_ROWS:]:
+            table.add_row(*_styled(cells, self.columns_shown), key=rid)
+
+    def _subtitle(self) -> None:
+        shown = self.table.row_count
+        if self.filter_text:
+            self.border_subtitle = f"filter '{self.filter_text}': {shown} of {len(self._records)}"
+        else:
+            self.border_subtitle = f"{shown} rows"
+
+    @property
+    def visible_request_ids(self) -> list[str]:
+        return [str(row.key.value) for row in self.table.ordered_rows]
+
+    # ---- filter ----------------------------------------------------------------
+
+    def set_filter(self, text: str) -> None:
+        text = text.strip().lower()
+        if text == self.filter_text:
+            return
+        self.filter_text = text
+        self._rebuild()
+        self.table.scroll_end(animate=False, immediate=True)
+        self._subtitle()
+        self.post_message(FilterChanged())
+
+    def open_filter(self) -> None:
+        self.input.display = True
+        self.input.focus()
+
+    def action_clear_filter(self) -> None:
+        self.input.value = ""
+        self.input.display = False
+        self.set_filter("")
+        self.post_message(FilterClosed())
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input is self.input:
+            event.stop()
+            self.set_filter(event.value)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input is self.input:
+            event.stop()
+            if not self.filter_text:
+                self.input.display = False
+            self.post_message(FilterClosed())

@@ -1,0 +1,153 @@
+"""Capacity: the controller's budget line, then each backend's slots and context use.
+
+Compact (80x24) mode shows one line per backend; the full mode adds a line of
+per-slot context bars under each backend.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from console.widgets.status import show_text
+
+from gate.snapshot import BackendView, ControllerView, GateSnapshot, SlotView
+
+STATE_STYLES = {"ready": "bold green", "loading": "bold yellow", "down": "bold red"}
+
+
+def bar(used: float, total: float, width: int) -> Text:
+    """A solid bar, green/yellow/red at 70%/90% full."""
+    frac = 0.0 if total <= 0 else max(0.0, min(1.0, used / total))
+    filled = round(frac * width)
+    style = "green" if frac < 0.7 else "yellow" if frac < 0.9 else "red"
+    out = Text()
+    out.append("█" * filled, style)
+    out.append("░" * (width - filled), "grey37")
+    return out
+
+
+def ttft_style(p95_ms: float | None, slo_ms: float | None) -> str:
+    """green below 0.7 x SLO, yellow up to the SLO, red above it."""
+    if p95_ms is None or not slo_ms:
+        return "dim"
+    if p95_ms < 0.7 * slo_ms:
+        return "green"
+    if p95_ms <= slo_ms:
+        return "yellow"
+    return "bold red"
+
+
+def _n(value: int | None) -> str:
+    return "n/a" if value is None else f"{value:,}"
+
+
+def controller_line(c: ControllerView, in_flight: int, queued: int, *, compact: bool = False) -> Text:
+    """Budget (and its bounds), in-flight tokens against it, queue, p95 TTFT vs SLO."""
+    line = Text()
+    line.append("budget ", "bold")
+    line.append(_n(c.budget), "bold")
+    if compact:
+        line.append(f"/{_n(c.ceiling)}", "dim")
+    else:
+        line.append(f" [{c.min_tokens:,}..{_n(c.ceiling)}]", "dim")
+    line.append(f" {c.mode}")
+    if c.frozen:
+        line.append(" FROZEN", "bold black on cyan")
+    line.append("  in-flight ")
+    if c.budget:
+        line.append_text(bar(in_flight, c.budget, 6 if compact else 10))
+        line.append(f" {in_flight:,} {100 * in_flight / c.budget:.0f}%")
+    else:
+        line.append(f"{in_flight:,}")
+    line.append("  queued " if not compact else "  q ")
+    line.append(str(queued), "bold yellow" if queued else "")
+    line.append("  p95 TTFT " if not compact else "  p95 ")
+    p95 = "n/a" if c.p95_ttft_ms is None else f"{c.p95_ttft_ms:,.0f}"
+    line.append(p95, ttft_style(c.p95_ttft_ms, c.slo_ttft_ms))
+    line.append(f"/{c.slo_ttft_ms:,.0f} ms")
+    return line
+
+
+def backend_line(b: BackendView, compact: bool) -> Text:
+    line = Text()
+    line.append(f"{b.name} ", "bold")
+    line.append(b.state, STATE_STYLES.get(b.state, "bold"))
+    if b.state != "ready" and b.detail and not compact:
+        line.append(f" ({b.detail})", "dim")
+    line.append("  slots ")
+    if b.slots_total:
+        line.append_text(bar(b.slots_busy, b.slots_total, min(b.slots_total, 8)))
+        line.append(f" {b.slots_busy}/{b.slots_total}")
+    else:
+        line.append(f"{b.slots_busy}/?", "dim")
+    if not compact:
+        line.append(f"  kv {b.kv}", "dim")
+        line.append(f"  budget {_n(b.budget)}/{_n(b.ceiling)}")
+        line.append(f"  in-flight {b.in_flight:,}")
+        if b.prefilling:
+            line.append(f" ({b.prefilling:,} prefilling)", "dim")
+        line.append(f"  queued {b.queued}", "bold yellow" if b.queued else "")
+    if compact and b.slots:
+        used = [s.n_prompt_tokens / s.n_ctx for s in b.slots if s.processing and s.n_prompt_tokens is not None and s.n_ctx]
+        if used:
+            frac = max(used)
+            line.append("  ctx max ")
+            line.append(f"{100 * frac:.0f}%", "green" if frac < 0.7 else "yellow" if frac < 0.9 else "bold red")
+    line.append("  deferred ")
+    if b.requests_deferred is None:
+        line.append("n/a", "dim")
+    else:
+        line.append(str(b.requests_deferred), "bold white on red" if b.requests_deferred else "green")
+    if not compact and b.decode_tps is not None:
+        line.append(f"  decode {b.decode_tps:,.0f} tok/s", "dim")
+    return line
+
+
+def slot_cell(s: SlotView) -> Text:
+    """`s0 ████░░░░ 812/2048`: tokens in the slot's cache (prompt + generated) over its context."""
+    cell = Text()
+    cell.append(f"s{s.id} ", "bold" if s.processing else "dim")
+    if not s.processing or s.n_prompt_tokens is None:
+        cell.append_text(bar(0, 1, 8))
+        cell.append(" idle", "dim")
+        cell.append(" " * (len(f"{s.n_ctx}/{s.n_ctx}") - 4))
+    else:
+        cell.append_text(bar(s.n_prompt_tokens, s.n_ctx, 8))
+        cell.append(f" {s.n_prompt_tokens}/{s.n_ctx}")
+    return cell
+
+
+def render_capacity(snap: GateSnapshot, *, compact: bool) -> Text:
+    out = controller_line(snap.controller, snap.in_flight, snap.queued, compact=compact)
+    for b in snap.backends:
+        out.append("\n")
+        out.append_text(backend_line(b, compact))
+        if compact:
+            continue
+        if b.slots is None:
+            out.append("\n  per-slot context: n/a (/slots not polled)", "dim")
+            continue
+        out.append("\n ")
+        for s in b.slots:
+            out.append(" ")
+            out.append_text(slot_cell(s))
+    return out
+
+
+class SlotsPanel(Static):
+    """Budget, in-flight and per-backend slots; never reaches into the gate."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__("", **kwargs)
+        self.compact = False
+        self._snap: GateSnapshot | None = None
+
+    def set_compact(self, compact: bool) -> None:
+        self.compact = compact
+        if self._snap is not None:
+            self.update_snapshot(self._snap)
+
+    def update_snapshot(self, snap: GateSnapshot) -> None:
+        self._snap = snap
+        show_text(self, render_capacity(snap, compact=self.compact))

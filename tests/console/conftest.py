@@ -1,0 +1,134 @@
+"""Console fixtures: a REAL GateService on a fake llama-server transport (no HTTP server),
+and a TokengateApp with a fixed clock and a tick interval long enough that tests tick by hand."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import httpx
+import pytest
+
+from console.app import TokengateApp
+from gate.config import parse_config
+from gate.gpu import GpuDevice, GpuReading
+from gate.records import DecisionRecord
+from gate.service import GateService
+
+FIXED_NOW = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC
+ENVIRON = {"USER": "alice", "SSH_CONNECTION": "10.1.2.3 51000 10.0.0.1 22"}
+
+CONFIG = """
+[budget]
+min_tokens = 1024
+[[backends]]
+url = "http://llama:8080"
+kv = "split"
+[classes.interactive]
+priority = 10
+reserved_tokens = 512
+queue_depth = 4
+[classes.batch]
+priority = 1
+queue_depth = 8
+"""
+
+SLOTS = [
+    {"id": 0, "n_ctx": 2048, "is_processing": True, "n_prompt_tokens": 812, "next_token": {"n_decoded": 40}},
+    {"id": 1, "n_ctx": 2048, "is_processing": False, "n_prompt_tokens": 300, "next_token": {"n_decoded": 0}},
+    {"id": 2, "n_ctx": 2048, "is_processing": True, "n_prompt_tokens": 1900, "next_token": {"n_decoded": 400}},
+    {"id": 3, "n_ctx": 2048, "is_processing": False, "n_prompt_tokens": 0, "next_token": {"n_decoded": 0}},
+]
+
+
+def fake_llama(request: httpx.Request) -> httpx.Response:
+    """Healthy, 4 slots x 2048 tokens, /slots on, /metrics off (501)."""
+    if request.url.path == "/health":
+        return httpx.Response(200, json={"status": "ok"})
+    if request.url.path == "/slots":
+        return httpx.Response(200, json=SLOTS)
+    if request.url.path == "/metrics":
+        return httpx.Response(501, json={"error": {"message": "metrics disabled"}})
+    return httpx.Response(200, json={"total_slots": 4, "default_generation_settings": {"n_ctx": 2048}})
+
+
+@pytest.fixture
+async def gate():
+    g = GateService(parse_config(CONFIG), environ=ENVIRON, transport=httpx.MockTransport(fake_llama))
+    await g.backends.probe_all()
+    yield g
+    for b in g.backends:
+        if b.gatekeeper is not None:
+            b.gatekeeper.close()
+    await g.client.aclose()
+
+
+def make_app(gate: GateService, **kwargs) -> TokengateApp:
+    kwargs.setdefault("interval_s", 3600.0)
+    kwargs.setdefault("clock", lambda: FIXED_NOW)
+    return TokengateApp(gate, **kwargs)
+
+
+def messages(app: TokengateApp) -> list[str]:
+    """The toasts shown so far (message text)."""
+    return [n.message for n in app._notifications]
+
+
+def severities(app: TokengateApp) -> list[str]:
+    return [n.severity for n in app._notifications]
+
+
+_ids = itertools.count()
+
+
+def decision(cls: str = "batch", *, tenant: str = "acme", outcome: str = "admitted", reason: str = "ok",
+             status: int = 200, ts: float = FIXED_NOW, ttft_ms: float | None = 120.0) -> DecisionRecord:
+    n = next(_ids)
+    return DecisionRecord(
+        ts=ts, request_id=f"req-{n:05d}", tenant=tenant, cls=cls, backend="default", endpoint="/v1/chat/completions",
+        stream=True, prompt_tokens=100 + n, token_count_source="exact", max_tokens=256, reserved_tokens=356 + n,
+        outcome=outcome, reason=reason, http_status=status, queue_ms=3.0, ttft_ms=ttft_ms, duration_ms=900.0,
+        completion_tokens=50, budget_at_decision=8192, in_flight_at_decision=1000,
+    )
+
+
+def record(gate: GateService, rec: DecisionRecord) -> None:
+    gate.record(rec, model=None, queued_s=None, ttft_s=None if rec.ttft_ms is None else rec.ttft_ms / 1000)
+
+
+async def enrich(gate: GateService) -> None:
+    """Telemetry, a GPU reading, decisions and denials: what a busy gate shows."""
+    gate._on_telemetry(await gate.telemetry_poller.poll_once())
+    gate.gpu_reading = GpuReading(
+        devices=(GpuDevice(0, "NVIDIA H200", 61 * 2**30, 140 * 2**30, None, 44, ()),), unavailable=None
+    )
+    for i in range(30):
+        record(gate, decision("interactive" if i % 3 else "batch", tenant=f"team{i % 4}", ts=FIXED_NOW - 30 + i))
+    for i in range(5):
+        record(gate, decision("batch", outcome="refused", reason="queue_full", status=429, ttft_ms=None, ts=FIXED_NOW - 5 + i))
+
+
+class Queue:
+    """Fills every slot with holders, then queues `n` waiters of `cls` in the real gatekeeper."""
+
+    def __init__(self, gate: GateService, cls: str, n: int) -> None:
+        self.gate, self.cls, self.n = gate, cls, n
+        self.holders: list = []
+        self.waiters: list[asyncio.Task] = []
+
+    async def __aenter__(self) -> Queue:
+        from gate.ledger import Request
+
+        gk = self.gate.backends.backends[0].gatekeeper
+        self.holders = [await gk.acquire(Request(f"h{i}", self.cls, "t", 10, 10, 0.0)) for i in range(4)]
+        self.waiters = [asyncio.create_task(gk.acquire(Request(f"w{i}", self.cls, "t", 10, 10, 0.0))) for i in range(self.n)]
+        await asyncio.sleep(0)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        gk = self.gate.backends.backends[0].gatekeeper
+        for w in self.waiters:
+            w.cancel()
+        await asyncio.gather(*self.waiters, return_exceptions=True)
+        for h in self.holders:
+            gk.release(h)

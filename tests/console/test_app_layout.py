@@ -1,0 +1,260 @@
+"""Layout at 80x24 and 200x50, and what each panel renders from a snapshot."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rich.text import Text
+
+from console.app import CHART_POINTS, TokengateApp
+from console.widgets.classes import NARROW as CLASS_NARROW
+from console.widgets.classes import FULL as CLASS_FULL
+from console.widgets.decisions import DecisionTail
+from console.widgets.slots import ttft_style
+from gate.gpu import GpuReading
+from gate.snapshot import JournalView
+from tests.console.conftest import FIXED_NOW, decision, enrich, make_app, record
+
+
+def visible(app: TokengateApp, widget) -> bool:
+    region = widget.region
+    screen = app.screen.region
+    return widget.display and region.area > 0 and screen.contains_region(region)
+
+
+def styles_of(text: Text, needle: str, skip: str = "") -> set[str]:
+    """The styles of the spans that cover `needle` (the first after `skip`) in `text`."""
+    start = text.plain.index(skip + needle) + len(skip)
+    return {str(span.style) for span in text.spans if span.start <= start < span.end}
+
+
+async def test_80x24_is_compact_and_shows_the_classes_table(gate):
+    await enrich(gate)
+    app = make_app(gate)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert app.compact and app.body.has_class("compact")
+        for widget in (app.header, app.slots, app.gpu, app.class_table, app.tabs, app.decisions, app.status):
+            assert visible(app, widget), widget
+        assert not app.denials.display and not app.chart.display  # behind their tabs
+        assert app.class_table.columns_shown == CLASS_NARROW
+        assert [str(r.key.value) for r in app.class_table.ordered_rows] == ["interactive", "batch"]
+        # every class row fits on screen, p95 vs SLO column included
+        assert app.class_table.region.height >= 3
+        assert app.class_table.virtual_size.width <= app.class_table.region.width
+        shot = app.export_screenshot()
+        for text in ("interactive", "batch", "LIVE", "alice", "p95/SLO", "denials", "decisions"):
+            assert text in shot.replace("&#160;", " "), text
+        # the tabs switch the pane
+        app.tabs.active = "tab-denials"
+        await pilot.pause()
+        assert visible(app, app.denials) and not app.decisions.display
+        app.tabs.active = "tab-chart"
+        await pilot.pause()
+        assert visible(app, app.chart) and not app.denials.display
+
+
+async def test_200x50_shows_every_panel_at_once(gate):
+    await enrich(gate)
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await pilot.pause()
+        assert not app.compact
+        assert not app.tabs.display
+        for widget in (app.header, app.slots, app.gpu, app.class_table, app.denials, app.decisions, app.chart, app.status):
+            assert visible(app, widget), widget
+        assert app.class_table.columns_shown == CLASS_FULL
+        assert app.class_table.region.height >= 2 + 1 + 2  # both classes, the header, the border
+        assert app.decisions.columns_shown == DecisionTail.__init__.__globals__["FULL"]
+        assert app.chart.region.height >= 15 and app.decisions.region.height >= 15
+        assert "per-slot" not in str(app.slots.content)  # /slots was polled: bars per slot
+        assert "s2" in str(app.slots.content) and "1900/2048" in str(app.slots.content)
+
+
+async def test_tiny_terminals_do_not_crash(gate):
+    await enrich(gate)
+    app = make_app(gate)
+    async with app.run_test(size=(50, 14)) as pilot:
+        await pilot.pause()
+        assert app.compact and app.last_error is None
+        await pilot.resize_terminal(20, 6)
+        app.tick()
+        await pilot.pause()
+        assert app.is_running and app.last_error is None
+
+
+async def test_resizing_switches_between_the_layouts(gate):
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)) as pilot:
+        assert not app.compact
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        assert app.compact and visible(app, app.class_table)
+        assert app.class_table.columns_shown == CLASS_NARROW
+        await pilot.resize_terminal(200, 50)
+        await pilot.pause()
+        assert not app.compact and visible(app, app.denials) and visible(app, app.chart)
+        assert app.class_table.columns_shown == CLASS_FULL
+        assert app.class_table.selected_class == "interactive"
+
+
+async def test_header_shows_listen_states_label_operator_and_clock(gate):
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)):
+        header = app.header.content
+        plain = header.plain
+        for part in ("LIVE", gate.snapshot().listen, "default:", "ready", "op alice"):
+            assert part in plain, part
+        assert "READ-ONLY" not in plain and "PAUSED" not in plain and "JOURNAL" not in plain
+        assert "bold green" in styles_of(header, "ready")
+        snap = gate.snapshot()
+        down = dataclasses.replace(snap, backends=(dataclasses.replace(snap.backends[0], state="down"),))
+        app.header.update_snapshot(down)
+        assert "bold red" in styles_of(app.header.content, "down")
+        loading = dataclasses.replace(snap, backends=(dataclasses.replace(snap.backends[0], state="loading"),))
+        app.header.update_snapshot(loading)
+        assert "bold yellow" in styles_of(app.header.content, "loading")
+
+
+async def test_journal_trouble_shows_a_red_banner(gate):
+    app = make_app(gate)
+    async with app.run_test(size=(80, 24)) as pilot:
+        bad = JournalView(ok=False, path="/var/lib/tokengate/journal.db", written=10, dropped=42, pending=0,
+                          last_error="disk I/O error")
+        app.header.update_snapshot(dataclasses.replace(gate.snapshot(), journal=bad))
+        await pilot.pause()
+        text = app.header.content
+        assert "JOURNAL FAILING" in text.plain and "42 rows dropped" in text.plain and "disk I/O error" in text.plain
+        assert "bold white on red" in styles_of(text, "JOURNAL FAILING")
+        assert app.header.size.height >= 2  # the banner has a line of its own
+
+
+async def test_gpu_panel_says_na_with_the_reason(gate):
+    gate.gpu_reading = GpuReading.failed("NVML library not found")
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)):
+        assert "n/a: NVML library not found" in str(app.gpu.content)
+    gate.gpu_reading = None
+    app = make_app(gate)
+    async with app.run_test(size=(80, 24)):
+        assert "n/a" in str(app.gpu.content)
+
+
+async def test_gpu_panel_shows_each_device(gate):
+    await enrich(gate)
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)):
+        assert "GPU0 NVIDIA H200  61.0/140.0 GiB  44%" in str(app.gpu.content)
+
+
+async def test_deferred_requests_in_llama_show_red(gate):
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)):
+        snap = gate.snapshot()
+        assert "deferred n/a" in str(app.slots.content)  # /metrics not polled yet
+        bad = dataclasses.replace(snap, backends=(dataclasses.replace(snap.backends[0], requests_deferred=3),))
+        app.slots.update_snapshot(bad)
+        text = app.slots.content
+        assert "deferred 3" in text.plain
+        assert "bold white on red" in styles_of(text, "3", skip="deferred ")
+        ok = dataclasses.replace(snap, backends=(dataclasses.replace(snap.backends[0], requests_deferred=0),))
+        app.slots.update_snapshot(ok)
+        assert "green" in styles_of(app.slots.content, "0", skip="deferred ")
+
+
+def test_p95_colours_against_the_slo():
+    assert ttft_style(600, 1000) == "green"
+    assert ttft_style(800, 1000) == "yellow"
+    assert ttft_style(1000, 1000) == "yellow"
+    assert ttft_style(1200, 1000) == "bold red"
+    assert ttft_style(None, 1000) == "dim"
+
+
+async def test_classes_table_shows_each_column_and_p95_colour(gate):
+    await enrich(gate)
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)):
+        cells = {col: app.class_table.get_cell("batch", col) for col in CLASS_FULL}
+        assert str(cells["name"]) == "batch" and cells["prio"] == 1 and cells["limit"] == "-"
+        assert str(cells["queued"]) == "0/8"
+        assert str(cells["ref"]) == "5" and "red" in str(cells["ref"].style)
+        assert str(cells["p95"]) == "120/2,000" and cells["p95"].style == "green"
+
+
+async def test_tables_update_in_place_never_cleared_per_tick(gate, monkeypatch):
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)):
+        cleared = []
+        for table in (app.class_table, app.denials, app.decisions.table):
+            monkeypatch.setattr(table, "clear", lambda *a, _t=table, **k: cleared.append(_t))
+        for i in range(40):
+            record(gate, decision("batch", ts=FIXED_NOW + i))
+            record(gate, decision("batch", outcome="refused", reason="queue_full", status=429, ts=FIXED_NOW + i))
+            gate.control.pause("batch", i % 2 == 0, operator=gate.operator)
+            app.tick()
+        assert not cleared
+        assert app.decisions.table.row_count == 80
+        assert app.denials.row_keys == ["queue_full|batch"]
+
+
+async def test_decision_tail_appends_by_request_id_and_trims(gate):
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)):
+        first = decision("batch")
+        record(gate, first)
+        app.tick()
+        app.tick()  # the same snapshot twice adds nothing
+        assert app.decisions.visible_request_ids == [first.request_id]
+        newest = None
+        for _ in range(10):
+            before = app.decisions.table.row_count
+            for _ in range(200):
+                newest = decision("interactive")
+                record(gate, newest)
+            app.tick()
+            grown = app.decisions.table.row_count - before
+            assert grown <= DecisionTail.MAX_NEW_ROWS_PER_TICK or app.decisions.table.row_count <= DecisionTail.MAX_ROWS
+        ids = app.decisions.visible_request_ids
+        assert DecisionTail.MAX_ROWS <= len(ids) <= DecisionTail.MAX_ROWS + DecisionTail.SLACK
+        assert ids[-1] == newest.request_id and first.request_id not in ids
+        assert ids == sorted(ids)  # oldest first, newest at the bottom
+
+
+async def test_chart_gets_ten_minutes_of_history_and_audit_marks(gate):
+    now = [FIXED_NOW]
+    app = TokengateApp(gate, interval_s=3600, clock=lambda: now[0])
+    async with app.run_test(size=(200, 50)):
+        for _ in range(1500):
+            now[0] += 0.5
+            app.history.append((now[0], 8192, 100, 300.0))
+        gate.control.freeze(True, operator=gate.operator)
+        series = app.chart_series(gate.snapshot())
+        assert len(series["times"]) <= CHART_POINTS
+        assert series["times"][-1] == now[0] and series["times"][0] >= now[0] - 600
+        assert series["window_s"] == 600 and series["slo_ttft_ms"] == 2000
+        app.tick()
+        assert not app.chart.empty and app.last_error is None
+
+
+async def test_chart_marks_come_from_the_audit(gate):
+    app = TokengateApp(gate, interval_s=3600)  # the real clock: audit rows carry wall time
+    async with app.run_test(size=(200, 50)) as pilot:
+        await pilot.press("f")
+        series = app.chart_series(gate.snapshot())
+        assert [label for _, label in series["marks"]] == ["freeze"]
+
+
+async def test_a_failing_snapshot_is_shown_not_fatal(gate, monkeypatch):
+    app = make_app(gate)
+    async with app.run_test(size=(80, 24)) as pilot:
+        def broken():
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr(gate, "snapshot", broken)
+        app.tick()
+        await pilot.pause()
+        assert "snapshot failed: RuntimeError: boom" in str(app.status.content)
+        assert app.is_running
+        monkeypatch.undo()
+        app.tick()
+        assert app.last_error is None and "boom" not in str(app.status.content)
