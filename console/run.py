@@ -62,7 +62,9 @@ async def run_console(config: Config, *, demo: bool = False, read_only: bool = F
         from gate.simulator import SimulatorConfig, serve_simulator
         from gate.traffic import TrafficGenerator
 
-        simulator = await serve_simulator(SimulatorConfig(slots=4, ctx=8192, kv="unified", seed=seed), port=0)
+        # Twice the simulated A10G's speed and traffic near its capacity, with a burst
+        # every minute: overload comes and goes, so every panel has something to say.
+        simulator = await serve_simulator(SimulatorConfig(slots=4, ctx=8192, kv="unified", seed=seed, speed=2.0), port=0)
         config = demo_config(config if user_config else None, simulator.url)
         port = 0  # the demo never fights a real gate for its port
     gate = GateService(config)
@@ -70,7 +72,7 @@ async def run_console(config: Config, *, demo: bool = False, read_only: bool = F
     try:
         await gate.start(port=port)
         if demo:
-            traffic = TrafficGenerator(gate.url, seed=seed)
+            traffic = TrafficGenerator(gate.url, seed=seed, rate_interactive=0.8, rate_batch=0.15)
             await traffic.start()
         app = TokengateApp(gate, read_only=read_only)
         await app.run_async()

@@ -146,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_Formatter,
     )
     check.add_argument("file", metavar="FILE", help="the TOML file, or - to read standard input")
+    check.add_argument(
+        "-v", "--verbose", action="store_true", help="also print the effective settings (defaults filled in)"
+    )
     check.set_defaults(func=_cmd_config_check)
     example = config_commands.add_parser(
         "example",
@@ -265,6 +268,9 @@ def _cmd_config_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
         )
     )
     out.write(f"ok: {source} ({counts})\n")
+    if args.verbose:
+        for line in describe_config(config):
+            out.write(line + "\n")
     return EXIT_OK
 
 
@@ -310,13 +316,14 @@ def describe_config(config: Config) -> list[str]:
 
 def _cmd_console(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     config = load_config(args.config)
-    flags = [f for f, on in (("demo", args.demo), ("read-only", args.read_only)) if on]
-    out.write(f"tokengate {__version__}" + (f"  [{', '.join(flags)}]" if flags else "") + "\n")
-    out.write(f"config   {args.config if args.config else '(built-in defaults)'}\n")
-    for line in describe_config(config):
-        out.write(line + "\n")
-    out.write("the console is not built yet: this is a summary of the effective config only\n")
-    return EXIT_OK
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        err.write("tokengate console: needs a terminal (use `tokengate serve` for a headless gate)\n")
+        return EXIT_USAGE
+    from console.run import run_console  # Textual only when the console runs
+
+    return asyncio.run(
+        run_console(config, demo=args.demo, read_only=args.read_only, user_config=args.config is not None)
+    )
 
 
 def _cmd_log(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

@@ -1,4 +1,4 @@
-"""gate.cli: the `tokengate` command line (config check / example, console placeholder)."""
+"""gate.cli: the `tokengate` command line (config check / example, console, serve)."""
 
 from __future__ import annotations
 
@@ -123,11 +123,13 @@ def test_help_texts(capsys: pytest.CaptureFixture[str], argv: list[str], expect:
         assert fragment in out
 
 
-def test_console_placeholder_summarises_the_defaults(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(capsys, "console")
+def test_verbose_check_summarises_the_defaults(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    empty = tmp_path / "empty.toml"
+    empty.write_text("")
+    code, out, err = run(capsys, "config", "check", "-v", str(empty))
     assert code == 0, err
     lines = out.splitlines()
-    assert lines[0] == f"tokengate {__version__}"
+    assert lines[0].startswith("ok: ")
     assert "127.0.0.1:8081" in out
     assert "backend  default  http://127.0.0.1:8080  kv unified" in out
     assert "adaptive" in out and "2000 ms" in out
@@ -136,22 +138,26 @@ def test_console_placeholder_summarises_the_defaults(capsys: pytest.CaptureFixtu
     batch = next(line for line in lines if line.startswith("class    batch"))
     assert "priority 1 " in batch and "depth 256" in batch and "timeout 120 s" in batch
     assert lines.index(interactive) < lines.index(batch)  # highest priority first
-    assert "not built yet" in lines[-1]
 
 
-def test_console_placeholder_reads_the_config(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_verbose_check_reads_the_config(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     p = tmp_path / "c.toml"
     p.write_text(
         '[gate]\nlisten = "[::1]:9999"\n[[backends]]\nurl = "http://gpu:8080"\nkv = "split"\n'
         '[budget]\nmode = "static"\n'
         "[classes.gold]\npriority = 5\nreserved_tokens = 512\nlimit_tokens = 4096\nqueue_depth = 7\n"
     )
-    code, out, err = run(capsys, "console", "--config", str(p), "--demo", "--read-only")
+    code, out, err = run(capsys, "config", "check", "--verbose", str(p))
     assert code == 0, err
-    assert "demo" in out.splitlines()[0] and "read-only" in out.splitlines()[0]
     assert "[::1]:9999" in out
     assert "kv split" in out and "static" in out
     assert "class    gold  priority 5  reserved 512  limit 4096  depth 7" in out
+
+
+def test_console_without_a_terminal_says_so_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "console")  # pytest's stdin is not a TTY
+    assert code == 2
+    assert "needs a terminal" in err and "tokengate serve" in err
 
 
 def test_console_with_bad_config_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
