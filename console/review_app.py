@@ -28,15 +28,8 @@ from typing import Any
 import aiosqlite
 from textual.app import App
 
-from gate.export import FETCH, ExportError, _open_ro, _write_csv
-from gate.journal import (
-    _AUDIT_SELECT,
-    _DECISION_SELECT,
-    COLUMNS,
-    SCHEMA_VERSION,
-    _decision_dict,
-    _decision_where,
-)
+from gate.export import FETCH, ExportError, open_read_only, write_csv
+from gate.journal import COLUMNS, SCHEMA_VERSION, JournalQueries, decision_where
 
 __all__ = [
     "DecisionFilters",
@@ -92,7 +85,7 @@ def check_journal(path: str | os.PathLike[str]) -> None:
     """Raise :class:`ReviewError` unless ``path`` is a journal this tokengate can read."""
     path = os.fspath(path)
     try:
-        conn = _open_ro(path)
+        conn = open_read_only(path)
     except ExportError as e:
         raise ReviewError(str(e)) from None
     try:
@@ -105,7 +98,7 @@ def check_journal(path: str | os.PathLike[str]) -> None:
         conn.close()
 
 
-class JournalReader:
+class JournalReader(JournalQueries):
     """Read-only access to a journal for the review screen. ``await JournalReader.open(path)``,
     always ``await close()``. Reads run on aiosqlite's thread, never on the event loop."""
 
@@ -158,54 +151,6 @@ class JournalReader:
 
     # -- the journal's read queries (same SQL as gate.journal.Journal) ------------------
 
-    async def decisions_page(
-        self,
-        *,
-        after_id: int | None = None,
-        before_id: int | None = None,
-        limit: int = 200,
-        cls: str | Sequence[str] | None = None,
-        reason: str | Sequence[str] | None = None,
-        tenant: str | Sequence[str] | None = None,
-        outcome: str | Sequence[str] | None = None,
-        since_ts: float | None = None,
-        until_ts: float | None = None,
-    ) -> list[dict[str, Any]]:
-        """See ``Journal.decisions_page``: no cursor = newest first; ``before_id`` = the
-        older page, newest first; ``after_id`` = the newer page, OLDEST first."""
-        clauses, params = _decision_where(cls, reason, tenant, outcome, since_ts, until_ts)
-        if after_id is not None:
-            clauses.append("(ts, id) > (COALESCE((SELECT ts FROM decisions WHERE id = ?), -1e308), ?)")
-            params += [after_id, after_id]
-        if before_id is not None:
-            clauses.append("(ts, id) < ((SELECT ts FROM decisions WHERE id = ?), ?)")
-            params += [before_id, before_id]
-        ascending = after_id is not None and before_id is None
-        sql = _DECISION_SELECT
-        if clauses:
-            sql += " WHERE " + " AND ".join(clauses)
-        direction = "ASC" if ascending else "DESC"
-        sql += f" ORDER BY ts {direction}, id {direction} LIMIT ?"
-        params.append(max(0, int(limit)))
-        return [_decision_dict(r) for r in await self._fetch(sql, params)]
-
-    async def count_decisions(
-        self,
-        *,
-        cls: str | Sequence[str] | None = None,
-        reason: str | Sequence[str] | None = None,
-        tenant: str | Sequence[str] | None = None,
-        outcome: str | Sequence[str] | None = None,
-        since_ts: float | None = None,
-        until_ts: float | None = None,
-    ) -> int:
-        clauses, params = _decision_where(cls, reason, tenant, outcome, since_ts, until_ts)
-        sql = "SELECT COUNT(*) FROM decisions"
-        if clauses:
-            sql += " WHERE " + " AND ".join(clauses)
-        rows = await self._fetch(sql, params)
-        return int(rows[0][0])
-
     # -- the review's own ------------------------------------------------------------
 
     async def bounds(self) -> tuple[float | None, float | None]:
@@ -222,21 +167,8 @@ class JournalReader:
                 hi = mx if hi is None else max(hi, mx)
         return lo, hi
 
-    async def audit_rows(
-        self, since_ts: float | None = None, until_ts: float | None = None, *, limit: int | None = None
-    ) -> list[dict[str, Any]]:
-        """Audit rows in time order (oldest first); ``limit`` keeps the newest N."""
-        clauses, params = _decision_where(None, None, None, None, since_ts, until_ts)
-        where = " WHERE " + " AND ".join(clauses) if clauses else ""
-        if limit is None:
-            sql = _AUDIT_SELECT + where + " ORDER BY ts, id"
-        else:
-            sql = f"SELECT * FROM ({_AUDIT_SELECT}{where} ORDER BY ts DESC, id DESC LIMIT ?) ORDER BY ts, id"
-            params.append(max(0, int(limit)))
-        return [dict(r) for r in await self._fetch(sql, params)]
-
     async def count_audit(self, since_ts: float | None = None, until_ts: float | None = None) -> int:
-        clauses, params = _decision_where(None, None, None, None, since_ts, until_ts)
+        clauses, params = decision_where(None, None, None, None, since_ts, until_ts)
         sql = "SELECT COUNT(*) FROM audit" + (" WHERE " + " AND ".join(clauses) if clauses else "")
         return int((await self._fetch(sql, params))[0][0])
 
@@ -302,13 +234,13 @@ def export_decisions_csv(
     journal_path = os.fspath(journal_path)
     out_path = os.fspath(out_path)
     try:
-        conn = _open_ro(journal_path)
+        conn = open_read_only(journal_path)
     except ExportError as e:
         raise ReviewError(str(e)) from None
     part = out_path + ".part"
     try:
         columns = ["id", *COLUMNS["decisions"]]
-        clauses, params = _decision_where(**filters.kwargs())
+        clauses, params = decision_where(**filters.kwargs())
         sql = "SELECT " + ", ".join(f'"{c}"' for c in columns) + " FROM decisions"
         if clauses:
             sql += " WHERE " + " AND ".join(clauses)
@@ -328,7 +260,7 @@ def export_decisions_csv(
                 cursor.close()
 
         with open(part, "w", newline="", encoding="utf-8") as out:
-            n = _write_csv(columns, rows(), out)
+            n = write_csv(columns, rows(), out)
         os.replace(part, out_path)
         return n
     except sqlite3.Error as e:

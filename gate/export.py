@@ -63,7 +63,7 @@ def iso(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
-def _open_ro(path: str) -> sqlite3.Connection:
+def open_read_only(path: str) -> sqlite3.Connection:
     if not os.path.exists(path):
         raise ExportError(f"{path}: journal file not found")
     if not os.path.isfile(path):
@@ -131,10 +131,10 @@ def export(
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    conn = _open_ro(path)
+    conn = open_read_only(path)
     try:
         columns, rows = _rows(conn, kind, since_ts, path)
-        writer = {"json": _write_json, "csv": _write_csv, "table": _write_table}[fmt]
+        writer = {"json": _write_json, "csv": write_csv, "table": _write_table}[fmt]
         return writer(columns, rows, out)
     finally:
         conn.close()
@@ -179,7 +179,7 @@ def _text(column: str, value: Any) -> str:
     return str(value)
 
 
-def _write_csv(columns: Sequence[str], rows: Iterator[tuple[Any, ...]], out: TextIO) -> int:
+def write_csv(columns: Sequence[str], rows: Iterator[tuple[Any, ...]], out: TextIO) -> int:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(columns)
     ts_at = list(columns).index("ts")
