@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test unit llama-server bench clean
+.PHONY: demo screenshots test unit llama-server bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ $(VENV)/.test: pyproject.toml | $(BIN)/python
 
 demo: $(VENV)/.runtime
 	$(BIN)/tokengate console --demo
+
+# SVGs of the console running the demo, time-lapsed (~20 s): into screenshots/.
+screenshots: $(VENV)/.runtime
+	$(BIN)/python -m console.screenshots
 
 # Builds llama-server from source on a cold cache (~9 min on 2 cores), then reuses it.
 llama-server:

@@ -144,7 +144,9 @@ class DecisionTail(Vertical):
         if table.row_count > self.MAX_ROWS + self.SLACK:
             self._rebuild()
         if at_end:
-            table.scroll_end(animate=False, immediate=True)
+            # After the refresh: only then does the table know its new max_scroll_y,
+            # and an immediate scroll_end would stop at the old end.
+            table.call_after_refresh(table.scroll_end, animate=False)
         self._subtitle()
 
     def _matches(self, haystack: str) -> bool:
