@@ -230,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     review.set_defaults(func=_cmd_review)
     _add_simulate_parser(commands)
+    _add_crunch_parser(commands)
     return parser
 
 
@@ -502,6 +503,161 @@ async def _simulate_until_signalled(config, host: str, port: int, out: TextIO, e
             f.cancel()
         await handle.stop()
     out.write("simulator stopped\n")
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------------------------------
+# crunch: calibrate a llama-server before choosing a token budget (gate/crunch.py)
+
+
+def _add_crunch_parser(commands: argparse._SubParsersAction) -> None:
+    crunch = commands.add_parser(
+        "crunch",
+        help="measure a llama-server and recommend a token budget",
+        description=(
+            "Calibrate before you set thresholds. Against llama-server itself (NOT through the\n"
+            "gate), sweep concurrency (1, 2, 4, ... up to 2x the server's slots, from /props) x\n"
+            "context length (512, 1K, 2K, 4K that fit one slot's context). In each cell keep\n"
+            "CONCURRENCY streaming requests in flight, each with a prompt of ~ctx/2 tokens (plain\n"
+            "words, sized with /tokenize) and max_tokens = min(ctx/4, --max-tokens), ignore_eos.\n"
+            "Per cell print p95 TTFT, p95 time per output token and the tokens in flight\n"
+            "(concurrency x (prompt + max_tokens)); mark the cells that breach the objective or\n"
+            "had a failed request. Recommend 75% of the largest in-flight count that did not\n"
+            "breach (counting at most SLOTS requests: the rest only wait in llama-server's queue),\n"
+            "as a config snippet to paste. Use a server nobody else is using: other\n"
+            "traffic skews the numbers, and this load slows it down.\n"
+            "Example: tokengate crunch http://127.0.0.1:8080 --slo-ttft-ms 1500 --slo-tpot-ms 80"
+        ),
+        epilog=_EXIT_CODES,
+        formatter_class=_Formatter,
+    )
+    crunch.add_argument(
+        "url",
+        nargs="?",
+        default="http://127.0.0.1:8080",
+        help="llama-server's base URL (default: http://127.0.0.1:8080)",
+    )
+    crunch.add_argument(
+        "--ctx",
+        type=_list_arg("ctx"),
+        metavar="LIST",
+        default=None,
+        help="context lengths to sweep, e.g. 512,1k,2k (default: 512,1K,2K,4K; only those that "
+        "fit one slot's context are run)",
+    )
+    crunch.add_argument(
+        "--concurrency",
+        type=_list_arg("concurrency"),
+        metavar="LIST",
+        default=None,
+        help="concurrency levels, e.g. 1,4,8 (default: 1, 2, 4, ... and the slot count, up to 2x slots)",
+    )
+    crunch.add_argument(
+        "--requests",
+        type=_positive_int,
+        metavar="N",
+        default=None,
+        help="requests per cell, at least one per concurrent stream (default: max(2 x concurrency, 4))",
+    )
+    crunch.add_argument(
+        "--max-tokens",
+        type=_positive_int,
+        metavar="N",
+        default=128,
+        help="cap on the tokens each request generates; it generates min(ctx/4, N) (default: 128)",
+    )
+    crunch.add_argument(
+        "--slo-ttft-ms",
+        type=_positive_float,
+        metavar="MS",
+        default=2000.0,
+        help="objective: p95 time to first token, in ms (default: 2000, the gate's default SLO)",
+    )
+    crunch.add_argument(
+        "--slo-tpot-ms",
+        type=_positive_float,
+        metavar="MS",
+        default=None,
+        help="objective: p95 time per output token, in ms (default: not checked)",
+    )
+    crunch.add_argument(
+        "--endpoint",
+        choices=("chat", "completion"),
+        default="chat",
+        help="chat: /v1/chat/completions (the prompt sized after the chat template); "
+        "completion: llama-server's native /completion (default: chat)",
+    )
+    crunch.add_argument(
+        "--timeout",
+        type=_positive_float,
+        metavar="SECONDS",
+        default=300.0,
+        help="longest wait for one request's next bytes; a request that waits longer fails "
+        "(default: 300)",
+    )
+    crunch.add_argument(
+        "--api-key-env",
+        metavar="NAME",
+        default=None,
+        help="environment variable holding llama-server's --api-key (default: send none)",
+    )
+    crunch.add_argument(
+        "--json",
+        action="store_true",
+        help="print the whole table and the recommendation as JSON on stdout (progress stays on stderr)",
+    )
+    crunch.set_defaults(func=_cmd_crunch)
+
+
+def _list_arg(what: str):
+    def parse(text: str) -> tuple[int, ...]:
+        from gate.crunch import parse_ctx_list, parse_int_list
+
+        try:
+            return parse_ctx_list(text) if what == "ctx" else parse_int_list(text, what=what)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    parse.__name__ = what  # argparse names the type in its messages
+    return parse
+
+
+def _cmd_crunch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    import json
+
+    from gate.crunch import CrunchError, CrunchSettings, Slo, format_report, normalize_url, report_to_json, run_crunch
+
+    try:
+        url = normalize_url(args.url)
+    except ValueError as e:
+        err.write(f"tokengate crunch: error: {e}\n")
+        return EXIT_USAGE
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            err.write(f"tokengate crunch: error: environment variable {args.api_key_env} is not set\n")
+            return EXIT_USAGE
+    settings = CrunchSettings(
+        url=url,
+        ctx=args.ctx,
+        concurrency=args.concurrency,
+        requests=args.requests,
+        max_tokens=args.max_tokens,
+        endpoint=args.endpoint,
+        slo=Slo(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms),
+        timeout_s=args.timeout,
+        api_key=api_key,
+    )
+    try:
+        report = asyncio.run(run_crunch(settings, err=err))
+    except CrunchError as e:
+        err.write(f"tokengate crunch: error: {e}\n")
+        return e.exit_code
+    if args.json:
+        out.write(json.dumps(report_to_json(report), indent=2) + "\n")
+    else:
+        out.write(format_report(report))
     return EXIT_OK
 
 
