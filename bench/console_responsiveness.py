@@ -46,13 +46,11 @@ import re
 import resource
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -62,6 +60,7 @@ from console.app import TokengateApp  # noqa: E402
 from console.screens.help import HelpScreen  # noqa: E402
 from gate.config import parse_config  # noqa: E402
 from gate.service import GateService  # noqa: E402
+from overhead import free_port, wait_http  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 SIZE = (160, 48)
 TARGET_MS = 100.0
@@ -72,24 +71,6 @@ wrk.headers["X-Tokengate-Class"] = "interactive"
 wrk.body = '{body}'
 function delay() return {delay_ms} end
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up")
 
 
 def pct(values: list[float], q: float) -> float:
