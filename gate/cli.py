@@ -47,6 +47,14 @@ def _plural(n: int, singular: str, plural: str) -> str:
     return f"{n} {singular if n == 1 else plural}"
 
 
+def _add_config_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="TOML config file (see `tokengate config example`); default: built-in defaults",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tokengate",
@@ -74,11 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EXIT_CODES,
         formatter_class=_Formatter,
     )
-    console.add_argument(
-        "--config",
-        metavar="FILE",
-        help="TOML config file (see `tokengate config example`); default: built-in defaults",
-    )
+    _add_config_arg(console)
     console.add_argument(
         "--demo",
         action="store_true",
@@ -104,11 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EXIT_CODES,
         formatter_class=_Formatter,
     )
-    serve.add_argument(
-        "--config",
-        metavar="FILE",
-        help="TOML config file (see `tokengate config example`); default: built-in defaults",
-    )
+    _add_config_arg(serve)
     serve.add_argument(
         "--grace",
         metavar="SECONDS",
