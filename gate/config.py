@@ -606,6 +606,14 @@ class _Check:
         if value is not None and not ok(value):
             raise self.fail(key, f"must be {what}, got {_show(value)}")
 
+    def unique_name(self, name: str, index: int, seen: dict[str, int], kind: str, hint: str = "") -> None:
+        """A well-formed `name`, not used by an earlier entry of the same list (recorded in `seen`)."""
+        self.check("name", name, lambda v: NAME_RE.fullmatch(v) is not None, "1 to 64 characters from A-Z a-z 0-9 _ . @ : -")
+        if name in seen:
+            table = self.path.split("[", 1)[0]
+            raise self.fail("name", f"duplicate {kind} name {_show(name)} ({table}[{seen[name]}] has it too){hint}")
+        seen[name] = index
+
     def pos_int(self, key: str, value: int | None) -> None:
         self.check(key, value, lambda v: v > 0, "a positive integer")
 
@@ -722,19 +730,7 @@ def validate_config(config: Config, source: str = "<config>") -> None:
         path = f"backends[{i}]"
         _check_types(s, path, be)
         c = _Check(s, path)
-        c.check(
-            "name",
-            be.name,
-            lambda v: NAME_RE.fullmatch(v) is not None,
-            "1 to 64 characters from A-Z a-z 0-9 _ . @ : -",
-        )
-        if be.name in backend_names:
-            raise c.fail(
-                "name",
-                f"duplicate backend name {_show(be.name)} (backends[{backend_names[be.name]}] "
-                "has it too); give each backend its own name",
-            )
-        backend_names[be.name] = i
+        c.unique_name(be.name, i, backend_names, "backend", "; give each backend its own name")
         _check_url(c, "url", be.url)
         c.check("kv", be.kv, lambda v: v in get_args(KvMode), '"unified" or "split"')
         for j, model in enumerate(be.models):
@@ -820,18 +816,7 @@ def validate_config(config: Config, source: str = "<config>") -> None:
         path = f"tenants[{i}]"
         _check_types(s, path, t)
         c = _Check(s, path)
-        c.check(
-            "name",
-            t.name,
-            lambda v: NAME_RE.fullmatch(v) is not None,
-            "1 to 64 characters from A-Z a-z 0-9 _ . @ : -",
-        )
-        if t.name in tenant_names:
-            raise c.fail(
-                "name",
-                f"duplicate tenant name {_show(t.name)} (tenants[{tenant_names[t.name]}] has it too)",
-            )
-        tenant_names[t.name] = i
+        c.unique_name(t.name, i, tenant_names, "tenant")
 
         if (t.api_key_sha256 is None) == (t.api_key_env is None):
             both = t.api_key_sha256 is not None

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-import httpx
 import pytest
 
 from console.app import TokengateApp
@@ -14,24 +13,12 @@ from gate.config import parse_config
 from gate.gpu import GpuDevice, GpuReading
 from gate.records import DecisionRecord
 from gate.service import GateService
+from tests.fakes import GATE_CONFIG, fake_llama_transport
 
 FIXED_NOW = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC
 ENVIRON = {"USER": "alice", "SSH_CONNECTION": "10.1.2.3 51000 10.0.0.1 22"}
 
-CONFIG = """
-[budget]
-min_tokens = 1024
-[[backends]]
-url = "http://llama:8080"
-kv = "split"
-[classes.interactive]
-priority = 10
-reserved_tokens = 512
-queue_depth = 4
-[classes.batch]
-priority = 1
-queue_depth = 8
-"""
+CONFIG = GATE_CONFIG
 
 SLOTS = [
     {"id": 0, "n_ctx": 2048, "is_processing": True, "n_prompt_tokens": 812, "next_token": {"n_decoded": 40}},
@@ -41,20 +28,9 @@ SLOTS = [
 ]
 
 
-def fake_llama(request: httpx.Request) -> httpx.Response:
-    """Healthy, 4 slots x 2048 tokens, /slots on, /metrics off (501)."""
-    if request.url.path == "/health":
-        return httpx.Response(200, json={"status": "ok"})
-    if request.url.path == "/slots":
-        return httpx.Response(200, json=SLOTS)
-    if request.url.path == "/metrics":
-        return httpx.Response(501, json={"error": {"message": "metrics disabled"}})
-    return httpx.Response(200, json={"total_slots": 4, "default_generation_settings": {"n_ctx": 2048}})
-
-
 @pytest.fixture
 async def gate():
-    g = GateService(parse_config(CONFIG), environ=ENVIRON, transport=httpx.MockTransport(fake_llama))
+    g = GateService(parse_config(CONFIG), environ=ENVIRON, transport=fake_llama_transport(SLOTS))
     await g.backends.probe_all()
     yield g
     for b in g.backends:

@@ -22,7 +22,6 @@ import math
 import time
 import types
 
-import httpx
 import pytest
 from textual.pilot import Pilot
 from textual.widgets import Input
@@ -34,7 +33,8 @@ from gate.gpu import GpuDevice, GpuReading
 from gate.ledger import Request
 from gate.records import AuditRecord, DecisionRecord
 from gate.service import GateService
-from tests.console.conftest import CONFIG, ENVIRON, FIXED_NOW, fake_llama
+from tests.console.conftest import CONFIG, ENVIRON, FIXED_NOW, SLOTS
+from tests.fakes import fake_llama_transport
 
 TENANTS = ("acme", "globex", "initech", "umbrella")
 
@@ -92,7 +92,7 @@ def history(app: TokengateApp) -> None:
 
 def make_gate() -> GateService:
     gate = GateService(
-        parse_config(CONFIG), environ=ENVIRON, transport=httpx.MockTransport(fake_llama), clock=lambda: FIXED_NOW
+        parse_config(CONFIG), environ=ENVIRON, transport=fake_llama_transport(SLOTS), clock=lambda: FIXED_NOW
     )
     gate.port = gate.config.gate.listen_port  # never started: show where it would listen
     return gate

@@ -4,41 +4,21 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 import pytest
 
 from gate.config import parse_config
 from gate.control import Control, ControlError, Operator
 from gate.service import GateService
+from tests.fakes import GATE_CONFIG, fake_llama_transport
 
 ALICE = Operator("alice", "10.1.2.3")
 
-CONFIG = """
-[budget]
-min_tokens = 1024
-[[backends]]
-url = "http://llama:8080"
-kv = "split"
-[classes.interactive]
-priority = 10
-reserved_tokens = 512
-queue_depth = 4
-[classes.batch]
-priority = 1
-queue_depth = 8
-"""
-
-
-def fake_llama(request: httpx.Request) -> httpx.Response:
-    """A fake upstream for unit tests: healthy, 4 slots x 2048 tokens."""
-    if request.url.path == "/health":
-        return httpx.Response(200, json={"status": "ok"})
-    return httpx.Response(200, json={"total_slots": 4, "default_generation_settings": {"n_ctx": 2048}})
+CONFIG = GATE_CONFIG
 
 
 @pytest.fixture
 async def gate():
-    g = GateService(parse_config(CONFIG), environ={}, transport=httpx.MockTransport(fake_llama))
+    g = GateService(parse_config(CONFIG), environ={}, transport=fake_llama_transport())
     await g.backends.probe_all()
     yield g
     await g.client.aclose()

@@ -1,0 +1,43 @@
+"""A FAKE llama-server for unit and console tests (no HTTP server): an httpx transport.
+
+Integration tests use the real llama-server; this stands in only where a test
+needs a healthy backend's capacity and nothing it would generate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+# Two classes, a split 4 x 2048 backend: the gate config most unit and console tests drive.
+GATE_CONFIG = """
+[budget]
+min_tokens = 1024
+[[backends]]
+url = "http://llama:8080"
+kv = "split"
+[classes.interactive]
+priority = 10
+reserved_tokens = 512
+queue_depth = 4
+[classes.batch]
+priority = 1
+queue_depth = 8
+"""
+
+
+def fake_llama_transport(slots: Sequence[dict[str, Any]] = ()) -> httpx.MockTransport:
+    """Healthy, 4 slots x 2048 tokens, `slots` on /slots, /metrics off (501)."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200, json={"status": "ok"})
+        if request.url.path == "/slots":
+            return httpx.Response(200, json=list(slots))
+        if request.url.path == "/metrics":
+            return httpx.Response(501, json={"error": {"message": "metrics disabled"}})
+        return httpx.Response(200, json={"total_slots": 4, "default_generation_settings": {"n_ctx": 2048}})
+
+    return httpx.MockTransport(handle)
