@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import re
 import time
-import uuid
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
@@ -63,7 +63,8 @@ class _Flow:
         self.send = send
         self.headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         given = self.headers.get("x-request-id", "")
-        self.request_id = given if _REQUEST_ID_RE.fullmatch(given) else uuid.uuid4().hex
+        # Same shape as uuid4().hex, a third of the cost.
+        self.request_id = given if _REQUEST_ID_RE.fullmatch(given) else os.urandom(16).hex()
         self.t0 = gate.clock()
         self.wall0 = time.time()
         self.intake: Intake | None = None
@@ -176,30 +177,20 @@ class _Flow:
 
     async def _relay_stream(self, relay: SseRelay, loop, deadline: float, shed_at: float | None) -> None:
         await self._start(200, "text/event-stream", {"cache-control": "no-cache"})
-        lines = relay.lines().__aiter__()
-        event: list[str] = []
-        final = b""  # the terminal event ([DONE], or /completion's stop chunk), held back
+        reads = relay.reads().__aiter__()
+        final = ""  # the terminal event ([DONE], or /completion's stop chunk) and anything after it
         try:
             while True:
                 try:
                     async with asyncio.timeout_at(deadline):
-                        line = await anext(lines)
+                        now, held = await anext(reads)
                 except StopAsyncIteration:
                     break
-                if line != "":
-                    event.append(line)
-                    continue
-                # An SSE event ends at a blank line: send it whole (unless the relay
-                # dropped its only line). The terminal event waits for the decision
-                # row's commit, so a client never sees the end of a request the
-                # journal could still lose.
-                if event:
-                    data = ("\n".join(event) + "\n\n").encode()
-                    if relay.stats.finished:
-                        final += data
-                    else:
-                        await self._body(data)
-                event = []
+                # The terminal event waits for the decision row's commit, so a client
+                # never sees the end of a request the journal could still lose.
+                final += held
+                if now:
+                    await self._body(now.encode())
         except TimeoutError:
             await relay.response.aclose()  # stop llama-server first, then tell the client
             await self._sse_error(self._overrun(loop, shed_at))
@@ -208,18 +199,16 @@ class _Flow:
             await relay.response.aclose()
             await self._sse_error(exc)
             return
-        if event:
-            final += ("\n".join(event) + "\n\n").encode()
         if relay.error is not None or not relay.stats.finished:
             self.conclude("failed", Reason.UPSTREAM_ERROR, 200)
         else:
             self._finish_ok()
-        await self._last(final)
+        await self._last(final.encode())
 
     async def _relay_collect(self, relay: SseRelay, intake: Intake, loop, deadline: float, shed_at: float | None) -> None:
         try:
             async with asyncio.timeout_at(deadline):
-                async for _ in relay.lines():
+                async for _ in relay.reads():
                     pass
         except TimeoutError:
             raise self._overrun(loop, shed_at) from None
@@ -246,23 +235,33 @@ class _Flow:
     # ---- responses -----------------------------------------------------------
 
     async def _race(self, work: Awaitable[None]) -> None:
-        """Run `work` until it finishes or the client disconnects (then cancel it)."""
-        task = asyncio.ensure_future(work)
+        """Run `work` in this task until it finishes or the client disconnects (then cancel it)."""
+        # One watcher task that cancels this one, rather than a task for the work and
+        # asyncio.wait over both: a third of the cost per request on a refusal flood.
+        me = asyncio.current_task()
+        assert me is not None
+        running = True
+        gone = False
+
+        def client_left(watcher: asyncio.Future[None]) -> None:
+            nonlocal gone
+            # Only while the work runs: a cancel requested after it returned would
+            # land on whatever this task awaits next.
+            if running and not watcher.cancelled() and watcher.exception() is None:
+                gone = True
+                me.cancel()
+
         watcher = asyncio.ensure_future(self._disconnected())
+        watcher.add_done_callback(client_left)
         try:
-            done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            await work
         except asyncio.CancelledError:
+            if gone and me.uncancel() == 0:
+                raise ClientGone from None
+            raise  # the server is cancelling this request (shutdown)
+        finally:
+            running = False
             watcher.cancel()
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            raise
-        watcher.cancel()
-        if task in done:
-            task.result()  # re-raise what the work raised
-            return
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        raise ClientGone
 
     async def _disconnected(self) -> None:
         while (await self.receive())["type"] != "http.disconnect":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import socket
@@ -253,7 +254,8 @@ class GateService:
         if fut is None or fut.done() or self.journal is None or not self.journal.health.ok:
             return
         try:
-            await asyncio.wait_for(asyncio.shield(fut), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await asyncio.shield(fut)  # a timeout must not cancel the journal's future
         except TimeoutError:
             self.log.warning("journal commit took over %.1fs; answering the client anyway", timeout_s)
 
@@ -483,6 +485,9 @@ async def serve_until_signalled(config: Config, *, config_path: str | None = Non
     await gate.start()
     for b in gate.backends:
         gate.log.info("backend %s at %s: %s (%s)", b.name, b.url, b.state, b.detail)
+    # What start-up allocated (modules, config, the app) lives as long as the process:
+    # keep it out of every later full collection, which otherwise pause the loop.
+    gc.freeze()
     await stop.wait()
     gate.log.info("signal received: refusing new requests, draining for up to %.0fs", grace_s)
     await gate.stop(grace_s)
