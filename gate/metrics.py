@@ -21,6 +21,7 @@ Conventions:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -51,6 +52,7 @@ class GateMetrics:
 
     def __init__(self, *, version: str = __version__) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._series_cache: dict[tuple[Any, tuple[str, ...]], Any] = {}
         r = self.registry
         self._denials = Counter(
             "admission_control_denials",
@@ -159,26 +161,32 @@ class GateMetrics:
         if outcome not in OUTCOMES:
             raise ValueError(f"unknown outcome {outcome!r}; expected one of {OUTCOMES}")
         label = str(reason) or OK_REASON
-        self._decisions.labels(str(cls), outcome, label).inc()
+        self._series(self._decisions, str(cls), outcome, label).inc()
         if outcome == "refused":
-            self._denials.labels(
-                model=str(model or ""), reason=label, priority_class=str(cls)
-            ).inc()
+            self._series(self._denials, str(model or ""), label, str(cls)).inc()
 
     def queue_wait(self, cls: str, seconds: float) -> None:
-        self._queue_wait.labels(str(cls)).observe(max(0.0, seconds))
+        self._series(self._queue_wait, str(cls)).observe(max(0.0, seconds))
 
     def ttft(self, cls: str, seconds: float) -> None:
-        self._ttft.labels(str(cls)).observe(max(0.0, seconds))
+        self._series(self._ttft, str(cls)).observe(max(0.0, seconds))
 
     def duration(self, cls: str, seconds: float) -> None:
-        self._duration.labels(str(cls)).observe(max(0.0, seconds))
+        self._series(self._duration, str(cls)).observe(max(0.0, seconds))
+
+    def _series(self, metric: Any, *labels: str) -> Any:
+        """One labelled series, cached: `labels()` validates and locks on every call."""
+        key = (metric, labels)
+        child = self._series_cache.get(key)
+        if child is None:
+            child = self._series_cache[key] = metric.labels(*labels)
+        return child
 
     def token_count(self, source: str) -> None:
         source = str(source)
         if source not in TOKEN_COUNT_SOURCES:
             raise ValueError(f"unknown token count source {source!r}")
-        self._token_count.labels(source=source).inc()
+        self._series(self._token_count, source).inc()
 
     def journal_dropped(self, n: int = 1) -> None:
         self._journal_dropped.inc(n)
