@@ -9,6 +9,7 @@ llama-server would have sent. Closing the upstream response frees the slot.
 
 from __future__ import annotations
 
+import codecs
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -144,7 +145,7 @@ class Upstream:
 
 @dataclass(slots=True)
 class SseRelay:
-    """Reads an upstream SSE stream line by line, recording first token and usage."""
+    """Reads an upstream SSE stream, recording first token and usage, one network read at a time."""
 
     response: httpx.Response
     stats: RelayStats
@@ -155,26 +156,62 @@ class SseRelay:
     collect: bool = False  # keep parsed chunks (for assembling a non-streaming answer)
     error: dict[str, Any] | None = None
 
-    async def lines(self) -> AsyncIterator[str]:
-        """Yield each line to relay (without its newline); pings and blank lines included."""
+    async def reads(self) -> AsyncIterator[tuple[str, str]]:
+        """Per upstream read, the complete events to relay: (now, held back).
+
+        Events from the terminal one on ([DONE], or /completion's stop chunk) are
+        "held back": the caller sends them only once the decision row is committed.
+        Everything that arrived in one read goes out in one write, so a fast
+        upstream costs one ASGI send per read rather than one per token.
+        """
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        partial = ""
+        event: list[str] = []
+        now: list[str] = []
+        held: list[str] = []
+
+        def take(lines: list[str]) -> None:
+            nonlocal event
+            for line in lines:
+                if line.endswith("\r"):
+                    line = line[:-1]
+                if line != "":
+                    if self._keep(line):
+                        event.append(line)
+                    continue
+                if event:  # an SSE event ends at a blank line
+                    (held if self.stats.finished else now).append("\n".join(event) + "\n\n")
+                    event = []
+
         try:
-            async for line in self.response.aiter_lines():
-                if line.startswith("data:"):
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
-                        self.stats.finished = True
-                        yield line
-                        continue
-                    if self.stats.first_token_at is None:
-                        self.stats.first_token_at = self.clock()
-                        self.on_first_token()
-                    if not self._inspect(payload):
-                        continue
-                yield line
+            async for raw in self.response.aiter_bytes():
+                lines = (partial + decoder.decode(raw)).split("\n")
+                partial = lines.pop()
+                take(lines)
+                if now or held:
+                    yield "".join(now), "".join(held)
+                    now.clear()
+                    held.clear()
         except httpx.TimeoutException as exc:
             raise UpstreamFailure(Reason.UPSTREAM_TIMEOUT, "backend stalled mid-answer") from exc
         except httpx.HTTPError as exc:
             raise UpstreamFailure(Reason.UPSTREAM_ERROR, f"backend stream broke: {type(exc).__name__}") from exc
+        take([partial + decoder.decode(b"", final=True), ""])  # a last event without its blank line
+        if now or held:
+            yield "".join(now), "".join(held)
+
+    def _keep(self, line: str) -> bool:
+        """Record what the line says; False drops it (a usage chunk the client did not ask for)."""
+        if not line.startswith("data:"):
+            return True  # comments (pings), event:, id:
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            self.stats.finished = True
+            return True
+        if self.stats.first_token_at is None:
+            self.stats.first_token_at = self.clock()
+            self.on_first_token()
+        return self._inspect(payload)
 
     def _inspect(self, payload: str) -> bool:
         """Parse what matters; False drops the line (a usage chunk the client did not ask for)."""

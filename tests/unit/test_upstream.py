@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from gate.upstream import RelayStats, assemble, forward_headers, upstream_body
+import httpx
+
+from gate.upstream import RelayStats, SseRelay, assemble, forward_headers, upstream_body
 
 
 def test_chat_answer_is_assembled_with_content_finish_reason_usage_and_timings():
@@ -81,3 +83,57 @@ async def test_generation_requests_ask_upstream_to_close_the_connection():
         await response.aclose()
     # llama-server drops the connection after a stream while advertising keep-alive.
     assert seen["connection"] == "close"
+
+
+class _Pieces(httpx.AsyncByteStream):
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.pieces = pieces
+
+    async def __aiter__(self):
+        for piece in self.pieces:
+            yield piece
+
+
+async def _reads(pieces: list[bytes], *, keep_usage: bool = True, t: float = 5.0) -> tuple[list[tuple[str, str]], SseRelay]:
+    firsts: list[float] = []
+    relay = SseRelay(
+        httpx.Response(200, stream=_Pieces(pieces)), RelayStats(dispatched_at=1.0), lambda: t,
+        lambda: firsts.append(t), keep_usage_chunk=keep_usage,
+    )
+    out = [read async for read in relay.reads()]
+    assert len(firsts) == (1 if relay.stats.first_token_at is not None else 0)
+    return out, relay
+
+
+STREAM = (
+    ': ping\n\n'
+    'data: {"choices":[{"delta":{"content":"h\u00e9"}}]}\n\n'
+    'data: {"choices":[{"delta":{"content":"llo"}}]}\n\n'
+    'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\n'
+    'data: [DONE]\n\n'
+).encode()
+
+
+async def test_each_upstream_read_is_relayed_as_one_write_with_the_terminal_event_held_back():
+    reads, relay = await _reads([STREAM])
+    assert reads == [(STREAM.decode().split("data: [DONE]")[0], "data: [DONE]\n\n")]
+    assert relay.stats.finished and relay.stats.first_token_at == 5.0 and relay.stats.completion_tokens == 2
+
+
+async def test_reads_split_anywhere_give_the_same_events_as_one_read():
+    whole, _ = await _reads([STREAM])
+    expected = "".join(now + held for now, held in whole)
+    for cut in range(1, len(STREAM)):  # mid-line, mid-event and inside the two-byte é
+        reads, relay = await _reads([STREAM[:cut], STREAM[cut:]])
+        assert "".join(now + held for now, held in reads) == expected, cut
+        assert "".join(held for _, held in reads) == "data: [DONE]\n\n", cut
+        assert relay.stats.completion_tokens == 2
+
+
+async def test_crlf_events_a_dropped_usage_chunk_and_a_last_event_without_its_blank_line():
+    crlf = STREAM.replace(b"\n", b"\r\n")[: -len(b"\r\n\r\n")]  # ends "data: [DONE]" with no blank line
+    reads, relay = await _reads([crlf], keep_usage=False)
+    text = "".join(now + held for now, held in reads)
+    assert '"usage"' not in text and "\r" not in text
+    assert text.endswith("data: [DONE]\n\n") and text.startswith(": ping\n\n")
+    assert relay.stats.finished and relay.stats.prompt_tokens == 3
