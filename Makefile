@@ -19,6 +19,10 @@ $(VENV)/.test: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@ $(VENV)/.runtime
 
+$(VENV)/.bench: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[test,bench]'
+	touch $@ $(VENV)/.test $(VENV)/.runtime
+
 demo: $(VENV)/.runtime
 	$(BIN)/tokengate console --demo
 
@@ -38,7 +42,7 @@ test: $(VENV)/.test
 unit: $(VENV)/.test
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
-bench: $(VENV)/.test
+bench: $(VENV)/.bench
 	$(BIN)/python bench/decide_throughput.py
 
 clean:

@@ -4,7 +4,9 @@ Raw asyncio HTTP/1.1 with keep-alive, so the fake costs as little CPU as
 possible and the benchmark measures the gate, not the stand-in. It speaks just
 enough of llama-server: /health, /props, /tokenize, /apply-template,
 /v1/chat/completions/input_tokens, and /v1/chat/completions (JSON, or an SSE
-stream of --chunks chunks when the body asks for "stream": true).
+stream when the body asks for "stream": true: one content chunk per token, as
+llama-server sends them, max_tokens of them (capped at 4096), or --chunks when
+the body has no max_tokens).
 
     python bench/fake_upstream.py --port 18080 [--chunks 8] [--slots 64]
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 
 PROMPT_TOKENS = 20
 
@@ -25,7 +28,8 @@ def _response(status: str, body: bytes, content_type: bytes = b"application/json
     )
 
 
-def build_responses(chunks: int, slots: int, n_ctx: int) -> dict[str, bytes]:
+def build_stream(chunks: int) -> bytes:
+    """An SSE answer of `chunks` tokens: content chunks, finish, usage, [DONE]."""
     def sse(obj) -> bytes:
         return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
@@ -36,7 +40,10 @@ def build_responses(chunks: int, slots: int, n_ctx: int) -> dict[str, bytes]:
     stream += sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
     stream += sse({**base, "choices": [], "usage": {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": chunks, "total_tokens": PROMPT_TOKENS + chunks},
                    "timings": {"prompt_n": PROMPT_TOKENS, "prompt_ms": 1.0, "predicted_n": chunks, "predicted_per_second": 1000.0}})
-    stream += b"data: [DONE]\n\n"
+    return _response("200 OK", stream + b"data: [DONE]\n\n", b"text/event-stream")
+
+
+def build_responses(chunks: int, slots: int, n_ctx: int) -> dict[str, bytes]:
     plain = json.dumps({
         "id": "chatcmpl-fake", "object": "chat.completion", "created": 1, "model": "fake",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "length"}],
@@ -48,13 +55,19 @@ def build_responses(chunks: int, slots: int, n_ctx: int) -> dict[str, bytes]:
         "/tokenize": _response("200 OK", json.dumps({"tokens": list(range(PROMPT_TOKENS))}).encode()),
         "/apply-template": _response("200 OK", b'{"prompt":"fake"}'),
         "/v1/chat/completions/input_tokens": _response("200 OK", json.dumps({"input_tokens": PROMPT_TOKENS}).encode()),
-        "stream": _response("200 OK", stream, b"text/event-stream"),
+        "stream": build_stream(chunks),
         "plain": _response("200 OK", plain),
         "404": _response("404 Not Found", b'{"error":{"code":404,"message":"not found"}}'),
     }
 
 
+MAX_TOKENS = re.compile(rb'"max_tokens"\s*:\s*(\d+)')
+MAX_CHUNKS = 4096
+
+
 class FakeLlama(asyncio.Protocol):
+    answer_completions = True  # False: hold every completion forever (a queue-filling stub)
+
     def __init__(self, responses: dict[str, bytes]) -> None:
         self.responses = responses
         self.buf = b""
@@ -80,10 +93,25 @@ class FakeLlama(asyncio.Protocol):
             self.buf = self.buf[head_end + 4 + length :]
             path = head.split(" ", 2)[1].split("?", 1)[0]
             if path in ("/v1/chat/completions", "/v1/completions", "/completion"):
-                key = "stream" if b'"stream": true' in body or b'"stream":true' in body else "plain"
+                if not self.answer_completions:
+                    continue
+                if b'"stream": true' in body or b'"stream":true' in body:
+                    self.transport.write(self._stream(body))
+                    continue
+                key = "plain"
             else:
                 key = path if path in self.responses else "404"
             self.transport.write(self.responses[key])
+
+    def _stream(self, body: bytes) -> bytes:
+        m = MAX_TOKENS.search(body)
+        if m is None:
+            return self.responses["stream"]
+        n = min(int(m.group(1)), MAX_CHUNKS)
+        key = f"stream:{n}"
+        if key not in self.responses:  # the dict is shared by every connection: built once per length
+            self.responses[key] = build_stream(n)
+        return self.responses[key]
 
 
 async def serve(port: int, chunks: int, slots: int, n_ctx: int) -> None:

@@ -7,28 +7,42 @@ machine noise hits all alike:
   nginx     nginx as a plain reverse proxy to the fake (the physical floor for a
             proxy hop; Debian package `nginx`, started here on a loopback port
             with a generated config, HTTP/1.1 keep-alive upstream, no buffering)
+  litellm   the LiteLLM proxy (PyPI `litellm[proxy]`, the Python peer people reach
+            for) as an OpenAI-compatible passthrough to the fake: one worker, no
+            database, drop_params on, access log left at its default (one line per
+            request, into a log file here); needs its master key on every request
   gate-hit  through tokengate, the same prompt every time (token count cached)
   gate-miss through tokengate, a new prompt every request (exact tokenization each time)
-at 1, 32 and 128 connections. Per cell: p50/p99 latency, the latency added over
-direct, requests/s, and CPU seconds per 1,000 requests of the target's own
-process(es) (utime+stime from /proc/<pid>/stat: direct = the fake, nginx =
-master + workers, gate = the tokengate process; the fake behind a proxy is not
-counted). Then, per target, relayed SSE chunks/s (streamed requests at 32
-connections; chunks/s = streams/s x the `data:` events counted in one response
-through that target: the fake sends 8 content chunks + finish + usage + [DONE],
-and the gate drops the usage chunk unless the client asked for
-stream_options.include_usage, so it relays 10). Through tokengate only:
+at 1, 32 and 128 connections. Every body carries "model":"fake": LiteLLM routes
+on it, the gate's only backend is a catch-all and the fake ignores it. Per cell:
+p50/p99 latency, the latency added over direct, requests/s, and CPU seconds per
+1,000 requests of the target's own process(es) (utime+stime from
+/proc/<pid>/stat, plus cutime+cstime of children they reaped: direct = the fake,
+nginx = master + workers, litellm = its process and descendants, gate = the
+tokengate process; the fake behind a proxy is not counted). For the gate, the
+ratios gate/litellm of added p50 and of CPU per 1k at 1 and 32 connections
+(the issue's target: each at most 1/5). Then, per target, relayed SSE chunks/s
+(streamed requests of max_tokens 64 at 32 connections; chunks/s = streams/s x
+the `data:` events counted in one response through that target: the fake sends
+64 content chunks + finish + usage + [DONE] in one write, and the gate drops the
+usage chunk unless the client asked for stream_options.include_usage, so it
+relays 66). Through
+tokengate only:
   refusals/s  a second gate whose backend token_budget (16) is smaller than any
               request's cost, so every request is refused at once (400
               context_length_exceeded, never queued): a refusal flood
   hold RSS    a third gate in front of a stub that never answers completions
               (1 slot): 10,000 requests are held in its queue, and its resident
               memory (VmRSS) is read before and while they wait
-LiteLLM is reported as not measured (with the reason) unless it is installed.
 Prints tables and writes bench/results/overhead.json.
 
-    .venv/bin/python bench/overhead.py [--duration 10] [--rounds 2] [--hold 10000]
-Needs wrk (Debian package `wrk`); nginx (Debian package `nginx`) for the nginx target.
+    .venv/bin/python bench/overhead.py [--duration 10] [--rounds 2] [--hold 10000] [--litellm PATH]
+Needs wrk (Debian package `wrk`); nginx (Debian package `nginx`) for the nginx
+target. LiteLLM pins many packages of its own, so it lives in its own venv:
+`bash bench/install_litellm.sh` makes one (under $TOKENGATE_CACHE, default
+~/.cache/tokengate) and prints the executable's path. --litellm defaults to
+$TOKENGATE_BENCH_LITELLM, else that venv's litellm if present, else `litellm`
+on PATH; without one, the litellm target is reported as not measured, and why.
 """
 
 from __future__ import annotations
@@ -50,22 +64,39 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BODY = '{"messages":[{"role":"user","content":"hello there"}],"max_tokens":8}'
-STREAM_BODY = '{"messages":[{"role":"user","content":"hello there"}],"max_tokens":8,"stream":true}'
+BODY = '{"model":"fake","messages":[{"role":"user","content":"hello there"}],"max_tokens":8}'
+# Streams of 64 tokens (the fake sends one event per token, like llama-server): long
+# enough that relaying events, not starting requests, is what is measured.
+STREAM_BODY = '{"model":"fake","messages":[{"role":"user","content":"hello there"}],"max_tokens":64,"stream":true}'
 CONNS = (1, 32, 128)
+RATIO_CONNS = (1, 32)
+RATIO_TARGET = 0.2  # the issue: the gate's added latency and CPU at most 1/5 of LiteLLM's
 CHUNKS = 8
-SSE_EVENTS = CHUNKS + 3  # content chunks + finish chunk + usage chunk + [DONE]
-LUA_HIT = f"""wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-wrk.body = '{BODY}'
+SSE_EVENTS = 64 + 3  # STREAM_BODY's 64 content chunks + finish chunk + usage chunk + [DONE]
+LITELLM_VERSION = "1.108.7"  # keep in step with bench/install_litellm.sh
+# The proxy refuses to start without a master key; then every request must carry it.
+LITELLM_KEY = "sk-bench-0123456789abcdef"
+LITELLM_AUTH = {"Authorization": f"Bearer {LITELLM_KEY}"}
+LITELLM_CONF = """model_list:
+  - model_name: fake
+    litellm_params: {{model: openai/fake, api_base: "http://127.0.0.1:{up_port}/v1", api_key: none}}
+litellm_settings: {{drop_params: true}}
 """
-LUA_STREAM = f"""wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-wrk.body = '{STREAM_BODY}'
-"""
+
+
+def lua_fixed(body: str, headers: dict[str, str] | None = None) -> str:
+    """A wrk script that POSTs the same JSON body on every request."""
+    lines = ['wrk.method = "POST"', 'wrk.headers["Content-Type"] = "application/json"']
+    lines += [f'wrk.headers["{k}"] = "{v}"' for k, v in (headers or {}).items()]
+    return "\n".join(lines + [f"wrk.body = '{body}'", ""])
+
+
+LUA_HIT = lua_fixed(BODY)
+LUA_STREAM = lua_fixed(STREAM_BODY)
 LUA_MISS = """wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 local counter = 0
@@ -74,7 +105,7 @@ function setup(thread) tid = tid + 1; thread:set("tid", tid) end
 function init(args) tid = wrk.thread:get("tid") or 0 end
 request = function()
   counter = counter + 1
-  return wrk.format(nil, nil, nil, '{"messages":[{"role":"user","content":"hello there ' .. tid .. '-' .. counter .. '"}],"max_tokens":8}')
+  return wrk.format(nil, nil, nil, '{"model":"fake","messages":[{"role":"user","content":"hello there ' .. tid .. '-' .. counter .. '"}],"max_tokens":8}')
 end
 """
 NGINX_CONF = """worker_processes {workers};
@@ -109,7 +140,7 @@ HOLD_STUB = """import asyncio, sys
 sys.path.insert(0, {here!r})
 import fake_upstream as f
 r = f.build_responses(8, 1, 1 << 20)
-r["stream"] = b""; r["plain"] = b""
+f.FakeLlama.answer_completions = False
 async def main():
     s = await asyncio.get_running_loop().create_server(lambda: f.FakeLlama(r), "127.0.0.1", {port})
     async with s:
@@ -149,10 +180,12 @@ def parse_wrk(out: str) -> dict:
     rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
     non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
     done = re.search(r"^\s*(\d+) requests in", out, re.M)
+    sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
     return {
         **lat,
         "rps": float(rps.group(1)) if rps else None,
         "non_2xx": int(non2xx.group(1)) if non2xx else 0,
+        "errors": sum(int(n) for n in sock.groups()) if sock else 0,
         "requests": int(done.group(1)) if done else 0,
     }
 
@@ -164,15 +197,24 @@ def children(pid: int) -> list[int]:
         return []
 
 
+def descendants(pid: int) -> list[int]:
+    """The process and everything below it (a proxy's workers, say)."""
+    out = [pid]
+    for child in children(pid):
+        out += descendants(child)
+    return out
+
+
 def cpu_seconds(pids: list[int]) -> float:
-    """utime + stime of the processes, from their own /proc accounting."""
+    """utime + stime of the processes, plus cutime + cstime of children they reaped
+    (so a helper that exits mid-run is still counted), from their own /proc accounting."""
     total = 0
     for pid in pids:
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+        total += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime (fields 14-17)
     return total / CLK_TCK
 
 
@@ -184,8 +226,10 @@ def rss_kib(pid: int) -> int:
 def run_wrk(url: str, lua: Path, conns: int, duration: int, pids: list[int]) -> dict:
     threads = 1 if conns == 1 else 2
     before = cpu_seconds(pids)
+    # wrk leaves answers slower than its timeout (2 s by default) out of the latency histogram,
+    # which would flatter a slow target's p99 at 128 connections.
     out = subprocess.run(
-        ["wrk", f"-t{threads}", f"-c{conns}", f"-d{duration}s", "--latency", "-s", str(lua), url],
+        ["wrk", f"-t{threads}", f"-c{conns}", f"-d{duration}s", "--timeout", "30s", "--latency", "-s", str(lua), url],
         capture_output=True, text=True, check=True,
     ).stdout
     cpu = cpu_seconds(pids) - before
@@ -209,6 +253,99 @@ def start_nginx(tmp: Path, up_port: int, workers: int) -> tuple[subprocess.Popen
         proc.kill()
         return None, None, "nginx did not start: " + (tmp / "nginx.stderr").read_text(errors="replace")[-300:]
     return proc, port, None
+
+
+def cache_root() -> Path:
+    """Where bench/install_litellm.sh keeps its venv (the same root as tests/llama/build_llama_server.sh)."""
+    if os.environ.get("TOKENGATE_CACHE"):
+        return Path(os.environ["TOKENGATE_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tokengate"
+
+
+def default_litellm() -> str | None:
+    """--litellm's default: $TOKENGATE_BENCH_LITELLM, else install_litellm.sh's venv, else PATH."""
+    if os.environ.get("TOKENGATE_BENCH_LITELLM"):
+        return os.environ["TOKENGATE_BENCH_LITELLM"]
+    cached = cache_root() / f"litellm-{LITELLM_VERSION}" / "bin" / "litellm"
+    return str(cached) if cached.exists() else shutil.which("litellm")
+
+
+def find_litellm(choice: str | None) -> tuple[str | None, str | None]:
+    """(executable, None), or (None, why it is not measured and how to install it)."""
+    install = (f"install it with `bash bench/install_litellm.sh` (litellm[proxy]=={LITELLM_VERSION} in its own venv, "
+               "never the project's: it pins many packages) and rerun, or pass --litellm PATH")
+    if not choice:
+        where = cache_root() / f"litellm-{LITELLM_VERSION}"
+        return None, f"litellm: not measured: no litellm executable ($TOKENGATE_BENCH_LITELLM unset, no venv at {where}, none on PATH); {install}"
+    exe = shutil.which(choice)
+    if exe is None:
+        return None, f"litellm: not measured: {choice} is not an executable; {install}"
+    return exe, None
+
+
+def litellm_version(exe: str) -> str | None:
+    """From the installed package's metadata: `litellm --version` costs seconds of imports."""
+    root = Path(exe).parent.parent
+    found = sorted(root.glob("lib/python*/site-packages/litellm-*.dist-info"))
+    return found[0].name.removeprefix("litellm-").removesuffix(".dist-info") if found else None
+
+
+def launch_litellm(tmp: Path, exe: str, up_port: int) -> tuple[subprocess.Popen, int]:
+    """Start the proxy without waiting: it takes 7-25 s to boot, time the other targets use."""
+    port = free_port()
+    conf = tmp / "litellm.yaml"
+    conf.write_text(LITELLM_CONF.format(up_port=up_port))
+    env = {**os.environ, "LITELLM_MASTER_KEY": LITELLM_KEY,
+           # Without it, startup fetches a model cost map from the internet and waits for it.
+           "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    proc = subprocess.Popen(
+        [exe, "--config", str(conf), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"],
+        stdout=open(tmp / "litellm.log", "wb"), stderr=subprocess.STDOUT, env=env, cwd=tmp,
+        start_new_session=True,  # its own process group, so nothing it spawns outlives the benchmark
+    )
+    return proc, port
+
+
+def log_tail(path: Path, n: int = 300) -> str:
+    try:
+        return path.read_text(errors="replace")[-n:].strip()
+    except OSError:
+        return ""
+
+
+def await_litellm(proc: subprocess.Popen, port: int, tmp: Path, timeout: float = 180.0) -> str | None:
+    """None once it serves a chat completion, else why not (with its log's tail)."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            wait_http(f"http://127.0.0.1:{port}/health/liveliness", 1.0)
+            break
+        except RuntimeError:
+            continue
+    else:
+        state = f"exited with status {proc.returncode}" if proc.poll() is not None else f"not ready after {timeout:.0f} s"
+        return f"litellm: not measured: it {state}: {log_tail(tmp / 'litellm.log') or '(its log is empty)'}"
+    answer = post_status(f"http://127.0.0.1:{port}/v1/chat/completions", LITELLM_AUTH)
+    return None if answer == "200" else f"litellm: not measured: a chat completion through it answered {answer}"
+
+
+def post_status(url: str, headers: dict[str, str] | None = None) -> str:
+    """The status of one chat request, with the error body's start when it is not 200."""
+    req = urllib.request.Request(url, data=BODY.encode(), headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return str(r.status)
+    except urllib.error.HTTPError as e:
+        return f"{e.code} {e.read()[:200].decode(errors='replace')}"
+    except OSError as e:
+        return f"no answer ({e})"
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def gate_proc(tmp: Path, name: str, toml: str) -> subprocess.Popen:
@@ -265,9 +402,9 @@ async def hold_requests(port: int, n: int, metrics_url: str, pid: int, timeout: 
     return len(writers), queued, held
 
 
-def stream_events(url: str) -> int:
+def stream_events(url: str, headers: dict[str, str] | None = None) -> int:
     """SSE events (`data:` lines) in one streamed response, to check what is relayed."""
-    req = urllib.request.Request(url, data=STREAM_BODY.encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=STREAM_BODY.encode(), headers={"Content-Type": "application/json", **(headers or {})})
     with urllib.request.urlopen(req, timeout=10) as r:
         return sum(1 for line in r.read().decode().splitlines() if line.startswith("data:"))
 
@@ -299,12 +436,100 @@ def stop(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
+@dataclass(frozen=True)
+class Target:
+    url: str
+    lua: Path
+    pids: list[int]
+    stream_lua: Path | None = None  # None: not measured for SSE (gate-miss streams like gate-hit)
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def measure(targets: dict[str, Target], rounds: int, duration: int, conn_counts: tuple[int, ...] = CONNS) -> dict[str, dict]:
+    """Alternate targets within each round, so machine noise hits all alike; median per cell.
+    Latency added is over the target named "direct"."""
+    results: dict[str, dict[int, list[dict]]] = {t: {c: [] for c in conn_counts} for t in targets}
+    for _ in range(rounds):
+        for conns in conn_counts:
+            for name, t in targets.items():
+                results[name][conns].append(run_wrk(t.url, t.lua, conns, duration, t.pids))
+    table = {}
+    for name in targets:
+        for conns in conn_counts:
+            runs = results[name][conns]
+            table[f"{name}@{conns}"] = {
+                k: statistics.median([r[k] for r in runs if r[k] is not None])
+                for k in ("p50_ms", "p99_ms", "rps", "cpu_s_per_1k")
+            } | {"non_2xx": sum(r["non_2xx"] for r in runs), "errors": sum(r["errors"] for r in runs)}
+    for key, row in table.items():
+        floor = table[f"direct@{key.split('@')[1]}"]
+        row["added_p50_ms"] = round(row["p50_ms"] - floor["p50_ms"], 3)
+        row["added_p99_ms"] = round(row["p99_ms"] - floor["p99_ms"], 3)
+    return table
+
+
+def print_table(table: dict[str, dict], names: list[str], conn_counts: tuple[int, ...] = CONNS) -> None:
+    """One block per connection count, so every target sits next to the others at that load."""
+    print(f"{'target':<16}{'p50 ms':>9}{'p99 ms':>10}{'req/s':>10}{'non-2xx':>9}{'sock err':>9}"
+          f"{'added p50':>11}{'added p99':>11}{'cpu s/1k':>10}")
+    for conns in conn_counts:
+        for name in names:
+            row = table[f"{name}@{conns}"]
+            print(f"{name + '@' + str(conns):<16}{row['p50_ms']:>9.2f}{row['p99_ms']:>10.2f}{row['rps']:>10.0f}"
+                  f"{row['non_2xx']:>9}{row['errors']:>9}{row['added_p50_ms']:>11.2f}{row['added_p99_ms']:>11.2f}"
+                  f"{row['cpu_s_per_1k']:>10.3f}")
+        if conns != conn_counts[-1]:
+            print()
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    return round(num / den, 4) if num is not None and den else None
+
+
+def vs_litellm(table: dict[str, dict]) -> dict[str, dict]:
+    """Gate over LiteLLM, added p50 and CPU per 1k requests; the issue wants each <= RATIO_TARGET."""
+    out = {}
+    for gate in ("gate-hit", "gate-miss"):
+        for conns in RATIO_CONNS:
+            g, lite = table[f"{gate}@{conns}"], table[f"litellm@{conns}"]
+            p50 = ratio(g["added_p50_ms"], lite["added_p50_ms"])
+            cpu = ratio(g["cpu_s_per_1k"], lite["cpu_s_per_1k"])
+            out[f"{gate}@{conns}"] = {
+                "added_p50_ratio": p50, "cpu_per_1k_ratio": cpu, "target": RATIO_TARGET,
+                "met": p50 is not None and cpu is not None and p50 <= RATIO_TARGET and cpu <= RATIO_TARGET,
+            }
+            print(f"{gate}@{conns} / litellm@{conns}: added p50 {g['added_p50_ms']:.2f} / {lite['added_p50_ms']:.2f} ms = {fmt(p50)}, "
+                  f"cpu s/1k {g['cpu_s_per_1k']:.3f} / {lite['cpu_s_per_1k']:.3f} = {fmt(cpu)} "
+                  f"(target <= {RATIO_TARGET:g} each: {'met' if out[f'{gate}@{conns}']['met'] else 'NOT met'})")
+    return out
+
+
+def fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def measure_sse(targets: dict[str, Target], duration: int) -> dict[str, dict]:
+    """Relayed SSE chunks/s at 32 connections, one run per target."""
+    sse = {}
+    for name, t in targets.items():
+        if t.stream_lua is None:
+            continue
+        events = stream_events(t.url, t.headers)
+        r = run_wrk(t.url, t.stream_lua, 32, duration, t.pids)
+        sse[name.replace("-hit", "")] = {"rps": r["rps"], "chunks_per_s": r["rps"] * events, "events_seen": events, "p99_ms": r["p99_ms"],
+                                          "non_2xx": r["non_2xx"], "errors": r["errors"], "cpu_s_per_1k": r["cpu_s_per_1k"]}
+    return sse
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=int, default=10, help="seconds per wrk run")
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds per cell (median reported)")
     ap.add_argument("--nginx-workers", type=int, default=1, help="nginx worker_processes (default 1, like the one gate process)")
     ap.add_argument("--hold", type=int, default=10000, help="requests held in the queue for the RSS measurement (0 skips)")
+    ap.add_argument("--litellm", default=default_litellm(), metavar="PATH",
+                    help="litellm executable (default: $TOKENGATE_BENCH_LITELLM, else the venv bench/install_litellm.sh makes, "
+                         "else litellm on PATH)")
     args = ap.parse_args()
     if shutil.which("wrk") is None:
         print("wrk not found: apt-get install wrk", file=sys.stderr)
@@ -314,7 +539,8 @@ def main() -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     tmp = Path(tempfile.mkdtemp(prefix="tokengate-bench-"))
     up_port, gate_port, flood_port, hold_port, stub_port = (free_port() for _ in range(5))
-    for name, lua in (("hit", LUA_HIT), ("miss", LUA_MISS), ("stream", LUA_STREAM)):
+    for name, lua in (("hit", LUA_HIT), ("miss", LUA_MISS), ("stream", LUA_STREAM),
+                      ("litellm-hit", lua_fixed(BODY, LITELLM_AUTH)), ("litellm-stream", lua_fixed(STREAM_BODY, LITELLM_AUTH))):
         (tmp / f"{name}.lua").write_text(lua)
     classes = '[classes.interactive]\npriority = 10\nqueue_depth = 4096\nqueue_timeout_s = 60\n'
     procs = [
@@ -325,68 +551,63 @@ def main() -> int:
                   '[budget]\nmode = "static"\n' + classes),
     ]
     notes: list[str] = []
+    out: dict = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+                 "duration_s": args.duration, "rounds": args.rounds, "nginx_workers": args.nginx_workers}
+    litellm_exe, why = find_litellm(args.litellm)
+    litellm_proc = litellm = None
+    if litellm_exe is None:
+        notes.append(why)
+    else:
+        litellm_proc, litellm_port = launch_litellm(tmp, litellm_exe, up_port)
+        procs.append(litellm_proc)
     nginx, nginx_port, why = start_nginx(tmp, up_port, args.nginx_workers)
     if nginx is not None:
         procs.append(nginx)
     else:
         notes.append(why)
-    if shutil.which("litellm") is None and not (Path(sys.executable).with_name("litellm")).exists():
-        notes.append("litellm: not measured: LiteLLM is not installed in this environment (litellm[proxy] not in the venv)")
-    else:
-        notes.append("litellm: installed but not wired into this benchmark yet; not measured")
-    out: dict = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-                 "duration_s": args.duration, "rounds": args.rounds, "nginx_workers": args.nginx_workers}
     try:
         wait_http(f"http://127.0.0.1:{up_port}/health")
         wait_http(f"http://127.0.0.1:{gate_port}/health")
+        if litellm_proc is not None:
+            why = await_litellm(litellm_proc, litellm_port, tmp)
+            if why is None:
+                litellm = litellm_proc
+            else:
+                notes.append(why)
+                stop([litellm_proc])
         fake_pid, gate_pid = procs[0].pid, procs[1].pid
-        nginx_pids = ([nginx.pid] + children(nginx.pid)) if nginx else []
         chat = "/v1/chat/completions"
-        targets = {"direct": (f"http://127.0.0.1:{up_port}{chat}", tmp / "hit.lua", [fake_pid])}
+        hit, miss, stream = tmp / "hit.lua", tmp / "miss.lua", tmp / "stream.lua"
+        targets = {"direct": Target(f"http://127.0.0.1:{up_port}{chat}", hit, [fake_pid], stream)}
         if nginx:
-            targets["nginx"] = (f"http://127.0.0.1:{nginx_port}{chat}", tmp / "hit.lua", nginx_pids)
-        targets["gate-hit"] = (f"http://127.0.0.1:{gate_port}{chat}", tmp / "hit.lua", [gate_pid])
-        targets["gate-miss"] = (f"http://127.0.0.1:{gate_port}{chat}", tmp / "miss.lua", [gate_pid])
-        results: dict[str, dict[int, list[dict]]] = {t: {c: [] for c in CONNS} for t in targets}
-        for _ in range(args.rounds):
-            for conns in CONNS:
-                for name, (url, lua, pids) in targets.items():
-                    results[name][conns].append(run_wrk(url, lua, conns, args.duration, pids))
-        table = {}
-        for name in targets:
-            for conns in CONNS:
-                runs = results[name][conns]
-                table[f"{name}@{conns}"] = {
-                    k: statistics.median([r[k] for r in runs if r[k] is not None])
-                    for k in ("p50_ms", "p99_ms", "rps", "cpu_s_per_1k")
-                } | {"non_2xx": sum(r["non_2xx"] for r in runs)}
-        print(f"{'target':<16}{'p50 ms':>9}{'p99 ms':>9}{'req/s':>10}{'non-2xx':>9}{'added p50':>11}{'added p99':>11}{'cpu s/1k':>10}")
-        for key, row in table.items():
-            conns = key.split("@")[1]
-            added = row["p50_ms"] - table[f"direct@{conns}"]["p50_ms"]
-            added99 = row["p99_ms"] - table[f"direct@{conns}"]["p99_ms"]
-            row["added_p50_ms"] = round(added, 3)
-            row["added_p99_ms"] = round(added99, 3)
-            print(f"{key:<16}{row['p50_ms']:>9.2f}{row['p99_ms']:>9.2f}{row['rps']:>10.0f}{row['non_2xx']:>9}"
-                  f"{added:>11.2f}{added99:>11.2f}{row['cpu_s_per_1k']:>10.3f}")
+            targets["nginx"] = Target(f"http://127.0.0.1:{nginx_port}{chat}", hit, [nginx.pid] + children(nginx.pid), stream)
+        if litellm:
+            targets["litellm"] = Target(f"http://127.0.0.1:{litellm_port}{chat}", tmp / "litellm-hit.lua", descendants(litellm.pid),
+                                        tmp / "litellm-stream.lua", LITELLM_AUTH)
+            out["litellm"] = {"executable": litellm_exe, "version": litellm_version(litellm_exe), "workers": 1,
+                              "pids_counted": len(targets["litellm"].pids)}
+            notes.append(f"litellm {out['litellm']['version'] or '(version unknown)'} ({litellm_exe}): one worker, no database, "
+                         "drop_params on, access log left at its default (a line per request, to a log file); "
+                         "CPU = its process and descendants")
+        targets["gate-hit"] = Target(f"http://127.0.0.1:{gate_port}{chat}", hit, [gate_pid], stream)
+        targets["gate-miss"] = Target(f"http://127.0.0.1:{gate_port}{chat}", miss, [gate_pid])
+        table = measure(targets, args.rounds, args.duration)
+        print_table(table, list(targets))
         out["table"] = table
         out["saturation_rps"] = {name: max(table[f"{name}@{c}"]["rps"] for c in CONNS) for name in targets}
+        out["vs_litellm"] = None  # not measured: the notes say why
+        if litellm:
+            print()
+            out["vs_litellm"] = vs_litellm(table)
 
-        # Relayed SSE chunks per second (streamed requests, 32 connections, one run per target).
-        sse = {}
-        for name, (url, _, pids) in targets.items():
-            if name == "gate-miss":
-                continue
-            events = stream_events(url)
-            r = run_wrk(url, tmp / "stream.lua", 32, args.duration, pids)
-            sse[name.replace("-hit", "")] = {"rps": r["rps"], "chunks_per_s": r["rps"] * events, "events_seen": events, "p99_ms": r["p99_ms"],
-                                              "non_2xx": r["non_2xx"], "cpu_s_per_1k": r["cpu_s_per_1k"]}
+        sse = measure_sse(targets, args.duration)
         out["sse_at_32"] = {"events_per_response": SSE_EVENTS, **sse}
         print(f"\nsaturation req/s: " + ", ".join(f"{k} {v:.0f}" for k, v in out["saturation_rps"].items()))
-        print(f"SSE @32 conns ({SSE_EVENTS} events/response): "
-              + ", ".join(f"{k} {v['chunks_per_s']:.0f} chunks/s ({v['rps']:.0f} streams/s, {v['events_seen']} events seen, "
-                             f"non-2xx {v['non_2xx']}, cpu s/1k {v['cpu_s_per_1k']:.3f})" for k, v in sse.items()))
-        stop([p for p in procs if p is not procs[0] and p is not procs[1]])  # nginx done
+        print(f"SSE @32 conns ({SSE_EVENTS} events/response from the fake):")
+        for k, v in sse.items():
+            print(f"  {k:<8} {v['chunks_per_s']:>8.0f} chunks/s ({v['rps']:.0f} streams/s, {v['events_seen']} events seen, "
+                  f"non-2xx {v['non_2xx']}, sock err {v['errors']}, cpu s/1k {v['cpu_s_per_1k']:.3f})")
+        stop([p for p in procs if p is not procs[0] and p is not procs[1]])  # nginx and litellm done
 
         # Refusal flood: every request is a never-fits refusal (400), answered at once.
         flood = gate_proc(tmp, "flood",
@@ -434,6 +655,8 @@ def main() -> int:
         (HERE / "results" / "overhead.json").write_text(json.dumps(out, indent=2) + "\n")
     finally:
         stop(procs)
+        if litellm_proc is not None:
+            kill_group(litellm_proc)
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
