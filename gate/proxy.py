@@ -9,12 +9,13 @@ and its `finally` releases the reservation exactly once and writes the record.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 import os
 import re
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.types import Receive, Scope, Send
@@ -48,23 +49,38 @@ class AdmittedEndpoint:
 
     def __init__(self, gate: GateService) -> None:
         self.gate = gate
+        self.new_id = RequestIds()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await _Flow(self.gate, scope, receive, send).run()
+        await _Flow(self.gate, scope, receive, send, self.new_id).run()
+
+
+class RequestIds:
+    """Request ids shaped like uuid4().hex: a random per-process prefix and a counter.
+
+    Unique within the process by construction, across processes by 64 random bits;
+    os.urandom per request was a syscall and ~5% of a refused request's CPU.
+    """
+
+    def __init__(self) -> None:
+        self._prefix = os.urandom(8).hex()
+        self._next = itertools.count(1).__next__
+
+    def __call__(self) -> str:
+        return f"{self._prefix}{self._next():016x}"
 
 
 class _Flow:
     """One request's journey; every exit path goes through `conclude` exactly once."""
 
-    def __init__(self, gate: GateService, scope: Scope, receive: Receive, send: Send) -> None:
+    def __init__(self, gate: GateService, scope: Scope, receive: Receive, send: Send, new_id: Callable[[], str]) -> None:
         self.gate = gate
         self.scope = scope
         self.receive = receive
         self.send = send
         self.headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         given = self.headers.get("x-request-id", "")
-        # Same shape as uuid4().hex, a third of the cost.
-        self.request_id = given if _REQUEST_ID_RE.fullmatch(given) else os.urandom(16).hex()
+        self.request_id = given if _REQUEST_ID_RE.fullmatch(given) else new_id()
         self.t0 = gate.clock()
         self.wall0 = time.time()
         self.intake: Intake | None = None
