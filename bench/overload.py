@@ -48,6 +48,7 @@ import math
 import os
 import platform
 import random
+import shlex
 import signal
 import socket
 import statistics
@@ -260,8 +261,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+LLAMA_ARGS: tuple[str, ...] = ()  # --llama-args: extra llama-server flags for every cell
+
+
 def start_llama(binary: Path, model: Path) -> LlamaServer:
-    return LlamaServer(binary, model, mode="unified", ctx=CTX, n_slots=N_SLOTS, threads=THREADS).start()
+    return LlamaServer(binary, model, mode="unified", ctx=CTX, n_slots=N_SLOTS, threads=THREADS, extra_args=LLAMA_ARGS).start()
 
 
 class Gate:
@@ -378,16 +382,17 @@ min_samples = 10
 """
     else:
         raise ValueError(policy)
-    # Interactive: reserved 512 tokens (2-3 chat requests), a short queue whose timeout is the
-    # TTFT objective: a chat request that cannot start within its objective is refused (with
-    # Retry-After) rather than served late. Batch: at most 1536 tokens in flight (one long
-    # request; the pool is 2048), a deep patient queue.
+    # Interactive: reserved 512 tokens (2-3 chat requests), a short queue whose timeout leaves
+    # room for the first token: the objective is 3 x the unloaded p95 TTFT, so a request still
+    # waiting after 2/3 of it cannot start in time and is refused (with Retry-After) rather than
+    # served late. Batch: at most 1536 tokens in flight (one long request; the pool is 2048),
+    # a deep patient queue.
     return head + budget + f"""
 [classes.interactive]
 priority = 10
 reserved_tokens = 512
 queue_depth = 16
-queue_timeout_s = {max(objective_s, 0.1)}
+queue_timeout_s = {max(round(objective_s * 2 / 3, 3), 0.05)}
 default_max_tokens = 128
 max_tokens_cap = 256
 
@@ -579,7 +584,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--loads", default=",".join(str(x) for x in LOADS))
     ap.add_argument("--out", default=str(HERE / "results" / "overload.json"))
+    ap.add_argument("--llama-args", default="", help="extra llama-server flags for every cell, e.g. '-b 256 -ub 256' "
+                    "(a smaller batch splits a long prefill across decode steps)")
     args = ap.parse_args(argv)
+    global LLAMA_ARGS
+    LLAMA_ARGS = tuple(shlex.split(args.llama_args))
     policies = [p for p in args.policies.split(",") if p]
     loads = [float(x) for x in args.loads.split(",") if x]
     if "direct" not in policies:
@@ -719,7 +728,7 @@ def main(argv: list[str] | None = None) -> int:
         "drain_cap_s": args.drain,
         "probe_duration_s": args.probe_duration,
         "server": {"binary": str(binary), "version": version, "model": model.name, "model_spec": asdict(SIZES[MODEL_SIZE]),
-                   "ctx": CTX, "kv": "unified", "slots": N_SLOTS, "threads": THREADS},
+                   "ctx": CTX, "kv": "unified", "slots": N_SLOTS, "threads": THREADS, "extra_args": list(LLAMA_ARGS)},
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
                     "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
                     "note": "2 cores shared by llama-server (-t 2), the gate process, the load generator and other work"},
