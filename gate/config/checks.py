@@ -1,0 +1,317 @@
+"""Validation on the dataclasses (values and cross-field rules).
+
+It works on any :class:`Config`, not only one just read from TOML, so code that builds a changed
+``Config`` (a retune, a reload) runs the same checks and gets the same messages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import urllib.parse
+from collections.abc import Callable
+from typing import Any, get_args
+
+from gate.config.schema import (
+    CLASS_NAME_RE,
+    ENV_NAME_RE,
+    NAME_RE,
+    SHA256_RE,
+    BudgetMode,
+    Config,
+    ConfigError,
+    KvMode,
+)
+from gate.config.terms import _got, _key_part, _show, _suggest, _toml_key_of
+
+
+class _Check:
+    def __init__(self, source: str, path: str) -> None:
+        self.source = source
+        self.path = path
+
+    def fail(self, key: str, problem: str) -> ConfigError:
+        full = f"{self.path}.{key}" if self.path and key else (self.path or key)
+        return ConfigError(self.source, full, problem)
+
+    def check(self, key: str, value: Any, ok: Callable[[Any], bool], what: str) -> None:
+        if value is not None and not ok(value):
+            raise self.fail(key, f"must be {what}, got {_show(value)}")
+
+    def unique_name(self, name: str, index: int, seen: dict[str, int], kind: str, hint: str = "") -> None:
+        """A well-formed `name`, not used by an earlier entry of the same list (recorded in `seen`)."""
+        self.check("name", name, lambda v: NAME_RE.fullmatch(v) is not None, "1 to 64 characters from A-Z a-z 0-9 _ . @ : -")
+        if name in seen:
+            table = self.path.split("[", 1)[0]
+            raise self.fail("name", f"duplicate {kind} name {_show(name)} ({table}[{seen[name]}] has it too){hint}")
+        seen[name] = index
+
+    def pos_int(self, key: str, value: int | None) -> None:
+        self.check(key, value, lambda v: v > 0, "a positive integer")
+
+    def pos_num(self, key: str, value: float | None) -> None:
+        self.check(key, value, lambda v: v > 0, "a positive number")
+
+
+def _check_types(source: str, path: str, obj: Any) -> None:
+    """Field types on a hand-built dataclass (the TOML path has already checked these)."""
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        key = f"{path}.{_toml_key_of(f)}" if path else _toml_key_of(f)
+        t = str(f.type)
+        optional = "None" in t
+        if v is None:
+            if not optional:
+                raise ConfigError(source, key, "must be set")
+            continue
+        if t.startswith("tuple"):
+            if not isinstance(v, tuple) or not all(isinstance(x, str) for x in v):
+                raise ConfigError(source, key, f"must be a tuple of strings, got {v!r}")
+        elif t.startswith("int"):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ConfigError(source, key, f"must be an integer, got {_got(v)}")
+        elif t.startswith("float"):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ConfigError(source, key, f"must be a finite number, got {_got(v)}")
+        elif t.startswith(("str", "Literal", "KvMode", "BudgetMode")):
+            if not isinstance(v, str):
+                raise ConfigError(source, key, f"must be a string, got {_got(v)}")
+
+
+def _check_env_name(c: _Check, key: str, value: str | None) -> None:
+    c.check(
+        key,
+        value,
+        lambda v: ENV_NAME_RE.fullmatch(v) is not None,
+        "an environment variable name (letters, digits, _; not starting with a digit)",
+    )
+
+
+def _check_url(c: _Check, key: str, url: str) -> None:
+    def bad(problem: str) -> ConfigError:
+        return c.fail(key, f"{problem}, got {_show(url)}")
+
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as e:
+        raise bad(f"is not a valid URL ({e})") from None
+    if parts.scheme not in ("http", "https"):
+        raise bad("must be http://host[:port] or https://host[:port]")
+    if not parts.hostname:
+        raise bad("must name a host, as in http://127.0.0.1:8080")
+    if parts.username is not None or parts.password is not None:
+        raise bad("must not carry credentials (use api_key_env)")
+    if parts.path not in ("", "/"):
+        raise bad("must not have a path (the gate adds /v1/... itself)")
+    if parts.query or parts.fragment or url.endswith(("?", "#")):
+        raise bad("must not have a query or fragment")
+    if port == 0 or (parts.netloc.endswith(":") and port is None):
+        raise bad("the port must be a number from 1 to 65535")
+
+
+def validate_config(config: Config, source: str = "<config>") -> None:
+    """Check every value and cross-field rule of ``config``; raise ConfigError on the first."""
+    s = source
+
+    # [gate]
+    g = config.gate
+    _check_types(s, "gate", g)
+    c = _Check(s, "gate")
+    if not g.listen_host or any(ch.isspace() for ch in g.listen_host):
+        raise c.fail("listen", f"the host must not be empty, got {_show(g.listen_host)}")
+    c.check("listen", g.listen_port, lambda v: 1 <= v <= 65535, "a port from 1 to 65535")
+    if not g.journal.strip():
+        raise c.fail("journal", "must be a file path (or \":memory:\"), got an empty string")
+    c.pos_int("max_body_bytes", g.max_body_bytes)
+    c.pos_num("request_timeout_s", g.request_timeout_s)
+    c.check(
+        "shed_factor",
+        g.shed_factor,
+        lambda v: v > 1,
+        "greater than 1 (a request is shed after shed_factor x its expected duration)",
+    )
+
+    # [budget]
+    b = config.budget
+    _check_types(s, "budget", b)
+    c = _Check(s, "budget")
+    c.check("mode", b.mode, lambda v: v in get_args(BudgetMode), '"adaptive" or "static"')
+    c.pos_int("min_tokens", b.min_tokens)
+    c.pos_num("slo_ttft_p95_ms", b.slo_ttft_p95_ms)
+    c.pos_num("slo_tpot_p95_ms", b.slo_tpot_p95_ms)
+    c.pos_num("window_s", b.window_s)
+    c.check("cooldown_s", b.cooldown_s, lambda v: v >= 0, "zero or more seconds")
+    c.check(
+        "increase", b.increase, lambda v: v > 1, "greater than 1 (the factor that opens the budget)"
+    )
+    c.check(
+        "decrease",
+        b.decrease,
+        lambda v: 0 < v < 1,
+        "between 0 and 1, exclusive (the factor that closes the budget)",
+    )
+    c.pos_int("min_samples", b.min_samples)
+
+    # [[backends]]
+    if not config.backends:
+        raise ConfigError(s, "backends", "at least one backend is required")
+    backend_names: dict[str, int] = {}
+    model_owner: dict[str, int] = {}
+    for i, be in enumerate(config.backends):
+        path = f"backends[{i}]"
+        _check_types(s, path, be)
+        c = _Check(s, path)
+        c.unique_name(be.name, i, backend_names, "backend", "; give each backend its own name")
+        _check_url(c, "url", be.url)
+        c.check("kv", be.kv, lambda v: v in get_args(KvMode), '"unified" or "split"')
+        for j, model in enumerate(be.models):
+            mkey = f"models[{j}]"
+            if not model.strip():
+                raise c.fail(mkey, "must be a model name, got an empty string")
+            if model in model_owner:
+                k = model_owner[model]
+                where = f"backends[{k}] ({config.backends[k].name})" if k != i else "this backend"
+                raise c.fail(
+                    mkey,
+                    f"model {_show(model)} is already routed to {where}; "
+                    "a model name may be routed to one backend only",
+                )
+            model_owner[model] = i
+        c.pos_int("token_budget", be.token_budget)
+        if be.token_budget is not None and be.token_budget < b.min_tokens:
+            raise c.fail(
+                "token_budget",
+                f"must be at least budget.min_tokens ({b.min_tokens}), got {be.token_budget}",
+            )
+        c.pos_int("max_prefill_tokens", be.max_prefill_tokens)
+        _check_env_name(c, "api_key_env", be.api_key_env)
+
+    # [classes.NAME]
+    if not config.classes:
+        raise ConfigError(s, "classes", "at least one class is required")
+    seen_classes: set[str] = set()
+    for cl in config.classes:
+        path = f"classes.{_key_part(cl.name)}" if isinstance(cl.name, str) else "classes"
+        _check_types(s, path, cl)
+        c = _Check(s, path)
+        if not CLASS_NAME_RE.fullmatch(cl.name):
+            raise ConfigError(
+                s, path, f"class names may use only a-z 0-9 _ -, got {_show(cl.name)}"
+            )
+        if cl.name in seen_classes:
+            raise ConfigError(s, path, f"duplicate class name {_show(cl.name)}")
+        seen_classes.add(cl.name)
+        c.check("reserved_tokens", cl.reserved_tokens, lambda v: v >= 0, "zero or a positive integer")
+        c.pos_int("limit_tokens", cl.limit_tokens)
+        if cl.limit_tokens is not None and cl.limit_tokens < cl.reserved_tokens:
+            raise c.fail(
+                "limit_tokens",
+                f"must be at least reserved_tokens ({cl.reserved_tokens}), got {cl.limit_tokens}",
+            )
+        c.pos_int("queue_depth", cl.queue_depth)
+        c.pos_num("queue_timeout_s", cl.queue_timeout_s)
+        c.pos_int("default_max_tokens", cl.default_max_tokens)
+        c.pos_int("max_tokens_cap", cl.max_tokens_cap)
+        if cl.default_max_tokens > cl.max_tokens_cap:
+            raise c.fail(
+                "default_max_tokens",
+                f"must be at most max_tokens_cap ({cl.max_tokens_cap}), "
+                f"got {cl.default_max_tokens}",
+            )
+    reserved = [(cl.name, cl.reserved_tokens) for cl in config.classes if cl.reserved_tokens]
+    total_reserved = sum(n for _, n in reserved)
+    if total_reserved > b.min_tokens:
+        parts = " + ".join(f"{name} {n}" for name, n in reserved)
+        raise ConfigError(
+            s,
+            "classes",
+            f"reserved_tokens add up to {total_reserved} ({parts}), more than budget.min_tokens "
+            f"({b.min_tokens}); reservations must fit the smallest budget the controller may "
+            "choose, so lower them or raise budget.min_tokens",
+        )
+
+    class_names = [cl.name for cl in config.classes]
+    if config.default_class not in seen_classes:
+        raise ConfigError(
+            s,
+            "default_class",
+            f"must name a class ({', '.join(class_names)}), got {_show(config.default_class)}"
+            f"{_suggest(str(config.default_class), class_names)}",
+        )
+
+    # [[tenants]]
+    tenant_names: dict[str, int] = {}
+    sha_owner: dict[str, int] = {}
+    env_owner: dict[str, int] = {}
+    for i, t in enumerate(config.tenants):
+        path = f"tenants[{i}]"
+        _check_types(s, path, t)
+        c = _Check(s, path)
+        c.unique_name(t.name, i, tenant_names, "tenant")
+
+        if (t.api_key_sha256 is None) == (t.api_key_env is None):
+            both = t.api_key_sha256 is not None
+            raise c.fail(
+                "api_key_sha256" if both else "",
+                (
+                    "set either api_key_sha256 or api_key_env, not both"
+                    if both
+                    else "a tenant needs exactly one of api_key_sha256 or api_key_env"
+                ),
+            )
+        if t.api_key_sha256 is not None:
+            if not SHA256_RE.fullmatch(t.api_key_sha256):
+                raise c.fail(
+                    "api_key_sha256",
+                    "must be 64 lowercase hex characters (sha256 of the key, e.g. from "
+                    f"`printf %s KEY | sha256sum`), got {_show(t.api_key_sha256)}",
+                )
+            if t.api_key_sha256 in sha_owner:
+                k = sha_owner[t.api_key_sha256]
+                raise c.fail(
+                    "api_key_sha256",
+                    f"the same key hash is already used by tenants[{k}] "
+                    f"({config.tenants[k].name}); each tenant needs its own key",
+                )
+            sha_owner[t.api_key_sha256] = i
+        if t.api_key_env is not None:
+            _check_env_name(c, "api_key_env", t.api_key_env)
+            if t.api_key_env in env_owner:
+                k = env_owner[t.api_key_env]
+                raise c.fail(
+                    "api_key_env",
+                    f"{_show(t.api_key_env)} is already the key of tenants[{k}] "
+                    f"({config.tenants[k].name}); each tenant needs its own key",
+                )
+            env_owner[t.api_key_env] = i
+
+        if t.class_name is not None and t.class_name not in seen_classes:
+            raise c.fail(
+                "class",
+                f"must name a class ({', '.join(class_names)}), got {_show(t.class_name)}"
+                f"{_suggest(t.class_name, class_names)}",
+            )
+        seen_allowed: set[str] = set()
+        for j, name in enumerate(t.allowed_classes):
+            key = f"allowed_classes[{j}]"
+            if name not in seen_classes:
+                raise c.fail(
+                    key,
+                    f"must name a class ({', '.join(class_names)}), got {_show(name)}"
+                    f"{_suggest(name, class_names)}",
+                )
+            if name in seen_allowed:
+                raise c.fail(key, f"{_show(name)} is listed twice")
+            seen_allowed.add(name)
+        own = t.class_name if t.class_name is not None else config.default_class
+        if t.allowed_classes and own not in seen_allowed:
+            what = "the tenant's class" if t.class_name is not None else "default_class"
+            raise c.fail(
+                "allowed_classes",
+                f"must include {what} {_show(own)}, got {_show(t.allowed_classes)}",
+            )
+        c.pos_num("weight", t.weight)
+        c.pos_int("max_tokens_in_flight", t.max_tokens_in_flight)
+        c.pos_int("requests_per_minute", t.requests_per_minute)
+        c.pos_int("tokens_per_minute", t.tokens_per_minute)

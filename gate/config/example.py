@@ -1,0 +1,139 @@
+"""The annotated example (`tokengate config example`): every key, with its default."""
+
+EXAMPLE_CONFIG = """\
+# tokengate.toml: every key, with its default. Every key is optional; delete what you do not
+# need. Check a file with `tokengate config check FILE`.
+#
+# Token counts below are KV-cache tokens: a request costs prompt tokens + max_tokens.
+
+# Class used when a request names none (no tenant class, no X-Tokengate-Class header).
+# Default: "interactive" when that class exists, else the highest-priority class.
+default_class = "interactive"
+
+[gate]
+# Address the gate listens on, "host:port"; IPv6 as "[::1]:8081". Default "127.0.0.1:8081".
+# Clients talk to this instead of llama-server.
+listen = "127.0.0.1:8081"
+# SQLite journal (decisions, audit, samples), relative to the working directory.
+# Default "tokengate.db".
+journal = "tokengate.db"
+# Largest request body accepted, in bytes; bigger gets 413 body_too_large. Default 8388608 (8 MiB).
+max_body_bytes = 8388608
+# Upper bound on one upstream request, in seconds (504 upstream_timeout after it). Default 600.
+request_timeout_s = 600.0
+# A running request older than shed_factor x its expected duration is aborted (503
+# shed_overrun) so it stops holding a slot and KV memory. Must be > 1. Default 2.5.
+shed_factor = 2.5
+
+# One [[backends]] table per llama-server. Default: one backend "default" at
+# http://127.0.0.1:8080 (llama-server's own default address).
+[[backends]]
+# Unique name, shown in the console, metrics and journal. Default "default".
+name = "default"
+# Base URL, http(s)://host[:port], no path. Default "http://127.0.0.1:8080".
+url = "http://127.0.0.1:8080"
+# Model names (the request's "model" field) routed to this backend. A model may be routed to
+# one backend only. Default [] (no explicit routing).
+models = []
+# How llama-server shares its KV cache between slots: "unified" (one shared pool, llama-server
+# --kv-unified; the budget ceiling is the pool size) or "split" (per-slot context; the ceiling
+# is slots x per-slot context). Default "unified", the safe side.
+kv = "unified"
+# Override the budget ceiling (tokens) read from the backend; must be >= budget.min_tokens.
+# Default: unset (use the backend's physical capacity).
+# token_budget = 16384
+# Most prompt tokens that may be prefilling at once on this backend. Long prefills stall every
+# running decode, so a burst of long prompts waits. Default: unset (no limit).
+# max_prefill_tokens = 8192
+# Name of an environment variable holding the API key the gate sends upstream
+# (llama-server --api-key). Default: unset (send none).
+# api_key_env = "LLAMA_API_KEY"
+
+[budget]
+# "adaptive": the controller moves the working budget between min_tokens and the backend's
+# ceiling, steered by upstream latency against the SLOs below. "static": the budget stays at
+# the ceiling (or token_budget). Default "adaptive".
+mode = "adaptive"
+# Smallest budget the controller may choose, in tokens. The classes' reserved_tokens must add
+# up to no more than this. Default 2048.
+min_tokens = 2048
+# Target p95 time-to-first-token measured upstream (from dispatch, not queue time), in
+# milliseconds. Default 2000.
+slo_ttft_p95_ms = 2000.0
+# Target p95 time per output token, in milliseconds. Default: unset (TTFT only).
+# slo_tpot_p95_ms = 100.0
+# Sliding window the p95 values are computed over, in seconds. Default 30.
+window_s = 30.0
+# Least time between two budget moves, in seconds. Default 5.
+cooldown_s = 5.0
+# Factor applied when latency is well under the SLO and there is demand. Must be > 1. Default 1.1.
+increase = 1.1
+# Factor applied when latency is over the SLO. Must be between 0 and 1. Default 0.8.
+decrease = 0.8
+# Fewest upstream samples in the window before the controller moves at all. Default 20.
+min_samples = 20
+
+# One [classes.NAME] table per priority class; names use a-z 0-9 _ -. Without any [classes],
+# these two are the defaults. Defining any class replaces both defaults.
+[classes.interactive]
+# Higher is served first. Required for every class you define.
+priority = 10
+# Tokens guaranteed to this class: other classes cannot use them while it has demand.
+# Default 0.
+reserved_tokens = 1024
+# Most tokens this class may hold in flight, borrowing included; >= reserved_tokens.
+# Default: unset (may borrow up to the whole budget).
+# limit_tokens = 8192
+# Most requests waiting in this class's queue; more are refused with 429 queue_full.
+# Default 64.
+queue_depth = 64
+# Longest wait in the queue, in seconds; then 429 queue_timeout. Default 30.
+queue_timeout_s = 10.0
+# max_tokens assumed AND injected upstream when a request gives none, so the worst case is
+# bounded. Must be <= max_tokens_cap. Default 512.
+default_max_tokens = 256
+# Largest max_tokens a request of this class may ask for. Default 4096.
+max_tokens_cap = 4096
+
+[classes.batch]
+priority = 1
+reserved_tokens = 0
+# Keep batch work from taking the whole budget.
+limit_tokens = 16384
+queue_depth = 256
+queue_timeout_s = 120.0
+default_max_tokens = 512
+max_tokens_cap = 4096
+
+# One [[tenants]] table per client. With no tenants the gate is open: the class comes from the
+# X-Tokengate-Class header or default_class, the tenant from the request's "user" field or the
+# client address. With tenants, every request needs a tenant's API key (Authorization: Bearer).
+# Uncomment to use:
+#
+# [[tenants]]
+# # Unique name, shown in the console and journal.
+# name = "team-a"
+# # Environment variable holding this tenant's API key (read when the gate starts).
+# # Give exactly one of api_key_env or api_key_sha256.
+# api_key_env = "TOKENGATE_KEY_TEAM_A"
+# # Class used when the request names none. Default: default_class.
+# class = "interactive"
+# # Classes this tenant may ask for (X-Tokengate-Class); must include its own class.
+# # Default [] (only its own class).
+# allowed_classes = ["interactive", "batch"]
+# # Share of its class's capacity relative to other tenants (deficit round robin, in tokens).
+# # Default 1.0.
+# weight = 2.0
+# # Most tokens this tenant may hold in flight; a larger single request gets 429 tenant_quota.
+# # Default: unset (no quota).
+# max_tokens_in_flight = 8192
+# # Token-bucket rate limits, per minute; 429 rate_limited beyond them. Default: unset.
+# requests_per_minute = 600
+# tokens_per_minute = 200000
+#
+# [[tenants]]
+# name = "nightly-batch"
+# # sha256 of the API key as 64 lowercase hex characters: printf %s "$KEY" | sha256sum
+# api_key_sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+# class = "batch"
+"""

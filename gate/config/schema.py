@@ -1,0 +1,189 @@
+"""The config schema: one frozen dataclass per TOML table, their defaults, the name rules and
+:class:`ConfigError`.
+
+Nothing here reads or checks anything; :mod:`gate.config.reader` fills these in from TOML and
+:mod:`gate.config.checks` judges their values.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+KvMode = Literal["unified", "split"]
+BudgetMode = Literal["adaptive", "static"]
+
+CLASS_NAME_RE = re.compile(r"[a-z0-9_-]+")
+# Backend and tenant names show up in logs, metrics labels and the console: printable, no spaces.
+NAME_RE = re.compile(r"[A-Za-z0-9_.@:-]{1,64}")
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SHA256_RE = re.compile(r"[0-9a-f]{64}")
+
+
+# --------------------------------------------------------------------------------------------
+# Errors
+
+
+class ConfigError(Exception):
+    """A config problem: where (``source``), which key (dotted path) and what is wrong."""
+
+    def __init__(self, source: str, key: str, problem: str) -> None:
+        self.source = source
+        self.key = key
+        self.problem = problem
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        if self.key:
+            return f"{self.source}: {self.key}: {self.problem}"
+        return f"{self.source}: {self.problem}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.source, self.key, self.problem))
+
+
+# --------------------------------------------------------------------------------------------
+# Dataclasses
+
+
+@dataclass(frozen=True, slots=True)
+class GateConfig:
+    """``[gate]``: the gate's own listener and limits."""
+
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 8081
+    journal: str = "tokengate.db"
+    max_body_bytes: int = 8 * 1024 * 1024
+    request_timeout_s: float = 600.0
+    shed_factor: float = 2.5
+
+    @property
+    def listen(self) -> str:
+        """The listen address as ``host:port`` (IPv6 hosts in brackets)."""
+        host = f"[{self.listen_host}]" if ":" in self.listen_host else self.listen_host
+        return f"{host}:{self.listen_port}"
+
+
+@dataclass(frozen=True, slots=True)
+class BackendConfig:
+    """One ``[[backends]]`` entry: a llama-server the gate forwards to."""
+
+    name: str = "default"
+    url: str = "http://127.0.0.1:8080"
+    models: tuple[str, ...] = ()
+    kv: KvMode = "unified"
+    token_budget: int | None = None
+    max_prefill_tokens: int | None = None
+    api_key_env: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetConfig:
+    """``[budget]``: the token budget and its adaptive controller."""
+
+    mode: BudgetMode = "adaptive"
+    min_tokens: int = 2048
+    slo_ttft_p95_ms: float = 2000.0
+    slo_tpot_p95_ms: float | None = None
+    window_s: float = 30.0
+    cooldown_s: float = 5.0
+    increase: float = 1.1
+    decrease: float = 0.8
+    min_samples: int = 20
+
+
+@dataclass(frozen=True, slots=True)
+class ClassConfig:
+    """One ``[classes.NAME]`` table. A HIGHER ``priority`` is served first.
+
+    ``limit_tokens`` None means the class may borrow up to the whole budget.
+    """
+
+    name: str
+    priority: int
+    reserved_tokens: int = 0
+    limit_tokens: int | None = None
+    queue_depth: int = 64
+    queue_timeout_s: float = 30.0
+    default_max_tokens: int = 512
+    max_tokens_cap: int = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class TenantConfig:
+    """One ``[[tenants]]`` entry. The TOML key ``class`` is ``class_name`` here.
+
+    ``class_name`` None means the config's ``default_class``; ``allowed_classes`` empty means the
+    tenant may use only its own class.
+    """
+
+    name: str
+    api_key_sha256: str | None = None
+    api_key_env: str | None = None
+    class_name: str | None = None
+    allowed_classes: tuple[str, ...] = ()
+    weight: float = 1.0
+    max_tokens_in_flight: int | None = None
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+
+
+DEFAULT_CLASSES: tuple[ClassConfig, ...] = (
+    ClassConfig(
+        name="interactive",
+        priority=10,
+        queue_depth=64,
+        queue_timeout_s=10.0,
+        default_max_tokens=256,
+        max_tokens_cap=4096,
+    ),
+    ClassConfig(
+        name="batch",
+        priority=1,
+        queue_depth=256,
+        queue_timeout_s=120.0,
+        default_max_tokens=512,
+        max_tokens_cap=4096,
+    ),
+)
+
+DEFAULT_CLASS_NAME = "interactive"
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The whole validated config. ``classes`` is sorted by priority, highest first."""
+
+    gate: GateConfig = field(default_factory=GateConfig)
+    backends: tuple[BackendConfig, ...] = (BackendConfig(),)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    classes: tuple[ClassConfig, ...] = DEFAULT_CLASSES
+    tenants: tuple[TenantConfig, ...] = ()
+    default_class: str = DEFAULT_CLASS_NAME
+
+    def class_by_name(self, name: str) -> ClassConfig:
+        """The class called ``name``; KeyError if there is none."""
+        for c in self.classes:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def backend_by_name(self, name: str) -> BackendConfig:
+        """The backend called ``name``; KeyError if there is none."""
+        for b in self.backends:
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+    def tenant_by_name(self, name: str) -> TenantConfig:
+        """The tenant called ``name``; KeyError if there is none."""
+        for t in self.tenants:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        """Class names, highest priority first."""
+        return tuple(c.name for c in self.classes)
