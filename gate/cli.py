@@ -378,7 +378,7 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 # ------------------------------------------------------------------------------------------
-# simulate: the built-in llama-server stand-in (gate/simulator.py)
+# simulate: the built-in llama-server stand-in (gate/simulator/)
 
 
 def _add_simulate_parser(commands: argparse._SubParsersAction) -> None:
