@@ -507,7 +507,7 @@ async def _simulate_until_signalled(config, host: str, port: int, out: TextIO, e
 
 
 # ------------------------------------------------------------------------------------------
-# crunch: calibrate a llama-server before choosing a token budget (gate/crunch.py)
+# crunch: calibrate a llama-server before choosing a token budget (gate/crunch/)
 
 
 def _add_crunch_parser(commands: argparse._SubParsersAction) -> None:
