@@ -1,4 +1,4 @@
-"""The SQLite journal: decisions, audit and samples, written by one group-commit writer.
+"""``Journal``: the group-commit writer, its fault handling and retention.
 
 Write side
     ``Journal.add(row)`` never blocks and never raises: the row goes into a bounded
@@ -25,21 +25,13 @@ Retention
     tables, in chunks, in the writer's connection between batches (so it never holds the
     write lock for long). The journal runs it once at open and hourly by itself.
 
-Read side
-    A separate read-only connection (``mode=ro``) on its own thread, so reads never
-    block the writer (WAL): ``decisions_page``, ``count_decisions``, ``audit_rows``,
-    ``samples``. Rows come back as dicts keyed by the record field names (``cls``, not
-    the column name ``class``) plus ``id``; ``stream`` is a bool and a sample's
-    ``classes`` a list of ``{"cls", "in_flight", "queued"}`` dicts. The export
-    (``tokengate log``) uses the column names instead, as operators read them.
+Files
+    The file is created with mode 0600 before SQLite touches it (SQLite gives the
+    ``-wal``/``-shm`` files the same mode; they are chmod'ed too).
 
-Schema
-    ``PRAGMA user_version`` is the schema version; ``MIGRATIONS[i]`` takes a journal from
-    version ``i`` to ``i + 1`` (v1 creates everything). A journal written by a newer
-    tokengate (a higher version than ``SCHEMA_VERSION``) is refused with
-    ``JournalVersionError``. The file is created with mode 0600 before SQLite touches it
-    (SQLite gives the ``-wal``/``-shm`` files the same mode; they are chmod'ed too).
-    Never the prompt text: the records carry none.
+Read side
+    ``JournalQueries`` (``queries``) on the journal's own read-only connection, opened
+    here on first use and reopened after an error.
 """
 
 from __future__ import annotations
@@ -48,9 +40,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
-import json
 import logging
-import operator
 import os
 import sqlite3
 import stat
@@ -62,175 +52,18 @@ from typing import Any
 
 import aiosqlite
 
-from gate.records import AuditRecord, ClassSample, DecisionRecord, SampleRecord
-
-log = logging.getLogger("gate.journal")
-
-Row = DecisionRecord | AuditRecord | SampleRecord
-
-# ------------------------------------------------------------------------------------------
-# Schema
-
-
-def _column(field: str) -> str:
-    return "class" if field == "cls" else field
-
-
-DECISION_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(DecisionRecord))
-AUDIT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(AuditRecord))
-SAMPLE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(SampleRecord))
-
-#: Column names per table, in record field order (``id`` first is not included).
-COLUMNS: dict[str, tuple[str, ...]] = {
-    "decisions": tuple(_column(f) for f in DECISION_FIELDS),
-    "audit": tuple(_column(f) for f in AUDIT_FIELDS),
-    "samples": tuple(_column(f) for f in SAMPLE_FIELDS),
-}
-TABLES: tuple[str, ...] = ("decisions", "audit", "samples")
-
-_V1 = (
-    """CREATE TABLE decisions (
-        id INTEGER PRIMARY KEY,
-        ts REAL NOT NULL,
-        request_id TEXT NOT NULL,
-        tenant TEXT NOT NULL,
-        "class" TEXT NOT NULL,
-        backend TEXT NOT NULL,
-        endpoint TEXT NOT NULL,
-        stream INTEGER NOT NULL,
-        prompt_tokens INTEGER,
-        token_count_source TEXT,
-        max_tokens INTEGER,
-        reserved_tokens INTEGER NOT NULL,
-        outcome TEXT NOT NULL,
-        reason TEXT NOT NULL,
-        http_status INTEGER NOT NULL,
-        queue_ms REAL,
-        ttft_ms REAL,
-        duration_ms REAL NOT NULL,
-        completion_tokens INTEGER,
-        budget_at_decision INTEGER,
-        in_flight_at_decision INTEGER
-    )""",
-    "CREATE INDEX decisions_ts ON decisions (ts)",
-    'CREATE INDEX decisions_class_ts ON decisions ("class", ts)',
-    "CREATE INDEX decisions_outcome_ts ON decisions (outcome, ts)",
-    "CREATE INDEX decisions_tenant_ts ON decisions (tenant, ts)",
-    """CREATE TABLE audit (
-        id INTEGER PRIMARY KEY,
-        ts REAL NOT NULL,
-        operator TEXT NOT NULL,
-        origin TEXT NOT NULL,
-        source TEXT NOT NULL,
-        action TEXT NOT NULL,
-        target TEXT NOT NULL,
-        old_value TEXT,
-        new_value TEXT,
-        note TEXT NOT NULL DEFAULT ''
-    )""",
-    "CREATE INDEX audit_ts ON audit (ts)",
-    """CREATE TABLE samples (
-        id INTEGER PRIMARY KEY,
-        ts REAL NOT NULL,
-        backend TEXT NOT NULL,
-        budget INTEGER,
-        in_flight INTEGER NOT NULL,
-        queued INTEGER NOT NULL,
-        slots_busy INTEGER,
-        slots_total INTEGER,
-        gpu_used_bytes INTEGER,
-        gpu_total_bytes INTEGER,
-        p95_ttft_ms REAL,
-        p95_tpot_ms REAL,
-        admitted INTEGER NOT NULL,
-        refused INTEGER NOT NULL,
-        classes TEXT NOT NULL DEFAULT '[]'
-    )""",
-    "CREATE INDEX samples_ts ON samples (ts)",
+from gate.journal.queries import JournalQueries
+from gate.journal.rows import _INSERT, _TABLE_OF, _TABLE_OF_NAME, Row
+from gate.journal.schema import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    TABLES,
+    JournalError,
+    JournalVersionError,
+    _newer_message,
 )
 
-#: ``MIGRATIONS[i]`` takes a journal from schema version ``i`` to ``i + 1``. Append only.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1,)
-SCHEMA_VERSION = len(MIGRATIONS)
-
-
-class JournalError(Exception):
-    """The journal cannot be used as asked (the message names the file)."""
-
-
-class JournalVersionError(JournalError):
-    """The journal was written by a newer tokengate than this one."""
-
-
-def _newer_message(path: str, version: int) -> str:
-    return (
-        f"{path}: journal schema version {version} is newer than this tokengate understands "
-        f"(up to {SCHEMA_VERSION}); upgrade tokengate or point it at another journal file"
-    )
-
-
-def migrate_sync(conn: sqlite3.Connection, path: str = "<journal>") -> int:
-    """Bring a plain ``sqlite3`` connection's schema up to date (benchmarks, tools).
-
-    The connection must be in autocommit mode (``isolation_level=None``). Returns the
-    version found before migrating.
-    """
-    (version,) = conn.execute("PRAGMA user_version").fetchone()
-    if version > SCHEMA_VERSION:
-        raise JournalVersionError(_newer_message(path, version))
-    if version < SCHEMA_VERSION:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            (version,) = conn.execute("PRAGMA user_version").fetchone()
-            for step in MIGRATIONS[version:]:
-                for statement in step:
-                    conn.execute(statement)
-            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            conn.execute("COMMIT")
-        except BaseException:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-            raise
-    return version
-
-
-# ------------------------------------------------------------------------------------------
-# Rows <-> tuples
-
-_INSERT = {
-    table: (
-        f"INSERT INTO {table} ("
-        + ", ".join(f'"{c}"' for c in cols)
-        + ") VALUES ("
-        + ", ".join("?" * len(cols))
-        + ")"
-    )
-    for table, cols in COLUMNS.items()
-}
-_decision_tuple = operator.attrgetter(*DECISION_FIELDS)
-_audit_tuple = operator.attrgetter(*AUDIT_FIELDS)
-_sample_head = operator.attrgetter(*SAMPLE_FIELDS[:-1])
-assert SAMPLE_FIELDS[-1] == "classes"
-
-
-def _classes_json(classes: Iterable[ClassSample]) -> str:
-    return json.dumps(
-        [{"cls": c.cls, "in_flight": c.in_flight, "queued": c.queued} for c in classes],
-        separators=(",", ":"),
-    )
-
-
-def _sample_tuple(row: SampleRecord) -> tuple[Any, ...]:
-    return (*_sample_head(row), _classes_json(row.classes))
-
-
-_TABLE_OF: dict[type, tuple[str, Callable[[Any], tuple[Any, ...]]]] = {
-    DecisionRecord: ("decisions", _decision_tuple),
-    AuditRecord: ("audit", _audit_tuple),
-    SampleRecord: ("samples", _sample_tuple),
-}
-
-_TABLE_OF_NAME = {table: to_tuple for table, to_tuple in _TABLE_OF.values()}
+log = logging.getLogger("gate.journal")
 
 # Errors that mean "this row's data cannot be stored", not "the disk is in trouble".
 _DATA_ERRORS = (
@@ -284,178 +117,6 @@ def _tighten(path: str) -> None:
 def _describe(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     return f"{type(exc).__name__}: {text}"
-
-
-_FIELD_FILTERS = {"cls": '"class"', "reason": "reason", "tenant": "tenant", "outcome": "outcome"}
-_DECISION_SELECT = "SELECT id, " + ", ".join(
-    f'"class" AS cls' if c == "class" else c for c in COLUMNS["decisions"]
-) + " FROM decisions"
-_AUDIT_SELECT = "SELECT id, " + ", ".join(COLUMNS["audit"]) + " FROM audit"
-_SAMPLE_SELECT = "SELECT id, " + ", ".join(COLUMNS["samples"]) + " FROM samples"
-
-
-def decision_where(
-    cls: str | Sequence[str] | None,
-    reason: str | Sequence[str] | None,
-    tenant: str | Sequence[str] | None,
-    outcome: str | Sequence[str] | None,
-    since_ts: float | None,
-    until_ts: float | None,
-) -> tuple[list[str], list[Any]]:
-    clauses: list[str] = []
-    params: list[Any] = []
-    for name, value in (("cls", cls), ("reason", reason), ("tenant", tenant), ("outcome", outcome)):
-        if value is None:
-            continue
-        column = _FIELD_FILTERS[name]
-        if isinstance(value, str):
-            clauses.append(f"{column} = ?")
-            params.append(value)
-        else:
-            values = list(value)
-            if not values:
-                clauses.append("0")
-                continue
-            clauses.append(f"{column} IN ({', '.join('?' * len(values))})")
-            params.extend(values)
-    if since_ts is not None:
-        clauses.append("ts >= ?")
-        params.append(since_ts)
-    if until_ts is not None:
-        clauses.append("ts < ?")
-        params.append(until_ts)
-    return clauses, params
-
-
-def _decision_dict(row: sqlite3.Row) -> dict[str, Any]:
-    d = dict(row)
-    d["stream"] = bool(d["stream"])
-    return d
-
-
-def _sample_dict(row: sqlite3.Row) -> dict[str, Any]:
-    d = dict(row)
-    try:
-        d["classes"] = json.loads(d["classes"]) if d["classes"] else []
-    except ValueError:
-        d["classes"] = []
-    return d
-
-
-# ------------------------------------------------------------------------------------------
-# The journal
-
-
-class JournalQueries:
-    """The read side, shared by the live journal and the read-only review: SQL only.
-
-    A subclass provides ``_fetch(sql, params) -> rows`` on a connection of its own,
-    so reads never wait behind the writer.
-    """
-
-    async def _fetch(self, sql: str, params: Sequence[Any]) -> list[sqlite3.Row]:
-        raise NotImplementedError
-
-    async def decisions_page(
-        self,
-        *,
-        after_id: int | None = None,
-        before_id: int | None = None,
-        limit: int = 200,
-        cls: str | Sequence[str] | None = None,
-        reason: str | Sequence[str] | None = None,
-        tenant: str | Sequence[str] | None = None,
-        outcome: str | Sequence[str] | None = None,
-        since_ts: float | None = None,
-        until_ts: float | None = None,
-    ) -> list[dict[str, Any]]:
-        """One page of decisions in time order (``ts``, then ``id``), keyset-paged: the
-        id of a row already shown is the cursor.
-
-        * neither ``after_id`` nor ``before_id``: the newest ``limit`` rows, newest first;
-        * ``before_id=X``: the ``limit`` rows just older than row X, newest first
-          (scrolling back: pass the last id of the previous page; [] once X is gone);
-        * ``after_id=X``: the ``limit`` rows just newer than row X, OLDEST first
-          (scrolling forward or tailing: pass the newest id seen; if row X was deleted
-          by retention, everything left counts as newer);
-        * both: rows strictly between the two, newest first, the ``limit`` nearest X.
-
-        Ordering by (ts, id) rather than id alone lets the (class|outcome|tenant, ts)
-        indexes serve a filtered page without sorting; ids follow ts except across a
-        wall-clock step, and the (ts, id) keyset stays exact either way.
-
-        Filters (each a value or a sequence of values) combine with AND; ``since_ts`` is
-        inclusive, ``until_ts`` exclusive.
-        """
-        clauses, params = decision_where(cls, reason, tenant, outcome, since_ts, until_ts)
-        if after_id is not None:
-            clauses.append("(ts, id) > (COALESCE((SELECT ts FROM decisions WHERE id = ?), -1e308), ?)")
-            params += [after_id, after_id]
-        if before_id is not None:
-            clauses.append("(ts, id) < ((SELECT ts FROM decisions WHERE id = ?), ?)")
-            params += [before_id, before_id]
-        ascending = after_id is not None and before_id is None
-        sql = _DECISION_SELECT
-        if clauses:
-            sql += " WHERE " + " AND ".join(clauses)
-        direction = "ASC" if ascending else "DESC"
-        sql += f" ORDER BY ts {direction}, id {direction} LIMIT ?"
-        params.append(max(0, int(limit)))
-        return [_decision_dict(r) for r in await self._fetch(sql, params)]
-
-    async def count_decisions(
-        self,
-        *,
-        cls: str | Sequence[str] | None = None,
-        reason: str | Sequence[str] | None = None,
-        tenant: str | Sequence[str] | None = None,
-        outcome: str | Sequence[str] | None = None,
-        since_ts: float | None = None,
-        until_ts: float | None = None,
-    ) -> int:
-        clauses, params = decision_where(cls, reason, tenant, outcome, since_ts, until_ts)
-        sql = "SELECT COUNT(*) FROM decisions"
-        if clauses:
-            sql += " WHERE " + " AND ".join(clauses)
-        rows = await self._fetch(sql, params)
-        return int(rows[0][0])
-
-    async def audit_rows(
-        self, since_ts: float | None = None, until_ts: float | None = None, *, limit: int | None = None
-    ) -> list[dict[str, Any]]:
-        """Audit rows in time order (oldest first); ``limit`` keeps the newest N."""
-        clauses, params = decision_where(None, None, None, None, since_ts, until_ts)
-        where = " WHERE " + " AND ".join(clauses) if clauses else ""
-        if limit is None:
-            sql = _AUDIT_SELECT + where + " ORDER BY ts, id"
-        else:
-            sql = f"SELECT * FROM ({_AUDIT_SELECT}{where} ORDER BY ts DESC, id DESC LIMIT ?) ORDER BY ts, id"
-            params.append(max(0, int(limit)))
-        return [dict(r) for r in await self._fetch(sql, params)]
-
-    async def samples(
-        self,
-        since_ts: float | None = None,
-        until_ts: float | None = None,
-        backend: str | None = None,
-        *,
-        limit: int | None = None,
-    ) -> list[dict[str, Any]]:
-        """Samples in time order (oldest first); ``limit`` keeps the newest N of them."""
-        clauses, params = decision_where(None, None, None, None, since_ts, until_ts)
-        if backend is not None:
-            clauses.append("backend = ?")
-            params.append(backend)
-        where = " WHERE " + " AND ".join(clauses) if clauses else ""
-        if limit is None:
-            sql = _SAMPLE_SELECT + where + " ORDER BY ts, id"
-        else:
-            sql = (
-                f"SELECT * FROM ({_SAMPLE_SELECT}{where} ORDER BY ts DESC, id DESC LIMIT ?) "
-                "ORDER BY ts, id"
-            )
-            params.append(max(0, int(limit)))
-        return [_sample_dict(r) for r in await self._fetch(sql, params)]
 
 
 class Journal(JournalQueries):
@@ -987,14 +648,3 @@ class Journal(JournalQueries):
                 with contextlib.suppress(Exception):
                     await conn.close()
             raise
-
-def decision_from_row(row: dict[str, Any]) -> DecisionRecord:
-    """A ``decisions_page`` dict back into a ``DecisionRecord``."""
-    return DecisionRecord(**{f: row[f] for f in DECISION_FIELDS})
-
-
-def sample_from_row(row: dict[str, Any]) -> SampleRecord:
-    """A ``samples`` dict back into a ``SampleRecord``."""
-    values = {f: row[f] for f in SAMPLE_FIELDS if f != "classes"}
-    classes = tuple(ClassSample(c["cls"], c["in_flight"], c["queued"]) for c in row.get("classes") or ())
-    return SampleRecord(**values, classes=classes)

@@ -1,0 +1,174 @@
+"""The read side: ``JournalQueries``, the SQL the live journal and the review share.
+
+Read side
+    A separate read-only connection (``mode=ro``) on its own thread, so reads never
+    block the writer (WAL): ``decisions_page``, ``count_decisions``, ``audit_rows``,
+    ``samples``. Rows come back as dicts keyed by the record field names (``cls``, not
+    the column name ``class``) plus ``id``; ``stream`` is a bool and a sample's
+    ``classes`` a list of ``{"cls", "in_flight", "queued"}`` dicts. The export
+    (``tokengate log``) uses the column names instead, as operators read them.
+
+``decision_where`` turns the decision filters into SQL clauses and parameters; the
+review screen builds its own counts and exports on it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from gate.journal.rows import _decision_dict, _sample_dict
+from gate.journal.schema import COLUMNS
+
+_FIELD_FILTERS = {"cls": '"class"', "reason": "reason", "tenant": "tenant", "outcome": "outcome"}
+_DECISION_SELECT = "SELECT id, " + ", ".join(
+    f'"class" AS cls' if c == "class" else c for c in COLUMNS["decisions"]
+) + " FROM decisions"
+_AUDIT_SELECT = "SELECT id, " + ", ".join(COLUMNS["audit"]) + " FROM audit"
+_SAMPLE_SELECT = "SELECT id, " + ", ".join(COLUMNS["samples"]) + " FROM samples"
+
+
+def decision_where(
+    cls: str | Sequence[str] | None,
+    reason: str | Sequence[str] | None,
+    tenant: str | Sequence[str] | None,
+    outcome: str | Sequence[str] | None,
+    since_ts: float | None,
+    until_ts: float | None,
+) -> tuple[list[str], list[Any]]:
+    clauses: list[str] = []
+    params: list[Any] = []
+    for name, value in (("cls", cls), ("reason", reason), ("tenant", tenant), ("outcome", outcome)):
+        if value is None:
+            continue
+        column = _FIELD_FILTERS[name]
+        if isinstance(value, str):
+            clauses.append(f"{column} = ?")
+            params.append(value)
+        else:
+            values = list(value)
+            if not values:
+                clauses.append("0")
+                continue
+            clauses.append(f"{column} IN ({', '.join('?' * len(values))})")
+            params.extend(values)
+    if since_ts is not None:
+        clauses.append("ts >= ?")
+        params.append(since_ts)
+    if until_ts is not None:
+        clauses.append("ts < ?")
+        params.append(until_ts)
+    return clauses, params
+
+
+class JournalQueries:
+    """The read side, shared by the live journal and the read-only review: SQL only.
+
+    A subclass provides ``_fetch(sql, params) -> rows`` on a connection of its own,
+    so reads never wait behind the writer.
+    """
+
+    async def _fetch(self, sql: str, params: Sequence[Any]) -> list[sqlite3.Row]:
+        raise NotImplementedError
+
+    async def decisions_page(
+        self,
+        *,
+        after_id: int | None = None,
+        before_id: int | None = None,
+        limit: int = 200,
+        cls: str | Sequence[str] | None = None,
+        reason: str | Sequence[str] | None = None,
+        tenant: str | Sequence[str] | None = None,
+        outcome: str | Sequence[str] | None = None,
+        since_ts: float | None = None,
+        until_ts: float | None = None,
+    ) -> list[dict[str, Any]]:
+        """One page of decisions in time order (``ts``, then ``id``), keyset-paged: the
+        id of a row already shown is the cursor.
+
+        * neither ``after_id`` nor ``before_id``: the newest ``limit`` rows, newest first;
+        * ``before_id=X``: the ``limit`` rows just older than row X, newest first
+          (scrolling back: pass the last id of the previous page; [] once X is gone);
+        * ``after_id=X``: the ``limit`` rows just newer than row X, OLDEST first
+          (scrolling forward or tailing: pass the newest id seen; if row X was deleted
+          by retention, everything left counts as newer);
+        * both: rows strictly between the two, newest first, the ``limit`` nearest X.
+
+        Ordering by (ts, id) rather than id alone lets the (class|outcome|tenant, ts)
+        indexes serve a filtered page without sorting; ids follow ts except across a
+        wall-clock step, and the (ts, id) keyset stays exact either way.
+
+        Filters (each a value or a sequence of values) combine with AND; ``since_ts`` is
+        inclusive, ``until_ts`` exclusive.
+        """
+        clauses, params = decision_where(cls, reason, tenant, outcome, since_ts, until_ts)
+        if after_id is not None:
+            clauses.append("(ts, id) > (COALESCE((SELECT ts FROM decisions WHERE id = ?), -1e308), ?)")
+            params += [after_id, after_id]
+        if before_id is not None:
+            clauses.append("(ts, id) < ((SELECT ts FROM decisions WHERE id = ?), ?)")
+            params += [before_id, before_id]
+        ascending = after_id is not None and before_id is None
+        sql = _DECISION_SELECT
+        if clauses:
+            sql += " WHERE " + " AND ".join(clauses)
+        direction = "ASC" if ascending else "DESC"
+        sql += f" ORDER BY ts {direction}, id {direction} LIMIT ?"
+        params.append(max(0, int(limit)))
+        return [_decision_dict(r) for r in await self._fetch(sql, params)]
+
+    async def count_decisions(
+        self,
+        *,
+        cls: str | Sequence[str] | None = None,
+        reason: str | Sequence[str] | None = None,
+        tenant: str | Sequence[str] | None = None,
+        outcome: str | Sequence[str] | None = None,
+        since_ts: float | None = None,
+        until_ts: float | None = None,
+    ) -> int:
+        clauses, params = decision_where(cls, reason, tenant, outcome, since_ts, until_ts)
+        sql = "SELECT COUNT(*) FROM decisions"
+        if clauses:
+            sql += " WHERE " + " AND ".join(clauses)
+        rows = await self._fetch(sql, params)
+        return int(rows[0][0])
+
+    async def audit_rows(
+        self, since_ts: float | None = None, until_ts: float | None = None, *, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Audit rows in time order (oldest first); ``limit`` keeps the newest N."""
+        clauses, params = decision_where(None, None, None, None, since_ts, until_ts)
+        where = " WHERE " + " AND ".join(clauses) if clauses else ""
+        if limit is None:
+            sql = _AUDIT_SELECT + where + " ORDER BY ts, id"
+        else:
+            sql = f"SELECT * FROM ({_AUDIT_SELECT}{where} ORDER BY ts DESC, id DESC LIMIT ?) ORDER BY ts, id"
+            params.append(max(0, int(limit)))
+        return [dict(r) for r in await self._fetch(sql, params)]
+
+    async def samples(
+        self,
+        since_ts: float | None = None,
+        until_ts: float | None = None,
+        backend: str | None = None,
+        *,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Samples in time order (oldest first); ``limit`` keeps the newest N of them."""
+        clauses, params = decision_where(None, None, None, None, since_ts, until_ts)
+        if backend is not None:
+            clauses.append("backend = ?")
+            params.append(backend)
+        where = " WHERE " + " AND ".join(clauses) if clauses else ""
+        if limit is None:
+            sql = _SAMPLE_SELECT + where + " ORDER BY ts, id"
+        else:
+            sql = (
+                f"SELECT * FROM ({_SAMPLE_SELECT}{where} ORDER BY ts DESC, id DESC LIMIT ?) "
+                "ORDER BY ts, id"
+            )
+            params.append(max(0, int(limit)))
+        return [_sample_dict(r) for r in await self._fetch(sql, params)]

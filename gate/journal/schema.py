@@ -1,0 +1,138 @@
+"""The journal's schema: the tables, their columns, the migrations and the errors.
+
+Schema
+    ``PRAGMA user_version`` is the schema version; ``MIGRATIONS[i]`` takes a journal from
+    version ``i`` to ``i + 1`` (v1 creates everything). A journal written by a newer
+    tokengate (a higher version than ``SCHEMA_VERSION``) is refused with
+    ``JournalVersionError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sqlite3
+
+from gate.records import AuditRecord, DecisionRecord, SampleRecord
+
+
+def _column(field: str) -> str:
+    return "class" if field == "cls" else field
+
+
+DECISION_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(DecisionRecord))
+AUDIT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(AuditRecord))
+SAMPLE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(SampleRecord))
+
+#: Column names per table, in record field order (``id`` first is not included).
+COLUMNS: dict[str, tuple[str, ...]] = {
+    "decisions": tuple(_column(f) for f in DECISION_FIELDS),
+    "audit": tuple(_column(f) for f in AUDIT_FIELDS),
+    "samples": tuple(_column(f) for f in SAMPLE_FIELDS),
+}
+TABLES: tuple[str, ...] = ("decisions", "audit", "samples")
+
+_V1 = (
+    """CREATE TABLE decisions (
+        id INTEGER PRIMARY KEY,
+        ts REAL NOT NULL,
+        request_id TEXT NOT NULL,
+        tenant TEXT NOT NULL,
+        "class" TEXT NOT NULL,
+        backend TEXT NOT NULL,
+        endpoint TEXT NOT NULL,
+        stream INTEGER NOT NULL,
+        prompt_tokens INTEGER,
+        token_count_source TEXT,
+        max_tokens INTEGER,
+        reserved_tokens INTEGER NOT NULL,
+        outcome TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        http_status INTEGER NOT NULL,
+        queue_ms REAL,
+        ttft_ms REAL,
+        duration_ms REAL NOT NULL,
+        completion_tokens INTEGER,
+        budget_at_decision INTEGER,
+        in_flight_at_decision INTEGER
+    )""",
+    "CREATE INDEX decisions_ts ON decisions (ts)",
+    'CREATE INDEX decisions_class_ts ON decisions ("class", ts)',
+    "CREATE INDEX decisions_outcome_ts ON decisions (outcome, ts)",
+    "CREATE INDEX decisions_tenant_ts ON decisions (tenant, ts)",
+    """CREATE TABLE audit (
+        id INTEGER PRIMARY KEY,
+        ts REAL NOT NULL,
+        operator TEXT NOT NULL,
+        origin TEXT NOT NULL,
+        source TEXT NOT NULL,
+        action TEXT NOT NULL,
+        target TEXT NOT NULL,
+        old_value TEXT,
+        new_value TEXT,
+        note TEXT NOT NULL DEFAULT ''
+    )""",
+    "CREATE INDEX audit_ts ON audit (ts)",
+    """CREATE TABLE samples (
+        id INTEGER PRIMARY KEY,
+        ts REAL NOT NULL,
+        backend TEXT NOT NULL,
+        budget INTEGER,
+        in_flight INTEGER NOT NULL,
+        queued INTEGER NOT NULL,
+        slots_busy INTEGER,
+        slots_total INTEGER,
+        gpu_used_bytes INTEGER,
+        gpu_total_bytes INTEGER,
+        p95_ttft_ms REAL,
+        p95_tpot_ms REAL,
+        admitted INTEGER NOT NULL,
+        refused INTEGER NOT NULL,
+        classes TEXT NOT NULL DEFAULT '[]'
+    )""",
+    "CREATE INDEX samples_ts ON samples (ts)",
+)
+
+#: ``MIGRATIONS[i]`` takes a journal from schema version ``i`` to ``i + 1``. Append only.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1,)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class JournalError(Exception):
+    """The journal cannot be used as asked (the message names the file)."""
+
+
+class JournalVersionError(JournalError):
+    """The journal was written by a newer tokengate than this one."""
+
+
+def _newer_message(path: str, version: int) -> str:
+    return (
+        f"{path}: journal schema version {version} is newer than this tokengate understands "
+        f"(up to {SCHEMA_VERSION}); upgrade tokengate or point it at another journal file"
+    )
+
+
+def migrate_sync(conn: sqlite3.Connection, path: str = "<journal>") -> int:
+    """Bring a plain ``sqlite3`` connection's schema up to date (benchmarks, tools).
+
+    The connection must be in autocommit mode (``isolation_level=None``). Returns the
+    version found before migrating.
+    """
+    (version,) = conn.execute("PRAGMA user_version").fetchone()
+    if version > SCHEMA_VERSION:
+        raise JournalVersionError(_newer_message(path, version))
+    if version < SCHEMA_VERSION:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            (version,) = conn.execute("PRAGMA user_version").fetchone()
+            for step in MIGRATIONS[version:]:
+                for statement in step:
+                    conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise
+    return version
