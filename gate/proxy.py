@@ -50,9 +50,12 @@ class AdmittedEndpoint:
     def __init__(self, gate: GateService) -> None:
         self.gate = gate
         self.new_id = RequestIds()
+        self.header_name = HeaderNames()
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await _Flow(self.gate, scope, receive, send, self.new_id).run()
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        # Returns the flow's coroutine rather than awaiting it: one coroutine frame
+        # less for each of the thousands of requests a queue may hold.
+        return _Flow(self.gate, scope, receive, send, self.new_id, self.header_name).run()
 
 
 class RequestIds:
@@ -70,15 +73,41 @@ class RequestIds:
         return f"{self._prefix}{self._next():016x}"
 
 
+class HeaderNames:
+    """Decoded header names, one shared str per distinct name instead of one per request."""
+
+    def __init__(self, limit: int = 512) -> None:
+        self._known: dict[bytes, str] = {}
+        self._limit = limit  # clients choose names: the table must not grow without bound
+
+    def __call__(self, raw: bytes) -> str:
+        name = self._known.get(raw)
+        if name is None:
+            name = raw.decode("latin-1").lower()
+            if len(self._known) < self._limit:
+                self._known[raw] = name
+        return name
+
+
 class _Flow:
     """One request's journey; every exit path goes through `conclude` exactly once."""
 
-    def __init__(self, gate: GateService, scope: Scope, receive: Receive, send: Send, new_id: Callable[[], str]) -> None:
+    # Thousands may wait in a queue at once: no per-request __dict__.
+    __slots__ = (
+        "gate", "scope", "receive", "send", "headers", "request_id", "t0", "wall0", "intake", "backend",
+        "count", "ticket", "stats", "rate_charged", "started", "concluded", "committed", "budget_at",
+        "in_flight_at", "_task", "_racing", "_gone",
+    )
+
+    def __init__(
+        self, gate: GateService, scope: Scope, receive: Receive, send: Send,
+        new_id: Callable[[], str], header_name: Callable[[bytes], str],
+    ) -> None:
         self.gate = gate
         self.scope = scope
         self.receive = receive
         self.send = send
-        self.headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        self.headers = {header_name(k): v.decode("latin-1") for k, v in scope["headers"]}
         given = self.headers.get("x-request-id", "")
         self.request_id = given if _REQUEST_ID_RE.fullmatch(given) else new_id()
         self.t0 = gate.clock()
@@ -94,6 +123,9 @@ class _Flow:
         self.committed: asyncio.Future[bool] | None = None  # the decision row's commit
         self.budget_at: int | None = None
         self.in_flight_at: int | None = None
+        self._task: asyncio.Task[Any] | None = None  # this request's task, while `_race` runs
+        self._racing = False
+        self._gone = False
 
     # ---- the path ------------------------------------------------------------
 
@@ -254,30 +286,28 @@ class _Flow:
         """Run `work` in this task until it finishes or the client disconnects (then cancel it)."""
         # One watcher task that cancels this one, rather than a task for the work and
         # asyncio.wait over both: a third of the cost per request on a refusal flood.
-        me = asyncio.current_task()
+        me = self._task = asyncio.current_task()
         assert me is not None
-        running = True
-        gone = False
-
-        def client_left(watcher: asyncio.Future[None]) -> None:
-            nonlocal gone
-            # Only while the work runs: a cancel requested after it returned would
-            # land on whatever this task awaits next.
-            if running and not watcher.cancelled() and watcher.exception() is None:
-                gone = True
-                me.cancel()
-
+        self._racing = True
         watcher = asyncio.ensure_future(self._disconnected())
-        watcher.add_done_callback(client_left)
+        watcher.add_done_callback(self._client_left)
         try:
             await work
         except asyncio.CancelledError:
-            if gone and me.uncancel() == 0:
+            if self._gone and me.uncancel() == 0:
                 raise ClientGone from None
             raise  # the server is cancelling this request (shutdown)
         finally:
-            running = False
+            self._racing = False
             watcher.cancel()
+
+    def _client_left(self, watcher: asyncio.Future[None]) -> None:
+        # Only while the work runs: a cancel requested after it returned would land
+        # on whatever this task awaits next.
+        if self._racing and not watcher.cancelled() and watcher.exception() is None:
+            self._gone = True
+            assert self._task is not None
+            self._task.cancel()
 
     async def _disconnected(self) -> None:
         while (await self.receive())["type"] != "http.disconnect":

@@ -146,7 +146,7 @@ class GateService:
         sock.setblocking(False)
         self.port = sock.getsockname()[1]
         uv_config = uvicorn.Config(
-            self.app, log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=5
+            self.app, interface="asgi3", log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=5
         )
         self._server = _EmbeddedServer(uv_config)
         self._tasks.append(asyncio.create_task(self._server.serve(sockets=[sock]), name="tokengate-http"))
