@@ -29,6 +29,7 @@ from gate.metrics import GateMetrics
 from gate.ratelimit import RateLimiter, TenantLimits
 from gate.control import Control, Operator
 from gate.gatekeeper import Ticket
+from gate.netio import client_transports
 from gate.journal import Journal
 from gate.records import AuditRecord, ClassSample, DecisionRecord, RecentDecisions, SampleRecord
 from gate.rollup import Rollup
@@ -71,12 +72,14 @@ class GateService:
         self.probe_interval_s = probe_interval_s
         self.tenants = TenantDirectory.from_config(config, environ)
         tenant_cfg = {t.name: t for t in config.tenants}
+        # Shorter than llama-server's own 5 s keep-alive, so a pooled connection is
+        # never reused in the instant the server closes it.
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=2.0)
+        mounts: dict[str, httpx.AsyncBaseTransport] = {}
+        if transport is None:  # else a test seam (httpx.MockTransport)
+            transport, mounts = client_transports(limits)
         self.client = httpx.AsyncClient(
-            transport=transport,  # a test seam (httpx.MockTransport); None = real network
-            timeout=httpx.Timeout(connect=5.0, read=None, write=30.0, pool=30.0),
-            # Shorter than llama-server's own 5 s keep-alive, so a pooled connection is
-            # never reused in the instant the server closes it.
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=2.0),
+            transport=transport, mounts=mounts, timeout=httpx.Timeout(connect=5.0, read=None, write=30.0, pool=30.0)
         )
         self.tokens = TokenCounter(self.client)
         self.ratelimit = RateLimiter(

@@ -1,0 +1,202 @@
+"""httpx's plain-HTTP connections on asyncio directly, without anyio in between.
+
+httpx (DESIGN.md: every HTTP client call) sits on httpcore, whose default network
+backend does each read and write through anyio: a cancel scope, a deadline and a
+sniffio lookup around every call. On the proxied path that was about a third of
+the gate's CPU; `bench/upstream_clients.py` measured the same relay with this
+backend at 1.35x the requests/s and 0.74x the CPU per request. httpx and httpcore
+stay in charge of HTTP, pooling and timeouts; only the socket I/O changes. TLS
+connections keep httpx's own transport (`client_transports`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import Any
+
+import httpcore
+import httpx
+
+# Stop reading from the socket while this much is buffered and unread: a client
+# that reads slowly must not make the gate hold a whole answer in memory.
+_HIGH_WATER = 256 * 1024
+_LOW_WATER = 64 * 1024
+
+
+class _Connection(asyncio.Protocol):
+    """Buffers what the socket delivers; wakes the one reader and the one writer httpcore allows."""
+
+    def __init__(self) -> None:
+        self.transport: Any = None  # asyncio's or uvloop's TCP transport
+        self.buffer = bytearray()
+        self.eof = False
+        self.error: BaseException | None = None
+        self.reading_paused = False
+        self.writing_paused = False
+        self._read_waiter: asyncio.Future[None] | None = None
+        self._drain_waiter: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not an asyncio.Transport subclass
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        if len(self.buffer) > _HIGH_WATER and self.transport is not None and not self.reading_paused:
+            self.reading_paused = True
+            self.transport.pause_reading()
+        _wake(self._read_waiter)
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        _wake(self._read_waiter)
+        return False  # close our side too: HTTP/1.1 has no use for a half-open connection
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.eof = True
+        self.error = exc
+        _wake(self._read_waiter)
+        _wake(self._drain_waiter)
+
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        _wake(self._drain_waiter)
+
+    async def wait_readable(self) -> None:
+        self._read_waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._read_waiter
+        finally:
+            self._read_waiter = None
+
+    async def wait_drained(self) -> None:
+        self._drain_waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._drain_waiter
+        finally:
+            self._drain_waiter = None
+
+
+def _wake(waiter: asyncio.Future[None] | None) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)
+
+
+class AsyncioStream(httpcore.AsyncNetworkStream):
+    """One TCP connection as httpcore sees it."""
+
+    def __init__(self, conn: _Connection) -> None:
+        self._conn = conn
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        conn = self._conn
+        if not conn.buffer and not conn.eof:
+            try:
+                async with asyncio.timeout(timeout):
+                    await conn.wait_readable()
+            except TimeoutError:
+                raise httpcore.ReadTimeout(f"no data within {timeout} s") from None
+        if conn.buffer:
+            data = bytes(conn.buffer[:max_bytes])
+            del conn.buffer[:max_bytes]
+            if conn.reading_paused and len(conn.buffer) < _LOW_WATER and conn.transport is not None:
+                conn.reading_paused = False
+                conn.transport.resume_reading()
+            return data
+        if conn.error is not None:
+            raise httpcore.ReadError(str(conn.error) or type(conn.error).__name__)
+        return b""  # the peer closed the connection
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        conn = self._conn
+        if not buffer:
+            return
+        if conn.transport is None or conn.transport.is_closing():
+            raise httpcore.WriteError(str(conn.error) if conn.error else "connection closed")
+        conn.transport.write(buffer)
+        if conn.writing_paused:
+            try:
+                async with asyncio.timeout(timeout):
+                    await conn.wait_drained()
+            except TimeoutError:
+                raise httpcore.WriteTimeout(f"could not write within {timeout} s") from None
+            if conn.error is not None:
+                raise httpcore.WriteError(str(conn.error))
+
+    async def aclose(self) -> None:
+        if self._conn.transport is not None:
+            self._conn.transport.close()
+
+    async def start_tls(self, *args: Any, **kwargs: Any) -> httpcore.AsyncNetworkStream:
+        raise httpcore.ConnectError("TLS is not handled here: https:// goes through httpx's own transport")
+
+    def get_extra_info(self, info: str) -> Any:
+        if info == "is_readable":
+            # httpcore asks before reusing an idle pooled connection: anything there
+            # (a close, or bytes nobody asked for) means it is not fit to reuse.
+            return self._conn.eof or bool(self._conn.buffer)
+        transport = self._conn.transport
+        if transport is None:
+            return None
+        key = {"client_addr": "sockname", "server_addr": "peername"}.get(info, info)
+        return transport.get_extra_info(key)
+
+
+class AsyncioBackend(httpcore.AsyncNetworkBackend):
+    """Opens plain TCP connections with the running loop (uvloop under `tokengate serve`)."""
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(timeout):
+                transport, conn = await loop.create_connection(
+                    _Connection, host, port, local_addr=(local_address, 0) if local_address else None
+                )
+        except TimeoutError:
+            raise httpcore.ConnectTimeout(f"no connection to {host}:{port} within {timeout} s") from None
+        except OSError as exc:
+            raise httpcore.ConnectError(f"{host}:{port}: {exc}") from exc
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            for option in socket_options or ():
+                sock.setsockopt(*option)
+        return AsyncioStream(conn)
+
+    async def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.AsyncNetworkStream:
+        raise httpcore.ConnectError("unix sockets are not supported by the gate's backends")
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+def client_transports(limits: httpx.Limits) -> tuple[httpx.AsyncBaseTransport, dict[str, httpx.AsyncBaseTransport]]:
+    """The transport for http:// (on AsyncioBackend) and the mounts for the rest (httpx's own)."""
+    plain = httpx.AsyncHTTPTransport(limits=limits)
+    # httpx has no public way to hand its transport a network backend; its pool is
+    # replaced with an identical one that has ours. tests/unit/test_netio.py checks
+    # that requests really go through AsyncioBackend, so an httpx upgrade that
+    # changes this fails there rather than silently falling back.
+    plain._pool = httpcore.AsyncConnectionPool(
+        max_connections=limits.max_connections,
+        max_keepalive_connections=limits.max_keepalive_connections,
+        keepalive_expiry=limits.keepalive_expiry,
+        http1=True,
+        http2=False,
+        network_backend=AsyncioBackend(),
+    )
+    return plain, {"https://": httpx.AsyncHTTPTransport(limits=limits)}
+
+
+__all__ = ["AsyncioBackend", "AsyncioStream", "client_transports"]

@@ -1,0 +1,145 @@
+"""gate/netio.py over real loopback sockets: httpx requests really use it, and its failures map to httpx's."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from gate.netio import AsyncioBackend, client_transports
+
+ANSWER = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"ok\":true}"
+
+
+async def _server(handler):
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")), 0)
+    return head + await reader.readexactly(length)
+
+
+class CountingBackend(AsyncioBackend):
+    def __init__(self) -> None:
+        self.connects = 0
+
+    async def connect_tcp(self, *args, **kwargs):
+        self.connects += 1
+        return await super().connect_tcp(*args, **kwargs)
+
+
+def _client(limits: httpx.Limits | None = None, **timeouts) -> tuple[httpx.AsyncClient, CountingBackend]:
+    plain, mounts = client_transports(limits or httpx.Limits(max_keepalive_connections=8, keepalive_expiry=5.0))
+    backend = CountingBackend()
+    plain._pool._network_backend = backend  # count what the real transport opens
+    return httpx.AsyncClient(transport=plain, mounts=mounts, timeout=httpx.Timeout(5.0, **timeouts)), backend
+
+
+async def test_requests_go_through_the_asyncio_backend_and_reuse_kept_alive_connections():
+    async def handler(reader, writer):
+        while True:
+            try:
+                body = await _read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            assert body.endswith(b"hello")
+            writer.write(ANSWER)
+            await writer.drain()
+
+    server, url = await _server(handler)
+    client, backend = _client()
+    async with server, client:
+        assert isinstance(client._transport_for_url(httpx.URL(url))._pool._network_backend, AsyncioBackend)
+        for _ in range(3):
+            r = await client.post(url + "/x", content=b"hello")
+            assert r.json() == {"ok": True}
+        assert backend.connects == 1
+
+
+async def test_an_idle_connection_the_server_closed_says_it_is_not_fit_for_reuse():
+    release = asyncio.Event()
+    closed = asyncio.Event()
+
+    async def handler(reader, writer):
+        await release.wait()
+        writer.close()  # what llama-server does after a stream, on a connection it kept alive
+        await writer.wait_closed()
+        closed.set()
+
+    server, url = await _server(handler)
+    async with server:
+        port = int(url.rsplit(":", 1)[1])
+        stream = await AsyncioBackend().connect_tcp("127.0.0.1", port, timeout=5)
+        assert stream.get_extra_info("is_readable") is False  # open and quiet: reusable
+        release.set()
+        await closed.wait()
+        # The FIN is on its way; the condition httpcore checks must turn True (bounded wait).
+        async with asyncio.timeout(2):
+            while not stream.get_extra_info("is_readable"):
+                await asyncio.sleep(0.005)
+        assert await stream.read(1024) == b""
+        await stream.aclose()
+
+
+async def test_a_read_that_gets_nothing_times_out_as_httpx_read_timeout():
+    async def handler(reader, writer):
+        await _read_request(reader)
+        await asyncio.sleep(10)
+
+    server, url = await _server(handler)
+    client, _ = _client(read=0.2)
+    async with server, client:
+        with pytest.raises(httpx.ReadTimeout):
+            await client.post(url, content=b"x")
+
+
+async def test_a_refused_connection_is_httpx_connect_error_and_a_cut_answer_is_a_protocol_error():
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(ANSWER[:40])
+        await writer.drain()
+        writer.transport.abort()
+
+    server, url = await _server(handler)
+    client, _ = _client()
+    async with client:
+        async with server:
+            with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
+                await client.post(url, content=b"x")
+        with pytest.raises(httpx.ConnectError):
+            await client.post(url, content=b"x")  # the server is gone now
+
+
+async def test_a_large_answer_arrives_whole_while_reading_pauses_and_resumes():
+    big = bytes(range(256)) * 8192  # 2 MiB, past the high-water mark many times over
+
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(big) + big)
+        await writer.drain()
+
+    server, url = await _server(handler)
+    client, _ = _client()
+    async with server, client:
+        async with client.stream("POST", url, content=b"x") as r:
+            got = bytearray()
+            async for chunk in r.aiter_raw():
+                got += chunk
+                await asyncio.sleep(0)  # a slow reader: the buffer fills and reading pauses
+        assert bytes(got) == big
+
+
+def test_the_same_round_trips_and_large_answers_work_on_uvloop():
+    # `tokengate serve` runs on uvloop, whose transports are not asyncio's classes.
+    uvloop = pytest.importorskip("uvloop")
+
+    async def both() -> None:
+        await test_requests_go_through_the_asyncio_backend_and_reuse_kept_alive_connections()
+        await test_a_large_answer_arrives_whole_while_reading_pauses_and_resumes()
+        await test_an_idle_connection_the_server_closed_says_it_is_not_fit_for_reuse()
+
+    uvloop.run(both())
