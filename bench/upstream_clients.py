@@ -12,6 +12,9 @@ each in its own server process:
   httpx-close    the same, sending `Connection: close` on every upstream request,
                  as the gate must: llama-server drops kept-alive connections
                  after a streamed answer without saying so
+  httpx_asyncio  httpx with the same settings, its connection pool given a
+                 PROTOTYPE network backend on plain asyncio streams instead of
+                 anyio (how much of httpx's cost is anyio); `-close` as above
   aiohttp        one shared aiohttp.ClientSession, keep-alive (unbounded pool)
   aiohttp-close  the same with `Connection: close`
 plus `direct`, wrk straight at the fake (the floor). wrk drives each at 1 and
@@ -34,6 +37,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import importlib.util
+import itertools
 import json
 import os
 import platform
@@ -51,7 +55,7 @@ from overhead import (  # noqa: E402  (bench/ is not a package)
     CHUNKS, LUA_HIT, Target, fmt, measure, post_status, print_table, ratio, stop, free_port, wait_http,
 )
 
-VARIANTS = ("httpx", "httpx-close", "aiohttp", "aiohttp-close")
+VARIANTS = ("httpx", "httpx-close", "httpx_asyncio", "httpx_asyncio-close", "aiohttp", "aiohttp-close")
 CONN_COUNTS = (1, 32)
 CHAT = "/v1/chat/completions"
 Forward = Callable[[bytes], Awaitable[tuple[int, bytes]]]
@@ -73,6 +77,87 @@ async def httpx_forwarder(url: str, close: bool) -> AsyncIterator[Forward]:
         timeout=httpx.Timeout(connect=5.0, read=None, write=30.0, pool=30.0),
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=2.0),
     ) as client:
+        async def forward(body: bytes) -> tuple[int, bytes]:
+            r = await client.post(url, content=body, headers=headers)
+            return r.status_code, r.content
+
+        yield forward
+
+
+def asyncio_network_backend():
+    """PROTOTYPE (bench only): an httpcore network backend on plain asyncio streams.
+
+    httpx sits on httpcore, which does its socket I/O through anyio (a cancel scope
+    and a sniffio lookup around every read and write). This backend keeps httpx and
+    httpcore and swaps only that layer, to measure how much of httpx's cost is anyio.
+    """
+    import asyncio
+
+    import httpcore
+
+    class Stream(httpcore.AsyncNetworkStream):
+        def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self._reader, self._writer = reader, writer
+
+        async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+            try:
+                async with asyncio.timeout(timeout):
+                    return await self._reader.read(max_bytes)
+            except TimeoutError:
+                raise httpcore.ReadTimeout("read timed out") from None
+            except OSError as e:
+                raise httpcore.ReadError(str(e)) from e
+
+        async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+            if not buffer:
+                return
+            try:
+                self._writer.write(buffer)
+                async with asyncio.timeout(timeout):
+                    await self._writer.drain()
+            except TimeoutError:
+                raise httpcore.WriteTimeout("write timed out") from None
+            except OSError as e:
+                raise httpcore.WriteError(str(e)) from e
+
+        async def aclose(self) -> None:
+            self._writer.close()
+
+        def get_extra_info(self, info: str):
+            if info == "is_readable":  # httpcore asks before reusing a pooled connection
+                return self._reader.at_eof()
+            return self._writer.get_extra_info({"client_addr": "sockname", "server_addr": "peername"}.get(info, info))
+
+    class Backend(httpcore.AsyncNetworkBackend):
+        async def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+            try:
+                async with asyncio.timeout(timeout):
+                    reader, writer = await asyncio.open_connection(host, port)
+            except TimeoutError:
+                raise httpcore.ConnectTimeout("connect timed out") from None
+            except OSError as e:
+                raise httpcore.ConnectError(str(e)) from e
+            return Stream(reader, writer)
+
+        async def sleep(self, seconds: float) -> None:
+            await asyncio.sleep(seconds)
+
+    return Backend()
+
+
+@asynccontextmanager
+async def httpx_asyncio_forwarder(url: str, close: bool) -> AsyncIterator[Forward]:
+    import httpcore
+    import httpx
+
+    headers = upstream_headers(close)
+    transport = httpx.AsyncHTTPTransport()
+    # httpx has no public way to give its transport a network backend: swap the pool.
+    transport._pool = httpcore.AsyncConnectionPool(
+        max_connections=None, max_keepalive_connections=256, keepalive_expiry=2.0,
+        network_backend=asyncio_network_backend(),
+    )
+    async with httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(connect=5.0, read=None, write=30.0, pool=30.0)) as client:
         async def forward(body: bytes) -> tuple[int, bytes]:
             r = await client.post(url, content=body, headers=headers)
             return r.status_code, r.content
@@ -106,7 +191,7 @@ def build_app(variant: str, upstream: str):
     from starlette.routing import Route
 
     lib, _, mode = variant.partition("-")
-    open_forwarder = {"httpx": httpx_forwarder, "aiohttp": aiohttp_forwarder}[lib]
+    open_forwarder = {"httpx": httpx_forwarder, "httpx_asyncio": httpx_asyncio_forwarder, "aiohttp": aiohttp_forwarder}[lib]
     state: dict[str, Forward] = {}
 
     @asynccontextmanager
@@ -153,10 +238,10 @@ def start_relay(tmp: Path, variant: str, up_port: int) -> tuple[subprocess.Popen
 
 
 def compare(table: dict[str, dict], variants: list[str]) -> dict[str, dict]:
-    """aiohttp over httpx, like for like (keep-alive with keep-alive, close with close)."""
+    """Each alternative over plain httpx, like for like (keep-alive with keep-alive, close with close)."""
     out = {}
-    for mode in ("", "-close"):
-        a, h = f"aiohttp{mode}", f"httpx{mode}"
+    for alt, mode in itertools.product(("httpx_asyncio", "aiohttp"), ("", "-close")):
+        a, h = f"{alt}{mode}", f"httpx{mode}"
         if a not in variants or h not in variants:
             continue
         for conns in CONN_COUNTS:
