@@ -108,12 +108,7 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the generated journal")
     args = ap.parse_args()
 
-    tmp = None
-    if args.journal is None:
-        tmp = tempfile.mkdtemp(prefix="tokengate-bench-")
-        path = Path(tmp) / "journal.db"
-    else:
-        path = args.journal
+    path, tmp = journal_location(args.journal)
     for suffix in ("", "-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
 
@@ -143,17 +138,29 @@ def main() -> int:
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {RESULTS.relative_to(REPO)}")
+    finish(result, RESULTS, path, tmp, keep=args.keep or bool(args.journal))
+    return 0
 
-    if tmp is not None and not args.keep:
+
+def journal_location(given: Path | None) -> tuple[Path, str | None]:
+    """Where to build the journal: `given`, or a fresh temp dir (returned so it can go)."""
+    if given is not None:
+        return given, None
+    tmp = tempfile.mkdtemp(prefix="tokengate-bench-")
+    return Path(tmp) / "journal.db", tmp
+
+
+def finish(result: dict, results: Path, path: Path, tmp: str | None, *, keep: bool) -> None:
+    """Write the figures, and remove the generated journal unless asked to keep it."""
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {results.relative_to(REPO)}")
+    if keep:
+        print(f"journal kept: {path}")
+    elif tmp is not None:
         for suffix in ("", "-wal", "-shm"):
             Path(f"{path}{suffix}").unlink(missing_ok=True)
         os.rmdir(tmp)
-    elif args.keep or args.journal:
-        print(f"journal kept: {path}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from export_memory import build  # noqa: E402
+from export_memory import build, finish, journal_location  # noqa: E402
 from textual.app import App, ComposeResult  # noqa: E402
 from textual.widgets import Input, Static  # noqa: E402
 
@@ -264,12 +264,7 @@ def main() -> int:
     ap.add_argument("--reuse", action="store_true", help="use --journal as it is (do not rebuild)")
     args = ap.parse_args()
 
-    tmp = None
-    if args.journal is None:
-        tmp = tempfile.mkdtemp(prefix="tokengate-bench-")
-        path = Path(tmp) / "journal.db"
-    else:
-        path = args.journal
+    path, tmp = journal_location(args.journal)
     if args.reuse and path.exists():
         build_s, n_samples, n_audit = 0.0, None, None
         print(f"reusing {path}", flush=True)
@@ -318,16 +313,7 @@ def main() -> int:
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {RESULTS.relative_to(REPO)}")
-
-    if tmp is not None and not args.keep:
-        for suffix in ("", "-wal", "-shm"):
-            Path(f"{path}{suffix}").unlink(missing_ok=True)
-        os.rmdir(tmp)
-    elif args.keep or args.journal:
-        print(f"journal kept: {path}")
+    finish(result, RESULTS, path, tmp, keep=args.keep or bool(args.journal))
     return 0 if result["meets_target"] else 1
 
 

@@ -24,7 +24,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.integration.fake_upstream import fake_upstream
 from tests.integration.gate_harness import busy_slots, running_gate, wait_until, words
 from tests.llama.server import free_port
+from tests.tmpfs import tmpfs
 
 CHAT = "/v1/chat/completions"
 TOKENGATE = Path(sys.executable).with_name("tokengate")
@@ -273,24 +273,6 @@ async def test_answer_ends_only_after_its_decision_row_commits(llama, tmp_path, 
 
 
 # ---- 2. journal fault while serving ------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def tmpfs(directory: Path, size: str) -> Iterator[Path]:
-    directory.mkdir()
-    try:
-        proc = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
-            capture_output=True, text=True, timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError) as e:
-        pytest.skip(f"cannot mount a tmpfs here: {e}")
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
-    try:
-        yield directory
-    finally:
-        subprocess.run(["umount", "-l", str(directory)], capture_output=True, timeout=10)
 
 
 class LockedFault:

@@ -37,6 +37,7 @@ from gate.journal import (
     sample_from_row,
 )
 from gate.records import AuditRecord, ClassSample, DecisionRecord, SampleRecord
+from tests.tmpfs import tmpfs
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = float(int(time.time())) - 3600.0  # recent: the retention pass at open keeps these
@@ -462,26 +463,8 @@ def test_file_size_limit_fails_writes_then_resumes(tmp_path: Path) -> None:
     assert count(path) == 2
 
 
-@contextlib.contextmanager
-def tiny_tmpfs(directory: Path, size: str = "64k"):
-    directory.mkdir()
-    try:
-        proc = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
-            capture_output=True, text=True, timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError) as e:
-        pytest.skip(f"cannot mount a tmpfs here: {e}")
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
-    try:
-        yield directory
-    finally:
-        subprocess.run(["umount", "-l", str(directory)], capture_output=True, timeout=10)
-
-
 async def test_full_disk_on_a_tiny_tmpfs_drops_then_resumes(tmp_path: Path) -> None:
-    with tiny_tmpfs(tmp_path / "small", "512k") as small:
+    with tmpfs(tmp_path / "small", "512k") as small:
         path = small / "j.db"
         j = await Journal.open(path, **FAST)
         try:
