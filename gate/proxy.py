@@ -96,7 +96,7 @@ class _Flow:
     __slots__ = (
         "gate", "scope", "receive", "send", "headers", "request_id", "t0", "wall0", "intake", "backend",
         "count", "ticket", "stats", "rate_charged", "started", "concluded", "committed", "budget_at",
-        "in_flight_at", "_task", "_racing", "_gone",
+        "in_flight_at", "_task", "_gone",
     )
 
     def __init__(
@@ -123,8 +123,7 @@ class _Flow:
         self.committed: asyncio.Future[bool] | None = None  # the decision row's commit
         self.budget_at: int | None = None
         self.in_flight_at: int | None = None
-        self._task: asyncio.Task[Any] | None = None  # this request's task, while `_race` runs
-        self._racing = False
+        self._task: asyncio.Task[Any] | None = None  # this request's task, while `_race` runs its work
         self._gone = False
 
     # ---- the path ------------------------------------------------------------
@@ -288,7 +287,6 @@ class _Flow:
         # asyncio.wait over both: a third of the cost per request on a refusal flood.
         me = self._task = asyncio.current_task()
         assert me is not None
-        self._racing = True
         watcher = asyncio.ensure_future(self._disconnected())
         watcher.add_done_callback(self._client_left)
         try:
@@ -298,16 +296,16 @@ class _Flow:
                 raise ClientGone from None
             raise  # the server is cancelling this request (shutdown)
         finally:
-            self._racing = False
+            self._task = None
             watcher.cancel()
 
     def _client_left(self, watcher: asyncio.Future[None]) -> None:
         # Only while the work runs: a cancel requested after it returned would land
         # on whatever this task awaits next.
-        if self._racing and not watcher.cancelled() and watcher.exception() is None:
+        task = self._task
+        if task is not None and not watcher.cancelled() and watcher.exception() is None:
             self._gone = True
-            assert self._task is not None
-            self._task.cancel()
+            task.cancel()
 
     async def _disconnected(self) -> None:
         while (await self.receive())["type"] != "http.disconnect":
