@@ -1,8 +1,16 @@
-"""The operator console: one Textual app in front of one GateService, in the same event loop.
+"""The operator console: one Textual app in front of one gate, reached through a GateLink.
 
-It renders only from `gate.snapshot()` (one per tick, handed to every widget's
-`update_snapshot`) and changes the gate only through `gate.control`, as
-`gate.operator`; control writes the audit row, the console shows a toast.
+It renders only from `link.snapshot()` (one per tick, handed to every widget's
+`update_snapshot`) and changes the gate only with `link.command(...)`: one
+command per action, validated whole and applied atomically by the gate, which
+writes the audit rows; the console shows a toast. The link is the gate in this
+process (the embedded console; the gate then runs on its own thread's loop) or
+a running `tokengate serve` through its control socket (`--attach`). Audit rows
+from other consoles arrive through `link.subscribe` and are toasted too.
+
+The work per tick is bounded whatever the request rate: one snapshot, at most
+200 new decisions in it (`GateSnapshot.decisions` holds only those not yet
+seen), at most DecisionTail.MAX_NEW_ROWS_PER_TICK of them become table rows.
 
 Layout: everything at once on a big terminal (a 2x3 grid); below
 WIDE_MIN_COLS x WIDE_MIN_ROWS a compact stack (capacity lines, classes table,
@@ -12,6 +20,7 @@ and tabs for denials / budget chart / decision tail). `on_resize` toggles the
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -38,7 +47,9 @@ from console.widgets.gpu import GpuPanel
 from console.widgets.header import GateHeader
 from console.widgets.slots import SlotsPanel
 from console.widgets.status import StatusBar
-from gate.control import ActionResult, ControlError
+from gate.commands import ActionResult, Command, CommandError, Drain, Freeze, Pause
+from gate.link import GateLink, LinkLost
+from gate.records import AuditRecord
 from gate.snapshot import GateSnapshot
 
 #: refresh intervals `+`/`-` step through (seconds)
@@ -73,8 +84,10 @@ KEY_HELP: dict[str, str] = {
     "slower": "refresh slower (up to 10 s)",
     "command_palette": "command palette: every action by name",
     "help": "this help",
-    "quit": "quit; asks while requests are in flight (stops the gate)",
+    "quit": "quit; asks while requests are in flight (stops the gate); attached: detach, the gate goes on",
 }
+#: audit sources whose rows are toasted when another console (or a signal) made them
+TOASTED_SOURCES = frozenset({"console", "signal", "config", "gate", "api"})
 
 
 def _gate_bindings() -> list[Binding]:
@@ -108,15 +121,15 @@ class TokengateApp(App[None]):
 
     def __init__(
         self,
-        gate: Any,
+        link: GateLink,
         *,
         read_only: bool = False,
         interval_s: float = 1.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__()
-        self.gate = gate
-        self.read_only = read_only
+        self.link = link
+        self.read_only = read_only or link.info.read_only
         self.interval_s = min(max(float(interval_s), MIN_INTERVAL_S), 3600.0)
         self.clock = clock
         if read_only:
@@ -133,6 +146,16 @@ class TokengateApp(App[None]):
             maxlen=int(CHART_WINDOW_S / MIN_INTERVAL_S)
         )
         self.last_snapshot: GateSnapshot | None = None
+        #: decisions that came while the view was paused or covered: rendered with the next view
+        self._unseen: deque = deque(maxlen=200)
+        #: (action, target, old, new) of this console's own results: not toasted twice
+        self._own: deque[tuple[str, str, str | None, str | None]] = deque(maxlen=64)
+        self._commands_in_flight = 0
+        self._early: list[AuditRecord] = []
+        #: why the console ended (for the gate's "stopping" audit row when embedded)
+        self.exit_why = "console quit"
+        self.lost: str | None = None  # set when the gate went away
+        self._ticking = False
         self.render_paused = False
         self.ticks = 0
         self.renders = 0
@@ -181,8 +204,9 @@ class TokengateApp(App[None]):
         self._show_pane("decisions", sync_tabs=False)
         self.apply_layout(self.size.width, self.size.height)
         self.class_table.focus()
-        self.tick()
+        self.link.subscribe(self._on_audit)
         self._timer = self.set_interval(self.interval_s, self.tick, name="tokengate-tick")
+        self.call_later(self.tick)
 
     def on_resize(self, event: events.Resize) -> None:
         self.apply_layout(event.size.width, event.size.height)
@@ -221,39 +245,61 @@ class TokengateApp(App[None]):
         """True when the live view is on top (the command palette over it does not count)."""
         return len([s for s in self.screen_stack if not isinstance(s, CommandPalette)]) <= 1
 
-    def tick(self) -> None:
-        """One snapshot: into the chart history always; onto the widgets unless paused or covered."""
-        started = time.perf_counter()
+    async def _fetch(self) -> GateSnapshot | None:
+        """One snapshot from the link (the gate's own loop does the work); None on failure."""
         try:
-            snap = self.gate.snapshot()
+            snap = await self.link.snapshot()
+        except LinkLost as exc:
+            self.gate_lost(str(exc))
+            return None
         except Exception as exc:  # noqa: BLE001 - the console must outlive a bad snapshot
             self._console_error(f"snapshot failed: {type(exc).__name__}: {exc}")
-            return
-        self.ticks += 1
+            return None
+        snap = dataclasses.replace(snap, operator=self.link.info.operator)
         self.last_error = None  # shown until a tick goes through cleanly
         self.last_snapshot = snap
-        self.history.append((self.clock(), snap.controller.budget, snap.in_flight, snap.controller.p95_ttft_ms))
-        if self.render_paused or len(self.screen_stack) > 1:
-            return
-        self.render_snapshot(snap)
-        self.tick_ms = (time.perf_counter() - started) * 1000
-        self._show_status()
+        self._unseen.extend(snap.decisions)
+        return snap
 
-    def refresh_view(self) -> None:
+    async def tick(self) -> None:
+        """One snapshot: into the chart history always; onto the widgets unless paused or covered."""
+        if self._ticking:
+            return  # the last one is still on its way: skip, never pile up
+        self._ticking = True
+        try:
+            started = time.perf_counter()
+            snap = await self._fetch()
+            if snap is None:
+                return
+            self.ticks += 1
+            self.history.append((self.clock(), snap.controller.budget, snap.in_flight, snap.controller.p95_ttft_ms))
+            if self.render_paused or len(self.screen_stack) > 1:
+                return
+            self.render_snapshot(snap)
+            self.tick_ms = (time.perf_counter() - started) * 1000
+            self._show_status()
+        finally:
+            self._ticking = False
+
+    async def refresh_view(self) -> None:
         """Render a fresh snapshot now (after an action), unless rendering is paused."""
         if self.render_paused:
             return
-        try:
-            snap = self.gate.snapshot()
-        except Exception as exc:  # noqa: BLE001
-            self._console_error(f"snapshot failed: {type(exc).__name__}: {exc}")
+        snap = await self._fetch()
+        if snap is None:
             return
-        self.last_error = None
-        self.last_snapshot = snap
         self.render_snapshot(snap)
         self._show_status()
 
+    def gate_lost(self, message: str) -> None:
+        """The gate went away (attached): say so and end the console."""
+        if self.lost is None:
+            self.lost = message
+            self.exit(return_code=1)
+
     def render_snapshot(self, snap: GateSnapshot) -> None:
+        snap = dataclasses.replace(snap, decisions=tuple(self._unseen))
+        self._unseen.clear()
         self.renders += 1
         self._size_middle_row(snap)
         with self.batch_update():
@@ -377,47 +423,83 @@ class TokengateApp(App[None]):
     def _gate_action_allowed(self) -> bool:
         return not self.read_only and self._main_active()
 
-    def run_control(self, what: Callable[[], ActionResult | list[ActionResult]]) -> list[ActionResult]:
-        """Call gate.control; toast the result (or the refusal, as an error); re-render."""
+    def _class_view(self, cls: str):
+        snap = self.last_snapshot
+        return next((c for c in snap.classes if c.name == cls), None) if snap is not None else None
+
+    async def send(self, command: Command) -> list[ActionResult]:
+        """One command through the link: applied whole or refused (raises CommandError)."""
+        self._commands_in_flight += 1
         try:
-            result = what()
-        except ControlError as exc:
-            self.notify(str(exc), title="refused", severity="error", markup=False)
-            return []
-        results = result if isinstance(result, list) else [result]
-        if results:
-            self.notify("\n".join(r.message for r in results), title=f"{self.gate.operator.name}", markup=False)
-        self.refresh_view()
+            results = await self.link.command(command)
+        finally:
+            self._commands_in_flight -= 1
+        self._own.extend((r.action, r.target, r.old_value, r.new_value) for r in results)
+        early, self._early = self._early, []
+        for record in early:
+            self._on_audit(record)
         return results
 
-    def action_pause_class(self, cls: str | None = None) -> None:
+    async def run_command(self, command: Command) -> list[ActionResult]:
+        """Send a command; toast the result (or the refusal, as an error); re-render."""
+        try:
+            results = await self.send(command)
+        except CommandError as exc:
+            self.notify(str(exc), title="refused", severity="error", markup=False)
+            return []
+        except LinkLost as exc:
+            self.gate_lost(str(exc))
+            return []
+        if results:
+            self.notify("\n".join(r.message for r in results), title=self.link.info.operator, markup=False)
+        await self.refresh_view()
+        return results
+
+    def _on_audit(self, record: AuditRecord) -> None:
+        """An audit row from the gate: toast what another console (or a signal) changed."""
+        if record.source not in TOASTED_SOURCES:
+            return  # the controller's moves show on the budget curve, not as toasts
+        if self._commands_in_flight:
+            self._early.append(record)  # maybe this console's own: decided once the answer is in
+            return
+        key = (record.action, record.target, record.old_value, record.new_value)
+        if key in self._own:
+            self._own.remove(key)
+            return
+        what = f"{record.action} {record.target}" + (
+            f": {record.old_value} -> {record.new_value}" if record.old_value is not None or record.new_value is not None else ""
+        )
+        note = f" ({record.note})" if record.note else ""
+        self.notify(f"{what}{note}", title=f"{record.operator}@{record.origin}", markup=False)
+
+    async def action_pause_class(self, cls: str | None = None) -> None:
         if not self._gate_action_allowed() or (cls := self._selected(cls)) is None:
             return
-        view = next((c for c in self.gate.snapshot().classes if c.name == cls), None)
-        paused = not (view is not None and view.paused)
-        self.run_control(lambda: self.gate.control.pause(cls, paused, operator=self.gate.operator))
+        view = self._class_view(cls)
+        await self.run_command(Pause(cls, not (view is not None and view.paused)))
 
-    def action_freeze(self) -> None:
+    async def action_freeze(self) -> None:
         if not self._gate_action_allowed():
             return
-        frozen = not self.gate.snapshot().controller.frozen
-        self.run_control(lambda: self.gate.control.freeze(frozen, operator=self.gate.operator))
+        snap = self.last_snapshot
+        await self.run_command(Freeze(not (snap is not None and snap.controller.frozen)))
 
-    def action_drain_class(self, cls: str | None = None) -> None:
+    async def action_drain_class(self, cls: str | None = None) -> None:
         if not self._gate_action_allowed() or (cls := self._selected(cls)) is None:
             return
-        try:
-            waiting = self.gate.control.queued(cls)
-        except ControlError as exc:
-            self.notify(str(exc), title="refused", severity="error", markup=False)
+        await self.refresh_view()
+        view = self._class_view(cls)
+        if view is None:
+            self.notify(f"unknown class {cls!r}", title="refused", severity="error", markup=False)
             return
+        waiting = view.queued
         if waiting == 0:
             self.notify(f"{cls}: nothing queued, nothing to drain", severity="warning", markup=False)
             return
 
-        def answered(yes: bool | None) -> None:
+        async def answered(yes: bool | None) -> None:
             if yes:
-                self.run_control(lambda: self.gate.control.drain(cls, operator=self.gate.operator))
+                await self.run_command(Drain(cls))
 
         plural = "request" if waiting == 1 else "requests"
         self.push_screen(
@@ -429,59 +511,40 @@ class TokengateApp(App[None]):
             answered,
         )
 
-    def action_retune(self, cls: str | None = None) -> None:
+    async def action_retune(self, cls: str | None = None) -> None:
         if not self._gate_action_allowed():
             return
         cls = cls or self.class_table.selected_class
-        snap = self.gate.snapshot()
+        await self.refresh_view()
+        snap = self.last_snapshot
+        if snap is None:
+            return
 
-        def done(messages: list[str] | None) -> None:
+        async def done(messages: list[str] | None) -> None:
             if messages:
-                self.notify("\n".join(messages), title=f"{self.gate.operator.name}: retuned", markup=False)
+                self.notify("\n".join(messages), title=f"{self.link.info.operator}: retuned", markup=False)
             elif messages is not None:
                 self.notify("nothing changed", markup=False)
-            self.refresh_view()
+            await self.refresh_view()
 
         self.push_screen(RetuneScreen(snap, cls, self.apply_retune), done)
 
-    def apply_retune(self, changes: RetuneChanges) -> list[str]:
-        """Apply a retune through gate.control, in an order each step can validate.
+    async def apply_retune(self, changes: RetuneChanges) -> list[str]:
+        """Budget, [budget] settings and the class's settings as ONE command: all or nothing.
 
-        A lower min budget goes after the class change (reservations must fit it), a
-        higher one before; the budget itself goes last (it must lie within the bounds).
-        A refusal part way raises ControlError naming what was already applied.
+        The gate validates the whole change before applying any of it; a refusal
+        (CommandError, shown in the form) leaves every value as it was.
         """
-        control, op = self.gate.control, self.gate.operator
-        steps: list[tuple[str, Callable[[], Any]]] = []
-        settings_step = ("budget settings", lambda: control.set_budget_settings(operator=op, **changes.settings))
-        class_step = (f"class {changes.cls}", lambda: control.set_class(changes.cls, operator=op, **changes.class_changes))
-        lowering_min = "min_tokens" in changes.settings and changes.settings["min_tokens"] < self.gate.snapshot().controller.min_tokens
-        if changes.class_changes and changes.cls:
-            steps.append(class_step)
-        if changes.settings:
-            steps.insert(len(steps) if lowering_min else 0, settings_step)
-        if changes.budget is not None:
-            steps.append(("budget", lambda: control.set_budget(changes.budget, operator=op)))
-        messages: list[str] = []
-        for _name, step in steps:
-            try:
-                result = step()
-            except ControlError as exc:
-                if messages:
-                    self.notify("\n".join(messages), title=f"{op.name}: partly applied", markup=False)
-                    self.refresh_view()
-                    raise ControlError(f"{exc} (already applied: {'; '.join(messages)})") from None
-                raise
-            messages += [r.message for r in (result if isinstance(result, list) else [result])]
-        return messages
+        results = await self.send(changes.command())
+        return [r.message for r in results]
 
     # ---- view actions ------------------------------------------------------------
 
-    def action_toggle_render(self) -> None:
+    async def action_toggle_render(self) -> None:
         self.render_paused = not self.render_paused
         self.header.set_paused(self.render_paused)
         if not self.render_paused:
-            self.refresh_view()
+            await self.refresh_view()
         self._show_status()
 
     def _set_interval(self, interval_s: float) -> None:
@@ -520,11 +583,16 @@ class TokengateApp(App[None]):
         from console.screens.review import ReviewScreen
 
         slo = self.last_snapshot.controller.slo_ttft_ms if self.last_snapshot is not None else None
-        self.push_screen(ReviewScreen(self.gate.journal_path, slo_ttft_ms=slo), lambda _error: self.refresh_view())
+        self.push_screen(ReviewScreen(self.link.info.journal, slo_ttft_ms=slo), lambda _error: self.call_later(self.refresh_view))
 
     async def action_quit(self) -> None:
-        """Quit; while requests are in flight or queued, ask first (the gate stops with the console)."""
-        busy = self.gate.in_flight_requests()
+        """Attached: detach (the gate goes on). Embedded: quit, asking first while requests are
+        in flight or queued (the gate stops with the console)."""
+        if not self.link.info.embedded:
+            self.exit()
+            return
+        snap = await self._fetch()
+        busy = snap.requests_in_flight if snap is not None else 0
         if not busy:
             self.exit()
             return
@@ -538,7 +606,7 @@ class TokengateApp(App[None]):
             ConfirmScreen(
                 "Quit tokengate?",
                 f"{busy} {plural} in flight or queued. Quitting stops the gate: it refuses new "
-                "requests (503 shutting_down) and lets those finish within the grace period.",
+                f"requests (503 shutting_down) and lets those finish within {self.link.info.drain_grace_s:g} s.",
                 yes_label="Quit",
             ),
             answered,

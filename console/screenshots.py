@@ -129,6 +129,7 @@ async def capture(out: Path, *, speed: float, seconds: float) -> dict[str, str]:
     from console.screens.retune import RetuneScreen
     from console.screens.review import ReviewScreen
     from gate.config import parse_config
+    from gate.link import InProcessLink
     from gate.service import GateService
     from gate.simulator import SimulatorConfig, serve_simulator
     from gate.traffic import TrafficGenerator
@@ -156,7 +157,7 @@ async def capture(out: Path, *, speed: float, seconds: float) -> dict[str, str]:
                 burst_every_s=BURST_EVERY_S, speed=speed,
             )
             await traffic.start()
-            app = TokengateApp(gate, interval_s=0.5, clock=lapse.time)
+            app = TokengateApp(InProcessLink(gate), interval_s=0.5, clock=lapse.time)
             async with app.run_test(size=BIG) as pilot:
                 # Run past the minute's burst: slots full, queues, queue timeouts (denials).
                 await _wait_for(pilot, lambda: lapse.demo_seconds() >= max(seconds * speed, BURST_EVERY_S + 15), seconds + 15)
@@ -165,7 +166,7 @@ async def capture(out: Path, *, speed: float, seconds: float) -> dict[str, str]:
                     return max(((c, gate.control.queued(c)) for c in ("interactive", "batch")), key=lambda x: x[1])
 
                 await _wait_for(pilot, lambda: busiest()[1] >= 2, 10.0)
-                app.tick()
+                await app.tick()
                 await pilot.pause(0.05)
                 _save(app, out, "main-160x48.svg")
                 shots["main-160x48.svg"] = "main screen, wide layout"
@@ -185,7 +186,7 @@ async def capture(out: Path, *, speed: float, seconds: float) -> dict[str, str]:
 
                 await pilot.resize_terminal(*SMALL)
                 await _wait_for(pilot, lambda: app.compact, 5.0)
-                app.tick()
+                await app.tick()
                 await pilot.pause(0.05)
                 _save(app, out, "main-80x24.svg")
                 shots["main-80x24.svg"] = "main screen, compact layout"

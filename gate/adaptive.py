@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -186,6 +186,7 @@ class BudgetController:
         self._smoothed_tpot: float | None = None
         self._last_move_ts = -math.inf
         self._frozen = False
+        self._listeners: list[Callable[[int], None]] = []
 
     # -- reading -----------------------------------------------------------
 
@@ -296,6 +297,14 @@ class BudgetController:
 
     # -- operator and backend ----------------------------------------------
 
+    def on_change(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener(new_budget)`` after every move, whatever its cause.
+
+        The one place a new budget reaches whoever enforces it (concurrency-limits'
+        ``notifyOnChange``): callers never copy "read the budget, push it, wake the queue".
+        """
+        self._listeners.append(listener)
+
     def freeze(self) -> None:
         """Stop the controller's own moves; manual and ceiling changes still apply."""
         self._frozen = True
@@ -350,6 +359,8 @@ class BudgetController:
         return self._record(now, old, cause)
 
     def _record(self, now: float, old: int, cause: Cause) -> Move:
+        for listener in self._listeners:
+            listener(self._budget)
         return Move(
             ts=now,
             old_budget=old,

@@ -177,14 +177,19 @@ class BackendPool:
             admission = Admission(
                 self._classes, capacity, budget=backend.controller.budget, tenant_policy=self._tenant_policy
             )
-            backend.gatekeeper = Gatekeeper(admission, clock=self._clock)
+            gatekeeper = backend.gatekeeper = Gatekeeper(admission, clock=self._clock)
+
+            def budget_changed(budget: int) -> None:
+                admission.set_budget(budget)
+                gatekeeper.advance()
+
+            backend.controller.on_change(budget_changed)
             if self._on_created is not None:
                 self._on_created(backend)  # operator state (paused classes, freeze) carries over
         elif backend.capacity != capacity:
             backend.gatekeeper.admission.set_capacity(capacity)
             if backend.controller is not None:
-                backend.controller.set_ceiling(self._clock(), capacity.ceiling)
-                backend.gatekeeper.admission.set_budget(backend.controller.budget)
+                backend.controller.set_ceiling(self._clock(), capacity.ceiling)  # pushes a clamped budget
         backend.capacity = capacity
 
     async def run(self, interval_s: float = 1.0) -> None:

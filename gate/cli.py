@@ -73,11 +73,15 @@ def build_parser() -> argparse.ArgumentParser:
     # console
     console = commands.add_parser(
         "console",
-        help="the live console with the gate embedded",
+        help="the live console: the gate embedded, or attached to a running gate",
         description=(
             "Run the gate and its Textual console in this terminal: slots per backend, GPU\n"
             "memory, classes, denials, the budget curve and the decision tail. Every operator\n"
-            "action is journaled with your user name and SSH origin."
+            "action is journaled with your user name and SSH origin.\n\n"
+            "Embedded (the default) is for a quick look or the demo: quitting, or a hang-up of\n"
+            "the terminal, drains and stops the gate. In production run `tokengate serve`\n"
+            "(systemd) and attach: `tokengate console --attach` talks to it through its control\n"
+            "socket; `q` detaches and the gate goes on; several consoles may attach at once."
         ),
         epilog=_EXIT_CODES,
         formatter_class=_Formatter,
@@ -92,7 +96,17 @@ def build_parser() -> argparse.ArgumentParser:
     console.add_argument(
         "--read-only",
         action="store_true",
-        help="watch only: hide every action (retune, pause, drain, freeze)",
+        help="watch only: hide every action (retune, pause, drain, freeze); the gate also refuses "
+        "commands from this console. With --config F and a gate already running on F: attach read-only",
+    )
+    console.add_argument(
+        "--attach",
+        metavar="SOCKET",
+        nargs="?",
+        const="",
+        default=None,
+        help="attach to a running gate through its control socket (default: the [gate] control_socket "
+        "of --config, else tokengate.sock); q detaches, the gate goes on",
     )
     console.set_defaults(func=_cmd_console)
 
@@ -103,7 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Run the admission gate without the console. Clients talk to the `listen` address\n"
             "instead of llama-server. SIGTERM or SIGINT stops admitting (503 shutting_down),\n"
-            "lets in-flight requests finish for up to --grace seconds, then exits 0."
+            "lets in-flight requests finish for up to --grace seconds, then exits 0; SIGHUP\n"
+            "re-reads --config (applied or refused, audited either way). Consoles attach through\n"
+            "the control socket ([gate] control_socket, default beside the journal):\n"
+            "`tokengate console --attach`. One gate per journal: a second one exits 2 naming\n"
+            "the pid that holds it."
         ),
         epilog=_EXIT_CODES,
         formatter_class=_Formatter,
@@ -317,14 +335,24 @@ def describe_config(config: Config) -> list[str]:
 
 def _cmd_console(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     config = load_config(args.config)
+    if args.attach is not None and args.demo:
+        err.write("tokengate console: --attach and --demo do not go together (the demo runs its own gate)\n")
+        return EXIT_USAGE
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         err.write("tokengate console: needs a terminal (use `tokengate serve` for a headless gate)\n")
         return EXIT_USAGE
-    from console.run import run_console  # Textual only when the console runs
+    from console.run import ConsoleExit, attach_console, run_console  # Textual only when the console runs
 
-    return asyncio.run(
-        run_console(config, demo=args.demo, read_only=args.read_only, user_config=args.config is not None)
-    )
+    try:
+        if args.attach is not None:
+            path = args.attach or config.gate.control_socket_path() or "tokengate.sock"
+            return asyncio.run(attach_console(path, read_only=args.read_only))
+        return asyncio.run(
+            run_console(config, demo=args.demo, read_only=args.read_only, user_config=args.config is not None)
+        )
+    except ConsoleExit as exc:
+        err.write(f"tokengate console: {exc}\n")
+        return EXIT_USAGE
 
 
 def _cmd_log(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -368,13 +396,20 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     )
     # One line per upstream call drowns what matters; the gate logs its own decisions.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    from gate.control_socket import SocketInUse
+    from gate.lock import JournalLocked
     from gate.service import serve_until_signalled  # the HTTP stack only when serving
 
+    main = serve_until_signalled(config, config_path=args.config, grace_s=args.grace)
     try:
-        import uvloop  # faster event loop for the headless gate; the console keeps asyncio's
-    except ImportError:
-        return asyncio.run(serve_until_signalled(config, config_path=args.config, grace_s=args.grace))
-    return uvloop.run(serve_until_signalled(config, config_path=args.config, grace_s=args.grace))
+        try:
+            import uvloop  # faster event loop for the headless gate
+        except ImportError:
+            return asyncio.run(main)
+        return uvloop.run(main)
+    except (JournalLocked, SocketInUse) as exc:
+        err.write(f"tokengate serve: {exc}\n")
+        return EXIT_USAGE
 
 
 # ------------------------------------------------------------------------------------------

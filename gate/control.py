@@ -1,8 +1,12 @@
-"""Operator actions: the console's (and SIGHUP's) only way to change the gate.
+"""Operator actions: the only way to change a running gate (consoles, SIGHUP).
 
-Every action validates first and changes nothing when invalid (ControlError
-with a message fit for a toast), applies atomically, and writes an audit row
-with the operator, their SSH origin, the old and the new value.
+`Control` owns the operator state (paused classes, the controller freeze); the
+service and the console only read it. `execute(command, operator)` is the entry
+point for consoles: a command is validated as a whole first and changes nothing
+when invalid (CommandError with a message fit for a toast), then applied at
+once, with an audit row per changed value: operator, SSH origin, old and new.
+Everything here runs synchronously on the gate's event loop, so no request is
+admitted half-way through a command.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gate.backends import controller_settings
+from gate.commands import ActionResult, Command, CommandError, Drain, Freeze, Pause, Retune, ssh_origin
 from gate.config import ClassConfig, Config, ConfigError, validate_config
 from gate.records import AuditRecord, AuditSource
 
@@ -24,9 +30,8 @@ if TYPE_CHECKING:
 
 CLASS_FIELDS = ("reserved_tokens", "limit_tokens", "queue_depth", "queue_timeout_s", "default_max_tokens", "max_tokens_cap", "priority")
 
-
-class ControlError(ValueError):
-    """An operator action was refused; nothing changed."""
+#: the name older code and tests use for a refused action
+ControlError = CommandError
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,20 +49,7 @@ class Operator:
                 name = getpass.getuser()
             except Exception:  # noqa: BLE001 - no passwd entry in some containers
                 name = "unknown"
-        ssh = env.get("SSH_CONNECTION") or env.get("SSH_CLIENT") or ""
-        origin = ssh.split()[0] if ssh.split() else "local"
-        return cls(name, origin)
-
-
-@dataclass(frozen=True, slots=True)
-class ActionResult:
-    """What an action did, for the toast."""
-
-    action: str
-    target: str
-    old_value: str | None
-    new_value: str | None
-    message: str
+        return cls(name, ssh_origin(env))
 
 
 def _fmt(value: Any) -> str | None:
@@ -69,74 +61,120 @@ def _fmt(value: Any) -> str | None:
 
 
 class Control:
-    """The gate's control API; `source` says who drives it (console, config, signal)."""
+    """The gate's control API and the owner of operator state; `source` says who drives it."""
 
     def __init__(self, gate: GateService) -> None:
         self.gate = gate
+        self.paused: set[str] = set()
+        self.frozen = False
+
+    # ---- the console's entry point -------------------------------------------
+
+    def execute(self, command: Command, *, operator: Operator, source: AuditSource = "console") -> list[ActionResult]:
+        """Validate `command` whole, apply it atomically, audit each changed value."""
+        if isinstance(command, Pause):
+            return [self.pause(command.cls, command.paused, operator=operator, note=command.note, source=source)]
+        if isinstance(command, Drain):
+            return [self.drain(command.cls, operator=operator, note=command.note, source=source)]
+        if isinstance(command, Freeze):
+            return [self.freeze(command.frozen, operator=operator, note=command.note, source=source)]
+        if isinstance(command, Retune):
+            return self.retune(command, operator=operator, source=source)
+        raise CommandError(f"unknown command {command!r}")
 
     # ---- budget and controller ---------------------------------------------
+
+    def retune(self, change: Retune, *, operator: Operator, source: AuditSource = "console") -> list[ActionResult]:
+        """Budget, [budget] settings and one class's settings in one step: all or nothing."""
+        if not change:
+            return []
+        old = self.gate.config
+        new = old
+        if change.settings:
+            unknown = set(change.settings) - {f.name for f in dataclasses.fields(old.budget)}
+            if unknown:
+                raise CommandError(f"unknown budget setting(s): {', '.join(sorted(unknown))}")
+            new = dataclasses.replace(new, budget=_replaced(old.budget, change.settings))
+        current: ClassConfig | None = None
+        if change.class_changes:
+            if change.cls is None:
+                raise CommandError("class settings given without a class")
+            current = self._class(change.cls)
+            unknown = set(change.class_changes) - set(CLASS_FIELDS)
+            if unknown:
+                raise CommandError(f"unknown class setting(s): {', '.join(sorted(unknown))}")
+            updated = _replaced(current, change.class_changes)
+            classes = tuple(updated if c.name == change.cls else c for c in new.classes)
+            new = dataclasses.replace(new, classes=tuple(sorted(classes, key=lambda c: (-c.priority, c.name))))
+        self._validated(new)
+        targets = self._backends(None) if change.budget is not None else []
+        for b in targets:
+            self._check_budget(b, change.budget, min(new.budget.min_tokens, b.controller.ceiling_tokens))  # type: ignore[arg-type, union-attr]
+        # Validated whole: nothing below refuses.
+        results = []
+        if change.settings:
+            self._apply_budget(new)
+            results.append(self._audit(operator, source, "set_budget_settings", "budget", _diff_old(old.budget, change.settings), _diff_new(change.settings), change.note))
+        if change.class_changes:
+            self._apply_classes(new)
+            results.append(self._audit(operator, source, "set_class", f"class:{change.cls}", _diff_old(current, change.class_changes), _diff_new(change.class_changes), change.note))
+        if change.budget is not None:
+            results += self._set_budget(targets, change.budget, operator, source, change.note)
+        return results
 
     def set_budget(self, tokens: int, *, operator: Operator, backend: str | None = None, note: str = "", source: AuditSource = "console") -> list[ActionResult]:
         """Set the working budget by hand (one backend or all)."""
         targets = self._backends(backend)
         for b in targets:
-            if b.controller is None or b.admission is None:
-                raise ControlError(f"backend {b.name!r} is {b.state}: its capacity is not known yet")
-            if not b.controller.min_tokens <= tokens <= b.controller.ceiling_tokens:
-                raise ControlError(
-                    f"budget {tokens} is outside [{b.controller.min_tokens}, {b.controller.ceiling_tokens}] "
-                    f"for backend {b.name!r} (lower budget.min_tokens first to go below it)"
-                )
-        results = []
+            self._check_budget(b, tokens, b.controller.min_tokens if b.controller else 0)
+        return self._set_budget(targets, tokens, operator, source, note)
+
+    def _check_budget(self, b: Backend, tokens: int, min_tokens: int) -> None:
+        if b.controller is None or b.admission is None:
+            raise CommandError(f"backend {b.name!r} is {b.state}: its capacity is not known yet")
+        if not min_tokens <= tokens <= b.controller.ceiling_tokens:
+            raise CommandError(
+                f"budget {tokens} is outside [{min_tokens}, {b.controller.ceiling_tokens}] "
+                f"for backend {b.name!r} (lower budget.min_tokens first to go below it)"
+            )
+
+    def _set_budget(self, targets: list[Backend], tokens: int, operator: Operator, source: AuditSource, note: str) -> list[ActionResult]:
         now = self.gate.clock()
+        results = []
         for b in targets:
-            move = b.controller.set_budget(now, tokens)
-            b.admission.set_budget(move.new_budget)
-            b.gatekeeper.advance()
+            move = b.controller.set_budget(now, tokens)  # type: ignore[union-attr]  (pushed to admission)
             results.append(self._audit(operator, source, "set_budget", f"backend:{b.name}", move.old_budget, move.new_budget, note))
         return results
 
     def freeze(self, frozen: bool, *, operator: Operator, note: str = "", source: AuditSource = "console") -> ActionResult:
         """Stop (or restart) the adaptive controller's own moves on every backend."""
-        controllers = [b.controller for b in self.gate.backends if b.controller is not None]
-        old = any(c.frozen for c in controllers) if controllers else self.gate.frozen
-        for c in controllers:
-            c.freeze() if frozen else c.unfreeze()
-        self.gate.frozen = frozen
+        old = self.frozen
+        self.frozen = frozen
+        for b in self.gate.backends:
+            self.adopt(b)
         return self._audit(operator, source, "freeze" if frozen else "unfreeze", "controller", old, frozen, note)
 
     def set_budget_settings(self, *, operator: Operator, note: str = "", source: AuditSource = "console", **changes: Any) -> ActionResult:
         """Retune [budget]: min_tokens, slo_ttft_p95_ms, slo_tpot_p95_ms, window_s, cooldown_s..."""
-        unknown = set(changes) - {f.name for f in dataclasses.fields(self.gate.config.budget)}
-        if unknown:
-            raise ControlError(f"unknown budget setting(s): {', '.join(sorted(unknown))}")
-        old = self.gate.config.budget
-        new_config = self._validated(dataclasses.replace(self.gate.config, budget=dataclasses.replace(old, **changes)))
-        self._apply_budget(new_config)
-        return self._audit(operator, source, "set_budget_settings", "budget", _diff_old(old, changes), _diff_new(changes), note)
+        results = self.retune(Retune(settings=changes, note=note), operator=operator, source=source)
+        return results[0]
 
     # ---- classes -----------------------------------------------------------
 
     def set_class(self, cls: str, *, operator: Operator, note: str = "", source: AuditSource = "console", **changes: Any) -> ActionResult:
         """Retune one class's shares and queue bounds."""
-        current = self._class(cls)
-        unknown = set(changes) - set(CLASS_FIELDS)
-        if unknown:
-            raise ControlError(f"unknown class setting(s): {', '.join(sorted(unknown))}")
-        updated = dataclasses.replace(current, **changes)
-        classes = tuple(updated if c.name == cls else c for c in self.gate.config.classes)
-        new_config = self._validated(dataclasses.replace(self.gate.config, classes=tuple(sorted(classes, key=lambda c: (-c.priority, c.name)))))
-        self._apply_classes(new_config)
-        return self._audit(operator, source, "set_class", f"class:{cls}", _diff_old(current, changes), _diff_new(changes), note)
+        self._class(cls)
+        results = self.retune(Retune(cls=cls, class_changes=changes, note=note), operator=operator, source=source)
+        return results[0]
 
     def pause(self, cls: str, paused: bool, *, operator: Operator, note: str = "", source: AuditSource = "console") -> ActionResult:
         """Pause (refuse newcomers with 503 class_paused, hold the queue) or resume a class."""
         self._class(cls)
-        old = cls in self.gate.paused_classes
+        old = cls in self.paused
         if paused:
-            self.gate.paused_classes.add(cls)
+            self.paused.add(cls)
         else:
-            self.gate.paused_classes.discard(cls)
+            self.paused.discard(cls)
         for b in self._ready_admissions():
             b.admission.pause(cls) if paused else b.admission.resume(cls)
             b.gatekeeper.advance()
@@ -153,17 +191,25 @@ class Control:
         """How many requests of `cls` wait right now (what a drain would refuse)."""
         return sum(len(b.admission.queue(cls)) for b in self._ready_admissions())
 
+    def adopt(self, backend: Backend) -> None:
+        """Bring a backend's admission core and controller in line with the operator state."""
+        if backend.admission is not None:
+            for cls in backend.admission.class_names:
+                backend.admission.pause(cls) if cls in self.paused else backend.admission.resume(cls)
+        if backend.controller is not None:
+            backend.controller.freeze() if self.frozen else backend.controller.unfreeze()
+
     # ---- reload --------------------------------------------------------------
 
     def reload(self, new_config: Config, *, operator: Operator, source: AuditSource = "signal", note: str = "") -> list[ActionResult]:
         """Apply a re-read config file: classes and [budget] live; backends and tenants need a restart."""
         old = self.gate.config
-        if _listing(old.backends) != _listing(new_config.backends) or old.gate != new_config.gate:
-            raise ControlError("[gate] or [[backends]] changed: restart tokengate to apply those")
+        if tuple(old.backends) != tuple(new_config.backends) or old.gate != new_config.gate:
+            raise CommandError("[gate] or [[backends]] changed: restart tokengate to apply those")
         if old.tenants != new_config.tenants:
-            raise ControlError("[[tenants]] changed: restart tokengate to apply (keys are read at start)")
+            raise CommandError("[[tenants]] changed: restart tokengate to apply (keys are read at start)")
         if {c.name for c in old.classes} != {c.name for c in new_config.classes}:
-            raise ControlError("classes were added or removed: restart tokengate to apply")
+            raise CommandError("classes were added or removed: restart tokengate to apply")
         self._validated(new_config)
         results = []
         for key, before, after in _config_diff(old, new_config):
@@ -180,21 +226,17 @@ class Control:
         try:
             validate_config(config, "retune")
         except ConfigError as exc:
-            raise ControlError(f"{exc.key}: {exc.problem}") from None
+            raise CommandError(f"{exc.key}: {exc.problem}") from None
         return config
 
     def _apply_budget(self, config: Config) -> None:
-        from gate.backends import controller_settings
-
         self.gate.config = config
         self.gate.backends.set_budget_config(config.budget)
         now = self.gate.clock()
         for b in self._ready_admissions():
             settings = controller_settings(config.budget, b.capacity.ceiling)
             b.controller.set_slos(settings.slo_ttft_p95_s, settings.slo_tpot_p95_s)
-            b.controller.set_bounds(now, settings.min_tokens)
-            b.admission.set_budget(b.controller.budget)
-            b.gatekeeper.advance()
+            b.controller.set_bounds(now, settings.min_tokens)  # a clamped budget is pushed to admission
 
     def _apply_classes(self, config: Config) -> None:
         self.gate.config = config
@@ -208,14 +250,14 @@ class Control:
         try:
             return self.gate.config.class_by_name(cls)
         except KeyError:
-            raise ControlError(f"unknown class {cls!r}; classes: {', '.join(self.gate.config.class_names)}") from None
+            raise CommandError(f"unknown class {cls!r}; classes: {', '.join(self.gate.config.class_names)}") from None
 
     def _backends(self, name: str | None) -> list[Backend]:
         if name is None:
             return list(self.gate.backends)
         backend = self.gate.backends.by_name(name)
         if backend is None:
-            raise ControlError(f"unknown backend {name!r}")
+            raise CommandError(f"unknown backend {name!r}")
         return [backend]
 
     def _ready_admissions(self) -> list[Backend]:
@@ -231,16 +273,19 @@ class Control:
         return ActionResult(action, target, record.old_value, record.new_value, message)
 
 
+def _replaced(obj: Any, changes: Mapping[str, Any]) -> Any:
+    try:
+        return dataclasses.replace(obj, **changes)
+    except TypeError as exc:
+        raise CommandError(str(exc)) from None
+
+
 def _diff_old(obj: Any, changes: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={_fmt(getattr(obj, k))}" for k in sorted(changes))
 
 
 def _diff_new(changes: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(changes.items()))
-
-
-def _listing(backends) -> tuple:
-    return tuple(backends)
 
 
 def _config_diff(old: Config, new: Config) -> list[tuple[str, str | None, str | None]]:

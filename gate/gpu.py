@@ -23,9 +23,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
+
+# The reading is plain data the console renders: it lives with the snapshot.
+from gate.snapshot import GpuDevice, GpuProcess, GpuReading, format_reading
 
 __all__ = [
     "GpuDevice",
@@ -59,33 +61,6 @@ _REASONS: dict[str, str] = {
 _REINIT = ("NVML_ERROR_DRIVER_NOT_LOADED", "NVML_ERROR_LIB_RM_VERSION_MISMATCH", "NVML_ERROR_UNINITIALIZED")
 # Optional fields treat these as "not available" rather than as a failed reading.
 _FIELD_MISSING = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_NO_PERMISSION")
-
-
-@dataclass(frozen=True, slots=True)
-class GpuProcess:
-    pid: int
-    used_bytes: int | None  # None: NVML does not know (e.g. WDDM, or not permitted)
-
-
-@dataclass(frozen=True, slots=True)
-class GpuDevice:
-    index: int
-    name: str
-    used_bytes: int
-    total_bytes: int
-    reserved_bytes: int | None  # memory info v2 only (driver-reserved); None with v1
-    utilization_pct: int | None  # None: not supported on this device
-    processes: tuple[GpuProcess, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class GpuReading:
-    devices: tuple[GpuDevice, ...]
-    unavailable: str | None  # why there are no numbers; when set, devices == ()
-
-    @classmethod
-    def failed(cls, reason: str) -> "GpuReading":
-        return cls(devices=(), unavailable=reason)
 
 
 def _code_name(nvml: Any, code: int) -> str | None:
@@ -298,27 +273,3 @@ class GpuMonitor:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)
         except TimeoutError:
             return GpuReading.failed(TIMED_OUT)
-
-
-def _gib(n: int) -> str:
-    return f"{n / GIB:.1f}"
-
-
-def format_reading(reading: GpuReading, labels: Mapping[int, str] | None = None) -> list[str]:
-    """Console lines: ``"n/a: <reason>"`` or one line per device, e.g.
-    ``"GPU0 NVIDIA H200  61.2/139.8 GiB  44%"``.
-
-    ``labels`` maps PIDs to names (e.g. the llama-server processes); each
-    matching compute process gets an indented line with its own memory.
-    """
-    if reading.unavailable is not None:
-        return [f"n/a: {reading.unavailable}"]
-    lines: list[str] = []
-    for dev in reading.devices:
-        util = "n/a" if dev.utilization_pct is None else f"{dev.utilization_pct}%"
-        lines.append(f"GPU{dev.index} {dev.name}  {_gib(dev.used_bytes)}/{_gib(dev.total_bytes)} GiB  {util}")
-        for proc in dev.processes:
-            if labels and proc.pid in labels:
-                used = "n/a" if proc.used_bytes is None else f"{_gib(proc.used_bytes)} GiB"
-                lines.append(f"  {labels[proc.pid]} (pid {proc.pid})  {used}")
-    return lines

@@ -6,6 +6,7 @@ in-memory tail that the console and tests read.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -55,6 +56,15 @@ class RecentDecisions:
     def __len__(self) -> int:
         return len(self._rows)
 
+    def since(self, seq: int, n: int) -> list[DecisionRecord]:
+        """At most the newest n of the records after sequence number `seq` (1-based; 0: from the start)."""
+        wanted = min(n, self.total - seq, len(self._rows))
+        if wanted <= 0:
+            return []
+        newest = list(itertools.islice(reversed(self._rows), wanted))
+        newest.reverse()
+        return newest
+
     def tail(self, n: int) -> list[DecisionRecord]:
         """The newest n records, oldest first."""
         return list(self._rows)[-n:] if n < len(self._rows) else list(self._rows)
@@ -63,7 +73,7 @@ class RecentDecisions:
         return next((r for r in reversed(self._rows) if r.request_id == request_id), None)
 
 
-AuditSource = Literal["console", "config", "controller", "signal", "api"]
+AuditSource = Literal["console", "config", "controller", "signal", "api", "gate"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +89,7 @@ class AuditRecord:
     old_value: str | None
     new_value: str | None
     note: str = ""
+    gate_id: str = ""  # host:pid:start of the gate that wrote it (merged journals stay apart)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,4 +116,5 @@ class SampleRecord:
     p95_tpot_ms: float | None
     admitted: int  # decisions in the last second
     refused: int
+    gate_id: str = ""
     classes: tuple[ClassSample, ...] = ()

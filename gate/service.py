@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
+import hashlib
 import logging
 import os
 import socket
@@ -27,11 +29,14 @@ from gate.backends import Backend, BackendPool
 from gate.config import Config, ConfigError
 from gate.metrics import GateMetrics
 from gate.ratelimit import RateLimiter, TenantLimits
+from gate import __version__
 from gate.control import Control, Operator
+from gate.control_socket import ControlServer
+from gate.lock import JournalLock, new_gate_id
 from gate.gatekeeper import Ticket
 from gate.netio import client_transports
 from gate.journal import Journal
-from gate.records import AuditRecord, ClassSample, DecisionRecord, RecentDecisions, SampleRecord
+from gate.records import AuditRecord, AuditSource, ClassSample, DecisionRecord, RecentDecisions, SampleRecord
 from gate.rollup import Rollup
 from gate.snapshot import BackendView, ClassView, ControllerView, DenialView, GateSnapshot, JournalView, Label, SlotView
 from gate.server import build_app
@@ -102,9 +107,6 @@ class GateService:
             clock=clock,
             on_created=self._adopt_backend,
         )
-        # Operator state that outlives any one backend's admission core.
-        self.paused_classes: set[str] = set()
-        self.frozen = False
         self.recent_audit: deque[AuditRecord] = deque(maxlen=1000)
         self.rollup = Rollup()
         self.label: Label = "LIVE"
@@ -114,7 +116,14 @@ class GateService:
         self.gpu_reading: Any = None
         self.journal: Journal | None = None
         self.journal_path = journal_path or config.gate.journal
-        self.control = Control(self)
+        self.gate_id = new_gate_id()
+        self.lock = JournalLock(self.journal_path)
+        #: called with every audit row (consoles attached over the socket toast them)
+        self.audit_listeners: list[Callable[[AuditRecord], None]] = []
+        self.control = Control(self)  # owns the operator state (paused classes, freeze)
+        socket_path = config.gate.control_socket_path() if journal_path is None or config.gate.control_socket else None
+        self.control_server = None if socket_path is None else ControlServer(socket_path, self, group=config.gate.control_socket_group)
+        self.drain_grace_s = 30.0
         self.telemetry_poller = TelemetryPoller(self.client, backend_triples(self.backends.backends), interval_s=probe_interval_s)
         self.gpu = GpuMonitor()
         self.app = build_app(self)
@@ -130,7 +139,27 @@ class GateService:
         return f"http://{host}:{self.port}"
 
     async def start(self, *, port: int | None = None) -> None:
-        """Open the journal, probe backends once, start the loops and the HTTP server; returns once it listens."""
+        """Lock and open the journal, probe backends once, start the loops, the HTTP server and
+        the control socket; returns once it listens.
+
+        Raises JournalLocked when another gate holds the journal and SocketInUse when a live
+        gate answers on the control socket (the CLI turns both into exit 2).
+        """
+        self.lock.acquire(self.gate_id)
+        try:
+            await self._start(port)
+        except BaseException:
+            await self._close_resources()
+            raise
+        self._lifecycle(
+            "started", None, __version__,
+            f"listen {self.url}; config {config_digest(self.config)}; journal {self.journal_path}; "
+            f"control socket {self.control_server.path if self.control_server else 'none'}",
+        )
+
+    async def _start(self, port: int | None) -> None:
+        if self.control_server is not None:
+            self.control_server.claim()  # before anything listens: a live gate there is a refusal
         self.journal = await Journal.open(self.journal_path, on_drop=self.metrics.journal_dropped)
         await self.backends.probe_all()
         self._tasks = [
@@ -157,17 +186,29 @@ class GateService:
             if self._tasks[-1].done():
                 self._tasks[-1].result()  # surface why the server did not start
             await asyncio.sleep(0.01)
+        if self.control_server is not None:
+            await self.control_server.start()
         self.log.info("tokengate listening on %s", self.url)
 
-    async def stop(self, grace_s: float = 30.0) -> None:
-        """Refuse new work (503 shutting_down), wait for in-flight requests, then close."""
-        self.shutting_down = True
+    async def stop(self, grace_s: float | None = None, *, why: str = "stop requested") -> None:
+        """Refuse new work (503 shutting_down), wait for in-flight requests, then close.
+
+        `why` (a signal, a hang-up, an operator) goes into the audit rows "stopping" and
+        "stopped"; the journal is flushed and the journal lock let go last.
+        """
+        grace_s = self.drain_grace_s if grace_s is None else grace_s
+        if not self.shutting_down:
+            self.shutting_down = True
+            busy = self.in_flight_requests()
+            self._lifecycle("stopping", None, None, f"{why}; {busy} requests in flight or queued, grace {grace_s:g} s")
         deadline = self.clock() + grace_s
         while self.in_flight_requests() and self.clock() < deadline:
             await asyncio.sleep(0.05)
         left = self.in_flight_requests()
         if left:
             self.log.warning("stopping with %d requests still in flight after %.0fs grace", left, grace_s)
+        if self.control_server is not None:
+            await self.control_server.close()
         if self._server is not None:
             self._server.should_exit = True
         for task in self._tasks:
@@ -180,9 +221,30 @@ class GateService:
             if backend.gatekeeper is not None:
                 backend.gatekeeper.close()
         await asyncio.to_thread(self.gpu.close)
+        self._lifecycle("stopped", None, None, f"{why}; {left} requests cut at the end of the grace period" if left else why)
+        await self._close_resources()
+
+    async def _close_resources(self) -> None:
         await self.client.aclose()
         if self.journal is not None:
             await self.journal.close()  # flushes every pending row
+        self.lock.release()
+
+    def _lifecycle(self, action: str, old: str | None, new: str | None, note: str) -> None:
+        self.audit_gate(action, note, new_value=new, old_value=old)
+
+    def audit_gate(
+        self, action: str, note: str, *, operator: Operator | None = None, source: AuditSource = "gate",
+        old_value: str | None = None, new_value: str | None = None,
+    ) -> None:
+        """An audit row about the gate itself: started, stopping, stopped, reload_refused."""
+        op = operator or self.operator
+        self.audit(
+            AuditRecord(
+                ts=time.time(), operator=op.name, origin=op.origin, source=source, action=action, target="gate",
+                old_value=old_value, new_value=new_value, note=note,
+            )
+        )
 
     def in_flight_requests(self) -> int:
         """Requests holding a reservation or waiting in a queue, over all backends."""
@@ -218,16 +280,17 @@ class GateService:
                 backend.gatekeeper.release(ticket)
 
     def _adopt_backend(self, backend: Backend) -> None:
-        for cls in self.paused_classes:
-            backend.admission.pause(cls)
-        if self.frozen and backend.controller is not None:
-            backend.controller.freeze()
+        self.control.adopt(backend)  # operator state (paused classes, freeze) carries over
 
     def audit(self, record: AuditRecord) -> None:
-        """One operator or controller change: kept for the console and journaled."""
+        """One operator or controller change: kept for the console, journaled, told to listeners."""
+        if not record.gate_id:
+            record = dataclasses.replace(record, gate_id=self.gate_id)
         self.recent_audit.append(record)
         if self.journal is not None:
             self.journal.add(record)
+        for listener in tuple(self.audit_listeners):
+            listener(record)
         self.log.info(
             "audit %s@%s %s %s %s: %s -> %s %s", record.operator, record.origin, record.source,
             record.action, record.target, record.old_value, record.new_value, record.note,
@@ -287,7 +350,7 @@ class GateService:
                     gpu_used_bytes=gpu_used, gpu_total_bytes=gpu_total,
                     p95_ttft_ms=None if c is None or c.p95_ttft_s is None else c.p95_ttft_s * 1000,
                     p95_tpot_ms=None if c is None or c.p95_tpot_s is None else c.p95_tpot_s * 1000,
-                    admitted=admitted, refused=refused, classes=classes,
+                    admitted=admitted, refused=refused, classes=classes, gate_id=self.gate_id,
                 )
             )
 
@@ -339,9 +402,7 @@ class GateService:
             adm = b.admission
             move = b.controller.tick(now, has_demand(adm.waiting(), adm.ledger.in_flight, adm.budget))
             if move is None:
-                continue
-            adm.set_budget(move.new_budget)
-            b.gatekeeper.advance()
+                continue  # a move was pushed to admission by the controller's listener
             ttft = "n/a" if move.p95_ttft_s is None else f"{move.p95_ttft_s * 1000:.0f} ms"
             self.audit(
                 AuditRecord(
@@ -352,8 +413,13 @@ class GateService:
                 )
             )
 
-    def snapshot(self) -> GateSnapshot:
-        """Everything the console shows, as one immutable value."""
+    def snapshot(self, decisions_after: int = 0, max_decisions: int = 200) -> GateSnapshot:
+        """Everything the console shows, as one immutable value.
+
+        Decisions: at most `max_decisions` of those finished after sequence number
+        `decisions_after` (the console passes the last `decisions_seq` it saw), so a
+        snapshot costs the same at 10 and at 1,000 requests per second.
+        """
         now = self.clock()
         config = self.config
         counts = self.rollup.counts(now, 60)
@@ -394,7 +460,7 @@ class GateService:
                     oldest = max(oldest or 0.0, now - enq)
             classes.append(
                 ClassView(
-                    name=c.name, priority=c.priority, paused=c.name in self.paused_classes,
+                    name=c.name, priority=c.priority, paused=c.name in self.control.paused,
                     reserved_tokens=c.reserved_tokens, limit_tokens=c.limit_tokens, queue_depth=c.queue_depth,
                     queue_timeout_s=c.queue_timeout_s, default_max_tokens=c.default_max_tokens,
                     max_tokens_cap=c.max_tokens_cap, in_flight=in_flight, queued=queued, oldest_wait_s=oldest,
@@ -409,7 +475,7 @@ class GateService:
         budgets = [b.admission.budget for b in self.backends if b.admission is not None]
         ceilings = [b.capacity.ceiling for b in self.backends if b.capacity is not None]
         controller = ControllerView(
-            mode=config.budget.mode, frozen=self.frozen, budget=sum(budgets) if budgets else None,
+            mode=config.budget.mode, frozen=self.control.frozen, budget=sum(budgets) if budgets else None,
             min_tokens=config.budget.min_tokens, ceiling=sum(ceilings) if ceilings else None,
             p95_ttft_ms=max(ttfts) * 1000 if ttfts else None, p95_tpot_ms=max(tpots) * 1000 if tpots else None,
             slo_ttft_ms=config.budget.slo_ttft_p95_ms, slo_tpot_ms=config.budget.slo_tpot_p95_ms,
@@ -422,9 +488,11 @@ class GateService:
         return GateSnapshot(
             ts=time.time(), label=self.label, listen=f"{self.host}:{self.port}", operator=self.operator.name,
             backends=tuple(backends), classes=tuple(classes), controller=controller, gpu=self.gpu_reading,
-            denials=denials, decisions=tuple(self.records.tail(200)), audit=tuple(self.recent_audit)[-50:],
+            denials=denials, decisions=tuple(self.records.since(decisions_after, max_decisions)),
+            audit=tuple(self.recent_audit)[-50:],
             journal=journal, reaped=sum(b.gatekeeper.reaped for b in self.backends if b.gatekeeper),
-            shutting_down=self.shutting_down,
+            shutting_down=self.shutting_down, gate_id=self.gate_id, decisions_seq=self.records.total,
+            requests_in_flight=self.in_flight_requests(), drain_grace_s=self.drain_grace_s,
         )
 
     def _on_telemetry(self, latest: dict[str, Any]) -> None:
@@ -460,38 +528,57 @@ class GateService:
             self.write_samples()
 
 
+def config_digest(config: Config) -> str:
+    """A short digest of the effective config (frozen dataclasses have a stable repr)."""
+    return "sha256:" + hashlib.sha256(repr(config).encode()).hexdigest()[:16]
+
+
+def reload_config(gate: GateService, config_path: str | None, *, operator: Operator, source: AuditSource = "signal") -> bool:
+    """Re-read the config file and apply it; a refusal changes nothing and is audited with its reason."""
+    from gate.config import load_config
+    from gate.control import ControlError
+
+    if config_path is None:
+        gate.log.warning("reload: no --config file to re-read")
+        gate.audit_gate("reload_refused", "no --config file to re-read", operator=operator, source=source)
+        return False
+    try:
+        new_config = load_config(config_path)
+        results = gate.control.reload(new_config, operator=operator, source=source, note=f"{config_path} {config_digest(new_config)}")
+    except (ConfigError, ControlError) as exc:
+        gate.log.error("reload refused, nothing changed: %s", exc)
+        gate.audit_gate("reload_refused", f"{config_path}: {exc}", operator=operator, source=source)
+        return False
+    gate.log.info("reloaded %s (%d changes audited)", config_path, len(results))
+    return True
+
+
 async def serve_until_signalled(config: Config, *, config_path: str | None = None, grace_s: float = 30.0) -> int:
     """Run a gate until SIGTERM/SIGINT (then drain gracefully); SIGHUP re-reads the config."""
     import signal
 
-    from gate.config import load_config
-    from gate.control import ControlError
-
     gate = GateService(config)
-
-    def reload() -> None:
-        if config_path is None:
-            gate.log.warning("SIGHUP: no --config file to re-read")
-            return
-        try:
-            results = gate.control.reload(load_config(config_path), operator=gate.operator, source="signal")
-        except (ConfigError, ControlError) as exc:
-            gate.log.error("SIGHUP: reload refused, nothing changed: %s", exc)
-            return
-        gate.log.info("SIGHUP: reloaded %s (%d changes audited)", config_path, len(results))
-
+    gate.drain_grace_s = grace_s
     stop = asyncio.Event()
+    why: list[str] = []
+
+    def stop_on(sig: signal.Signals) -> None:
+        why.append(sig.name)
+        stop.set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, reload)
+        loop.add_signal_handler(sig, stop_on, sig)
+    loop.add_signal_handler(signal.SIGHUP, lambda: reload_config(gate, config_path, operator=gate.operator))
     await gate.start()
     for b in gate.backends:
         gate.log.info("backend %s at %s: %s (%s)", b.name, b.url, b.state, b.detail)
+    if gate.control_server is not None:
+        gate.log.info("control socket %s (attach: tokengate console --attach %s)", gate.control_server.path, gate.control_server.path)
     # What start-up allocated (modules, config, the app) lives as long as the process:
     # keep it out of every later full collection, which otherwise pause the loop.
     gc.freeze()
     await stop.wait()
     gate.log.info("signal received: refusing new requests, draining for up to %.0fs", grace_s)
-    await gate.stop(grace_s)
+    await gate.stop(grace_s, why=f"signal {why[0] if why else '?'}")
     return 0

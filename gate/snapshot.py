@@ -1,17 +1,50 @@
 """GateSnapshot: one immutable picture of the gate per tick, all the console reads.
 
 Widgets render snapshots and never reach into gate internals; building one is
-cheap (no I/O) and happens on the gate's loop.
+cheap (no I/O) and happens on the gate's loop. A snapshot is plain data: over
+the control socket it travels as JSON (`gate.wire`), versioned by
+SNAPSHOT_VERSION, and the same console renders it whichever way it came.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from gate.records import AuditRecord, DecisionRecord
 
+SNAPSHOT_VERSION = 1
+GIB = 1024**3
+
 Label = Literal["LIVE", "SIMULATED", "REVIEW"]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    pid: int
+    used_bytes: int | None  # None: NVML does not know (e.g. WDDM, or not permitted)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDevice:
+    index: int
+    name: str
+    used_bytes: int
+    total_bytes: int
+    reserved_bytes: int | None  # memory info v2 only (driver-reserved); None with v1
+    utilization_pct: int | None  # None: not supported on this device
+    processes: tuple[GpuProcess, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    devices: tuple[GpuDevice, ...]
+    unavailable: str | None  # why there are no numbers; when set, devices == ()
+
+    @classmethod
+    def failed(cls, reason: str) -> "GpuReading":
+        return cls(devices=(), unavailable=reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,13 +137,17 @@ class GateSnapshot:
     backends: tuple[BackendView, ...]
     classes: tuple[ClassView, ...]
     controller: ControllerView
-    gpu: Any  # gate.gpu.GpuReading (kept untyped here so snapshot never imports NVML code)
+    gpu: GpuReading | None
     denials: tuple[DenialView, ...]
-    decisions: tuple[DecisionRecord, ...]  # newest last
+    decisions: tuple[DecisionRecord, ...]  # newest last; only those after the asked-for sequence number
     audit: tuple[AuditRecord, ...]  # newest last
     journal: JournalView | None
     reaped: int
     shutting_down: bool
+    gate_id: str = ""
+    decisions_seq: int = 0  # decisions finished since the gate started: ask for those after it next time
+    requests_in_flight: int = 0  # holding a reservation or waiting in a queue
+    drain_grace_s: float = 0.0  # how long a stop lets in-flight requests finish
 
     @property
     def budget(self) -> int | None:
@@ -123,3 +160,27 @@ class GateSnapshot:
     @property
     def queued(self) -> int:
         return sum(c.queued for c in self.classes)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.1f}"
+
+
+def format_reading(reading: GpuReading, labels: Mapping[int, str] | None = None) -> list[str]:
+    """Console lines: ``"n/a: <reason>"`` or one line per device, e.g.
+    ``"GPU0 NVIDIA H200  61.2/139.8 GiB  44%"``.
+
+    ``labels`` maps PIDs to names (e.g. the llama-server processes); each
+    matching compute process gets an indented line with its own memory.
+    """
+    if reading.unavailable is not None:
+        return [f"n/a: {reading.unavailable}"]
+    lines: list[str] = []
+    for dev in reading.devices:
+        util = "n/a" if dev.utilization_pct is None else f"{dev.utilization_pct}%"
+        lines.append(f"GPU{dev.index} {dev.name}  {_gib(dev.used_bytes)}/{_gib(dev.total_bytes)} GiB  {util}")
+        for proc in dev.processes:
+            if labels and proc.pid in labels:
+                used = "n/a" if proc.used_bytes is None else f"{_gib(proc.used_bytes)} GiB"
+                lines.append(f"  {labels[proc.pid]} (pid {proc.pid})  {used}")
+    return lines

@@ -2,13 +2,13 @@
 
 Each field says what is wrong with it next to it, and Save stays disabled until
 every field is valid. Save hands only the changed values to the app's `apply`
-callback (which goes through gate.control); a ControlError it raises is shown
-in the form, which stays open.
+callback, which sends them to the gate as one Retune command (all or nothing);
+a CommandError it raises is shown in the form, which stays open.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +18,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
-from gate.control import ControlError
+from gate.commands import CommandError, Retune
+from gate.link import LinkLost
 from gate.snapshot import GateSnapshot
 
 MAX_SLO_MS = 600_000.0
@@ -37,6 +38,9 @@ class RetuneChanges:
 
     def __bool__(self) -> bool:
         return self.budget is not None or bool(self.settings) or bool(self.class_changes)
+
+    def command(self) -> Retune:
+        return Retune(budget=self.budget, settings=dict(self.settings), cls=self.cls, class_changes=dict(self.class_changes))
 
 
 class Invalid(ValueError):
@@ -96,7 +100,7 @@ class RetuneScreen(ModalScreen[list[str] | None]):
 
     BINDINGS = [Binding("escape", "cancel", "cancel")]
 
-    def __init__(self, snap: GateSnapshot, cls: str | None, apply: Callable[[RetuneChanges], list[str]]) -> None:
+    def __init__(self, snap: GateSnapshot, cls: str | None, apply: Callable[[RetuneChanges], Awaitable[list[str]]]) -> None:
         super().__init__(classes="dialog-screen")
         self.snap = snap
         self.apply = apply
@@ -229,7 +233,7 @@ class RetuneScreen(ModalScreen[list[str] | None]):
     def changes(self) -> RetuneChanges:
         values, errors = self.parsed()
         if errors:
-            raise ControlError("; ".join(f"{k}: {v}" for k, v in errors.items()))
+            raise CommandError("; ".join(f"{k}: {v}" for k, v in errors.items()))
         initial = {}
         for key in self.keys:
             try:
@@ -255,20 +259,20 @@ class RetuneScreen(ModalScreen[list[str] | None]):
         self.validate_all()
         self.query_one("#retune-result", Label).update("")
 
-    def on_input_submitted(self, event: Input.Submitted) -> None:
+    async def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
-        self.save()
+        await self.save()
 
-    def on_button_pressed(self, event: Button.Pressed) -> None:
+    async def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
         if event.button.id == "save":
-            self.save()
+            await self.save()
         else:
             self.action_cancel()
 
     # ---- actions ---------------------------------------------------------------------
 
-    def save(self) -> None:
+    async def save(self) -> None:
         if not self.validate_all():
             return
         try:
@@ -276,8 +280,8 @@ class RetuneScreen(ModalScreen[list[str] | None]):
             if not changes:
                 self.dismiss([])
                 return
-            messages = self.apply(changes)
-        except ControlError as exc:
+            messages = await self.apply(changes)
+        except (CommandError, LinkLost) as exc:
             self.query_one("#retune-result", Label).update(f"refused: {exc}")
             return
         self.dismiss(messages)

@@ -7,7 +7,7 @@ from textual.widgets import Static
 
 from console.widgets.status import show_text
 
-from gate.gpu import format_reading
+from gate.snapshot import format_reading
 from gate.snapshot import GateSnapshot
 
 

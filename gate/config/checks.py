@@ -25,6 +25,10 @@ from gate.config.schema import (
 from gate.config.terms import _got, _key_part, _show, _suggest, _toml_key_of
 
 
+#: sun_path holds 108 bytes on Linux, the last one a NUL
+MAX_SOCKET_PATH = 107
+
+
 class _Check:
     def __init__(self, source: str, path: str) -> None:
         self.source = source
@@ -131,6 +135,13 @@ def validate_config(config: Config, source: str = "<config>") -> None:
         lambda v: v > 1,
         "greater than 1 (a request is shed after shed_factor x its expected duration)",
     )
+    sock = g.control_socket_path()
+    if sock is not None and len(sock.encode()) > MAX_SOCKET_PATH:
+        raise c.fail(
+            "control_socket",
+            f"a Unix socket path must be at most {MAX_SOCKET_PATH} bytes, got {len(sock.encode())} "
+            f"({_show(sock)}); set a shorter [gate] control_socket",
+        )
 
     # [budget]
     b = config.budget

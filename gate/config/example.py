@@ -24,6 +24,12 @@ request_timeout_s = 600.0
 # A running request older than shed_factor x its expected duration is aborted (503
 # shed_overrun) so it stops holding a slot and KV memory. Must be > 1. Default 2.5.
 shed_factor = 2.5
+# Unix socket that consoles attach to (`tokengate console --attach`); never TCP.
+# Default "": beside the journal, with .sock for its suffix (tokengate.db -> tokengate.sock).
+control_socket = ""
+# Group allowed to attach: "" keeps the socket at mode 0600 (only the gate's own user);
+# a group name makes it 0660 and owned by that group. Default "".
+control_socket_group = ""
 
 # One [[backends]] table per llama-server. Default: one backend "default" at
 # http://127.0.0.1:8080 (llama-server's own default address).

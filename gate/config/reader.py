@@ -80,7 +80,9 @@ def _keys_of(cls: type) -> tuple[str, ...]:
     return tuple(_toml_key_of(f) for f in dataclasses.fields(cls))
 
 
-_GATE_KEYS = ("listen", "journal", "max_body_bytes", "request_timeout_s", "shed_factor")
+_GATE_KEYS = (
+    "listen", "journal", "max_body_bytes", "request_timeout_s", "shed_factor", "control_socket", "control_socket_group",
+)
 _BACKEND_KEYS = _keys_of(BackendConfig)
 _BUDGET_KEYS = _keys_of(BudgetConfig)
 _CLASS_KEYS = tuple(k for k in _keys_of(ClassConfig) if k != "name")
@@ -218,6 +220,8 @@ def _gate(source: str, data: Any) -> GateConfig:
         max_body_bytes=r.get_int("max_body_bytes", d.max_body_bytes),
         request_timeout_s=r.get_float("request_timeout_s", d.request_timeout_s),
         shed_factor=r.get_float("shed_factor", d.shed_factor),
+        control_socket=r.get_str("control_socket", d.control_socket),
+        control_socket_group=r.get_str("control_socket_group", d.control_socket_group),
     )
 
 

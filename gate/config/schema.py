@@ -57,6 +57,20 @@ class GateConfig:
     max_body_bytes: int = 8 * 1024 * 1024
     request_timeout_s: float = 600.0
     shed_factor: float = 2.5
+    #: the Unix socket consoles attach to; "" = beside the journal (tokengate.db -> tokengate.sock)
+    control_socket: str = ""
+    #: "" = mode 0600 (only the gate's user); a group name = mode 0660 and that group
+    control_socket_group: str = ""
+
+    def control_socket_path(self) -> str | None:
+        """Where the control socket lives; None for an in-memory journal with no socket set."""
+        if self.control_socket:
+            return self.control_socket
+        if self.journal == ":memory:":
+            return None
+        base, dot, ext = self.journal.rpartition(".")
+        stem = base if dot and "/" not in ext else self.journal
+        return stem + ".sock"
 
     @property
     def listen(self) -> str:

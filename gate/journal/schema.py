@@ -93,8 +93,14 @@ _V1 = (
     "CREATE INDEX samples_ts ON samples (ts)",
 )
 
+# v2: which gate wrote an audit or sample row (host:pid:start), so merged journals stay apart.
+_V2 = (
+    "ALTER TABLE audit ADD COLUMN gate_id TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE samples ADD COLUMN gate_id TEXT NOT NULL DEFAULT ''",
+)
+
 #: ``MIGRATIONS[i]`` takes a journal from schema version ``i`` to ``i + 1``. Append only.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1,)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -9,6 +9,7 @@ import itertools
 import pytest
 
 from console.app import TokengateApp
+from gate.link import InProcessLink
 from gate.config import parse_config
 from gate.gpu import GpuDevice, GpuReading
 from gate.records import DecisionRecord
@@ -40,9 +41,11 @@ async def gate():
 
 
 def make_app(gate: GateService, **kwargs) -> TokengateApp:
+    """The console on an in-process link to `gate` (same loop: tests drive both)."""
     kwargs.setdefault("interval_s", 3600.0)
     kwargs.setdefault("clock", lambda: FIXED_NOW)
-    return TokengateApp(gate, **kwargs)
+    read_only = kwargs.get("read_only", False)
+    return TokengateApp(InProcessLink(gate, read_only=read_only), **kwargs)
 
 
 def messages(app: TokengateApp) -> list[str]:

@@ -15,7 +15,7 @@ from console.screens.confirm import ConfirmScreen
 from console.screens.help import HelpScreen
 from console.screens.retune import RetuneScreen
 from console.screens.review import ReviewScreen
-from gate.control import ControlError
+from gate.commands import CommandError
 from gate.gatekeeper import Refused
 from tests.console.conftest import Queue, decision, make_app, messages, record, severities
 
@@ -264,9 +264,9 @@ async def test_retune_control_error_is_shown_in_the_form_not_a_crash(gate, monke
     app = make_app(gate)
 
     def refuse(*args, **kwargs):
-        raise ControlError("classes: reserved_tokens add up to too much [test]")
+        raise CommandError("classes: reserved_tokens add up to too much [test]")
 
-    monkeypatch.setattr(gate.control, "set_class", refuse)
+    monkeypatch.setattr(gate.control, "retune", refuse)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("t")
         field(app, "queue_depth").value = "3"
@@ -281,23 +281,39 @@ async def test_retune_control_error_is_shown_in_the_form_not_a_crash(gate, monke
         assert len(app.screen_stack) == 1
 
 
-async def test_retune_partial_failure_names_what_was_applied(gate, monkeypatch):
+async def test_retune_is_one_command_a_refused_part_changes_nothing(gate):
+    """Budget + queue depth in one Save while another operator raised the min budget above
+    the new budget: the gate refuses the whole command; the queue depth stays as it was."""
+    from gate.commands import Retune
+    from gate.control import Operator
+
     app = make_app(gate)
-
-    def refuse(*args, **kwargs):
-        raise ControlError("budget refused")
-
-    monkeypatch.setattr(gate.control, "set_budget", refuse)
+    adm = admission(gate)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("t")
-        field(app, "queue_depth").value = "3"
         field(app, "budget").value = "4000"
+        field(app, "queue_depth").value = "3"
         await pilot.pause()
+        # meanwhile, from another console: min budget 5000
+        gate.control.execute(Retune(settings={"min_tokens": 5000}), operator=Operator("bob", "local"))
+        before = (adm.budget, gate.config.class_by_name("interactive"), len(audit_rows(gate)))
         await pilot.click("#save")
         await pilot.pause()
+        assert isinstance(app.screen, RetuneScreen)
         result = str(app.screen.query_one("#retune-result", Label).content)
-        assert "budget refused (already applied: set_class class:interactive" in result
-        assert audit_rows(gate, "set_class")  # the class change did land, and is audited
+        assert result.startswith("refused:") and "outside [5000, 8192]" in result
+        assert (adm.budget, gate.config.class_by_name("interactive"), len(audit_rows(gate))) == before
+        # the same form with a budget the gate accepts: everything lands, one row per changed value
+        field(app, "budget").value = "6000"
+        await pilot.pause()
+        await pilot.click("#save")
+        for _ in range(100):  # the command's answer, then the dialog's dismissal: a few loop turns
+            if len(app.screen_stack) == 1:
+                break
+            await pilot.pause(0.01)
+        assert len(app.screen_stack) == 1, str(app.screen.query_one("#retune-result", Label).content)
+        assert adm.budget == 6000 and gate.config.class_by_name("interactive").queue_depth == 3
+        assert [a.action for a in audit_rows(gate)][-2:] == ["set_class", "set_budget"]
 
 
 async def test_retune_escape_and_unchanged_save_change_nothing(gate):
@@ -320,7 +336,7 @@ async def test_retune_escape_and_unchanged_save_change_nothing(gate):
 async def test_control_error_becomes_an_error_toast(gate):
     app = make_app(gate)
     async with app.run_test(size=SIZE) as pilot:
-        app.action_pause_class("nope")  # e.g. from a stale palette entry
+        await app.action_pause_class("nope")  # e.g. from a stale palette entry
         await pilot.pause()
         assert "unknown class 'nope'" in messages(app)[-1] and severities(app)[-1] == "error"
         assert not audit_rows(gate)
@@ -429,10 +445,10 @@ async def test_read_only_has_no_action_keys_at_all(gate):
         assert not [n for n in names if n.startswith(("Retune", "Pause class", "Resume class", "Drain", "Freeze", "Unfreeze"))]
         assert "READ-ONLY" in str(app.header.content)
         # even a direct call (a stale palette entry) does nothing
-        app.action_freeze()
-        app.action_pause_class("batch")
-        app.action_drain_class("batch")
-        app.action_retune()
+        await app.action_freeze()
+        await app.action_pause_class("batch")
+        await app.action_drain_class("batch")
+        await app.action_retune()
         await pilot.pause()
         assert not audit_rows(gate) and len(app.screen_stack) == 1
         await pilot.press("question_mark")
@@ -455,7 +471,7 @@ async def test_space_pauses_rendering_while_the_gate_goes_on(gate):
     app = make_app(gate)
     async with app.run_test(size=SIZE) as pilot:
         record(gate, decision("batch"))
-        app.tick()
+        await app.tick()
         rows_before = app.decisions.table.row_count
         slots_before = str(app.slots.content)
         history_before = len(app.history)
@@ -467,8 +483,8 @@ async def test_space_pauses_rendering_while_the_gate_goes_on(gate):
         gate.control.set_budget(4096, operator=gate.operator)
         for _ in range(3):
             record(gate, decision("interactive"))
-        app.tick()
-        app.tick()
+        await app.tick()
+        await app.tick()
         await pilot.pause()
         assert len(app.history) == history_before + 2
         assert app.history[-1][1] == 4096  # the chart's buffer has the new budget
@@ -488,10 +504,10 @@ async def test_rendering_skips_while_a_dialog_is_open_but_history_grows(gate):
     async with app.run_test(size=SIZE) as pilot:
         renders, history = app.renders, len(app.history)
         await pilot.press("question_mark")
-        app.tick()
+        await app.tick()
         assert app.renders == renders and len(app.history) == history + 1
         await pilot.press("escape")
-        app.tick()
+        await app.tick()
         assert app.renders == renders + 1
 
 
@@ -521,7 +537,7 @@ async def test_slash_filters_the_decision_tail_and_escape_clears(gate):
         for i in range(6):
             record(gate, decision("batch", tenant="acme" if i % 2 else "globex"))
         record(gate, decision("interactive", tenant="initech", outcome="refused", reason="queue_full", status=429))
-        app.tick()
+        await app.tick()
         assert app.decisions.table.row_count == 7
         await pilot.press("slash")
         assert app.focused is app.decisions.input
@@ -533,7 +549,7 @@ async def test_slash_filters_the_decision_tail_and_escape_clears(gate):
         assert app.focused is app.class_table and app.decisions.filter_text == "acme"
         record(gate, decision("batch", tenant="acme"))
         record(gate, decision("batch", tenant="globex"))
-        app.tick()
+        await app.tick()
         assert app.decisions.table.row_count == 4  # new rows obey the filter
         assert "filter 'acme'" in str(app.status.content)
         await pilot.press("slash")
@@ -552,7 +568,7 @@ async def test_a_key_press_is_answered_within_100ms(gate):
         record(gate, decision("batch" if i % 2 else "interactive", tenant=f"t{i % 7}"))
     app = make_app(gate)
     async with app.run_test(size=SIZE) as pilot:
-        app.tick()
+        await app.tick()
         await pilot.pause()
         answered: list[float] = []
         original = app.action_toggle_render

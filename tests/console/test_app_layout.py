@@ -12,6 +12,7 @@ from console.widgets.classes import FULL as CLASS_FULL
 from console.widgets.decisions import DecisionTail
 from console.widgets.slots import ttft_style
 from gate.gpu import GpuReading
+from gate.link import InProcessLink
 from gate.snapshot import JournalView
 from tests.console.conftest import FIXED_NOW, decision, enrich, make_app, record
 
@@ -78,7 +79,7 @@ async def test_tiny_terminals_do_not_crash(gate):
         await pilot.pause()
         assert app.compact and app.last_error is None
         await pilot.resize_terminal(20, 6)
-        app.tick()
+        await app.tick()
         await pilot.pause()
         assert app.is_running and app.last_error is None
 
@@ -191,7 +192,7 @@ async def test_tables_update_in_place_never_cleared_per_tick(gate, monkeypatch):
             record(gate, decision("batch", ts=FIXED_NOW + i))
             record(gate, decision("batch", outcome="refused", reason="queue_full", status=429, ts=FIXED_NOW + i))
             gate.control.pause("batch", i % 2 == 0, operator=gate.operator)
-            app.tick()
+            await app.tick()
         assert not cleared
         assert app.decisions.table.row_count == 80
         assert app.denials.row_keys == ["queue_full|batch"]
@@ -202,8 +203,8 @@ async def test_decision_tail_appends_by_request_id_and_trims(gate):
     async with app.run_test(size=(200, 50)):
         first = decision("batch")
         record(gate, first)
-        app.tick()
-        app.tick()  # the same snapshot twice adds nothing
+        await app.tick()
+        await app.tick()  # the same snapshot twice adds nothing
         assert app.decisions.visible_request_ids == [first.request_id]
         newest = None
         for _ in range(10):
@@ -211,7 +212,7 @@ async def test_decision_tail_appends_by_request_id_and_trims(gate):
             for _ in range(200):
                 newest = decision("interactive")
                 record(gate, newest)
-            app.tick()
+            await app.tick()
             grown = app.decisions.table.row_count - before
             assert grown <= DecisionTail.MAX_NEW_ROWS_PER_TICK or app.decisions.table.row_count <= DecisionTail.MAX_ROWS
         ids = app.decisions.visible_request_ids
@@ -222,7 +223,7 @@ async def test_decision_tail_appends_by_request_id_and_trims(gate):
 
 async def test_chart_gets_ten_minutes_of_history_and_audit_marks(gate):
     now = [FIXED_NOW]
-    app = TokengateApp(gate, interval_s=3600, clock=lambda: now[0])
+    app = TokengateApp(InProcessLink(gate), interval_s=3600, clock=lambda: now[0])
     async with app.run_test(size=(200, 50)):
         for _ in range(1500):
             now[0] += 0.5
@@ -232,12 +233,12 @@ async def test_chart_gets_ten_minutes_of_history_and_audit_marks(gate):
         assert len(series["times"]) <= CHART_POINTS
         assert series["times"][-1] == now[0] and series["times"][0] >= now[0] - 600
         assert series["window_s"] == 600 and series["slo_ttft_ms"] == 2000
-        app.tick()
+        await app.tick()
         assert not app.chart.empty and app.last_error is None
 
 
 async def test_chart_marks_come_from_the_audit(gate):
-    app = TokengateApp(gate, interval_s=3600)  # the real clock: audit rows carry wall time
+    app = TokengateApp(InProcessLink(gate), interval_s=3600)  # the real clock: audit rows carry wall time
     async with app.run_test(size=(200, 50)) as pilot:
         await pilot.press("f")
         series = app.chart_series(gate.snapshot())
@@ -247,14 +248,14 @@ async def test_chart_marks_come_from_the_audit(gate):
 async def test_a_failing_snapshot_is_shown_not_fatal(gate, monkeypatch):
     app = make_app(gate)
     async with app.run_test(size=(80, 24)) as pilot:
-        def broken():
+        def broken(**_):
             raise RuntimeError("boom")
 
         monkeypatch.setattr(gate, "snapshot", broken)
-        app.tick()
+        await app.tick()
         await pilot.pause()
         assert "snapshot failed: RuntimeError: boom" in str(app.status.content)
         assert app.is_running
         monkeypatch.undo()
-        app.tick()
+        await app.tick()
         assert app.last_error is None and "boom" not in str(app.status.content)

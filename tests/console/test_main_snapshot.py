@@ -28,6 +28,7 @@ from textual.widgets import Input
 
 import console.app
 from console.app import TokengateApp
+from gate.link import InProcessLink
 from gate.config import parse_config
 from gate.gpu import GpuDevice, GpuReading
 from gate.ledger import Request
@@ -121,7 +122,8 @@ async def fill(gate: GateService, app: TokengateApp) -> None:
     for widget in app.query(Input):
         widget.cursor_blink = False
     history(app)
-    app.tick()
+    await app.tick()
+    app.clear_notifications()  # alice's audited move, toasted as another console's action: not in the picture
 
 
 def close(gate: GateService) -> None:
@@ -134,7 +136,7 @@ def close(gate: GateService) -> None:
 @pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
 def test_main_screen_snapshot(snap_compare, utc, frozen_tick_timer, size: tuple[int, int]) -> None:
     gate = make_gate()
-    app = TokengateApp(gate, interval_s=3600.0, clock=lambda: FIXED_NOW)
+    app = TokengateApp(InProcessLink(gate), interval_s=3600.0, clock=lambda: FIXED_NOW)
 
     async def run_before(pilot: Pilot) -> None:
         await fill(gate, app)

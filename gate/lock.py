@@ -1,0 +1,84 @@
+"""One gate per journal: an exclusive lock held for the gate's whole life.
+
+The lock is `flock` on `<journal>.lock`, which names its holder (pid, gate id) so
+a second gate can say who is in the way. The kernel drops the lock when the
+holder dies, SIGKILL included, so a stale lock file never blocks a restart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+import time
+
+
+class JournalLocked(Exception):
+    """Another live gate holds this journal; the message names the file and the holder."""
+
+
+def new_gate_id(started: float | None = None) -> str:
+    """host:pid:start time (UTC, to the second): tells gates apart in merged journals."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if started is None else started))
+    return f"{socket.gethostname()}:{os.getpid()}:{stamp}"
+
+
+class JournalLock:
+    """Held from `acquire` until `release` (or the process's death)."""
+
+    def __init__(self, journal: str) -> None:
+        self.journal = journal
+        self.path = journal + ".lock"
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self, gate_id: str) -> None:
+        """Take the lock or raise JournalLocked naming the holder; no-op for ":memory:"."""
+        if self.journal == ":memory:" or self._fd is not None:
+            return
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read(fd)
+                os.close(fd)
+                raise JournalLocked(
+                    f"{self.journal}: the journal is in use by another gate ({holder or 'holder unknown'}); "
+                    "one gate per journal: stop that gate, attach to it with `tokengate console --attach`, "
+                    "or give this one its own [gate] journal"
+                ) from None
+            except BaseException:
+                os.close(fd)
+                raise
+            # The holder may have removed the file between our open and our lock:
+            # then we locked an orphan inode, and must try again on the new file.
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()}, gate {gate_id}\n".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        """Remove the lock file while still holding it, then let go."""
+        if self._fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        os.close(self._fd)
+        self._fd = None
+
+
+def _read(fd: int) -> str:
+    with contextlib.suppress(OSError):
+        return os.pread(fd, 200, 0).decode(errors="replace").strip()
+    return ""
