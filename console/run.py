@@ -1,62 +1,24 @@
 """`tokengate console`: the Textual app with the gate embedded, or attached to a running gate.
 
-Embedded: the gate runs on its own thread's event loop (`gate.embedded.GateThread`),
-the console in the main thread; quitting or a hang-up (SIGHUP, an SSH drop without
-tmux) drains the gate as SIGTERM does. Attached: the console talks to a
-`tokengate serve` through its control socket; quitting or a hang-up ends only the
-console.
+Embedded: the console starts the gate as a child process (`tokengate serve`, see
+GateProcess) and attaches to it through its control socket, exactly as `--attach`
+does; quitting or a hang-up (SIGHUP, an SSH drop without tmux) drains the gate as
+SIGTERM does. Attached: the console talks to a running `tokengate serve`; quitting
+or a hang-up ends only the console.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from gate.config import BackendConfig, Config, parse_config
+from gate.config import Config
 from gate.link import GateLink
-
-# The demo's own policy: an interactive class with a guaranteed share, a batch
-# class that may borrow the rest, and an SLO the simulated A10G can just meet.
-DEMO_CONFIG = """
-default_class = "interactive"
-[gate]
-journal = "tokengate-demo.db"
-[budget]
-mode = "adaptive"
-min_tokens = 2048
-slo_ttft_p95_ms = 2500
-window_s = 20
-cooldown_s = 5
-min_samples = 10
-[classes.interactive]
-priority = 10
-reserved_tokens = 2048
-queue_depth = 32
-queue_timeout_s = 10
-default_max_tokens = 128
-max_tokens_cap = 1024
-[classes.batch]
-priority = 1
-limit_tokens = 6144
-queue_depth = 64
-queue_timeout_s = 60
-default_max_tokens = 512
-max_tokens_cap = 1024
-"""
-
-
-def demo_config(base: Config | None, simulator_url: str) -> Config:
-    """The user's config (or the demo's) with its backends pointed at the simulator."""
-    config = base if base is not None else parse_config(DEMO_CONFIG, "<demo>")
-    backend = BackendConfig(name="simulated", url=simulator_url, kv="unified")
-    return dataclasses.replace(config, backends=(backend,))
-
 
 class ConsoleExit(Exception):
     """The console could not start; the message says why (exit code 2)."""
@@ -121,74 +83,134 @@ async def attach_console(path: str, *, read_only: bool = False) -> int:
     return 0
 
 
-async def run_console(config: Config, *, demo: bool = False, read_only: bool = False, seed: int = 7, user_config: bool = False) -> int:
-    """Start the gate on its own thread (for --demo with the simulator and synthetic traffic),
-    run the app in this one, then drain the gate. A running gate on the same config: attach
-    read-only when asked for --read-only, else refuse (exit 2) with the way to attach."""
-    from gate.control_socket import SocketInUse, is_live
-    from gate.embedded import GateThread
-    from gate.link import InProcessLink
-    from gate.lock import JournalLocked
-    from gate.service import GateService
+async def run_console(
+    config: Config, *, config_path: str | None = None, demo: bool = False, read_only: bool = False, seed: int = 7,
+) -> int:
+    """The embedded console: start the gate as a process of its own (`tokengate serve`, for
+    --demo with the simulator and synthetic traffic), attach to it, and stop it (drain) when
+    the console ends. A gate already running on the same config: attach read-only when asked
+    for --read-only, else refuse (exit 2) with the way to attach."""
+    from gate.control_socket import is_live
+    from gate.demo import demo_config
 
-    simulator = traffic = None
     if demo:
-        config = demo_config(config if user_config else None, "http://127.0.0.1:0")  # the simulator's URL comes later
+        config = demo_config(config if config_path else None, "http://127.0.0.1:0")
     socket_path = config.gate.control_socket_path()
-    if socket_path is not None and is_live(socket_path):
+    if socket_path is None:
+        raise ConsoleExit("the embedded console needs a control socket: set [gate] journal to a file or [gate] control_socket")
+    if is_live(socket_path):
         if read_only:
             return await attach_console(socket_path, read_only=True)
         raise ConsoleExit(
             f"a gate already runs on this config (control socket {socket_path}); watch or steer it with "
             f"`tokengate console --attach {socket_path}` (add --read-only to only watch)"
         )
-    _log_beside(config.gate.journal)
-
-    async def make_gate() -> GateService:
-        nonlocal simulator, config
-        if demo:
-            from gate.simulator import SimulatorConfig, serve_simulator
-
-            # Twice the simulated A10G's speed and traffic near its capacity, with a burst
-            # every minute: overload comes and goes, so every panel has something to say.
-            simulator = await serve_simulator(SimulatorConfig(slots=4, ctx=8192, kv="unified", seed=seed, speed=2.0), port=0)
-            backend = dataclasses.replace(config.backends[0], url=simulator.url)
-            config = dataclasses.replace(config, backends=(backend,))
-        gate = GateService(config)
-        gate.label = "SIMULATED" if demo else "LIVE"
-        gate.drain_grace_s = 10.0
-        return gate
-
-    async def start_traffic(gate: GateService) -> None:
-        nonlocal traffic
-        if demo:
-            from gate.traffic import TrafficGenerator
-
-            traffic = TrafficGenerator(gate.url, seed=seed, rate_interactive=0.8, rate_batch=0.15)
-            await traffic.start()
-
-    async def stop_traffic(gate: GateService) -> None:
-        if traffic is not None:
-            await traffic.stop()
-
-    async def stop_simulator() -> None:
-        if simulator is not None:
-            await simulator.stop()
-
-    thread = GateThread(
-        make_gate, port=0 if demo else None,  # the demo never fights a real gate for its port
-        after_start=start_traffic, before_stop=stop_traffic, after_stop=stop_simulator,
-    )
-    try:
-        gate = await asyncio.to_thread(thread.start)
-    except (JournalLocked, SocketInUse) as exc:
-        raise ConsoleExit(str(exc)) from None
-    link = InProcessLink(gate, loop=thread.loop, read_only=read_only, embedded=True)
+    log_path = _log_path(config.gate.journal)
+    gate = await GateProcess.start(config_path, socket_path, log_path, demo=demo, seed=seed)
     why = "console quit"
     try:
-        app = await _run_app(link, read_only=read_only)
-        why = app.exit_why
+        link = await gate.attach(read_only=read_only)
+        _log_beside(config.gate.journal)
+        try:
+            app = await _run_app(link, read_only=read_only)
+            why = app.exit_why
+        finally:
+            await gate.stop(link, why)
     finally:
-        await link.close()
-        await asyncio.to_thread(thread.stop, why)
+        await gate.wait_or_kill()
     return 0
+
+
+def _log_path(journal: str) -> str:
+    return str(Path(journal if journal != ":memory:" else "tokengate.db").with_suffix(".log"))
+
+
+class GateProcess:
+    """The embedded console's gate: `tokengate serve` as a child process.
+
+    A process of its own, not a thread: the console's rendering then shares neither
+    the gate's event loop nor its interpreter lock nor its garbage collector (a full
+    collection of the console's widgets paused a gate thread for 60-90 ms, measured
+    with gc.callbacks at 200 req/s), and the kernel schedules the two apart. The child
+    runs in its own session (a terminal hang-up reaches only the console), logs beside
+    the journal, and is told by the kernel to drain (SIGTERM) if the console dies
+    without stopping it (PR_SET_PDEATHSIG).
+    """
+
+    def __init__(self, proc: asyncio.subprocess.Process, socket_path: str, log_path: str, grace_s: float) -> None:
+        self.proc = proc
+        self.socket_path = socket_path
+        self.log_path = log_path
+        self.grace_s = grace_s
+
+    @classmethod
+    async def start(cls, config_path: str | None, socket_path: str, log_path: str, *, demo: bool, seed: int, grace_s: float = 10.0) -> GateProcess:
+        import os
+
+        from gate.control_socket import is_live
+
+        args = [sys.executable, "-m", "gate.cli", "serve", "--grace", f"{grace_s:g}", "--log-level", "warning"]
+        if config_path:
+            args += ["--config", config_path]
+        if demo:
+            args += ["--demo", "--seed", str(seed)]
+        env = {**os.environ, "TOKENGATE_PARENT_PID": str(os.getpid())}
+        start_at = Path(log_path).stat().st_size if Path(log_path).exists() else 0
+        log = open(log_path, "ab")  # noqa: SIM115 - the child's stderr, for as long as it runs
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *args, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True,
+            )
+        finally:
+            log.close()
+        gate = cls(proc, socket_path, log_path, grace_s)
+        while not is_live(socket_path):
+            if proc.returncode is not None:
+                raise ConsoleExit(gate._log_since(start_at) or f"the gate exited with code {proc.returncode}")
+            try:
+                await asyncio.wait_for(proc.wait(), 0.05)
+            except TimeoutError:
+                pass
+        return gate
+
+    def _log_since(self, offset: int) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(offset)
+                text = f.read().decode(errors="replace").strip()
+        except OSError:
+            return ""
+        lines = [line.removeprefix("tokengate serve: ") for line in text.splitlines() if line.strip()]
+        return lines[-1] if lines else ""
+
+    async def attach(self, *, read_only: bool) -> GateLink:
+        from gate.link import SocketLink
+
+        return await SocketLink.connect(self.socket_path, read_only=read_only, embedded=True)
+
+    async def stop(self, link: GateLink, why: str) -> None:
+        """Drain the gate: through the socket with the reason (audited), else with SIGTERM."""
+        from gate.link import SocketLink
+
+        try:
+            if isinstance(link, SocketLink):
+                await asyncio.wait_for(link.stop_gate(why), 2.0)
+            else:
+                raise ConnectionError
+        except Exception:  # noqa: BLE001 - the socket is gone: a signal does the same, without the reason
+            if self.proc.returncode is None:
+                self.proc.send_signal(signal.SIGTERM)
+        finally:
+            await link.close()
+
+    async def wait_or_kill(self) -> None:
+        """Wait out the drain (the grace period and a margin), then SIGKILL."""
+        if self.proc.returncode is None:
+            with contextlib.suppress(OSError):
+                sys.stderr.write(f"tokengate: stopping the gate (in-flight requests get up to {self.grace_s:g} s)...\n")
+                sys.stderr.flush()
+        try:
+            await asyncio.wait_for(self.proc.wait(), self.grace_s + 15.0)
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()

@@ -124,7 +124,7 @@ async def _review_loaded(pilot, timeout_s: float = 10.0) -> None:
 async def capture(out: Path, *, speed: float, seconds: float) -> dict[str, str]:
     """Run the demo time-lapsed and write the five SVGs; returns {file: what it shows}."""
     from console.app import TokengateApp
-    from console.run import DEMO_CONFIG, demo_config
+    from gate.demo import DEMO_CONFIG, demo_config
     from console.screens.confirm import ConfirmScreen
     from console.screens.retune import RetuneScreen
     from console.screens.review import ReviewScreen

@@ -7,6 +7,7 @@ problem), 1 runtime failure.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import asyncio
 import logging
 import os
@@ -134,6 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         help="how long to let in-flight requests finish on SIGTERM (default: 30)",
     )
+    serve.add_argument(
+        "--demo",
+        action="store_true",
+        help="in front of the built-in llama-server simulator with synthetic traffic (SIMULATED; "
+        "what `tokengate console --demo` runs)",
+    )
+    serve.add_argument("--seed", type=int, default=7, help=argparse.SUPPRESS)
     serve.add_argument(
         "--log-level",
         default="info",
@@ -347,9 +355,7 @@ def _cmd_console(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if args.attach is not None:
             path = args.attach or config.gate.control_socket_path() or "tokengate.sock"
             return asyncio.run(attach_console(path, read_only=args.read_only))
-        return asyncio.run(
-            run_console(config, demo=args.demo, read_only=args.read_only, user_config=args.config is not None)
-        )
+        return asyncio.run(run_console(config, config_path=args.config, demo=args.demo, read_only=args.read_only))
     except ConsoleExit as exc:
         err.write(f"tokengate console: {exc}\n")
         return EXIT_USAGE
@@ -400,7 +406,10 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from gate.lock import JournalLocked
     from gate.service import serve_until_signalled  # the HTTP stack only when serving
 
-    main = serve_until_signalled(config, config_path=args.config, grace_s=args.grace)
+    if not _die_with_parent():
+        err.write("tokengate serve: the console that started this gate is gone\n")
+        return EXIT_RUNTIME
+    main = serve_until_signalled(config, config_path=args.config, grace_s=args.grace, demo=args.demo, seed=args.seed)
     try:
         try:
             import uvloop  # faster event loop for the headless gate
@@ -727,6 +736,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - the contract is "1 on runtime failure", with a message
         err.write(f"tokengate: error: {type(e).__name__}: {e}\n")
         return EXIT_RUNTIME
+
+
+def _die_with_parent() -> bool:
+    """A gate started by an embedded console drains (SIGTERM) when that console dies, even by
+    SIGKILL. False when that console is already gone."""
+    parent = os.environ.pop("TOKENGATE_PARENT_PID", "")
+    if not parent.isdigit() or not sys.platform.startswith("linux"):
+        return True
+    import ctypes
+    import signal
+
+    PR_SET_PDEATHSIG = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    return os.getppid() == int(parent)  # else the console died before the line above
 
 
 def _silence_stdout() -> None:

@@ -11,6 +11,8 @@ The protocol is one JSON object per line, in both directions:
     <- {"id": 3, "ok": true, "results": [...]}       or {"ok": false, "error": "..."}
     -> {"id": 4, "op": "subscribe"}
     <- {"event": "audit", "record": {...}}           every audit row from then on
+    -> {"id": 5, "op": "stop", "why": "hang-up"}     drain and stop: only from the process that
+                                                     started the gate (the embedded console)
 
 The operator of a command is the peer's uid, read from the socket (SO_PEERCRED),
 never what the client says; the client only adds its SSH origin. A session that
@@ -110,9 +112,10 @@ def claim_path(path: str) -> None:
 
 
 class _Session:
-    __slots__ = ("operator", "read_only", "writer", "outbox", "pusher", "uid")
+    __slots__ = ("operator", "read_only", "writer", "outbox", "pusher", "uid", "pid")
 
-    def __init__(self, uid: int, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, pid: int, uid: int, writer: asyncio.StreamWriter) -> None:
+        self.pid = pid
         self.uid = uid
         self.operator = Operator(user_name(uid), "local")
         self.read_only = True  # until hello says otherwise
@@ -182,12 +185,12 @@ class ControlServer:
         self._handlers.add(task)
         sock = writer.get_extra_info("socket")
         try:
-            _pid, uid, _gid = peer_credentials(sock)
+            pid, uid, _gid = peer_credentials(sock)
         except OSError:
             writer.close()
             self._handlers.discard(task)
             return
-        session = _Session(uid, writer)
+        session = _Session(pid, uid, writer)
         self._sessions.add(session)
         try:
             while True:
@@ -248,6 +251,12 @@ class ControlServer:
                 raise CommandError("this console attached read-only: the gate refuses its commands")
             results = gate.control.execute(from_wire(request.get("command")), operator=session.operator, source="console")
             return {"ok": True, "results": [encode(r) for r in results]}
+        if op == "stop":
+            if session.pid != os.getppid() or gate.stop_requested is None:
+                raise CommandError("only the console that started this gate may stop it; use SIGTERM (systemctl stop)")
+            why = request.get("why")
+            gate.stop_requested(f"console: {why}" if isinstance(why, str) and why else "console quit")
+            return {"ok": True}
         if op == "subscribe":
             if session.outbox is None:
                 session.outbox = asyncio.Queue(OUTBOX)

@@ -145,8 +145,12 @@ class SocketLink:
         self.info: GateInfo  # set by connect()
 
     @classmethod
-    async def connect(cls, path: str, *, read_only: bool = False, environ: dict[str, str] | None = None) -> SocketLink:
-        """Attach to the gate listening on `path`; LinkLost when nothing answers there."""
+    async def connect(
+        cls, path: str, *, read_only: bool = False, embedded: bool = False, environ: dict[str, str] | None = None
+    ) -> SocketLink:
+        """Attach to the gate listening on `path`; LinkLost when nothing answers there.
+
+        `embedded`: this console started the gate (quitting it stops the gate)."""
         env = os.environ if environ is None else environ
         try:
             reader, writer = await asyncio.open_unix_connection(path, limit=MAX_LINE)
@@ -164,7 +168,7 @@ class SocketLink:
             info = reply["info"]
             link.info = GateInfo(
                 gate_id=info["gate_id"], label=info["label"], listen=info["listen"], journal=info["journal"],
-                operator=info["operator"], origin=info["origin"], read_only=info["read_only"], embedded=False,
+                operator=info["operator"], origin=info["origin"], read_only=info["read_only"], embedded=embedded,
                 drain_grace_s=float(info.get("drain_grace_s", 0)), where=path,
             )
         except BaseException:
@@ -186,6 +190,10 @@ class SocketLink:
     async def command(self, command: Command) -> list[ActionResult]:
         reply = await self._request({"op": "command", "command": to_wire(command)})
         return [decode(ActionResult, r) for r in reply["results"]]
+
+    async def stop_gate(self, why: str) -> None:
+        """Ask the gate to drain and stop (only the process that started it may)."""
+        await self._request({"op": "stop", "why": why})
 
     def subscribe(self, listener: Callable[[AuditRecord], None]) -> None:
         first = not self._listeners

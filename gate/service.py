@@ -124,6 +124,8 @@ class GateService:
         socket_path = config.gate.control_socket_path() if journal_path is None or config.gate.control_socket else None
         self.control_server = None if socket_path is None else ControlServer(socket_path, self, group=config.gate.control_socket_group)
         self.drain_grace_s = 30.0
+        #: set by whoever runs the gate until told to stop (serve): called with the reason
+        self.stop_requested: Callable[[str], None] | None = None
         self.telemetry_poller = TelemetryPoller(self.client, backend_triples(self.backends.backends), interval_s=probe_interval_s)
         self.gpu = GpuMonitor()
         self.app = build_app(self)
@@ -553,32 +555,63 @@ def reload_config(gate: GateService, config_path: str | None, *, operator: Opera
     return True
 
 
-async def serve_until_signalled(config: Config, *, config_path: str | None = None, grace_s: float = 30.0) -> int:
-    """Run a gate until SIGTERM/SIGINT (then drain gracefully); SIGHUP re-reads the config."""
+async def serve_until_signalled(
+    config: Config, *, config_path: str | None = None, grace_s: float = 30.0, demo: bool = False, seed: int = 7,
+) -> int:
+    """Run a gate until SIGTERM/SIGINT (then drain gracefully); SIGHUP re-reads the config.
+
+    `demo`: the gate in front of the built-in simulator with synthetic traffic (what
+    `tokengate console --demo` runs in its gate process). A console that started this
+    process may also stop it through the control socket (`gate.control_socket`, op stop).
+    """
     import signal
 
+    simulator = traffic = None
+    if demo:
+        from gate.demo import DEMO_SIMULATOR, demo_config
+        from gate.simulator import serve_simulator
+
+        simulator = await serve_simulator(DEMO_SIMULATOR(seed), port=0)
+        config = demo_config(config if config_path else None, simulator.url)
     gate = GateService(config)
     gate.drain_grace_s = grace_s
+    if demo:
+        gate.label = "SIMULATED"
     stop = asyncio.Event()
     why: list[str] = []
 
-    def stop_on(sig: signal.Signals) -> None:
-        why.append(sig.name)
+    def stop_because(reason: str) -> None:
+        why.append(reason)
         stop.set()
 
+    gate.stop_requested = stop_because
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop_on, sig)
+        loop.add_signal_handler(sig, stop_because, f"signal {sig.name}")
     loop.add_signal_handler(signal.SIGHUP, lambda: reload_config(gate, config_path, operator=gate.operator))
-    await gate.start()
+    try:
+        await gate.start(port=0 if demo else None)  # the demo never fights a real gate for its port
+    except BaseException:
+        if simulator is not None:
+            await simulator.stop()
+        raise
     for b in gate.backends:
         gate.log.info("backend %s at %s: %s (%s)", b.name, b.url, b.state, b.detail)
     if gate.control_server is not None:
         gate.log.info("control socket %s (attach: tokengate console --attach %s)", gate.control_server.path, gate.control_server.path)
+    if demo:
+        from gate.demo import demo_traffic
+
+        traffic = demo_traffic(gate.url, seed)
+        await traffic.start()
     # What start-up allocated (modules, config, the app) lives as long as the process:
     # keep it out of every later full collection, which otherwise pause the loop.
     gc.freeze()
     await stop.wait()
-    gate.log.info("signal received: refusing new requests, draining for up to %.0fs", grace_s)
-    await gate.stop(grace_s, why=f"signal {why[0] if why else '?'}")
+    gate.log.info("%s: refusing new requests, draining for up to %.0fs", why[0], grace_s)
+    if traffic is not None:
+        await traffic.stop()
+    await gate.stop(grace_s, why=why[0])
+    if simulator is not None:
+        await simulator.stop()
     return 0
