@@ -88,10 +88,10 @@ class FilterChanged(Message):
 class DecisionTail(Vertical):
     """Recent decisions with a substring filter over every column (esc clears it)."""
 
-    MAX_ROWS = 500
-    SLACK = 250
+    MAX_ROWS = 300
+    SLACK = 100
     #: at most this many of a tick's newest decisions become rows (all stay filterable)
-    MAX_NEW_ROWS_PER_TICK = 100
+    MAX_NEW_ROWS_PER_TICK = 50
     BINDINGS = [Binding("escape", "clear_filter", "clear filter", show=False)]
 
     def __init__(self, **kwargs) -> None:

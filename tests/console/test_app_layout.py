@@ -259,3 +259,46 @@ async def test_a_failing_snapshot_is_shown_not_fatal(gate, monkeypatch):
         monkeypatch.undo()
         await app.tick()
         assert app.last_error is None and "boom" not in str(app.status.content)
+
+
+async def test_the_work_per_tick_does_not_grow_with_the_decisions_per_second(gate):
+    """10, 1,000 or 10,000 decisions between two ticks: one snapshot, one update per widget,
+    and at most MAX_NEW_ROWS_PER_TICK new rows in the decision tail (the console is a window,
+    never a load: its work is bounded by the screen, not by the request rate)."""
+    from tests.console.conftest import decision, record
+
+    app = make_app(gate)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await app.tick()
+        table = app.decisions.table
+        counts: dict[str, int] = {}
+        real_add_row = table.add_row
+
+        def add_row(*args, **kwargs):
+            counts["rows"] = counts.get("rows", 0) + 1
+            return real_add_row(*args, **kwargs)
+
+        table.add_row = add_row
+        updates: dict[str, int] = {}
+        for widget in (app.header, app.slots, app.gpu, app.class_table, app.denials, app.decisions):
+            real = widget.update_snapshot
+
+            def counted(snap, real=real, name=widget.id):
+                updates[name] = updates.get(name, 0) + 1
+                return real(snap)
+
+            widget.update_snapshot = counted
+        per_rate = {}
+        for n in (10, 1_000, 10_000):
+            counts.clear()
+            updates.clear()
+            for _ in range(n):
+                record(gate, decision("interactive"))
+            snapshots_before = app.ticks
+            await app.tick()
+            await pilot.pause()
+            per_rate[n] = (app.ticks - snapshots_before, dict(updates), counts.get("rows", 0))
+        cap = DecisionTail.MAX_NEW_ROWS_PER_TICK
+        assert per_rate[10] == (1, {w: 1 for w in updates}, 10)
+        assert per_rate[1_000] == per_rate[10_000] == (1, {w: 1 for w in updates}, cap)
+        assert len(updates) == 6

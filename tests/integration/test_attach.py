@@ -1,0 +1,358 @@
+"""Consoles and a running gate: a REAL `tokengate serve` process in front of the real
+llama-server, its control socket, real console processes on pseudo-terminals, real signals.
+
+* attach: a snapshot comes through and the console renders it; a retune is one command
+  (one bad field changes nothing); two consoles hear each other's actions; the gate
+  refuses commands from a read-only session; the operator is the socket peer's uid;
+* a hang-up of an attached console leaves the gate serving; of an embedded console,
+  drains the gate and exits 0;
+* one gate per journal (exit 2 naming the holder); a stale socket is replaced;
+* the audit trail of the gate's life: started, reload applied and refused, stopping, stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pty
+import pwd
+import signal
+import socket
+import sqlite3
+import sys
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gate.commands import CommandError, Pause, Retune
+from gate.link import SocketLink
+from tests.integration.gate_harness import wait_until
+
+pytestmark = pytest.mark.llama
+
+TOKENGATE = Path(sys.executable).with_name("tokengate")
+ME = pwd.getpwuid(os.getuid()).pw_name
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_config(tmp_path: Path, llama_url: str, *, min_tokens: int = 1024, name: str = "tokengate.toml") -> Path:
+    port = free_port()
+    config = tmp_path / name
+    config.write_text(
+        f'[gate]\nlisten = "127.0.0.1:{port}"\njournal = "{tmp_path / "journal.db"}"\n'
+        f"[budget]\nmin_tokens = {min_tokens}\n"
+        f'[[backends]]\nname = "llama"\nurl = "{llama_url}"\nkv = "split"\n'
+        "[classes.interactive]\npriority = 10\nreserved_tokens = 256\nqueue_depth = 8\n"
+        "[classes.batch]\npriority = 1\nqueue_depth = 8\n"
+    )
+    return config
+
+
+def sock_of(tmp_path: Path) -> str:
+    return str(tmp_path / "journal.sock")
+
+
+def audit_rows(tmp_path: Path) -> list[dict]:
+    db = sqlite3.connect(f"file:{tmp_path / 'journal.db'}?mode=ro", uri=True)
+    db.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in db.execute("SELECT * FROM audit ORDER BY id")]
+    finally:
+        db.close()
+
+
+@asynccontextmanager
+async def serve(tmp_path: Path, config: Path, *extra: str):
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "ab") as log:
+        proc = await asyncio.create_subprocess_exec(
+            str(TOKENGATE), "serve", "--config", str(config), "--grace", "20", *extra,
+            stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, cwd=tmp_path,
+        )
+    try:
+        await wait_until(lambda: _live(sock_of(tmp_path), proc), timeout_s=30, interval_s=0.05)
+        assert proc.returncode is None, log_path.read_text()
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), 30)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+
+async def _live(path: str, proc) -> bool:
+    from gate.control_socket import is_live
+
+    return proc.returncode is not None or is_live(path)
+
+
+class Pty:
+    """A real process on a pseudo-terminal (what a console needs), its output drained by a thread
+    (a terminal nobody reads fills up and blocks the process that writes to it)."""
+
+    def __init__(self, *args: str, cwd: Path) -> None:
+        import fcntl
+        import struct
+        import subprocess
+        import termios
+        import threading
+
+        self.master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 48, 160, 0, 0))
+        env = {k: v for k, v in os.environ.items() if k not in ("SSH_CONNECTION", "SSH_CLIENT")}
+        env["TERM"] = "xterm-256color"
+        self.proc = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave, cwd=cwd, env=env, start_new_session=True)
+        os.close(slave)
+        self.output = b""
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.master, 65536)
+            except OSError:
+                return  # the process closed its side (EIO), or we closed ours
+            if not chunk:
+                return
+            self.output += chunk
+
+    def read(self) -> bytes:
+        return self.output
+
+    async def shows(self, text: str) -> bool:
+        return text.encode() in self.output
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self.master)
+
+
+# ---- attach round trip ----------------------------------------------------------------------
+
+
+async def test_attach_snapshot_atomic_retune_two_consoles_read_only_and_operator(llama_split, tmp_path):
+    config = write_config(tmp_path, llama_split.url)
+    async with serve(tmp_path, config):
+        a = await SocketLink.connect(sock_of(tmp_path), environ={"SSH_CONNECTION": "10.9.8.7 5000 10.0.0.1 22"})
+        b = await SocketLink.connect(sock_of(tmp_path), read_only=True, environ={})
+        try:
+            snap = await a.snapshot()
+            assert [c.name for c in snap.classes] == ["interactive", "batch"]
+            assert snap.backends[0].state == "ready" and snap.backends[0].slots_total == 4
+            assert snap.gate_id and a.info.gate_id == snap.gate_id
+            # the operator is who the kernel says is on the other end, not what a client claims
+            assert a.info.operator == ME or a.info.operator.endswith("(root)")
+            assert a.info.origin == "10.9.8.7"
+
+            heard: list = []
+            got = asyncio.Event()
+            b.subscribe(lambda record: (heard.append(record), got.set()))
+            await asyncio.sleep(0.2)  # the subscription is on its way; nothing to await on the wire
+
+            # one command, one invalid part: nothing changes, nothing is audited
+            budget_before = snap.backends[0].budget
+            rows_before = len(audit_rows(tmp_path))
+            with pytest.raises(CommandError, match="outside"):
+                await a.command(Retune(budget=10**9, class_changes={"queue_depth": 3}, cls="batch"))
+            after = await a.snapshot()
+            assert after.backends[0].budget == budget_before
+            assert next(c for c in after.classes if c.name == "batch").queue_depth == 8
+            await wait_until(lambda: _flushed(tmp_path, rows_before), timeout_s=5)
+            assert len(audit_rows(tmp_path)) == rows_before
+
+            # the whole command lands, one audit row per changed value
+            results = await a.command(Retune(budget=1500, settings={"slo_ttft_p95_ms": 900.0}, cls="batch", class_changes={"queue_depth": 3}))
+            assert [r.action for r in results] == ["set_budget_settings", "set_class", "set_budget"]
+            after = await a.snapshot()
+            assert after.backends[0].budget == 1500 and after.controller.slo_ttft_ms == 900.0
+            assert next(c for c in after.classes if c.name == "batch").queue_depth == 3
+
+            # the other console hears of it
+            await asyncio.wait_for(got.wait(), 5)
+            assert {r.action for r in heard} >= {"set_budget_settings"}
+
+            # a read-only session is refused by the gate itself, whatever the client sends
+            with pytest.raises(CommandError, match="read-only"):
+                await b.command(Pause("batch", True))
+            assert not next(c for c in (await a.snapshot()).classes if c.name == "batch").paused
+
+            await wait_until(lambda: _flushed(tmp_path, rows_before + 3), timeout_s=5)
+            rows = [r for r in audit_rows(tmp_path) if r["action"] in ("set_budget", "set_class")]
+            assert {r["operator"] for r in rows} == {a.info.operator}
+            assert {r["origin"] for r in rows} == {"10.9.8.7"}
+            assert {r["gate_id"] for r in rows} == {snap.gate_id}
+        finally:
+            await a.close()
+            await b.close()
+
+
+async def _flushed(tmp_path: Path, n: int) -> bool:
+    return len(audit_rows(tmp_path)) >= n
+
+
+async def test_the_console_renders_an_attached_gate(llama_split, tmp_path):
+    from console.app import TokengateApp
+
+    config = write_config(tmp_path, llama_split.url)
+    async with serve(tmp_path, config):
+        link = await SocketLink.connect(sock_of(tmp_path))
+        app = TokengateApp(link, interval_s=3600)
+        try:
+            async with app.run_test(size=(160, 48)) as pilot:
+                await wait_until(lambda: _rendered(app), timeout_s=5)
+                assert app.class_table.row_count == 2 and "interactive" in str(app.class_table.get_row("interactive"))
+                await pilot.press("down", "p")  # pause batch through the socket
+                await wait_until(lambda: _paused(app, "batch"), timeout_s=5)
+                await pilot.press("q")  # detach: the gate goes on
+            assert app.return_code in (0, None)
+            assert (await _health(config)) == 200
+        finally:
+            await link.close()
+
+
+async def _rendered(app) -> bool:
+    return app.renders > 0
+
+
+async def _paused(app, cls: str) -> bool:
+    return app.last_snapshot is not None and any(c.paused for c in app.last_snapshot.classes if c.name == cls)
+
+
+async def _health(config: Path) -> int:
+    listen = next(line for line in config.read_text().splitlines() if line.startswith("listen"))
+    port = listen.split(":")[-1].strip('" ')
+    async with httpx.AsyncClient(timeout=5) as client:
+        return (await client.get(f"http://127.0.0.1:{port}/health")).status_code
+
+
+# ---- hang-ups ----------------------------------------------------------------------------------
+
+
+async def test_hangup_of_an_attached_console_leaves_the_gate_serving(llama_split, tmp_path):
+    config = write_config(tmp_path, llama_split.url)
+    async with serve(tmp_path, config) as gate:
+        console = Pty(str(TOKENGATE), "console", "--attach", sock_of(tmp_path), cwd=tmp_path)
+        try:
+            await wait_until(lambda: console.shows("classes"), timeout_s=20)
+            console.proc.send_signal(signal.SIGHUP)
+            rc = await asyncio.to_thread(console.proc.wait, 20)
+            assert rc == 0
+            assert gate.returncode is None and await _health(config) == 200
+            link = await SocketLink.connect(sock_of(tmp_path))
+            await link.snapshot()
+            await link.close()
+        finally:
+            console.close()
+
+
+async def test_hangup_of_an_embedded_console_drains_the_gate_and_exits_zero(llama_split, tmp_path):
+    config = write_config(tmp_path, llama_split.url)
+    console = Pty(str(TOKENGATE), "console", "--config", str(config), cwd=tmp_path)
+    try:
+        await wait_until(lambda: console.shows("classes"), timeout_s=30)
+        console.proc.send_signal(signal.SIGHUP)
+        rc = await asyncio.to_thread(console.proc.wait, 60)
+        assert rc == 0, console.read().decode(errors="replace")[-2000:]
+        actions = [(r["action"], r["note"]) for r in audit_rows(tmp_path)]
+        assert actions[0][0] == "started"
+        assert actions[-2][0] == "stopping" and "hang-up" in actions[-2][1]
+        assert actions[-1][0] == "stopped"
+        assert not Path(sock_of(tmp_path)).exists()  # the gate process is gone and tidied up
+        assert not (tmp_path / "journal.db.lock").exists()
+    finally:
+        console.close()
+
+
+# ---- one gate per journal; stale sockets ---------------------------------------------------------
+
+
+async def test_a_second_gate_on_the_same_journal_exits_2_naming_the_holder(llama_split, tmp_path):
+    config = write_config(tmp_path, llama_split.url)
+    other = write_config(tmp_path, llama_split.url, name="other.toml")  # another port, the same journal
+    async with serve(tmp_path, config) as first:
+        proc = await asyncio.create_subprocess_exec(
+            str(TOKENGATE), "serve", "--config", str(other), stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=tmp_path,
+        )
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+        assert proc.returncode == 2
+        text = err.decode()
+        assert "journal.db" in text and f"pid {first.pid}" in text, text
+        assert first.returncode is None and await _health(config) == 200
+
+
+async def test_a_stale_socket_is_replaced(llama_split, tmp_path):
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(sock_of(tmp_path))  # a socket file nobody listens on: a gate that died by SIGKILL
+    stale.close()
+    config = write_config(tmp_path, llama_split.url)
+    async with serve(tmp_path, config):
+        link = await SocketLink.connect(sock_of(tmp_path))
+        assert (await link.snapshot()).backends[0].state == "ready"
+        await link.close()
+
+
+async def test_a_non_socket_in_the_way_is_refused_not_removed(llama_split, tmp_path):
+    Path(sock_of(tmp_path)).write_text("not a socket")
+    config = write_config(tmp_path, llama_split.url)
+    proc = await asyncio.create_subprocess_exec(
+        str(TOKENGATE), "serve", "--config", str(config), stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=tmp_path,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2 and "not a socket" in err.decode()
+    assert Path(sock_of(tmp_path)).read_text() == "not a socket"
+
+
+# ---- the gate's life in the audit -----------------------------------------------------------------
+
+
+async def test_audit_rows_for_start_reload_applied_and_refused_and_stop(llama_split, tmp_path):
+    config = write_config(tmp_path, llama_split.url)
+    async with serve(tmp_path, config) as proc:
+        original = config.read_text()
+        config.write_text(original.replace("min_tokens = 1024", "min_tokens = 1536"))
+        proc.send_signal(signal.SIGHUP)
+        await wait_until(lambda: _has_action(tmp_path, "reload"), timeout_s=10)
+        config.write_text(original.replace("min_tokens = 1024", "min_tokens = -5"))
+        proc.send_signal(signal.SIGHUP)
+        await wait_until(lambda: _has_action(tmp_path, "reload_refused"), timeout_s=10)
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+    rows = audit_rows(tmp_path)
+    by_action = {r["action"]: r for r in rows}
+    assert rows[0]["action"] == "started" and rows[0]["new_value"]  # the version
+    assert "config sha256:" in rows[0]["note"]
+    assert by_action["reload"]["target"] == "budget.min_tokens"
+    assert (by_action["reload"]["old_value"], by_action["reload"]["new_value"]) == ("1024", "1536")
+    assert "min_tokens" in by_action["reload_refused"]["note"]
+    assert [r["action"] for r in rows[-2:]] == ["stopping", "stopped"]
+    assert "SIGTERM" in rows[-2]["note"]
+    assert len({r["gate_id"] for r in rows}) == 1
+
+
+async def _has_action(tmp_path: Path, action: str) -> bool:
+    return any(r["action"] == action for r in audit_rows(tmp_path))
+
+
+def test_console_attach_without_a_gate_exits_2_with_the_reason(tmp_path):
+    console = Pty(str(TOKENGATE), "console", "--attach", str(tmp_path / "nothing.sock"), cwd=tmp_path)
+    try:
+        rc = console.proc.wait(30)
+        assert rc == 2
+        assert b"no control socket here" in console.read()
+    finally:
+        console.close()
