@@ -26,12 +26,14 @@ from gate.intake import Kind
 def stream_loses(kind: Kind, body: Mapping[str, Any]) -> bool:
     """True when llama-server's stream lacks something its plain answer to `body` holds.
 
-    Each case is in the source named above and was seen on the real server:
+    Each case comes from the source named above; "seen" marks the ones also
+    observed on the real server with the test model:
     * `return_tokens`: a token that ends inside a multi-byte character is never
       streamed (`process_token` sends only complete UTF-8), so its id is missing;
-    * `n_indent`: the last line is cut from the plain answer after it was streamed;
+    * `n_indent`: the last line is cut from the plain answer after it was streamed
+      (not seen: the test model writes no indented lines);
     * `response_fields`: the final chunk is filtered, and may lose `stop` itself;
-    * `verbose`: `__verbose` is built from the whole text, which the stream's final lacks;
+    * `verbose`: `__verbose` is built from the whole text, which the stream's final lacks (seen);
     * chat with `tools`, `json_schema` or a JSON `response_format`: the text is parsed
       into a message; when the parse comes out empty (text that does not follow the
       format: seen with `response_format: json_object`, content "```json"), the plain
@@ -40,12 +42,11 @@ def stream_loses(kind: Kind, body: Mapping[str, Any]) -> bool:
       stop-string text) gets no chunk, so its logprobs entry is missing (seen: 10
       entries streamed, 11 in the plain answer, the last one the end token);
     * probabilities with `stop` strings: the plain answer drops the entries of the
-      stop string's tokens, counted by tokenizing it, which the gate does not do.
+      stop string's tokens, counted by tokenizing it, which the gate does not do (seen).
     """
     if body.get("verbose") or (kind == "completion" and (body.get("return_tokens") or body.get("response_fields"))):
         return True
-    n_indent = body.get("n_indent")
-    if isinstance(n_indent, (int, float)) and n_indent > 0:
+    if _positive(body.get("n_indent")):
         return True
     if kind == "chat" and (body.get("tools") or body.get("json_schema") is not None or _json_format(body)):
         return True
@@ -60,14 +61,14 @@ def _json_format(body: Mapping[str, Any]) -> bool:
 
 
 def _wants_probs(kind: Kind, body: Mapping[str, Any]) -> bool:
-    n_probs = body.get("n_probs")
-    if isinstance(n_probs, (int, float)) and not isinstance(n_probs, bool) and n_probs > 0:
-        return True
-    logprobs = body.get("logprobs")
-    if kind == "chat":
-        return logprobs is True
-    # /v1/completions takes an integer; llama-server maps it to n_probs.
-    return isinstance(logprobs, (int, float)) and not isinstance(logprobs, bool) and logprobs > 0
+    if kind == "chat":  # logprobs: true sets n_probs from top_logprobs; n_probs also passes through
+        return body.get("logprobs") is True or _positive(body.get("n_probs"))
+    # llama.cpp's schema: `logprobs` is an alias of `n_probs`, used when n_probs is absent.
+    return _positive(body["n_probs"] if "n_probs" in body else body.get("logprobs"))
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
 def plain_body(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -89,6 +89,7 @@ CASES: list[Case] = [
     completion("completion"),
     completion("completion-n-probs", n_probs=3),
     completion("completion-post-sampling-probs", n_probs=2, post_sampling_probs=True),
+    completion("completion-logprobs-alias", logprobs=2),
     completion("completion-return-tokens", return_tokens=True),
     completion("completion-stop", stop=["hom"]),
     completion("completion-n-probs-stop", n_probs=2, stop=["hom"]),

@@ -91,6 +91,8 @@ def test_native_completion_without_probabilities_has_no_probabilities_key():
         ("completion", {"n_probs": 2, "post_sampling_probs": True}, False),
         ("completion", {"n_probs": 2, "stop": ["x"]}, True),
         ("completion", {"stop": ["x"]}, False),
+        ("completion", {"logprobs": 2, "stop": ["x"]}, True),  # an alias of n_probs
+        ("completion", {"n_probs": 0, "logprobs": 2, "stop": ["x"]}, False),  # n_probs wins
         ("completion", {"return_tokens": True}, True),
         ("completion", {"response_fields": ["content"]}, True),
         ("completion", {"n_indent": 2}, True),
