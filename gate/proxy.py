@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.types import Receive, Scope, Send
 
+from gate.assembly import assemble, plain_body, stream_loses
 from gate.backends import Backend
 from gate.gatekeeper import Refused, Ticket
 from gate.intake import Intake, IntakeError, check_size, parse_request
@@ -27,7 +28,7 @@ from gate.ledger import Request
 from gate.reasons import Reason, error_body
 from gate.records import DecisionRecord, Outcome
 from gate.tokens import TokenCount
-from gate.upstream import RelayStats, SseRelay, UpstreamFailure, assemble, forward_headers, upstream_body
+from gate.upstream import RelayStats, SseRelay, UpstreamFailure, forward_headers, upstream_body
 
 if TYPE_CHECKING:
     from gate.service import GateService
@@ -204,7 +205,9 @@ class _Flow:
         shed_at = None if expected_s is None else loop.time() + gate.config.gate.shed_factor * expected_s
         deadline = timeout_at if shed_at is None else min(timeout_at, shed_at)
         headers = forward_headers(self.headers, backend.auth_token)
-        body = upstream_body(intake.kind, intake.body)
+        # The few options whose answer llama-server's stream lacks get a plain call (no fast cancel).
+        plain = not intake.stream and stream_loses(intake.kind, intake.body)
+        body = plain_body(intake.body) if plain else upstream_body(intake.kind, intake.body)
         try:
             async with asyncio.timeout_at(deadline):
                 response = await backend.upstream.open(intake.path, body, headers)
@@ -215,7 +218,9 @@ class _Flow:
             keep_usage_chunk=intake.include_usage, collect=not intake.stream,
         )
         try:
-            if intake.stream:
+            if plain:
+                await self._relay_plain(relay, loop, deadline, shed_at)
+            elif intake.stream:
                 await self._relay_stream(relay, loop, deadline, shed_at)
             else:
                 await self._relay_collect(relay, intake, loop, deadline, shed_at)
@@ -268,6 +273,16 @@ class _Flow:
         self._finish_ok()
         await self._start(200, "application/json", {})
         await self._last(payload)
+
+    async def _relay_plain(self, relay: SseRelay, loop, deadline: float, shed_at: float | None) -> None:
+        try:
+            async with asyncio.timeout_at(deadline):
+                payload = await relay.whole()
+        except TimeoutError:
+            raise self._overrun(loop, shed_at) from None
+        self._finish_ok()
+        await self._start(200, "application/json", {})
+        await self._last(payload)  # llama-server's own answer, byte for byte
 
     def _overrun(self, loop, shed_at: float | None) -> UpstreamFailure:
         if shed_at is not None and loop.time() >= shed_at:

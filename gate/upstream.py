@@ -3,8 +3,9 @@
 llama-server notices a closed stream at once but can miss a closed non-streaming
 request for 10+ s (notes/llama-server.md). So the gate always asks upstream for
 a stream: streaming clients get it relayed line by line (pings included), and
-for non-streaming clients the answer is assembled here into the shape
-llama-server would have sent. Closing the upstream response frees the slot.
+for non-streaming clients the answer is assembled (gate/assembly.py) into the
+shape llama-server would have sent; only the few options whose stream lacks part
+of that answer get a plain upstream call. Closing the upstream response frees the slot.
 """
 
 from __future__ import annotations
@@ -200,6 +201,31 @@ class SseRelay:
         if now or held:
             yield "".join(now), "".join(held)
 
+    async def whole(self) -> bytes:
+        """A plain (non-streamed) answer, read whole, for the options whose stream lacks part of it (gate/assembly.py)."""
+        try:
+            raw = await self.response.aread()
+        except httpx.TimeoutException as exc:
+            raise UpstreamFailure(Reason.UPSTREAM_TIMEOUT, "backend stalled mid-answer") from exc
+        except httpx.HTTPError as exc:
+            raise UpstreamFailure(Reason.UPSTREAM_ERROR, f"backend answer broke: {type(exc).__name__}") from exc
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            raise UpstreamFailure(Reason.UPSTREAM_ERROR, "backend answer is not JSON") from None
+        if not isinstance(answer, dict):
+            raise UpstreamFailure(Reason.UPSTREAM_ERROR, "backend answer is not a JSON object")
+        self.stats.read_final(answer)
+        # No token is seen arriving: llama-server's own decode time dates the first one,
+        # so TTFT stays upstream queueing + prefill, as on the streamed path.
+        now = self.clock()
+        predicted_ms = (answer.get("timings") or {}).get("predicted_ms")
+        decode_s = predicted_ms / 1000.0 if isinstance(predicted_ms, (int, float)) and predicted_ms > 0 else 0.0
+        self.stats.first_token_at = max(self.stats.dispatched_at, now - decode_s)
+        self.on_first_token()
+        self.stats.finished = True
+        return raw
+
     def _keep(self, line: str) -> bool:
         """Record what the line says; False drops it (a usage chunk the client did not ask for)."""
         if not line.startswith("data:"):
@@ -235,94 +261,3 @@ class SseRelay:
         if not self.keep_usage_chunk and chunk.get("choices") == [] and "usage" in chunk:
             return False
         return True
-
-
-def assemble(kind: Kind, chunks: list[dict[str, Any]]) -> dict[str, Any]:
-    """Build the non-streaming answer llama-server would have sent from its stream chunks."""
-    if kind == "completion":
-        return _assemble_completion(chunks)
-    if kind == "completions":
-        return _assemble_text_completion(chunks)
-    return _assemble_chat(chunks)
-
-
-def _first(chunks: list[dict[str, Any]], key: str) -> Any:
-    return next((c[key] for c in chunks if key in c), None)
-
-
-def _extras(chunks: list[dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key in ("usage", "timings"):
-        value = next((c[key] for c in reversed(chunks) if c.get(key) is not None), None)
-        if value is not None:
-            out[key] = value
-    return out
-
-
-def _assemble_chat(chunks: list[dict[str, Any]]) -> dict[str, Any]:
-    content: list[str] = []
-    reasoning: list[str] = []
-    tool_calls: dict[int, dict[str, Any]] = {}
-    finish_reason = None
-    role = "assistant"
-    for chunk in chunks:
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
-            role = delta.get("role") or role
-            if isinstance(delta.get("content"), str):
-                content.append(delta["content"])
-            if isinstance(delta.get("reasoning_content"), str):
-                reasoning.append(delta["reasoning_content"])
-            for call in delta.get("tool_calls") or []:
-                slot = tool_calls.setdefault(call.get("index", 0), {"type": "function", "function": {"name": "", "arguments": ""}})
-                if call.get("id"):
-                    slot["id"] = call["id"]
-                fn = call.get("function") or {}
-                slot["function"]["name"] += fn.get("name") or ""
-                slot["function"]["arguments"] += fn.get("arguments") or ""
-            finish_reason = choice.get("finish_reason") or finish_reason
-    message: dict[str, Any] = {"role": role, "content": "".join(content) if content or not tool_calls else None}
-    if reasoning:
-        message["reasoning_content"] = "".join(reasoning)
-    if tool_calls:
-        message["tool_calls"] = [tool_calls[i] for i in sorted(tool_calls)]
-    out: dict[str, Any] = {
-        "id": _first(chunks, "id"),
-        "object": "chat.completion",
-        "created": _first(chunks, "created") or int(time.time()),
-        "model": _first(chunks, "model"),
-        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
-    }
-    if (fp := _first(chunks, "system_fingerprint")) is not None:
-        out["system_fingerprint"] = fp
-    out.update(_extras(chunks))
-    return out
-
-
-def _assemble_text_completion(chunks: list[dict[str, Any]]) -> dict[str, Any]:
-    text: list[str] = []
-    finish_reason = None
-    for chunk in chunks:
-        for choice in chunk.get("choices") or []:
-            if isinstance(choice.get("text"), str):
-                text.append(choice["text"])
-            finish_reason = choice.get("finish_reason") or finish_reason
-    out: dict[str, Any] = {
-        "id": _first(chunks, "id"),
-        "object": "text_completion",
-        "created": _first(chunks, "created") or int(time.time()),
-        "model": _first(chunks, "model"),
-        "choices": [{"text": "".join(text), "index": 0, "logprobs": None, "finish_reason": finish_reason}],
-    }
-    if (fp := _first(chunks, "system_fingerprint")) is not None:
-        out["system_fingerprint"] = fp
-    out.update(_extras(chunks))
-    return out
-
-
-def _assemble_completion(chunks: list[dict[str, Any]]) -> dict[str, Any]:
-    # The native endpoint's last chunk (stop: true) carries every final field.
-    final = dict(next((c for c in reversed(chunks) if c.get("stop") is True), chunks[-1] if chunks else {}))
-    final["content"] = "".join(c.get("content", "") for c in chunks if isinstance(c.get("content"), str))
-    final["stop"] = True
-    return final

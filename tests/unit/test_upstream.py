@@ -1,47 +1,11 @@
-"""Assembling non-streaming answers from llama-server's stream chunks, and header hygiene."""
+"""The upstream relay: SSE reads, accounting, plain answers, and header hygiene."""
 
 from __future__ import annotations
 
 import httpx
+import pytest
 
-from gate.upstream import RelayStats, SseRelay, assemble, forward_headers, upstream_body
-
-
-def test_chat_answer_is_assembled_with_content_finish_reason_usage_and_timings():
-    chunks = [
-        {"id": "c1", "created": 7, "model": "m", "choices": [{"index": 0, "delta": {"role": "assistant", "content": None}}]},
-        {"id": "c1", "created": 7, "model": "m", "choices": [{"index": 0, "delta": {"content": "Hel"}}]},
-        {"id": "c1", "created": 7, "model": "m", "choices": [{"index": 0, "delta": {"content": "lo"}}]},
-        {"id": "c1", "created": 7, "model": "m", "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}], "timings": {"predicted_n": 2}},
-        {"id": "c1", "created": 7, "model": "m", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}},
-    ]
-    out = assemble("chat", chunks)
-    assert out["object"] == "chat.completion"
-    assert out["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "Hello"}, "finish_reason": "length"}]
-    assert out["usage"]["completion_tokens"] == 2
-    assert out["timings"] == {"predicted_n": 2}
-    assert (out["id"], out["created"], out["model"]) == ("c1", 7, "m")
-
-
-def test_streamed_tool_call_fragments_are_joined():
-    chunks = [
-        {"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "t1", "function": {"name": "get_", "arguments": '{"a"'}}]}}]},
-        {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"name": "time", "arguments": ": 1}"}}]}}]},
-        {"choices": [{"delta": {}, "finish_reason": "tool_calls"}]},
-    ]
-    message = assemble("chat", chunks)["choices"][0]["message"]
-    assert message["content"] is None
-    assert message["tool_calls"] == [{"type": "function", "id": "t1", "function": {"name": "get_time", "arguments": '{"a": 1}'}}]
-
-
-def test_text_completion_and_native_completion_are_assembled():
-    text = assemble("completions", [{"choices": [{"text": "a"}]}, {"choices": [{"text": "b", "finish_reason": "stop"}]}])
-    assert text["choices"][0]["text"] == "ab" and text["choices"][0]["finish_reason"] == "stop"
-    native = assemble(
-        "completion",
-        [{"content": "x", "stop": False}, {"content": "y", "stop": False}, {"content": "", "stop": True, "tokens_predicted": 2}],
-    )
-    assert native["content"] == "xy" and native["stop"] is True and native["tokens_predicted"] == 2
+from gate.upstream import RelayStats, SseRelay, forward_headers, upstream_body
 
 
 def test_relay_stats_read_usage_and_timings_from_any_endpoint_shape():
@@ -137,3 +101,23 @@ async def test_crlf_events_a_dropped_usage_chunk_and_a_last_event_without_its_bl
     assert '"usage"' not in text and "\r" not in text
     assert text.endswith("data: [DONE]\n\n") and text.startswith(": ping\n\n")
     assert relay.stats.finished and relay.stats.prompt_tokens == 3
+
+
+async def test_a_plain_answer_is_read_whole_and_dated_by_llama_servers_decode_time():
+    answer = b'{"content": "ab", "stop": true, "tokens_predicted": 2, "timings": {"predicted_n": 2, "predicted_ms": 1500.0, "prompt_ms": 200.0}}'
+    firsts: list[float] = []
+    relay = SseRelay(httpx.Response(200, stream=_Pieces([answer[:10], answer[10:]])), RelayStats(dispatched_at=1.0), lambda: 5.0, lambda: firsts.append(1))
+    assert await relay.whole() == answer  # relayed byte for byte
+    stats = relay.stats
+    assert stats.finished and firsts == [1] and stats.completion_tokens == 2 and stats.prompt_s == 0.2
+    assert stats.first_token_at == 3.5 and stats.ttft_s == 2.5  # 5.0 at the end, minus 1.5 s of decoding
+
+
+async def test_a_plain_answer_that_is_not_a_json_object_is_an_upstream_error():
+    from gate.upstream import UpstreamFailure
+
+    for raw in (b"not json", b"[1, 2]"):
+        relay = SseRelay(httpx.Response(200, stream=_Pieces([raw])), RelayStats(dispatched_at=1.0), lambda: 5.0, lambda: None)
+        with pytest.raises(UpstreamFailure) as caught:
+            await relay.whole()
+        assert caught.value.status == 502
