@@ -169,7 +169,10 @@ class TokengateApp(App[None]):
 
     def compose(self) -> ComposeResult:
         # Built here, not in __init__: DataTable columns need the running app.
-        self.header = GateHeader(id="header", clock=self.clock, read_only=self.read_only)
+        info = self.link.info
+        self.header = GateHeader(
+            id="header", clock=self.clock, read_only=self.read_only, attached="" if info.embedded else info.where,
+        )
         self.slots = SlotsPanel(id="slots")
         self.gpu = GpuPanel(id="gpu")
         self.class_table = ClassesTable(id="classes")

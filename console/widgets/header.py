@@ -34,10 +34,11 @@ def journal_banner(snap: GateSnapshot) -> str | None:
 class GateHeader(Static):
     """One line of identity and health, plus a red banner line for journal trouble."""
 
-    def __init__(self, *, clock: Callable[[], float] = time.time, read_only: bool = False, **kwargs) -> None:
+    def __init__(self, *, clock: Callable[[], float] = time.time, read_only: bool = False, attached: str = "", **kwargs) -> None:
         super().__init__("tokengate", **kwargs)
         self._clock = clock
         self.read_only = read_only
+        self.attached = attached  # the control socket, when this console attached to a running gate
         self.paused = False
         self._snap: GateSnapshot | None = None
 
@@ -71,6 +72,8 @@ class GateHeader(Static):
                 line.append(f"{b.name}:", "")
                 line.append(b.state, STATE_STYLES.get(b.state, "bold"))
             line.append(f"  op {snap.operator}", "cyan")
+            if self.attached:
+                line.append(f"  attached {self.attached}", "dim")
         if self.read_only:
             line.append("  ")
             line.append(" READ-ONLY ", "bold black on yellow")
