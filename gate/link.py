@@ -4,11 +4,11 @@ Three things a console does with a gate: read a snapshot, send a command, hear
 about changes (audit rows: its own actions, other consoles', the controller's).
 Two implementations:
 
-* `InProcessLink`: the gate lives in this process (the embedded console, tests).
-  When the gate runs on another thread's event loop, every call is handed to that
-  loop and awaited from the console's: rendering never runs on the gate's loop.
-* `SocketLink`: the gate is another process; the control socket
-  (`gate.control_socket`) carries the same snapshots and commands as JSON lines.
+* `InProcessLink`: the gate runs on the console's own event loop (tests, the
+  screenshot generator).
+* `SocketLink`: the gate is another process, `tokengate serve` or the embedded
+  console's child; the control socket (`gate.control_socket`) carries the same
+  snapshots and commands as JSON lines. Rendering never runs on the gate's loop.
 
 Snapshots, commands and results are plain data (`gate.snapshot`, `gate.commands`),
 so the console renders either link the same way and imports nothing else of the gate.
@@ -73,11 +73,10 @@ class GateLink(Protocol):
 
 
 class InProcessLink:
-    """A gate in this process, on this loop or on another thread's loop."""
+    """A gate on this event loop (tests, the screenshot generator): calls go straight to it."""
 
-    def __init__(self, gate: GateService, *, loop: asyncio.AbstractEventLoop | None = None, read_only: bool = False, embedded: bool = True) -> None:
+    def __init__(self, gate: GateService, *, read_only: bool = False, embedded: bool = True) -> None:
         self.gate = gate
-        self.loop = loop
         self.operator = gate.operator
         self.read_only = read_only
         self._seq = 0
@@ -85,42 +84,22 @@ class InProcessLink:
         self.info = GateInfo(
             gate_id=gate.gate_id, label=gate.label, listen=f"{gate.host}:{gate.port}", journal=gate.journal_path,
             operator=self.operator.name, origin=self.operator.origin, read_only=read_only, embedded=embedded,
-            drain_grace_s=gate.drain_grace_s, where="embedded",
+            drain_grace_s=gate.drain_grace_s, where="in-process",
         )
 
-    async def _on_gate(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if self.loop is None or self.loop is asyncio.get_running_loop():
-            return fn(*args, **kwargs)
-
-        async def call() -> Any:
-            return fn(*args, **kwargs)
-
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call(), self.loop))
-
     async def snapshot(self) -> GateSnapshot:
-        snap = await self._on_gate(self.gate.snapshot, decisions_after=self._seq)
+        snap = self.gate.snapshot(decisions_after=self._seq)
         self._seq = snap.decisions_seq
         return snap
 
     async def command(self, command: Command) -> list[ActionResult]:
         if self.read_only:
             raise CommandError("this console is read-only: the gate refuses its commands")
-        return await self._on_gate(self.gate.control.execute, command, operator=self.operator, source="console")
+        return self.gate.control.execute(command, operator=self.operator, source="console")
 
     def subscribe(self, listener: Callable[[AuditRecord], None]) -> None:
-        console_loop = asyncio.get_running_loop()
-
-        def on_audit(record: AuditRecord) -> None:
-            if console_loop is self.loop or self.loop is None:
-                listener(record)
-            else:
-                console_loop.call_soon_threadsafe(listener, record)
-
-        self._listeners.append(on_audit)
-        if self.loop is None or self.loop is console_loop:
-            self.gate.audit_listeners.append(on_audit)
-        else:
-            self.loop.call_soon_threadsafe(self.gate.audit_listeners.append, on_audit)
+        self._listeners.append(listener)
+        self.gate.audit_listeners.append(listener)
 
     async def close(self) -> None:
         for listener in self._listeners:

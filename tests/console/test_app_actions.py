@@ -37,6 +37,14 @@ async def select(pilot, app: TokengateApp, cls: str) -> None:
     assert app.class_table.selected_class == cls
 
 
+async def until(pilot, predicate, turns: int = 200) -> None:
+    """Let the app run until `predicate()` holds: an async action answers a few loop turns later."""
+    for _ in range(turns):
+        if predicate():
+            return
+        await pilot.pause(0.01)
+
+
 # ---- p: pause / resume ---------------------------------------------------------------
 
 
@@ -297,8 +305,8 @@ async def test_retune_is_one_command_a_refused_part_changes_nothing(gate):
         # meanwhile, from another console: min budget 5000
         gate.control.execute(Retune(settings={"min_tokens": 5000}), operator=Operator("bob", "local"))
         before = (adm.budget, gate.config.class_by_name("interactive"), len(audit_rows(gate)))
-        await pilot.click("#save")
-        await pilot.pause()
+        app.screen.query_one("#save", Button).press()  # not a click: the form just changed its height
+        await until(pilot, lambda: str(app.screen.query_one("#retune-result", Label).content))
         assert isinstance(app.screen, RetuneScreen)
         result = str(app.screen.query_one("#retune-result", Label).content)
         assert result.startswith("refused:") and "outside [5000, 8192]" in result
@@ -306,11 +314,8 @@ async def test_retune_is_one_command_a_refused_part_changes_nothing(gate):
         # the same form with a budget the gate accepts: everything lands, one row per changed value
         field(app, "budget").value = "6000"
         await pilot.pause()
-        await pilot.click("#save")
-        for _ in range(100):  # the command's answer, then the dialog's dismissal: a few loop turns
-            if len(app.screen_stack) == 1:
-                break
-            await pilot.pause(0.01)
+        app.screen.query_one("#save", Button).press()  # not a click: the form just changed its height
+        await until(pilot, lambda: len(app.screen_stack) == 1)
         assert len(app.screen_stack) == 1, str(app.screen.query_one("#retune-result", Label).content)
         assert adm.budget == 6000 and gate.config.class_by_name("interactive").queue_depth == 3
         assert [a.action for a in audit_rows(gate)][-2:] == ["set_class", "set_budget"]
@@ -573,8 +578,8 @@ async def test_a_key_press_is_answered_within_100ms(gate):
         answered: list[float] = []
         original = app.action_toggle_render
 
-        def timed() -> None:
-            original()
+        async def timed() -> None:
+            await original()
             answered.append(time.perf_counter())
 
         app.action_toggle_render = timed
