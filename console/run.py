@@ -108,16 +108,20 @@ async def run_console(
     log_path = _log_path(config.gate.journal)
     gate = await GateProcess.start(config_path, socket_path, log_path, demo=demo, seed=seed)
     why = "console quit"
+    lost = None
     try:
         link = await gate.attach(read_only=read_only)
         _log_beside(config.gate.journal)
         try:
             app = await _run_app(link, read_only=read_only)
-            why = app.exit_why
+            why, lost = app.exit_why, app.lost
         finally:
             await gate.stop(link, why)
     finally:
         await gate.wait_or_kill()
+    if lost:
+        sys.stderr.write(f"tokengate console: the gate went away: {lost} (its log: {log_path})\n")
+        return 1
     return 0
 
 

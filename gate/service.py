@@ -147,7 +147,10 @@ class GateService:
         Raises JournalLocked when another gate holds the journal and SocketInUse when a live
         gate answers on the control socket (the CLI turns both into exit 2).
         """
-        self.lock.acquire(self.gate_id)
+        try:
+            self.lock.acquire(self.gate_id)
+        except OSError as exc:  # no directory, a read-only disk: the journal will say so loudly too
+            self.log.warning("cannot lock the journal %s (%s): running without the one-gate-per-journal guard", self.journal_path, exc)
         try:
             await self._start(port)
         except BaseException:
