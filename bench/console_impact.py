@@ -135,7 +135,7 @@ def key_latencies(port: int, rate: float, presses: int, seed: int) -> list[float
             sent = time.monotonic()
             tmux("send-keys", "-t", SESSION, "Space")
             while time.monotonic() - sent < 5.0:
-                header = tmux("capture-pane", "-p", "-t", SESSION, "-S", "0", "-E", "0")
+                header = tmux("capture-pane", "-p", "-t", SESSION, "-S", "0", "-E", "1")  # the header may wrap
                 if (" PAUSED " in header) == want_paused:
                     out.append((time.monotonic() - sent) * 1000)
                     break

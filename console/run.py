@@ -78,7 +78,7 @@ async def attach_console(path: str, *, read_only: bool = False) -> int:
     finally:
         await link.close()
     if app.lost:
-        sys.stderr.write(f"tokengate console: the gate went away: {app.lost}\n")
+        sys.stderr.write(f"tokengate console: {app.lost}\n")
         return 1
     return 0
 
@@ -120,7 +120,7 @@ async def run_console(
     finally:
         await gate.wait_or_kill()
     if lost:
-        sys.stderr.write(f"tokengate console: the gate went away: {lost} (its log: {log_path})\n")
+        sys.stderr.write(f"tokengate console: {lost} (its log: {log_path})\n")
         return 1
     return 0
 

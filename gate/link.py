@@ -193,7 +193,7 @@ class SocketLink:
 
     async def _request(self, body: dict[str, Any]) -> dict[str, Any]:
         if self.lost.is_set():
-            raise LinkLost(f"{self.path}: the gate went away")
+            raise LinkLost(f"{self.path}: the gate closed the connection (it stopped or restarted)")
         rid = next(self._ids)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[rid] = future
@@ -243,5 +243,5 @@ class SocketLink:
     def _fail_pending(self) -> None:
         for future in self._pending.values():
             if not future.done():
-                future.set_exception(LinkLost(f"{self.path}: the gate went away"))
+                future.set_exception(LinkLost(f"{self.path}: the gate closed the connection (it stopped or restarted)"))
         self._pending.clear()
