@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -18,8 +19,15 @@ from typing import Any
 
 import httpx
 
+from gate.errors import GateError
 from gate.intake import Kind
 from gate.reasons import Reason
+
+log = logging.getLogger("tokengate.upstream")
+
+# Seconds a client is told to wait when the backend could not be reached or broke off:
+# about what the probe loop needs to notice a dead backend (probe_interval_s = 1).
+RETRY_DOWN_S = 5.0
 
 # Headers that describe one hop, not the message (RFC 9110 7.6.1), plus the ones
 # the gate sets itself. X-Conversation-Id makes llama-server keep generating
@@ -31,17 +39,6 @@ _DROP_HEADERS = frozenset(
         "authorization", "x-conversation-id", "accept-encoding", "x-tokengate-class",
     }
 )
-
-
-class UpstreamFailure(Exception):
-    """The backend failed before or while answering."""
-
-    def __init__(self, reason: Reason, message: str, *, status: int | None = None, body: bytes | None = None):
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-        self.status = status if status is not None else reason.status
-        self.body = body  # llama-server's own error body, relayed as is when present
 
 
 @dataclass(slots=True)
@@ -56,6 +53,8 @@ class RelayStats:
     prompt_s: float | None = None  # llama-server's own prefill time for this request
     upstream_status: int | None = None
     finished: bool = False
+    tokens: int = 0  # data events received: the request's progress
+    last_token_at: float | None = None
 
     @property
     def ttft_s(self) -> float | None:
@@ -123,10 +122,16 @@ class Upstream:
         )
         try:
             response = await self.client.send(request, stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            # Never reached the backend: nothing ran, so the request may simply be retried.
+            # The address is for the log only, never the client's answer.
+            log.warning("backend %s unreachable: %s: %s", self.base_url, type(exc).__name__, exc)
+            raise GateError(Reason.NO_BACKEND, "the backend is unreachable", retry_after_s=RETRY_DOWN_S) from exc
         except httpx.TimeoutException as exc:
-            raise UpstreamFailure(Reason.UPSTREAM_TIMEOUT, f"backend did not answer: {type(exc).__name__}") from exc
+            raise GateError(Reason.UPSTREAM_TIMEOUT, f"backend did not answer: {type(exc).__name__}") from exc
         except httpx.HTTPError as exc:
-            raise UpstreamFailure(Reason.UPSTREAM_ERROR, f"backend unreachable: {type(exc).__name__}: {exc}") from exc
+            log.warning("backend %s failed: %s: %s", self.base_url, type(exc).__name__, exc)
+            raise GateError(Reason.UPSTREAM_ERROR, f"backend failed: {type(exc).__name__}", retry_after_s=RETRY_DOWN_S) from exc
         if response.status_code != 200:
             try:
                 raw = await response.aread()
@@ -134,9 +139,10 @@ class Upstream:
                 raw = b""
             finally:
                 await response.aclose()
-            raise UpstreamFailure(
+            raise GateError(
                 Reason.UPSTREAM_ERROR,
                 f"backend answered {response.status_code}",
+                retry_after_s=RETRY_DOWN_S if response.status_code >= 500 else None,
                 status=response.status_code,
                 body=raw[:65536] or None,
             )
@@ -187,15 +193,19 @@ class SseRelay:
             async for raw in self.response.aiter_bytes():
                 lines = (partial + decoder.decode(raw)).split("\n")
                 partial = lines.pop()
+                seen = self.stats.tokens
                 take(lines)
+                if self.stats.tokens != seen:
+                    self.stats.last_token_at = self.clock()
                 if now or held:
                     yield "".join(now), "".join(held)
                     now.clear()
                     held.clear()
         except httpx.TimeoutException as exc:
-            raise UpstreamFailure(Reason.UPSTREAM_TIMEOUT, "backend stalled mid-answer") from exc
+            raise GateError(Reason.UPSTREAM_TIMEOUT, "backend stalled mid-answer") from exc
         except httpx.HTTPError as exc:
-            raise UpstreamFailure(Reason.UPSTREAM_ERROR, f"backend stream broke: {type(exc).__name__}") from exc
+            log.warning("backend %s: stream broke: %s: %s", self.response.url.host, type(exc).__name__, exc)
+            raise GateError(Reason.UPSTREAM_ERROR, f"backend stream broke: {type(exc).__name__}", retry_after_s=RETRY_DOWN_S) from exc
         take([partial + decoder.decode(b"", final=True), ""])  # a last event without its blank line
         if now or held:
             yield "".join(now), "".join(held)
@@ -208,6 +218,7 @@ class SseRelay:
         if payload == "[DONE]":
             self.stats.finished = True
             return True
+        self.stats.tokens += 1
         if self.stats.first_token_at is None:
             self.stats.first_token_at = self.clock()
             self.on_first_token()

@@ -129,8 +129,10 @@ def validate_config(config: Config, source: str = "<config>") -> None:
         "shed_factor",
         g.shed_factor,
         lambda v: v > 1,
-        "greater than 1 (a request is shed after shed_factor x its expected duration)",
+        "greater than 1 (a request is shed after shed_factor x what the current decode rate predicts)",
     )
+    for key in ("shed_stall_s", "header_timeout_s", "body_timeout_s", "write_stall_s"):
+        c.pos_num(key, getattr(g, key))
 
     # [budget]
     b = config.budget

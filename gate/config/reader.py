@@ -80,7 +80,10 @@ def _keys_of(cls: type) -> tuple[str, ...]:
     return tuple(_toml_key_of(f) for f in dataclasses.fields(cls))
 
 
-_GATE_KEYS = ("listen", "journal", "max_body_bytes", "request_timeout_s", "shed_factor")
+_GATE_KEYS = (
+    "listen", "journal", "max_body_bytes", "request_timeout_s", "shed_factor", "shed_stall_s",
+    "header_timeout_s", "body_timeout_s", "write_stall_s",
+)
 _BACKEND_KEYS = _keys_of(BackendConfig)
 _BUDGET_KEYS = _keys_of(BudgetConfig)
 _CLASS_KEYS = tuple(k for k in _keys_of(ClassConfig) if k != "name")
@@ -218,6 +221,10 @@ def _gate(source: str, data: Any) -> GateConfig:
         max_body_bytes=r.get_int("max_body_bytes", d.max_body_bytes),
         request_timeout_s=r.get_float("request_timeout_s", d.request_timeout_s),
         shed_factor=r.get_float("shed_factor", d.shed_factor),
+        shed_stall_s=r.get_float("shed_stall_s", d.shed_stall_s),
+        header_timeout_s=r.get_float("header_timeout_s", d.header_timeout_s),
+        body_timeout_s=r.get_float("body_timeout_s", d.body_timeout_s),
+        write_stall_s=r.get_float("write_stall_s", d.write_stall_s),
     )
 
 

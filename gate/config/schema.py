@@ -57,6 +57,10 @@ class GateConfig:
     max_body_bytes: int = 8 * 1024 * 1024
     request_timeout_s: float = 600.0
     shed_factor: float = 2.5
+    shed_stall_s: float = 60.0
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    write_stall_s: float = 30.0
 
     @property
     def listen(self) -> str:
