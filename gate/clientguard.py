@@ -8,6 +8,11 @@
   exceed :data:`MAX_HEADER_BYTES`. It also lends the app a way to abort the
   connection (``scope["extensions"]["tokengate.abort"]``): a client that stopped
   reading must not keep the socket, whose unsent bytes a plain close would wait on.
+  And it closes "lingering" (as nginx does): a connection closed while the client is
+  still sending its body (a 413 before reading) would make the kernel answer with a
+  reset that destroys the 413 in flight (measured: the client saw ECONNRESET instead
+  of the 413 on about one 300 MB upload in two). So the gate shuts its sending side,
+  then reads and discards for up to :data:`LINGER_S` before it closes.
 * **Body** (:class:`BodyReader`): wraps ``receive`` on every route. A Content-Length
   over ``max_body_bytes`` is refused on the first ``receive``, before any of the body
   is read; a chunked body is refused as soon as it passes the limit; a body not
@@ -32,6 +37,7 @@ from gate.reasons import Reason
 # (large_client_header_buffers 4 x 8k).
 MAX_HEADER_BYTES = 64 * 1024
 ABORT = "tokengate.abort"
+LINGER_S = 2.0  # how long unread request bytes are drained after the answer, before the close
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -44,9 +50,19 @@ def guarded_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
         _header_timer: asyncio.TimerHandle | None = None
         _header_bytes = 0
 
+        _lingering = False
+
         def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
             super().connection_made(transport)
+            self.transport = _Lingering(transport, self)  # type: ignore[assignment]
             self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if not self._lingering:
+                super().data_received(data)
+
+        def body_unread(self) -> bool:
+            return self.cycle is not None and self.cycle.more_body and self.parser is not None
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
@@ -92,6 +108,34 @@ def guarded_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
                 self.transport.abort()
 
     return GuardedProtocol
+
+
+class _Lingering:
+    """The connection's transport, whose `close` drains an unread request body first (see above)."""
+
+    def __init__(self, transport: Any, protocol: Any) -> None:
+        self._transport = transport
+        self._protocol = protocol
+        self._closing = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def is_closing(self) -> bool:
+        return self._closing or self._transport.is_closing()
+
+    def close(self) -> None:
+        transport = self._transport
+        if self._closing or transport.is_closing():
+            return
+        self._closing = True
+        if not self._protocol.body_unread() or not transport.can_write_eof():
+            transport.close()
+            return
+        self._protocol._lingering = True
+        transport.write_eof()  # the answer goes out, then FIN: the client sees the end of it
+        transport.resume_reading()
+        asyncio.get_running_loop().call_later(LINGER_S, transport.close)
 
 
 def too_large(length: int, limit: int) -> GateError:
