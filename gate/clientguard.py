@@ -198,8 +198,11 @@ async def send_within(send: Send, message: dict[str, Any], write_stall_s: float)
         raise stalled(write_stall_s) from None
 
 
-def abort(scope: dict[str, Any]) -> None:
+async def abort(scope: dict[str, Any]) -> None:
     """Drop the client's connection at once (unsent bytes included), where the server allows."""
     fn = scope.get("extensions", {}).get(ABORT)
     if fn is not None:
         fn()
+        # The transport reports the loss on the next loop turn: let uvicorn see it before the
+        # app returns, or it logs "ASGI callable returned without completing response".
+        await asyncio.sleep(0)

@@ -373,7 +373,7 @@ class _Flow:
             # The status line is out: the client got 200, and the journal says so.
             self.conclude(err.outcome, err.reason, 200)
             if err.reason is Reason.CLIENT_STALLED:
-                abort(self.scope)  # it reads nothing: drop the connection and its unsent bytes
+                await abort(self.scope)  # it reads nothing: drop the connection and its unsent bytes
                 return
             if self.intake is not None and self.intake.stream:
                 event = b"data: " + json.dumps(error_object(err)).encode() + b"\n\n"
@@ -388,14 +388,14 @@ class _Flow:
             await self._start(status, headers)
             await self._last(body)
         except GateError:  # the client stalled while hearing its error: nothing more to tell it
-            abort(self.scope)
+            await abort(self.scope)
 
     async def _guarded_end(self, event: bytes) -> None:
         try:
             await self._body(event)
             await self._last(b"")
         except GateError:
-            abort(self.scope)
+            await abort(self.scope)
 
     async def _server_cancelled(self) -> bool:
         """The server cancels this request (shutdown past its grace): answer, record what was answered.
@@ -420,7 +420,7 @@ class _Flow:
                     await self._start(status, headers)
                     await self._last(body)
         except (TimeoutError, GateError, OSError):
-            abort(self.scope)
+            await abort(self.scope)
             return False
         return True
 

@@ -157,7 +157,7 @@ class _FastPath:
             try:
                 await send_within(send, message, limits.write_stall_s)
             except GateError:
-                abort(scope)  # the client reads nothing: drop it; later sends see a closed connection
+                await abort(scope)  # the client reads nothing: drop it; later sends see a closed connection
 
         return self.app(scope, reader, guarded_send)
 

@@ -179,6 +179,8 @@ class GateService:
         for task in self._background:
             task.cancel()  # each releases its ticket in `finally`
         await asyncio.gather(*self._tasks, *self._background, return_exceptions=True)
+        while self._background:  # releases started by requests the server cut meanwhile
+            await asyncio.gather(*tuple(self._background), return_exceptions=True)
         for backend in self.backends:
             if backend.gatekeeper is not None:
                 backend.gatekeeper.close()
