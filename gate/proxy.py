@@ -9,10 +9,8 @@ and its `finally` releases the reservation exactly once and writes the record.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import math
-import os
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -29,6 +27,7 @@ from gate.intake import Intake, parse_request
 from gate.ledger import Request
 from gate.reasons import CLIENT_DISCONNECT, SERVER_CANCELLED, Reason
 from gate.records import DecisionRecord, Outcome
+from gate.requestids import HeaderNames, RequestIds
 from gate.shedding import Deadline, next_deadline
 from gate.tokens import TokenCount
 from gate.upstream import RelayStats, SseRelay, assemble, forward_headers, upstream_body
@@ -56,37 +55,6 @@ class AdmittedEndpoint:
         # Returns the flow's coroutine rather than awaiting it: one coroutine frame
         # less for each of the thousands of requests a queue may hold.
         return _Flow(self.gate, scope, receive, send, self.new_id, self.header_name).run()
-
-
-class RequestIds:
-    """Request ids shaped like uuid4().hex: a random per-process prefix and a counter.
-
-    Unique within the process by construction, across processes by 64 random bits;
-    os.urandom per request was a syscall and ~5% of a refused request's CPU.
-    """
-
-    def __init__(self) -> None:
-        self._prefix = os.urandom(8).hex()
-        self._next = itertools.count(1).__next__
-
-    def __call__(self) -> str:
-        return f"{self._prefix}{self._next():016x}"
-
-
-class HeaderNames:
-    """Decoded header names, one shared str per distinct name instead of one per request."""
-
-    def __init__(self, limit: int = 512) -> None:
-        self._known: dict[bytes, str] = {}
-        self._limit = limit  # clients choose names: the table must not grow without bound
-
-    def __call__(self, raw: bytes) -> str:
-        name = self._known.get(raw)
-        if name is None:
-            name = raw.decode("latin-1").lower()
-            if len(self._known) < self._limit:
-                self._known[raw] = name
-        return name
 
 
 class _Flow:
@@ -161,7 +129,8 @@ class _Flow:
         assert intake is not None
         backend = self.gate.backends.route(intake.model)
         if backend is None:
-            raise GateError(Reason.MODEL_NOT_FOUND, f"model {intake.model!r} is not served by this gate", "model")
+            shown = intake.model if intake.model is None or len(intake.model) <= 64 else intake.model[:64] + "..."
+            raise GateError(Reason.MODEL_NOT_FOUND, f"model {shown!r} is not served by this gate", "model")
         self.backend = backend
         if backend.state != "ready" or backend.gatekeeper is None:
             # The detail (it may hold the backend's address) stays in the log and the console.

@@ -10,7 +10,8 @@ Two modes (DESIGN.md "Outside contracts", Config):
   no early exit, so response timing reveals neither whether nor where a key matched. A missing,
   malformed or unknown key is 401 ``invalid_api_key``; the message never echoes the key.
 * **Open** (no tenants): the tenant is the request body's ``user`` field when it is a non-empty
-  string (cut to 64 characters), else the client's address, else ``"anonymous"``.
+  string (cut to 64 characters, control characters as ``?``), else the client's address, else
+  ``"anonymous"``.
 
 The class is the ``X-Tokengate-Class`` header when present, else the tenant's ``class``, else
 ``default_class``. A class that does not exist is 400 ``invalid_request`` (param
@@ -134,7 +135,9 @@ class TenantDirectory:
         """
         if self.open:
             if isinstance(body_user, str) and body_user.strip():
-                tenant = body_user[:USER_MAX_CHARS]
+                # Shown in the console, the log and the journal: no control characters
+                # (escape sequences) from a client.
+                tenant = "".join(ch if ch.isprintable() else "?" for ch in body_user[:USER_MAX_CHARS])
             elif client_host:
                 tenant = client_host
             else:

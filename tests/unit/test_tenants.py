@@ -283,3 +283,7 @@ def test_header_value_is_case_insensitive_on_any_mapping() -> None:
     assert header_value({"Content-Type": "x"}, "content-type") == "x"
     assert header_value({"content-type": "x"}, "Content-Type") == "x"
     assert header_value({}, "content-type") is None
+
+
+def test_open_mode_tenant_from_user_has_no_control_characters(open_dir: TenantDirectory) -> None:
+    assert open_dir.identify({}, "h", "bob\x1b[2J\x00").tenant == "bob?[2J?"
