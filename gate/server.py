@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gate.clientguard import BodyReader, abort, send_within
+from gate.clientguard import BodyReader, abort, send_within, too_large
 from gate.errors import GateError, render
 from gate.intake import ENDPOINTS, check_headers
 from gate.proxy import AdmittedEndpoint
@@ -152,6 +152,9 @@ class _FastPath:
             return self.app(scope, receive, send)
         limits = self.gate.config.gate
         reader = BodyReader(receive, scope["headers"], limits.max_body_bytes, limits.body_timeout_s)
+        if reader.declared is not None and reader.declared > limits.max_body_bytes:
+            # Every route, even one that never reads a body (GET /slots): not one byte is read.
+            return _answer(send, too_large(reader.declared, limits.max_body_bytes))
 
         async def guarded_send(message: Message) -> None:
             try:
@@ -160,6 +163,12 @@ class _FastPath:
                 await abort(scope)  # the client reads nothing: drop it; later sends see a closed connection
 
         return self.app(scope, reader, guarded_send)
+
+
+async def _answer(send: Send, err: GateError) -> None:
+    status, headers, body = render(err)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 async def _get_json(gate: GateService, backend, path: str) -> Any:

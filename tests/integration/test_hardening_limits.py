@@ -70,6 +70,17 @@ async def test_body_over_the_limit_is_413_before_it_is_read(path, chunked):
         assert gate.in_flight_requests() == 0
 
 
+@pytest.mark.parametrize("path", ["/slots", "/props", "/health", "/metrics", "/v1/models"])
+async def test_declared_body_over_the_limit_is_413_on_get_routes_too(path):
+    dead = f"http://127.0.0.1:{free_port()}"
+    async with running_gate(dead, f"[gate]\nmax_body_bytes = {LIMIT}\n") as gate:
+        reader, writer = await asyncio.open_connection("127.0.0.1", gate.port)
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: gate\r\nContent-Length: {300 << 20}\r\n\r\n".encode())
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+        writer.close()
+        assert head.startswith(b"HTTP/1.1 413"), head
+
+
 @pytest.mark.llama
 async def test_gate_still_serves_after_oversized_bodies(llama_split):
     async with running_gate(llama_split.url, f"[gate]\nmax_body_bytes = {LIMIT}\n" + TENANTS, environ=ENV,

@@ -22,6 +22,8 @@ import pytest
 
 from gate.config import parse_config
 from gate.service import GateService
+from gate.simulator.config import SimulatorConfig
+from gate.simulator.serve import serve_simulator
 from tests.integration.fake_upstream import fake_upstream
 from tests.integration.gate_harness import ledger_total, running_gate, wait_until
 from tests.integration.hardening import (
@@ -72,6 +74,18 @@ async def test_eight_healthy_requests_on_eight_busy_slots_are_never_shed(llama_b
             await busy_slots_then_all_finish(gate, 8)
     finally:
         server.stop()
+
+
+async def test_simulator_four_on_four_slots_are_never_shed():
+    """The simulator makes the slowdown exact: 4.5 ms per token alone, 18 ms with 4 slots busy
+    (speed 10). The old rule expected 300 x 4.5 ms and shed at 2.5 x that (3.4 s) requests
+    that need 5.4 s: all 4 were shed."""
+    sim = await serve_simulator(SimulatorConfig(slots=4, ctx=8192, kv="split", speed=10.0), port=0)
+    try:
+        async with running_gate(sim.url, TENANTS, environ=ENV, kv="split", backend_extra=BACKEND_EXTRA) as gate:
+            await busy_slots_then_all_finish(gate, 4)
+    finally:
+        await sim.stop()
 
 
 @contextlib.asynccontextmanager
