@@ -126,16 +126,20 @@ def parse_request(
     client_host: str | None,
     config: Config,
     tenants: TenantDirectory,
+    caller: Caller | None = None,
 ) -> Intake:
     """Validate one request to an admitted endpoint (see the module docstring for the order).
 
     ``path`` must be a key of :data:`ENDPOINTS` (anything else is the caller's bug:
-    ``ValueError``). Raises :class:`GateError` for anything the client got wrong.
+    ``ValueError``). ``caller``: the tenant already identified (the HTTP layer does it
+    before reading the body, so an anonymous caller costs no body read). Raises
+    :class:`GateError` for anything the client got wrong.
     """
     kind = ENDPOINTS.get(path)
     if kind is None:
         raise ValueError(f"not an admitted endpoint: {path!r}")
-    caller = None if tenants.open else tenants.identify(headers, client_host, None)
+    if caller is None and not tenants.open:
+        caller = tenants.identify(headers, client_host, None)
     check_headers(headers)
     body = decode_body(raw)
     if caller is None:

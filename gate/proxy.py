@@ -102,11 +102,15 @@ class _Flow:
 
     async def run(self) -> None:
         try:
+            tenants = self.gate.tenants
+            headers = Headers(raw=self.scope["headers"])  # every pair: repeated credentials are seen
+            # With tenants, the key is checked before the body is read: an anonymous caller costs no read.
+            caller = None if tenants.open else tenants.identify(headers, self._client_host(), None)
             raw = await self._read_body()
             if self.gate.shutting_down:
                 raise GateError(Reason.SHUTTING_DOWN, "the gate is shutting down; retry against another instance", retry_after_s=1.0)
             self.intake = parse_request(
-                self.scope["path"], raw, Headers(raw=self.scope["headers"]), self._client_host(), self.gate.config, self.gate.tenants
+                self.scope["path"], raw, headers, self._client_host(), self.gate.config, tenants, caller
             )
             await self._race(self._serve())
         except GateError as err:
