@@ -48,10 +48,6 @@ class RelayStats:
     dispatched_at: float
     first_token_at: float | None = None
     completion_tokens: int | None = None
-    prompt_tokens: int | None = None
-    decode_tps: float | None = None
-    prompt_s: float | None = None  # llama-server's own prefill time for this request
-    upstream_status: int | None = None
     finished: bool = False
     tokens: int = 0  # data events received: the request's progress
     last_token_at: float | None = None
@@ -61,20 +57,13 @@ class RelayStats:
         return None if self.first_token_at is None else self.first_token_at - self.dispatched_at
 
     def read_final(self, chunk: Mapping[str, Any]) -> None:
-        """Take usage and timings from a (final) chunk, in any of the three endpoint shapes."""
+        """Take the completion token count from a (final) chunk, in any of the three endpoint shapes."""
         usage = chunk.get("usage")
         if isinstance(usage, Mapping):
             self.completion_tokens = _int(usage.get("completion_tokens"), self.completion_tokens)
-            self.prompt_tokens = _int(usage.get("prompt_tokens"), self.prompt_tokens)
         timings = chunk.get("timings")
         if isinstance(timings, Mapping):
             self.completion_tokens = _int(timings.get("predicted_n"), self.completion_tokens)
-            tps = timings.get("predicted_per_second")
-            if isinstance(tps, (int, float)) and tps > 0:
-                self.decode_tps = float(tps)
-            prompt_ms = timings.get("prompt_ms")
-            if isinstance(prompt_ms, (int, float)) and prompt_ms > 0:
-                self.prompt_s = prompt_ms / 1000.0
         if "tokens_predicted" in chunk:
             self.completion_tokens = _int(chunk.get("tokens_predicted"), self.completion_tokens)
 
