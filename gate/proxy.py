@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import re
 import time
 from collections.abc import Awaitable, Callable
