@@ -18,7 +18,7 @@ import pytest
 
 from gate.config import parse_config
 from gate.service import GateService
-from tests.integration.gate_harness import gate_toml, ledger_total, wait_until
+from tests.integration.gate_harness import busy_slots, gate_toml, ledger_total, wait_until
 from tests.integration.hardening import AUTH, BACKEND_EXTRA, CHAT, ENV, TENANTS, chat, data_events
 
 pytestmark = pytest.mark.llama
@@ -70,3 +70,9 @@ async def test_request_cut_at_shutdown_is_journaled_as_answered(llama_unified, t
         rows = db.execute("SELECT outcome, reason, http_status FROM decisions WHERE request_id = 'cut'").fetchall()
     assert rows == [("cancelled", "server_cancelled", status)]
     await wait_until(lambda: ledger_total(gate) == 0, timeout_s=10)
+    async with httpx.AsyncClient(timeout=10) as client:  # upstream closed: the shared server is free again
+        await wait_until(lambda: idle(client, llama_unified.url), timeout_s=10)
+
+
+async def idle(client: httpx.AsyncClient, url: str) -> bool:
+    return await busy_slots(client, url) == 0
