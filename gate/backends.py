@@ -21,7 +21,7 @@ from gate.admission import Admission, Capacity, ClassPolicy, TenantPolicy
 from gate.adaptive import BudgetController, ControllerSettings
 from gate.config import BackendConfig, BudgetConfig
 from gate.gatekeeper import Gatekeeper
-from gate.shedding import DurationModel
+from gate.shedding import DecodeMeter
 from gate.upstream import Upstream
 
 log = logging.getLogger("tokengate.backends")
@@ -54,7 +54,7 @@ class Backend:
     capacity: Capacity | None = None
     gatekeeper: Gatekeeper | None = None
     props: dict[str, Any] = field(default_factory=dict)
-    durations: DurationModel = field(default_factory=DurationModel)
+    decode: DecodeMeter = field(default_factory=DecodeMeter)  # the current per-slot rate, for shedding
     controller: BudgetController | None = None
     kv_bytes_per_token: int | None = None  # from the model's GGUF header, when local
 

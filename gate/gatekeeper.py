@@ -16,16 +16,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gate.admission import Admission, Admit, Queue, Refuse, Step
+from gate.errors import GateError
 from gate.ledger import Request
 
 log = logging.getLogger("tokengate.gatekeeper")
 
 
-class Refused(Exception):
+class Refused(GateError):
     """Raised by `acquire` when the core refuses the request (at once or after waiting)."""
 
     def __init__(self, refusal: Refuse) -> None:
-        super().__init__(refusal.detail)
+        super().__init__(refusal.reason, refusal.detail, retry_after_s=refusal.retry_after_s)
         self.refusal = refusal
 
 

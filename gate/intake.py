@@ -1,20 +1,22 @@
-"""Request intake: raw body + headers -> a validated :class:`Intake`, or an :class:`IntakeError`.
+"""Request intake: raw body + headers -> a validated :class:`Intake`, or a :class:`GateError`.
 
 Pure: no I/O, no HTTP framework. The HTTP layer hands over the path, the body bytes (already
-limited to ``gate.max_body_bytes``; :func:`check_size` is here for it), the headers and the
-client's address; it turns an :class:`IntakeError` into ``error.reason.status`` with
-``error.to_body()`` as the JSON answer (OpenAI's error shape).
+limited to ``gate.max_body_bytes`` by :mod:`gate.guard`), the headers and the client's address;
+it renders a :class:`GateError` with :func:`gate.errors.render`.
 
 Order of checks (the first failure is the answer):
 
 1. With tenants configured: authentication (401 ``invalid_api_key``), then the class (400 for an
    unknown class, 403 ``class_not_allowed``). These come before anything in the body, so a
    caller without a valid key learns nothing about what the gate would accept.
-2. The body: UTF-8 (a leading BOM is ignored), JSON (no NaN/Infinity, no duplicate keys, nesting
-   at most :data:`MAX_JSON_DEPTH`), a JSON object. All 400 ``invalid_request``.
-3. Open mode (no tenants): the caller, from the ``user`` field or the client address, and the
+2. The headers the gate forwards: printable ASCII only (httpx, like any HTTP/1.1 client,
+   cannot send anything else), 400 ``invalid_request`` naming the header.
+3. The body (:mod:`gate.jsonbody`): UTF-8, JSON llama-server can read back (no NaN/Infinity or
+   overflowing numbers, no duplicate keys, no lone surrogates, nesting at most
+   :data:`MAX_JSON_DEPTH`), a JSON object. All 400 ``invalid_request``.
+4. Open mode (no tenants): the caller, from the ``user`` field or the client address, and the
    class (400 for an unknown class). The body is parsed first because ``user`` is in it.
-4. Fields, each 400 ``invalid_request`` with ``param`` naming it: ``model``, ``user``,
+5. Fields, each 400 ``invalid_request`` with ``param`` naming it: ``model``, ``user``,
    ``stream``, ``stream_options``, ``n``/``n_cmpl``, then ``messages`` (chat) or ``prompt``,
    then the max-tokens fields.
 
@@ -36,27 +38,27 @@ completion per prompt in such a list).
 
 from __future__ import annotations
 
-import json
-import sys
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from gate.config import ClassConfig, Config
+from gate.errors import GateError
+from gate.jsonbody import MAX_JSON_DEPTH, decode_body, describe
 from gate.reasons import Reason
 
-if TYPE_CHECKING:  # gate.tenants imports IntakeError from here
+if TYPE_CHECKING:
     from gate.tenants import Caller, TenantDirectory
 
 __all__ = [
     "ENDPOINTS",
     "Intake",
-    "IntakeError",
     "Kind",
     "MAX_JSON_DEPTH",
     "MESSAGE_ROLES",
     "build_intake",
-    "check_size",
+    "check_headers",
     "decode_body",
     "parse_request",
 ]
@@ -71,53 +73,15 @@ ENDPOINTS: dict[str, Kind] = {
 
 MESSAGE_ROLES = ("system", "user", "assistant", "tool", "developer")
 
-# Deepest JSON nesting accepted. Real requests (tool schemas included) stay far below; the
-# limit keeps every later json.dumps / walk of the body well inside Python's recursion limit.
-MAX_JSON_DEPTH = 64
-
 # llama-server's names for the generation limit, in the order it reads them.
 MAX_TOKENS_FIELDS = ("n_predict", "max_completion_tokens", "max_tokens")
 COUNT_FIELDS = ("n", "n_cmpl")
 
 _TOKEN_ID_MAX = 2**31 - 1  # llama_token is int32
 
-_ERROR_TYPES = {401: "authentication_error", 403: "permission_error"}
-
-
-class IntakeError(Exception):
-    """A request the gate refuses before admission; maps 1:1 to an OpenAI-shaped 4xx."""
-
-    def __init__(self, reason: Reason, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-        self.param = param
-
-    @property
-    def status(self) -> int:
-        return self.reason.status
-
-    @property
-    def error_type(self) -> str:
-        status = self.reason.status
-        if status in _ERROR_TYPES:
-            return _ERROR_TYPES[status]
-        return "invalid_request_error" if status < 500 else "server_error"
-
-    def to_body(self) -> dict[str, Any]:
-        """``{"error": {"message", "type", "code", "param"}}`` (OpenAI's error shape)."""
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.error_type,
-                "code": self.reason.value,
-                "param": self.param,
-            }
-        }
-
-    def __repr__(self) -> str:
-        return f"IntakeError({self.reason.value!r}, {self.message!r}, param={self.param!r})"
-
+# Header values as decoded by the server (latin-1): visible ASCII, space and tab only.
+_UNSENDABLE = re.compile(r"[^\x20-\x7e\t]")
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}")
 
 @dataclass(frozen=True, slots=True)
 class Intake:
@@ -143,13 +107,16 @@ class Intake:
 # Entry points
 
 
-def check_size(length: int, limit: int) -> None:
-    """Raise 413 ``body_too_large`` when a body of ``length`` bytes exceeds ``limit``."""
-    if length > limit:
-        raise IntakeError(
-            Reason.BODY_TOO_LARGE,
-            f"request body is {length} bytes, more than the limit of {limit} bytes",
-        )
+def check_headers(headers: Mapping[str, str]) -> None:
+    """400 for a header value the gate could not forward (non-ASCII or control bytes)."""
+    for name, value in headers.items():
+        if _UNSENDABLE.search(value):
+            shown = name if _TOKEN.fullmatch(name) else "with an invalid name"
+            raise GateError(
+                Reason.INVALID_REQUEST,
+                f"header {shown} holds bytes outside printable ASCII; the gate cannot forward it",
+                name if _TOKEN.fullmatch(name) else None,
+            )
 
 
 def parse_request(
@@ -159,66 +126,26 @@ def parse_request(
     client_host: str | None,
     config: Config,
     tenants: TenantDirectory,
+    caller: Caller | None = None,
 ) -> Intake:
     """Validate one request to an admitted endpoint (see the module docstring for the order).
 
     ``path`` must be a key of :data:`ENDPOINTS` (anything else is the caller's bug:
-    ``ValueError``). Raises :class:`IntakeError` for anything the client got wrong.
+    ``ValueError``). ``caller``: the tenant already identified (the HTTP layer does it
+    before reading the body, so an anonymous caller costs no body read). Raises
+    :class:`GateError` for anything the client got wrong.
     """
     kind = ENDPOINTS.get(path)
     if kind is None:
         raise ValueError(f"not an admitted endpoint: {path!r}")
-    caller = None if tenants.open else tenants.identify(headers, client_host, None)
+    if caller is None and not tenants.open:
+        caller = tenants.identify(headers, client_host, None)
+    check_headers(headers)
     body = decode_body(raw)
     if caller is None:
         user = body.get("user")
         caller = tenants.identify(headers, client_host, user if isinstance(user, str) else None)
     return build_intake(kind, path, body, caller, config)
-
-
-def decode_body(raw: bytes) -> dict[str, Any]:
-    """Bytes -> a JSON object, or 400 ``invalid_request`` saying what is wrong and where."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise IntakeError(
-            Reason.INVALID_REQUEST,
-            f"request body is not valid UTF-8 ({e.reason} at byte {e.start})",
-        ) from None
-    if text.startswith("\ufeff"):
-        text = text[1:]
-    if not text.strip():
-        raise IntakeError(Reason.INVALID_REQUEST, "request body is empty; expected a JSON object")
-    try:
-        body = json.loads(
-            text, object_pairs_hook=_object_no_duplicates, parse_constant=_no_constant
-        )
-    except _JsonRuleError as e:
-        raise IntakeError(Reason.INVALID_REQUEST, f"invalid JSON: {e}") from None
-    except json.JSONDecodeError as e:
-        raise IntakeError(
-            Reason.INVALID_REQUEST,
-            f"invalid JSON: {e.msg} at line {e.lineno}, column {e.colno} (char {e.pos})",
-        ) from None
-    except RecursionError:
-        raise IntakeError(
-            Reason.INVALID_REQUEST, f"invalid JSON: nested deeper than {MAX_JSON_DEPTH} levels"
-        ) from None
-    except ValueError:  # an integer literal with more digits than int() converts
-        raise IntakeError(
-            Reason.INVALID_REQUEST,
-            f"invalid JSON: a number has more than {sys.get_int_max_str_digits()} digits",
-        ) from None
-    if not isinstance(body, dict):
-        raise IntakeError(
-            Reason.INVALID_REQUEST, f"request body must be a JSON object, got {_got(body)}"
-        )
-    # Brackets inside strings count too, so this bound is safe; walk only when it may bite.
-    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _too_deep(body, MAX_JSON_DEPTH):
-        raise IntakeError(
-            Reason.INVALID_REQUEST, f"invalid JSON: nested deeper than {MAX_JSON_DEPTH} levels"
-        )
-    return body
 
 
 def build_intake(
@@ -258,71 +185,11 @@ def build_intake(
 
 
 # --------------------------------------------------------------------------------------------
-# JSON helpers
+# Helpers
 
 
-class _JsonRuleError(ValueError):
-    """Valid for Python's json module, but not JSON we accept."""
-
-
-def _object_no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise _JsonRuleError(
-                    f"duplicate key {_short(key)} in an object (ambiguous: send it once)"
-                )
-            seen.add(key)
-    return obj
-
-
-def _no_constant(name: str) -> Any:
-    raise _JsonRuleError(f"{name} is not a JSON value")
-
-
-def _too_deep(value: Any, limit: int) -> bool:
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > limit:
-            return True
-        if isinstance(node, dict):
-            stack.extend((v, depth + 1) for v in node.values() if isinstance(v, (dict, list)))
-        elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node if isinstance(v, (dict, list)))
-    return False
-
-
-def _short(value: str, limit: int = 40) -> str:
-    if len(value) > limit:
-        value = value[:limit] + "..."
-    return json.dumps(value, ensure_ascii=False)
-
-
-def _got(value: Any) -> str:
-    """How a JSON value is described in messages: its JSON type, and short values themselves."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        shown = str(value) if len(str(value)) <= 20 else str(value)[:20] + "..."
-        return f"integer {shown}"
-    if isinstance(value, float):
-        return f"number {value!r}"
-    if isinstance(value, str):
-        return f"string {_short(value)}"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
-
-
-def _invalid(param: str, problem: str) -> IntakeError:
-    return IntakeError(Reason.INVALID_REQUEST, f"'{param}' {problem}", param)
+def _invalid(param: str, problem: str) -> GateError:
+    return GateError(Reason.INVALID_REQUEST, f"'{param}' {problem}", param)
 
 
 def _is_int(value: Any) -> bool:
@@ -336,7 +203,7 @@ def _is_int(value: Any) -> bool:
 def _optional(body: Mapping[str, Any], name: str, typ: type, what: str) -> Any:
     value = body.get(name)
     if value is not None and not isinstance(value, typ):
-        raise _invalid(name, f"must be {what}, got {_got(value)}")
+        raise _invalid(name, f"must be {what}, got {describe(value)}")
     return value
 
 
@@ -347,11 +214,11 @@ def _stream_options(body: Mapping[str, Any], stream: bool) -> bool:
     if not stream:
         raise _invalid("stream_options", "is only allowed when 'stream' is true")
     if not isinstance(options, dict):
-        raise _invalid("stream_options", f"must be an object, got {_got(options)}")
+        raise _invalid("stream_options", f"must be an object, got {describe(options)}")
     usage = options.get("include_usage")
     if usage is not None and not isinstance(usage, bool):
         raise _invalid(
-            "stream_options.include_usage", f"must be a boolean (true or false), got {_got(usage)}"
+            "stream_options.include_usage", f"must be a boolean (true or false), got {describe(usage)}"
         )
     return bool(usage)
 
@@ -361,10 +228,10 @@ def _check_count(body: Mapping[str, Any], name: str) -> None:
     if value is None:
         return
     if not _is_int(value):
-        raise _invalid(name, f"must be an integer, got {_got(value)}")
+        raise _invalid(name, f"must be an integer, got {describe(value)}")
     if value != 1:
         raise _invalid(
-            name, f"must be 1: the gate admits one completion per request, got {_got(value)}"
+            name, f"must be 1: the gate admits one completion per request, got {describe(value)}"
         )
 
 
@@ -373,21 +240,21 @@ def _check_messages(body: Mapping[str, Any]) -> None:
     if messages is None:
         raise _invalid("messages", "is required")
     if not isinstance(messages, list):
-        raise _invalid("messages", f"must be an array of message objects, got {_got(messages)}")
+        raise _invalid("messages", f"must be an array of message objects, got {describe(messages)}")
     if not messages:
         raise _invalid("messages", "must not be empty")
     roles = ", ".join(MESSAGE_ROLES)
     for i, msg in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(msg, dict):
-            raise _invalid(where, f"must be a message object, got {_got(msg)}")
+            raise _invalid(where, f"must be a message object, got {describe(msg)}")
         role = msg.get("role")
         if role is None:
             raise _invalid(f"{where}.role", f"is required (one of {roles})")
         if not isinstance(role, str):
-            raise _invalid(f"{where}.role", f"must be a string (one of {roles}), got {_got(role)}")
+            raise _invalid(f"{where}.role", f"must be a string (one of {roles}), got {describe(role)}")
         if role not in MESSAGE_ROLES:
-            raise _invalid(f"{where}.role", f"must be one of {roles}, got {_got(role)}")
+            raise _invalid(f"{where}.role", f"must be one of {roles}, got {describe(role)}")
         content = msg.get("content")
         if isinstance(content, str):
             continue
@@ -404,21 +271,21 @@ def _check_messages(body: Mapping[str, Any]) -> None:
         if not isinstance(content, list):
             raise _invalid(
                 f"{where}.content",
-                f"must be a string or an array of content parts, got {_got(content)}",
+                f"must be a string or an array of content parts, got {describe(content)}",
             )
         for j, part in enumerate(content):
             pwhere = f"{where}.content[{j}]"
             if not isinstance(part, dict):
-                raise _invalid(pwhere, f"must be a content part object, got {_got(part)}")
+                raise _invalid(pwhere, f"must be a content part object, got {describe(part)}")
             ptype = part.get("type")
             if ptype is None:
                 raise _invalid(f"{pwhere}.type", "is required (a string such as \"text\")")
             if not isinstance(ptype, str):
-                raise _invalid(f"{pwhere}.type", f"must be a string, got {_got(ptype)}")
+                raise _invalid(f"{pwhere}.type", f"must be a string, got {describe(ptype)}")
             if ptype == "text" and not isinstance(part.get("text"), str):
                 raise _invalid(
                     f"{pwhere}.text",
-                    f"must be a string in a text part, got {_got(part.get('text'))}",
+                    f"must be a string in a text part, got {describe(part.get('text'))}",
                 )
 
 
@@ -430,7 +297,7 @@ def _check_prompt(body: Mapping[str, Any]) -> None:
         return
     shapes = "a string, an array of token ids, or an array of one string"
     if not isinstance(prompt, list):
-        raise _invalid("prompt", f"must be {shapes}, got {_got(prompt)}")
+        raise _invalid("prompt", f"must be {shapes}, got {describe(prompt)}")
     if not prompt:
         raise _invalid("prompt", "must not be an empty array")
     if all(_is_int(t) for t in prompt):
@@ -449,7 +316,7 @@ def _check_prompt(body: Mapping[str, Any]) -> None:
         )
     for k, p in enumerate(prompt):
         if not (isinstance(p, str) or _is_int(p)):
-            raise _invalid(f"prompt[{k}]", f"must be a string or a token id, got {_got(p)}")
+            raise _invalid(f"prompt[{k}]", f"must be a string or a token id, got {describe(p)}")
     raise _invalid("prompt", f"must be {shapes}, not a mix of strings and token ids")
 
 
@@ -463,7 +330,7 @@ def _given_max_tokens(body: Mapping[str, Any], cls: ClassConfig) -> int | None:
         if value is None:
             continue
         if not _is_int(value):
-            raise _invalid(name, f"must be an integer ({limit}), got {_got(value)}")
+            raise _invalid(name, f"must be an integer ({limit}), got {describe(value)}")
         if value == -1:  # llama-server reads -1 as "until the context is full"
             raise _invalid(
                 name, f"-1 (unlimited) is not accepted: the gate needs a bound ({limit})"
@@ -472,7 +339,7 @@ def _given_max_tokens(body: Mapping[str, Any], cls: ClassConfig) -> int | None:
             raise _invalid(name, f"must be at least 1 ({limit}), got {value}")
         if value > cap:
             raise _invalid(
-                name, f"must be at most {cap} (the cap of class {cls.name!r}), got {_got(value)}"
+                name, f"must be at most {cap} (the cap of class {cls.name!r}), got {describe(value)}"
             )
         if chosen is not None and value != chosen[1]:
             raise _invalid(

@@ -9,26 +9,28 @@ and its `finally` releases the reservation exactly once and writes the record.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
-import math
-import os
 import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
 from gate.assembly import assemble, plain_body, stream_loses
 from gate.backends import Backend
-from gate.gatekeeper import Refused, Ticket
-from gate.intake import Intake, IntakeError, check_size, parse_request
+from gate.clientguard import BodyReader, abort, send_within
+from gate.errors import GateError, error_object, render
+from gate.gatekeeper import Ticket
+from gate.intake import Intake, parse_request
 from gate.ledger import Request
-from gate.reasons import Reason, error_body
+from gate.reasons import CLIENT_DISCONNECT, SERVER_CANCELLED, Reason
 from gate.records import DecisionRecord, Outcome
+from gate.requestids import HeaderNames, RequestIds
+from gate.shedding import Deadline, next_deadline
 from gate.tokens import TokenCount
-from gate.upstream import RelayStats, SseRelay, UpstreamFailure, forward_headers, upstream_body
+from gate.upstream import RelayStats, SseRelay, forward_headers, upstream_body
 
 if TYPE_CHECKING:
     from gate.service import GateService
@@ -39,10 +41,6 @@ CLIENT_CLOSED = 499  # nginx's convention for "client closed the request"
 
 class ClientGone(Exception):
     """The client disconnected before the answer was complete."""
-
-
-class _Shed(Exception):
-    pass
 
 
 class AdmittedEndpoint:
@@ -59,37 +57,6 @@ class AdmittedEndpoint:
         return _Flow(self.gate, scope, receive, send, self.new_id, self.header_name).run()
 
 
-class RequestIds:
-    """Request ids shaped like uuid4().hex: a random per-process prefix and a counter.
-
-    Unique within the process by construction, across processes by 64 random bits;
-    os.urandom per request was a syscall and ~5% of a refused request's CPU.
-    """
-
-    def __init__(self) -> None:
-        self._prefix = os.urandom(8).hex()
-        self._next = itertools.count(1).__next__
-
-    def __call__(self) -> str:
-        return f"{self._prefix}{self._next():016x}"
-
-
-class HeaderNames:
-    """Decoded header names, one shared str per distinct name instead of one per request."""
-
-    def __init__(self, limit: int = 512) -> None:
-        self._known: dict[bytes, str] = {}
-        self._limit = limit  # clients choose names: the table must not grow without bound
-
-    def __call__(self, raw: bytes) -> str:
-        name = self._known.get(raw)
-        if name is None:
-            name = raw.decode("latin-1").lower()
-            if len(self._known) < self._limit:
-                self._known[raw] = name
-        return name
-
-
 class _Flow:
     """One request's journey; every exit path goes through `conclude` exactly once."""
 
@@ -97,7 +64,7 @@ class _Flow:
     __slots__ = (
         "gate", "scope", "receive", "send", "headers", "request_id", "t0", "wall0", "intake", "backend",
         "count", "ticket", "stats", "rate_charged", "started", "concluded", "committed", "budget_at",
-        "in_flight_at", "_task", "_gone",
+        "in_flight_at", "_task", "_cut", "_watchdog", "_counted", "_decoding", "_plain",
     )
 
     def __init__(
@@ -106,7 +73,8 @@ class _Flow:
     ) -> None:
         self.gate = gate
         self.scope = scope
-        self.receive = receive
+        limits = gate.config.gate
+        self.receive = BodyReader(receive, scope["headers"], limits.max_body_bytes, limits.body_timeout_s)
         self.send = send
         self.headers = {header_name(k): v.decode("latin-1") for k, v in scope["headers"]}
         given = self.headers.get("x-request-id", "")
@@ -125,39 +93,38 @@ class _Flow:
         self.budget_at: int | None = None
         self.in_flight_at: int | None = None
         self._task: asyncio.Task[Any] | None = None  # this request's task, while `_race` runs its work
-        self._gone = False
+        self._cut: Exception | None = None  # why `_race` cancelled the work: ClientGone, or a shed
+        self._watchdog: asyncio.TimerHandle | None = None  # the next progress check while relaying
+        self._counted = 0  # tokens of this request already fed to the backend's decode meter
+        self._decoding = False  # counted among the meter's decoding streams
+        self._plain = False  # a plain (non-streamed) upstream call: no token to watch, only the clock
 
     # ---- the path ------------------------------------------------------------
 
     async def run(self) -> None:
         try:
+            tenants = self.gate.tenants
+            headers = Headers(raw=self.scope["headers"])  # every pair: repeated credentials are seen
+            # With tenants, the key is checked before the body is read: an anonymous caller costs no read.
+            caller = None if tenants.open else tenants.identify(headers, self._client_host(), None)
             raw = await self._read_body()
             if self.gate.shutting_down:
-                raise _Refusal(Reason.SHUTTING_DOWN, "the gate is shutting down; retry against another instance", 1.0)
+                raise GateError(Reason.SHUTTING_DOWN, "the gate is shutting down; retry against another instance", retry_after_s=1.0)
             self.intake = parse_request(
-                self.scope["path"], raw, self.headers, self._client_host(), self.gate.config, self.gate.tenants
+                self.scope["path"], raw, headers, self._client_host(), self.gate.config, tenants, caller
             )
             await self._race(self._serve())
-        except IntakeError as exc:
-            await self._error(exc.reason, exc.message, param=exc.param)
-        except _Refusal as r:
-            await self._error(r.reason, r.message, retry_after_s=r.retry_after_s)
-        except Refused as exc:
-            refusal = exc.refusal
-            await self._error(refusal.reason, refusal.detail, retry_after_s=refusal.retry_after_s)
-        except UpstreamFailure as exc:
-            await self._upstream_failed(exc)
+        except GateError as err:
+            await self._failed(err)
         except ClientGone:
-            self.conclude("cancelled", "client_disconnect", CLIENT_CLOSED)
+            self.conclude("cancelled", CLIENT_DISCONNECT, CLIENT_CLOSED)
         except asyncio.CancelledError:
-            self.conclude("cancelled", "server_cancelled", CLIENT_CLOSED)
+            if await self._server_cancelled():
+                return  # the client has its complete answer: nothing left to cancel
             raise
         except Exception:
             self.gate.log.exception("request %s failed inside the gate", self.request_id)
-            if not self.started:
-                await self._error(Reason.UPSTREAM_ERROR, "internal error in the gate; the request was not completed")
-            else:
-                self.conclude("failed", Reason.UPSTREAM_ERROR, 200)
+            await self._failed(GateError(Reason.UPSTREAM_ERROR, "internal error in the gate; the request was not completed", status=500))
         finally:
             if not self.concluded:
                 self.conclude("failed", Reason.UPSTREAM_ERROR, 500)
@@ -167,10 +134,12 @@ class _Flow:
         assert intake is not None
         backend = self.gate.backends.route(intake.model)
         if backend is None:
-            raise IntakeError(Reason.MODEL_NOT_FOUND, f"model {intake.model!r} is not served by this gate", "model")
+            shown = intake.model if intake.model is None or len(intake.model) <= 64 else intake.model[:64] + "..."
+            raise GateError(Reason.MODEL_NOT_FOUND, f"model {shown!r} is not served by this gate", "model")
         self.backend = backend
         if backend.state != "ready" or backend.gatekeeper is None:
-            raise _Refusal(Reason.NO_BACKEND, f"backend {backend.name!r} is {backend.state}: {backend.detail}", 5.0)
+            # The detail (it may hold the backend's address) stays in the log and the console.
+            raise GateError(Reason.NO_BACKEND, f"backend {backend.name!r} is {backend.state}", retry_after_s=5.0)
         self.count = await self.gate.tokens.count(backend.url, intake.kind, intake.body, backend.auth_headers())
         cost = self.count.tokens + intake.max_tokens
         self._rate_check(intake.caller.tenant, cost)
@@ -180,118 +149,137 @@ class _Flow:
         self.ticket = await gatekeeper.acquire(request)
         admission = gatekeeper.admission
         self.budget_at, self.in_flight_at = admission.budget, admission.ledger.in_flight
-        expected = backend.durations.expected_s(self.count.tokens, intake.max_tokens)
-        self.ticket.expected_s = expected if expected is not None else self.gate.config.gate.request_timeout_s
-        await self._relay(backend, intake, expected)
+        self.ticket.expected_s = self.gate.config.gate.request_timeout_s  # the longest it may run
+        await self._relay(backend, intake)
 
     def _rate_check(self, tenant: str, cost: int) -> None:
         verdict = self.gate.ratelimit.check(tenant, cost, self.gate.clock())
         if verdict.never:
-            raise _Refusal(Reason.TENANT_QUOTA, f"request needs {cost} tokens, more than tenant {tenant!r} may use per minute", None)
+            raise GateError(Reason.TENANT_QUOTA, f"request needs {cost} tokens, more than tenant {tenant!r} may use per minute")
         if not verdict.allowed:
-            raise _Refusal(Reason.RATE_LIMITED, f"tenant {tenant!r} is over its {verdict.limit}-per-minute limit", verdict.wait_s)
+            raise GateError(Reason.RATE_LIMITED, f"tenant {tenant!r} is over its {verdict.limit}-per-minute limit", retry_after_s=verdict.wait_s)
         self.rate_charged = cost
 
     # ---- relaying ------------------------------------------------------------
 
-    async def _relay(self, backend: Backend, intake: Intake, expected_s: float | None) -> None:
+    async def _relay(self, backend: Backend, intake: Intake) -> None:
         ticket = self.ticket
         assert ticket is not None and backend.gatekeeper is not None
         gate = self.gate
-        loop = asyncio.get_running_loop()
-        now = gate.clock()
-        self.stats = stats = RelayStats(dispatched_at=now)
-        timeout_at = loop.time() + gate.config.gate.request_timeout_s
-        shed_at = None if expected_s is None else loop.time() + gate.config.gate.shed_factor * expected_s
-        deadline = timeout_at if shed_at is None else min(timeout_at, shed_at)
+        self.stats = stats = RelayStats(dispatched_at=gate.clock())
         headers = forward_headers(self.headers, backend.auth_token)
         # The few options whose answer llama-server's stream lacks get a plain call (no fast cancel).
-        plain = not intake.stream and stream_loses(intake.kind, intake.body)
+        self._plain = plain = not intake.stream and stream_loses(intake.kind, intake.body)
         body = plain_body(intake.body) if plain else upstream_body(intake.kind, intake.body)
+        self._check_progress()  # arms the watchdog: stall, overrun and request_timeout_s
+        response = None
         try:
-            async with asyncio.timeout_at(deadline):
-                response = await backend.upstream.open(intake.path, body, headers)
-        except TimeoutError:
-            raise self._overrun(loop, shed_at) from None
-        relay = SseRelay(
-            response, stats, gate.clock, lambda: backend.gatekeeper.first_token(ticket),
-            keep_usage_chunk=intake.include_usage, collect=not intake.stream,
-        )
-        try:
+            response = await backend.upstream.open(intake.path, body, headers)
+            relay = SseRelay(
+                response, stats, gate.clock, lambda: backend.gatekeeper.first_token(ticket),
+                keep_usage_chunk=intake.include_usage, collect=not intake.stream,
+            )
             if plain:
-                await self._relay_plain(relay, loop, deadline, shed_at)
+                await self._relay_plain(relay)
             elif intake.stream:
-                await self._relay_stream(relay, loop, deadline, shed_at)
+                await self._relay_stream(relay)
             else:
-                await self._relay_collect(relay, intake, loop, deadline, shed_at)
+                await self._relay_collect(relay, intake)
         finally:
-            await response.aclose()  # frees the llama-server slot on every path
+            if self._watchdog is not None:
+                self._watchdog.cancel()
+                self._watchdog = None
+            if self._decoding:
+                backend.decode.stop(gate.clock())
+            if response is not None:
+                await response.aclose()  # frees the llama-server slot on every path, before the client hears
 
-    async def _relay_stream(self, relay: SseRelay, loop, deadline: float, shed_at: float | None) -> None:
-        await self._start(200, "text/event-stream", {"cache-control": "no-cache"})
-        reads = relay.reads().__aiter__()
+    async def _relay_stream(self, relay: SseRelay) -> None:
+        await self._start(200, [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")])
         final = ""  # the terminal event ([DONE], or /completion's stop chunk) and anything after it
-        try:
-            while True:
-                try:
-                    async with asyncio.timeout_at(deadline):
-                        now, held = await anext(reads)
-                except StopAsyncIteration:
-                    break
-                # The terminal event waits for the decision row's commit, so a client
-                # never sees the end of a request the journal could still lose.
-                final += held
-                if now:
-                    await self._body(now.encode())
-        except TimeoutError:
-            await relay.response.aclose()  # stop llama-server first, then tell the client
-            await self._sse_error(self._overrun(loop, shed_at))
-            return
-        except UpstreamFailure as exc:
-            await relay.response.aclose()
-            await self._sse_error(exc)
-            return
+        async for now, held in relay.reads():
+            self._progressed()
+            # The terminal event waits for the decision row's commit, so a client
+            # never sees the end of a request the journal could still lose.
+            final += held
+            if now:
+                await self._body(now.encode())
         if relay.error is not None or not relay.stats.finished:
             self.conclude("failed", Reason.UPSTREAM_ERROR, 200)
         else:
             self._finish_ok()
         await self._last(final.encode())
 
-    async def _relay_collect(self, relay: SseRelay, intake: Intake, loop, deadline: float, shed_at: float | None) -> None:
-        try:
-            async with asyncio.timeout_at(deadline):
-                async for _ in relay.reads():
-                    pass
-        except TimeoutError:
-            raise self._overrun(loop, shed_at) from None
+    async def _relay_collect(self, relay: SseRelay, intake: Intake) -> None:
+        async for _ in relay.reads():
+            self._progressed()
         if relay.error is not None:
             message = str(relay.error.get("message") or "backend reported an error mid-answer")
-            raise UpstreamFailure(Reason.UPSTREAM_ERROR, message)
+            raise GateError(Reason.UPSTREAM_ERROR, message)
         if not relay.stats.finished or not relay.chunks:
-            raise UpstreamFailure(Reason.UPSTREAM_ERROR, "backend closed the stream before finishing")
+            raise GateError(Reason.UPSTREAM_ERROR, "backend closed the stream before finishing", retry_after_s=1.0)
         payload = json.dumps(assemble(intake.kind, relay.chunks)).encode()
         self._finish_ok()
-        await self._start(200, "application/json", {})
+        await self._start(200, [(b"content-type", b"application/json")])
         await self._last(payload)
 
-    async def _relay_plain(self, relay: SseRelay, loop, deadline: float, shed_at: float | None) -> None:
-        try:
-            async with asyncio.timeout_at(deadline):
-                payload = await relay.whole()
-        except TimeoutError:
-            raise self._overrun(loop, shed_at) from None
+    async def _relay_plain(self, relay: SseRelay) -> None:
+        payload = await relay.whole()
         self._finish_ok()
-        await self._start(200, "application/json", {})
+        await self._start(200, [(b"content-type", b"application/json")])
         await self._last(payload)  # llama-server's own answer, byte for byte
 
-    def _overrun(self, loop, shed_at: float | None) -> UpstreamFailure:
-        if shed_at is not None and loop.time() >= shed_at:
-            return UpstreamFailure(Reason.SHED_OVERRUN, "request ran past shed_factor x its expected duration and was aborted")
-        return UpstreamFailure(Reason.UPSTREAM_TIMEOUT, f"no complete answer within request_timeout_s={self.gate.config.gate.request_timeout_s:g}")
+    # ---- progress: what decides a shed -----------------------------------------
+
+    def _progressed(self) -> None:
+        """Feed the tokens of the last read to the backend's decode meter."""
+        stats = self.stats
+        if stats is None or stats.tokens == self._counted or self.backend is None:
+            return
+        meter = self.backend.decode
+        if not self._decoding:
+            self._decoding = True
+            meter.start(stats.first_token_at if stats.first_token_at is not None else self.gate.clock())
+        meter.add(stats.last_token_at if stats.last_token_at is not None else self.gate.clock(), stats.tokens - self._counted)
+        self._counted = stats.tokens
+
+    def _deadline(self) -> Deadline:
+        stats, intake, backend = self.stats, self.intake, self.backend
+        assert stats is not None and intake is not None and backend is not None
+        config = self.gate.config.gate
+        return next_deadline(
+            dispatched_at=stats.dispatched_at, first_token_at=stats.first_token_at, last_token_at=stats.last_token_at,
+            max_tokens=intake.max_tokens, per_slot_tps=backend.decode.per_slot_tps(self.gate.clock()),
+            factor=config.shed_factor, stall_s=config.shed_stall_s, timeout_s=config.request_timeout_s,
+            blind=self._plain,
+        )
+
+    def _check_progress(self) -> None:
+        """The watchdog: one timer, re-armed for the deadline as it stands now; cut the work once it passed.
+
+        The deadline is recomputed when the timer fires, never trusted from when it
+        was set: tokens that came since, or a slower decode rate, move it later. The
+        reason is the one of the deadline that passed (no race between two timers).
+        """
+        self._watchdog = None
+        deadline = self._deadline()
+        delay = deadline.at - self.gate.clock()
+        if delay > 0:
+            # The loop may fire a timer up to its clock resolution early: a hair of slack.
+            self._watchdog = asyncio.get_running_loop().call_later(delay + 0.001, self._check_progress)
+            return
+        self.gate.log.warning("request %s cut: %s", self.request_id, deadline.message)
+        self._cancel_work(GateError(deadline.reason, deadline.message))
+
+    def _cancel_work(self, why: Exception) -> None:
+        task = self._task
+        if task is not None and self._cut is None:
+            self._cut = why
+            task.cancel()
 
     def _finish_ok(self) -> None:
-        if self.backend is not None and self.stats is not None and self.intake is not None:
-            self.gate.observe_success(self.backend, self.intake.caller.cls, self.stats)
+        if self.backend is not None and self.stats is not None:
+            self.gate.observe_success(self.backend, self.stats)
         self.conclude("admitted", "ok", 200)
 
     # ---- responses -----------------------------------------------------------
@@ -307,8 +295,8 @@ class _Flow:
         try:
             await work
         except asyncio.CancelledError:
-            if self._gone and me.uncancel() == 0:
-                raise ClientGone from None
+            if self._cut is not None and me.uncancel() == 0:
+                raise self._cut from None  # ClientGone, or the watchdog's shed / timeout
             raise  # the server is cancelling this request (shutdown)
         finally:
             self._task = None
@@ -318,29 +306,21 @@ class _Flow:
         # Only while the work runs: a cancel requested after it returned would land
         # on whatever this task awaits next.
         task = self._task
-        if task is not None and not watcher.cancelled() and watcher.exception() is None:
-            self._gone = True
-            task.cancel()
+        if not watcher.cancelled() and watcher.exception() is None:
+            self._cancel_work(ClientGone())
 
     async def _disconnected(self) -> None:
-        while (await self.receive())["type"] != "http.disconnect":
+        while (await self.receive.receive())["type"] != "http.disconnect":
             pass
 
     async def _read_body(self) -> bytes:
-        limit = self.gate.config.gate.max_body_bytes
-        declared = self.headers.get("content-length")
-        if declared is not None and declared.isdigit():
-            check_size(int(declared), limit)
+        """The whole body; the size limit and the read deadline are the BodyReader's."""
         chunks: list[bytes] = []
-        size = 0
         while True:
             message = await self.receive()
             if message["type"] == "http.disconnect":
                 raise ClientGone
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            check_size(size, limit)
-            chunks.append(chunk)
+            chunks.append(message.get("body", b""))
             if not message.get("more_body", False):
                 return b"".join(chunks)
 
@@ -357,49 +337,77 @@ class _Flow:
             (b"x-tokengate-queue-ms", f"{queue_ms:.1f}".encode()),
         ]
 
-    async def _start(self, status: int, content_type: str, extra: dict[str, str]) -> None:
-        headers = [(b"content-type", content_type.encode()), *self._gate_headers()]
-        headers += [(k.encode(), v.encode()) for k, v in extra.items()]
+    async def _start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.started = True
-        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+        await self._send({"type": "http.response.start", "status": status, "headers": headers + self._gate_headers()})
 
     async def _body(self, data: bytes) -> None:
-        await self.send({"type": "http.response.body", "body": data, "more_body": True})
+        await self._send({"type": "http.response.body", "body": data, "more_body": True})
 
     async def _last(self, data: bytes) -> None:
         """The response's last bytes, sent only once its decision row is committed (DESIGN.md 5)."""
         await self.gate.committed(self.committed)
-        await self.send({"type": "http.response.body", "body": data, "more_body": False})
+        await self._send({"type": "http.response.body", "body": data, "more_body": False})
 
-    async def _end(self) -> None:
-        await self._last(b"")
+    async def _send(self, message: dict[str, Any]) -> None:
+        await send_within(self.send, message, self.gate.config.gate.write_stall_s)
 
-    async def _error(self, reason: Reason, message: str, *, param: str | None = None, retry_after_s: float | None = None, status: int | None = None, raw: bytes | None = None) -> None:
-        status = status or reason.status
-        outcome: Outcome = "refused" if status < 500 or reason in _REFUSALS_5XX else "failed"
-        if reason is Reason.SHED_OVERRUN:
-            outcome = "shed"
-        self.conclude(outcome, reason, status)
-        extra: dict[str, str] = {}
-        if retry_after_s is not None:
-            extra["retry-after"] = str(max(1, math.ceil(retry_after_s)))
-            extra["retry-after-ms"] = str(int(retry_after_s * 1000))
-        payload = raw if raw is not None else json.dumps(error_body(reason, message, param=param, retry_after_s=retry_after_s, status=status)).encode()
-        await self._start(status, "application/json", extra)
-        await self._last(payload)
-
-    async def _upstream_failed(self, exc: UpstreamFailure) -> None:
+    async def _failed(self, err: GateError) -> None:
+        """Answer `err` (a status and body, or an SSE error event once streaming) and record it."""
         if self.started:
-            self.conclude("shed" if exc.reason is Reason.SHED_OVERRUN else "failed", exc.reason, 200)
+            # The status line is out: the client got 200, and the journal says so.
+            self.conclude(err.outcome, err.reason, 200)
+            if err.reason is Reason.CLIENT_STALLED:
+                await abort(self.scope)  # it reads nothing: drop the connection and its unsent bytes
+                return
+            if self.intake is not None and self.intake.stream:
+                event = b"data: " + json.dumps(error_object(err)).encode() + b"\n\n"
+                await self._guarded_end(event)
             return
-        await self._error(exc.reason, exc.message, status=exc.status, raw=exc.body)
+        status, headers, body = render(err)
+        self.conclude(err.outcome, err.reason, status)
+        await self._guarded_start(status, headers, body)
 
-    async def _sse_error(self, exc: UpstreamFailure) -> None:
-        outcome: Outcome = "shed" if exc.reason is Reason.SHED_OVERRUN else "failed"
-        self.conclude(outcome, exc.reason, 200)
-        event = error_body(exc.reason, exc.message)
-        await self._body(b"data: " + json.dumps(event).encode() + b"\n\n")
-        await self._end()
+    async def _guarded_start(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        try:
+            await self._start(status, headers)
+            await self._last(body)
+        except GateError:  # the client stalled while hearing its error: nothing more to tell it
+            await abort(self.scope)
+
+    async def _guarded_end(self, event: bytes) -> None:
+        try:
+            await self._body(event)
+            await self._last(b"")
+        except GateError:
+            await abort(self.scope)
+
+    async def _server_cancelled(self) -> bool:
+        """The server cancels this request (shutdown past its grace): answer, record what was answered.
+
+        Returns True when the client got a complete answer (503, or the stream's end).
+        Left to the server, an unanswered request becomes uvicorn's bare 500 while the
+        journal said 499; now both say 503 shutting_down (or 200 and a cut stream).
+        """
+        if self.concluded:
+            return False
+        err = GateError(Reason.SHUTTING_DOWN, "the gate shut down before this request finished", retry_after_s=1.0)
+        try:
+            async with asyncio.timeout(1.0):
+                if self.started:
+                    self.conclude("cancelled", SERVER_CANCELLED, 200)
+                    if self.intake is not None and self.intake.stream:
+                        await self._body(b"data: " + json.dumps(error_object(err)).encode() + b"\n\n")
+                    await self._last(b"")
+                else:
+                    status, headers, body = render(err)
+                    self.conclude("cancelled", SERVER_CANCELLED, status)
+                    await self._start(status, headers)
+                    await self._last(body)
+        except (TimeoutError, GateError, OSError):
+            await abort(self.scope)
+            return False
+        return True
 
     # ---- the one ending --------------------------------------------------------
 
@@ -457,16 +465,3 @@ class _Flow:
         self.committed = gate.record(
             record, model=intake.model if intake is not None else None, queued_s=queued_s, ttft_s=stats.ttft_s if stats else None
         )
-
-
-_REFUSALS_5XX = frozenset({Reason.CLASS_PAUSED, Reason.DRAINED, Reason.NO_BACKEND, Reason.SHUTTING_DOWN})
-
-
-class _Refusal(Exception):
-    """A refusal decided by the shell (rate limits, readiness, shutdown), not the core."""
-
-    def __init__(self, reason: Reason, message: str, retry_after_s: float | None) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-        self.retry_after_s = retry_after_s

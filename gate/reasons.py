@@ -2,11 +2,14 @@
 
 Each value is the snake_case string of DESIGN.md "Outside contracts"; it is the
 OpenAI-style error `code`, the journal's `reason` and the metric label alike.
+A reason knows the HTTP status it is answered with and the journal outcome it
+stands for; `gate.errors` turns one into a response.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
+from gate.records import Outcome
 
 
 class Reason(StrEnum):
@@ -15,6 +18,7 @@ class Reason(StrEnum):
     INVALID_API_KEY = "invalid_api_key"
     CLASS_NOT_ALLOWED = "class_not_allowed"
     MODEL_NOT_FOUND = "model_not_found"
+    CLIENT_STALLED = "client_stalled"
     BODY_TOO_LARGE = "body_too_large"
     QUEUE_FULL = "queue_full"
     QUEUE_TIMEOUT = "queue_timeout"
@@ -35,9 +39,15 @@ class Reason(StrEnum):
         return _STATUS[self]
 
     @property
-    def retryable(self) -> bool:
-        """True when waiting can change the answer (the response carries Retry-After)."""
-        return self in _RETRYABLE
+    def outcome(self) -> Outcome:
+        """The journal outcome of a request that ends for this reason."""
+        if self is Reason.SHED_OVERRUN:
+            return "shed"
+        if self is Reason.CLIENT_STALLED:
+            return "cancelled"
+        if self in (Reason.UPSTREAM_ERROR, Reason.UPSTREAM_TIMEOUT):
+            return "failed"
+        return "refused"
 
 
 _STATUS: dict[Reason, int] = {
@@ -46,6 +56,7 @@ _STATUS: dict[Reason, int] = {
     Reason.INVALID_API_KEY: 401,
     Reason.CLASS_NOT_ALLOWED: 403,
     Reason.MODEL_NOT_FOUND: 404,
+    Reason.CLIENT_STALLED: 408,
     Reason.BODY_TOO_LARGE: 413,
     Reason.QUEUE_FULL: 429,
     Reason.QUEUE_TIMEOUT: 429,
@@ -61,46 +72,6 @@ _STATUS: dict[Reason, int] = {
     Reason.UPSTREAM_TIMEOUT: 504,
 }
 
-_RETRYABLE = frozenset(
-    {
-        Reason.QUEUE_FULL,
-        Reason.QUEUE_TIMEOUT,
-        Reason.TOKEN_BUDGET_EXCEEDED,
-        Reason.RATE_LIMITED,
-        Reason.CLASS_PAUSED,
-        Reason.DRAINED,
-        Reason.NO_BACKEND,
-        Reason.SHUTTING_DOWN,
-    }
-)
-
-
-_ERROR_TYPES: dict[int, str] = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "invalid_request_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    429: "rate_limit_error",
-    502: "server_error",
-    503: "unavailable_error",
-    504: "server_error",
-}
-
-
-def error_body(
-    reason: Reason, message: str, *, param: str | None = None, retry_after_s: float | None = None, status: int | None = None
-) -> dict[str, object]:
-    """The OpenAI-shaped error object, plus `retry_after_s` where waiting helps."""
-    body: dict[str, object] = {
-        "error": {
-            "message": message,
-            "type": _ERROR_TYPES.get(status or reason.status, "server_error"),
-            "code": reason.value,
-            "param": param,
-        }
-    }
-    if retry_after_s is not None:
-        body["retry_after_s"] = retry_after_s
-    return body
+# Reasons a request ends with that are not errors answered to the client.
+CLIENT_DISCONNECT = "client_disconnect"
+SERVER_CANCELLED = "server_cancelled"

@@ -26,6 +26,7 @@ import uvicorn
 from gate.adaptive import has_demand
 from gate.admission import TenantPolicy
 from gate.backends import Backend, BackendPool
+from gate.clientguard import guarded_protocol
 from gate.config import Config, ConfigError
 from gate.metrics import GateMetrics
 from gate.ratelimit import RateLimiter, TenantLimits
@@ -94,6 +95,7 @@ class GateService:
         )
         self.metrics = GateMetrics()
         self.metrics.register_classes([c.name for c in config.classes])
+        self.metrics.register_models(m for b in config.backends for m in b.models)
         self.records = RecentDecisions()
         self.backends = BackendPool(
             config.backends,
@@ -183,7 +185,8 @@ class GateService:
         sock.setblocking(False)
         self.port = sock.getsockname()[1]
         uv_config = uvicorn.Config(
-            self.app, interface="asgi3", log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=5
+            self.app, interface="asgi3", log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=5,
+            http=guarded_protocol(self.config.gate.header_timeout_s),  # slow clients: gate/clientguard.py
         )
         self._server = _EmbeddedServer(uv_config)
         self._tasks.append(asyncio.create_task(self._server.serve(sockets=[sock]), name="tokengate-http"))
@@ -222,6 +225,8 @@ class GateService:
         for task in self._background:
             task.cancel()  # each releases its ticket in `finally`
         await asyncio.gather(*self._tasks, *self._background, return_exceptions=True)
+        while self._background:  # releases started by requests the server cut meanwhile
+            await asyncio.gather(*tuple(self._background), return_exceptions=True)
         for backend in self.backends:
             if backend.gatekeeper is not None:
                 backend.gatekeeper.close()
@@ -386,10 +391,9 @@ class GateService:
         m.set_budget(budget)
         m.set_drain_seconds(drain_s if drain_s != float("inf") else 3600.0)
 
-    def observe_success(self, backend: Backend, cls: str, stats: RelayStats) -> None:
-        """Feed a completed request's upstream latencies to the controller and the shed model."""
+    def observe_success(self, backend: Backend, stats: RelayStats) -> None:
+        """Feed a completed request's upstream latencies to the controller."""
         now = self.clock()
-        backend.durations.observe(decode_tps=stats.decode_tps, prompt_tokens=stats.prompt_tokens, prompt_s=stats.prompt_s)
         tpot = None
         if stats.first_token_at is not None and stats.completion_tokens and stats.completion_tokens > 1:
             tpot = (now - stats.first_token_at) / (stats.completion_tokens - 1)

@@ -10,7 +10,8 @@ Two modes (DESIGN.md "Outside contracts", Config):
   no early exit, so response timing reveals neither whether nor where a key matched. A missing,
   malformed or unknown key is 401 ``invalid_api_key``; the message never echoes the key.
 * **Open** (no tenants): the tenant is the request body's ``user`` field when it is a non-empty
-  string (cut to 64 characters), else the client's address, else ``"anonymous"``.
+  string (cut to 64 characters, control characters as ``?``), else the client's address, else
+  ``"anonymous"``.
 
 The class is the ``X-Tokengate-Class`` header when present, else the tenant's ``class``, else
 ``default_class``. A class that does not exist is 400 ``invalid_request`` (param
@@ -30,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gate.config import Config, ConfigError, TenantConfig
-from gate.intake import IntakeError
+from gate.errors import GateError
 from gate.reasons import Reason
 
 __all__ = ["CLASS_HEADER", "Caller", "TenantDirectory", "header_value"]
@@ -53,16 +54,16 @@ class Caller:
 def header_value(headers: Mapping[str, str], name: str) -> str | None:
     """The value of header ``name``, looked up case-insensitively in any mapping.
 
-    A header sent several times with the same value counts once; with different values it is
-    ambiguous and raises :class:`ValueError` (the caller maps it to its own error).
+    A header sent more than once is ambiguous (proxies and parsers differ on which copy wins)
+    and raises :class:`ValueError`, whatever the values; the caller maps it to its own error.
     Starlette's ``Headers`` yields every raw pair from ``items()``, so repeats are seen.
     """
     want = name.lower()
     found: str | None = None
     for key, value in headers.items():
         if key.lower() == want:
-            if found is not None and value != found:
-                raise ValueError(f"the {name} header is sent more than once with different values")
+            if found is not None:
+                raise ValueError(f"the {name} header is sent more than once; send it once")
             found = value
     return found
 
@@ -128,13 +129,15 @@ class TenantDirectory:
     def identify(
         self, headers: Mapping[str, str], client_host: str | None, body_user: str | None
     ) -> Caller:
-        """Who is calling and in which class; raises :class:`IntakeError` (401, 400 or 403).
+        """Who is calling and in which class; raises :class:`GateError` (401, 400 or 403).
 
         ``body_user`` is the request's ``user`` field, used only in open mode.
         """
         if self.open:
             if isinstance(body_user, str) and body_user.strip():
-                tenant = body_user[:USER_MAX_CHARS]
+                # Shown in the console, the log and the journal: no control characters
+                # (escape sequences) from a client.
+                tenant = "".join(ch if ch.isprintable() else "?" for ch in body_user[:USER_MAX_CHARS])
             elif client_host:
                 tenant = client_host
             else:
@@ -152,23 +155,23 @@ class TenantDirectory:
         try:
             auth = header_value(headers, "Authorization")
         except ValueError:
-            raise IntakeError(
+            raise GateError(
                 Reason.INVALID_API_KEY, "more than one Authorization header was sent"
             ) from None
         if auth is None:
-            raise IntakeError(
+            raise GateError(
                 Reason.INVALID_API_KEY,
                 "missing API key: send it as 'Authorization: Bearer <key>'",
             )
         parts = auth.strip().split(None, 1)
         if len(parts) != 2 or parts[0].lower() != "bearer":
-            raise IntakeError(
+            raise GateError(
                 Reason.INVALID_API_KEY,
                 "malformed Authorization header: expected 'Bearer <key>'",
             )
         key = parts[1].strip()
         if not _is_key_text(key):
-            raise IntakeError(
+            raise GateError(
                 Reason.INVALID_API_KEY,
                 "malformed API key: expected printable ASCII without spaces after 'Bearer '",
             )
@@ -179,20 +182,20 @@ class TenantDirectory:
             if hmac.compare_digest(presented, digest):
                 match = tenant
         if match is None:
-            raise IntakeError(Reason.INVALID_API_KEY, "invalid API key")
+            raise GateError(Reason.INVALID_API_KEY, "invalid API key")
         return match
 
     def _class_from_header(self, headers: Mapping[str, str], tenant: TenantConfig | None) -> str:
         try:
             asked = header_value(headers, CLASS_HEADER)
         except ValueError as e:
-            raise IntakeError(Reason.INVALID_REQUEST, str(e), CLASS_HEADER) from None
+            raise GateError(Reason.INVALID_REQUEST, str(e), CLASS_HEADER) from None
         known = self._config.class_names
         if asked is not None:
             name = asked.strip()
             if name not in self._class_names:
                 shown = name if len(name) <= 64 else name[:64] + "..."
-                raise IntakeError(
+                raise GateError(
                     Reason.INVALID_REQUEST,
                     f"unknown class {shown!r} in {CLASS_HEADER}; classes: {', '.join(known)}",
                     CLASS_HEADER,
@@ -206,7 +209,7 @@ class TenantDirectory:
             own = tenant.class_name if tenant.class_name is not None else self._config.default_class
             if name != own and name not in tenant.allowed_classes:
                 allowed = [own] + [c for c in tenant.allowed_classes if c != own]
-                raise IntakeError(
+                raise GateError(
                     Reason.CLASS_NOT_ALLOWED,
                     f"tenant {tenant.name!r} may not use class {name!r}; "
                     f"allowed: {', '.join(allowed)}",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -19,8 +20,15 @@ from typing import Any
 
 import httpx
 
+from gate.errors import GateError
 from gate.intake import Kind
 from gate.reasons import Reason
+
+log = logging.getLogger("tokengate.upstream")
+
+# Seconds a client is told to wait when the backend could not be reached or broke off:
+# about what the probe loop needs to notice a dead backend (probe_interval_s = 1).
+RETRY_DOWN_S = 5.0
 
 # Headers that describe one hop, not the message (RFC 9110 7.6.1), plus the ones
 # the gate sets itself. X-Conversation-Id makes llama-server keep generating
@@ -34,17 +42,6 @@ _DROP_HEADERS = frozenset(
 )
 
 
-class UpstreamFailure(Exception):
-    """The backend failed before or while answering."""
-
-    def __init__(self, reason: Reason, message: str, *, status: int | None = None, body: bytes | None = None):
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-        self.status = status if status is not None else reason.status
-        self.body = body  # llama-server's own error body, relayed as is when present
-
-
 @dataclass(slots=True)
 class RelayStats:
     """What one relay measured; times are from the injected clock."""
@@ -52,31 +49,22 @@ class RelayStats:
     dispatched_at: float
     first_token_at: float | None = None
     completion_tokens: int | None = None
-    prompt_tokens: int | None = None
-    decode_tps: float | None = None
-    prompt_s: float | None = None  # llama-server's own prefill time for this request
-    upstream_status: int | None = None
     finished: bool = False
+    tokens: int = 0  # data events received: the request's progress
+    last_token_at: float | None = None
 
     @property
     def ttft_s(self) -> float | None:
         return None if self.first_token_at is None else self.first_token_at - self.dispatched_at
 
     def read_final(self, chunk: Mapping[str, Any]) -> None:
-        """Take usage and timings from a (final) chunk, in any of the three endpoint shapes."""
+        """Take the completion token count from a (final) chunk, in any of the three endpoint shapes."""
         usage = chunk.get("usage")
         if isinstance(usage, Mapping):
             self.completion_tokens = _int(usage.get("completion_tokens"), self.completion_tokens)
-            self.prompt_tokens = _int(usage.get("prompt_tokens"), self.prompt_tokens)
         timings = chunk.get("timings")
         if isinstance(timings, Mapping):
             self.completion_tokens = _int(timings.get("predicted_n"), self.completion_tokens)
-            tps = timings.get("predicted_per_second")
-            if isinstance(tps, (int, float)) and tps > 0:
-                self.decode_tps = float(tps)
-            prompt_ms = timings.get("prompt_ms")
-            if isinstance(prompt_ms, (int, float)) and prompt_ms > 0:
-                self.prompt_s = prompt_ms / 1000.0
         if "tokens_predicted" in chunk:
             self.completion_tokens = _int(chunk.get("tokens_predicted"), self.completion_tokens)
 
@@ -124,10 +112,16 @@ class Upstream:
         )
         try:
             response = await self.client.send(request, stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            # Never reached the backend: nothing ran, so the request may simply be retried.
+            # The address is for the log only, never the client's answer.
+            log.warning("backend %s unreachable: %s: %s", self.base_url, type(exc).__name__, exc)
+            raise GateError(Reason.NO_BACKEND, "the backend is unreachable", retry_after_s=RETRY_DOWN_S) from exc
         except httpx.TimeoutException as exc:
-            raise UpstreamFailure(Reason.UPSTREAM_TIMEOUT, f"backend did not answer: {type(exc).__name__}") from exc
+            raise GateError(Reason.UPSTREAM_TIMEOUT, f"backend did not answer: {type(exc).__name__}") from exc
         except httpx.HTTPError as exc:
-            raise UpstreamFailure(Reason.UPSTREAM_ERROR, f"backend unreachable: {type(exc).__name__}: {exc}") from exc
+            log.warning("backend %s failed: %s: %s", self.base_url, type(exc).__name__, exc)
+            raise GateError(Reason.UPSTREAM_ERROR, f"backend failed: {type(exc).__name__}", retry_after_s=RETRY_DOWN_S) from exc
         if response.status_code != 200:
             try:
                 raw = await response.aread()
@@ -135,9 +129,10 @@ class Upstream:
                 raw = b""
             finally:
                 await response.aclose()
-            raise UpstreamFailure(
+            raise GateError(
                 Reason.UPSTREAM_ERROR,
                 f"backend answered {response.status_code}",
+                retry_after_s=RETRY_DOWN_S if response.status_code >= 500 else None,
                 status=response.status_code,
                 body=raw[:65536] or None,
             )
@@ -188,15 +183,19 @@ class SseRelay:
             async for raw in self.response.aiter_bytes():
                 lines = (partial + decoder.decode(raw)).split("\n")
                 partial = lines.pop()
+                seen = self.stats.tokens
                 take(lines)
+                if self.stats.tokens != seen:
+                    self.stats.last_token_at = self.clock()
                 if now or held:
                     yield "".join(now), "".join(held)
                     now.clear()
                     held.clear()
         except httpx.TimeoutException as exc:
-            raise UpstreamFailure(Reason.UPSTREAM_TIMEOUT, "backend stalled mid-answer") from exc
+            raise GateError(Reason.UPSTREAM_TIMEOUT, "backend stalled mid-answer") from exc
         except httpx.HTTPError as exc:
-            raise UpstreamFailure(Reason.UPSTREAM_ERROR, f"backend stream broke: {type(exc).__name__}") from exc
+            log.warning("backend %s: stream broke: %s: %s", self.response.url.host, type(exc).__name__, exc)
+            raise GateError(Reason.UPSTREAM_ERROR, f"backend stream broke: {type(exc).__name__}", retry_after_s=RETRY_DOWN_S) from exc
         take([partial + decoder.decode(b"", final=True), ""])  # a last event without its blank line
         if now or held:
             yield "".join(now), "".join(held)
@@ -206,15 +205,16 @@ class SseRelay:
         try:
             raw = await self.response.aread()
         except httpx.TimeoutException as exc:
-            raise UpstreamFailure(Reason.UPSTREAM_TIMEOUT, "backend stalled mid-answer") from exc
+            raise GateError(Reason.UPSTREAM_TIMEOUT, "backend stalled mid-answer") from exc
         except httpx.HTTPError as exc:
-            raise UpstreamFailure(Reason.UPSTREAM_ERROR, f"backend answer broke: {type(exc).__name__}") from exc
+            log.warning("backend %s: answer broke: %s: %s", self.response.url.host, type(exc).__name__, exc)
+            raise GateError(Reason.UPSTREAM_ERROR, f"backend answer broke: {type(exc).__name__}", retry_after_s=RETRY_DOWN_S) from exc
         try:
             answer = json.loads(raw)
         except ValueError:
-            raise UpstreamFailure(Reason.UPSTREAM_ERROR, "backend answer is not JSON") from None
+            raise GateError(Reason.UPSTREAM_ERROR, "backend answer is not JSON") from None
         if not isinstance(answer, dict):
-            raise UpstreamFailure(Reason.UPSTREAM_ERROR, "backend answer is not a JSON object")
+            raise GateError(Reason.UPSTREAM_ERROR, "backend answer is not a JSON object")
         self.stats.read_final(answer)
         # No token is seen arriving: llama-server's own decode time dates the first one,
         # so TTFT stays upstream queueing + prefill, as on the streamed path.
@@ -223,6 +223,7 @@ class SseRelay:
         decode_s = predicted_ms / 1000.0 if isinstance(predicted_ms, (int, float)) and predicted_ms > 0 else 0.0
         self.stats.first_token_at = max(self.stats.dispatched_at, now - decode_s)
         self.on_first_token()
+        self.stats.last_token_at = now
         self.stats.finished = True
         return raw
 
@@ -234,6 +235,7 @@ class SseRelay:
         if payload == "[DONE]":
             self.stats.finished = True
             return True
+        self.stats.tokens += 1
         if self.stats.first_token_at is None:
             self.stats.first_token_at = self.clock()
             self.on_first_token()

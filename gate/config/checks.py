@@ -133,7 +133,7 @@ def validate_config(config: Config, source: str = "<config>") -> None:
         "shed_factor",
         g.shed_factor,
         lambda v: v > 1,
-        "greater than 1 (a request is shed after shed_factor x its expected duration)",
+        "greater than 1 (a request is shed after shed_factor x what the current decode rate predicts)",
     )
     sock = g.control_socket_path()
     if sock is not None and len(sock.encode()) > MAX_SOCKET_PATH:
@@ -142,6 +142,8 @@ def validate_config(config: Config, source: str = "<config>") -> None:
             f"a Unix socket path must be at most {MAX_SOCKET_PATH} bytes, got {len(sock.encode())} "
             f"({_show(sock)}); set a shorter [gate] control_socket",
         )
+    for key in ("shed_stall_s", "header_timeout_s", "body_timeout_s", "write_stall_s"):
+        c.pos_num(key, getattr(g, key))
 
     # [budget]
     b = config.budget

@@ -17,13 +17,31 @@ listen = "127.0.0.1:8081"
 # SQLite journal (decisions, audit, samples), relative to the working directory.
 # Default "tokengate.db".
 journal = "tokengate.db"
-# Largest request body accepted, in bytes; bigger gets 413 body_too_large. Default 8388608 (8 MiB).
+# Largest request body accepted, in bytes, on every route; bigger gets 413 body_too_large
+# before the body is read (Content-Length), or as soon as a chunked body passes it.
+# Default 8388608 (8 MiB).
 max_body_bytes = 8388608
 # Upper bound on one upstream request, in seconds (504 upstream_timeout after it). Default 600.
 request_timeout_s = 600.0
-# A running request older than shed_factor x its expected duration is aborted (503
-# shed_overrun) so it stops holding a slot and KV memory. Must be > 1. Default 2.5.
+# Shedding aborts a running request (503 shed_overrun, or an SSE error event once streaming)
+# so it stops holding a slot and KV memory. It judges progress, never mere sharing of busy
+# slots: a request is shed when no token came for shed_stall_s seconds (before the first
+# token: since dispatch), or when it is older than shed_factor x (its time to first token +
+# max_tokens / the per-slot decode rate the backend delivers NOW, at the current occupancy).
+# shed_factor must be > 1. Default 2.5.
 shed_factor = 2.5
+# Seconds without a token before a running request counts as stuck. Default 60.
+shed_stall_s = 60.0
+# Slow clients. A connection that has not sent its complete request headers within
+# header_timeout_s is closed; a body not received within body_timeout_s of the headers gets
+# 408 client_stalled; a client that takes in no response bytes for write_stall_s seconds is
+# cut off, its upstream request closed and its tokens released (journal: client_stalled).
+# Default 10.
+header_timeout_s = 10.0
+# Default 30.
+body_timeout_s = 30.0
+# Default 30.
+write_stall_s = 30.0
 # Unix socket that consoles attach to (`tokengate console --attach`); never TCP.
 # Default "": beside the journal, with .sock for its suffix (tokengate.db -> tokengate.sock).
 control_socket = ""

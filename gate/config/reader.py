@@ -81,7 +81,8 @@ def _keys_of(cls: type) -> tuple[str, ...]:
 
 
 _GATE_KEYS = (
-    "listen", "journal", "max_body_bytes", "request_timeout_s", "shed_factor", "control_socket", "control_socket_group",
+    "listen", "journal", "max_body_bytes", "request_timeout_s", "shed_factor", "shed_stall_s",
+    "header_timeout_s", "body_timeout_s", "write_stall_s", "control_socket", "control_socket_group",
 )
 _BACKEND_KEYS = _keys_of(BackendConfig)
 _BUDGET_KEYS = _keys_of(BudgetConfig)
@@ -222,6 +223,10 @@ def _gate(source: str, data: Any) -> GateConfig:
         shed_factor=r.get_float("shed_factor", d.shed_factor),
         control_socket=r.get_str("control_socket", d.control_socket),
         control_socket_group=r.get_str("control_socket_group", d.control_socket_group),
+        shed_stall_s=r.get_float("shed_stall_s", d.shed_stall_s),
+        header_timeout_s=r.get_float("header_timeout_s", d.header_timeout_s),
+        body_timeout_s=r.get_float("body_timeout_s", d.body_timeout_s),
+        write_stall_s=r.get_float("write_stall_s", d.write_stall_s),
     )
 
 

@@ -57,6 +57,10 @@ class GateConfig:
     max_body_bytes: int = 8 * 1024 * 1024
     request_timeout_s: float = 600.0
     shed_factor: float = 2.5
+    shed_stall_s: float = 60.0
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    write_stall_s: float = 30.0
     #: the Unix socket consoles attach to; "" = beside the journal (tokengate.db -> tokengate.sock)
     control_socket: str = ""
     #: "" = mode 0600 (only the gate's user); a group name = mode 0660 and that group

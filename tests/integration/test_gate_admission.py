@@ -498,9 +498,9 @@ def by_labels(parsed: Iterable, name: str, *keys: str) -> dict[tuple[str, ...], 
 
 async def test_metrics_count_every_decision_by_class_outcome_and_reason(llama_split):
     url = llama_split.url
-    model = "tiny-model"
+    model = "tiny-model"  # configured: metric labels carry only configured model names
     async with httpx.AsyncClient(timeout=60) as client, idle_afterwards(client, url):
-        async with running_gate(url, CLASSES, kv="split") as gate:
+        async with running_gate(url, CLASSES, kv="split", backend_extra=f'models = ["{model}"]') as gate:
             (backend,) = gate.backends
             admission = backend.admission
 

@@ -105,6 +105,7 @@ class LlamaServer:
         extra_args: tuple[str, ...] = (),
         log_path: str | os.PathLike | None = None,
         startup_timeout: float = 60.0,
+        port: int | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
@@ -118,6 +119,7 @@ class LlamaServer:
         self.startup_timeout = startup_timeout
         self.log_path = Path(log_path) if log_path else None
         self.port: int | None = None
+        self._fixed_port = port  # a restart on the port a gate already points at
         self.n_ctx: int | None = None
         self.startup_s: float | None = None
         self._proc: subprocess.Popen | None = None
@@ -159,7 +161,7 @@ class LlamaServer:
         started = time.monotonic()
         # The port can be taken between free_port() and the server's bind; retry once.
         for attempt in range(2):
-            self.port = free_port()
+            self.port = self._fixed_port or free_port()
             self._log = open(self.log_path, "ab")
             # LLAMA_ARG_* variables would change the server's settings behind our back.
             env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}

@@ -54,6 +54,7 @@ def test_defaults_without_a_file() -> None:
     assert c.gate.max_body_bytes == 8 * 1024 * 1024
     assert c.gate.request_timeout_s == 600.0
     assert c.gate.shed_factor == 2.5
+    assert (c.gate.shed_stall_s, c.gate.header_timeout_s, c.gate.body_timeout_s, c.gate.write_stall_s) == (60, 10, 30, 30)
     assert c.backends == (BackendConfig(name="default", url="http://127.0.0.1:8080", kv="unified"),)
     assert c.budget == BudgetConfig(
         mode="adaptive",
@@ -250,6 +251,10 @@ BAD_CONFIGS = [
     ("string-not-number", '[gate]\nshed_factor = "2"\n', "gate.shed_factor", 'number, got string "2"'),
     ("shed-factor-1", "[gate]\nshed_factor = 1\n", "gate.shed_factor", "greater than 1"),
     ("timeout-zero", "[gate]\nrequest_timeout_s = 0\n", "gate.request_timeout_s", "positive"),
+    ("stall-zero", "[gate]\nshed_stall_s = 0\n", "gate.shed_stall_s", "positive"),
+    ("header-timeout-negative", "[gate]\nheader_timeout_s = -1\n", "gate.header_timeout_s", "positive"),
+    ("body-timeout-string", '[gate]\nbody_timeout_s = "30"\n', "gate.body_timeout_s", 'number, got string "30"'),
+    ("write-stall-zero", "[gate]\nwrite_stall_s = 0\n", "gate.write_stall_s", "positive"),
     ("port-range", '[gate]\nlisten = "h:70000"\n', "gate.listen", "65535"),
     ("empty-journal", '[gate]\njournal = ""\n', "gate.journal", "empty"),
     ("reserved-neg", "[classes.a]\npriority = 1\nreserved_tokens = -1\n",

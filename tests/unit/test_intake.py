@@ -14,11 +14,10 @@ from gate.intake import (
     ENDPOINTS,
     MAX_JSON_DEPTH,
     Intake,
-    IntakeError,
     build_intake,
-    check_size,
     parse_request,
 )
+from gate.errors import GateError, error_object
 from gate.reasons import Reason
 from gate.tenants import Caller, TenantDirectory
 
@@ -70,8 +69,8 @@ def parse(
     return parse_request(path, data, headers or {}, host, config, tenants)
 
 
-def refusal(path: str, body: Any, **kw: Any) -> IntakeError:
-    with pytest.raises(IntakeError) as info:
+def refusal(path: str, body: Any, **kw: Any) -> GateError:
+    with pytest.raises(GateError) as info:
         parse(path, body, **kw)
     return info.value
 
@@ -98,6 +97,15 @@ BAD = [
         CHAT, b'{"max_tokens": 10, "max_tokens": 99999}', None, "duplicate key", id="duplicate-key"
     ),
     pytest.param(CHAT, b'{"n": ' + b"9" * 5000 + b"}", None, "digits", id="huge-int-literal"),
+    pytest.param(CHAT, b'{"temperature": 1e309, "messages": []}', "temperature", "finite", id="float-overflow"),
+    pytest.param(CHAT, b'{"logit_bias": {"5": [-1e999]}}', "logit_bias.5[0]", "finite", id="nested-overflow"),
+    pytest.param(CHAT, b'{"seed": 18446744073709551616}', "seed", "out of range", id="int-above-uint64"),
+    pytest.param(CHAT, b'{"seed": -9223372036854775809}', "seed", "out of range", id="int-below-int64"),
+    pytest.param(
+        CHAT, b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}', "messages[0].content", "surrogate",
+        id="lone-surrogate",
+    ),
+    pytest.param(CHAT, b'{"\\udfff": 1}', "\\udfff", "surrogate", id="lone-surrogate-key"),
     pytest.param(CHAT, b"[1, 2]", None, "JSON object, got an array", id="array-body"),
     pytest.param(CHAT, b'"hello"', None, "JSON object, got string", id="string-body"),
     pytest.param(CHAT, b"null", None, "JSON object, got null", id="null-body"),
@@ -204,7 +212,7 @@ BAD = [
     # max tokens
     pytest.param(CHAT, {"messages": MSG, "max_tokens": 1025}, "max_tokens", "at most 1024", id="max-tokens-over-cap"),
     pytest.param(
-        CHAT, {"messages": MSG, "max_tokens": 10**30}, "max_tokens", "at most 1024", id="max-tokens-huge"
+        CHAT, {"messages": MSG, "max_tokens": 10**30}, "max_tokens", "out of range", id="max-tokens-huge"
     ),
     pytest.param(CHAT, {"messages": MSG, "max_tokens": 0}, "max_tokens", "at least 1", id="max-tokens-zero"),
     pytest.param(CHAT, {"messages": MSG, "max_tokens": -5}, "max_tokens", "at least 1", id="max-tokens-negative"),
@@ -263,14 +271,14 @@ def test_malformed_request_is_400_invalid_request(path, body, param, fragment) -
     assert e.status == 400
     assert e.param == param
     assert fragment in e.message
-    err = e.to_body()["error"]
+    err = error_object(e)["error"]
     assert err == {
         "message": e.message,
         "type": "invalid_request_error",
         "code": "invalid_request",
         "param": param,
     }
-    json.dumps(e.to_body())  # serialisable as is
+    json.dumps(error_object(e))  # serialisable as is
 
 
 def test_the_table_is_large_enough() -> None:
@@ -418,15 +426,15 @@ def test_tenants_mode_auth_is_checked_before_the_body() -> None:
     for body in (b"not json", b"\xff", raw({"messages": []})):
         e = refusal(CHAT, body, config=TENANT_CONFIG, tenants=TENANTS)
         assert e.reason is Reason.INVALID_API_KEY and e.status == 401
-        assert e.to_body()["error"]["type"] == "authentication_error"
-        assert e.to_body()["error"]["code"] == "invalid_api_key"
+        assert error_object(e)["error"]["type"] == "authentication_error"
+        assert error_object(e)["error"]["code"] == "invalid_api_key"
 
 
 def test_tenants_mode_class_is_checked_before_the_body() -> None:
     headers = {"Authorization": f"Bearer {KEY}", "X-Tokengate-Class": "batch"}
     e = refusal(CHAT, b"not json", headers=headers, config=TENANT_CONFIG, tenants=TENANTS)
     assert e.reason is Reason.CLASS_NOT_ALLOWED and e.status == 403
-    assert e.to_body()["error"]["type"] == "permission_error"
+    assert error_object(e)["error"]["type"] == "permission_error"
     assert e.param == "X-Tokengate-Class"
 
 
@@ -444,15 +452,3 @@ def test_open_mode_body_errors_come_before_an_unknown_class() -> None:
     assert e.param == "X-Tokengate-Class"  # identity before fields
 
 
-# -- size ---------------------------------------------------------------------------------------
-
-
-def test_check_size() -> None:
-    check_size(100, 100)
-    with pytest.raises(IntakeError) as info:
-        check_size(101, 100)
-    e = info.value
-    assert e.reason is Reason.BODY_TOO_LARGE and e.status == 413
-    assert "101" in e.message and "100" in e.message
-    assert e.to_body()["error"]["type"] == "invalid_request_error"
-    assert e.to_body()["error"]["code"] == "body_too_large"

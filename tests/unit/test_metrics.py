@@ -94,6 +94,8 @@ def test_register_classes_creates_zero_series() -> None:
 
 def test_refused_counts_denial_admitted_does_not() -> None:
     m = GateMetrics()
+    m.register_classes(["interactive", "batch"])
+    m.register_models(["llama"])
     m.decision(cls="interactive", outcome="admitted", reason="", model="llama")
     ok = {"class": "interactive", "outcome": "admitted", "reason": "ok"}
     assert value(m, "tokengate_decisions_total", **ok) == 1
@@ -115,6 +117,7 @@ def test_refused_counts_denial_admitted_does_not() -> None:
 
 def test_other_outcomes_are_not_denials_and_empty_model() -> None:
     m = GateMetrics()
+    m.register_classes(["batch"])
     m.decision(cls="batch", outcome="shed", reason=Reason.SHED_OVERRUN, model="x")
     m.decision(cls="batch", outcome="failed", reason=Reason.UPSTREAM_ERROR, model="x")
     assert not [s for s in samples(m) if s[0] == "admission_control_denials_total"]
@@ -185,3 +188,19 @@ def test_nothing_on_default_registry() -> None:
     assert "tokengate_token_budget" not in {
         s.name for fam in REGISTRY.collect() for s in fam.samples
     }
+
+
+def test_labels_come_only_from_configured_names_anything_else_is_other() -> None:
+    m = GateMetrics()
+    m.register_classes(["batch"])
+    m.register_models(["tiny"])
+    for i in range(300):
+        m.decision(cls="batch", outcome="refused", reason=Reason.MODEL_NOT_FOUND, model=f"x{i}" * 1000)
+        m.decision(cls=f"c{i}", outcome="refused", reason=f"r{i}", model="tiny")
+    denials = {tuple(sorted(lab.items())): v for n, lab, v in samples(m) if n == "admission_control_denials_total"}
+    assert denials == {
+        (("model", "other"), ("priority_class", "batch"), ("reason", "model_not_found")): 300.0,
+        (("model", "tiny"), ("priority_class", "other"), ("reason", "other")): 300.0,
+    }
+    body, _ = m.render()
+    assert len(body) < 20_000

@@ -1,0 +1,67 @@
+"""Backend faults (#11): a dead backend means 502/503 with Retry-After on every request, and its
+address only in the log.
+
+Before the fix the first request after the backend died got a 502 without
+Retry-After whose body said ``127.0.0.1:18080: [Errno 111] Connection refused``.
+A llama-server of the test's own is killed, requests go out before the probe
+notices, then it is started again on the same port and the gate serves again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import httpx
+import pytest
+
+from tests.integration.gate_harness import ledger_total, running_gate, wait_until
+from tests.integration.hardening import AUTH, BACKEND_EXTRA, CHAT, ENV, TENANTS, chat, still_serves
+from tests.llama.server import LlamaServer
+
+pytestmark = pytest.mark.llama
+
+REQUESTS = [
+    ("POST", CHAT, chat(4)),
+    ("POST", CHAT, chat(4, stream=True)),
+    ("POST", "/completion", {"model": "tiny", "prompt": "hi", "n_predict": 4}),
+    ("POST", "/tokenize", {"content": "hi"}),
+    ("GET", "/props", None),
+    ("GET", "/slots", None),
+]
+
+
+def assert_down_answer(r: httpx.Response, port: int) -> None:
+    assert r.status_code in (502, 503), (r.status_code, r.text)
+    assert int(r.headers["retry-after"]) >= 1, r.headers
+    assert r.json()["error"]["code"] in ("no_backend", "upstream_error"), r.text
+    assert "127.0.0.1" not in r.text and str(port) not in r.text and "Errno" not in r.text, r.text
+
+
+async def test_backend_down_every_answer_has_retry_after_and_no_address(llama_bin, tiny_model, tmp_path):
+    server = LlamaServer(llama_bin, tiny_model, mode="split", ctx=2048, n_slots=4, log_path=tmp_path / "llama.log")
+    server.start()
+    port = server.port
+    # A slow probe: the requests below reach the gate before it knows the backend is gone.
+    async with running_gate(server.url, TENANTS, environ=ENV, kv="split", backend_extra=BACKEND_EXTRA,
+                            probe_interval_s=30.0) as gate, httpx.AsyncClient(timeout=30) as client:
+        try:
+            await still_serves(gate, client)
+            os.kill(server._proc.pid, signal.SIGKILL)  # LlamaServer keeps its Popen private
+            await wait_until(lambda: not server.running, timeout_s=10)
+            for method, path, body in REQUESTS:
+                r = await client.request(method, gate.url + path, json=body, headers=AUTH)
+                assert_down_answer(r, port)
+            health = await client.get(gate.url + "/health")
+            assert "127.0.0.1" not in health.text and str(port) not in health.text
+            assert ledger_total(gate) == 0
+            # Back on the same port: the gate serves again once its probe sees it.
+            server.stop()
+            revived = LlamaServer(llama_bin, tiny_model, mode="split", ctx=2048, n_slots=4,
+                                  log_path=tmp_path / "llama2.log", port=port)
+            revived.start()
+            server = revived
+            await gate.backends.probe_all()
+            await still_serves(gate, client)
+        finally:
+            server.stop()

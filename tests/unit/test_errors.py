@@ -1,0 +1,54 @@
+"""One error type, one renderer: status, OpenAI-shaped body, Retry-After rounded one way."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gate.errors import GateError, render
+from gate.gatekeeper import Refused
+from gate.reasons import Reason
+
+
+def test_render_shapes_the_body_and_rounds_retry_after_up():
+    status, headers, body = render(GateError(Reason.QUEUE_FULL, "queue is full", retry_after_s=1.2))
+    assert status == 429
+    assert dict(headers)[b"retry-after"] == b"2"  # ceil: never tell a client to come back too early
+    assert dict(headers)[b"retry-after-ms"] == b"1200"
+    assert json.loads(body) == {
+        "error": {"message": "queue is full", "type": "rate_limit_error", "code": "queue_full", "param": None},
+        "retry_after_s": 1.2,
+    }
+
+
+@pytest.mark.parametrize("reason", [Reason.BODY_TOO_LARGE, Reason.CLIENT_STALLED])
+def test_unread_body_answers_close_the_connection(reason):
+    _, headers, _ = render(GateError(reason, "x"))
+    assert (b"connection", b"close") in headers
+
+
+def test_a_backend_error_body_is_relayed_with_its_status():
+    err = GateError(Reason.UPSTREAM_ERROR, "backend answered 400", status=400, body=b'{"error": {"code": 400}}')
+    assert render(err)[0] == 400 and render(err)[2] == b'{"error": {"code": 400}}'
+    assert err.outcome == "refused"  # the backend refused it: nothing failed
+    assert GateError(Reason.UPSTREAM_ERROR, "broke").outcome == "failed"
+
+
+@pytest.mark.parametrize(
+    ("reason", "outcome"),
+    [(Reason.SHED_OVERRUN, "shed"), (Reason.CLIENT_STALLED, "cancelled"), (Reason.UPSTREAM_TIMEOUT, "failed"),
+     (Reason.NO_BACKEND, "refused"), (Reason.INVALID_REQUEST, "refused")],
+)
+def test_reason_knows_its_outcome(reason, outcome):
+    assert reason.outcome == outcome
+
+
+def test_the_core_refusal_is_a_gate_error():
+    from gate.admission import Refuse
+    from gate.ledger import Request
+
+    refusal = Refuse(Request("r", "batch", "t", 10, 10, 0.0), Reason.TOKEN_BUDGET_EXCEEDED, "too big", 3.0)
+    err = Refused(refusal)
+    assert isinstance(err, GateError)
+    assert (err.status, err.message, err.retry_after_s) == (429, "too big", 3.0)
