@@ -356,3 +356,17 @@ def test_console_attach_without_a_gate_exits_2_with_the_reason(tmp_path):
         assert b"no control socket here" in console.read()
     finally:
         console.close()
+
+
+async def test_the_socket_is_0600_or_0660_for_the_configured_group(llama_split, tmp_path):
+    import grp
+    import stat
+
+    config = write_config(tmp_path, llama_split.url)
+    async with serve(tmp_path, config):
+        assert stat.S_IMODE(os.stat(sock_of(tmp_path)).st_mode) == 0o600
+    group = grp.getgrgid(os.getgid()).gr_name
+    config.write_text(config.read_text().replace("[budget]", f'control_socket_group = "{group}"\n[budget]'))
+    async with serve(tmp_path, config):
+        st = os.stat(sock_of(tmp_path))
+        assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_gid == os.getgid()

@@ -84,3 +84,13 @@ def test_request_timeout_comes_first_when_shorter_and_says_so():
     d = deadline(timeout_s=1.0)
     assert (d.at, d.reason) == (1.0, Reason.UPSTREAM_TIMEOUT)
     assert "request_timeout_s=1" in d.message
+
+
+def test_a_plain_call_is_judged_by_the_clock_not_by_tokens_it_cannot_see():
+    # No token ever arrives on a plain (non-streamed) call: no stall verdict after stall_s...
+    d = deadline(blind=True, stall_s=10.0)
+    assert (d.at, d.reason) == (600.0, Reason.UPSTREAM_TIMEOUT)
+    # ...but far past what the current rate allows for the first token and max_tokens, a shed.
+    d = deadline(blind=True, stall_s=10.0, per_slot_tps=10.0)
+    assert (d.at, d.reason) == (pytest.approx(2.5 * (10.0 + 30.0)), Reason.SHED_OVERRUN)
+    assert "plain upstream call" in d.message
