@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import platform
 import random
 import shutil
@@ -136,7 +137,7 @@ def key_latencies(port: int, rate: float, presses: int, seed: int) -> list[float
             tmux("send-keys", "-t", SESSION, "Space")
             while time.monotonic() - sent < 5.0:
                 header = tmux("capture-pane", "-p", "-t", SESSION, "-S", "0", "-E", "1")  # the header may wrap
-                if (" PAUSED " in header) == want_paused:
+                if (re.search(r"\bPAUSED\b", header) is not None) == want_paused:  # tmux trims the trailing blank
                     out.append((time.monotonic() - sent) * 1000)
                     break
                 time.sleep(0.005)
@@ -161,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--presses", type=int, default=20)
     ap.add_argument("--capacity-rates", default="200,300,400,500,600,700,800")
     ap.add_argument("--no-capacity", action="store_true")
+    ap.add_argument(
+        "--phases", default="latency,keys,capacity",
+        help="which parts to run; the others are kept from an existing --out file (default: all)",
+    )
     ap.add_argument("--out", type=Path, default=HERE / "results" / "console_impact.json")
     args = ap.parse_args(argv)
     if shutil.which("tmux") is None:
@@ -176,14 +181,21 @@ def main(argv: list[str] | None = None) -> int:
         f'[budget]\nmode = "static"\n[[backends]]\nurl = "http://127.0.0.1:{fake_port}"\nkv = "split"\n'
         "[classes.interactive]\npriority = 10\nqueue_depth = 4096\n[classes.batch]\npriority = 1\n"
     )
+    phases = set(args.phases.split(","))
+    if args.no_capacity:
+        phases.discard("capacity")
     results: dict = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.system()} {platform.release()}",
         "duration_s": args.duration, "cells": [], "keys": {}, "capacity": {},
     }
+    if phases != {"latency", "keys", "capacity"} and args.out.exists():
+        kept = json.loads(args.out.read_text())
+        results.update({k: kept[k] for k in ("duration_s", "cells", "keys", "capacity") if k in kept})
     arms = {kind: Arm(kind, workdir, config, gate_port) for kind in ARMS}
     try:
         wait(lambda: _listening(fake_port), 10, "the fake upstream")
-        for rate in rates:
+        for rate in rates if "latency" in phases else ():
+            results["cells"] = [c for c in results["cells"] if c["rate"] != rate]
             for kind in ARMS:
                 arms[kind].start()
                 try:
@@ -193,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                 cell["arm"] = kind
                 results["cells"].append(cell)
                 print(f"{kind:9s} {rate:5.0f} req/s  p50 {cell['p50_ms']:8.1f} ms  p99 {cell['p99_ms']:8.1f} ms  non-200 {cell['non_200']}", flush=True)
-        for kind in ("embedded", "attached"):
+        for kind in ("embedded", "attached") if "keys" in phases else ():
             arms[kind].start()
             try:
                 ms = key_latencies(gate_port, args.key_rate, args.presses, seed=7)
@@ -201,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                 arms[kind].stop()
             results["keys"][kind] = {"rate": args.key_rate, "presses": len(ms), "p50_ms": pct(ms, 50), "p99_ms": pct(ms, 99), "max_ms": max(ms), "raw_ms": ms}
             print(f"{kind:9s} key -> screen at {args.key_rate:.0f} req/s: p50 {pct(ms, 50):.0f} ms  p99 {pct(ms, 99):.0f} ms", flush=True)
-        if not args.no_capacity:
+        if "capacity" in phases:
             for kind in ARMS:
                 best = 0.0
                 steps = []
