@@ -67,7 +67,7 @@ MIDDLE_MAX_ROWS = 12
 #: actions that change the gate: absent in --read-only
 GATE_ACTIONS = frozenset({"retune", "pause_class", "drain_class", "freeze"})
 #: actions that only make sense on the live view (not under the review screen)
-MAIN_ONLY = GATE_ACTIONS | {"review", "toggle_render", "faster", "slower", "filter", "help"}
+MAIN_ONLY = GATE_ACTIONS | {"review", "toggle_render", "faster", "slower", "filter", "follow", "help"}
 
 PANES = ("denials", "chart", "decisions")
 
@@ -79,6 +79,7 @@ KEY_HELP: dict[str, str] = {
     "freeze": "freeze/unfreeze the adaptive controller",
     "review": "review the journal (read-only)",
     "filter": "filter the decision tail (enter keeps, esc clears)",
+    "follow": "decision tail: jump to the newest row and follow new ones",
     "toggle_render": "pause/resume rendering (the gate goes on)",
     "faster": "refresh faster (down to 0.25 s)",
     "slower": "refresh slower (up to 10 s)",
@@ -110,6 +111,7 @@ class TokengateApp(App[None]):
         *_gate_bindings(),
         Binding("r", "review", "review"),
         Binding("slash", "filter", "filter", key_display="/"),
+        Binding("G", "follow", "newest", show=False, key_display="G"),
         Binding("space", "toggle_render", "view", key_display="space"),
         Binding("plus", "faster", "faster", show=False, key_display="+"),
         Binding("minus", "slower", "slower", show=False, key_display="-"),
@@ -264,6 +266,11 @@ class TokengateApp(App[None]):
         self._unseen.extend(snap.decisions)
         return snap
 
+    def _covered(self) -> bool:
+        """A full screen (review) hides the live view; a dialog does not: the view behind
+        a retune, drain or quit dialog goes on updating, clock included."""
+        return any(not isinstance(s, ModalScreen) for s in self.screen_stack[1:])
+
     async def tick(self) -> None:
         """One snapshot: into the chart history always; onto the widgets unless paused or covered."""
         if self._ticking:
@@ -276,7 +283,7 @@ class TokengateApp(App[None]):
                 return
             self.ticks += 1
             self.history.append((self.clock(), snap.controller.budget, snap.in_flight, snap.controller.p95_ttft_ms))
-            if self.render_paused or len(self.screen_stack) > 1:
+            if self.render_paused or self._covered():
                 return
             self.render_snapshot(snap)
             self.tick_ms = (time.perf_counter() - started) * 1000
@@ -569,6 +576,10 @@ class TokengateApp(App[None]):
     def action_filter(self) -> None:
         self._show_pane("decisions")
         self.decisions.open_filter()
+
+    def action_follow(self) -> None:
+        self._show_pane("decisions")
+        self.decisions.follow()
 
     @on(FilterClosed)
     def _filter_closed(self) -> None:

@@ -45,7 +45,8 @@ def sync_row(table: DataTable, cache: dict[str, dict[str, Any]], key: str, cells
         for col in columns:
             if old.get(col) != cells[col]:
                 try:
-                    table.update_cell(key, col, cells[col])
+                    # update_width: a column keeps its header's width otherwise ("116" shows as "11")
+                    table.update_cell(key, col, cells[col], update_width=True)
                 except (CellDoesNotExist, RowDoesNotExist):
                     pass
     cache[key] = dict(cells)

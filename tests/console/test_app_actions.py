@@ -499,16 +499,18 @@ async def test_space_pauses_rendering_while_the_gate_goes_on(gate):
         assert "PAUSED" in str(app.class_table.get_cell("batch", "paused"))
 
 
-async def test_rendering_skips_while_a_dialog_is_open_but_history_grows(gate):
+async def test_rendering_goes_on_under_a_dialog_and_skips_under_review(gate):
     app = make_app(gate)
     async with app.run_test(size=SIZE) as pilot:
         renders, history = app.renders, len(app.history)
         await pilot.press("question_mark")
         await app.tick()
-        assert app.renders == renders and len(app.history) == history + 1
+        assert app.renders == renders + 1 and len(app.history) == history + 1  # a dialog covers part of it
         await pilot.press("escape")
+        app.push_screen(ReviewScreen(":memory:"))
+        await pilot.pause()
         await app.tick()
-        assert app.renders == renders + 1
+        assert app.renders == renders + 1 and len(app.history) == history + 2  # review covers all of it
 
 
 # ---- + / - : refresh interval --------------------------------------------------------------------

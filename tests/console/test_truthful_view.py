@@ -1,0 +1,105 @@
+"""Issue #12: what misled an on-call engineer, one test per finding (tables, tail, dialogs)."""
+
+from __future__ import annotations
+
+import time
+
+from console.screens.confirm import ConfirmScreen
+from gate.commands import Retune
+from tests.console.conftest import FIXED_NOW, Queue, decision, make_app, messages, record
+
+
+def cell_fits(table, row: str, col: str) -> bool:
+    """The column is at least as wide as the cell's text (nothing cut off)."""
+    text = str(table.get_cell(row, col))
+    return table.columns[col].content_width >= len(text)
+
+
+async def test_numbers_grow_their_column_instead_of_being_cut(gate):
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)) as pilot:
+        record(gate, decision("batch", outcome="refused", reason="queue_full", status=429, ttft_ms=None))
+        await app.tick()
+        for _ in range(115):
+            record(gate, decision("batch", outcome="refused", reason="queue_full", status=429, ttft_ms=None))
+        gate.control.execute(Retune(settings={"slo_ttft_p95_ms": 100000}), operator=gate.operator)
+        await app.tick()
+        await pilot.pause()
+        assert str(app.denials.get_cell("queue_full|batch", "m5")) == "116"
+        assert cell_fits(app.denials, "queue_full|batch", "m5")
+        assert "100,000" in str(app.class_table.get_cell("interactive", "p95"))
+        assert cell_fits(app.class_table, "interactive", "p95")
+
+
+async def test_the_tail_is_in_time_order_and_says_which_time(gate):
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)):
+        slow = decision("batch", ts=FIXED_NOW)  # arrived first, took 7 s
+        slow = slow.__class__(**{**{f: getattr(slow, f) for f in slow.__dataclass_fields__}, "duration_ms": 7000.0})
+        fast = decision("interactive", ts=FIXED_NOW + 3)
+        fast = fast.__class__(**{**{f: getattr(fast, f) for f in fast.__dataclass_fields__}, "duration_ms": 100.0})
+        record(gate, fast)
+        record(gate, slow)  # ends last, so it is appended last
+        await app.tick()
+        table = app.decisions.table
+        times = [str(table.get_cell(rid, "time")) for rid in app.decisions.visible_request_ids]
+        assert times == sorted(times)
+        assert times[-1] == time.strftime("%H:%M:%S", time.localtime(FIXED_NOW + 7))
+        assert "ended" in [str(c.label) for c in table.columns.values()]
+
+
+async def test_dialogs_do_not_freeze_the_live_view(gate):
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await app.tick()
+        app.push_screen(ConfirmScreen("x?", "y"))
+        await pilot.pause()
+        renders = app.renders
+        first = decision("interactive")
+        record(gate, first)
+        await app.tick()
+        assert app.renders == renders + 1
+        assert first.request_id in app.decisions.visible_request_ids
+
+
+async def fill_tail(gate, app, n: int) -> None:
+    for _ in range(n):
+        record(gate, decision("interactive"))
+    await app.tick()
+
+
+async def test_the_tail_follows_again_after_a_filter_is_cleared(gate):
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)) as pilot:
+        for _ in range(4):
+            await fill_tail(gate, app, 50)
+        await pilot.pause()
+        table = app.decisions.table
+        assert table.max_scroll_y > 0
+        await pilot.press("slash", "i", "n", "t")
+        await pilot.pause()
+        await pilot.press("escape")
+        await pilot.pause()
+        await fill_tail(gate, app, 10)
+        await pilot.pause()
+        await pilot.pause()
+        assert table.scroll_y == table.max_scroll_y  # following: the newest row is in view
+        assert app.decisions.following
+
+
+async def test_a_tail_scrolled_back_says_so_and_g_brings_it_back(gate):
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)) as pilot:
+        for _ in range(4):
+            await fill_tail(gate, app, 50)
+        await pilot.pause()
+        table = app.decisions.table
+        table.scroll_to(y=0, animate=False, immediate=True)
+        await fill_tail(gate, app, 5)
+        await pilot.pause()
+        assert not app.decisions.following
+        assert "G" in str(app.decisions.border_subtitle)
+        await pilot.press("G")
+        await pilot.pause()
+        await pilot.pause()
+        assert table.scroll_y == table.max_scroll_y and app.decisions.following
