@@ -47,7 +47,7 @@ from console.widgets.gpu import GpuPanel
 from console.widgets.header import GateHeader
 from console.widgets.slots import SlotsPanel
 from console.widgets.status import StatusBar
-from gate.commands import ActionResult, Command, CommandError, Drain, Freeze, Pause
+from gate.commands import ActionResult, Command, CommandError, Drain, Freeze, Pause, describe
 from gate.link import GateLink, LinkLost
 from gate.records import AuditRecord
 from gate.snapshot import GateSnapshot
@@ -351,7 +351,6 @@ class TokengateApp(App[None]):
             interval_s=self.interval_s,
             paused=self.render_paused,
             filter_text=self.decisions.filter_text,
-            tick_ms=self.tick_ms,
             error=self.last_error,
             reaped=snap.reaped if snap is not None else 0,
         )
@@ -401,7 +400,8 @@ class TokengateApp(App[None]):
             for c in snap.classes if snap is not None else ():
                 verb = "Resume" if c.paused else "Pause"
                 commands.append((f"{verb} class {c.name}", f"{verb.lower()} admission for {c.name}", partial(self.action_pause_class, c.name)))
-                commands.append((f"Drain class {c.name}", f"refuse the {c.queued} requests queued in {c.name} (asks first)", partial(self.action_drain_class, c.name)))
+                queued = f"{c.queued} request" + ("" if c.queued == 1 else "s")
+                commands.append((f"Drain class {c.name}", f"refuse the {queued} queued in {c.name} (asks first)", partial(self.action_drain_class, c.name)))
                 commands.append((f"Retune class {c.name}", f"retune {c.name} and the budget", partial(self.action_retune, c.name)))
             frozen = snap is not None and snap.controller.frozen
             commands.append(("Unfreeze controller" if frozen else "Freeze controller", KEY_HELP["freeze"], self.action_freeze))
@@ -476,17 +476,36 @@ class TokengateApp(App[None]):
         if key in self._own:
             self._own.remove(key)
             return
-        what = f"{record.action} {record.target}" + (
-            f": {record.old_value} -> {record.new_value}" if record.old_value is not None or record.new_value is not None else ""
-        )
+        what = describe(record.action, record.target, record.old_value, record.new_value)
         note = f" ({record.note})" if record.note else ""
         self.notify(f"{what}{note}", title=f"{record.operator}@{record.origin}", markup=False)
 
     async def action_pause_class(self, cls: str | None = None) -> None:
         if not self._gate_action_allowed() or (cls := self._selected(cls)) is None:
             return
+        await self.refresh_view()
         view = self._class_view(cls)
-        await self.run_command(Pause(cls, not (view is not None and view.paused)))
+        pause = not (view is not None and view.paused)
+        busy = (view.in_flight + view.queued + view.admitted_per_min) if view is not None else 0
+        if not pause or not busy:
+            await self.run_command(Pause(cls, pause))
+            return
+
+        async def answered(yes: bool | None) -> None:
+            if yes:
+                await self.run_command(Pause(cls, True))
+
+        # Like drain: pausing a class that carries traffic turns its users away; ask (focus on No).
+        self.push_screen(
+            ConfirmScreen(
+                f"Pause {cls}?",
+                f"{cls} carries traffic: {view.admitted_per_min} admitted in the last minute, "
+                f"{view.in_flight} tokens in flight, {view.queued} queued. Paused, its new requests get "
+                f"503 class_paused and its queue waits until resumed (p again).",
+                yes_label="Pause",
+            ),
+            answered,
+        )
 
     async def action_freeze(self) -> None:
         if not self._gate_action_allowed():
@@ -591,7 +610,10 @@ class TokengateApp(App[None]):
         self._show_status()
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen(self.key_help(), read_only=self.read_only))
+        about = [("journal", self.link.info.journal or "none (in memory)")]
+        if self.tick_ms is not None:
+            about.append(("console tick", f"{self.tick_ms:.1f} ms to fetch and render one snapshot"))
+        self.push_screen(HelpScreen(self.key_help(), read_only=self.read_only, about=about))
 
     def action_review(self) -> None:
         from console.screens.review import ReviewScreen

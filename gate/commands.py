@@ -79,6 +79,36 @@ class ActionResult:
     message: str
 
 
+def _plural(n: str | None, word: str) -> str:
+    return f"{n} {word}" + ("" if n == "1" else "s")
+
+
+def describe(action: str, target: str, old: str | None, new: str | None, note: str = "") -> str:
+    """An audited change in plain words, for toasts: what changed and what it does to
+    requests (the status and reason codes are those of gate/reasons.py)."""
+    name = target.split(":", 1)[-1]
+    if action == "pause_class":
+        return f"Paused {name}: new requests get 503 class_paused; queued ones wait until it is resumed"
+    if action == "resume_class":
+        return f"Resumed {name}: admitting its requests again"
+    if action == "drain_class":
+        return f"Drained {name}: {_plural(old, 'queued request')} refused with 503 drained"
+    if action == "freeze":
+        return "Froze the controller: the budget stays where it is until unfrozen"
+    if action == "unfreeze":
+        return "Unfroze the controller: it moves the budget with latency again"
+    if action == "set_budget":
+        return f"Budget of {name}: {old} -> {new} tokens"
+    if action == "set_budget_settings":
+        return f"Budget settings: {old} -> {new}"
+    if action == "set_class":
+        return f"Class {name}: {old} -> {new}"
+    what = f"{action} {target}"
+    if old is not None or new is not None:
+        what += f": {old} -> {new}"
+    return what + (f" ({note})" if note else "")
+
+
 def ssh_origin(environ: Mapping[str, str]) -> str:
     """The SSH client's address from SSH_CONNECTION / SSH_CLIENT, or "local"."""
     ssh = (environ.get("SSH_CONNECTION") or environ.get("SSH_CLIENT") or "").split()

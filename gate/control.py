@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gate.backends import controller_settings
-from gate.commands import ActionResult, Command, CommandError, Drain, Freeze, Pause, Retune, ssh_origin
+from gate.commands import ActionResult, Command, CommandError, Drain, Freeze, Pause, Retune, describe, ssh_origin
 from gate.config import ClassConfig, Config, ConfigError, validate_config
 from gate.records import AuditRecord, AuditSource
 
@@ -269,7 +269,7 @@ class Control:
             target=target, old_value=_fmt(old), new_value=_fmt(new), note=note,
         )
         self.gate.audit(record)
-        message = f"{action} {target}: {record.old_value} -> {record.new_value}"
+        message = describe(action, target, record.old_value, record.new_value)
         return ActionResult(action, target, record.old_value, record.new_value, message)
 
 

@@ -268,7 +268,7 @@ class ControlServer:
         gate = self.gate
         return {
             "gate_id": gate.gate_id, "version": __version__, "label": gate.label, "listen": f"{gate.host}:{gate.port}",
-            "journal": gate.journal_path, "operator": session.operator.name, "origin": session.operator.origin,
+            "journal": gate.journal_path if gate.journal_path == ":memory:" else os.path.abspath(gate.journal_path), "operator": session.operator.name, "origin": session.operator.origin,
             "read_only": session.read_only, "classes": list(gate.config.class_names), "drain_grace_s": gate.drain_grace_s,
         }
 

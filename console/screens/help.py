@@ -25,9 +25,12 @@ class HelpScreen(ModalScreen[None]):
 
     BINDINGS = [Binding("escape,question_mark,q", "close", "close")]
 
-    def __init__(self, keys: Sequence[tuple[str, str]], *, read_only: bool = False) -> None:
+    def __init__(
+        self, keys: Sequence[tuple[str, str]], *, read_only: bool = False, about: Sequence[tuple[str, str]] = (),
+    ) -> None:
         super().__init__(classes="dialog-screen")
         self.keys = list(keys)
+        self.about = list(about)  # (name, value): the journal's path, the console's own tick time
         self.read_only = read_only
 
     def compose(self) -> ComposeResult:
@@ -48,6 +51,14 @@ class HelpScreen(ModalScreen[None]):
                 yield Static(table, id="help-keys")
                 yield Static(Text("\nColours", style="bold"))
                 yield Static(legend, id="help-legend")
+                if self.about:
+                    about = Table.grid(padding=(0, 2))
+                    about.add_column(style="bold", no_wrap=True)
+                    about.add_column()
+                    for name, value in self.about:
+                        about.add_row(name, Text(value))
+                    yield Static(Text("\nThis console", style="bold"))
+                    yield Static(about, id="help-about")
             yield Static("esc, ? or q closes", classes="dialog-hint")
 
     def action_close(self) -> None:

@@ -103,3 +103,65 @@ async def test_a_tail_scrolled_back_says_so_and_g_brings_it_back(gate):
         await pilot.pause()
         await pilot.pause()
         assert table.scroll_y == table.max_scroll_y and app.decisions.following
+
+
+# ---- item 8: plain words -------------------------------------------------------------
+
+
+def test_toasts_say_what_changed_for_requests_in_plain_words():
+    from gate.commands import describe
+    from gate.reasons import Reason
+
+    text = describe("pause_class", "class:interactive", "False", "True")
+    assert text.startswith("Paused interactive: new requests get")
+    assert f"{Reason.CLASS_PAUSED.status} class_paused" in text
+    assert "False" not in text and "->" not in text
+    assert describe("drain_class", "class:batch", "1", "0") == "Drained batch: 1 queued request refused with 503 drained"
+
+
+async def test_status_line_has_no_tick_time_and_help_has_it_with_the_journal(gate):
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await app.tick()
+        await pilot.pause()
+        assert "tick" not in str(app.status.content)
+        await pilot.press("question_mark")
+        await pilot.pause()
+        shot = app.export_screenshot().replace("&#160;", " ")
+        assert "journal" in shot and "console tick" in shot
+
+
+async def test_palette_counts_requests_in_plain_english(gate):
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)):
+        async with Queue(gate, "batch", 1):
+            await app.tick()
+            helps = [h for name, h, _ in app.palette_commands() if name == "Drain class batch"]
+            assert helps == ["refuse the 1 request queued in batch (asks first)"]
+
+
+# ---- item 9: pausing a class with traffic asks ------------------------------------------
+
+
+async def test_pausing_a_class_with_traffic_asks_first_focus_on_no(gate):
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)) as pilot:
+        async with Queue(gate, "interactive", 2):
+            await app.tick()
+            assert app.class_table.selected_class == "interactive"
+            await pilot.press("p")
+            await pilot.pause()
+            assert isinstance(app.screen, ConfirmScreen)
+            assert app.screen.focused is not None and app.screen.focused.id == "no"
+            assert "503 class_paused" in app.screen.message
+            await pilot.press("enter")  # No
+            await pilot.pause()
+            assert not gate.control.paused
+            await pilot.press("p")
+            await pilot.pause()
+            await pilot.press("y")
+            await pilot.pause()
+            assert gate.control.paused == {"interactive"}
+            await pilot.press("p")  # resuming does not ask
+            await pilot.pause()
+            assert not gate.control.paused and not isinstance(app.screen, ConfirmScreen)
