@@ -39,6 +39,7 @@ from console.commands import GateCommands
 from console.screens.confirm import ConfirmScreen
 from console.screens.help import HelpScreen
 from console.screens.retune import RetuneChanges, RetuneScreen
+from console.screens.stopping import StoppingScreen
 from console.widgets.budget_chart import BudgetChart
 from console.widgets.classes import ClassesTable
 from console.widgets.decisions import DecisionTail, FilterChanged, FilterClosed
@@ -119,6 +120,8 @@ class TokengateApp(App[None]):
         Binding("colon", "command_palette", "palette", show=False, key_display=":"),
         Binding("question_mark", "help", "help", key_display="?"),
         Binding("q", "quit", "quit"),
+        # ctrl+c asks like q (Textual's default only toasts "press ctrl+q")
+        Binding("ctrl+c", "quit", "quit", show=False),
     ]
 
     def __init__(
@@ -166,6 +169,9 @@ class TokengateApp(App[None]):
         self.compact = False
         self._timer = None
         self._grid_rows = ""
+        #: the drain's progress screen, once `q` asked the embedded gate to stop
+        self.stopping: StoppingScreen | None = None
+        self._stop_deadline = 0.0
 
     # ---- layout ----------------------------------------------------------------
 
@@ -303,6 +309,9 @@ class TokengateApp(App[None]):
 
     def gate_lost(self, message: str) -> None:
         """The gate went away (attached): say so and end the console."""
+        if self.stopping is not None:
+            self.exit()  # we asked it to stop
+            return
         if self.lost is None:
             self.lost = message
             self.exit(return_code=1)
@@ -633,17 +642,45 @@ class TokengateApp(App[None]):
             self.exit()
             return
 
-        def answered(yes: bool | None) -> None:
+        async def answered(yes: bool | None) -> None:
             if yes:
-                self.exit()
+                await self.stop_gate_and_exit()
 
         plural = "request is" if busy == 1 else "requests are"
+        grace = self.link.info.drain_grace_s
         self.push_screen(
             ConfirmScreen(
                 "Quit tokengate?",
                 f"{busy} {plural} in flight or queued. Quitting stops the gate: it refuses new "
-                f"requests (503 shutting_down) and lets those finish within {self.link.info.drain_grace_s:g} s.",
+                f"requests (503 shutting_down) and lets those finish: this may take up to {grace:g} s "
+                "(the screen shows how many are left).",
                 yes_label="Quit",
             ),
             answered,
         )
+
+    async def stop_gate_and_exit(self) -> None:
+        """Ask the embedded gate to drain, show its progress until it has gone, then exit."""
+        stop = getattr(self.link, "stop_gate", None)
+        if stop is None:
+            self.exit()
+            return
+        try:
+            await stop(self.exit_why)
+        except Exception:  # noqa: BLE001 - no drain to watch: the caller (console.run) stops it
+            self.exit()
+            return
+        self.stopping = StoppingScreen(self.link.info.drain_grace_s)
+        self._stop_deadline = time.monotonic() + self.link.info.drain_grace_s
+        self.push_screen(self.stopping)
+        self.set_interval(0.5, self._poll_stop, name="tokengate-stopping")
+        await self._poll_stop()
+
+    async def _poll_stop(self) -> None:
+        try:
+            snap = await self.link.snapshot()
+        except Exception:  # noqa: BLE001 - LinkLost: the gate has gone, as asked
+            self.exit()
+            return
+        if self.stopping is not None:
+            self.stopping.show(snap.requests_in_flight, self._stop_deadline - time.monotonic())

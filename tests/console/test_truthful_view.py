@@ -165,3 +165,36 @@ async def test_pausing_a_class_with_traffic_asks_first_focus_on_no(gate):
             await pilot.press("p")  # resuming does not ask
             await pilot.pause()
             assert not gate.control.paused and not isinstance(app.screen, ConfirmScreen)
+
+
+# ---- item 12: quitting with requests in flight ------------------------------------------
+
+
+async def test_quit_says_how_long_then_shows_the_drain_until_the_gate_is_gone(gate):
+    from console.screens.stopping import StoppingScreen
+    from gate.link import LinkLost
+
+    asked: list[str] = []
+    gate.stop_requested = asked.append
+    gate.drain_grace_s = 30.0
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)) as pilot:
+        async with Queue(gate, "batch", 1):
+            await pilot.press("ctrl+c")  # asks like q
+            await pilot.pause()
+            assert isinstance(app.screen, ConfirmScreen)
+            assert "up to 30 s" in app.screen.message
+            await pilot.press("y")
+            await pilot.pause()
+            assert asked == ["console quit"]
+            assert isinstance(app.screen, StoppingScreen)
+            assert "waiting for 5 requests" in str(app.screen.progress.content)  # 4 holders + 1 queued
+            assert "s left" in str(app.screen.progress.content)
+
+            async def gone(**_):
+                raise LinkLost("closed")
+
+            app.link.snapshot = gone  # the gate has drained and closed its socket
+            await app._poll_stop()
+            await pilot.pause()
+        assert app.return_code == 0 and app.lost is None
