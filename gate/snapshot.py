@@ -94,6 +94,8 @@ class ClassView:
     admitted_per_min: int
     refused_per_min: int
     p95_ttft_ms: float | None
+    p95_queue_ms: float | None = None  # time in the gate's queue, last minute, every outcome
+    waiting_on: str = ""  # what keeps its oldest waiter waiting now ("slots 4/4 busy", "paused", ...)
 
 
 @dataclass(frozen=True, slots=True)

@@ -198,3 +198,34 @@ async def test_quit_says_how_long_then_shows_the_drain_until_the_gate_is_gone(ga
             await app._poll_stop()
             await pilot.pause()
         assert app.return_code == 0 and app.lost is None
+
+
+# ---- item 6: why requests wait -----------------------------------------------------------
+
+
+async def test_classes_say_how_long_requests_wait_and_what_binds(gate):
+    from console.widgets.classes import NARROW
+
+    app = make_app(gate)
+    async with app.run_test(size=(160, 48)) as pilot:
+        slow = decision("interactive")
+        slow = slow.__class__(**{**{f: getattr(slow, f) for f in slow.__dataclass_fields__}, "queue_ms": 19_900.0})
+        record(gate, slow)
+        async with Queue(gate, "batch", 2):
+            await app.tick()
+            await pilot.pause()
+            table = app.class_table
+            assert table.columns_shown == NARROW  # 160 columns: wait and "waits on" fit
+            assert str(table.get_cell("interactive", "wait")) == "19.9s"
+            assert str(table.get_cell("batch", "binds")) == "slots 4/4 busy"
+            assert table.virtual_size.width <= table.size.width  # nothing cut
+            gate.control.pause("batch", True, operator=gate.operator)
+            await app.tick()
+            assert str(table.get_cell("batch", "binds")) == "PAUSED"
+
+
+def test_waiting_on_names_each_limit():
+    from gate.snapshot import ClassView
+
+    assert ClassView.__dataclass_fields__["waiting_on"].default == ""
+    assert ClassView.__dataclass_fields__["p95_queue_ms"].default is None
