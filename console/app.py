@@ -33,7 +33,7 @@ from textual.binding import Binding, BindingsMap
 from textual.command import CommandPalette
 from textual.containers import Container
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Footer, Tab, Tabs
+from textual.widgets import Footer, Static, Tab, Tabs
 
 from console.commands import GateCommands
 from console.screens.confirm import ConfirmScreen
@@ -64,11 +64,14 @@ WIDE_MIN_COLS = 150
 WIDE_MIN_ROWS = 40
 #: the most rows the classes/denials row of the wide grid takes
 MIDDLE_MAX_ROWS = 12
+#: below this the panels would be cut: the console says so instead
+MIN_COLS = 80
+MIN_ROWS = 24
 
 #: actions that change the gate: absent in --read-only
 GATE_ACTIONS = frozenset({"retune", "pause_class", "drain_class", "freeze"})
 #: actions that only make sense on the live view (not under the review screen)
-MAIN_ONLY = GATE_ACTIONS | {"review", "toggle_render", "faster", "slower", "filter", "follow", "help"}
+MAIN_ONLY = GATE_ACTIONS | {"review", "toggle_render", "faster", "slower", "filter", "follow", "show_pane", "help"}
 
 PANES = ("denials", "chart", "decisions")
 
@@ -85,11 +88,16 @@ KEY_HELP: dict[str, str] = {
     "faster": "refresh faster (down to 0.25 s)",
     "slower": "refresh slower (up to 10 s)",
     "command_palette": "command palette: every action by name",
+    "show_pane": "small terminal: 1 denials, 2 budget chart, 3 decisions (the tabs)",
     "help": "this help",
     "quit": "quit; asks while requests are in flight (stops the gate); attached: detach, the gate goes on",
 }
 #: audit sources whose rows are toasted when another console (or a signal) made them
 TOASTED_SOURCES = frozenset({"console", "signal", "config", "gate", "api"})
+
+
+#: the compact layout's tab keys, one footer entry: "1 2 3 tabs"
+TABS = Binding.Group("tabs", compact=True)
 
 
 def _gate_bindings() -> list[Binding]:
@@ -113,11 +121,16 @@ class TokengateApp(App[None]):
         Binding("r", "review", "review"),
         Binding("slash", "filter", "filter", key_display="/"),
         Binding("G", "follow", "newest", show=False, key_display="G"),
-        Binding("space", "toggle_render", "view", key_display="space"),
+        # not in the footer (room for the tab keys at 80 columns); `?` lists it
+        Binding("space", "toggle_render", "view", show=False, key_display="space"),
         Binding("plus", "faster", "faster", show=False, key_display="+"),
         Binding("minus", "slower", "slower", show=False, key_display="-"),
         # Not a priority binding (Textual's default is): ':' must stay typeable in inputs.
         Binding("colon", "command_palette", "palette", show=False, key_display=":"),
+        # compact layout: one key per tab (shown in the footer only there)
+        Binding("1", "show_pane('denials')", "denials", key_display="1", group=TABS),
+        Binding("2", "show_pane('chart')", "budget", key_display="2", group=TABS),
+        Binding("3", "show_pane('decisions')", "decisions", key_display="3", group=TABS),
         Binding("question_mark", "help", "help", key_display="?"),
         Binding("q", "quit", "quit"),
         # ctrl+c asks like q (Textual's default only toasts "press ctrl+q")
@@ -185,7 +198,7 @@ class TokengateApp(App[None]):
         self.gpu = GpuPanel(id="gpu")
         self.class_table = ClassesTable(id="classes")
         self.tabs = Tabs(
-            Tab("denials", id="tab-denials"), Tab("budget", id="tab-chart"), Tab("decisions", id="tab-decisions"),
+            Tab("1 denials", id="tab-denials"), Tab("2 budget", id="tab-chart"), Tab("3 decisions", id="tab-decisions"),
             id="tabs", active="tab-decisions",
         )
         self.denials = DenialsTable(id="denials", classes="pane")
@@ -203,6 +216,8 @@ class TokengateApp(App[None]):
             yield self.decisions  # wide grid: decisions left, chart right of the last row
             yield self.chart
         yield self.status
+        self.too_small = Static("", id="too-small")
+        yield self.too_small
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
@@ -226,8 +241,16 @@ class TokengateApp(App[None]):
         """Compact below WIDE_MIN_COLS x WIDE_MIN_ROWS: summary lines, classes, tabbed panes."""
         compact = width < WIDE_MIN_COLS or height < WIDE_MIN_ROWS
         self.body.set_class(compact, "compact")
+        small = width < MIN_COLS or height < MIN_ROWS
+        self.body.display = self.status.display = not small
+        self.too_small.display = small
+        if small:
+            self.too_small.update(
+                f"terminal too small: {width}x{height}\nneed {MIN_COLS}x{MIN_ROWS} (the gate goes on; q quits)"
+            )
         if compact != self.compact:
             self.compact = compact
+            self.refresh_bindings()  # the tab keys show in the footer only when compact
             self.slots.set_compact(compact)
             self.gpu.set_compact(compact)
 
@@ -380,6 +403,8 @@ class TokengateApp(App[None]):
             return False
         if action in MAIN_ONLY and not self._main_active():
             return False
+        if action == "show_pane" and not self.compact:
+            return False  # every pane is on screen: the footer does not offer the tab keys
         if action == "quit" and isinstance(self.screen, ModalScreen):
             return False  # answer the dialog first (the footer then stops offering q)
         return True
@@ -388,8 +413,9 @@ class TokengateApp(App[None]):
         """(key, what it does) for every binding this console has (read-only lists fewer)."""
         keys: dict[str, list[str]] = {}
         for _key, binding in self._bindings:
-            if binding.action in KEY_HELP:
-                keys.setdefault(binding.action, []).append(binding.key_display or binding.key)
+            action = binding.action.split("(", 1)[0]
+            if action in KEY_HELP:
+                keys.setdefault(action, []).append(binding.key_display or binding.key)
         rows = [(", ".join(sorted(keys[action], key=len)), KEY_HELP[action]) for action in KEY_HELP if action in keys]
         rows.append(("up/down", "select a class (the row p, d and t act on)"))
         rows.append(("esc", "clear the filter / close a dialog"))
@@ -604,6 +630,10 @@ class TokengateApp(App[None]):
     def action_filter(self) -> None:
         self._show_pane("decisions")
         self.decisions.open_filter()
+
+    def action_show_pane(self, pane: str) -> None:
+        if pane in PANES:
+            self._show_pane(pane)
 
     def action_follow(self) -> None:
         self._show_pane("decisions")

@@ -229,3 +229,46 @@ def test_waiting_on_names_each_limit():
 
     assert ClassView.__dataclass_fields__["waiting_on"].default == ""
     assert ClassView.__dataclass_fields__["p95_queue_ms"].default is None
+
+
+# ---- item 10: small terminals ---------------------------------------------------------------
+
+
+async def test_80x24_tabs_are_one_key_each_and_the_footer_says_so(gate):
+    app = make_app(gate)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await app.tick()
+        await pilot.pause()
+        from textual.widgets import Footer
+
+        keys = [(k.key, k.description) for k in app.query_one(Footer).query("FooterKey")]
+        assert ("1", "") in keys and ("2", "") in keys and ("3", "") in keys  # the group "1 2 3 tabs"
+        footer = app.query_one(Footer)
+        assert footer.virtual_size.width <= footer.size.width  # nothing cut at 80 columns
+        assert "tabs" in app.export_screenshot()
+        await pilot.press("1")
+        await pilot.pause()
+        assert app.denials.display and not app.decisions.display
+        await pilot.press("2")
+        await pilot.pause()
+        assert app.chart.display and not app.denials.display and app.tabs.active == "tab-chart"
+        await pilot.press("3")
+        await pilot.pause()
+        assert app.decisions.display and not app.chart.display
+        help_rows = dict(app.key_help())
+        assert any("1" in k and "2" in k and "3" in k for k in help_rows)
+
+
+async def test_below_the_minimum_it_says_terminal_too_small(gate):
+    from console.app import MIN_COLS, MIN_ROWS
+
+    app = make_app(gate)
+    async with app.run_test(size=(60, 20)) as pilot:
+        await app.tick()
+        await pilot.pause()
+        shot = app.export_screenshot().replace("&#160;", " ")
+        assert f"need {MIN_COLS}x{MIN_ROWS}" in shot and "terminal too small" in shot
+        assert not app.body.display
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        assert app.body.display and not app.too_small.display
