@@ -109,6 +109,15 @@ def _gate_bindings() -> list[Binding]:
     ]
 
 
+def mark_label(a: AuditRecord) -> str:
+    """A budget-curve mark's short label: who moved what (set 6144, ctl 8192, freeze)."""
+    if a.action == "set_budget":
+        return f"set {a.new_value}"
+    if a.action.startswith("budget_"):
+        return f"ctl {a.new_value}"
+    return a.action.removesuffix("_class")
+
+
 class TokengateApp(App[None]):
     """The live console for one GateService (see the module docstring)."""
 
@@ -362,7 +371,9 @@ class TokengateApp(App[None]):
         if len(points) > CHART_POINTS:
             step = len(points) / CHART_POINTS
             points = [points[int(i * step)] for i in range(CHART_POINTS - 1)] + [points[-1]]
-        marks = [(a.ts, a.action.removeprefix("budget_")) for a in snap.audit if a.ts >= now - CHART_WINDOW_S]
+        recent = [a for a in snap.audit if a.ts >= now - CHART_WINDOW_S]
+        marks = [(a.ts, mark_label(a)) for a in recent]
+        by_hand = [a for a in recent if a.action == "set_budget" and a.source != "controller" and (a.new_value or "").isdigit()]
         return dict(
             times=[p[0] for p in points],
             budget=[p[1] for p in points],
@@ -372,6 +383,7 @@ class TokengateApp(App[None]):
             marks=marks,
             now=now,
             window_s=CHART_WINDOW_S,
+            hand_set=(by_hand[-1].ts, float(by_hand[-1].new_value)) if by_hand else None,  # type: ignore[arg-type]
         )
 
     def _update_chart(self, snap: GateSnapshot) -> None:

@@ -58,10 +58,13 @@ class Retune:
     cls: str | None = None
     class_changes: dict[str, Any] = field(default_factory=dict)  # [classes.cls] keys
     note: str = ""
+    #: also freeze (True) or unfreeze (False) the adaptive controller, in the same step: a
+    #: budget set by hand then stays until the operator unfreezes
+    freeze: bool | None = None
     op = "retune"
 
     def __bool__(self) -> bool:
-        return self.budget is not None or bool(self.settings) or bool(self.class_changes)
+        return self.budget is not None or bool(self.settings) or bool(self.class_changes) or self.freeze is not None
 
 
 Command = Union[Pause, Drain, Freeze, Retune]
@@ -116,7 +119,13 @@ def ssh_origin(environ: Mapping[str, str]) -> str:
 
 
 def to_wire(command: Command) -> dict[str, Any]:
-    fields = {f.name: getattr(command, f.name) for f in dataclasses.fields(command)}
+    # A field left at its None default is omitted: a gate from before that field existed
+    # then still accepts the command (it refuses unknown fields).
+    fields = {
+        f.name: getattr(command, f.name)
+        for f in dataclasses.fields(command)
+        if not (f.default is None and getattr(command, f.name) is None)
+    }
     return {"v": COMMAND_VERSION, "op": command.op, **fields}
 
 
@@ -152,6 +161,8 @@ def _check_types(command: Command) -> None:
         if hasattr(command, name):
             need(isinstance(getattr(command, name), bool), name, "true or false")
     need(isinstance(command.note, str), "note", "text")
+    if isinstance(command, Retune):
+        need(command.freeze is None or isinstance(command.freeze, bool), "freeze", "true, false or absent")
     if isinstance(command, Retune):
         need(command.budget is None or (isinstance(command.budget, int) and not isinstance(command.budget, bool)), "budget", "a whole number")
         need(command.cls is None or isinstance(command.cls, str), "cls", "a class name")

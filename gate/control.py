@@ -120,6 +120,8 @@ class Control:
             results.append(self._audit(operator, source, "set_class", f"class:{change.cls}", _diff_old(current, change.class_changes), _diff_new(change.class_changes), change.note))
         if change.budget is not None:
             results += self._set_budget(targets, change.budget, operator, source, change.note)
+        if change.freeze is not None and change.freeze != self.frozen:
+            results.append(self.freeze(change.freeze, operator=operator, note=change.note, source=source))
         return results
 
     def set_budget(self, tokens: int, *, operator: Operator, backend: str | None = None, note: str = "", source: AuditSource = "console") -> list[ActionResult]:

@@ -147,3 +147,47 @@ def test_value_ticks_are_round() -> None:
     assert ticks[0] == 0 and ticks[-1] <= 11500
     assert labels[:3] == ["0", "2.5k", "5k"]
     assert value_ticks(0) == ([0.0], ["0"])
+
+
+# ---- issue #12 item 11: readable at 80x24 and 160x48 -------------------------------------
+
+
+def test_close_marks_get_labels_that_never_overlap():
+    from console.widgets.budget_chart import place_labels
+
+    marks = [(float(x), text) for x, text in ((-300, "set 6144"), (-299, "ctl 8192"), (-297, "freeze"), (-296, "open"))]
+    placed = place_labels(marks, -600.0, 0.0, 60)
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for x, text, row in placed:
+        start = int((x + 600) / 600 * 50)
+        for a, b in spans.get(row, []):
+            assert start + len(text) + 1 <= a or start >= b, (text, row)
+        spans.setdefault(row, []).append((start, start + len(text) + 1))
+    assert {t for _, t, _ in placed} >= {"set 6144", "ctl 8192", "freeze"}  # 3 rows: 3 close labels fit
+
+
+def test_p95_and_slo_have_their_own_colours():
+    from console.widgets.budget_chart import SLO_COLOR, TTFT_COLOR
+
+    assert SLO_COLOR != TTFT_COLOR
+
+
+@pytest.mark.parametrize("rows", [6, 10, 25, 40])
+def test_the_slo_line_never_shares_a_row_with_a_left_axis_label(rows):
+    from console.widgets.budget_chart import _right_top, value_ticks
+
+    for top_left, slo, p95 in ((9420.0, 2500.0, 454.0), (9420.0, 2000.0, 2100.0), (1.15e5, 100000.0, 300.0)):
+        top = _right_top(p95, slo, top_left, rows)
+        slo_row = round(slo / top * (rows - 1))
+        left_rows = {round(t / top_left * (rows - 1)) for t in value_ticks(top_left)[0]}
+        assert slo_row not in left_rows or rows < 8, (top_left, slo, rows)
+
+
+async def test_a_hand_set_budget_shows_beside_the_controllers():
+    app = ChartApp()
+    async with app.run_test(size=(80, 20)) as pilot:
+        chart = app.query_one(BudgetChart)
+        data = series()
+        chart.set_series(**data, slo_ttft_ms=1500, hand_set=(data["times"][100], 6144.0))
+        await pilot.pause()
+        assert "set by hand" in text_of(chart)

@@ -272,3 +272,37 @@ async def test_below_the_minimum_it_says_terminal_too_small(gate):
         await pilot.resize_terminal(80, 24)
         await pilot.pause()
         assert app.body.display and not app.too_small.display
+
+
+# ---- item 5: a budget set by hand and the adaptive controller ------------------------------
+
+
+async def test_retune_says_what_the_controller_will_do_and_can_freeze_it(gate):
+    from textual.widgets import Checkbox, Input
+
+    from console.screens.retune import RetuneScreen
+
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await pilot.press("t")
+        await pilot.pause()
+        assert isinstance(app.screen, RetuneScreen)
+        outlook = str(app.screen.query_one("#retune-controller").content)
+        assert "adaptive controller" in outlook and "Freeze" in outlook
+        app.screen.query_one("#field-budget", Input).value = "6144"
+        app.screen.query_one("#retune-freeze", Checkbox).value = True
+        await pilot.pause()
+        await app.screen.save()
+        for _ in range(50):
+            if len(app.screen_stack) == 1:
+                break
+            await pilot.pause(0.01)
+        assert gate.control.frozen and gate.backends.backends[0].admission.budget == 6144
+        assert [a.action for a in gate.recent_audit][-2:] == ["set_budget", "freeze"]
+        series = app.chart_series(gate.snapshot())
+        assert series["hand_set"] is not None and series["hand_set"][1] == 6144.0
+        assert "set 6144" in [label for _, label in series["marks"]]
+        await pilot.press("t")
+        await pilot.pause()
+        assert "frozen" in str(app.screen.query_one("#retune-controller").content)
+        assert not app.screen.query("#retune-freeze")  # already frozen: nothing to offer
