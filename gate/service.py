@@ -579,7 +579,9 @@ async def serve_until_signalled(
     gate = GateService(config)
     gate.drain_grace_s = grace_s
     if demo:
-        gate.label = "SIMULATED"
+        from gate.demo import dress_demo_gate
+
+        dress_demo_gate(gate, DEMO_SIMULATOR(seed))  # SIMULATED label, GPU and model size
     stop = asyncio.Event()
     why: list[str] = []
 

@@ -306,3 +306,44 @@ async def test_retune_says_what_the_controller_will_do_and_can_freeze_it(gate):
         await pilot.pause()
         assert "frozen" in str(app.screen.query_one("#retune-controller").content)
         assert not app.screen.query("#retune-freeze")  # already frozen: nothing to offer
+
+
+# ---- item 7: VRAM pressure without a GPU reading -------------------------------------------
+
+
+async def test_gpu_panel_always_shows_the_kv_cache_the_gate_reserved(gate):
+    from gate.ledger import Request
+
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await app.tick()
+        await pilot.pause()
+        text = str(app.gpu.content)
+        assert "n/a" in text and "KV reserved" in text and "bytes/token n/a" in text  # no NVML, no GGUF: still there
+        backend = gate.backends.backends[0]
+        backend.kv_bytes_per_token = 131072
+        held = await backend.gatekeeper.acquire(Request("h", "batch", "t", 1000, 1048, 0.0))
+        try:
+            await app.tick()
+            await pilot.pause()
+            text = str(app.gpu.content)
+            pool = backend.capacity.ceiling
+            assert f"0.25/{pool * 131072 / 2**30:.2f} GiB" in text and f"2,048/{pool:,} tok x 128 KiB" in text
+        finally:
+            backend.gatekeeper.release(held)
+
+
+async def test_the_demo_gpu_is_simulated_and_says_so(gate):
+    from gate.demo import DEMO_KV_BYTES_PER_TOKEN, SimulatorConfig, dress_demo_gate
+
+    dress_demo_gate(gate, SimulatorConfig(slots=4, ctx=8192, kv="unified"))
+    gate.gpu_reading = await gate.gpu.read_async()
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await app.tick()
+        await pilot.pause()
+        text = str(app.gpu.content)
+        assert "SIMULATED" in text and "GiB" in text and "llama-server (simulated)" in text
+        assert "KV reserved" in text and "KiB" in text
+        assert gate.backends.backends[0].kv_bytes_per_token == DEMO_KV_BYTES_PER_TOKEN
+        assert gate.label == "SIMULATED"
