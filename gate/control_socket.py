@@ -206,6 +206,10 @@ class ControlServer:
                     await self._send(session, reply)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            # close() ends the sessions: end quietly, or asyncio's stream callback logs the
+            # cancellation as an "Exception in callback" traceback at every stop.
+            pass
         finally:
             self._drop(session)
             self._handlers.discard(task)

@@ -155,21 +155,25 @@ LABEL_CHARS = 10
 
 def place_labels(
     marks: Sequence[tuple[float, str]], lo: float, hi: float, columns: int
-) -> list[tuple[float, str, int]]:
-    """(x, label, row) for the marks whose label fits without touching another: each label
+) -> list[tuple[float, str, int, str]]:
+    """(x, label, row, alignment) for the marks whose label fits without touching another:
+    each label starts at its line (ends there when it would run off the right edge) and
     takes the first of LABEL_ROWS rows where its characters (plus a space) are free; a
     label that fits nowhere is left out (its vertical line stays)."""
     taken: list[list[tuple[int, int]]] = [[] for _ in range(LABEL_ROWS)]
-    placed: list[tuple[float, str, int]] = []
-    plot_columns = max(columns - 10, 10)  # the axes take some
+    placed: list[tuple[float, str, int, str]] = []
+    plot_columns = max(columns - 12, 10)  # the axes take some
     for x, text in marks:
         text = text[:LABEL_CHARS]
-        start = int((x - lo) / (hi - lo) * plot_columns) if hi > lo else 0
+        col = int((x - lo) / (hi - lo) * plot_columns) if hi > lo else 0
+        start, alignment = col, "left"
+        if col + len(text) >= plot_columns:
+            start, alignment = col - len(text), "right"
         end = start + len(text) + 1
         for row, spans in enumerate(taken):
             if all(end <= a or start >= b for a, b in spans):
                 spans.append((start, end))
-                placed.append((x, text, row))
+                placed.append((x, text, row, alignment))
                 break
     return placed
 
@@ -409,8 +413,9 @@ class BudgetChart(PlotextPlot):
         for x, _text in shown:
             plt.vline(x, MARK_COLOR)
         if 0 < len(shown) <= MAX_LABELLED_MARKS:
-            for x, text, row in place_labels(shown, lo, hi, columns):
-                plt.text(text, x, top_left * (0.97 - 0.1 * row), color=MARK_COLOR, alignment="left")
+            # mid-height rows: the legend takes the top left, the budget runs near the top
+            for x, text, row, alignment in place_labels(shown, lo, hi, columns):
+                plt.text(text, x, top_left * (0.62 - 0.09 * row), color=MARK_COLOR, alignment=alignment)
 
         plt.xlim(lo, hi)
         plt.ylim(0, top_left)

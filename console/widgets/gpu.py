@@ -39,24 +39,24 @@ def render_gpu(reading, *, compact: bool) -> Text:
         first = False
         if dev is not None and dev.total_bytes:
             frac = dev.used_bytes / dev.total_bytes
-            width = 8 if compact else 12
+            width = 8
             filled = round(frac * width)
             out.append("█" * filled, mem_style(frac))
             out.append("░" * (width - filled) + " ", "grey37")
         out.append(line)
-        if dev is not None:
+        if dev is not None and not compact:
             out.append(" util", "dim")
     return out
 
 
 def kv_line(b: BackendView, *, compact: bool) -> Text:
-    """``KV reserved ██░░ 0.1/1.0 GiB  660/8,192 tok x 128 KiB`` for one backend."""
+    """``KV reserved ██░░░░░░ 0.08/1.00 GiB 660/8,192 tok x 128K`` (K: KiB a token) for one backend."""
     out = Text()
     pool = b.ceiling
     if not pool:
         return Text(f"KV {b.name}: pool not known yet", style="dim yellow")
     frac = min(b.in_flight / pool, 1.0)
-    width = 8 if compact else 12
+    width = 8
     filled = round(frac * width)
     out.append("KV reserved ", "bold")
     out.append("█" * filled, "green" if frac < 0.7 else "yellow" if frac < 0.9 else "bold red")
@@ -64,7 +64,9 @@ def kv_line(b: BackendView, *, compact: bool) -> Text:
     per_token = b.kv_bytes_per_token
     if per_token:
         out.append(f"{b.in_flight * per_token / GIB:.2f}/{pool * per_token / GIB:.2f} GiB ")
-        out.append(f"{b.in_flight:,}/{pool:,} tok x {per_token // 1024:,} KiB", "dim")
+        out.append(f"{b.in_flight:,}/{pool:,} tok", "dim")
+        if not compact:
+            out.append(f" x {per_token // 1024:,}K", "dim")
     else:
         out.append(f"{b.in_flight:,}/{pool:,} tokens ")
         out.append("(bytes/token n/a: model file not on this host)", "dim")

@@ -158,12 +158,14 @@ def test_close_marks_get_labels_that_never_overlap():
     marks = [(float(x), text) for x, text in ((-300, "set 6144"), (-299, "ctl 8192"), (-297, "freeze"), (-296, "open"))]
     placed = place_labels(marks, -600.0, 0.0, 60)
     spans: dict[int, list[tuple[int, int]]] = {}
-    for x, text, row in placed:
-        start = int((x + 600) / 600 * 50)
+    for x, text, row, _alignment in placed:
+        start = int((x + 600) / 600 * 48)
         for a, b in spans.get(row, []):
             assert start + len(text) + 1 <= a or start >= b, (text, row)
         spans.setdefault(row, []).append((start, start + len(text) + 1))
-    assert {t for _, t, _ in placed} >= {"set 6144", "ctl 8192", "freeze"}  # 3 rows: 3 close labels fit
+    assert {t for _, t, _, _ in placed} >= {"set 6144", "ctl 8192", "freeze"}
+    (_, _, _, alignment), = place_labels([(-1.0, "started")], -600.0, 0.0, 60)
+    assert alignment == "right"  # at the right edge the label ends at its line  # 3 rows: 3 close labels fit
 
 
 def test_p95_and_slo_have_their_own_colours():

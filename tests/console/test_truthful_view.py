@@ -328,7 +328,7 @@ async def test_gpu_panel_always_shows_the_kv_cache_the_gate_reserved(gate):
             await pilot.pause()
             text = str(app.gpu.content)
             pool = backend.capacity.ceiling
-            assert f"0.25/{pool * 131072 / 2**30:.2f} GiB" in text and f"2,048/{pool:,} tok x 128 KiB" in text
+            assert f"0.25/{pool * 131072 / 2**30:.2f} GiB" in text and f"2,048/{pool:,} tok x 128K" in text
         finally:
             backend.gatekeeper.release(held)
 
@@ -344,6 +344,28 @@ async def test_the_demo_gpu_is_simulated_and_says_so(gate):
         await pilot.pause()
         text = str(app.gpu.content)
         assert "SIMULATED" in text and "GiB" in text and "llama-server (simulated)" in text
-        assert "KV reserved" in text and "KiB" in text
+        assert "KV reserved" in text and "x 128K" in text
         assert gate.backends.backends[0].kv_bytes_per_token == DEMO_KV_BYTES_PER_TOKEN
         assert gate.label == "SIMULATED"
+
+
+async def test_a_gate_stopping_with_consoles_attached_logs_no_traceback(gate, tmp_path):
+    """The end of a drain closes the control socket under attached consoles: quietly."""
+    import asyncio
+
+    from gate.control_socket import ControlServer
+    from gate.link import SocketLink
+
+    errors: list[dict] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    server = ControlServer(str(tmp_path / "gate.sock"), gate)
+    await server.start()
+    link = await SocketLink.connect(server.path)
+    await link.snapshot()
+    await server.close()
+    for _ in range(5):
+        await asyncio.sleep(0.01)
+    await link.close()
+    loop.set_exception_handler(None)
+    assert errors == []
