@@ -184,13 +184,18 @@ def _right_top(right_max: float | None, slo: float | None, top_left: float, rows
     base = max(right_max or 0.0, slo or 0.0) or 1.0
     if not slo or slo <= 0:
         return base * 1.2
-    left = value_ticks(top_left)[0]
-    for factor in (1.2, 1.3, 1.4, 1.55, 1.7, 1.85, 2.0, 2.3):
-        top = base * factor
-        slo_row = round(slo / top * (rows - 1))
-        if all(round(t / top_left * (rows - 1)) != slo_row for t in left):
+    left = [t / top_left * (rows - 1) for t in value_ticks(top_left)[0]]  # rows from the bottom
+    best, best_gap = base * 1.2, -1.0
+    for step in range(41):  # 1.2 .. 3.2 x
+        top = base * (1.2 + 0.05 * step)
+        at = slo / top * (rows - 1)
+        gap = min(abs(at - row) for row in left) if left else rows
+        clash = any(math.floor(at + 0.5) == math.floor(row + 0.5) or round(at) == round(row) for row in left)
+        if not clash:  # on a row of its own, whichever way plotext rounds
             return top
-    return base * 1.2
+        if gap > best_gap:
+            best, best_gap = top, gap
+    return best
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,7 +438,7 @@ class BudgetChart(PlotextPlot):
         self.refresh()
 
     def _plot_rows(self) -> int:
-        return max((self.size.height or 20) - 5, 4)  # title, x axis, its labels, frame
+        return max((self.size.height or 20) - 4, 4)  # title, top frame, x axis, its labels
 
     def _draw_empty(self) -> None:
         self.empty = True

@@ -174,15 +174,21 @@ def test_p95_and_slo_have_their_own_colours():
     assert SLO_COLOR != TTFT_COLOR
 
 
-@pytest.mark.parametrize("rows", [6, 10, 25, 40])
-def test_the_slo_line_never_shares_a_row_with_a_left_axis_label(rows):
-    from console.widgets.budget_chart import _right_top, value_ticks
-
-    for top_left, slo, p95 in ((9420.0, 2500.0, 454.0), (9420.0, 2000.0, 2100.0), (1.15e5, 100000.0, 300.0)):
-        top = _right_top(p95, slo, top_left, rows)
-        slo_row = round(slo / top * (rows - 1))
-        left_rows = {round(t / top_left * (rows - 1)) for t in value_ticks(top_left)[0]}
-        assert slo_row not in left_rows or rows < 8, (top_left, slo, rows)
+@pytest.mark.parametrize("height", [12, 16, 22, 29, 32, 40])
+async def test_the_slo_line_never_shares_a_row_with_a_left_axis_label(height):
+    """Rendered, as plotext draws it (80x24 gives the chart 12 rows, 160x48 about 30)."""
+    for slo, budget in ((2500, 8192.0), (2000, 8192.0), (1500, 8192.0), (100000, 8192.0), (1000, 24576.0)):
+        app = ChartApp()
+        async with app.run_test(size=(80, height)) as pilot:
+            chart = app.query_one(BudgetChart)
+            data = series()
+            data["budget"] = [budget] * len(data["budget"])
+            chart.set_series(**data, slo_ttft_ms=slo)
+            await pilot.pause()
+            for line in text_of(chart).splitlines():
+                if "-----" in line:  # the SLO line
+                    left_label = re.split("[┤│]", line, maxsplit=1)[0].strip()
+                    assert not left_label, (height, slo, line[:12])
 
 
 async def test_a_hand_set_budget_shows_beside_the_controllers():
