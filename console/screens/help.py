@@ -17,6 +17,9 @@ LEGEND = (
     ("deferred", "llama-server's own queue: the gate keeps it at 0; red otherwise"),
     ("bars", "green < 70%, yellow < 90%, red above (GPU: nvitop's 10/80%)"),
     ("header", "READ-ONLY: no actions; PAUSED: rendering stopped, the gate still collects"),
+    ("KV reserved", "tokens in flight x KV bytes per token (GGUF header; n/a when the model file is not on this host) against the pool"),
+    ("waits on", "what keeps a class's oldest request waiting: slots, token budget, class limit, tenant quota, prefill limit, priority, PAUSED"),
+    ("wait p95", "time in the gate's own queue (TTFT p95 is measured from dispatch: it does not include it)"),
 )
 
 

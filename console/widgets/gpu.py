@@ -68,8 +68,8 @@ def kv_line(b: BackendView, *, compact: bool) -> Text:
         if not compact:
             out.append(f" x {per_token // 1024:,}K", "dim")
     else:
-        out.append(f"{b.in_flight:,}/{pool:,} tokens ")
-        out.append("(bytes/token n/a: model file not on this host)", "dim")
+        out.append(f"{b.in_flight:,}/{pool:,} tok ")
+        out.append("(bytes/token n/a)", "dim")  # the GGUF file is not on this host (help says so)
     return out
 
 

