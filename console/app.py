@@ -15,7 +15,11 @@ seen), at most DecisionTail.MAX_NEW_ROWS_PER_TICK of them become table rows.
 Layout: everything at once on a big terminal (a 2x3 grid); below
 WIDE_MIN_COLS x WIDE_MIN_ROWS a compact stack (capacity lines, classes table,
 and tabs for denials / budget chart / decision tail). `on_resize` toggles the
-`compact` CSS class on #body; console/app.tcss does the rest.
+`compact` CSS class on #body; console/app.tcss does the rest. Below MIN_COLS x
+MIN_ROWS the body gives way to "terminal too small: need 80x24". Dialogs cover
+the view without stopping it; only the review screen (a full screen) does.
+
+The bindings, `?`'s descriptions and the `:` palette's commands are in console/keys.py.
 """
 
 from __future__ import annotations
@@ -24,21 +28,24 @@ import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from functools import partial
 from typing import Any
 
 from textual import events, on
 from textual.app import App, ComposeResult, SystemCommand
-from textual.binding import Binding, BindingsMap
+from textual.binding import BindingsMap
 from textual.command import CommandPalette
 from textual.containers import Container
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Footer, Tab, Tabs
+from textual.widgets import Footer, Static, Tab, Tabs
 
 from console.commands import GateCommands
+from console.keys import (
+    GATE_ACTIONS, MAIN_ONLY, PANES, TOASTED_SOURCES, app_bindings, key_help, mark_label, palette_commands,
+)
 from console.screens.confirm import ConfirmScreen
 from console.screens.help import HelpScreen
 from console.screens.retune import RetuneChanges, RetuneScreen
+from console.screens.stopping import StoppingScreen
 from console.widgets.budget_chart import BudgetChart
 from console.widgets.classes import ClassesTable
 from console.widgets.decisions import DecisionTail, FilterChanged, FilterClosed
@@ -47,7 +54,7 @@ from console.widgets.gpu import GpuPanel
 from console.widgets.header import GateHeader
 from console.widgets.slots import SlotsPanel
 from console.widgets.status import StatusBar
-from gate.commands import ActionResult, Command, CommandError, Drain, Freeze, Pause
+from gate.commands import ActionResult, Command, CommandError, Drain, Freeze, Pause, describe
 from gate.link import GateLink, LinkLost
 from gate.records import AuditRecord
 from gate.snapshot import GateSnapshot
@@ -63,41 +70,9 @@ WIDE_MIN_COLS = 150
 WIDE_MIN_ROWS = 40
 #: the most rows the classes/denials row of the wide grid takes
 MIDDLE_MAX_ROWS = 12
-
-#: actions that change the gate: absent in --read-only
-GATE_ACTIONS = frozenset({"retune", "pause_class", "drain_class", "freeze"})
-#: actions that only make sense on the live view (not under the review screen)
-MAIN_ONLY = GATE_ACTIONS | {"review", "toggle_render", "faster", "slower", "filter", "help"}
-
-PANES = ("denials", "chart", "decisions")
-
-#: key -> what `?` says about it (descriptions for the footer stay short)
-KEY_HELP: dict[str, str] = {
-    "retune": "retune budget, SLO and the selected class",
-    "pause_class": "pause/resume the selected class (503 class_paused)",
-    "drain_class": "drain the selected class's queue (asks; 503 drained)",
-    "freeze": "freeze/unfreeze the adaptive controller",
-    "review": "review the journal (read-only)",
-    "filter": "filter the decision tail (enter keeps, esc clears)",
-    "toggle_render": "pause/resume rendering (the gate goes on)",
-    "faster": "refresh faster (down to 0.25 s)",
-    "slower": "refresh slower (up to 10 s)",
-    "command_palette": "command palette: every action by name",
-    "help": "this help",
-    "quit": "quit; asks while requests are in flight (stops the gate); attached: detach, the gate goes on",
-}
-#: audit sources whose rows are toasted when another console (or a signal) made them
-TOASTED_SOURCES = frozenset({"console", "signal", "config", "gate", "api"})
-
-
-def _gate_bindings() -> list[Binding]:
-    return [
-        Binding("t", "retune", "retune"),
-        Binding("p", "pause_class", "pause"),
-        Binding("d", "drain_class", "drain"),
-        Binding("f", "freeze", "freeze"),
-    ]
-
+#: below this the panels would be cut: the console says so instead
+MIN_COLS = 80
+MIN_ROWS = 24
 
 class TokengateApp(App[None]):
     """The live console for one GateService (see the module docstring)."""
@@ -106,18 +81,7 @@ class TokengateApp(App[None]):
     TITLE = "tokengate"
     COMMAND_PALETTE_BINDING = ":"
     COMMANDS = App.COMMANDS | {GateCommands}
-    BINDINGS = [
-        *_gate_bindings(),
-        Binding("r", "review", "review"),
-        Binding("slash", "filter", "filter", key_display="/"),
-        Binding("space", "toggle_render", "view", key_display="space"),
-        Binding("plus", "faster", "faster", show=False, key_display="+"),
-        Binding("minus", "slower", "slower", show=False, key_display="-"),
-        # Not a priority binding (Textual's default is): ':' must stay typeable in inputs.
-        Binding("colon", "command_palette", "palette", show=False, key_display=":"),
-        Binding("question_mark", "help", "help", key_display="?"),
-        Binding("q", "quit", "quit"),
-    ]
+    BINDINGS = app_bindings()
 
     def __init__(
         self,
@@ -164,6 +128,9 @@ class TokengateApp(App[None]):
         self.compact = False
         self._timer = None
         self._grid_rows = ""
+        #: the drain's progress screen, once `q` asked the embedded gate to stop
+        self.stopping: StoppingScreen | None = None
+        self._stop_deadline = 0.0
 
     # ---- layout ----------------------------------------------------------------
 
@@ -177,7 +144,7 @@ class TokengateApp(App[None]):
         self.gpu = GpuPanel(id="gpu")
         self.class_table = ClassesTable(id="classes")
         self.tabs = Tabs(
-            Tab("denials", id="tab-denials"), Tab("budget", id="tab-chart"), Tab("decisions", id="tab-decisions"),
+            Tab("1 denials", id="tab-denials"), Tab("2 budget", id="tab-chart"), Tab("3 decisions", id="tab-decisions"),
             id="tabs", active="tab-decisions",
         )
         self.denials = DenialsTable(id="denials", classes="pane")
@@ -195,6 +162,8 @@ class TokengateApp(App[None]):
             yield self.decisions  # wide grid: decisions left, chart right of the last row
             yield self.chart
         yield self.status
+        self.too_small = Static("", id="too-small")
+        yield self.too_small
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
@@ -218,8 +187,16 @@ class TokengateApp(App[None]):
         """Compact below WIDE_MIN_COLS x WIDE_MIN_ROWS: summary lines, classes, tabbed panes."""
         compact = width < WIDE_MIN_COLS or height < WIDE_MIN_ROWS
         self.body.set_class(compact, "compact")
+        small = width < MIN_COLS or height < MIN_ROWS
+        self.body.display = self.status.display = not small
+        self.too_small.display = small
+        if small:
+            self.too_small.update(
+                f"terminal too small: {width}x{height}\nneed {MIN_COLS}x{MIN_ROWS} (the gate goes on; q quits)"
+            )
         if compact != self.compact:
             self.compact = compact
+            self.refresh_bindings()  # the tab keys show in the footer only when compact
             self.slots.set_compact(compact)
             self.gpu.set_compact(compact)
 
@@ -264,6 +241,11 @@ class TokengateApp(App[None]):
         self._unseen.extend(snap.decisions)
         return snap
 
+    def _covered(self) -> bool:
+        """A full screen (review) hides the live view; a dialog does not: the view behind
+        a retune, drain or quit dialog goes on updating, clock included."""
+        return any(not isinstance(s, ModalScreen) for s in self.screen_stack[1:])
+
     async def tick(self) -> None:
         """One snapshot: into the chart history always; onto the widgets unless paused or covered."""
         if self._ticking:
@@ -276,7 +258,7 @@ class TokengateApp(App[None]):
                 return
             self.ticks += 1
             self.history.append((self.clock(), snap.controller.budget, snap.in_flight, snap.controller.p95_ttft_ms))
-            if self.render_paused or len(self.screen_stack) > 1:
+            if self.render_paused or self._covered():
                 return
             self.render_snapshot(snap)
             self.tick_ms = (time.perf_counter() - started) * 1000
@@ -296,6 +278,9 @@ class TokengateApp(App[None]):
 
     def gate_lost(self, message: str) -> None:
         """The gate went away (attached): say so and end the console."""
+        if self.stopping is not None:
+            self.exit()  # we asked it to stop
+            return
         if self.lost is None:
             self.lost = message
             self.exit(return_code=1)
@@ -323,7 +308,9 @@ class TokengateApp(App[None]):
         if len(points) > CHART_POINTS:
             step = len(points) / CHART_POINTS
             points = [points[int(i * step)] for i in range(CHART_POINTS - 1)] + [points[-1]]
-        marks = [(a.ts, a.action.removeprefix("budget_")) for a in snap.audit if a.ts >= now - CHART_WINDOW_S]
+        recent = [a for a in snap.audit if a.ts >= now - CHART_WINDOW_S]
+        marks = [(a.ts, mark_label(a)) for a in recent]
+        by_hand = [a for a in recent if a.action == "set_budget" and a.source != "controller" and (a.new_value or "").isdigit()]
         return dict(
             times=[p[0] for p in points],
             budget=[p[1] for p in points],
@@ -333,6 +320,7 @@ class TokengateApp(App[None]):
             marks=marks,
             now=now,
             window_s=CHART_WINDOW_S,
+            hand_set=(by_hand[-1].ts, float(by_hand[-1].new_value)) if by_hand else None,  # type: ignore[arg-type]
         )
 
     def _update_chart(self, snap: GateSnapshot) -> None:
@@ -344,7 +332,6 @@ class TokengateApp(App[None]):
             interval_s=self.interval_s,
             paused=self.render_paused,
             filter_text=self.decisions.filter_text,
-            tick_ms=self.tick_ms,
             error=self.last_error,
             reaped=snap.reaped if snap is not None else 0,
         )
@@ -365,49 +352,19 @@ class TokengateApp(App[None]):
             return False
         if action in MAIN_ONLY and not self._main_active():
             return False
+        if action == "show_pane" and not self.compact:
+            return False  # every pane is on screen: the footer does not offer the tab keys
         if action == "quit" and isinstance(self.screen, ModalScreen):
             return False  # answer the dialog first (the footer then stops offering q)
         return True
 
     def key_help(self) -> list[tuple[str, str]]:
         """(key, what it does) for every binding this console has (read-only lists fewer)."""
-        keys: dict[str, list[str]] = {}
-        for _key, binding in self._bindings:
-            if binding.action in KEY_HELP:
-                keys.setdefault(binding.action, []).append(binding.key_display or binding.key)
-        rows = [(", ".join(sorted(keys[action], key=len)), KEY_HELP[action]) for action in KEY_HELP if action in keys]
-        rows.append(("up/down", "select a class (the row p, d and t act on)"))
-        rows.append(("esc", "clear the filter / close a dialog"))
-        return rows
-
-    # ---- the command palette -----------------------------------------------------
+        return key_help(self._bindings)
 
     def palette_commands(self) -> list[tuple[str, str, Callable[[], Any]]]:
         """(name, help, callback) for the `:` palette; no gate actions when read-only."""
-        commands: list[tuple[str, str, Callable[[], Any]]] = []
-        if not self._main_active():
-            return [("Quit", KEY_HELP["quit"], self.action_quit)]
-        snap = self.last_snapshot
-        if not self.read_only:
-            selected = self.class_table.selected_class
-            commands.append(("Retune", KEY_HELP["retune"] + (f" (selected: {selected})" if selected else ""), self.action_retune))
-            for c in snap.classes if snap is not None else ():
-                verb = "Resume" if c.paused else "Pause"
-                commands.append((f"{verb} class {c.name}", f"{verb.lower()} admission for {c.name}", partial(self.action_pause_class, c.name)))
-                commands.append((f"Drain class {c.name}", f"refuse the {c.queued} requests queued in {c.name} (asks first)", partial(self.action_drain_class, c.name)))
-                commands.append((f"Retune class {c.name}", f"retune {c.name} and the budget", partial(self.action_retune, c.name)))
-            frozen = snap is not None and snap.controller.frozen
-            commands.append(("Unfreeze controller" if frozen else "Freeze controller", KEY_HELP["freeze"], self.action_freeze))
-        commands += [
-            ("Review journal", KEY_HELP["review"], self.action_review),
-            ("Filter decisions", KEY_HELP["filter"], self.action_filter),
-            ("Resume rendering" if self.render_paused else "Pause rendering", KEY_HELP["toggle_render"], self.action_toggle_render),
-            ("Refresh faster", KEY_HELP["faster"], self.action_faster),
-            ("Refresh slower", KEY_HELP["slower"], self.action_slower),
-            ("Help", "list the keys", self.action_help),
-            ("Quit", KEY_HELP["quit"], self.action_quit),
-        ]
-        return commands
+        return palette_commands(self)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         # Textual's own "Quit" would skip the in-flight confirmation; ours is in GateCommands.
@@ -469,17 +426,36 @@ class TokengateApp(App[None]):
         if key in self._own:
             self._own.remove(key)
             return
-        what = f"{record.action} {record.target}" + (
-            f": {record.old_value} -> {record.new_value}" if record.old_value is not None or record.new_value is not None else ""
-        )
+        what = describe(record.action, record.target, record.old_value, record.new_value)
         note = f" ({record.note})" if record.note else ""
         self.notify(f"{what}{note}", title=f"{record.operator}@{record.origin}", markup=False)
 
     async def action_pause_class(self, cls: str | None = None) -> None:
         if not self._gate_action_allowed() or (cls := self._selected(cls)) is None:
             return
+        await self.refresh_view()
         view = self._class_view(cls)
-        await self.run_command(Pause(cls, not (view is not None and view.paused)))
+        pause = not (view is not None and view.paused)
+        busy = (view.in_flight + view.queued + view.admitted_per_min) if view is not None else 0
+        if not pause or not busy:
+            await self.run_command(Pause(cls, pause))
+            return
+
+        async def answered(yes: bool | None) -> None:
+            if yes:
+                await self.run_command(Pause(cls, True))
+
+        # Like drain: pausing a class that carries traffic turns its users away; ask (focus on No).
+        self.push_screen(
+            ConfirmScreen(
+                f"Pause {cls}?",
+                f"{cls} carries traffic: {view.admitted_per_min} admitted in the last minute, "
+                f"{view.in_flight} tokens in flight, {view.queued} queued. Paused, its new requests get "
+                f"503 class_paused and its queue waits until resumed (p again).",
+                yes_label="Pause",
+            ),
+            answered,
+        )
 
     async def action_freeze(self) -> None:
         if not self._gate_action_allowed():
@@ -570,6 +546,14 @@ class TokengateApp(App[None]):
         self._show_pane("decisions")
         self.decisions.open_filter()
 
+    def action_show_pane(self, pane: str) -> None:
+        if pane in PANES:
+            self._show_pane(pane)
+
+    def action_follow(self) -> None:
+        self._show_pane("decisions")
+        self.decisions.follow()
+
     @on(FilterClosed)
     def _filter_closed(self) -> None:
         self.class_table.focus()
@@ -580,7 +564,10 @@ class TokengateApp(App[None]):
         self._show_status()
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen(self.key_help(), read_only=self.read_only))
+        about = [("journal", self.link.info.journal or "none (in memory)")]
+        if self.tick_ms is not None:
+            about.append(("console tick", f"{self.tick_ms:.1f} ms to fetch and render one snapshot"))
+        self.push_screen(HelpScreen(self.key_help(), read_only=self.read_only, about=about))
 
     def action_review(self) -> None:
         from console.screens.review import ReviewScreen
@@ -600,17 +587,45 @@ class TokengateApp(App[None]):
             self.exit()
             return
 
-        def answered(yes: bool | None) -> None:
+        async def answered(yes: bool | None) -> None:
             if yes:
-                self.exit()
+                await self.stop_gate_and_exit()
 
         plural = "request is" if busy == 1 else "requests are"
+        grace = self.link.info.drain_grace_s
         self.push_screen(
             ConfirmScreen(
                 "Quit tokengate?",
                 f"{busy} {plural} in flight or queued. Quitting stops the gate: it refuses new "
-                f"requests (503 shutting_down) and lets those finish within {self.link.info.drain_grace_s:g} s.",
+                f"requests (503 shutting_down) and lets those finish: this may take up to {grace:g} s "
+                "(the screen shows how many are left).",
                 yes_label="Quit",
             ),
             answered,
         )
+
+    async def stop_gate_and_exit(self) -> None:
+        """Ask the embedded gate to drain, show its progress until it has gone, then exit."""
+        stop = getattr(self.link, "stop_gate", None)
+        if stop is None:
+            self.exit()
+            return
+        try:
+            await stop(self.exit_why)
+        except Exception:  # noqa: BLE001 - no drain to watch: the caller (console.run) stops it
+            self.exit()
+            return
+        self.stopping = StoppingScreen(self.link.info.drain_grace_s)
+        self._stop_deadline = time.monotonic() + self.link.info.drain_grace_s
+        self.push_screen(self.stopping)
+        self.set_interval(0.5, self._poll_stop, name="tokengate-stopping")
+        await self._poll_stop()
+
+    async def _poll_stop(self) -> None:
+        try:
+            snap = await self.link.snapshot()
+        except Exception:  # noqa: BLE001 - LinkLost: the gate has gone, as asked
+            self.exit()
+            return
+        if self.stopping is not None:
+            self.stopping.show(snap.requests_in_flight, self._stop_deadline - time.monotonic())

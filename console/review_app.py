@@ -110,7 +110,7 @@ class JournalReader(JournalQueries):
     async def open(cls, path: str | os.PathLike[str], *, busy_timeout_ms: int = 5000) -> JournalReader:
         path = os.fspath(path)
         if not os.path.exists(path):
-            raise ReviewError(f"{path}: journal file not found")
+            raise ReviewError(f"{path}: journal file not found (the demo writes tokengate-demo.db; pass --journal FILE)")
         if not os.path.isfile(path):
             raise ReviewError(f"{path}: not a file")
         uri = Path(path).absolute().as_uri() + "?mode=ro"

@@ -106,6 +106,8 @@ async def run_console(
             f"`tokengate console --attach {socket_path}` (add --read-only to only watch)"
         )
     log_path = _log_path(config.gate.journal)
+    journal = _where(config.gate.journal)
+    _say(f"tokengate: journal {journal} (read it with `tokengate log --journal {journal}` or `tokengate review --journal {journal}`); log {_where(log_path)}")
     gate = await GateProcess.start(config_path, socket_path, log_path, demo=demo, seed=seed)
     why = "console quit"
     lost = None
@@ -119,10 +121,21 @@ async def run_console(
             await gate.stop(link, why)
     finally:
         await gate.wait_or_kill()
+        _say(f"tokengate: the journal is {journal}")
     if lost:
         sys.stderr.write(f"tokengate console: {lost} (its log: {log_path})\n")
         return 1
     return 0
+
+
+def _where(path: str) -> str:
+    return path if path == ":memory:" else str(Path(path).absolute())
+
+
+def _say(line: str) -> None:
+    with contextlib.suppress(OSError):
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
 
 
 def _log_path(journal: str) -> str:

@@ -268,6 +268,24 @@ class Admission:
             return Block.PREFILL
         return None
 
+    def waiting_on(self, cls: str) -> str:
+        """What keeps `cls`'s oldest waiter waiting right now, in at most 14 characters for the
+        console: "paused", "slots 4/4 busy", "token budget", "class limit", "tenant quota",
+        "prefill limit", "priority" (a higher class waits for the shared budget); "" when none waits."""
+        queue = self._classes[cls].queue
+        head = queue.oldest()
+        if head is None:
+            return ""
+        if queue.paused:
+            return "paused"
+        block = self.blocker(head.request)
+        if block is Block.SLOTS:
+            return f"slots {len(self.ledger)}/{self.capacity.slots} busy"
+        return {
+            Block.BUDGET: "token budget", Block.CLASS_LIMIT: "class limit", Block.TENANT: "tenant quota",
+            Block.PREFILL: "prefill limit",
+        }.get(block, "priority")  # type: ignore[arg-type]
+
     def retry_after(self, cls: str, cost: int, now: float, *, ahead: int | None = None) -> float:
         """Seconds until the class queue has drained enough for `cost`, clamped to [1, 120]."""
         queue = self._classes[cls].queue

@@ -204,8 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     log_cmd.add_argument(
         "--journal",
         metavar="FILE",
-        default="tokengate.db",
-        help="the SQLite journal (default: tokengate.db)",
+        default=None,
+        help="the SQLite journal (default: tokengate.db, else the demo's tokengate-demo.db)",
     )
     log_cmd.add_argument(
         "--kind",
@@ -362,10 +362,13 @@ def _cmd_console(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def _cmd_log(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from gate.export import ExportError, export
+    from gate.export import ExportError, export, find_journal
 
+    journal, note = find_journal(args.journal)
+    if note:
+        err.write(f"tokengate log: {note}\n")
     try:
-        export(args.journal, out, kind=args.kind, fmt=args.format, since_ts=args.since)
+        export(journal, out, kind=args.kind, fmt=args.format, since_ts=args.since)
     except ExportError as e:
         err.write(f"tokengate log: error: {e}\n")
         return EXIT_RUNTIME
@@ -379,7 +382,11 @@ def _cmd_review(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         config = load_config(args.config)
         slo_ms = config.budget.slo_ttft_p95_ms
         journal = journal or config.gate.journal
-    journal = journal or "tokengate.db"
+    from gate.export import find_journal
+
+    journal, note = find_journal(journal)
+    if note:
+        err.write(f"tokengate review: {note}\n")
     from console.review_app import ReviewApp, ReviewError, check_journal
 
     try:

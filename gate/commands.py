@@ -58,10 +58,13 @@ class Retune:
     cls: str | None = None
     class_changes: dict[str, Any] = field(default_factory=dict)  # [classes.cls] keys
     note: str = ""
+    #: also freeze (True) or unfreeze (False) the adaptive controller, in the same step: a
+    #: budget set by hand then stays until the operator unfreezes
+    freeze: bool | None = None
     op = "retune"
 
     def __bool__(self) -> bool:
-        return self.budget is not None or bool(self.settings) or bool(self.class_changes)
+        return self.budget is not None or bool(self.settings) or bool(self.class_changes) or self.freeze is not None
 
 
 Command = Union[Pause, Drain, Freeze, Retune]
@@ -79,6 +82,36 @@ class ActionResult:
     message: str
 
 
+def _plural(n: str | None, word: str) -> str:
+    return f"{n} {word}" + ("" if n == "1" else "s")
+
+
+def describe(action: str, target: str, old: str | None, new: str | None, note: str = "") -> str:
+    """An audited change in plain words, for toasts: what changed and what it does to
+    requests (the status and reason codes are those of gate/reasons.py)."""
+    name = target.split(":", 1)[-1]
+    if action == "pause_class":
+        return f"Paused {name}: new requests get 503 class_paused; queued ones wait until it is resumed"
+    if action == "resume_class":
+        return f"Resumed {name}: admitting its requests again"
+    if action == "drain_class":
+        return f"Drained {name}: {_plural(old, 'queued request')} refused with 503 drained"
+    if action == "freeze":
+        return "Froze the controller: the budget stays where it is until unfrozen"
+    if action == "unfreeze":
+        return "Unfroze the controller: it moves the budget with latency again"
+    if action == "set_budget":
+        return f"Budget of {name}: {old} -> {new} tokens"
+    if action == "set_budget_settings":
+        return f"Budget settings: {old} -> {new}"
+    if action == "set_class":
+        return f"Class {name}: {old} -> {new}"
+    what = f"{action} {target}"
+    if old is not None or new is not None:
+        what += f": {old} -> {new}"
+    return what + (f" ({note})" if note else "")
+
+
 def ssh_origin(environ: Mapping[str, str]) -> str:
     """The SSH client's address from SSH_CONNECTION / SSH_CLIENT, or "local"."""
     ssh = (environ.get("SSH_CONNECTION") or environ.get("SSH_CLIENT") or "").split()
@@ -86,7 +119,13 @@ def ssh_origin(environ: Mapping[str, str]) -> str:
 
 
 def to_wire(command: Command) -> dict[str, Any]:
-    fields = {f.name: getattr(command, f.name) for f in dataclasses.fields(command)}
+    # A field left at its None default is omitted: a gate from before that field existed
+    # then still accepts the command (it refuses unknown fields).
+    fields = {
+        f.name: getattr(command, f.name)
+        for f in dataclasses.fields(command)
+        if not (f.default is None and getattr(command, f.name) is None)
+    }
     return {"v": COMMAND_VERSION, "op": command.op, **fields}
 
 
@@ -122,6 +161,8 @@ def _check_types(command: Command) -> None:
         if hasattr(command, name):
             need(isinstance(getattr(command, name), bool), name, "true or false")
     need(isinstance(command.note, str), "note", "text")
+    if isinstance(command, Retune):
+        need(command.freeze is None or isinstance(command.freeze, bool), "freeze", "true, false or absent")
     if isinstance(command, Retune):
         need(command.budget is None or (isinstance(command.budget, int) and not isinstance(command.budget, bool)), "budget", "a whole number")
         need(command.cls is None or isinstance(command.cls, str), "cls", "a class name")

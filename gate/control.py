@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gate.backends import controller_settings
-from gate.commands import ActionResult, Command, CommandError, Drain, Freeze, Pause, Retune, ssh_origin
+from gate.commands import ActionResult, Command, CommandError, Drain, Freeze, Pause, Retune, describe, ssh_origin
 from gate.config import ClassConfig, Config, ConfigError, validate_config
 from gate.records import AuditRecord, AuditSource
 
@@ -120,6 +120,8 @@ class Control:
             results.append(self._audit(operator, source, "set_class", f"class:{change.cls}", _diff_old(current, change.class_changes), _diff_new(change.class_changes), change.note))
         if change.budget is not None:
             results += self._set_budget(targets, change.budget, operator, source, change.note)
+        if change.freeze is not None and change.freeze != self.frozen:
+            results.append(self.freeze(change.freeze, operator=operator, note=change.note, source=source))
         return results
 
     def set_budget(self, tokens: int, *, operator: Operator, backend: str | None = None, note: str = "", source: AuditSource = "console") -> list[ActionResult]:
@@ -269,7 +271,7 @@ class Control:
             target=target, old_value=_fmt(old), new_value=_fmt(new), note=note,
         )
         self.gate.audit(record)
-        message = f"{action} {target}: {record.old_value} -> {record.new_value}"
+        message = describe(action, target, record.old_value, record.new_value)
         return ActionResult(action, target, record.old_value, record.new_value, message)
 
 

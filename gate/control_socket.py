@@ -206,6 +206,10 @@ class ControlServer:
                     await self._send(session, reply)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            # close() ends the sessions: end quietly, or asyncio's stream callback logs the
+            # cancellation as an "Exception in callback" traceback at every stop.
+            pass
         finally:
             self._drop(session)
             self._handlers.discard(task)
@@ -268,7 +272,7 @@ class ControlServer:
         gate = self.gate
         return {
             "gate_id": gate.gate_id, "version": __version__, "label": gate.label, "listen": f"{gate.host}:{gate.port}",
-            "journal": gate.journal_path, "operator": session.operator.name, "origin": session.operator.origin,
+            "journal": gate.journal_path if gate.journal_path == ":memory:" else os.path.abspath(gate.journal_path), "operator": session.operator.name, "origin": session.operator.origin,
             "read_only": session.read_only, "classes": list(gate.config.class_names), "drain_grace_s": gate.drain_grace_s,
         }
 

@@ -63,9 +63,33 @@ def iso(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
+DEFAULT_JOURNAL = "tokengate.db"
+DEMO_JOURNAL = "tokengate-demo.db"  # what `tokengate console --demo` writes (gate/demo.py)
+
+
+def find_journal(given: str | None, cwd: str = ".") -> tuple[str, str | None]:
+    """The journal to read and a note for stderr (or None).
+
+    Given a path, that path. Else tokengate.db in the working directory, or, when only the
+    demo's journal is there, the demo's (with a note saying so: an engineer who just ran
+    the demo looks for its journal with a bare `tokengate log`).
+    """
+    if given:
+        return given, None
+    default, demo = os.path.join(cwd, DEFAULT_JOURNAL), os.path.join(cwd, DEMO_JOURNAL)
+    if not os.path.exists(default) and os.path.exists(demo):
+        shown = os.path.relpath(demo) if cwd == "." else demo
+        return shown, f"{DEFAULT_JOURNAL} not found here; reading the demo's journal {shown}"
+    return (DEFAULT_JOURNAL if cwd == "." else default), None
+
+
 def open_read_only(path: str) -> sqlite3.Connection:
     if not os.path.exists(path):
-        raise ExportError(f"{path}: journal file not found")
+        raise ExportError(
+            f"{path}: journal file not found (a gate writes it where [gate] journal says, "
+            f"default {DEFAULT_JOURNAL} in its working directory; the demo writes {DEMO_JOURNAL}; "
+            "pass --journal FILE)"
+        )
     if not os.path.isfile(path):
         raise ExportError(f"{path}: not a file")
     uri = Path(path).absolute().as_uri() + "?mode=ro"
@@ -132,11 +156,17 @@ def export(
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     conn = open_read_only(path)
+    rows: Iterator[tuple[Any, ...]] | None = None
     try:
         columns, rows = _rows(conn, kind, since_ts, path)
         writer = {"json": _write_json, "csv": write_csv, "table": _write_table}[fmt]
         return writer(columns, rows, out)
     finally:
+        # A reader that went away (`| head`) leaves the row stream half read: close it (and
+        # its cursor) while the connection is open, not later in the garbage collector,
+        # which would print "Exception ignored ... Cannot operate on a closed database".
+        if rows is not None:
+            rows.close()  # type: ignore[attr-defined]
         conn.close()
 
 

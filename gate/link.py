@@ -97,6 +97,12 @@ class InProcessLink:
             raise CommandError("this console is read-only: the gate refuses its commands")
         return self.gate.control.execute(command, operator=self.operator, source="console")
 
+    async def stop_gate(self, why: str) -> None:
+        """Ask the gate to drain and stop (its serve loop decides; see serve_until_signalled)."""
+        if self.gate.stop_requested is None:
+            raise CommandError("this gate is not stopped from a console")
+        await self._on_gate(self.gate.stop_requested, why)
+
     def subscribe(self, listener: Callable[[AuditRecord], None]) -> None:
         self._listeners.append(listener)
         self.gate.audit_listeners.append(listener)

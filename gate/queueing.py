@@ -94,6 +94,11 @@ class ClassQueue:
         self._depth = value
         self._grandfathered = len(self._by_id) if len(self._by_id) > value else 0
 
+    def oldest(self) -> Waiting | None:
+        """The waiter enqueued first (of every tenant's head), or None when empty."""
+        heads = [fifo[0] for fifo in self._fifos.values() if fifo]
+        return min(heads, key=lambda w: w.enqueued_at) if heads else None
+
     def oldest_enqueued_at(self) -> float | None:
         heads = [fifo[0].enqueued_at for fifo in self._fifos.values()]
         return min(heads) if heads else None

@@ -19,6 +19,7 @@ class _Bucket:
     second: int
     outcomes: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # (cls, outcome, reason)
     ttft_ms: dict[str, list[float]] = field(default_factory=dict)
+    queue_ms: dict[str, list[float]] = field(default_factory=dict)
 
 
 class Rollup:
@@ -28,13 +29,18 @@ class Rollup:
         self.horizon_s = horizon_s
         self._buckets: deque[_Bucket] = deque()
 
-    def add(self, now: float, cls: str, outcome: str, reason: str, ttft_ms: float | None = None) -> None:
+    def add(
+        self, now: float, cls: str, outcome: str, reason: str, ttft_ms: float | None = None, queue_ms: float | None = None,
+    ) -> None:
+        """`queue_ms`: time spent waiting in the gate's queue, whatever the outcome (a queue
+        timeout waited longest of all)."""
         bucket = self._bucket(int(now))
         bucket.outcomes[(cls, outcome, reason)] += 1
-        if ttft_ms is not None:
-            samples = bucket.ttft_ms.setdefault(cls, [])
-            if len(samples) < _TTFT_PER_BUCKET:
-                samples.append(ttft_ms)
+        for value, per_class in ((ttft_ms, bucket.ttft_ms), (queue_ms, bucket.queue_ms)):
+            if value is not None:
+                samples = per_class.setdefault(cls, [])
+                if len(samples) < _TTFT_PER_BUCKET:
+                    samples.append(value)
 
     def counts(self, now: float, window_s: int) -> Counter[tuple[str, str, str]]:
         total: Counter[tuple[str, str, str]] = Counter()
@@ -52,10 +58,10 @@ class Rollup:
         }
 
     def p95_ttft_ms(self, now: float, cls: str, window_s: int = 60) -> float | None:
-        values = sorted(v for b in self._within(now, window_s) for v in b.ttft_ms.get(cls, ()))
-        if not values:
-            return None
-        return values[max(0, math.ceil(0.95 * len(values)) - 1)]
+        return _p95(v for b in self._within(now, window_s) for v in b.ttft_ms.get(cls, ()))
+
+    def p95_queue_ms(self, now: float, cls: str, window_s: int = 60) -> float | None:
+        return _p95(v for b in self._within(now, window_s) for v in b.queue_ms.get(cls, ()))
 
     def _bucket(self, second: int) -> _Bucket:
         if not self._buckets or self._buckets[-1].second < second:
@@ -70,3 +76,10 @@ class Rollup:
     def _within(self, now: float, window_s: int):
         start = int(now) - window_s
         return (b for b in self._buckets if b.second > start)
+
+
+def _p95(samples) -> float | None:
+    values = sorted(samples)
+    if not values:
+        return None
+    return values[max(0, math.ceil(0.95 * len(values)) - 1)]

@@ -312,7 +312,7 @@ class GateService:
         """One finished request: journal, in-memory tail and metrics; the future resolves at commit."""
         committed = self.journal.add(record) if self.journal is not None else None
         self.records.add(record)
-        self.rollup.add(self.clock(), record.cls, record.outcome, record.reason, record.ttft_ms)
+        self.rollup.add(self.clock(), record.cls, record.outcome, record.reason, record.ttft_ms, record.queue_ms)
         m = self.metrics
         m.decision(cls=record.cls, outcome=record.outcome, reason=record.reason, model=model or "")
         if record.token_count_source is not None:
@@ -458,6 +458,7 @@ class GateService:
         for c in config.classes:
             in_flight = queued = 0
             oldest: float | None = None
+            waiting_on = ""
             for b in self.backends:
                 if b.admission is None:
                     continue
@@ -465,8 +466,9 @@ class GateService:
                 in_flight += b.admission.ledger.class_tokens(c.name)
                 queued += len(q)
                 enq = q.oldest_enqueued_at()
-                if enq is not None:
-                    oldest = max(oldest or 0.0, now - enq)
+                if enq is not None and now - enq >= (oldest or 0.0):
+                    oldest = now - enq
+                    waiting_on = b.admission.waiting_on(c.name)
             classes.append(
                 ClassView(
                     name=c.name, priority=c.priority, paused=c.name in self.control.paused,
@@ -476,6 +478,7 @@ class GateService:
                     admitted_per_min=sum(n for (cls, o, _), n in counts.items() if cls == c.name and o == "admitted"),
                     refused_per_min=sum(n for (cls, o, _), n in counts.items() if cls == c.name and o == "refused"),
                     p95_ttft_ms=self.rollup.p95_ttft_ms(now, c.name),
+                    p95_queue_ms=self.rollup.p95_queue_ms(now, c.name), waiting_on=waiting_on,
                 )
             )
         controllers = [b.controller for b in self.backends if b.controller is not None]
@@ -583,7 +586,9 @@ async def serve_until_signalled(
     gate = GateService(config)
     gate.drain_grace_s = grace_s
     if demo:
-        gate.label = "SIMULATED"
+        from gate.demo import dress_demo_gate
+
+        dress_demo_gate(gate, DEMO_SIMULATOR(seed))  # SIMULATED label, GPU and model size
     stop = asyncio.Event()
     why: list[str] = []
 

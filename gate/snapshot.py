@@ -24,6 +24,7 @@ Label = Literal["LIVE", "SIMULATED", "REVIEW"]
 class GpuProcess:
     pid: int
     used_bytes: int | None  # None: NVML does not know (e.g. WDDM, or not permitted)
+    name: str = ""  # when the gate knows what it is (the demo's simulated llama-server)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +95,8 @@ class ClassView:
     admitted_per_min: int
     refused_per_min: int
     p95_ttft_ms: float | None
+    p95_queue_ms: float | None = None  # time in the gate's queue, last minute, every outcome
+    waiting_on: str = ""  # what keeps its oldest waiter waiting now ("slots 4/4 busy", "paused", ...)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +183,9 @@ def format_reading(reading: GpuReading, labels: Mapping[int, str] | None = None)
         util = "n/a" if dev.utilization_pct is None else f"{dev.utilization_pct}%"
         lines.append(f"GPU{dev.index} {dev.name}  {_gib(dev.used_bytes)}/{_gib(dev.total_bytes)} GiB  {util}")
         for proc in dev.processes:
-            if labels and proc.pid in labels:
+            label = labels.get(proc.pid) if labels else None
+            label = label or proc.name
+            if label:
                 used = "n/a" if proc.used_bytes is None else f"{_gib(proc.used_bytes)} GiB"
-                lines.append(f"  {labels[proc.pid]} (pid {proc.pid})  {used}")
+                lines.append(f"  {label} (pid {proc.pid})  {used}")
     return lines

@@ -17,6 +17,9 @@ LEGEND = (
     ("deferred", "llama-server's own queue: the gate keeps it at 0; red otherwise"),
     ("bars", "green < 70%, yellow < 90%, red above (GPU: nvitop's 10/80%)"),
     ("header", "READ-ONLY: no actions; PAUSED: rendering stopped, the gate still collects"),
+    ("KV reserved", "tokens in flight x KV bytes per token (GGUF header; n/a when the model file is not on this host) against the pool"),
+    ("waits on", "what keeps a class's oldest request waiting: slots, token budget, class limit, tenant quota, prefill limit, priority, PAUSED"),
+    ("wait p95", "time in the gate's own queue (TTFT p95 is measured from dispatch: it does not include it)"),
 )
 
 
@@ -25,9 +28,12 @@ class HelpScreen(ModalScreen[None]):
 
     BINDINGS = [Binding("escape,question_mark,q", "close", "close")]
 
-    def __init__(self, keys: Sequence[tuple[str, str]], *, read_only: bool = False) -> None:
+    def __init__(
+        self, keys: Sequence[tuple[str, str]], *, read_only: bool = False, about: Sequence[tuple[str, str]] = (),
+    ) -> None:
         super().__init__(classes="dialog-screen")
         self.keys = list(keys)
+        self.about = list(about)  # (name, value): the journal's path, the console's own tick time
         self.read_only = read_only
 
     def compose(self) -> ComposeResult:
@@ -48,6 +54,14 @@ class HelpScreen(ModalScreen[None]):
                 yield Static(table, id="help-keys")
                 yield Static(Text("\nColours", style="bold"))
                 yield Static(legend, id="help-legend")
+                if self.about:
+                    about = Table.grid(padding=(0, 2))
+                    about.add_column(style="bold", no_wrap=True)
+                    about.add_column()
+                    for name, value in self.about:
+                        about.add_row(name, Text(value))
+                    yield Static(Text("\nThis console", style="bold"))
+                    yield Static(about, id="help-about")
             yield Static("esc, ? or q closes", classes="dialog-hint")
 
     def action_close(self) -> None:

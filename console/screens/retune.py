@@ -16,7 +16,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Static
+from textual.widgets import Button, Checkbox, Input, Label, Static
 
 from gate.commands import CommandError, Retune
 from gate.link import LinkLost
@@ -35,12 +35,35 @@ class RetuneChanges:
     settings: dict[str, Any] = field(default_factory=dict)  # set_budget_settings
     cls: str | None = None
     class_changes: dict[str, Any] = field(default_factory=dict)  # set_class(cls, ...)
+    freeze: bool | None = None  # freeze the controller in the same command
 
     def __bool__(self) -> bool:
-        return self.budget is not None or bool(self.settings) or bool(self.class_changes)
+        return self.budget is not None or bool(self.settings) or bool(self.class_changes) or self.freeze is not None
 
     def command(self) -> Retune:
-        return Retune(budget=self.budget, settings=dict(self.settings), cls=self.cls, class_changes=dict(self.class_changes))
+        return Retune(
+            budget=self.budget, settings=dict(self.settings), cls=self.cls, class_changes=dict(self.class_changes),
+            freeze=self.freeze,
+        )
+
+
+def controller_outlook(snap: GateSnapshot) -> str:
+    """What the adaptive controller will do with a budget set by hand (the retune form says it)."""
+    c = snap.controller
+    if c.mode != "adaptive":
+        return "static budget: the value stays until changed"
+    if c.frozen:
+        return "controller frozen: the value stays until you unfreeze it (f)"
+    slo = c.slo_ttft_ms
+    if c.p95_ttft_ms is None:
+        now = "with too few samples it waits; then"
+    elif c.p95_ttft_ms < 0.7 * slo:
+        now = f"p95 TTFT {c.p95_ttft_ms:,.0f} ms < 0.7 x SLO: it will raise it (x1.1 per step, up to {c.ceiling or 0:,}) when there is demand;"
+    elif c.p95_ttft_ms > 1.2 * slo:
+        now = f"p95 TTFT {c.p95_ttft_ms:,.0f} ms > 1.2 x SLO: it will lower it (x0.8 per step, down to {c.min_tokens:,});"
+    else:
+        now = f"p95 TTFT {c.p95_ttft_ms:,.0f} ms is near the SLO: it holds it for now;"
+    return f"adaptive controller: {now} it moves the budget after every cool-down. Freeze it to keep your value."
 
 
 class Invalid(ValueError):
@@ -125,6 +148,8 @@ class RetuneScreen(ModalScreen[list[str] | None]):
                 default_max_tokens=str(v.default_max_tokens),
             )
         self.keys = [k for k, _ in FIELDS if k in self.initial]
+        #: the controller would move a budget set by hand: the form offers to freeze it
+        self.offers_freeze = c.mode == "adaptive" and not c.frozen
         self.errors: dict[str, str] = {}
 
     # ---- layout ------------------------------------------------------------------
@@ -145,6 +170,9 @@ class RetuneScreen(ModalScreen[list[str] | None]):
                         yield Label("", id=f"error-{key}", classes="retune-error", markup=False)
                 if not self.initial["budget"]:
                     yield Static("budget: backends differ or are not ready; leave empty to keep", classes="dialog-hint")
+                yield Static(controller_outlook(self.snap), id="retune-controller", classes="dialog-hint", markup=False)
+                if self.offers_freeze:
+                    yield Checkbox("freeze the controller (it keeps the budget you set)", id="retune-freeze", compact=True)
             yield Label("", id="retune-result", classes="retune-error", markup=False)
             yield Static("enter saves when every field is valid · esc cancels · tab moves", classes="dialog-hint")
             with Horizontal(classes="dialog-buttons"):
@@ -252,6 +280,8 @@ class RetuneScreen(ModalScreen[list[str] | None]):
                 out.settings[key] = float(values[key]) if key == "slo_ttft_p95_ms" else values[key]
             else:
                 out.class_changes[key] = float(values[key]) if key == "queue_timeout_s" else values[key]
+        if self.offers_freeze and self.query_one("#retune-freeze", Checkbox).value:
+            out.freeze = True
         return out
 
     def on_input_changed(self, event: Input.Changed) -> None:

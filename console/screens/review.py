@@ -33,7 +33,7 @@ from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 from textual.worker import Worker, WorkerState, get_current_worker
@@ -148,16 +148,17 @@ class ReviewScreen(Screen[str | None]):
     ReviewScreen #review-body {
         height: 1fr;
     }
-    ReviewScreen #review-top {
-        height: 14;
-    }
     ReviewScreen #review-chart {
         width: 1fr;
-        height: 14;
+        height: 2fr;
+        min-height: 5;
+        max-height: 16;
     }
     ReviewScreen #review-audit-box {
-        width: 58;
-        height: 14;
+        width: 1fr;
+        height: 1fr;
+        min-height: 3;
+        max-height: 10;
     }
     ReviewScreen #review-audit-title {
         height: 1;
@@ -168,7 +169,6 @@ class ReviewScreen(Screen[str | None]):
     }
     ReviewScreen #review-filter {
         height: 1;
-        margin-top: 1;
     }
     ReviewScreen #review-filter-error {
         height: auto;
@@ -179,8 +179,10 @@ class ReviewScreen(Screen[str | None]):
         display: block;
     }
     ReviewScreen #review-decisions {
-        height: 1fr;
+        height: 3fr;
+        min-height: 10;
     }
+
     ReviewScreen #review-status {
         height: 1;
         background: $panel;
@@ -215,20 +217,22 @@ class ReviewScreen(Screen[str | None]):
         slo_ttft_ms: float | None = None,
         clock: Callable[[], float] | None = None,
         export_dir: str | os.PathLike[str] | None = None,
-        range_index: int = DEFAULT_RANGE,
+        range_index: int | None = None,
         name: str | None = None,
         id: str | None = None,  # noqa: A002 - Textual's name
         classes: str | None = None,
     ) -> None:
         """``clock``: returns "now" (epoch seconds); default: the journal's newest row.
         ``slo_ttft_ms``: draws the SLO line (the journal does not record it).
-        ``export_dir``: where ``e`` writes its CSV (default: the working directory)."""
+        ``export_dir``: where ``e`` writes its CSV (default: the working directory).
+        ``range_index``: into RANGES; default: the shortest range that holds the whole journal."""
         super().__init__(name=name, id=id, classes=classes)
         self.journal_path = os.fspath(journal_path)
         self.slo_ttft_ms = slo_ttft_ms
         self.clock = clock
         self.export_dir = Path(export_dir) if export_dir is not None else None
-        self.range_index = range_index
+        self.range_index = DEFAULT_RANGE if range_index is None else range_index
+        self._fit_range = range_index is None
         self.reader: JournalReader | None = None
         #: the open error (shown instead of the review), if any
         self.error: str | None = None
@@ -241,6 +245,7 @@ class ReviewScreen(Screen[str | None]):
         self.page_no = 1
         self.total = 0
         self.audit: list[dict[str, Any]] = []
+        self.audit_shown: list[dict[str, Any]] = []  # as listed, top to bottom
         self.audit_total = 0
         #: (path, rows) of the last finished export
         self.last_export: tuple[Path, int] | None = None
@@ -253,21 +258,17 @@ class ReviewScreen(Screen[str | None]):
     def compose(self) -> ComposeResult:
         yield Static(self._header_text(), id="review-header")
         with Vertical(id="review-body"):
-            with Horizontal(id="review-top"):
-                yield BudgetChart(
-                    id="review-chart",
-                    time_axis="utc",
-                    title="tokens (left) · p95 TTFT ms (right) · UTC",
-                )
-                with Vertical(id="review-audit-box"):
-                    yield Static("audit", id="review-audit-title")
-                    audit = DataTable(id="review-audit", cursor_type="row", zebra_stripes=True)
-                    audit.add_column("time (UTC)", key="ts")
-                    audit.add_column("action", key="action")
-                    audit.add_column("target", key="target")
-                    audit.add_column("change", key="change")
-                    audit.add_column("who", key="operator")
-                    yield audit
+            yield BudgetChart(
+                id="review-chart",
+                time_axis="utc",
+                title="tokens (left) · p95 TTFT ms (right) · UTC",
+            )
+            with Vertical(id="review-audit-box"):
+                yield Static("audit", id="review-audit-title")
+                audit = DataTable(id="review-audit", cursor_type="row", zebra_stripes=True)
+                for label, key in AUDIT_COLUMNS:
+                    audit.add_column(label, key=key)
+                yield audit
             yield Input(placeholder=f"/ filter: {FILTER_HELP}", id="review-filter", compact=True)
             yield Static("", id="review-filter-error")
             table = DecisionTable(id="review-decisions", cursor_type="row", zebra_stripes=True)
@@ -331,6 +332,13 @@ class ReviewScreen(Screen[str | None]):
             self.now = float(self.clock())
         else:
             self.now = hi if hi is not None else time.time()
+        if self._fit_range and self.oldest is not None:
+            # Open on the data: a journal of 9 minutes opens on 15m, not on 1h of blank.
+            span = self.now - self.oldest
+            self.range_index = next(
+                (i for i, (_label, seconds) in enumerate(RANGES) if seconds is not None and span <= seconds),
+                len(RANGES) - 1,
+            )
 
     def _range_bounds(self) -> tuple[float | None, float | None]:
         """[since, until) of the current range; until just past "now" (inclusive of it)."""
@@ -380,20 +388,10 @@ class ReviewScreen(Screen[str | None]):
         )
         table = self.query_one("#review-audit", DataTable)
         table.clear()
+        self.audit_shown = list(reversed(audit))  # newest first, like the decisions
         table.add_rows(
-            (
-                (
-                    Text(_utc(a["ts"], self.time_fmt)),
-                    Text(a["action"]),
-                    Text(a["target"]),
-                    Text(
-                        f"{a['old_value'] if a['old_value'] is not None else '-'} → "
-                        f"{a['new_value'] if a['new_value'] is not None else '-'}"
-                    ),
-                    Text(f"{a['operator']} ({a['source']}, {a['origin']})"),
-                )
-                for a in reversed(audit)  # newest first, like the decisions
-            )
+            tuple(Text(_utc(a["ts"], self.time_fmt)) if key == "ts" else Text(_audit_value(a, key)) for _l, key in AUDIT_COLUMNS)
+            for a in self.audit_shown
         )
         title = f"audit: {audit_total:,} in range"
         if audit_total > len(audit):
@@ -537,6 +535,27 @@ class ReviewScreen(Screen[str | None]):
         if self.reader is not None:
             self.run_worker(self._load_decisions("prev"), group="review-decisions", exclusive=True, exit_on_error=False)
 
+    @on(DataTable.RowSelected)
+    def _row_selected(self, event: DataTable.RowSelected) -> None:
+        """Enter (or a click on the selected row): every field of that row, uncut."""
+        event.stop()
+        self.open_row(event.data_table, event.cursor_row)
+
+    def open_row(self, table: DataTable, row: int) -> None:
+        from console.screens.record import RecordScreen
+
+        focused = table
+        if focused.id == "review-audit" and row < len(self.audit_shown):
+            a = self.audit_shown[row]
+            fields = [("time (UTC)", _utc(a["ts"], "%Y-%m-%d %H:%M:%S"))]
+            fields += [(label, _audit_value(a, key)) for label, key in AUDIT_COLUMNS if key != "ts"]
+            self.app.push_screen(RecordScreen(f"audit: {a['action']} {a['target']}", fields))
+        elif focused.id == "review-decisions" and row < len(self.page_rows):
+            r = self.page_rows[row]
+            fields = [("time (UTC)", _utc(r["ts"], "%Y-%m-%d %H:%M:%S"))]
+            fields += [(k, "-" if v is None else str(v)) for k, v in r.items() if k != "ts"]
+            self.app.push_screen(RecordScreen(f"decision {r.get('request_id', '')}", fields))
+
     def action_focus_filter(self) -> None:
         self.query_one("#review-filter", Input).focus()
 
@@ -612,6 +631,24 @@ class ReviewScreen(Screen[str | None]):
             what = "export" if worker.group == "review-export" else "review"
             message = str(error) if isinstance(error, ReviewError) else f"{type(error).__name__}: {error}"
             self.notify(message, title=f"{what} failed", severity="error", timeout=10)
+
+
+AUDIT_COLUMNS = (
+    ("time (UTC)", "ts"),
+    ("operator", "operator"),
+    ("from", "origin"),
+    ("source", "source"),
+    ("action", "action"),
+    ("target", "target"),
+    ("old", "old_value"),
+    ("new", "new_value"),
+    ("note", "note"),
+)
+
+
+def _audit_value(a: dict[str, Any], key: str) -> str:
+    value = a.get(key)
+    return "-" if value is None or value == "" else str(value)
 
 
 def _outcome_text(outcome: str) -> Text:

@@ -24,8 +24,9 @@ TimeAxis = Literal["relative", "utc"]
 BUDGET_COLOR = "cyan"
 IN_FLIGHT_COLOR = "green"
 TTFT_COLOR = "magenta"
-SLO_COLOR = "red"
+SLO_COLOR = "yellow"  # never the p95's colour: the two must be told apart at a glance
 MARK_COLOR = "orange"
+HAND_SET_COLOR = "white"
 
 #: Steps (seconds) the time axis may use between ticks.
 _NICE_STEPS = (
@@ -148,6 +149,53 @@ def value_ticks(top: float, max_ticks: int = 5) -> tuple[list[float], list[str]]
 
 
 DEFAULT_COLUMNS = 120  # width assumed before the first layout
+LABEL_ROWS = 3  # rows of mark labels under the top of the plot
+LABEL_CHARS = 10
+
+
+def place_labels(
+    marks: Sequence[tuple[float, str]], lo: float, hi: float, columns: int
+) -> list[tuple[float, str, int, str]]:
+    """(x, label, row, alignment) for the marks whose label fits without touching another:
+    each label starts at its line (ends there when it would run off the right edge) and
+    takes the first of LABEL_ROWS rows where its characters (plus a space) are free; a
+    label that fits nowhere is left out (its vertical line stays)."""
+    taken: list[list[tuple[int, int]]] = [[] for _ in range(LABEL_ROWS)]
+    placed: list[tuple[float, str, int, str]] = []
+    plot_columns = max(columns - 12, 10)  # the axes take some
+    for x, text in marks:
+        text = text[:LABEL_CHARS]
+        col = int((x - lo) / (hi - lo) * plot_columns) if hi > lo else 0
+        start, alignment = col, "left"
+        if col + len(text) >= plot_columns:
+            start, alignment = col - len(text), "right"
+        end = start + len(text) + 1
+        for row, spans in enumerate(taken):
+            if all(end <= a or start >= b for a, b in spans):
+                spans.append((start, end))
+                placed.append((x, text, row, alignment))
+                break
+    return placed
+
+
+def _right_top(right_max: float | None, slo: float | None, top_left: float, rows: int) -> float:
+    """The right axis' top: room above p95 and the SLO, chosen so the SLO line does not fall
+    on a row that carries a left-axis label (it would read as a number of tokens)."""
+    base = max(right_max or 0.0, slo or 0.0) or 1.0
+    if not slo or slo <= 0:
+        return base * 1.2
+    left = [t / top_left * (rows - 1) for t in value_ticks(top_left)[0]]  # rows from the bottom
+    best, best_gap = base * 1.2, -1.0
+    for step in range(41):  # 1.2 .. 3.2 x
+        top = base * (1.2 + 0.05 * step)
+        at = slo / top * (rows - 1)
+        gap = min(abs(at - row) for row in left) if left else rows
+        clash = any(math.floor(at + 0.5) == math.floor(row + 0.5) or round(at) == round(row) for row in left)
+        if not clash:  # on a row of its own, whichever way plotext rounds
+            return top
+        if gap > best_gap:
+            best, best_gap = top, gap
+    return best
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +208,7 @@ class _Series:
     marks: list[tuple[float, str]]
     now: float | None
     window_s: float | None
+    hand_set: tuple[float, float] | None = None
 
 
 def _downsample(
@@ -262,8 +311,13 @@ class BudgetChart(PlotextPlot):
         marks: Sequence[tuple[float, str]] = (),
         now: float | None = None,
         window_s: float | None = None,
+        hand_set: tuple[float, float] | None = None,
     ) -> None:
         """Replace what the chart shows, then redraw.
+
+        ``hand_set``: (epoch seconds, tokens) of the newest budget an operator set by
+        hand, drawn from then to now beside the budget the gate runs with (the adaptive
+        controller may have moved it since: both show).
 
         ``times`` are wall-clock epoch seconds, one per value of ``budget``, ``in_flight``
         and ``p95_ttft_ms`` (None = no value: the line breaks there). ``marks`` are
@@ -284,7 +338,8 @@ class BudgetChart(PlotextPlot):
             )
         self._series_set = True
         self._data = _Series(
-            list(times), list(budget), list(in_flight), list(p95_ttft_ms), slo_ttft_ms, list(marks), now, window_s
+            list(times), list(budget), list(in_flight), list(p95_ttft_ms), slo_ttft_ms, list(marks), now, window_s,
+            hand_set,
         )
         self._drawn_width = self.size.width
         self._redraw()
@@ -327,6 +382,8 @@ class BudgetChart(PlotextPlot):
 
         points = 0
         # left axis: tokens
+        if data.hand_set is not None:
+            left_max = max(left_max or 0.0, float(data.hand_set[1]))
         top_left = (left_max or 0.0) * 1.15 or 1.0
         for label, series, color in (
             ("budget", budget, BUDGET_COLOR),
@@ -335,8 +392,11 @@ class BudgetChart(PlotextPlot):
             for i, (rx, ry) in enumerate(_runs(xs, series)):
                 plt.plot(rx, ry, marker="braille", color=color, label=label if i == 0 else None)
                 points += len(rx)
+        if data.hand_set is not None and lo <= float(data.hand_set[0]) - now <= hi:
+            x0, value = float(data.hand_set[0]) - now, float(data.hand_set[1])
+            plt.plot([x0, hi], [value, value], marker="dot", color=HAND_SET_COLOR, label="set by hand")
         # right axis: p95 TTFT ms and the SLO (plotted as a line: plotext's hline ignores yside)
-        top_right = max(right_max or 0.0, slo_ttft_ms or 0.0) * 1.2 or 1.0
+        top_right = _right_top(right_max, slo_ttft_ms, top_left, self._plot_rows())
         for i, (rx, ry) in enumerate(_runs(xs, p95)):
             plt.plot(
                 rx, ry, marker="braille", color=TTFT_COLOR, yside="right",
@@ -344,7 +404,7 @@ class BudgetChart(PlotextPlot):
             )
             points += len(rx)
         if slo_ttft_ms is not None and slo_ttft_ms > 0:
-            plt.plot([lo, hi], [slo_ttft_ms, slo_ttft_ms], marker="braille", color=SLO_COLOR, yside="right", label="SLO")
+            plt.plot([lo, hi], [slo_ttft_ms, slo_ttft_ms], marker="-", color=SLO_COLOR, yside="right", label="SLO")
         self.points = points
 
         # marks: one per character column at most (plotext draws each line over the whole
@@ -358,17 +418,27 @@ class BudgetChart(PlotextPlot):
         for x, _text in shown:
             plt.vline(x, MARK_COLOR)
         if 0 < len(shown) <= MAX_LABELLED_MARKS:
-            for i, (x, text) in enumerate(shown):  # staggered over 3 rows: close marks stay legible
-                plt.text(text[:10], x, top_left * (0.97 - 0.1 * (i % 3)), color=MARK_COLOR, alignment="left")
+            # mid-height rows: the legend takes the top left, the budget runs near the top
+            for x, text, row, alignment in place_labels(shown, lo, hi, columns):
+                plt.text(text, x, top_left * (0.62 - 0.09 * row), color=MARK_COLOR, alignment=alignment)
 
         plt.xlim(lo, hi)
         plt.ylim(0, top_left)
         plt.yticks(*value_ticks(top_left))
-        plt.yticks(*value_ticks(top_right), yside="right")
+        right_ticks, right_labels = value_ticks(top_right)
+        if slo_ttft_ms is not None and slo_ttft_ms > 0:
+            # the SLO gets its own tick on the right axis (a tick too close to it gives way)
+            keep = [(t, label) for t, label in zip(right_ticks, right_labels) if abs(t - slo_ttft_ms) > 0.08 * top_right]
+            right_ticks = [t for t, _ in keep] + [slo_ttft_ms]
+            right_labels = [label for _, label in keep] + [_compact(round(slo_ttft_ms, 10))]
+        plt.yticks(right_ticks, right_labels, yside="right")
         plt.ylim(0, top_right, yside="right")
         ticks, labels = time_ticks(lo, hi, now, self.time_axis)
         plt.xticks(ticks, labels)
         self.refresh()
+
+    def _plot_rows(self) -> int:
+        return max((self.size.height or 20) - 4, 4)  # title, top frame, x axis, its labels
 
     def _draw_empty(self) -> None:
         self.empty = True

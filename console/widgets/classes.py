@@ -2,7 +2,10 @@
 
 Its cursor row is "the selected class" that `p` (pause), `d` (drain) and `t`
 (retune) act on. Narrower than NARROW_BELOW columns it drops the static
-columns (priority, reserved, limit) so that load and latency stay visible.
+columns (priority, paused, reserved, limit; "waits on" says PAUSED), narrower
+than TINY_BELOW the rates too, so that load, waiting and latency stay visible.
+"wait p95" is the time in the gate's own queue (TTFT is measured from dispatch
+and does not include it); "waits on" says what keeps the oldest waiter waiting.
 """
 
 from __future__ import annotations
@@ -27,13 +30,17 @@ LABELS: dict[str, str] = {
     "in_flight": "in-flight",
     "queued": "queued",
     "oldest": "oldest",
+    "wait": "wait p95",
     "adm": "adm/m",
     "ref": "ref/m",
-    "p95": "p95/SLO ms",
+    "p95": "TTFT p95/SLO",
+    "binds": "waits on",
 }
 FULL = tuple(LABELS)
-NARROW = ("name", "paused", "in_flight", "queued", "oldest", "adm", "ref", "p95")
-NARROW_BELOW = 96
+NARROW = ("name", "in_flight", "queued", "oldest", "wait", "adm", "ref", "p95", "binds")
+TINY = ("name", "queued", "oldest", "wait", "p95", "binds")
+NARROW_BELOW = 128
+TINY_BELOW = 94
 
 
 def sync_row(table: DataTable, cache: dict[str, dict[str, Any]], key: str, cells: Mapping[str, Any], columns: Sequence[str]) -> None:
@@ -45,7 +52,8 @@ def sync_row(table: DataTable, cache: dict[str, dict[str, Any]], key: str, cells
         for col in columns:
             if old.get(col) != cells[col]:
                 try:
-                    table.update_cell(key, col, cells[col])
+                    # update_width: a column keeps its header's width otherwise ("116" shows as "11")
+                    table.update_cell(key, col, cells[col], update_width=True)
                 except (CellDoesNotExist, RowDoesNotExist):
                     pass
     cache[key] = dict(cells)
@@ -83,7 +91,17 @@ def class_cells(c: ClassView, slo_ms: float) -> dict[str, Any]:
         "adm": c.admitted_per_min,
         "ref": Text(str(c.refused_per_min), style="bold red" if c.refused_per_min else ""),
         "p95": Text(f"{p95}/{slo_ms:,.0f}", style=ttft_style(c.p95_ttft_ms, slo_ms)),
+        "wait": _wait_ms(c.p95_queue_ms, c.queue_timeout_s),
+        # What binds now: PAUSED whatever else (the queue is held), else why the oldest waits.
+        "binds": Text("PAUSED", style="bold black on yellow") if c.paused else Text(c.waiting_on, style="yellow"),
     }
+
+
+def _wait_ms(ms: float | None, timeout_s: float) -> Text:
+    """p95 time in the gate's queue: the wait TTFT (measured from dispatch) does not show."""
+    if ms is None:
+        return Text("-", style="dim")
+    return _wait(ms / 1000, timeout_s) if ms >= 100 else Text(f"{ms:.0f}ms", style="green")
 
 
 class ClassesTable(DataTable):
@@ -100,7 +118,8 @@ class ClassesTable(DataTable):
             self.add_column(LABELS[key], key=key)
 
     def on_resize(self, event: events.Resize) -> None:
-        wanted = NARROW if event.size.width < NARROW_BELOW else FULL
+        width = event.size.width
+        wanted = TINY if width < TINY_BELOW else NARROW if width < NARROW_BELOW else FULL
         if wanted != self.columns_shown:
             self.columns_shown = wanted
             self._rebuild()

@@ -25,7 +25,7 @@ from gate.records import DecisionRecord
 from gate.snapshot import GateSnapshot
 
 LABELS: dict[str, str] = {
-    "time": "time",
+    "time": "ended",
     "cls": "class",
     "tenant": "tenant",
     "outcome": "outcome",
@@ -36,8 +36,10 @@ LABELS: dict[str, str] = {
     "ttft": "TTFT ms",
 }
 FULL = tuple(LABELS)
-NARROW = ("time", "cls", "tenant", "outcome", "reason", "status", "ttft")
-NARROW_WIDTHS = {"cls": 11, "tenant": 10, "reason": 14}
+# Narrow: the reason whole (the longest, token_budget_exceeded, is 21), the http status
+# left out (each reason has one status, gate/reasons.py).
+NARROW = ("time", "cls", "tenant", "outcome", "reason", "ttft")
+NARROW_WIDTHS = {"cls": 11, "tenant": 10, "reason": 21}
 NARROW_BELOW = 100
 OUTCOME_STYLES = {"admitted": "green", "refused": "bold red", "shed": "magenta", "cancelled": "dim", "failed": "red"}
 
@@ -46,12 +48,19 @@ def _ms(value: float | None) -> str:
     return "" if value is None else f"{value:,.0f}"
 
 
+def ended_at(r: DecisionRecord) -> float:
+    """When the request ended: `ts` is its arrival, `duration_ms` how long it took from there."""
+    return r.ts + (r.duration_ms or 0.0) / 1000.0
+
+
 def decision_cells(r: DecisionRecord) -> dict[str, str]:
     """The row as plain strings (what the filter matches against)."""
     prompt = "?" if r.prompt_tokens is None else str(r.prompt_tokens)
     max_tokens = "?" if r.max_tokens is None else str(r.max_tokens)
     return {
-        "time": time.strftime("%H:%M:%S", time.localtime(r.ts)),
+        # Rows come in as requests end, so the time shown is the end (arrival + duration):
+        # the column then reads in order, top to bottom.
+        "time": time.strftime("%H:%M:%S", time.localtime(ended_at(r))),
         "cls": r.cls or "-",
         "tenant": r.tenant or "-",
         "outcome": r.outcome,
@@ -116,7 +125,7 @@ class DecisionTail(Vertical):
             self.table.clear(columns=True)
             self._add_columns()
             self._rebuild()
-            self.table.scroll_end(animate=False, immediate=True)
+            self.follow()
 
     def compose(self) -> ComposeResult:
         yield self.input
@@ -129,7 +138,7 @@ class DecisionTail(Vertical):
         if not new:
             return
         table = self.table
-        at_end = table.scroll_y >= table.max_scroll_y
+        at_end = self.following
         matching: list[tuple[str, dict[str, str]]] = []
         for r in new:
             cells = decision_cells(r)
@@ -144,9 +153,7 @@ class DecisionTail(Vertical):
         if table.row_count > self.MAX_ROWS + self.SLACK:
             self._rebuild()
         if at_end:
-            # After the refresh: only then does the table know its new max_scroll_y,
-            # and an immediate scroll_end would stop at the old end.
-            table.call_after_refresh(table.scroll_end, animate=False)
+            self.follow()
         self._subtitle()
 
     def _matches(self, haystack: str) -> bool:
@@ -159,12 +166,30 @@ class DecisionTail(Vertical):
         for rid, cells in rows[-self.MAX_ROWS:]:
             table.add_row(*_styled(cells, self.columns_shown), key=rid)
 
+    @property
+    def following(self) -> bool:
+        """True while the newest row is in view (new rows then keep it in view)."""
+        return self.table.scroll_y >= self.table.max_scroll_y
+
+    def follow(self) -> None:
+        """Show the newest rows, and keep showing them as rows arrive."""
+        # After the refresh: only then does the table know its new max_scroll_y,
+        # and an immediate scroll_end would stop at the old end (and stay there).
+        self.table.call_after_refresh(self._scroll_to_newest)
+
+    def _scroll_to_newest(self) -> None:
+        self.table.scroll_end(animate=False, immediate=True)
+        self._subtitle()
+
     def _subtitle(self) -> None:
         shown = self.table.row_count
         if self.filter_text:
-            self.border_subtitle = f"filter '{self.filter_text}': {shown} of {len(self._records)}"
+            text = f"filter '{self.filter_text}': {shown} of {len(self._records)}"
         else:
-            self.border_subtitle = f"{shown} rows"
+            text = f"{shown} rows"
+        if not self.following:
+            text = f"scrolled back, not following: G shows the newest | {text}"
+        self.border_subtitle = text
 
     @property
     def visible_request_ids(self) -> list[str]:
@@ -178,7 +203,7 @@ class DecisionTail(Vertical):
             return
         self.filter_text = text
         self._rebuild()
-        self.table.scroll_end(animate=False, immediate=True)
+        self.follow()
         self._subtitle()
         self.post_message(FilterChanged())
 

@@ -1,4 +1,7 @@
-"""GPU memory per device (NVML), or `n/a: <reason>` when there is no NVML/GPU."""
+"""GPU memory per device (NVML), or `n/a: <reason>` when there is no NVML/GPU; and always
+the KV cache memory the gate has reserved (tokens in flight x KV bytes per token, from the
+model's GGUF header) against the pool llama-server allocated: the VRAM pressure the gate
+controls, shown even on a host where NVML cannot be read."""
 
 from __future__ import annotations
 
@@ -7,8 +10,7 @@ from textual.widgets import Static
 
 from console.widgets.status import show_text
 
-from gate.snapshot import format_reading
-from gate.snapshot import GateSnapshot
+from gate.snapshot import GIB, BackendView, GateSnapshot, format_reading
 
 
 def mem_style(frac: float) -> str:
@@ -37,13 +39,45 @@ def render_gpu(reading, *, compact: bool) -> Text:
         first = False
         if dev is not None and dev.total_bytes:
             frac = dev.used_bytes / dev.total_bytes
-            width = 8 if compact else 12
+            width = 8
             filled = round(frac * width)
             out.append("█" * filled, mem_style(frac))
             out.append("░" * (width - filled) + " ", "grey37")
         out.append(line)
-        if dev is not None:
+        if dev is not None and not compact:
             out.append(" util", "dim")
+    return out
+
+
+def kv_line(b: BackendView, *, compact: bool) -> Text:
+    """``KV reserved ██░░░░░░ 0.08/1.00 GiB 660/8,192 tok x 128K`` (K: KiB a token) for one backend."""
+    out = Text()
+    pool = b.ceiling
+    if not pool:
+        return Text(f"KV {b.name}: pool not known yet", style="dim yellow")
+    frac = min(b.in_flight / pool, 1.0)
+    width = 8
+    filled = round(frac * width)
+    out.append("KV reserved ", "bold")
+    out.append("█" * filled, "green" if frac < 0.7 else "yellow" if frac < 0.9 else "bold red")
+    out.append("░" * (width - filled) + " ", "grey37")
+    per_token = b.kv_bytes_per_token
+    if per_token:
+        out.append(f"{b.in_flight * per_token / GIB:.2f}/{pool * per_token / GIB:.2f} GiB ")
+        out.append(f"{b.in_flight:,}/{pool:,} tok", "dim")
+        if not compact:
+            out.append(f" x {per_token // 1024:,}K", "dim")
+    else:
+        out.append(f"{b.in_flight:,}/{pool:,} tok ")
+        out.append("(bytes/token n/a)", "dim")  # the GGUF file is not on this host (help says so)
+    return out
+
+
+def render_panel(snap: GateSnapshot | None, *, compact: bool) -> Text:
+    out = render_gpu(snap.gpu if snap is not None else None, compact=compact)
+    for b in snap.backends if snap is not None else ():
+        out.append("\n")
+        out.append_text(kv_line(b, compact=compact))
     return out
 
 
@@ -53,12 +87,12 @@ class GpuPanel(Static):
     def __init__(self, **kwargs) -> None:
         super().__init__("", **kwargs)
         self.compact = False
-        self._reading = None
+        self._snap: GateSnapshot | None = None
 
     def set_compact(self, compact: bool) -> None:
         self.compact = compact
-        show_text(self, render_gpu(self._reading, compact=compact))
+        show_text(self, render_panel(self._snap, compact=compact))
 
     def update_snapshot(self, snap: GateSnapshot) -> None:
-        self._reading = snap.gpu
-        show_text(self, render_gpu(snap.gpu, compact=self.compact))
+        self._snap = snap
+        show_text(self, render_panel(snap, compact=self.compact))

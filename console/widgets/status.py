@@ -1,4 +1,6 @@
-"""The status line: refresh interval, render state, filter, and how long a tick took."""
+"""The status line: refresh interval, render state, filter, reaped reservations, console errors.
+
+How long a tick takes is for `?` (help), not for the operator's status line."""
 
 from __future__ import annotations
 
@@ -28,7 +30,6 @@ class StatusBar(Static):
         interval_s: float,
         paused: bool,
         filter_text: str = "",
-        tick_ms: float | None = None,
         error: str | None = None,
         reaped: int = 0,
     ) -> None:
@@ -38,8 +39,6 @@ class StatusBar(Static):
             line.append("  rendering paused (space resumes; the gate keeps collecting)", "bold blue")
         if filter_text:
             line.append(f"  filter '{filter_text}'", "bold cyan")
-        if tick_ms is not None:
-            line.append(f"  tick {tick_ms:.1f} ms", "dim")
         if reaped:
             line.append(f"  reaped {reaped}", "yellow")
         if error:

@@ -8,6 +8,7 @@ from rich.text import Text
 
 from console.app import CHART_POINTS, TokengateApp
 from console.widgets.classes import NARROW as CLASS_NARROW
+from console.widgets.classes import TINY as CLASS_TINY
 from console.widgets.classes import FULL as CLASS_FULL
 from console.widgets.decisions import DecisionTail
 from console.widgets.slots import ttft_style
@@ -38,7 +39,7 @@ async def test_80x24_is_compact_and_shows_the_classes_table(gate):
         for widget in (app.header, app.slots, app.gpu, app.class_table, app.tabs, app.decisions, app.status):
             assert visible(app, widget), widget
         assert not app.denials.display and not app.chart.display  # behind their tabs
-        assert app.class_table.columns_shown == CLASS_NARROW
+        assert app.class_table.columns_shown == CLASS_TINY
         assert [str(r.key.value) for r in app.class_table.ordered_rows] == ["interactive", "batch"]
         # every class row fits on screen, p95 vs SLO column included
         assert app.class_table.region.height >= 3
@@ -91,7 +92,7 @@ async def test_resizing_switches_between_the_layouts(gate):
         await pilot.resize_terminal(80, 24)
         await pilot.pause()
         assert app.compact and visible(app, app.class_table)
-        assert app.class_table.columns_shown == CLASS_NARROW
+        assert app.class_table.columns_shown == CLASS_TINY
         await pilot.resize_terminal(200, 50)
         await pilot.pause()
         assert not app.compact and visible(app, app.denials) and visible(app, app.chart)

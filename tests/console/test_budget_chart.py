@@ -147,3 +147,55 @@ def test_value_ticks_are_round() -> None:
     assert ticks[0] == 0 and ticks[-1] <= 11500
     assert labels[:3] == ["0", "2.5k", "5k"]
     assert value_ticks(0) == ([0.0], ["0"])
+
+
+# ---- issue #12 item 11: readable at 80x24 and 160x48 -------------------------------------
+
+
+def test_close_marks_get_labels_that_never_overlap():
+    from console.widgets.budget_chart import place_labels
+
+    marks = [(float(x), text) for x, text in ((-300, "set 6144"), (-299, "ctl 8192"), (-297, "freeze"), (-296, "open"))]
+    placed = place_labels(marks, -600.0, 0.0, 60)
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for x, text, row, _alignment in placed:
+        start = int((x + 600) / 600 * 48)
+        for a, b in spans.get(row, []):
+            assert start + len(text) + 1 <= a or start >= b, (text, row)
+        spans.setdefault(row, []).append((start, start + len(text) + 1))
+    assert {t for _, t, _, _ in placed} >= {"set 6144", "ctl 8192", "freeze"}
+    (_, _, _, alignment), = place_labels([(-1.0, "started")], -600.0, 0.0, 60)
+    assert alignment == "right"  # at the right edge the label ends at its line  # 3 rows: 3 close labels fit
+
+
+def test_p95_and_slo_have_their_own_colours():
+    from console.widgets.budget_chart import SLO_COLOR, TTFT_COLOR
+
+    assert SLO_COLOR != TTFT_COLOR
+
+
+@pytest.mark.parametrize("height", [12, 16, 22, 29, 32, 40])
+async def test_the_slo_line_never_shares_a_row_with_a_left_axis_label(height):
+    """Rendered, as plotext draws it (80x24 gives the chart 12 rows, 160x48 about 30)."""
+    for slo, budget in ((2500, 8192.0), (2000, 8192.0), (1500, 8192.0), (100000, 8192.0), (1000, 24576.0)):
+        app = ChartApp()
+        async with app.run_test(size=(80, height)) as pilot:
+            chart = app.query_one(BudgetChart)
+            data = series()
+            data["budget"] = [budget] * len(data["budget"])
+            chart.set_series(**data, slo_ttft_ms=slo)
+            await pilot.pause()
+            for line in text_of(chart).splitlines():
+                if "-----" in line:  # the SLO line
+                    left_label = re.split("[┤│]", line, maxsplit=1)[0].strip()
+                    assert not left_label, (height, slo, line[:12])
+
+
+async def test_a_hand_set_budget_shows_beside_the_controllers():
+    app = ChartApp()
+    async with app.run_test(size=(80, 20)) as pilot:
+        chart = app.query_one(BudgetChart)
+        data = series()
+        chart.set_series(**data, slo_ttft_ms=1500, hand_set=(data["times"][100], 6144.0))
+        await pilot.pause()
+        assert "set by hand" in text_of(chart)

@@ -15,7 +15,7 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Static
 
 from console.review_app import DecisionFilters, JournalReader, ReviewApp, ReviewError, check_journal
-from console.screens.review import PAGE_SIZE, FilterError, ReviewScreen, format_filter, parse_filter
+from console.screens.review import PAGE_SIZE, RANGES, FilterError, ReviewScreen, format_filter, parse_filter
 from console.widgets.budget_chart import BudgetChart
 from gate.cli import main
 from gate.journal import Journal
@@ -302,9 +302,11 @@ async def test_audit_rows_listed_and_marked(journal_1000: Path) -> None:
         screen = await settle(pilot)
         audit = screen.query_one("#review-audit", DataTable)
         assert audit.row_count == 3
-        assert [str(audit.get_row_at(i)[1]) for i in range(3)] == ["pause_class", "decrease", "set_budget"]
-        assert str(audit.get_row_at(2)[3]) == "16384 → 12000"
-        assert str(audit.get_row_at(2)[4]) == "alice (console, 10.0.0.7)"
+        assert [str(audit.get_row_at(i)[4]) for i in range(3)] == ["pause_class", "decrease", "set_budget"]
+        assert [str(c) for c in audit.get_row_at(2)[1:8]] == [
+            "alice", "10.0.0.7", "console", "set_budget", "backend:default", "16384", "12000",
+        ]
+        assert str(audit.get_row_at(0)[8]) == "load test"
         assert "audit: 3 in range" in str(screen.query_one("#review-audit-title", Static).render())
         chart = screen.query_one(BudgetChart)
         assert not chart.empty and 0 < chart.points
@@ -544,3 +546,52 @@ def test_review_screen_snapshot(snap_compare, tmp_path: Path) -> None:
 
     app = ReviewApp(path, slo_ttft_ms=1000)
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+# ---- issue #12 item 15 ---------------------------------------------------------------------
+
+
+async def test_audit_shows_operator_full_values_source_and_note_and_enter_opens_the_row(tmp_path: Path) -> None:
+    from console.screens.record import RecordScreen
+
+    path = await write_journal(tmp_path / "j.db", n=300, samples=300)
+    journal = await Journal.open(path, clock=lambda: BASE + 300, retention_days=36500, strict=True)
+    try:
+        assert await journal.add(
+            AuditRecord(BASE + 290, "carol", "10.9.9.9", "console", "set_class", "class:batch",
+                        "limit_tokens=None, queue_depth=8", "limit_tokens=8176, queue_depth=64", "incident 4711: batch starves")
+        )
+    finally:
+        await journal.close()
+    app = ReviewApp(path)
+    async with app.run_test(size=(220, 50)) as pilot:
+        screen = await settle(pilot)
+        audit = screen.query_one("#review-audit", DataTable)
+        shot = app.export_screenshot().replace("&#160;", " ")
+        for text in ("carol", "10.9.9.9", "limit_tokens=8176, queue_depth=64", "incident 4711: batch starves", "console"):
+            assert text in shot, text
+        audit.focus()
+        audit.move_cursor(row=[a["operator"] for a in screen.audit_shown].index("carol"))
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, RecordScreen)
+        fields = dict(app.screen.fields)
+        assert fields["operator"] == "carol" and fields["note"] == "incident 4711: batch starves"
+        assert fields["old"] == "limit_tokens=None, queue_depth=8"
+
+
+async def test_the_range_fits_a_short_journal(tmp_path: Path) -> None:
+    path = await write_journal(tmp_path / "nine.db", n=540, samples=540)  # 9 minutes
+    app = ReviewApp(path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await settle(pilot)
+        assert RANGES[screen.range_index][0] == "15m" and screen.total == 540
+
+
+async def test_80x24_review_shows_a_page_of_decisions(journal_1000: Path) -> None:
+    app = ReviewApp(journal_1000)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await settle(pilot)
+        table = decisions_table(screen)
+        assert table.region.height - 1 >= 8  # rows under the header
+        assert screen.query_one("#review-audit", DataTable).region.height >= 2

@@ -300,3 +300,29 @@ def test_capacity_change_clamps_budget_to_new_ceiling():
     assert adm.budget == 512
     decision = adm.offer(req("batch", 300), 0.0)
     assert isinstance(decision, Refuse) and decision.reason is Reason.CONTEXT_LENGTH_EXCEEDED
+
+
+def test_waiting_on_names_what_binds_the_oldest_waiter():
+    """The console's "waits on" column (#12): slots, budget, class limit, tenant quota, pause."""
+    adm = two_classes(budget=1000)
+    assert adm.waiting_on("batch") == ""
+    adm.offer(req("batch", 800), 0.0)
+    adm.offer(req("batch", 300), 0.0)
+    assert adm.waiting_on("batch") == "token budget"
+    adm.pause("batch")
+    assert adm.waiting_on("batch") == "paused"
+
+    adm = two_classes(budget=1000, slots=1)
+    adm.offer(req("batch", 100), 0.0)
+    adm.offer(req("batch", 100), 0.0)
+    assert adm.waiting_on("batch") == "slots 1/1 busy"
+
+    adm = two_classes(budget=1000, batch={"limit_tokens": 500})
+    adm.offer(req("batch", 400), 0.0)
+    adm.offer(req("batch", 200), 0.0)
+    assert adm.waiting_on("batch") == "class limit"
+
+    adm = two_classes(budget=1000, tenants={"acme": TenantPolicy(max_tokens_in_flight=500)})
+    adm.offer(req("batch", 400, tenant="acme"), 0.0)
+    adm.offer(req("batch", 200, tenant="acme"), 0.0)
+    assert adm.waiting_on("batch") == "tenant quota"

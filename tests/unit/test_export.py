@@ -209,3 +209,42 @@ def test_cli_log_bad_since_is_a_usage_error(journal: Path, capsys: pytest.Captur
     code, _, err = run(capsys, "log", "--journal", str(journal), "--since", "soon")
     assert code == 2
     assert "--since" in err and "duration" in err
+
+
+def test_a_closed_pipe_is_quiet(journal: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`tokengate log | head`: the reader goes away; no "Exception ignored ... closed database"."""
+    import gc
+    import sys
+
+    from gate.export import export
+
+    unraisable: list = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+
+    class Head(io.StringIO):
+        def write(self, text: str) -> int:
+            if self.tell() > 0:
+                raise BrokenPipeError(32, "Broken pipe")
+            return super().write(text)
+
+    with pytest.raises(BrokenPipeError):
+        export(str(journal), Head(), fmt="json")
+    gc.collect()
+    assert unraisable == []
+
+
+def test_cli_log_finds_the_demo_journal_and_says_so(
+    journal: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal.rename(journal.parent / "tokengate-demo.db")
+    monkeypatch.chdir(journal.parent)
+    code, out, err = run(capsys, "log", "--kind", "audit")
+    assert code == 0, err
+    assert "set_budget" in out and "tokengate-demo.db" in err
+
+
+def test_cli_log_without_any_journal_says_where_they_are(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "log", "--kind", "audit")
+    assert code == 1
+    assert "tokengate.db: journal file not found" in err and "tokengate-demo.db" in err and "--journal" in err

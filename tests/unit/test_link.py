@@ -57,9 +57,25 @@ def test_decoding_names_what_is_wrong_and_tolerates_added_fields():
 @pytest.mark.parametrize("command", [
     Pause("batch", True), Drain("interactive", note="incident 7"), Freeze(False),
     Retune(budget=4096, settings={"slo_ttft_p95_ms": 900.0}, cls="batch", class_changes={"queue_depth": 3}),
+    Retune(budget=6144, freeze=True),
 ])
 def test_commands_round_trip_through_their_wire_form(command):
     assert from_wire(json.loads(json.dumps(to_wire(command)))) == command
+
+
+def test_a_retune_without_freeze_is_understood_by_a_gate_that_predates_it():
+    assert "freeze" not in to_wire(Retune(budget=4096))
+    assert to_wire(Retune(budget=4096, freeze=False))["freeze"] is False
+
+
+async def test_a_retune_can_freeze_the_controller_in_the_same_step(gate):
+    op = Operator("alice", "local")
+    results = gate.control.execute(Retune(budget=6144, freeze=True), operator=op)
+    assert [r.action for r in results] == ["set_budget", "freeze"]
+    assert gate.control.frozen and gate.backends.backends[0].admission.budget == 6144
+    with pytest.raises(CommandError):
+        gate.control.execute(Retune(budget=99_999, freeze=False), operator=op)
+    assert gate.control.frozen  # refused whole: the freeze stays
 
 
 @pytest.mark.parametrize("wire, message", [
@@ -72,6 +88,7 @@ def test_commands_round_trip_through_their_wire_form(command):
     ({"v": 1, "op": "retune", "budget": 1.5}, "budget must be a whole number"),
     ({"v": 1, "op": "retune", "budget": True}, "budget must be a whole number"),
     ({"v": 1, "op": "retune", "settings": []}, "settings must be an object"),
+    ({"v": 1, "op": "retune", "freeze": "yes"}, "freeze must be true, false or absent"),
 ])
 def test_a_malformed_command_is_refused_with_its_reason(wire, message):
     with pytest.raises(CommandError, match=message):

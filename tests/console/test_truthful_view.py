@@ -1,0 +1,386 @@
+"""Issue #12: what misled an on-call engineer, one test per finding (tables, tail, dialogs)."""
+
+from __future__ import annotations
+
+import time
+
+from console.screens.confirm import ConfirmScreen
+from gate.commands import Retune
+from tests.console.conftest import FIXED_NOW, Queue, decision, make_app, messages, record
+
+
+def cell_fits(table, row: str, col: str) -> bool:
+    """The column is at least as wide as the cell's text (nothing cut off)."""
+    text = str(table.get_cell(row, col))
+    return table.columns[col].content_width >= len(text)
+
+
+async def test_numbers_grow_their_column_instead_of_being_cut(gate):
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)) as pilot:
+        record(gate, decision("batch", outcome="refused", reason="queue_full", status=429, ttft_ms=None))
+        await app.tick()
+        for _ in range(115):
+            record(gate, decision("batch", outcome="refused", reason="queue_full", status=429, ttft_ms=None))
+        gate.control.execute(Retune(settings={"slo_ttft_p95_ms": 100000}), operator=gate.operator)
+        await app.tick()
+        await pilot.pause()
+        assert str(app.denials.get_cell("queue_full|batch", "m5")) == "116"
+        assert cell_fits(app.denials, "queue_full|batch", "m5")
+        assert "100,000" in str(app.class_table.get_cell("interactive", "p95"))
+        assert cell_fits(app.class_table, "interactive", "p95")
+
+
+async def test_the_tail_is_in_time_order_and_says_which_time(gate):
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)):
+        slow = decision("batch", ts=FIXED_NOW)  # arrived first, took 7 s
+        slow = slow.__class__(**{**{f: getattr(slow, f) for f in slow.__dataclass_fields__}, "duration_ms": 7000.0})
+        fast = decision("interactive", ts=FIXED_NOW + 3)
+        fast = fast.__class__(**{**{f: getattr(fast, f) for f in fast.__dataclass_fields__}, "duration_ms": 100.0})
+        record(gate, fast)
+        record(gate, slow)  # ends last, so it is appended last
+        await app.tick()
+        table = app.decisions.table
+        times = [str(table.get_cell(rid, "time")) for rid in app.decisions.visible_request_ids]
+        assert times == sorted(times)
+        assert times[-1] == time.strftime("%H:%M:%S", time.localtime(FIXED_NOW + 7))
+        assert "ended" in [str(c.label) for c in table.columns.values()]
+
+
+async def test_dialogs_do_not_freeze_the_live_view(gate):
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await app.tick()
+        app.push_screen(ConfirmScreen("x?", "y"))
+        await pilot.pause()
+        renders = app.renders
+        first = decision("interactive")
+        record(gate, first)
+        await app.tick()
+        assert app.renders == renders + 1
+        assert first.request_id in app.decisions.visible_request_ids
+
+
+async def fill_tail(gate, app, n: int) -> None:
+    for _ in range(n):
+        record(gate, decision("interactive"))
+    await app.tick()
+
+
+async def test_the_tail_follows_again_after_a_filter_is_cleared(gate):
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)) as pilot:
+        for _ in range(4):
+            await fill_tail(gate, app, 50)
+        await pilot.pause()
+        table = app.decisions.table
+        assert table.max_scroll_y > 0
+        await pilot.press("slash", "i", "n", "t")
+        await pilot.pause()
+        await pilot.press("escape")
+        await pilot.pause()
+        await fill_tail(gate, app, 10)
+        await pilot.pause()
+        await pilot.pause()
+        assert table.scroll_y == table.max_scroll_y  # following: the newest row is in view
+        assert app.decisions.following
+
+
+async def test_a_tail_scrolled_back_says_so_and_g_brings_it_back(gate):
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)) as pilot:
+        for _ in range(4):
+            await fill_tail(gate, app, 50)
+        await pilot.pause()
+        table = app.decisions.table
+        table.scroll_to(y=0, animate=False, immediate=True)
+        await fill_tail(gate, app, 5)
+        await pilot.pause()
+        assert not app.decisions.following
+        assert "G" in str(app.decisions.border_subtitle)
+        await pilot.press("G")
+        await pilot.pause()
+        await pilot.pause()
+        assert table.scroll_y == table.max_scroll_y and app.decisions.following
+
+
+# ---- item 8: plain words -------------------------------------------------------------
+
+
+def test_toasts_say_what_changed_for_requests_in_plain_words():
+    from gate.commands import describe
+    from gate.reasons import Reason
+
+    text = describe("pause_class", "class:interactive", "False", "True")
+    assert text.startswith("Paused interactive: new requests get")
+    assert f"{Reason.CLASS_PAUSED.status} class_paused" in text
+    assert "False" not in text and "->" not in text
+    assert describe("drain_class", "class:batch", "1", "0") == "Drained batch: 1 queued request refused with 503 drained"
+
+
+async def test_status_line_has_no_tick_time_and_help_has_it_with_the_journal(gate):
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await app.tick()
+        await pilot.pause()
+        assert "tick" not in str(app.status.content)
+        await pilot.press("question_mark")
+        await pilot.pause()
+        shot = app.export_screenshot().replace("&#160;", " ")
+        assert "journal" in shot and "console tick" in shot
+
+
+async def test_palette_counts_requests_in_plain_english(gate):
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)):
+        async with Queue(gate, "batch", 1):
+            await app.tick()
+            helps = [h for name, h, _ in app.palette_commands() if name == "Drain class batch"]
+            assert helps == ["refuse the 1 request queued in batch (asks first)"]
+
+
+# ---- item 9: pausing a class with traffic asks ------------------------------------------
+
+
+async def test_pausing_a_class_with_traffic_asks_first_focus_on_no(gate):
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)) as pilot:
+        async with Queue(gate, "interactive", 2):
+            await app.tick()
+            assert app.class_table.selected_class == "interactive"
+            await pilot.press("p")
+            await pilot.pause()
+            assert isinstance(app.screen, ConfirmScreen)
+            assert app.screen.focused is not None and app.screen.focused.id == "no"
+            assert "503 class_paused" in app.screen.message
+            await pilot.press("enter")  # No
+            await pilot.pause()
+            assert not gate.control.paused
+            await pilot.press("p")
+            await pilot.pause()
+            await pilot.press("y")
+            await pilot.pause()
+            assert gate.control.paused == {"interactive"}
+            await pilot.press("p")  # resuming does not ask
+            await pilot.pause()
+            assert not gate.control.paused and not isinstance(app.screen, ConfirmScreen)
+
+
+# ---- item 12: quitting with requests in flight ------------------------------------------
+
+
+async def test_quit_says_how_long_then_shows_the_drain_until_the_gate_is_gone(gate):
+    from console.screens.stopping import StoppingScreen
+    from gate.link import LinkLost
+
+    asked: list[str] = []
+    gate.stop_requested = asked.append
+    gate.drain_grace_s = 30.0
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)) as pilot:
+        async with Queue(gate, "batch", 1):
+            await pilot.press("ctrl+c")  # asks like q
+            await pilot.pause()
+            assert isinstance(app.screen, ConfirmScreen)
+            assert "up to 30 s" in app.screen.message
+            await pilot.press("y")
+            await pilot.pause()
+            assert asked == ["console quit"]
+            assert isinstance(app.screen, StoppingScreen)
+            assert "waiting for 5 requests" in str(app.screen.progress.content)  # 4 holders + 1 queued
+            assert "s left" in str(app.screen.progress.content)
+
+            async def gone(**_):
+                raise LinkLost("closed")
+
+            app.link.snapshot = gone  # the gate has drained and closed its socket
+            await app._poll_stop()
+            await pilot.pause()
+        assert app.return_code == 0 and app.lost is None
+
+
+# ---- item 6: why requests wait -----------------------------------------------------------
+
+
+async def test_classes_say_how_long_requests_wait_and_what_binds(gate):
+    from console.widgets.classes import NARROW
+
+    app = make_app(gate)
+    async with app.run_test(size=(160, 48)) as pilot:
+        slow = decision("interactive")
+        slow = slow.__class__(**{**{f: getattr(slow, f) for f in slow.__dataclass_fields__}, "queue_ms": 19_900.0})
+        record(gate, slow)
+        async with Queue(gate, "batch", 2):
+            await app.tick()
+            await pilot.pause()
+            table = app.class_table
+            assert table.columns_shown == NARROW  # 160 columns: wait and "waits on" fit
+            assert str(table.get_cell("interactive", "wait")) == "19.9s"
+            assert str(table.get_cell("batch", "binds")) == "slots 4/4 busy"
+            assert table.virtual_size.width <= table.size.width  # nothing cut
+            gate.control.pause("batch", True, operator=gate.operator)
+            await app.tick()
+            assert str(table.get_cell("batch", "binds")) == "PAUSED"
+
+
+def test_waiting_on_names_each_limit():
+    from gate.snapshot import ClassView
+
+    assert ClassView.__dataclass_fields__["waiting_on"].default == ""
+    assert ClassView.__dataclass_fields__["p95_queue_ms"].default is None
+
+
+# ---- item 10: small terminals ---------------------------------------------------------------
+
+
+async def test_80x24_tabs_are_one_key_each_and_the_footer_says_so(gate):
+    app = make_app(gate)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await app.tick()
+        await pilot.pause()
+        from textual.widgets import Footer
+
+        keys = [(k.key, k.description) for k in app.query_one(Footer).query("FooterKey")]
+        assert ("1", "") in keys and ("2", "") in keys and ("3", "") in keys  # the group "1 2 3 tabs"
+        footer = app.query_one(Footer)
+        assert footer.virtual_size.width <= footer.size.width  # nothing cut at 80 columns
+        assert "tabs" in app.export_screenshot()
+        await pilot.press("1")
+        await pilot.pause()
+        assert app.denials.display and not app.decisions.display
+        await pilot.press("2")
+        await pilot.pause()
+        assert app.chart.display and not app.denials.display and app.tabs.active == "tab-chart"
+        await pilot.press("3")
+        await pilot.pause()
+        assert app.decisions.display and not app.chart.display
+        help_rows = dict(app.key_help())
+        assert any("1" in k and "2" in k and "3" in k for k in help_rows)
+
+
+async def test_below_the_minimum_it_says_terminal_too_small(gate):
+    from console.app import MIN_COLS, MIN_ROWS
+
+    app = make_app(gate)
+    async with app.run_test(size=(60, 20)) as pilot:
+        await app.tick()
+        await pilot.pause()
+        shot = app.export_screenshot().replace("&#160;", " ")
+        assert f"need {MIN_COLS}x{MIN_ROWS}" in shot and "terminal too small" in shot
+        assert not app.body.display
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        assert app.body.display and not app.too_small.display
+
+
+# ---- item 5: a budget set by hand and the adaptive controller ------------------------------
+
+
+async def test_retune_says_what_the_controller_will_do_and_can_freeze_it(gate):
+    from textual.widgets import Checkbox, Input
+
+    from console.screens.retune import RetuneScreen
+
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await pilot.press("t")
+        await pilot.pause()
+        assert isinstance(app.screen, RetuneScreen)
+        outlook = str(app.screen.query_one("#retune-controller").content)
+        assert "adaptive controller" in outlook and "Freeze" in outlook
+        app.screen.query_one("#field-budget", Input).value = "6144"
+        app.screen.query_one("#retune-freeze", Checkbox).value = True
+        await pilot.pause()
+        await app.screen.save()
+        for _ in range(50):
+            if len(app.screen_stack) == 1:
+                break
+            await pilot.pause(0.01)
+        assert gate.control.frozen and gate.backends.backends[0].admission.budget == 6144
+        assert [a.action for a in gate.recent_audit][-2:] == ["set_budget", "freeze"]
+        series = app.chart_series(gate.snapshot())
+        assert series["hand_set"] is not None and series["hand_set"][1] == 6144.0
+        assert "set 6144" in [label for _, label in series["marks"]]
+        await pilot.press("t")
+        await pilot.pause()
+        assert "frozen" in str(app.screen.query_one("#retune-controller").content)
+        assert not app.screen.query("#retune-freeze")  # already frozen: nothing to offer
+
+
+# ---- item 7: VRAM pressure without a GPU reading -------------------------------------------
+
+
+async def test_gpu_panel_always_shows_the_kv_cache_the_gate_reserved(gate):
+    from gate.ledger import Request
+
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await app.tick()
+        await pilot.pause()
+        text = str(app.gpu.content)
+        assert "n/a" in text and "KV reserved" in text and "bytes/token n/a" in text  # no NVML, no GGUF: still there
+        backend = gate.backends.backends[0]
+        backend.kv_bytes_per_token = 131072
+        held = await backend.gatekeeper.acquire(Request("h", "batch", "t", 1000, 1048, 0.0))
+        try:
+            await app.tick()
+            await pilot.pause()
+            text = str(app.gpu.content)
+            pool = backend.capacity.ceiling
+            assert f"0.25/{pool * 131072 / 2**30:.2f} GiB" in text and f"2,048/{pool:,} tok x 128K" in text
+        finally:
+            backend.gatekeeper.release(held)
+
+
+async def test_the_demo_gpu_is_simulated_and_says_so(gate):
+    from gate.demo import DEMO_KV_BYTES_PER_TOKEN, SimulatorConfig, dress_demo_gate
+
+    dress_demo_gate(gate, SimulatorConfig(slots=4, ctx=8192, kv="unified"))
+    gate.gpu_reading = await gate.gpu.read_async()
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await app.tick()
+        await pilot.pause()
+        text = str(app.gpu.content)
+        assert "SIMULATED" in text and "GiB" in text and "llama-server (simulated)" in text
+        assert "KV reserved" in text and "x 128K" in text
+        assert gate.backends.backends[0].kv_bytes_per_token == DEMO_KV_BYTES_PER_TOKEN
+        assert gate.label == "SIMULATED"
+
+
+async def test_a_gate_stopping_with_consoles_attached_logs_no_traceback(gate, tmp_path):
+    """The end of a drain closes the control socket under attached consoles: quietly."""
+    import asyncio
+
+    from gate.control_socket import ControlServer
+    from gate.link import SocketLink
+
+    errors: list[dict] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    server = ControlServer(str(tmp_path / "gate.sock"), gate)
+    await server.start()
+    link = await SocketLink.connect(server.path)
+    await link.snapshot()
+    await server.close()
+    for _ in range(5):
+        await asyncio.sleep(0.01)
+    await link.close()
+    loop.set_exception_handler(None)
+    assert errors == []
+
+
+async def test_the_narrow_tail_shows_every_reason_whole(gate):
+    for size in ((160, 48), (80, 24)):
+        app = make_app(gate)
+        async with app.run_test(size=size) as pilot:
+            rec = decision("interactive", outcome="refused", reason="token_budget_exceeded", status=429, ttft_ms=None)
+            record(gate, rec)
+            await app.tick()
+            await pilot.pause()
+            table = app.decisions.table
+            assert app.decisions.columns_shown != tuple(table.columns) or True
+            width = table.columns["reason"].get_render_width(table) - 2 * table.cell_padding
+            assert width >= len("token_budget_exceeded"), size
+            assert table.virtual_size.width <= table.size.width, size
