@@ -69,6 +69,9 @@ class GateLink(Protocol):
     def subscribe(self, listener: Callable[[AuditRecord], None]) -> None:
         """Call `listener` on the console's loop with every audit row from now on."""
 
+    async def stop_gate(self, why: str) -> None:
+        """Drain and stop the gate (only a console that started it may; CommandError otherwise)."""
+
     async def close(self) -> None: ...
 
 
@@ -101,7 +104,7 @@ class InProcessLink:
         """Ask the gate to drain and stop (its serve loop decides; see serve_until_signalled)."""
         if self.gate.stop_requested is None:
             raise CommandError("this gate is not stopped from a console")
-        await self._on_gate(self.gate.stop_requested, why)
+        self.gate.stop_requested(why)
 
     def subscribe(self, listener: Callable[[AuditRecord], None]) -> None:
         self._listeners.append(listener)

@@ -185,7 +185,10 @@ async def test_quit_says_how_long_then_shows_the_drain_until_the_gate_is_gone(ga
             assert isinstance(app.screen, ConfirmScreen)
             assert "up to 30 s" in app.screen.message
             await pilot.press("y")
-            await pilot.pause()
+            for _ in range(200):  # the answer runs as a task: a few loop turns
+                if isinstance(app.screen, StoppingScreen):
+                    break
+                await pilot.pause(0.01)
             assert asked == ["console quit"]
             assert isinstance(app.screen, StoppingScreen)
             assert "waiting for 5 requests" in str(app.screen.progress.content)  # 4 holders + 1 queued
