@@ -117,7 +117,7 @@ class TokengateApp(App[None]):
         self._commands_in_flight = 0
         self._early: list[AuditRecord] = []
         #: why the console ended (for the gate's "stopping" audit row when embedded)
-        self.exit_why = "console quit"
+        self.exit_why = "operator quit"
         self.lost: str | None = None  # set when the gate went away
         self._ticking = False
         self.render_paused = False

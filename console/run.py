@@ -109,7 +109,7 @@ async def run_console(
     journal = _where(config.gate.journal)
     _say(f"tokengate: journal {journal} (read it with `tokengate log --journal {journal}` or `tokengate review --journal {journal}`); log {_where(log_path)}")
     gate = await GateProcess.start(config_path, socket_path, log_path, demo=demo, seed=seed)
-    why = "console quit"
+    why = "operator quit"
     lost = None
     try:
         link = await gate.attach(read_only=read_only)

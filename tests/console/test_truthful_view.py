@@ -189,7 +189,7 @@ async def test_quit_says_how_long_then_shows_the_drain_until_the_gate_is_gone(ga
                 if isinstance(app.screen, StoppingScreen):
                     break
                 await pilot.pause(0.01)
-            assert asked == ["console quit"]
+            assert asked == ["operator quit"]
             assert isinstance(app.screen, StoppingScreen)
             assert "waiting for 5 requests" in str(app.screen.progress.content)  # 4 holders + 1 queued
             assert "s left" in str(app.screen.progress.content)
