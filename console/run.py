@@ -45,6 +45,13 @@ def _on_hangup(app, loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
     return remove
 
 
+def _freeze_gc() -> None:
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 def _end(app, why: str) -> None:
     app.exit_why = why
     app.exit()
@@ -54,12 +61,17 @@ async def _run_app(link: GateLink, *, read_only: bool):
     from console.app import TokengateApp  # Textual only when the console runs
 
     app = TokengateApp(link, read_only=read_only)
+    # Once the first frames are up (3 s), what start-up built (Textual, the widget tree) lives as
+    # long as the console: out of the way of every later full collection (a full collection
+    # of the console's heap took 60-90 ms, gc.callbacks at 200 req/s), which delays a key press.
+    freeze = asyncio.get_running_loop().call_later(3.0, _freeze_gc)
     remove = _on_hangup(app, asyncio.get_running_loop())
     try:
         # A hung-up terminal fails writes with EIO while Textual restores it: nothing to restore.
         with contextlib.suppress(OSError):
             await app.run_async()
     finally:
+        freeze.cancel()
         remove()
     return app
 
