@@ -74,5 +74,9 @@ async def test_request_cut_at_shutdown_is_journaled_as_answered(llama_unified, t
         await wait_until(lambda: idle(client, llama_unified.url), timeout_s=10)
 
 
+async def busy(client: httpx.AsyncClient, url: str) -> bool:
+    return await busy_slots(client, url) > 0
+
+
 async def idle(client: httpx.AsyncClient, url: str) -> bool:
     return await busy_slots(client, url) == 0
