@@ -15,10 +15,26 @@ A request r of class c, tenant t fits when all of:
   F1. in_flight + cost(r) <= budget - held back            (shared budget)
   F2. in_flight_c + cost(r) <= limit_c                      (class limit)
   F3. in_flight_t + cost(r) <= max_tokens_in_flight_t       (tenant quota, if set)
-  F4. prefilling + prompt(r) <= max_prefill_tokens          (prefill burst, if set)
+  F4. prefilling + prompt(r) <= max_prefill_tokens          (prefill burst, if set;
+      a prompt may always start when nothing else is prefilling)
   F5. a slot is free                                        (llama-server never defers)
+  F6. a long prompt (> prefill_yield_tokens) does not start while a request of a
+      higher-priority class waits or is still prefilling    (prefill yields, if set)
 While a higher-priority class waits for the shared budget (F1/F4), a lower
 class may only dispatch within its own reservation: its borrowing yields.
+
+Aging (no starvation, if `aging_s` is set): a waiter that has waited `aging_s`
+or longer is *aged*. Aged waiters are served before every other waiter, oldest
+first, whatever their class's priority, and never yield (F6, borrowing); while
+one of them waits for the shared budget, the prefill cap or a slot, no other
+class dispatches past its own reservation. The working budget still holds: an
+operator's or the controller's budget is never exceeded.
+
+Deadlines that leave room for the first token (if the class has a
+`ttft_objective_ms` and an `expected_ttft` estimate is injected): a waiter whose
+arrival + objective - expected TTFT (were it dispatched now) has passed is
+refused (429 queue_timeout) instead of being admitted to miss; a newcomer that
+would have to wait and already cannot make it is refused at once.
 
 Never fits (refused at once, never queued): cost > the context one slot holds,
 cost > the largest share the class can reach at the ceiling (400), or cost >
@@ -27,7 +43,11 @@ at the current working budget is 429 token_budget_exceeded.
 
 Invariants (`check_invariants`): the ledger's L1-L4, the queues' Q1-Q4, and
   A1. no request is both waiting and holding a reservation;
-  A2. busy slots (reservations held) <= slots.
+  A2. busy slots (reservations held) <= slots;
+  A3. after `advance(now)`, the oldest aged waiter of an unpaused class that its own
+      tenant quota or class limit does not hold back does not fit (F1, F4, F5): aged
+      work never waits for a higher class, only for capacity (checked by `check_aged`;
+      with A2 and the reservations, the starvation guarantee).
 A refusal changes nothing; shrinking the budget revokes nothing already admitted.
 """
 
@@ -80,7 +100,8 @@ class Capacity:
     slots: int
     slot_context: int  # tokens one request can occupy (per-slot n_ctx)
     ceiling: int  # the most KV tokens in flight (pool size, or slots x slot_context)
-    max_prefill_tokens: int | None = None
+    max_prefill_tokens: int | None = None  # F4; None: the measured `prefill_cap_auto`; 0: no cap
+    prefill_yield_tokens: int | None = None  # F6: longer prompts yield to higher classes
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,9 +143,11 @@ class Block(Enum):
     TENANT = "tenant"
     PREFILL = "prefill"
     SLOTS = "slots"
+    YIELD = "yield"  # F6: a long prefill waits for a higher class
 
 
 _SHARED = (Block.BUDGET, Block.PREFILL)
+_AGED_WAITS = (Block.BUDGET, Block.PREFILL, Block.SLOTS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,8 +211,17 @@ class Admission:
         budget: int | None = None,
         tenant_policy: Callable[[str], TenantPolicy] = lambda _t: TenantPolicy(),
         drain_window_s: float = 30.0,
+        aging_s: float | None = None,
+        expected_ttft: Callable[[Request, int], float | None] | None = None,
     ) -> None:
         self.capacity = capacity
+        self.aging_s = aging_s if aging_s else None
+        # (request, prompt tokens prefilling now) -> seconds to its first token if dispatched
+        # now, or None while unmeasured; the shell's measurement, injected to keep this pure.
+        self.expected_ttft = expected_ttft
+        # F4's cap when the capacity sets none (None there; 0 there means no cap): derived by
+        # the shell from the measured prefill rate and the TTFT objective.
+        self.prefill_cap_auto: int | None = None
         self.budget = capacity.ceiling if budget is None else budget
         self.ledger = Ledger()
         self.drain_rate = DrainRate(drain_window_s)
@@ -222,9 +254,21 @@ class Admission:
     def waiting(self) -> int:
         return sum(len(c.queue) for c in self._order)
 
-    def next_deadline(self) -> float | None:
-        """The earliest moment a waiting request times out (for the shell's one timer)."""
+    def next_deadline(self, now: float | None = None) -> float | None:
+        """The earliest moment a waiter times out, must start to meet its TTFT objective or ages
+        (for the shell's one timer). Aging moments count only after `now`: an aged waiter still
+        waiting waits for capacity, which a release announces, not a timer."""
         deadlines = [d for c in self._order if (d := c.queue.next_deadline()) is not None]
+        deadlines.extend(start_by for _, start_by in self._start_bys())
+        if self.aging_s is not None and now is not None:  # the moment a waiter ages is a moment to dispatch
+            aging = self.aging_s
+            deadlines.extend(
+                w.enqueued_at + aging
+                for c in self._order
+                if not c.queue.paused
+                for w in c.queue
+                if w.enqueued_at + aging > now
+            )
         return min(deadlines) if deadlines else None
 
     def held_back(self, cls: str) -> int:
@@ -246,8 +290,11 @@ class Admission:
             reach = min(reach, policy.limit_tokens)
         return reach
 
-    def blocker(self, request: Request, *, own_share_only: bool = False) -> Block | None:
-        """The first of F5, F1-F4 that `request` fails now, or None if it fits."""
+    def blocker(self, request: Request, *, own_share_only: bool = False, aged: bool = False) -> Block | None:
+        """The first of F5, F1-F4, F6 that `request` fails now, or None if it fits.
+
+        `aged`: checked as an aged waiter (no yielding: F6 and borrowing do not apply).
+        """
         led = self.ledger
         policy = self._classes[request.cls].policy
         cost = request.cost
@@ -256,7 +303,7 @@ class Admission:
         in_class = led.class_tokens(request.cls)
         if led.in_flight + cost > self.budget - self.held_back(request.cls):
             return Block.BUDGET
-        if own_share_only and in_class + cost > policy.reserved_tokens:
+        if own_share_only and not aged and in_class + cost > policy.reserved_tokens:
             return Block.BUDGET
         if policy.limit_tokens is not None and in_class + cost > policy.limit_tokens:
             return Block.CLASS_LIMIT
@@ -264,9 +311,55 @@ class Admission:
         if quota is not None and led.tenant_tokens(request.tenant) + cost > quota:
             return Block.TENANT
         cap = self.capacity.max_prefill_tokens
-        if cap is not None and led.prefilling + request.prompt_tokens > cap:
+        if cap is None:
+            cap = self.prefill_cap_auto
+        if cap and led.prefilling > 0 and led.prefilling + request.prompt_tokens > cap:
             return Block.PREFILL
+        long_prompt = self.capacity.prefill_yield_tokens
+        if (
+            not aged
+            and long_prompt is not None
+            and request.prompt_tokens > long_prompt
+            and self._higher_busy(policy.priority)
+        ):
+            return Block.YIELD
         return None
+
+    def _higher_busy(self, priority: int) -> bool:
+        """Does a higher-priority class wait (unpaused) or still prefill a prompt (F6)?"""
+        higher = {c.policy.name for c in self._order if c.policy.priority > priority}
+        if not higher:
+            return False
+        if any(self._classes[name].queue and not self._classes[name].queue.paused for name in higher):
+            return True
+        return any(res.prefilling and res.request.cls in higher for res in self.ledger)
+
+    def aged(self, item: Waiting, now: float) -> bool:
+        return self.aging_s is not None and now - item.enqueued_at >= self.aging_s
+
+    def _aged_waiting(self, now: float) -> bool:
+        if self.aging_s is None:
+            return False
+        for c in self._order:
+            oldest = c.queue.oldest_enqueued_at()
+            if oldest is not None and not c.queue.paused and now - oldest >= self.aging_s:
+                return True
+        return False
+
+    def _start_bys(self) -> Iterable[tuple[Waiting, float]]:
+        """(waiter, the latest moment it can be dispatched and still meet its class's TTFT
+        objective) for every waiter of a class with an objective, once TTFT is measured."""
+        if self.expected_ttft is None:
+            return
+        prefilling = self.ledger.prefilling
+        for c in self._order:
+            objective_ms = getattr(c.policy, "ttft_objective_ms", None)
+            if not objective_ms or c.queue.paused:
+                continue
+            for w in c.queue:
+                expected = self.expected_ttft(w.request, prefilling)
+                if expected is not None:
+                    yield w, w.request.arrival + objective_ms / 1000.0 - expected
 
     def waiting_on(self, cls: str) -> str:
         """What keeps `cls`'s oldest waiter waiting right now, in at most 14 characters for the
@@ -283,7 +376,7 @@ class Admission:
             return f"slots {len(self.ledger)}/{self.capacity.slots} busy"
         return {
             Block.BUDGET: "token budget", Block.CLASS_LIMIT: "class limit", Block.TENANT: "tenant quota",
-            Block.PREFILL: "prefill limit",
+            Block.PREFILL: "prefill limit", Block.YIELD: "prefill yields",
         }.get(block, "priority")  # type: ignore[arg-type]
 
     def retry_after(self, cls: str, cost: int, now: float, *, ahead: int | None = None) -> float:
@@ -323,10 +416,13 @@ class Admission:
             )
         # No overtaking: with requests of its class waiting, a newcomer waits behind them.
         if not entry.queue and self.blocker(
-            request, own_share_only=self._yield_to_higher(entry)
+            request, own_share_only=self._yield_to_higher(entry) or self._aged_waiting(now)
         ) is None:
             self.ledger.reserve(request, now)
             return Admit(request, now)
+        late = self._unreachable(entry, request, now)
+        if late is not None:
+            return late
         if entry.queue.full:
             return Refuse(
                 request,
@@ -339,10 +435,13 @@ class Admission:
         return Queue(request, item.deadline)
 
     def advance(self, now: float) -> Step:
-        """Expire overdue waiters, then dispatch by priority and DRR while requests fit."""
+        """Expire overdue waiters, serve aged waiters, then dispatch by priority and DRR
+        while requests fit."""
         expired = tuple(self._expire(now))
         admitted: list[Admit] = []
-        shared_blocked = False
+        shared_blocked, slots_full = self._serve_aged(now, admitted)
+        if slots_full:
+            return Step(tuple(admitted), expired)
         for entry in self._order:
             queue = entry.queue
             if queue.paused or not queue:
@@ -367,6 +466,35 @@ class Admission:
                     shared_blocked = True
                 break
         return Step(tuple(admitted), expired)
+
+    def _aged(self, now: float) -> list[Waiting]:
+        """Every aged waiter of an unpaused class, oldest first."""
+        if self.aging_s is None:
+            return []
+        aged = [w for c in self._order if not c.queue.paused for w in c.queue if self.aged(w, now)]
+        return sorted(aged, key=lambda w: (w.enqueued_at, w.request.id))
+
+    def _serve_aged(self, now: float, admitted: list[Admit]) -> tuple[bool, bool]:
+        """Dispatch aged waiters, oldest first, until the oldest one left needs shared
+        capacity (budget, prefill, a slot) that is not free; returns (an aged
+        waiter still waits for shared capacity, the slots are full). Waiters held by their own
+        tenant quota or class limit are passed over: nothing else would free those."""
+        skip: set[str] = set()
+        while True:
+            for w in self._aged(now):
+                if w.request.id in skip:
+                    continue
+                block = self.blocker(w.request, aged=True)
+                if block is None:
+                    self._classes[w.request.cls].queue.remove(w.request.id)
+                    self.ledger.reserve(w.request, now)
+                    admitted.append(Admit(w.request, now))
+                    break
+                if block in _AGED_WAITS:
+                    return True, block is Block.SLOTS
+                skip.add(w.request.id)
+            else:
+                return False, False
 
     def cancel(self, request_id: str) -> Waiting | None:
         """A waiting request's client went away: forget it (no reservation to release)."""
@@ -471,7 +599,36 @@ class Admission:
                 return True
         return False
 
+    def _unreachable(self, entry: _Class, request: Request, now: float) -> Refuse | None:
+        """A newcomer that must wait and already cannot meet its class's TTFT objective."""
+        objective_ms = getattr(entry.policy, "ttft_objective_ms", None)
+        if not objective_ms or self.expected_ttft is None:
+            return None
+        expected = self.expected_ttft(request, self.ledger.prefilling)
+        if expected is None or request.arrival + objective_ms / 1000.0 - expected > now:
+            return None
+        return Refuse(
+            request,
+            Reason.QUEUE_TIMEOUT,
+            f"class {request.cls!r} cannot start now and its first token is expected "
+            f"{expected * 1000:.0f} ms after dispatch: it would miss the {objective_ms:g} ms "
+            "time-to-first-token objective",
+            self.retry_after(request.cls, request.cost, now),
+        )
+
     def _expire(self, now: float) -> Iterable[Refuse]:
+        late = [(w, start_by) for w, start_by in self._start_bys() if start_by <= now]
+        for w, _ in late:
+            cls = w.request.cls
+            self._classes[cls].queue.remove(w.request.id)
+            objective_ms = self._classes[cls].policy.ttft_objective_ms  # type: ignore[attr-defined]
+            yield Refuse(
+                w.request,
+                Reason.QUEUE_TIMEOUT,
+                f"waited {now - w.enqueued_at:.2f}s in class {cls!r}; dispatched now, it would miss "
+                f"the class's {objective_ms:g} ms time-to-first-token objective",
+                self.retry_after(cls, w.request.cost, now),
+            )
         for entry in self._order:
             for w in entry.queue.expire(now):
                 yield Refuse(
@@ -491,3 +648,12 @@ def check_invariants(adm: Admission) -> None:
         for w in adm.queue(cls):
             assert w.request.id not in adm.ledger, "A1 waiting and reserved"
     assert len(adm.ledger) <= adm.capacity.slots, "A2 slots"
+
+
+def check_aged(adm: Admission, now: float) -> None:
+    """A3, right after `advance(now)`: no aged waiter of an unpaused class fits."""
+    for w in adm._aged(now):
+        block = adm.blocker(w.request, aged=True)
+        assert block is not None, f"A3 aged waiter {w.request.id} left waiting though it fits"
+        if block in _AGED_WAITS:
+            return  # the oldest aged waiter is held by shared capacity: nothing younger may pass it"

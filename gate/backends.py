@@ -22,6 +22,7 @@ from gate.adaptive import BudgetController, ControllerSettings
 from gate.config import BackendConfig, BudgetConfig
 from gate.gatekeeper import Gatekeeper
 from gate.shedding import DecodeMeter
+from gate.prefill import PrefillModel
 from gate.upstream import Upstream
 
 log = logging.getLogger("tokengate.backends")
@@ -39,7 +40,10 @@ def capacity_from_props(props: Mapping[str, Any], config: BackendConfig) -> Capa
     ceiling = n_ctx if config.kv == "unified" else slots * n_ctx
     if config.token_budget is not None:
         ceiling = config.token_budget
-    return Capacity(slots=slots, slot_context=n_ctx, ceiling=ceiling, max_prefill_tokens=config.max_prefill_tokens)
+    return Capacity(
+        slots=slots, slot_context=n_ctx, ceiling=ceiling, max_prefill_tokens=config.max_prefill_tokens,
+        prefill_yield_tokens=config.prefill_yield_tokens or None,
+    )
 
 
 @dataclass(slots=True)
@@ -174,10 +178,15 @@ class BackendPool:
     def _apply_capacity(self, backend: Backend, capacity: Capacity) -> None:
         if backend.gatekeeper is None:
             backend.controller = BudgetController(controller_settings(self._budget, capacity.ceiling))
+            prefill = PrefillModel()
             admission = Admission(
-                self._classes, capacity, budget=backend.controller.budget, tenant_policy=self._tenant_policy
+                self._classes, capacity, budget=backend.controller.budget, tenant_policy=self._tenant_policy,
+                aging_s=self._budget.aging_s or None,
+                expected_ttft=lambda r, prefilling: prefill.expected_ttft(r.prompt_tokens, prefilling),
             )
-            gatekeeper = backend.gatekeeper = Gatekeeper(admission, clock=self._clock)
+            gatekeeper = backend.gatekeeper = Gatekeeper(
+                admission, clock=self._clock, prefill=prefill, slo_ttft_s=self._budget.slo_ttft_p95_ms / 1000.0
+            )
 
             def budget_changed(budget: int) -> None:
                 admission.set_budget(budget)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from gate.admission import Admission, Admit, Queue, Refuse, Step
 from gate.errors import GateError
 from gate.ledger import Request
+from gate.prefill import PrefillModel
 
 log = logging.getLogger("tokengate.gatekeeper")
 
@@ -38,6 +39,7 @@ class Ticket:
     admitted_at: float
     owner: asyncio.Task | None = None
     expected_s: float | None = None  # set by the caller once known, for the reaper
+    prefill_ahead: int = 0  # prompt tokens already prefilling when it was dispatched
     released: bool = field(default=False, init=False)
 
     @property
@@ -54,9 +56,15 @@ class Gatekeeper:
         *,
         clock: Callable[[], float] = time.monotonic,
         on_change: Callable[[], None] | None = None,
+        prefill: PrefillModel | None = None,
+        slo_ttft_s: float | None = None,
     ) -> None:
         self.admission = admission
         self.clock = clock
+        # Measured first-token times: the core's TTFT estimate reads it, and with an objective
+        # it sets the core's automatic prefill cap.
+        self.prefill = prefill if prefill is not None else PrefillModel()
+        self.slo_ttft_s = slo_ttft_s
         self.reaped = 0
         self._on_change = on_change
         # Waiting requests: the future their task awaits, and that task (the ticket's owner).
@@ -98,6 +106,11 @@ class Gatekeeper:
         return True
 
     def first_token(self, ticket: Ticket) -> None:
+        held = self.admission.ledger.get(ticket.request.id)
+        if held is not None and held.prefilling and not ticket.released:
+            self.prefill.observe(ticket.request.prompt_tokens + ticket.prefill_ahead, self.clock() - ticket.admitted_at)
+            if self.slo_ttft_s is not None:
+                self.admission.prefill_cap_auto = self.prefill.auto_prefill_cap(self.slo_ttft_s)
         if self.admission.first_token(ticket.request.id):
             # Prefill capacity came free: waiters blocked on it may go now.
             self.advance()
@@ -148,7 +161,8 @@ class Gatekeeper:
             self._timer = None
 
     def _ticket(self, admit: Admit, owner: asyncio.Task | None) -> Ticket:
-        ticket = Ticket(admit.request, admit.at, owner=owner)
+        ahead = max(0, self.admission.ledger.prefilling - admit.request.prompt_tokens)
+        ticket = Ticket(admit.request, admit.at, owner=owner, prefill_ahead=ahead)
         self._tickets[admit.request.id] = ticket
         return ticket
 
@@ -170,7 +184,7 @@ class Gatekeeper:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        deadline = self.admission.next_deadline()
+        deadline = self.admission.next_deadline(self.clock())
         if deadline is not None:
             # The loop may fire a timer up to its clock resolution early; a hair
             # of slack makes the deadline really past when the core looks.

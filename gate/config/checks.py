@@ -154,6 +154,7 @@ def validate_config(config: Config, source: str = "<config>") -> None:
     c.pos_num("slo_ttft_p95_ms", b.slo_ttft_p95_ms)
     c.pos_num("slo_tpot_p95_ms", b.slo_tpot_p95_ms)
     c.pos_num("window_s", b.window_s)
+    c.check("aging_s", b.aging_s, lambda v: v >= 0, "zero (off) or more seconds")
     c.check("cooldown_s", b.cooldown_s, lambda v: v >= 0, "zero or more seconds")
     c.check(
         "increase", b.increase, lambda v: v > 1, "greater than 1 (the factor that opens the budget)"
@@ -197,7 +198,10 @@ def validate_config(config: Config, source: str = "<config>") -> None:
                 "token_budget",
                 f"must be at least budget.min_tokens ({b.min_tokens}), got {be.token_budget}",
             )
-        c.pos_int("max_prefill_tokens", be.max_prefill_tokens)
+        c.check("max_prefill_tokens", be.max_prefill_tokens, lambda v: v is None or v >= 0,
+                "zero (no cap) or a positive integer")
+        c.check("prefill_yield_tokens", be.prefill_yield_tokens, lambda v: v >= 0,
+                "zero (never yield) or a positive integer")
         _check_env_name(c, "api_key_env", be.api_key_env)
 
     # [classes.NAME]
@@ -224,6 +228,7 @@ def validate_config(config: Config, source: str = "<config>") -> None:
             )
         c.pos_int("queue_depth", cl.queue_depth)
         c.pos_num("queue_timeout_s", cl.queue_timeout_s)
+        c.pos_num("ttft_objective_ms", cl.ttft_objective_ms)
         c.pos_int("default_max_tokens", cl.default_max_tokens)
         c.pos_int("max_tokens_cap", cl.max_tokens_cap)
         if cl.default_max_tokens > cl.max_tokens_cap:

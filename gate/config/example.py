@@ -66,9 +66,16 @@ kv = "unified"
 # Override the budget ceiling (tokens) read from the backend; must be >= budget.min_tokens.
 # Default: unset (use the backend's physical capacity).
 # token_budget = 16384
-# Most prompt tokens that may be prefilling at once on this backend. Long prefills stall every
-# running decode, so a burst of long prompts waits. Default: unset (no limit).
+# Most prompt tokens that may be prefilling at once on this backend (a prompt alone may always
+# start). Long prefills stall every running decode, so a burst of long prompts waits. Default:
+# unset, which derives it from measurements: (budget.slo_ttft_p95_ms - one decode step) x the
+# measured prefill rate, so a request behind the burst can still meet the TTFT objective.
+# 0 means no cap.
 # max_prefill_tokens = 8192
+# A prompt longer than this (tokens) does not start while a request of a higher-priority class
+# waits or is still prefilling: one long prefill stalls every slot for its whole length, so it
+# goes between interactive requests, not in front of them. 0 = never yield. Default 512.
+prefill_yield_tokens = 512
 # Name of an environment variable holding the API key the gate sends upstream
 # (llama-server --api-key). Default: unset (send none).
 # api_key_env = "LLAMA_API_KEY"
@@ -96,6 +103,11 @@ increase = 1.1
 decrease = 0.8
 # Fewest upstream samples in the window before the controller moves at all. Default 20.
 min_samples = 20
+# No starvation: a request that has waited this long (seconds) is served before every younger
+# waiter whatever its class's priority, stops yielding its prefill, and no class borrows past
+# its reserved_tokens until it has started. The working budget still holds. 0 = off.
+# Default 10.
+aging_s = 10.0
 
 # One [classes.NAME] table per priority class; names use a-z 0-9 _ -. Without any [classes],
 # these two are the defaults. Defining any class replaces both defaults.
@@ -113,6 +125,11 @@ reserved_tokens = 1024
 queue_depth = 64
 # Longest wait in the queue, in seconds; then 429 queue_timeout. Default 30.
 queue_timeout_s = 10.0
+# Time-to-first-token objective of this class, in ms from the request's arrival. A waiting
+# request that can no longer meet it (its wait so far plus the first-token time measured under
+# the current load) is refused early with 429 queue_timeout and a Retry-After instead of being
+# admitted to miss. Default: unset (wait up to queue_timeout_s).
+# ttft_objective_ms = 2000.0
 # max_tokens assumed AND injected upstream when a request gives none, so the worst case is
 # bounded. Must be <= max_tokens_cap. Default 512.
 default_max_tokens = 256

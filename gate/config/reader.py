@@ -244,6 +244,7 @@ def _backend(source: str, i: int, data: dict[str, Any]) -> BackendConfig:
         kv=cast(KvMode, r.choice("kv", d.kv, get_args(KvMode))),
         token_budget=r.opt_int("token_budget"),
         max_prefill_tokens=r.opt_int("max_prefill_tokens"),
+        prefill_yield_tokens=r.get_int("prefill_yield_tokens", d.prefill_yield_tokens),
         api_key_env=r.opt_str("api_key_env"),
     )
 
@@ -261,6 +262,7 @@ def _budget(source: str, data: Any) -> BudgetConfig:
         increase=r.get_float("increase", d.increase),
         decrease=r.get_float("decrease", d.decrease),
         min_samples=r.get_int("min_samples", d.min_samples),
+        aging_s=r.get_float("aging_s", d.aging_s),
     )
 
 
@@ -285,6 +287,7 @@ def _class(source: str, name: str, data: Any) -> ClassConfig:
         queue_timeout_s=r.get_float("queue_timeout_s", 30.0),
         default_max_tokens=r.get_int("default_max_tokens", 512),
         max_tokens_cap=r.get_int("max_tokens_cap", 4096),
+        ttft_objective_ms=r.opt_float("ttft_objective_ms"),
     )
 
 

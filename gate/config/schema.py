@@ -92,7 +92,8 @@ class BackendConfig:
     models: tuple[str, ...] = ()
     kv: KvMode = "unified"
     token_budget: int | None = None
-    max_prefill_tokens: int | None = None
+    max_prefill_tokens: int | None = None  # None: derived from the measured prefill rate; 0: off
+    prefill_yield_tokens: int = 512  # prompts longer than this yield to higher classes; 0: off
     api_key_env: str | None = None
 
 
@@ -109,6 +110,7 @@ class BudgetConfig:
     increase: float = 1.1
     decrease: float = 0.8
     min_samples: int = 20
+    aging_s: float = 10.0  # a waiter this old goes first, past the working budget; 0: off
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +128,7 @@ class ClassConfig:
     queue_timeout_s: float = 30.0
     default_max_tokens: int = 512
     max_tokens_cap: int = 4096
+    ttft_objective_ms: float | None = None  # refuse a waiter early once it cannot meet this
 
 
 @dataclass(frozen=True, slots=True)

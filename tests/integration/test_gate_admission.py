@@ -48,6 +48,13 @@ queue_depth = 16
 queue_timeout_s = 60
 """
 
+# Strict priority: aging (a waiter older than budget.aging_s goes first whatever its class)
+# would let batch waiters overtake when the occupiers run long on a slow machine.
+STRICT_PRIORITY = CLASSES + """
+[budget]
+aging_s = 0
+"""
+
 CHAT = "/v1/chat/completions"
 INTERACTIVE = {"X-Tokengate-Class": "interactive"}
 BATCH = {"X-Tokengate-Class": "batch"}
@@ -294,7 +301,7 @@ async def test_unified_pool_burst_fails_direct_and_never_5xx_through_the_gate(ll
 async def test_queued_interactive_requests_are_dispatched_before_queued_batch(llama_split):
     url = llama_split.url
     async with httpx.AsyncClient(timeout=60) as client, idle_afterwards(client, url) as tasks:
-        async with running_gate(url, CLASSES, kv="split") as gate:
+        async with running_gate(url, STRICT_PRIORITY, kv="split") as gate:
             (backend,) = gate.backends
             admission = backend.admission
             dispatched = record_dispatches(backend.gatekeeper)

@@ -1,0 +1,82 @@
+"""How long a prompt takes to reach its first token on one backend, from measurements (pure).
+
+Every first token gives one point: x = the prompt's tokens plus the prompt tokens that
+were already prefilling when it was dispatched (llama-server works through those too),
+y = seconds from dispatch to the first token. Over the most recent points a least-squares
+line y = base + x / rate separates the two parts of a TTFT under the current load:
+`base`, one decode step of whatever else is running (a new prompt joins the next step),
+and `rate`, prompt tokens processed per second. Old points fall out, so both follow the
+load. Until `min_points` points are in, or while the points do not give a positive
+slope, there is no estimate (None): callers never act on a guess.
+
+    expected_ttft(prompt, prefilling) = base + (prompt + prefilling) / rate
+
+`auto_prefill_cap(slo_s)` is the most prompt tokens that may prefill at once so that a
+request dispatched behind them still gets its first token within the TTFT objective:
+(slo - base) x rate, and never below one slot's worth of a short prompt.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+MIN_POINTS = 8
+WINDOW = 64
+MIN_CAP = 64  # tokens: an automatic cap below this would stall even short chats
+
+
+@dataclass(slots=True)
+class PrefillModel:
+    min_points: int = MIN_POINTS
+    window: int = WINDOW
+    _points: deque[tuple[float, float]] = field(default_factory=deque)
+    _fit: tuple[float, float] | None = None  # (base_s, rate tokens/s)
+
+    def observe(self, tokens: int, ttft_s: float) -> None:
+        """One first token: `tokens` = its prompt + prompts prefilling at its dispatch."""
+        if tokens <= 0 or not ttft_s > 0:
+            return
+        self._points.append((float(tokens), float(ttft_s)))
+        while len(self._points) > self.window:
+            self._points.popleft()
+        self._fit = self._solve()
+
+    @property
+    def points(self) -> int:
+        return len(self._points)
+
+    @property
+    def rate(self) -> float | None:
+        return None if self._fit is None else self._fit[1]
+
+    @property
+    def base_s(self) -> float | None:
+        return None if self._fit is None else self._fit[0]
+
+    def expected_ttft(self, prompt_tokens: int, prefilling: int) -> float | None:
+        if self._fit is None:
+            return None
+        base, rate = self._fit
+        return base + (prompt_tokens + prefilling) / rate
+
+    def auto_prefill_cap(self, slo_s: float) -> int | None:
+        if self._fit is None:
+            return None
+        base, rate = self._fit
+        return max(MIN_CAP, int((slo_s - base) * rate))
+
+    def _solve(self) -> tuple[float, float] | None:
+        n = len(self._points)
+        if n < self.min_points:
+            return None
+        mx = sum(x for x, _ in self._points) / n
+        my = sum(y for _, y in self._points) / n
+        sxx = sum((x - mx) ** 2 for x, _ in self._points)
+        if sxx <= 0:
+            return None  # every prompt the same size: no way to tell prefill from the step
+        slope = sum((x - mx) * (y - my) for x, y in self._points) / sxx
+        if slope <= 0:
+            return None
+        base = max(0.0, my - slope * mx)
+        return base, 1.0 / slope
