@@ -51,6 +51,16 @@ QUEUE_WAIT_BUCKETS = (
 TTFT_BUCKETS = (
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0,
 )  # fmt: skip
+# vLLM's time-to-first-token buckets (1 ms .. 2560 s), so SLO attainment reads the same way
+SLO_TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+# vLLM's time-per-output-token buckets (10 ms .. 80 s)
+TPOT_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
 # 50 ms .. 600 s
 DURATION_BUCKETS = (
     0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
@@ -94,9 +104,27 @@ class GateMetrics:
         )
         self._queue_wait = Histogram(
             "tokengate_queue_wait_seconds",
-            "Time a request waited before admission.",
-            ["class"],
+            "Time a request waited in the gate's queue, by class and final outcome.",
+            ["class", "outcome"],
             buckets=QUEUE_WAIT_BUCKETS,
+            registry=r,
+        )
+        # Per class and final outcome: SLO attainment is the share of a class's requests
+        # whose first token came within the objective, read straight from /metrics
+        # (tokengate_ttft_seconds_bucket{le=SLO} over tokengate_decisions_total).
+        self._ttft_outcome = Histogram(
+            "tokengate_ttft_seconds",
+            "Time to first token from the request's arrival at the gate (queue wait included), "
+            "by class and final outcome.",
+            ["class", "outcome"],
+            buckets=SLO_TTFT_BUCKETS,
+            registry=r,
+        )
+        self._tpot = Histogram(
+            "tokengate_tpot_seconds",
+            "Time per output token after the first, by class and final outcome.",
+            ["class", "outcome"],
+            buckets=TPOT_BUCKETS,
             registry=r,
         )
         self._ttft = Histogram(
@@ -161,7 +189,9 @@ class GateMetrics:
             self._classes.add(cls)
             self._in_flight.labels(cls)
             self._queue_depth.labels(cls)
-            self._queue_wait.labels(cls)
+            self._queue_wait.labels(cls, "admitted")
+            self._ttft_outcome.labels(cls, "admitted")
+            self._tpot.labels(cls, "admitted")
             self._ttft.labels(cls)
             self._duration.labels(cls)
             self._decisions.labels(cls, "admitted", OK_REASON)
@@ -189,8 +219,15 @@ class GateMetrics:
             model = str(model or "")
             self._series(self._denials, model if model in self._models else OTHER, label, cls).inc()
 
-    def queue_wait(self, cls: str, seconds: float) -> None:
-        self._series(self._queue_wait, self._cls(str(cls))).observe(max(0.0, seconds))
+    def queue_wait(self, cls: str, seconds: float, outcome: str = "admitted") -> None:
+        self._series(self._queue_wait, self._cls(str(cls)), _outcome(outcome)).observe(max(0.0, seconds))
+
+    def ttft_total(self, cls: str, seconds: float, outcome: str) -> None:
+        """Arrival to first token, as the client saw it."""
+        self._series(self._ttft_outcome, self._cls(str(cls)), _outcome(outcome)).observe(max(0.0, seconds))
+
+    def tpot(self, cls: str, seconds: float, outcome: str) -> None:
+        self._series(self._tpot, self._cls(str(cls)), _outcome(outcome)).observe(max(0.0, seconds))
 
     def ttft(self, cls: str, seconds: float) -> None:
         self._series(self._ttft, self._cls(str(cls))).observe(max(0.0, seconds))
@@ -250,3 +287,8 @@ class GateMetrics:
     def render(self) -> tuple[bytes, str]:
         """The `/metrics` body and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def _outcome(outcome: str) -> str:
+    outcome = str(outcome)
+    return outcome if outcome in OUTCOMES else OTHER

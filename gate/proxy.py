@@ -463,5 +463,8 @@ class _Flow:
             in_flight_at_decision=self.in_flight_at,
         )
         self.committed = gate.record(
-            record, model=intake.model if intake is not None else None, queued_s=queued_s, ttft_s=stats.ttft_s if stats else None
+            record, model=intake.model if intake is not None else None, queued_s=queued_s,
+            ttft_s=stats.ttft_s if stats else None,
+            ttft_total_s=None if stats is None or stats.first_token_at is None else stats.first_token_at - self.t0,
+            tpot_s=stats.tpot_s if stats is not None else None,
         )

@@ -307,7 +307,8 @@ class GateService:
         )
 
     def record(
-        self, record: DecisionRecord, *, model: str | None, queued_s: float | None, ttft_s: float | None
+        self, record: DecisionRecord, *, model: str | None, queued_s: float | None, ttft_s: float | None,
+        ttft_total_s: float | None = None, tpot_s: float | None = None,
     ) -> asyncio.Future[bool] | None:
         """One finished request: journal, in-memory tail and metrics; the future resolves at commit."""
         committed = self.journal.add(record) if self.journal is not None else None
@@ -319,9 +320,13 @@ class GateService:
             m.token_count(record.token_count_source)
         if record.cls:
             if queued_s is not None:
-                m.queue_wait(record.cls, queued_s)
+                m.queue_wait(record.cls, queued_s, record.outcome)
             if ttft_s is not None:
                 m.ttft(record.cls, ttft_s)
+            if ttft_total_s is not None:
+                m.ttft_total(record.cls, ttft_total_s, record.outcome)
+            if tpot_s is not None:
+                m.tpot(record.cls, tpot_s, record.outcome)
             m.duration(record.cls, record.duration_ms / 1000)
         return committed
 

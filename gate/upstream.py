@@ -57,6 +57,14 @@ class RelayStats:
     def ttft_s(self) -> float | None:
         return None if self.first_token_at is None else self.first_token_at - self.dispatched_at
 
+    @property
+    def tpot_s(self) -> float | None:
+        """Seconds per output token after the first (None with fewer than two tokens)."""
+        n = self.completion_tokens if self.completion_tokens is not None else self.tokens
+        if self.first_token_at is None or self.last_token_at is None or n is None or n < 2:
+            return None
+        return max(0.0, self.last_token_at - self.first_token_at) / (n - 1)
+
     def read_final(self, chunk: Mapping[str, Any]) -> None:
         """Take the completion token count from a (final) chunk, in any of the three endpoint shapes."""
         usage = chunk.get("usage")

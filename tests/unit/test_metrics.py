@@ -51,6 +51,9 @@ def exercise(m: GateMetrics) -> None:
     m.decision(cls="batch", outcome="refused", reason=Reason.QUEUE_FULL, model="llama")
     m.queue_wait("interactive", 0.02)
     m.ttft("interactive", 0.3)
+    m.ttft_total("interactive", 0.32, "admitted")
+    m.tpot("interactive", 0.04, "admitted")
+    m.ttft_total("strange", 9.0, "mystery")  # neither a class nor an outcome: both "other"
     m.duration("interactive", 2.0)
     m.token_count("exact")
     m.set_class_state("interactive", in_flight=512, queued=3)
@@ -81,7 +84,9 @@ def test_register_classes_creates_zero_series() -> None:
     for cls in ("interactive", "batch"):
         assert value(m, "tokengate_tokens_in_flight", **{"class": cls}) == 0
         assert value(m, "tokengate_queue_depth", **{"class": cls}) == 0
-        assert value(m, "tokengate_queue_wait_seconds_count", **{"class": cls}) == 0
+        assert value(m, "tokengate_queue_wait_seconds_count", **{"class": cls, "outcome": "admitted"}) == 0
+        assert value(m, "tokengate_ttft_seconds_count", **{"class": cls, "outcome": "admitted"}) == 0
+        assert value(m, "tokengate_tpot_seconds_count", **{"class": cls, "outcome": "admitted"}) == 0
         assert value(m, "tokengate_upstream_ttft_seconds_count", **{"class": cls}) == 0
         assert value(m, "tokengate_request_duration_seconds_count", **{"class": cls}) == 0
         labels = {"class": cls, "outcome": "admitted", "reason": "ok"}
@@ -138,12 +143,19 @@ def test_histograms_and_gauges() -> None:
     m = GateMetrics()
     exercise(m)
     cls = {"class": "interactive"}
-    assert value(m, "tokengate_queue_wait_seconds_count", **cls) == 1
-    assert value(m, "tokengate_queue_wait_seconds_sum", **cls) == pytest.approx(0.02)
-    assert value(m, "tokengate_queue_wait_seconds_bucket", le="0.001", **cls) == 0
-    assert value(m, "tokengate_queue_wait_seconds_bucket", le="0.025", **cls) == 1
-    assert value(m, "tokengate_queue_wait_seconds_bucket", le="120.0", **cls) == 1
+    ok = {"class": "interactive", "outcome": "admitted"}
+    assert value(m, "tokengate_queue_wait_seconds_count", **ok) == 1
+    assert value(m, "tokengate_queue_wait_seconds_sum", **ok) == pytest.approx(0.02)
+    assert value(m, "tokengate_queue_wait_seconds_bucket", le="0.001", **ok) == 0
+    assert value(m, "tokengate_queue_wait_seconds_bucket", le="0.025", **ok) == 1
+    assert value(m, "tokengate_queue_wait_seconds_bucket", le="120.0", **ok) == 1
     assert value(m, "tokengate_upstream_ttft_seconds_bucket", le="60.0", **cls) == 1
+    # vLLM's buckets: attainment of a 250 ms objective is bucket{le="0.25"} over the count.
+    assert value(m, "tokengate_ttft_seconds_bucket", le="0.25", **ok) == 0
+    assert value(m, "tokengate_ttft_seconds_bucket", le="0.5", **ok) == 1
+    assert value(m, "tokengate_tpot_seconds_bucket", le="0.05", **ok) == 1
+    assert value(m, "tokengate_tpot_seconds_bucket", le="0.025", **ok) == 0
+    assert value(m, "tokengate_ttft_seconds_count", **{"class": "other", "outcome": "other"}) == 1
     assert value(m, "tokengate_request_duration_seconds_bucket", le="600.0", **cls) == 1
     assert value(m, "tokengate_tokens_in_flight", **cls) == 512
     assert value(m, "tokengate_queue_depth", **cls) == 3
