@@ -296,3 +296,41 @@ def recommend(cells: Sequence[CellResult], fraction: float = RECOMMEND_FRACTION)
         breached_below=below,
         too_large=too_large,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillAdvice:
+    """llama-server's batch sizes when one long prefill would stall every stream too long.
+
+    A prompt is processed in steps of at most ``-ub`` tokens (within ``-b``), and every running
+    stream waits for each step. Measured alone (concurrency 1), the largest prompt took
+    ``prefill_ms``; when that is over half the TTFT objective, one such prefill pushes every
+    request that arrives meanwhile past it. Steps of ``ubatch`` tokens take about a quarter
+    of the objective each, so a short request's prompt gets in between.
+    """
+
+    prompt_tokens: int
+    prefill_ms: float
+    rate_tok_s: float
+    ubatch: int
+
+    def flags(self) -> str:
+        return f"-b {self.ubatch} -ub {self.ubatch}"
+
+
+def prefill_advice(cells: Sequence[CellResult], slo: Slo) -> PrefillAdvice | None:
+    """Advice from the concurrency-1 cells (their TTFT is the prefill alone), or None."""
+    if slo.ttft_ms is None:
+        return None
+    alone = [c for c in cells if c.concurrency == 1 and c.ttft_p50_ms and c.ok]
+    if not alone:
+        return None
+    longest = max(alone, key=lambda c: c.prompt_tokens)
+    if longest.ttft_p50_ms <= slo.ttft_ms / 2:
+        return None
+    rate = longest.prompt_tokens / (longest.ttft_p50_ms / 1000.0)
+    fit = max(64, int(rate * slo.ttft_ms / 4000.0))
+    ubatch = 1 << (fit.bit_length() - 1)  # the largest power of two within a quarter objective
+    if ubatch >= longest.prompt_tokens:
+        return None  # one step already: smaller batches would not split it
+    return PrefillAdvice(longest.prompt_tokens, longest.ttft_p50_ms, rate, ubatch)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gate.crunch.plan import ENDPOINT_PATHS, CellResult, Endpoint, Recommendation, Slo, _ms
+from gate.crunch.plan import ENDPOINT_PATHS, CellResult, Endpoint, Recommendation, Slo, _ms, prefill_advice
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +125,16 @@ def format_report(report: CrunchReport) -> str:
             "their TTFT includes that wait, their tokens are not held)"
         )
     out.append("")
+    advice = prefill_advice(report.cells, report.slo)
+    if advice is not None:
+        out.append(
+            f"note: one prompt of {advice.prompt_tokens:,} tokens took {_ms(advice.prefill_ms)} ms to prefill alone "
+            f"(~{advice.rate_tok_s:,.0f} tokens/s), over half the TTFT objective, and every running stream "
+            f"waits for it: start llama-server with {advice.flags()} so a long prompt is processed in steps "
+            "short requests can get between (the gate's prefill_yield_tokens and max_prefill_tokens keep long "
+            "prompts from starting in front of interactive ones, but cannot split one)"
+        )
+        out.append("")
     rec = report.recommendation
     if rec is None:
         out.append(
@@ -180,6 +190,13 @@ def _cell_json(c: CellResult) -> dict[str, Any]:
     }
 
 
+def _advice_json(a) -> dict[str, Any] | None:
+    if a is None:
+        return None
+    return {"prompt_tokens": a.prompt_tokens, "prefill_ms": round(a.prefill_ms, 1),
+            "rate_tok_s": round(a.rate_tok_s, 1), "llama_server_flags": a.flags()}
+
+
 def report_to_json(report: CrunchReport) -> dict[str, Any]:
     """The whole table and the recommendation as plain JSON-able data."""
     rec = report.recommendation
@@ -198,6 +215,7 @@ def report_to_json(report: CrunchReport) -> dict[str, Any]:
         "max_tokens_cap": report.max_tokens_cap,
         "skipped_ctx": list(report.skipped_ctx),
         "cells": [_cell_json(c) for c in report.cells],
+        "prefill_advice": _advice_json(prefill_advice(report.cells, report.slo)),
         "recommendation": None
         if rec is None
         else {

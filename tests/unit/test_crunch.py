@@ -34,6 +34,7 @@ from gate.crunch import (
     parse_ctx_list,
     parse_int_list,
     percentile,
+    prefill_advice,
     prompt_target,
     recommend,
     report_to_json,
@@ -302,6 +303,24 @@ def test_json_shape() -> None:
     assert rec["token_budget"] == 1152 and rec["in_flight_tokens"] == rec["held_tokens"] == 1536
     assert (rec["concurrency"], rec["ctx"], rec["fraction"]) == (4, 512, 0.75)
     assert "token_budget = 1152" in rec["config"]
+
+
+def test_a_long_prefill_over_half_the_objective_gets_batch_size_advice() -> None:
+    # ctx 4K alone: a 2,048-token prompt took 1,600 ms (1,280 tok/s) against a 2,000 ms objective.
+    cells = [cell(512, 1, 150), cell(4096, 1, 1600), cell(4096, 4, 1900)]
+    advice = prefill_advice(cells, Slo(ttft_ms=2000))
+    assert advice is not None and advice.prompt_tokens == 2048
+    assert advice.ubatch == 512  # 1,280 tok/s x 0.5 s = 640 -> the power of two below
+    text = format_report(make_report(cells))
+    assert "-b 512 -ub 512" in text
+    assert report_to_json(make_report(cells))["prefill_advice"]["llama_server_flags"] == "-b 512 -ub 512"
+
+
+def test_no_batch_size_advice_when_prefills_are_short_or_unmeasured() -> None:
+    assert prefill_advice([cell(512, 1, 150), cell(4096, 1, 900)], Slo(ttft_ms=2000)) is None
+    assert prefill_advice([cell(4096, 2, 1900)], Slo(ttft_ms=2000)) is None  # no concurrency-1 cell
+    assert prefill_advice([cell(4096, 1, 1900)], Slo(ttft_ms=None)) is None
+    assert report_to_json(make_report([cell(512, 1, 100)]))["prefill_advice"] is None
 
 
 # --- arguments and prompts ---------------------------------------------------------------
