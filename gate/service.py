@@ -457,6 +457,7 @@ class GateService:
                     decode_tps=None if tel is None else tel.decode_tps,
                     requests_deferred=None if tel is None else tel.requests_deferred,
                     kv_bytes_per_token=b.kv_bytes_per_token,
+                    **_prefill_view(b),
                 )
             )
         classes = []
@@ -632,3 +633,13 @@ async def serve_until_signalled(
     if simulator is not None:
         await simulator.stop()
     return 0
+
+
+def _prefill_view(b: Backend) -> dict[str, Any]:
+    """The measured prefill rate and the prefill cap in force, for the console."""
+    gk = b.gatekeeper
+    if gk is None:
+        return {}
+    configured = gk.admission.capacity.max_prefill_tokens
+    cap = gk.admission.prefill_cap_auto if configured is None else (configured or None)
+    return {"prefill_tok_s": gk.prefill.rate, "prefill_cap": cap, "prefill_cap_auto": configured is None and cap is not None}

@@ -76,6 +76,9 @@ class BackendView:
     decode_tps: float | None
     requests_deferred: int | None  # llama-server's own queue: must stay 0
     kv_bytes_per_token: int | None = None
+    prefill_tok_s: float | None = None  # measured prompt tokens/s (None until measured)
+    prefill_cap: int | None = None  # prompt tokens that may prefill at once (None: no cap)
+    prefill_cap_auto: bool = False  # the cap comes from measurements, not the config
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,8 +85,7 @@ def backend_line(b: BackendView, compact: bool) -> Text:
         line.append(f"  kv {b.kv}", "dim")
         line.append(f"  budget {_n(b.budget)}/{_n(b.ceiling)}")
         line.append(f"  in-flight {b.in_flight:,}")
-        if b.prefilling:
-            line.append(f" ({b.prefilling:,} prefilling)", "dim")
+
         line.append(f"  queued {b.queued}", "bold yellow" if b.queued else "")
     if compact and b.slots:
         used = [s.n_prompt_tokens / s.n_ctx for s in b.slots if s.processing and s.n_prompt_tokens is not None and s.n_ctx]
@@ -101,6 +100,24 @@ def backend_line(b: BackendView, compact: bool) -> Text:
         line.append(str(b.requests_deferred), "bold white on red" if b.requests_deferred else "green")
     if not compact and b.decode_tps is not None:
         line.append(f"  decode {b.decode_tps:,.0f} tok/s", "dim")
+    return line
+
+
+def prefill_line(b: BackendView) -> Text:
+    """`  prefill 1,200 now / cap 4,096 (auto: 3,300 tok/s measured)`: prompt tokens being
+    processed, the most allowed at once, and where the cap comes from."""
+    line = Text("  prefill ", "dim")
+    line.append(f"{b.prefilling:,}", "bold" if b.prefilling else "dim")
+    line.append(" now", "dim")
+    if b.prefill_cap is not None:
+        line.append(f" / cap {b.prefill_cap:,}", "dim")
+    else:
+        line.append(" / no cap", "dim")
+    rate = "" if b.prefill_tok_s is None else f"{b.prefill_tok_s:,.0f} tok/s measured"
+    if b.prefill_cap_auto:
+        line.append(f" (auto: {rate})" if rate else " (auto)", "dim")
+    elif rate:
+        line.append(f" ({rate})", "dim")
     return line
 
 
@@ -125,6 +142,8 @@ def render_capacity(snap: GateSnapshot, *, compact: bool) -> Text:
         out.append_text(backend_line(b, compact))
         if compact:
             continue
+        out.append("\n")
+        out.append_text(prefill_line(b))
         if b.slots is None:
             out.append("\n  per-slot context: n/a (/slots not polled)", "dim")
             continue

@@ -387,3 +387,26 @@ async def test_the_narrow_tail_shows_every_reason_whole(gate):
             width = table.columns["reason"].get_render_width(table) - 2 * table.cell_padding
             assert width >= len("token_budget_exceeded"), size
             assert table.virtual_size.width <= table.size.width, size
+
+
+def _backend(**overrides):
+    from gate.snapshot import BackendView
+
+    fields = dict(
+        name="b0", url="http://x", state="ready", detail="ok", kv="unified", slots_busy=1, slots_total=4,
+        slot_context=2048, ceiling=2048, budget=2048, in_flight=900, prefilling=700, queued=2, slots=None,
+        decode_tps=None, requests_deferred=0,
+    )
+    fields.update(overrides)
+    return BackendView(**fields)
+
+
+def test_the_prefill_line_says_what_is_prefilling_the_cap_and_where_the_cap_comes_from():
+    from console.widgets.slots import prefill_line
+
+    auto = prefill_line(_backend(prefill_tok_s=3300.4, prefill_cap=420, prefill_cap_auto=True)).plain
+    assert auto == "  prefill 700 now / cap 420 (auto: 3,300 tok/s measured)"
+    configured = prefill_line(_backend(prefill_tok_s=3300.4, prefill_cap=1024)).plain
+    assert configured == "  prefill 700 now / cap 1,024 (3,300 tok/s measured)"
+    unmeasured = prefill_line(_backend(prefilling=0)).plain
+    assert unmeasured == "  prefill 0 now / no cap"
