@@ -318,21 +318,29 @@ def describe_config(config: Config) -> list[str]:
             extra.append("models " + ", ".join(b.models))
         if b.token_budget is not None:
             extra.append(f"token_budget {b.token_budget}")
-        if b.max_prefill_tokens is not None:
+        if b.max_prefill_tokens is None:
+            extra.append("prefill cap auto")
+        elif b.max_prefill_tokens:
             extra.append(f"max_prefill_tokens {b.max_prefill_tokens}")
+        else:
+            extra.append("no prefill cap")
+        extra.append(f"long prompts (> {b.prefill_yield_tokens}) yield" if b.prefill_yield_tokens else "no prefill yielding")
         tail = ("  " + "  ".join(extra)) if extra else ""
         lines.append(f"backend  {b.name}  {b.url}  kv {b.kv}{tail}")
     bu = config.budget
     slo = f"TTFT p95 {_fmt_num(bu.slo_ttft_p95_ms)} ms"
     if bu.slo_tpot_p95_ms is not None:
         slo += f", TPOT p95 {_fmt_num(bu.slo_tpot_p95_ms)} ms"
-    lines.append(f"budget   {bu.mode}, min {bu.min_tokens} tokens, SLO {slo}")
+    aging = f"aging {_fmt_num(bu.aging_s)} s" if bu.aging_s else "aging off"
+    lines.append(f"budget   {bu.mode}, min {bu.min_tokens} tokens, SLO {slo}, {aging}")
     for c in config.classes:
         default = "  (default)" if c.name == config.default_class else ""
         lines.append(
             f"class    {c.name}  priority {c.priority}  reserved {c.reserved_tokens}  "
             f"limit {_fmt_tokens(c.limit_tokens, 'budget')}  depth {c.queue_depth}  "
-            f"timeout {_fmt_num(c.queue_timeout_s)} s{default}"
+            f"timeout {_fmt_num(c.queue_timeout_s)} s"
+            + (f"  TTFT objective {_fmt_num(c.ttft_objective_ms)} ms" if c.ttft_objective_ms else "")
+            + default
         )
     if config.tenants:
         lines.append(f"tenants  {', '.join(t.name for t in config.tenants)}")
