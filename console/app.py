@@ -118,6 +118,7 @@ class TokengateApp(App[None]):
         self._early: list[AuditRecord] = []
         #: why the console ended (for the gate's "stopping" audit row when embedded)
         self.exit_why = "operator quit"
+        self.ended_by_signal = False  # a hang-up or SIGTERM: the gate going away is expected
         self.lost: str | None = None  # set when the gate went away
         self._ticking = False
         self.render_paused = False
@@ -278,7 +279,7 @@ class TokengateApp(App[None]):
 
     def gate_lost(self, message: str) -> None:
         """The gate went away (attached): say so and end the console."""
-        if self.stopping is not None:
+        if self.stopping is not None or self.ended_by_signal:
             self.exit()  # we asked it to stop
             return
         if self.lost is None:

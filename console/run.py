@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,16 +35,57 @@ def _log_beside(journal: str) -> None:
     )
 
 
-def _on_hangup(app, loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
-    """SIGHUP/SIGTERM: end the app as `q` would, and remember why (the gate's audit row)."""
-    loop.add_signal_handler(signal.SIGHUP, lambda: _end(app, "hang-up (SIGHUP)"))
-    loop.add_signal_handler(signal.SIGTERM, lambda: _end(app, "signal SIGTERM"))
+# After a hang-up the terminal may be gone: Textual's output thread dies on the first write
+# that fails (EIO) and its shutdown then waits forever to hand that thread its last frames
+# (seen: a console alive 20 minutes after `tmux kill-server`, blocked in WriterThread.stop).
+# A console told to end by a signal is gone within this many seconds, whatever Textual does.
+SIGNAL_EXIT_S = 5.0
+
+
+def _on_hangup(app, loop: asyncio.AbstractEventLoop, on_signal: Callable[[str], None] | None = None) -> Callable[[], None]:
+    """SIGHUP/SIGTERM: end the app as `q` would, and remember why (the gate's audit row).
+
+    `on_signal(why)` runs first (the embedded console starts draining its gate at once, with
+    the reason, before Textual gets a chance to hang on a dead terminal); a watchdog thread
+    ends the process SIGNAL_EXIT_S later if the app has not finished by then.
+    """
+    watchdog: list[threading.Timer] = []
+    whys = {signal.SIGHUP: "hang-up (SIGHUP)", signal.SIGTERM: "signal SIGTERM"}
+
+    def ended_by(why: str) -> None:  # on the event loop
+        app.ended_by_signal = True
+        if on_signal is not None:
+            on_signal(why)
+        _end(app, why)
+
+    def handler(signum: int, _frame) -> None:
+        # A plain signal handler, not the loop's: it runs even while the loop is blocked
+        # (in Textual's output queue, say), so the watchdog always starts.
+        why = whys[signum]
+        if not watchdog:
+            timer = threading.Timer(SIGNAL_EXIT_S, _exit_now, args=(why,))
+            timer.daemon = True
+            timer.start()
+            watchdog.append(timer)
+        loop.call_soon_threadsafe(ended_by, why)
+
+    before = {sig: signal.signal(sig, handler) for sig in whys}
 
     def remove() -> None:
-        for sig in (signal.SIGHUP, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
+        for sig, old in before.items():
+            signal.signal(sig, old)
+        for timer in watchdog:
+            timer.cancel()
 
     return remove
+
+
+def _exit_now(why: str) -> None:
+    logging.getLogger("tokengate.console").warning(
+        "%s: the console did not finish within %.0f s (a terminal that is gone); exiting", why, SIGNAL_EXIT_S
+    )
+    logging.shutdown()
+    os._exit(0)
 
 
 def _freeze_gc() -> None:
@@ -54,10 +97,11 @@ def _freeze_gc() -> None:
 
 def _end(app, why: str) -> None:
     app.exit_why = why
+    app.ended_by_signal = True
     app.exit()
 
 
-async def _run_app(link: GateLink, *, read_only: bool):
+async def _run_app(link: GateLink, *, read_only: bool, on_signal: Callable[[str], None] | None = None):
     from console.app import TokengateApp  # Textual only when the console runs
 
     app = TokengateApp(link, read_only=read_only)
@@ -65,7 +109,7 @@ async def _run_app(link: GateLink, *, read_only: bool):
     # long as the console: out of the way of every later full collection (a full collection
     # of the console's heap took 60-90 ms, gc.callbacks at 200 req/s), which delays a key press.
     freeze = asyncio.get_running_loop().call_later(3.0, _freeze_gc)
-    remove = _on_hangup(app, asyncio.get_running_loop())
+    remove = _on_hangup(app, asyncio.get_running_loop(), on_signal)
     try:
         # A hung-up terminal fails writes with EIO while Textual restores it: nothing to restore.
         with contextlib.suppress(OSError):
@@ -126,8 +170,12 @@ async def run_console(
     try:
         link = await gate.attach(read_only=read_only)
         _log_beside(config.gate.journal)
+
+        def drain_now(why: str) -> None:  # a hang-up: start the drain before Textual shuts down
+            asyncio.get_running_loop().create_task(gate.stop(link, why))
+
         try:
-            app = await _run_app(link, read_only=read_only)
+            app = await _run_app(link, read_only=read_only, on_signal=drain_now)
             why, lost = app.exit_why, app.lost
         finally:
             await gate.stop(link, why)
@@ -167,6 +215,7 @@ class GateProcess:
     """
 
     def __init__(self, proc: asyncio.subprocess.Process, socket_path: str, log_path: str, grace_s: float) -> None:
+        self.stopping: asyncio.Task | None = None
         self.proc = proc
         self.socket_path = socket_path
         self.log_path = log_path
@@ -218,7 +267,13 @@ class GateProcess:
         return await SocketLink.connect(self.socket_path, read_only=read_only, embedded=True)
 
     async def stop(self, link: GateLink, why: str) -> None:
-        """Drain the gate: through the socket with the reason (audited), else with SIGTERM."""
+        """Drain the gate: through the socket with the reason (audited), else with SIGTERM.
+        Once: a second call waits for the first."""
+        if self.stopping is None:
+            self.stopping = asyncio.ensure_future(self._stop(link, why))
+        await asyncio.shield(self.stopping)
+
+    async def _stop(self, link: GateLink, why: str) -> None:
         from gate.link import SocketLink
 
         try:

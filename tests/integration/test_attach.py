@@ -276,6 +276,31 @@ async def test_hangup_of_an_embedded_console_drains_the_gate_and_exits_zero(llam
         console.close()
 
 
+async def test_an_embedded_console_whose_terminal_is_gone_still_drains_its_gate_and_exits(llama_split, tmp_path):
+    """`tmux kill-server`, a dropped SSH session: the terminal closes, then SIGHUP. Textual's
+    output thread dies on the first failed write and its shutdown used to wait for it
+    forever (a console alive 20 minutes later); the gate must drain with the reason and the
+    console must be gone within seconds."""
+    config = write_config(tmp_path, llama_split.url)
+    console = Pty(str(TOKENGATE), "console", "--config", str(config), cwd=tmp_path)
+    try:
+        await wait_until(lambda: console.shows("classes"), timeout_s=30)
+        os.close(console.master)  # the terminal is gone: every write now fails with EIO
+        console.master = os.open(os.devnull, os.O_RDONLY)  # for close() in `finally`
+        # Let the console render on into the dead terminal (its output thread dies, its
+        # queue of frames fills) before the hang-up arrives, as after `tmux kill-server`.
+        await asyncio.sleep(3)
+        console.proc.send_signal(signal.SIGHUP)
+        rc = await asyncio.to_thread(console.proc.wait, 60)
+        assert rc == 0
+        await wait_until(lambda: not Path(sock_of(tmp_path)).exists(), timeout_s=30)
+        actions = [(r["action"], r["note"]) for r in audit_rows(tmp_path)]
+        assert actions[-2][0] == "stopping" and "hang-up" in actions[-2][1], actions
+        assert actions[-1][0] == "stopped"
+    finally:
+        console.close()
+
+
 # ---- one gate per journal; stale sockets ---------------------------------------------------------
 
 
