@@ -34,7 +34,7 @@ objective anyway: the same request (same index, same arrival time) in the DIRECT
 at the same load did not complete within the objective (interactive) or did not
 complete at all (batch).
 
-    PYTHONPATH=. .venv/bin/python bench/overload.py [--duration 25] [--drain 15] [--seed 7]
+    PYTHONPATH=. .venv/bin/python bench/overload.py [--seeds 7,8,9] [--loads 1,3,10] [--policies ...]
 
 Prints progress and a table; writes bench/results/overload.json.
 """
@@ -85,8 +85,12 @@ WORDS = (
     "group country problem hand part place case week company system program question number"
 ).split()
 
-POLICIES = ("direct", "naive", "static", "adaptive")
+# "-off": the same policy with the #13 levers off (no prefill yielding, no prefill cap, no
+# aging, and the interactive queue timeout at 2/3 of the objective instead of TTFT-aware
+# deadlines): what the gate did before, so each lever's effect is visible.
+POLICIES = ("direct", "naive", "static", "adaptive", "static-off", "adaptive-off")
 LOADS = (1, 3, 10)
+MIN_INTERACTIVE = 100  # per cell and per capacity probe: a p95 over fewer moves by a request or two
 
 
 # ---------------------------------------------------------------- workload
@@ -101,16 +105,19 @@ class Planned:
     max_tokens: int
 
 
-def plan(seed: int, rate: float, duration: float, batch_share: float, limit: int | None = None) -> list[Planned]:
-    """Open-loop Poisson arrivals at `rate`/s for `duration` s; request i is the same in every
-    cell of the same load (its attributes depend only on seed and i)."""
+def plan(seed: int, rate: float, duration: float, batch_share: float, limit: int | None = None,
+         min_interactive: int = 0) -> list[Planned]:
+    """Open-loop Poisson arrivals at `rate`/s for `duration` s, and on until at least
+    `min_interactive` interactive requests are planned; request i is the same in every cell of
+    the same load (its attributes depend only on seed and i)."""
     gaps = random.Random(seed)
     out: list[Planned] = []
     t = 0.0
     i = 0
+    n_inter = 0
     while True:
         t += gaps.expovariate(rate)
-        if t >= duration or (limit is not None and i >= limit):
+        if (t >= duration and n_inter >= min_interactive) or (limit is not None and i >= limit):
             return out
         r = random.Random(seed * 1_000_003 + i)
         if r.random() < batch_share:
@@ -121,7 +128,13 @@ def plan(seed: int, rate: float, duration: float, batch_share: float, limit: int
         # cannot skip a prefill.
         prompt = " ".join(r.choice(WORDS) for _ in range(words))
         out.append(Planned(i, t, cls, prompt, mt))
+        n_inter += cls == "interactive"
         i += 1
+
+
+def window_of(planned: list[Planned], duration: float) -> float:
+    """The arrival window a plan really covers (it runs on past `duration` for enough requests)."""
+    return max(duration, planned[-1].at if planned else 0.0)
 
 
 @dataclass
@@ -363,11 +376,17 @@ default_max_tokens = 512
 max_tokens_cap = 4096
 """
     objective_s = round(objective_ms / 1000.0, 3)
+    levers = not policy.endswith("-off")
+    policy = policy.removesuffix("-off")
+    if not levers:
+        head += "prefill_yield_tokens = 0\nmax_prefill_tokens = 0\n"
     if policy == "static":
-        budget = """
+        # The objective also sizes the automatic prefill cap (budget.slo_ttft_p95_ms).
+        budget = f"""
 [budget]
 mode = "static"
 min_tokens = 512
+slo_ttft_p95_ms = {objective_ms:.0f}
 """
     elif policy == "adaptive":
         # Windows shortened to fit a 25-30 s cell; the SLO is the client's TTFT objective.
@@ -382,6 +401,13 @@ min_samples = 10
 """
     else:
         raise ValueError(policy)
+    budget += "aging_s = 10\n" if levers else "aging_s = 0\n"
+    if levers:
+        # TTFT-aware deadlines: a waiting interactive request is refused as soon as its wait plus
+        # the first-token time measured under the current load cannot meet the objective.
+        interactive_wait = f"queue_timeout_s = 10\nttft_objective_ms = {objective_ms:.0f}"
+    else:
+        interactive_wait = f"queue_timeout_s = {max(round(objective_s * 2 / 3, 3), 0.05)}"
     # Interactive: reserved 512 tokens (2-3 chat requests), a short queue whose timeout leaves
     # room for the first token: the objective is 3 x the unloaded p95 TTFT, so a request still
     # waiting after 2/3 of it cannot start in time and is refused (with Retry-After) rather than
@@ -392,7 +418,7 @@ min_samples = 10
 priority = 10
 reserved_tokens = 512
 queue_depth = 16
-queue_timeout_s = {max(round(objective_s * 2 / 3, 3), 0.05)}
+{interactive_wait}
 default_max_tokens = 128
 max_tokens_cap = 256
 
@@ -427,6 +453,7 @@ def summarise(results: list[Result], duration: float, elapsed: float, objective_
     ttfts = [r.ttft if r.ttft is not None else math.inf for r in served_inter]
     good_inter = [r for r in inter if r.outcome == "ok" and r.ttft is not None and r.ttft <= objective_s]
     batch_tokens = sum(r.tokens for r in batch if r.outcome == "ok")
+    total_tokens = sum(r.tokens for r in results if r.outcome == "ok")
     refused = [r for r in results if r.outcome == "refused"]
     outcomes: dict[str, dict[str, int]] = {}
     for r in results:
@@ -446,6 +473,11 @@ def summarise(results: list[Result], duration: float, elapsed: float, objective_
         "interactive_met_objective": len(good_inter),
         "goodput_interactive_rps": len(good_inter) / duration,
         "goodput_batch_tok_s": batch_tokens / duration,
+        "total_tok_s": total_tokens / duration,
+        # Misses include refusals, sheds, timeouts and unfinished requests: dropping work
+        # mid-way never raises it (arXiv 2410.14257).
+        "interactive_attainment": len(good_inter) / len(inter) if inter else None,
+        "min_window_tok_s": window_rates(results, duration),
         "batch_completed": sum(1 for r in batch if r.outcome == "ok"),
         "refused": len(refused),
         "refused_interactive": sum(1 for r in refused if r.cls == "interactive"),
@@ -469,6 +501,31 @@ def summarise(results: list[Result], duration: float, elapsed: float, objective_
     else:
         s["refused_hopeless_interactive_share"] = s["refused_hopeless_batch_share"] = s["refused_hopeless_share"] = None
     return s
+
+
+def window_rates(results: list[Result], duration: float, width: float = 10.0) -> dict[str, float | None]:
+    """Per class with traffic, the fewest completion tokens per second delivered in any full
+    `width`-s window of the arrival window (tokens spread evenly from first token to end; only
+    requests that completed)."""
+    n = int(duration // width)
+    out: dict[str, float | None] = {}
+    for cls in sorted({r.cls for r in results}):
+        if n < 1:
+            out[cls] = None
+            continue
+        bins = [0.0] * n
+        for r in results:
+            if r.cls != cls or r.outcome != "ok" or r.ttft is None or r.latency is None or r.tokens <= 0:
+                continue
+            start, end = r.at + r.ttft, r.at + max(r.latency, r.ttft + 1e-6)
+            rate = r.tokens / (end - start)
+            for k in range(n):
+                lo, hi = k * width, (k + 1) * width
+                overlap = min(end, hi) - max(start, lo)
+                if overlap > 0:
+                    bins[k] += rate * overlap
+        out[cls] = min(bins) / width
+    return out
 
 
 def _finite(o):
@@ -572,15 +629,116 @@ def measure_unloaded(binary: Path, model: Path, seed: int, n: int) -> list[float
         srv.stop()
 
 
+def saturation(binary: Path, model: Path) -> dict:
+    """`tokengate crunch` against a fresh server of the same shape: the most generated tokens/s
+    it measured (the physical limit the gate is held against at 10x)."""
+    srv = start_llama(binary, model)
+    try:
+        exe = Path(sys.executable).with_name("tokengate")
+        proc = subprocess.run(
+            [str(exe), "crunch", srv.url, "--json", "--ctx", "512,1k", "--concurrency", "1,2,4",
+             "--max-tokens", "256", "--requests", "8"],
+            capture_output=True, text=True, timeout=900,
+        )
+        if proc.returncode != 0:
+            return {"error": proc.stderr[-500:]}
+        report = json.loads(proc.stdout)
+        cells = [c for c in report["cells"] if not c.get("failed")]
+        best = max(cells, key=lambda c: c.get("tokens_per_s") or 0) if cells else None
+        return {"tokens_per_s": best["tokens_per_s"] if best else None, "cell": best,
+                "command": "tokengate crunch URL --json --ctx 512,1k --concurrency 1,2,4 --max-tokens 256 --requests 8"}
+    finally:
+        srv.stop()
+
+
+KEYS = ("interactive_ttft_p50_s", "interactive_ttft_p95_s", "goodput_interactive_rps", "goodput_batch_tok_s",
+        "total_tok_s", "interactive_attainment", "refused", "upstream_5xx", "shed")
+
+
+def aggregate(runs: list[dict]) -> dict:
+    """Median and range over seeds of each figure (inf-safe)."""
+    out: dict = {}
+    for k in KEYS:
+        vals = [r[k] for r in runs if r.get(k) is not None]
+        out[k] = {"median": statistics.median(vals) if vals else None,
+                  "min": min(vals) if vals else None, "max": max(vals) if vals else None, "n": len(vals)}
+    mins = [r["min_window_tok_s"].get("batch") for r in runs if r.get("min_window_tok_s")]
+    mins = [m for m in mins if m is not None]
+    out["batch_min_window_tok_s"] = {"median": statistics.median(mins) if mins else None,
+                                     "min": min(mins) if mins else None, "max": max(mins) if mins else None,
+                                     "n": len(mins)}
+    return out
+
+
+def fmt_agg(a: dict, f) -> str:
+    if a["median"] is None:
+        return "-"
+    if a["min"] == a["max"]:
+        return f(a["median"])
+    return f"{f(a['median'])} [{f(a['min'])}-{f(a['max'])}]"
+
+
+def verdicts(agg: dict, cells: dict, objective_s: float, saturation_tok_s: float | None, loads: list[float]) -> dict:
+    """Each target of issue #13, met or not, with the figure (per seed where it says 'every')."""
+    v: dict = {}
+    top = f"{max(loads):g}x"
+    one = "1x" if "1x" in agg else None
+    for policy in ("static", "adaptive"):
+        if top in cells and policy in cells[top]:
+            runs = cells[top][policy]
+            d = cells[top].get("direct", [])
+            p95s = [r["interactive_ttft_p95_s"] for r in runs]
+            v[f"{top} {policy}: p95 within objective in every seed"] = {
+                "met": all(p is not None and p <= objective_s for p in p95s), "p95_s": p95s}
+            v[f"{top} {policy}: 0 upstream 5xx"] = {"met": all(r["upstream_5xx"] == 0 for r in runs),
+                                                    "upstream_5xx": [r["upstream_5xx"] for r in runs]}
+            ratios = []
+            for r, dr in zip(runs, d):
+                ratios.append(r["goodput_interactive_rps"] / dr["goodput_interactive_rps"] if dr["goodput_interactive_rps"] else math.inf)
+            v[f"{top} {policy}: interactive goodput >= 20x direct"] = {"met": bool(ratios) and all(x >= 20 for x in ratios),
+                                                                      "ratio": ratios}
+            if saturation_tok_s:
+                useful = [r["total_tok_s"] for r in runs]
+                v[f"{top} {policy}: useful tokens/s >= 90% of crunch's saturation"] = {
+                    "met": all(u >= 0.9 * saturation_tok_s for u in useful),
+                    "share": [u / saturation_tok_s for u in useful]}
+    for load_key, by_policy in cells.items():
+        if "static" in by_policy and "adaptive" in by_policy:
+            shares = [a["goodput_batch_tok_s"] / s["goodput_batch_tok_s"] if s["goodput_batch_tok_s"] else math.inf
+                      for a, s in zip(by_policy["adaptive"], by_policy["static"])]
+            v[f"{load_key}: adaptive batch tok/s >= 70% of static's"] = {"met": all(x >= 0.7 for x in shares), "share": shares}
+        for policy in ("static", "adaptive"):
+            if policy in by_policy:
+                mins = [r["min_window_tok_s"].get(c) for r in by_policy[policy] for c in r["min_window_tok_s"]]
+                v[f"{load_key} {policy}: every class > 0 tok/s in every 10 s window"] = {
+                    "met": all(m is not None and m > 0 for m in mins), "min_window_tok_s": mins}
+    if one and "direct" in cells[one]:
+        for policy in ("static", "adaptive"):
+            if policy not in cells[one]:
+                continue
+            p = [(r["interactive_ttft_p95_s"], d["interactive_ttft_p95_s"]) for r, d in zip(cells[one][policy], cells[one]["direct"])]
+            v[f"1x {policy}: p95 <= direct's + 10%"] = {"met": all(a is not None and b is not None and a <= 1.1 * b for a, b in p),
+                                                       "p95_gate_vs_direct_s": p}
+            t = [(r["total_tok_s"], d["total_tok_s"]) for r, d in zip(cells[one][policy], cells[one]["direct"])]
+            v[f"1x {policy}: total tok/s >= 90% of direct's"] = {"met": all(a >= 0.9 * b for a, b in t), "gate_vs_direct": t}
+    return v
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--duration", type=float, default=25.0, help="arrival window per cell, s (default 25)")
+    ap.add_argument("--duration", type=float, default=25.0,
+                    help="least arrival window per cell, s; a cell runs on until it holds "
+                         f"--min-interactive interactive requests (default 25)")
+    ap.add_argument("--min-interactive", type=int, default=MIN_INTERACTIVE,
+                    help=f"interactive requests per cell and per capacity probe (default {MIN_INTERACTIVE})")
     ap.add_argument("--drain", type=float, default=15.0, help="drain cap after the window, s (default 15)")
-    ap.add_argument("--probe-duration", type=float, default=30.0, help="arrival window per capacity probe, s")
-    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--probe-duration", type=float, default=30.0, help="least arrival window per capacity probe, s")
+    ap.add_argument("--seeds", default="7,8,9", help="comma-separated seeds; figures are the median and range (default 7,8,9)")
     ap.add_argument("--batch-share", type=float, default=0.2, help="share of arrivals that are batch (default 0.2)")
     ap.add_argument("--unloaded-n", type=int, default=30)
     ap.add_argument("--capacity", type=float, default=None, help="skip the search, use this rate (req/s)")
+    ap.add_argument("--capacity-start", type=float, default=0.5, help="first rate the capacity search tries (req/s)")
+    ap.add_argument("--no-crunch", action="store_true", help="skip the saturation measurement with tokengate crunch")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--loads", default=",".join(str(x) for x in LOADS))
     ap.add_argument("--out", default=str(HERE / "results" / "overload.json"))
@@ -591,6 +749,7 @@ def main(argv: list[str] | None = None) -> int:
     LLAMA_ARGS = tuple(shlex.split(args.llama_args))
     policies = [p for p in args.policies.split(",") if p]
     loads = [float(x) for x in args.loads.split(",") if x]
+    seeds = [int(x) for x in args.seeds.split(",") if x]
     if "direct" not in policies:
         print("note: without the direct policy the 'refused hopeless' share cannot be computed", file=sys.stderr)
 
@@ -603,33 +762,44 @@ def main(argv: list[str] | None = None) -> int:
     binary = find_llama_server()
     model = cached_model(MODEL_SIZE)
     version = subprocess.run([str(binary), "--version"], capture_output=True, text=True).stderr.strip().splitlines()[-1:]
-    print(f"llama-server {binary} {version}; model {model.name}; ctx {CTX} unified, {N_SLOTS} slots, -t {THREADS}", flush=True)
+    print(f"llama-server {binary} {version}; model {model.name}; ctx {CTX} unified, {N_SLOTS} slots, -t {THREADS}; "
+          f"seeds {seeds}", flush=True)
 
-    # 1. Unloaded TTFT and the objective.
-    unloaded = measure_unloaded(binary, model, args.seed, args.unloaded_n)
+    # 1. Unloaded TTFT and the objective (first seed).
+    unloaded = measure_unloaded(binary, model, seeds[0], args.unloaded_n)
     p95_unloaded = pct(unloaded, 0.95)
     objective_s = 3 * p95_unloaded
     objective_ms = objective_s * 1000
     print(f"[unloaded] {len(unloaded)} interactive requests: p50 {fmt_s(pct(unloaded, 0.5))} p95 {fmt_s(p95_unloaded)} "
           f"-> TTFT objective {objective_ms:.0f} ms", flush=True)
 
-    # 2. Capacity (no gate).
+    sat = {} if args.no_crunch else saturation(binary, model)
+    if sat:
+        print(f"[saturation] tokengate crunch: {sat.get('tokens_per_s')} generated tok/s at best "
+              f"({(sat.get('cell') or {}).get('concurrency')} streams, ctx {(sat.get('cell') or {}).get('ctx')})", flush=True)
+
+    # 2. Capacity (no gate): the highest rate with 0 upstream 5xx AND interactive p95 within the
+    # objective, each probe holding at least --min-interactive interactive requests.
     probes = []
 
     def probe(rate: float) -> bool:
-        planned = plan(args.seed + 100, rate, args.probe_duration, args.batch_share)
-        results, elapsed, extra, _ = run_cell(binary, model, "direct", planned, args.probe_duration, 10.0, objective_ms)
-        s = summarise(results, args.probe_duration, elapsed, objective_s, None)
-        ok = s["interactive_ttft_p95_s"] is not None and s["interactive_ttft_p95_s"] <= objective_s
-        probes.append({"rate_rps": rate, "meets_objective": ok, **{k: s[k] for k in ("requests", "interactive_ttft_p50_s", "interactive_ttft_p95_s", "upstream_5xx", "outcomes")}})
+        planned = plan(seeds[0] + 100, rate, args.probe_duration, args.batch_share, min_interactive=args.min_interactive)
+        window = window_of(planned, args.probe_duration)
+        results, elapsed, extra, _ = run_cell(binary, model, "direct", planned, window, 10.0, objective_ms)
+        s = summarise(results, window, elapsed, objective_s, None)
+        p95_ok = s["interactive_ttft_p95_s"] is not None and s["interactive_ttft_p95_s"] <= objective_s
+        ok = p95_ok and s["upstream_5xx"] == 0
+        probes.append({"rate_rps": rate, "meets": ok, "window_s": window,
+                       **{k: s[k] for k in ("requests", "interactive_ttft_p50_s", "interactive_ttft_p95_s", "upstream_5xx", "outcomes")}})
         print(f"[capacity] {rate:.3f} req/s: interactive p95 TTFT {fmt_s(s['interactive_ttft_p95_s'])} "
-              f"(n={s['interactive_ttft_n']}), 5xx {s['upstream_5xx']} -> {'meets' if ok else 'misses'} the objective", flush=True)
+              f"(n={s['interactive_ttft_n']}), 5xx {s['upstream_5xx']} -> {'meets' if ok else 'misses'} "
+              f"[{time.monotonic() - t_start:.0f}s]", flush=True)
         return ok
 
     if args.capacity is not None:
         capacity = args.capacity
     else:
-        rate, good, bad = 0.5, None, None
+        rate, good, bad = args.capacity_start, None, None
         for _ in range(4):
             if probe(rate):
                 good = rate
@@ -648,56 +818,49 @@ def main(argv: list[str] | None = None) -> int:
         capacity = good if good is not None else rate
     print(f"[capacity] {capacity:.3f} req/s total ({100 * (1 - args.batch_share):.0f}% interactive)", flush=True)
 
-    # 3. The cells.
-    cells: dict[str, dict[str, dict]] = {}
-    for load in loads:
-        rate = capacity * load
-        planned = plan(args.seed, rate, args.duration, args.batch_share)
-        direct_results = None
-        for policy in policies:
-            results, elapsed, extra, _ = run_cell(binary, model, policy, planned, args.duration, args.drain, objective_ms)
-            if policy == "direct":
-                direct_results = results
-            s = summarise(results, args.duration, elapsed, objective_s, direct_results)
-            s.update(extra)
-            s["rate_rps"] = rate
-            cells.setdefault(f"{load:g}x", {})[policy] = s
-            print(f"[{load:g}x {rate:.2f} req/s] {policy:8s} n={len(results):3d} p50 {fmt_s(s['interactive_ttft_p50_s']):>6} "
-                  f"p95 {fmt_s(s['interactive_ttft_p95_s']):>6} good {s['goodput_interactive_rps']:.2f} rps "
-                  f"{s['goodput_batch_tok_s']:.1f} btok/s refused {s['refused']} (RA ok {s['refused_valid_retry_after']}) "
-                  f"5xx {s['upstream_5xx']} shed {s['shed']} unfinished {s['unfinished_at_drain_cap']} "
-                  f"| llama {s['llama_metrics'].get('decode_tok_s_per_slot', '-')} tok/s/slot, load {s['loadavg_1m_after']} "
-                  f"[{time.monotonic() - t_start:.0f}s]", flush=True)
+    # 3. The cells, per seed.
+    cells: dict[str, dict[str, list[dict]]] = {}
+    for seed in seeds:
+        for load in loads:
+            rate = capacity * load
+            planned = plan(seed, rate, args.duration, args.batch_share, min_interactive=args.min_interactive)
+            window = window_of(planned, args.duration)
+            direct_results = None
+            for policy in policies:
+                results, elapsed, extra, _ = run_cell(binary, model, policy, planned, window, args.drain, objective_ms)
+                if policy == "direct":
+                    direct_results = results
+                s = summarise(results, window, elapsed, objective_s, direct_results)
+                s.update(extra)
+                s.update(rate_rps=rate, seed=seed, window_s=window)
+                cells.setdefault(f"{load:g}x", {}).setdefault(policy, []).append(s)
+                print(f"[seed {seed} {load:g}x {rate:.2f} req/s {window:.0f}s] {policy:12s} n={len(results):3d} "
+                      f"p50 {fmt_s(s['interactive_ttft_p50_s']):>6} p95 {fmt_s(s['interactive_ttft_p95_s']):>6} "
+                      f"good {s['goodput_interactive_rps']:.2f} rps {s['goodput_batch_tok_s']:.1f} btok/s "
+                      f"{s['total_tok_s']:.1f} tok/s refused {s['refused']} (RA ok {s['refused_valid_retry_after']}) "
+                      f"5xx {s['upstream_5xx']} shed {s['shed']} unfinished {s['unfinished_at_drain_cap']} "
+                      f"min10s {s['min_window_tok_s']} "
+                      f"| llama {s['llama_metrics'].get('decode_tok_s_per_slot', '-')} tok/s/slot, load {s['loadavg_1m_after']} "
+                      f"[{time.monotonic() - t_start:.0f}s]", flush=True)
 
-    # Table.
+    agg = {lk: {p: aggregate(runs) for p, runs in bp.items()} for lk, bp in cells.items()}
+    verdict = verdicts(agg, cells, objective_s, sat.get("tokens_per_s") if sat else None, loads)
+
+    # Table: median [range] over seeds.
     print()
     print(f"TTFT objective {objective_ms:.0f} ms (3 x unloaded p95 {p95_unloaded * 1000:.0f} ms); capacity {capacity:.3f} req/s; "
-          f"window {args.duration:g} s + drain cap {args.drain:g} s; seed {args.seed}")
-    hdr = f"{'load':>5} {'policy':9} {'p50':>7} {'p95':>7} {'good i/s':>8} {'batch tok/s':>11} {'refused':>7} {'RA ok':>5} {'5xx':>4} {'shed':>4} {'unfin':>5} {'hopeless':>8}"
-    print(hdr)
-    print("-" * len(hdr))
-    for load_key, by_policy in cells.items():
-        for policy, s in by_policy.items():
-            print(f"{load_key:>5} {policy:9} {fmt_s(s['interactive_ttft_p50_s']):>7} {fmt_s(s['interactive_ttft_p95_s']):>7} "
-                  f"{s['goodput_interactive_rps']:>8.2f} {s['goodput_batch_tok_s']:>11.1f} {s['refused']:>7} "
-                  f"{s['refused_valid_retry_after']:>5} {s['upstream_5xx']:>4} {s['shed']:>4} {s['unfinished_at_drain_cap']:>5} "
-                  f"{fmt_share(s['refused_hopeless_share']):>8}")
-    verdict = {}
-    top = f"{max(loads):g}x"
-    if top in cells and "direct" in cells[top]:
-        d = cells[top]["direct"]
-        for policy in ("static", "adaptive"):
-            if policy in cells[top]:
-                g = cells[top][policy]
-                p95 = g["interactive_ttft_p95_s"]
-                verdict[policy] = {
-                    "p95_within_objective": p95 is not None and p95 <= objective_s,
-                    "zero_upstream_5xx": g["upstream_5xx"] == 0,
-                    "goodput_interactive_vs_direct": (g["goodput_interactive_rps"] / d["goodput_interactive_rps"]) if d["goodput_interactive_rps"] else None,
-                    "goodput_at_least_2x_direct": g["goodput_interactive_rps"] >= 2 * d["goodput_interactive_rps"] and g["goodput_interactive_rps"] > 0,
-                }
-        print(f"\naim at {top} (p95 within objective, zero upstream 5xx, interactive goodput >= 2x direct): "
-              + json.dumps(verdict))
+          f">= {args.min_interactive} interactive requests per cell; seeds {seeds}; median [min-max]")
+    ms = lambda v: fmt_s(v)  # noqa: E731
+    for load_key, by_policy in agg.items():
+        for policy, a in by_policy.items():
+            print(f"{load_key:>4} {policy:12s} p50 {fmt_agg(a['interactive_ttft_p50_s'], ms)} | p95 {fmt_agg(a['interactive_ttft_p95_s'], ms)} "
+                  f"| good i/s {fmt_agg(a['goodput_interactive_rps'], lambda v: f'{v:.2f}')} "
+                  f"| batch tok/s {fmt_agg(a['goodput_batch_tok_s'], lambda v: f'{v:.0f}')} "
+                  f"| total tok/s {fmt_agg(a['total_tok_s'], lambda v: f'{v:.0f}')} "
+                  f"| refused {fmt_agg(a['refused'], lambda v: f'{v:g}')} | 5xx {fmt_agg(a['upstream_5xx'], lambda v: f'{v:g}')}")
+    print()
+    for name, v in verdict.items():
+        print(f"{'MET ' if v['met'] else 'NOT MET'} {name}: {json.dumps({k: x for k, x in v.items() if k != 'met'}, default=str)}")
 
     out = {
         "benchmark": "overload",
@@ -706,24 +869,30 @@ def main(argv: list[str] | None = None) -> int:
                 "interactive": {"words": INTERACTIVE_WORDS, "max_tokens": INTERACTIVE_MAX_TOKENS},
                 "batch": {"words": BATCH_WORDS, "max_tokens": BATCH_MAX_TOKENS},
                 "batch_share_of_arrivals": args.batch_share,
-                "arrivals": "open loop, Poisson, fixed seed; request i identical across policies of one load",
+                "arrivals": "open loop, Poisson, fixed seed; request i identical across policies of one load and seed; "
+                            f"each cell runs until it holds >= {args.min_interactive} interactive requests",
                 "requests": "POST /v1/chat/completions, stream, stream_options.include_usage, ignore_eos; "
                             "X-Tokengate-Class header for the classed policies",
             },
             "ttft": "client-side, from the scheduled arrival to the first chunk carrying choices (the first token)",
-            "objective": "3 x p95 TTFT of interactive requests sent one at a time to an idle llama-server",
-            "capacity": "highest total arrival rate (same mix) whose interactive p95 TTFT meets the objective with no gate; "
-                        "geometric search from 0.5 req/s then one geometric bisection",
+            "objective": "3 x p95 TTFT of interactive requests sent one at a time to an idle llama-server (first seed)",
+            "capacity": "highest total arrival rate (same mix) with 0 upstream 5xx and interactive p95 TTFT within the "
+                        "objective with no gate, each probe >= min_interactive interactive requests; geometric search then one bisection",
             "ttft_percentiles": "over interactive requests not refused by the gate; no first token before the drain cap = inf",
-            "goodput_interactive_rps": "interactive requests completed with TTFT <= objective, per second of arrival window",
+            "goodput_interactive_rps": "interactive requests completed with TTFT <= objective, per second of arrival window "
+                                       "(refused, shed, timed-out and unfinished requests are misses)",
+            "interactive_attainment": "interactive requests completed within the objective over ALL interactive arrivals",
             "goodput_batch_tok_s": "completion tokens of batch requests that completed, per second of arrival window",
+            "total_tok_s": "completion tokens of every request that completed, per second of arrival window",
+            "min_window_tok_s": "per class, the fewest completion tokens per second in any full 10 s window",
             "refused": "429 (and 503 with Retry-After) answers from the gate; RA ok = Retry-After an integer in [1, 120]",
             "upstream_5xx": "llama-server 500s (before or inside the stream; 'Context size has been exceeded' when the unified pool runs out), "
                             "relayed or direct, plus the gate's upstream_error/upstream_timeout",
-            "refused_hopeless_share": "share of refused requests whose twin (same index, same arrival) in the DIRECT cell of the same load "
-                                      "did not complete within the objective (interactive) or did not complete (batch)",
+            "saturation": "tokengate crunch on a fresh server of the same shape: the most generated tokens/s of any cell",
+            "policies_off": "'-off' = the same policy with prefill yielding, the prefill cap, aging and TTFT-aware "
+                            "deadlines off (interactive queue timeout 2/3 of the objective instead)",
         },
-        "seed": args.seed,
+        "seeds": seeds,
         "duration_s": args.duration,
         "drain_cap_s": args.drain,
         "probe_duration_s": args.probe_duration,
@@ -735,11 +904,13 @@ def main(argv: list[str] | None = None) -> int:
         "unloaded_ttft_s": unloaded,
         "unloaded_p95_s": p95_unloaded,
         "objective_ms": objective_ms,
+        "saturation": sat,
         "capacity_rps": capacity,
         "capacity_probes": probes,
         "policies": {p: policy_toml(p, objective_ms) for p in policies},
         "cells": cells,
-        "aim_at_top_load": verdict,
+        "aggregate": agg,
+        "targets": verdict,
         "wall_s": round(time.monotonic() - t_start, 1),
     }
     path = Path(args.out)
