@@ -21,7 +21,7 @@ from textual.compose import compose
 
 from console.app import TokengateApp
 from console.fleet import Fleet, FleetEntry, FleetGate
-from console.keys import TOASTED_SOURCES
+from console.keys import KEY_HELP, TOASTED_SOURCES
 from console.screens.fleet import FleetScreen
 from gate.commands import ActionResult, Command, CommandError, describe
 from gate.link import GateInfo, GateLink, LinkLost, SocketLink
@@ -200,6 +200,9 @@ class FleetConsoleApp(TokengateApp):
         """The open gate went away: back to the fleet, which says so (the console goes on)."""
         if self.opened is not None:
             self.call_later(self.back_to_fleet, message)
+
+    def key_help(self) -> list[tuple[str, str]]:
+        return [(k, "back to the fleet (this gate goes on)" if d == KEY_HELP["quit"] else d) for k, d in super().key_help()]
 
     async def action_quit(self) -> None:
         """In a gate's console: back to the fleet (that gate goes on). On the fleet: quit."""

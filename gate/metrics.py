@@ -47,6 +47,8 @@ OK_REASON = "ok"
 OTHER = "other"  # every label value that is not a configured name
 _REASONS = frozenset({*(r.value for r in Reason), OK_REASON, CLIENT_DISCONNECT, SERVER_CANCELLED})
 TOKEN_COUNT_SOURCES = ("exact", "estimate")
+#: what an endpoint picker routes on: GET /metrics/inference serves only these (it scrapes often)
+INFERENCE_METRICS = ("tokengate_num_requests_waiting", "tokengate_num_requests_running", "tokengate_kv_cache_usage_ratio")
 
 # 1 ms .. 120 s
 QUEUE_WAIT_BUCKETS = (
@@ -301,3 +303,8 @@ class GateMetrics:
     def render(self) -> tuple[bytes, str]:
         """The `/metrics` body and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def render_inference(self) -> tuple[bytes, str]:
+        """The `/metrics/inference` body: the three inference-gateway gauges only. An endpoint
+        picker scrapes every 50 ms by default; the whole registry takes ~1.7 ms to render."""
+        return generate_latest(self.registry.restricted_registry(INFERENCE_METRICS)), CONTENT_TYPE_LATEST

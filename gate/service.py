@@ -393,6 +393,11 @@ class GateService:
         m.set_drain_seconds(drain_s if drain_s != float("inf") else 3600.0)
         m.set_slo_ttft(self.config.budget.slo_ttft_p95_ms / 1000)
 
+    def refresh_inference_gauges(self) -> None:
+        """Only the inference-gateway gauges (GET /metrics/inference)."""
+        for b in self.backends:
+            self._refresh_inference_gauges(b)
+
     def _refresh_inference_gauges(self, b: Backend) -> None:
         """The inference-gateway protocol's three gauges for one backend, from the gate's own state:
         its queue, its dispatched requests, its ledger against the KV pool (the ceiling). A backend

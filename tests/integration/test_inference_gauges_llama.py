@@ -2,7 +2,8 @@
 real gate, `/metrics` scraped over HTTP at each step, every value checked exactly.
 
 The endpoint picker of the Gateway API Inference Extension routes on three gauges per model
-server (deploy/kubernetes/): queued requests, running requests and KV-cache utilization.
+server (deploy/kubernetes/): queued requests, running requests and KV-cache utilization. It
+scrapes /metrics/inference (those three alone); /metrics must say the same.
 Here the expected values come from outside the gate: which requests the script has sent,
 held and cancelled, and each prompt's token count as llama-server itself reports it
 (`usage.prompt_tokens` of the same messages sent to it directly). The KV pool is the split
@@ -69,9 +70,14 @@ async def hold(client: httpx.AsyncClient, gate_url: str, kind: dict, max_tokens:
         return resp.status_code
 
 
-async def gauges(client: httpx.AsyncClient, gate_url: str) -> tuple[float, float, float]:
-    """The three gauges of backend b0 / model tiny, as a scraper reads them."""
-    resp = await client.get(gate_url + "/metrics")
+async def gauges(client: httpx.AsyncClient, gate_url: str) -> tuple[tuple[float, float, float], ...]:
+    """The three gauges of backend b0 / model tiny as scrapers read them: from the endpoint
+    picker's lean /metrics/inference, then from the whole /metrics."""
+    return (await _read(client, gate_url + "/metrics/inference"), await _read(client, gate_url + "/metrics"))
+
+
+async def _read(client: httpx.AsyncClient, url: str) -> tuple[float, float, float]:
+    resp = await client.get(url)
     assert resp.status_code == 200
     found = {
         s.name: s.value
@@ -102,10 +108,10 @@ async def test_the_three_gauges_track_a_scripted_load_exactly(llama_split):
                     want = (waiting, running, reserved / POOL)
                     last = None
                     deadline = time.monotonic() + 20
-                    while (last := await gauges(client, gate.url)) != want and time.monotonic() < deadline:
+                    while (last := await gauges(client, gate.url)) != (want, want) and time.monotonic() < deadline:
                         await asyncio.sleep(0.02)
                     ended = sum(t.done() and not t.cancelled() for t in tasks)
-                    assert last == want, f"gauges {last}, expected {want}; {ended} requests ended on their own"
+                    assert last == (want, want), f"gauges (lean, full) {last}, expected {want}; {ended} requests ended on their own"
                     seen.append(want)
 
                 await expect(0, 0, 0)

@@ -110,3 +110,31 @@ def test_kv_usage_is_clamped_to_zero_one():
     m.set_inference("b", "", waiting=0, running=0, kv_usage=1.7)
     body, _ = m.render()
     assert 'tokengate_kv_cache_usage_ratio{backend="b",model=""} 1.0' in body.decode()
+
+
+async def test_metrics_inference_serves_the_three_gauges_alone_and_stays_open_with_tenants():
+    """What an endpoint picker scrapes many times a second: three families, no tenant key."""
+    import httpx
+
+    config = CONFIG + '[[tenants]]\nname = "t"\napi_key_sha256 = "' + "a" * 64 + '"\n'
+    g = GateService(parse_config(config), environ={}, transport=fake_llama_transport())
+    try:
+        await g.backends.probe_all()
+        gk = g.backends.backends[0].gatekeeper
+        held = await gk.acquire(Request("h", "batch", "t", 100, 400, 0.0))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=g.app), base_url="http://gate") as c:
+            lean = await c.get("/metrics/inference")
+            full = await c.get("/metrics")
+            models = await c.get("/v1/models")
+        assert lean.status_code == full.status_code == 200 and models.status_code == 401
+        families = {f.name: f for f in text_string_to_metric_families(lean.text)}
+        assert set(families) == set(GAUGES)
+        lean_samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
+        assert lean_samples == {k: v for k, v in scrape(g).items() if k[0] in GAUGES}
+        assert lean_samples[("tokengate_kv_cache_usage_ratio", (("backend", "gpu0"), ("model", "qwen")))] == 500 / 8192
+        assert len(lean.content) < len(full.content) / 10
+        gk.release(held)
+    finally:
+        for b in g.backends:
+            b.gatekeeper.close()
+        await g.client.aclose()

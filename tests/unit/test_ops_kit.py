@@ -84,19 +84,17 @@ def test_metric_names_reads_selectors_not_functions_or_labels():
 # ---- the gate's /metrics -------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def exposed() -> set[str]:
-    """Every sample name the gate's /metrics can carry: the samples it holds now and, for a family
-    with no child yet (a labelled counter before its first event), the names its type gives."""
+def scrape(path: str) -> str:
+    """GET `path` from a real gate's app (its backend answers /health and /props)."""
     import asyncio
 
-    async def scrape() -> str:
+    async def get() -> str:
         gate = GateService(parse_config(GATE_CONFIG), environ={}, transport=fake_llama_transport())
         try:
             await gate.backends.probe_all()
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gate.app), base_url="http://gate") as c:
-                resp = await c.get("/metrics")
-            assert resp.status_code == 200
+                resp = await c.get(path)
+            assert resp.status_code == 200, (path, resp.status_code)
             return resp.text
         finally:
             for b in gate.backends:
@@ -104,7 +102,18 @@ def exposed() -> set[str]:
                     b.gatekeeper.close()
             await gate.client.aclose()
 
-    text = asyncio.run(scrape())
+    return asyncio.run(get())
+
+
+def scrape_names(path: str) -> set[str]:
+    return {s.name for fam in text_string_to_metric_families(scrape(path)) for s in fam.samples}
+
+
+@pytest.fixture(scope="module")
+def exposed() -> set[str]:
+    """Every sample name the gate's /metrics can carry: the samples it holds now and, for a family
+    with no child yet (a labelled counter before its first event), the names its type gives."""
+    text = scrape("/metrics")
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",), "info": ("_info",)}
     names = set()
     for fam in text_string_to_metric_families(text):
@@ -228,6 +237,8 @@ def test_the_inference_pool_example_routes_through_the_gate_on_its_gauges(expose
     }
     assert {k: flags[k] for k in wanted} == wanted
     assert set(wanted.values()) <= exposed
+    # the path it scrapes serves exactly those three
+    assert set(wanted.values()) == scrape_names(flags["model-server-metrics-path"])
     assert pool["spec"]["endpointPickerRef"]["name"] in {name for kind, name in docs if kind == "Service"}
 
 
