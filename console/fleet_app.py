@@ -136,7 +136,7 @@ class FleetConsoleApp(TokengateApp):
         try:
             try:
                 link = await asyncio.wait_for(self._connect(gate.entry.socket, self.fleet_read_only), OPEN_TIMEOUT_S)
-            except (LinkLost, OSError, TimeoutError) as exc:
+            except (LinkLost, CommandError, OSError, TimeoutError) as exc:
                 self.notify(str(exc) or type(exc).__name__, title=f"{name}: cannot open", severity="error", markup=False)
                 return
             link.info = dataclasses.replace(link.info, where=f"gate {name} ({gate.entry.socket})")

@@ -2,7 +2,7 @@
 its built-in simulator, with synthetic traffic), each with its control socket, and a third socket
 where nothing listens. The console is driven by Textual's Pilot, its links are real sockets.
 
-* a row per gate with that gate's own figures; the unreachable one says why;
+* a row per gate with that gate's own figures; the unreachable one says why (and will not open);
 * Enter opens one gate's full console; every toast and dialog of an action names that gate,
   and the action lands on that gate only;
 * q goes back to the fleet; another console's action on a gate is toasted with the gate's name;
@@ -12,13 +12,10 @@ where nothing listens. The console is driven by Textual's Pilot, its links are r
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
-
-import pytest
 
 from console.fleet_app import FleetConsoleApp
 from console.fleet import fleet_entries
@@ -92,6 +89,12 @@ async def test_fleet_rows_open_one_gate_name_it_in_every_action_and_come_back(tm
                 table = app.fleet_screen.table
                 assert table.row_count == 3
                 assert str(table.get_cell("gpu-c", "state")) == "down"
+
+                # Enter on the gate that cannot be reached says so and stays on the fleet
+                table.move_cursor(row=2)
+                await pilot.press("enter")
+                await until(pilot, lambda: any(t == "gpu-c: cannot open" for t, _ in toasts(app)))
+                assert isinstance(app.screen, FleetScreen) and app.opened is None
 
                 # ---- another console pauses a class on gpu-a: the fleet says where ----
                 await other.command(Pause("batch", True))
