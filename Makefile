@@ -34,12 +34,15 @@ screenshots: $(VENV)/.runtime
 llama-server:
 	bash tests/llama/build_llama_server.sh
 
+# promtool checks and unit-tests deploy/prometheus/tokengate-rules.yml (installed when missing).
 test: $(VENV)/.test
+	bash deploy/prometheus/ensure_promtool.sh >/dev/null
 	LLAMA_SERVER_BIN="$${LLAMA_SERVER_BIN:-$$(bash tests/llama/build_llama_server.sh | tail -n 1)}" \
 		$(BIN)/pytest $(PYTEST_ARGS)
 
 # The pure core and config only: seconds, no llama-server.
 unit: $(VENV)/.test
+	bash deploy/prometheus/ensure_promtool.sh >/dev/null
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
 bench: $(VENV)/.bench

@@ -168,6 +168,12 @@ class TokengateApp(App[None]):
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
+        self._setup_view()
+        self._timer = self.set_interval(self.interval_s, self.tick, name="tokengate-tick")
+        self.call_later(self.tick)
+
+    def _setup_view(self) -> None:
+        """What a freshly composed view needs (the fleet console composes one per opened gate)."""
         self.slots.border_title = "capacity"
         self.gpu.border_title = "GPU"
         self.class_table.border_title = "classes"
@@ -178,8 +184,6 @@ class TokengateApp(App[None]):
         self.apply_layout(self.size.width, self.size.height)
         self.class_table.focus()
         self.link.subscribe(self._on_audit)
-        self._timer = self.set_interval(self.interval_s, self.tick, name="tokengate-tick")
-        self.call_later(self.tick)
 
     def on_resize(self, event: events.Resize) -> None:
         self.apply_layout(event.size.width, event.size.height)
@@ -375,6 +379,17 @@ class TokengateApp(App[None]):
 
     # ---- gate actions ------------------------------------------------------------
 
+    #: the gate's name in a fleet console ("" when the console has one gate): every toast and
+    #: dialog about an action then names the gate it acts on
+    gate_name = ""
+
+    def _named(self, title: str) -> str:
+        """A toast's or dialog's title, naming the gate in a fleet console."""
+        return f"{self.gate_name}: {title}" if self.gate_name else title
+
+    def _on_gate(self) -> str:
+        return f" on gate {self.gate_name}" if self.gate_name else ""
+
     def _selected(self, cls: str | None) -> str | None:
         cls = cls or self.class_table.selected_class
         if cls is None:
@@ -406,13 +421,13 @@ class TokengateApp(App[None]):
         try:
             results = await self.send(command)
         except CommandError as exc:
-            self.notify(str(exc), title="refused", severity="error", markup=False)
+            self.notify(str(exc), title=self._named("refused"), severity="error", markup=False)
             return []
         except LinkLost as exc:
             self.gate_lost(str(exc))
             return []
         if results:
-            self.notify("\n".join(r.message for r in results), title=self.link.info.operator, markup=False)
+            self.notify("\n".join(r.message for r in results), title=self._named(self.link.info.operator), markup=False)
         await self.refresh_view()
         return results
 
@@ -429,7 +444,7 @@ class TokengateApp(App[None]):
             return
         what = describe(record.action, record.target, record.old_value, record.new_value)
         note = f" ({record.note})" if record.note else ""
-        self.notify(f"{what}{note}", title=f"{record.operator}@{record.origin}", markup=False)
+        self.notify(f"{what}{note}", title=self._named(f"{record.operator}@{record.origin}"), markup=False)
 
     async def action_pause_class(self, cls: str | None = None) -> None:
         if not self._gate_action_allowed() or (cls := self._selected(cls)) is None:
@@ -449,8 +464,8 @@ class TokengateApp(App[None]):
         # Like drain: pausing a class that carries traffic turns its users away; ask (focus on No).
         self.push_screen(
             ConfirmScreen(
-                f"Pause {cls}?",
-                f"{cls} carries traffic: {view.admitted_per_min} admitted in the last minute, "
+                f"Pause {cls}{self._on_gate()}?",
+                f"{cls}{self._on_gate()} carries traffic: {view.admitted_per_min} admitted in the last minute, "
                 f"{view.in_flight} tokens in flight, {view.queued} queued. Paused, its new requests get "
                 f"503 class_paused and its queue waits until resumed (p again).",
                 yes_label="Pause",
@@ -470,11 +485,11 @@ class TokengateApp(App[None]):
         await self.refresh_view()
         view = self._class_view(cls)
         if view is None:
-            self.notify(f"unknown class {cls!r}", title="refused", severity="error", markup=False)
+            self.notify(f"unknown class {cls!r}", title=self._named("refused"), severity="error", markup=False)
             return
         waiting = view.queued
         if waiting == 0:
-            self.notify(f"{cls}: nothing queued, nothing to drain", severity="warning", markup=False)
+            self.notify(f"{cls}: nothing queued, nothing to drain", title=self.gate_name, severity="warning", markup=False)
             return
 
         async def answered(yes: bool | None) -> None:
@@ -484,8 +499,8 @@ class TokengateApp(App[None]):
         plural = "request" if waiting == 1 else "requests"
         self.push_screen(
             ConfirmScreen(
-                f"Drain {cls}?",
-                f"Drain {cls}: {waiting} queued {plural} will be refused with 503 drained.",
+                f"Drain {cls}{self._on_gate()}?",
+                f"Drain {cls}{self._on_gate()}: {waiting} queued {plural} will be refused with 503 drained.",
                 yes_label="Drain",
             ),
             answered,
@@ -502,12 +517,12 @@ class TokengateApp(App[None]):
 
         async def done(messages: list[str] | None) -> None:
             if messages:
-                self.notify("\n".join(messages), title=f"{self.link.info.operator}: retuned", markup=False)
+                self.notify("\n".join(messages), title=self._named(f"{self.link.info.operator}: retuned"), markup=False)
             elif messages is not None:
-                self.notify("nothing changed", markup=False)
+                self.notify("nothing changed", title=self.gate_name, markup=False)
             await self.refresh_view()
 
-        self.push_screen(RetuneScreen(snap, cls, self.apply_retune), done)
+        self.push_screen(RetuneScreen(snap, cls, self.apply_retune, gate=self.gate_name), done)
 
     async def apply_retune(self, changes: RetuneChanges) -> list[str]:
         """Budget, [budget] settings and the class's settings as ONE command: all or nothing.

@@ -104,7 +104,10 @@ def _end(app, why: str) -> None:
 async def _run_app(link: GateLink, *, read_only: bool, on_signal: Callable[[str], None] | None = None):
     from console.app import TokengateApp  # Textual only when the console runs
 
-    app = TokengateApp(link, read_only=read_only)
+    return await _run(TokengateApp(link, read_only=read_only))
+
+
+async def _run(app):
     # Once the first frames are up (3 s), what start-up built (Textual, the widget tree) lives as
     # long as the console: out of the way of every later full collection (a full collection
     # of the console's heap took 60-90 ms, gc.callbacks at 200 req/s), which delays a key press.
@@ -137,6 +140,25 @@ async def attach_console(path: str, *, read_only: bool = False) -> int:
         sys.stderr.write(f"tokengate console: {app.lost}\n")
         return 1
     return 0
+
+
+async def attach_fleet(gates: list[tuple[str, str]], *, read_only: bool = False) -> int:
+    """`tokengate console --attach A --attach B ...` (or `--attach --config F` with [[fleet]]):
+    a row per gate, Enter for one gate's console. `gates`: (name or "", control socket)."""
+    import os
+    import tempfile
+
+    from console.fleet import fleet_entries
+    from console.fleet_app import FleetConsoleApp
+
+    try:
+        entries = fleet_entries(gates)
+    except ValueError as exc:
+        raise ConsoleExit(str(exc)) from None
+    # No journal of its own: warnings go to a file, never onto the screen.
+    _log_beside(str(Path(tempfile.gettempdir()) / f"tokengate-fleet-{os.getuid()}.db"))
+    app = await _run(FleetConsoleApp(entries, read_only=read_only))
+    return 0 if app.return_code in (None, 0) else app.return_code
 
 
 async def run_console(

@@ -106,8 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         const="",
         default=None,
+        action="append",
         help="attach to a running gate through its control socket (default: the [gate] control_socket "
-        "of --config, else tokengate.sock); q detaches, the gate goes on",
+        "of --config, else tokengate.sock); q detaches, the gate goes on. Twice or more (NAME=SOCKET "
+        "names a gate), or once with a --config holding [[fleet]] tables: the fleet console, a row "
+        "per gate and Enter for one gate's console",
     )
     console.set_defaults(func=_cmd_console)
 
@@ -357,11 +360,16 @@ def _cmd_console(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         err.write("tokengate console: needs a terminal (use `tokengate serve` for a headless gate)\n")
         return EXIT_USAGE
-    from console.run import ConsoleExit, attach_console, run_console  # Textual only when the console runs
+    from console.fleet import parse_attach
+    from console.run import ConsoleExit, attach_console, attach_fleet, run_console  # Textual only when the console runs
 
     try:
         if args.attach is not None:
-            path = args.attach or config.gate.control_socket_path() or "tokengate.sock"
+            given = [parse_attach(a) for a in args.attach if a]
+            if len(given) > 1 or (not given and config.fleet):
+                gates = given or [(f.name, f.socket) for f in config.fleet]
+                return asyncio.run(attach_fleet(gates, read_only=args.read_only))
+            path = (given[0][1] if given else "") or config.gate.control_socket_path() or "tokengate.sock"
             return asyncio.run(attach_console(path, read_only=args.read_only))
         return asyncio.run(run_console(config, config_path=args.config, demo=args.demo, read_only=args.read_only))
     except ConsoleExit as exc:

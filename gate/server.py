@@ -1,8 +1,9 @@
 """The gate's HTTP surface: routes, pass-through, health, metrics, error mapping.
 
 Auth: with ``[[tenants]]`` configured, every route that reaches a backend needs a
-tenant key (pass-through and ``GET /v1/models`` included); ``/health`` and
-``/metrics`` stay open for probes and scrapers. Every route reads its body through
+tenant key (pass-through and ``GET /v1/models`` included); ``/health``, ``/metrics`` and
+``/metrics/inference`` (the endpoint picker's three gauges alone) stay open for probes and
+scrapers. Every route reads its body through
 :class:`gate.clientguard.BodyReader` (size limit before reading, read deadline),
 and every error is a :class:`gate.errors.GateError` rendered by one function.
 """
@@ -59,6 +60,12 @@ def build_app(gate: GateService) -> ASGIApp:
     async def metrics(request: Request) -> Response:
         gate.refresh_metrics()
         body, content_type = gate.metrics.render()
+        return Response(body, media_type=content_type)
+
+    async def inference_metrics(request: Request) -> Response:
+        # The endpoint picker's three gauges alone: it scrapes every pod many times a second.
+        gate.refresh_inference_gauges()
+        body, content_type = gate.metrics.render_inference()
         return Response(body, media_type=content_type)
 
     async def models(request: Request) -> Response:
@@ -121,6 +128,7 @@ def build_app(gate: GateService) -> ASGIApp:
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/metrics/inference", inference_metrics, methods=["GET"]),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: not_found, GateError: gate_error})
     # A trailing slash is a 404, never a redirect: Starlette would build its Location from the

@@ -380,6 +380,7 @@ class GateService:
         for b in self.backends:
             adm = b.admission
             m.set_backend(b.name, up=b.state == "ready", busy=len(adm.ledger) if adm else 0, total=b.capacity.slots if b.capacity else 0)
+            self._refresh_inference_gauges(b)
             if adm is None:
                 continue
             budget += adm.budget
@@ -395,6 +396,24 @@ class GateService:
             m.set_class_state(cls, in_flight=in_flight[cls], queued=queued[cls])
         m.set_budget(budget)
         m.set_drain_seconds(drain_s if drain_s != float("inf") else 3600.0)
+        m.set_slo_ttft(self.config.budget.slo_ttft_p95_ms / 1000)
+
+    def refresh_inference_gauges(self) -> None:
+        """Only the inference-gateway gauges (GET /metrics/inference)."""
+        for b in self.backends:
+            self._refresh_inference_gauges(b)
+
+    def _refresh_inference_gauges(self, b: Backend) -> None:
+        """The inference-gateway protocol's three gauges for one backend, from the gate's own state:
+        its queue, its dispatched requests, its ledger against the KV pool (the ceiling). A backend
+        that is not ready reads as full, so an endpoint picker sends its traffic elsewhere."""
+        adm = b.admission
+        model = b.config.models[0] if b.config.models else ""
+        if adm is None:
+            self.metrics.set_inference(b.name, model, waiting=0, running=0, kv_usage=1.0)
+            return
+        usage = adm.ledger.in_flight / adm.capacity.ceiling if b.state == "ready" else 1.0
+        self.metrics.set_inference(b.name, model, waiting=adm.waiting(), running=len(adm.ledger), kv_usage=usage)
 
     def observe_success(self, backend: Backend, stats: RelayStats) -> None:
         """Feed a completed request's upstream latencies to the controller."""

@@ -123,8 +123,11 @@ class RetuneScreen(ModalScreen[list[str] | None]):
 
     BINDINGS = [Binding("escape", "cancel", "cancel")]
 
-    def __init__(self, snap: GateSnapshot, cls: str | None, apply: Callable[[RetuneChanges], Awaitable[list[str]]]) -> None:
+    def __init__(
+        self, snap: GateSnapshot, cls: str | None, apply: Callable[[RetuneChanges], Awaitable[list[str]]], *, gate: str = "",
+    ) -> None:
         super().__init__(classes="dialog-screen")
+        self.gate = gate  # named in the title in a fleet console
         self.snap = snap
         self.apply = apply
         self.cls_view = next((c for c in snap.classes if c.name == cls), None)
@@ -155,7 +158,7 @@ class RetuneScreen(ModalScreen[list[str] | None]):
     # ---- layout ------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
-        title = "Retune" + (f" (class {self.cls})" if self.cls else "")
+        title = "Retune" + (f" gate {self.gate}" if self.gate else "") + (f" (class {self.cls})" if self.cls else "")
         with Vertical(id="retune-dialog", classes="dialog"):
             yield Static(title, classes="dialog-title")
             with VerticalScroll(id="retune-fields"):

@@ -333,3 +333,20 @@ def validate_config(config: Config, source: str = "<config>") -> None:
         c.pos_int("max_tokens_in_flight", t.max_tokens_in_flight)
         c.pos_int("requests_per_minute", t.requests_per_minute)
         c.pos_int("tokens_per_minute", t.tokens_per_minute)
+
+    # [[fleet]]: other gates' control sockets, for the fleet console
+    fleet_names: dict[str, int] = {}
+    sockets: dict[str, int] = {}
+    for i, f in enumerate(config.fleet):
+        path = f"fleet[{i}]"
+        _check_types(s, path, f)
+        c = _Check(s, path)
+        if f.name:
+            c.unique_name(f.name, i, fleet_names, "fleet gate")
+        if not f.socket.strip():
+            raise c.fail("socket", "must be the path of a gate's control socket, got an empty string")
+        if len(f.socket.encode()) > MAX_SOCKET_PATH:
+            raise c.fail("socket", f"a Unix socket path must be at most {MAX_SOCKET_PATH} bytes, got {len(f.socket.encode())}")
+        if f.socket in sockets:
+            raise c.fail("socket", f"{_show(f.socket)} is already fleet[{sockets[f.socket]}]'s socket")
+        sockets[f.socket] = i

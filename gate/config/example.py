@@ -177,4 +177,20 @@ max_tokens_cap = 4096
 # # sha256 of the API key as 64 lowercase hex characters: printf %s "$KEY" | sha256sum
 # api_key_sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
 # class = "batch"
+
+# Other gates, for the fleet console: `tokengate console --attach --config FILE` shows one row per
+# [[fleet]] gate (budget, in flight, queued, denials/min, p95 TTFT vs SLO, shared limits) and
+# Enter opens that gate's full console. A gate ignores this list. Uncomment to use:
+#
+# [[fleet]]
+# # Name in the fleet's row and in every toast and dialog about that gate; unique.
+# # Default: the socket file's name without .sock.
+# name = "gpu-1"
+# # That gate's control socket (see [gate] control_socket); a remote one forwarded over SSH:
+# # ssh -N -L /tmp/gpu-2.sock:/run/tokengate/tokengate.sock gpu-2. Required.
+# socket = "/run/tokengate/tokengate.sock"
+#
+# [[fleet]]
+# name = "gpu-2"
+# socket = "/tmp/gpu-2.sock"
 """

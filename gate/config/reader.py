@@ -25,6 +25,7 @@ from gate.config.schema import (
     ClassConfig,
     Config,
     ConfigError,
+    FleetGateConfig,
     GateConfig,
     KvMode,
     TenantConfig,
@@ -73,7 +74,7 @@ def parse_config(text: str, source: str = "<string>") -> Config:
 # --------------------------------------------------------------------------------------------
 # Dict -> dataclasses (structure and types)
 
-_TOP_KEYS = ("gate", "backends", "budget", "classes", "tenants", "default_class")
+_TOP_KEYS = ("gate", "backends", "budget", "classes", "tenants", "default_class", "fleet")
 
 
 def _keys_of(cls: type) -> tuple[str, ...]:
@@ -88,6 +89,7 @@ _BACKEND_KEYS = _keys_of(BackendConfig)
 _BUDGET_KEYS = _keys_of(BudgetConfig)
 _CLASS_KEYS = tuple(k for k in _keys_of(ClassConfig) if k != "name")
 _TENANT_KEYS = _keys_of(TenantConfig)
+_FLEET_KEYS = ("name", "socket")
 
 
 class _Reader:
@@ -308,6 +310,13 @@ def _tenant(source: str, i: int, data: dict[str, Any]) -> TenantConfig:
     )
 
 
+def _fleet_gate(source: str, i: int, data: dict[str, Any]) -> FleetGateConfig:
+    r = _Reader(source, f"fleet[{i}]", data, _FLEET_KEYS)
+    if not r.has("socket"):
+        raise r.error("socket", "missing; every [[fleet]] gate needs its control socket's path")
+    return FleetGateConfig(socket=r.get_str("socket", ""), name=r.get_str("name", ""))
+
+
 def config_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Config:
     """Build and validate a Config from a parsed TOML document (a dict)."""
     top = _Reader(source, "", _table(source, "", data), _TOP_KEYS)
@@ -330,6 +339,11 @@ def config_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Config:
         items = _array_of_tables(source, "tenants", data["tenants"])
         tenants = tuple(_tenant(source, i, t) for i, t in enumerate(items))
 
+    fleet: tuple[FleetGateConfig, ...] = ()
+    if "fleet" in data:
+        items = _array_of_tables(source, "fleet", data["fleet"])
+        fleet = tuple(_fleet_gate(source, i, f) for i, f in enumerate(items))
+
     names = {c.name for c in classes}
     if top.has("default_class"):
         default_class = top.get_str("default_class", "")
@@ -346,6 +360,7 @@ def config_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Config:
         classes=_sorted_classes(classes),
         tenants=tenants,
         default_class=default_class,
+        fleet=fleet,
     )
     validate_config(config, source)
     return config

@@ -150,6 +150,15 @@ class TenantConfig:
     tokens_per_minute: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class FleetGateConfig:
+    """One ``[[fleet]]`` entry: another gate the fleet console attaches to (the gate itself
+    ignores the list). ``name`` "" means the socket file's name without ``.sock``."""
+
+    socket: str
+    name: str = ""
+
+
 DEFAULT_CLASSES: tuple[ClassConfig, ...] = (
     ClassConfig(
         name="interactive",
@@ -182,6 +191,8 @@ class Config:
     classes: tuple[ClassConfig, ...] = DEFAULT_CLASSES
     tenants: tuple[TenantConfig, ...] = ()
     default_class: str = DEFAULT_CLASS_NAME
+    #: gates for `tokengate console --attach --config F` (the fleet console)
+    fleet: tuple[FleetGateConfig, ...] = ()
 
     def class_by_name(self, name: str) -> ClassConfig:
         """The class called ``name``; KeyError if there is none."""

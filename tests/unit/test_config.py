@@ -17,6 +17,7 @@ from gate.config import (
     ClassConfig,
     Config,
     ConfigError,
+    FleetGateConfig,
     GateConfig,
     TenantConfig,
     config_from_dict,
@@ -28,7 +29,7 @@ from gate.config import (
 SHA_A = "a" * 64
 SHA_B = "0123456789abcdef" * 4
 
-_COMMENTED_KEY = re.compile(r"^# ((?:[a-z0-9_]+ = .*)|\[\[tenants\]\])$")
+_COMMENTED_KEY = re.compile(r"^# ((?:[a-z0-9_]+ = .*)|\[\[(?:tenants|fleet)\]\])$")
 
 
 def uncommented_example() -> str:
@@ -158,6 +159,7 @@ def test_example_with_every_commented_key_switched_on_is_valid_and_complete() ->
         ("budget", BudgetConfig, set()),
         ("classes", ClassConfig, {"name"}),
         ("tenants", TenantConfig, {"class_name"}),
+        ("fleet", FleetGateConfig, set()),
     ],
 )
 def test_example_lists_every_key(section: str, cls: type, exclude: set[str]) -> None:
@@ -474,3 +476,40 @@ def test_validate_config_checks_hand_built_configs() -> None:
     with pytest.raises(ConfigError) as info:
         validate_config(bad_tenant)
     assert info.value.key == "tenants[0].class"
+
+
+# ---------------------------------------------------------------------------- [[fleet]]
+
+
+def test_the_example_fleet_switched_on_lists_two_gates() -> None:
+    c = parse_config(uncommented_example(), "example")
+    assert c.fleet == (
+        FleetGateConfig(name="gpu-1", socket="/run/tokengate/tokengate.sock"),
+        FleetGateConfig(name="gpu-2", socket="/tmp/gpu-2.sock"),
+    )
+    assert parse_config(EXAMPLE_CONFIG).fleet == ()  # commented out: no fleet
+
+
+def test_a_fleet_gate_needs_only_its_socket() -> None:
+    c = parse_config('[[fleet]]\nsocket = "/tmp/a.sock"\n')
+    assert c.fleet == (FleetGateConfig(socket="/tmp/a.sock", name=""),)
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "problem"),
+    [
+        ('[[fleet]]\nname = "a"\n', "fleet[0].socket", "missing; every [[fleet]] gate needs its control socket's path"),
+        ('[[fleet]]\nsocket = "/a.sock"\nhost = "x"\n', "fleet[0].host", "unknown key"),
+        ('[fleet]\nsocket = "/a.sock"\n', "fleet", "must be an array of tables (write [[fleet]], not [fleet]), got a table"),
+        ('[[fleet]]\nsocket = ""\n', "fleet[0].socket", "must be the path of a gate's control socket"),
+        ('[[fleet]]\nsocket = "/a.sock"\nname = "has space"\n', "fleet[0].name", "must be 1 to 64 characters"),
+        ('[[fleet]]\nsocket = "/a.sock"\nname = "a"\n[[fleet]]\nsocket = "/b.sock"\nname = "a"\n',
+         "fleet[1].name", 'duplicate fleet gate name "a" (fleet[0] has it too)'),
+        ('[[fleet]]\nsocket = "/a.sock"\n[[fleet]]\nsocket = "/a.sock"\n', "fleet[1].socket", "is already fleet[0]'s socket"),
+        ('[[fleet]]\nsocket = "/' + "s" * 120 + '"\n', "fleet[0].socket", "a Unix socket path must be at most 107 bytes"),
+    ],
+)
+def test_fleet_errors_name_the_key(text: str, key: str, problem: str) -> None:
+    err = error_of(text)
+    assert err.key == key
+    assert problem in err.problem
