@@ -13,15 +13,21 @@ Steps:
 
 1. Unloaded TTFT: interactive requests one at a time, no other traffic, against
    llama-server directly. The TTFT objective is 3 x their p95.
-2. Capacity: the highest total arrival rate (same class mix) at which interactive
-   p95 TTFT meets the objective with no gate (short geometric search, then one bisection).
-3. Loads 1x, 3x, 10x capacity, for a fixed arrival window each, against four policies:
-   direct (no gate), naive (tokengate count-based: slot limit, one FIFO class, a token
-   budget so large it never binds), static (token-aware, classes, static budget) and
-   adaptive (token-aware, classes, adaptive controller steering on the TTFT objective).
-   Each cell gets a fresh llama-server and a fresh gate (`tokengate serve` in its own
-   process, journal on); the same seed gives every policy the same requests at the
-   same moments.
+2. Capacity: the highest total arrival rate (same class mix) at which llama-server alone
+   returns no 5xx AND interactive p95 TTFT meets the objective (each probe holds at least
+   --min-interactive interactive requests; geometric search, then one bisection).
+3. Saturation: `tokengate crunch` against a fresh server of the same shape; its best
+   generated tokens/s is the physical limit the gate's useful tokens/s are held against.
+4. Loads (default 1x and 10x capacity), per seed (default 7, 8, 9: figures are the median
+   and range over seeds), each cell running until it holds >= --min-interactive (100)
+   interactive requests, against the policies: direct (no gate), static (token-aware,
+   classes, static budget), adaptive (the controller steering on the TTFT objective), and
+   at the highest load the same two with the #13 levers off (static-off, adaptive-off: no
+   prefill yielding, no prefill cap, no aging, a fixed 2/3-of-objective queue timeout instead
+   of TTFT-aware deadlines), so each lever's effect is visible; naive (slot limit only) on
+   request. Each cell gets a fresh llama-server and a fresh gate (`tokengate serve` in its
+   own process, journal on); the same seed gives every policy the same requests at the same
+   moments.
 
 Per cell: interactive p50/p95 TTFT (over every interactive request the gate did not
 refuse; one that got no first token before the drain cap counts as infinite), goodput
@@ -34,7 +40,7 @@ objective anyway: the same request (same index, same arrival time) in the DIRECT
 at the same load did not complete within the objective (interactive) or did not
 complete at all (batch).
 
-    PYTHONPATH=. .venv/bin/python bench/overload.py [--seeds 7,8,9] [--loads 1,3,10] [--policies ...]
+    PYTHONPATH=. .venv/bin/python bench/overload.py [--seeds 7,8,9] [--loads 1,10] [--policies ...]
 
 Prints progress and a table; writes bench/results/overload.json.
 """
@@ -739,8 +745,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--capacity", type=float, default=None, help="skip the search, use this rate (req/s)")
     ap.add_argument("--capacity-start", type=float, default=0.5, help="first rate the capacity search tries (req/s)")
     ap.add_argument("--no-crunch", action="store_true", help="skip the saturation measurement with tokengate crunch")
-    ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--loads", default=",".join(str(x) for x in LOADS))
+    ap.add_argument("--policies", default="direct,static,adaptive,static-off,adaptive-off")
+    ap.add_argument("--off-everywhere", action="store_true",
+                    help="run the '-off' policies (levers off) at every load, not only at the highest")
+    ap.add_argument("--loads", default="1,10")
     ap.add_argument("--out", default=str(HERE / "results" / "overload.json"))
     ap.add_argument("--llama-args", default="", help="extra llama-server flags for every cell, e.g. '-b 256 -ub 256' "
                     "(a smaller batch splits a long prefill across decode steps)")
@@ -827,6 +835,8 @@ def main(argv: list[str] | None = None) -> int:
             window = window_of(planned, args.duration)
             direct_results = None
             for policy in policies:
+                if policy.endswith("-off") and load != max(loads) and not args.off_everywhere:
+                    continue  # the levers matter under overload; at lower loads they would only cost time
                 results, elapsed, extra, _ = run_cell(binary, model, policy, planned, window, args.drain, objective_ms)
                 if policy == "direct":
                     direct_results = results
