@@ -45,8 +45,10 @@ from gate.config.schema import (
     ClassConfig,
     Config,
     ConfigError,
+    FailurePolicy,
     GateConfig,
     KvMode,
+    SharedConfig,
     TenantConfig,
 )
 
@@ -61,6 +63,8 @@ __all__ = [
     "GateConfig",
     "KvMode",
     "BudgetMode",
+    "FailurePolicy",
+    "SharedConfig",
     "TenantConfig",
     "config_from_dict",
     "load_config",
