@@ -35,6 +35,7 @@ llama-server:
 	bash tests/llama/build_llama_server.sh
 
 test: $(VENV)/.test
+	bash tests/redis/ensure_redis.sh >/dev/null
 	LLAMA_SERVER_BIN="$${LLAMA_SERVER_BIN:-$$(bash tests/llama/build_llama_server.sh | tail -n 1)}" \
 		$(BIN)/pytest $(PYTEST_ARGS)
 
