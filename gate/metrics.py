@@ -41,6 +41,7 @@ OK_REASON = "ok"
 OTHER = "other"  # every label value that is not a configured name
 _REASONS = frozenset({*(r.value for r in Reason), OK_REASON, CLIENT_DISCONNECT, SERVER_CANCELLED})
 TOKEN_COUNT_SOURCES = ("exact", "estimate")
+SHARED_POLICIES = ("fail_open", "fail_closed")
 
 # 1 ms .. 120 s
 QUEUE_WAIT_BUCKETS = (
@@ -147,6 +148,25 @@ class GateMetrics:
             ["source"],
             registry=r,
         )
+        # [shared]: tenant limits across gates through Redis (gate/sharedlimits/).
+        self._shared_fallback = Gauge(
+            "tokengate_shared_limit_fallback",
+            "1 while the [shared] failure policy applies (Redis out of reach or slow), else 0.",
+            registry=r,
+        )
+        self._shared_gates = Gauge(
+            "tokengate_shared_gates",
+            "Gates seen on the shared Redis at the last lease renewal (fail_open's N).",
+            registry=r,
+        )
+        self._shared_policy = Counter(
+            "tokengate_shared_limit_policy",
+            "Requests decided by the [shared] failure policy instead of Redis.",
+            ["policy"],
+            registry=r,
+        )
+        for policy in SHARED_POLICIES:
+            self._shared_policy.labels(policy)
         self._info = Info("tokengate", "tokengate build information.", registry=r)
         self._info.info({"version": version})
         for source in TOKEN_COUNT_SOURCES:
@@ -218,6 +238,10 @@ class GateMetrics:
     def reaped(self, n: int = 1) -> None:
         self._reaped.inc(n)
 
+    def shared_policy(self, policy: str) -> None:
+        """One request decided by the [shared] failure policy."""
+        self._series(self._shared_policy, policy if policy in SHARED_POLICIES else OTHER).inc()
+
     # -- state ---------------------------------------------------------------
 
     def set_class_state(self, cls: str, *, in_flight: int, queued: int) -> None:
@@ -236,6 +260,10 @@ class GateMetrics:
         self._backend_up.labels(name).set(1 if up else 0)
         self._backend_slots.labels(name, "busy").set(busy)
         self._backend_slots.labels(name, "idle").set(max(0, total - busy))
+
+    def set_shared(self, *, fallback: bool, gates: int) -> None:
+        self._shared_fallback.set(1 if fallback else 0)
+        self._shared_gates.set(gates)
 
     def set_gpu(self, gpu: str, *, used: int, total: int) -> None:
         self._gpu_memory.labels(str(gpu), "used").set(used)

@@ -25,6 +25,7 @@ import functools
 import itertools
 import logging
 import re
+import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,7 +82,9 @@ class SharedLimits:
         on_policy: Callable[[str], None] = lambda policy: None,
     ) -> None:
         self.config = config
-        self.gate_id = gate_id
+        #: this gate on Redis: its gate id (host:pid:start, to the second) and a random tail,
+        #: so that two gates started in one second by one process stay two
+        self.member = f"{gate_id}/{secrets.token_hex(4)}"
         self.health = SharedHealth(config.failure_policy)
         self._on_flip = on_flip
         self._on_policy = on_policy
@@ -126,7 +129,7 @@ class SharedLimits:
             socket_connect_timeout=socket_timeout,
             decode_responses=True,
             retry=Retry(NoBackoff(), 0),  # the failure policy decides, not a retry loop
-            client_name="tokengate-" + re.sub(r"[^A-Za-z0-9._:@-]", "_", self.gate_id),  # CLIENT LIST shows it
+            client_name="tokengate-" + re.sub(r"[^A-Za-z0-9._:@-]", "_", self.member),  # CLIENT LIST shows it
         )
         self._redis = aioredis.Redis.from_pool(pool)
         if await self.renew():
@@ -279,7 +282,7 @@ class SharedLimits:
             by_tenant.setdefault(tenant, ([], []))[1].extend(ids)
         prefix = self.config.key_prefix
         keys: list[str] = [f"{prefix}gates"]
-        args: list[Any] = [self.gate_id, self._ttl_ms, self._keep_ms, self._ttl_ms, 1 if leaving else 0]
+        args: list[Any] = [self.member, self._ttl_ms, self._keep_ms, self._ttl_ms, 1 if leaving else 0]
         for tenant, (held, dropped) in by_tenant.items():
             keys.extend(tenant_keys(prefix, tenant)[1:])
             args.append(len(held))
@@ -319,7 +322,7 @@ class SharedLimits:
         return lease
 
     def _new_id(self) -> str:
-        return f"{self.gate_id}#{next(self._ids)}"
+        return f"{self.member}#{next(self._ids)}"
 
     async def _release(self, lease: Lease, refund_tokens: int, refund_requests: int) -> None:
         keys = tenant_keys(self.config.key_prefix, lease.tenant)
