@@ -66,6 +66,7 @@ class _Flow:
         "gate", "scope", "receive", "send", "headers", "request_id", "t0", "wall0", "intake", "backend",
         "count", "ticket", "stats", "rate_charged", "started", "concluded", "committed", "budget_at",
         "in_flight_at", "_task", "_cut", "_watchdog", "_counted", "_decoding", "_plain", "shared_lease",
+        "shared_done",
     )
 
     def __init__(
@@ -89,6 +90,7 @@ class _Flow:
         self.stats: RelayStats | None = None
         self.rate_charged = 0
         self.shared_lease: Any = None  # the tenant's reservation across gates ([shared]), if any
+        self.shared_done: asyncio.Future[bool] | None = None  # its release, once in Redis
         self.started = False  # response headers sent
         self.concluded = False
         self.committed: asyncio.Future[bool] | None = None  # the decision row's commit
@@ -350,8 +352,11 @@ class _Flow:
         await self._send({"type": "http.response.body", "body": data, "more_body": True})
 
     async def _last(self, data: bytes) -> None:
-        """The response's last bytes, sent only once its decision row is committed (DESIGN.md 5)."""
+        """The response's last bytes, sent only once its decision row is committed (DESIGN.md 5)
+        and its shared lease is released (bounded by [shared] wait_ms)."""
         await self.gate.committed(self.committed)
+        if self.shared_done is not None:  # and the tenant's tokens are back in the fleet's count
+            await self.gate.shared.landed(self.shared_done)
         await self._send({"type": "http.response.body", "body": data, "more_body": False})
 
     async def _send(self, message: dict[str, Any]) -> None:
@@ -454,7 +459,7 @@ class _Flow:
             else:
                 self.backend.gatekeeper.release(self.ticket)
         if end_lease is not None:
-            end_lease()
+            self.shared_done = end_lease()
         if self.rate_charged and intake is not None:
             gate.ratelimit.refund(intake.caller.tenant, refund_tokens, now, requests=refund_requests)
         reason = str(reason)

@@ -66,6 +66,19 @@ class Lease:
     released: bool = field(default=False, init=False)
 
 
+@dataclass(slots=True, eq=False)
+class _Release:
+    lease: Lease
+    refund_tokens: int
+    refund_requests: int
+    #: True once Redis has it, False if it could not be told (the lease then expires)
+    done: asyncio.Future[bool]
+
+    def settle(self, landed: bool) -> None:
+        if not self.done.done():
+            self.done.set_result(landed)
+
+
 def _arg(limit: int | None) -> int:
     return -1 if limit is None else limit
 
@@ -94,6 +107,8 @@ class SharedLimits:
         self._ids = itertools.count(1)
         self._held: dict[str, Lease] = {}  # leased, not yet released
         self._drops: dict[str, list[str]] = {}  # tenant -> lease ids Redis should forget
+        self._releases: list[_Release] = []  # sent together on the next loop turn
+        self._release_handle: asyncio.Handle | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._runner: asyncio.Task[None] | None = None
         self._redis: aioredis.Redis | None = None
@@ -156,6 +171,9 @@ class SharedLimits:
             lease.released = True
             self._queue_drop(lease)
         self._held.clear()
+        for item in self._take_releases():
+            self._queue_drop(item.lease)  # refunds at shutdown are not worth a wait
+            item.settle(False)
         drops, self._drops = self._drops, {}
         try:
             await asyncio.wait_for(self._renew_call(drops=drops, leaving=True), timeout=1.0)
@@ -185,11 +203,15 @@ class SharedLimits:
         if self.health.degraded or self._redis is None:
             return self._by_policy(name, cost, rpm, tpm, leased)
         lease = Lease(self._new_id(), name, cost, rpm, tpm, leased=leased, charged=True)
-        keys = tenant_keys(self.config.key_prefix, name)
-        args = (lease.id, cost, _arg(rpm), _arg(tpm), _arg(quota), self._ttl_ms, self._keep_ms)
+        riders = self._take_releases()
+        keys = [*tenant_keys(self.config.key_prefix, name)]
+        args = [lease.id, cost, _arg(rpm), _arg(tpm), _arg(quota), self._ttl_ms, self._keep_ms, len(riders)]
+        self._add_releases(keys, args, riders)
         # A task of its own, so that giving up on it (the wait bound, a client that left)
         # does not lose its answer: a reservation that lands late is handed back at once.
         call = asyncio.get_running_loop().create_task(self._call(RESERVE, keys, args))
+        if riders:
+            call.add_done_callback(functools.partial(self._releases_landed, riders))
         try:
             await asyncio.wait((call,), timeout=self._wait_s)
         except asyncio.CancelledError:
@@ -222,19 +244,35 @@ class SharedLimits:
             retry_after_s=1.0,
         )
 
-    def release(self, lease: Lease, *, refund_tokens: int = 0, refund_requests: int = 0) -> None:
-        """End ``lease`` (a second call does nothing) and refund what the request did not use."""
+    def release(self, lease: Lease, *, refund_tokens: int = 0, refund_requests: int = 0) -> asyncio.Future[bool] | None:
+        """End ``lease`` (a second call does nothing) and refund what the request did not use.
+
+        Returns a future that says whether Redis has it (:meth:`landed` waits for it, bounded),
+        or None when there was nothing to tell Redis. The release goes out on the next turn of
+        the loop, with the others of that turn, riding on a reservation if one goes out too.
+        """
         if lease.released:
-            return
+            return None
         lease.released = True
         self._held.pop(lease.id, None)
         refund = lease.charged and (refund_tokens > 0 or refund_requests > 0)
         if not lease.leased and not refund:
-            return
+            return None
         if self.health.degraded or self._redis is None:
             self._queue_drop(lease)  # the refund is lost; the lease goes with the next renewal
-            return
-        self._spawn(self._release(lease, refund_tokens if lease.charged else 0, refund_requests if lease.charged else 0))
+            return None
+        loop = asyncio.get_running_loop()
+        item = _Release(lease, refund_tokens if lease.charged else 0, refund_requests if lease.charged else 0, loop.create_future())
+        self._releases.append(item)
+        if self._release_handle is None:
+            self._release_handle = loop.call_soon(self._send_releases)
+        return item.done
+
+    async def landed(self, done: asyncio.Future[bool] | None) -> None:
+        """Wait until a release is in Redis, at most the wait bound (a request's last bytes
+        wait for it, so a client that has its answer finds its tokens back, fleet-wide)."""
+        if done is not None and not done.done():
+            await asyncio.wait((done,), timeout=self._wait_s)
 
     # ---- renewal ---------------------------------------------------------------
 
@@ -295,7 +333,7 @@ class SharedLimits:
 
     # ---- internals ---------------------------------------------------------------
 
-    async def _call(self, script: Script, keys: tuple[str, ...] | list[str], args: tuple[Any, ...] | list[Any]) -> Any:
+    async def _call(self, script: Script, keys: list[str], args: list[Any]) -> Any:
         assert self._redis is not None
         try:
             return await self._redis.evalsha(script.sha, len(keys), *keys, *args)
@@ -324,14 +362,53 @@ class SharedLimits:
     def _new_id(self) -> str:
         return f"{self.member}#{next(self._ids)}"
 
-    async def _release(self, lease: Lease, refund_tokens: int, refund_requests: int) -> None:
-        keys = tenant_keys(self.config.key_prefix, lease.tenant)
-        args = (lease.id if lease.leased else "", refund_tokens, refund_requests, _arg(lease.rpm), _arg(lease.tpm))
+    def _take_releases(self) -> list[_Release]:
+        batch, self._releases = self._releases, []
+        if self._release_handle is not None:
+            self._release_handle.cancel()
+            self._release_handle = None
+        return batch
+
+    def _add_releases(self, keys: list[str], args: list[Any], batch: list[_Release]) -> None:
+        for item in batch:
+            lease = item.lease
+            keys.extend(tenant_keys(self.config.key_prefix, lease.tenant))
+            args.extend((lease.id if lease.leased else "", item.refund_tokens, item.refund_requests, _arg(lease.rpm), _arg(lease.tpm)))
+
+    def _send_releases(self) -> None:
+        """No reservation went out this turn to carry them: the releases go on their own."""
+        self._release_handle = None
+        batch = self._take_releases()
+        if batch:
+            self._spawn(self._release(batch))
+
+    async def _release(self, batch: list[_Release]) -> None:
+        keys: list[str] = []
+        args: list[Any] = []
+        self._add_releases(keys, args, batch)
         try:
             await asyncio.wait_for(self._call(RELEASE, keys, args), timeout=max(self._wait_s, self.config.renew_interval_s))
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
-            self._queue_drop(lease)
+            self._releases_failed(batch)
             self._flip(self.health.failed(f"release: {exc or type(exc).__name__}"))
+        else:
+            for item in batch:
+                item.settle(True)
+
+    def _releases_landed(self, batch: list[_Release], call: asyncio.Task[Any]) -> None:
+        """The reservation that carried ``batch`` is done."""
+        if call.cancelled() or call.exception() is not None:
+            self._releases_failed(batch)
+        else:
+            for item in batch:
+                item.settle(True)
+
+    def _releases_failed(self, batch: list[_Release]) -> None:
+        """Whether they landed is unknown: the leases go again with the next renewal
+        (dropping twice is harmless; a refund is not given twice, so it is given up)."""
+        for item in batch:
+            self._queue_drop(item.lease)
+            item.settle(False)
 
     def _undo_late(self, lease: Lease, call: asyncio.Task[Any]) -> None:
         """A reservation answered after admission stopped waiting for it: hand it back."""
@@ -341,7 +418,8 @@ class SharedLimits:
         if reply[0] != "ok":
             return
         lease.released = True  # never handed to the request: only this hands it back
-        self._spawn(self._release(lease, lease.cost if lease.tpm is not None else 0, 1 if lease.rpm is not None else 0))
+        refund_tokens, refund_requests = (lease.cost if lease.tpm is not None else 0), (1 if lease.rpm is not None else 0)
+        self._spawn(self._release([_Release(lease, refund_tokens, refund_requests, call.get_loop().create_future())]))
 
     def _queue_drop(self, lease: Lease) -> None:
         if lease.leased:

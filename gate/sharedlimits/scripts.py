@@ -67,6 +67,44 @@ local function drop(leases, costs, held, id)
   return 1
 end
 
+local function refund(rate, tokens, requests, rpm, tpm, now)
+  if tokens <= 0 and requests <= 0 then
+    return
+  end
+  local b = redis.call('HMGET', rate, 'r', 't', 'ts')
+  if not b[3] then
+    return  -- a missing bucket is full: nothing to give back
+  end
+  local dt = math.max(0, now - tonumber(b[3]))
+  local fields = {'ts', now}
+  if b[1] and rpm > 0 then
+    fields[#fields + 1] = 'r'
+    fields[#fields + 1] = tostring(math.min(rpm, tonumber(b[1]) + dt * rpm / 60000 + requests))
+  end
+  if b[2] and tpm > 0 then
+    fields[#fields + 1] = 't'
+    fields[#fields + 1] = tostring(math.min(tpm, tonumber(b[2]) + dt * tpm / 60000 + tokens))
+  end
+  redis.call('HSET', rate, unpack(fields))
+end
+
+-- Releases: KEYS from k on, 4 per entry (rate, leases, costs, held); ARGV from a on, 5 per
+-- entry (lease id or '' for none, refund tokens, refund requests, rpm, tpm; -1 = unset).
+-- A lease that is gone (released, expired) is not dropped twice; the refund is given
+-- either way (the rate charge does not depend on the lease), capped at capacity.
+local function release_entries(k, a, count, now)
+  local released = 0
+  for _ = 1, count do
+    if ARGV[a] ~= '' then
+      released = released + drop(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a])
+    end
+    refund(KEYS[k], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), now)
+    k = k + 4
+    a = a + 5
+  end
+  return released
+end
+
 local function purge(leases, costs, held, now)
   local gone = redis.call('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0, 256)
   for _, id in ipairs(gone) do
@@ -82,13 +120,17 @@ RESERVE = Script(
     "reserve",
     _COMMON
     + """
--- KEYS: rate, leases, costs, held
--- ARGV: lease id, cost, rpm, tpm, quota (each -1 when unset), lease ttl ms, keep ms
+-- KEYS: rate, leases, costs, held; then 4 per release entry
+-- ARGV: lease id, cost, rpm, tpm, quota (each -1 when unset), lease ttl ms, keep ms,
+--       release entries, then 5 per entry (see release_entries)
 -- -> {'ok', held} | {'rate', 'requests'|'tokens', wait ms} | {'quota', held}
+-- The releases that waited for a ride (requests that ended since the last call) go first,
+-- in the same round trip: a gate under load makes one call per request, not two.
 local id, cost = ARGV[1], tonumber(ARGV[2])
 local rpm, tpm, quota = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local ttl, keep = tonumber(ARGV[6]), tonumber(ARGV[7])
 local now = now_ms()
+release_entries(5, 9, tonumber(ARGV[8]), now)
 
 local req, tok
 if rpm > 0 or tpm > 0 then
@@ -155,34 +197,9 @@ RELEASE = Script(
     "release",
     _COMMON
     + """
--- KEYS: rate, leases, costs, held
--- ARGV: lease id ('' for none), refund tokens, refund requests, rpm, tpm (-1 when unset)
--- -> 1 if the lease was live and is now gone, else 0. The refund is given either way
--- (the rate charge does not depend on the lease), capped at the buckets' capacity.
-local released = 0
-if ARGV[1] ~= '' then
-  released = drop(KEYS[2], KEYS[3], KEYS[4], ARGV[1])
-end
-local rt, rr = tonumber(ARGV[2]), tonumber(ARGV[3])
-local rpm, tpm = tonumber(ARGV[4]), tonumber(ARGV[5])
-if rt > 0 or rr > 0 then
-  local b = redis.call('HMGET', KEYS[1], 'r', 't', 'ts')
-  if b[3] then
-    local now = now_ms()
-    local dt = math.max(0, now - tonumber(b[3]))
-    local fields = {'ts', now}
-    if b[1] and rpm > 0 then
-      fields[#fields + 1] = 'r'
-      fields[#fields + 1] = tostring(math.min(rpm, tonumber(b[1]) + dt * rpm / 60000 + rr))
-    end
-    if b[2] and tpm > 0 then
-      fields[#fields + 1] = 't'
-      fields[#fields + 1] = tostring(math.min(tpm, tonumber(b[2]) + dt * tpm / 60000 + rt))
-    end
-    redis.call('HSET', KEYS[1], unpack(fields))
-  end
-end
-return released
+-- KEYS: 4 per entry (rate, leases, costs, held); ARGV: 5 per entry (see release_entries)
+-- -> how many leases were live and are now gone
+return release_entries(1, 1, #KEYS / 4, now_ms())
 """,
 )
 

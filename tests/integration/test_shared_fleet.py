@@ -272,11 +272,15 @@ async def test_redis_slow_or_down_applies_the_policy_and_the_gates_recover(llama
             if record.action == "shared_limits":
                 flipped.set()
 
+        peek = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
         for g in (opened, closed):
             g.audit_listeners.append(on_audit)
             assert await g.shared.renew() and g.shared.health.gates == 2
             assert g.snapshot().shared == "ok" and _metric(g, "tokengate_shared_limit_fallback") == 0
             assert (await complete(client, g.url, team, 20)).status_code == 200
+            # The answer's last bytes waited for the release: the quota is whole again, fleet-wide.
+            assert await redis_held(peek, team.name) == 0
+        await peek.aclose()
 
         async def degraded(how) -> None:
             """Redis made slow or dead by `how`: both gates apply their policy, then come back."""
@@ -305,7 +309,7 @@ async def test_redis_slow_or_down_applies_the_policy_and_the_gates_recover(llama
             for g in (opened, closed):
                 assert g.snapshot().shared == "ok" and _metric(g, "tokengate_shared_limit_fallback") == 0
                 big = await complete(client, g.url, team, 180)  # the whole quota is shared again
-                assert big.status_code == 200
+                assert big.status_code == 200, big.text
 
         await degraded(redis_server.pause)  # slow: connections open, no answer
         await recovered(redis_server.resume)
