@@ -296,3 +296,21 @@ async def test_a_paused_redis_costs_admission_the_wait_bound_then_fail_open_appl
         assert bucket is None or float(bucket) > 999.0  # the late charges were refunded
     finally:
         await g.shared.stop()
+
+
+async def test_a_gate_started_while_redis_is_down_applies_its_policy_and_recovers(redis_server, peek) -> None:
+    redis_server.stop()
+    g = Gate(redis_server.url, "g1")
+    await g.shared.start()  # never raises for Redis: the gate must start anyway
+    try:
+        assert g.shared.state == "fail_open" and [(f.old, f.new) for f in g.flips] == [("ok", "fail_open")]
+        assert g.shared.divisor == 1 and not g.shared.health.ever_seen  # N unknown: this gate alone
+        lease = await g.shared.reserve(tenant(quota=100), 30)
+        assert lease is not None and not lease.charged  # decided by the policy, held for adoption
+        redis_server.start()
+        await wait_until(lambda: g.shared.state == "ok", timeout_s=5.0)
+        await wait_until(lambda: _held_is(peek, 30))  # adopted: the fleet's count is true
+        g.shared.release(lease)
+        await wait_until(lambda: _held_is(peek, 0))
+    finally:
+        await g.shared.stop()
