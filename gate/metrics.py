@@ -42,6 +42,10 @@ OTHER = "other"  # every label value that is not a configured name
 _REASONS = frozenset({*(r.value for r in Reason), OK_REASON, CLIENT_DISCONNECT, SERVER_CANCELLED})
 TOKEN_COUNT_SOURCES = ("exact", "estimate")
 SHARED_POLICIES = ("fail_open", "fail_closed")
+# 0.1 ms .. 100 ms: a reservation is one round trip to a Redis nearby, cut at wait_ms (20 ms)
+SHARED_WAIT_BUCKETS = (
+    0.0001, 0.0002, 0.0003, 0.0005, 0.00075, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1,
+)  # fmt: skip
 
 # 1 ms .. 120 s
 QUEUE_WAIT_BUCKETS = (
@@ -167,6 +171,12 @@ class GateMetrics:
         )
         for policy in SHARED_POLICIES:
             self._shared_policy.labels(policy)
+        self._shared_wait = Histogram(
+            "tokengate_shared_limit_wait_seconds",
+            "Time admission waited on Redis for one reservation (at most [shared] wait_ms).",
+            buckets=SHARED_WAIT_BUCKETS,
+            registry=r,
+        )
         self._info = Info("tokengate", "tokengate build information.", registry=r)
         self._info.info({"version": version})
         for source in TOKEN_COUNT_SOURCES:
@@ -237,6 +247,10 @@ class GateMetrics:
 
     def reaped(self, n: int = 1) -> None:
         self._reaped.inc(n)
+
+    def shared_wait(self, seconds: float) -> None:
+        """How long one admission waited on Redis."""
+        self._shared_wait.observe(max(0.0, seconds))
 
     def shared_policy(self, policy: str) -> None:
         """One request decided by the [shared] failure policy."""

@@ -129,7 +129,10 @@ class GateService:
         if config.shared.enabled:
             from gate.sharedlimits.client import SharedLimits  # imports redis: only when asked for
 
-            self.shared = SharedLimits(config.shared, self.gate_id, on_flip=self._shared_flipped, on_policy=self.metrics.shared_policy)
+            self.shared = SharedLimits(
+                config.shared, self.gate_id, on_flip=self._shared_flipped, on_policy=self.metrics.shared_policy,
+                on_wait=self.metrics.shared_wait,
+            )
         #: called with every audit row (consoles attached over the socket toast them)
         self.audit_listeners: list[Callable[[AuditRecord], None]] = []
         self.control = Control(self)  # owns the operator state (paused classes, freeze)

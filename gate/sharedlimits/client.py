@@ -26,6 +26,7 @@ import itertools
 import logging
 import re
 import secrets
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,6 +94,7 @@ class SharedLimits:
         *,
         on_flip: Callable[[Flip], None] = lambda flip: None,
         on_policy: Callable[[str], None] = lambda policy: None,
+        on_wait: Callable[[float], None] = lambda seconds: None,
     ) -> None:
         self.config = config
         #: this gate on Redis: its gate id (host:pid:start, to the second) and a random tail,
@@ -101,6 +103,7 @@ class SharedLimits:
         self.health = SharedHealth(config.failure_policy)
         self._on_flip = on_flip
         self._on_policy = on_policy
+        self._on_wait = on_wait
         self._wait_s = config.wait_ms / 1000.0
         self._ttl_ms = int(config.lease_ttl_s * 1000)
         self._keep_ms = max(2 * self._ttl_ms, 10_000)
@@ -209,7 +212,9 @@ class SharedLimits:
         self._add_releases(keys, args, riders)
         # A task of its own, so that giving up on it (the wait bound, a client that left)
         # does not lose its answer: a reservation that lands late is handed back at once.
-        call = asyncio.get_running_loop().create_task(self._call(RESERVE, keys, args))
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()  # not loop.time(): uvloop's clock moves in whole milliseconds
+        call = loop.create_task(self._call(RESERVE, keys, args))
         if riders:
             call.add_done_callback(functools.partial(self._releases_landed, riders))
         try:
@@ -217,6 +222,7 @@ class SharedLimits:
         except asyncio.CancelledError:
             call.add_done_callback(functools.partial(self._undo_late, lease))
             raise
+        self._on_wait(time.perf_counter() - started)
         if not call.done():
             call.add_done_callback(functools.partial(self._undo_late, lease))
             self._flip(self.health.timed_out(f"over {self.config.wait_ms:g} ms"))
@@ -279,10 +285,9 @@ class SharedLimits:
     async def renew(self) -> bool:
         """One renewal: keep every held lease alive (adopting those Redis lost), drop the
         released ones it may still hold, count the gates. True when Redis answered."""
-        loop = asyncio.get_running_loop()
         sent = tuple(self._held.values())
         drops, self._drops = self._drops, {}
-        started = loop.time()
+        started = time.perf_counter()
         try:
             gates, adopted = await asyncio.wait_for(
                 self._renew_call(leases=sent, drops=drops), timeout=max(self._wait_s, self.config.renew_interval_s)
@@ -293,7 +298,7 @@ class SharedLimits:
             self._trim_drops()
             self._flip(self.health.failed(f"lease renewal: {exc or type(exc).__name__}"))
             return False
-        in_time = (loop.time() - started) <= self._wait_s
+        in_time = (time.perf_counter() - started) <= self._wait_s
         if adopted:
             self.adopted += adopted
             log.info("shared limits: Redis had lost %d of this gate's leases; adopted them again", adopted)
