@@ -37,6 +37,7 @@ llama-server:
 # promtool checks and unit-tests deploy/prometheus/tokengate-rules.yml (installed when missing).
 test: $(VENV)/.test
 	bash deploy/prometheus/ensure_promtool.sh >/dev/null
+	bash tests/redis/ensure_redis.sh >/dev/null
 	LLAMA_SERVER_BIN="$${LLAMA_SERVER_BIN:-$$(bash tests/llama/build_llama_server.sh | tail -n 1)}" \
 		$(BIN)/pytest $(PYTEST_ARGS)
 

@@ -210,6 +210,8 @@ class Control:
             raise CommandError("[gate] or [[backends]] changed: restart tokengate to apply those")
         if old.tenants != new_config.tenants:
             raise CommandError("[[tenants]] changed: restart tokengate to apply (keys are read at start)")
+        if old.shared != new_config.shared:
+            raise CommandError("[shared] changed: restart tokengate to apply")
         if {c.name for c in old.classes} != {c.name for c in new_config.classes}:
             raise CommandError("classes were added or removed: restart tokengate to apply")
         self._validated(new_config)

@@ -49,6 +49,11 @@ _REASONS = frozenset({*(r.value for r in Reason), OK_REASON, CLIENT_DISCONNECT, 
 TOKEN_COUNT_SOURCES = ("exact", "estimate")
 #: what an endpoint picker routes on: GET /metrics/inference serves only these (it scrapes often)
 INFERENCE_METRICS = ("tokengate_num_requests_waiting", "tokengate_num_requests_running", "tokengate_kv_cache_usage_ratio")
+SHARED_POLICIES = ("fail_open", "fail_closed")
+# 0.1 ms .. 100 ms: a reservation is one round trip to a Redis nearby, cut at wait_ms (20 ms)
+SHARED_WAIT_BUCKETS = (
+    0.0001, 0.0002, 0.0003, 0.0005, 0.00075, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1,
+)  # fmt: skip
 
 # 1 ms .. 120 s
 QUEUE_WAIT_BUCKETS = (
@@ -208,10 +213,29 @@ class GateMetrics:
             "The p95 time-to-first-token objective ([budget] slo_ttft_p95_ms), for alerts.",
             registry=r,
         )
+        # [shared]: tenant limits across gates through Redis (gate/sharedlimits/).
         self._shared_fallback = Gauge(
             "tokengate_shared_limit_fallback",
-            "1 while the shared tenant limits are unreachable and the gate applies its "
-            "fail_open/fail_closed policy, else 0.",
+            "1 while the [shared] failure policy applies (Redis out of reach or slow), else 0.",
+            registry=r,
+        )
+        self._shared_gates = Gauge(
+            "tokengate_shared_gates",
+            "Gates seen on the shared Redis at the last lease renewal (fail_open's N).",
+            registry=r,
+        )
+        self._shared_policy = Counter(
+            "tokengate_shared_limit_policy",
+            "Requests decided by the [shared] failure policy instead of Redis.",
+            ["policy"],
+            registry=r,
+        )
+        for policy in SHARED_POLICIES:
+            self._shared_policy.labels(policy)
+        self._shared_wait = Histogram(
+            "tokengate_shared_limit_wait_seconds",
+            "Time admission waited on Redis for one reservation (at most [shared] wait_ms).",
+            buckets=SHARED_WAIT_BUCKETS,
             registry=r,
         )
         self._info = Info("tokengate", "tokengate build information.", registry=r)
@@ -294,6 +318,14 @@ class GateMetrics:
     def reaped(self, n: int = 1) -> None:
         self._reaped.inc(n)
 
+    def shared_wait(self, seconds: float) -> None:
+        """How long one admission waited on Redis."""
+        self._shared_wait.observe(max(0.0, seconds))
+
+    def shared_policy(self, policy: str) -> None:
+        """One request decided by the [shared] failure policy."""
+        self._series(self._shared_policy, policy if policy in SHARED_POLICIES else OTHER).inc()
+
     # -- state ---------------------------------------------------------------
 
     def set_class_state(self, cls: str, *, in_flight: int, queued: int) -> None:
@@ -323,9 +355,9 @@ class GateMetrics:
     def set_slo_ttft(self, seconds: float) -> None:
         self._slo_ttft.set(seconds)
 
-    def set_shared_limit_fallback(self, active: bool) -> None:
-        """1 while shared tenant limits fall back to the local fail_open/fail_closed policy."""
-        self._shared_fallback.set(1 if active else 0)
+    def set_shared(self, *, fallback: bool, gates: int) -> None:
+        self._shared_fallback.set(1 if fallback else 0)
+        self._shared_gates.set(gates)
 
     def set_gpu(self, gpu: str, *, used: int, total: int) -> None:
         self._gpu_memory.labels(str(gpu), "used").set(used)

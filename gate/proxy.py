@@ -9,6 +9,7 @@ and its `finally` releases the reservation exactly once and writes the record.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 import time
@@ -64,7 +65,8 @@ class _Flow:
     __slots__ = (
         "gate", "scope", "receive", "send", "headers", "request_id", "t0", "wall0", "intake", "backend",
         "count", "ticket", "stats", "rate_charged", "started", "concluded", "committed", "budget_at",
-        "in_flight_at", "_task", "_cut", "_watchdog", "_counted", "_decoding", "_plain",
+        "in_flight_at", "_task", "_cut", "_watchdog", "_counted", "_decoding", "_plain", "shared_lease",
+        "shared_done",
     )
 
     def __init__(
@@ -87,6 +89,8 @@ class _Flow:
         self.ticket: Ticket | None = None
         self.stats: RelayStats | None = None
         self.rate_charged = 0
+        self.shared_lease: Any = None  # the tenant's reservation across gates ([shared]), if any
+        self.shared_done: asyncio.Future[bool] | None = None  # its release, once in Redis
         self.started = False  # response headers sent
         self.concluded = False
         self.committed: asyncio.Future[bool] | None = None  # the decision row's commit
@@ -143,6 +147,9 @@ class _Flow:
         self.count = await self.gate.tokens.count(backend.url, intake.kind, intake.body, backend.auth_headers())
         cost = self.count.tokens + intake.max_tokens
         self._rate_check(intake.caller.tenant, cost)
+        if self.gate.shared is not None and intake.caller.tenant_config is not None:
+            # The fleet-wide limits: one atomic round trip to Redis, bounded (gate/sharedlimits/).
+            self.shared_lease = await self.gate.shared.reserve(intake.caller.tenant_config, cost)
         # Arrival is now: queue time is time spent waiting for admission, not counting tokens.
         request = Request(self.request_id, intake.caller.cls, intake.caller.tenant, self.count.tokens, intake.max_tokens, self.gate.clock())
         gatekeeper = backend.gatekeeper
@@ -345,8 +352,11 @@ class _Flow:
         await self._send({"type": "http.response.body", "body": data, "more_body": True})
 
     async def _last(self, data: bytes) -> None:
-        """The response's last bytes, sent only once its decision row is committed (DESIGN.md 5)."""
+        """The response's last bytes, sent only once its decision row is committed (DESIGN.md 5)
+        and its shared lease is released (bounded by [shared] wait_ms)."""
         await self.gate.committed(self.committed)
+        if self.shared_done is not None:  # and the tenant's tokens are back in the fleet's count
+            await self.gate.shared.landed(self.shared_done)
         await self._send({"type": "http.response.body", "body": data, "more_body": False})
 
     async def _send(self, message: dict[str, Any]) -> None:
@@ -411,6 +421,19 @@ class _Flow:
 
     # ---- the one ending --------------------------------------------------------
 
+    def _refund(self, outcome: Outcome) -> tuple[int, int]:
+        """(requests, tokens) the tenant's rate limits give back when the request ends."""
+        intake, stats = self.intake, self.stats
+        if not self.rate_charged or intake is None:
+            return 0, 0
+        if outcome == "refused":
+            # Refused after the rate check: the tenant got nothing, so it pays nothing.
+            return 1, self.rate_charged
+        generated = intake.max_tokens
+        if stats is not None and stats.completion_tokens is not None:
+            generated = min(stats.completion_tokens, intake.max_tokens)
+        return 0, intake.max_tokens - generated
+
     def conclude(self, outcome: Outcome, reason: str, status: int) -> None:
         """Release, refund, count and record; the first call wins, later ones do nothing."""
         if self.concluded:
@@ -420,23 +443,25 @@ class _Flow:
         now = gate.clock()
         stats = self.stats
         intake = self.intake
+        refund_requests, refund_tokens = self._refund(outcome)
+        # The shared lease ends with the local reservation: the tenant's tokens are in flight
+        # until llama-server frees the slot, on this gate's ledger and the fleet's alike.
+        end_lease = None if self.shared_lease is None else functools.partial(
+            gate.shared.release, self.shared_lease, refund_tokens=refund_tokens, refund_requests=refund_requests
+        )
         if self.ticket is not None and self.backend is not None and self.backend.gatekeeper is not None:
             if stats is not None and outcome != "admitted":
                 # Cut short after dispatch: llama-server frees the slot a moment after
                 # the stream closes. Releasing now would let the next request find every
                 # slot busy and wait in llama-server's own queue.
-                gate.release_when_slot_frees(self.backend, self.ticket)
+                gate.release_when_slot_frees(self.backend, self.ticket, then=end_lease)
+                end_lease = None
             else:
                 self.backend.gatekeeper.release(self.ticket)
+        if end_lease is not None:
+            self.shared_done = end_lease()
         if self.rate_charged and intake is not None:
-            if outcome == "refused":
-                # Refused after the rate check: the tenant got nothing, so it pays nothing.
-                gate.ratelimit.refund(intake.caller.tenant, self.rate_charged, now, requests=1)
-            else:
-                generated = intake.max_tokens
-                if stats is not None and stats.completion_tokens is not None:
-                    generated = min(stats.completion_tokens, intake.max_tokens)
-                gate.ratelimit.refund(intake.caller.tenant, intake.max_tokens - generated, now)
+            gate.ratelimit.refund(intake.caller.tenant, refund_tokens, now, requests=refund_requests)
         reason = str(reason)
         cls = intake.caller.cls if intake is not None else ""
         queued_s = self.ticket.queued_s if self.ticket is not None else None

@@ -25,6 +25,7 @@ class Reason(StrEnum):
     TOKEN_BUDGET_EXCEEDED = "token_budget_exceeded"
     RATE_LIMITED = "rate_limited"
     TENANT_QUOTA = "tenant_quota"
+    SHARED_LIMIT_UNAVAILABLE = "shared_limit_unavailable"
     CLASS_PAUSED = "class_paused"
     DRAINED = "drained"
     NO_BACKEND = "no_backend"
@@ -63,6 +64,7 @@ _STATUS: dict[Reason, int] = {
     Reason.TOKEN_BUDGET_EXCEEDED: 429,
     Reason.RATE_LIMITED: 429,
     Reason.TENANT_QUOTA: 429,
+    Reason.SHARED_LIMIT_UNAVAILABLE: 429,  # [shared] fail_closed while Redis is out of reach
     Reason.CLASS_PAUSED: 503,
     Reason.DRAINED: 503,
     Reason.NO_BACKEND: 503,

@@ -30,6 +30,7 @@ from gate.clientguard import guarded_protocol
 from gate.config import Config, ConfigError
 from gate.metrics import GateMetrics
 from gate.ratelimit import RateLimiter, TenantLimits
+from gate.sharedlimits import Flip, SharedState, local_share
 from gate import __version__
 from gate.control import Control, Operator
 from gate.control_socket import ControlServer
@@ -88,8 +89,13 @@ class GateService:
             transport=transport, mounts=mounts, timeout=httpx.Timeout(connect=5.0, read=None, write=30.0, pool=30.0)
         )
         self.tokens = TokenCounter(self.client)
+        #: tenant limits shared through Redis ([shared]); None when off. Under its fail_open
+        #: policy the gate's own limits below run at 1/N (`_local_share`).
+        self.shared: Any = None
         self.ratelimit = RateLimiter(
-            lambda name: TenantLimits(tenant_cfg[name].requests_per_minute, tenant_cfg[name].tokens_per_minute)
+            lambda name: TenantLimits(
+                self._local_share(tenant_cfg[name].requests_per_minute), self._local_share(tenant_cfg[name].tokens_per_minute)
+            )
             if name in tenant_cfg
             else TenantLimits(None, None)
         )
@@ -101,7 +107,7 @@ class GateService:
             config.backends,
             self.client,
             classes=config.classes,
-            tenant_policy=lambda name: TenantPolicy(tenant_cfg[name].weight, tenant_cfg[name].max_tokens_in_flight)
+            tenant_policy=lambda name: TenantPolicy(tenant_cfg[name].weight, self._local_share(tenant_cfg[name].max_tokens_in_flight))
             if name in tenant_cfg
             else TenantPolicy(),
             environ=environ,
@@ -120,6 +126,13 @@ class GateService:
         self.journal_path = journal_path or config.gate.journal
         self.gate_id = new_gate_id()
         self.lock = JournalLock(self.journal_path)
+        if config.shared.enabled:
+            from gate.sharedlimits.client import SharedLimits  # imports redis: only when asked for
+
+            self.shared = SharedLimits(
+                config.shared, self.gate_id, on_flip=self._shared_flipped, on_policy=self.metrics.shared_policy,
+                on_wait=self.metrics.shared_wait,
+            )
         #: called with every audit row (consoles attached over the socket toast them)
         self.audit_listeners: list[Callable[[AuditRecord], None]] = []
         self.control = Control(self)  # owns the operator state (paused classes, freeze)
@@ -168,6 +181,8 @@ class GateService:
         if self.control_server is not None:
             self.control_server.claim()  # before anything listens: a live gate there is a refusal
         self.journal = await Journal.open(self.journal_path, on_drop=self.metrics.journal_dropped)
+        if self.shared is not None:
+            await self.shared.start()  # Redis out of reach is not fatal: the failure policy applies
         await self.backends.probe_all()
         self._tasks = [
             asyncio.create_task(self.backends.run(self.probe_interval_s), name="tokengate-probe"),
@@ -236,6 +251,8 @@ class GateService:
 
     async def _close_resources(self) -> None:
         await self.client.aclose()
+        if self.shared is not None:
+            await self.shared.stop()  # hands back what is held, leaves the gate count
         if self.journal is not None:
             await self.journal.close()  # flushes every pending row
         self.lock.release()
@@ -256,6 +273,25 @@ class GateService:
             )
         )
 
+    def _local_share(self, limit: int | None) -> int | None:
+        """A tenant limit as this gate enforces it: whole, or 1/N under [shared] fail_open."""
+        return limit if self.shared is None else local_share(limit, self.shared.divisor)
+
+    @property
+    def shared_state(self) -> SharedState:
+        return "off" if self.shared is None else self.shared.state
+
+    def _shared_flipped(self, flip: Flip) -> None:
+        """The shared limits changed state: gauge, audit row (the console toasts it)."""
+        self.metrics.set_shared(fallback=flip.new in ("fail_open", "fail_closed"), gates=flip.gates)
+        if flip.new == "fail_open":
+            effect = f"each tenant limit runs locally at 1/{flip.gates} (N = {flip.gates} gates seen)"
+        elif flip.new == "fail_closed":
+            effect = "limited tenants get 429 shared_limit_unavailable"
+        else:
+            effect = "tenant limits are shared through Redis again"
+        self.audit_gate("shared_limits", f"{flip.why}; {effect}", old_value=flip.old, new_value=flip.new)
+
     def in_flight_requests(self) -> int:
         """Requests holding a reservation or waiting in a queue, over all backends."""
         total = 0
@@ -264,13 +300,17 @@ class GateService:
                 total += len(backend.admission.ledger) + backend.admission.waiting()
         return total
 
-    def release_when_slot_frees(self, backend: Backend, ticket: Ticket, timeout_s: float = 3.0) -> None:
-        """Release `ticket` once llama-server shows one busy slot fewer than the gate holds."""
-        task = asyncio.get_running_loop().create_task(self._release_when_slot_frees(backend, ticket, timeout_s))
+    def release_when_slot_frees(
+        self, backend: Backend, ticket: Ticket, timeout_s: float = 3.0, *, then: Callable[[], None] | None = None
+    ) -> None:
+        """Release `ticket` once llama-server shows one busy slot fewer than the gate holds; then call `then`."""
+        task = asyncio.get_running_loop().create_task(self._release_when_slot_frees(backend, ticket, timeout_s, then))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _release_when_slot_frees(self, backend: Backend, ticket: Ticket, timeout_s: float) -> None:
+    async def _release_when_slot_frees(
+        self, backend: Backend, ticket: Ticket, timeout_s: float, then: Callable[[], None] | None = None
+    ) -> None:
         deadline = self.clock() + timeout_s
         try:
             while self.clock() < deadline and backend.admission is not None:
@@ -288,6 +328,8 @@ class GateService:
         finally:
             if backend.gatekeeper is not None:
                 backend.gatekeeper.release(ticket)
+            if then is not None:
+                then()
 
     def _adopt_backend(self, backend: Backend) -> None:
         self.control.adopt(backend)  # operator state (paused classes, freeze) carries over
@@ -414,6 +456,8 @@ class GateService:
             return
         usage = adm.ledger.in_flight / adm.capacity.ceiling if b.state == "ready" else 1.0
         self.metrics.set_inference(b.name, model, waiting=adm.waiting(), running=len(adm.ledger), kv_usage=usage)
+        if self.shared is not None:
+            m.set_shared(fallback=self.shared.health.degraded, gates=self.shared.health.gates)
 
     def observe_success(self, backend: Backend, stats: RelayStats) -> None:
         """Feed a completed request's upstream latencies to the controller."""
@@ -530,6 +574,7 @@ class GateService:
             journal=journal, reaped=sum(b.gatekeeper.reaped for b in self.backends if b.gatekeeper),
             shutting_down=self.shutting_down, gate_id=self.gate_id, decisions_seq=self.records.total,
             requests_in_flight=self.in_flight_requests(), drain_grace_s=self.drain_grace_s,
+            shared=self.shared_state,
         )
 
     def _on_telemetry(self, latest: dict[str, Any]) -> None:

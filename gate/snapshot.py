@@ -154,7 +154,7 @@ class GateSnapshot:
     decisions_seq: int = 0  # decisions finished since the gate started: ask for those after it next time
     requests_in_flight: int = 0  # holding a reservation or waiting in a queue
     drain_grace_s: float = 0.0  # how long a stop lets in-flight requests finish
-    #: the shared tenant limits (issue #14 part 1): off | ok | fail_open | fail_closed
+    #: tenant limits shared through Redis: off | ok | fail_open | fail_closed (the policy applies)
     shared: str = "off"
 
     @property

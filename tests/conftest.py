@@ -9,6 +9,7 @@ that does not come up is a test ERROR, in CI and locally alike.
 * ``tiny_model``: path of the cached random-weight GGUF (n_embd 640, 8 layers).
 * ``llama_split``: llama-server with ``-c 2048 -np 4`` (4 slots x 512 tokens).
 * ``llama_unified``: llama-server with ``-c 2048 -np 4 -kvu`` (4 slots sharing 2048).
+* ``redis_server``: a fresh real redis-server per test (``tests/redis/server.py``).
 
 The servers are :class:`tests.llama.server.LlamaServer` objects: ``.url``,
 ``.port``, ``.n_ctx`` (per slot), ``.ctx`` (total), ``.mode``, ``.log_path``.
@@ -61,3 +62,16 @@ def llama_split(llama_bin, tiny_model, tmp_path_factory):
 @pytest.fixture(scope="session")
 def llama_unified(llama_bin, tiny_model, tmp_path_factory):
     yield from _serve(llama_bin, tiny_model, tmp_path_factory, "unified")
+
+
+@pytest.fixture
+def redis_server(tmp_path_factory):
+    """A fresh real redis-server on a free loopback port (``.url``, ``.pause()``, ``.stop()``,
+    ``.start()`` again on the same port); never skipped: a missing binary is an ERROR."""
+    from tests.redis.server import RedisServer
+
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,5 +1,8 @@
 """The header line: where the gate listens, backend states, label, operator, clock, flags.
 
+With ``[shared]`` on it says whether tenant limits are shared through Redis
+(``shared:ok``) or the failure policy applies (``shared: FAIL_OPEN``/``FAIL_CLOSED``).
+
 A second line, a red banner, appears only when something is wrong with the
 gate itself (the journal dropping rows, or the gate stopping).
 """
@@ -17,6 +20,7 @@ from console.widgets.status import show_text
 from gate.snapshot import GateSnapshot
 
 STATE_STYLES = {"ready": "bold green", "loading": "bold yellow", "down": "bold red"}
+SHARED_STYLES = {"ok": "bold green", "fail_open": "bold black on yellow", "fail_closed": "bold white on red"}
 LABEL_STYLES = {"LIVE": "bold black on green", "SIMULATED": "bold black on magenta", "REVIEW": "bold black on cyan"}
 
 
@@ -71,6 +75,10 @@ class GateHeader(Static):
                 line.append("  ")
                 line.append(f"{b.name}:", "")
                 line.append(b.state, STATE_STYLES.get(b.state, "bold"))
+            if snap.shared != "off":
+                # Tenant limits shared through Redis: ok, or the failure policy applying.
+                line.append("  shared:")
+                line.append(snap.shared if snap.shared == "ok" else f" {snap.shared.upper()} ", SHARED_STYLES.get(snap.shared, "bold"))
             line.append(f"  op {snap.operator}", "cyan")
             if self.attached:
                 line.append(f"  attached {self.attached}", "dim")

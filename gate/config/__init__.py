@@ -46,8 +46,10 @@ from gate.config.schema import (
     Config,
     ConfigError,
     FleetGateConfig,
+    FailurePolicy,
     GateConfig,
     KvMode,
+    SharedConfig,
     TenantConfig,
 )
 
@@ -63,6 +65,8 @@ __all__ = [
     "GateConfig",
     "KvMode",
     "BudgetMode",
+    "FailurePolicy",
+    "SharedConfig",
     "TenantConfig",
     "config_from_dict",
     "load_config",

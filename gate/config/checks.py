@@ -20,6 +20,7 @@ from gate.config.schema import (
     BudgetMode,
     Config,
     ConfigError,
+    FailurePolicy,
     KvMode,
 )
 from gate.config.terms import _got, _key_part, _show, _suggest, _toml_key_of
@@ -77,7 +78,7 @@ def _check_types(source: str, path: str, obj: Any) -> None:
         elif t.startswith("float"):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise ConfigError(source, key, f"must be a finite number, got {_got(v)}")
-        elif t.startswith(("str", "Literal", "KvMode", "BudgetMode")):
+        elif t.startswith(("str", "Literal", "KvMode", "BudgetMode", "FailurePolicy")):
             if not isinstance(v, str):
                 raise ConfigError(source, key, f"must be a string, got {_got(v)}")
 
@@ -114,6 +115,33 @@ def _check_url(c: _Check, key: str, url: str) -> None:
         raise bad("the port must be a number from 1 to 65535")
 
 
+def _check_redis_url(c: _Check, key: str, url: str) -> None:
+    if not url:
+        return  # off
+    def bad(problem: str) -> ConfigError:
+        # The URL may hold a password: name the problem, never echo the value.
+        return c.fail(key, f"{problem} (the value is not shown: it may hold a password)")
+
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as e:
+        raise bad(f"is not a valid URL ({e})") from None
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise bad('must be "redis://host[:port][/db]", "rediss://..." (TLS) or "unix:///path/to.sock"')
+    if parts.scheme == "unix":
+        if not parts.path:
+            raise bad("a unix:// URL needs the socket's path, as in unix:///run/redis/redis.sock")
+        return
+    if not parts.hostname:
+        raise bad("must name a host, as in redis://127.0.0.1:6379/0")
+    if port == 0:
+        raise bad("the port must be a number from 1 to 65535")
+    db = parts.path.lstrip("/")
+    if db and not db.isdigit():
+        raise bad("the path must be a database number, as in redis://127.0.0.1:6379/0")
+
+
 def validate_config(config: Config, source: str = "<config>") -> None:
     """Check every value and cross-field rule of ``config``; raise ConfigError on the first."""
     s = source
@@ -144,6 +172,26 @@ def validate_config(config: Config, source: str = "<config>") -> None:
         )
     for key in ("shed_stall_s", "header_timeout_s", "body_timeout_s", "write_stall_s"):
         c.pos_num(key, getattr(g, key))
+
+    # [shared]
+    sh = config.shared
+    _check_types(s, "shared", sh)
+    c = _Check(s, "shared")
+    _check_redis_url(c, "redis_url", sh.redis_url)
+    c.check(
+        "key_prefix",
+        sh.key_prefix,
+        lambda v: 1 <= len(v) <= 64 and all("\x21" <= ch <= "\x7e" and ch not in "{}" for ch in v),
+        "1 to 64 printable ASCII characters without spaces or braces",
+    )
+    c.check("failure_policy", sh.failure_policy, lambda v: v in get_args(FailurePolicy), '"fail_open" or "fail_closed"')
+    c.check("renew_interval_s", sh.renew_interval_s, lambda v: 0.05 <= v <= 60, "from 0.05 to 60 seconds")
+    c.check(
+        "wait_ms",
+        sh.wait_ms,
+        lambda v: 0 < v <= sh.renew_interval_s * 1000,
+        f"more than 0 and at most renew_interval_s ({sh.renew_interval_s:g} s) in milliseconds",
+    )
 
     # [budget]
     b = config.budget

@@ -146,6 +146,30 @@ queue_timeout_s = 120.0
 default_max_tokens = 512
 max_tokens_cap = 4096
 
+# Tenant limits shared by several gates (one per GPU host, behind a router). With redis_url
+# set, each tenant's requests_per_minute, tokens_per_minute and max_tokens_in_flight hold
+# across every gate that points at the same Redis and key_prefix; configure the same
+# [[tenants]] on each of them. The token budget, classes and slots stay local to each gate.
+[shared]
+# Redis to share them through: "redis://[:password@]host[:port][/db]", "rediss://..." (TLS)
+# or "unix:///path/to/redis.sock". Default "": off, every gate enforces its limits alone.
+redis_url = ""
+# Prefix of every key the gates write. Gates share limits only with gates using the same one.
+# Default "tokengate:".
+key_prefix = "tokengate:"
+# What admission does while Redis is unreachable or slower than wait_ms:
+# "fail_open" admits under local limits of 1/N of each tenant's limits (N = gates seen on
+# Redis recently); "fail_closed" refuses limited tenants' requests with 429
+# shared_limit_unavailable and Retry-After. Counted in metrics, audited when it flips.
+# Default "fail_open".
+failure_policy = "fail_open"
+# How often each gate renews its in-flight reservations (leases) and says it is alive, in
+# seconds. A gate that dies holds its reservations for at most 3x this. Default 1.
+renew_interval_s = 1.0
+# Longest wait on Redis for one admission, in milliseconds; then the failure policy applies.
+# Default 20.
+wait_ms = 20.0
+
 # One [[tenants]] table per client. With no tenants the gate is open: the class comes from the
 # X-Tokengate-Class header or default_class, the tenant from the request's "user" field or the
 # client address. With tenants, every request needs a tenant's API key (Authorization: Bearer).

@@ -26,8 +26,10 @@ from gate.config.schema import (
     Config,
     ConfigError,
     FleetGateConfig,
+    FailurePolicy,
     GateConfig,
     KvMode,
+    SharedConfig,
     TenantConfig,
 )
 from gate.config.terms import _got, _key_part, _show, _suggest, _toml_key_of
@@ -74,7 +76,7 @@ def parse_config(text: str, source: str = "<string>") -> Config:
 # --------------------------------------------------------------------------------------------
 # Dict -> dataclasses (structure and types)
 
-_TOP_KEYS = ("gate", "backends", "budget", "classes", "tenants", "default_class", "fleet")
+_TOP_KEYS = ("gate", "backends", "budget", "classes", "tenants", "default_class", "fleet", "shared")
 
 
 def _keys_of(cls: type) -> tuple[str, ...]:
@@ -90,6 +92,7 @@ _BUDGET_KEYS = _keys_of(BudgetConfig)
 _CLASS_KEYS = tuple(k for k in _keys_of(ClassConfig) if k != "name")
 _TENANT_KEYS = _keys_of(TenantConfig)
 _FLEET_KEYS = ("name", "socket")
+_SHARED_KEYS = _keys_of(SharedConfig)
 
 
 class _Reader:
@@ -268,6 +271,18 @@ def _budget(source: str, data: Any) -> BudgetConfig:
     )
 
 
+def _shared(source: str, data: Any) -> SharedConfig:
+    r = _Reader(source, "shared", _table(source, "shared", data), _SHARED_KEYS)
+    d = SharedConfig()
+    return SharedConfig(
+        redis_url=r.get_str("redis_url", d.redis_url),
+        key_prefix=r.get_str("key_prefix", d.key_prefix),
+        failure_policy=cast(FailurePolicy, r.choice("failure_policy", d.failure_policy, get_args(FailurePolicy))),
+        renew_interval_s=r.get_float("renew_interval_s", d.renew_interval_s),
+        wait_ms=r.get_float("wait_ms", d.wait_ms),
+    )
+
+
 def _class(source: str, name: str, data: Any) -> ClassConfig:
     path = f"classes.{_key_part(name)}"
     if not isinstance(data, dict):
@@ -323,6 +338,7 @@ def config_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Config:
 
     gate = _gate(source, data["gate"]) if "gate" in data else GateConfig()
     budget = _budget(source, data["budget"]) if "budget" in data else BudgetConfig()
+    shared = _shared(source, data["shared"]) if "shared" in data else SharedConfig()
 
     backends: tuple[BackendConfig, ...] = (BackendConfig(),)
     if "backends" in data:
@@ -361,6 +377,7 @@ def config_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Config:
         tenants=tenants,
         default_class=default_class,
         fleet=fleet,
+        shared=shared,
     )
     validate_config(config, source)
     return config

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 KvMode = Literal["unified", "split"]
 BudgetMode = Literal["adaptive", "static"]
+FailurePolicy = Literal["fail_open", "fail_closed"]
 
 CLASS_NAME_RE = re.compile(r"[a-z0-9_-]+")
 # Backend and tenant names show up in logs, metrics labels and the console: printable, no spaces.
@@ -159,6 +160,28 @@ class FleetGateConfig:
     name: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class SharedConfig:
+    """``[shared]``: tenant limits shared by every gate on one Redis; ``redis_url`` "" = off."""
+
+    redis_url: str = ""
+    key_prefix: str = "tokengate:"
+    failure_policy: FailurePolicy = "fail_open"
+    #: how often each gate renews its leases; a dead gate's leases expire after 3x this
+    renew_interval_s: float = 1.0
+    #: the longest admission waits on Redis before the failure policy applies
+    wait_ms: float = 20.0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.redis_url)
+
+    @property
+    def lease_ttl_s(self) -> float:
+        """How long a lease lives without renewal: 3 renewal intervals."""
+        return 3.0 * self.renew_interval_s
+
+
 DEFAULT_CLASSES: tuple[ClassConfig, ...] = (
     ClassConfig(
         name="interactive",
@@ -193,6 +216,7 @@ class Config:
     default_class: str = DEFAULT_CLASS_NAME
     #: gates for `tokengate console --attach --config F` (the fleet console)
     fleet: tuple[FleetGateConfig, ...] = ()
+    shared: SharedConfig = field(default_factory=SharedConfig)
 
     def class_by_name(self, name: str) -> ClassConfig:
         """The class called ``name``; KeyError if there is none."""

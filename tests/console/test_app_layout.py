@@ -303,3 +303,19 @@ async def test_the_work_per_tick_does_not_grow_with_the_decisions_per_second(gat
         assert per_rate[10] == (1, {w: 1 for w in updates}, 10)
         assert per_rate[1_000] == per_rate[10_000] == (1, {w: 1 for w in updates}, cap)
         assert len(updates) == 6
+
+
+async def test_header_says_whether_tenant_limits_are_shared_or_the_failure_policy_applies(gate):
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)) as pilot:
+        assert gate.snapshot().shared == "off" and "shared" not in app.header.content.plain  # no [shared]: nothing
+        snap = gate.snapshot()
+        app.header.update_snapshot(dataclasses.replace(snap, shared="ok"))
+        assert "shared:ok" in app.header.content.plain
+        assert "bold green" in styles_of(app.header.content, "ok", skip="shared:")
+        app.header.update_snapshot(dataclasses.replace(snap, shared="fail_open"))
+        await pilot.pause()
+        assert "FAIL_OPEN" in app.header.content.plain
+        assert "bold black on yellow" in styles_of(app.header.content, "FAIL_OPEN")
+        app.header.update_snapshot(dataclasses.replace(snap, shared="fail_closed"))
+        assert "bold white on red" in styles_of(app.header.content, "FAIL_CLOSED")

@@ -19,6 +19,7 @@ from gate.config import (
     ConfigError,
     FleetGateConfig,
     GateConfig,
+    SharedConfig,
     TenantConfig,
     config_from_dict,
     load_config,
@@ -128,6 +129,7 @@ def test_example_parses_to_the_documented_values() -> None:
     assert c.class_by_name("batch").limit_tokens == 16384
     assert c.tenants == ()  # the tenant examples are commented out: the gate stays open
     assert c.default_class == "interactive"
+    assert c.shared == SharedConfig() and not c.shared.enabled  # off: every gate on its own
 
 
 def test_example_with_every_commented_key_switched_on_is_valid_and_complete() -> None:
@@ -160,6 +162,7 @@ def test_example_with_every_commented_key_switched_on_is_valid_and_complete() ->
         ("classes", ClassConfig, {"name"}),
         ("tenants", TenantConfig, {"class_name"}),
         ("fleet", FleetGateConfig, set()),
+        ("shared", SharedConfig, set()),
     ],
 )
 def test_example_lists_every_key(section: str, cls: type, exclude: set[str]) -> None:
@@ -513,3 +516,47 @@ def test_fleet_errors_name_the_key(text: str, key: str, problem: str) -> None:
     err = error_of(text)
     assert err.key == key
     assert problem in err.problem
+# ---------------------------------------------------------------------------- [shared]
+
+
+def test_shared_defaults_are_off_fail_open_one_second_renewal_and_a_20_ms_bound() -> None:
+    c = parse_config("")
+    assert c.shared == SharedConfig(redis_url="", key_prefix="tokengate:", failure_policy="fail_open", renew_interval_s=1.0, wait_ms=20.0)
+    assert c.shared.lease_ttl_s == 3.0
+
+
+def test_shared_table_is_read_whole() -> None:
+    c = parse_config(
+        '[shared]\nredis_url = "rediss://:pw@redis.internal:6380/2"\nkey_prefix = "fleet-a:"\n'
+        'failure_policy = "fail_closed"\nrenew_interval_s = 0.5\nwait_ms = 15\n'
+    )
+    assert c.shared == SharedConfig("rediss://:pw@redis.internal:6380/2", "fleet-a:", "fail_closed", 0.5, 15.0)
+    assert c.shared.enabled and c.shared.lease_ttl_s == 1.5
+    assert parse_config('[shared]\nredis_url = "unix:///run/redis/redis.sock"').shared.enabled
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "needle"),
+    [
+        ('redis_url = "http://127.0.0.1:6379"', "shared.redis_url", "must be \"redis://"),
+        ('redis_url = "redis:///0"', "shared.redis_url", "must name a host"),
+        ('redis_url = "redis://h:6379/zero"', "shared.redis_url", "database number"),
+        ('redis_url = "unix://"', "shared.redis_url", "socket's path"),
+        ('key_prefix = ""', "shared.key_prefix", "1 to 64 printable"),
+        ('key_prefix = "a{b}:"', "shared.key_prefix", "braces"),
+        ('failure_policy = "open"', "shared.failure_policy", 'did you mean "fail_open"'),
+        ("renew_interval_s = 0", "shared.renew_interval_s", "from 0.05 to 60"),
+        ("wait_ms = 0", "shared.wait_ms", "more than 0"),
+        ("wait_ms = 2000", "shared.wait_ms", "at most renew_interval_s"),
+        ("redis = 1", "shared.redis", 'did you mean "redis_url"'),
+        ('wait_ms = "20"', "shared.wait_ms", "must be a number"),
+    ],
+)
+def test_shared_mistakes_name_the_key(text: str, key: str, needle: str) -> None:
+    err = error_of("[shared]\n" + text)
+    assert err.key == key and needle in err.problem, str(err)
+
+
+def test_a_redis_password_is_never_echoed_in_an_error() -> None:
+    err = error_of('[shared]\nredis_url = "redis://:hunter2@h:6379/x"')
+    assert "hunter2" not in str(err) and err.key == "shared.redis_url"

@@ -101,7 +101,7 @@ async def test_slo_gauge_follows_the_config_and_the_fallback_gauge_starts_at_zer
     values = scrape(gate)
     assert values[("tokengate_slo_ttft_seconds", ())] == 2.0  # [budget] slo_ttft_p95_ms default 2000
     assert values[("tokengate_shared_limit_fallback", ())] == 0
-    gate.metrics.set_shared_limit_fallback(True)
+    gate.metrics.set_shared(fallback=True, gates=2)
     assert scrape(gate)[("tokengate_shared_limit_fallback", ())] == 1
 
 

@@ -1,0 +1,259 @@
+"""The Lua scripts Redis runs for the shared tenant limits: each one atomic, one round trip.
+
+Keys of tenant T under prefix P (the ``{T}`` hash tag keeps them in one slot):
+
+- ``P{T}:rate``    hash ``r`` (requests left), ``t`` (tokens left), ``ts`` (ms of the last
+  update): the two token buckets of requests_per_minute and tokens_per_minute. A missing
+  key is a full bucket; it expires 61 s after its last take, when it would be full anyway.
+- ``P{T}:leases``  sorted set: lease id -> the moment (ms, Redis clock) it expires.
+- ``P{T}:costs``   hash: lease id -> the tokens it holds; its fields are the live leases.
+- ``P{T}:held``    integer: the sum of ``costs``, the tenant's in-flight tokens, fleet-wide.
+- ``Pgates``       sorted set: gate id -> when it last renewed (ms); the N of fail_open.
+
+Time is Redis's own clock (``TIME``), so the gates' clocks never need to agree. A lease
+lives ``ttl`` ms from its reservation or last renewal; whoever runs a script first after
+that purges it (at most 256 per call; the rest on the next). The lease keys expire
+``keep`` (>= ttl) after their last write, so a tenant nobody uses leaves nothing behind.
+
+Invariants the scripts keep (``tests/integration/test_shared_scripts.py`` checks them
+against a real redis-server): ``held`` equals the sum of ``costs``; a refused reservation
+changes nothing; a release of a lease that is gone (released, expired) changes nothing but
+the refund; a reservation is admitted only if ``held + cost <= quota`` after purging.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+__all__ = ["RELEASE", "RENEW", "RESERVE", "Script", "tenant_keys"]
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """A script's text and its sha1 (EVALSHA runs it; EVAL when Redis answers NOSCRIPT)."""
+
+    name: str
+    text: str
+    sha: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sha", hashlib.sha1(self.text.encode()).hexdigest())
+
+
+def tenant_keys(prefix: str, tenant: str) -> tuple[str, str, str, str]:
+    """(rate, leases, costs, held) of ``tenant``."""
+    base = f"{prefix}{{{tenant}}}"
+    return (f"{base}:rate", f"{base}:leases", f"{base}:costs", f"{base}:held")
+
+
+# Shared by the scripts below: the clock, and dropping one lease or every expired one.
+_COMMON = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function drop(leases, costs, held, id)
+  local c = redis.call('HGET', costs, id)
+  if not c then
+    return 0
+  end
+  redis.call('HDEL', costs, id)
+  redis.call('ZREM', leases, id)
+  if redis.call('DECRBY', held, c) <= 0 then
+    redis.call('DEL', held)
+  end
+  return 1
+end
+
+local function refund(rate, tokens, requests, rpm, tpm, now)
+  if tokens <= 0 and requests <= 0 then
+    return
+  end
+  local b = redis.call('HMGET', rate, 'r', 't', 'ts')
+  if not b[3] then
+    return  -- a missing bucket is full: nothing to give back
+  end
+  local dt = math.max(0, now - tonumber(b[3]))
+  local fields = {'ts', now}
+  if b[1] and rpm > 0 then
+    fields[#fields + 1] = 'r'
+    fields[#fields + 1] = tostring(math.min(rpm, tonumber(b[1]) + dt * rpm / 60000 + requests))
+  end
+  if b[2] and tpm > 0 then
+    fields[#fields + 1] = 't'
+    fields[#fields + 1] = tostring(math.min(tpm, tonumber(b[2]) + dt * tpm / 60000 + tokens))
+  end
+  redis.call('HSET', rate, unpack(fields))
+end
+
+-- Releases: KEYS from k on, 4 per entry (rate, leases, costs, held); ARGV from a on, 5 per
+-- entry (lease id or '' for none, refund tokens, refund requests, rpm, tpm; -1 = unset).
+-- A lease that is gone (released, expired) is not dropped twice; the refund is given
+-- either way (the rate charge does not depend on the lease), capped at capacity.
+local function release_entries(k, a, count, now)
+  local released = 0
+  for _ = 1, count do
+    if ARGV[a] ~= '' then
+      released = released + drop(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a])
+    end
+    refund(KEYS[k], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), now)
+    k = k + 4
+    a = a + 5
+  end
+  return released
+end
+
+local function purge(leases, costs, held, now)
+  local gone = redis.call('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0, 256)
+  for _, id in ipairs(gone) do
+    if drop(leases, costs, held, id) == 0 then
+      redis.call('ZREM', leases, id)
+    end
+  end
+  return tonumber(redis.call('GET', held) or '0')
+end
+"""
+
+RESERVE = Script(
+    "reserve",
+    _COMMON
+    + """
+-- KEYS: rate, leases, costs, held; then 4 per release entry
+-- ARGV: lease id, cost, rpm, tpm, quota (each -1 when unset), lease ttl ms, keep ms,
+--       release entries, then 5 per entry (see release_entries)
+-- -> {'ok', held} | {'rate', 'requests'|'tokens', wait ms} | {'quota', held}
+-- The releases that waited for a ride (requests that ended since the last call) go first,
+-- in the same round trip: a gate under load makes one call per request, not two.
+local id, cost = ARGV[1], tonumber(ARGV[2])
+local rpm, tpm, quota = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local ttl, keep = tonumber(ARGV[6]), tonumber(ARGV[7])
+local now = now_ms()
+release_entries(5, 9, tonumber(ARGV[8]), now)
+
+local req, tok
+if rpm > 0 or tpm > 0 then
+  local b = redis.call('HMGET', KEYS[1], 'r', 't', 'ts')
+  local dt = 0
+  if b[3] then
+    dt = math.max(0, now - tonumber(b[3]))
+  end
+  local wait_r, wait_t = 0, 0
+  if rpm > 0 then
+    req = math.min(rpm, (tonumber(b[1]) or rpm) + dt * rpm / 60000)
+    if req < 1 then
+      wait_r = (1 - req) * 60000 / rpm
+    end
+  end
+  if tpm > 0 then
+    tok = math.min(tpm, (tonumber(b[2]) or tpm) + dt * tpm / 60000)
+    if tok < cost then
+      wait_t = (cost - tok) * 60000 / tpm
+    end
+  end
+  if wait_r > 0 or wait_t > 0 then
+    if wait_r >= wait_t then
+      return {'rate', 'requests', tostring(wait_r)}
+    end
+    return {'rate', 'tokens', tostring(wait_t)}
+  end
+end
+
+local held = 0
+if quota >= 0 then
+  held = purge(KEYS[2], KEYS[3], KEYS[4], now)
+  if held + cost > quota then
+    return {'quota', tostring(held)}
+  end
+end
+
+if req or tok then
+  local fields = {'ts', now}
+  if req then
+    fields[#fields + 1] = 'r'
+    fields[#fields + 1] = tostring(req - 1)
+  end
+  if tok then
+    fields[#fields + 1] = 't'
+    fields[#fields + 1] = tostring(tok - cost)
+  end
+  redis.call('HSET', KEYS[1], unpack(fields))
+  redis.call('PEXPIRE', KEYS[1], 61000)
+end
+if quota >= 0 then
+  redis.call('ZADD', KEYS[2], now + ttl, id)
+  redis.call('HSET', KEYS[3], id, cost)
+  held = redis.call('INCRBY', KEYS[4], cost)
+  for i = 2, 4 do
+    redis.call('PEXPIRE', KEYS[i], keep)
+  end
+end
+return {'ok', tostring(held)}
+""",
+)
+
+RELEASE = Script(
+    "release",
+    _COMMON
+    + """
+-- KEYS: 4 per entry (rate, leases, costs, held); ARGV: 5 per entry (see release_entries)
+-- -> how many leases were live and are now gone
+return release_entries(1, 1, #KEYS / 4, now_ms())
+""",
+)
+
+RENEW = Script(
+    "renew",
+    _COMMON
+    + """
+-- KEYS: gates, then for each tenant: leases, costs, held
+-- ARGV: gate id, lease ttl ms, keep ms, gate window ms, leaving (1|0), then for each
+--       tenant: n, n x (lease id, cost), d, d x lease id to drop
+-- -> {gates seen within the window, leases adopted}
+-- Renewing is idempotent and self-healing: a lease this gate holds that Redis lost (a
+-- restart without persistence, an expiry while Redis was out of reach, a reservation made
+-- under fail_open) is adopted with its cost, so the fleet's count is true again.
+local gate, ttl, keep, window = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local now = now_ms()
+if ARGV[5] == '1' then
+  redis.call('ZREM', KEYS[1], gate)
+else
+  redis.call('ZADD', KEYS[1], now, gate)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+redis.call('PEXPIRE', KEYS[1], keep)
+local gates = redis.call('ZCARD', KEYS[1])
+local adopted = 0
+local a = 6
+local k = 2
+while k <= #KEYS do
+  local leases, costs, held = KEYS[k], KEYS[k + 1], KEYS[k + 2]
+  purge(leases, costs, held, now)
+  local n = tonumber(ARGV[a])
+  a = a + 1
+  for _ = 1, n do
+    local id, cost = ARGV[a], ARGV[a + 1]
+    a = a + 2
+    if redis.call('HSETNX', costs, id, cost) == 1 then
+      redis.call('INCRBY', held, cost)
+      adopted = adopted + 1
+    end
+    redis.call('ZADD', leases, now + ttl, id)
+  end
+  local d = tonumber(ARGV[a])
+  a = a + 1
+  for _ = 1, d do
+    drop(leases, costs, held, ARGV[a])
+    a = a + 1
+  end
+  if n > 0 then
+    redis.call('PEXPIRE', leases, keep)
+    redis.call('PEXPIRE', costs, keep)
+    redis.call('PEXPIRE', held, keep)
+  end
+  k = k + 3
+end
+return {gates, adopted}
+""",
+)

@@ -1,0 +1,316 @@
+"""The shared tenant limits against a real redis-server: scripts, leases, failure policy.
+
+No llama-server here: `SharedLimits` is driven directly, and Redis's own data is read
+back with a plain client to check what the scripts wrote (held == sum of costs, a refusal
+changes nothing, a dead holder's leases expire, a restarted Redis gets its leases back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.asyncio as aioredis
+
+from gate.config import SharedConfig, TenantConfig
+from gate.errors import GateError
+from gate.reasons import Reason
+from gate.sharedlimits.client import SharedLimits
+from gate.sharedlimits.health import Flip
+from gate.sharedlimits.scripts import tenant_keys
+from tests.integration.gate_harness import wait_until
+
+PREFIX = "t:"
+
+
+def tenant(name: str = "team-a", *, rpm: int | None = None, tpm: int | None = None, quota: int | None = None) -> TenantConfig:
+    return TenantConfig(name=name, api_key_sha256="a" * 64, requests_per_minute=rpm, tokens_per_minute=tpm, max_tokens_in_flight=quota)
+
+
+def config(url: str, **kw) -> SharedConfig:
+    base = dict(redis_url=url, key_prefix=PREFIX, renew_interval_s=0.2, wait_ms=200.0)
+    base.update(kw)
+    return SharedConfig(**base)
+
+
+class Gate:
+    """One gate's SharedLimits with its flips recorded."""
+
+    def __init__(self, url: str, gate_id: str, **kw) -> None:
+        self.flips: list[Flip] = []
+        self.policy: list[str] = []
+        self.shared = SharedLimits(config(url, **kw), gate_id, on_flip=self.flips.append, on_policy=self.policy.append)
+
+
+@pytest.fixture
+async def peek(redis_server):
+    client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+async def held(peek: aioredis.Redis, name: str = "team-a") -> tuple[int, int]:
+    """(the held counter, the sum of the lease costs) in Redis: they must agree."""
+    _, _, costs, held_key = tenant_keys(PREFIX, name)
+    async with peek.pipeline(transaction=True) as tx:  # MULTI/EXEC: one consistent read
+        counter, all_costs = await tx.get(held_key).hgetall(costs).execute()
+    return int(counter or 0), sum(int(c) for c in all_costs.values())
+
+
+async def dump(peek: aioredis.Redis, name: str = "team-a") -> dict:
+    rate, leases, costs, held_key = tenant_keys(PREFIX, name)
+    return {
+        "rate": await peek.hgetall(rate),
+        "leases": await peek.zrange(leases, 0, -1, withscores=True),
+        "costs": await peek.hgetall(costs),
+        "held": await peek.get(held_key),
+    }
+
+
+async def test_quota_holds_and_release_returns_every_token_once(redis_server, peek) -> None:
+    g = Gate(redis_server.url, "g1")
+    await g.shared.start()
+    try:
+        team = tenant(quota=100)
+        a = await g.shared.reserve(team, 60)
+        assert a is not None and a.leased and a.charged
+        assert await held(peek) == (60, 60)
+        before = await dump(peek)
+        with pytest.raises(GateError) as info:
+            await g.shared.reserve(team, 50)
+        assert info.value.reason is Reason.TENANT_QUOTA and info.value.retry_after_s
+        assert "holds 60 of its 100" in info.value.message
+        assert await dump(peek) == before  # a refusal changes nothing
+        b = await g.shared.reserve(team, 40)
+        assert await held(peek) == (100, 100)
+        g.shared.release(a)
+        g.shared.release(a)  # a second release does nothing
+        await wait_until(lambda: _held_is(peek, 40))
+        c = await g.shared.reserve(team, 60)
+        g.shared.release(b)
+        g.shared.release(c)
+        await wait_until(lambda: _held_is(peek, 0))
+        assert await peek.exists(tenant_keys(PREFIX, "team-a")[3]) == 0  # nothing left behind
+        assert g.shared.held == () and g.flips == []
+    finally:
+        await g.shared.stop()
+
+
+async def _held_is(peek: aioredis.Redis, n: int) -> bool:
+    counter, total = await held(peek)
+    assert counter == total
+    return counter == n
+
+
+async def test_a_request_larger_than_the_quota_or_the_minute_is_refused_without_redis(redis_server, peek) -> None:
+    g = Gate(redis_server.url, "g1")
+    await g.shared.start()
+    try:
+        with pytest.raises(GateError) as info:
+            await g.shared.reserve(tenant(quota=100), 101)
+        assert info.value.reason is Reason.TENANT_QUOTA and info.value.retry_after_s is None
+        with pytest.raises(GateError) as info:
+            await g.shared.reserve(tenant(tpm=100), 101)
+        assert info.value.reason is Reason.TENANT_QUOTA
+        assert await peek.keys(f"{PREFIX}{{*") == []
+        assert await g.shared.reserve(tenant(), 10**6) is None  # no limits: nothing to share
+    finally:
+        await g.shared.stop()
+
+
+async def test_rate_buckets_are_shared_and_say_how_long_to_wait(redis_server, peek) -> None:
+    one, two = Gate(redis_server.url, "g1"), Gate(redis_server.url, "g2")
+    await one.shared.start()
+    await two.shared.start()
+    try:
+        team = tenant(rpm=3, tpm=1000)
+        for shared in (one.shared, two.shared, one.shared):
+            lease = await shared.reserve(team, 10)
+            assert lease is not None and not lease.leased  # no quota: nothing in flight to lease
+            shared.release(lease)
+        before = await dump(peek)
+        with pytest.raises(GateError) as info:
+            await two.shared.reserve(team, 10)
+        assert info.value.reason is Reason.RATE_LIMITED and "requests-per-minute" in info.value.message
+        # 3 per minute: one request comes back every 20 s, minus what refilled meanwhile.
+        assert 19.0 < info.value.retry_after_s <= 20.0
+        assert (await dump(peek))["rate"] == before["rate"]
+
+        tokens = tenant("team-b", tpm=600)
+        lease = await one.shared.reserve(tokens, 500)
+        with pytest.raises(GateError) as info:
+            await two.shared.reserve(tokens, 200)
+        assert info.value.reason is Reason.RATE_LIMITED and "tokens-per-minute" in info.value.message
+        assert 9.0 < info.value.retry_after_s <= 10.0  # 100 tokens short at 10 per second
+        # A request that used 150 of its 500 tokens gives 350 back.
+        one.shared.release(lease, refund_tokens=350)
+        await wait_until(lambda: _bucket_at_least(peek, "team-b", 449.0))
+        assert await two.shared.reserve(tokens, 200) is not None
+    finally:
+        await one.shared.stop()
+        await two.shared.stop()
+
+
+async def _bucket_at_least(peek: aioredis.Redis, name: str, tokens: float) -> bool:
+    level = await peek.hget(tenant_keys(PREFIX, name)[0], "t")
+    return level is not None and float(level) >= tokens
+
+
+async def test_scripts_run_again_after_redis_forgets_them(redis_server, peek) -> None:
+    g = Gate(redis_server.url, "g1")
+    await g.shared.start()
+    try:
+        await peek.script_flush()
+        lease = await g.shared.reserve(tenant(quota=100), 10)  # NOSCRIPT: EVAL sends the text
+        assert lease is not None and lease.charged
+        assert g.flips == [] and g.policy == []
+        g.shared.release(lease)
+        await wait_until(lambda: _held_is(peek, 0))
+    finally:
+        await g.shared.stop()
+
+
+async def test_gates_count_each_other_and_a_stopped_gate_leaves(redis_server) -> None:
+    one, two = Gate(redis_server.url, "g1"), Gate(redis_server.url, "g2")
+    await one.shared.start()
+    await two.shared.start()
+    assert await one.shared.renew()
+    assert one.shared.health.gates == 2
+    await two.shared.stop()
+    assert await one.shared.renew()
+    assert one.shared.health.gates == 1
+    await one.shared.stop()
+
+
+async def test_leases_of_a_gate_that_stops_renewing_expire_and_free_the_quota(redis_server, peek) -> None:
+    dead, alive = Gate(redis_server.url, "dead"), Gate(redis_server.url, "alive")
+    await dead.shared.start()
+    await alive.shared.start()
+    try:
+        team = tenant(quota=100)
+        await dead.shared.reserve(team, 100)
+        # The gate dies: no more renewals, no goodbye (what SIGKILL does to the process).
+        dead.shared._runner.cancel()
+        redis_now = await _redis_ms(peek)
+        expiry = max(score for _, score in await peek.zrange(tenant_keys(PREFIX, "team-a")[1], 0, -1, withscores=True))
+        assert expiry <= redis_now + 3 * 0.2 * 1000  # 3 renewal intervals at most
+        with pytest.raises(GateError):
+            await alive.shared.reserve(team, 1)
+        lease = None
+
+        async def reserved() -> bool:
+            nonlocal lease
+            try:
+                lease = await alive.shared.reserve(team, 100)
+            except GateError:
+                return False
+            return True
+
+        await wait_until(reserved, timeout_s=5.0, interval_s=0.05)
+        assert await _redis_ms(peek) >= expiry  # not a moment before its lease expired
+        assert await held(peek) == (100, 100)
+        alive.shared.release(lease)
+        await wait_until(lambda: _held_is(peek, 0))
+    finally:
+        await alive.shared.stop()
+        dead.shared._held.clear()
+        await dead.shared.stop()
+
+
+async def _redis_ms(peek: aioredis.Redis) -> float:
+    sec, usec = await peek.time()
+    return sec * 1000 + usec / 1000
+
+
+async def test_a_restarted_redis_gets_the_gates_leases_back(redis_server, peek) -> None:
+    g = Gate(redis_server.url, "g1")
+    await g.shared.start()
+    try:
+        lease = await g.shared.reserve(tenant(quota=100), 70)
+        redis_server.stop()
+        redis_server.start()  # same port, empty: no persistence
+        assert await held(peek) == (0, 0)
+        await wait_until(lambda: _held_is(peek, 70), timeout_s=5.0)  # the renewal adopts it
+        assert g.shared.adopted >= 1
+        g.shared.release(lease)
+        await wait_until(lambda: _held_is(peek, 0), timeout_s=5.0)
+    finally:
+        await g.shared.stop()
+
+
+async def test_fail_closed_refuses_while_redis_is_down_and_recovers(redis_server, peek) -> None:
+    g = Gate(redis_server.url, "g1", failure_policy="fail_closed")
+    await g.shared.start()
+    try:
+        team = tenant(quota=100)
+        redis_server.stop()
+        with pytest.raises(GateError) as info:
+            await g.shared.reserve(team, 10)  # refused connection: degrade at once
+        assert info.value.reason is Reason.SHARED_LIMIT_UNAVAILABLE and info.value.status == 429
+        assert info.value.retry_after_s == 1.0
+        assert g.shared.state == "fail_closed" and [(f.old, f.new) for f in g.flips] == [("ok", "fail_closed")]
+        with pytest.raises(GateError):
+            await g.shared.reserve(team, 10)  # degraded: Redis is not even asked
+        assert g.policy == ["fail_closed", "fail_closed"]
+        assert await g.shared.reserve(tenant("free"), 10) is None  # no limits, no Redis needed
+        redis_server.start()
+        await wait_until(lambda: g.shared.state == "ok", timeout_s=5.0)
+        assert [(f.old, f.new) for f in g.flips] == [("ok", "fail_closed"), ("fail_closed", "ok")]
+        lease = await g.shared.reserve(team, 10)
+        assert lease is not None and lease.charged
+        g.shared.release(lease)
+        await wait_until(lambda: _held_is(peek, 0))
+    finally:
+        await g.shared.stop()
+
+
+async def test_a_paused_redis_costs_admission_the_wait_bound_then_fail_open_applies(redis_server, peek) -> None:
+    g = Gate(redis_server.url, "g1", wait_ms=50.0)
+    await g.shared.start()
+    try:
+        team = tenant(rpm=1000, quota=100)
+        redis_server.pause()
+        loop = asyncio.get_running_loop()
+        leases = []
+        for _ in range(3):
+            started = loop.time()
+            lease = await asyncio.wait_for(g.shared.reserve(team, 10), timeout=5.0)
+            leases.append(lease)
+            assert lease is not None and lease.leased and not lease.charged  # the policy decided
+        assert g.shared.state == "fail_open"  # three in a row past the bound
+        assert [(f.old, f.new) for f in g.flips] == [("ok", "fail_open")]
+        started = loop.time()
+        fourth = await g.shared.reserve(team, 10)
+        assert loop.time() - started < 0.05  # degraded: not even the wait bound is spent
+        leases.append(fourth)
+        assert g.policy == ["fail_open"] * 4
+        redis_server.resume()
+        await wait_until(lambda: g.shared.state == "ok", timeout_s=5.0)
+        # The three reservations that landed late were handed back; the four fail_open
+        # leases were adopted by the renewal: Redis counts exactly what runs.
+        await wait_until(lambda: _held_is(peek, 40), timeout_s=5.0)
+        for lease in leases:
+            g.shared.release(lease)
+        await wait_until(lambda: _held_is(peek, 0), timeout_s=5.0)
+        bucket = await peek.hget(tenant_keys(PREFIX, "team-a")[0], "r")
+        assert bucket is None or float(bucket) > 999.0  # the late charges were refunded
+    finally:
+        await g.shared.stop()
+
+
+async def test_a_gate_started_while_redis_is_down_applies_its_policy_and_recovers(redis_server, peek) -> None:
+    redis_server.stop()
+    g = Gate(redis_server.url, "g1")
+    await g.shared.start()  # never raises for Redis: the gate must start anyway
+    try:
+        assert g.shared.state == "fail_open" and [(f.old, f.new) for f in g.flips] == [("ok", "fail_open")]
+        assert g.shared.divisor == 1 and not g.shared.health.ever_seen  # N unknown: this gate alone
+        lease = await g.shared.reserve(tenant(quota=100), 30)
+        assert lease is not None and not lease.charged  # decided by the policy, held for adoption
+        redis_server.start()
+        await wait_until(lambda: g.shared.state == "ok", timeout_s=5.0)
+        await wait_until(lambda: _held_is(peek, 30))  # adopted: the fleet's count is true
+        g.shared.release(lease)
+        await wait_until(lambda: _held_is(peek, 0))
+    finally:
+        await g.shared.stop()
