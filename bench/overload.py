@@ -731,6 +731,7 @@ def verdicts(agg: dict, cells: dict, objective_s: float, saturation_tok_s: float
 
 
 def main(argv: list[str] | None = None) -> int:
+    global LLAMA_ARGS, MODEL_SIZE, CTX
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--duration", type=float, default=25.0,
                     help="least arrival window per cell, s; a cell runs on until it holds "
@@ -750,11 +751,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="run the '-off' policies (levers off) at every load, not only at the highest")
     ap.add_argument("--loads", default="1,10")
     ap.add_argument("--out", default=str(HERE / "results" / "overload.json"))
+    ap.add_argument("--model-size", choices=sorted(SIZES), default=MODEL_SIZE,
+                    help=f"the tiny test model's size (default {MODEL_SIZE}; 'fast' decodes several times faster, "
+                         "so a cell of 100 interactive requests takes minutes, not a quarter of an hour)")
+    ap.add_argument("--ctx", type=int, default=CTX, help=f"llama-server's unified KV pool, tokens (default {CTX})")
     ap.add_argument("--llama-args", default="", help="extra llama-server flags for every cell, e.g. '-b 256 -ub 256' "
                     "(a smaller batch splits a long prefill across decode steps)")
     args = ap.parse_args(argv)
-    global LLAMA_ARGS
     LLAMA_ARGS = tuple(shlex.split(args.llama_args))
+    MODEL_SIZE, CTX = args.model_size, args.ctx
     policies = [p for p in args.policies.split(",") if p]
     loads = [float(x) for x in args.loads.split(",") if x]
     seeds = [int(x) for x in args.seeds.split(",") if x]
