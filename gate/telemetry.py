@@ -225,6 +225,7 @@ class _Backend:
     name: str
     url: str
     headers: dict[str, str]
+    query: str = ""  # router mode: "?model=NAME&autoload=false"
     tracker: RateTracker = field(default_factory=RateTracker)
     last: BackendTelemetry | None = None
     misses: int = 0  # consecutive failed polls
@@ -248,8 +249,10 @@ class TelemetryPoller:
     """Polls ``/slots`` and ``/metrics`` of each backend.
 
     ``backends``: ``(name, base_url, headers)`` triples (headers: e.g. the
-    backend's Authorization, or None).  ``clock``: a monotonic clock, injectable
-    for tests (``ts`` in the telemetry is from it).
+    backend's Authorization, or None), or ``(name, base_url, headers, query)``
+    where ``query`` is appended to each path (router mode: one model of a
+    llama-server router).  ``clock``: a monotonic clock, injectable for tests
+    (``ts`` in the telemetry is from it).
     """
 
     def __init__(
@@ -265,9 +268,20 @@ class TelemetryPoller:
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self._clock = clock
-        self._backends = [_Backend(name, url.rstrip("/"), dict(headers or {})) for name, url, headers in backends]
-        if len({b.name for b in self._backends}) != len(self._backends):
+        self._backends: list[_Backend] = []
+        self.set_backends(backends)
+
+    def set_backends(self, backends: Iterable[tuple[Any, ...]]) -> None:
+        """Poll these from now on; a backend polled before keeps its state (rates, backoff)."""
+        before = {(b.name, b.url, b.query): b for b in self._backends}
+        fresh = []
+        for name, url, headers, *rest in backends:
+            query = rest[0] if rest else ""
+            old = before.get((name, url.rstrip("/"), query))
+            fresh.append(old if old is not None else _Backend(name, url.rstrip("/"), dict(headers or {}), query))
+        if len({b.name for b in fresh}) != len(fresh):
             raise ValueError("backend names must be unique")
+        self._backends = fresh
 
     @property
     def latest(self) -> dict[str, BackendTelemetry]:
@@ -309,12 +323,12 @@ class TelemetryPoller:
             return None
         try:
             try:
-                resp = await self._client.get(b.url + path, headers=b.headers, timeout=self.timeout_s)
+                resp = await self._client.get(b.url + path + b.query, headers=b.headers, timeout=self.timeout_s)
             except httpx.RemoteProtocolError:
                 # llama-server (cpp-httplib) closes keep-alive connections idle for
                 # 5 s; a GET sent as it closes one dies with "Server disconnected
                 # without sending a response".  GET is idempotent: retry once.
-                resp = await self._client.get(b.url + path, headers=b.headers, timeout=self.timeout_s)
+                resp = await self._client.get(b.url + path + b.query, headers=b.headers, timeout=self.timeout_s)
         except httpx.TimeoutException as err:
             raise _Unreachable(f"{path}: timed out after {self.timeout_s:g} s") from err
         except httpx.TransportError as err:
@@ -408,7 +422,7 @@ def _keep(old: float | None, new: float | None) -> float | None:
     return old if new is None else new
 
 
-def backend_triples(items: Sequence[Any]) -> list[tuple[str, str, dict[str, str]]]:
-    """``(name, url, headers)`` for objects with ``name``, ``url`` and ``auth_headers()``
-    (gate.backends.Backend); a convenience for the service's wiring."""
-    return [(b.name, b.url, dict(b.auth_headers())) for b in items]
+def backend_triples(items: Sequence[Any]) -> list[tuple[str, str, dict[str, str], str]]:
+    """``(name, url, headers, query)`` for objects with ``name``, ``url``, ``auth_headers()``
+    and ``query`` (gate.backends.Backend); a convenience for the service's wiring."""
+    return [(b.name, b.url, dict(b.auth_headers()), getattr(b, "query", "")) for b in items]

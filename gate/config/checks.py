@@ -114,6 +114,18 @@ def _check_url(c: _Check, key: str, url: str) -> None:
         raise bad("the port must be a number from 1 to 65535")
 
 
+def _check_model_list(c: _Check, key: str, names: tuple[str, ...], known: tuple[str, ...], what: str) -> None:
+    """Each of `names` is one of `known` (configured model names), listed once."""
+    seen: set[str] = set()
+    for j, name in enumerate(names):
+        if name not in known:
+            listed = ", ".join(known) if known else "none is configured"
+            raise c.fail(f"{key}[{j}]", f"must be {what} ({listed}), got {_show(name)}{_suggest(name, known)}")
+        if name in seen:
+            raise c.fail(f"{key}[{j}]", f"{_show(name)} is listed twice")
+        seen.add(name)
+
+
 def validate_config(config: Config, source: str = "<config>") -> None:
     """Check every value and cross-field rule of ``config``; raise ConfigError on the first."""
     s = source
@@ -199,6 +211,8 @@ def validate_config(config: Config, source: str = "<config>") -> None:
             )
         c.pos_int("max_prefill_tokens", be.max_prefill_tokens)
         _check_env_name(c, "api_key_env", be.api_key_env)
+        _check_model_list(c, "pin", be.pin, be.models, "this backend's models")
+        c.check("cold_start_s", be.cold_start_s, lambda v: v >= 0, "zero or more seconds")
 
     # [classes.NAME]
     if not config.classes:
@@ -232,6 +246,7 @@ def validate_config(config: Config, source: str = "<config>") -> None:
                 f"must be at most max_tokens_cap ({cl.max_tokens_cap}), "
                 f"got {cl.default_max_tokens}",
             )
+        _check_model_list(c, "fallback", cl.fallback, tuple(model_owner), "a model of [[backends]] models")
     reserved = [(cl.name, cl.reserved_tokens) for cl in config.classes if cl.reserved_tokens]
     total_reserved = sum(n for _, n in reserved)
     if total_reserved > b.min_tokens:
@@ -328,3 +343,4 @@ def validate_config(config: Config, source: str = "<config>") -> None:
         c.pos_int("max_tokens_in_flight", t.max_tokens_in_flight)
         c.pos_int("requests_per_minute", t.requests_per_minute)
         c.pos_int("tokens_per_minute", t.tokens_per_minute)
+        _check_model_list(c, "fallback", t.fallback, tuple(model_owner), "a model of [[backends]] models")

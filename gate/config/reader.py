@@ -245,6 +245,8 @@ def _backend(source: str, i: int, data: dict[str, Any]) -> BackendConfig:
         token_budget=r.opt_int("token_budget"),
         max_prefill_tokens=r.opt_int("max_prefill_tokens"),
         api_key_env=r.opt_str("api_key_env"),
+        pin=r.str_tuple("pin"),
+        cold_start_s=r.opt_float("cold_start_s"),
     )
 
 
@@ -285,6 +287,7 @@ def _class(source: str, name: str, data: Any) -> ClassConfig:
         queue_timeout_s=r.get_float("queue_timeout_s", 30.0),
         default_max_tokens=r.get_int("default_max_tokens", 512),
         max_tokens_cap=r.get_int("max_tokens_cap", 4096),
+        fallback=r.str_tuple("fallback"),
     )
 
 
@@ -302,6 +305,7 @@ def _tenant(source: str, i: int, data: dict[str, Any]) -> TenantConfig:
         max_tokens_in_flight=r.opt_int("max_tokens_in_flight"),
         requests_per_minute=r.opt_int("requests_per_minute"),
         tokens_per_minute=r.opt_int("tokens_per_minute"),
+        fallback=r.str_tuple("fallback"),
     )
 
 

@@ -94,6 +94,11 @@ class BackendConfig:
     token_budget: int | None = None
     max_prefill_tokens: int | None = None
     api_key_env: str | None = None
+    #: router mode (llama-server --models-dir/--models-preset): models the gate keeps loaded
+    pin: tuple[str, ...] = ()
+    #: router mode: what a cold start costs, in seconds; a model idle for less is not evicted.
+    #: None = each model's measured load time
+    cold_start_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +131,8 @@ class ClassConfig:
     queue_timeout_s: float = 30.0
     default_max_tokens: int = 512
     max_tokens_cap: int = 4096
+    #: models to try, in order, when the requested one is saturated, loading or refuses
+    fallback: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +152,8 @@ class TenantConfig:
     max_tokens_in_flight: int | None = None
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
+    #: replaces its class's fallback list when not empty
+    fallback: tuple[str, ...] = ()
 
 
 DEFAULT_CLASSES: tuple[ClassConfig, ...] = (
