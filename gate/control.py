@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gate.backends import controller_settings
-from gate.commands import ActionResult, Command, CommandError, Drain, Freeze, Pause, Retune, describe, ssh_origin
+from gate.commands import ActionResult, Command, CommandError, Drain, Freeze, ModelAction, Pause, Retune, describe, ssh_origin
 from gate.config import ClassConfig, Config, ConfigError, validate_config
 from gate.records import AuditRecord, AuditSource
 
@@ -80,7 +80,36 @@ class Control:
             return [self.freeze(command.frozen, operator=operator, note=command.note, source=source)]
         if isinstance(command, Retune):
             return self.retune(command, operator=operator, source=source)
+        if isinstance(command, ModelAction):
+            return [self.model(command, operator=operator, source=source)]
         raise CommandError(f"unknown command {command!r}")
+
+    # ---- router mode: models ---------------------------------------------------------
+
+    def model(self, command: ModelAction, *, operator: Operator, source: AuditSource = "console") -> ActionResult:
+        """Load, unload, pin or unpin a model of a llama-server in router mode (gate/router_mode.py)."""
+        unit = self.gate.backends.route(command.model) if command.model else None
+        if unit is None or unit.fleet is None or unit.model != command.model:
+            models = [m for f in self.gate.backends.fleets for m in f.units]
+            known = ", ".join(models) if models else "none (no llama-server in router mode)"
+            raise CommandError(f"{command.model!r} is not a router-mode model; models: {known}")
+        fleet, model = unit.fleet, unit.model
+        old: Any = fleet.info[model].status
+        new: Any = None
+        note = command.note
+        try:
+            if command.action == "load":
+                what = fleet.operator_load(model)
+                new, note = "loading", f"{what}; {note}" if note else what
+            elif command.action == "unload":
+                fleet.operator_unload(model)
+                new = "unloaded"
+            else:
+                old = fleet.set_pin(model, command.action == "pin")
+                new = command.action == "pin"
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        return self._audit(operator, source, f"model_{command.action}", f"model:{unit.name}", old, new, note)
 
     # ---- budget and controller ---------------------------------------------
 

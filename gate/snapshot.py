@@ -79,6 +79,30 @@ class BackendView:
 
 
 @dataclass(frozen=True, slots=True)
+class ModelView:
+    """One model of a llama-server in router mode (its capacity unit is `unit` in `backends`)."""
+
+    backend: str  # the router backend's name
+    name: str
+    unit: str  # "backend/model": its BackendView and telemetry name
+    status: str  # unknown | unloaded | loading | loaded | sleeping | evicting | failed | missing
+    detail: str
+    pinned: bool
+    slots_busy: int  # requests in flight (one slot each)
+    slots_total: int | None  # while loaded
+    slot_context: int | None
+    in_flight: int  # tokens
+    queued: int
+    last_load_s: float | None
+    loads: int
+    evictions: int
+    failures: int
+    idle_s: float | None  # None while requests are in flight
+    models_max: int  # the router's --models-max (0: no limit)
+    requests_deferred: int | None = None  # llama-server's own queue for this model: must stay 0
+
+
+@dataclass(frozen=True, slots=True)
 class ClassView:
     name: str
     priority: int
@@ -151,6 +175,7 @@ class GateSnapshot:
     decisions_seq: int = 0  # decisions finished since the gate started: ask for those after it next time
     requests_in_flight: int = 0  # holding a reservation or waiting in a queue
     drain_grace_s: float = 0.0  # how long a stop lets in-flight requests finish
+    models: tuple[ModelView, ...] = ()  # router mode only: every configured model
 
     @property
     def budget(self) -> int | None:

@@ -1,0 +1,587 @@
+"""Router mode: a llama-server router's configured models as capacity units (the async shell).
+
+llama-server started with ``--models-dir DIR`` or ``--models-preset FILE`` and no ``-m`` is one
+HTTP server in front of several models, each loaded on demand into its own child process
+(``GET /models`` lists each with ``status.value`` unloaded | loading | loaded | sleeping, a
+failed one with ``failed`` and ``exit_code``). Left alone it loads a model when a request
+names it, evicts its own least recently used idle model when ``--models-max`` are running, and
+holds the request (and every one after it) in a hidden queue until the load is done.
+
+Here each configured model is a unit with its own admission core, budget, class queues and
+telemetry, built from ``/props?model=NAME`` once the model is loaded. While a model is not
+loaded its unit holds no slots: requests wait in the gate's own queues (bounded, with their
+deadlines) and the gate asks for the load itself, evicting the model gate/model_plan.py
+picks. Every request, count and poll the gate sends names its model with ``autoload=false``,
+so llama-server never loads or queues anything behind the gate's back.
+
+Facts this relies on (llama.cpp b1-0c1e570, measured with the tests' 90 MB model, -c 2048 -np 2):
+a load takes ~0.4 s from ``POST /models/load`` to ``loaded``; ``POST /models/unload`` answers
+at once and the model reads ``unloaded`` ~0.1 s later; a killed child reads ``unloaded`` with
+``failed: true, exit_code: 1``; ``POST /models/load`` beyond ``--models-max`` while every
+loaded model is busy answers 500 "model limit reached".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import logging
+import math
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from gate.admission import Capacity, Refuse, clamp_retry
+from gate.errors import GateError
+from gate.gatekeeper import Gatekeeper
+from gate.model_plan import ModelState, Plan, plan
+from gate.reasons import Reason
+from gate.snapshot import ModelView
+
+if TYPE_CHECKING:
+    from gate.backends import Backend, BackendPool
+
+log = logging.getLogger("tokengate.models")
+
+#: a model's context before its first load (unknown): nothing is refused as too long yet
+PROVISIONAL_TOKENS = 1 << 30
+DEFAULT_LOAD_GUESS_S = 10.0  # Retry-After before any load was measured
+FAST_POLL_S = 0.05  # GET /models while a load or an eviction is under way
+EVICT_TIMEOUT_S = 60.0
+FAIL_BACKOFF_S = 5.0  # a failed model is tried again after 5 s, 10 s, 20 s ... up to 300 s
+FAIL_BACKOFF_MAX_S = 300.0
+CALL_TIMEOUT_S = 10.0
+
+EventHook = Callable[[str, str, "str | None", "str | None", str], None]
+
+
+@dataclass(slots=True)
+class ModelInfo:
+    """What the gate knows of one model beyond its admission core."""
+
+    status: str = "unknown"  # a model_plan.Status, or "unknown" before the first GET /models
+    exit_code: int = 0
+    capacity: Capacity | None = None  # from its /props, kept while it is not loaded
+    load_started: float | None = None
+    load_cause: str = ""
+    last_load_s: float | None = None
+    loads: int = 0
+    failures: int = 0  # in a row
+    failures_total: int = 0
+    evictions: int = 0
+    retry_at: float = 0.0  # failed: when the gate may load it again
+    hold_off_until: float = 0.0  # a load call that did not go through: not again before this
+    idle_since: float = 0.0
+    asked: bool = False  # an operator asked to load it
+    demanded: bool = False  # a request went to a fallback while it was not loaded: load it anyway
+    since: float = 0.0  # when the current status began (gate clock)
+    note: str = ""  # why it is evicting / what its last call answered
+    waking: bool = False
+
+
+class _ModelGatekeeper(Gatekeeper):
+    """A unit's gatekeeper: every release stamps its model's last use and wakes the fleet."""
+
+    def __init__(self, admission: Any, *, clock: Callable[[], float], fleet: ModelFleet, model: str) -> None:
+        super().__init__(admission, clock=clock, on_change=fleet.wake)
+        self._fleet, self._model = fleet, model
+
+    def release(self, ticket: Any) -> bool:
+        done = super().release(ticket)
+        if done:
+            self._fleet.used(self._model)
+        return done
+
+
+#: a unit's backend state (header, /health) by model status: loaded is "ready"
+_UNIT_STATE = {"unloaded": "unloaded", "sleeping": "sleeping", "failed": "down", "missing": "down"}
+
+
+def _held(cap: Capacity) -> Capacity:
+    """A model that is not loaded has no slots: its requests queue, none is dispatched."""
+    return dataclasses.replace(cap, slots=0)
+
+
+class ModelFleet:
+    """One router backend: its units, their states from GET /models, loads and evictions."""
+
+    def __init__(
+        self, parent: Backend, pool: BackendPool, client: httpx.AsyncClient, *,
+        clock: Callable[[], float], on_event: EventHook | None = None,
+    ) -> None:
+        from gate.backends import Backend
+
+        self.parent, self.pool, self.client, self.clock = parent, pool, client, clock
+        self.on_event = on_event
+        self.max_loaded = 0
+        self.autoload = True
+        self.router_up = True
+        self.pins: set[str] = set(parent.config.pin)
+        self.blocked = ""  # why a wanted model waits for a place (the last plan's word)
+        self.task: asyncio.Task | None = None
+        self.interval_s = 1.0
+        self._wake = asyncio.Event()
+        self._next_refresh = -math.inf
+        self.refreshed = False  # GET /models answered at least once
+        self._calls: set[asyncio.Task] = set()
+        now = clock()
+        self.info: dict[str, ModelInfo] = {m: ModelInfo(idle_since=now, since=now) for m in parent.config.models}
+        self.units: dict[str, Backend] = {}
+        for model in parent.config.models:
+            cfg = dataclasses.replace(parent.config, name=f"{parent.name}/{model}", models=(model,))
+            unit = Backend(
+                cfg, parent.upstream, parent.auth_token, model=model, fleet=self,
+                query=f"?model={urllib.parse.quote(model, safe='')}&autoload=false",
+            )
+            ceiling = parent.config.token_budget or PROVISIONAL_TOKENS
+            provisional = Capacity(0, PROVISIONAL_TOKENS, ceiling, parent.config.max_prefill_tokens)
+            pool._apply_capacity(unit, provisional, gatekeeper_factory=functools.partial(_ModelGatekeeper, fleet=self, model=model))
+            unit.capacity = None  # unknown until the model reports it
+            unit.state, unit.detail = "loading", "not seen yet"
+            self.units[model] = unit
+
+    # ---- what the request path asks ---------------------------------------------------
+
+    def accepts(self, unit: Backend) -> bool:
+        """May a request for this unit queue (or run) now?"""
+        try:
+            self.check(unit)
+        except GateError:
+            return False
+        return True
+
+    def check(self, unit: Backend) -> None:
+        """Raise the GateError a request for `unit` gets at once (failed, missing, not loadable)."""
+        model = unit.model
+        assert model is not None
+        info, now = self.info[model], self.clock()
+        if not self.router_up:
+            raise GateError(Reason.NO_BACKEND, f"backend {self.parent.name!r} is {self.parent.state}", retry_after_s=5.0)
+        if info.status == "missing":
+            raise GateError(Reason.MODEL_UNAVAILABLE, f"llama-server lists no model {model!r}", "model")
+        if info.status == "failed" and now < info.retry_at:
+            raise GateError(
+                Reason.MODEL_UNAVAILABLE,
+                f"model {model!r} failed: its llama-server process exited with code {info.exit_code}; "
+                f"the gate loads it again on demand in {math.ceil(info.retry_at - now)} s",
+                retry_after_s=info.retry_at - now,
+            )
+        if info.status in ("unloaded", "failed") and not (self.autoload or model in self.pins or info.asked):
+            raise GateError(
+                Reason.MODEL_UNAVAILABLE,
+                f"model {model!r} is not loaded and llama-server runs with --no-models-autoload; "
+                "an operator can load it (console: m)",
+            )
+
+    def loaded(self, unit: Backend) -> bool:
+        return unit.model is not None and self.info[unit.model].status == "loaded"
+
+    def ready_in(self, model: str) -> float:
+        """Seconds until `model` is expected to take requests (0 when loaded)."""
+        info = self.info[model]
+        if info.status == "loaded":
+            return 0.0
+        guess = self.cold_start(model) or DEFAULT_LOAD_GUESS_S
+        if info.status == "loading" and info.load_started is not None:
+            return max(0.0, guess - (self.clock() - info.load_started))
+        return guess
+
+    def refused(self, unit: Backend, err: GateError) -> None:
+        """A refusal while the model is not loaded: Retry-After is at least the time until it
+        should be (its measured load time, less what has passed), never less than the queue says."""
+        if err.reason in (Reason.QUEUE_FULL, Reason.QUEUE_TIMEOUT) and unit.model is not None and not self.loaded(unit):
+            err.retry_after_s = clamp_retry(max(err.retry_after_s or 0.0, self.ready_in(unit.model)))
+
+    def cold_start(self, model: str) -> float:
+        configured = self.parent.config.cold_start_s
+        return configured if configured is not None else (self.info[model].last_load_s or 0.0)
+
+    def used(self, model: str) -> None:
+        self.info[model].idle_since = self.clock()
+        self._wake.set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def demand(self, model: str) -> None:
+        """A request for `model` was answered by a fallback while it was not loaded: load it
+        as if that request waited, so that the next ones find it."""
+        self.info[model].demanded = True
+        self._wake.set()
+
+    # ---- what the probe tells --------------------------------------------------------
+
+    def router_props(self, props: dict[str, Any]) -> None:
+        max_instances = props.get("max_instances")
+        self.max_loaded = max_instances if isinstance(max_instances, int) and max_instances > 0 else 0
+        self.autoload = props.get("models_autoload") is not False
+
+    def router_state(self, state: str, detail: str) -> None:
+        up = state == "ready"
+        if up == self.router_up:
+            return
+        self.router_up = up
+        if not up:
+            for model, unit in self.units.items():
+                self._hold(unit)
+                unit.state, unit.detail = "down", f"router {state}: {detail}"
+        else:
+            self._next_refresh = -math.inf
+            self._wake.set()
+
+    # ---- the loop ------------------------------------------------------------------
+
+    async def run(self, interval_s: float = 1.0) -> None:
+        """Refresh model states, then act on the plan; fast while a change is under way."""
+        self.interval_s = interval_s
+        while True:
+            self._wake.clear()
+            try:
+                if self.router_up and (self.clock() >= self._next_refresh or self.changing):
+                    self._next_refresh = self.clock() + interval_s
+                    await self.refresh()
+                if self.router_up:
+                    await self.step()
+            except Exception:  # noqa: BLE001 - the loop must outlive one bad answer
+                log.exception("router %s: model loop failed once", self.parent.name)
+            timeout = FAST_POLL_S if self.changing else max(0.0, self._next_refresh - self.clock())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+
+    @property
+    def changing(self) -> bool:
+        return any(i.status in ("loading", "evicting") or i.waking for i in self.info.values())
+
+    async def refresh(self) -> None:
+        """GET /models and apply each configured model's status."""
+        try:
+            response = await self.client.get(self.parent.url + "/models", headers=self.parent.auth_headers(), timeout=CALL_TIMEOUT_S)
+            response.raise_for_status()
+            listed = {e["id"]: e for e in response.json()["data"] if isinstance(e, dict) and "id" in e}
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            log.warning("router %s: GET /models failed: %s: %s", self.parent.name, type(exc).__name__, exc)
+            return
+        self.refreshed = True
+        for entry in list(listed.values()):
+            for alias in entry.get("aliases") or ():
+                listed.setdefault(alias, entry)
+        for model in self.info:
+            entry = listed.get(model)
+            status = entry.get("status") if entry is not None else None
+            if not isinstance(status, dict):
+                await self._apply(model, "missing", 0)
+                continue
+            code = status.get("exit_code") if status.get("failed") else 0
+            await self._apply(model, str(status.get("value")), code if isinstance(code, int) else 1)
+
+    async def step(self) -> None:
+        """Plan with the states as they are now, and start what the plan says."""
+        p = plan(self.states(), self.max_loaded)
+        self.blocked = p.blocked
+        if p.load is None:
+            return
+        if p.evict is not None:
+            self._evict(p.evict, f"for {p.load} ({p.why}): idle {self._idle(p.evict):.1f} s, least recently used")
+        elif p.wake:
+            self._start_wake(p.load, p.why)
+        else:
+            await self._load(p.load, p.why)
+
+    def states(self) -> list[ModelState]:
+        now = self.clock()
+        out = []
+        for model, info in self.info.items():
+            adm = self.units[model].admission
+            assert adm is not None
+            oldest = [now - t for c in adm.class_names if (t := adm.queue(c).oldest_enqueued_at()) is not None]
+            may = (
+                self.router_up and info.status not in ("missing", "unknown") and now >= info.hold_off_until
+                and (info.status != "failed" or now >= info.retry_at)
+                and (self.autoload or model in self.pins or info.asked)
+            )
+            out.append(ModelState(
+                model, "missing" if info.status == "unknown" else info.status,  # type: ignore[arg-type]
+                in_flight=len(adm.ledger), waiting=adm.waiting() + (info.demanded and info.status != "loaded"),
+                oldest_wait_s=max(oldest, default=0.0),
+                pinned=model in self.pins, asked=info.asked, may_load=may, idle_s=self._idle(model),
+                cold_start_s=self.cold_start(model),
+            ))
+        return out
+
+    def _idle(self, model: str) -> float:
+        adm = self.units[model].admission
+        return 0.0 if adm is not None and len(adm.ledger) else self.clock() - self.info[model].idle_since
+
+    # ---- transitions -----------------------------------------------------------------
+
+    async def _apply(self, model: str, reported: str, exit_code: int) -> None:
+        info, unit, now = self.info[model], self.units[model], self.clock()
+        if reported in ("downloading", "downloaded"):
+            reported = "loading"
+        if reported == "unloaded" and exit_code:
+            reported = "failed"
+        if reported not in ("unloaded", "loading", "loaded", "sleeping", "failed", "missing"):
+            log.warning("router %s: model %s reports status %r; treated as unloaded", self.parent.name, model, reported)
+            reported = "unloaded"
+        if info.status == "evicting" and reported not in ("unloaded", "failed") and now - info.since < EVICT_TIMEOUT_S:
+            return  # llama-server says "loaded" until the child has exited
+        if info.waking and reported == "sleeping":
+            return
+        first = info.status == "unknown"
+        if reported == info.status:
+            if reported == "loaded" and unit.capacity is None:
+                await self._loaded(model)
+            return
+        if reported == "loaded":
+            await self._loaded(model)
+            return
+        if reported == "failed":
+            if first:  # failed before the gate started: loadable on demand at once
+                self._set(model, "failed", f"failed earlier (exit code {exit_code})")
+                info.exit_code, info.retry_at = exit_code, now
+            else:
+                self._failed(model, exit_code)
+            return
+        if reported == "loading" and info.load_started is None:
+            info.load_started, info.load_cause = now, "started by llama-server"
+        if reported == "missing":
+            self._refuse_waiting(unit, Reason.MODEL_UNAVAILABLE, f"llama-server lists no model {model!r}", None)
+        self._set(model, reported, reported)
+
+    def _set(self, model: str, status: str, detail: str) -> None:
+        info, unit = self.info[model], self.units[model]
+        info.status, info.since = status, self.clock()
+        self._hold(unit)
+        unit.state = _UNIT_STATE.get(status, "loading")
+        unit.detail = detail
+        self._wake.set()
+
+    async def _loaded(self, model: str) -> None:
+        """The model is up: its capacity from its own /props, then its queue moves."""
+        info, unit, now = self.info[model], self.units[model], self.clock()
+        try:
+            response = await self.client.get(
+                self.parent.url + "/props" + unit.query, headers=self.parent.auth_headers(), timeout=CALL_TIMEOUT_S
+            )
+            response.raise_for_status()
+            props = response.json()
+            from gate.backends import capacity_from_props
+
+            cap = capacity_from_props(props, self.parent.config)
+        except (httpx.HTTPError, ValueError) as exc:
+            log.warning("router %s: model %s is loaded but /props failed: %s", self.parent.name, model, exc)
+            return  # the next refresh tries again
+        unit.props = props
+        first = info.capacity is None
+        info.capacity = unit.capacity = cap
+        self._set_capacity(unit, cap)
+        if first:
+            self._refuse_unfit(unit, cap)
+        info.status, info.since, info.waking, info.asked, info.demanded = "loaded", now, False, False, False
+        info.idle_since = now
+        unit.state, unit.detail = "ready", "loaded"
+        if info.load_started is not None:
+            took = now - info.load_started
+            info.last_load_s, info.loads, info.failures = took, info.loads + 1, 0
+            self._event("model_loaded", model, "unloaded", "loaded", f"in {took:.2f} s ({info.load_cause})")
+            info.load_started = None
+        assert unit.gatekeeper is not None
+        unit.gatekeeper.advance()
+
+    def _failed(self, model: str, exit_code: int) -> None:
+        info, unit, now = self.info[model], self.units[model], self.clock()
+        info.exit_code, info.failures, info.failures_total = exit_code, info.failures + 1, info.failures_total + 1
+        backoff = min(FAIL_BACKOFF_S * 2 ** (info.failures - 1), FAIL_BACKOFF_MAX_S)
+        info.retry_at, info.load_started, info.waking, info.demanded = now + backoff, None, False, False
+        self._set(model, "failed", f"failed: exit code {exit_code}")
+        message = (
+            f"model {model!r} failed: its llama-server process exited with code {exit_code}; "
+            f"the gate loads it again on demand in {math.ceil(backoff)} s"
+        )
+        self._refuse_waiting(unit, Reason.MODEL_UNAVAILABLE, message, backoff)
+        self._event("model_failed", model, None, "failed", f"exit code {exit_code}; next try in {backoff:g} s")
+
+    # ---- calls to llama-server ---------------------------------------------------------
+
+    async def _load(self, model: str, why: str) -> None:
+        info = self.info[model]
+        before = info.status
+        info.load_started, info.load_cause, info.asked = self.clock(), why, False
+        self._set(model, "loading", f"loading ({why})")
+        error = await self._post("/models/load", model)
+        if error is not None and "already running" not in error:
+            info.load_started, info.hold_off_until = None, self.clock() + 1.0
+            self._set(model, before, f"load refused: {error}")
+            log.warning("router %s: loading %s refused: %s", self.parent.name, model, error)
+
+    def _start_wake(self, model: str, why: str) -> None:
+        info = self.info[model]
+        info.load_started, info.load_cause, info.waking = self.clock(), f"wake, {why}", True
+        self._set(model, "loading", f"waking ({why})")
+
+        async def wake() -> None:
+            # Any task wakes a sleeping child; /tokenize blocks until it is awake.
+            error = await self._post("/tokenize", model, {"content": ""}, timeout=None)
+            if error is not None:
+                log.warning("router %s: waking %s failed: %s", self.parent.name, model, error)
+            info.waking = False
+            self._wake.set()
+
+        self._spawn(wake())
+
+    def _evict(self, model: str, note: str, *, chosen: bool = True) -> None:
+        """Unload `model` (no request in flight or waiting: the caller checked); `chosen`: the
+        gate's own choice (counted and audited here; an operator's unload is audited by control)."""
+        info = self.info[model]
+        old, info.note = info.status, note
+        self._set(model, "evicting", f"evicting {note}")
+        if chosen:
+            info.evictions += 1
+            self._event("model_evict", model, old, "unloaded", note)
+
+        async def unload() -> None:
+            error = await self._post("/models/unload", model)
+            if error is not None and "not running" not in error:
+                log.warning("router %s: unloading %s refused: %s", self.parent.name, model, error)
+                info.since = -math.inf  # the next refresh takes llama-server's word for it
+            self._wake.set()
+
+        self._spawn(unload())
+
+    async def _post(self, path: str, model: str, extra: dict[str, Any] | None = None, timeout: float | None = CALL_TIMEOUT_S) -> str | None:
+        """POST {"model": model, ...}; None when it went through, else llama-server's message."""
+        query = "?autoload=false" if path == "/tokenize" else ""
+        try:
+            response = await self.client.post(
+                self.parent.url + path + query, json={"model": model, **(extra or {})},
+                headers=self.parent.auth_headers(), timeout=timeout,
+            )
+        except httpx.HTTPError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        if response.status_code == 200:
+            return None
+        try:
+            return str(response.json()["error"]["message"])
+        except (ValueError, KeyError, TypeError):
+            return f"HTTP {response.status_code}"
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
+
+    # ---- capacity and waiters ------------------------------------------------------
+
+    def _hold(self, unit: Backend) -> None:
+        adm = unit.admission
+        if adm is not None and adm.capacity.slots:
+            adm.set_capacity(_held(adm.capacity))
+
+    def _set_capacity(self, unit: Backend, cap: Capacity) -> None:
+        assert unit.admission is not None
+        ceiling_changed = unit.admission.capacity.ceiling != cap.ceiling
+        unit.admission.set_capacity(cap)
+        if ceiling_changed and unit.controller is not None:
+            unit.controller.set_ceiling(self.clock(), cap.ceiling)  # pushes a clamped budget
+
+    def _refuse_waiting(self, unit: Backend, reason: Reason, message: str, retry_after_s: float | None) -> None:
+        adm, keeper = unit.admission, unit.gatekeeper
+        assert adm is not None and keeper is not None
+        refusals = []
+        for cls in adm.class_names:
+            for waiting in list(adm.queue(cls)):
+                adm.cancel(waiting.request.id)
+                refusals.append(Refuse(waiting.request, reason, message, retry_after_s))
+        if refusals:
+            keeper.refuse_waiting(refusals)
+
+    def _refuse_unfit(self, unit: Backend, cap: Capacity) -> None:
+        """Requests queued before the model's first load that its context can never hold: 400."""
+        adm, keeper = unit.admission, unit.gatekeeper
+        assert adm is not None and keeper is not None
+        refusals = []
+        for cls in adm.class_names:
+            reach = adm.class_reach(cls, cap.ceiling)
+            for waiting in list(adm.queue(cls)):
+                cost = waiting.request.cost
+                if cost > cap.slot_context or cost > reach:
+                    adm.cancel(waiting.request.id)
+                    refusals.append(Refuse(
+                        waiting.request, Reason.CONTEXT_LENGTH_EXCEEDED,
+                        f"request needs {cost} tokens; model {unit.model!r} holds at most "
+                        f"{min(cap.slot_context, reach)} per request",
+                    ))
+        if refusals:
+            keeper.refuse_waiting(refusals)
+
+    # ---- operator actions (validated here, audited by gate.control) -----------------------
+
+    def operator_load(self, model: str) -> str:
+        """Ask for `model` to be loaded; returns what that will do. ValueError when it cannot."""
+        info = self.info[model]
+        if info.status in ("loaded", "loading"):
+            raise ValueError(f"model {model!r} is already {info.status}")
+        if not self.router_up or info.status in ("missing", "unknown"):
+            raise ValueError(f"model {model!r} cannot be loaded: {self.units[model].detail}")
+        states = [dataclasses.replace(s, asked=s.name == model, may_load=True if s.name == model else s.may_load) for s in self.states()]
+        p: Plan = plan(states, self.max_loaded)
+        if p.load is None and p.blocked:
+            raise ValueError(f"cannot load {model!r} now: {p.blocked}")
+        info.asked, info.retry_at, info.hold_off_until = True, 0.0, 0.0
+        self._wake.set()
+        return f"evicts {p.evict}" if p.evict and p.load == model else "loads it"
+
+    def operator_unload(self, model: str) -> None:
+        info = self.info[model]
+        adm = self.units[model].admission
+        assert adm is not None
+        if info.status not in ("loaded", "sleeping"):
+            raise ValueError(f"model {model!r} is {info.status}, not loaded")
+        if model in self.pins:
+            raise ValueError(f"model {model!r} is pinned: unpin it first")
+        if len(adm.ledger) or adm.waiting():
+            raise ValueError(f"model {model!r} has {len(adm.ledger)} requests in flight and {adm.waiting()} waiting")
+        self._evict(model, "by the operator", chosen=False)
+
+    def set_pin(self, model: str, pinned: bool) -> bool:
+        """Pin (keep loaded, never evict) or unpin; returns the old value."""
+        old = model in self.pins
+        (self.pins.add if pinned else self.pins.discard)(model)
+        self._wake.set()
+        return old
+
+    # ---- views -------------------------------------------------------------------------
+
+    def views(self, telemetry: dict[str, Any]) -> list[ModelView]:
+        out = []
+        now = self.clock()
+        for model, info in self.info.items():
+            unit = self.units[model]
+            adm, cap, tel = unit.admission, unit.capacity, telemetry.get(unit.name)
+            assert adm is not None
+            detail = unit.detail
+            if info.status == "failed" and now < info.retry_at:
+                detail = f"exit code {info.exit_code}; retry in {math.ceil(info.retry_at - now)} s"
+            elif self.blocked and adm.waiting() and info.status in ("unloaded", "failed"):
+                detail = f"waits: {self.blocked}"
+            out.append(ModelView(
+                backend=self.parent.name, name=model, unit=unit.name, status=info.status, detail=detail,
+                pinned=model in self.pins, slots_busy=len(adm.ledger),
+                slots_total=cap.slots if cap is not None and info.status == "loaded" else None,
+                slot_context=cap.slot_context if cap is not None else None,
+                in_flight=adm.ledger.in_flight, queued=adm.waiting(), last_load_s=info.last_load_s,
+                loads=info.loads, evictions=info.evictions, failures=info.failures_total,
+                idle_s=None if len(adm.ledger) else now - info.idle_since, models_max=self.max_loaded,
+                requests_deferred=None if tel is None or tel.stale else tel.requests_deferred,
+            ))
+        return out
+
+    def _event(self, action: str, model: str, old: str | None, new: str | None, note: str) -> None:
+        log.info("router %s: %s %s (%s)", self.parent.name, action, model, note)
+        if self.on_event is not None:
+            self.on_event(action, f"model:{self.parent.name}/{model}", old, new, note)
