@@ -120,7 +120,7 @@ def describe(action: str, target: str, old: str | None, new: str | None, note: s
     if action == "set_class":
         return f"Class {name}: {old} -> {new}"
     if action == "model_load":
-        return f"Loading {name} ({note or 'on request'}): its requests queue in the gate until it is loaded"
+        return f"Loading {name}: its requests queue in the gate until it is loaded"
     if action == "model_unload":
         return f"Unloaded {name}: its next request loads it again"
     if action == "model_pin":
@@ -128,11 +128,11 @@ def describe(action: str, target: str, old: str | None, new: str | None, note: s
     if action == "model_unpin":
         return f"Unpinned {name}: it may be evicted once idle"
     if action == "model_loaded":
-        return f"{name} loaded {note}".rstrip()
+        return f"{name} loaded"
     if action == "model_evict":
-        return f"Evicted {name} {note}".rstrip()
+        return f"Evicted {name} to load another model"
     if action == "model_failed":
-        return f"{name} failed: {note}; its requests get 503 model_unavailable"
+        return f"{name} failed: its requests get 503 model_unavailable until it is loaded again"
     what = f"{action} {target}"
     if old is not None or new is not None:
         what += f": {old} -> {new}"

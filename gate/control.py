@@ -265,7 +265,9 @@ class Control:
         self.gate.backends.set_budget_config(config.budget)
         now = self.gate.clock()
         for b in self._ready_admissions():
-            settings = controller_settings(config.budget, b.capacity.ceiling)
+            # A router's model before its first load has no capacity yet: its core's stands in.
+            ceiling = b.capacity.ceiling if b.capacity is not None else b.admission.capacity.ceiling
+            settings = controller_settings(config.budget, ceiling)
             b.controller.set_slos(settings.slo_ttft_p95_s, settings.slo_tpot_p95_s)
             b.controller.set_bounds(now, settings.min_tokens)  # a clamped budget is pushed to admission
 
@@ -301,6 +303,8 @@ class Control:
         )
         self.gate.audit(record)
         message = describe(action, target, record.old_value, record.new_value)
+        if note and action.startswith("model_"):
+            message += f" ({note})"  # what a model action does: "evicts tiny"
         return ActionResult(action, target, record.old_value, record.new_value, message)
 
 

@@ -28,13 +28,15 @@ Rules:
   R3. A sleeping model with waiters is woken in place (it already holds its place).
   R4. With a free place (``max_loaded`` 0, or fewer running), the first wanted model loads.
   R5. Otherwise the least recently used evictable model (largest idle_s; ties by name)
-      is evicted for it. With none evictable nothing happens and ``blocked`` says why,
-      naming each loaded model's reason.
+      is evicted for it (with more running than the limit, only evicted: room first).
+      With none evictable nothing happens and ``blocked`` says why, naming each loaded
+      model's reason.
 
 Invariants (``check_plan``):
-  I1. ``evict`` holds no request in flight, has none waiting and is not pinned.
-  I2. ``load`` is wanted; ``evict`` is set only when every place is taken.
-  I3. After the plan, running models <= ``max_loaded`` (when it is not 0).
+  I1. ``evict`` is loaded or sleeping, holds no request in flight, has none waiting and is
+      not pinned.
+  I2. ``load`` is wanted; ``evict`` is set only when every place is taken and a model is wanted.
+  I3. A load never takes running models above ``max_loaded`` (when it is not 0).
   I4. Nothing is planned while a change is under way.
 """
 
@@ -134,7 +136,10 @@ def plan(models: Sequence[ModelState], max_loaded: int) -> Plan:
     candidates = [m for m in models if why_not_evictable(m, operator=first.asked) is None]
     if candidates:
         victim = min(candidates, key=lambda m: (-m.idle_s, m.name))  # R5
-        return Plan(load=first.name, evict=victim.name, why=_reason(first))
+        if running - 1 < max_loaded:
+            return Plan(load=first.name, evict=victim.name, why=_reason(first))
+        # More running than the limit (lowered, or loaded behind the gate): make room first.
+        return Plan(evict=victim.name, why=_reason(first), waiting_for=first.name)
     reasons = [r for m in models if m.running and (r := why_not_evictable(m, operator=first.asked))]
     return Plan(blocked=f"models_max {max_loaded}: " + ", ".join(reasons), waiting_for=first.name)
 
@@ -145,16 +150,15 @@ def check_plan(models: Sequence[ModelState], max_loaded: int, p: Plan) -> None:
     if any(m.status in CHANGING for m in models):
         assert p.load is None and p.evict is None, "I4 a change is under way"
         return
+    running = sum(1 for m in models if m.running)
     if p.evict is not None:
         victim = by_name[p.evict]
         assert victim.in_flight == 0 and victim.waiting == 0 and not victim.pinned, "I1 victim busy or pinned"
         assert victim.status in ("loaded", "sleeping"), "I1 victim not loaded"
-        assert p.load is not None, "I2 an eviction is always for a load"
-        running = sum(1 for m in models if m.running)
+        assert any(m.wanted for m in models), "I2 an eviction is always for a wanted model"
         assert max_loaded > 0 and running >= max_loaded, "I2 evicted with a free place"
     if p.load is not None:
         target = by_name[p.load]
         assert target.wanted, "I2 loads only a wanted model"
         if not p.wake and max_loaded > 0:
-            running = sum(1 for m in models if m.running) - (1 if p.evict else 0) + 1
-            assert running <= max_loaded, "I3 more running than models_max"
+            assert running - (1 if p.evict else 0) + 1 <= max_loaded, "I3 more running than models_max"

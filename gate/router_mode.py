@@ -230,6 +230,8 @@ class ModelFleet:
             for model, unit in self.units.items():
                 self._hold(unit)
                 unit.state, unit.detail = "down", f"router {state}: {detail}"
+                # Whatever it was, the next GET /models says afresh (a model may have restarted).
+                self.info[model].status, self.info[model].waking = "unknown", False
         else:
             self._next_refresh = -math.inf
             self._wake.set()
@@ -283,10 +285,11 @@ class ModelFleet:
         """Plan with the states as they are now, and start what the plan says."""
         p = plan(self.states(), self.max_loaded)
         self.blocked = p.blocked
-        if p.load is None:
+        if p.load is None and p.evict is None:
             return
         if p.evict is not None:
-            self._evict(p.evict, f"for {p.load} ({p.why}): idle {self._idle(p.evict):.1f} s, least recently used")
+            wanted = p.load or p.waiting_for
+            self._evict(p.evict, f"for {wanted} ({p.why}); idle {self._idle(p.evict):.1f} s, least recently used")
         elif p.wake:
             self._start_wake(p.load, p.why)
         else:
@@ -349,9 +352,11 @@ class ModelFleet:
             return
         if reported == "loading" and info.load_started is None:
             info.load_started, info.load_cause = now, "started by llama-server"
+        detail = ""
         if reported == "missing":
+            detail = "llama-server lists no such model"
             self._refuse_waiting(unit, Reason.MODEL_UNAVAILABLE, f"llama-server lists no model {model!r}", None)
-        self._set(model, reported, reported)
+        self._set(model, reported, detail)
 
     def _set(self, model: str, status: str, detail: str) -> None:
         info, unit = self.info[model], self.units[model]
@@ -377,18 +382,17 @@ class ModelFleet:
             log.warning("router %s: model %s is loaded but /props failed: %s", self.parent.name, model, exc)
             return  # the next refresh tries again
         unit.props = props
-        first = info.capacity is None
+        if info.capacity is None:
+            self._refuse_unfit(unit, cap)  # before the capacity lets the queue move
         info.capacity = unit.capacity = cap
         self._set_capacity(unit, cap)
-        if first:
-            self._refuse_unfit(unit, cap)
         info.status, info.since, info.waking, info.asked, info.demanded = "loaded", now, False, False, False
         info.idle_since = now
         unit.state, unit.detail = "ready", "loaded"
         if info.load_started is not None:
             took = now - info.load_started
             info.last_load_s, info.loads, info.failures = took, info.loads + 1, 0
-            self._event("model_loaded", model, "unloaded", "loaded", f"in {took:.2f} s ({info.load_cause})")
+            self._event("model_loaded", model, "unloaded", "loaded", f"in {took:.2f} s; {info.load_cause}")
             info.load_started = None
         assert unit.gatekeeper is not None
         unit.gatekeeper.advance()

@@ -84,7 +84,7 @@ class ModelsScreen(ModalScreen[None]):
         if action == "load":
             loaded = sum(1 for m in self.snap.models if m.status in ("loaded", "sleeping", "loading", "evicting"))
             if model.models_max and loaded >= model.models_max:
-                why = f"All {model.models_max} places are taken: the least recently used idle model is evicted. "
+                why = f"{loaded} of at most {model.models_max} loaded: the least recently used idle model is evicted. "
 
         async def answered(yes: bool | None) -> None:
             if yes:

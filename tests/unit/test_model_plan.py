@@ -89,6 +89,12 @@ def test_order_operator_then_pinned_then_longest_wait() -> None:
     assert plan([*base, m("p", pinned=True), m("o", asked=True)], 0).load == "o"
 
 
+def test_above_the_limit_a_model_is_evicted_before_any_load() -> None:
+    models = [m("a", "loaded", idle_s=9), m("b", "loaded", idle_s=5), m("c", waiting=1)]
+    assert plan(models, 1) == Plan(evict="a", why="1 waiting", waiting_for="c")
+    assert plan([m("b", "loaded", idle_s=5), m("c", waiting=1)], 1) == Plan(load="c", evict="b", why="1 waiting")
+
+
 def test_a_sleeping_model_with_waiters_is_woken_in_place() -> None:
     models = [m("a", "sleeping", waiting=1), m("b", "loaded", in_flight=1)]
     assert plan(models, 2) == Plan(load="a", why="1 waiting", wake=True)
@@ -151,7 +157,7 @@ def test_every_plan_keeps_the_invariants_and_picks_the_oracles_victim(models: li
     p = plan(models, max_loaded)
     check_plan(models, max_loaded, p)
     if p.evict is not None:
-        first = next(x for x in models if x.name == p.load)
+        first = next(x for x in models if x.name == (p.load or p.waiting_for))
         assert p.evict == oracle_victim(models, first.asked)
     if p.load is None and not p.blocked:
         changing = any(x.status in ("loading", "evicting") for x in models)
