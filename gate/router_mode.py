@@ -474,6 +474,12 @@ class ModelFleet:
         except (ValueError, KeyError, TypeError):
             return f"HTTP {response.status_code}"
 
+    async def close(self) -> None:
+        """Cancel the calls still under way (an unload, a wake); the loop task is the pool's."""
+        for task in tuple(self._calls):
+            task.cancel()
+        await asyncio.gather(*self._calls, return_exceptions=True)
+
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._calls.add(task)

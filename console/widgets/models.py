@@ -36,6 +36,12 @@ STATUS_STYLES = {
 }
 
 
+def _age(s: float) -> str:
+    if s < 120:
+        return f"{s:.0f}s"
+    return f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.0f}h"
+
+
 def model_cells(m: ModelView) -> dict[str, Any]:
     slots = "-" if m.slots_total is None else f"{m.slots_busy}/{m.slots_total}"
     deferred = "-" if m.requests_deferred is None else str(m.requests_deferred)
@@ -46,7 +52,7 @@ def model_cells(m: ModelView) -> dict[str, Any]:
         "in_flight": m.in_flight,
         "queued": Text(str(m.queued), style="bold yellow" if m.queued else ""),
         "load": "-" if m.last_load_s is None else f"{m.last_load_s:.2f}s",
-        "idle": "busy" if m.idle_s is None else f"{m.idle_s:.0f}s",
+        "idle": "busy" if m.idle_s is None else _age(m.idle_s),
         "pin": Text("PIN", style="bold cyan") if m.pinned else Text(""),
         "deferred": Text(deferred, style="bold red" if m.requests_deferred else ""),
         "detail": Text(m.detail if m.detail != m.status else "", style="dim"),
