@@ -380,3 +380,18 @@ async def test_operator_loads_and_pins_a_model_from_the_console(llama_router) ->
         else:
             raise AssertionError("unloading a pinned model must be refused")
     assert not router_log_has(router, OWN_EVICTION + HIDDEN_QUEUE)
+
+
+async def test_a_sleeping_model_is_woken_once_while_its_requests_wait_in_the_gate(llama_router) -> None:
+    router = llama_router(extra_args=("--sleep-idle-seconds", "1"))
+    async with running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate, httpx.AsyncClient(timeout=120) as client:
+        assert (await client.post(gate.url + CHAT, json=chat("tiny"))).status_code == 200
+        # The gate polls nothing that counts as activity for an idle model: it goes to sleep.
+        await wait_until(lambda: status(gate, "tiny") == "sleeping", timeout_s=30)
+        assert unit(gate, "tiny").admission.capacity.slots == 0  # held while asleep
+        answers = await asyncio.gather(*(client.post(gate.url + CHAT, json=chat("tiny")) for _ in range(3)))
+        assert [r.status_code for r in answers] == [200] * 3
+        notes = [a.note for a in audit(gate, "model_loaded")]
+        assert len(notes) == 2 and "wake" in notes[1], notes
+        assert ledger_total(gate) == 0
+    assert not router_log_has(router, HIDDEN_QUEUE)
