@@ -186,7 +186,7 @@ class ModelFleet:
         info = self.info[model]
         if info.status == "loaded":
             return 0.0
-        guess = self.cold_start(model) or DEFAULT_LOAD_GUESS_S
+        guess = info.last_load_s or self.parent.config.cold_start_s or DEFAULT_LOAD_GUESS_S
         if info.status == "loading" and info.load_started is not None:
             return max(0.0, guess - (self.clock() - info.load_started))
         return guess

@@ -19,6 +19,7 @@ from gate.control import Operator
 from gate.errors import GateError
 from gate.gatekeeper import Refused
 from gate.ledger import Request
+from gate.reasons import Reason
 from gate.router_mode import FAIL_BACKOFF_S
 from gate.service import GateService
 
@@ -357,5 +358,36 @@ async def test_model_metrics_take_only_configured_names() -> None:
         assert 'tokengate_model_reroutes_total{from_model="other",to_model="b",why="other"} 1.0' in text
         assert 'tokengate_model_status{backend="r",model="a",status="unloaded"} 1.0' in text
         assert "x" * 50 not in text
+    finally:
+        await close(gate)
+
+
+async def test_a_refusal_while_the_model_loads_retries_after_its_remaining_measured_load_time() -> None:
+    router = FakeRouter()
+    gate, clock = await gate_on(router, "cold_start_s = 0")
+    try:
+        fleet, a = gate.backends.configured[0].fleet, gate.backends.route("a")
+        waiters = [asyncio.create_task(a.gatekeeper.acquire(request(f"w{i}"))) for i in range(4)]  # queue_depth 4
+        await asyncio.sleep(0)
+        await fleet.step()  # loading, started now
+        clock.now += 1.0
+        with pytest.raises(Refused) as full:
+            await a.gatekeeper.acquire(request("one-too-many"))
+        assert full.value.reason.value == "queue_full"
+        fleet.refused(a, full.value)
+        assert full.value.retry_after_s == 30.0  # the class's own wait bound says more than a guess of 10 s
+        clock.now += 5.0
+        router.models["a"] = {"value": "loaded"}
+        await fleet.refresh()
+        assert fleet.info["a"].last_load_s == 6.0  # from the load call to the refresh that saw it
+        for w in waiters:
+            a.gatekeeper.release(await w)
+        err = GateError(Reason.QUEUE_FULL, "x", retry_after_s=1.0)
+        fleet.refused(a, err)
+        assert err.retry_after_s == 1.0  # loaded: the queue's own estimate stands
+        fleet._set("a", "loading", "")  # noqa: SLF001 - as if it were reloading, 2 s in
+        fleet.info["a"].load_started = clock.now - 2.0
+        fleet.refused(a, err)
+        assert err.retry_after_s == 4.0  # 6 s measured, 2 s gone
     finally:
         await close(gate)
