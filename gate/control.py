@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gate import model_ops
 from gate.backends import controller_settings
 from gate.commands import ActionResult, Command, CommandError, Drain, Freeze, ModelAction, Pause, Retune, describe, ssh_origin
 from gate.config import ClassConfig, Config, ConfigError, validate_config
@@ -99,13 +100,13 @@ class Control:
         note = command.note
         try:
             if command.action == "load":
-                what = fleet.operator_load(model)
+                what = model_ops.load(fleet, model)
                 new, note = "loading", f"{what}; {note}" if note else what
             elif command.action == "unload":
-                fleet.operator_unload(model)
+                model_ops.unload(fleet, model)
                 new = "unloaded"
             else:
-                old = fleet.set_pin(model, command.action == "pin")
+                old = model_ops.pin(fleet, model, command.action == "pin")
                 new = command.action == "pin"
         except ValueError as exc:
             raise CommandError(str(exc)) from None

@@ -31,15 +31,16 @@ import logging
 import math
 import urllib.parse
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from gate.admission import Capacity, Refuse, clamp_retry
+from gate.admission import Capacity, clamp_retry
 from gate.errors import GateError
-from gate.gatekeeper import Gatekeeper
-from gate.model_plan import ModelState, Plan, plan
+from gate.model_plan import ModelState, plan
+from gate.model_units import (
+    UNIT_STATE, ModelGatekeeper, ModelInfo, hold, model_view, refuse_unfit, refuse_waiting, set_capacity,
+)
 from gate.reasons import Reason
 from gate.snapshot import ModelView
 
@@ -58,53 +59,6 @@ FAIL_BACKOFF_MAX_S = 300.0
 CALL_TIMEOUT_S = 10.0
 
 EventHook = Callable[[str, str, "str | None", "str | None", str], None]
-
-
-@dataclass(slots=True)
-class ModelInfo:
-    """What the gate knows of one model beyond its admission core."""
-
-    status: str = "unknown"  # a model_plan.Status, or "unknown" before the first GET /models
-    exit_code: int = 0
-    capacity: Capacity | None = None  # from its /props, kept while it is not loaded
-    load_started: float | None = None
-    load_cause: str = ""
-    last_load_s: float | None = None
-    loads: int = 0
-    failures: int = 0  # in a row
-    failures_total: int = 0
-    evictions: int = 0
-    retry_at: float = 0.0  # failed: when the gate may load it again
-    hold_off_until: float = 0.0  # a load call that did not go through: not again before this
-    idle_since: float = 0.0
-    asked: bool = False  # an operator asked to load it
-    demanded: bool = False  # a request went to a fallback while it was not loaded: load it anyway
-    since: float = 0.0  # when the current status began (gate clock)
-    note: str = ""  # why it is evicting / what its last call answered
-    waking: bool = False
-
-
-class _ModelGatekeeper(Gatekeeper):
-    """A unit's gatekeeper: every release stamps its model's last use and wakes the fleet."""
-
-    def __init__(self, admission: Any, *, clock: Callable[[], float], fleet: ModelFleet, model: str) -> None:
-        super().__init__(admission, clock=clock, on_change=fleet.wake)
-        self._fleet, self._model = fleet, model
-
-    def release(self, ticket: Any) -> bool:
-        done = super().release(ticket)
-        if done:
-            self._fleet.used(self._model)
-        return done
-
-
-#: a unit's backend state (header, /health) by model status: loaded is "ready"
-_UNIT_STATE = {"unloaded": "unloaded", "sleeping": "sleeping", "failed": "down", "missing": "down"}
-
-
-def _held(cap: Capacity) -> Capacity:
-    """A model that is not loaded has no slots: its requests queue, none is dispatched."""
-    return dataclasses.replace(cap, slots=0)
 
 
 class ModelFleet:
@@ -140,7 +94,8 @@ class ModelFleet:
             )
             ceiling = parent.config.token_budget or PROVISIONAL_TOKENS
             provisional = Capacity(0, PROVISIONAL_TOKENS, ceiling, parent.config.max_prefill_tokens)
-            pool._apply_capacity(unit, provisional, gatekeeper_factory=functools.partial(_ModelGatekeeper, fleet=self, model=model))
+            keeper = functools.partial(ModelGatekeeper, on_change=self.wake, on_release=functools.partial(self.used, model))
+            pool._apply_capacity(unit, provisional, gatekeeper_factory=keeper)
             unit.capacity = None  # unknown until the model reports it
             unit.state, unit.detail = "loading", "not seen yet"
             self.units[model] = unit
@@ -228,7 +183,7 @@ class ModelFleet:
         self.router_up = up
         if not up:
             for model, unit in self.units.items():
-                self._hold(unit)
+                hold(unit)
                 unit.state, unit.detail = "down", f"router {state}: {detail}"
                 # Whatever it was, the next GET /models says afresh (a model may have restarted).
                 self.info[model].status, self.info[model].waking = "unknown", False
@@ -289,7 +244,7 @@ class ModelFleet:
             return
         if p.evict is not None:
             wanted = p.load or p.waiting_for
-            self._evict(p.evict, f"for {wanted} ({p.why}); idle {self._idle(p.evict):.1f} s, least recently used")
+            self.evict(p.evict, f"for {wanted} ({p.why}); idle {self._idle(p.evict):.1f} s, least recently used")
         elif p.wake:
             self._start_wake(p.load, p.why)
         else:
@@ -355,14 +310,14 @@ class ModelFleet:
         detail = ""
         if reported == "missing":
             detail = "llama-server lists no such model"
-            self._refuse_waiting(unit, Reason.MODEL_UNAVAILABLE, f"llama-server lists no model {model!r}", None)
+            refuse_waiting(unit, Reason.MODEL_UNAVAILABLE, f"llama-server lists no model {model!r}", None)
         self._set(model, reported, detail)
 
     def _set(self, model: str, status: str, detail: str) -> None:
         info, unit = self.info[model], self.units[model]
         info.status, info.since = status, self.clock()
-        self._hold(unit)
-        unit.state = _UNIT_STATE.get(status, "loading")
+        hold(unit)
+        unit.state = UNIT_STATE.get(status, "loading")
         unit.detail = detail
         self._wake.set()
 
@@ -383,9 +338,9 @@ class ModelFleet:
             return  # the next refresh tries again
         unit.props = props
         if info.capacity is None:
-            self._refuse_unfit(unit, cap)  # before the capacity lets the queue move
+            refuse_unfit(unit, cap)  # before the capacity lets the queue move
         info.capacity = unit.capacity = cap
-        self._set_capacity(unit, cap)
+        set_capacity(unit, cap, now)
         info.status, info.since, info.waking, info.asked, info.demanded = "loaded", now, False, False, False
         info.idle_since = now
         unit.state, unit.detail = "ready", "loaded"
@@ -407,7 +362,7 @@ class ModelFleet:
             f"model {model!r} failed: its llama-server process exited with code {exit_code}; "
             f"the gate loads it again on demand in {math.ceil(backoff)} s"
         )
-        self._refuse_waiting(unit, Reason.MODEL_UNAVAILABLE, message, backoff)
+        refuse_waiting(unit, Reason.MODEL_UNAVAILABLE, message, backoff)
         self._event("model_failed", model, None, "failed", f"exit code {exit_code}; next try in {backoff:g} s")
 
     # ---- calls to llama-server ---------------------------------------------------------
@@ -438,7 +393,7 @@ class ModelFleet:
 
         self._spawn(wake())
 
-    def _evict(self, model: str, note: str, *, chosen: bool = True) -> None:
+    def evict(self, model: str, note: str, *, chosen: bool = True) -> None:
         """Unload `model` (no request in flight or waiting: the caller checked); `chosen`: the
         gate's own choice (counted and audited here; an operator's unload is audited by control)."""
         info = self.info[model]
@@ -485,111 +440,17 @@ class ModelFleet:
         self._calls.add(task)
         task.add_done_callback(self._calls.discard)
 
-    # ---- capacity and waiters ------------------------------------------------------
-
-    def _hold(self, unit: Backend) -> None:
-        adm = unit.admission
-        if adm is not None and adm.capacity.slots:
-            adm.set_capacity(_held(adm.capacity))
-
-    def _set_capacity(self, unit: Backend, cap: Capacity) -> None:
-        assert unit.admission is not None
-        ceiling_changed = unit.admission.capacity.ceiling != cap.ceiling
-        unit.admission.set_capacity(cap)
-        if ceiling_changed and unit.controller is not None:
-            unit.controller.set_ceiling(self.clock(), cap.ceiling)  # pushes a clamped budget
-
-    def _refuse_waiting(self, unit: Backend, reason: Reason, message: str, retry_after_s: float | None) -> None:
-        adm, keeper = unit.admission, unit.gatekeeper
-        assert adm is not None and keeper is not None
-        refusals = []
-        for cls in adm.class_names:
-            for waiting in list(adm.queue(cls)):
-                adm.cancel(waiting.request.id)
-                refusals.append(Refuse(waiting.request, reason, message, retry_after_s))
-        if refusals:
-            keeper.refuse_waiting(refusals)
-
-    def _refuse_unfit(self, unit: Backend, cap: Capacity) -> None:
-        """Requests queued before the model's first load that its context can never hold: 400."""
-        adm, keeper = unit.admission, unit.gatekeeper
-        assert adm is not None and keeper is not None
-        refusals = []
-        for cls in adm.class_names:
-            reach = adm.class_reach(cls, cap.ceiling)
-            for waiting in list(adm.queue(cls)):
-                cost = waiting.request.cost
-                if cost > cap.slot_context or cost > reach:
-                    adm.cancel(waiting.request.id)
-                    refusals.append(Refuse(
-                        waiting.request, Reason.CONTEXT_LENGTH_EXCEEDED,
-                        f"request needs {cost} tokens; model {unit.model!r} holds at most "
-                        f"{min(cap.slot_context, reach)} per request",
-                    ))
-        if refusals:
-            keeper.refuse_waiting(refusals)
-
-    # ---- operator actions (validated here, audited by gate.control) -----------------------
-
-    def operator_load(self, model: str) -> str:
-        """Ask for `model` to be loaded; returns what that will do. ValueError when it cannot."""
-        info = self.info[model]
-        if info.status in ("loaded", "loading"):
-            raise ValueError(f"model {model!r} is already {info.status}")
-        if not self.router_up or info.status in ("missing", "unknown"):
-            raise ValueError(f"model {model!r} cannot be loaded: {self.units[model].detail}")
-        states = [dataclasses.replace(s, asked=s.name == model, may_load=True if s.name == model else s.may_load) for s in self.states()]
-        p: Plan = plan(states, self.max_loaded)
-        if p.load is None and p.blocked:
-            raise ValueError(f"cannot load {model!r} now: {p.blocked}")
-        info.asked, info.retry_at, info.hold_off_until = True, 0.0, 0.0
-        self._wake.set()
-        return f"evicts {p.evict}" if p.evict and p.load == model else "loads it"
-
-    def operator_unload(self, model: str) -> None:
-        info = self.info[model]
-        adm = self.units[model].admission
-        assert adm is not None
-        if info.status not in ("loaded", "sleeping"):
-            raise ValueError(f"model {model!r} is {info.status}, not loaded")
-        if model in self.pins:
-            raise ValueError(f"model {model!r} is pinned: unpin it first")
-        if len(adm.ledger) or adm.waiting():
-            raise ValueError(f"model {model!r} has {len(adm.ledger)} requests in flight and {adm.waiting()} waiting")
-        self._evict(model, "by the operator", chosen=False)
-
-    def set_pin(self, model: str, pinned: bool) -> bool:
-        """Pin (keep loaded, never evict) or unpin; returns the old value."""
-        old = model in self.pins
-        (self.pins.add if pinned else self.pins.discard)(model)
-        self._wake.set()
-        return old
-
     # ---- views -------------------------------------------------------------------------
 
     def views(self, telemetry: dict[str, Any]) -> list[ModelView]:
-        out = []
         now = self.clock()
-        for model, info in self.info.items():
-            unit = self.units[model]
-            adm, cap, tel = unit.admission, unit.capacity, telemetry.get(unit.name)
-            assert adm is not None
-            detail = unit.detail
-            if info.status == "failed" and now < info.retry_at:
-                detail = f"exit code {info.exit_code}; retry in {math.ceil(info.retry_at - now)} s"
-            elif self.blocked and adm.waiting() and info.status in ("unloaded", "failed"):
-                detail = f"waits: {self.blocked}"
-            out.append(ModelView(
-                backend=self.parent.name, name=model, unit=unit.name, status=info.status, detail=detail,
-                pinned=model in self.pins, slots_busy=len(adm.ledger),
-                slots_total=cap.slots if cap is not None and info.status == "loaded" else None,
-                slot_context=cap.slot_context if cap is not None else None,
-                in_flight=adm.ledger.in_flight, queued=adm.waiting(), last_load_s=info.last_load_s,
-                loads=info.loads, evictions=info.evictions, failures=info.failures_total,
-                idle_s=None if len(adm.ledger) else now - info.idle_since, models_max=self.max_loaded,
-                requests_deferred=None if tel is None or tel.stale else tel.requests_deferred,
-            ))
-        return out
+        return [
+            model_view(
+                self.parent.name, self.units[model], info, pinned=model in self.pins, blocked=self.blocked,
+                models_max=self.max_loaded, now=now, telemetry=telemetry.get(self.units[model].name),
+            )
+            for model, info in self.info.items()
+        ]
 
     def _event(self, action: str, model: str, old: str | None, new: str | None, note: str) -> None:
         log.info("router %s: %s %s (%s)", self.parent.name, action, model, note)

@@ -11,7 +11,6 @@ position" / "joined the queue") and never chose an eviction itself ("evicting id
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import signal
