@@ -44,6 +44,7 @@ from console.keys import (
 )
 from console.screens.confirm import ConfirmScreen
 from console.screens.help import HelpScreen
+from console.screens.models import ModelsScreen
 from console.screens.retune import RetuneChanges, RetuneScreen
 from console.screens.stopping import StoppingScreen
 from console.widgets.budget_chart import BudgetChart
@@ -52,9 +53,10 @@ from console.widgets.decisions import DecisionTail, FilterChanged, FilterClosed
 from console.widgets.denials import DenialsTable
 from console.widgets.gpu import GpuPanel
 from console.widgets.header import GateHeader
+from console.widgets.models import ModelsPanel
 from console.widgets.slots import SlotsPanel
 from console.widgets.status import StatusBar
-from gate.commands import ActionResult, Command, CommandError, Drain, Freeze, Pause, describe
+from gate.commands import ActionResult, Command, CommandError, Drain, Freeze, ModelAction, Pause, describe
 from gate.link import GateLink, LinkLost
 from gate.records import AuditRecord
 from gate.snapshot import GateSnapshot
@@ -70,6 +72,8 @@ WIDE_MIN_COLS = 150
 WIDE_MIN_ROWS = 40
 #: the most rows the classes/denials row of the wide grid takes
 MIDDLE_MAX_ROWS = 12
+#: the most model rows the models panel shows before it scrolls
+MODELS_MAX_ROWS = 6
 #: below this the panels would be cut: the console says so instead
 MIN_COLS = 80
 MIN_ROWS = 24
@@ -143,6 +147,7 @@ class TokengateApp(App[None]):
         )
         self.slots = SlotsPanel(id="slots")
         self.gpu = GpuPanel(id="gpu")
+        self.models = ModelsPanel(id="models")  # router mode only; hidden otherwise
         self.class_table = ClassesTable(id="classes")
         self.tabs = Tabs(
             Tab("1 denials", id="tab-denials"), Tab("2 budget", id="tab-chart"), Tab("3 decisions", id="tab-decisions"),
@@ -157,6 +162,7 @@ class TokengateApp(App[None]):
         with self.body:
             yield self.slots
             yield self.gpu
+            yield self.models
             yield self.class_table
             yield self.tabs
             yield self.denials
@@ -209,6 +215,8 @@ class TokengateApp(App[None]):
         """Wide grid: the classes/denials row fits its rows (a DataTable under `auto` does not)."""
         rows = max(len(snap.classes), min(len(snap.denials), MIDDLE_MAX_ROWS), 3)
         grid_rows = f"auto {min(rows, MIDDLE_MAX_ROWS) + 3} 1fr"  # + header row + border
+        if snap.models:  # router mode: the models panel spans both columns under capacity and GPU
+            grid_rows = f"auto {min(len(snap.models), MODELS_MAX_ROWS) + 3} " + grid_rows.split(" ", 1)[1]
         if grid_rows != self._grid_rows:
             self._grid_rows = grid_rows
             self.body.styles.grid_rows = grid_rows
@@ -296,7 +304,7 @@ class TokengateApp(App[None]):
         self.renders += 1
         self._size_middle_row(snap)
         with self.batch_update():
-            for widget in (self.header, self.slots, self.gpu, self.class_table, self.denials, self.decisions):
+            for widget in (self.header, self.slots, self.gpu, self.models, self.class_table, self.denials, self.decisions):
                 try:
                     widget.update_snapshot(snap)
                 except Exception as exc:  # noqa: BLE001 - one broken panel must not blank the others
@@ -305,6 +313,9 @@ class TokengateApp(App[None]):
                 self._update_chart(snap)
             except Exception as exc:  # noqa: BLE001
                 self._console_error(f"chart: {type(exc).__name__}: {exc}")
+            dialog = self.screen
+            if isinstance(dialog, ModelsScreen):  # the models dialog shows the same rows, live
+                dialog.update_snapshot(snap)
 
     def chart_series(self, snap: GateSnapshot) -> dict[str, Any]:
         """The last CHART_WINDOW_S of history, at most CHART_POINTS points, plus audit marks."""
@@ -532,6 +543,21 @@ class TokengateApp(App[None]):
         """
         results = await self.send(changes.command())
         return [r.message for r in results]
+
+    async def action_models(self) -> None:
+        """Router mode: the models dialog (load, unload, pin); says so when there is no router."""
+        if not self._main_active():
+            return
+        await self.refresh_view()
+        snap = self.last_snapshot
+        if snap is None or not snap.models:
+            self.notify("no llama-server in router mode behind this gate: no models to manage", severity="warning", markup=False)
+            return
+
+        async def send(command: ModelAction) -> object:
+            return await self.run_command(command)
+
+        self.push_screen(ModelsScreen(snap, send, read_only=self.read_only))
 
     # ---- view actions ------------------------------------------------------------
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 #: actions that change the gate: absent in --read-only
 GATE_ACTIONS = frozenset({"retune", "pause_class", "drain_class", "freeze"})
 #: actions that only make sense on the live view (not under the review screen)
-MAIN_ONLY = GATE_ACTIONS | {"review", "toggle_render", "faster", "slower", "filter", "follow", "show_pane", "help"}
+MAIN_ONLY = GATE_ACTIONS | {"review", "toggle_render", "faster", "slower", "filter", "follow", "show_pane", "help", "models"}
 
 PANES = ("denials", "chart", "decisions")
 
@@ -31,6 +31,7 @@ KEY_HELP: dict[str, str] = {
     "drain_class": "drain the selected class's queue (asks; 503 drained)",
     "freeze": "freeze/unfreeze the adaptive controller",
     "review": "review the journal (read-only)",
+    "models": "router mode: the models (load, unload, pin/unpin; each asks first)",
     "filter": "filter the decision tail (enter keeps, esc clears)",
     "follow": "decision tail: jump to the newest row and follow new ones",
     "toggle_render": "pause/resume rendering (the gate goes on)",
@@ -71,6 +72,8 @@ def app_bindings() -> list[Binding]:
     return [
         *_gate_bindings(),
         Binding("r", "review", "review"),
+        # router mode only; not in the footer (room at 80 columns), `?` lists it
+        Binding("m", "models", "models", show=False),
         Binding("slash", "filter", "filter", key_display="/"),
         Binding("G", "follow", "newest", show=False, key_display="G"),
         # not in the footer (room for the tab keys at 80 columns); `?` lists it
@@ -122,6 +125,8 @@ def palette_commands(app: TokengateApp) -> list[tuple[str, str, Callable[[], Any
             commands.append((f"Retune class {c.name}", f"retune {c.name} and the budget", partial(self.action_retune, c.name)))
         frozen = snap is not None and snap.controller.frozen
         commands.append(("Unfreeze controller" if frozen else "Freeze controller", KEY_HELP["freeze"], self.action_freeze))
+    if snap is not None and snap.models:
+        commands.append(("Models", KEY_HELP["models"], self.action_models))
     commands += [
         ("Review journal", KEY_HELP["review"], self.action_review),
         ("Filter decisions", KEY_HELP["filter"], self.action_filter),

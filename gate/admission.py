@@ -360,6 +360,14 @@ class Admission:
                 expected = self.expected_ttft(w.request, prefilling)
                 if expected is not None:
                     yield w, w.request.arrival + objective_ms / 1000.0 - expected
+    def fits_now(self, request: Request) -> bool:
+        """Would `offer` admit `request` at once? Changes nothing (the fallback's look-ahead)."""
+        entry = self._classes.get(request.cls)
+        if entry is None or entry.queue.paused or entry.queue or self._never_fits(request) is not None:
+            return False
+        if request.cost > self.class_reach(request.cls, self.budget):
+            return False
+        return self.blocker(request, own_share_only=self._yield_to_higher(entry)) is None
 
     def waiting_on(self, cls: str) -> str:
         """What keeps `cls`'s oldest waiter waiting right now, in at most 14 characters for the

@@ -67,8 +67,21 @@ class Retune:
         return self.budget is not None or bool(self.settings) or bool(self.class_changes) or self.freeze is not None
 
 
-Command = Union[Pause, Drain, Freeze, Retune]
-_BY_OP: dict[str, type] = {c.op: c for c in (Pause, Drain, Freeze, Retune)}
+MODEL_ACTIONS = ("load", "unload", "pin", "unpin")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelAction:
+    """Router mode: load, unload, pin (keep loaded, never evict) or unpin one model."""
+
+    model: str
+    action: str  # one of MODEL_ACTIONS
+    note: str = ""
+    op = "model"
+
+
+Command = Union[Pause, Drain, Freeze, Retune, ModelAction]
+_BY_OP: dict[str, type] = {c.op: c for c in (Pause, Drain, Freeze, Retune, ModelAction)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +119,20 @@ def describe(action: str, target: str, old: str | None, new: str | None, note: s
         return f"Budget settings: {old} -> {new}"
     if action == "set_class":
         return f"Class {name}: {old} -> {new}"
+    if action == "model_load":
+        return f"Loading {name}: its requests queue in the gate until it is loaded"
+    if action == "model_unload":
+        return f"Unloaded {name}: its next request loads it again"
+    if action == "model_pin":
+        return f"Pinned {name}: kept loaded, never evicted for another model"
+    if action == "model_unpin":
+        return f"Unpinned {name}: it may be evicted once idle"
+    if action == "model_loaded":
+        return f"{name} loaded"
+    if action == "model_evict":
+        return f"Evicted {name} to load another model"
+    if action == "model_failed":
+        return f"{name} failed: its requests get 503 model_unavailable until it is loaded again"
     what = f"{action} {target}"
     if old is not None or new is not None:
         what += f": {old} -> {new}"
@@ -161,6 +188,9 @@ def _check_types(command: Command) -> None:
         if hasattr(command, name):
             need(isinstance(getattr(command, name), bool), name, "true or false")
     need(isinstance(command.note, str), "note", "text")
+    if isinstance(command, ModelAction):
+        need(isinstance(command.model, str), "model", "a model name")
+        need(command.action in MODEL_ACTIONS, "action", " or ".join(MODEL_ACTIONS))
     if isinstance(command, Retune):
         need(command.freeze is None or isinstance(command.freeze, bool), "freeze", "true, false or absent")
     if isinstance(command, Retune):

@@ -19,8 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gate import model_ops
 from gate.backends import controller_settings
-from gate.commands import ActionResult, Command, CommandError, Drain, Freeze, Pause, Retune, describe, ssh_origin
+from gate.commands import ActionResult, Command, CommandError, Drain, Freeze, ModelAction, Pause, Retune, describe, ssh_origin
 from gate.config import ClassConfig, Config, ConfigError, validate_config
 from gate.records import AuditRecord, AuditSource
 
@@ -80,7 +81,36 @@ class Control:
             return [self.freeze(command.frozen, operator=operator, note=command.note, source=source)]
         if isinstance(command, Retune):
             return self.retune(command, operator=operator, source=source)
+        if isinstance(command, ModelAction):
+            return [self.model(command, operator=operator, source=source)]
         raise CommandError(f"unknown command {command!r}")
+
+    # ---- router mode: models ---------------------------------------------------------
+
+    def model(self, command: ModelAction, *, operator: Operator, source: AuditSource = "console") -> ActionResult:
+        """Load, unload, pin or unpin a model of a llama-server in router mode (gate/router_mode.py)."""
+        unit = self.gate.backends.route(command.model) if command.model else None
+        if unit is None or unit.fleet is None or unit.model != command.model:
+            models = [m for f in self.gate.backends.fleets for m in f.units]
+            known = ", ".join(models) if models else "none (no llama-server in router mode)"
+            raise CommandError(f"{command.model!r} is not a router-mode model; models: {known}")
+        fleet, model = unit.fleet, unit.model
+        old: Any = fleet.info[model].status
+        new: Any = None
+        note = command.note
+        try:
+            if command.action == "load":
+                what = model_ops.load(fleet, model)
+                new, note = "loading", f"{what}; {note}" if note else what
+            elif command.action == "unload":
+                model_ops.unload(fleet, model)
+                new = "unloaded"
+            else:
+                old = model_ops.pin(fleet, model, command.action == "pin")
+                new = command.action == "pin"
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        return self._audit(operator, source, f"model_{command.action}", f"model:{unit.name}", old, new, note)
 
     # ---- budget and controller ---------------------------------------------
 
@@ -238,7 +268,9 @@ class Control:
         self.gate.backends.set_budget_config(config.budget)
         now = self.gate.clock()
         for b in self._ready_admissions():
-            settings = controller_settings(config.budget, b.capacity.ceiling)
+            # A router's model before its first load has no capacity yet: its core's stands in.
+            ceiling = b.capacity.ceiling if b.capacity is not None else b.admission.capacity.ceiling
+            settings = controller_settings(config.budget, ceiling)
             b.controller.set_slos(settings.slo_ttft_p95_s, settings.slo_tpot_p95_s)
             b.controller.set_bounds(now, settings.min_tokens)  # a clamped budget is pushed to admission
 
@@ -274,6 +306,8 @@ class Control:
         )
         self.gate.audit(record)
         message = describe(action, target, record.old_value, record.new_value)
+        if note and action.startswith("model_"):
+            message += f" ({note})"  # what a model action does: "evicts tiny"
         return ActionResult(action, target, record.old_value, record.new_value, message)
 
 

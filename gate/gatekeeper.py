@@ -142,6 +142,14 @@ class Gatekeeper:
         self._changed()
         return len(refusals)
 
+    def refuse_waiting(self, refusals: list[Refuse]) -> None:
+        """Fail waiters the caller already took out of the core's queues (`Admission.cancel`):
+        router mode refuses them when their model fails or reports a context they never fit."""
+        for refusal in refusals:
+            self._fail(refusal)
+        self._arm_timer()
+        self._changed()
+
     def reap(self) -> list[Ticket]:
         """Force-release tickets whose request is gone and that outlived 2x their expected time."""
         now = self.clock()

@@ -29,6 +29,7 @@ from gate.ledger import Request
 from gate.reasons import CLIENT_DISCONNECT, SERVER_CANCELLED, Reason
 from gate.records import DecisionRecord, Outcome
 from gate.requestids import HeaderNames, RequestIds
+from gate.routing import REROUTABLE, count_tokens, fallback_chain, fits_now, routed_name, serving
 from gate.shedding import Deadline, next_deadline
 from gate.tokens import TokenCount
 from gate.upstream import RelayStats, SseRelay, forward_headers, upstream_body
@@ -66,7 +67,7 @@ class _Flow:
         "gate", "scope", "receive", "send", "headers", "request_id", "t0", "wall0", "intake", "backend",
         "count", "ticket", "stats", "rate_charged", "started", "concluded", "committed", "budget_at",
         "in_flight_at", "_task", "_cut", "_watchdog", "_counted", "_decoding", "_plain", "shared_lease",
-        "shared_done",
+        "shared_done", "model_name", "rerouted_from",
     )
 
     def __init__(
@@ -102,6 +103,8 @@ class _Flow:
         self._counted = 0  # tokens of this request already fed to the backend's decode meter
         self._decoding = False  # counted among the meter's decoding streams
         self._plain = False  # a plain (non-streamed) upstream call: no token to watch, only the clock
+        self.model_name: str | None = None  # the model that answers, when the gate routed by model
+        self.rerouted_from: str | None = None  # the model asked for, when a fallback answers
 
     # ---- the path ------------------------------------------------------------
 
@@ -140,24 +143,74 @@ class _Flow:
         if backend is None:
             shown = intake.model if intake.model is None or len(intake.model) <= 64 else intake.model[:64] + "..."
             raise GateError(Reason.MODEL_NOT_FOUND, f"model {shown!r} is not served by this gate", "model")
+        chain = fallback_chain(self.gate, intake.caller, backend)
+        if backend.fleet is None and not chain:
+            await self._admit(backend, intake)
+        else:
+            backend = await self._admit_routed(backend, chain, intake)
+        admission = backend.gatekeeper.admission  # type: ignore[union-attr]
+        self.budget_at, self.in_flight_at = admission.budget, admission.ledger.in_flight
+        self.ticket.expected_s = self.gate.config.gate.request_timeout_s  # type: ignore[union-attr]  (the longest it may run)
+        await self._relay(backend, intake)
+
+    async def _admit(self, backend: Backend, intake: Intake) -> None:
+        """Count, charge the tenant (once) and hold a ticket on `backend`, or raise why not."""
         self.backend = backend
-        if backend.state != "ready" or backend.gatekeeper is None:
+        if backend.fleet is not None:
+            backend.fleet.check(backend)  # failed, missing, not loadable: at once
+            self.model_name = backend.model
+        elif backend.state != "ready" or backend.gatekeeper is None:
             # The detail (it may hold the backend's address) stays in the log and the console.
             raise GateError(Reason.NO_BACKEND, f"backend {backend.name!r} is {backend.state}", retry_after_s=5.0)
-        self.count = await self.gate.tokens.count(backend.url, intake.kind, intake.body, backend.auth_headers())
+        self.count = await count_tokens(self.gate, backend, intake)
         cost = self.count.tokens + intake.max_tokens
-        self._rate_check(intake.caller.tenant, cost)
-        if self.gate.shared is not None and intake.caller.tenant_config is not None:
-            # The fleet-wide limits: one atomic round trip to Redis, bounded (gate/sharedlimits/).
-            self.shared_lease = await self.gate.shared.reserve(intake.caller.tenant_config, cost)
+        if not self.rate_charged:  # once, even when a fallback model is tried next
+            self._rate_check(intake.caller.tenant, cost)
+            if self.gate.shared is not None and intake.caller.tenant_config is not None:
+                # The fleet-wide limits: one atomic round trip to Redis, bounded (gate/sharedlimits/).
+                self.shared_lease = await self.gate.shared.reserve(intake.caller.tenant_config, cost)
         # Arrival is now: queue time is time spent waiting for admission, not counting tokens.
         request = Request(self.request_id, intake.caller.cls, intake.caller.tenant, self.count.tokens, intake.max_tokens, self.gate.clock())
-        gatekeeper = backend.gatekeeper
-        self.ticket = await gatekeeper.acquire(request)
-        admission = gatekeeper.admission
-        self.budget_at, self.in_flight_at = admission.budget, admission.ledger.in_flight
-        self.ticket.expected_s = self.gate.config.gate.request_timeout_s  # the longest it may run
-        await self._relay(backend, intake)
+        assert backend.gatekeeper is not None
+        try:
+            self.ticket = await backend.gatekeeper.acquire(request)
+        except GateError as err:
+            if backend.fleet is not None:
+                backend.fleet.refused(backend, err)  # Retry-After from the load time, while it loads
+            raise
+
+    async def _admit_routed(self, backend: Backend, chain: list[Backend], intake: Intake) -> Backend:
+        """Router mode and fallbacks: the requested model, or the first fallback that admits at
+        once while it is saturated or loading, or that takes the request when it refuses."""
+        target, why = backend, ""
+        if chain and not await fits_now(self.gate, backend, intake):
+            for fallback in chain:
+                if await fits_now(self.gate, fallback, intake):
+                    target, why = fallback, ("saturated" if serving(backend) else "loading")
+                    break
+        try:
+            await self._admit(target, intake)
+        except GateError as err:
+            if target is not backend or err.reason not in REROUTABLE:
+                raise
+            for fallback in chain:
+                try:
+                    await self._admit(fallback, intake)
+                except GateError:
+                    continue
+                target, why = fallback, "refused"
+                break
+            else:
+                self.backend, self.model_name = backend, backend.model
+                raise err from None
+        if why:
+            if why == "loading" and backend.fleet is not None and backend.model is not None:
+                backend.fleet.demand(backend.model)  # the fallback answers this one; load it for the next
+            self.model_name = target.model or routed_name(target, intake)
+            self.rerouted_from = backend.model or intake.model
+            self.gate.model_metrics.rerouted(self.rerouted_from, self.model_name, why)
+            self.gate.log.info("request %s: %s %s, rerouted to %s", self.request_id, self.rerouted_from, why, self.model_name)
+        return target
 
     def _rate_check(self, tenant: str, cost: int) -> None:
         verdict = self.gate.ratelimit.check(tenant, cost, self.gate.clock())
@@ -177,11 +230,16 @@ class _Flow:
         headers = forward_headers(self.headers, backend.auth_token)
         # The few options whose answer llama-server's stream lacks get a plain call (no fast cancel).
         self._plain = plain = not intake.stream and stream_loses(intake.kind, intake.body)
-        body = plain_body(intake.body) if plain else upstream_body(intake.kind, intake.body)
+        sent = intake.body
+        if self.model_name is not None and sent.get("model") != self.model_name:
+            sent = {**sent, "model": self.model_name}  # router mode names its model; a fallback its own
+        body = plain_body(sent) if plain else upstream_body(intake.kind, sent)
+        # Router mode: llama-server must never load (and queue behind) a model on its own.
+        path = intake.path + ("?autoload=false" if backend.model is not None else "")
         self._check_progress()  # arms the watchdog: stall, overrun and request_timeout_s
         response = None
         try:
-            response = await backend.upstream.open(intake.path, body, headers)
+            response = await backend.upstream.open(path, body, headers)
             relay = SseRelay(
                 response, stats, gate.clock, lambda: backend.gatekeeper.first_token(ticket),
                 keep_usage_chunk=intake.include_usage, collect=not intake.stream,
@@ -338,11 +396,14 @@ class _Flow:
     def _gate_headers(self) -> list[tuple[bytes, bytes]]:
         cls = self.intake.caller.cls if self.intake is not None else ""
         queue_ms = 0.0 if self.ticket is None else self.ticket.queued_s * 1000
-        return [
+        headers = [
             (b"x-request-id", self.request_id.encode()),
             (b"x-tokengate-class", cls.encode()),
             (b"x-tokengate-queue-ms", f"{queue_ms:.1f}".encode()),
         ]
+        if self.model_name is not None:
+            headers.append((b"x-tokengate-model", self.model_name.encode()))
+        return headers
 
     async def _start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.started = True
@@ -486,9 +547,12 @@ class _Flow:
             completion_tokens=stats.completion_tokens if stats is not None else None,
             budget_at_decision=self.budget_at,
             in_flight_at_decision=self.in_flight_at,
+            model=self.model_name or "",
+            rerouted_from=self.rerouted_from or "",
         )
+        model = self.model_name or (intake.model if intake is not None else None)
         self.committed = gate.record(
-            record, model=intake.model if intake is not None else None, queued_s=queued_s,
+            record, model=model, queued_s=queued_s,
             ttft_s=stats.ttft_s if stats else None,
             ttft_total_s=None if stats is None or stats.first_token_at is None else stats.first_token_at - self.t0,
             tpot_s=stats.tpot_s if stats is not None else None,

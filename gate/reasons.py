@@ -29,6 +29,7 @@ class Reason(StrEnum):
     CLASS_PAUSED = "class_paused"
     DRAINED = "drained"
     NO_BACKEND = "no_backend"
+    MODEL_UNAVAILABLE = "model_unavailable"  # router mode: the model failed, or may not be loaded
     SHED_OVERRUN = "shed_overrun"
     SHUTTING_DOWN = "shutting_down"
     UPSTREAM_ERROR = "upstream_error"
@@ -68,6 +69,7 @@ _STATUS: dict[Reason, int] = {
     Reason.CLASS_PAUSED: 503,
     Reason.DRAINED: 503,
     Reason.NO_BACKEND: 503,
+    Reason.MODEL_UNAVAILABLE: 503,
     Reason.SHED_OVERRUN: 503,
     Reason.SHUTTING_DOWN: 503,
     Reason.UPSTREAM_ERROR: 502,

@@ -37,6 +37,8 @@ class DecisionRecord:
     completion_tokens: int | None
     budget_at_decision: int | None
     in_flight_at_decision: int | None
+    model: str = ""  # the model that answered, when the gate routed by model ("" otherwise)
+    rerouted_from: str = ""  # the model asked for, when a fallback answered instead
 
 
 class RecentDecisions:

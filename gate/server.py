@@ -52,7 +52,11 @@ def build_app(gate: GateService) -> ASGIApp:
 
     async def health(request: Request) -> Response:
         # State only: a backend's detail may name its address, which is for the log and the console.
-        backends = {b.name: {"state": b.state, "slots": b.capacity.slots if b.capacity else None} for b in gate.backends}
+        backends: dict[str, dict[str, Any]] = {}
+        for b in gate.backends:
+            backends[b.name] = {"state": b.state, "slots": b.capacity.slots if b.capacity else None}
+            if b.fleet is not None and b.model is not None:  # router mode: the model's own status
+                backends[b.name]["model_status"] = b.fleet.info[b.model].status
         ready = gate.backends.any_ready and not gate.shutting_down
         status = "ok" if ready else ("shutting_down" if gate.shutting_down else "no_backend")
         return JSONResponse({"status": status, "backends": backends}, status_code=200 if ready else 503)
@@ -70,11 +74,14 @@ def build_app(gate: GateService) -> ASGIApp:
 
     async def models(request: Request) -> Response:
         authenticate(request)
-        results = await asyncio.gather(*(_get_json(gate, b, "/v1/models") for b in gate.backends))
+        configured = gate.backends.configured
+        results = await asyncio.gather(*(_get_json(gate, b, "/v1/models") for b in configured))
         data: list[Any] = []
-        for backend, result in zip(gate.backends, results):
+        for backend, result in zip(configured, results):
             entries = result.get("data") if isinstance(result, dict) else None
             for entry in entries or []:
+                if backend.fleet is not None and isinstance(entry, dict) and entry.get("id") not in backend.config.models:
+                    continue  # a router lists every model it has; the gate serves those configured
                 if isinstance(entry, dict):
                     data.append({**entry, "owned_by": entry.get("owned_by") or backend.name})
             listed = {e.get("id") for e in data if isinstance(e, dict)}
@@ -91,11 +98,17 @@ def build_app(gate: GateService) -> ASGIApp:
         content_type = request.headers.get("content-type", "application/json")
         check_headers({"content-type": content_type})
         body = await request.body()  # through the BodyReader: limited before reading
+        params = list(request.query_params.multi_items())
+        if backend.model is not None:
+            # Router mode: llama-server must not load a model for a pass-through call either.
+            params = [(k, v) for k, v in params if k != "autoload"] + [("autoload", "false")]
+            if not any(k == "model" for k, _ in params):
+                params.append(("model", backend.model))
         try:
             upstream = await gate.client.request(
                 request.method,
                 backend.url + request.url.path,
-                params=request.query_params,
+                params=params,
                 content=body or None,
                 headers={"content-type": content_type, **backend.auth_headers()},
                 timeout=30.0,

@@ -29,6 +29,7 @@ from gate.backends import Backend, BackendPool
 from gate.clientguard import guarded_protocol
 from gate.config import Config, ConfigError
 from gate.metrics import GateMetrics
+from gate.model_metrics import ModelMetrics
 from gate.ratelimit import RateLimiter, TenantLimits
 from gate.sharedlimits import Flip, SharedState, local_share
 from gate import __version__
@@ -114,6 +115,11 @@ class GateService:
             budget=config.budget,
             clock=clock,
             on_created=self._adopt_backend,
+            on_model_event=self._model_event,
+        )
+        self.backends.on_units = self._units_changed
+        self.model_metrics = ModelMetrics(
+            self.metrics.registry, lambda: self.backends.fleets, (m for b in config.backends for m in b.models)
         )
         self.recent_audit: deque[AuditRecord] = deque(maxlen=1000)
         self.rollup = Rollup()
@@ -315,7 +321,7 @@ class GateService:
         try:
             while self.clock() < deadline and backend.admission is not None:
                 try:
-                    response = await self.client.get(backend.url + "/slots", headers=backend.auth_headers(), timeout=1.0)
+                    response = await self.client.get(backend.url + "/slots" + backend.query, headers=backend.auth_headers(), timeout=1.0)
                     slots = response.json() if response.status_code == 200 else None
                 except (httpx.HTTPError, ValueError):
                     slots = None
@@ -333,6 +339,19 @@ class GateService:
 
     def _adopt_backend(self, backend: Backend) -> None:
         self.control.adopt(backend)  # operator state (paused classes, freeze) carries over
+
+    def _units_changed(self) -> None:
+        """Router mode turned a backend into model units: poll each model's /slots and /metrics."""
+        self.telemetry_poller.set_backends(backend_triples(self.backends.backends))
+
+    def _model_event(self, action: str, target: str, old: str | None, new: str | None, note: str) -> None:
+        """Router mode: a load, an eviction or a failure the gate saw or chose, audited."""
+        self.audit(
+            AuditRecord(
+                ts=time.time(), operator="tokengate", origin="local", source="gate", action=action, target=target,
+                old_value=old, new_value=new, note=note,
+            )
+        )
 
     def audit(self, record: AuditRecord) -> None:
         """One operator or controller change: kept for the console, journaled, told to listeners."""
@@ -401,7 +420,7 @@ class GateService:
             ) if adm else ()
             self.journal.add(
                 SampleRecord(
-                    ts=time.time(), backend=b.name, budget=adm.budget if adm else None,
+                    ts=time.time(), backend=b.name, budget=adm.budget if adm and b.capacity else None,
                     in_flight=adm.ledger.in_flight if adm else 0, queued=adm.waiting() if adm else 0,
                     slots_busy=len(adm.ledger) if adm else None, slots_total=b.capacity.slots if b.capacity else None,
                     gpu_used_bytes=gpu_used, gpu_total_bytes=gpu_total,
@@ -425,7 +444,8 @@ class GateService:
             self._refresh_inference_gauges(b)
             if adm is None:
                 continue
-            budget += adm.budget
+            if b.capacity is not None:  # a router's model before its first load has none yet
+                budget += adm.budget
             queued_tokens = 0
             for cls in adm.class_names:
                 in_flight[cls] += adm.ledger.class_tokens(cls)
@@ -538,6 +558,8 @@ class GateService:
                 if enq is not None and now - enq >= (oldest or 0.0):
                     oldest = now - enq
                     waiting_on = b.admission.waiting_on(c.name)
+                    if b.fleet is not None and not b.fleet.loaded(b) and waiting_on:
+                        waiting_on = f"model {b.fleet.info[b.model].status}"
             classes.append(
                 ClassView(
                     name=c.name, priority=c.priority, paused=c.name in self.control.paused,
@@ -553,7 +575,7 @@ class GateService:
         controllers = [b.controller for b in self.backends if b.controller is not None]
         ttfts = [c.p95_ttft_s for c in controllers if c.p95_ttft_s is not None]
         tpots = [c.p95_tpot_s for c in controllers if c.p95_tpot_s is not None]
-        budgets = [b.admission.budget for b in self.backends if b.admission is not None]
+        budgets = [b.admission.budget for b in self.backends if b.admission is not None and b.capacity is not None]
         ceilings = [b.capacity.ceiling for b in self.backends if b.capacity is not None]
         controller = ControllerView(
             mode=config.budget.mode, frozen=self.control.frozen, budget=sum(budgets) if budgets else None,
@@ -575,6 +597,7 @@ class GateService:
             shutting_down=self.shutting_down, gate_id=self.gate_id, decisions_seq=self.records.total,
             requests_in_flight=self.in_flight_requests(), drain_grace_s=self.drain_grace_s,
             shared=self.shared_state,
+            models=tuple(v for fleet in self.backends.fleets for v in fleet.views(self.telemetry)),
         )
 
     def _on_telemetry(self, latest: dict[str, Any]) -> None:

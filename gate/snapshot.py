@@ -82,6 +82,30 @@ class BackendView:
 
 
 @dataclass(frozen=True, slots=True)
+class ModelView:
+    """One model of a llama-server in router mode (its capacity unit is `unit` in `backends`)."""
+
+    backend: str  # the router backend's name
+    name: str
+    unit: str  # "backend/model": its BackendView and telemetry name
+    status: str  # unknown | unloaded | loading | loaded | sleeping | evicting | failed | missing
+    detail: str
+    pinned: bool
+    slots_busy: int  # requests in flight (one slot each)
+    slots_total: int | None  # while loaded
+    slot_context: int | None
+    in_flight: int  # tokens
+    queued: int
+    last_load_s: float | None
+    loads: int
+    evictions: int
+    failures: int
+    idle_s: float | None  # None while requests are in flight
+    models_max: int  # the router's --models-max (0: no limit)
+    requests_deferred: int | None = None  # llama-server's own queue for this model: must stay 0
+
+
+@dataclass(frozen=True, slots=True)
 class ClassView:
     name: str
     priority: int
@@ -156,6 +180,7 @@ class GateSnapshot:
     drain_grace_s: float = 0.0  # how long a stop lets in-flight requests finish
     #: tenant limits shared through Redis: off | ok | fail_open | fail_closed (the policy applies)
     shared: str = "off"
+    models: tuple[ModelView, ...] = ()  # router mode only: every configured model
 
     @property
     def budget(self) -> int | None:

@@ -225,6 +225,10 @@ class _Backend:
     name: str
     url: str
     headers: dict[str, str]
+    query: str = ""  # router mode: "?model=NAME&autoload=false"
+    #: router mode: poll /slots only while this says the model is busy (a /slots call counts as
+    #: activity and would keep a model from ever sleeping, --sleep-idle-seconds)
+    slots_when: Callable[[], bool] | None = None
     tracker: RateTracker = field(default_factory=RateTracker)
     last: BackendTelemetry | None = None
     misses: int = 0  # consecutive failed polls
@@ -248,8 +252,10 @@ class TelemetryPoller:
     """Polls ``/slots`` and ``/metrics`` of each backend.
 
     ``backends``: ``(name, base_url, headers)`` triples (headers: e.g. the
-    backend's Authorization, or None).  ``clock``: a monotonic clock, injectable
-    for tests (``ts`` in the telemetry is from it).
+    backend's Authorization, or None), or ``(name, base_url, headers, query)``
+    where ``query`` is appended to each path (router mode: one model of a
+    llama-server router).  ``clock``: a monotonic clock, injectable for tests
+    (``ts`` in the telemetry is from it).
     """
 
     def __init__(
@@ -265,9 +271,21 @@ class TelemetryPoller:
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self._clock = clock
-        self._backends = [_Backend(name, url.rstrip("/"), dict(headers or {})) for name, url, headers in backends]
-        if len({b.name for b in self._backends}) != len(self._backends):
+        self._backends: list[_Backend] = []
+        self.set_backends(backends)
+
+    def set_backends(self, backends: Iterable[tuple[Any, ...]]) -> None:
+        """Poll these from now on; a backend polled before keeps its state (rates, backoff)."""
+        before = {(b.name, b.url, b.query): b for b in self._backends}
+        fresh = []
+        for name, url, headers, *rest in backends:
+            query = rest[0] if rest else ""
+            old = before.get((name, url.rstrip("/"), query))
+            fresh.append(old if old is not None else _Backend(name, url.rstrip("/"), dict(headers or {}), query))
+            fresh[-1].slots_when = rest[1] if len(rest) > 1 else None
+        if len({b.name for b in fresh}) != len(fresh):
             raise ValueError("backend names must be unique")
+        self._backends = fresh
 
     @property
     def latest(self) -> dict[str, BackendTelemetry]:
@@ -309,12 +327,12 @@ class TelemetryPoller:
             return None
         try:
             try:
-                resp = await self._client.get(b.url + path, headers=b.headers, timeout=self.timeout_s)
+                resp = await self._client.get(b.url + path + b.query, headers=b.headers, timeout=self.timeout_s)
             except httpx.RemoteProtocolError:
                 # llama-server (cpp-httplib) closes keep-alive connections idle for
                 # 5 s; a GET sent as it closes one dies with "Server disconnected
                 # without sending a response".  GET is idempotent: retry once.
-                resp = await self._client.get(b.url + path, headers=b.headers, timeout=self.timeout_s)
+                resp = await self._client.get(b.url + path + b.query, headers=b.headers, timeout=self.timeout_s)
         except httpx.TimeoutException as err:
             raise _Unreachable(f"{path}: timed out after {self.timeout_s:g} s") from err
         except httpx.TransportError as err:
@@ -333,16 +351,21 @@ class TelemetryPoller:
         return resp
 
     async def _fetch(self, b: _Backend, now: float) -> tuple[tuple[SlotInfo, ...] | None, dict[str, float] | None]:
+        idle = b.slots_when is not None and not b.slots_when()
         async with asyncio.timeout(self.timeout_s):
             results = await asyncio.gather(
-                self._get(b, "/slots", now), self._get(b, "/metrics", now), return_exceptions=True
+                _idle_slots(b.last) if idle else self._get(b, "/slots", now), self._get(b, "/metrics", now),
+                return_exceptions=True,
             )
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:  # an unreachable backend wins over an HTTP error: it drives the backoff
             raise next((e for e in errors if isinstance(e, _Unreachable)), errors[0])
         slots_resp, metrics_resp = results
         try:
-            slots = None if slots_resp is None else parse_slots(slots_resp.json())
+            if isinstance(slots_resp, tuple):  # not asked: the last slots, idle
+                slots = slots_resp
+            else:
+                slots = None if slots_resp is None else parse_slots(slots_resp.json())
             metrics = None if metrics_resp is None else parse_metrics(metrics_resp.text)
         except ValueError as err:  # json.JSONDecodeError is a ValueError too
             raise _HttpError(f"bad payload: {err}") from err
@@ -404,11 +427,25 @@ class TelemetryPoller:
             b.last = replace(b.last, stale=stale, error=reason)
 
 
+async def _idle_slots(last: BackendTelemetry | None) -> tuple[SlotInfo, ...] | None:
+    """The slots of an idle model without asking: the last ones read, none processing."""
+    if last is None or last.slots is None:
+        return None
+    return tuple(replace(s, processing=False, n_decoded=None) for s in last.slots)
+
+
 def _keep(old: float | None, new: float | None) -> float | None:
     return old if new is None else new
 
 
-def backend_triples(items: Sequence[Any]) -> list[tuple[str, str, dict[str, str]]]:
-    """``(name, url, headers)`` for objects with ``name``, ``url`` and ``auth_headers()``
-    (gate.backends.Backend); a convenience for the service's wiring."""
-    return [(b.name, b.url, dict(b.auth_headers())) for b in items]
+def backend_triples(items: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """``(name, url, headers, query, slots_when)`` for objects with ``name``, ``url``,
+    ``auth_headers()`` and ``query`` (gate.backends.Backend); a convenience for the service's
+    wiring. A router's model (``model`` set) has its /slots read only while it holds requests."""
+    out: list[tuple[Any, ...]] = []
+    for b in items:
+        busy = None
+        if getattr(b, "model", None) is not None:
+            busy = lambda b=b: b.admission is not None and len(b.admission.ledger) > 0  # noqa: E731
+        out.append((b.name, b.url, dict(b.auth_headers()), getattr(b, "query", ""), busy))
+    return out

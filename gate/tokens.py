@@ -209,8 +209,14 @@ class TokenCounter:
         kind: TokenKind,
         body: Mapping[str, Any],
         headers: Mapping[str, str] | None = None,
+        *,
+        model: str | None = None,
     ) -> TokenCount:
-        """The prompt tokens of ``body`` on the backend at ``base_url``; never raises for backend trouble."""
+        """The prompt tokens of ``body`` on the backend at ``base_url``; never raises for backend trouble.
+
+        ``model``: a llama-server in router mode; every look-up names that model and asks
+        with ``autoload=false`` (counting must never load a model behind the gate's back).
+        """
         base_url = base_url.rstrip("/")
         fields = prompt_fields(kind, body)
         canonical = canonical_json(fields)
@@ -224,7 +230,7 @@ class TokenCounter:
                 self._stats["exact"] += 1
                 return TokenCount(literal, "exact", False)
 
-        key = cache_key(base_url, kind, canonical)
+        key = cache_key(base_url if model is None else f"{base_url}#{model}", kind, canonical)
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
@@ -236,7 +242,7 @@ class TokenCounter:
         task = self._inflight.get(key)
         if task is None:
             task = asyncio.create_task(
-                self._lookup(key, base_url, kind, fields, canonical, dict(headers or {})),
+                self._lookup(key, base_url, kind, fields, canonical, dict(headers or {}), model),
                 name="tokengate-count",
             )
             self._inflight[key] = task
@@ -290,14 +296,17 @@ class TokenCounter:
         fields: dict[str, Any],
         canonical: bytes,
         headers: dict[str, str],
+        model: str | None = None,
     ) -> int | None:
         """One backend look-up; caches and returns the count, or None after a failure."""
+        if model is not None:
+            canonical = canonical_json({**fields, "model": model})
         try:
             async with asyncio.timeout(self._timeout_s):
                 if kind == "chat":
-                    tokens = await self._count_chat(base_url, canonical, headers)
+                    tokens = await self._count_chat(base_url, canonical, headers, model)
                 else:
-                    tokens = await self._count_prompt(base_url, fields["prompt"], headers)
+                    tokens = await self._count_prompt(base_url, fields["prompt"], headers, model)
         except _CountFailed as exc:
             return self._failed(base_url, exc.reason, backend_fault=exc.backend_fault)
         except TimeoutError:
@@ -352,40 +361,47 @@ class TokenCounter:
             return True
         return self._clock() >= self._reprobe_at.get(base_url, 0.0)
 
-    async def _post(self, base_url: str, path: str, content: bytes, headers: dict[str, str]) -> httpx.Response:
+    async def _post(
+        self, base_url: str, path: str, content: bytes, headers: dict[str, str], model: str | None = None
+    ) -> httpx.Response:
         return await self._client.post(
-            base_url + path,
+            base_url + path + ("" if model is None else "?autoload=false"),
             content=content,
             headers={**headers, "Content-Type": "application/json"},
             timeout=self._timeout_s,
         )
 
-    async def _count_chat(self, base_url: str, canonical: bytes, headers: dict[str, str]) -> int:
+    async def _count_chat(self, base_url: str, canonical: bytes, headers: dict[str, str], model: str | None = None) -> int:
         if self._try_input_tokens(base_url):
-            resp = await self._post(base_url, INPUT_TOKENS_PATH, canonical, headers)
+            resp = await self._post(base_url, INPUT_TOKENS_PATH, canonical, headers, model)
             if resp.status_code in _NO_ROUTE:
                 self._set_input_tokens(base_url, False, resp.status_code)
             else:
                 tokens = _count_field(_answer(resp, INPUT_TOKENS_PATH), "input_tokens")
                 self._set_input_tokens(base_url, True, resp.status_code)
                 return tokens
-        resp = await self._post(base_url, APPLY_TEMPLATE_PATH, canonical, headers)
+        resp = await self._post(base_url, APPLY_TEMPLATE_PATH, canonical, headers, model)
         prompt = _answer(resp, APPLY_TEMPLATE_PATH).get("prompt")
         if not isinstance(prompt, str):
             raise _CountFailed(f"{APPLY_TEMPLATE_PATH} answer has no prompt string", backend_fault=True)
-        return await self._tokenize(base_url, prompt, True, headers)
+        return await self._tokenize(base_url, prompt, True, headers, model)
 
-    async def _count_prompt(self, base_url: str, prompt: Any, headers: dict[str, str]) -> int:
+    async def _count_prompt(self, base_url: str, prompt: Any, headers: dict[str, str], model: str | None = None) -> int:
         texts, literal = _prompt_plan(prompt)
         total = literal
         for text, add_special in texts:
-            total += await self._tokenize(base_url, text, add_special, headers)
+            total += await self._tokenize(base_url, text, add_special, headers, model)
         return total
 
-    async def _tokenize(self, base_url: str, text: str, add_special: bool, headers: dict[str, str]) -> int:
+    async def _tokenize(
+        self, base_url: str, text: str, add_special: bool, headers: dict[str, str], model: str | None = None
+    ) -> int:
         # parse_special: the server parses special tokens in prompts it runs, so count them as it does.
-        payload = canonical_json({"content": text, "add_special": add_special, "parse_special": True})
-        resp = await self._post(base_url, TOKENIZE_PATH, payload, headers)
+        fields: dict[str, Any] = {"content": text, "add_special": add_special, "parse_special": True}
+        if model is not None:
+            fields["model"] = model
+        payload = canonical_json(fields)
+        resp = await self._post(base_url, TOKENIZE_PATH, payload, headers, model)
         tokens = _answer(resp, TOKENIZE_PATH).get("tokens")
         if not isinstance(tokens, list):
             raise _CountFailed(f"{TOKENIZE_PATH} answer has no token list", backend_fault=True)

@@ -75,3 +75,36 @@ def redis_server(tmp_path_factory):
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def router_models(tmp_path_factory) -> Path:
+    """A --models-dir with two tiny GGUFs, ``tiny`` and ``tiny2`` (other weights: another seed)."""
+    from tests.llama.make_model import cached_model
+
+    directory = tmp_path_factory.mktemp("router-models")
+    (directory / "tiny.gguf").symlink_to(cached_model("default"))
+    (directory / "tiny2.gguf").symlink_to(cached_model("default", seed=4321))
+    return directory
+
+
+@pytest.fixture
+def llama_router(llama_bin, router_models, tmp_path):
+    """Start llama-server routers for one test: ``llama_router(models_max=1)``,
+    ``llama_router(preset=path)``; each is stopped (with its children) when the test ends."""
+    from tests.llama.server import LlamaRouter
+
+    started: list[LlamaRouter] = []
+
+    def start(*, models_max: int | None = None, preset: Path | None = None, **kwargs) -> LlamaRouter:
+        server = LlamaRouter(
+            llama_bin, models_dir=None if preset else router_models, preset=preset, models_max=models_max,
+            log_path=tmp_path / f"router-{len(started)}.log", **kwargs,
+        )
+        started.append(server)
+        server.start()
+        return server
+
+    yield start
+    for server in started:
+        server.stop()

@@ -19,7 +19,8 @@ from console.widgets.status import show_text
 
 from gate.snapshot import GateSnapshot
 
-STATE_STYLES = {"ready": "bold green", "loading": "bold yellow", "down": "bold red"}
+# router mode adds a model's own "unloaded" and "sleeping" (loaded on demand, not a fault)
+STATE_STYLES = {"ready": "bold green", "loading": "bold yellow", "down": "bold red", "unloaded": "dim", "sleeping": "cyan"}
 SHARED_STYLES = {"ok": "bold green", "fail_open": "bold black on yellow", "fail_closed": "bold white on red"}
 LABEL_STYLES = {"LIVE": "bold black on green", "SIMULATED": "bold black on magenta", "REVIEW": "bold black on cyan"}
 

@@ -13,7 +13,8 @@ from console.widgets.status import show_text
 
 from gate.snapshot import BackendView, ControllerView, GateSnapshot, SlotView
 
-STATE_STYLES = {"ready": "bold green", "loading": "bold yellow", "down": "bold red"}
+# router mode adds a model's own "unloaded" and "sleeping" (loaded on demand, not a fault)
+STATE_STYLES = {"ready": "bold green", "loading": "bold yellow", "down": "bold red", "unloaded": "dim", "sleeping": "cyan"}
 
 
 def bar(used: float, total: float, width: int) -> Text:

@@ -140,6 +140,16 @@ def _check_redis_url(c: _Check, key: str, url: str) -> None:
     db = parts.path.lstrip("/")
     if db and not db.isdigit():
         raise bad("the path must be a database number, as in redis://127.0.0.1:6379/0")
+def _check_model_list(c: _Check, key: str, names: tuple[str, ...], known: tuple[str, ...], what: str) -> None:
+    """Each of `names` is one of `known` (configured model names), listed once."""
+    seen: set[str] = set()
+    for j, name in enumerate(names):
+        if name not in known:
+            listed = ", ".join(known) if known else "none is configured"
+            raise c.fail(f"{key}[{j}]", f"must be {what} ({listed}), got {_show(name)}{_suggest(name, known)}")
+        if name in seen:
+            raise c.fail(f"{key}[{j}]", f"{_show(name)} is listed twice")
+        seen.add(name)
 
 
 def validate_config(config: Config, source: str = "<config>") -> None:
@@ -251,6 +261,8 @@ def validate_config(config: Config, source: str = "<config>") -> None:
         c.check("prefill_yield_tokens", be.prefill_yield_tokens, lambda v: v >= 0,
                 "zero (never yield) or a positive integer")
         _check_env_name(c, "api_key_env", be.api_key_env)
+        _check_model_list(c, "pin", be.pin, be.models, "this backend's models")
+        c.check("cold_start_s", be.cold_start_s, lambda v: v >= 0, "zero or more seconds")
 
     # [classes.NAME]
     if not config.classes:
@@ -285,6 +297,7 @@ def validate_config(config: Config, source: str = "<config>") -> None:
                 f"must be at most max_tokens_cap ({cl.max_tokens_cap}), "
                 f"got {cl.default_max_tokens}",
             )
+        _check_model_list(c, "fallback", cl.fallback, tuple(model_owner), "a model of [[backends]] models")
     reserved = [(cl.name, cl.reserved_tokens) for cl in config.classes if cl.reserved_tokens]
     total_reserved = sum(n for _, n in reserved)
     if total_reserved > b.min_tokens:
@@ -381,6 +394,7 @@ def validate_config(config: Config, source: str = "<config>") -> None:
         c.pos_int("max_tokens_in_flight", t.max_tokens_in_flight)
         c.pos_int("requests_per_minute", t.requests_per_minute)
         c.pos_int("tokens_per_minute", t.tokens_per_minute)
+        _check_model_list(c, "fallback", t.fallback, tuple(model_owner), "a model of [[backends]] models")
 
     # [[fleet]]: other gates' control sockets, for the fleet console
     fleet_names: dict[str, int] = {}

@@ -79,6 +79,17 @@ prefill_yield_tokens = 512
 # Name of an environment variable holding the API key the gate sends upstream
 # (llama-server --api-key). Default: unset (send none).
 # api_key_env = "LLAMA_API_KEY"
+# Router mode: llama-server started with --models-dir DIR or --models-preset FILE and no -m
+# runs one child process per model, loaded on demand. The gate notices it (/props says
+# "role": "router") and treats each name in `models` as its own capacity unit (slots, budget,
+# queues); `models` must then list the models to serve. Requests for a model that is not loaded
+# wait in the gate while it loads. Models the gate keeps loaded and never evicts to make room
+# for another (with --models-max N). Default [] (none pinned).
+pin = []
+# What a cold start costs, in seconds: a loaded model idle for less than this is not evicted
+# for another one (it would likely be needed again before the load paid off). Default: unset
+# (each model's own measured load time).
+# cold_start_s = 2.0
 
 [budget]
 # "adaptive": the controller moves the working budget between min_tokens and the backend's
@@ -135,6 +146,10 @@ queue_timeout_s = 10.0
 default_max_tokens = 256
 # Largest max_tokens a request of this class may ask for. Default 4096.
 max_tokens_cap = 4096
+# Models to try, in order, when the requested model is saturated (would queue), still loading
+# (router mode), or refuses the request; each must be in some backend's `models`, e.g.
+# ["tiny2"]. The answer's X-Tokengate-Model header names the model that answered. Default [].
+fallback = []
 
 [classes.batch]
 priority = 1
@@ -195,6 +210,8 @@ wait_ms = 20.0
 # # Token-bucket rate limits, per minute; 429 rate_limited beyond them. Default: unset.
 # requests_per_minute = 600
 # tokens_per_minute = 200000
+# # Replaces its class's fallback list of models when not empty. Default [].
+# fallback = []
 #
 # [[tenants]]
 # name = "nightly-batch"

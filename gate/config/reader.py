@@ -251,6 +251,8 @@ def _backend(source: str, i: int, data: dict[str, Any]) -> BackendConfig:
         max_prefill_tokens=r.opt_int("max_prefill_tokens"),
         prefill_yield_tokens=r.get_int("prefill_yield_tokens", d.prefill_yield_tokens),
         api_key_env=r.opt_str("api_key_env"),
+        pin=r.str_tuple("pin"),
+        cold_start_s=r.opt_float("cold_start_s"),
     )
 
 
@@ -305,6 +307,7 @@ def _class(source: str, name: str, data: Any) -> ClassConfig:
         default_max_tokens=r.get_int("default_max_tokens", 512),
         max_tokens_cap=r.get_int("max_tokens_cap", 4096),
         ttft_objective_ms=r.opt_float("ttft_objective_ms"),
+        fallback=r.str_tuple("fallback"),
     )
 
 
@@ -322,6 +325,7 @@ def _tenant(source: str, i: int, data: dict[str, Any]) -> TenantConfig:
         max_tokens_in_flight=r.opt_int("max_tokens_in_flight"),
         requests_per_minute=r.opt_int("requests_per_minute"),
         tokens_per_minute=r.opt_int("tokens_per_minute"),
+        fallback=r.str_tuple("fallback"),
     )
 
 

@@ -96,6 +96,11 @@ class BackendConfig:
     max_prefill_tokens: int | None = None  # None: derived from the measured prefill rate; 0: off
     prefill_yield_tokens: int = 512  # prompts longer than this yield to higher classes; 0: off
     api_key_env: str | None = None
+    #: router mode (llama-server --models-dir/--models-preset): models the gate keeps loaded
+    pin: tuple[str, ...] = ()
+    #: router mode: what a cold start costs, in seconds; a model idle for less is not evicted.
+    #: None = each model's measured load time
+    cold_start_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +135,8 @@ class ClassConfig:
     default_max_tokens: int = 512
     max_tokens_cap: int = 4096
     ttft_objective_ms: float | None = None  # refuse a waiter early once it cannot meet this
+    #: models to try, in order, when the requested one is saturated, loading or refuses
+    fallback: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +156,8 @@ class TenantConfig:
     max_tokens_in_flight: int | None = None
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
+    #: replaces its class's fallback list when not empty
+    fallback: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -99,8 +99,14 @@ _V2 = (
     "ALTER TABLE samples ADD COLUMN gate_id TEXT NOT NULL DEFAULT ''",
 )
 
+# v3: router mode: which model answered a request, and the one it asked for when a fallback did.
+_V3 = (
+    "ALTER TABLE decisions ADD COLUMN model TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE decisions ADD COLUMN rerouted_from TEXT NOT NULL DEFAULT ''",
+)
+
 #: ``MIGRATIONS[i]`` takes a journal from schema version ``i`` to ``i + 1``. Append only.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

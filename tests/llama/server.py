@@ -244,3 +244,77 @@ class LlamaServer:
 
     def __repr__(self) -> str:
         return f"LlamaServer(mode={self.mode}, url={self.url if self.port else None}, n_ctx={self.n_ctx})"
+
+
+class LlamaRouter(LlamaServer):
+    """llama-server in router mode: no ``-m``; the models of ``models_dir`` (named by file
+    stem) or of a ``preset`` INI file, each loaded on demand into a child process.
+
+    ``-c``/``-np``/``-t`` are passed on to every child and win over a preset's values
+    (``ctx=None`` / ``n_slots=None`` leave them to the preset). ``models_max``:
+    ``--models-max`` (None: llama-server's default, 4).
+    ``children()`` maps each running child's model name to its pid.
+    """
+
+    def __init__(
+        self,
+        binary: str | os.PathLike,
+        *,
+        models_dir: str | os.PathLike | None = None,
+        preset: str | os.PathLike | None = None,
+        models_max: int | None = None,
+        ctx: int | None = 2048,
+        n_slots: int | None = 2,
+        threads: int = 2,
+        extra_args: tuple[str, ...] = (),
+        log_path: str | os.PathLike | None = None,
+        startup_timeout: float = 60.0,
+    ) -> None:
+        if (models_dir is None) == (preset is None):
+            raise ValueError("give models_dir or preset")
+        super().__init__(
+            binary, models_dir or preset, mode="split", ctx=ctx or 0, n_slots=n_slots or 0, threads=threads,  # type: ignore[arg-type]
+            extra_args=extra_args, log_path=log_path, startup_timeout=startup_timeout,
+        )
+        self.models_dir = None if models_dir is None else Path(models_dir)
+        self.preset = None if preset is None else Path(preset)
+        self.models_max = models_max
+
+    def command(self) -> list[str]:
+        source = ["--models-dir", str(self.models_dir)] if self.models_dir else ["--models-preset", str(self.preset)]
+        args = [
+            str(self.binary), *source,
+            "--host", "127.0.0.1",
+            "--port", str(self.port),
+            "--metrics",
+            "-t", str(self.threads),
+        ]
+        if self.ctx:
+            args += ["-c", str(self.ctx)]
+        if self.n_slots:
+            args += ["-np", str(self.n_slots)]
+        if self.models_max is not None:
+            args += ["--models-max", str(self.models_max)]
+        return args + list(self.extra_args)
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def children(self) -> dict[str, int]:
+        """{model: pid} of the router's running child processes (from /proc)."""
+        found: dict[str, int] = {}
+        if self.pid is None:
+            return found
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid == self.pid and b"--alias" in argv:
+                found[argv[argv.index(b"--alias") + 1].decode()] = int(entry.name)
+        return found

@@ -560,3 +560,36 @@ def test_shared_mistakes_name_the_key(text: str, key: str, needle: str) -> None:
 def test_a_redis_password_is_never_echoed_in_an_error() -> None:
     err = error_of('[shared]\nredis_url = "redis://:hunter2@h:6379/x"')
     assert "hunter2" not in str(err) and err.key == "shared.redis_url"
+
+
+# ---------------------------------------------------------------------------- router mode
+
+
+ROUTER = '[[backends]]\nname = "r"\nurl = "http://127.0.0.1:8080"\nmodels = ["tiny", "tiny2"]\n'
+
+
+def test_router_keys_read_pin_cold_start_and_fallbacks() -> None:
+    c = parse_config(
+        ROUTER + 'pin = ["tiny"]\ncold_start_s = 2.5\n'
+        '[classes.interactive]\npriority = 10\nfallback = ["tiny2"]\n'
+        '[[tenants]]\nname = "t"\napi_key_env = "K"\nclass = "interactive"\nfallback = ["tiny", "tiny2"]\n'
+    )
+    assert c.backends[0].pin == ("tiny",) and c.backends[0].cold_start_s == 2.5
+    assert c.class_by_name("interactive").fallback == ("tiny2",)
+    assert c.tenants[0].fallback == ("tiny", "tiny2")
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "problem"),
+    [
+        (ROUTER + 'pin = ["tiny3"]\n', "backends[0].pin[0]", "must be this backend's models (tiny, tiny2), got \"tiny3\""),
+        (ROUTER + 'pin = ["tiny", "tiny"]\n', "backends[0].pin[1]", '"tiny" is listed twice'),
+        (ROUTER + "cold_start_s = -1\n", "backends[0].cold_start_s", "must be zero or more seconds"),
+        (ROUTER + '[classes.interactive]\npriority = 1\nfallback = ["tiny9"]\n', "classes.interactive.fallback[0]", "did you mean"),
+        ('[classes.interactive]\npriority = 1\nfallback = ["x"]\n', "classes.interactive.fallback[0]", "none is configured"),
+        (ROUTER + '[[tenants]]\nname = "t"\napi_key_env = "K"\nfallback = "tiny"\n', "tenants[0].fallback", "must be an array of strings"),
+    ],
+)
+def test_router_keys_are_checked_with_file_and_key(text: str, key: str, problem: str) -> None:
+    err = error_of(text)
+    assert err.key == key and problem in err.problem, str(err)
