@@ -104,10 +104,10 @@ def _end(app, why: str) -> None:
 async def _run_app(link: GateLink, *, read_only: bool, on_signal: Callable[[str], None] | None = None):
     from console.app import TokengateApp  # Textual only when the console runs
 
-    return await _run(TokengateApp(link, read_only=read_only))
+    return await _run(TokengateApp(link, read_only=read_only), on_signal)
 
 
-async def _run(app):
+async def _run(app, on_signal: Callable[[str], None] | None = None):
     # Once the first frames are up (3 s), what start-up built (Textual, the widget tree) lives as
     # long as the console: out of the way of every later full collection (a full collection
     # of the console's heap took 60-90 ms, gc.callbacks at 200 req/s), which delays a key press.
