@@ -13,7 +13,8 @@ slope, there is no estimate (None): callers never act on a guess.
 
 `auto_prefill_cap(slo_s)` is the most prompt tokens that may prefill at once so that a
 request dispatched behind them still gets its first token within the TTFT objective:
-(slo - base) x rate, and never below one slot's worth of a short prompt.
+(slo - base) x rate, never below MIN_CAP, and no cap at all when `base` alone is over the
+objective (nothing admission does can meet it then).
 """
 
 from __future__ import annotations
@@ -61,9 +62,13 @@ class PrefillModel:
         return base + (prompt_tokens + prefilling) / rate
 
     def auto_prefill_cap(self, slo_s: float) -> int | None:
+        """None while unmeasured, and when one decode step alone already takes the objective:
+        then no prefill cap can help, and serialising prompts would only cost throughput."""
         if self._fit is None:
             return None
         base, rate = self._fit
+        if slo_s <= base:
+            return None
         return max(MIN_CAP, int((slo_s - base) * rate))
 
     def _solve(self) -> tuple[float, float] | None:

@@ -46,6 +46,11 @@ queue_timeout_s = 120
 """
 
 
+# These tests are about the controller alone: the prefill cap (derived from the same SLO, which
+# is set far below a decode step here) and prefill yielding would change the load they make.
+NO_PREFILL_LEVERS = "max_prefill_tokens = 0\nprefill_yield_tokens = 0\n"
+
+
 def budget_toml(slo_ttft_ms: float) -> str:
     return PATIENT + f"""
 [budget]
@@ -144,7 +149,7 @@ async def journal_controller_rows(gate, n: int) -> list[tuple[str, str, str, str
 
 @pytest.mark.llama
 async def test_ttft_over_slo_closes_the_budget_within_window_and_cooldown(llama):
-    async with running_gate(llama.url, budget_toml(50)) as gate:
+    async with running_gate(llama.url, backend_extra=NO_PREFILL_LEVERS, extra=budget_toml(50)) as gate:
         b0 = gate.backends.by_name("b0")
         assert b0.admission is not None and b0.capacity.ceiling == CEILING
         assert b0.admission.budget == CEILING  # the controller starts at the ceiling
@@ -189,7 +194,7 @@ async def test_ttft_over_slo_closes_the_budget_within_window_and_cooldown(llama)
 
 @pytest.mark.llama
 async def test_light_load_with_a_queue_opens_the_budget_from_the_minimum(llama):
-    async with running_gate(llama.url, budget_toml(60000)) as gate:
+    async with running_gate(llama.url, backend_extra=NO_PREFILL_LEVERS, extra=budget_toml(60000)) as gate:
         b0 = gate.backends.by_name("b0")
         assert b0.admission is not None
         gate.control.set_budget(MIN_TOKENS, operator=gate.operator, note="start low")

@@ -1,0 +1,43 @@
+"""The prefill model: TTFT = one decode step + prompt tokens / prefill rate, from first tokens."""
+
+from __future__ import annotations
+
+from gate.prefill import MIN_CAP, PrefillModel
+
+
+def fed(base_s: float, rate: float, sizes=(10, 200, 400, 800, 50, 600, 300, 1000)) -> PrefillModel:
+    m = PrefillModel()
+    for n in sizes:
+        m.observe(n, base_s + n / rate)
+    return m
+
+
+def test_no_estimate_before_enough_points_or_without_a_positive_slope():
+    m = PrefillModel()
+    for n in (10, 200, 400, 800, 50, 600, 300):  # 7 of the 8 needed
+        m.observe(n, 0.05 + n / 2000)
+    assert m.expected_ttft(100, 0) is None and m.auto_prefill_cap(1.0) is None
+    flat = PrefillModel()
+    for _ in range(10):
+        flat.observe(100, 0.2)  # one size only: prefill and step cannot be told apart
+    assert flat.rate is None
+
+
+def test_the_fit_recovers_the_step_and_the_rate_and_predicts_with_what_is_prefilling():
+    m = fed(0.05, 2000.0)
+    assert abs(m.base_s - 0.05) < 1e-9 and abs(m.rate - 2000.0) < 1e-6
+    assert abs(m.expected_ttft(100, 900) - (0.05 + 1000 / 2000)) < 1e-9
+
+
+def test_the_cap_leaves_room_for_the_objective_and_is_off_when_a_step_alone_misses_it():
+    m = fed(0.05, 2000.0)
+    assert m.auto_prefill_cap(0.25) in (399, 400)  # (0.25 - 0.05) x 2000, floored
+    assert m.auto_prefill_cap(0.051) == MIN_CAP
+    assert m.auto_prefill_cap(0.04) is None  # the step is over the objective: no cap helps
+
+
+def test_old_points_fall_out_so_the_model_follows_the_load():
+    m = fed(0.05, 2000.0)
+    for n in (10, 200, 400, 800, 50, 600, 300, 1000) * 8:
+        m.observe(n, 0.2 + n / 500)
+    assert abs(m.base_s - 0.2) < 1e-6 and abs(m.rate - 500.0) < 1e-3
