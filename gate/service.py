@@ -459,6 +459,8 @@ class GateService:
         m.set_budget(budget)
         m.set_drain_seconds(drain_s if drain_s != float("inf") else 3600.0)
         m.set_slo_ttft(self.config.budget.slo_ttft_p95_ms / 1000)
+        if self.shared is not None:
+            m.set_shared(fallback=self.shared.health.degraded, gates=self.shared.health.gates)
 
     def refresh_inference_gauges(self) -> None:
         """Only the inference-gateway gauges (GET /metrics/inference)."""
@@ -476,8 +478,6 @@ class GateService:
             return
         usage = adm.ledger.in_flight / adm.capacity.ceiling if b.state == "ready" else 1.0
         self.metrics.set_inference(b.name, model, waiting=adm.waiting(), running=len(adm.ledger), kv_usage=usage)
-        if self.shared is not None:
-            m.set_shared(fallback=self.shared.health.degraded, gates=self.shared.health.gates)
 
     def observe_success(self, backend: Backend, stats: RelayStats) -> None:
         """Feed a completed request's upstream latencies to the controller."""
