@@ -23,6 +23,10 @@ import httpx
 
 from gate.service import GateService
 from tests.integration.gate_harness import gate_toml, running_gate, wait_until, words
+
+# The shared limits alone: the automatic prefill cap (#13) serialises prompts when a starved
+# CPU makes the measured prefill rate low, which only adds queue time to these tests.
+NO_PREFILL_CAP = "max_prefill_tokens = 0"
 from tests.llama.server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,7 +80,7 @@ async def fleet(llama_url: str, extras: Sequence[str], *, budget: int) -> AsyncI
     async with contextlib.AsyncExitStack() as stack:
         gates = []
         for extra in extras:
-            gates.append(await stack.enter_async_context(running_gate(llama_url, extra, backend_extra=f"token_budget = {budget}")))
+            gates.append(await stack.enter_async_context(running_gate(llama_url, extra, backend_extra=f"token_budget = {budget}\n{NO_PREFILL_CAP}")))
         yield gates
 
 
@@ -127,7 +131,7 @@ class ServeProcess:
         self.dir = Path(tempfile.mkdtemp(prefix="tokengate-fleet-"))
         self.port = free_port()
         config = f'[gate]\nlisten = "127.0.0.1:{self.port}"\njournal = "{self.dir}/journal.db"\n\n' + gate_toml(
-            [llama_url], extra, backend_extra=f"token_budget = {budget}"
+            [llama_url], extra, backend_extra=f"token_budget = {budget}\n{NO_PREFILL_CAP}"
         )
         self.config_path = self.dir / "tokengate.toml"
         self.config_path.write_text(config)
