@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import contextlib
 import tempfile
 from pathlib import Path
@@ -84,3 +85,13 @@ WORDS = "the quick brown fox jumps over the lazy dog and then some more words fo
 def words(n: int) -> str:
     """A prompt of n words the tiny model's vocabulary holds (about one token each)."""
     return " ".join(WORDS[i % len(WORDS)] for i in range(n))
+
+
+async def terminate(proc, timeout_s: float = 30.0) -> None:
+    """SIGTERM a child process (a gate drains), then SIGKILL if it is not gone in `timeout_s`."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        await asyncio.wait_for(proc.wait(), timeout_s)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()

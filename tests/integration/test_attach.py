@@ -28,7 +28,7 @@ import pytest
 
 from gate.commands import CommandError, Pause, Retune
 from gate.link import SocketLink
-from tests.integration.gate_harness import wait_until
+from tests.integration.gate_harness import terminate, wait_until
 
 pytestmark = pytest.mark.llama
 
@@ -82,12 +82,7 @@ async def serve(tmp_path: Path, config: Path, *extra: str):
         yield proc
     finally:
         if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), 30)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+            await terminate(proc)
 
 
 async def _live(path: str, proc) -> bool:

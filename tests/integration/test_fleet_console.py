@@ -25,7 +25,7 @@ from console.screens.retune import RetuneScreen
 from gate.commands import Pause
 from gate.control_socket import is_live
 from gate.link import SocketLink
-from tests.integration.gate_harness import wait_until
+from tests.integration.gate_harness import terminate, wait_until
 
 SIZE = (170, 48)
 
@@ -47,12 +47,7 @@ async def demo_gate(directory: Path):
     finally:
         log.close()
         if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), 30)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+            await terminate(proc)
 
 
 async def until(pilot, predicate, timeout_s: float = 30.0) -> None:
