@@ -148,9 +148,11 @@ async def test_serve_peak_rss_does_not_grow_by_more_than_the_body_limit(tmp_path
         print(f"\n[measured] serve VmHWM {before} KiB before, +{growth_kib} KiB after three 300 MB bodies to /tokenize "
               f"(one declared, two chunked; limit {limit >> 10} KiB)")
         # The body limit, plus the server's own read buffers for the one chunk that crosses it
-        # (uvloop reads up to 256 KiB at a time, uvicorn copies it once): measured +8.4 to
-        # +8.9 MiB for an 8 MiB limit on 3 runs; before the fix one such body cost +592 MiB.
-        assert growth_kib <= (limit >> 10) + 1024, growth_kib
+        # (uvloop reads up to 256 KiB at a time, uvicorn copies it once) and allocator slack:
+        # measured +8.4 to +8.9 MiB for an 8 MiB limit on 3 runs here, +9.4 MiB on the CI
+        # machine; before the fix one such body cost +592 MiB. The bound (limit + 4 MiB) still
+        # fails by two orders of magnitude if a body is read whole again.
+        assert growth_kib <= (limit >> 10) + 4096, growth_kib
     finally:
         proc.terminate()
         await asyncio.wait_for(proc.wait(), 30)
