@@ -135,7 +135,8 @@ class FleetGate:
             if now < self._next_try:
                 return
             try:
-                self.link = await asyncio.wait_for(SocketLink.connect(self.entry.socket, read_only=True), SNAPSHOT_TIMEOUT_S)
+                async with asyncio.timeout(SNAPSHOT_TIMEOUT_S):
+                    self.link = await SocketLink.connect(self.entry.socket, read_only=True)
             except (LinkLost, OSError, TimeoutError) as exc:
                 self._failed(now, str(exc) or type(exc).__name__)
                 return
@@ -143,7 +144,8 @@ class FleetGate:
                 on_audit, name = self._on_audit, self.name
                 self.link.subscribe(lambda record: on_audit(name, record))
         try:
-            self.snap = await asyncio.wait_for(self.link.snapshot(), SNAPSHOT_TIMEOUT_S)
+            async with asyncio.timeout(SNAPSHOT_TIMEOUT_S):
+                self.snap = await self.link.snapshot()
         except TimeoutError:
             self.error = f"no snapshot within {SNAPSHOT_TIMEOUT_S:g} s"
             return

@@ -135,7 +135,8 @@ class FleetConsoleApp(TokengateApp):
         self._switching = True
         try:
             try:
-                link = await asyncio.wait_for(self._connect(gate.entry.socket, self.fleet_read_only), OPEN_TIMEOUT_S)
+                async with asyncio.timeout(OPEN_TIMEOUT_S):
+                    link = await self._connect(gate.entry.socket, self.fleet_read_only)
             except (LinkLost, CommandError, OSError, TimeoutError) as exc:
                 self.notify(str(exc) or type(exc).__name__, title=f"{name}: cannot open", severity="error", markup=False)
                 return

@@ -268,7 +268,8 @@ class GateProcess:
             if proc.returncode is not None:
                 raise ConsoleExit(gate._log_since(start_at) or f"the gate exited with code {proc.returncode}")
             try:
-                await asyncio.wait_for(proc.wait(), 0.05)
+                async with asyncio.timeout(0.05):
+                    await proc.wait()
             except TimeoutError:
                 pass
         return gate
@@ -300,7 +301,8 @@ class GateProcess:
 
         try:
             if isinstance(link, SocketLink):
-                await asyncio.wait_for(link.stop_gate(why), 2.0)
+                async with asyncio.timeout(2.0):
+                    await link.stop_gate(why)
             else:
                 raise ConnectionError
         except Exception:  # noqa: BLE001 - the socket is gone: a signal does the same, without the reason
@@ -316,7 +318,8 @@ class GateProcess:
                 sys.stderr.write(f"tokengate: stopping the gate (in-flight requests get up to {self.grace_s:g} s)...\n")
                 sys.stderr.flush()
         try:
-            await asyncio.wait_for(self.proc.wait(), self.grace_s + 15.0)
+            async with asyncio.timeout(self.grace_s + 15.0):
+                await self.proc.wait()
         except TimeoutError:
             self.proc.kill()
             await self.proc.wait()

@@ -249,7 +249,8 @@ class GpuMonitor:
         if self._in_flight is not None and not self._in_flight.done():
             if self._in_flight.get_loop() is asyncio.get_running_loop():
                 try:
-                    return await asyncio.wait_for(asyncio.shield(self._in_flight), timeout)
+                    async with asyncio.timeout(timeout):
+                        return await asyncio.shield(self._in_flight)
                 except TimeoutError:
                     return GpuReading.failed(TIMED_OUT)
             return GpuReading.failed(TIMED_OUT)
@@ -270,6 +271,7 @@ class GpuMonitor:
         self._in_flight = fut
         threading.Thread(target=work, name="tokengate-nvml", daemon=True).start()
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+            async with asyncio.timeout(timeout):
+                return await asyncio.shield(fut)
         except TimeoutError:
             return GpuReading.failed(TIMED_OUT)

@@ -208,7 +208,8 @@ class ModelFleet:
                 log.exception("router %s: model loop failed once", self.parent.name)
             timeout = FAST_POLL_S if self.changing else max(0.0, self._next_refresh - self.clock())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
 
     @property
     def changing(self) -> bool:

@@ -16,7 +16,7 @@ Write side
     to 5 s), so writing resumes by itself once the fault is removed. While the writer is
     failing, rows keep queueing up to ``max_pending``; beyond it they are dropped at once.
     A row waiting through a fault resolves at the next attempt, so a caller that must not
-    wait that long bounds its wait (``asyncio.wait_for(asyncio.shield(fut), ...)``).
+    wait that long bounds its wait (``asyncio.timeout`` around ``asyncio.shield(fut)``).
 
     ``add`` must be called from the event loop the journal was opened in.
 
@@ -246,7 +246,8 @@ class Journal(JournalQueries):
         task = self._task
         if task is not None and not task.done():
             try:
-                await asyncio.wait_for(asyncio.shield(task), timeout)
+                async with asyncio.timeout(timeout):
+                    await asyncio.shield(task)
             except (TimeoutError, asyncio.TimeoutError):
                 log.warning("journal %s: flush timed out after %.1f s", self.path, timeout)
                 task.cancel()
@@ -364,7 +365,8 @@ class Journal(JournalQueries):
             delay = self._next_retention - time.monotonic()
             if delay > 0:
                 with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), delay)
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()
 
         if self._stopping and not self._pending:
             # closing: abandon retention, nothing else to flush
@@ -380,7 +382,8 @@ class Journal(JournalQueries):
                 wait = min(wait, 0.1)
             self._kick.clear()
             with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), wait)
+                async with asyncio.timeout(wait):
+                    await self._kick.wait()
 
         n = min(len(self._pending), self.max_batch)
         batch = [self._pending.popleft() for _ in range(n)]

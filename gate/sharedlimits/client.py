@@ -162,7 +162,9 @@ class SharedLimits:
         """Stop renewing, hand back what is still held and leave the gate count; bounded."""
         if self._runner is not None:
             self._runner.cancel()
-            await asyncio.gather(self._runner, return_exceptions=True)
+            _, running = await asyncio.wait((self._runner,), timeout=5.0)
+            if running:  # a lost cancellation must not hold the gate's shutdown for ever
+                log.error("shared limits: the renewal loop did not stop within 5 s of its cancel; left behind")
             self._runner = None
         if self._background:
             await asyncio.wait(tuple(self._background), timeout=1.0)
@@ -179,7 +181,8 @@ class SharedLimits:
             item.settle(False)
         drops, self._drops = self._drops, {}
         try:
-            await asyncio.wait_for(self._renew_call(drops=drops, leaving=True), timeout=1.0)
+            async with asyncio.timeout(1.0):
+                await self._renew_call(drops=drops, leaving=True)
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
             log.warning("shared limits: could not say goodbye to Redis (%s); this gate's leases expire by themselves", exc)
         await self._redis.aclose()
@@ -289,9 +292,8 @@ class SharedLimits:
         drops, self._drops = self._drops, {}
         started = time.perf_counter()
         try:
-            gates, adopted = await asyncio.wait_for(
-                self._renew_call(leases=sent, drops=drops), timeout=max(self._wait_s, self.config.renew_interval_s)
-            )
+            async with asyncio.timeout(max(self._wait_s, self.config.renew_interval_s)):
+                gates, adopted = await self._renew_call(leases=sent, drops=drops)
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
             for tenant, ids in drops.items():
                 self._drops.setdefault(tenant, []).extend(ids)
@@ -310,6 +312,10 @@ class SharedLimits:
         return True
 
     async def _run(self) -> None:
+        # Stopped by cancel(). Every timed wait on this path is `asyncio.timeout`, never
+        # `asyncio.wait_for`: on Python 3.11 wait_for returns the answer instead of the
+        # cancellation when both come in the same loop turn, and this loop then renewed
+        # forever while stop() waited for it (a CI run hung at a gate's shutdown).
         while True:
             await asyncio.sleep(self.config.renew_interval_s)
             await self.renew()
@@ -392,7 +398,8 @@ class SharedLimits:
         args: list[Any] = []
         self._add_releases(keys, args, batch)
         try:
-            await asyncio.wait_for(self._call(RELEASE, keys, args), timeout=max(self._wait_s, self.config.renew_interval_s))
+            async with asyncio.timeout(max(self._wait_s, self.config.renew_interval_s)):
+                await self._call(RELEASE, keys, args)
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
             self._releases_failed(batch)
             self._flip(self.health.failed(f"release: {exc or type(exc).__name__}"))

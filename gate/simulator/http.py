@@ -208,7 +208,8 @@ class _CompletionEndpoint:
                 if idle_for >= NONSTREAM_DISCONNECT_POLL_S:
                     return
                 try:
-                    ev = await asyncio.wait_for(queue.get(), NONSTREAM_DISCONNECT_POLL_S - idle_for)
+                    async with asyncio.timeout(NONSTREAM_DISCONNECT_POLL_S - idle_for):
+                        ev = await queue.get()
                 except TimeoutError:
                     continue
             if ev is _DISCONNECTED:

@@ -77,7 +77,8 @@ class SimulatorRuntime:
             if delay > 0:
                 wake.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), delay)
+                    async with asyncio.timeout(delay):
+                        await wake.wait()
 
     async def aclose(self) -> None:
         """Stop the driver (waiting requests get no more events)."""
