@@ -606,7 +606,7 @@ def run_cell(binary: Path, model: Path, policy: str, planned: list[Planned], dur
             workdir = Path(tempfile.mkdtemp(prefix=f"tokengate-overload-{policy}-"))
             gate = Gate(toml.replace("@UPSTREAM@", srv.url), workdir).start()
             url = gate.url
-        results, elapsed = asyncio.run(drive(url, planned, duration, drain, class_header=policy in ("static", "adaptive")))
+        results, elapsed = asyncio.run(drive(url, planned, duration, drain, class_header=policy not in ("direct", "naive")))
         if gate is not None:
             extra["gate_metrics"] = {
                 k: v for k, v in gate.metrics().items()
