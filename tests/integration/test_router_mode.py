@@ -28,6 +28,13 @@ from tests.integration.gate_harness import ledger_total, running_gate, wait_unti
 
 pytestmark = pytest.mark.llama
 
+# The tests also call llama-server's router directly; after a model load it can sit idle for
+# ~5 s, llama-server's keep-alive timeout, and a reused connection then races the server's
+# close ("Server disconnected without sending a response", seen once in CI: httpx's default
+# keep-alive expiry is also 5 s). One connection per request; the gate's own pool expires
+# idle connections after 2 s for the same reason.
+NO_KEEPALIVE = httpx.Limits(max_keepalive_connections=0)
+
 CHAT = "/v1/chat/completions"
 OPERATOR = Operator("alice", "10.1.2.3")
 MEASURED: dict[str, Any] = {}
@@ -145,7 +152,7 @@ async def test_gate_is_ready_in_router_mode_routes_by_model_and_each_budget_come
         f"[tiny2]\nmodel = {tiny2}\nctx-size = 512\nparallel = 1\n"
     )
     router = llama_router(preset=preset, ctx=None, n_slots=None)
-    async with running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate, httpx.AsyncClient(timeout=60) as client:
+    async with running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate, httpx.AsyncClient(timeout=60, limits=NO_KEEPALIVE) as client:
         health = (await client.get(gate.url + "/health")).json()
         assert health["status"] == "ok"
         assert set(health["backends"]) == {"b0/tiny", "b0/tiny2"}
@@ -195,7 +202,7 @@ def _request(cost: int):
 
 async def test_a_burst_to_a_loading_model_waits_in_the_gate_never_in_llama_servers_queue(llama_router) -> None:
     router = llama_router()
-    async with running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate, httpx.AsyncClient(timeout=120) as client:
+    async with running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate, httpx.AsyncClient(timeout=120, limits=NO_KEEPALIVE) as client:
         await wait_until(lambda: status(gate, "tiny") == "unloaded")
         deferred: list[int] = []
         done = asyncio.Event()
@@ -241,7 +248,7 @@ async def test_a_burst_to_a_loading_model_waits_in_the_gate_never_in_llama_serve
 
 async def test_models_max_1_never_evicts_a_model_with_requests_in_flight(llama_router) -> None:
     router = llama_router(models_max=1)
-    async with running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate, httpx.AsyncClient(timeout=180) as client:
+    async with running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate, httpx.AsyncClient(timeout=180, limits=NO_KEEPALIVE) as client:
         first = await client.post(gate.url + CHAT, json=chat("tiny"))
         assert first.status_code == 200
         long = await Stream(client, gate.url, chat("tiny", max_tokens=120, stream=True)).open()
@@ -271,7 +278,7 @@ async def test_models_max_1_never_evicts_a_model_with_requests_in_flight(llama_r
 async def test_fallback_answers_for_a_saturated_or_unloaded_model_and_the_journal_says_so(llama_router) -> None:
     router = llama_router()
     extra = config('fallback = ["tiny2"]')
-    async with running_gate(router.url, extra, kv="split", backend_extra=backend()) as gate, httpx.AsyncClient(timeout=180) as client:
+    async with running_gate(router.url, extra, kv="split", backend_extra=backend()) as gate, httpx.AsyncClient(timeout=180, limits=NO_KEEPALIVE) as client:
         for model in ("tiny", "tiny2"):
             assert (await client.post(gate.url + CHAT, json=chat(model))).status_code == 200
         # tiny has 2 slots: two long streams saturate it
@@ -308,7 +315,7 @@ async def test_fallback_answers_for_a_saturated_or_unloaded_model_and_the_journa
 
 async def test_a_killed_model_is_refused_with_a_reason_and_recovers_when_llama_server_reloads_it(llama_router) -> None:
     router = llama_router()
-    async with running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate, httpx.AsyncClient(timeout=120) as client:
+    async with running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate, httpx.AsyncClient(timeout=120, limits=NO_KEEPALIVE) as client:
         assert (await client.post(gate.url + CHAT, json=chat("tiny"))).status_code == 200
         cut = await Stream(client, gate.url, chat("tiny", max_tokens=200, stream=True)).open()
         os.kill(router.children()["tiny"], signal.SIGKILL)
@@ -341,7 +348,7 @@ async def test_operator_loads_and_pins_a_model_from_the_console(llama_router) ->
     from gate.link import InProcessLink
 
     router = llama_router(models_max=1)
-    async with running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate, httpx.AsyncClient(timeout=60) as client:
+    async with running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate, httpx.AsyncClient(timeout=60, limits=NO_KEEPALIVE) as client:
         await wait_until(lambda: status(gate, "tiny2") == "unloaded")
         app = TokengateApp(InProcessLink(gate), interval_s=3600.0)
         async with app.run_test(size=(160, 48)) as pilot:
@@ -383,7 +390,7 @@ async def test_operator_loads_and_pins_a_model_from_the_console(llama_router) ->
 
 async def test_a_sleeping_model_is_woken_once_while_its_requests_wait_in_the_gate(llama_router) -> None:
     router = llama_router(extra_args=("--sleep-idle-seconds", "1"))
-    async with running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate, httpx.AsyncClient(timeout=120) as client:
+    async with running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate, httpx.AsyncClient(timeout=120, limits=NO_KEEPALIVE) as client:
         assert (await client.post(gate.url + CHAT, json=chat("tiny"))).status_code == 200
         # The gate polls nothing that counts as activity for an idle model: it goes to sleep.
         await wait_until(lambda: status(gate, "tiny") == "sleeping", timeout_s=30)
