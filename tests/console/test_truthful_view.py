@@ -68,13 +68,18 @@ async def fill_tail(gate, app, n: int) -> None:
     await app.tick()
 
 
+async def overflowing_tail(gate, app, pilot):
+    """200 rows: more than the tail shows, so it can scroll."""
+    for _ in range(4):
+        await fill_tail(gate, app, 50)
+    await pilot.pause()
+    return app.decisions.table
+
+
 async def test_the_tail_follows_again_after_a_filter_is_cleared(gate):
     app = make_app(gate)
     async with app.run_test(size=(200, 50)) as pilot:
-        for _ in range(4):
-            await fill_tail(gate, app, 50)
-        await pilot.pause()
-        table = app.decisions.table
+        table = await overflowing_tail(gate, app, pilot)
         assert table.max_scroll_y > 0
         await pilot.press("slash", "i", "n", "t")
         await pilot.pause()
@@ -90,10 +95,7 @@ async def test_the_tail_follows_again_after_a_filter_is_cleared(gate):
 async def test_a_tail_scrolled_back_says_so_and_g_brings_it_back(gate):
     app = make_app(gate)
     async with app.run_test(size=(200, 50)) as pilot:
-        for _ in range(4):
-            await fill_tail(gate, app, 50)
-        await pilot.pause()
-        table = app.decisions.table
+        table = await overflowing_tail(gate, app, pilot)
         table.scroll_to(y=0, animate=False, immediate=True)
         await fill_tail(gate, app, 5)
         await pilot.pause()
