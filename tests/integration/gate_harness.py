@@ -55,6 +55,13 @@ def ledger_total(gate: GateService) -> int:
     return sum(b.admission.ledger.in_flight for b in gate.backends if b.admission is not None)
 
 
+async def released(gate: GateService, timeout_s: float = 5.0) -> None:
+    """Every reservation is back. A request's reservation goes back when its handler ends,
+    which can be just after the client read the last byte (a CI run asserted in between and
+    saw 11 tokens still held): wait for it, bounded, so that a leak still fails."""
+    await wait_until(lambda: ledger_total(gate) == 0, timeout_s=timeout_s)
+
+
 async def wait_until(predicate, timeout_s: float = 5.0, interval_s: float = 0.02) -> float:
     """Poll an observable condition of an external process; returns the seconds it took.
 

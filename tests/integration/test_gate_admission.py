@@ -29,7 +29,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.gate_harness import busy_slots, ledger_total, running_gate, wait_until, words
+from tests.integration.gate_harness import busy_slots, running_gate, wait_until, words, released
 
 pytestmark = pytest.mark.llama
 
@@ -284,8 +284,7 @@ async def test_unified_pool_burst_fails_direct_and_never_5xx_through_the_gate(ll
             assert len(admitted) == len(ok)
             assert all(r.completion_tokens == BURST_MAX_TOKENS and r.token_count_source == "exact" for r in admitted)
             assert any(r.queue_ms and r.queue_ms > 0 for r in admitted), "nothing waited: the burst did not overflow"
-            assert ledger_total(gate) == 0
-
+            await released(gate)
         after = await llama_metrics(client, llama_unified.url)
         # Never more requests than slots: llama-server's own queue stayed empty throughout.
         assert gate_deferred.peak == 0
@@ -334,9 +333,7 @@ async def test_queued_interactive_requests_are_dispatched_before_queued_batch(ll
             assert [r.headers["x-tokengate-class"] for r in interactive_resp] == ["interactive"] * 2
             assert [r.headers["x-tokengate-class"] for r in batch_resp] == ["batch"] * 3
 
-            assert ledger_total(gate) == 0
-
-
+            await released(gate)
 async def _all_busy(client: httpx.AsyncClient, llama_url: str) -> bool:
     return await busy_slots(client, llama_url) == 4
 
@@ -392,9 +389,7 @@ async def test_split_request_larger_than_a_slot_is_refused_at_once_and_never_rea
             assert_error(resp, 400, "context_length_exceeded", "invalid_request_error")
             assert admission.waiting() == 0
             assert [await t for t in running] == [(200, 150)] * 4
-            assert ledger_total(gate) == 0
-
-
+            await released(gate)
 # ---- 4. bounded queue: queue_full, queue_timeout, and a real OpenAI client -------------------
 
 SMALL_QUEUE = """
@@ -493,9 +488,7 @@ async def test_queue_full_queue_timeout_and_openai_client_honours_retry_after(ll
 
             assert (await third).status_code in {200, 429}
             assert [await t for t in occupiers] == [(200, 450)] * 4
-            assert ledger_total(gate) == 0
-
-
+            await released(gate)
 # ---- 5. /metrics -----------------------------------------------------------------------------------
 
 
@@ -563,4 +556,4 @@ async def test_metrics_count_every_decision_by_class_outcome_and_reason(llama_sp
                 assert values[("tokengate_tokens_in_flight", (("class", cls),))] == 0
                 assert values[("tokengate_queue_depth", (("class", cls),))] == 0
             assert values[("tokengate_reaped_total", ())] == 0
-            assert ledger_total(gate) == 0
+            await released(gate)

@@ -15,7 +15,7 @@ import signal
 import httpx
 import pytest
 
-from tests.integration.gate_harness import ledger_total, running_gate, wait_until
+from tests.integration.gate_harness import running_gate, wait_until, released
 from tests.integration.hardening import AUTH, BACKEND_EXTRA, CHAT, ENV, TENANTS, chat, still_serves
 from tests.llama.server import LlamaServer
 
@@ -54,7 +54,7 @@ async def test_backend_down_every_answer_has_retry_after_and_no_address(llama_bi
                 assert_down_answer(r, port)
             health = await client.get(gate.url + "/health")
             assert "127.0.0.1" not in health.text and str(port) not in health.text
-            assert ledger_total(gate) == 0
+            await released(gate)
             # Back on the same port: the gate serves again once its probe sees it.
             server.stop()
             revived = LlamaServer(llama_bin, tiny_model, mode="split", ctx=2048, n_slots=4,

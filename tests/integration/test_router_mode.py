@@ -24,7 +24,7 @@ import pytest
 
 from gate.commands import ModelAction
 from gate.control import Operator
-from tests.integration.gate_harness import ledger_total, running_gate, wait_until, words
+from tests.integration.gate_harness import ledger_total, running_gate, wait_until, words, released
 
 pytestmark = pytest.mark.llama
 
@@ -190,7 +190,7 @@ async def test_gate_is_ready_in_router_mode_routes_by_model_and_each_budget_come
         metrics = (await client.get(gate.url + "/metrics")).text
         assert 'tokengate_model_status{backend="b0",model="tiny",status="loaded"} 1.0' in metrics
         assert 'tokengate_backend_slots{backend="b0/tiny2",state="idle"} 1.0' in metrics
-        assert ledger_total(gate) == 0
+        await released(gate)
     assert not router_log_has(router, HIDDEN_QUEUE)
 
 
@@ -237,7 +237,7 @@ async def test_a_burst_to_a_loading_model_waits_in_the_gate_never_in_llama_serve
         assert load_s is not None and load_s > 0
         assert deferred and max(deferred) == 0, deferred
         await wait_until(lambda: (t := gate.telemetry.get("b0/tiny")) is not None and t.requests_deferred == 0 and not t.stale, timeout_s=5)
-        assert ledger_total(gate) == 0
+        await released(gate)
         waits = sorted(float(r.headers["x-tokengate-queue-ms"]) for r in answers)
         MEASURED["router_load_s"] = load_s
         MEASURED["burst_queue_ms"] = waits
@@ -271,7 +271,7 @@ async def test_models_max_1_never_evicts_a_model_with_requests_in_flight(llama_r
         assert await listed(client, router) == {"tiny": "unloaded", "tiny2": "loaded"}
         metrics = (await client.get(gate.url + "/metrics")).text
         assert 'tokengate_model_evictions_total{backend="b0",model="tiny"} 1.0' in metrics
-        assert ledger_total(gate) == 0
+        await released(gate)
     assert not router_log_has(router, OWN_EVICTION + HIDDEN_QUEUE + ("model limit reached",))
 
 
@@ -310,9 +310,7 @@ async def test_fallback_answers_for_a_saturated_or_unloaded_model_and_the_journa
         metrics = (await client.get(gate.url + "/metrics")).text
         assert 'tokengate_model_reroutes_total{from_model="tiny",to_model="tiny2",why="saturated"} 1.0' in metrics
         assert 'tokengate_model_reroutes_total{from_model="tiny",to_model="tiny2",why="loading"} 1.0' in metrics
-        assert ledger_total(gate) == 0
-
-
+        await released(gate)
 async def test_a_killed_model_is_refused_with_a_reason_and_recovers_when_llama_server_reloads_it(llama_router) -> None:
     router = llama_router()
     async with running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate, httpx.AsyncClient(timeout=120, limits=NO_KEEPALIVE) as client:
@@ -399,5 +397,5 @@ async def test_a_sleeping_model_is_woken_once_while_its_requests_wait_in_the_gat
         assert [r.status_code for r in answers] == [200] * 3
         notes = [a.note for a in audit(gate, "model_loaded")]
         assert len(notes) == 2 and "wake" in notes[1], notes
-        assert ledger_total(gate) == 0
+        await released(gate)
     assert not router_log_has(router, HIDDEN_QUEUE)

@@ -31,7 +31,7 @@ import httpx
 import pytest
 
 from gate.assembly import stream_loses
-from tests.integration.gate_harness import ledger_total, running_gate
+from tests.integration.gate_harness import released, running_gate
 
 pytestmark = pytest.mark.llama
 
@@ -205,8 +205,7 @@ async def test_answer_through_the_gate_is_llama_servers(llama_unified, case: Cas
         assert not found, f"{case.id}: " + "; ".join(found)
         record = gate.records.find(f"t16-{case.id}")
         assert record is not None and (record.outcome, record.http_status) == ("admitted", 200), record
-        assert ledger_total(gate) == 0
-        assert gate.in_flight_requests() == 0
+        await released(gate)
 
 
 @pytest.mark.parametrize("fields", [{}, {"return_tokens": True}], ids=["assembled", "plain"])
@@ -221,5 +220,4 @@ async def test_llama_servers_own_refusal_comes_through_either_path(llama_unified
         assert gated.json() == direct.json()
         record = gate.records.find("t16-bad")
         assert record is not None and (record.outcome, record.http_status) == ("refused", 400), record
-        assert ledger_total(gate) == 0
-        assert gate.in_flight_requests() == 0
+        await released(gate)
