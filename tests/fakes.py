@@ -6,7 +6,8 @@ needs a healthy backend's capacity and nothing it would generate.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -41,3 +42,23 @@ def fake_llama_transport(slots: Sequence[dict[str, Any]] = ()) -> httpx.MockTran
         return httpx.Response(200, json={"total_slots": 4, "default_generation_settings": {"n_ctx": 2048}})
 
     return httpx.MockTransport(handle)
+
+
+@contextlib.asynccontextmanager
+async def gate_on_fake_llama(
+    config: str, *, environ: Mapping[str, str] | None = None, slots: Sequence[dict[str, Any]] = ()
+) -> AsyncIterator[Any]:
+    """A REAL GateService (not started: no HTTP server) in front of the fake llama-server,
+    probed once; its gatekeepers and upstream client are closed on exit."""
+    from gate.config import parse_config
+    from gate.service import GateService
+
+    g = GateService(parse_config(config), environ=dict(environ or {}), transport=fake_llama_transport(slots))
+    try:
+        await g.backends.probe_all()
+        yield g
+    finally:
+        for b in g.backends:
+            if b.gatekeeper is not None:
+                b.gatekeeper.close()
+        await g.client.aclose()

@@ -10,11 +10,10 @@ import pytest
 
 from console.app import TokengateApp
 from gate.link import InProcessLink
-from gate.config import parse_config
 from gate.gpu import GpuDevice, GpuReading
 from gate.records import DecisionRecord
 from gate.service import GateService
-from tests.fakes import GATE_CONFIG, fake_llama_transport
+from tests.fakes import GATE_CONFIG, gate_on_fake_llama
 
 FIXED_NOW = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC
 ENVIRON = {"USER": "alice", "SSH_CONNECTION": "10.1.2.3 51000 10.0.0.1 22"}
@@ -31,13 +30,8 @@ SLOTS = [
 
 @pytest.fixture
 async def gate():
-    g = GateService(parse_config(CONFIG), environ=ENVIRON, transport=fake_llama_transport(SLOTS))
-    await g.backends.probe_all()
-    yield g
-    for b in g.backends:
-        if b.gatekeeper is not None:
-            b.gatekeeper.close()
-    await g.client.aclose()
+    async with gate_on_fake_llama(CONFIG, environ=ENVIRON, slots=SLOTS) as g:
+        yield g
 
 
 def make_app(gate: GateService, **kwargs) -> TokengateApp:

@@ -14,7 +14,7 @@ from gate.config import parse_config
 from gate.ledger import Request
 from gate.metrics import GateMetrics
 from gate.service import GateService
-from tests.fakes import GATE_CONFIG, fake_llama_transport
+from tests.fakes import GATE_CONFIG, fake_llama_transport, gate_on_fake_llama
 
 CONFIG = GATE_CONFIG.replace('kv = "split"', 'kv = "split"\nname = "gpu0"\nmodels = ["qwen", "qwen-alias"]')
 GAUGES = ("tokengate_num_requests_waiting", "tokengate_num_requests_running", "tokengate_kv_cache_usage_ratio")
@@ -38,13 +38,8 @@ def inference(gate: GateService, backend: str = "gpu0", model: str = "qwen") -> 
 
 @pytest.fixture
 async def gate():
-    g = GateService(parse_config(CONFIG), environ={}, transport=fake_llama_transport())
-    await g.backends.probe_all()
-    yield g
-    for b in g.backends:
-        if b.gatekeeper is not None:
-            b.gatekeeper.close()
-    await g.client.aclose()
+    async with gate_on_fake_llama(CONFIG) as g:
+        yield g
 
 
 async def test_gauges_track_held_and_queued_requests_exactly(gate):
@@ -87,14 +82,8 @@ async def test_only_the_first_configured_model_labels_the_series(gate):
 
 
 async def test_a_backend_without_models_has_an_empty_model_label():
-    g = GateService(parse_config(GATE_CONFIG), environ={}, transport=fake_llama_transport())
-    try:
-        await g.backends.probe_all()
+    async with gate_on_fake_llama(GATE_CONFIG) as g:
         assert inference(g, backend="default", model="") == (0, 0, 0)
-    finally:
-        for b in g.backends:
-            b.gatekeeper.close()
-        await g.client.aclose()
 
 
 async def test_slo_gauge_follows_the_config_and_the_fallback_gauge_starts_at_zero(gate):
