@@ -27,8 +27,18 @@ Aging (no starvation, if `aging_s` is set): a waiter that has waited `aging_s`
 or longer is *aged*. Aged waiters are served before every other waiter, oldest
 first, whatever their class's priority, and never yield (F6, borrowing); while
 one of them waits for the shared budget, the prefill cap or a slot, no other
-class dispatches past its own reservation. The working budget still holds: an
-operator's or the controller's budget is never exceeded.
+class dispatches past its own reservation. An operator's budget (static mode, a
+retune while the controller is frozen) is never exceeded.
+
+An elastic budget (`budget_elastic()` true: the adaptive controller's, which is
+a congestion estimate and not a limit) stretches for aged work, so that the
+controller sitting at its floor cannot starve a class of large requests:
+  E1. with aging on, a request that the class can reach at the ceiling but not at
+      the current budget waits (instead of 429 token_budget_exceeded);
+  E2. an aged waiter's F1 is checked against max(budget, cost + the other classes'
+      reservations): the smallest budget at which it could run, never above the
+      ceiling. It starts once the others are back within their reservations (they
+      may not borrow while it waits), one such request at a time.
 
 Deadlines that leave room for the first token (if the class has a
 `ttft_objective_ms` and an `expected_ttft` estimate is injected): a waiter whose
@@ -47,7 +57,9 @@ Invariants (`check_invariants`): the ledger's L1-L4, the queues' Q1-Q4, and
   A3. after `advance(now)`, the oldest aged waiter of an unpaused class that its own
       tenant quota or class limit does not hold back does not fit (F1, F4, F5): aged
       work never waits for a higher class, only for capacity (checked by `check_aged`;
-      with A2 and the reservations, the starvation guarantee).
+      with A2 and the reservations, the starvation guarantee);
+  A4. in_flight <= ceiling; with an inelastic budget, in_flight grows past the budget
+      only by work admitted before the budget was lowered (E2 is the one exception).
 A refusal changes nothing; shrinking the budget revokes nothing already admitted.
 """
 
@@ -213,8 +225,11 @@ class Admission:
         drain_window_s: float = 30.0,
         aging_s: float | None = None,
         expected_ttft: Callable[[Request, int], float | None] | None = None,
+        budget_elastic: Callable[[], bool] = lambda: False,
     ) -> None:
         self.capacity = capacity
+        # Is the working budget the adaptive controller's estimate (E1, E2), or an operator's limit?
+        self.budget_elastic = budget_elastic
         self.aging_s = aging_s if aging_s else None
         # (request, prompt tokens prefilling now) -> seconds to its first token if dispatched
         # now, or None while unmeasured; the shell's measurement, injected to keep this pure.
@@ -279,16 +294,27 @@ class Admission:
             if c.policy.name != cls
         )
 
+    def _reserved_elsewhere(self, cls: str) -> int:
+        return sum(c.policy.reserved_tokens for c in self._order if c.policy.name != cls)
+
     def class_reach(self, cls: str, budget: int) -> int:
         """The most tokens `cls` could hold at `budget` with every other class idle."""
         policy = self._classes[cls].policy
-        reserved_elsewhere = sum(
-            c.policy.reserved_tokens for c in self._order if c.policy.name != cls
-        )
-        reach = budget - reserved_elsewhere
+        reach = budget - self._reserved_elsewhere(cls)
         if policy.limit_tokens is not None:
             reach = min(reach, policy.limit_tokens)
         return reach
+
+    def _stretches(self) -> bool:
+        """E1/E2 apply: the budget is elastic and aged work exists to use the stretch."""
+        return self.aging_s is not None and self.budget_elastic()
+
+    def working_budget(self, request: Request, *, aged: bool = False) -> int:
+        """F1's budget for `request`: the working budget, stretched for an aged waiter (E2)."""
+        if not (aged and self._stretches()):
+            return self.budget
+        need = request.cost + self._reserved_elsewhere(request.cls)
+        return max(self.budget, min(self.capacity.ceiling, need))
 
     def blocker(self, request: Request, *, own_share_only: bool = False, aged: bool = False) -> Block | None:
         """The first of F5, F1-F4, F6 that `request` fails now, or None if it fits.
@@ -301,7 +327,7 @@ class Admission:
         if len(led) >= self.capacity.slots:
             return Block.SLOTS
         in_class = led.class_tokens(request.cls)
-        if led.in_flight + cost > self.budget - self.held_back(request.cls):
+        if led.in_flight + cost > self.working_budget(request, aged=aged) - self.held_back(request.cls):
             return Block.BUDGET
         if own_share_only and not aged and in_class + cost > policy.reserved_tokens:
             return Block.BUDGET
@@ -414,7 +440,7 @@ class Admission:
                 f"class {request.cls!r} is paused by the operator",
                 self.retry_after(request.cls, request.cost, now),
             )
-        if request.cost > self.class_reach(request.cls, self.budget):
+        if request.cost > self.class_reach(request.cls, self.budget) and not self._stretches():
             return Refuse(
                 request,
                 Reason.TOKEN_BUDGET_EXCEEDED,

@@ -240,12 +240,14 @@ class BackendPool:
         self, backend: Backend, capacity: Capacity, *, gatekeeper_factory: Callable[..., Gatekeeper] = Gatekeeper
     ) -> None:
         if backend.gatekeeper is None:
-            backend.controller = BudgetController(controller_settings(self._budget, capacity.ceiling))
+            controller = backend.controller = BudgetController(controller_settings(self._budget, capacity.ceiling))
             prefill = PrefillModel()
             admission = Admission(
                 self._classes, capacity, budget=backend.controller.budget, tenant_policy=self._tenant_policy,
                 aging_s=self._budget.aging_s or None,
                 expected_ttft=lambda r, prefilling: prefill.expected_ttft(r.prompt_tokens, prefilling),
+                # The controller's budget is an estimate the aged may stretch; an operator's is a limit.
+                budget_elastic=lambda: self._budget.mode == "adaptive" and not controller.frozen,
             )
             gatekeeper = backend.gatekeeper = gatekeeper_factory(
                 admission, clock=self._clock, prefill=prefill, slo_ttft_s=self._budget.slo_ttft_p95_ms / 1000.0

@@ -116,8 +116,11 @@ decrease = 0.8
 min_samples = 20
 # No starvation: a request that has waited this long (seconds) is served before every younger
 # waiter whatever its class's priority, stops yielding its prefill, and no class borrows past
-# its reserved_tokens until it has started. The working budget still holds. 0 = off.
-# Default 10.
+# its reserved_tokens until it has started. An operator's budget (static mode, or the
+# controller frozen) still holds. The adaptive controller's budget is an estimate, not a
+# limit: a request larger than it waits instead of a 429, and once aged it may start above
+# it (never above the ceiling), so the controller at min_tokens cannot starve large
+# requests. 0 = off. Default 10.
 aging_s = 10.0
 
 # One [classes.NAME] table per priority class; names use a-z 0-9 _ -. Without any [classes],

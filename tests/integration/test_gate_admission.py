@@ -518,9 +518,12 @@ async def test_metrics_count_every_decision_by_class_outcome_and_reason(llama_sp
             # Refused: 2 never fit a 512-token slot, 1 above a lowered working budget, 1 malformed.
             for _ in range(2):
                 assert_error(await client.post(gate.url + CHAT, json=body(100, 450)), 400, "context_length_exceeded", "invalid_request_error")
+            # Frozen, the budget is the operator's limit (the controller's would stretch: E1).
+            gate.control.freeze(True, operator=gate.operator)
             admission.set_budget(20)
             over = await client.post(gate.url + CHAT, json=body(10, 8))
             admission.set_budget(admission.capacity.ceiling)
+            gate.control.freeze(False, operator=gate.operator)
             assert_error(over, 429, "token_budget_exceeded", "rate_limit_error")
             assert_retry_after(over)
             bad = await client.post(gate.url + CHAT, json={**body(10, 8), "max_tokens": -5})

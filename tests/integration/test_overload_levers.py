@@ -94,3 +94,46 @@ async def test_a_long_batch_prefill_waits_while_interactive_work_waits_then_goes
         responses = await asyncio.wait_for(asyncio.gather(a, b, c), 120)
         assert [r.status_code for r in responses] == [200, 200, 200]
         await wait_until(lambda: ledger_total(gate) == 0, timeout_s=10)
+
+
+ELASTIC = """
+[budget]
+mode = "adaptive"
+min_tokens = 128
+aging_s = 0.5
+
+[classes.interactive]
+priority = 10
+reserved_tokens = 64
+queue_timeout_s = 60
+
+[classes.batch]
+priority = 1
+queue_timeout_s = 60
+"""
+
+
+async def test_the_controller_at_its_floor_delays_a_large_batch_request_but_never_refuses_it(llama_unified):
+    """E1/E2 on the real server: the adaptive controller's budget sits at min_tokens (128); a
+    ~400-token batch request waits instead of a 429 and runs once aged. Frozen, the same
+    budget is the operator's limit and the same request is refused at once."""
+    async with running_gate(llama_unified.url, ELASTIC) as gate, httpx.AsyncClient(timeout=120) as client:
+        (backend,) = gate.backends
+        admission = backend.gatekeeper.admission
+        backend.controller.set_budget(0.0, 128)  # where sustained overload leaves it
+        assert admission.budget == 128
+        body, headers = chat(300, 100, "batch")
+        answer = await client.post(gate.url + CHAT, json=body, headers=headers)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["usage"]["completion_tokens"] == 100
+        text = (await client.get(gate.url + "/metrics")).text
+        waited = metric(text, "tokengate_queue_wait_seconds_sum", **{"class": "batch", "outcome": "admitted"})
+        assert waited >= 0.5  # it aged before it started: the budget held until then
+        await released(gate)
+
+        gate.control.freeze(True, operator=gate.operator)
+        refused = await client.post(gate.url + CHAT, json=body, headers=headers)
+        assert refused.status_code == 429
+        assert refused.json()["error"]["code"] == "token_budget_exceeded"
+        assert 1 <= int(refused.headers["Retry-After"]) <= 120
+        await released(gate)

@@ -167,6 +167,56 @@ def test_aging_never_goes_past_the_working_budget():
     check_aged(adm, 60.0)
 
 
+def test_the_controllers_budget_stretches_for_an_aged_request_larger_than_it():
+    """E1/E2: the adaptive controller at its floor (600) and a 1,500-token batch request:
+    it waits instead of a 429, and once aged it starts as soon as interactive is back
+    within its reservation, above the budget but never above the ceiling."""
+    adm = pair(ceiling=4000, aging_s=5.0, interactive_reserved=300)
+    adm.budget_elastic = lambda: True
+    adm.set_budget(600)
+    chat = req("interactive", 500, prompt=100)
+    assert isinstance(adm.offer(chat, 0.0), Admit)  # borrows 200 past its reservation
+    big = req("batch", 1500, prompt=1000)
+    assert isinstance(adm.offer(big, 0.0), Queue)
+    assert adm.waiting_on("batch") == "token budget"
+    assert adm.advance(4.9).admitted == ()  # not aged yet: the budget holds
+    assert adm.advance(5.0).admitted == ()  # aged, but interactive holds 500 > its 300
+    borrow = req("interactive", 200, prompt=100, at=5.0)
+    assert isinstance(adm.offer(borrow, 5.0), Queue)  # nobody borrows while it waits
+    within = req("interactive", 300, prompt=100, at=5.0)
+    adm.release(chat.id, 5.1)
+    step = adm.advance(5.1)
+    assert [a.request.id for a in step.admitted] == [big.id]  # 1500 + 300 reserved: stretched to 1800
+    assert adm.ledger.in_flight == 1500
+    check_aged(adm, 5.1)
+    check_invariants(adm)
+    assert isinstance(adm.offer(within, 5.1), Queue)  # behind `borrow` (no overtaking), over the budget
+
+
+def test_a_stretch_is_one_request_at_a_time_and_never_past_the_ceiling():
+    adm = pair(ceiling=2000, aging_s=5.0)
+    adm.budget_elastic = lambda: True
+    adm.set_budget(500)
+    first, second = req("batch", 1500, prompt=1000), req("batch", 1500, prompt=1000)
+    assert isinstance(adm.offer(first, 0.0), Queue)
+    assert isinstance(adm.offer(second, 0.0), Queue)
+    assert [a.request.id for a in adm.advance(5.0).admitted] == [first.id]
+    assert adm.ledger.in_flight == 1500  # `second` waits: 3000 would pass the ceiling
+    check_aged(adm, 5.0)
+    too_big = req("batch", 2001, prompt=1000)
+    assert adm.offer(too_big, 5.0).reason is Reason.CONTEXT_LENGTH_EXCEEDED
+
+
+def test_without_aging_or_with_an_operators_budget_a_larger_request_is_refused_at_once():
+    elastic_no_aging = pair(ceiling=4000)
+    elastic_no_aging.budget_elastic = lambda: True
+    frozen = pair(ceiling=4000, aging_s=5.0)  # the default: the budget is an operator's limit
+    for adm in (elastic_no_aging, frozen):
+        adm.set_budget(600)
+        refused = adm.offer(req("batch", 1500, prompt=1000), 0.0)
+        assert refused.reason is Reason.TOKEN_BUDGET_EXCEEDED and refused.retry_after_s >= 1
+
+
 def test_while_an_aged_request_waits_for_room_nobody_borrows_past_their_reservation():
     adm = pair(ceiling=2000, aging_s=5.0, interactive_reserved=300)
     first = req("batch", 1500, prompt=1000)
@@ -206,7 +256,8 @@ def aged_setups(draw):
     rate = draw(st.floats(500.0, 5000.0))
     base = draw(st.floats(0.0, 0.3))
     aging = draw(st.floats(0.5, 10.0))
-    return classes, capacity, rate, base, aging
+    elastic = draw(st.booleans())
+    return classes, capacity, rate, base, aging, elastic
 
 
 ops = st.one_of(
@@ -226,12 +277,13 @@ ops = st.one_of(
 def test_levers_keep_every_invariant_and_aged_work_never_waits_for_anything_but_capacity(setup, seq):
     """A1-A3 and the ledger/queue invariants after every step; a request dispatched from a
     queue of a class with a TTFT objective left at least its expected first-token time."""
-    classes, capacity, rate, base, aging = setup
+    classes, capacity, rate, base, aging, elastic = setup
     objective = {c.name: c.ttft_objective_ms for c in classes}
-    adm = Admission(classes, capacity, aging_s=aging,
+    adm = Admission(classes, capacity, aging_s=aging, budget_elastic=lambda: elastic,
                     expected_ttft=lambda r, prefilling: base + (r.prompt_tokens + prefilling) / rate)
     now = 0.0
     ended: set[str] = set()
+    enqueued_at: dict[str, float] = {}
 
     def on_step(step, at):
         for a in step.admitted:
@@ -239,6 +291,8 @@ def test_levers_keep_every_invariant_and_aged_work_never_waits_for_anything_but_
             if obj is not None:
                 assert a.at < a.request.arrival + obj / 1000.0 - (base + a.request.prompt_tokens / rate) + 1e-9
         assert adm.ledger.in_flight <= capacity.ceiling
+        if step.admitted and adm.ledger.in_flight > adm.budget:  # A4: only E2 admits past the budget
+            assert elastic and at - enqueued_at[step.admitted[-1].request.id] >= aging, "A4 past the budget"
         check_aged(adm, at)
 
     for op in seq:
@@ -247,8 +301,9 @@ def test_levers_keep_every_invariant_and_aged_work_never_waits_for_anything_but_
         if kind == "arrive":
             _, cls, prompt, max_tokens = op
             r = Request(f"p{next(_ids)}", cls, "t", prompt, max_tokens, now)
-            adm.offer(r, now)
-            assert adm.ledger.in_flight <= capacity.ceiling
+            enqueued_at[r.id] = now
+            if isinstance(adm.offer(r, now), Admit):
+                assert adm.ledger.in_flight <= adm.budget, "A4 a newcomer admitted past the budget"
         elif kind == "release" and held:
             rid = held[op[1] % len(held)]
             adm.release(rid, now)
@@ -282,12 +337,14 @@ def test_levers_keep_every_invariant_and_aged_work_never_waits_for_anything_but_
     hi_costs=st.lists(st.integers(20, 400), min_size=1, max_size=20),
     lo_cost=st.integers(100, 1500),
     extra_budget=st.integers(0, 2000),
+    elastic_budget=st.one_of(st.none(), st.integers(1, 4000)),
 )
 def test_a_low_priority_request_is_never_starved_by_sustained_high_priority_traffic(
-    ceiling, slots, hi_reserved, aging, duration, hi_gaps, hi_costs, lo_cost, extra_budget
+    ceiling, slots, hi_reserved, aging, duration, hi_gaps, hi_costs, lo_cost, extra_budget, elastic_budget
 ):
     """Liveness: with high-priority requests arriving without pause, each running
-    `duration` s, and the working budget anywhere the low request can reach, a waiting
+    `duration` s, and the working budget anywhere the low request can reach (or, when it
+    is the controller's elastic budget, anywhere at all: E1, E2), a waiting
     low-priority request is dispatched within aging_s + one `duration`
     per request that was ahead of it (waiting or running when it arrived) plus one
     arrival gap: nothing that arrives after it overtakes it for long."""
@@ -298,7 +355,11 @@ def test_a_low_priority_request_is_never_starved_by_sustained_high_priority_traf
     ]
     adm = Admission(classes, Capacity(slots=slots, slot_context=ceiling, ceiling=ceiling,
                                       prefill_yield_tokens=100), aging_s=aging)
-    adm.set_budget(min(ceiling, lo_cost + hi_reserved + extra_budget))
+    if elastic_budget is None:
+        adm.set_budget(min(ceiling, lo_cost + hi_reserved + extra_budget))
+    else:  # the adaptive controller, at its floor or anywhere below what `lo` needs
+        adm.budget_elastic = lambda: True
+        adm.set_budget(min(ceiling, elastic_budget))
     running: dict[str, float] = {}  # request id -> its end
     started: dict[str, float] = {}
 
