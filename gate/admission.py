@@ -12,7 +12,7 @@ Terms (per class c):
   held back   sum over the other classes c' of max(0, reserved_c' - in_flight_c').
 
 A request r of class c, tenant t fits when all of:
-  F1. in_flight + cost(r) <= budget - held back            (shared budget)
+  F1. in_flight + cost(r) <= budget - held back            (shared budget; E3 may raise it)
   F2. in_flight_c + cost(r) <= limit_c                      (class limit)
   F3. in_flight_t + cost(r) <= max_tokens_in_flight_t       (tenant quota, if set)
   F4. prefilling + prompt(r) <= max_prefill_tokens          (prefill burst, if set;
@@ -38,7 +38,9 @@ controller sitting at its floor cannot starve a class of large requests:
   E2. an aged waiter's F1 is checked against max(budget, cost + the other classes'
       reservations): the smallest budget at which it could run, never above the
       ceiling. It starts once the others are back within their reservations (they
-      may not borrow while it waits), one such request at a time.
+      may not borrow while it waits), one such request at a time;
+  E3. while it runs, that stretched budget is F1's budget for everyone (`effective_budget`),
+      so the other classes keep their reservations beside it; it ends with its release.
 
 Deadlines that leave room for the first token (if the class has a
 `ttft_objective_ms` and an `expected_ttft` estimate is injected): a waiter whose
@@ -58,8 +60,8 @@ Invariants (`check_invariants`): the ledger's L1-L4, the queues' Q1-Q4, and
       tenant quota or class limit does not hold back does not fit (F1, F4, F5): aged
       work never waits for a higher class, only for capacity (checked by `check_aged`;
       with A2 and the reservations, the starvation guarantee);
-  A4. in_flight <= ceiling; with an inelastic budget, in_flight grows past the budget
-      only by work admitted before the budget was lowered (E2 is the one exception).
+  A4. in_flight <= ceiling; an admission leaves in_flight above the budget only within a
+      stretch (E2, E3), and never above `effective_budget`.
 A refusal changes nothing; shrinking the budget revokes nothing already admitted.
 """
 
@@ -239,6 +241,8 @@ class Admission:
         self.prefill_cap_auto: int | None = None
         self.budget = capacity.ceiling if budget is None else budget
         self.ledger = Ledger()
+        # E3: request id -> the budget it was stretched to, while it holds its reservation.
+        self._stretched: dict[str, int] = {}
         self.drain_rate = DrainRate(drain_window_s)
         self._tenant_policy = tenant_policy
         self._classes: dict[str, _Class] = {}
@@ -309,12 +313,18 @@ class Admission:
         """E1/E2 apply: the budget is elastic and aged work exists to use the stretch."""
         return self.aging_s is not None and self.budget_elastic()
 
+    @property
+    def effective_budget(self) -> int:
+        """The working budget, or the budget a running stretched request was given if larger (E3)."""
+        return max(self.budget, min(self.capacity.ceiling, max(self._stretched.values(), default=0)))
+
     def working_budget(self, request: Request, *, aged: bool = False) -> int:
-        """F1's budget for `request`: the working budget, stretched for an aged waiter (E2)."""
+        """F1's budget for `request`: the effective budget, stretched for an aged waiter (E2)."""
+        budget = self.effective_budget
         if not (aged and self._stretches()):
-            return self.budget
+            return budget
         need = request.cost + self._reserved_elsewhere(request.cls)
-        return max(self.budget, min(self.capacity.ceiling, need))
+        return max(budget, min(self.capacity.ceiling, need))
 
     def blocker(self, request: Request, *, own_share_only: bool = False, aged: bool = False) -> Block | None:
         """The first of F5, F1-F4, F6 that `request` fails now, or None if it fits.
@@ -520,6 +530,9 @@ class Admission:
                     continue
                 block = self.blocker(w.request, aged=True)
                 if block is None:
+                    stretch = self.working_budget(w.request, aged=True)
+                    if stretch > self.effective_budget:
+                        self._stretched[w.request.id] = stretch  # E3: held until its release
                     self._classes[w.request.cls].queue.remove(w.request.id)
                     self.ledger.reserve(w.request, now)
                     admitted.append(Admit(w.request, now))
@@ -544,6 +557,7 @@ class Admission:
     def release(self, request_id: str, now: float) -> Reservation | None:
         """Return a reservation's tokens exactly once; None if it was already released."""
         res = self.ledger.release(request_id)
+        self._stretched.pop(request_id, None)
         if res is not None:
             self.drain_rate.record(now, res.cost)
         return res
@@ -682,6 +696,7 @@ def check_invariants(adm: Admission) -> None:
         for w in adm.queue(cls):
             assert w.request.id not in adm.ledger, "A1 waiting and reserved"
     assert len(adm.ledger) <= adm.capacity.slots, "A2 slots"
+    assert all(rid in adm.ledger for rid in adm._stretched), "E3 a stretch outlived its reservation"
 
 
 def check_aged(adm: Admission, now: float) -> None:
