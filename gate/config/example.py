@@ -120,8 +120,8 @@ min_samples = 20
 # controller frozen) still holds. The adaptive controller's budget is an estimate, not a
 # limit: a request larger than it waits instead of a 429, and once aged it may start above
 # it (never above the ceiling), so the controller at min_tokens cannot starve large
-# requests. 0 = off. Default 10.
-aging_s = 10.0
+# requests. 0 = off. Default 5.
+aging_s = 5.0
 
 # One [classes.NAME] table per priority class; names use a-z 0-9 _ -. Without any [classes],
 # these two are the defaults. Defining any class replaces both defaults.
