@@ -85,6 +85,8 @@ def backend_line(b: BackendView, compact: bool) -> Text:
     if not compact:
         line.append(f"  kv {b.kv}", "dim")
         line.append(f"  budget {_n(b.budget)}/{_n(b.ceiling)}")
+        if b.stretched_to is not None:  # in-flight above the budget: say why
+            line.append(f" stretched to {b.stretched_to:,} (aged)", "yellow")
         line.append(f"  in-flight {b.in_flight:,}")
 
         line.append(f"  queued {b.queued}", "bold yellow" if b.queued else "")

@@ -412,3 +412,11 @@ def test_the_prefill_line_says_what_is_prefilling_the_cap_and_where_the_cap_come
     assert configured == "  prefill 700 now / cap 1,024 (3,300 tok/s measured)"
     unmeasured = prefill_line(_backend(prefilling=0)).plain
     assert unmeasured == "  prefill 0 now / no cap"
+
+
+def test_the_backend_line_says_why_in_flight_is_above_the_budget():
+    from console.widgets.slots import backend_line
+
+    stretched = backend_line(_backend(budget=512, in_flight=1800, stretched_to=1812), compact=False).plain
+    assert "budget 512/2,048 stretched to 1,812 (aged)  in-flight 1,800" in stretched
+    assert "stretched" not in backend_line(_backend(), compact=False).plain

@@ -123,8 +123,14 @@ async def test_the_controller_at_its_floor_delays_a_large_batch_request_but_neve
         backend.controller.set_budget(0.0, 128)  # where sustained overload leaves it
         assert admission.budget == 128
         body, headers = chat(300, 100, "batch")
-        answer = await client.post(gate.url + CHAT, json=body, headers=headers)
+        task = asyncio.create_task(client.post(gate.url + CHAT, json=body, headers=headers))
+        # While it runs, the snapshot (and the console's backend line) says the budget is stretched.
+        await wait_until(lambda: gate.snapshot().backends[0].stretched_to is not None or task.done(), timeout_s=30)
+        view = gate.snapshot().backends[0]
+        assert view.budget == 128 and view.stretched_to == view.in_flight + 64  # + interactive's reservation
+        answer = await task
         assert answer.status_code == 200, answer.text
+        assert gate.snapshot().backends[0].stretched_to is None
         assert answer.json()["usage"]["completion_tokens"] == 100
         text = (await client.get(gate.url + "/metrics")).text
         waited = metric(text, "tokengate_queue_wait_seconds_sum", **{"class": "batch", "outcome": "admitted"})
