@@ -407,7 +407,8 @@ class Admission:
 
     def waiting_on(self, cls: str) -> str:
         """What keeps `cls`'s oldest waiter waiting right now, in at most 14 characters for the
-        console: "paused", "slots 4/4 busy", "token budget", "class limit", "tenant quota",
+        console: "paused", "slots 4/4 busy", "token budget", "aging (budget)" (larger than the
+        controller's budget lets it be: it starts once aged, E1-E2), "class limit", "tenant quota",
         "prefill limit", "priority" (a higher class waits for the shared budget); "" when none waits."""
         queue = self._classes[cls].queue
         head = queue.oldest()
@@ -416,6 +417,8 @@ class Admission:
         if queue.paused:
             return "paused"
         block = self.blocker(head.request)
+        if block is Block.BUDGET and self._stretches() and head.request.cost > self.class_reach(cls, self.budget):
+            return "aging (budget)"
         if block is Block.SLOTS:
             return f"slots {len(self.ledger)}/{self.capacity.slots} busy"
         return {

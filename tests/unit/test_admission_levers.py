@@ -178,7 +178,7 @@ def test_the_controllers_budget_stretches_for_an_aged_request_larger_than_it():
     assert isinstance(adm.offer(chat, 0.0), Admit)  # borrows 200 past its reservation
     big = req("batch", 1500, prompt=1000)
     assert isinstance(adm.offer(big, 0.0), Queue)
-    assert adm.waiting_on("batch") == "token budget"
+    assert adm.waiting_on("batch") == "aging (budget)"  # the console: it is not stuck, it ages
     assert adm.advance(4.9).admitted == ()  # not aged yet: the budget holds
     assert adm.advance(5.0).admitted == ()  # aged, but interactive holds 500 > its 300
     borrow = req("interactive", 200, prompt=100, at=5.0)
