@@ -112,6 +112,12 @@ class GateMetrics:
             "Current token budget (sum over backends).",
             registry=r,
         )
+        self._budget_effective = Gauge(
+            "tokengate_token_budget_effective",
+            "Token budget in force (sum over backends): the budget, or the budget an aged request "
+            "was let in at while it runs above the adaptive controller's.",
+            registry=r,
+        )
         self._queue_depth = Gauge(
             "tokengate_queue_depth", "Requests waiting in the queue.", ["class"], registry=r
         )
@@ -332,9 +338,11 @@ class GateMetrics:
         self._in_flight.labels(self._cls(str(cls))).set(in_flight)
         self._queue_depth.labels(self._cls(str(cls))).set(queued)
 
-    def set_budget(self, tokens: int) -> None:
-        """The gate's whole budget; with several backends, pass their sum."""
+    def set_budget(self, tokens: int, effective: int | None = None) -> None:
+        """The gate's whole budget and the one in force (a stretch: `Admission.effective_budget`);
+        with several backends, pass their sums."""
         self._budget.set(tokens)
+        self._budget_effective.set(tokens if effective is None else effective)
 
     def set_drain_seconds(self, s: float) -> None:
         self._drain.set(s)

@@ -435,7 +435,7 @@ class GateService:
         m = self.metrics
         in_flight = {c.name: 0 for c in self.config.classes}
         queued = dict(in_flight)
-        budget = 0
+        budget = effective = 0
         drain_s = 0.0
         now = self.clock()
         for b in self.backends:
@@ -446,6 +446,7 @@ class GateService:
                 continue
             if b.capacity is not None:  # a router's model before its first load has none yet
                 budget += adm.budget
+                effective += adm.effective_budget
             queued_tokens = 0
             for cls in adm.class_names:
                 in_flight[cls] += adm.ledger.class_tokens(cls)
@@ -456,7 +457,7 @@ class GateService:
                 drain_s = max(drain_s, queued_tokens / rate if rate > 0 else float("inf"))
         for cls in in_flight:
             m.set_class_state(cls, in_flight=in_flight[cls], queued=queued[cls])
-        m.set_budget(budget)
+        m.set_budget(budget, effective)
         m.set_drain_seconds(drain_s if drain_s != float("inf") else 3600.0)
         m.set_slo_ttft(self.config.budget.slo_ttft_p95_ms / 1000)
         if self.shared is not None:

@@ -128,6 +128,9 @@ async def test_the_controller_at_its_floor_delays_a_large_batch_request_but_neve
         await wait_until(lambda: gate.snapshot().backends[0].stretched_to is not None or task.done(), timeout_s=30)
         view = gate.snapshot().backends[0]
         assert view.budget == 128 and view.stretched_to == view.in_flight + 64  # + interactive's reservation
+        text = (await client.get(gate.url + "/metrics")).text
+        assert metric(text, "tokengate_token_budget") == 128
+        assert metric(text, "tokengate_token_budget_effective") == view.stretched_to
         answer = await task
         assert answer.status_code == 200, answer.text
         assert gate.snapshot().backends[0].stretched_to is None

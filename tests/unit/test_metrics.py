@@ -160,6 +160,7 @@ def test_histograms_and_gauges() -> None:
     assert value(m, "tokengate_tokens_in_flight", **cls) == 512
     assert value(m, "tokengate_queue_depth", **cls) == 3
     assert value(m, "tokengate_token_budget") == 8192
+    assert value(m, "tokengate_token_budget_effective") == 8192  # no stretch: the same
     assert value(m, "tokengate_queue_drain_seconds") == 4.5
     assert value(m, "tokengate_backend_up", backend="b0") == 1
     assert value(m, "tokengate_backend_slots", backend="b0", state="busy") == 3
