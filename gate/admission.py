@@ -309,6 +309,10 @@ class Admission:
             reach = min(reach, policy.limit_tokens)
         return reach
 
+    def _beyond_budget(self, request: Request) -> bool:
+        """Is `request` larger than its class can reach at the working budget (429, or E1)?"""
+        return request.cost > self.class_reach(request.cls, self.budget)
+
     def _stretches(self) -> bool:
         """E1/E2 apply: the budget is elastic and aged work exists to use the stretch."""
         return self.aging_s is not None and self.budget_elastic()
@@ -317,6 +321,12 @@ class Admission:
     def effective_budget(self) -> int:
         """The working budget, or the budget a running stretched request was given if larger (E3)."""
         return max(self.budget, min(self.capacity.ceiling, max(self._stretched.values(), default=0)))
+
+    @property
+    def stretched_to(self) -> int | None:
+        """`effective_budget` while a stretch raises it above the working budget (E3), else None."""
+        effective = self.effective_budget
+        return effective if effective > self.budget else None
 
     def working_budget(self, request: Request, *, aged: bool = False) -> int:
         """F1's budget for `request`: the effective budget, stretched for an aged waiter (E2)."""
@@ -401,7 +411,7 @@ class Admission:
         entry = self._classes.get(request.cls)
         if entry is None or entry.queue.paused or entry.queue or self._never_fits(request) is not None:
             return False
-        if request.cost > self.class_reach(request.cls, self.budget):
+        if self._beyond_budget(request):
             return False
         return self.blocker(request, own_share_only=self._yield_to_higher(entry)) is None
 
@@ -417,7 +427,7 @@ class Admission:
         if queue.paused:
             return "paused"
         block = self.blocker(head.request)
-        if block is Block.BUDGET and self._stretches() and head.request.cost > self.class_reach(cls, self.budget):
+        if block is Block.BUDGET and self._stretches() and self._beyond_budget(head.request):
             return "aging (budget)"
         if block is Block.SLOTS:
             return f"slots {len(self.ledger)}/{self.capacity.slots} busy"
@@ -453,7 +463,7 @@ class Admission:
                 f"class {request.cls!r} is paused by the operator",
                 self.retry_after(request.cls, request.cost, now),
             )
-        if request.cost > self.class_reach(request.cls, self.budget) and not self._stretches():
+        if self._beyond_budget(request) and not self._stretches():
             return Refuse(
                 request,
                 Reason.TOKEN_BUDGET_EXCEEDED,

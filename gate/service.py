@@ -541,7 +541,7 @@ class GateService:
                     decode_tps=None if tel is None else tel.decode_tps,
                     requests_deferred=None if tel is None else tel.requests_deferred,
                     kv_bytes_per_token=b.kv_bytes_per_token,
-                    stretched_to=adm.effective_budget if adm and adm.effective_budget > adm.budget else None,
+                    stretched_to=adm.stretched_to if adm else None,
                     **_prefill_view(b),
                 )
             )

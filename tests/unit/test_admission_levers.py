@@ -24,7 +24,7 @@ class ObjCls(Cls):
 
 
 def pair(*, ceiling=4000, slots=4, yield_tokens=None, prefill_cap=None, aging_s=None, expected=None,
-         objective_ms=None, batch_reserved=0, interactive_reserved=0) -> Admission:
+         objective_ms=None, batch_reserved=0, interactive_reserved=0, elastic=False) -> Admission:
     classes = [
         ObjCls("interactive", 10, reserved_tokens=interactive_reserved, queue_timeout_s=30.0,
                ttft_objective_ms=objective_ms),
@@ -32,7 +32,7 @@ def pair(*, ceiling=4000, slots=4, yield_tokens=None, prefill_cap=None, aging_s=
     ]
     capacity = Capacity(slots=slots, slot_context=ceiling, ceiling=ceiling, max_prefill_tokens=prefill_cap,
                         prefill_yield_tokens=yield_tokens)
-    return Admission(classes, capacity, aging_s=aging_s, expected_ttft=expected)
+    return Admission(classes, capacity, aging_s=aging_s, expected_ttft=expected, budget_elastic=lambda: elastic)
 
 
 # ---- F4 and F6 ----------------------------------------------------------------------
@@ -171,8 +171,7 @@ def test_the_controllers_budget_stretches_for_an_aged_request_larger_than_it():
     """E1/E2: the adaptive controller at its floor (600) and a 1,500-token batch request:
     it waits instead of a 429, and once aged it starts as soon as interactive is back
     within its reservation, above the budget but never above the ceiling."""
-    adm = pair(ceiling=4000, aging_s=5.0, interactive_reserved=300)
-    adm.budget_elastic = lambda: True
+    adm = pair(ceiling=4000, aging_s=5.0, interactive_reserved=300, elastic=True)
     adm.set_budget(600)
     chat = req("interactive", 500, prompt=100)
     assert isinstance(adm.offer(chat, 0.0), Admit)  # borrows 200 past its reservation
@@ -200,8 +199,7 @@ def test_the_controllers_budget_stretches_for_an_aged_request_larger_than_it():
 
 
 def test_a_stretch_is_one_request_at_a_time_and_never_past_the_ceiling():
-    adm = pair(ceiling=2000, aging_s=5.0)
-    adm.budget_elastic = lambda: True
+    adm = pair(ceiling=2000, aging_s=5.0, elastic=True)
     adm.set_budget(500)
     first, second = req("batch", 1500, prompt=1000), req("batch", 1500, prompt=1000)
     assert isinstance(adm.offer(first, 0.0), Queue)
@@ -214,8 +212,7 @@ def test_a_stretch_is_one_request_at_a_time_and_never_past_the_ceiling():
 
 
 def test_without_aging_or_with_an_operators_budget_a_larger_request_is_refused_at_once():
-    elastic_no_aging = pair(ceiling=4000)
-    elastic_no_aging.budget_elastic = lambda: True
+    elastic_no_aging = pair(ceiling=4000, elastic=True)
     frozen = pair(ceiling=4000, aging_s=5.0)  # the default: the budget is an operator's limit
     for adm in (elastic_no_aging, frozen):
         adm.set_budget(600)
