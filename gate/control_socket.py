@@ -146,15 +146,28 @@ class ControlServer:
             except KeyError:
                 raise SocketInUse(f"[gate] control_socket_group: no group {self.group!r} on this host") from None
         self.claim()
-        # Created 0600 from the start (no window in which others may connect), then widened.
-        old_umask = os.umask(0o177)
+        # Bound 0600 (no window in which others may connect), given its group and mode, and only
+        # then listened on: once anyone can connect, the file already has the mode it keeps
+        # (listening first let a console, or a test, connect and see 0600 before the chmod).
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        bound = False
         try:
-            self._server = await asyncio.start_unix_server(self._serve, path=self.path, limit=MAX_LINE)
-        finally:
-            os.umask(old_umask)
-        if gid is not None:
-            os.chown(self.path, -1, gid)
-            os.chmod(self.path, 0o660)
+            old_umask = os.umask(0o177)
+            try:
+                sock.bind(self.path)
+                bound = True
+            finally:
+                os.umask(old_umask)
+            if gid is not None:
+                os.chown(self.path, -1, gid)
+                os.chmod(self.path, 0o660)
+            self._server = await asyncio.start_unix_server(self._serve, sock=sock, limit=MAX_LINE)
+        except BaseException:
+            sock.close()
+            if bound:  # ours; a file that was there before is not
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path)
+            raise
         self.gate.audit_listeners.append(self._on_audit)
 
     async def close(self) -> None:
