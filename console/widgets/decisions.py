@@ -1,11 +1,11 @@
 """The decision tail: the newest decisions, newest at the bottom, with a `/` filter.
 
 Rows are keyed by request id and appended as they arrive; the table is trimmed
-back to MAX_ROWS once it grows SLACK rows past it (one rebuild instead of
-hundreds of O(n) `remove_row` calls; see textual#5273). A tick adds at most
-MAX_NEW_ROWS_PER_TICK rows (its newest): at hundreds of requests per second
-nobody reads every row, and each new row costs a re-render of the visible
-ones; the filter still sees every decision the console has received.
+back to MAX_ROWS once it grows SLACK rows past it (one rebuild). A tick adds at
+most MAX_NEW_ROWS_PER_TICK rows (its newest): at hundreds of requests per second
+nobody reads every row; the filter still sees every decision the console has
+received. The table is a `TailTable` (each row rendered once; why, with the
+measurement, in console/widgets/tail_table.py), not a `DataTable`.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
-from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message
-from textual.widgets import DataTable, Input
+from textual.widgets import Input
 
+from console.widgets.tail_table import Cell, TailTable
 from gate.records import DecisionRecord
 from gate.snapshot import GateSnapshot
 
@@ -72,17 +72,17 @@ def decision_cells(r: DecisionRecord) -> dict[str, str]:
     }
 
 
-def _styled(cells: dict[str, str], columns: tuple[str, ...]) -> list:
-    out: list = []
+def _styled(cells: dict[str, str], columns: tuple[str, ...]) -> list[Cell]:
+    out: list[Cell] = []
     for c in columns:
         value = cells[c]
         if c == "outcome":
-            out.append(Text(value, style=OUTCOME_STYLES.get(value, "")))
+            out.append((value, OUTCOME_STYLES.get(value, "")))
         elif c == "status":
             status = int(value) if value.isdigit() else 0
-            out.append(Text(value, style="red" if status >= 500 else "yellow" if status >= 400 else ""))
+            out.append((value, "red" if status >= 500 else "yellow" if status >= 400 else ""))
         else:
-            out.append(Text(value))  # never markup: tenant names are client-chosen
+            out.append((value, ""))  # plain text, never markup: tenant names are client-chosen
     return out
 
 
@@ -110,20 +110,18 @@ class DecisionTail(Vertical):
         self.columns_shown: tuple[str, ...] = FULL
         self.input = Input(placeholder="filter: substring of any column; enter keeps it, esc clears", id="decision-filter")
         self.input.display = False
-        self.table = DataTable(id="decision-table", cursor_type="none", zebra_stripes=True)
-        self._add_columns()
+        self.table = TailTable(id="decision-table")
+        self._set_columns()
 
-    def _add_columns(self) -> None:
+    def _set_columns(self) -> None:
         narrow = self.columns_shown == NARROW
-        for key in self.columns_shown:
-            self.table.add_column(LABELS[key], key=key, width=NARROW_WIDTHS.get(key) if narrow else None)
+        self.table.set_columns([(key, LABELS[key], NARROW_WIDTHS.get(key) if narrow else None) for key in self.columns_shown])
 
     def on_resize(self, event: events.Resize) -> None:
         wanted = NARROW if event.size.width < NARROW_BELOW else FULL
         if wanted != self.columns_shown:
             self.columns_shown = wanted
-            self.table.clear(columns=True)
-            self._add_columns()
+            self._set_columns()
             self._rebuild()
             self.follow()
 
@@ -137,23 +135,20 @@ class DecisionTail(Vertical):
         new = [r for r in snap.decisions if r.request_id not in self._records]
         if not new:
             return
-        table = self.table
-        at_end = self.following
+        table = self.table  # follows by itself while its newest row is in view
         matching: list[tuple[str, dict[str, str]]] = []
         for r in new:
             cells = decision_cells(r)
             haystack = " ".join(cells.values()).lower()
             self._records[r.request_id] = (cells, haystack)
-            if self._matches(haystack) and r.request_id not in table.rows:
+            if self._matches(haystack) and r.request_id not in table:
                 matching.append((r.request_id, cells))
         for rid, cells in matching[-self.MAX_NEW_ROWS_PER_TICK:]:
-            table.add_row(*_styled(cells, self.columns_shown), key=rid)
+            table.add_row(_styled(cells, self.columns_shown), key=rid)
         while len(self._records) > self.MAX_ROWS:
             self._records.popitem(last=False)
         if table.row_count > self.MAX_ROWS + self.SLACK:
             self._rebuild()
-        if at_end:
-            self.follow()
         self._subtitle()
 
     def _matches(self, haystack: str) -> bool:
@@ -164,21 +159,16 @@ class DecisionTail(Vertical):
         table.clear()
         rows = [(rid, cells) for rid, (cells, hay) in self._records.items() if self._matches(hay)]
         for rid, cells in rows[-self.MAX_ROWS:]:
-            table.add_row(*_styled(cells, self.columns_shown), key=rid)
+            table.add_row(_styled(cells, self.columns_shown), key=rid)
 
     @property
     def following(self) -> bool:
         """True while the newest row is in view (new rows then keep it in view)."""
-        return self.table.scroll_y >= self.table.max_scroll_y
+        return self.table.following
 
     def follow(self) -> None:
         """Show the newest rows, and keep showing them as rows arrive."""
-        # After the refresh: only then does the table know its new max_scroll_y,
-        # and an immediate scroll_end would stop at the old end (and stay there).
-        self.table.call_after_refresh(self._scroll_to_newest)
-
-    def _scroll_to_newest(self) -> None:
-        self.table.scroll_end(animate=False, immediate=True)
+        self.table.scroll_to_newest()
         self._subtitle()
 
     def _subtitle(self) -> None:
@@ -193,7 +183,7 @@ class DecisionTail(Vertical):
 
     @property
     def visible_request_ids(self) -> list[str]:
-        return [str(row.key.value) for row in self.table.ordered_rows]
+        return self.table.row_keys
 
     # ---- filter ----------------------------------------------------------------
 

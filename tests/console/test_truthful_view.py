@@ -45,7 +45,7 @@ async def test_the_tail_is_in_time_order_and_says_which_time(gate):
         times = [str(table.get_cell(rid, "time")) for rid in app.decisions.visible_request_ids]
         assert times == sorted(times)
         assert times[-1] == time.strftime("%H:%M:%S", time.localtime(FIXED_NOW + 7))
-        assert "ended" in [str(c.label) for c in table.columns.values()]
+        assert "ended" in table.labels
 
 
 async def test_dialogs_do_not_freeze_the_live_view(gate):
@@ -385,9 +385,8 @@ async def test_the_narrow_tail_shows_every_reason_whole(gate):
             await app.tick()
             await pilot.pause()
             table = app.decisions.table
-            assert app.decisions.columns_shown != tuple(table.columns) or True
-            width = table.columns["reason"].get_render_width(table) - 2 * table.cell_padding
-            assert width >= len("token_budget_exceeded"), size
+            assert table.column_width("reason") >= len("token_budget_exceeded"), size
+            assert "token_budget_exceeded" in table.render_line(1).text, size
             assert table.virtual_size.width <= table.size.width, size
 
 
