@@ -110,6 +110,8 @@ class TokengateApp(App[None]):
                 }
             )
         #: (ts, budget, in_flight, p95 TTFT ms), appended every tick, paused or not
+        #: (when, what) the chart last drew: see _update_chart
+        self._chart_drawn: tuple[float, tuple] | None = None
         self.history: deque[tuple[float, int | None, int, float | None]] = deque(
             maxlen=int(CHART_WINDOW_S / MIN_INTERVAL_S)
         )
@@ -340,7 +342,23 @@ class TokengateApp(App[None]):
         )
 
     def _update_chart(self, snap: GateSnapshot) -> None:
-        self.chart.set_series(**self.chart_series(snap))
+        """Draw the chart when that shows something new: plotext draws in Python (~15 ms a draw
+        at 160x48, half the console's CPU once the decision tail stopped re-rendering), and
+        each second moves the 10-minute curve by a fraction of one braille dot. So: at once
+        when a mark, the hand-set budget, the SLO or the newest budget changed; otherwise once
+        a dot's worth of time has passed; never while the chart is hidden behind its tab."""
+        if not self.chart.display:
+            self._chart_drawn = None  # drawn on the first tick it shows
+            return
+        series = self.chart_series(snap)
+        what = (series["marks"], series["hand_set"], series["slo_ttft_ms"], series["budget"][-1:])
+        now = self.clock()
+        if self._chart_drawn is not None:
+            drawn_at, drawn = self._chart_drawn
+            if what == drawn and now - drawn_at < self.chart.seconds_per_dot(CHART_WINDOW_S):
+                return
+        self.chart.set_series(**series)
+        self._chart_drawn = (now, what)
 
     def _show_status(self) -> None:
         snap = self.last_snapshot

@@ -344,6 +344,11 @@ class BudgetChart(PlotextPlot):
         self._drawn_width = self.size.width
         self._redraw()
 
+    def seconds_per_dot(self, window_s: float) -> float:
+        """How much time one braille dot of the x axis spans (two a column): redrawing a
+        `window_s` chart more often than this moves nothing on it."""
+        return window_s / max(2 * self.size.width, 1)
+
     def clear(self) -> None:
         """Show "no samples yet"."""
         self._series_set = True

@@ -319,3 +319,46 @@ async def test_header_says_whether_tenant_limits_are_shared_or_the_failure_polic
         assert "bold black on yellow" in styles_of(app.header.content, "FAIL_OPEN")
         app.header.update_snapshot(dataclasses.replace(snap, shared="fail_closed"))
         assert "bold white on red" in styles_of(app.header.content, "FAIL_CLOSED")
+
+
+async def test_the_chart_draws_when_it_would_show_something_new(gate):
+    now = [FIXED_NOW]
+    app = TokengateApp(InProcessLink(gate), interval_s=3600, clock=lambda: now[0])
+    async with app.run_test(size=(160, 48)) as pilot:
+        await app.tick()
+        assert not app.chart.empty  # drawn once (at mount or here)
+        draws = []
+        real = app.chart.set_series
+        app.chart.set_series = lambda **kw: draws.append(kw) or real(**kw)
+        per_dot = app.chart.seconds_per_dot(600)
+        assert 1 < per_dot < 10  # ~60-80 columns at 160 wide
+        for _ in range(3):  # the same budget, a second apart: nothing would move
+            now[0] += 1
+            await app.tick()
+        assert draws == []
+        gate.control.set_budget(4096, operator=gate.operator)  # a new budget and its audit mark: now
+        now[0] += 1
+        await app.tick()
+        assert len(draws) == 1 and draws[-1]["budget"][-1] == 4096 and draws[-1]["marks"]
+        now[0] += per_dot + 0.01
+        await app.tick()  # a dot's worth of time: the curve moves
+        assert len(draws) == 2
+
+
+async def test_a_chart_behind_its_tab_is_not_drawn_until_shown(gate):
+    now = [FIXED_NOW]
+    app = TokengateApp(InProcessLink(gate), interval_s=3600, clock=lambda: now[0])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await app.tick()
+        draws = []
+        real = app.chart.set_series
+        app.chart.set_series = lambda **kw: draws.append(kw) or real(**kw)
+        assert not app.chart.display
+        gate.control.set_budget(4096, operator=gate.operator)
+        now[0] += 60
+        await app.tick()
+        assert draws == []
+        app._show_pane("chart")
+        await pilot.pause()
+        await app.tick()
+        assert len(draws) == 1 and draws[-1]["budget"][-1] == 4096
