@@ -12,8 +12,17 @@ COLUMNS = [("time", "ended", None), ("tenant", "tenant", 6), ("ttft", "TTFT ms",
 
 
 class OneTable(App):
+    """A TailTable alone, with COLUMNS."""
+
     def compose(self) -> ComposeResult:
-        yield TailTable(id="t")
+        self.table = TailTable(id="t")
+        self.table.set_columns(COLUMNS)
+        yield self.table
+
+
+def add_rows(table: TailTable, numbers: range) -> None:
+    for i in numbers:
+        table.add_row([(f"t{i}", ""), ("acme", ""), (str(i), "")], key=f"r{i}")
 
 
 def bottom_row_key(table: TailTable) -> str:
@@ -40,26 +49,22 @@ async def test_the_tail_keeps_the_newest_row_in_view_tick_after_tick(gate):
 async def test_scrolled_back_it_stays_put_and_scrolling_to_the_end_follows_again():
     app = OneTable()
     async with app.run_test(size=(60, 12)) as pilot:
-        table = app.query_one(TailTable)
-        table.set_columns(COLUMNS)
-        for i in range(40):
-            table.add_row([(f"t{i}", ""), ("acme", ""), (str(i), "")], key=f"r{i}")
+        table = app.table
+        add_rows(table, range(40))
         await pilot.pause()
         assert table.following and bottom_row_key(table) == "r39"
         table.scroll_to(y=5, animate=False, immediate=True)
         assert not table.following
-        for i in range(40, 50):
-            table.add_row([(f"t{i}", ""), ("acme", ""), (str(i), "")], key=f"r{i}")
+        add_rows(table, range(40, 50))
         await pilot.pause()
         assert table.scroll_y == 5 and not table.following
         table.clear()  # a trim or a filter refills it: not a scroll back to the end
-        for i in range(50):
-            table.add_row([(f"t{i}", ""), ("acme", ""), (str(i), "")], key=f"r{i}")
+        add_rows(table, range(50))
         await pilot.pause()
         assert not table.following
         table.scroll_to(y=table.max_scroll_y, animate=False, immediate=True)
         assert table.following
-        table.add_row([("t50", ""), ("acme", ""), ("50", "")], key="r50")
+        add_rows(table, range(50, 51))
         await pilot.pause()
         assert bottom_row_key(table) == "r50"
 
@@ -67,10 +72,8 @@ async def test_scrolled_back_it_stays_put_and_scrolling_to_the_end_follows_again
 async def test_a_new_row_renders_only_itself(monkeypatch):
     app = OneTable()
     async with app.run_test(size=(60, 12)) as pilot:
-        table = app.query_one(TailTable)
-        table.set_columns(COLUMNS)
-        for i in range(30):
-            table.add_row([(f"t{i}", ""), ("acme", ""), (str(i), "")], key=f"r{i}")
+        table = app.table
+        add_rows(table, range(30))
         await pilot.pause()
         height = table.scrollable_content_region.height
         for y in range(height):
@@ -78,8 +81,7 @@ async def test_a_new_row_renders_only_itself(monkeypatch):
         built = []
         real = TailTable._line
         monkeypatch.setattr(TailTable, "_line", lambda self, *a: built.append(a) or real(self, *a))
-        for i in range(30, 33):
-            table.add_row([(f"t{i}", ""), ("acme", ""), (str(i), "")], key=f"r{i}")
+        add_rows(table, range(30, 33))
         await pilot.pause()
         for y in range(height):
             table.render_line(y)
@@ -94,8 +96,7 @@ async def test_a_new_row_renders_only_itself(monkeypatch):
 async def test_cells_are_printable_plain_text_and_only_a_fixed_width_cuts():
     app = OneTable()
     async with app.run_test(size=(60, 6)) as pilot:
-        table = app.query_one(TailTable)
-        table.set_columns(COLUMNS)
+        table = app.table
         table.add_row([("[bold]x[/]", ""), ("ev\x1b[2Jil-corp", "red"), ("123,456,789", "")], key="a")
         await pilot.pause()
         line = table.render_line(1).text
@@ -109,20 +110,18 @@ async def test_cells_are_printable_plain_text_and_only_a_fixed_width_cuts():
 async def test_the_scroll_keys_leave_the_end_and_come_back():
     app = OneTable()
     async with app.run_test(size=(60, 12)) as pilot:
-        table = app.query_one(TailTable)
-        table.set_columns(COLUMNS)
-        for i in range(40):
-            table.add_row([(f"t{i}", ""), ("acme", ""), (str(i), "")], key=f"r{i}")
+        table = app.table
+        add_rows(table, range(40))
         table.focus()
         await pilot.pause()
         await pilot.press("pageup")
         assert not table.following and table.scroll_y < table.max_scroll_y
-        table.add_row([("t40", ""), ("acme", ""), ("40", "")], key="r40")
+        add_rows(table, range(40, 41))
         await pilot.pause()
         assert not table.following and bottom_row_key(table) != "r40"
         await pilot.press("end")
         await pilot.pause()
         assert table.following
-        table.add_row([("t41", ""), ("acme", ""), ("41", "")], key="r41")
+        add_rows(table, range(41, 42))
         await pilot.pause()
         assert bottom_row_key(table) == "r41"
