@@ -161,6 +161,10 @@ class DecisionTail(Vertical):
         for rid, cells in rows[-self.MAX_ROWS:]:
             table.add_row(_styled(cells, self.columns_shown), key=rid)
 
+    def on_tail_table_following_changed(self, event: TailTable.FollowingChanged) -> None:
+        event.stop()
+        self._subtitle()
+
     @property
     def following(self) -> bool:
         """True while the newest row is in view (new rows then keep it in view)."""

@@ -27,6 +27,7 @@ from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style
 from textual.geometry import Size
+from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
@@ -45,6 +46,9 @@ class TailTable(ScrollView, can_focus=True):
     """Rows appended at the bottom, trimmed by `clear()` and re-adding; see the module docstring."""
 
     COMPONENT_CLASSES = {"tail-table--header", "tail-table--even-row"}
+
+    class FollowingChanged(Message):
+        """The view left the newest row, or came back to it (say so at once, not at the next row)."""
 
     DEFAULT_CSS = """
     TailTable {
@@ -163,6 +167,7 @@ class TailTable(ScrollView, can_focus=True):
             self.following = following
             if following:
                 self.call_later(self._anchor_at_end)
+            self.post_message(self.FollowingChanged())
 
     def _anchor_at_end(self) -> None:
         if self.following:  # not scrolled away since (rows may have come: anchor() shows them)

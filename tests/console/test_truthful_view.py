@@ -107,6 +107,19 @@ async def test_a_tail_scrolled_back_says_so_and_g_brings_it_back(gate):
         assert table.scroll_y == table.max_scroll_y and app.decisions.following
 
 
+async def test_the_tail_says_it_stopped_following_at_once_with_no_new_rows(gate):
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)) as pilot:
+        table = await overflowing_tail(gate, app, pilot)
+        assert "not following" not in str(app.decisions.border_subtitle)
+        table.scroll_to(y=0, animate=False, immediate=True)  # traffic has stopped: no tick adds a row
+        await pilot.pause()
+        assert "not following" in str(app.decisions.border_subtitle)
+        table.scroll_to(y=table.max_scroll_y, animate=False, immediate=True)
+        await pilot.pause()
+        assert "not following" not in str(app.decisions.border_subtitle)
+
+
 # ---- item 8: plain words -------------------------------------------------------------
 
 
