@@ -6,8 +6,12 @@ y = seconds from dispatch to the first token. Over the most recent points a leas
 line y = base + x / rate separates the two parts of a TTFT under the current load:
 `base`, one decode step of whatever else is running (a new prompt joins the next step),
 and `rate`, prompt tokens processed per second. Old points fall out, so both follow the
-load. Until `min_points` points are in, or while the points do not give a positive
-slope, there is no estimate (None): callers never act on a guess.
+load. Until `min_points` points are in, or while the points do not show a slope clearly
+above zero (its t-statistic under MIN_T), there is no estimate (None): callers never act
+on a guess. That happens when the prompts are all about the same size, so their TTFTs
+differ by decode-step noise rather than prompt length: a least-squares slope through that
+noise is near zero and its rate absurd (a user saw 107,264 tok/s and a "cap" of 213,920
+tokens on a 2,048-token pool, from chats of 30-50 tokens).
 
     expected_ttft(prompt, prefilling) = base + (prompt + prefilling) / rate
 
@@ -25,6 +29,8 @@ from dataclasses import dataclass, field
 MIN_POINTS = 8
 WINDOW = 64
 MIN_CAP = 64  # tokens: an automatic cap below this would stall even short chats
+#: the slope must be this many standard errors above zero (about 99% one-sided with 8 points)
+MIN_T = 3.0
 
 
 @dataclass(slots=True)
@@ -83,5 +89,8 @@ class PrefillModel:
         slope = sum((x - mx) * (y - my) for x, y in self._points) / sxx
         if slope <= 0:
             return None
-        base = max(0.0, my - slope * mx)
-        return base, 1.0 / slope
+        intercept = my - slope * mx
+        sse = sum((y - intercept - slope * x) ** 2 for x, y in self._points)
+        if sse > 0 and slope < MIN_T * (sse / (n - 2) / sxx) ** 0.5:
+            return None  # the prompts' sizes do not explain their TTFTs: no rate to speak of
+        return max(0.0, intercept), 1.0 / slope

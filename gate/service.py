@@ -731,4 +731,4 @@ def _prefill_view(b: Backend) -> dict[str, Any]:
         return {}
     configured = gk.admission.capacity.max_prefill_tokens
     cap = gk.admission.prefill_cap_auto if configured is None else (configured or None)
-    return {"prefill_tok_s": gk.prefill.rate, "prefill_cap": cap, "prefill_cap_auto": configured is None and cap is not None}
+    return {"prefill_tok_s": gk.prefill.rate, "prefill_cap": cap, "prefill_cap_auto": configured is None}

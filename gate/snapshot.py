@@ -78,7 +78,7 @@ class BackendView:
     kv_bytes_per_token: int | None = None
     prefill_tok_s: float | None = None  # measured prompt tokens/s (None until measured)
     prefill_cap: int | None = None  # prompt tokens that may prefill at once (None: no cap)
-    prefill_cap_auto: bool = False  # the cap comes from measurements, not the config
+    prefill_cap_auto: bool = False  # the cap is automatic (from measurements; None until measured), not configured
     # The budget an aged request was let in at, above the controller's, while it runs (E3); None: none.
     stretched_to: int | None = None
 

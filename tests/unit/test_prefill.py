@@ -41,3 +41,27 @@ def test_old_points_fall_out_so_the_model_follows_the_load():
     for n in (10, 200, 400, 800, 50, 600, 300, 1000) * 8:
         m.observe(n, 0.2 + n / 500)
     assert abs(m.base_s - 0.2) < 1e-6 and abs(m.rate - 500.0) < 1e-3
+
+
+def test_prompts_of_about_one_size_give_no_rate_however_the_noise_falls():
+    """TTFTs of 30-50-token chats vary with the decode step, not the prompt: the slope
+    through them is noise, and a rate from it would be absurd (and a cap from it useless)."""
+    import random
+
+    rng = random.Random(3)
+    for _ in range(50):
+        m = PrefillModel()
+        for _ in range(64):
+            m.observe(rng.randint(30, 50), 0.015 + rng.uniform(0.0, 0.02))
+        assert m.rate is None and m.auto_prefill_cap(0.2) is None
+
+
+def test_a_real_slope_through_noise_is_still_measured():
+    import random
+
+    rng = random.Random(4)
+    m = PrefillModel()
+    for _ in range(64):
+        n = rng.randint(20, 1000)
+        m.observe(n, 0.015 + n / 10_000 + rng.uniform(0.0, 0.02))
+    assert m.rate is not None and 7_000 < m.rate < 14_000
