@@ -1,10 +1,11 @@
 """The decision tail: the newest decisions, newest at the bottom, with a `/` filter.
 
-Rows are keyed by request id and appended as they arrive; the table is trimmed
-back to MAX_ROWS once it grows SLACK rows past it (one rebuild). A tick adds at
-most MAX_NEW_ROWS_PER_TICK rows (its newest): at hundreds of requests per second
-nobody reads every row; the filter still sees every decision the console has
-received. The table is a `TailTable` (each row rendered once; why, with the
+Rows are keyed by request id and appended as they arrive; the table drops its
+oldest rows back to MAX_ROWS once it grows SLACK rows past it (a view scrolled
+back keeps its rows in view). A tick adds at most MAX_NEW_ROWS_PER_TICK rows
+(its newest): at hundreds of requests per second nobody reads every row; the
+filter searches the last MAX_RECORDS decisions the console received (the review
+screen, `r`, has the whole journal). The table is a `TailTable` (each row rendered once; why, with the
 measurement, in console/widgets/tail_table.py), not a `DataTable`.
 """
 
@@ -20,7 +21,8 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import Input
 
-from console.widgets.tail_table import Cell, TailTable
+from console.widgets.tail_table import GAP, Cell, TailTable
+from gate.reasons import CLIENT_DISCONNECT, SERVER_CANCELLED, Reason
 from gate.records import DecisionRecord
 from gate.snapshot import GateSnapshot
 
@@ -36,10 +38,11 @@ LABELS: dict[str, str] = {
     "ttft": "TTFT ms",
 }
 FULL = tuple(LABELS)
-# Narrow: the reason whole (the longest, token_budget_exceeded, is 21), the http status
-# left out (each reason has one status, gate/reasons.py).
+# Narrow: the reason whole (as wide as the longest reason code), the http status left out
+# (each reason has one status, gate/reasons.py), one space between columns: it fits 80x24.
 NARROW = ("time", "cls", "tenant", "outcome", "reason", "ttft")
-NARROW_WIDTHS = {"cls": 11, "tenant": 10, "reason": 21}
+NARROW_WIDTHS = {"cls": 11, "tenant": 10, "reason": max(len(r) for r in (*Reason, CLIENT_DISCONNECT, SERVER_CANCELLED))}
+NARROW_GAP = 1
 NARROW_BELOW = 100
 OUTCOME_STYLES = {"admitted": "green", "refused": "bold red", "shed": "magenta", "cancelled": "dim", "failed": "red"}
 
@@ -99,6 +102,8 @@ class DecisionTail(Vertical):
 
     MAX_ROWS = 300
     SLACK = 100
+    #: decisions the filter searches (and counts): ~100 s at 20 req/s
+    MAX_RECORDS = 2000
     #: at most this many of a tick's newest decisions become rows (all stay filterable)
     MAX_NEW_ROWS_PER_TICK = 50
     BINDINGS = [Binding("escape", "clear_filter", "clear filter", show=False)]
@@ -107,6 +112,7 @@ class DecisionTail(Vertical):
         super().__init__(**kwargs)
         self.filter_text = ""
         self._records: OrderedDict[str, tuple[dict[str, str], str]] = OrderedDict()
+        self._matching = 0  # records that match the filter
         self.columns_shown: tuple[str, ...] = FULL
         self.input = Input(placeholder="filter: substring of any column; enter keeps it, esc clears", id="decision-filter")
         self.input.display = False
@@ -115,7 +121,10 @@ class DecisionTail(Vertical):
 
     def _set_columns(self) -> None:
         narrow = self.columns_shown == NARROW
-        self.table.set_columns([(key, LABELS[key], NARROW_WIDTHS.get(key) if narrow else None) for key in self.columns_shown])
+        self.table.set_columns(
+            [(key, LABELS[key], NARROW_WIDTHS.get(key) if narrow else None) for key in self.columns_shown],
+            gap=NARROW_GAP if narrow else GAP,
+        )
 
     def on_resize(self, event: events.Resize) -> None:
         wanted = NARROW if event.size.width < NARROW_BELOW else FULL
@@ -141,14 +150,17 @@ class DecisionTail(Vertical):
             cells = decision_cells(r)
             haystack = " ".join(cells.values()).lower()
             self._records[r.request_id] = (cells, haystack)
-            if self._matches(haystack) and r.request_id not in table:
-                matching.append((r.request_id, cells))
+            if self._matches(haystack):
+                self._matching += 1
+                if r.request_id not in table:
+                    matching.append((r.request_id, cells))
         for rid, cells in matching[-self.MAX_NEW_ROWS_PER_TICK:]:
             table.add_row(_styled(cells, self.columns_shown), key=rid)
-        while len(self._records) > self.MAX_ROWS:
-            self._records.popitem(last=False)
+        while len(self._records) > self.MAX_RECORDS:
+            _, (_, haystack) = self._records.popitem(last=False)
+            self._matching -= self._matches(haystack)
         if table.row_count > self.MAX_ROWS + self.SLACK:
-            self._rebuild()
+            table.drop_oldest(table.row_count - self.MAX_ROWS)
         self._subtitle()
 
     def _matches(self, haystack: str) -> bool:
@@ -158,6 +170,7 @@ class DecisionTail(Vertical):
         table = self.table
         table.clear()
         rows = [(rid, cells) for rid, (cells, hay) in self._records.items() if self._matches(hay)]
+        self._matching = len(rows)
         for rid, cells in rows[-self.MAX_ROWS:]:
             table.add_row(_styled(cells, self.columns_shown), key=rid)
 
@@ -178,7 +191,9 @@ class DecisionTail(Vertical):
     def _subtitle(self) -> None:
         shown = self.table.row_count
         if self.filter_text:
-            text = f"filter '{self.filter_text}': {shown} of {len(self._records)}"
+            text = f"filter '{self.filter_text}': {self._matching:,} of the last {len(self._records):,} decisions"
+            if shown < self._matching:
+                text += f", the newest {shown:,} shown"
         else:
             text = f"{shown} rows"
         if not self.following:

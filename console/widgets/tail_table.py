@@ -38,8 +38,8 @@ def _printable(text: str) -> str:
     return text if text.isprintable() else "".join(ch if ch.isprintable() else "?" for ch in text)
 
 
-#: cells kept side by side: one space either side of each, as DataTable pads them
-PAD = 1
+#: spaces between two columns by default (DataTable's look: one either side of each cell)
+GAP = 2
 
 
 class TailTable(ScrollView, can_focus=True):
@@ -71,6 +71,7 @@ class TailTable(ScrollView, can_focus=True):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._columns: list[tuple[str, str, int | None]] = []  # key, label, fixed width or None
+        self._gap = GAP
         self._widths: list[int] = []
         self._keys: list[str] = []
         self._rows: dict[str, tuple[Sequence[Cell], int]] = {}  # key -> (cells, serial)
@@ -84,9 +85,11 @@ class TailTable(ScrollView, can_focus=True):
 
     # ---- columns and rows ------------------------------------------------------
 
-    def set_columns(self, columns: Sequence[tuple[str, str, int | None]]) -> None:
-        """(key, label, width) each; width None fits the widest cell. Drops every row."""
+    def set_columns(self, columns: Sequence[tuple[str, str, int | None]], *, gap: int = GAP) -> None:
+        """(key, label, width) each; width None fits the widest cell; `gap` spaces between
+        columns (one more at either edge). Drops every row."""
         self._columns = list(columns)
+        self._gap = gap
         self.clear()
 
     @property
@@ -101,7 +104,7 @@ class TailTable(ScrollView, can_focus=True):
         following = self.following  # emptied to be refilled (a trim, a filter): not a scroll
         self._keys.clear()
         self._rows.clear()
-        self._serial = 0  # a row's serial is its index: zebra stripes stay put across trims
+        self._serial = 0  # a row keeps its serial (and stripe) until the next clear
         self._widths = [w if w is not None else cell_len(label) for _, label, w in self._columns]
         self._forget()
         self._resize()
@@ -124,6 +127,22 @@ class TailTable(ScrollView, can_focus=True):
         if grown:
             self._forget()
         self._resize()
+
+    def drop_oldest(self, n: int) -> None:
+        """Remove the `n` oldest rows. A view scrolled back keeps showing the rows it showed
+        (scrolled up by `n`; those rows, if dropped, give way to the oldest kept); a following
+        view keeps following."""
+        n = min(n, len(self._keys))
+        if n <= 0:
+            return
+        for key in self._keys[:n]:
+            _, serial = self._rows.pop(key)
+            self._strips.pop((key, serial % 2), None)
+        del self._keys[:n]
+        following = self.following
+        self._resize()
+        if not following:
+            self.scroll_to(y=max(0, self.scroll_y - n), animate=False, immediate=True)
 
     def __contains__(self, key: object) -> bool:
         return key in self._rows
@@ -176,7 +195,7 @@ class TailTable(ScrollView, can_focus=True):
     # ---- rendering ---------------------------------------------------------------
 
     def _resize(self) -> None:
-        width = sum(self._widths) + 2 * PAD * len(self._widths)
+        width = sum(self._widths) + self._gap * max(len(self._widths) - 1, 0) + 2
         self.virtual_size = Size(width, len(self._keys) + 1)  # + the header line (a layout follows)
         self.refresh()
 
@@ -196,12 +215,15 @@ class TailTable(ScrollView, can_focus=True):
         return style
 
     def _line(self, cells: Sequence[Cell], base: Style) -> Strip:
-        segments: list[Segment] = []
-        pad = " " * PAD
-        for (text, style), width in zip(cells, self._widths):
+        segments: list[Segment] = [Segment(" ", base)]
+        gap = Segment(" " * self._gap, base)
+        for i, ((text, style), width) in enumerate(zip(cells, self._widths)):
             if cell_len(text) > width:  # only a fixed width cuts, and says so
                 text = set_cell_size(text, max(width - 1, 0)) + "…"
-            segments.append(Segment(pad + set_cell_size(text, width) + pad, base + self._style(style)))
+            if i:
+                segments.append(gap)
+            segments.append(Segment(set_cell_size(text, width), base + self._style(style)))
+        segments.append(Segment(" ", base))
         return Strip(segments)
 
     def _header_line(self) -> tuple[Strip, Style]:

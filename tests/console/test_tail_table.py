@@ -125,3 +125,33 @@ async def test_the_scroll_keys_leave_the_end_and_come_back():
         add_rows(table, range(41, 42))
         await pilot.pause()
         assert bottom_row_key(table) == "r41"
+
+
+def top_row_key(table: TailTable) -> str:
+    return table.row_keys[int(table.scroll_y)]
+
+
+async def test_dropping_the_oldest_rows_keeps_a_scrolled_back_view_on_its_rows():
+    app = OneTable()
+    async with app.run_test(size=(60, 12)) as pilot:
+        table = app.table
+        add_rows(table, range(400))
+        await pilot.pause()
+        table.scroll_to(y=250, animate=False, immediate=True)  # 150 rows back from the end
+        await pilot.pause()
+        assert top_row_key(table) == "r250" and not table.following
+        add_rows(table, range(400, 420))
+        table.drop_oldest(120)  # the tail's trim
+        await pilot.pause()
+        assert table.row_count == 300 and table.row_keys[0] == "r120"
+        assert top_row_key(table) == "r250" and not table.following  # the same rows, still not following
+        table.scroll_to(y=0, animate=False, immediate=True)
+        table.drop_oldest(50)  # the rows in view are dropped: the oldest kept shows
+        await pilot.pause()
+        assert top_row_key(table) == "r170" and not table.following
+        table.scroll_to(y=table.max_scroll_y, animate=False, immediate=True)
+        await pilot.pause()
+        table.drop_oldest(10)  # following: still on the newest
+        add_rows(table, range(420, 421))
+        await pilot.pause()
+        assert table.following and bottom_row_key(table) == "r420"

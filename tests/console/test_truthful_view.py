@@ -390,17 +390,20 @@ async def test_a_gate_stopping_with_consoles_attached_logs_no_traceback(gate, tm
 
 
 async def test_the_narrow_tail_shows_every_reason_whole(gate):
+    from gate.reasons import Reason
+
+    longest = max(Reason, key=len)  # shared_limit_unavailable
     for size in ((160, 48), (80, 24)):
         app = make_app(gate)
         async with app.run_test(size=size) as pilot:
-            rec = decision("interactive", outcome="refused", reason="token_budget_exceeded", status=429, ttft_ms=None)
+            rec = decision("interactive", tenant="127.0.0.1", outcome="refused", reason=str(longest), status=503, ttft_ms=None)
             record(gate, rec)
             await app.tick()
             await pilot.pause()
             table = app.decisions.table
-            assert table.column_width("reason") >= len("token_budget_exceeded"), size
-            assert "token_budget_exceeded" in table.render_line(1).text, size
-            assert table.virtual_size.width <= table.size.width, size
+            line = table.render_line(1).text
+            assert str(longest) in line and "127.0.0.1" in line, size
+            assert table.virtual_size.width <= table.scrollable_content_region.width, size  # no sideways scroll
 
 
 def _backend(**overrides):
@@ -422,8 +425,12 @@ def test_the_prefill_line_says_what_is_prefilling_the_cap_and_where_the_cap_come
     assert auto == "  prefill 700 now / cap 420 (auto: 3,300 tok/s measured)"
     configured = prefill_line(_backend(prefill_tok_s=3300.4, prefill_cap=1024)).plain
     assert configured == "  prefill 700 now / cap 1,024 (3,300 tok/s measured)"
-    unmeasured = prefill_line(_backend(prefilling=0)).plain
-    assert unmeasured == "  prefill 0 now / no cap"
+    off = prefill_line(_backend(prefilling=0)).plain
+    assert off == "  prefill 0 now / no cap"  # max_prefill_tokens = 0, nothing measured
+    unmeasured = prefill_line(_backend(prefilling=0, prefill_cap_auto=True)).plain
+    assert unmeasured == "  prefill 0 now / no cap (auto: prefill rate not measured yet)"
+    too_slow = prefill_line(_backend(prefill_tok_s=900.0, prefill_cap_auto=True)).plain
+    assert too_slow == "  prefill 700 now / no cap (auto: 900 tok/s measured; one decode step alone is over the TTFT objective)"
 
 
 def test_the_backend_line_says_why_in_flight_is_above_the_budget():
@@ -432,3 +439,41 @@ def test_the_backend_line_says_why_in_flight_is_above_the_budget():
     stretched = backend_line(_backend(budget=512, in_flight=1800, stretched_to=1812), compact=False).plain
     assert "budget 512/2,048 stretched to 1,812 (aged)  in-flight 1,800" in stretched
     assert "stretched" not in backend_line(_backend(), compact=False).plain
+
+
+async def test_a_scrolled_back_tail_keeps_its_rows_through_trims_under_load(gate):
+    from console.widgets.decisions import DecisionTail
+
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)) as pilot:
+        table = await overflowing_tail(gate, app, pilot)
+        await fill_tail(gate, app, 100)  # 300 rows
+        await pilot.pause()
+        table.scroll_to(y=table.max_scroll_y - 20, animate=False, immediate=True)  # a little way back
+        await pilot.pause()
+        watched = table.row_keys[int(table.scroll_y)]
+        trimmed = False
+        for _ in range(4):  # 200 more rows: the table drops its oldest, not the rows in view
+            before = table.row_count
+            await fill_tail(gate, app, DecisionTail.MAX_NEW_ROWS_PER_TICK)
+            await pilot.pause()
+            trimmed |= table.row_count < before
+            assert not app.decisions.following and "not following" in str(app.decisions.border_subtitle)
+            assert table.row_keys[int(table.scroll_y)] == watched  # the rows in view stay in view
+        assert trimmed and table.row_count <= DecisionTail.MAX_ROWS + DecisionTail.SLACK
+
+
+async def test_the_filter_counts_what_matches_among_the_decisions_it_searched(gate):
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)) as pilot:
+        for i in range(30):
+            record(gate, decision("interactive", tenant="acme" if i % 3 == 0 else "globex"))
+        await app.tick()
+        app.decisions.set_filter("acme")
+        await pilot.pause()
+        assert "filter 'acme': 10 of the last 30 decisions" in str(app.decisions.border_subtitle)
+        for _ in range(3):
+            record(gate, decision("interactive", tenant="acme"))
+        await app.tick()
+        assert "filter 'acme': 13 of the last 33 decisions" in str(app.decisions.border_subtitle)
+        assert app.decisions.table.row_count == 13
