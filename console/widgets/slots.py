@@ -143,15 +143,36 @@ def slot_cell(s: SlotView) -> Text:
     return cell
 
 
-def render_capacity(snap: GateSnapshot, *, compact: bool) -> Text:
-    out = controller_line(snap.controller, snap.in_flight, snap.queued, compact=compact)
+def wrap_chunks(line: Text, width: int) -> Text:
+    """Break `line` only between its chunks (the parts two spaces apart), never inside one,
+    so a value keeps its unit and its label ("p95 TTFT 18/2,000 ms", "deferred n/a"); a
+    chunk that does not fit on a line of its own is left to the terminal's wrap. width 0:
+    as it is (not laid out yet)."""
+    if width <= 0 or line.cell_len <= width:
+        return line
+    out = Text()
+    col = 0
+    for i, chunk in enumerate(line.split("  ", allow_blank=True)):
+        if i and col + 2 + chunk.cell_len > width:
+            out.append("\n  ")
+            col = 2
+        elif i:
+            out.append("  ")
+            col += 2
+        out.append_text(chunk)
+        col += chunk.cell_len
+    return out
+
+
+def render_capacity(snap: GateSnapshot, *, compact: bool, width: int = 0) -> Text:
+    out = wrap_chunks(controller_line(snap.controller, snap.in_flight, snap.queued, compact=compact), width)
     for b in snap.backends:
         out.append("\n")
-        out.append_text(backend_line(b, compact))
+        out.append_text(wrap_chunks(backend_line(b, compact), width))
         if compact:
             continue
         out.append("\n")
-        out.append_text(prefill_line(b))
+        out.append_text(wrap_chunks(prefill_line(b), width))
         if b.slots is None:
             out.append("\n  per-slot context: n/a (/slots not polled)", "dim")
             continue
@@ -177,4 +198,8 @@ class SlotsPanel(Static):
 
     def update_snapshot(self, snap: GateSnapshot) -> None:
         self._snap = snap
-        show_text(self, render_capacity(snap, compact=self.compact))
+        show_text(self, render_capacity(snap, compact=self.compact, width=self.content_size.width))
+
+    def on_resize(self) -> None:
+        if self._snap is not None:
+            self.update_snapshot(self._snap)

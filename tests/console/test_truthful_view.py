@@ -477,3 +477,29 @@ async def test_the_filter_counts_what_matches_among_the_decisions_it_searched(ga
         await app.tick()
         assert "filter 'acme': 13 of the last 33 decisions" in str(app.decisions.border_subtitle)
         assert app.decisions.table.row_count == 13
+
+
+def test_capacity_lines_break_between_chunks_never_inside_one():
+    from rich.text import Text
+
+    from console.widgets.slots import wrap_chunks
+
+    line = Text("budget 2,048 [128..2,048] adaptive  in-flight ░░ 0 0%  queued 0  p95 TTFT 18/2,000 ms")
+    assert wrap_chunks(line, 200) is line and wrap_chunks(line, 0) is line
+    wrapped = wrap_chunks(line, 70).plain.split("\n")
+    assert wrapped == ["budget 2,048 [128..2,048] adaptive  in-flight ░░ 0 0%  queued 0", "  p95 TTFT 18/2,000 ms"]
+    assert all(len(w) <= 70 for w in wrapped)
+
+
+async def test_the_capacity_panel_keeps_each_value_with_its_unit_at_every_size(gate):
+    import re
+
+    for size in ((160, 48), (150, 40), (80, 24)):  # the wide panel used to split "p95 TTFT | n/a/2,000 ms"
+        app = make_app(gate)
+        async with app.run_test(size=size) as pilot:
+            await app.tick()
+            await pilot.pause()
+            await app.tick()
+            lines = [strip.text for strip in app.slots.render_lines(app.slots.content_region.reset_offset)]
+            assert any(re.search(r"p95( TTFT)? \S+/2,000 ms", line) for line in lines), (size, lines)
+            assert any(re.search(r"deferred \S+", line) for line in lines), (size, lines)
