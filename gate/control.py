@@ -217,7 +217,7 @@ class Control:
         self._class(cls)
         waiting = self.queued(cls)
         refused = sum(b.gatekeeper.drain(cls) for b in self._ready_admissions())
-        return self._audit(operator, source, "drain_class", f"class:{cls}", waiting, 0, note or f"{refused} requests refused")
+        return self._audit(operator, source, "drain_class", f"class:{cls}", waiting, 0, note or f"{refused} request{'' if refused == 1 else 's'} refused")
 
     def queued(self, cls: str) -> int:
         """How many requests of `cls` wait right now (what a drain would refuse)."""

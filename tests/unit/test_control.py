@@ -102,6 +102,12 @@ async def test_drain_refuses_every_waiter_and_audits_how_many(gate):
             await w
     row = last_audit(gate)
     assert (row.action, row.old_value, row.new_value, row.note) == ("drain_class", "3", "0", "3 requests refused")
+    one = asyncio.create_task(gk.acquire(Request("w3", "batch", "t", 10, 10, 0.0)))
+    await asyncio.sleep(0)
+    gate.control.drain("batch", operator=ALICE)
+    with pytest.raises(Refused):
+        await one
+    assert last_audit(gate).note == "1 request refused"
     for h in holders:
         gk.release(h)
     assert backend.admission.ledger.in_flight == 0
