@@ -55,6 +55,9 @@ class GateError(Exception):
         self.retry_after_s = retry_after_s
         self.status = status if status is not None else reason.status
         self.body = body
+        #: who asked (a `gate.tenants.Caller`), when known before the request was refused: the
+        #: journal and the console then name its tenant and class
+        self.caller: object | None = None
 
     @property
     def outcome(self) -> Outcome:

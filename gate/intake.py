@@ -140,12 +140,16 @@ def parse_request(
         raise ValueError(f"not an admitted endpoint: {path!r}")
     if caller is None and not tenants.open:
         caller = tenants.identify(headers, client_host, None)
-    check_headers(headers)
-    body = decode_body(raw)
-    if caller is None:
-        user = body.get("user")
-        caller = tenants.identify(headers, client_host, user if isinstance(user, str) else None)
-    return build_intake(kind, path, body, caller, config)
+    try:
+        check_headers(headers)
+        body = decode_body(raw)
+        if caller is None:
+            user = body.get("user")
+            caller = tenants.identify(headers, client_host, user if isinstance(user, str) else None)
+        return build_intake(kind, path, body, caller, config)
+    except GateError as exc:
+        exc.caller = exc.caller or caller  # the request was wrong, but who asked (and in which class) is known
+        raise
 
 
 def build_intake(

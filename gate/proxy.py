@@ -31,6 +31,7 @@ from gate.records import DecisionRecord, Outcome
 from gate.requestids import HeaderNames, RequestIds
 from gate.routing import REROUTABLE, count_tokens, fallback_chain, fits_now, routed_name, serving
 from gate.shedding import Deadline, next_deadline
+from gate.tenants import Caller
 from gate.tokens import TokenCount
 from gate.upstream import RelayStats, SseRelay, forward_headers, upstream_body
 
@@ -67,7 +68,7 @@ class _Flow:
         "gate", "scope", "receive", "send", "headers", "request_id", "t0", "wall0", "intake", "backend",
         "count", "ticket", "stats", "rate_charged", "started", "concluded", "committed", "budget_at",
         "in_flight_at", "_task", "_cut", "_watchdog", "_counted", "_decoding", "_plain", "shared_lease",
-        "shared_done", "model_name", "rerouted_from",
+        "shared_done", "model_name", "rerouted_from", "caller",
     )
 
     def __init__(
@@ -105,6 +106,7 @@ class _Flow:
         self._plain = False  # a plain (non-streamed) upstream call: no token to watch, only the clock
         self.model_name: str | None = None  # the model that answers, when the gate routed by model
         self.rerouted_from: str | None = None  # the model asked for, when a fallback answers
+        self.caller: Caller | None = None  # who asked, when refused before the intake was whole
 
     # ---- the path ------------------------------------------------------------
 
@@ -114,6 +116,7 @@ class _Flow:
             headers = Headers(raw=self.scope["headers"])  # every pair: repeated credentials are seen
             # With tenants, the key is checked before the body is read: an anonymous caller costs no read.
             caller = None if tenants.open else tenants.identify(headers, self._client_host(), None)
+            self.caller = caller
             raw = await self._read_body()
             if self.gate.shutting_down:
                 raise GateError(Reason.SHUTTING_DOWN, "the gate is shutting down; retry against another instance", retry_after_s=1.0)
@@ -122,6 +125,8 @@ class _Flow:
             )
             await self._race(self._serve())
         except GateError as err:
+            if isinstance(err.caller, Caller):
+                self.caller = err.caller
             await self._failed(err)
         except ClientGone:
             self.conclude("cancelled", CLIENT_DISCONNECT, CLIENT_CLOSED)
@@ -524,12 +529,13 @@ class _Flow:
         if self.rate_charged and intake is not None:
             gate.ratelimit.refund(intake.caller.tenant, refund_tokens, now, requests=refund_requests)
         reason = str(reason)
-        cls = intake.caller.cls if intake is not None else ""
+        caller = intake.caller if intake is not None else self.caller
+        cls = caller.cls if caller is not None else ""
         queued_s = self.ticket.queued_s if self.ticket is not None else None
         record = DecisionRecord(
             ts=self.wall0,
             request_id=self.request_id,
-            tenant=intake.caller.tenant if intake is not None else "",
+            tenant=caller.tenant if caller is not None else "",
             cls=cls,
             backend=self.backend.name if self.backend is not None else "",
             endpoint=self.scope["path"],

@@ -213,6 +213,10 @@ def check_record(gate, case: Case, response: httpx.Response) -> None:
     assert (record.outcome, record.reason, record.http_status) == ("refused", case.code, case.status), record
     assert record.reserved_tokens == 0, record
     assert record.endpoint == case.path
+    identified = case.headers.get("Authorization") == AUTH["Authorization"] and "X-Tokengate-Class" not in case.headers
+    if identified and case.status in (400, 413):
+        # Refused for what it sent, not for who sent it: the journal and the console name them.
+        assert (record.tenant, record.cls) == ("alice", "interactive"), record
 
 
 def gate_for(llama):
