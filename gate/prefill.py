@@ -59,13 +59,15 @@ class PrefillModel:
 
     @property
     def base_s(self) -> float | None:
+        """The fitted intercept: one decode step, less the prefill a cached prefix saves (so
+        it may be below zero)."""
         return None if self._fit is None else self._fit[0]
 
     def expected_ttft(self, prompt_tokens: int, prefilling: int) -> float | None:
         if self._fit is None:
             return None
         base, rate = self._fit
-        return base + (prompt_tokens + prefilling) / rate
+        return max(0.0, base + (prompt_tokens + prefilling) / rate)
 
     def auto_prefill_cap(self, slo_s: float) -> int | None:
         """None while unmeasured, and when one decode step alone already takes the objective:
@@ -93,4 +95,9 @@ class PrefillModel:
         sse = sum((y - intercept - slope * x) ** 2 for x, y in self._points)
         if sse > 0 and slope < MIN_T * (sse / (n - 2) / sxx) ** 0.5:
             return None  # the prompts' sizes do not explain their TTFTs: no rate to speak of
-        return max(0.0, intercept), 1.0 / slope
+        # The intercept is kept as fitted, below zero too: when the prompts share a prefix that
+        # llama-server has cached (a system prompt), each TTFT is base + (x - cached) / rate, and
+        # only the fitted intercept (base - cached / rate) predicts them. Clamped to 0 it put
+        # cached / rate of phantom prefill into every estimate: ~0.5 s for a 1,500-token system
+        # prompt at 3,000 tok/s, and TTFT-aware deadlines refused requests that would have made it.
+        return intercept, 1.0 / slope

@@ -65,3 +65,19 @@ def test_a_real_slope_through_noise_is_still_measured():
         n = rng.randint(20, 1000)
         m.observe(n, 0.015 + n / 10_000 + rng.uniform(0.0, 0.02))
     assert m.rate is not None and 7_000 < m.rate < 14_000
+
+
+def test_a_shared_cached_prefix_costs_no_phantom_prefill_in_the_estimate():
+    """Every prompt starts with the same 1,500-token system prompt, which llama-server has
+    cached: only the rest is prefilled. The estimate must follow what was measured."""
+    import random
+
+    rng = random.Random(5)
+    m = PrefillModel()
+    for _ in range(64):
+        rest = rng.randint(20, 400)
+        m.observe(1_500 + rest, 0.02 + rest / 3_000 + rng.uniform(0.0, 0.002))
+    assert m.rate is not None and 2_500 < m.rate < 3_600
+    expected = m.expected_ttft(1_600, 0)
+    assert expected is not None and abs(expected - (0.02 + 100 / 3_000)) < 0.02  # not ~0.53 s
+    assert m.expected_ttft(0, 0) == 0.0  # never below zero
