@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import json
 import math
+from typing import TYPE_CHECKING
 
 from gate.reasons import Outcome, Reason
+
+if TYPE_CHECKING:
+    from gate.tenants import Caller
 
 # The `type` OpenAI clients branch on, per status.
 _TYPES: dict[int, str] = {
@@ -57,7 +61,7 @@ class GateError(Exception):
         self.body = body
         #: who asked (a `gate.tenants.Caller`), when known before the request was refused: the
         #: journal and the console then name its tenant and class
-        self.caller: object | None = None
+        self.caller: Caller | None = None
 
     @property
     def outcome(self) -> Outcome:

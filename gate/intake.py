@@ -148,7 +148,7 @@ def parse_request(
             caller = tenants.identify(headers, client_host, user if isinstance(user, str) else None)
         return build_intake(kind, path, body, caller, config)
     except GateError as exc:
-        exc.caller = exc.caller or caller  # the request was wrong, but who asked (and in which class) is known
+        exc.caller = caller  # the request was wrong, but who asked (and in which class) is known
         raise
 
 

@@ -31,12 +31,12 @@ from gate.records import DecisionRecord, Outcome
 from gate.requestids import HeaderNames, RequestIds
 from gate.routing import REROUTABLE, count_tokens, fallback_chain, fits_now, routed_name, serving
 from gate.shedding import Deadline, next_deadline
-from gate.tenants import Caller
 from gate.tokens import TokenCount
 from gate.upstream import RelayStats, SseRelay, forward_headers, upstream_body
 
 if TYPE_CHECKING:
     from gate.service import GateService
+    from gate.tenants import Caller
 
 _REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 CLIENT_CLOSED = 499  # nginx's convention for "client closed the request"
@@ -125,7 +125,7 @@ class _Flow:
             )
             await self._race(self._serve())
         except GateError as err:
-            if isinstance(err.caller, Caller):
+            if err.caller is not None:
                 self.caller = err.caller
             await self._failed(err)
         except ClientGone:

@@ -5,8 +5,9 @@ oldest rows back to MAX_ROWS once it grows SLACK rows past it (a view scrolled
 back keeps its rows in view). A tick adds at most MAX_NEW_ROWS_PER_TICK rows
 (its newest): at hundreds of requests per second nobody reads every row; the
 filter searches the last MAX_RECORDS decisions the console received (the review
-screen, `r`, has the whole journal). The table is a `TailTable` (each row rendered once; why, with the
-measurement, in console/widgets/tail_table.py), not a `DataTable`.
+screen, `r`, has the whole journal). The table is a `TailTable`, not a
+`DataTable`: each row is rendered once (why, with the measurement, in
+console/widgets/tail_table.py).
 """
 
 from __future__ import annotations
@@ -154,8 +155,7 @@ class DecisionTail(Vertical):
                 self._matching += 1
                 if r.request_id not in table:
                     matching.append((r.request_id, cells))
-        for rid, cells in matching[-self.MAX_NEW_ROWS_PER_TICK:]:
-            table.add_row(_styled(cells, self.columns_shown), key=rid)
+        table.add_rows((rid, _styled(cells, self.columns_shown)) for rid, cells in matching[-self.MAX_NEW_ROWS_PER_TICK:])
         while len(self._records) > self.MAX_RECORDS:
             _, (_, haystack) = self._records.popitem(last=False)
             self._matching -= self._matches(haystack)
@@ -171,8 +171,7 @@ class DecisionTail(Vertical):
         table.clear()
         rows = [(rid, cells) for rid, (cells, hay) in self._records.items() if self._matches(hay)]
         self._matching = len(rows)
-        for rid, cells in rows[-self.MAX_ROWS:]:
-            table.add_row(_styled(cells, self.columns_shown), key=rid)
+        table.add_rows((rid, _styled(cells, self.columns_shown)) for rid, cells in rows[-self.MAX_ROWS:])
 
     def on_tail_table_following_changed(self, event: TailTable.FollowingChanged) -> None:
         event.stop()

@@ -117,12 +117,11 @@ def prefill_line(b: BackendView) -> Text:
     else:
         line.append(" / no cap", "dim")
     rate = "" if b.prefill_tok_s is None else f"{b.prefill_tok_s:,.0f} tok/s measured"
-    if b.prefill_cap_auto and not rate:
-        # Unmeasured until first tokens of prompts of different sizes show a prefill rate.
-        line.append(" (auto: prefill rate not measured yet)", "dim")
-    elif b.prefill_cap_auto and b.prefill_cap is None:
-        line.append(f" (auto: {rate}; one decode step alone is over the TTFT objective)", "dim")
-    elif b.prefill_cap_auto:
+    if b.prefill_cap_auto:
+        if not rate:  # until first tokens of prompts of different sizes show a prefill rate
+            rate = "prefill rate not measured yet"
+        elif b.prefill_cap is None:
+            rate += "; one decode step alone is over the TTFT objective"
         line.append(f" (auto: {rate})", "dim")
     elif rate:
         line.append(f" ({rate})", "dim")

@@ -9,8 +9,8 @@ on a 2-vCPU host (llama-server `-t 2`): the tail's table was ~40-60 ms of the
 console's CPU a second, and the gate's p99 went from 37-63 ms (tail not updated)
 to 76-112 ms (tail updated); the console was the only difference.
 
-Here a row becomes a `Strip` the first time it is shown, cached by row key and
-zebra parity, and a tick costs the new rows only (a visible line is a cache
+Here a row becomes a `Strip` the first time it is shown, cached by row key (a
+row keeps its stripe until the next `clear`), and a tick costs the new rows only (a visible line is a cache
 lookup and a crop). The Line API (`render_line`) on a `ScrollView` keeps what
 the tail needs of a table: a fixed header line, zebra stripes, per-cell styles,
 column widths that fit the widest cell (never cut a number), scrollbars, the
@@ -21,7 +21,7 @@ with its control characters.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
@@ -43,7 +43,7 @@ GAP = 2
 
 
 class TailTable(ScrollView, can_focus=True):
-    """Rows appended at the bottom, trimmed by `clear()` and re-adding; see the module docstring."""
+    """Rows appended at the bottom, the oldest dropped by `drop_oldest`; see the module docstring."""
 
     COMPONENT_CLASSES = {"tail-table--header", "tail-table--even-row"}
 
@@ -76,9 +76,8 @@ class TailTable(ScrollView, can_focus=True):
         self._keys: list[str] = []
         self._rows: dict[str, tuple[Sequence[Cell], int]] = {}  # key -> (cells, serial)
         self._serial = 0
-        self._strips: dict[tuple[str, int], tuple[Strip, Style]] = {}  # the line, its background
+        self._strips: dict[str, tuple[Strip, Style]] = {}  # row key -> the line, its background
         self._header: tuple[Strip, Style] | None = None
-        self._styles: dict[str, Style] = {}
         #: show the newest row as rows come (and as the widget resizes), until the view is
         #: scrolled away from the end; scrolling back to the end follows again
         self.following = True
@@ -111,19 +110,25 @@ class TailTable(ScrollView, can_focus=True):
         self.following = following
 
     def add_row(self, cells: Sequence[Cell], *, key: str) -> None:
-        if key in self._rows:
-            raise ValueError(f"row {key!r} is already in the table")
-        if len(cells) != len(self._columns):
-            raise ValueError(f"{len(cells)} cells for {len(self._columns)} columns")
-        cells = tuple((_printable(text), style) for text, style in cells)
-        self._keys.append(key)
-        self._rows[key] = (cells, self._serial)
-        self._serial += 1
+        self.add_rows([(key, cells)])
+
+    def add_rows(self, rows: Iterable[tuple[str, Sequence[Cell]]]) -> None:
+        """(key, cells) each, appended in order; the table is resized once for all of them."""
         grown = False
-        for i, ((text, _), (_, _, fixed)) in enumerate(zip(cells, self._columns)):
-            if fixed is None and cell_len(text) > self._widths[i]:
-                self._widths[i] = cell_len(text)
-                grown = True
+        for key, cells in rows:
+            if key in self._rows:
+                raise ValueError(f"row {key!r} is already in the table")
+            if len(cells) != len(self._columns):
+                raise ValueError(f"{len(cells)} cells for {len(self._columns)} columns")
+            cells = tuple((_printable(text), style) for text, style in cells)
+            self._keys.append(key)
+            self._rows[key] = (cells, self._serial)
+            self._serial += 1
+            for i, ((text, _), (_, _, fixed)) in enumerate(zip(cells, self._columns)):
+                width = cell_len(text)
+                if fixed is None and width > self._widths[i]:
+                    self._widths[i] = width
+                    grown = True
         if grown:
             self._forget()
         self._resize()
@@ -136,8 +141,8 @@ class TailTable(ScrollView, can_focus=True):
         if n <= 0:
             return
         for key in self._keys[:n]:
-            _, serial = self._rows.pop(key)
-            self._strips.pop((key, serial % 2), None)
+            del self._rows[key]
+            self._strips.pop(key, None)
         del self._keys[:n]
         following = self.following
         self._resize()
@@ -205,14 +210,7 @@ class TailTable(ScrollView, can_focus=True):
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
-        self._styles.clear()
         self._forget()
-
-    def _style(self, name: str) -> Style:
-        style = self._styles.get(name)
-        if style is None:
-            style = self._styles[name] = Style.parse(name) if name else Style()
-        return style
 
     def _line(self, cells: Sequence[Cell], base: Style) -> Strip:
         segments: list[Segment] = [Segment(" ", base)]
@@ -222,7 +220,7 @@ class TailTable(ScrollView, can_focus=True):
                 text = set_cell_size(text, max(width - 1, 0)) + "…"
             if i:
                 segments.append(gap)
-            segments.append(Segment(set_cell_size(text, width), base + self._style(style)))
+            segments.append(Segment(set_cell_size(text, width), base + Style.parse(style)))  # parse is cached
         segments.append(Segment(" ", base))
         return Strip(segments)
 
@@ -233,14 +231,13 @@ class TailTable(ScrollView, can_focus=True):
         return self._header
 
     def _row_line(self, key: str) -> tuple[Strip, Style]:
-        cells, serial = self._rows[key]
-        cache_key = (key, serial % 2)
-        line = self._strips.get(cache_key)
+        line = self._strips.get(key)
         if line is None:
+            cells, serial = self._rows[key]
             base = self.rich_style
             if serial % 2 == 0:  # DataTable's convention: the first row is "even"
                 base += self.get_component_rich_style("tail-table--even-row")
-            line = self._strips[cache_key] = (self._line(cells, base), base)
+            line = self._strips[key] = (self._line(cells, base), base)
         return line
 
     def render_line(self, y: int) -> Strip:

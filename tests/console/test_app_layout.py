@@ -273,13 +273,14 @@ async def test_the_work_per_tick_does_not_grow_with_the_decisions_per_second(gat
         await app.tick()
         table = app.decisions.table
         counts: dict[str, int] = {}
-        real_add_row = table.add_row
+        real_add_rows = table.add_rows
 
-        def add_row(*args, **kwargs):
-            counts["rows"] = counts.get("rows", 0) + 1
-            return real_add_row(*args, **kwargs)
+        def add_rows(rows):
+            rows = list(rows)
+            counts["rows"] = counts.get("rows", 0) + len(rows)
+            return real_add_rows(rows)
 
-        table.add_row = add_row
+        table.add_rows = add_rows
         updates: dict[str, int] = {}
         for widget in (app.header, app.slots, app.gpu, app.class_table, app.denials, app.decisions):
             real = widget.update_snapshot
