@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gate.admission import Admission, Admit, Capacity, Queue, TenantPolicy
-from gate.ledger import Request
+from gate.core.admission import Admission, Admit, Capacity, Queue, TenantPolicy
+from gate.core.ledger import Request
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import dataclasses
 import json
 import time
 
-from gate.gpu import GpuMonitor, format_reading
+from gate.observe.gpu import GpuMonitor, format_reading
 
 
 def main() -> int:

@@ -26,8 +26,8 @@ import httpx
 
 from gate.config import parse_config
 from gate.service import GateService
-from gate.simulator import serve_simulator
-from gate.simulator.config import SimulatorConfig
+from gate.tools.simulator import serve_simulator
+from gate.tools.simulator.config import SimulatorConfig
 
 PATHS = ("/metrics", "/metrics/inference")
 

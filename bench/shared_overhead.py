@@ -112,7 +112,7 @@ def _one(conn: http.client.HTTPConnection) -> float:
 async def reserve_round_trips(url: str, n: int) -> dict[str, float]:
     """SharedLimits.reserve alone (what admission waits for), in this process."""
     from gate.config import SharedConfig, TenantConfig
-    from gate.sharedlimits.client import SharedLimits
+    from gate.fleet.sharedlimits.client import SharedLimits
 
     shared = SharedLimits(SharedConfig(redis_url=url, key_prefix="bench-rt:"), "bench")
     await shared.start()

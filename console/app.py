@@ -56,10 +56,10 @@ from console.widgets.header import GateHeader
 from console.widgets.models import ModelsPanel
 from console.widgets.slots import SlotsPanel
 from console.widgets.status import StatusBar
-from gate.commands import ActionResult, Command, CommandError, Drain, Freeze, ModelAction, Pause, describe
-from gate.link import GateLink, LinkLost
-from gate.records import AuditRecord
-from gate.snapshot import GateSnapshot
+from gate.data.commands import ActionResult, Command, CommandError, Drain, Freeze, ModelAction, Pause, describe
+from gate.ops.link import GateLink, LinkLost
+from gate.data.records import AuditRecord
+from gate.data.snapshot import GateSnapshot
 
 #: refresh intervals `+`/`-` step through (seconds)
 INTERVALS: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0)

@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gate.link import GateLink, LinkLost, SocketLink
-from gate.records import AuditRecord
-from gate.snapshot import GateSnapshot
+from gate.ops.link import GateLink, LinkLost, SocketLink
+from gate.data.records import AuditRecord
+from gate.data.snapshot import GateSnapshot
 
 #: seconds between attempts to reach a gate that did not answer
 RETRY_S = 2.0

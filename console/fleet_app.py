@@ -23,10 +23,10 @@ from console.app import TokengateApp
 from console.fleet import Fleet, FleetEntry, FleetGate
 from console.keys import KEY_HELP, TOASTED_SOURCES
 from console.screens.fleet import FleetScreen
-from gate.commands import ActionResult, Command, CommandError, describe
-from gate.link import GateInfo, GateLink, LinkLost, SocketLink
-from gate.records import AuditRecord
-from gate.snapshot import GateSnapshot
+from gate.data.commands import ActionResult, Command, CommandError, describe
+from gate.ops.link import GateInfo, GateLink, LinkLost, SocketLink
+from gate.data.records import AuditRecord
+from gate.data.snapshot import GateSnapshot
 
 #: how long opening a gate may take before the console says it cannot
 OPEN_TIMEOUT_S = 5.0

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from textual.binding import Binding, BindingsMap
 
-from gate.records import AuditRecord
+from gate.data.records import AuditRecord
 
 if TYPE_CHECKING:
     from console.app import TokengateApp

@@ -28,7 +28,7 @@ from typing import Any
 import aiosqlite
 from textual.app import App
 
-from gate.export import FETCH, ExportError, open_read_only, write_csv
+from gate.journal.export import FETCH, ExportError, open_read_only, write_csv
 from gate.journal import COLUMNS, SCHEMA_VERSION, JournalQueries, decision_where
 
 __all__ = [

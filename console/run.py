@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gate.config import Config
-from gate.link import GateLink
+from gate.ops.link import GateLink
 
 class ConsoleExit(Exception):
     """The console could not start; the message says why (exit code 2)."""
@@ -125,7 +125,7 @@ async def _run(app, on_signal: Callable[[str], None] | None = None):
 
 async def attach_console(path: str, *, read_only: bool = False) -> int:
     """`tokengate console --attach`: the console on a gate that is already running."""
-    from gate.link import LinkLost, SocketLink
+    from gate.ops.link import LinkLost, SocketLink
 
     try:
         link = await SocketLink.connect(path, read_only=read_only)
@@ -168,8 +168,8 @@ async def run_console(
     --demo with the simulator and synthetic traffic), attach to it, and stop it (drain) when
     the console ends. A gate already running on the same config: attach read-only when asked
     for --read-only, else refuse (exit 2) with the way to attach."""
-    from gate.control_socket import is_live
-    from gate.demo import demo_config
+    from gate.ops.control_socket import is_live
+    from gate.tools.demo import demo_config
 
     if demo:
         config = demo_config(config if config_path else None, "http://127.0.0.1:0")
@@ -247,7 +247,7 @@ class GateProcess:
     async def start(cls, config_path: str | None, socket_path: str, log_path: str, *, demo: bool, seed: int, grace_s: float = 10.0) -> GateProcess:
         import os
 
-        from gate.control_socket import is_live
+        from gate.ops.control_socket import is_live
 
         args = [sys.executable, "-m", "gate.cli", "serve", "--grace", f"{grace_s:g}", "--log-level", "warning"]
         if config_path:
@@ -285,7 +285,7 @@ class GateProcess:
         return lines[-1] if lines else ""
 
     async def attach(self, *, read_only: bool) -> GateLink:
-        from gate.link import SocketLink
+        from gate.ops.link import SocketLink
 
         return await SocketLink.connect(self.socket_path, read_only=read_only, embedded=True)
 
@@ -297,7 +297,7 @@ class GateProcess:
         await asyncio.shield(self.stopping)
 
     async def _stop(self, link: GateLink, why: str) -> None:
-        from gate.link import SocketLink
+        from gate.ops.link import SocketLink
 
         try:
             if isinstance(link, SocketLink):

@@ -124,15 +124,15 @@ async def _review_loaded(pilot, timeout_s: float = 10.0) -> None:
 async def capture(out: Path, *, speed: float, seconds: float) -> dict[str, str]:
     """Run the demo time-lapsed and write the five SVGs; returns {file: what it shows}."""
     from console.app import TokengateApp
-    from gate.demo import DEMO_CONFIG, demo_config, dress_demo_gate
+    from gate.tools.demo import DEMO_CONFIG, demo_config, dress_demo_gate
     from console.screens.confirm import ConfirmScreen
     from console.screens.retune import RetuneScreen
     from console.screens.review import ReviewScreen
     from gate.config import parse_config
-    from gate.link import InProcessLink
+    from gate.ops.link import InProcessLink
     from gate.service import GateService
-    from gate.simulator import SimulatorConfig, serve_simulator
-    from gate.traffic import TrafficGenerator
+    from gate.tools.simulator import SimulatorConfig, serve_simulator
+    from gate.tools.traffic import TrafficGenerator
 
     tmp = Path(tempfile.mkdtemp(prefix="tokengate-screenshots-"))
     logging.basicConfig(filename=str(tmp / "demo.log"), level=logging.WARNING)

@@ -266,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _since_arg(text: str) -> float:
     import time
 
-    from gate.export import parse_since
+    from gate.journal.export import parse_since
 
     try:
         return parse_since(text, time.time())
@@ -378,7 +378,7 @@ def _cmd_console(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def _cmd_log(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from gate.export import ExportError, export, find_journal
+    from gate.journal.export import ExportError, export, find_journal
 
     journal, note = find_journal(args.journal)
     if note:
@@ -398,7 +398,7 @@ def _cmd_review(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         config = load_config(args.config)
         slo_ms = config.budget.slo_ttft_p95_ms
         journal = journal or config.gate.journal
-    from gate.export import find_journal
+    from gate.journal.export import find_journal
 
     journal, note = find_journal(journal)
     if note:
@@ -425,8 +425,8 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     )
     # One line per upstream call drowns what matters; the gate logs its own decisions.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    from gate.control_socket import SocketInUse
-    from gate.lock import JournalLocked
+    from gate.ops.control_socket import SocketInUse
+    from gate.ops.lock import JournalLocked
     from gate.service import serve_until_signalled  # the HTTP stack only when serving
 
     if not _die_with_parent():
@@ -445,7 +445,7 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 # ------------------------------------------------------------------------------------------
-# simulate: the built-in llama-server stand-in (gate/simulator/)
+# simulate: the built-in llama-server stand-in (gate/tools/simulator/)
 
 
 def _add_simulate_parser(commands: argparse._SubParsersAction) -> None:
@@ -516,7 +516,7 @@ def _positive_float(text: str) -> float:
 
 
 def _cmd_simulate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from gate.simulator import SimulatorConfig
+    from gate.tools.simulator import SimulatorConfig
 
     base = SimulatorConfig()
     ms_alone = base.ms_per_token_alone if args.decode_tps is None else 1000.0 / args.decode_tps
@@ -540,7 +540,7 @@ async def _simulate_until_signalled(config, host: str, port: int, out: TextIO, e
     import contextlib
     import signal
 
-    from gate.simulator import serve_simulator
+    from gate.tools.simulator import serve_simulator
 
     try:
         handle = await serve_simulator(config, host, port)
@@ -574,7 +574,7 @@ async def _simulate_until_signalled(config, host: str, port: int, out: TextIO, e
 
 
 # ------------------------------------------------------------------------------------------
-# crunch: calibrate a llama-server before choosing a token budget (gate/crunch/)
+# crunch: calibrate a llama-server before choosing a token budget (gate/tools/crunch/)
 
 
 def _add_crunch_parser(commands: argparse._SubParsersAction) -> None:
@@ -678,7 +678,7 @@ def _add_crunch_parser(commands: argparse._SubParsersAction) -> None:
 
 def _list_arg(what: str):
     def parse(text: str) -> tuple[int, ...]:
-        from gate.crunch import parse_ctx_list, parse_int_list
+        from gate.tools.crunch import parse_ctx_list, parse_int_list
 
         try:
             return parse_ctx_list(text) if what == "ctx" else parse_int_list(text, what=what)
@@ -692,7 +692,7 @@ def _list_arg(what: str):
 def _cmd_crunch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     import json
 
-    from gate.crunch import CrunchError, CrunchSettings, Slo, format_report, normalize_url, report_to_json, run_crunch
+    from gate.tools.crunch import CrunchError, CrunchSettings, Slo, format_report, normalize_url, report_to_json, run_crunch
 
     try:
         url = normalize_url(args.url)

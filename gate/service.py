@@ -23,32 +23,32 @@ from typing import Any
 import httpx
 import uvicorn
 
-from gate.adaptive import has_demand
-from gate.admission import TenantPolicy
-from gate.backends import Backend, BackendPool
-from gate.clientguard import guarded_protocol
+from gate.core.adaptive import has_demand
+from gate.core.admission import TenantPolicy
+from gate.backend.pool import Backend, BackendPool
+from gate.http.clientguard import guarded_protocol
 from gate.config import Config, ConfigError
-from gate.metrics import GateMetrics
-from gate.model_metrics import ModelMetrics
-from gate.ratelimit import RateLimiter, TenantLimits
-from gate.sharedlimits import Flip, SharedState, local_share
+from gate.observe.metrics import GateMetrics
+from gate.fleet.model_metrics import ModelMetrics
+from gate.core.ratelimit import RateLimiter, TenantLimits
+from gate.fleet.sharedlimits import Flip, SharedState, local_share
 from gate import __version__
-from gate.control import Control, Operator
-from gate.control_socket import ControlServer
-from gate.lock import JournalLock, new_gate_id
-from gate.gatekeeper import Ticket
-from gate.netio import client_transports
+from gate.ops.control import Control, Operator
+from gate.ops.control_socket import ControlServer
+from gate.ops.lock import JournalLock, new_gate_id
+from gate.backend.gatekeeper import Ticket
+from gate.backend.netio import client_transports
 from gate.journal import Journal
-from gate.records import AuditRecord, AuditSource, ClassSample, DecisionRecord, RecentDecisions, SampleRecord
-from gate.rollup import Rollup
-from gate.snapshot import BackendView, ClassView, ControllerView, DenialView, GateSnapshot, JournalView, Label, SlotView
-from gate.server import build_app
-from gate.tenants import TenantDirectory
-from gate.gpu import GpuMonitor
-from gate.kvsize import kv_bytes_per_token
-from gate.telemetry import TelemetryPoller, backend_triples
-from gate.tokens import TokenCounter
-from gate.upstream import RelayStats
+from gate.data.records import AuditRecord, AuditSource, ClassSample, DecisionRecord, RecentDecisions, SampleRecord
+from gate.core.rollup import Rollup
+from gate.data.snapshot import BackendView, ClassView, ControllerView, DenialView, GateSnapshot, JournalView, Label, SlotView
+from gate.http.server import build_app
+from gate.http.tenants import TenantDirectory
+from gate.observe.gpu import GpuMonitor
+from gate.backend.kvsize import kv_bytes_per_token
+from gate.backend.telemetry import TelemetryPoller, backend_triples
+from gate.backend.tokens import TokenCounter
+from gate.backend.upstream import RelayStats
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -133,7 +133,7 @@ class GateService:
         self.gate_id = new_gate_id()
         self.lock = JournalLock(self.journal_path)
         if config.shared.enabled:
-            from gate.sharedlimits.client import SharedLimits  # imports redis: only when asked for
+            from gate.fleet.sharedlimits.client import SharedLimits  # imports redis: only when asked for
 
             self.shared = SharedLimits(
                 config.shared, self.gate_id, on_flip=self._shared_flipped, on_policy=self.metrics.shared_policy,
@@ -207,7 +207,7 @@ class GateService:
         self.port = sock.getsockname()[1]
         uv_config = uvicorn.Config(
             self.app, interface="asgi3", log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=5,
-            http=guarded_protocol(self.config.gate.header_timeout_s),  # slow clients: gate/clientguard.py
+            http=guarded_protocol(self.config.gate.header_timeout_s),  # slow clients: gate/http/clientguard.py
         )
         self._server = _EmbeddedServer(uv_config)
         self._tasks.append(asyncio.create_task(self._server.serve(sockets=[sock]), name="tokengate-http"))
@@ -643,7 +643,7 @@ def config_digest(config: Config) -> str:
 def reload_config(gate: GateService, config_path: str | None, *, operator: Operator, source: AuditSource = "signal") -> bool:
     """Re-read the config file and apply it; a refusal changes nothing and is audited with its reason."""
     from gate.config import load_config
-    from gate.control import ControlError
+    from gate.ops.control import ControlError
 
     if config_path is None:
         gate.log.warning("reload: no --config file to re-read")
@@ -673,15 +673,15 @@ async def serve_until_signalled(
 
     simulator = traffic = None
     if demo:
-        from gate.demo import DEMO_SIMULATOR, demo_config
-        from gate.simulator import serve_simulator
+        from gate.tools.demo import DEMO_SIMULATOR, demo_config
+        from gate.tools.simulator import serve_simulator
 
         simulator = await serve_simulator(DEMO_SIMULATOR(seed), port=0)
         config = demo_config(config if config_path else None, simulator.url)
     gate = GateService(config)
     gate.drain_grace_s = grace_s
     if demo:
-        from gate.demo import dress_demo_gate
+        from gate.tools.demo import dress_demo_gate
 
         dress_demo_gate(gate, DEMO_SIMULATOR(seed))  # SIMULATED label, GPU and model size
     stop = asyncio.Event()
@@ -707,7 +707,7 @@ async def serve_until_signalled(
     if gate.control_server is not None:
         gate.log.info("control socket %s (attach: tokengate console --attach %s)", gate.control_server.path, gate.control_server.path)
     if demo:
-        from gate.demo import demo_traffic
+        from gate.tools.demo import demo_traffic
 
         traffic = demo_traffic(gate.url, seed)
         await traffic.start()

@@ -18,8 +18,8 @@ from textual.widgets import Static
 
 from console.screens.confirm import ConfirmScreen
 from console.widgets.models import ModelsTable, title
-from gate.commands import ModelAction
-from gate.snapshot import GateSnapshot, ModelView
+from gate.data.commands import ModelAction
+from gate.data.snapshot import GateSnapshot, ModelView
 
 #: action -> (dialog title, what it does), for the confirmation
 EFFECTS = {

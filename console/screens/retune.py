@@ -18,9 +18,9 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Static
 
-from gate.commands import CommandError, Retune
-from gate.link import LinkLost
-from gate.snapshot import GateSnapshot
+from gate.data.commands import CommandError, Retune
+from gate.ops.link import LinkLost
+from gate.data.snapshot import GateSnapshot
 
 MAX_SLO_MS = 600_000.0
 MAX_QUEUE_DEPTH = 100_000

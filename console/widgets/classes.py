@@ -19,7 +19,7 @@ from textual.widgets import DataTable
 from textual.widgets.data_table import CellDoesNotExist, RowDoesNotExist
 
 from console.widgets.slots import ttft_style
-from gate.snapshot import ClassView, GateSnapshot
+from gate.data.snapshot import ClassView, GateSnapshot
 
 LABELS: dict[str, str] = {
     "name": "class",

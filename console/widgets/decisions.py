@@ -23,9 +23,9 @@ from textual.message import Message
 from textual.widgets import Input
 
 from console.widgets.tail_table import GAP, Cell, TailTable
-from gate.reasons import CLIENT_DISCONNECT, SERVER_CANCELLED, Reason
-from gate.records import DecisionRecord
-from gate.snapshot import GateSnapshot
+from gate.core.reasons import CLIENT_DISCONNECT, SERVER_CANCELLED, Reason
+from gate.data.records import DecisionRecord
+from gate.data.snapshot import GateSnapshot
 
 LABELS: dict[str, str] = {
     "time": "ended",
@@ -40,7 +40,7 @@ LABELS: dict[str, str] = {
 }
 FULL = tuple(LABELS)
 # Narrow: the reason whole (as wide as the longest reason code), the http status left out
-# (each reason has one status, gate/reasons.py), one space between columns: it fits 80x24.
+# (each reason has one status, gate/core/reasons.py), one space between columns: it fits 80x24.
 NARROW = ("time", "cls", "tenant", "outcome", "reason", "ttft")
 NARROW_WIDTHS = {"cls": 11, "tenant": 10, "reason": max(len(r) for r in (*Reason, CLIENT_DISCONNECT, SERVER_CANCELLED))}
 NARROW_GAP = 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 from textual.widgets import DataTable
 
 from console.widgets.classes import drop_stale, sync_row
-from gate.snapshot import GateSnapshot
+from gate.data.snapshot import GateSnapshot
 
 COLUMNS = (("reason", "reason"), ("cls", "class"), ("m1", "1m"), ("m5", "5m"), ("m15", "15m"))
 KEYS = tuple(k for k, _ in COLUMNS)

@@ -10,7 +10,7 @@ from textual.widgets import Static
 
 from console.widgets.status import show_text
 
-from gate.snapshot import GIB, BackendView, GateSnapshot, format_reading
+from gate.data.snapshot import GIB, BackendView, GateSnapshot, format_reading
 
 
 def mem_style(frac: float) -> str:

@@ -17,7 +17,7 @@ from textual.widgets import Static
 
 from console.widgets.status import show_text
 
-from gate.snapshot import GateSnapshot
+from gate.data.snapshot import GateSnapshot
 
 # router mode adds a model's own "unloaded" and "sleeping" (loaded on demand, not a fault)
 STATE_STYLES = {"ready": "bold green", "loading": "bold yellow", "down": "bold red", "unloaded": "dim", "sleeping": "cyan"}

@@ -15,7 +15,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from console.widgets.classes import drop_stale, sync_row
-from gate.snapshot import GateSnapshot, ModelView
+from gate.data.snapshot import GateSnapshot, ModelView
 
 LABELS: dict[str, str] = {
     "name": "model",

@@ -11,7 +11,7 @@ from textual.widgets import Static
 
 from console.widgets.status import show_text
 
-from gate.snapshot import BackendView, ControllerView, GateSnapshot, SlotView
+from gate.data.snapshot import BackendView, ControllerView, GateSnapshot, SlotView
 
 # router mode adds a model's own "unloaded" and "sleeping" (loaded on demand, not a fault)
 STATE_STYLES = {"ready": "bold green", "loading": "bold yellow", "down": "bold red", "unloaded": "dim", "sleeping": "cyan"}

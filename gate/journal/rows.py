@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from gate.journal.schema import AUDIT_FIELDS, COLUMNS, DECISION_FIELDS, SAMPLE_FIELDS
-from gate.records import AuditRecord, ClassSample, DecisionRecord, SampleRecord
+from gate.data.records import AuditRecord, ClassSample, DecisionRecord, SampleRecord
 
 Row = DecisionRecord | AuditRecord | SampleRecord
 

@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import sqlite3
 
-from gate.records import AuditRecord, DecisionRecord, SampleRecord
+from gate.data.records import AuditRecord, DecisionRecord, SampleRecord
 
 
 def _column(field: str) -> str:

@@ -9,9 +9,9 @@ import itertools
 import pytest
 
 from console.app import TokengateApp
-from gate.link import InProcessLink
-from gate.gpu import GpuDevice, GpuReading
-from gate.records import DecisionRecord
+from gate.ops.link import InProcessLink
+from gate.observe.gpu import GpuDevice, GpuReading
+from gate.data.records import DecisionRecord
 from gate.service import GateService
 from tests.fakes import GATE_CONFIG, gate_on_fake_llama
 
@@ -90,7 +90,7 @@ class Queue:
         self.waiters: list[asyncio.Task] = []
 
     async def __aenter__(self) -> Queue:
-        from gate.ledger import Request
+        from gate.core.ledger import Request
 
         gk = self.gate.backends.backends[0].gatekeeper
         self.holders = [await gk.acquire(Request(f"h{i}", self.cls, "t", 10, 10, 0.0)) for i in range(4)]

@@ -15,8 +15,8 @@ from console.screens.confirm import ConfirmScreen
 from console.screens.help import HelpScreen
 from console.screens.retune import RetuneScreen
 from console.screens.review import ReviewScreen
-from gate.commands import CommandError
-from gate.gatekeeper import Refused
+from gate.data.commands import CommandError
+from gate.backend.gatekeeper import Refused
 from tests.console.conftest import Queue, decision, make_app, messages, record, severities
 
 SIZE = (200, 50)
@@ -292,8 +292,8 @@ async def test_retune_control_error_is_shown_in_the_form_not_a_crash(gate, monke
 async def test_retune_is_one_command_a_refused_part_changes_nothing(gate):
     """Budget + queue depth in one Save while another operator raised the min budget above
     the new budget: the gate refuses the whole command; the queue depth stays as it was."""
-    from gate.commands import Retune
-    from gate.control import Operator
+    from gate.data.commands import Retune
+    from gate.ops.control import Operator
 
     app = make_app(gate)
     adm = admission(gate)

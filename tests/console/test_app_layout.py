@@ -12,9 +12,9 @@ from console.widgets.classes import TINY as CLASS_TINY
 from console.widgets.classes import FULL as CLASS_FULL
 from console.widgets.decisions import DecisionTail
 from console.widgets.slots import ttft_style
-from gate.gpu import GpuReading
-from gate.link import InProcessLink
-from gate.snapshot import JournalView
+from gate.observe.gpu import GpuReading
+from gate.ops.link import InProcessLink
+from gate.data.snapshot import JournalView
 from tests.console.conftest import FIXED_NOW, decision, enrich, make_app, record
 
 

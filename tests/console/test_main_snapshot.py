@@ -28,11 +28,11 @@ from textual.widgets import Input
 
 import console.app
 from console.app import TokengateApp
-from gate.link import InProcessLink
+from gate.ops.link import InProcessLink
 from gate.config import parse_config
-from gate.gpu import GpuDevice, GpuReading
-from gate.ledger import Request
-from gate.records import AuditRecord, DecisionRecord
+from gate.observe.gpu import GpuDevice, GpuReading
+from gate.core.ledger import Request
+from gate.data.records import AuditRecord, DecisionRecord
 from gate.service import GateService
 from tests.console.conftest import CONFIG, ENVIRON, FIXED_NOW, SLOTS
 from tests.fakes import fake_llama_transport

@@ -19,7 +19,7 @@ from console.screens.review import PAGE_SIZE, RANGES, FilterError, ReviewScreen,
 from console.widgets.budget_chart import BudgetChart
 from gate.cli import main
 from gate.journal import Journal
-from gate.records import AuditRecord, ClassSample, DecisionRecord, SampleRecord
+from gate.data.records import AuditRecord, ClassSample, DecisionRecord, SampleRecord
 
 BASE = 1_700_000_000.0  # 2023-11-14 22:13:20 UTC
 SIZE = (120, 40)

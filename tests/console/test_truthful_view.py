@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from console.screens.confirm import ConfirmScreen
-from gate.commands import Retune
+from gate.data.commands import Retune
 from tests.console.conftest import FIXED_NOW, Queue, decision, make_app, messages, record
 
 
@@ -124,8 +124,8 @@ async def test_the_tail_says_it_stopped_following_at_once_with_no_new_rows(gate)
 
 
 def test_toasts_say_what_changed_for_requests_in_plain_words():
-    from gate.commands import describe
-    from gate.reasons import Reason
+    from gate.data.commands import describe
+    from gate.core.reasons import Reason
 
     text = describe("pause_class", "class:interactive", "False", "True")
     assert text.startswith("Paused interactive: new requests get")
@@ -187,7 +187,7 @@ async def test_pausing_a_class_with_traffic_asks_first_focus_on_no(gate):
 
 async def test_quit_says_how_long_then_shows_the_drain_until_the_gate_is_gone(gate):
     from console.screens.stopping import StoppingScreen
-    from gate.link import LinkLost
+    from gate.ops.link import LinkLost
 
     asked: list[str] = []
     gate.stop_requested = asked.append
@@ -243,7 +243,7 @@ async def test_classes_say_how_long_requests_wait_and_what_binds(gate):
 
 
 def test_waiting_on_names_each_limit():
-    from gate.snapshot import ClassView
+    from gate.data.snapshot import ClassView
 
     assert ClassView.__dataclass_fields__["waiting_on"].default == ""
     assert ClassView.__dataclass_fields__["p95_queue_ms"].default is None
@@ -330,7 +330,7 @@ async def test_retune_says_what_the_controller_will_do_and_can_freeze_it(gate):
 
 
 async def test_gpu_panel_always_shows_the_kv_cache_the_gate_reserved(gate):
-    from gate.ledger import Request
+    from gate.core.ledger import Request
 
     app = make_app(gate)
     async with app.run_test(size=(200, 50)) as pilot:
@@ -352,7 +352,7 @@ async def test_gpu_panel_always_shows_the_kv_cache_the_gate_reserved(gate):
 
 
 async def test_the_demo_gpu_is_simulated_and_says_so(gate):
-    from gate.demo import DEMO_KV_BYTES_PER_TOKEN, SimulatorConfig, dress_demo_gate
+    from gate.tools.demo import DEMO_KV_BYTES_PER_TOKEN, SimulatorConfig, dress_demo_gate
 
     dress_demo_gate(gate, SimulatorConfig(slots=4, ctx=8192, kv="unified"))
     gate.gpu_reading = await gate.gpu.read_async()
@@ -371,8 +371,8 @@ async def test_a_gate_stopping_with_consoles_attached_logs_no_traceback(gate, tm
     """The end of a drain closes the control socket under attached consoles: quietly."""
     import asyncio
 
-    from gate.control_socket import ControlServer
-    from gate.link import SocketLink
+    from gate.ops.control_socket import ControlServer
+    from gate.ops.link import SocketLink
 
     errors: list[dict] = []
     loop = asyncio.get_running_loop()
@@ -390,7 +390,7 @@ async def test_a_gate_stopping_with_consoles_attached_logs_no_traceback(gate, tm
 
 
 async def test_the_narrow_tail_shows_every_reason_whole(gate):
-    from gate.reasons import Reason
+    from gate.core.reasons import Reason
 
     longest = max(Reason, key=len)  # shared_limit_unavailable
     for size in ((160, 48), (80, 24)):
@@ -407,7 +407,7 @@ async def test_the_narrow_tail_shows_every_reason_whole(gate):
 
 
 def _backend(**overrides):
-    from gate.snapshot import BackendView
+    from gate.data.snapshot import BackendView
 
     fields = dict(
         name="b0", url="http://x", state="ready", detail="ok", kv="unified", slots_busy=1, slots_total=4,

@@ -26,8 +26,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gate.commands import CommandError, Pause, Retune
-from gate.link import SocketLink
+from gate.data.commands import CommandError, Pause, Retune
+from gate.ops.link import SocketLink
 from tests.integration.gate_harness import terminate, wait_until
 
 pytestmark = pytest.mark.llama
@@ -86,7 +86,7 @@ async def serve(tmp_path: Path, config: Path, *extra: str):
 
 
 async def _live(path: str, proc) -> bool:
-    from gate.control_socket import is_live
+    from gate.ops.control_socket import is_live
 
     return proc.returncode is not None or is_live(path)
 

@@ -22,9 +22,9 @@ from console.fleet import fleet_entries
 from console.screens.confirm import ConfirmScreen
 from console.screens.fleet import FleetScreen
 from console.screens.retune import RetuneScreen
-from gate.commands import Pause
-from gate.control_socket import is_live
-from gate.link import SocketLink
+from gate.data.commands import Pause
+from gate.ops.control_socket import is_live
+from gate.ops.link import SocketLink
 from tests.integration.gate_harness import terminate, wait_until
 
 SIZE = (170, 48)

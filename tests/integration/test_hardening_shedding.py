@@ -22,8 +22,8 @@ import pytest
 
 from gate.config import parse_config
 from gate.service import GateService
-from gate.simulator.config import SimulatorConfig
-from gate.simulator.serve import serve_simulator
+from gate.tools.simulator.config import SimulatorConfig
+from gate.tools.simulator.serve import serve_simulator
 from tests.integration.fake_upstream import fake_upstream
 from tests.integration.gate_harness import ledger_total, running_gate, wait_until
 from tests.integration.hardening import (

@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gate.commands import ModelAction
-from gate.control import Operator
+from gate.data.commands import ModelAction
+from gate.ops.control import Operator
 from tests.integration.gate_harness import ledger_total, running_gate, wait_until, words, released
 
 pytestmark = pytest.mark.llama
@@ -195,7 +195,7 @@ async def test_gate_is_ready_in_router_mode_routes_by_model_and_each_budget_come
 
 
 def _request(cost: int):
-    from gate.ledger import Request
+    from gate.core.ledger import Request
 
     return Request("probe", "interactive", "t", 10, cost - 10, 0.0)
 
@@ -343,7 +343,7 @@ async def test_operator_loads_and_pins_a_model_from_the_console(llama_router) ->
     from console.app import TokengateApp
     from console.screens.confirm import ConfirmScreen
     from console.screens.models import ModelsScreen
-    from gate.link import InProcessLink
+    from gate.ops.link import InProcessLink
 
     router = llama_router(models_max=1)
     async with running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate, httpx.AsyncClient(timeout=60, limits=NO_KEEPALIVE) as client:

@@ -24,9 +24,9 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from gate.records import AuditRecord
+from gate.data.records import AuditRecord
 from gate.service import GateService
-from gate.sharedlimits.scripts import tenant_keys
+from gate.fleet.sharedlimits.scripts import tenant_keys
 from tests.integration.fleet import Sampler, ServeProcess, Tenant, complete, fleet, fleet_extra, tenant_in_flight
 from tests.integration.gate_harness import wait_until
 

@@ -13,11 +13,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from gate.config import SharedConfig, TenantConfig
-from gate.errors import GateError
-from gate.reasons import Reason
-from gate.sharedlimits.client import SharedLimits
-from gate.sharedlimits.health import Flip
-from gate.sharedlimits.scripts import tenant_keys
+from gate.core.errors import GateError
+from gate.core.reasons import Reason
+from gate.fleet.sharedlimits.client import SharedLimits
+from gate.fleet.sharedlimits.health import Flip
+from gate.fleet.sharedlimits.scripts import tenant_keys
 from tests.integration.gate_harness import wait_until
 
 PREFIX = "t:"

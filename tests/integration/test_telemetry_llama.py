@@ -17,8 +17,8 @@ import time
 import httpx
 import pytest
 
-from gate.kvsize import kv_bytes_per_token
-from gate.telemetry import TelemetryPoller
+from gate.backend.kvsize import kv_bytes_per_token
+from gate.backend.telemetry import TelemetryPoller
 
 pytestmark = pytest.mark.llama
 

@@ -13,7 +13,7 @@ import math
 import httpx
 import pytest
 
-from gate.tokens import INPUT_TOKENS_PATH, TokenCounter, canonical_json, estimate_tokens, prompt_fields
+from gate.backend.tokens import INPUT_TOKENS_PATH, TokenCounter, canonical_json, estimate_tokens, prompt_fields
 
 pytestmark = pytest.mark.llama
 

@@ -3,7 +3,7 @@
 Each row is sent straight to the real llama-server and then through a real gate in
 front of it, deterministically (seed 42, temperature 0), and the two answers are
 compared field by field. Non-streaming rows exercise the gate's assembly of the
-plain answer from llama-server's stream (gate/assembly.py), or its plain upstream
+plain answer from llama-server's stream (gate/http/assembly.py), or its plain upstream
 call for the options whose stream lacks part of the answer (`stream_loses`);
 streaming rows compare the events one by one.
 
@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gate.assembly import stream_loses
+from gate.http.assembly import stream_loses
 from tests.integration.gate_harness import released, running_gate
 
 pytestmark = pytest.mark.llama

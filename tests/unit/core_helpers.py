@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import count
 
-from gate.admission import Admission, Capacity, TenantPolicy
-from gate.ledger import Request
+from gate.core.admission import Admission, Capacity, TenantPolicy
+from gate.core.ledger import Request
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Tests for gate/adaptive.py: nearest-rank p95 and the budget controller."""
+"""Tests for gate/core/adaptive.py: nearest-rank p95 and the budget controller."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gate.adaptive import (
+from gate.core.adaptive import (
     BudgetController,
     Cause,
     ControllerSettings,

@@ -1,11 +1,11 @@
-"""Example-based tests of the admission core (gate/admission.py)."""
+"""Example-based tests of the admission core (gate/core/admission.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gate.admission import Admit, Capacity, Queue, Refuse, TenantPolicy, check_invariants, clamp_retry
-from gate.reasons import Reason
+from gate.core.admission import Admit, Capacity, Queue, Refuse, TenantPolicy, check_invariants, clamp_retry
+from gate.core.reasons import Reason
 from tests.unit.core_helpers import req, state_of, two_classes
 
 

@@ -10,9 +10,9 @@ from itertools import count
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gate.admission import Admission, Admit, Capacity, Queue, Refuse, check_aged, check_invariants
-from gate.ledger import Request
-from gate.reasons import Reason
+from gate.core.admission import Admission, Admit, Capacity, Queue, Refuse, check_aged, check_invariants
+from gate.core.ledger import Request
+from gate.core.reasons import Reason
 from tests.unit.core_helpers import Cls, req
 
 EXAMPLES = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -11,9 +11,9 @@ from itertools import count
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gate.admission import Admission, Admit, Capacity, Queue, Refuse, TenantPolicy, check_invariants
-from gate.ledger import Request
-from gate.queueing import DEFAULT_QUANTUM, ClassQueue
+from gate.core.admission import Admission, Admit, Capacity, Queue, Refuse, TenantPolicy, check_invariants
+from gate.core.ledger import Request
+from gate.core.queueing import DEFAULT_QUANTUM, ClassQueue
 from tests.unit.core_helpers import Cls
 
 EXAMPLES = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])

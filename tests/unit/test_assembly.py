@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gate.assembly import assemble, plain_body, stream_loses
+from gate.http.assembly import assemble, plain_body, stream_loses
 
 
 def _probs(tok: int, text: str, logprob: float, key: str = "logprob") -> dict:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from gate.admission import TenantPolicy
-from gate.backends import BackendPool, capacity_from_props
+from gate.core.admission import TenantPolicy
+from gate.backend.pool import BackendPool, capacity_from_props
 from gate.config import BackendConfig, parse_config
 
 PROPS = {"total_slots": 4, "default_generation_settings": {"n_ctx": 512}}

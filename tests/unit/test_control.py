@@ -1,4 +1,4 @@
-"""Operator actions through gate/control.py: applied, audited with old/new, or refused cleanly."""
+"""Operator actions through gate/ops/control.py: applied, audited with old/new, or refused cleanly."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from gate.config import parse_config
-from gate.control import Control, ControlError, Operator
+from gate.ops.control import Control, ControlError, Operator
 from gate.service import GateService
 from tests.fakes import GATE_CONFIG, fake_llama_transport
 
@@ -87,8 +87,8 @@ async def test_pause_refuses_newcomers_and_resume_restores(gate):
 
 
 async def test_drain_refuses_every_waiter_and_audits_how_many(gate):
-    from gate.gatekeeper import Refused
-    from gate.ledger import Request
+    from gate.backend.gatekeeper import Refused
+    from gate.core.ledger import Request
 
     backend = gate.backends.backends[0]
     gk = backend.gatekeeper

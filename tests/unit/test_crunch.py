@@ -12,7 +12,7 @@ import pytest
 
 from gate.cli import main
 from gate.config import parse_config
-from gate.crunch import (
+from gate.tools.crunch import (
     Cell,
     CrunchReport,
     CrunchSettings,
@@ -504,7 +504,7 @@ async def test_runner_not_llama_server() -> None:
 
 
 def test_progress_bar_on_a_terminal() -> None:
-    from gate.crunch import Progress
+    from gate.tools.crunch import Progress
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:

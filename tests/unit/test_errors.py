@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from gate.errors import GateError, render
-from gate.gatekeeper import Refused
-from gate.reasons import Reason
+from gate.core.errors import GateError, render
+from gate.backend.gatekeeper import Refused
+from gate.core.reasons import Reason
 
 
 def test_render_shapes_the_body_and_rounds_retry_after_up():
@@ -45,8 +45,8 @@ def test_reason_knows_its_outcome(reason, outcome):
 
 
 def test_the_core_refusal_is_a_gate_error():
-    from gate.admission import Refuse
-    from gate.ledger import Request
+    from gate.core.admission import Refuse
+    from gate.core.ledger import Request
 
     refusal = Refuse(Request("r", "batch", "t", 10, 10, 0.0), Reason.TOKEN_BUDGET_EXCEEDED, "too big", 3.0)
     err = Refused(refusal)

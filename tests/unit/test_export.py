@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gate.cli import main
-from gate.export import ExportError, export, iso, parse_since
+from gate.journal.export import ExportError, export, iso, parse_since
 from gate.journal import SCHEMA_VERSION, Journal
 from tests.unit.test_journal import audit, decision, sample
 
@@ -216,7 +216,7 @@ def test_a_closed_pipe_is_quiet(journal: Path, monkeypatch: pytest.MonkeyPatch) 
     import gc
     import sys
 
-    from gate.export import export
+    from gate.journal.export import export
 
     unraisable: list = []
     monkeypatch.setattr(sys, "unraisablehook", unraisable.append)

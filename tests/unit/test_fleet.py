@@ -11,7 +11,7 @@ import pytest
 from console.fleet import FleetRow, fleet_entries, fleet_row, parse_attach
 from gate.cli import build_parser
 from gate.config import parse_config
-from gate.ledger import Request
+from gate.core.ledger import Request
 from gate.service import GateService
 from tests.fakes import GATE_CONFIG, fake_llama_transport
 

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from gate.gatekeeper import Gatekeeper, Refused
-from gate.reasons import Reason
+from gate.backend.gatekeeper import Gatekeeper, Refused
+from gate.core.reasons import Reason
 from tests.unit.core_helpers import req, two_classes
 
 

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from gate.gpu import GIB, INIT_RETRY_S, GpuDevice, GpuMonitor, GpuProcess, GpuReading, format_reading
+from gate.observe.gpu import GIB, INIT_RETRY_S, GpuDevice, GpuMonitor, GpuProcess, GpuReading, format_reading
 
 _CONSTANTS = {name: getattr(pynvml, name) for name in dir(pynvml) if name.startswith("NVML_ERROR_")}
 

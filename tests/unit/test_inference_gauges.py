@@ -11,8 +11,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gate.config import parse_config
-from gate.ledger import Request
-from gate.metrics import GateMetrics
+from gate.core.ledger import Request
+from gate.observe.metrics import GateMetrics
 from gate.service import GateService
 from tests.fakes import GATE_CONFIG, fake_llama_transport, gate_on_fake_llama
 

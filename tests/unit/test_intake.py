@@ -1,4 +1,4 @@
-"""Tests for gate/intake.py: raw request -> validated Intake or an OpenAI-shaped 4xx."""
+"""Tests for gate/http/intake.py: raw request -> validated Intake or an OpenAI-shaped 4xx."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ from typing import Any
 import pytest
 
 from gate.config import parse_config
-from gate.intake import (
+from gate.http.intake import (
     ENDPOINTS,
     MAX_JSON_DEPTH,
     Intake,
     build_intake,
     parse_request,
 )
-from gate.errors import GateError, error_object
-from gate.reasons import Reason
-from gate.tenants import Caller, TenantDirectory
+from gate.core.errors import GateError, error_object
+from gate.core.reasons import Reason
+from gate.http.tenants import Caller, TenantDirectory
 
 CHAT = "/v1/chat/completions"
 CMPL = "/v1/completions"

@@ -36,7 +36,7 @@ from gate.journal import (
     decision_from_row,
     sample_from_row,
 )
-from gate.records import AuditRecord, ClassSample, DecisionRecord, SampleRecord
+from gate.data.records import AuditRecord, ClassSample, DecisionRecord, SampleRecord
 from tests.tmpfs import tmpfs
 
 REPO = Path(__file__).resolve().parents[2]

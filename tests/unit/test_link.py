@@ -7,12 +7,12 @@ import os
 
 import pytest
 
-from gate.commands import ActionResult, CommandError, Drain, Freeze, Pause, Retune, from_wire, to_wire
+from gate.data.commands import ActionResult, CommandError, Drain, Freeze, Pause, Retune, from_wire, to_wire
 from gate.config import parse_config
-from gate.control import Operator
-from gate.lock import JournalLock, JournalLocked
-from gate.snapshot import GateSnapshot, GpuDevice, GpuReading
-from gate.wire import WireError, decode, encode
+from gate.ops.control import Operator
+from gate.ops.lock import JournalLock, JournalLocked
+from gate.data.snapshot import GateSnapshot, GpuDevice, GpuReading
+from gate.data.wire import WireError, decode, encode
 from tests.fakes import GATE_CONFIG, fake_llama_transport
 
 
@@ -29,7 +29,7 @@ async def gate():
 
 
 async def test_a_snapshot_survives_json_whole(gate):
-    from gate.records import AuditRecord
+    from gate.data.records import AuditRecord
     from tests.console.conftest import decision, record
 
     for _ in range(3):

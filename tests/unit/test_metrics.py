@@ -6,8 +6,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gate import __version__
-from gate.metrics import GateMetrics
-from gate.reasons import Reason
+from gate.observe.metrics import GateMetrics
+from gate.core.reasons import Reason
 
 # Every series name of DESIGN.md "Metrics (Prometheus)", as exposed (samples).
 DESIGN_SERIES = {

@@ -1,4 +1,4 @@
-"""The router-mode planner (gate/model_plan.py): which model loads, which one makes room.
+"""The router-mode planner (gate/core/model_plan.py): which model loads, which one makes room.
 
 Examples for each rule, then properties over random fleets (500 examples each): the plan
 keeps I1-I4, its victim is the one a small oracle picks, and a negative control (a plain
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gate.model_plan import STATUSES, ModelState, Plan, check_plan, plan, why_not_evictable
+from gate.core.model_plan import STATUSES, ModelState, Plan, check_plan, plan, why_not_evictable
 
 EXAMPLES = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -1,4 +1,4 @@
-"""gate/netio.py over real loopback sockets: httpx requests really use it, and its failures map to httpx's."""
+"""gate/backend/netio.py over real loopback sockets: httpx requests really use it, and its failures map to httpx's."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 import httpx
 import pytest
 
-from gate.netio import AsyncioBackend, client_transports
+from gate.backend.netio import AsyncioBackend, client_transports
 
 ANSWER = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"ok\":true}"
 

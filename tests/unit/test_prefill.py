@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gate.prefill import MIN_CAP, PrefillModel
+from gate.core.prefill import MIN_CAP, PrefillModel
 
 
 def fed(base_s: float, rate: float, sizes=(10, 200, 400, 800, 50, 600, 300, 1000)) -> PrefillModel:

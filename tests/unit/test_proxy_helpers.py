@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import re
 
-from gate.requestids import HeaderNames, RequestIds
+from gate.http.requestids import HeaderNames, RequestIds
 
 
 def test_request_ids_are_unique_32_hex_digits_and_differ_between_processes():

@@ -1,4 +1,4 @@
-"""Tests for gate/ratelimit.py: token buckets and the per-tenant limiter."""
+"""Tests for gate/core/ratelimit.py: token buckets and the per-tenant limiter."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gate.ratelimit import UNLIMITED, RateLimiter, RateVerdict, TenantLimits, TokenBucket
+from gate.core.ratelimit import UNLIMITED, RateLimiter, RateVerdict, TenantLimits, TokenBucket
 
 
 def clone(bucket: TokenBucket) -> TokenBucket:

@@ -1,6 +1,6 @@
 """Per-second rollups: windows, denials by reason and class, p95 TTFT."""
 
-from gate.rollup import Rollup
+from gate.core.rollup import Rollup
 
 
 def test_denials_are_counted_per_reason_and_class_over_1_5_15_minutes():

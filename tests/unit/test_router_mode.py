@@ -1,4 +1,4 @@
-"""The router-mode shell (gate/router_mode.py) on a FAKE llama-server router (an httpx transport)
+"""The router-mode shell (gate/fleet/router_mode.py) on a FAKE llama-server router (an httpx transport)
 and a hand-driven clock: the transitions the real one is slow or awkward to show (back-off
 after failures, autoload off, a model that vanishes, a sleeping model, the first load's
 context). The real router is in tests/integration/test_router_mode.py.
@@ -13,14 +13,14 @@ from typing import Any
 import httpx
 import pytest
 
-from gate.commands import CommandError, ModelAction
+from gate.data.commands import CommandError, ModelAction
 from gate.config import parse_config
-from gate.control import Operator
-from gate.errors import GateError
-from gate.gatekeeper import Refused
-from gate.ledger import Request
-from gate.reasons import Reason
-from gate.router_mode import FAIL_BACKOFF_S
+from gate.ops.control import Operator
+from gate.core.errors import GateError
+from gate.backend.gatekeeper import Refused
+from gate.core.ledger import Request
+from gate.core.reasons import Reason
+from gate.fleet.router_mode import FAIL_BACKOFF_S
 from gate.service import GateService
 
 CONFIG = """
@@ -318,7 +318,7 @@ async def test_a_router_without_configured_models_is_down_with_a_reason() -> Non
 
 
 def test_a_model_command_crosses_the_wire_and_a_bad_one_is_refused_whole() -> None:
-    from gate.commands import from_wire, to_wire
+    from gate.data.commands import from_wire, to_wire
 
     command = ModelAction("tiny2", "pin", note="keep it warm")
     wire = to_wire(command)
@@ -331,7 +331,7 @@ def test_a_model_command_crosses_the_wire_and_a_bad_one_is_refused_whole() -> No
 
 
 async def test_retune_and_freeze_reach_units_whose_capacity_is_not_known_yet() -> None:
-    from gate.commands import Freeze, Retune
+    from gate.data.commands import Freeze, Retune
 
     router = FakeRouter()
     gate, _ = await gate_on(router)

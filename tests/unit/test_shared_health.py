@@ -1,4 +1,4 @@
-"""The shared limits' health state machine and fail_open's 1/N share (gate/sharedlimits/health.py)."""
+"""The shared limits' health state machine and fail_open's 1/N share (gate/fleet/sharedlimits/health.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gate.sharedlimits.health import Flip, SharedHealth, local_share
+from gate.fleet.sharedlimits.health import Flip, SharedHealth, local_share
 
 
 def test_a_connection_error_degrades_at_once_to_the_policy() -> None:  # rule 1

@@ -13,7 +13,7 @@ import asyncio
 import pytest
 
 from gate.config.schema import SharedConfig
-from gate.sharedlimits.client import SharedLimits
+from gate.fleet.sharedlimits.client import SharedLimits
 
 
 def limits_answering(answer: asyncio.Future) -> tuple[SharedLimits, list[int]]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gate.reasons import Reason
-from gate.shedding import DecodeMeter, next_deadline
+from gate.core.reasons import Reason
+from gate.core.shedding import DecodeMeter, next_deadline
 
 
 def run_streams(meter: DecodeMeter, streams: int, tps: float, seconds: float, start: float = 0.0) -> float:

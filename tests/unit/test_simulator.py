@@ -21,7 +21,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gate.simulator import (
+from gate.tools.simulator import (
     CONTEXT_EXCEEDED,
     Done,
     Failed,
@@ -33,7 +33,7 @@ from gate.simulator import (
     count_tokens,
     serve_simulator,
 )
-from gate.telemetry import parse_metrics, parse_slots
+from gate.backend.telemetry import parse_metrics, parse_slots
 
 # --- the pure model, driven by hand ----------------------------------------------------
 

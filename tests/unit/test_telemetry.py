@@ -15,8 +15,8 @@ import logging
 import httpx
 import pytest
 
-from gate.kvsize import CACHE_TYPES, kv_bytes_per_token, kv_size
-from gate.telemetry import (
+from gate.backend.kvsize import CACHE_TYPES, kv_bytes_per_token, kv_size
+from gate.backend.telemetry import (
     BackendTelemetry,
     CounterDelta,
     RateTracker,

@@ -1,4 +1,4 @@
-"""Tests for gate/tenants.py: who is calling and which class they get."""
+"""Tests for gate/http/tenants.py: who is calling and which class they get."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import hmac
 import pytest
 
 from gate.config import ConfigError, parse_config
-from gate.errors import GateError
-from gate.reasons import Reason
-from gate.tenants import Caller, TenantDirectory, header_value
+from gate.core.errors import GateError
+from gate.core.reasons import Reason
+from gate.http.tenants import Caller, TenantDirectory, header_value
 
 KEY_A = "sk-team-a-0123456789"
 KEY_B = "sk-batch-abcdef"

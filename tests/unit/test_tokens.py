@@ -10,7 +10,7 @@ import math
 import httpx
 import pytest
 
-from gate.tokens import (
+from gate.backend.tokens import (
     TokenCount,
     TokenCounter,
     cache_key,

@@ -10,8 +10,8 @@ import warnings
 import httpx
 import pytest
 
-from gate.simulator import SimulatorConfig, build_simulator_app
-from gate.traffic import DEFAULT_TENANTS, PlannedRequest, TrafficGenerator, build_request, traffic_schedule
+from gate.tools.simulator import SimulatorConfig, build_simulator_app
+from gate.tools.traffic import DEFAULT_TENANTS, PlannedRequest, TrafficGenerator, build_request, traffic_schedule
 
 
 def take(it, n: int) -> list[PlannedRequest]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from gate.upstream import RelayStats, SseRelay, forward_headers, upstream_body
+from gate.backend.upstream import RelayStats, SseRelay, forward_headers, upstream_body
 
 
 def test_relay_stats_read_completion_tokens_from_any_endpoint_shape():
@@ -37,7 +37,7 @@ def test_forwarded_headers_drop_hop_by_hop_client_auth_and_conversation_id():
 async def test_generation_requests_ask_upstream_to_close_the_connection():
     import httpx
 
-    from gate.upstream import Upstream
+    from gate.backend.upstream import Upstream
 
     seen = {}
 
@@ -117,7 +117,7 @@ async def test_a_plain_answer_is_read_whole_and_dated_by_llama_servers_decode_ti
 
 
 async def test_a_plain_answer_that_is_not_a_json_object_is_an_upstream_error():
-    from gate.errors import GateError
+    from gate.core.errors import GateError
 
     for raw in (b"not json", b"[1, 2]"):
         relay = SseRelay(httpx.Response(200, stream=_Pieces([raw])), RelayStats(dispatched_at=1.0), lambda: 5.0, lambda: None)

@@ -1,0 +1,285 @@
+"""Backends: readiness, capacity from llama-server's own /props, and model routing.
+
+Each backend gets its admission core (and gatekeeper) once its capacity is
+known: slots from `total_slots`, per-slot context from
+`default_generation_settings.n_ctx`, and the KV mode from config (llama-server
+does not say which it runs).
+
+A llama-server in router mode (its /props says `"role": "router"`) serves several
+models, each in its own child process: it becomes one capacity unit per configured
+model (gate/fleet/router_mode.py), and iterating the pool yields those units in its place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+
+from gate.core.admission import Admission, Capacity, ClassPolicy, TenantPolicy
+from gate.core.adaptive import BudgetController, ControllerSettings
+from gate.config import BackendConfig, BudgetConfig
+from gate.backend.gatekeeper import Gatekeeper
+from gate.core.shedding import DecodeMeter
+from gate.core.prefill import PrefillModel
+from gate.backend.upstream import Upstream
+
+log = logging.getLogger("tokengate.backends")
+
+BackendState = Literal["ready", "loading", "down", "unloaded", "sleeping"]  # the last two: router mode
+
+
+def capacity_from_props(props: Mapping[str, Any], config: BackendConfig) -> Capacity:
+    """The physical limits of a llama-server from its /props and the configured KV mode."""
+    slots = props.get("total_slots")
+    n_ctx = (props.get("default_generation_settings") or {}).get("n_ctx")
+    if not isinstance(slots, int) or slots < 1 or not isinstance(n_ctx, int) or n_ctx < 1:
+        raise ValueError(f"/props lacks total_slots/default_generation_settings.n_ctx: {slots!r}, {n_ctx!r}")
+    # Unified: every slot reports the whole shared pool. Split: each slot owns n_ctx.
+    ceiling = n_ctx if config.kv == "unified" else slots * n_ctx
+    if config.token_budget is not None:
+        ceiling = config.token_budget
+    return Capacity(
+        slots=slots, slot_context=n_ctx, ceiling=ceiling, max_prefill_tokens=config.max_prefill_tokens,
+        prefill_yield_tokens=config.prefill_yield_tokens or None,
+    )
+
+
+@dataclass(slots=True)
+class Backend:
+    """One llama-server: its state, capacity and the gatekeeper guarding it."""
+
+    config: BackendConfig
+    upstream: Upstream
+    auth_token: str | None = None
+    state: BackendState = "down"
+    detail: str = "not probed yet"
+    capacity: Capacity | None = None
+    gatekeeper: Gatekeeper | None = None
+    props: dict[str, Any] = field(default_factory=dict)
+    decode: DecodeMeter = field(default_factory=DecodeMeter)  # the current per-slot rate, for shedding
+    controller: BudgetController | None = None
+    kv_bytes_per_token: int | None = None  # from the model's GGUF header, when local
+    #: router mode: the model this unit serves, its fleet (gate.router_mode.ModelFleet; the
+    #: router's own entry has the fleet and no model) and the query its GETs need
+    model: str | None = None
+    fleet: Any = None
+    query: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def url(self) -> str:
+        return self.config.url
+
+    @property
+    def admission(self) -> Admission | None:
+        return None if self.gatekeeper is None else self.gatekeeper.admission
+
+    def auth_headers(self) -> dict[str, str]:
+        headers = {"Authorization": f"Bearer {self.auth_token}"} if self.auth_token else {}
+        if self.fleet is not None:
+            # Router mode: no idle connection to the router is kept. A pooled one, reused by the
+            # next call (a request's relay), was seen answered "Server disconnected without
+            # sending a response" under load; a fresh loopback connection costs ~0.1 ms.
+            headers["Connection"] = "close"
+        return headers
+
+
+def controller_settings(budget: BudgetConfig, ceiling: int) -> ControllerSettings:
+    """The controller's tuning from `[budget]` and the backend's ceiling."""
+    return ControllerSettings(
+        min_tokens=min(budget.min_tokens, ceiling),
+        ceiling_tokens=ceiling,
+        slo_ttft_p95_s=budget.slo_ttft_p95_ms / 1000,
+        slo_tpot_p95_s=None if budget.slo_tpot_p95_ms is None else budget.slo_tpot_p95_ms / 1000,
+        window_s=budget.window_s,
+        min_samples=budget.min_samples,
+        cooldown_s=budget.cooldown_s,
+        increase=budget.increase,
+        decrease=budget.decrease,
+    )
+
+
+class BackendPool:
+    """All backends, routing by model name, and the probe loop that keeps their state."""
+
+    def __init__(
+        self,
+        configs: Iterable[BackendConfig],
+        client: httpx.AsyncClient,
+        *,
+        classes: Iterable[ClassPolicy],
+        tenant_policy: Callable[[str], TenantPolicy],
+        environ: Mapping[str, str],
+        budget: BudgetConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[], None] | None = None,
+        on_created: Callable[[Backend], None] | None = None,
+        probe_timeout_s: float = 2.0,
+        on_model_event: Callable[[str, str, str | None, str | None, str], None] | None = None,
+    ) -> None:
+        self._client = client
+        self._budget = budget or BudgetConfig()
+        self._clock = clock
+        self._classes = tuple(classes)
+        self._tenant_policy = tenant_policy
+        self._on_change = on_change
+        self._on_created = on_created
+        self._timeout = probe_timeout_s
+        #: router mode: called with (action, target, old, new, note) for loads, evictions, failures
+        self.on_model_event = on_model_event
+        #: called when router mode turns a backend into model units (the telemetry follows)
+        self.on_units: Callable[[], None] | None = None
+        self.configured: tuple[Backend, ...] = tuple(
+            Backend(c, Upstream(client, c.url), environ.get(c.api_key_env) if c.api_key_env else None) for c in configs
+        )
+        self._fleet_tasks: list[asyncio.Task] = []
+
+    @property
+    def backends(self) -> tuple[Backend, ...]:
+        """The capacity units: each backend, or for a router its model units in config order."""
+        out: list[Backend] = []
+        for b in self.configured:
+            out.extend(b.fleet.units.values() if b.fleet is not None else (b,))
+        return tuple(out)
+
+    @property
+    def fleets(self) -> list[Any]:
+        return [b.fleet for b in self.configured if b.fleet is not None]
+
+    def __iter__(self):
+        return iter(self.backends)
+
+    def set_budget_config(self, budget: BudgetConfig) -> None:
+        """Controllers created from now on use these settings (live ones are retuned by control)."""
+        self._budget = budget
+
+    def set_classes(self, classes: Iterable[ClassPolicy]) -> None:
+        self._classes = tuple(classes)
+
+    def route(self, model: str | None) -> Backend | None:
+        """Declared models first; an absent model goes to the first backend; else a catch-all.
+
+        A router's models route to their units (an absent model: its first model)."""
+        if model is None:
+            first = self.configured[0]
+            return next(iter(first.fleet.units.values())) if first.fleet is not None else first
+        for b in self.configured:
+            if model in b.config.models:
+                return b.fleet.units[model] if b.fleet is not None else b
+        return next((b for b in self.configured if not b.config.models and b.fleet is None), None)
+
+    def by_name(self, name: str) -> Backend | None:
+        return next((b for b in (*self.backends, *self.configured) if b.name == name), None)
+
+    @property
+    def any_ready(self) -> bool:
+        return any(b.state == "ready" or (b.fleet is not None and b.fleet.accepts(b)) for b in self.backends)
+
+    async def probe_all(self) -> None:
+        await asyncio.gather(*(self.probe(b) for b in self.configured))
+
+    async def probe(self, backend: Backend) -> None:
+        """One health check (and /props when ready); never raises."""
+        before = (backend.state, backend.capacity)
+        try:
+            health = await self._client.get(backend.url + "/health", headers=backend.auth_headers(), timeout=self._timeout)
+            if health.status_code == 503:
+                backend.state, backend.detail = "loading", "llama-server is loading the model"
+            elif health.status_code != 200:
+                backend.state, backend.detail = "down", f"/health answered {health.status_code}"
+            else:
+                props = await self._client.get(backend.url + "/props", headers=backend.auth_headers(), timeout=self._timeout)
+                props.raise_for_status()
+                backend.props = props.json()
+                if backend.props.get("role") == "router" or backend.fleet is not None:
+                    self._router(backend)
+                    if backend.fleet is not None and not backend.fleet.refreshed:
+                        await backend.fleet.refresh()  # the models' states before the gate answers
+                else:
+                    self._apply_capacity(backend, capacity_from_props(backend.props, backend.config))
+                    backend.state, backend.detail = "ready", "ok"
+        except (httpx.HTTPError, ValueError) as exc:
+            backend.state, backend.detail = "down", f"{type(exc).__name__}: {exc}"[:200]
+        if backend.fleet is not None:
+            backend.fleet.router_state(backend.state, backend.detail)
+        if (backend.state, backend.capacity) != before:
+            log.info("backend %s: %s (%s) capacity=%s", backend.name, backend.state, backend.detail, backend.capacity)
+            if backend.gatekeeper is not None:
+                backend.gatekeeper.advance()
+            if self._on_change is not None:
+                self._on_change()
+
+    def _router(self, backend: Backend) -> None:
+        """Router mode: the backend becomes one unit per configured model (once)."""
+        from gate.fleet.router_mode import ModelFleet
+
+        if backend.props.get("role") != "router":
+            backend.state, backend.detail = "down", "llama-server left router mode: restart tokengate"
+            return
+        if not backend.config.models:
+            backend.state, backend.detail = "down", "llama-server runs in router mode: list its models in [[backends]] models"
+            return
+        if backend.fleet is None:
+            backend.fleet = ModelFleet(backend, self, self._client, clock=self._clock, on_event=self.on_model_event)
+            log.info("backend %s: llama-server router mode, models %s", backend.name, ", ".join(backend.config.models))
+            if self.on_units is not None:
+                self.on_units()
+        backend.fleet.router_props(backend.props)
+        backend.state, backend.detail = "ready", f"router: {len(backend.config.models)} models"
+
+    def _apply_capacity(
+        self, backend: Backend, capacity: Capacity, *, gatekeeper_factory: Callable[..., Gatekeeper] = Gatekeeper
+    ) -> None:
+        if backend.gatekeeper is None:
+            controller = backend.controller = BudgetController(controller_settings(self._budget, capacity.ceiling))
+            prefill = PrefillModel()
+            admission = Admission(
+                self._classes, capacity, budget=backend.controller.budget, tenant_policy=self._tenant_policy,
+                aging_s=self._budget.aging_s or None,
+                expected_ttft=lambda r, prefilling: prefill.expected_ttft(r.prompt_tokens, prefilling),
+                # The controller's budget is an estimate the aged may stretch; an operator's is a limit.
+                budget_elastic=lambda: self._budget.mode == "adaptive" and not controller.frozen,
+            )
+            gatekeeper = backend.gatekeeper = gatekeeper_factory(
+                admission, clock=self._clock, prefill=prefill, slo_ttft_s=self._budget.slo_ttft_p95_ms / 1000.0
+            )
+
+            def budget_changed(budget: int) -> None:
+                admission.set_budget(budget)
+                gatekeeper.advance()
+
+            backend.controller.on_change(budget_changed)
+            if self._on_created is not None:
+                self._on_created(backend)  # operator state (paused classes, freeze) carries over
+        elif backend.capacity != capacity:
+            backend.gatekeeper.admission.set_capacity(capacity)
+            if backend.controller is not None:
+                backend.controller.set_ceiling(self._clock(), capacity.ceiling)  # pushes a clamped budget
+        backend.capacity = capacity
+
+    async def run(self, interval_s: float = 1.0) -> None:
+        """Probe every backend forever; a down backend costs one refused connect per interval.
+
+        A router's model fleet runs its own loop beside this one, stopped with it."""
+        try:
+            while True:
+                await self.probe_all()
+                for fleet in self.fleets:
+                    if fleet.task is None:
+                        fleet.task = asyncio.create_task(fleet.run(interval_s), name=f"tokengate-models-{fleet.parent.name}")
+                        self._fleet_tasks.append(fleet.task)
+                await asyncio.sleep(interval_s)
+        finally:
+            for task in self._fleet_tasks:
+                task.cancel()
+            await asyncio.gather(*self._fleet_tasks, return_exceptions=True)
+            await asyncio.gather(*(fleet.close() for fleet in self.fleets), return_exceptions=True)

@@ -1,0 +1,273 @@
+"""Relay to llama-server: always streamed upstream, so cancellation is reliable.
+
+llama-server notices a closed stream at once but can miss a closed non-streaming
+request for 10+ s (notes/llama-server.md). So the gate always asks upstream for
+a stream: streaming clients get it relayed line by line (pings included), and
+for non-streaming clients the answer is assembled (gate/http/assembly.py) into the
+shape llama-server would have sent; only the few options whose stream lacks part
+of that answer get a plain upstream call. Closing the upstream response frees the slot.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from gate.core.errors import GateError
+from gate.http.intake import Kind
+from gate.core.reasons import Reason
+
+log = logging.getLogger("tokengate.upstream")
+
+# Seconds a client is told to wait when the backend could not be reached or broke off:
+# about what the probe loop needs to notice a dead backend (probe_interval_s = 1).
+RETRY_DOWN_S = 5.0
+
+# Headers that describe one hop, not the message (RFC 9110 7.6.1), plus the ones
+# the gate sets itself. X-Conversation-Id makes llama-server keep generating
+# after a disconnect (resumable streams): never forward it.
+_DROP_HEADERS = frozenset(
+    {
+        "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+        "trailer", "transfer-encoding", "upgrade", "host", "content-length",
+        "authorization", "x-conversation-id", "accept-encoding", "x-tokengate-class",
+    }
+)
+
+
+@dataclass(slots=True)
+class RelayStats:
+    """What one relay measured; times are from the injected clock."""
+
+    dispatched_at: float
+    first_token_at: float | None = None
+    completion_tokens: int | None = None
+    finished: bool = False
+    tokens: int = 0  # data events received: the request's progress
+    last_token_at: float | None = None
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_at is None else self.first_token_at - self.dispatched_at
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Seconds per output token after the first (None with fewer than two tokens)."""
+        n = self.completion_tokens if self.completion_tokens is not None else self.tokens
+        if self.first_token_at is None or self.last_token_at is None or n is None or n < 2:
+            return None
+        return max(0.0, self.last_token_at - self.first_token_at) / (n - 1)
+
+    def read_final(self, chunk: Mapping[str, Any]) -> None:
+        """Take the completion token count from a (final) chunk, in any of the three endpoint shapes."""
+        usage = chunk.get("usage")
+        if isinstance(usage, Mapping):
+            self.completion_tokens = _int(usage.get("completion_tokens"), self.completion_tokens)
+        timings = chunk.get("timings")
+        if isinstance(timings, Mapping):
+            self.completion_tokens = _int(timings.get("predicted_n"), self.completion_tokens)
+        if "tokens_predicted" in chunk:
+            self.completion_tokens = _int(chunk.get("tokens_predicted"), self.completion_tokens)
+
+
+def _int(value: Any, default: int | None) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def forward_headers(incoming: Mapping[str, str], upstream_auth: str | None) -> dict[str, str]:
+    """The client's end-to-end headers, with the gate's own upstream credentials."""
+    out = {k: v for k, v in incoming.items() if k.lower() not in _DROP_HEADERS}
+    if upstream_auth:
+        out["Authorization"] = f"Bearer {upstream_auth}"
+    return out
+
+
+def upstream_body(kind: Kind, body: Mapping[str, Any]) -> dict[str, Any]:
+    """The client's body, switched to streaming with usage, whatever the client asked."""
+    out = dict(body)
+    out["stream"] = True
+    # A pinned slot may be busy while others are free: llama-server would then queue
+    # the request itself, behind the gate's back.
+    out.pop("id_slot", None)
+    if kind != "completion":
+        options = dict(out.get("stream_options") or {})
+        options["include_usage"] = True
+        out["stream_options"] = options
+    return out
+
+
+@dataclass(slots=True)
+class Upstream:
+    """One backend's base URL and the shared httpx client."""
+
+    client: httpx.AsyncClient
+    base_url: str
+    clock: Callable[[], float] = time.monotonic
+
+    async def open(self, path: str, body: Mapping[str, Any], headers: Mapping[str, str]) -> httpx.Response:
+        """Send the request and wait for the status line; the caller must `aclose()` it."""
+        request = self.client.build_request(
+            "POST", self.base_url + path, content=json.dumps(body).encode(),
+            # llama-server closes the connection after every streamed answer without saying so; pooled, it fails the next request (502).
+            headers={**headers, "Content-Type": "application/json", "Connection": "close"},
+        )
+        try:
+            response = await self.client.send(request, stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            # Never reached the backend: nothing ran, so the request may simply be retried.
+            # The address is for the log only, never the client's answer.
+            log.warning("backend %s unreachable: %s: %s", self.base_url, type(exc).__name__, exc)
+            raise GateError(Reason.NO_BACKEND, "the backend is unreachable", retry_after_s=RETRY_DOWN_S) from exc
+        except httpx.TimeoutException as exc:
+            raise GateError(Reason.UPSTREAM_TIMEOUT, f"backend did not answer: {type(exc).__name__}") from exc
+        except httpx.HTTPError as exc:
+            log.warning("backend %s failed: %s: %s", self.base_url, type(exc).__name__, exc)
+            raise GateError(Reason.UPSTREAM_ERROR, f"backend failed: {type(exc).__name__}", retry_after_s=RETRY_DOWN_S) from exc
+        if response.status_code != 200:
+            try:
+                raw = await response.aread()
+            except httpx.HTTPError:
+                raw = b""
+            finally:
+                await response.aclose()
+            raise GateError(
+                Reason.UPSTREAM_ERROR,
+                f"backend answered {response.status_code}",
+                retry_after_s=RETRY_DOWN_S if response.status_code >= 500 else None,
+                status=response.status_code,
+                body=raw[:65536] or None,
+            )
+        return response
+
+
+@dataclass(slots=True)
+class SseRelay:
+    """Reads an upstream SSE stream, recording first token and usage, one network read at a time."""
+
+    response: httpx.Response
+    stats: RelayStats
+    clock: Callable[[], float]
+    on_first_token: Callable[[], None]
+    keep_usage_chunk: bool = True
+    chunks: list[dict[str, Any]] = field(default_factory=list)
+    collect: bool = False  # keep parsed chunks (for assembling a non-streaming answer)
+    error: dict[str, Any] | None = None
+
+    async def reads(self) -> AsyncIterator[tuple[str, str]]:
+        """Per upstream read, the complete events to relay: (now, held back).
+
+        Events from the terminal one on ([DONE], or /completion's stop chunk) are
+        "held back": the caller sends them only once the decision row is committed.
+        Everything that arrived in one read goes out in one write, so a fast
+        upstream costs one ASGI send per read rather than one per token.
+        """
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        partial = ""
+        event: list[str] = []
+        now: list[str] = []
+        held: list[str] = []
+
+        def take(lines: list[str]) -> None:
+            nonlocal event
+            for line in lines:
+                if line.endswith("\r"):
+                    line = line[:-1]
+                if line != "":
+                    if self._keep(line):
+                        event.append(line)
+                    continue
+                if event:  # an SSE event ends at a blank line
+                    (held if self.stats.finished else now).append("\n".join(event) + "\n\n")
+                    event = []
+
+        try:
+            async for raw in self.response.aiter_bytes():
+                lines = (partial + decoder.decode(raw)).split("\n")
+                partial = lines.pop()
+                seen = self.stats.tokens
+                take(lines)
+                if self.stats.tokens != seen:
+                    self.stats.last_token_at = self.clock()
+                if now or held:
+                    yield "".join(now), "".join(held)
+                    now.clear()
+                    held.clear()
+        except httpx.TimeoutException as exc:
+            raise GateError(Reason.UPSTREAM_TIMEOUT, "backend stalled mid-answer") from exc
+        except httpx.HTTPError as exc:
+            log.warning("backend %s: stream broke: %s: %s", self.response.url.host, type(exc).__name__, exc)
+            raise GateError(Reason.UPSTREAM_ERROR, f"backend stream broke: {type(exc).__name__}", retry_after_s=RETRY_DOWN_S) from exc
+        take([partial + decoder.decode(b"", final=True), ""])  # a last event without its blank line
+        if now or held:
+            yield "".join(now), "".join(held)
+
+    async def whole(self) -> bytes:
+        """A plain (non-streamed) answer, read whole, for the options whose stream lacks part of it (gate/http/assembly.py)."""
+        try:
+            raw = await self.response.aread()
+        except httpx.TimeoutException as exc:
+            raise GateError(Reason.UPSTREAM_TIMEOUT, "backend stalled mid-answer") from exc
+        except httpx.HTTPError as exc:
+            log.warning("backend %s: answer broke: %s: %s", self.response.url.host, type(exc).__name__, exc)
+            raise GateError(Reason.UPSTREAM_ERROR, f"backend answer broke: {type(exc).__name__}", retry_after_s=RETRY_DOWN_S) from exc
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            raise GateError(Reason.UPSTREAM_ERROR, "backend answer is not JSON") from None
+        if not isinstance(answer, dict):
+            raise GateError(Reason.UPSTREAM_ERROR, "backend answer is not a JSON object")
+        self.stats.read_final(answer)
+        # No token is seen arriving: llama-server's own decode time dates the first one,
+        # so TTFT stays upstream queueing + prefill, as on the streamed path.
+        now = self.clock()
+        predicted_ms = (answer.get("timings") or {}).get("predicted_ms")
+        decode_s = predicted_ms / 1000.0 if isinstance(predicted_ms, (int, float)) and predicted_ms > 0 else 0.0
+        self.stats.first_token_at = max(self.stats.dispatched_at, now - decode_s)
+        self.on_first_token()
+        self.stats.last_token_at = now
+        self.stats.finished = True
+        return raw
+
+    def _keep(self, line: str) -> bool:
+        """Record what the line says; False drops it (a usage chunk the client did not ask for)."""
+        if not line.startswith("data:"):
+            return True  # comments (pings), event:, id:
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            self.stats.finished = True
+            return True
+        self.stats.tokens += 1
+        if self.stats.first_token_at is None:
+            self.stats.first_token_at = self.clock()
+            self.on_first_token()
+        return self._inspect(payload)
+
+    def _inspect(self, payload: str) -> bool:
+        """Parse what matters; False drops the line (a usage chunk the client did not ask for)."""
+        # Most chunks are one token: parse only the ones that carry accounting or errors.
+        interesting = self.collect or '"usage"' in payload or '"timings"' in payload or '"error"' in payload or '"stop":true' in payload
+        if not interesting:
+            return True
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            return True
+        if not isinstance(chunk, dict):
+            return True
+        if "error" in chunk and isinstance(chunk["error"], dict):
+            self.error = chunk["error"]
+        self.stats.read_final(chunk)
+        if chunk.get("stop") is True:
+            self.stats.finished = True  # /completion ends without [DONE]
+        if self.collect:
+            self.chunks.append(chunk)
+        if not self.keep_usage_chunk and chunk.get("choices") == [] and "usage" in chunk:
+            return False
+        return True

@@ -1,0 +1,721 @@
+"""Admission: does a request run now, wait, or get refused? (pure core)
+
+No I/O and no clock: every method takes `now`. One `Admission` guards one
+backend: its ledger (what is in flight), its class queues (what waits) and
+the rules below. The async shell owns the timers; it calls `advance(now)` on
+every release, budget change or at `next_deadline()`.
+
+Terms (per class c):
+  reserved_c  tokens guaranteed to c: other classes never borrow them while c
+              leaves them unused.
+  limit_c     the most c may hold, reserved share plus borrowing.
+  held back   sum over the other classes c' of max(0, reserved_c' - in_flight_c').
+
+A request r of class c, tenant t fits when all of:
+  F1. in_flight + cost(r) <= budget - held back            (shared budget; E3 may raise it)
+  F2. in_flight_c + cost(r) <= limit_c                      (class limit)
+  F3. in_flight_t + cost(r) <= max_tokens_in_flight_t       (tenant quota, if set)
+  F4. prefilling + prompt(r) <= max_prefill_tokens          (prefill burst, if set;
+      a prompt may always start when nothing else is prefilling)
+  F5. a slot is free                                        (llama-server never defers)
+  F6. a long prompt (> prefill_yield_tokens) does not start while a request of a
+      higher-priority class waits or is still prefilling    (prefill yields, if set)
+While a higher-priority class waits for the shared budget (F1/F4), a lower
+class may only dispatch within its own reservation: its borrowing yields.
+
+Aging (no starvation, if `aging_s` is set): a waiter that has waited `aging_s`
+or longer is *aged*. Aged waiters are served before every other waiter, oldest
+first, whatever their class's priority, and never yield (F6, borrowing); while
+one of them waits for the shared budget, the prefill cap or a slot, no other
+class dispatches past its own reservation. An operator's budget (static mode, a
+retune while the controller is frozen) is never exceeded.
+
+An elastic budget (`budget_elastic()` true: the adaptive controller's, which is
+a congestion estimate and not a limit) stretches for aged work, so that the
+controller sitting at its floor cannot starve a class of large requests:
+  E1. with aging on, a request that the class can reach at the ceiling but not at
+      the current budget waits (instead of 429 token_budget_exceeded);
+  E2. an aged waiter's F1 is checked against max(budget, cost + the other classes'
+      reservations): the smallest budget at which it could run, never above the
+      ceiling. It starts once the others are back within their reservations (they
+      may not borrow while it waits), one such request at a time;
+  E3. while it runs, that stretched budget is F1's budget for everyone (`effective_budget`),
+      so the other classes keep their reservations beside it; it ends with its release.
+
+Deadlines that leave room for the first token (if the class has a
+`ttft_objective_ms` and an `expected_ttft` estimate is injected): a waiter whose
+arrival + objective - expected TTFT (were it dispatched now) has passed is
+refused (429 queue_timeout) instead of being admitted to miss; a newcomer that
+would have to wait and already cannot make it is refused at once.
+
+Never fits (refused at once, never queued): cost > the context one slot holds,
+cost > the largest share the class can reach at the ceiling (400), or cost >
+the tenant's whole quota (429 tenant_quota). Cost above what the class can reach
+at the current working budget is 429 token_budget_exceeded.
+
+Invariants (`check_invariants`): the ledger's L1-L4, the queues' Q1-Q4, and
+  A1. no request is both waiting and holding a reservation;
+  A2. busy slots (reservations held) <= slots;
+  A3. after `advance(now)`, the oldest aged waiter of an unpaused class that its own
+      tenant quota or class limit does not hold back does not fit (F1, F4, F5): aged
+      work never waits for a higher class, only for capacity (checked by `check_aged`;
+      with A2 and the reservations, the starvation guarantee);
+  A4. in_flight <= ceiling; an admission leaves in_flight above the budget only within a
+      stretch (E2, E3), and never above `effective_budget`.
+A refusal changes nothing; shrinking the budget revokes nothing already admitted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol
+
+from gate.core import ledger as ledger_mod
+from gate.core import queueing
+from gate.core.ledger import Ledger, Request, Reservation
+from gate.core.queueing import ClassQueue, Waiting
+from gate.core.reasons import Reason
+
+RETRY_MIN_S = 1.0
+RETRY_MAX_S = 120.0
+
+
+class ClassPolicy(Protocol):
+    """The fields of config.ClassConfig that admission reads."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def reserved_tokens(self) -> int: ...
+    @property
+    def limit_tokens(self) -> int | None: ...
+    @property
+    def queue_depth(self) -> int: ...
+    @property
+    def queue_timeout_s(self) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TenantPolicy:
+    weight: float = 1.0
+    max_tokens_in_flight: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """What the backend can physically hold."""
+
+    slots: int
+    slot_context: int  # tokens one request can occupy (per-slot n_ctx)
+    ceiling: int  # the most KV tokens in flight (pool size, or slots x slot_context)
+    max_prefill_tokens: int | None = None  # F4; None: the measured `prefill_cap_auto`; 0: no cap
+    prefill_yield_tokens: int | None = None  # F6: longer prompts yield to higher classes
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    request: Request
+    at: float
+
+    @property
+    def queued_s(self) -> float:
+        return self.at - self.request.arrival
+
+
+@dataclass(frozen=True, slots=True)
+class Queue:
+    request: Request
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    request: Request
+    reason: Reason
+    detail: str
+    retry_after_s: float | None = None
+
+    @property
+    def status(self) -> int:
+        return self.reason.status
+
+
+Decision = Admit | Queue | Refuse
+
+
+class Block(Enum):
+    """Why a request does not fit right now (F1-F5)."""
+
+    BUDGET = "budget"
+    CLASS_LIMIT = "class_limit"
+    TENANT = "tenant"
+    PREFILL = "prefill"
+    SLOTS = "slots"
+    YIELD = "yield"  # F6: a long prefill waits for a higher class
+
+
+_SHARED = (Block.BUDGET, Block.PREFILL)
+_AGED_WAITS = (Block.BUDGET, Block.PREFILL, Block.SLOTS)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What `advance` changed: requests dispatched and requests whose wait ran out."""
+
+    admitted: tuple[Admit, ...] = ()
+    expired: tuple[Refuse, ...] = ()
+
+
+@dataclass(slots=True)
+class _Class:
+    policy: ClassPolicy
+    queue: ClassQueue
+
+
+@dataclass(slots=True)
+class DrainRate:
+    """Reserved tokens released per second over a sliding window."""
+
+    window_s: float = 30.0
+    _events: deque[tuple[float, int]] = field(default_factory=deque)
+    _total: int = 0
+    _since: float | None = None
+
+    def record(self, now: float, tokens: int) -> None:
+        if self._since is None:
+            self._since = now
+        self._events.append((now, tokens))
+        self._total += tokens
+        self._trim(now)
+
+    def rate(self, now: float) -> float:
+        self._trim(now)
+        if self._since is None or not self._events:
+            return 0.0
+        span = min(self.window_s, now - self._since)
+        # A burst of releases at one instant says little: count at least one second.
+        return self._total / max(span, 1.0)
+
+    def _trim(self, now: float) -> None:
+        while self._events and self._events[0][0] < now - self.window_s:
+            self._total -= self._events.popleft()[1]
+
+
+def clamp_retry(seconds: float) -> float:
+    """Retry-After is always within [1, 120] s."""
+    if math.isnan(seconds):
+        return RETRY_MAX_S
+    return min(RETRY_MAX_S, max(RETRY_MIN_S, seconds))
+
+
+class Admission:
+    """The admission core for one backend."""
+
+    def __init__(
+        self,
+        classes: Iterable[ClassPolicy],
+        capacity: Capacity,
+        *,
+        budget: int | None = None,
+        tenant_policy: Callable[[str], TenantPolicy] = lambda _t: TenantPolicy(),
+        drain_window_s: float = 30.0,
+        aging_s: float | None = None,
+        expected_ttft: Callable[[Request, int], float | None] | None = None,
+        budget_elastic: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.capacity = capacity
+        # Is the working budget the adaptive controller's estimate (E1, E2), or an operator's limit?
+        self.budget_elastic = budget_elastic
+        self.aging_s = aging_s if aging_s else None
+        # (request, prompt tokens prefilling now) -> seconds to its first token if dispatched
+        # now, or None while unmeasured; the shell's measurement, injected to keep this pure.
+        self.expected_ttft = expected_ttft
+        # F4's cap when the capacity sets none (None there; 0 there means no cap): derived by
+        # the shell from the measured prefill rate and the TTFT objective.
+        self.prefill_cap_auto: int | None = None
+        self.budget = capacity.ceiling if budget is None else budget
+        self.ledger = Ledger()
+        # E3: request id -> the budget it was stretched to, while it holds its reservation.
+        self._stretched: dict[str, int] = {}
+        self.drain_rate = DrainRate(drain_window_s)
+        self._tenant_policy = tenant_policy
+        self._classes: dict[str, _Class] = {}
+        for policy in classes:
+            self._classes[policy.name] = _Class(
+                policy,
+                ClassQueue(
+                    policy.name,
+                    depth=policy.queue_depth,
+                    timeout_s=policy.queue_timeout_s,
+                    weight_of=lambda t: self._tenant_policy(t).weight,
+                ),
+            )
+        self._order = sorted(self._classes.values(), key=lambda c: -c.policy.priority)
+
+    # ---- reading -----------------------------------------------------------
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        return tuple(c.policy.name for c in self._order)
+
+    def policy(self, cls: str) -> ClassPolicy:
+        return self._classes[cls].policy
+
+    def queue(self, cls: str) -> ClassQueue:
+        return self._classes[cls].queue
+
+    def waiting(self) -> int:
+        return sum(len(c.queue) for c in self._order)
+
+    def next_deadline(self, now: float | None = None) -> float | None:
+        """The earliest moment a waiter times out, must start to meet its TTFT objective or ages
+        (for the shell's one timer). Aging moments count only after `now`: an aged waiter still
+        waiting waits for capacity, which a release announces, not a timer."""
+        deadlines = [d for c in self._order if (d := c.queue.next_deadline()) is not None]
+        deadlines.extend(start_by for _, start_by in self._start_bys())
+        if self.aging_s is not None and now is not None:  # the moment a waiter ages is a moment to dispatch
+            aging = self.aging_s
+            deadlines.extend(
+                w.enqueued_at + aging
+                for c in self._order
+                if not c.queue.paused
+                for w in c.queue
+                if w.enqueued_at + aging > now
+            )
+        return min(deadlines) if deadlines else None
+
+    def held_back(self, cls: str) -> int:
+        """Unused reservations of the classes other than `cls`."""
+        return sum(
+            max(0, c.policy.reserved_tokens - self.ledger.class_tokens(c.policy.name))
+            for c in self._order
+            if c.policy.name != cls
+        )
+
+    def _reserved_elsewhere(self, cls: str) -> int:
+        return sum(c.policy.reserved_tokens for c in self._order if c.policy.name != cls)
+
+    def class_reach(self, cls: str, budget: int) -> int:
+        """The most tokens `cls` could hold at `budget` with every other class idle."""
+        policy = self._classes[cls].policy
+        reach = budget - self._reserved_elsewhere(cls)
+        if policy.limit_tokens is not None:
+            reach = min(reach, policy.limit_tokens)
+        return reach
+
+    def _beyond_budget(self, request: Request) -> bool:
+        """Is `request` larger than its class can reach at the working budget (429, or E1)?"""
+        return request.cost > self.class_reach(request.cls, self.budget)
+
+    def _stretches(self) -> bool:
+        """E1/E2 apply: the budget is elastic and aged work exists to use the stretch."""
+        return self.aging_s is not None and self.budget_elastic()
+
+    @property
+    def effective_budget(self) -> int:
+        """The working budget, or the budget a running stretched request was given if larger (E3)."""
+        return max(self.budget, min(self.capacity.ceiling, max(self._stretched.values(), default=0)))
+
+    @property
+    def stretched_to(self) -> int | None:
+        """`effective_budget` while a stretch raises it above the working budget (E3), else None."""
+        effective = self.effective_budget
+        return effective if effective > self.budget else None
+
+    def working_budget(self, request: Request, *, aged: bool = False) -> int:
+        """F1's budget for `request`: the effective budget, stretched for an aged waiter (E2)."""
+        budget = self.effective_budget
+        if not (aged and self._stretches()):
+            return budget
+        need = request.cost + self._reserved_elsewhere(request.cls)
+        return max(budget, min(self.capacity.ceiling, need))
+
+    def blocker(self, request: Request, *, own_share_only: bool = False, aged: bool = False) -> Block | None:
+        """The first of F5, F1-F4, F6 that `request` fails now, or None if it fits.
+
+        `aged`: checked as an aged waiter (no yielding: F6 and borrowing do not apply).
+        """
+        led = self.ledger
+        policy = self._classes[request.cls].policy
+        cost = request.cost
+        if len(led) >= self.capacity.slots:
+            return Block.SLOTS
+        in_class = led.class_tokens(request.cls)
+        if led.in_flight + cost > self.working_budget(request, aged=aged) - self.held_back(request.cls):
+            return Block.BUDGET
+        if own_share_only and not aged and in_class + cost > policy.reserved_tokens:
+            return Block.BUDGET
+        if policy.limit_tokens is not None and in_class + cost > policy.limit_tokens:
+            return Block.CLASS_LIMIT
+        quota = self._tenant_policy(request.tenant).max_tokens_in_flight
+        if quota is not None and led.tenant_tokens(request.tenant) + cost > quota:
+            return Block.TENANT
+        cap = self.capacity.max_prefill_tokens
+        if cap is None:
+            cap = self.prefill_cap_auto
+        if cap and led.prefilling > 0 and led.prefilling + request.prompt_tokens > cap:
+            return Block.PREFILL
+        long_prompt = self.capacity.prefill_yield_tokens
+        if (
+            not aged
+            and long_prompt is not None
+            and request.prompt_tokens > long_prompt
+            and self._higher_busy(policy.priority)
+        ):
+            return Block.YIELD
+        return None
+
+    def _higher_busy(self, priority: int) -> bool:
+        """Does a higher-priority class wait (unpaused) or still prefill a prompt (F6)?"""
+        higher = {c.policy.name for c in self._order if c.policy.priority > priority}
+        if not higher:
+            return False
+        if any(self._classes[name].queue and not self._classes[name].queue.paused for name in higher):
+            return True
+        return any(res.prefilling and res.request.cls in higher for res in self.ledger)
+
+    def aged(self, item: Waiting, now: float) -> bool:
+        return self.aging_s is not None and now - item.enqueued_at >= self.aging_s
+
+    def _aged_waiting(self, now: float) -> bool:
+        if self.aging_s is None:
+            return False
+        for c in self._order:
+            oldest = c.queue.oldest_enqueued_at()
+            if oldest is not None and not c.queue.paused and now - oldest >= self.aging_s:
+                return True
+        return False
+
+    def _start_bys(self) -> Iterable[tuple[Waiting, float]]:
+        """(waiter, the latest moment it can be dispatched and still meet its class's TTFT
+        objective) for every waiter of a class with an objective, once TTFT is measured."""
+        if self.expected_ttft is None:
+            return
+        prefilling = self.ledger.prefilling
+        for c in self._order:
+            objective_ms = getattr(c.policy, "ttft_objective_ms", None)
+            if not objective_ms or c.queue.paused:
+                continue
+            for w in c.queue:
+                expected = self.expected_ttft(w.request, prefilling)
+                if expected is not None:
+                    yield w, w.request.arrival + objective_ms / 1000.0 - expected
+    def fits_now(self, request: Request) -> bool:
+        """Would `offer` admit `request` at once? Changes nothing (the fallback's look-ahead)."""
+        entry = self._classes.get(request.cls)
+        if entry is None or entry.queue.paused or entry.queue or self._never_fits(request) is not None:
+            return False
+        if self._beyond_budget(request):
+            return False
+        return self.blocker(request, own_share_only=self._yield_to_higher(entry)) is None
+
+    def waiting_on(self, cls: str) -> str:
+        """What keeps `cls`'s oldest waiter waiting right now, in at most 14 characters for the
+        console: "paused", "slots 4/4 busy", "token budget", "aging (budget)" (larger than the
+        controller's budget lets it be: it starts once aged, E1-E2), "class limit", "tenant quota",
+        "prefill limit", "priority" (a higher class waits for the shared budget); "" when none waits."""
+        queue = self._classes[cls].queue
+        head = queue.oldest()
+        if head is None:
+            return ""
+        if queue.paused:
+            return "paused"
+        block = self.blocker(head.request)
+        if block is Block.BUDGET and self._stretches() and self._beyond_budget(head.request):
+            return "aging (budget)"
+        if block is Block.SLOTS:
+            return f"slots {len(self.ledger)}/{self.capacity.slots} busy"
+        return {
+            Block.BUDGET: "token budget", Block.CLASS_LIMIT: "class limit", Block.TENANT: "tenant quota",
+            Block.PREFILL: "prefill limit", Block.YIELD: "prefill yields",
+        }.get(block, "priority")  # type: ignore[arg-type]
+
+    def retry_after(self, cls: str, cost: int, now: float, *, ahead: int | None = None) -> float:
+        """Seconds until the class queue has drained enough for `cost`, clamped to [1, 120]."""
+        queue = self._classes[cls].queue
+        tokens_ahead = queue.tokens if ahead is None else ahead
+        rate = self.drain_rate.rate(now)
+        if rate <= 0:
+            # Nothing has finished yet to measure: the class's own wait bound is the honest guess.
+            return clamp_retry(queue.timeout_s)
+        return clamp_retry((tokens_ahead + cost) / rate)
+
+    # ---- deciding ----------------------------------------------------------
+
+    def offer(self, request: Request, now: float) -> Decision:
+        """Admit, enqueue or refuse a new request; a refusal changes nothing."""
+        entry = self._classes.get(request.cls)
+        if entry is None:
+            raise KeyError(f"unknown class {request.cls!r}")
+        never = self._never_fits(request)
+        if never is not None:
+            return never
+        if entry.queue.paused:
+            return Refuse(
+                request,
+                Reason.CLASS_PAUSED,
+                f"class {request.cls!r} is paused by the operator",
+                self.retry_after(request.cls, request.cost, now),
+            )
+        if self._beyond_budget(request) and not self._stretches():
+            return Refuse(
+                request,
+                Reason.TOKEN_BUDGET_EXCEEDED,
+                f"request needs {request.cost} tokens; class {request.cls!r} can reach "
+                f"{self.class_reach(request.cls, self.budget)} at the current budget of {self.budget}",
+                self.retry_after(request.cls, request.cost, now),
+            )
+        # No overtaking: with requests of its class waiting, a newcomer waits behind them.
+        if not entry.queue and self.blocker(
+            request, own_share_only=self._yield_to_higher(entry) or self._aged_waiting(now)
+        ) is None:
+            self.ledger.reserve(request, now)
+            return Admit(request, now)
+        late = self._unreachable(entry, request, now)
+        if late is not None:
+            return late
+        if entry.queue.full:
+            return Refuse(
+                request,
+                Reason.QUEUE_FULL,
+                f"class {request.cls!r} queue is full ({entry.queue.depth} waiting)",
+                self.retry_after(request.cls, request.cost, now),
+            )
+        item = entry.queue.push(request, now)
+        assert item is not None
+        return Queue(request, item.deadline)
+
+    def advance(self, now: float) -> Step:
+        """Expire overdue waiters, serve aged waiters, then dispatch by priority and DRR
+        while requests fit."""
+        expired = tuple(self._expire(now))
+        admitted: list[Admit] = []
+        shared_blocked, slots_full = self._serve_aged(now, admitted)
+        if slots_full:
+            return Step(tuple(admitted), expired)
+        for entry in self._order:
+            queue = entry.queue
+            if queue.paused or not queue:
+                continue
+            exclude: set[str] = set()
+            while True:
+                item = queue.select(exclude)
+                if item is None:
+                    break
+                block = self.blocker(item.request, own_share_only=shared_blocked)
+                if block is None:
+                    queue.pop(item)
+                    self.ledger.reserve(item.request, now)
+                    admitted.append(Admit(item.request, now))
+                    continue
+                if block is Block.SLOTS:
+                    return Step(tuple(admitted), expired)
+                if block is Block.TENANT:
+                    exclude.add(item.request.tenant)
+                    continue
+                if block in _SHARED:
+                    shared_blocked = True
+                break
+        return Step(tuple(admitted), expired)
+
+    def _aged(self, now: float) -> list[Waiting]:
+        """Every aged waiter of an unpaused class, oldest first."""
+        if self.aging_s is None:
+            return []
+        aged = [w for c in self._order if not c.queue.paused for w in c.queue if self.aged(w, now)]
+        return sorted(aged, key=lambda w: (w.enqueued_at, w.request.id))
+
+    def _serve_aged(self, now: float, admitted: list[Admit]) -> tuple[bool, bool]:
+        """Dispatch aged waiters, oldest first, until the oldest one left needs shared
+        capacity (budget, prefill, a slot) that is not free; returns (an aged
+        waiter still waits for shared capacity, the slots are full). Waiters held by their own
+        tenant quota or class limit are passed over: nothing else would free those."""
+        skip: set[str] = set()
+        while True:
+            for w in self._aged(now):
+                if w.request.id in skip:
+                    continue
+                block = self.blocker(w.request, aged=True)
+                if block is None:
+                    stretch = self.working_budget(w.request, aged=True)
+                    if stretch > self.effective_budget:
+                        self._stretched[w.request.id] = stretch  # E3: held until its release
+                    self._classes[w.request.cls].queue.remove(w.request.id)
+                    self.ledger.reserve(w.request, now)
+                    admitted.append(Admit(w.request, now))
+                    break
+                if block in _AGED_WAITS:
+                    return True, block is Block.SLOTS
+                skip.add(w.request.id)
+            else:
+                return False, False
+
+    def cancel(self, request_id: str) -> Waiting | None:
+        """A waiting request's client went away: forget it (no reservation to release)."""
+        for entry in self._order:
+            item = entry.queue.remove(request_id)
+            if item is not None:
+                return item
+        return None
+
+    def first_token(self, request_id: str) -> bool:
+        return self.ledger.first_token(request_id)
+
+    def release(self, request_id: str, now: float) -> Reservation | None:
+        """Return a reservation's tokens exactly once; None if it was already released."""
+        res = self.ledger.release(request_id)
+        self._stretched.pop(request_id, None)
+        if res is not None:
+            self.drain_rate.record(now, res.cost)
+        return res
+
+    def drain(self, cls: str, now: float) -> list[Refuse]:
+        """Refuse everything waiting in `cls` (operator action)."""
+        queue = self._classes[cls].queue
+        return [
+            Refuse(
+                w.request,
+                Reason.DRAINED,
+                f"class {cls!r} queue was drained by the operator",
+                self.retry_after(cls, w.request.cost, now, ahead=0),
+            )
+            for w in queue.drain()
+        ]
+
+    # ---- steering ----------------------------------------------------------
+
+    def set_budget(self, tokens: int) -> None:
+        """Change the working budget; admitted work is never revoked, only new admissions wait."""
+        if tokens < 1:
+            raise ValueError(f"budget must be positive, got {tokens}")
+        self.budget = min(tokens, self.capacity.ceiling)
+
+    def set_capacity(self, capacity: Capacity) -> None:
+        self.capacity = capacity
+        self.budget = min(self.budget, capacity.ceiling)
+
+    def set_policy(self, policy: ClassPolicy) -> None:
+        """Replace a class's shares and queue bounds; waiters keep their deadlines.
+
+        A smaller depth refuses newcomers until the queue is below it; nothing
+        already waiting is dropped.
+        """
+        entry = self._classes[policy.name]
+        entry.policy = policy
+        entry.queue.depth = policy.queue_depth
+        entry.queue.timeout_s = policy.queue_timeout_s
+        self._order = sorted(self._classes.values(), key=lambda c: -c.policy.priority)
+
+    def paused(self, cls: str) -> bool:
+        return self._classes[cls].queue.paused
+
+    def pause(self, cls: str) -> None:
+        self._classes[cls].queue.paused = True
+
+    def resume(self, cls: str) -> None:
+        self._classes[cls].queue.paused = False
+
+    # ---- internals ---------------------------------------------------------
+
+    def _never_fits(self, request: Request) -> Refuse | None:
+        cost = request.cost
+        if cost > self.capacity.slot_context:
+            return Refuse(
+                request,
+                Reason.CONTEXT_LENGTH_EXCEEDED,
+                f"prompt ({request.prompt_tokens}) + max_tokens ({request.max_tokens}) = {cost} "
+                f"tokens exceeds the {self.capacity.slot_context}-token context of a slot",
+            )
+        reach = self.class_reach(request.cls, self.capacity.ceiling)
+        if cost > reach:
+            return Refuse(
+                request,
+                Reason.CONTEXT_LENGTH_EXCEEDED,
+                f"request needs {cost} tokens; class {request.cls!r} can never hold more than {reach}",
+            )
+        quota = self._tenant_policy(request.tenant).max_tokens_in_flight
+        if quota is not None and cost > quota:
+            return Refuse(
+                request,
+                Reason.TENANT_QUOTA,
+                f"request needs {cost} tokens; tenant {request.tenant!r} may hold at most {quota}",
+            )
+        return None
+
+    def _yield_to_higher(self, entry: _Class) -> bool:
+        """Does a higher-priority class wait for the shared budget (so `entry` may not borrow)?"""
+        for other in self._order:
+            if other is entry:
+                return False
+            if other.queue.paused or not other.queue:
+                continue
+            item = other.queue.select()
+            if item is not None and self.blocker(item.request) in _SHARED:
+                return True
+        return False
+
+    def _unreachable(self, entry: _Class, request: Request, now: float) -> Refuse | None:
+        """A newcomer that must wait and already cannot meet its class's TTFT objective."""
+        objective_ms = getattr(entry.policy, "ttft_objective_ms", None)
+        if not objective_ms or self.expected_ttft is None:
+            return None
+        expected = self.expected_ttft(request, self.ledger.prefilling)
+        if expected is None or request.arrival + objective_ms / 1000.0 - expected > now:
+            return None
+        return Refuse(
+            request,
+            Reason.QUEUE_TIMEOUT,
+            f"class {request.cls!r} cannot start now and its first token is expected "
+            f"{expected * 1000:.0f} ms after dispatch: it would miss the {objective_ms:g} ms "
+            "time-to-first-token objective",
+            self.retry_after(request.cls, request.cost, now),
+        )
+
+    def _expire(self, now: float) -> Iterable[Refuse]:
+        late = [(w, start_by) for w, start_by in self._start_bys() if start_by <= now]
+        for w, _ in late:
+            cls = w.request.cls
+            self._classes[cls].queue.remove(w.request.id)
+            objective_ms = self._classes[cls].policy.ttft_objective_ms  # type: ignore[attr-defined]
+            yield Refuse(
+                w.request,
+                Reason.QUEUE_TIMEOUT,
+                f"waited {now - w.enqueued_at:.2f}s in class {cls!r}; dispatched now, it would miss "
+                f"the class's {objective_ms:g} ms time-to-first-token objective",
+                self.retry_after(cls, w.request.cost, now),
+            )
+        for entry in self._order:
+            for w in entry.queue.expire(now):
+                yield Refuse(
+                    w.request,
+                    Reason.QUEUE_TIMEOUT,
+                    f"waited {now - w.enqueued_at:.1f}s in class {entry.policy.name!r}, "
+                    f"its limit is {entry.queue.timeout_s:g}s",
+                    self.retry_after(entry.policy.name, w.request.cost, now),
+                )
+
+
+def check_invariants(adm: Admission) -> None:
+    """Raise AssertionError if any of L1-L4, Q1-Q4, A1-A2 does not hold."""
+    ledger_mod.check_invariants(adm.ledger)
+    for cls in adm.class_names:
+        queueing.check_invariants(adm.queue(cls))
+        for w in adm.queue(cls):
+            assert w.request.id not in adm.ledger, "A1 waiting and reserved"
+    assert len(adm.ledger) <= adm.capacity.slots, "A2 slots"
+    assert all(rid in adm.ledger for rid in adm._stretched), "E3 a stretch outlived its reservation"
+
+
+def check_aged(adm: Admission, now: float) -> None:
+    """A3, right after `advance(now)`: no aged waiter of an unpaused class fits."""
+    for w in adm._aged(now):
+        block = adm.blocker(w.request, aged=True)
+        assert block is not None, f"A3 aged waiter {w.request.id} left waiting though it fits"
+        if block in _AGED_WAITS:
+            return  # the oldest aged waiter is held by shared capacity: nothing younger may pass it"

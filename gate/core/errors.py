@@ -1,0 +1,101 @@
+"""The gate's one error type and its one renderer.
+
+Like Starlette's `HTTPException(status_code, detail)`: whatever refuses or fails
+a request (intake, tenants, the gatekeeper, rate limits, the upstream relay,
+the client guard) raises a `GateError`; `render` turns it into the OpenAI-shaped
+body and headers, for the admitted path (proxy.py) and every other route
+(server.py) alike.
+
+Messages go to clients: they never carry a backend's address or a secret (the
+log and the journal keep the details).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import TYPE_CHECKING
+
+from gate.core.reasons import Outcome, Reason
+
+if TYPE_CHECKING:
+    from gate.http.tenants import Caller
+
+# The `type` OpenAI clients branch on, per status.
+_TYPES: dict[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    408: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "unavailable_error",
+}
+
+
+class GateError(Exception):
+    """A request the gate refuses or could not complete.
+
+    `status` overrides the reason's own status (a backend's 4xx relayed as is);
+    `body` is the backend's own error body, relayed verbatim when present.
+    """
+
+    def __init__(
+        self,
+        reason: Reason,
+        message: str,
+        param: str | None = None,
+        retry_after_s: float | None = None,
+        *,
+        status: int | None = None,
+        body: bytes | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.param = param
+        self.retry_after_s = retry_after_s
+        self.status = status if status is not None else reason.status
+        self.body = body
+        #: who asked (a `gate.tenants.Caller`), when known before the request was refused: the
+        #: journal and the console then name its tenant and class
+        self.caller: Caller | None = None
+
+    @property
+    def outcome(self) -> Outcome:
+        if self.reason is Reason.UPSTREAM_ERROR and self.status < 500:
+            return "refused"  # the backend refused it (say, its own context check): nothing failed
+        return self.reason.outcome
+
+    def __repr__(self) -> str:
+        return f"GateError({self.reason.value!r}, {self.message!r}, param={self.param!r})"
+
+
+def error_object(err: GateError) -> dict[str, object]:
+    """`{"error": {"message", "type", "code", "param"}}`, plus `retry_after_s` where waiting helps."""
+    body: dict[str, object] = {
+        "error": {
+            "message": err.message,
+            "type": _TYPES.get(err.status, "invalid_request_error" if err.status < 500 else "server_error"),
+            "code": err.reason.value,
+            "param": err.param,
+        }
+    }
+    if err.retry_after_s is not None:
+        body["retry_after_s"] = err.retry_after_s
+    return body
+
+
+def render(err: GateError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """Status, headers (content type, Retry-After, connection) and body of the error response."""
+    headers = [(b"content-type", b"application/json")]
+    if err.retry_after_s is not None:
+        headers.append((b"retry-after", str(max(1, math.ceil(err.retry_after_s))).encode()))
+        headers.append((b"retry-after-ms", str(max(1, int(err.retry_after_s * 1000))).encode()))
+    if err.reason in (Reason.BODY_TOO_LARGE, Reason.CLIENT_STALLED):
+        # The unread rest of the body must not be read (and parsed) as the next request.
+        headers.append((b"connection", b"close"))
+    body = err.body if err.body is not None else json.dumps(error_object(err)).encode()
+    return err.status, headers, body

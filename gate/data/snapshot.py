@@ -1,0 +1,223 @@
+"""GateSnapshot: one immutable picture of the gate per tick, all the console reads.
+
+Widgets render snapshots and never reach into gate internals; building one is
+cheap (no I/O) and happens on the gate's loop. A snapshot is plain data: over
+the control socket it travels as JSON (`gate.wire`), versioned by
+SNAPSHOT_VERSION, and the same console renders it whichever way it came.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from gate.data.records import AuditRecord, DecisionRecord
+
+SNAPSHOT_VERSION = 1
+GIB = 1024**3
+
+Label = Literal["LIVE", "SIMULATED", "REVIEW"]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    pid: int
+    used_bytes: int | None  # None: NVML does not know (e.g. WDDM, or not permitted)
+    name: str = ""  # when the gate knows what it is (the demo's simulated llama-server)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDevice:
+    index: int
+    name: str
+    used_bytes: int
+    total_bytes: int
+    reserved_bytes: int | None  # memory info v2 only (driver-reserved); None with v1
+    utilization_pct: int | None  # None: not supported on this device
+    processes: tuple[GpuProcess, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    devices: tuple[GpuDevice, ...]
+    unavailable: str | None  # why there are no numbers; when set, devices == ()
+
+    @classmethod
+    def failed(cls, reason: str) -> "GpuReading":
+        return cls(devices=(), unavailable=reason)
+
+
+@dataclass(frozen=True, slots=True)
+class SlotView:
+    id: int
+    n_ctx: int
+    processing: bool
+    n_prompt_tokens: int | None
+    n_decoded: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class BackendView:
+    name: str
+    url: str
+    state: str  # ready | loading | down
+    detail: str
+    kv: str
+    slots_busy: int  # reservations the gate holds (one per slot)
+    slots_total: int | None
+    slot_context: int | None
+    ceiling: int | None
+    budget: int | None
+    in_flight: int
+    prefilling: int
+    queued: int
+    slots: tuple[SlotView, ...] | None  # llama-server's own /slots, when polled
+    decode_tps: float | None
+    requests_deferred: int | None  # llama-server's own queue: must stay 0
+    kv_bytes_per_token: int | None = None
+    prefill_tok_s: float | None = None  # measured prompt tokens/s (None until measured)
+    prefill_cap: int | None = None  # prompt tokens that may prefill at once (None: no cap)
+    prefill_cap_auto: bool = False  # the cap is automatic (from measurements; None until measured), not configured
+    # The budget an aged request was let in at, above the controller's, while it runs (E3); None: none.
+    stretched_to: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelView:
+    """One model of a llama-server in router mode (its capacity unit is `unit` in `backends`)."""
+
+    backend: str  # the router backend's name
+    name: str
+    unit: str  # "backend/model": its BackendView and telemetry name
+    status: str  # unknown | unloaded | loading | loaded | sleeping | evicting | failed | missing
+    detail: str
+    pinned: bool
+    slots_busy: int  # requests in flight (one slot each)
+    slots_total: int | None  # while loaded
+    slot_context: int | None
+    in_flight: int  # tokens
+    queued: int
+    last_load_s: float | None
+    loads: int
+    evictions: int
+    failures: int
+    idle_s: float | None  # None while requests are in flight
+    models_max: int  # the router's --models-max (0: no limit)
+    requests_deferred: int | None = None  # llama-server's own queue for this model: must stay 0
+
+
+@dataclass(frozen=True, slots=True)
+class ClassView:
+    name: str
+    priority: int
+    paused: bool
+    reserved_tokens: int
+    limit_tokens: int | None
+    queue_depth: int
+    queue_timeout_s: float
+    default_max_tokens: int
+    max_tokens_cap: int
+    in_flight: int
+    queued: int
+    oldest_wait_s: float | None
+    admitted_per_min: int
+    refused_per_min: int
+    p95_ttft_ms: float | None
+    p95_queue_ms: float | None = None  # time in the gate's queue, last minute, every outcome
+    waiting_on: str = ""  # what keeps its oldest waiter waiting now ("slots 4/4 busy", "paused", ...)
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerView:
+    mode: str  # adaptive | static
+    frozen: bool
+    budget: int | None  # summed over backends
+    min_tokens: int
+    ceiling: int | None
+    p95_ttft_ms: float | None
+    p95_tpot_ms: float | None
+    slo_ttft_ms: float
+    slo_tpot_ms: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class DenialView:
+    reason: str
+    cls: str
+    last_1m: int
+    last_5m: int
+    last_15m: int
+
+
+@dataclass(frozen=True, slots=True)
+class JournalView:
+    ok: bool
+    path: str
+    written: int
+    dropped: int
+    pending: int
+    last_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class GateSnapshot:
+    ts: float  # wall clock
+    label: Label
+    listen: str
+    operator: str
+    backends: tuple[BackendView, ...]
+    classes: tuple[ClassView, ...]
+    controller: ControllerView
+    gpu: GpuReading | None
+    denials: tuple[DenialView, ...]
+    decisions: tuple[DecisionRecord, ...]  # newest last; only those after the asked-for sequence number
+    audit: tuple[AuditRecord, ...]  # newest last
+    journal: JournalView | None
+    reaped: int
+    shutting_down: bool
+    gate_id: str = ""
+    decisions_seq: int = 0  # decisions finished since the gate started: ask for those after it next time
+    requests_in_flight: int = 0  # holding a reservation or waiting in a queue
+    drain_grace_s: float = 0.0  # how long a stop lets in-flight requests finish
+    #: tenant limits shared through Redis: off | ok | fail_open | fail_closed (the policy applies)
+    shared: str = "off"
+    models: tuple[ModelView, ...] = ()  # router mode only: every configured model
+
+    @property
+    def budget(self) -> int | None:
+        return self.controller.budget
+
+    @property
+    def in_flight(self) -> int:
+        return sum(b.in_flight for b in self.backends)
+
+    @property
+    def queued(self) -> int:
+        return sum(c.queued for c in self.classes)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.1f}"
+
+
+def format_reading(reading: GpuReading, labels: Mapping[int, str] | None = None) -> list[str]:
+    """Console lines: ``"n/a: <reason>"`` or one line per device, e.g.
+    ``"GPU0 NVIDIA H200  61.2/139.8 GiB  44%"``.
+
+    ``labels`` maps PIDs to names (e.g. the llama-server processes); each
+    matching compute process gets an indented line with its own memory.
+    """
+    if reading.unavailable is not None:
+        return [f"n/a: {reading.unavailable}"]
+    lines: list[str] = []
+    for dev in reading.devices:
+        util = "n/a" if dev.utilization_pct is None else f"{dev.utilization_pct}%"
+        lines.append(f"GPU{dev.index} {dev.name}  {_gib(dev.used_bytes)}/{_gib(dev.total_bytes)} GiB  {util}")
+        for proc in dev.processes:
+            label = labels.get(proc.pid) if labels else None
+            label = label or proc.name
+            if label:
+                used = "n/a" if proc.used_bytes is None else f"{_gib(proc.used_bytes)} GiB"
+                lines.append(f"  {label} (pid {proc.pid})  {used}")
+    return lines

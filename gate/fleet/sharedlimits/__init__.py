@@ -1,0 +1,12 @@
+"""Tenant limits shared across gates through Redis (``[shared]``; README "Running a fleet").
+
+- ``health``: PURE: is Redis usable for admission, the failure policy, fail_open's 1/N.
+- ``scripts``: the Lua scripts Redis runs (reserve, release, renew) and the key layout.
+- ``client``: ``SharedLimits``, the I/O shell: the Redis pool, the wait bound, the leases
+  and their renewal task. Imports ``redis``: the service imports it only when
+  ``[shared] redis_url`` is set.
+"""
+
+from gate.fleet.sharedlimits.health import Flip, SharedHealth, SharedState, local_share
+
+__all__ = ["Flip", "SharedHealth", "SharedState", "local_share"]

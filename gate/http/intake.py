@@ -1,0 +1,356 @@
+"""Request intake: raw body + headers -> a validated :class:`Intake`, or a :class:`GateError`.
+
+Pure: no I/O, no HTTP framework. The HTTP layer hands over the path, the body bytes (already
+limited to ``gate.max_body_bytes`` by :mod:`gate.guard`), the headers and the client's address;
+it renders a :class:`GateError` with :func:`gate.errors.render`.
+
+Order of checks (the first failure is the answer):
+
+1. With tenants configured: authentication (401 ``invalid_api_key``), then the class (400 for an
+   unknown class, 403 ``class_not_allowed``). These come before anything in the body, so a
+   caller without a valid key learns nothing about what the gate would accept.
+2. The headers the gate forwards: printable ASCII only (httpx, like any HTTP/1.1 client,
+   cannot send anything else), 400 ``invalid_request`` naming the header.
+3. The body (:mod:`gate.jsonbody`): UTF-8, JSON llama-server can read back (no NaN/Infinity or
+   overflowing numbers, no duplicate keys, no lone surrogates, nesting at most
+   :data:`MAX_JSON_DEPTH`), a JSON object. All 400 ``invalid_request``.
+4. Open mode (no tenants): the caller, from the ``user`` field or the client address, and the
+   class (400 for an unknown class). The body is parsed first because ``user`` is in it.
+5. Fields, each 400 ``invalid_request`` with ``param`` naming it: ``model``, ``user``,
+   ``stream``, ``stream_options``, ``n``/``n_cmpl``, then ``messages`` (chat) or ``prompt``,
+   then the max-tokens fields.
+
+A JSON ``null`` counts as absent for every optional field, as in llama-server (which skips null
+values) and the OpenAI API (which declares these fields nullable).
+
+Max tokens. llama-server (tools/server/server-schema.cpp at the pinned commit 0c1e570) reads
+the generation limit on EVERY endpoint from ``n_predict``, else ``max_completion_tokens``, else
+``max_tokens``. So the gate reads all three on every endpoint, whatever the endpoint's own name
+for it: each one present must be an integer in [1, class cap], and when several are present they
+must agree; otherwise a client could send a small ``max_tokens`` for the gate and an unbounded
+``n_predict`` for llama-server. When none is present, the class's ``default_max_tokens`` is
+injected into the forwarded body as ``max_tokens`` (``n_predict`` for ``/completion``).
+
+One completion per request: the gate reserves for one, so ``n`` (and llama's ``n_cmpl``) other
+than 1 is refused, and so is a ``prompt`` list of several strings (llama-server runs one
+completion per prompt in such a list).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from gate.config import ClassConfig, Config
+from gate.core.errors import GateError
+from gate.http.jsonbody import MAX_JSON_DEPTH, decode_body, describe
+from gate.core.reasons import Reason
+
+if TYPE_CHECKING:
+    from gate.http.tenants import Caller, TenantDirectory
+
+__all__ = [
+    "ENDPOINTS",
+    "Intake",
+    "Kind",
+    "MAX_JSON_DEPTH",
+    "MESSAGE_ROLES",
+    "build_intake",
+    "check_headers",
+    "decode_body",
+    "parse_request",
+]
+
+Kind = Literal["chat", "completions", "completion"]
+
+ENDPOINTS: dict[str, Kind] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/completion": "completion",
+}
+
+MESSAGE_ROLES = ("system", "user", "assistant", "tool", "developer")
+
+# llama-server's names for the generation limit, in the order it reads them.
+MAX_TOKENS_FIELDS = ("n_predict", "max_completion_tokens", "max_tokens")
+COUNT_FIELDS = ("n", "n_cmpl")
+
+_TOKEN_ID_MAX = 2**31 - 1  # llama_token is int32
+
+# Header values as decoded by the server (latin-1): visible ASCII, space and tab only.
+_UNSENDABLE = re.compile(r"[^\x20-\x7e\t]")
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}")
+
+@dataclass(frozen=True, slots=True)
+class Intake:
+    """A validated request, ready for counting and admission.
+
+    ``body`` is the JSON to forward: a new dict with the client's fields, plus the injected
+    limit when the client gave none (``max_tokens_injected``). ``max_tokens`` is the limit
+    llama-server will apply. ``include_usage`` is the client's ``stream_options.include_usage``.
+    """
+
+    kind: Kind
+    path: str
+    body: dict[str, Any]
+    model: str | None
+    stream: bool
+    max_tokens: int
+    max_tokens_injected: bool
+    caller: Caller
+    include_usage: bool
+
+
+# --------------------------------------------------------------------------------------------
+# Entry points
+
+
+def check_headers(headers: Mapping[str, str]) -> None:
+    """400 for a header value the gate could not forward (non-ASCII or control bytes)."""
+    for name, value in headers.items():
+        if _UNSENDABLE.search(value):
+            shown = name if _TOKEN.fullmatch(name) else "with an invalid name"
+            raise GateError(
+                Reason.INVALID_REQUEST,
+                f"header {shown} holds bytes outside printable ASCII; the gate cannot forward it",
+                name if _TOKEN.fullmatch(name) else None,
+            )
+
+
+def parse_request(
+    path: str,
+    raw: bytes,
+    headers: Mapping[str, str],
+    client_host: str | None,
+    config: Config,
+    tenants: TenantDirectory,
+    caller: Caller | None = None,
+) -> Intake:
+    """Validate one request to an admitted endpoint (see the module docstring for the order).
+
+    ``path`` must be a key of :data:`ENDPOINTS` (anything else is the caller's bug:
+    ``ValueError``). ``caller``: the tenant already identified (the HTTP layer does it
+    before reading the body, so an anonymous caller costs no body read). Raises
+    :class:`GateError` for anything the client got wrong.
+    """
+    kind = ENDPOINTS.get(path)
+    if kind is None:
+        raise ValueError(f"not an admitted endpoint: {path!r}")
+    if caller is None and not tenants.open:
+        caller = tenants.identify(headers, client_host, None)
+    try:
+        check_headers(headers)
+        body = decode_body(raw)
+        if caller is None:
+            user = body.get("user")
+            caller = tenants.identify(headers, client_host, user if isinstance(user, str) else None)
+        return build_intake(kind, path, body, caller, config)
+    except GateError as exc:
+        exc.caller = caller  # the request was wrong, but who asked (and in which class) is known
+        raise
+
+
+def build_intake(
+    kind: Kind, path: str, body: Mapping[str, Any], caller: Caller, config: Config
+) -> Intake:
+    """Validate the fields of a parsed body for ``caller``; never mutates ``body``."""
+    cls = config.class_by_name(caller.cls)
+    model = _optional(body, "model", str, "a string")
+    _optional(body, "user", str, "a string")
+    stream = _optional(body, "stream", bool, "a boolean (true or false)") or False
+    include_usage = _stream_options(body, stream)
+    for name in COUNT_FIELDS:
+        _check_count(body, name)
+    if kind == "chat":
+        _check_messages(body)
+    else:
+        _check_prompt(body)
+    given = _given_max_tokens(body, cls)
+
+    forwarded = dict(body)
+    if given is None:
+        max_tokens = cls.default_max_tokens
+        forwarded["n_predict" if kind == "completion" else "max_tokens"] = max_tokens
+    else:
+        max_tokens = given
+    return Intake(
+        kind=kind,
+        path=path,
+        body=forwarded,
+        model=model,
+        stream=stream,
+        max_tokens=max_tokens,
+        max_tokens_injected=given is None,
+        caller=caller,
+        include_usage=include_usage,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _invalid(param: str, problem: str) -> GateError:
+    return GateError(Reason.INVALID_REQUEST, f"'{param}' {problem}", param)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# --------------------------------------------------------------------------------------------
+# Field checks
+
+
+def _optional(body: Mapping[str, Any], name: str, typ: type, what: str) -> Any:
+    value = body.get(name)
+    if value is not None and not isinstance(value, typ):
+        raise _invalid(name, f"must be {what}, got {describe(value)}")
+    return value
+
+
+def _stream_options(body: Mapping[str, Any], stream: bool) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not stream:
+        raise _invalid("stream_options", "is only allowed when 'stream' is true")
+    if not isinstance(options, dict):
+        raise _invalid("stream_options", f"must be an object, got {describe(options)}")
+    usage = options.get("include_usage")
+    if usage is not None and not isinstance(usage, bool):
+        raise _invalid(
+            "stream_options.include_usage", f"must be a boolean (true or false), got {describe(usage)}"
+        )
+    return bool(usage)
+
+
+def _check_count(body: Mapping[str, Any], name: str) -> None:
+    value = body.get(name)
+    if value is None:
+        return
+    if not _is_int(value):
+        raise _invalid(name, f"must be an integer, got {describe(value)}")
+    if value != 1:
+        raise _invalid(
+            name, f"must be 1: the gate admits one completion per request, got {describe(value)}"
+        )
+
+
+def _check_messages(body: Mapping[str, Any]) -> None:
+    messages = body.get("messages")
+    if messages is None:
+        raise _invalid("messages", "is required")
+    if not isinstance(messages, list):
+        raise _invalid("messages", f"must be an array of message objects, got {describe(messages)}")
+    if not messages:
+        raise _invalid("messages", "must not be empty")
+    roles = ", ".join(MESSAGE_ROLES)
+    for i, msg in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise _invalid(where, f"must be a message object, got {describe(msg)}")
+        role = msg.get("role")
+        if role is None:
+            raise _invalid(f"{where}.role", f"is required (one of {roles})")
+        if not isinstance(role, str):
+            raise _invalid(f"{where}.role", f"must be a string (one of {roles}), got {describe(role)}")
+        if role not in MESSAGE_ROLES:
+            raise _invalid(f"{where}.role", f"must be one of {roles}, got {describe(role)}")
+        content = msg.get("content")
+        if isinstance(content, str):
+            continue
+        if content is None:
+            calls = msg.get("tool_calls") is not None or msg.get("function_call") is not None
+            if role == "assistant" and calls:
+                continue
+            if role == "assistant":
+                raise _invalid(
+                    f"{where}.content",
+                    "is required unless the assistant message has tool_calls",
+                )
+            raise _invalid(f"{where}.content", f"is required for a {role} message")
+        if not isinstance(content, list):
+            raise _invalid(
+                f"{where}.content",
+                f"must be a string or an array of content parts, got {describe(content)}",
+            )
+        for j, part in enumerate(content):
+            pwhere = f"{where}.content[{j}]"
+            if not isinstance(part, dict):
+                raise _invalid(pwhere, f"must be a content part object, got {describe(part)}")
+            ptype = part.get("type")
+            if ptype is None:
+                raise _invalid(f"{pwhere}.type", "is required (a string such as \"text\")")
+            if not isinstance(ptype, str):
+                raise _invalid(f"{pwhere}.type", f"must be a string, got {describe(ptype)}")
+            if ptype == "text" and not isinstance(part.get("text"), str):
+                raise _invalid(
+                    f"{pwhere}.text",
+                    f"must be a string in a text part, got {describe(part.get('text'))}",
+                )
+
+
+def _check_prompt(body: Mapping[str, Any]) -> None:
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise _invalid("prompt", "is required")
+    if isinstance(prompt, str):
+        return
+    shapes = "a string, an array of token ids, or an array of one string"
+    if not isinstance(prompt, list):
+        raise _invalid("prompt", f"must be {shapes}, got {describe(prompt)}")
+    if not prompt:
+        raise _invalid("prompt", "must not be an empty array")
+    if all(_is_int(t) for t in prompt):
+        for k, t in enumerate(prompt):
+            if not 0 <= t <= _TOKEN_ID_MAX:
+                raise _invalid(
+                    f"prompt[{k}]", f"must be a token id (0 to {_TOKEN_ID_MAX}), got {t}"
+                )
+        return
+    if all(isinstance(p, str) for p in prompt):
+        if len(prompt) == 1:
+            return
+        raise _invalid(
+            "prompt",
+            f"must hold one prompt: the gate admits one completion per request, got {len(prompt)}",
+        )
+    for k, p in enumerate(prompt):
+        if not (isinstance(p, str) or _is_int(p)):
+            raise _invalid(f"prompt[{k}]", f"must be a string or a token id, got {describe(p)}")
+    raise _invalid("prompt", f"must be {shapes}, not a mix of strings and token ids")
+
+
+def _given_max_tokens(body: Mapping[str, Any], cls: ClassConfig) -> int | None:
+    """The generation limit the client set (validated), or None when it set none."""
+    cap = cls.max_tokens_cap
+    limit = f"1 to {cap}, the cap of class {cls.name!r}"
+    chosen: tuple[str, int] | None = None
+    for name in MAX_TOKENS_FIELDS:
+        value = body.get(name)
+        if value is None:
+            continue
+        if not _is_int(value):
+            raise _invalid(name, f"must be an integer ({limit}), got {describe(value)}")
+        if value == -1:  # llama-server reads -1 as "until the context is full"
+            raise _invalid(
+                name, f"-1 (unlimited) is not accepted: the gate needs a bound ({limit})"
+            )
+        if value < 1:
+            raise _invalid(name, f"must be at least 1 ({limit}), got {value}")
+        if value > cap:
+            raise _invalid(
+                name, f"must be at most {cap} (the cap of class {cls.name!r}), got {describe(value)}"
+            )
+        if chosen is not None and value != chosen[1]:
+            raise _invalid(
+                name,
+                f"is {value} but '{chosen[0]}' is {chosen[1]}: both set the generation limit, "
+                "send one (or the same value)",
+            )
+        if chosen is None:
+            chosen = (name, value)
+    return None if chosen is None else chosen[1]

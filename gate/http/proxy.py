@@ -1,0 +1,565 @@
+"""The admitted request path: intake, count, admit or wait, relay, release, record.
+
+A raw ASGI endpoint rather than a Starlette Response, because one task must own
+the whole life of a request: it watches for the client leaving while the
+request waits in a queue, while llama-server prefills and while tokens stream,
+and its `finally` releases the reservation exactly once and writes the record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import re
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from starlette.datastructures import Headers
+from starlette.types import Receive, Scope, Send
+
+from gate.http.assembly import assemble, plain_body, stream_loses
+from gate.backend.pool import Backend
+from gate.http.clientguard import BodyReader, abort, send_within
+from gate.core.errors import GateError, error_object, render
+from gate.backend.gatekeeper import Ticket
+from gate.http.intake import Intake, parse_request
+from gate.core.ledger import Request
+from gate.core.reasons import CLIENT_DISCONNECT, SERVER_CANCELLED, Reason
+from gate.data.records import DecisionRecord, Outcome
+from gate.http.requestids import HeaderNames, RequestIds
+from gate.http.routing import REROUTABLE, count_tokens, fallback_chain, fits_now, routed_name, serving
+from gate.core.shedding import Deadline, next_deadline
+from gate.backend.tokens import TokenCount
+from gate.backend.upstream import RelayStats, SseRelay, forward_headers, upstream_body
+
+if TYPE_CHECKING:
+    from gate.service import GateService
+    from gate.http.tenants import Caller
+
+_REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+CLIENT_CLOSED = 499  # nginx's convention for "client closed the request"
+
+
+class ClientGone(Exception):
+    """The client disconnected before the answer was complete."""
+
+
+class AdmittedEndpoint:
+    """ASGI app for /v1/chat/completions, /v1/completions and /completion."""
+
+    def __init__(self, gate: GateService) -> None:
+        self.gate = gate
+        self.new_id = RequestIds()
+        self.header_name = HeaderNames()
+
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        # Returns the flow's coroutine rather than awaiting it: one coroutine frame
+        # less for each of the thousands of requests a queue may hold.
+        return _Flow(self.gate, scope, receive, send, self.new_id, self.header_name).run()
+
+
+class _Flow:
+    """One request's journey; every exit path goes through `conclude` exactly once."""
+
+    # Thousands may wait in a queue at once: no per-request __dict__.
+    __slots__ = (
+        "gate", "scope", "receive", "send", "headers", "request_id", "t0", "wall0", "intake", "backend",
+        "count", "ticket", "stats", "rate_charged", "started", "concluded", "committed", "budget_at",
+        "in_flight_at", "_task", "_cut", "_watchdog", "_counted", "_decoding", "_plain", "shared_lease",
+        "shared_done", "model_name", "rerouted_from", "caller",
+    )
+
+    def __init__(
+        self, gate: GateService, scope: Scope, receive: Receive, send: Send,
+        new_id: Callable[[], str], header_name: Callable[[bytes], str],
+    ) -> None:
+        self.gate = gate
+        self.scope = scope
+        limits = gate.config.gate
+        self.receive = BodyReader(receive, scope["headers"], limits.max_body_bytes, limits.body_timeout_s)
+        self.send = send
+        self.headers = {header_name(k): v.decode("latin-1") for k, v in scope["headers"]}
+        given = self.headers.get("x-request-id", "")
+        self.request_id = given if _REQUEST_ID_RE.fullmatch(given) else new_id()
+        self.t0 = gate.clock()
+        self.wall0 = time.time()
+        self.intake: Intake | None = None
+        self.backend: Backend | None = None
+        self.count: TokenCount | None = None
+        self.ticket: Ticket | None = None
+        self.stats: RelayStats | None = None
+        self.rate_charged = 0
+        self.shared_lease: Any = None  # the tenant's reservation across gates ([shared]), if any
+        self.shared_done: asyncio.Future[bool] | None = None  # its release, once in Redis
+        self.started = False  # response headers sent
+        self.concluded = False
+        self.committed: asyncio.Future[bool] | None = None  # the decision row's commit
+        self.budget_at: int | None = None
+        self.in_flight_at: int | None = None
+        self._task: asyncio.Task[Any] | None = None  # this request's task, while `_race` runs its work
+        self._cut: Exception | None = None  # why `_race` cancelled the work: ClientGone, or a shed
+        self._watchdog: asyncio.TimerHandle | None = None  # the next progress check while relaying
+        self._counted = 0  # tokens of this request already fed to the backend's decode meter
+        self._decoding = False  # counted among the meter's decoding streams
+        self._plain = False  # a plain (non-streamed) upstream call: no token to watch, only the clock
+        self.model_name: str | None = None  # the model that answers, when the gate routed by model
+        self.rerouted_from: str | None = None  # the model asked for, when a fallback answers
+        self.caller: Caller | None = None  # who asked, when refused before the intake was whole
+
+    # ---- the path ------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            tenants = self.gate.tenants
+            headers = Headers(raw=self.scope["headers"])  # every pair: repeated credentials are seen
+            # With tenants, the key is checked before the body is read: an anonymous caller costs no read.
+            caller = None if tenants.open else tenants.identify(headers, self._client_host(), None)
+            self.caller = caller
+            raw = await self._read_body()
+            if self.gate.shutting_down:
+                raise GateError(Reason.SHUTTING_DOWN, "the gate is shutting down; retry against another instance", retry_after_s=1.0)
+            self.intake = parse_request(
+                self.scope["path"], raw, headers, self._client_host(), self.gate.config, tenants, caller
+            )
+            await self._race(self._serve())
+        except GateError as err:
+            if err.caller is not None:
+                self.caller = err.caller
+            await self._failed(err)
+        except ClientGone:
+            self.conclude("cancelled", CLIENT_DISCONNECT, CLIENT_CLOSED)
+        except asyncio.CancelledError:
+            if await self._server_cancelled():
+                return  # the client has its complete answer: nothing left to cancel
+            raise
+        except Exception:
+            self.gate.log.exception("request %s failed inside the gate", self.request_id)
+            await self._failed(GateError(Reason.UPSTREAM_ERROR, "internal error in the gate; the request was not completed", status=500))
+        finally:
+            if not self.concluded:
+                self.conclude("failed", Reason.UPSTREAM_ERROR, 500)
+
+    async def _serve(self) -> None:
+        intake = self.intake
+        assert intake is not None
+        backend = self.gate.backends.route(intake.model)
+        if backend is None:
+            shown = intake.model if intake.model is None or len(intake.model) <= 64 else intake.model[:64] + "..."
+            raise GateError(Reason.MODEL_NOT_FOUND, f"model {shown!r} is not served by this gate", "model")
+        chain = fallback_chain(self.gate, intake.caller, backend)
+        if backend.fleet is None and not chain:
+            await self._admit(backend, intake)
+        else:
+            backend = await self._admit_routed(backend, chain, intake)
+        admission = backend.gatekeeper.admission  # type: ignore[union-attr]
+        self.budget_at, self.in_flight_at = admission.budget, admission.ledger.in_flight
+        self.ticket.expected_s = self.gate.config.gate.request_timeout_s  # type: ignore[union-attr]  (the longest it may run)
+        await self._relay(backend, intake)
+
+    async def _admit(self, backend: Backend, intake: Intake) -> None:
+        """Count, charge the tenant (once) and hold a ticket on `backend`, or raise why not."""
+        self.backend = backend
+        if backend.fleet is not None:
+            backend.fleet.check(backend)  # failed, missing, not loadable: at once
+            self.model_name = backend.model
+        elif backend.state != "ready" or backend.gatekeeper is None:
+            # The detail (it may hold the backend's address) stays in the log and the console.
+            raise GateError(Reason.NO_BACKEND, f"backend {backend.name!r} is {backend.state}", retry_after_s=5.0)
+        self.count = await count_tokens(self.gate, backend, intake)
+        cost = self.count.tokens + intake.max_tokens
+        if not self.rate_charged:  # once, even when a fallback model is tried next
+            self._rate_check(intake.caller.tenant, cost)
+            if self.gate.shared is not None and intake.caller.tenant_config is not None:
+                # The fleet-wide limits: one atomic round trip to Redis, bounded (gate/fleet/sharedlimits/).
+                self.shared_lease = await self.gate.shared.reserve(intake.caller.tenant_config, cost)
+        # Arrival is now: queue time is time spent waiting for admission, not counting tokens.
+        request = Request(self.request_id, intake.caller.cls, intake.caller.tenant, self.count.tokens, intake.max_tokens, self.gate.clock())
+        assert backend.gatekeeper is not None
+        try:
+            self.ticket = await backend.gatekeeper.acquire(request)
+        except GateError as err:
+            if backend.fleet is not None:
+                backend.fleet.refused(backend, err)  # Retry-After from the load time, while it loads
+            raise
+
+    async def _admit_routed(self, backend: Backend, chain: list[Backend], intake: Intake) -> Backend:
+        """Router mode and fallbacks: the requested model, or the first fallback that admits at
+        once while it is saturated or loading, or that takes the request when it refuses."""
+        target, why = backend, ""
+        if chain and not await fits_now(self.gate, backend, intake):
+            for fallback in chain:
+                if await fits_now(self.gate, fallback, intake):
+                    target, why = fallback, ("saturated" if serving(backend) else "loading")
+                    break
+        try:
+            await self._admit(target, intake)
+        except GateError as err:
+            if target is not backend or err.reason not in REROUTABLE:
+                raise
+            for fallback in chain:
+                try:
+                    await self._admit(fallback, intake)
+                except GateError:
+                    continue
+                target, why = fallback, "refused"
+                break
+            else:
+                self.backend, self.model_name = backend, backend.model
+                raise err from None
+        if why:
+            if why == "loading" and backend.fleet is not None and backend.model is not None:
+                backend.fleet.demand(backend.model)  # the fallback answers this one; load it for the next
+            self.model_name = target.model or routed_name(target, intake)
+            self.rerouted_from = backend.model or intake.model
+            self.gate.model_metrics.rerouted(self.rerouted_from, self.model_name, why)
+            self.gate.log.info("request %s: %s %s, rerouted to %s", self.request_id, self.rerouted_from, why, self.model_name)
+        return target
+
+    def _rate_check(self, tenant: str, cost: int) -> None:
+        verdict = self.gate.ratelimit.check(tenant, cost, self.gate.clock())
+        if verdict.never:
+            raise GateError(Reason.TENANT_QUOTA, f"request needs {cost} tokens, more than tenant {tenant!r} may use per minute")
+        if not verdict.allowed:
+            raise GateError(Reason.RATE_LIMITED, f"tenant {tenant!r} is over its {verdict.limit}-per-minute limit", retry_after_s=verdict.wait_s)
+        self.rate_charged = cost
+
+    # ---- relaying ------------------------------------------------------------
+
+    async def _relay(self, backend: Backend, intake: Intake) -> None:
+        ticket = self.ticket
+        assert ticket is not None and backend.gatekeeper is not None
+        gate = self.gate
+        self.stats = stats = RelayStats(dispatched_at=gate.clock())
+        headers = forward_headers(self.headers, backend.auth_token)
+        # The few options whose answer llama-server's stream lacks get a plain call (no fast cancel).
+        self._plain = plain = not intake.stream and stream_loses(intake.kind, intake.body)
+        sent = intake.body
+        if self.model_name is not None and sent.get("model") != self.model_name:
+            sent = {**sent, "model": self.model_name}  # router mode names its model; a fallback its own
+        body = plain_body(sent) if plain else upstream_body(intake.kind, sent)
+        # Router mode: llama-server must never load (and queue behind) a model on its own.
+        path = intake.path + ("?autoload=false" if backend.model is not None else "")
+        self._check_progress()  # arms the watchdog: stall, overrun and request_timeout_s
+        response = None
+        try:
+            response = await backend.upstream.open(path, body, headers)
+            relay = SseRelay(
+                response, stats, gate.clock, lambda: backend.gatekeeper.first_token(ticket),
+                keep_usage_chunk=intake.include_usage, collect=not intake.stream,
+            )
+            if plain:
+                await self._relay_plain(relay)
+            elif intake.stream:
+                await self._relay_stream(relay)
+            else:
+                await self._relay_collect(relay, intake)
+        finally:
+            if self._watchdog is not None:
+                self._watchdog.cancel()
+                self._watchdog = None
+            if self._decoding:
+                backend.decode.stop(gate.clock())
+            if response is not None:
+                await response.aclose()  # frees the llama-server slot on every path, before the client hears
+
+    async def _relay_stream(self, relay: SseRelay) -> None:
+        await self._start(200, [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")])
+        final = ""  # the terminal event ([DONE], or /completion's stop chunk) and anything after it
+        async for now, held in relay.reads():
+            self._progressed()
+            # The terminal event waits for the decision row's commit, so a client
+            # never sees the end of a request the journal could still lose.
+            final += held
+            if now:
+                await self._body(now.encode())
+        if relay.error is not None or not relay.stats.finished:
+            self.conclude("failed", Reason.UPSTREAM_ERROR, 200)
+        else:
+            self._finish_ok()
+        await self._last(final.encode())
+
+    async def _relay_collect(self, relay: SseRelay, intake: Intake) -> None:
+        async for _ in relay.reads():
+            self._progressed()
+        if relay.error is not None:
+            message = str(relay.error.get("message") or "backend reported an error mid-answer")
+            raise GateError(Reason.UPSTREAM_ERROR, message)
+        if not relay.stats.finished or not relay.chunks:
+            raise GateError(Reason.UPSTREAM_ERROR, "backend closed the stream before finishing", retry_after_s=1.0)
+        payload = json.dumps(assemble(intake.kind, relay.chunks)).encode()
+        self._finish_ok()
+        await self._start(200, [(b"content-type", b"application/json")])
+        await self._last(payload)
+
+    async def _relay_plain(self, relay: SseRelay) -> None:
+        payload = await relay.whole()
+        self._finish_ok()
+        await self._start(200, [(b"content-type", b"application/json")])
+        await self._last(payload)  # llama-server's own answer, byte for byte
+
+    # ---- progress: what decides a shed -----------------------------------------
+
+    def _progressed(self) -> None:
+        """Feed the tokens of the last read to the backend's decode meter."""
+        stats = self.stats
+        if stats is None or stats.tokens == self._counted or self.backend is None:
+            return
+        meter = self.backend.decode
+        if not self._decoding:
+            self._decoding = True
+            meter.start(stats.first_token_at if stats.first_token_at is not None else self.gate.clock())
+        meter.add(stats.last_token_at if stats.last_token_at is not None else self.gate.clock(), stats.tokens - self._counted)
+        self._counted = stats.tokens
+
+    def _deadline(self) -> Deadline:
+        stats, intake, backend = self.stats, self.intake, self.backend
+        assert stats is not None and intake is not None and backend is not None
+        config = self.gate.config.gate
+        return next_deadline(
+            dispatched_at=stats.dispatched_at, first_token_at=stats.first_token_at, last_token_at=stats.last_token_at,
+            max_tokens=intake.max_tokens, per_slot_tps=backend.decode.per_slot_tps(self.gate.clock()),
+            factor=config.shed_factor, stall_s=config.shed_stall_s, timeout_s=config.request_timeout_s,
+            blind=self._plain,
+        )
+
+    def _check_progress(self) -> None:
+        """The watchdog: one timer, re-armed for the deadline as it stands now; cut the work once it passed.
+
+        The deadline is recomputed when the timer fires, never trusted from when it
+        was set: tokens that came since, or a slower decode rate, move it later. The
+        reason is the one of the deadline that passed (no race between two timers).
+        """
+        self._watchdog = None
+        deadline = self._deadline()
+        delay = deadline.at - self.gate.clock()
+        if delay > 0:
+            # The loop may fire a timer up to its clock resolution early: a hair of slack.
+            self._watchdog = asyncio.get_running_loop().call_later(delay + 0.001, self._check_progress)
+            return
+        self.gate.log.warning("request %s cut: %s", self.request_id, deadline.message)
+        self._cancel_work(GateError(deadline.reason, deadline.message))
+
+    def _cancel_work(self, why: Exception) -> None:
+        task = self._task
+        if task is not None and self._cut is None:
+            self._cut = why
+            task.cancel()
+
+    def _finish_ok(self) -> None:
+        if self.backend is not None and self.stats is not None:
+            self.gate.observe_success(self.backend, self.stats)
+        self.conclude("admitted", "ok", 200)
+
+    # ---- responses -----------------------------------------------------------
+
+    async def _race(self, work: Awaitable[None]) -> None:
+        """Run `work` in this task until it finishes or the client disconnects (then cancel it)."""
+        # One watcher task that cancels this one, rather than a task for the work and
+        # asyncio.wait over both: a third of the cost per request on a refusal flood.
+        me = self._task = asyncio.current_task()
+        assert me is not None
+        watcher = asyncio.ensure_future(self._disconnected())
+        watcher.add_done_callback(self._client_left)
+        try:
+            await work
+        except asyncio.CancelledError:
+            if self._cut is not None and me.uncancel() == 0:
+                raise self._cut from None  # ClientGone, or the watchdog's shed / timeout
+            raise  # the server is cancelling this request (shutdown)
+        finally:
+            self._task = None
+            watcher.cancel()
+
+    def _client_left(self, watcher: asyncio.Future[None]) -> None:
+        # Only while the work runs: a cancel requested after it returned would land
+        # on whatever this task awaits next.
+        task = self._task
+        if not watcher.cancelled() and watcher.exception() is None:
+            self._cancel_work(ClientGone())
+
+    async def _disconnected(self) -> None:
+        while (await self.receive.receive())["type"] != "http.disconnect":
+            pass
+
+    async def _read_body(self) -> bytes:
+        """The whole body; the size limit and the read deadline are the BodyReader's."""
+        chunks: list[bytes] = []
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    def _client_host(self) -> str | None:
+        client = self.scope.get("client")
+        return client[0] if client else None
+
+    def _gate_headers(self) -> list[tuple[bytes, bytes]]:
+        cls = self.intake.caller.cls if self.intake is not None else ""
+        queue_ms = 0.0 if self.ticket is None else self.ticket.queued_s * 1000
+        headers = [
+            (b"x-request-id", self.request_id.encode()),
+            (b"x-tokengate-class", cls.encode()),
+            (b"x-tokengate-queue-ms", f"{queue_ms:.1f}".encode()),
+        ]
+        if self.model_name is not None:
+            headers.append((b"x-tokengate-model", self.model_name.encode()))
+        return headers
+
+    async def _start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.started = True
+        await self._send({"type": "http.response.start", "status": status, "headers": headers + self._gate_headers()})
+
+    async def _body(self, data: bytes) -> None:
+        await self._send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def _last(self, data: bytes) -> None:
+        """The response's last bytes, sent only once its decision row is committed (DESIGN.md 5)
+        and its shared lease is released (bounded by [shared] wait_ms)."""
+        await self.gate.committed(self.committed)
+        if self.shared_done is not None:  # and the tenant's tokens are back in the fleet's count
+            await self.gate.shared.landed(self.shared_done)
+        await self._send({"type": "http.response.body", "body": data, "more_body": False})
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        await send_within(self.send, message, self.gate.config.gate.write_stall_s)
+
+    async def _failed(self, err: GateError) -> None:
+        """Answer `err` (a status and body, or an SSE error event once streaming) and record it."""
+        if self.started:
+            # The status line is out: the client got 200, and the journal says so.
+            self.conclude(err.outcome, err.reason, 200)
+            if err.reason is Reason.CLIENT_STALLED:
+                await abort(self.scope)  # it reads nothing: drop the connection and its unsent bytes
+                return
+            if self.intake is not None and self.intake.stream:
+                event = b"data: " + json.dumps(error_object(err)).encode() + b"\n\n"
+                await self._guarded_end(event)
+            return
+        status, headers, body = render(err)
+        self.conclude(err.outcome, err.reason, status)
+        await self._guarded_start(status, headers, body)
+
+    async def _guarded_start(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        try:
+            await self._start(status, headers)
+            await self._last(body)
+        except GateError:  # the client stalled while hearing its error: nothing more to tell it
+            await abort(self.scope)
+
+    async def _guarded_end(self, event: bytes) -> None:
+        try:
+            await self._body(event)
+            await self._last(b"")
+        except GateError:
+            await abort(self.scope)
+
+    async def _server_cancelled(self) -> bool:
+        """The server cancels this request (shutdown past its grace): answer, record what was answered.
+
+        Returns True when the client got a complete answer (503, or the stream's end).
+        Left to the server, an unanswered request becomes uvicorn's bare 500 while the
+        journal said 499; now both say 503 shutting_down (or 200 and a cut stream).
+        """
+        if self.concluded:
+            return False
+        err = GateError(Reason.SHUTTING_DOWN, "the gate shut down before this request finished", retry_after_s=1.0)
+        try:
+            async with asyncio.timeout(1.0):
+                if self.started:
+                    self.conclude("cancelled", SERVER_CANCELLED, 200)
+                    if self.intake is not None and self.intake.stream:
+                        await self._body(b"data: " + json.dumps(error_object(err)).encode() + b"\n\n")
+                    await self._last(b"")
+                else:
+                    status, headers, body = render(err)
+                    self.conclude("cancelled", SERVER_CANCELLED, status)
+                    await self._start(status, headers)
+                    await self._last(body)
+        except (TimeoutError, GateError, OSError):
+            await abort(self.scope)
+            return False
+        return True
+
+    # ---- the one ending --------------------------------------------------------
+
+    def _refund(self, outcome: Outcome) -> tuple[int, int]:
+        """(requests, tokens) the tenant's rate limits give back when the request ends."""
+        intake, stats = self.intake, self.stats
+        if not self.rate_charged or intake is None:
+            return 0, 0
+        if outcome == "refused":
+            # Refused after the rate check: the tenant got nothing, so it pays nothing.
+            return 1, self.rate_charged
+        generated = intake.max_tokens
+        if stats is not None and stats.completion_tokens is not None:
+            generated = min(stats.completion_tokens, intake.max_tokens)
+        return 0, intake.max_tokens - generated
+
+    def conclude(self, outcome: Outcome, reason: str, status: int) -> None:
+        """Release, refund, count and record; the first call wins, later ones do nothing."""
+        if self.concluded:
+            return
+        self.concluded = True
+        gate = self.gate
+        now = gate.clock()
+        stats = self.stats
+        intake = self.intake
+        refund_requests, refund_tokens = self._refund(outcome)
+        # The shared lease ends with the local reservation: the tenant's tokens are in flight
+        # until llama-server frees the slot, on this gate's ledger and the fleet's alike.
+        end_lease = None if self.shared_lease is None else functools.partial(
+            gate.shared.release, self.shared_lease, refund_tokens=refund_tokens, refund_requests=refund_requests
+        )
+        if self.ticket is not None and self.backend is not None and self.backend.gatekeeper is not None:
+            if stats is not None and outcome != "admitted":
+                # Cut short after dispatch: llama-server frees the slot a moment after
+                # the stream closes. Releasing now would let the next request find every
+                # slot busy and wait in llama-server's own queue.
+                gate.release_when_slot_frees(self.backend, self.ticket, then=end_lease)
+                end_lease = None
+            else:
+                self.backend.gatekeeper.release(self.ticket)
+        if end_lease is not None:
+            self.shared_done = end_lease()
+        if self.rate_charged and intake is not None:
+            gate.ratelimit.refund(intake.caller.tenant, refund_tokens, now, requests=refund_requests)
+        reason = str(reason)
+        caller = intake.caller if intake is not None else self.caller
+        cls = caller.cls if caller is not None else ""
+        queued_s = self.ticket.queued_s if self.ticket is not None else None
+        record = DecisionRecord(
+            ts=self.wall0,
+            request_id=self.request_id,
+            tenant=caller.tenant if caller is not None else "",
+            cls=cls,
+            backend=self.backend.name if self.backend is not None else "",
+            endpoint=self.scope["path"],
+            stream=bool(intake.stream) if intake is not None else False,
+            prompt_tokens=self.count.tokens if self.count is not None else None,
+            token_count_source=self.count.source if self.count is not None else None,
+            max_tokens=intake.max_tokens if intake is not None else None,
+            reserved_tokens=self.ticket.request.cost if self.ticket is not None else 0,
+            outcome=outcome,
+            reason=reason,
+            http_status=status,
+            queue_ms=None if queued_s is None else queued_s * 1000,
+            ttft_ms=None if stats is None or stats.ttft_s is None else stats.ttft_s * 1000,
+            duration_ms=(now - self.t0) * 1000,
+            completion_tokens=stats.completion_tokens if stats is not None else None,
+            budget_at_decision=self.budget_at,
+            in_flight_at_decision=self.in_flight_at,
+            model=self.model_name or "",
+            rerouted_from=self.rerouted_from or "",
+        )
+        model = self.model_name or (intake.model if intake is not None else None)
+        self.committed = gate.record(
+            record, model=model, queued_s=queued_s,
+            ttft_s=stats.ttft_s if stats else None,
+            ttft_total_s=None if stats is None or stats.first_token_at is None else stats.first_token_at - self.t0,
+            tpot_s=stats.tpot_s if stats is not None else None,
+        )

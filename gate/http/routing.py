@@ -1,0 +1,90 @@
+"""The Model Router's choices for one request: counting on a unit, the fallback chain, look-ahead.
+
+A class (or a tenant, which then replaces its class's list) may name fallback models, tried in
+order when the requested model
+
+* is saturated: it would queue (its admission core does not take the request at once),
+* is loading (router mode: not loaded yet, or waking), or
+* refuses the request (queue full, wait over, budget, context, model failed or down).
+
+In the first two cases a fallback is taken only if it admits the request at once; otherwise the
+request waits for the model it asked for. When that model refuses, each fallback is tried in
+turn and may queue. Operator and tenant refusals (paused, drained, rate limits, quotas) are
+never rerouted: they hold for every model.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gate.core.ledger import Request
+from gate.core.reasons import Reason
+from gate.backend.tokens import TokenCount, canonical_json, estimate_tokens, prompt_fields
+
+if TYPE_CHECKING:
+    from gate.backend.pool import Backend
+    from gate.http.intake import Intake
+    from gate.http.tenants import Caller
+    from gate.service import GateService
+
+#: refusals of the requested model that a fallback may answer instead
+REROUTABLE = frozenset({
+    Reason.QUEUE_FULL, Reason.QUEUE_TIMEOUT, Reason.TOKEN_BUDGET_EXCEEDED, Reason.CONTEXT_LENGTH_EXCEEDED,
+    Reason.MODEL_UNAVAILABLE, Reason.NO_BACKEND,
+})
+
+
+def fallback_models(gate: GateService, caller: Caller) -> tuple[str, ...]:
+    """The caller's tenant's fallback list, else its class's."""
+    config = gate.config
+    for tenant in config.tenants:
+        if tenant.name == caller.tenant and tenant.fallback:
+            return tenant.fallback
+    for cls in config.classes:
+        if cls.name == caller.cls:
+            return cls.fallback
+    return ()
+
+
+def fallback_chain(gate: GateService, caller: Caller, requested: Backend) -> list[Backend]:
+    """The fallbacks as routed units/backends, without the requested one, each once."""
+    chain: list[Backend] = []
+    for name in fallback_models(gate, caller):
+        b = gate.backends.route(name)
+        if b is not None and b is not requested and b not in chain:
+            chain.append(b)
+    return chain
+
+
+def serving(b: Backend) -> bool:
+    """Takes requests now: a plain backend that is ready, or a router's model that is loaded."""
+    if b.fleet is not None:
+        return b.model is not None and b.fleet.loaded(b)
+    return b.state == "ready" and b.gatekeeper is not None
+
+
+def routed_name(b: Backend, intake: Intake) -> str | None:
+    """The model name a request answered by `b` names (a plain backend's first model)."""
+    return b.model or (b.config.models[0] if b.config.models else intake.model)
+
+
+async def count_tokens(gate: GateService, b: Backend, intake: Intake) -> TokenCount:
+    """The prompt's tokens on `b`. A router's model that is not loaded cannot count: estimate
+    (asking would load it behind the gate's back)."""
+    if b.fleet is not None and not serving(b):
+        return TokenCount(estimate_tokens(canonical_json(prompt_fields(intake.kind, intake.body))), "estimate", False)
+    return await gate.tokens.count(b.url, intake.kind, intake.body, b.auth_headers(), model=b.model)
+
+
+async def fits_now(gate: GateService, b: Backend, intake: Intake) -> bool:
+    """Would `b` admit this request at once? Changes nothing."""
+    if not serving(b) or b.admission is None:
+        return False
+    if b.fleet is not None:
+        try:
+            b.fleet.check(b)
+        except Exception:  # noqa: BLE001 - a GateError: it would refuse
+            return False
+    count = await count_tokens(gate, b, intake)
+    request = Request("look-ahead", intake.caller.cls, intake.caller.tenant, count.tokens, intake.max_tokens, gate.clock())
+    return b.admission.fits_now(request)

@@ -1,0 +1,201 @@
+"""The gate's HTTP surface: routes, pass-through, health, metrics, error mapping.
+
+Auth: with ``[[tenants]]`` configured, every route that reaches a backend needs a
+tenant key (pass-through and ``GET /v1/models`` included); ``/health``, ``/metrics`` and
+``/metrics/inference`` (the endpoint picker's three gauges alone) stay open for probes and
+scrapers. Every route reads its body through
+:class:`gate.clientguard.BodyReader` (size limit before reading, read deadline),
+and every error is a :class:`gate.errors.GateError` rendered by one function.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gate.http.clientguard import BodyReader, abort, send_within, too_large
+from gate.core.errors import GateError, render
+from gate.http.intake import ENDPOINTS, check_headers
+from gate.http.proxy import AdmittedEndpoint
+from gate.core.reasons import Reason
+from gate.backend.upstream import RETRY_DOWN_S
+
+if TYPE_CHECKING:
+    from gate.service import GateService
+
+PASS_THROUGH_POST = ("/tokenize", "/detokenize", "/apply-template")
+PASS_THROUGH_GET = ("/props", "/slots")
+
+log = logging.getLogger("tokengate.server")
+
+
+def build_app(gate: GateService) -> ASGIApp:
+    """The ASGI app for one gate service: admitted POSTs direct, the rest through Starlette."""
+    admitted = AdmittedEndpoint(gate)
+
+    def authenticate(request: Request) -> None:
+        """With tenants configured, a valid key (sent once) or 401; open mode lets everyone in."""
+        if not gate.tenants.open:
+            client = request.client
+            gate.tenants.identify(request.headers, client.host if client else None, None)
+
+    async def health(request: Request) -> Response:
+        # State only: a backend's detail may name its address, which is for the log and the console.
+        backends: dict[str, dict[str, Any]] = {}
+        for b in gate.backends:
+            backends[b.name] = {"state": b.state, "slots": b.capacity.slots if b.capacity else None}
+            if b.fleet is not None and b.model is not None:  # router mode: the model's own status
+                backends[b.name]["model_status"] = b.fleet.info[b.model].status
+        ready = gate.backends.any_ready and not gate.shutting_down
+        status = "ok" if ready else ("shutting_down" if gate.shutting_down else "no_backend")
+        return JSONResponse({"status": status, "backends": backends}, status_code=200 if ready else 503)
+
+    async def metrics(request: Request) -> Response:
+        gate.refresh_metrics()
+        body, content_type = gate.metrics.render()
+        return Response(body, media_type=content_type)
+
+    async def inference_metrics(request: Request) -> Response:
+        # The endpoint picker's three gauges alone: it scrapes every pod many times a second.
+        gate.refresh_inference_gauges()
+        body, content_type = gate.metrics.render_inference()
+        return Response(body, media_type=content_type)
+
+    async def models(request: Request) -> Response:
+        authenticate(request)
+        configured = gate.backends.configured
+        results = await asyncio.gather(*(_get_json(gate, b, "/v1/models") for b in configured))
+        data: list[Any] = []
+        for backend, result in zip(configured, results):
+            entries = result.get("data") if isinstance(result, dict) else None
+            for entry in entries or []:
+                if backend.fleet is not None and isinstance(entry, dict) and entry.get("id") not in backend.config.models:
+                    continue  # a router lists every model it has; the gate serves those configured
+                if isinstance(entry, dict):
+                    data.append({**entry, "owned_by": entry.get("owned_by") or backend.name})
+            listed = {e.get("id") for e in data if isinstance(e, dict)}
+            for name in backend.config.models:
+                if name not in listed:
+                    data.append({"id": name, "object": "model", "owned_by": backend.name})
+        return JSONResponse({"object": "list", "data": data})
+
+    async def pass_through(request: Request) -> Response:
+        authenticate(request)
+        backend = gate.backends.route(request.query_params.get("model"))
+        if backend is None:
+            raise GateError(Reason.MODEL_NOT_FOUND, "no backend serves that model", "model")
+        content_type = request.headers.get("content-type", "application/json")
+        check_headers({"content-type": content_type})
+        body = await request.body()  # through the BodyReader: limited before reading
+        params = list(request.query_params.multi_items())
+        if backend.model is not None:
+            # Router mode: llama-server must not load a model for a pass-through call either.
+            params = [(k, v) for k, v in params if k != "autoload"] + [("autoload", "false")]
+            if not any(k == "model" for k, _ in params):
+                params.append(("model", backend.model))
+        try:
+            upstream = await gate.client.request(
+                request.method,
+                backend.url + request.url.path,
+                params=params,
+                content=body or None,
+                headers={"content-type": content_type, **backend.auth_headers()},
+                timeout=30.0,
+            )
+        except httpx.TimeoutException:
+            raise GateError(Reason.UPSTREAM_TIMEOUT, f"backend {backend.name!r} did not answer", retry_after_s=RETRY_DOWN_S) from None
+        except httpx.HTTPError as exc:
+            log.warning("backend %s at %s unreachable: %s: %s", backend.name, backend.url, type(exc).__name__, exc)
+            raise GateError(Reason.NO_BACKEND, f"backend {backend.name!r} is unreachable", retry_after_s=RETRY_DOWN_S) from None
+        return Response(upstream.content, status_code=upstream.status_code, media_type=upstream.headers.get("content-type"))
+
+    async def gate_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, GateError)
+        status, headers, body = render(exc)
+        return Response(body, status_code=status, headers={k.decode(): v.decode() for k, v in headers})
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 404)
+        message = f"{request.method} {request.url.path} is not a tokengate endpoint"
+        if status == 405:
+            message = f"{request.method} is not allowed on {request.url.path}"
+        code, headers, body = render(GateError(Reason.INVALID_REQUEST, message, status=status))
+        allow = getattr(exc, "headers", None) or {}  # Allow on 405
+        return Response(body, status_code=code, headers={**{k.decode(): v.decode() for k, v in headers}, **allow})
+
+    routes = [Route(path, admitted, methods=["POST"]) for path in ENDPOINTS]
+    routes += [Route(path, pass_through, methods=["POST"]) for path in PASS_THROUGH_POST]
+    routes += [Route(path, pass_through, methods=["GET"]) for path in PASS_THROUGH_GET]
+    routes += [
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/metrics/inference", inference_metrics, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: not_found, GateError: gate_error})
+    # A trailing slash is a 404, never a redirect: Starlette would build its Location from the
+    # client's Host header (an open redirect).
+    app.router.redirect_slashes = False
+    return _FastPath(admitted, app, gate)
+
+
+class _FastPath:
+    """Sends POSTs on the admitted endpoints straight to their handler; guards the rest.
+
+    The handler catches everything itself, so Starlette's routing and its error
+    middlewares add nothing there but a wrapper around every `send`: about a fifth
+    of the gate's CPU on a refused request (py-spy, bench/overhead.py flood).
+    """
+
+    def __init__(self, admitted: AdmittedEndpoint, app: Starlette, gate: GateService) -> None:
+        self.admitted = admitted
+        self.app = app
+        self.gate = gate
+        self.paths = frozenset(ENDPOINTS)
+
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        # Hands over the handler's coroutine (no frame of its own held while a request
+        # waits); uvicorn is told the interface, since it cannot infer asgi3 from a def.
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self.paths:
+            return self.admitted(scope, receive, send)  # guards its own reads and writes
+        if scope["type"] != "http":
+            return self.app(scope, receive, send)
+        limits = self.gate.config.gate
+        reader = BodyReader(receive, scope["headers"], limits.max_body_bytes, limits.body_timeout_s)
+        if reader.declared is not None and reader.declared > limits.max_body_bytes:
+            # Every route, even one that never reads a body (GET /slots): not one byte is read.
+            return _answer(send, too_large(reader.declared, limits.max_body_bytes))
+
+        async def guarded_send(message: Message) -> None:
+            try:
+                await send_within(send, message, limits.write_stall_s)
+            except GateError:
+                await abort(scope)  # the client reads nothing: drop it; later sends see a closed connection
+
+        return self.app(scope, reader, guarded_send)
+
+
+async def _answer(send: Send, err: GateError) -> None:
+    status, headers, body = render(err)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _get_json(gate: GateService, backend, path: str) -> Any:
+    try:
+        response = await gate.client.get(backend.url + path, headers=backend.auth_headers(), timeout=5.0)
+        response.raise_for_status()
+        return response.json()
+    except (httpx.HTTPError, json.JSONDecodeError, ValueError):
+        return None

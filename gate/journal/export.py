@@ -1,0 +1,278 @@
+"""``tokengate log``: stream journal rows out as a table, JSON Lines or CSV.
+
+Synchronous on purpose (a CLI): a plain ``sqlite3`` cursor read with ``fetchmany``, so a
+journal of millions of rows exports in bounded memory. The journal is opened read-only
+(``file:...?mode=ro``): exporting never writes to it, and it can run while the gate is
+writing (WAL readers do not block the writer).
+
+Columns are the journal's column names (``class``, not the record field ``cls``), plus
+``id``. ``ts`` is printed as ISO-8601 UTC in table and CSV; JSON keeps the raw float
+(seconds since the epoch) and adds ``ts_iso``. A sample's ``classes`` is a JSON array
+(JSON output) or its compact JSON text (CSV, table).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import sqlite3
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TextIO
+
+from gate.journal import COLUMNS, SCHEMA_VERSION
+
+KINDS = ("decisions", "audit", "samples")
+FORMATS = ("table", "json", "csv")
+FETCH = 1000  # rows per fetchmany
+TABLE_PAGE = 200  # rows buffered to size the table's columns
+
+_RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$", re.IGNORECASE)
+_UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+class ExportError(Exception):
+    """The journal cannot be exported (the message names the file)."""
+
+
+def parse_since(text: str, now: float) -> float:
+    """``30s``, ``15m``, ``2h``, ``7d`` (before ``now``) or an ISO-8601 timestamp (naive = UTC)
+    -> seconds since the epoch. Raises ``ValueError`` with a readable message."""
+    m = _RELATIVE.match(text)
+    if m:
+        return now - float(m.group(1)) * _UNIT_S[m.group(2).lower()]
+    try:
+        dt = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is neither a duration (30s, 15m, 2h, 7d) nor an ISO-8601 timestamp "
+            "(2025-01-31T14:00:00Z)"
+        ) from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()
+
+
+def iso(ts: float | None) -> str:
+    """Seconds since the epoch -> ``2025-01-31T14:00:00.123Z``."""
+    if ts is None:
+        return ""
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds")[:-6] + "Z"
+
+
+DEFAULT_JOURNAL = "tokengate.db"
+DEMO_JOURNAL = "tokengate-demo.db"  # what `tokengate console --demo` writes (gate/tools/demo.py)
+
+
+def find_journal(given: str | None, cwd: str = ".") -> tuple[str, str | None]:
+    """The journal to read and a note for stderr (or None).
+
+    Given a path, that path. Else tokengate.db in the working directory, or, when only the
+    demo's journal is there, the demo's (with a note saying so: an engineer who just ran
+    the demo looks for its journal with a bare `tokengate log`).
+    """
+    if given:
+        return given, None
+    default, demo = os.path.join(cwd, DEFAULT_JOURNAL), os.path.join(cwd, DEMO_JOURNAL)
+    if not os.path.exists(default) and os.path.exists(demo):
+        shown = os.path.relpath(demo) if cwd == "." else demo
+        return shown, f"{DEFAULT_JOURNAL} not found here; reading the demo's journal {shown}"
+    return (DEFAULT_JOURNAL if cwd == "." else default), None
+
+
+def open_read_only(path: str) -> sqlite3.Connection:
+    if not os.path.exists(path):
+        raise ExportError(
+            f"{path}: journal file not found (a gate writes it where [gate] journal says, "
+            f"default {DEFAULT_JOURNAL} in its working directory; the demo writes {DEMO_JOURNAL}; "
+            "pass --journal FILE)"
+        )
+    if not os.path.isfile(path):
+        raise ExportError(f"{path}: not a file")
+    uri = Path(path).absolute().as_uri() + "?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+        conn.execute("PRAGMA query_only = 1")
+        conn.execute("PRAGMA busy_timeout = 5000")
+        (version,) = conn.execute("PRAGMA user_version").fetchone()
+    except sqlite3.Error as e:
+        raise ExportError(f"{path}: cannot read the journal: {e}") from e
+    if version > SCHEMA_VERSION:
+        conn.close()
+        raise ExportError(
+            f"{path}: journal schema version {version} is newer than this tokengate understands "
+            f"(up to {SCHEMA_VERSION}); export it with a newer tokengate"
+        )
+    if version < 1:
+        conn.close()
+        raise ExportError(f"{path}: not a tokengate journal (schema version {version})")
+    return conn
+
+
+def _rows(
+    conn: sqlite3.Connection, kind: str, since_ts: float | None, path: str
+) -> tuple[list[str], Iterator[tuple[Any, ...]]]:
+    columns = ["id", *COLUMNS[kind]]
+    sql = "SELECT " + ", ".join(f'"{c}"' for c in columns) + f" FROM {kind}"
+    params: list[Any] = []
+    if since_ts is not None:
+        sql += " WHERE ts >= ?"
+        params.append(since_ts)
+    sql += " ORDER BY id"
+    try:
+        cursor = conn.execute(sql, params)
+    except sqlite3.Error as e:
+        raise ExportError(f"{path}: cannot read {kind}: {e}") from e
+
+    def stream() -> Iterator[tuple[Any, ...]]:
+        try:
+            while True:
+                chunk = cursor.fetchmany(FETCH)
+                if not chunk:
+                    return
+                yield from chunk
+        except sqlite3.Error as e:
+            raise ExportError(f"{path}: reading {kind} failed: {e}") from e
+        finally:
+            cursor.close()
+
+    return columns, stream()
+
+
+def export(
+    path: str,
+    out: TextIO,
+    *,
+    kind: str = "decisions",
+    fmt: str = "table",
+    since_ts: float | None = None,
+) -> int:
+    """Write the ``kind`` rows of the journal at ``path`` to ``out``; returns the row count."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    conn = open_read_only(path)
+    rows: Iterator[tuple[Any, ...]] | None = None
+    try:
+        columns, rows = _rows(conn, kind, since_ts, path)
+        writer = {"json": _write_json, "csv": write_csv, "table": _write_table}[fmt]
+        return writer(columns, rows, out)
+    finally:
+        # A reader that went away (`| head`) leaves the row stream half read: close it (and
+        # its cursor) while the connection is open, not later in the garbage collector,
+        # which would print "Exception ignored ... Cannot operate on a closed database".
+        if rows is not None:
+            rows.close()  # type: ignore[attr-defined]
+        conn.close()
+
+
+# ------------------------------------------------------------------------------------------
+# Formats
+
+
+def _write_json(columns: Sequence[str], rows: Iterator[tuple[Any, ...]], out: TextIO) -> int:
+    names = list(columns)
+    ts_at = names.index("ts")
+    stream_at = names.index("stream") if "stream" in names else -1
+    classes_at = names.index("classes") if "classes" in names else -1
+    keys = names[: ts_at + 1] + ["ts_iso"] + names[ts_at + 1 :]
+    dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+    write = out.write
+    n = 0
+    for row in rows:
+        values = list(row)
+        if stream_at >= 0:
+            values[stream_at] = bool(values[stream_at])
+        if classes_at >= 0:
+            try:
+                values[classes_at] = json.loads(values[classes_at] or "[]")
+            except ValueError:
+                pass  # keep the text as stored
+        values.insert(ts_at + 1, iso(values[ts_at]))
+        write(dumps(dict(zip(keys, values))))
+        write("\n")
+        n += 1
+    return n
+
+
+def _text(column: str, value: Any) -> str:
+    if value is None:
+        return ""
+    if column == "ts":
+        return iso(value)
+    if column == "stream":
+        return "true" if value else "false"
+    return str(value)
+
+
+def write_csv(columns: Sequence[str], rows: Iterator[tuple[Any, ...]], out: TextIO) -> int:
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    ts_at = list(columns).index("ts")
+    stream_at = list(columns).index("stream") if "stream" in columns else -1
+    n = 0
+    for row in rows:
+        values = list(row)
+        values[ts_at] = iso(values[ts_at])
+        if stream_at >= 0:
+            values[stream_at] = "true" if values[stream_at] else "false"
+        writer.writerow(values)  # None -> "" (csv module)
+        n += 1
+    return n
+
+
+def _cell(column: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and column != "ts":
+        return f"{value:.1f}"
+    return _text(column, value)
+
+
+def _write_table(columns: Sequence[str], rows: Iterator[tuple[Any, ...]], out: TextIO) -> int:
+    """Aligned columns, sized on the first page of rows (later wider cells just push right)."""
+    page: list[list[str]] = []
+    for row in rows:
+        page.append([_cell(c, v) for c, v in zip(columns, row)])
+        if len(page) >= TABLE_PAGE:
+            break
+    widths = [len(c) for c in columns]
+    for cells in page:
+        for i, cell in enumerate(cells):
+            if len(cell) > widths[i]:
+                widths[i] = len(cell)
+    numeric = [False] * len(columns)
+    for i in range(len(columns)):
+        numeric[i] = bool(page) and all(_numeric(cells[i]) for cells in page) and columns[i] != "ts"
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [
+            cell.rjust(widths[i]) if numeric[i] else cell.ljust(widths[i]) for i, cell in enumerate(cells)
+        ]
+        return "  ".join(parts).rstrip() + "\n"
+
+    out.write(line(columns))
+    n = 0
+    for cells in page:
+        out.write(line(cells))
+        n += 1
+    for row in rows:
+        out.write(line([_cell(c, v) for c, v in zip(columns, row)]))
+        n += 1
+    if n == 0:
+        out.write("(no rows)\n")
+    return n
+
+
+def _numeric(cell: str) -> bool:
+    if cell == "-":
+        return True
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,344 @@
+"""Operator actions: the only way to change a running gate (consoles, SIGHUP).
+
+`Control` owns the operator state (paused classes, the controller freeze); the
+service and the console only read it. `execute(command, operator)` is the entry
+point for consoles: a command is validated as a whole first and changes nothing
+when invalid (CommandError with a message fit for a toast), then applied at
+once, with an audit row per changed value: operator, SSH origin, old and new.
+Everything here runs synchronously on the gate's event loop, so no request is
+admitted half-way through a command.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import getpass
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gate.fleet import model_ops
+from gate.backend.pool import controller_settings
+from gate.data.commands import ActionResult, Command, CommandError, Drain, Freeze, ModelAction, Pause, Retune, describe, ssh_origin
+from gate.config import ClassConfig, Config, ConfigError, validate_config
+from gate.data.records import AuditRecord, AuditSource
+
+if TYPE_CHECKING:
+    from gate.backend.pool import Backend
+    from gate.service import GateService
+
+CLASS_FIELDS = ("reserved_tokens", "limit_tokens", "queue_depth", "queue_timeout_s", "default_max_tokens", "max_tokens_cap", "priority")
+
+#: the name older code and tests use for a refused action
+ControlError = CommandError
+
+
+@dataclass(frozen=True, slots=True)
+class Operator:
+    name: str
+    origin: str
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> Operator:
+        """Who is at the keyboard: SUDO_USER over USER, and the SSH client address or "local"."""
+        env = os.environ if environ is None else environ
+        name = env.get("SUDO_USER") or env.get("USER") or env.get("LOGNAME")
+        if not name:
+            try:
+                name = getpass.getuser()
+            except Exception:  # noqa: BLE001 - no passwd entry in some containers
+                name = "unknown"
+        return cls(name, ssh_origin(env))
+
+
+def _fmt(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+class Control:
+    """The gate's control API and the owner of operator state; `source` says who drives it."""
+
+    def __init__(self, gate: GateService) -> None:
+        self.gate = gate
+        self.paused: set[str] = set()
+        self.frozen = False
+
+    # ---- the console's entry point -------------------------------------------
+
+    def execute(self, command: Command, *, operator: Operator, source: AuditSource = "console") -> list[ActionResult]:
+        """Validate `command` whole, apply it atomically, audit each changed value."""
+        if isinstance(command, Pause):
+            return [self.pause(command.cls, command.paused, operator=operator, note=command.note, source=source)]
+        if isinstance(command, Drain):
+            return [self.drain(command.cls, operator=operator, note=command.note, source=source)]
+        if isinstance(command, Freeze):
+            return [self.freeze(command.frozen, operator=operator, note=command.note, source=source)]
+        if isinstance(command, Retune):
+            return self.retune(command, operator=operator, source=source)
+        if isinstance(command, ModelAction):
+            return [self.model(command, operator=operator, source=source)]
+        raise CommandError(f"unknown command {command!r}")
+
+    # ---- router mode: models ---------------------------------------------------------
+
+    def model(self, command: ModelAction, *, operator: Operator, source: AuditSource = "console") -> ActionResult:
+        """Load, unload, pin or unpin a model of a llama-server in router mode (gate/fleet/router_mode.py)."""
+        unit = self.gate.backends.route(command.model) if command.model else None
+        if unit is None or unit.fleet is None or unit.model != command.model:
+            models = [m for f in self.gate.backends.fleets for m in f.units]
+            known = ", ".join(models) if models else "none (no llama-server in router mode)"
+            raise CommandError(f"{command.model!r} is not a router-mode model; models: {known}")
+        fleet, model = unit.fleet, unit.model
+        old: Any = fleet.info[model].status
+        new: Any = None
+        note = command.note
+        try:
+            if command.action == "load":
+                what = model_ops.load(fleet, model)
+                new, note = "loading", f"{what}; {note}" if note else what
+            elif command.action == "unload":
+                model_ops.unload(fleet, model)
+                new = "unloaded"
+            else:
+                old = model_ops.pin(fleet, model, command.action == "pin")
+                new = command.action == "pin"
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        return self._audit(operator, source, f"model_{command.action}", f"model:{unit.name}", old, new, note)
+
+    # ---- budget and controller ---------------------------------------------
+
+    def retune(self, change: Retune, *, operator: Operator, source: AuditSource = "console") -> list[ActionResult]:
+        """Budget, [budget] settings and one class's settings in one step: all or nothing."""
+        if not change:
+            return []
+        old = self.gate.config
+        new = old
+        if change.settings:
+            unknown = set(change.settings) - {f.name for f in dataclasses.fields(old.budget)}
+            if unknown:
+                raise CommandError(f"unknown budget setting(s): {', '.join(sorted(unknown))}")
+            new = dataclasses.replace(new, budget=_replaced(old.budget, change.settings))
+        current: ClassConfig | None = None
+        if change.class_changes:
+            if change.cls is None:
+                raise CommandError("class settings given without a class")
+            current = self._class(change.cls)
+            unknown = set(change.class_changes) - set(CLASS_FIELDS)
+            if unknown:
+                raise CommandError(f"unknown class setting(s): {', '.join(sorted(unknown))}")
+            updated = _replaced(current, change.class_changes)
+            classes = tuple(updated if c.name == change.cls else c for c in new.classes)
+            new = dataclasses.replace(new, classes=tuple(sorted(classes, key=lambda c: (-c.priority, c.name))))
+        self._validated(new)
+        targets = self._backends(None) if change.budget is not None else []
+        for b in targets:
+            self._check_budget(b, change.budget, min(new.budget.min_tokens, b.controller.ceiling_tokens))  # type: ignore[arg-type, union-attr]
+        # Validated whole: nothing below refuses.
+        results = []
+        if change.settings:
+            self._apply_budget(new)
+            results.append(self._audit(operator, source, "set_budget_settings", "budget", _diff_old(old.budget, change.settings), _diff_new(change.settings), change.note))
+        if change.class_changes:
+            self._apply_classes(new)
+            results.append(self._audit(operator, source, "set_class", f"class:{change.cls}", _diff_old(current, change.class_changes), _diff_new(change.class_changes), change.note))
+        if change.budget is not None:
+            results += self._set_budget(targets, change.budget, operator, source, change.note)
+        if change.freeze is not None and change.freeze != self.frozen:
+            results.append(self.freeze(change.freeze, operator=operator, note=change.note, source=source))
+        return results
+
+    def set_budget(self, tokens: int, *, operator: Operator, backend: str | None = None, note: str = "", source: AuditSource = "console") -> list[ActionResult]:
+        """Set the working budget by hand (one backend or all)."""
+        targets = self._backends(backend)
+        for b in targets:
+            self._check_budget(b, tokens, b.controller.min_tokens if b.controller else 0)
+        return self._set_budget(targets, tokens, operator, source, note)
+
+    def _check_budget(self, b: Backend, tokens: int, min_tokens: int) -> None:
+        if b.controller is None or b.admission is None:
+            raise CommandError(f"backend {b.name!r} is {b.state}: its capacity is not known yet")
+        if not min_tokens <= tokens <= b.controller.ceiling_tokens:
+            raise CommandError(
+                f"budget {tokens} is outside [{min_tokens}, {b.controller.ceiling_tokens}] "
+                f"for backend {b.name!r} (lower budget.min_tokens first to go below it)"
+            )
+
+    def _set_budget(self, targets: list[Backend], tokens: int, operator: Operator, source: AuditSource, note: str) -> list[ActionResult]:
+        now = self.gate.clock()
+        results = []
+        for b in targets:
+            move = b.controller.set_budget(now, tokens)  # type: ignore[union-attr]  (pushed to admission)
+            results.append(self._audit(operator, source, "set_budget", f"backend:{b.name}", move.old_budget, move.new_budget, note))
+        return results
+
+    def freeze(self, frozen: bool, *, operator: Operator, note: str = "", source: AuditSource = "console") -> ActionResult:
+        """Stop (or restart) the adaptive controller's own moves on every backend."""
+        old = self.frozen
+        self.frozen = frozen
+        for b in self.gate.backends:
+            self.adopt(b)
+        return self._audit(operator, source, "freeze" if frozen else "unfreeze", "controller", old, frozen, note)
+
+    def set_budget_settings(self, *, operator: Operator, note: str = "", source: AuditSource = "console", **changes: Any) -> ActionResult:
+        """Retune [budget]: min_tokens, slo_ttft_p95_ms, slo_tpot_p95_ms, window_s, cooldown_s..."""
+        results = self.retune(Retune(settings=changes, note=note), operator=operator, source=source)
+        return results[0]
+
+    # ---- classes -----------------------------------------------------------
+
+    def set_class(self, cls: str, *, operator: Operator, note: str = "", source: AuditSource = "console", **changes: Any) -> ActionResult:
+        """Retune one class's shares and queue bounds."""
+        self._class(cls)
+        results = self.retune(Retune(cls=cls, class_changes=changes, note=note), operator=operator, source=source)
+        return results[0]
+
+    def pause(self, cls: str, paused: bool, *, operator: Operator, note: str = "", source: AuditSource = "console") -> ActionResult:
+        """Pause (refuse newcomers with 503 class_paused, hold the queue) or resume a class."""
+        self._class(cls)
+        old = cls in self.paused
+        if paused:
+            self.paused.add(cls)
+        else:
+            self.paused.discard(cls)
+        for b in self._ready_admissions():
+            b.admission.pause(cls) if paused else b.admission.resume(cls)
+            b.gatekeeper.advance()
+        return self._audit(operator, source, "pause_class" if paused else "resume_class", f"class:{cls}", old, paused, note)
+
+    def drain(self, cls: str, *, operator: Operator, note: str = "", source: AuditSource = "console") -> ActionResult:
+        """Refuse everything waiting in a class (503 drained with Retry-After)."""
+        self._class(cls)
+        waiting = self.queued(cls)
+        refused = sum(b.gatekeeper.drain(cls) for b in self._ready_admissions())
+        return self._audit(operator, source, "drain_class", f"class:{cls}", waiting, 0, note or f"{refused} request{'' if refused == 1 else 's'} refused")
+
+    def queued(self, cls: str) -> int:
+        """How many requests of `cls` wait right now (what a drain would refuse)."""
+        return sum(len(b.admission.queue(cls)) for b in self._ready_admissions())
+
+    def adopt(self, backend: Backend) -> None:
+        """Bring a backend's admission core and controller in line with the operator state."""
+        if backend.admission is not None:
+            for cls in backend.admission.class_names:
+                backend.admission.pause(cls) if cls in self.paused else backend.admission.resume(cls)
+        if backend.controller is not None:
+            backend.controller.freeze() if self.frozen else backend.controller.unfreeze()
+
+    # ---- reload --------------------------------------------------------------
+
+    def reload(self, new_config: Config, *, operator: Operator, source: AuditSource = "signal", note: str = "") -> list[ActionResult]:
+        """Apply a re-read config file: classes and [budget] live; backends and tenants need a restart."""
+        old = self.gate.config
+        if tuple(old.backends) != tuple(new_config.backends) or old.gate != new_config.gate:
+            raise CommandError("[gate] or [[backends]] changed: restart tokengate to apply those")
+        if old.tenants != new_config.tenants:
+            raise CommandError("[[tenants]] changed: restart tokengate to apply (keys are read at start)")
+        if old.shared != new_config.shared:
+            raise CommandError("[shared] changed: restart tokengate to apply")
+        if {c.name for c in old.classes} != {c.name for c in new_config.classes}:
+            raise CommandError("classes were added or removed: restart tokengate to apply")
+        self._validated(new_config)
+        results = []
+        for key, before, after in _config_diff(old, new_config):
+            results.append(self._audit(operator, source, "reload", key, before, after, note))
+        self._apply_budget(new_config)
+        self._apply_classes(new_config)
+        if not results:
+            results.append(self._audit(operator, source, "reload", "config", None, None, note or "no changes"))
+        return results
+
+    # ---- internals -----------------------------------------------------------
+
+    def _validated(self, config: Config) -> Config:
+        try:
+            validate_config(config, "retune")
+        except ConfigError as exc:
+            raise CommandError(f"{exc.key}: {exc.problem}") from None
+        return config
+
+    def _apply_budget(self, config: Config) -> None:
+        self.gate.config = config
+        self.gate.backends.set_budget_config(config.budget)
+        now = self.gate.clock()
+        for b in self._ready_admissions():
+            # A router's model before its first load has no capacity yet: its core's stands in.
+            ceiling = b.capacity.ceiling if b.capacity is not None else b.admission.capacity.ceiling
+            settings = controller_settings(config.budget, ceiling)
+            b.controller.set_slos(settings.slo_ttft_p95_s, settings.slo_tpot_p95_s)
+            b.controller.set_bounds(now, settings.min_tokens)  # a clamped budget is pushed to admission
+
+    def _apply_classes(self, config: Config) -> None:
+        self.gate.config = config
+        self.gate.backends.set_classes(config.classes)
+        for b in self._ready_admissions():
+            for c in config.classes:
+                b.admission.set_policy(c)
+            b.gatekeeper.advance()
+
+    def _class(self, cls: str) -> ClassConfig:
+        try:
+            return self.gate.config.class_by_name(cls)
+        except KeyError:
+            raise CommandError(f"unknown class {cls!r}; classes: {', '.join(self.gate.config.class_names)}") from None
+
+    def _backends(self, name: str | None) -> list[Backend]:
+        if name is None:
+            return list(self.gate.backends)
+        backend = self.gate.backends.by_name(name)
+        if backend is None:
+            raise CommandError(f"unknown backend {name!r}")
+        return [backend]
+
+    def _ready_admissions(self) -> list[Backend]:
+        return [b for b in self.gate.backends if b.admission is not None]
+
+    def _audit(self, operator: Operator, source: AuditSource, action: str, target: str, old: Any, new: Any, note: str) -> ActionResult:
+        record = AuditRecord(
+            ts=time.time(), operator=operator.name, origin=operator.origin, source=source, action=action,
+            target=target, old_value=_fmt(old), new_value=_fmt(new), note=note,
+        )
+        self.gate.audit(record)
+        message = describe(action, target, record.old_value, record.new_value)
+        if note and action.startswith("model_"):
+            message += f" ({note})"  # what a model action does: "evicts tiny"
+        return ActionResult(action, target, record.old_value, record.new_value, message)
+
+
+def _replaced(obj: Any, changes: Mapping[str, Any]) -> Any:
+    try:
+        return dataclasses.replace(obj, **changes)
+    except TypeError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _diff_old(obj: Any, changes: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={_fmt(getattr(obj, k))}" for k in sorted(changes))
+
+
+def _diff_new(changes: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(changes.items()))
+
+
+def _config_diff(old: Config, new: Config) -> list[tuple[str, str | None, str | None]]:
+    """(key, old, new) for every changed [budget] and class setting."""
+    out = []
+    for f in dataclasses.fields(old.budget):
+        a, b = getattr(old.budget, f.name), getattr(new.budget, f.name)
+        if a != b:
+            out.append((f"budget.{f.name}", _fmt(a), _fmt(b)))
+    new_classes = {c.name: c for c in new.classes}
+    for c in old.classes:
+        for f in CLASS_FIELDS:
+            a, b = getattr(c, f), getattr(new_classes[c.name], f)
+            if a != b:
+                out.append((f"classes.{c.name}.{f}", _fmt(a), _fmt(b)))
+    if old.default_class != new.default_class:
+        out.append(("default_class", old.default_class, new.default_class))
+    return out

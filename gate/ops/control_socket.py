@@ -1,0 +1,327 @@
+"""The gate's control socket: consoles attach here (`tokengate console --attach`).
+
+A Unix stream socket, never TCP; mode 0600 (or 0660 with a configured group).
+The protocol is one JSON object per line, in both directions:
+
+    -> {"id": 1, "op": "hello", "v": 1, "read_only": false, "origin": "10.1.2.3"}
+    <- {"id": 1, "ok": true, "info": {...}}          the gate, and who it takes you for
+    -> {"id": 2, "op": "snapshot", "after": 1234}    decisions after sequence number 1234
+    <- {"id": 2, "ok": true, "snapshot": {...}}      gate.snapshot.GateSnapshot, encoded
+    -> {"id": 3, "op": "command", "command": {"v": 1, "op": "pause", "cls": "batch", "paused": true}}
+    <- {"id": 3, "ok": true, "results": [...]}       or {"ok": false, "error": "..."}
+    -> {"id": 4, "op": "subscribe"}
+    <- {"event": "audit", "record": {...}}           every audit row from then on
+    -> {"id": 5, "op": "stop", "why": "hang-up"}     drain and stop: only from the process that
+                                                     started the gate (the embedded console)
+
+The operator of a command is the peer's uid, read from the socket (SO_PEERCRED),
+never what the client says; the client only adds its SSH origin. A session that
+said read_only at hello is refused every command, whatever it sends later.
+Everything runs on the gate's loop; a slow or stuck console only fills its own
+bounded outbox and is then dropped, it never holds the gate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import grp
+import json
+import logging
+import os
+import pwd
+import socket
+import stat
+import struct
+from typing import TYPE_CHECKING, Any
+
+from gate import __version__
+from gate.data.commands import CommandError, from_wire
+from gate.ops.control import Operator
+from gate.data.records import AuditRecord
+from gate.data.snapshot import SNAPSHOT_VERSION
+from gate.data.wire import encode
+
+if TYPE_CHECKING:
+    from gate.service import GateService
+
+log = logging.getLogger("tokengate.control")
+
+PROTOCOL_VERSION = 1
+MAX_LINE = 64 * 1024  # commands are small; a longer line ends the session
+OUTBOX = 256  # events a console may fall behind by before it is dropped
+
+
+class SocketInUse(Exception):
+    """The control socket's path is taken: a live gate answers there, or it is not a socket."""
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a Unix socket."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", raw)
+
+
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def is_live(path: str) -> bool:
+    """True when a gate answers on the control socket at `path`."""
+    try:
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            return False
+    except OSError:
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+def claim_path(path: str) -> None:
+    """Make `path` free for a new socket: remove a stale one, refuse a live one or a non-socket."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise SocketInUse(f"{path}: exists and is not a socket; move it away or set [gate] control_socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # stale: its gate died without removing it
+        log.info("control socket %s: removed a stale socket file", path)
+        return
+    except OSError as exc:
+        raise SocketInUse(f"{path}: cannot tell whether a gate listens there: {exc}") from None
+    finally:
+        probe.close()
+    raise SocketInUse(f"{path}: another gate is listening on this control socket; attach to it with `tokengate console --attach {path}`")
+
+
+class _Session:
+    __slots__ = ("operator", "read_only", "writer", "outbox", "pusher", "uid", "pid")
+
+    def __init__(self, pid: int, uid: int, writer: asyncio.StreamWriter) -> None:
+        self.pid = pid
+        self.uid = uid
+        self.operator = Operator(user_name(uid), "local")
+        self.read_only = True  # until hello says otherwise
+        self.writer = writer
+        self.outbox: asyncio.Queue[bytes] | None = None
+        self.pusher: asyncio.Task[None] | None = None
+
+
+class ControlServer:
+    """Listens on the control socket and serves snapshots, commands and audit events."""
+
+    def __init__(self, path: str, gate: GateService, *, group: str = "") -> None:
+        self.path = path
+        self.gate = gate
+        self.group = group
+        self._server: asyncio.AbstractServer | None = None
+        self._sessions: set[_Session] = set()
+        self._handlers: set[asyncio.Task[Any]] = set()
+
+    def claim(self) -> None:
+        claim_path(self.path)
+
+    async def start(self) -> None:
+        gid = None
+        if self.group:
+            try:
+                gid = grp.getgrnam(self.group).gr_gid
+            except KeyError:
+                raise SocketInUse(f"[gate] control_socket_group: no group {self.group!r} on this host") from None
+        self.claim()
+        # Bound 0600 (no window in which others may connect), given its group and mode, and only
+        # then listened on: once anyone can connect, the file already has the mode it keeps
+        # (listening first let a console, or a test, connect and see 0600 before the chmod).
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        bound = False
+        try:
+            old_umask = os.umask(0o177)
+            try:
+                sock.bind(self.path)
+                bound = True
+            finally:
+                os.umask(old_umask)
+            if gid is not None:
+                os.chown(self.path, -1, gid)
+                os.chmod(self.path, 0o660)
+            self._server = await asyncio.start_unix_server(self._serve, sock=sock, limit=MAX_LINE)
+        except BaseException:
+            sock.close()
+            if bound:  # ours; a file that was there before is not
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path)
+            raise
+        self.gate.audit_listeners.append(self._on_audit)
+
+    async def close(self) -> None:
+        """Stop listening, end every session, remove the socket file."""
+        if self._on_audit in self.gate.audit_listeners:
+            self.gate.audit_listeners.remove(self._on_audit)
+        if self._server is None:
+            return
+        self._server.close()
+        for session in tuple(self._sessions):
+            self._drop(session)
+        for task in tuple(self._handlers):
+            task.cancel()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        self._server = None
+
+    @property
+    def sessions(self) -> int:
+        return len(self._sessions)
+
+    # ---- one console -------------------------------------------------------------
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        sock = writer.get_extra_info("socket")
+        try:
+            pid, uid, _gid = peer_credentials(sock)
+        except OSError:
+            writer.close()
+            self._handlers.discard(task)
+            return
+        session = _Session(pid, uid, writer)
+        self._sessions.add(session)
+        try:
+            while True:
+                try:
+                    line = await reader.readline()
+                except (ValueError, asyncio.LimitOverrunError):
+                    await self._send(session, {"ok": False, "error": f"line longer than {MAX_LINE} bytes"})
+                    break
+                if not line:
+                    break
+                reply = self._handle(session, line)
+                if reply is not None:
+                    await self._send(session, reply)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:
+            # close() ends the sessions: end quietly, or asyncio's stream callback logs the
+            # cancellation as an "Exception in callback" traceback at every stop.
+            pass
+        finally:
+            self._drop(session)
+            self._handlers.discard(task)
+
+    def _handle(self, session: _Session, line: bytes) -> dict[str, Any] | None:
+        try:
+            request = json.loads(line)
+        except ValueError:
+            return {"ok": False, "error": "not JSON"}
+        if not isinstance(request, dict):
+            return {"ok": False, "error": "a request must be an object"}
+        rid = request.get("id")
+        try:
+            body = self._dispatch(session, request)
+        except CommandError as exc:
+            body = {"ok": False, "error": str(exc)}
+        except Exception as exc:  # noqa: BLE001 - a bad request must not end the gate's service
+            log.exception("control socket: request %r failed", request.get("op"))
+            body = {"ok": False, "error": f"internal error: {type(exc).__name__}"}
+        return {"id": rid, **body}
+
+    def _dispatch(self, session: _Session, request: dict[str, Any]) -> dict[str, Any]:
+        op = request.get("op")
+        gate = self.gate
+        if op == "hello":
+            if request.get("v") != PROTOCOL_VERSION:
+                raise CommandError(f"protocol version {request.get('v')!r} is not {PROTOCOL_VERSION}: upgrade the console")
+            session.read_only = bool(request.get("read_only", False))
+            origin = request.get("origin")
+            name = user_name(session.uid)
+            sudo = request.get("sudo_user")
+            if session.uid == 0 and isinstance(sudo, str) and sudo and sudo != name:
+                name = f"{sudo} (root)"  # sudo'd: the person, and the identity the kernel vouches for
+            session.operator = Operator(name, origin if isinstance(origin, str) and origin else "local")
+            log.info("console attached: %s from %s%s", name, session.operator.origin, " (read-only)" if session.read_only else "")
+            return {"ok": True, "info": self._info(session)}
+        if op == "snapshot":
+            after = request.get("after", 0)
+            snap = gate.snapshot(decisions_after=after if isinstance(after, int) and after >= 0 else 0)
+            return {"ok": True, "v": SNAPSHOT_VERSION, "snapshot": encode(snap)}
+        if op == "command":
+            if session.read_only:
+                raise CommandError("this console attached read-only: the gate refuses its commands")
+            results = gate.control.execute(from_wire(request.get("command")), operator=session.operator, source="console")
+            return {"ok": True, "results": [encode(r) for r in results]}
+        if op == "stop":
+            if session.pid != os.getppid() or gate.stop_requested is None:
+                raise CommandError("only the console that started this gate may stop it; use SIGTERM (systemctl stop)")
+            why = request.get("why")
+            gate.stop_requested(f"console: {why}" if isinstance(why, str) and why else "console quit")
+            return {"ok": True}
+        if op == "subscribe":
+            if session.outbox is None:
+                session.outbox = asyncio.Queue(OUTBOX)
+                session.pusher = asyncio.get_running_loop().create_task(self._push(session))
+            return {"ok": True}
+        raise CommandError(f"unknown op {op!r}")
+
+    def _info(self, session: _Session) -> dict[str, Any]:
+        gate = self.gate
+        return {
+            "gate_id": gate.gate_id, "version": __version__, "label": gate.label, "listen": f"{gate.host}:{gate.port}",
+            "journal": gate.journal_path if gate.journal_path == ":memory:" else os.path.abspath(gate.journal_path), "operator": session.operator.name, "origin": session.operator.origin,
+            "read_only": session.read_only, "classes": list(gate.config.class_names), "drain_grace_s": gate.drain_grace_s,
+        }
+
+    def _on_audit(self, record: AuditRecord) -> None:
+        if not self._sessions:
+            return
+        line = _line({"event": "audit", "record": encode(record)})
+        for session in tuple(self._sessions):
+            if session.outbox is None:
+                continue
+            try:
+                session.outbox.put_nowait(line)
+            except asyncio.QueueFull:
+                log.warning("control socket: %s fell %d events behind; dropping it", session.operator.name, OUTBOX)
+                self._drop(session)
+
+    async def _push(self, session: _Session) -> None:
+        assert session.outbox is not None
+        with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+            while True:
+                line = await session.outbox.get()
+                session.writer.write(line)
+                await session.writer.drain()
+
+    async def _send(self, session: _Session, body: dict[str, Any]) -> None:
+        session.writer.write(_line(body))
+        await session.writer.drain()
+
+    def _drop(self, session: _Session) -> None:
+        if session not in self._sessions:
+            return
+        self._sessions.discard(session)
+        if session.pusher is not None:
+            session.pusher.cancel()
+        session.writer.close()
+
+
+def _line(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode() + b"\n"
