@@ -427,7 +427,7 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     from gate.ops.control_socket import SocketInUse
     from gate.ops.lock import JournalLocked
-    from gate.service import serve_until_signalled  # the HTTP stack only when serving
+    from gate.serve import serve_until_signalled  # the HTTP stack only when serving
 
     if not _die_with_parent():
         err.write("tokengate serve: the console that started this gate is gone\n")

@@ -2,7 +2,7 @@
 
 Self-contained, so the live console can ``push_screen(ReviewScreen(journal_path))`` (key
 ``r``) and ``tokengate review`` can run it alone (:class:`console.review_app.ReviewApp`):
-it opens its own read-only connection (:class:`console.review_app.JournalReader`) and
+it opens its own read-only connection (:class:`gate.journal.reader.JournalReader`) and
 closes it on unmount. ``escape``/``q`` dismisses it with ``None`` (or the open error's
 message when the journal could not be read).
 
@@ -38,7 +38,8 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 from textual.worker import Worker, WorkerState, get_current_worker
 
-from console.review_app import (
+from gate.journal.reader import (
+    FILTER_FIELDS,
     DecisionFilters,
     JournalReader,
     ReviewError,
@@ -103,7 +104,7 @@ def parse_filter(text: str) -> dict[str, tuple[str, ...]]:
 def format_filter(filters: dict[str, tuple[str, ...]]) -> str:
     names = {"cls": "class", "reason": "reason", "tenant": "tenant", "outcome": "outcome"}
     parts = []
-    for field in ("cls", "reason", "tenant", "outcome"):
+    for field in FILTER_FIELDS:
         values = filters.get(field)
         if values:
             joined = ",".join(values)
@@ -358,7 +359,7 @@ class ReviewScreen(Screen[str | None]):
 
     @staticmethod
     def _filter_kwargs(fields: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...] | None]:
-        return {k: fields.get(k) or None for k in ("cls", "reason", "tenant", "outcome")}
+        return {k: fields.get(k) or None for k in FILTER_FIELDS}
 
     async def _load_timeline(self) -> None:
         reader = self.reader
@@ -404,7 +405,7 @@ class ReviewScreen(Screen[str | None]):
         if reader is None:
             return
         filters = self.filters
-        kw = filters.kwargs()
+        kw = {"filters": filters}
         page_no = self.page_no
         if where == "next" and self.page_rows:
             rows = await reader.decisions_page(before_id=self.page_rows[-1]["id"], limit=PAGE_SIZE, **kw)

@@ -17,17 +17,48 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import httpx
 
 from gate.core.admission import Admission, Capacity, ClassPolicy, TenantPolicy
-from gate.core.adaptive import BudgetController, ControllerSettings
+from gate.core.adaptive import BudgetController, ControllerSettings, Move, has_demand
 from gate.config import BackendConfig, BudgetConfig
-from gate.backend.gatekeeper import Gatekeeper
+from gate.backend.gatekeeper import Gatekeeper, Ticket
 from gate.core.shedding import DecodeMeter
 from gate.core.prefill import PrefillModel
 from gate.backend.upstream import Upstream
+from gate.data.snapshot import ModelView
+
+
+class Fleet(Protocol):
+    """A router-mode backend's models, one capacity unit each (`gate.fleet.router_mode.ModelFleet`).
+
+    The pool knows a fleet only through this port, and builds one with the `fleet_factory`
+    the composition root hands it: the backend layer never imports the fleet layer above it.
+    """
+
+    parent: Backend
+    units: dict[str, Backend]
+    refreshed: bool
+    task: asyncio.Task[None] | None
+    info: Mapping[str, Any]
+
+    def accepts(self, unit: Backend) -> bool: ...
+    def check(self, unit: Backend) -> None: ...
+    def loaded(self, unit: Backend) -> bool: ...
+    def refused(self, unit: Backend, err: Exception) -> None: ...
+    def demand(self, model: str) -> None: ...
+    def router_props(self, props: dict[str, Any]) -> None: ...
+    def router_state(self, state: str, detail: str) -> None: ...
+    def views(self, telemetry: dict[str, Any]) -> list[ModelView]: ...
+    async def refresh(self) -> None: ...
+    async def run(self, interval_s: float = 1.0) -> None: ...
+    async def close(self) -> None: ...
+
+
+#: builds a backend's fleet: (the router backend, the pool, the HTTP client, clock, event hook)
+FleetFactory = Callable[..., Fleet]
 
 log = logging.getLogger("tokengate.backends")
 
@@ -65,10 +96,10 @@ class Backend:
     decode: DecodeMeter = field(default_factory=DecodeMeter)  # the current per-slot rate, for shedding
     controller: BudgetController | None = None
     kv_bytes_per_token: int | None = None  # from the model's GGUF header, when local
-    #: router mode: the model this unit serves, its fleet (gate.router_mode.ModelFleet; the
-    #: router's own entry has the fleet and no model) and the query its GETs need
+    #: router mode: the model this unit serves, its fleet (the router's own entry has the
+    #: fleet and no model) and the query its GETs need
     model: str | None = None
-    fleet: Any = None
+    fleet: Fleet | None = None
     query: str = ""
 
     @property
@@ -125,6 +156,8 @@ class BackendPool:
         on_created: Callable[[Backend], None] | None = None,
         probe_timeout_s: float = 2.0,
         on_model_event: Callable[[str, str, str | None, str | None, str], None] | None = None,
+        fleet_factory: FleetFactory | None = None,
+        kv_bytes_per_token: int | None = None,
     ) -> None:
         self._client = client
         self._budget = budget or BudgetConfig()
@@ -134,12 +167,17 @@ class BackendPool:
         self._on_change = on_change
         self._on_created = on_created
         self._timeout = probe_timeout_s
+        self._fleet_factory = fleet_factory
         #: router mode: called with (action, target, old, new, note) for loads, evictions, failures
         self.on_model_event = on_model_event
         #: called when router mode turns a backend into model units (the telemetry follows)
         self.on_units: Callable[[], None] | None = None
         self.configured: tuple[Backend, ...] = tuple(
-            Backend(c, Upstream(client, c.url), environ.get(c.api_key_env) if c.api_key_env else None) for c in configs
+            Backend(
+                c, Upstream(client, c.url), environ.get(c.api_key_env) if c.api_key_env else None,
+                kv_bytes_per_token=kv_bytes_per_token,
+            )
+            for c in configs
         )
         self._fleet_tasks: list[asyncio.Task] = []
 
@@ -152,7 +190,7 @@ class BackendPool:
         return tuple(out)
 
     @property
-    def fleets(self) -> list[Any]:
+    def fleets(self) -> list[Fleet]:
         return [b.fleet for b in self.configured if b.fleet is not None]
 
     def __iter__(self):
@@ -205,7 +243,7 @@ class BackendPool:
                     if backend.fleet is not None and not backend.fleet.refreshed:
                         await backend.fleet.refresh()  # the models' states before the gate answers
                 else:
-                    self._apply_capacity(backend, capacity_from_props(backend.props, backend.config))
+                    self.apply_capacity(backend, capacity_from_props(backend.props, backend.config))
                     backend.state, backend.detail = "ready", "ok"
         except (httpx.HTTPError, ValueError) as exc:
             backend.state, backend.detail = "down", f"{type(exc).__name__}: {exc}"[:200]
@@ -220,23 +258,24 @@ class BackendPool:
 
     def _router(self, backend: Backend) -> None:
         """Router mode: the backend becomes one unit per configured model (once)."""
-        from gate.fleet.router_mode import ModelFleet
-
         if backend.props.get("role") != "router":
             backend.state, backend.detail = "down", "llama-server left router mode: restart tokengate"
             return
         if not backend.config.models:
             backend.state, backend.detail = "down", "llama-server runs in router mode: list its models in [[backends]] models"
             return
+        if self._fleet_factory is None:
+            backend.state, backend.detail = "down", "llama-server runs in router mode, which this gate was built without"
+            return
         if backend.fleet is None:
-            backend.fleet = ModelFleet(backend, self, self._client, clock=self._clock, on_event=self.on_model_event)
+            backend.fleet = self._fleet_factory(backend, self, self._client, clock=self._clock, on_event=self.on_model_event)
             log.info("backend %s: llama-server router mode, models %s", backend.name, ", ".join(backend.config.models))
             if self.on_units is not None:
                 self.on_units()
         backend.fleet.router_props(backend.props)
         backend.state, backend.detail = "ready", f"router: {len(backend.config.models)} models"
 
-    def _apply_capacity(
+    def apply_capacity(
         self, backend: Backend, capacity: Capacity, *, gatekeeper_factory: Callable[..., Gatekeeper] = Gatekeeper
     ) -> None:
         if backend.gatekeeper is None:
@@ -283,3 +322,46 @@ class BackendPool:
                 task.cancel()
             await asyncio.gather(*self._fleet_tasks, return_exceptions=True)
             await asyncio.gather(*(fleet.close() for fleet in self.fleets), return_exceptions=True)
+
+
+def controller_moves(pool: BackendPool, now: float) -> list[tuple[Backend, Move]]:
+    """One adaptive step per backend; the moves made (each already pushed to its admission)."""
+    moves = []
+    for b in pool:
+        if b.controller is None or b.admission is None:
+            continue
+        adm = b.admission
+        move = b.controller.tick(now, has_demand(adm.waiting(), adm.ledger.in_flight, adm.budget))
+        if move is not None:
+            moves.append((b, move))
+    return moves
+
+
+async def release_when_slot_frees(
+    client: httpx.AsyncClient, backend: Backend, ticket: Ticket, *, timeout_s: float, clock: Callable[[], float],
+    then: Callable[[], None] | None = None,
+) -> None:
+    """Release `ticket` once llama-server shows one busy slot fewer than the gate holds; then call `then`.
+
+    A cancelled request's slot stays busy in llama-server until its next decode step; releasing
+    before that would let the gate dispatch into a slot llama-server still holds.
+    """
+    deadline = clock() + timeout_s
+    try:
+        while clock() < deadline and backend.admission is not None:
+            try:
+                response = await client.get(backend.url + "/slots" + backend.query, headers=backend.auth_headers(), timeout=1.0)
+                slots = response.json() if response.status_code == 200 else None
+            except (httpx.HTTPError, ValueError):
+                slots = None
+            if not isinstance(slots, list):
+                break  # /slots is off or the backend is gone: nothing to wait for
+            busy = sum(1 for s in slots if isinstance(s, dict) and s.get("is_processing"))
+            if busy < len(backend.admission.ledger):  # the ledger still counts this ticket
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        if backend.gatekeeper is not None:
+            backend.gatekeeper.release(ticket)
+        if then is not None:
+            then()

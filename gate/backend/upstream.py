@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from gate.core.errors import GateError
-from gate.http.intake import Kind
+from gate.data.endpoints import Kind
 from gate.core.reasons import Reason
 
 log = logging.getLogger("tokengate.upstream")

@@ -24,10 +24,15 @@ The data flow, TOML text -> reader -> schema dataclasses -> checks, one module e
 - ``terms``: how both write keys and values in error messages, as the user wrote them in TOML.
 - ``example``: ``EXAMPLE_CONFIG``, the annotated example (`tokengate config example`).
 
+May know: the standard library and `gate.core`; nothing that runs (no I/O beyond reading
+the file it is given).
+
 Import from ``gate.config``; the submodules are its layout, not its interface.
 """
 
 from __future__ import annotations
+
+import hashlib
 
 from gate.config.checks import validate_config
 from gate.config.example import EXAMPLE_CONFIG
@@ -54,6 +59,7 @@ from gate.config.schema import (
 )
 
 __all__ = [
+    "config_digest",
     "BackendConfig",
     "BudgetConfig",
     "ClassConfig",
@@ -79,3 +85,8 @@ __all__ = [
     "NAME_RE",
     "SHA256_RE",
 ]
+
+
+def config_digest(config: Config) -> str:
+    """A short digest of the effective config (frozen dataclasses have a stable repr)."""
+    return "sha256:" + hashlib.sha256(repr(config).encode()).hexdigest()[:16]

@@ -14,12 +14,19 @@ from __future__ import annotations
 
 import json
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from gate.core.reasons import Outcome, Reason
 
-if TYPE_CHECKING:
-    from gate.http.tenants import Caller
+
+class Who(Protocol):
+    """Who asked: what a refusal needs to name its tenant and class (`gate.http.tenants.Caller` is one)."""
+
+    @property
+    def tenant(self) -> str: ...
+
+    @property
+    def cls(self) -> str: ...
 
 # The `type` OpenAI clients branch on, per status.
 _TYPES: dict[int, str] = {
@@ -59,9 +66,9 @@ class GateError(Exception):
         self.retry_after_s = retry_after_s
         self.status = status if status is not None else reason.status
         self.body = body
-        #: who asked (a `gate.tenants.Caller`), when known before the request was refused: the
-        #: journal and the console then name its tenant and class
-        self.caller: Caller | None = None
+        #: who asked, when known before the request was refused: the journal and the console
+        #: then name its tenant and class
+        self.caller: Who | None = None
 
     @property
     def outcome(self) -> Outcome:

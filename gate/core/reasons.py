@@ -9,7 +9,10 @@ stands for; `gate.errors` turns one into a response.
 from __future__ import annotations
 
 from enum import StrEnum
-from gate.data.records import Outcome
+from typing import Literal
+
+#: what became of a request, the journal's `outcome` column
+Outcome = Literal["admitted", "refused", "shed", "cancelled", "failed"]
 
 
 class Reason(StrEnum):

@@ -10,6 +10,8 @@ another version gets a clear refusal instead of a half-understood action.
 from __future__ import annotations
 
 import dataclasses
+import getpass
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Union
@@ -137,6 +139,26 @@ def describe(action: str, target: str, old: str | None, new: str | None, note: s
     if old is not None or new is not None:
         what += f": {old} -> {new}"
     return what + (f" ({note})" if note else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Operator:
+    """Who acts: a user name and where they came from ("local" or an SSH client address)."""
+
+    name: str
+    origin: str
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> Operator:
+        """Who is at the keyboard: SUDO_USER over USER, and the SSH client address or "local"."""
+        env = os.environ if environ is None else environ
+        name = env.get("SUDO_USER") or env.get("USER") or env.get("LOGNAME")
+        if not name:
+            try:
+                name = getpass.getuser()
+            except Exception:  # noqa: BLE001 - no passwd entry in some containers
+                name = "unknown"
+        return cls(name, ssh_origin(env))
 
 
 def ssh_origin(environ: Mapping[str, str]) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-Outcome = Literal["admitted", "refused", "shed", "cancelled", "failed"]
+from gate.core.reasons import Outcome as Outcome  # re-exported: the core's vocabulary
 
 
 @dataclass(frozen=True, slots=True)

@@ -95,7 +95,7 @@ class ModelFleet:
             ceiling = parent.config.token_budget or PROVISIONAL_TOKENS
             provisional = Capacity(0, PROVISIONAL_TOKENS, ceiling, parent.config.max_prefill_tokens)
             keeper = functools.partial(ModelGatekeeper, on_change=self.wake, on_release=functools.partial(self.used, model))
-            pool._apply_capacity(unit, provisional, gatekeeper_factory=keeper)
+            pool.apply_capacity(unit, provisional, gatekeeper_factory=keeper)
             unit.capacity = None  # unknown until the model reports it
             unit.state, unit.detail = "loading", "not seen yet"
             self.units[model] = unit

@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from gate.http.intake import Kind
+from gate.data.endpoints import Kind
 
 
 def stream_loses(kind: Kind, body: Mapping[str, Any]) -> bool:

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from gate.config import ClassConfig, Config
+from gate.data.endpoints import ENDPOINTS, Kind
 from gate.core.errors import GateError
 from gate.http.jsonbody import MAX_JSON_DEPTH, decode_body, describe
 from gate.core.reasons import Reason
@@ -63,13 +64,6 @@ __all__ = [
     "parse_request",
 ]
 
-Kind = Literal["chat", "completions", "completion"]
-
-ENDPOINTS: dict[str, Kind] = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-    "/completion": "completion",
-}
 
 MESSAGE_ROLES = ("system", "user", "assistant", "tool", "developer")
 

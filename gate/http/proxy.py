@@ -35,7 +35,7 @@ from gate.backend.tokens import TokenCount
 from gate.backend.upstream import RelayStats, SseRelay, forward_headers, upstream_body
 
 if TYPE_CHECKING:
-    from gate.service import GateService
+    from gate.http.ports import RequestPorts
     from gate.http.tenants import Caller
 
 _REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
@@ -49,7 +49,7 @@ class ClientGone(Exception):
 class AdmittedEndpoint:
     """ASGI app for /v1/chat/completions, /v1/completions and /completion."""
 
-    def __init__(self, gate: GateService) -> None:
+    def __init__(self, gate: RequestPorts) -> None:
         self.gate = gate
         self.new_id = RequestIds()
         self.header_name = HeaderNames()
@@ -72,7 +72,7 @@ class _Flow:
     )
 
     def __init__(
-        self, gate: GateService, scope: Scope, receive: Receive, send: Send,
+        self, gate: RequestPorts, scope: Scope, receive: Receive, send: Send,
         new_id: Callable[[], str], header_name: Callable[[bytes], str],
     ) -> None:
         self.gate = gate
@@ -420,7 +420,7 @@ class _Flow:
     async def _last(self, data: bytes) -> None:
         """The response's last bytes, sent only once its decision row is committed (DESIGN.md 5)
         and its shared lease is released (bounded by [shared] wait_ms)."""
-        await self.gate.committed(self.committed)
+        await self.gate.recorder.committed(self.committed)
         if self.shared_done is not None:  # and the tenant's tokens are back in the fleet's count
             await self.gate.shared.landed(self.shared_done)
         await self._send({"type": "http.response.body", "body": data, "more_body": False})
@@ -557,7 +557,7 @@ class _Flow:
             rerouted_from=self.rerouted_from or "",
         )
         model = self.model_name or (intake.model if intake is not None else None)
-        self.committed = gate.record(
+        self.committed = gate.recorder.record(
             record, model=model, queued_s=queued_s,
             ttft_s=stats.ttft_s if stats else None,
             ttft_total_s=None if stats is None or stats.first_token_at is None else stats.first_token_at - self.t0,

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from gate.backend.pool import Backend
     from gate.http.intake import Intake
     from gate.http.tenants import Caller
-    from gate.service import GateService
+    from gate.http.ports import RequestPorts
 
 #: refusals of the requested model that a fallback may answer instead
 REROUTABLE = frozenset({
@@ -34,7 +34,7 @@ REROUTABLE = frozenset({
 })
 
 
-def fallback_models(gate: GateService, caller: Caller) -> tuple[str, ...]:
+def fallback_models(gate: RequestPorts, caller: Caller) -> tuple[str, ...]:
     """The caller's tenant's fallback list, else its class's."""
     config = gate.config
     for tenant in config.tenants:
@@ -46,7 +46,7 @@ def fallback_models(gate: GateService, caller: Caller) -> tuple[str, ...]:
     return ()
 
 
-def fallback_chain(gate: GateService, caller: Caller, requested: Backend) -> list[Backend]:
+def fallback_chain(gate: RequestPorts, caller: Caller, requested: Backend) -> list[Backend]:
     """The fallbacks as routed units/backends, without the requested one, each once."""
     chain: list[Backend] = []
     for name in fallback_models(gate, caller):
@@ -68,7 +68,7 @@ def routed_name(b: Backend, intake: Intake) -> str | None:
     return b.model or (b.config.models[0] if b.config.models else intake.model)
 
 
-async def count_tokens(gate: GateService, b: Backend, intake: Intake) -> TokenCount:
+async def count_tokens(gate: RequestPorts, b: Backend, intake: Intake) -> TokenCount:
     """The prompt's tokens on `b`. A router's model that is not loaded cannot count: estimate
     (asking would load it behind the gate's back)."""
     if b.fleet is not None and not serving(b):
@@ -76,7 +76,7 @@ async def count_tokens(gate: GateService, b: Backend, intake: Intake) -> TokenCo
     return await gate.tokens.count(b.url, intake.kind, intake.body, b.auth_headers(), model=b.model)
 
 
-async def fits_now(gate: GateService, b: Backend, intake: Intake) -> bool:
+async def fits_now(gate: RequestPorts, b: Backend, intake: Intake) -> bool:
     """Would `b` admit this request at once? Changes nothing."""
     if not serving(b) or b.admission is None:
         return False

@@ -32,7 +32,7 @@ from gate.core.reasons import Reason
 from gate.backend.upstream import RETRY_DOWN_S
 
 if TYPE_CHECKING:
-    from gate.service import GateService
+    from gate.http.ports import RequestPorts
 
 PASS_THROUGH_POST = ("/tokenize", "/detokenize", "/apply-template")
 PASS_THROUGH_GET = ("/props", "/slots")
@@ -40,7 +40,7 @@ PASS_THROUGH_GET = ("/props", "/slots")
 log = logging.getLogger("tokengate.server")
 
 
-def build_app(gate: GateService) -> ASGIApp:
+def build_app(gate: RequestPorts) -> ASGIApp:
     """The ASGI app for one gate service: admitted POSTs direct, the rest through Starlette."""
     admitted = AdmittedEndpoint(gate)
 
@@ -158,7 +158,7 @@ class _FastPath:
     of the gate's CPU on a refused request (py-spy, bench/overhead.py flood).
     """
 
-    def __init__(self, admitted: AdmittedEndpoint, app: Starlette, gate: GateService) -> None:
+    def __init__(self, admitted: AdmittedEndpoint, app: Starlette, gate: RequestPorts) -> None:
         self.admitted = admitted
         self.app = app
         self.gate = gate
@@ -192,7 +192,7 @@ async def _answer(send: Send, err: GateError) -> None:
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-async def _get_json(gate: GateService, backend, path: str) -> Any:
+async def _get_json(gate: RequestPorts, backend, path: str) -> Any:
     try:
         response = await gate.client.get(backend.url + path, headers=backend.auth_headers(), timeout=5.0)
         response.raise_for_status()

@@ -12,16 +12,21 @@ one module each:
   the write side, the row-to-dict conversion of the read side, ``decision_from_row`` /
   ``sample_from_row``.
 - ``queries``: ``JournalQueries``, the read side's SQL, shared by the live journal and
-  the review screen, and ``decision_where``, the decision filters as SQL.
+  the review screen, and ``DecisionFilters``, the one decision-filter type (its SQL too).
 - ``writer``: ``Journal``, the group-commit writer (``add``, faults and backoff,
   retention, the file's permissions, ``health``) and its read-only connection.
+
+- ``reader``: the read side for people: ``JournalReader`` (review), ``DecisionFilters``
+  (re-exported), the CSV export of a filtered view; ``export``: ``tokengate log``.
+
+May know: `gate.core`, `gate.data` (the records it stores), `gate.config`, aiosqlite.
 
 Import from ``gate.journal``; the submodules are its layout, not its interface.
 """
 
 from __future__ import annotations
 
-from gate.journal.queries import JournalQueries, decision_where
+from gate.journal.queries import DecisionFilters, JournalQueries, time_where
 from gate.journal.rows import Row, decision_from_row, sample_from_row
 from gate.journal.schema import (
     AUDIT_FIELDS,
@@ -47,7 +52,8 @@ __all__ = [
     "JournalVersionError",
     "Row",
     "decision_from_row",
-    "decision_where",
+    "DecisionFilters",
+    "time_where",
     "migrate_sync",
     "sample_from_row",
     # The field and table tuples and the migrations: public names of the module before the split.

@@ -100,16 +100,23 @@ def open_read_only(path: str) -> sqlite3.Connection:
         (version,) = conn.execute("PRAGMA user_version").fetchone()
     except sqlite3.Error as e:
         raise ExportError(f"{path}: cannot read the journal: {e}") from e
-    if version > SCHEMA_VERSION:
+    problem = check_version(path, version, "export")
+    if problem is not None:
         conn.close()
-        raise ExportError(
+        raise ExportError(problem)
+    return conn
+
+
+def check_version(path: str, version: int, verb: str) -> str | None:
+    """Why a journal of schema `version` cannot be read (None when it can): one rule for every reader."""
+    if version > SCHEMA_VERSION:
+        return (
             f"{path}: journal schema version {version} is newer than this tokengate understands "
-            f"(up to {SCHEMA_VERSION}); export it with a newer tokengate"
+            f"(up to {SCHEMA_VERSION}); {verb} it with a newer tokengate"
         )
     if version < 1:
-        conn.close()
-        raise ExportError(f"{path}: not a tokengate journal (schema version {version})")
-    return conn
+        return f"{path}: not a tokengate journal (schema version {version})"
+    return None
 
 
 def _rows(

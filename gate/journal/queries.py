@@ -8,20 +8,23 @@ Read side
     ``classes`` a list of ``{"cls", "in_flight", "queued"}`` dicts. The export
     (``tokengate log``) uses the column names instead, as operators read them.
 
-``decision_where`` turns the decision filters into SQL clauses and parameters; the
-review screen builds its own counts and exports on it.
+``DecisionFilters`` is the one decision-filter type (its ``where()`` is the SQL); the
+review screen builds its counts and exports on it.
 """
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gate.journal.rows import _decision_dict, _sample_dict
 from gate.journal.schema import COLUMNS
 
+#: the decision fields a filter may name, and their columns
 _FIELD_FILTERS = {"cls": '"class"', "reason": "reason", "tenant": "tenant", "outcome": "outcome"}
+FILTER_FIELDS = tuple(_FIELD_FILTERS)
 _DECISION_SELECT = "SELECT id, " + ", ".join(
     f'"class" AS cls' if c == "class" else c for c in COLUMNS["decisions"]
 ) + " FROM decisions"
@@ -29,37 +32,53 @@ _AUDIT_SELECT = "SELECT id, " + ", ".join(COLUMNS["audit"]) + " FROM audit"
 _SAMPLE_SELECT = "SELECT id, " + ", ".join(COLUMNS["samples"]) + " FROM samples"
 
 
-def decision_where(
-    cls: str | Sequence[str] | None,
-    reason: str | Sequence[str] | None,
-    tenant: str | Sequence[str] | None,
-    outcome: str | Sequence[str] | None,
-    since_ts: float | None,
-    until_ts: float | None,
-) -> tuple[list[str], list[Any]]:
-    clauses: list[str] = []
-    params: list[Any] = []
-    for name, value in (("cls", cls), ("reason", reason), ("tenant", tenant), ("outcome", outcome)):
-        if value is None:
-            continue
-        column = _FIELD_FILTERS[name]
-        if isinstance(value, str):
-            clauses.append(f"{column} = ?")
-            params.append(value)
-        else:
+@dataclass(frozen=True, slots=True)
+class DecisionFilters:
+    """The decision filters, one type for the queries, the export and the review screen: field
+    filters (each None, one value, or a sequence of accepted values; ANDed) and the time range
+    [since_ts, until_ts)."""
+
+    cls: str | Sequence[str] | None = None
+    reason: str | Sequence[str] | None = None
+    tenant: str | Sequence[str] | None = None
+    outcome: str | Sequence[str] | None = None
+    since_ts: float | None = None
+    until_ts: float | None = None
+
+    def kwargs(self) -> dict[str, Any]:
+        """The filters by name (what a caller that spells them out reads)."""
+        return {name: getattr(self, name) for name in (*FILTER_FIELDS, "since_ts", "until_ts")}
+
+    def where(self) -> tuple[list[str], list[Any]]:
+        """SQL clauses (to AND) and their parameters."""
+        clauses: list[str] = []
+        params: list[Any] = []
+        for name, column in _FIELD_FILTERS.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, str):
+                clauses.append(f"{column} = ?")
+                params.append(value)
+                continue
             values = list(value)
             if not values:
                 clauses.append("0")
                 continue
             clauses.append(f"{column} IN ({', '.join('?' * len(values))})")
             params.extend(values)
-    if since_ts is not None:
-        clauses.append("ts >= ?")
-        params.append(since_ts)
-    if until_ts is not None:
-        clauses.append("ts < ?")
-        params.append(until_ts)
-    return clauses, params
+        if self.since_ts is not None:
+            clauses.append("ts >= ?")
+            params.append(self.since_ts)
+        if self.until_ts is not None:
+            clauses.append("ts < ?")
+            params.append(self.until_ts)
+        return clauses, params
+
+
+def time_where(since_ts: float | None, until_ts: float | None) -> tuple[list[str], list[Any]]:
+    """A time range alone, for the audit rows and the samples."""
+    return DecisionFilters(since_ts=since_ts, until_ts=until_ts).where()
 
 
 class JournalQueries:
@@ -78,12 +97,8 @@ class JournalQueries:
         after_id: int | None = None,
         before_id: int | None = None,
         limit: int = 200,
-        cls: str | Sequence[str] | None = None,
-        reason: str | Sequence[str] | None = None,
-        tenant: str | Sequence[str] | None = None,
-        outcome: str | Sequence[str] | None = None,
-        since_ts: float | None = None,
-        until_ts: float | None = None,
+        filters: DecisionFilters | None = None,
+        **fields: Any,
     ) -> list[dict[str, Any]]:
         """One page of decisions in time order (``ts``, then ``id``), keyset-paged: the
         id of a row already shown is the cursor.
@@ -100,10 +115,10 @@ class JournalQueries:
         indexes serve a filtered page without sorting; ids follow ts except across a
         wall-clock step, and the (ts, id) keyset stays exact either way.
 
-        Filters (each a value or a sequence of values) combine with AND; ``since_ts`` is
-        inclusive, ``until_ts`` exclusive.
+        ``filters``: a :class:`DecisionFilters` (``since_ts`` inclusive, ``until_ts`` exclusive),
+        or its fields as keywords.
         """
-        clauses, params = decision_where(cls, reason, tenant, outcome, since_ts, until_ts)
+        clauses, params = (filters or DecisionFilters(**fields)).where()
         if after_id is not None:
             clauses.append("(ts, id) > (COALESCE((SELECT ts FROM decisions WHERE id = ?), -1e308), ?)")
             params += [after_id, after_id]
@@ -119,17 +134,8 @@ class JournalQueries:
         params.append(max(0, int(limit)))
         return [_decision_dict(r) for r in await self._fetch(sql, params)]
 
-    async def count_decisions(
-        self,
-        *,
-        cls: str | Sequence[str] | None = None,
-        reason: str | Sequence[str] | None = None,
-        tenant: str | Sequence[str] | None = None,
-        outcome: str | Sequence[str] | None = None,
-        since_ts: float | None = None,
-        until_ts: float | None = None,
-    ) -> int:
-        clauses, params = decision_where(cls, reason, tenant, outcome, since_ts, until_ts)
+    async def count_decisions(self, filters: DecisionFilters | None = None, **fields: Any) -> int:
+        clauses, params = (filters or DecisionFilters(**fields)).where()
         sql = "SELECT COUNT(*) FROM decisions"
         if clauses:
             sql += " WHERE " + " AND ".join(clauses)
@@ -140,7 +146,7 @@ class JournalQueries:
         self, since_ts: float | None = None, until_ts: float | None = None, *, limit: int | None = None
     ) -> list[dict[str, Any]]:
         """Audit rows in time order (oldest first); ``limit`` keeps the newest N."""
-        clauses, params = decision_where(None, None, None, None, since_ts, until_ts)
+        clauses, params = time_where(since_ts, until_ts)
         where = " WHERE " + " AND ".join(clauses) if clauses else ""
         if limit is None:
             sql = _AUDIT_SELECT + where + " ORDER BY ts, id"
@@ -158,7 +164,7 @@ class JournalQueries:
         limit: int | None = None,
     ) -> list[dict[str, Any]]:
         """Samples in time order (oldest first); ``limit`` keeps the newest N of them."""
-        clauses, params = decision_where(None, None, None, None, since_ts, until_ts)
+        clauses, params = time_where(since_ts, until_ts)
         if backend is not None:
             clauses.append("backend = ?")
             params.append(backend)

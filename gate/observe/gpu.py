@@ -24,7 +24,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 # The reading is plain data the console renders: it lives with the snapshot.
 from gate.data.snapshot import GpuDevice, GpuProcess, GpuReading, format_reading
@@ -83,6 +83,16 @@ def reason_for(nvml: Any, err: BaseException) -> str:
 
 def _as_text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+class GpuSource(Protocol):
+    """Where GPU readings come from: NVML (`GpuMonitor`), or the demo's simulated device."""
+
+    def read(self) -> GpuReading: ...
+
+    async def read_async(self, timeout_s: float | None = None) -> GpuReading: ...
+
+    def close(self, timeout_s: float = 1.0) -> None: ...
 
 
 class GpuMonitor:

@@ -12,45 +12,23 @@ admitted half-way through a command.
 from __future__ import annotations
 
 import dataclasses
-import getpass
-import os
+import logging
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from gate.fleet import model_ops
-from gate.backend.pool import controller_settings
-from gate.data.commands import ActionResult, Command, CommandError, Drain, Freeze, ModelAction, Pause, Retune, describe, ssh_origin
-from gate.config import ClassConfig, Config, ConfigError, validate_config
+from gate.backend.pool import Backend, BackendPool, controller_settings
+from gate.data.commands import ActionResult, Command, CommandError, Drain, Freeze, ModelAction, Operator, Pause, Retune, describe
+from gate.config import ClassConfig, Config, ConfigError, config_digest, load_config, validate_config
 from gate.data.records import AuditRecord, AuditSource
 
-if TYPE_CHECKING:
-    from gate.backend.pool import Backend
-    from gate.service import GateService
+log = logging.getLogger("tokengate.service")
 
 CLASS_FIELDS = ("reserved_tokens", "limit_tokens", "queue_depth", "queue_timeout_s", "default_max_tokens", "max_tokens_cap", "priority")
 
 #: the name older code and tests use for a refused action
 ControlError = CommandError
-
-
-@dataclass(frozen=True, slots=True)
-class Operator:
-    name: str
-    origin: str
-
-    @classmethod
-    def from_environ(cls, environ: Mapping[str, str] | None = None) -> Operator:
-        """Who is at the keyboard: SUDO_USER over USER, and the SSH client address or "local"."""
-        env = os.environ if environ is None else environ
-        name = env.get("SUDO_USER") or env.get("USER") or env.get("LOGNAME")
-        if not name:
-            try:
-                name = getpass.getuser()
-            except Exception:  # noqa: BLE001 - no passwd entry in some containers
-                name = "unknown"
-        return cls(name, ssh_origin(env))
 
 
 def _fmt(value: Any) -> str | None:
@@ -64,8 +42,15 @@ def _fmt(value: Any) -> str | None:
 class Control:
     """The gate's control API and the owner of operator state; `source` says who drives it."""
 
-    def __init__(self, gate: GateService) -> None:
-        self.gate = gate
+    def __init__(
+        self, config: Config, backends: BackendPool, *, clock: Callable[[], float], audit: Callable[[AuditRecord], None]
+    ) -> None:
+        #: the config in force: read by every layer through this one owner (a reload or a
+        #: retune replaces it here and nowhere else)
+        self.config = config
+        self.backends = backends
+        self.clock = clock
+        self.audit = audit
         self.paused: set[str] = set()
         self.frozen = False
 
@@ -89,9 +74,9 @@ class Control:
 
     def model(self, command: ModelAction, *, operator: Operator, source: AuditSource = "console") -> ActionResult:
         """Load, unload, pin or unpin a model of a llama-server in router mode (gate/fleet/router_mode.py)."""
-        unit = self.gate.backends.route(command.model) if command.model else None
+        unit = self.backends.route(command.model) if command.model else None
         if unit is None or unit.fleet is None or unit.model != command.model:
-            models = [m for f in self.gate.backends.fleets for m in f.units]
+            models = [m for f in self.backends.fleets for m in f.units]
             known = ", ".join(models) if models else "none (no llama-server in router mode)"
             raise CommandError(f"{command.model!r} is not a router-mode model; models: {known}")
         fleet, model = unit.fleet, unit.model
@@ -118,7 +103,7 @@ class Control:
         """Budget, [budget] settings and one class's settings in one step: all or nothing."""
         if not change:
             return []
-        old = self.gate.config
+        old = self.config
         new = old
         if change.settings:
             unknown = set(change.settings) - {f.name for f in dataclasses.fields(old.budget)}
@@ -171,7 +156,7 @@ class Control:
             )
 
     def _set_budget(self, targets: list[Backend], tokens: int, operator: Operator, source: AuditSource, note: str) -> list[ActionResult]:
-        now = self.gate.clock()
+        now = self.clock()
         results = []
         for b in targets:
             move = b.controller.set_budget(now, tokens)  # type: ignore[union-attr]  (pushed to admission)
@@ -182,7 +167,7 @@ class Control:
         """Stop (or restart) the adaptive controller's own moves on every backend."""
         old = self.frozen
         self.frozen = frozen
-        for b in self.gate.backends:
+        for b in self.backends:
             self.adopt(b)
         return self._audit(operator, source, "freeze" if frozen else "unfreeze", "controller", old, frozen, note)
 
@@ -235,7 +220,7 @@ class Control:
 
     def reload(self, new_config: Config, *, operator: Operator, source: AuditSource = "signal", note: str = "") -> list[ActionResult]:
         """Apply a re-read config file: classes and [budget] live; backends and tenants need a restart."""
-        old = self.gate.config
+        old = self.config
         if tuple(old.backends) != tuple(new_config.backends) or old.gate != new_config.gate:
             raise CommandError("[gate] or [[backends]] changed: restart tokengate to apply those")
         if old.tenants != new_config.tenants:
@@ -254,6 +239,22 @@ class Control:
             results.append(self._audit(operator, source, "reload", "config", None, None, note or "no changes"))
         return results
 
+    def reload_file(self, config_path: str | None, *, operator: Operator, source: AuditSource = "signal") -> bool:
+        """Re-read the config file and apply it; a refusal changes nothing and is audited with its reason."""
+        if config_path is None:
+            log.warning("reload: no --config file to re-read")
+            self._audit(operator, source, "reload_refused", "gate", None, None, "no --config file to re-read")
+            return False
+        try:
+            new_config = load_config(config_path)
+            results = self.reload(new_config, operator=operator, source=source, note=f"{config_path} {config_digest(new_config)}")
+        except (ConfigError, CommandError) as exc:
+            log.error("reload refused, nothing changed: %s", exc)
+            self._audit(operator, source, "reload_refused", "gate", None, None, f"{config_path}: {exc}")
+            return False
+        log.info("reloaded %s (%d changes audited)", config_path, len(results))
+        return True
+
     # ---- internals -----------------------------------------------------------
 
     def _validated(self, config: Config) -> Config:
@@ -264,9 +265,9 @@ class Control:
         return config
 
     def _apply_budget(self, config: Config) -> None:
-        self.gate.config = config
-        self.gate.backends.set_budget_config(config.budget)
-        now = self.gate.clock()
+        self.config = config
+        self.backends.set_budget_config(config.budget)
+        now = self.clock()
         for b in self._ready_admissions():
             # A router's model before its first load has no capacity yet: its core's stands in.
             ceiling = b.capacity.ceiling if b.capacity is not None else b.admission.capacity.ceiling
@@ -275,8 +276,8 @@ class Control:
             b.controller.set_bounds(now, settings.min_tokens)  # a clamped budget is pushed to admission
 
     def _apply_classes(self, config: Config) -> None:
-        self.gate.config = config
-        self.gate.backends.set_classes(config.classes)
+        self.config = config
+        self.backends.set_classes(config.classes)
         for b in self._ready_admissions():
             for c in config.classes:
                 b.admission.set_policy(c)
@@ -284,27 +285,27 @@ class Control:
 
     def _class(self, cls: str) -> ClassConfig:
         try:
-            return self.gate.config.class_by_name(cls)
+            return self.config.class_by_name(cls)
         except KeyError:
-            raise CommandError(f"unknown class {cls!r}; classes: {', '.join(self.gate.config.class_names)}") from None
+            raise CommandError(f"unknown class {cls!r}; classes: {', '.join(self.config.class_names)}") from None
 
     def _backends(self, name: str | None) -> list[Backend]:
         if name is None:
-            return list(self.gate.backends)
-        backend = self.gate.backends.by_name(name)
+            return list(self.backends)
+        backend = self.backends.by_name(name)
         if backend is None:
             raise CommandError(f"unknown backend {name!r}")
         return [backend]
 
     def _ready_admissions(self) -> list[Backend]:
-        return [b for b in self.gate.backends if b.admission is not None]
+        return [b for b in self.backends if b.admission is not None]
 
     def _audit(self, operator: Operator, source: AuditSource, action: str, target: str, old: Any, new: Any, note: str) -> ActionResult:
         record = AuditRecord(
             ts=time.time(), operator=operator.name, origin=operator.origin, source=source, action=action,
             target=target, old_value=_fmt(old), new_value=_fmt(new), note=note,
         )
-        self.gate.audit(record)
+        self.audit(record)
         message = describe(action, target, record.old_value, record.new_value)
         if note and action.startswith("model_"):
             message += f" ({note})"  # what a model action does: "evicts tiny"

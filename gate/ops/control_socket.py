@@ -43,7 +43,7 @@ from gate.data.snapshot import SNAPSHOT_VERSION
 from gate.data.wire import encode
 
 if TYPE_CHECKING:
-    from gate.service import GateService
+    from gate.ops.ports import ConsoleHost
 
 log = logging.getLogger("tokengate.control")
 
@@ -127,7 +127,7 @@ class _Session:
 class ControlServer:
     """Listens on the control socket and serves snapshots, commands and audit events."""
 
-    def __init__(self, path: str, gate: GateService, *, group: str = "") -> None:
+    def __init__(self, path: str, gate: ConsoleHost, *, group: str = "") -> None:
         self.path = path
         self.gate = gate
         self.group = group

@@ -30,7 +30,7 @@ from gate.data.snapshot import SNAPSHOT_VERSION, GateSnapshot
 from gate.data.wire import WireError, decode
 
 if TYPE_CHECKING:
-    from gate.service import GateService
+    from gate.ops.ports import ConsoleHost
 
 PROTOCOL_VERSION = 1
 #: a snapshot line holds up to 200 decisions (~100 KB); leave room
@@ -78,7 +78,7 @@ class GateLink(Protocol):
 class InProcessLink:
     """A gate on this event loop (tests, the screenshot generator): calls go straight to it."""
 
-    def __init__(self, gate: GateService, *, read_only: bool = False, embedded: bool = True) -> None:
+    def __init__(self, gate: ConsoleHost, *, read_only: bool = False, embedded: bool = True) -> None:
         self.gate = gate
         self.operator = gate.operator
         self.read_only = read_only

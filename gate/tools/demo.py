@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable
+from typing import Any
 
 from gate.config import BackendConfig, Config, parse_config
 from gate.tools.simulator import SimulatorConfig
@@ -100,14 +101,24 @@ class SimulatedGpu:
         pass
 
 
-def dress_demo_gate(gate, sim: SimulatorConfig) -> None:
-    """What makes a GateService the demo's: the SIMULATED label, the simulated GPU, and the
-    simulated model's KV bytes per token (used by `tokengate serve --demo` and the screenshots)."""
-    gate.label = "SIMULATED"
+def demo_parts(sim: SimulatorConfig, busy_slots: Callable[[], int]) -> dict[str, Any]:
+    """What makes a gate the demo's, as GateService's keyword arguments: the SIMULATED label,
+    the simulated GPU (busy as the simulator's slots are) and the simulated model's KV bytes
+    per token, as its GGUF header would say (`tokengate serve --demo`, the screenshots)."""
+    return {
+        "label": "SIMULATED", "gpu": SimulatedGpu(sim.ctx, lambda: busy_slots() / sim.slots),
+        "kv_bytes_per_token": DEMO_KV_BYTES_PER_TOKEN,
+    }
 
-    def busy() -> float:
-        return sum(len(b.admission.ledger) for b in gate.backends if b.admission is not None) / sim.slots
 
-    gate.gpu = SimulatedGpu(sim.ctx, busy)
+def dress_demo_gate(gate: Any, sim: SimulatorConfig) -> None:
+    """The demo's parts on a gate built without them (tests that build their own gate); the
+    GPU reads the gate's own ledger, as no simulator is at hand."""
+
+    def busy() -> int:
+        return sum(len(b.admission.ledger) for b in gate.backends if b.admission is not None)
+
+    parts = demo_parts(sim, busy)
+    gate.label, gate.gpu = parts["label"], parts["gpu"]
     for b in gate.backends:
-        b.kv_bytes_per_token = DEMO_KV_BYTES_PER_TOKEN  # as the model's GGUF header would say
+        b.kv_bytes_per_token = parts["kv_bytes_per_token"]

@@ -1,0 +1,196 @@
+"""The recorder: where every finished request, audit row and per-second sample goes.
+
+One object owns the in-memory tail (`records`, `recent_audit`), the rollups the console and
+the samples read, the journal writer and the Prometheus gauges fed from them. The request
+path calls `record` and `committed`; the operator layer calls `audit`; the housekeeping loop
+calls `write_samples` and `refresh_metrics`. The per-class in-flight and queued sums are
+computed once here (`class_totals`), for the samples, the gauges and the snapshot alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from gate.backend.pool import Backend, BackendPool
+from gate.data.commands import Operator
+from gate.data.records import AuditRecord, AuditSource, ClassSample, DecisionRecord, RecentDecisions, SampleRecord
+from gate.data.snapshot import GpuReading
+from gate.core.rollup import Rollup
+from gate.journal import Journal
+from gate.observe.metrics import GateMetrics
+
+log = logging.getLogger("tokengate.service")
+
+
+@dataclass(frozen=True, slots=True)
+class ClassTotals:
+    """One class over every backend: tokens in flight, requests queued."""
+
+    in_flight: int = 0
+    queued: int = 0
+
+
+def class_totals(backends: Iterable[Backend], classes: Iterable[str]) -> dict[str, ClassTotals]:
+    """Per class, summed over the backends that have a core: the one place these sums are made."""
+    totals = {c: [0, 0] for c in classes}
+    for b in backends:
+        adm = b.admission
+        if adm is None:
+            continue
+        for cls in adm.class_names:
+            t = totals.setdefault(cls, [0, 0])
+            t[0] += adm.ledger.class_tokens(cls)
+            t[1] += len(adm.queue(cls))
+    return {c: ClassTotals(*t) for c, t in totals.items()}
+
+
+class Recorder:
+    """Decision rows, audit rows and samples: journaled, kept for the console, counted."""
+
+    def __init__(self, metrics: GateMetrics, *, gate_id: str, clock: Callable[[], float]) -> None:
+        self.metrics = metrics
+        self.gate_id = gate_id
+        self.clock = clock
+        self.journal: Journal | None = None
+        self.records = RecentDecisions()
+        self.recent_audit: deque[AuditRecord] = deque(maxlen=1000)
+        self.rollup = Rollup()
+        #: called with every audit row (consoles attached over the socket toast them)
+        self.audit_listeners: list[Callable[[AuditRecord], None]] = []
+
+    # ---- audit ----------------------------------------------------------------
+
+    def audit(self, record: AuditRecord) -> None:
+        """One operator or controller change: kept for the console, journaled, told to listeners."""
+        if not record.gate_id:
+            record = dataclasses.replace(record, gate_id=self.gate_id)
+        self.recent_audit.append(record)
+        if self.journal is not None:
+            self.journal.add(record)
+        for listener in tuple(self.audit_listeners):
+            listener(record)
+        log.info(
+            "audit %s@%s %s %s %s: %s -> %s %s", record.operator, record.origin, record.source,
+            record.action, record.target, record.old_value, record.new_value, record.note,
+        )
+
+    def audit_event(
+        self, action: str, target: str, note: str, *, operator: Operator, source: AuditSource = "gate",
+        old_value: str | None = None, new_value: str | None = None,
+    ) -> None:
+        """An audit row the gate writes about itself (its life, a model, a controller move)."""
+        self.audit(
+            AuditRecord(
+                ts=time.time(), operator=operator.name, origin=operator.origin, source=source, action=action,
+                target=target, old_value=old_value, new_value=new_value, note=note,
+            )
+        )
+
+    # ---- decisions ------------------------------------------------------------
+
+    def record(
+        self, record: DecisionRecord, *, model: str | None, queued_s: float | None, ttft_s: float | None,
+        ttft_total_s: float | None = None, tpot_s: float | None = None,
+    ) -> asyncio.Future[bool] | None:
+        """One finished request: journal, in-memory tail and metrics; the future resolves at commit."""
+        committed = self.journal.add(record) if self.journal is not None else None
+        self.records.add(record)
+        self.rollup.add(self.clock(), record.cls, record.outcome, record.reason, record.ttft_ms, record.queue_ms)
+        m = self.metrics
+        m.decision(cls=record.cls, outcome=record.outcome, reason=record.reason, model=model or "")
+        if record.token_count_source is not None:
+            m.token_count(record.token_count_source)
+        if record.cls:
+            if queued_s is not None:
+                m.queue_wait(record.cls, queued_s, record.outcome)
+            if ttft_s is not None:
+                m.ttft(record.cls, ttft_s)
+            if ttft_total_s is not None:
+                m.ttft_total(record.cls, ttft_total_s, record.outcome)
+            if tpot_s is not None:
+                m.tpot(record.cls, tpot_s, record.outcome)
+            m.duration(record.cls, record.duration_ms / 1000)
+        return committed
+
+    async def committed(self, fut: asyncio.Future[bool] | None, timeout_s: float = 1.0) -> None:
+        """Wait for a decision row's commit before the client's last bytes (bounded; never while failing)."""
+        if fut is None or fut.done() or self.journal is None or not self.journal.health.ok:
+            return
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.shield(fut)  # a timeout must not cancel the journal's future
+        except TimeoutError:
+            log.warning("journal commit took over %.1fs; answering the client anyway", timeout_s)
+
+    # ---- once a second --------------------------------------------------------
+
+    def write_samples(self, backends: BackendPool, gpu: GpuReading | None) -> None:
+        """One samples row per backend: what the review screen charts."""
+        if self.journal is None:
+            return
+        counts = self.rollup.counts(self.clock(), 1)
+        admitted = sum(n for (_, o, _), n in counts.items() if o == "admitted")
+        refused = sum(n for (_, o, _), n in counts.items() if o == "refused")
+        gpu_used = gpu_total = None
+        if gpu is not None and gpu.devices:
+            gpu_used = sum(d.used_bytes for d in gpu.devices)
+            gpu_total = sum(d.total_bytes for d in gpu.devices)
+        for b in backends:
+            adm, c = b.admission, b.controller
+            classes = tuple(
+                ClassSample(name, t.in_flight, t.queued) for name, t in class_totals((b,), adm.class_names).items()
+            ) if adm else ()
+            self.journal.add(
+                SampleRecord(
+                    ts=time.time(), backend=b.name, budget=adm.budget if adm and b.capacity else None,
+                    in_flight=adm.ledger.in_flight if adm else 0, queued=adm.waiting() if adm else 0,
+                    slots_busy=len(adm.ledger) if adm else None, slots_total=b.capacity.slots if b.capacity else None,
+                    gpu_used_bytes=gpu_used, gpu_total_bytes=gpu_total,
+                    p95_ttft_ms=None if c is None or c.p95_ttft_s is None else c.p95_ttft_s * 1000,
+                    p95_tpot_ms=None if c is None or c.p95_tpot_s is None else c.p95_tpot_s * 1000,
+                    admitted=admitted, refused=refused, classes=classes, gate_id=self.gate_id,
+                )
+            )
+
+    def refresh_metrics(self, backends: BackendPool, classes: Iterable[str], slo_ttft_s: float) -> None:
+        """Gauges from current state (cheap; called per scrape and per second)."""
+        m = self.metrics
+        budget = effective = 0
+        drain_s = 0.0
+        now = self.clock()
+        for b in backends:
+            adm = b.admission
+            m.set_backend(b.name, up=b.state == "ready", busy=len(adm.ledger) if adm else 0, total=b.capacity.slots if b.capacity else 0)
+            self.refresh_inference_gauge(b)
+            if adm is None:
+                continue
+            if b.capacity is not None:  # a router's model before its first load has none yet
+                budget += adm.budget
+                effective += adm.effective_budget
+            queued_tokens = sum(adm.queue(cls).tokens for cls in adm.class_names)
+            rate = adm.drain_rate.rate(now)
+            if queued_tokens:
+                drain_s = max(drain_s, queued_tokens / rate if rate > 0 else float("inf"))
+        for cls, t in class_totals(backends, classes).items():
+            m.set_class_state(cls, in_flight=t.in_flight, queued=t.queued)
+        m.set_budget(budget, effective)
+        m.set_drain_seconds(drain_s if drain_s != float("inf") else 3600.0)
+        m.set_slo_ttft(slo_ttft_s)
+
+    def refresh_inference_gauge(self, b: Backend) -> None:
+        """The inference-gateway protocol's three gauges for one backend, from the gate's own state:
+        its queue, its dispatched requests, its ledger against the KV pool (the ceiling). A backend
+        that is not ready reads as full, so an endpoint picker sends its traffic elsewhere."""
+        adm = b.admission
+        model = b.config.models[0] if b.config.models else ""
+        if adm is None:
+            self.metrics.set_inference(b.name, model, waiting=0, running=0, kv_usage=1.0)
+            return
+        usage = adm.ledger.in_flight / adm.capacity.ceiling if b.state == "ready" else 1.0
+        self.metrics.set_inference(b.name, model, waiting=adm.waiting(), running=len(adm.ledger), kv_usage=usage)

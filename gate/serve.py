@@ -1,0 +1,75 @@
+"""`tokengate serve`: one gate run until a signal, as systemd (or the embedded console) runs it.
+
+SIGTERM/SIGINT drain gracefully; SIGHUP re-reads the config (`Control.reload_file`, audited
+whether applied or refused). A console that started this process may stop it through the
+control socket (op stop). Imported only by `gate/cli.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import signal
+
+from gate.config import Config
+from gate.service import GateService
+
+
+async def serve_until_signalled(
+    config: Config, *, config_path: str | None = None, grace_s: float = 30.0, demo: bool = False, seed: int = 7,
+) -> int:
+    """Run a gate until SIGTERM/SIGINT (then drain gracefully); SIGHUP re-reads the config.
+
+    `demo`: the gate in front of the built-in simulator with synthetic traffic (what
+    `tokengate console --demo` runs in its gate process).
+    """
+    simulator = traffic = None
+    extras = {}
+    if demo:
+        from gate.tools.demo import DEMO_SIMULATOR, demo_config, demo_parts
+        from gate.tools.simulator import serve_simulator
+
+        sim = DEMO_SIMULATOR(seed)
+        simulator = await serve_simulator(sim, port=0)
+        config = demo_config(config if config_path else None, simulator.url)
+        extras = demo_parts(sim, lambda: simulator.runtime.core.busy_slots)  # SIMULATED label, GPU, model size
+    gate = GateService(config, **extras)
+    gate.drain_grace_s = grace_s
+    stop = asyncio.Event()
+    why: list[str] = []
+
+    def stop_because(reason: str) -> None:
+        why.append(reason)
+        stop.set()
+
+    gate.stop_requested = stop_because
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop_because, f"signal {sig.name}")
+    loop.add_signal_handler(signal.SIGHUP, lambda: gate.control.reload_file(config_path, operator=gate.operator))
+    try:
+        await gate.start(port=0 if demo else None)  # the demo never fights a real gate for its port
+    except BaseException:
+        if simulator is not None:
+            await simulator.stop()
+        raise
+    for b in gate.backends:
+        gate.log.info("backend %s at %s: %s (%s)", b.name, b.url, b.state, b.detail)
+    if gate.control_server is not None:
+        gate.log.info("control socket %s (attach: tokengate console --attach %s)", gate.control_server.path, gate.control_server.path)
+    if demo:
+        from gate.tools.demo import demo_traffic
+
+        traffic = demo_traffic(gate.url, seed)
+        await traffic.start()
+    # What start-up allocated (modules, config, the app) lives as long as the process:
+    # keep it out of every later full collection, which otherwise pause the loop.
+    gc.freeze()
+    await stop.wait()
+    gate.log.info("%s: refusing new requests, draining for up to %.0fs", why[0], grace_s)
+    if traffic is not None:
+        await traffic.stop()
+    await gate.stop(grace_s, why=why[0])
+    if simulator is not None:
+        await simulator.stop()
+    return 0
