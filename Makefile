@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo screenshots test unit llama-server bench clean
+.PHONY: demo screenshots test unit lint llama-server bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,13 @@ test: $(VENV)/.test
 	bash tests/redis/ensure_redis.sh >/dev/null
 	LLAMA_SERVER_BIN="$${LLAMA_SERVER_BIN:-$$(bash tests/llama/build_llama_server.sh | tail -n 1)}" \
 		$(BIN)/pytest $(PYTEST_ARGS)
+
+# The lint and type gate (CI runs it before the tests): ruff's rules and format, mypy
+# (strict for gate/core, the pure admission core).
+lint: $(VENV)/.test
+	$(BIN)/ruff check gate console tests bench
+	$(BIN)/ruff format --check gate console tests bench
+	$(BIN)/mypy
 
 # The pure core and config only: seconds, no llama-server.
 unit: $(VENV)/.test

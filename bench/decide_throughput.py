@@ -29,6 +29,7 @@ class Cls:
     limit_tokens: int | None
     queue_depth: int
     queue_timeout_s: float
+    ttft_objective_ms: float | None = None
 
 
 CLASSES = [

@@ -11,22 +11,19 @@ Nothing in gate/ imports this module but the entry points (`gate/cli.py`, `gate/
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import socket
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import httpx
-import uvicorn
 
 from gate import __version__
 from gate.backend.gatekeeper import Ticket
-from gate.backend.kvsize import kv_bytes_per_token
-from gate.backend.netio import client_transports
-from gate.backend.pool import Backend, BackendPool, controller_moves, release_when_slot_frees
+from gate.backend.kvsize import learn_kv_sizes
+from gate.backend.netio import upstream_client
+from gate.backend.pool import Backend, BackendPool, controller_moves, observe_upstream, release_when_slot_frees
 from gate.backend.telemetry import BackendTelemetry, TelemetryPoller, backend_triples
 from gate.backend.tokens import TokenCounter
 from gate.backend.upstream import RelayStats
@@ -39,12 +36,11 @@ from gate.data.snapshot import GateSnapshot, GpuReading, Label
 from gate.fleet.model_metrics import ModelMetrics
 from gate.fleet.router_mode import ModelFleet
 from gate.fleet.sharedlimits import Flip, SharedState, local_share
-from gate.http.clientguard import guarded_protocol
 from gate.http.ports import RequestPorts
-from gate.http.server import build_app
+from gate.http.server import HttpServer, build_app
 from gate.http.tenants import TenantDirectory
 from gate.journal import Journal
-from gate.observe.gpu import GpuMonitor, GpuSource
+from gate.observe.gpu import GpuMonitor, GpuSource, read_gpu
 from gate.observe.metrics import GateMetrics
 from gate.observe.recorder import Recorder
 from gate.observe.snapshots import GateState, build_snapshot
@@ -54,14 +50,6 @@ from gate.ops.lock import JournalLock, new_gate_id
 
 if TYPE_CHECKING:
     from gate.fleet.sharedlimits.client import SharedLimits
-
-
-class _EmbeddedServer(uvicorn.Server):
-    """uvicorn without its own signal handlers: the host process owns signals."""
-
-    @contextlib.contextmanager
-    def capture_signals(self):  # type: ignore[no-untyped-def]  (uvicorn's own signature)
-        yield
 
 
 class GateService:
@@ -78,15 +66,7 @@ class GateService:
         self.shutting_down = False
         self.tenants = TenantDirectory.from_config(config, environ)
         tenant_cfg = {t.name: t for t in config.tenants}
-        # Shorter than llama-server's own 5 s keep-alive, so a pooled connection is
-        # never reused in the instant the server closes it.
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=2.0)
-        mounts: dict[str, httpx.AsyncBaseTransport] = {}
-        if transport is None:  # else a test seam (httpx.MockTransport)
-            transport, mounts = client_transports(limits)
-        self.client = httpx.AsyncClient(
-            transport=transport, mounts=mounts, timeout=httpx.Timeout(connect=5.0, read=None, write=30.0, pool=30.0)
-        )
+        self.client = upstream_client(transport)
         self.tokens = TokenCounter(self.client)
         self.gate_id = new_gate_id()
         self.metrics = GateMetrics()
@@ -134,15 +114,14 @@ class GateService:
         #: set by whoever runs the gate until told to stop (serve): called with the reason
         self.stop_requested: Callable[[str], None] | None = None
         self.telemetry_poller = TelemetryPoller(self.client, backend_triples(self.backends.backends), interval_s=probe_interval_s)
-        self.app = build_app(RequestPorts(
+        self.http = HttpServer(build_app(RequestPorts(
             current_config=lambda: self.control.config, is_shutting_down=lambda: self.shutting_down, clock=clock,
             log=self.log, client=self.client, backends=self.backends, tenants=self.tenants, tokens=self.tokens,
             ratelimit=self.ratelimit, shared=self.shared, recorder=self.recorder, metrics=self.metrics,
             model_metrics=self.model_metrics, observe_success=self.observe_success,
             release_when_slot_frees=self.release_when_slot_frees, refresh_metrics=self.refresh_metrics,
             refresh_inference_gauges=self.refresh_inference_gauges,
-        ))
-        self._server: _EmbeddedServer | None = None
+        )), header_timeout_s=config.gate.header_timeout_s)
         self._tasks: list[asyncio.Task[Any]] = []
         self._background: set[asyncio.Task[None]] = set()
         self.port: int | None = None
@@ -155,6 +134,7 @@ class GateService:
     rollup = property(lambda self: self.recorder.rollup)
     journal = property(lambda self: self.recorder.journal)
     audit_listeners = property(lambda self: self.recorder.audit_listeners)
+    app = property(lambda self: self.http.app)
 
     @property
     def url(self) -> str:
@@ -195,25 +175,9 @@ class GateService:
             asyncio.create_task(self.telemetry_poller.run(self._on_telemetry), name="tokengate-telemetry"),
             asyncio.create_task(self._gpu_loop(), name="tokengate-gpu"),
         ]
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only
-        # when the listening socket says so, and without it every keep-alive response
-        # waits ~40 ms for the client's delayed ACK (Nagle).
-        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.config.gate.listen_port if port is None else port))
-        sock.setblocking(False)
-        self.port = sock.getsockname()[1]
-        uv_config = uvicorn.Config(
-            self.app, interface="asgi3", log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=5,
-            http=guarded_protocol(self.config.gate.header_timeout_s),  # slow clients: gate/http/clientguard.py
-        )
-        self._server = _EmbeddedServer(uv_config)
-        self._tasks.append(asyncio.create_task(self._server.serve(sockets=[sock]), name="tokengate-http"))
-        while not self._server.started:
-            if self._tasks[-1].done():
-                self._tasks[-1].result()  # surface why the server did not start
-            await asyncio.sleep(0.01)
+        self.port = await self.http.start(self.host, self.config.gate.listen_port if port is None else port)
+        assert self.http.task is not None
+        self._tasks.append(self.http.task)
         if self.control_server is not None:
             await self.control_server.start()
         self.log.info("tokengate listening on %s", self.url)
@@ -237,8 +201,7 @@ class GateService:
             self.log.warning("stopping with %d requests still in flight after %.0fs grace", left, grace_s)
         if self.control_server is not None:
             await self.control_server.close()
-        if self._server is not None:
-            self._server.should_exit = True
+        self.http.stop()
         for task in self._tasks:
             if task.get_name() != "tokengate-http":
                 task.cancel()
@@ -294,40 +257,25 @@ class GateService:
         return "off" if self.shared is None else self.shared.state
 
     def _shared_flipped(self, flip: Flip) -> None:
-        """The shared limits changed state: gauge, audit row (the console toasts it)."""
-        self.metrics.set_shared(fallback=flip.new in ("fail_open", "fail_closed"), gates=flip.gates)
-        if flip.new == "fail_open":
-            effect = f"each tenant limit runs locally at 1/{flip.gates} (N = {flip.gates} gates seen)"
-        elif flip.new == "fail_closed":
-            effect = "limited tenants get 429 shared_limit_unavailable"
-        else:
-            effect = "tenant limits are shared through Redis again"
-        self.audit_gate("shared_limits", f"{flip.why}; {effect}", old_value=flip.old, new_value=flip.new)
+        self.recorder.shared_flipped(flip, self.operator)
 
     # ---- what the request path and the consoles are handed --------------------------------
 
     def in_flight_requests(self) -> int:
-        """Requests holding a reservation or waiting in a queue, over all backends."""
-        return sum(len(b.admission.ledger) + b.admission.waiting() for b in self.backends if b.admission is not None)
+        return self.backends.requests_in_flight()
 
     def release_when_slot_frees(
         self, backend: Backend, ticket: Ticket, timeout_s: float = 3.0, *, then: Callable[[], None] | None = None
     ) -> None:
         """Release `ticket` once llama-server shows its slot free (a background task the stop waits for)."""
         task = asyncio.get_running_loop().create_task(
-            release_when_slot_frees(self.client, backend, ticket, timeout_s=timeout_s, clock=self.clock, then=then)
+            release_when_slot_frees(backend, ticket, timeout_s=timeout_s, clock=self.clock, then=then)
         )
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
     def observe_success(self, backend: Backend, stats: RelayStats) -> None:
-        """Feed a completed request's upstream latencies to the controller."""
-        now = self.clock()
-        tpot = None
-        if stats.first_token_at is not None and stats.completion_tokens and stats.completion_tokens > 1:
-            tpot = (now - stats.first_token_at) / (stats.completion_tokens - 1)
-        if backend.controller is not None:
-            backend.controller.observe(now, stats.ttft_s, tpot)
+        observe_upstream(backend, stats, self.clock())
 
     def snapshot(self, decisions_after: int = 0, max_decisions: int = 200) -> GateSnapshot:
         """Everything the console shows, as one immutable value (gate/observe/snapshots.py)."""
@@ -354,17 +302,9 @@ class GateService:
     # ---- the loops --------------------------------------------------------------------
 
     def tick_controllers(self) -> None:
-        """One adaptive step per backend; each move is an audit row (source=controller)."""
-        if self.config.budget.mode != "adaptive":
-            return
-        slo = self.config.budget.slo_ttft_p95_ms
+        """One step per backend's budget owner (a fixed budget never moves); each move is audited."""
         for b, move in controller_moves(self.backends, self.clock()):
-            ttft = "n/a" if move.p95_ttft_s is None else f"{move.p95_ttft_s * 1000:.0f} ms"
-            self.recorder.audit_event(
-                f"budget_{move.cause}", f"backend:{b.name}", f"p95 TTFT {ttft} vs SLO {slo:g} ms over {move.samples} samples",
-                operator=Operator("controller", "local"), source="controller",
-                old_value=str(move.old_budget), new_value=str(move.new_budget),
-            )
+            self.recorder.budget_moved(b.name, move, self.config.budget.slo_ttft_p95_ms)
 
     def write_samples(self) -> None:
         self.recorder.write_samples(self.backends, self.gpu_reading)
@@ -377,18 +317,11 @@ class GateService:
         self.telemetry = dict(latest)
 
     async def _gpu_loop(self, interval_s: float = 2.0) -> None:
-        """NVML in a worker thread every 2 s; absent NVML reads as n/a, never an error."""
+        """NVML in a worker thread every 2 s (absent NVML reads as n/a, never an error); and
+        once per backend, the model's KV bytes per token from its GGUF header."""
         while True:
-            reading = await self.gpu.read_async()
-            self.gpu_reading = reading
-            if reading.unavailable:
-                self.metrics.clear_gpu()
-            for d in reading.devices:
-                self.metrics.set_gpu(str(d.index), used=d.used_bytes, total=d.total_bytes)
-            for b in self.backends:
-                if b.kv_bytes_per_token is None and b.props.get("model_path"):
-                    # Reading the GGUF header blocks (file I/O): a thread, once per backend.
-                    b.kv_bytes_per_token = await asyncio.to_thread(kv_bytes_per_token, b.props["model_path"]) or 0
+            self.gpu_reading = await read_gpu(self.gpu, self.metrics)
+            await learn_kv_sizes(self.backends)
             await asyncio.sleep(interval_s)
 
     async def _housekeeping(self) -> None:
@@ -396,11 +329,9 @@ class GateService:
         while True:
             await asyncio.sleep(1.0)
             self.tick_controllers()
-            for b in self.backends:
-                if b.gatekeeper is not None:
-                    reaped = b.gatekeeper.reap()
-                    if reaped:
-                        self.metrics.reaped(len(reaped))
+            reaped = self.backends.reap()
+            if reaped:
+                self.metrics.reaped(reaped)
             self.ratelimit.forget_idle(self.clock(), 600.0)
             self.refresh_metrics()
             self.write_samples()

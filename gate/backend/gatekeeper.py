@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gate.core.admission import Admission, Admit, Queue, Refuse, Step
+from gate.core.admission import Admission, Admit, Capacity, ClassPolicy, Queue, Refuse, Step
 from gate.core.errors import GateError
 from gate.core.ledger import Request
 from gate.core.prefill import PrefillModel
@@ -132,6 +132,25 @@ class Gatekeeper:
         if step.admitted or step.expired:
             self._changed()
         return step
+
+    # ---- changes to the core: each re-arms the dispatch itself --------------------------
+
+    def pause(self, cls: str, paused: bool = True) -> None:
+        """Hold (or release) a class's queue; a resumed queue may dispatch at once."""
+        self.admission.pause(cls) if paused else self.admission.resume(cls)
+        self.advance()
+
+    def set_policy(self, policy: ClassPolicy) -> None:
+        self.admission.set_policy(policy)
+        self.advance()
+
+    def set_budget(self, budget: int) -> None:
+        self.admission.set_budget(budget)
+        self.advance()
+
+    def set_capacity(self, capacity: Capacity) -> None:
+        self.admission.set_capacity(capacity)
+        self.advance()
 
     def drain(self, cls: str) -> int:
         """Refuse every request waiting in `cls`; returns how many."""

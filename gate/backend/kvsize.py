@@ -25,9 +25,14 @@ big vocabulary takes a fraction of a second): run it in a thread.
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gate.backend.pool import Backend
 
 __all__ = ["CACHE_TYPES", "KvSize", "kv_bytes_per_token", "kv_size"]
 
@@ -142,3 +147,10 @@ def _from_reader(reader: Any, cache_type_k: str, cache_type_v: str) -> KvSize:
 def kv_bytes_per_token(path: str | os.PathLike, *, cache_type_k: str = "f16", cache_type_v: str = "f16") -> int | None:
     """KV cache bytes per token (f16 cache by default), or None (see :func:`kv_size` for why)."""
     return kv_size(path, cache_type_k=cache_type_k, cache_type_v=cache_type_v).bytes_per_token
+
+
+async def learn_kv_sizes(backends: Iterable[Backend]) -> None:
+    """Each local backend's KV bytes per token, from its GGUF header, once (file I/O: a thread)."""
+    for b in backends:
+        if b.kv_bytes_per_token is None and b.props.get("model_path"):
+            b.kv_bytes_per_token = await asyncio.to_thread(kv_bytes_per_token, b.props["model_path"]) or 0

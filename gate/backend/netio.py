@@ -200,3 +200,16 @@ def client_transports(limits: httpx.Limits) -> tuple[httpx.AsyncBaseTransport, d
 
 
 __all__ = ["AsyncioBackend", "AsyncioStream", "client_transports"]
+
+
+def upstream_client(transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
+    """The one httpx client every call to a llama-server goes through (`transport`: a test seam)."""
+    # Shorter than llama-server's own 5 s keep-alive, so a pooled connection is
+    # never reused in the instant the server closes it.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=2.0)
+    mounts: dict[str, httpx.AsyncBaseTransport] = {}
+    if transport is None:
+        transport, mounts = client_transports(limits)
+    return httpx.AsyncClient(
+        transport=transport, mounts=mounts, timeout=httpx.Timeout(connect=5.0, read=None, write=30.0, pool=30.0)
+    )

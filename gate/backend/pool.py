@@ -22,12 +22,12 @@ from typing import Any, Literal, Protocol
 import httpx
 
 from gate.core.admission import Admission, Capacity, ClassPolicy, TenantPolicy
-from gate.core.adaptive import BudgetController, ControllerSettings, Move, has_demand
+from gate.core.adaptive import BudgetController, ControllerSettings, Move, controller_for, has_demand
 from gate.config import BackendConfig, BudgetConfig
 from gate.backend.gatekeeper import Gatekeeper, Ticket
 from gate.core.shedding import DecodeMeter
 from gate.core.prefill import PrefillModel
-from gate.backend.upstream import Upstream
+from gate.backend.upstream import RelayStats, Upstream
 from gate.data.snapshot import ModelView
 
 
@@ -114,6 +114,17 @@ class Backend:
     def admission(self) -> Admission | None:
         return None if self.gatekeeper is None else self.gatekeeper.admission
 
+    async def call(self, method: str, path: str, *, timeout: float | None, routed: bool = False, **kw: Any) -> httpx.Response:
+        """One call to this llama-server: the base URL, the auth header and (`routed`) the
+        router-mode query its model needs, in one place; `kw` goes to httpx (json, content,
+        params, headers). Raises httpx's errors; the caller decides what they mean."""
+        headers = {**kw.pop("headers", {}), **self.auth_headers()}
+        url = self.url + path + (self.query if routed else "")
+        return await self.upstream.client.request(method, url, headers=headers, timeout=timeout, **kw)
+
+    async def get(self, path: str, *, timeout: float | None, routed: bool = False) -> httpx.Response:
+        return await self.call("GET", path, timeout=timeout, routed=routed)
+
     def auth_headers(self) -> dict[str, str]:
         headers = {"Authorization": f"Bearer {self.auth_token}"} if self.auth_token else {}
         if self.fleet is not None:
@@ -193,11 +204,38 @@ class BackendPool:
     def fleets(self) -> list[Fleet]:
         return [b.fleet for b in self.configured if b.fleet is not None]
 
+    def requests_in_flight(self) -> int:
+        """Requests holding a reservation or waiting in a queue, over all backends."""
+        return sum(len(b.admission.ledger) + b.admission.waiting() for b in self if b.admission is not None)
+
+    def reap(self) -> int:
+        """Force-release reservations whose request is gone (each gatekeeper logs them); how many."""
+        return sum(len(b.gatekeeper.reap()) for b in self if b.gatekeeper is not None)
+
     def __iter__(self):
         return iter(self.backends)
 
+    def _own(self, backend: Backend, controller: BudgetController) -> None:
+        """`controller` owns the backend's budget: each of its moves reaches the gatekeeper."""
+        assert backend.gatekeeper is not None
+        backend.controller = controller
+        controller.on_change(backend.gatekeeper.set_budget)
+
     def set_budget_config(self, budget: BudgetConfig) -> None:
-        """Controllers created from now on use these settings (live ones are retuned by control)."""
+        """Controllers created from now on use these settings (live ones are retuned by control).
+
+        A reload that changes `mode` hands each budget to the other kind of owner (adaptive
+        controller or fixed budget), at the budget in force and with the freeze carried over.
+        """
+        if budget.mode != self._budget.mode:
+            for b in self:
+                old = b.controller
+                if old is None:
+                    continue
+                new = controller_for(budget.mode, old.settings, old.budget)
+                if old.frozen:
+                    new.freeze()
+                self._own(b, new)
         self._budget = budget
 
     def set_classes(self, classes: Iterable[ClassPolicy]) -> None:
@@ -229,13 +267,13 @@ class BackendPool:
         """One health check (and /props when ready); never raises."""
         before = (backend.state, backend.capacity)
         try:
-            health = await self._client.get(backend.url + "/health", headers=backend.auth_headers(), timeout=self._timeout)
+            health = await backend.get("/health", timeout=self._timeout)
             if health.status_code == 503:
                 backend.state, backend.detail = "loading", "llama-server is loading the model"
             elif health.status_code != 200:
                 backend.state, backend.detail = "down", f"/health answered {health.status_code}"
             else:
-                props = await self._client.get(backend.url + "/props", headers=backend.auth_headers(), timeout=self._timeout)
+                props = await backend.get("/props", timeout=self._timeout)
                 props.raise_for_status()
                 backend.props = props.json()
                 if backend.props.get("role") == "router" or backend.fleet is not None:
@@ -279,28 +317,23 @@ class BackendPool:
         self, backend: Backend, capacity: Capacity, *, gatekeeper_factory: Callable[..., Gatekeeper] = Gatekeeper
     ) -> None:
         if backend.gatekeeper is None:
-            controller = backend.controller = BudgetController(controller_settings(self._budget, capacity.ceiling))
+            controller = controller_for(self._budget.mode, controller_settings(self._budget, capacity.ceiling))
             prefill = PrefillModel()
             admission = Admission(
-                self._classes, capacity, budget=backend.controller.budget, tenant_policy=self._tenant_policy,
+                self._classes, capacity, budget=controller.budget, tenant_policy=self._tenant_policy,
                 aging_s=self._budget.aging_s or None,
                 expected_ttft=lambda r, prefilling: prefill.expected_ttft(r.prompt_tokens, prefilling),
                 # The controller's budget is an estimate the aged may stretch; an operator's is a limit.
-                budget_elastic=lambda: self._budget.mode == "adaptive" and not controller.frozen,
+                budget_elastic=lambda: backend.controller is not None and backend.controller.elastic,
             )
-            gatekeeper = backend.gatekeeper = gatekeeper_factory(
+            backend.gatekeeper = gatekeeper_factory(
                 admission, clock=self._clock, prefill=prefill, slo_ttft_s=self._budget.slo_ttft_p95_ms / 1000.0
             )
-
-            def budget_changed(budget: int) -> None:
-                admission.set_budget(budget)
-                gatekeeper.advance()
-
-            backend.controller.on_change(budget_changed)
+            self._own(backend, controller)
             if self._on_created is not None:
                 self._on_created(backend)  # operator state (paused classes, freeze) carries over
         elif backend.capacity != capacity:
-            backend.gatekeeper.admission.set_capacity(capacity)
+            backend.gatekeeper.set_capacity(capacity)
             if backend.controller is not None:
                 backend.controller.set_ceiling(self._clock(), capacity.ceiling)  # pushes a clamped budget
         backend.capacity = capacity
@@ -338,7 +371,7 @@ def controller_moves(pool: BackendPool, now: float) -> list[tuple[Backend, Move]
 
 
 async def release_when_slot_frees(
-    client: httpx.AsyncClient, backend: Backend, ticket: Ticket, *, timeout_s: float, clock: Callable[[], float],
+    backend: Backend, ticket: Ticket, *, timeout_s: float, clock: Callable[[], float],
     then: Callable[[], None] | None = None,
 ) -> None:
     """Release `ticket` once llama-server shows one busy slot fewer than the gate holds; then call `then`.
@@ -350,7 +383,7 @@ async def release_when_slot_frees(
     try:
         while clock() < deadline and backend.admission is not None:
             try:
-                response = await client.get(backend.url + "/slots" + backend.query, headers=backend.auth_headers(), timeout=1.0)
+                response = await backend.get("/slots", routed=True, timeout=1.0)
                 slots = response.json() if response.status_code == 200 else None
             except (httpx.HTTPError, ValueError):
                 slots = None
@@ -365,3 +398,12 @@ async def release_when_slot_frees(
             backend.gatekeeper.release(ticket)
         if then is not None:
             then()
+
+
+def observe_upstream(backend: Backend, stats: RelayStats, now: float) -> None:
+    """Feed a completed request's upstream latencies (TTFT, time per output token) to the controller."""
+    tpot = None
+    if stats.first_token_at is not None and stats.completion_tokens and stats.completion_tokens > 1:
+        tpot = (now - stats.first_token_at) / (stats.completion_tokens - 1)
+    if backend.controller is not None:
+        backend.controller.observe(now, stats.ttft_s, tpot)

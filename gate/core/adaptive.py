@@ -212,6 +212,12 @@ class BudgetController:
         return self._frozen
 
     @property
+    def elastic(self) -> bool:
+        """Does this controller move the budget by itself (so the budget is an estimate the
+        aged may stretch, E1)? An operator's budget, fixed or frozen, is a limit."""
+        return not self._frozen
+
+    @property
     def p95_ttft_s(self) -> float | None:
         """Smoothed p95 TTFT as of the last tick; None while too few samples."""
         return self._smoothed_ttft
@@ -263,7 +269,7 @@ class BudgetController:
         # Restart smoothing when a signal is not ready (inv. 5).
         self._smoothed_ttft = self._smooth(self._smoothed_ttft, ttft) if ttft_ready else None
         self._smoothed_tpot = self._smooth(self._smoothed_tpot, tpot) if tpot_ready else None
-        if not (ttft_ready or tpot_ready) or self._frozen:
+        if not (ttft_ready or tpot_ready) or not self.elastic:
             return None
         if now - self._last_move_ts < s.cooldown_s:
             return None
@@ -382,3 +388,23 @@ class BudgetController:
         stamps = [ts for ts, _, _ in self._window]
         if stamps != sorted(stamps):
             raise AssertionError("window out of time order")
+
+
+class FixedBudget(BudgetController):
+    """The operator's budget (``[budget] mode = "static"``) behind the controller's interface.
+
+    It measures like the controller (the p95s the console shows) and takes manual, ceiling and
+    bound changes, but never moves by itself and is never elastic: chosen once, at build time,
+    instead of a mode flag checked wherever the budget is read.
+    """
+
+    @property
+    def elastic(self) -> bool:
+        return False
+
+
+def controller_for(mode: str, settings: ControllerSettings, start: int | None = None) -> BudgetController:
+    """The budget's owner for ``[budget] mode``: the adaptive controller, or the fixed budget."""
+    kind = BudgetController if mode == "adaptive" else FixedBudget
+    return kind(settings) if start is None else kind(settings, start)
+

@@ -99,6 +99,8 @@ class ClassPolicy(Protocol):
     def queue_depth(self) -> int: ...
     @property
     def queue_timeout_s(self) -> float: ...
+    @property
+    def ttft_objective_ms(self) -> float | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,7 +401,7 @@ class Admission:
             return
         prefilling = self.ledger.prefilling
         for c in self._order:
-            objective_ms = getattr(c.policy, "ttft_objective_ms", None)
+            objective_ms = c.policy.ttft_objective_ms
             if not objective_ms or c.queue.paused:
                 continue
             for w in c.queue:
@@ -662,7 +664,7 @@ class Admission:
 
     def _unreachable(self, entry: _Class, request: Request, now: float) -> Refuse | None:
         """A newcomer that must wait and already cannot meet its class's TTFT objective."""
-        objective_ms = getattr(entry.policy, "ttft_objective_ms", None)
+        objective_ms = entry.policy.ttft_objective_ms
         if not objective_ms or self.expected_ttft is None:
             return None
         expected = self.expected_ttft(request, self.ledger.prefilling)
@@ -682,7 +684,7 @@ class Admission:
         for w, _ in late:
             cls = w.request.cls
             self._classes[cls].queue.remove(w.request.id)
-            objective_ms = self._classes[cls].policy.ttft_objective_ms  # type: ignore[attr-defined]
+            objective_ms = self._classes[cls].policy.ttft_objective_ms
             yield Refuse(
                 w.request,
                 Reason.QUEUE_TIMEOUT,

@@ -186,10 +186,10 @@ class _TenantBuckets:
 
     def __init__(self, limits: TenantLimits, now: float, old: _TenantBuckets | None = None) -> None:
         self.limits = limits
-        self.requests = _bucket_for(
+        self.requests: TokenBucket | None = _bucket_for(
             limits.requests_per_minute, now, None if old is None else old.requests
         )
-        self.tokens = _bucket_for(
+        self.tokens: TokenBucket | None = _bucket_for(
             limits.tokens_per_minute, now, None if old is None else old.tokens
         )
         self.last_seen = now

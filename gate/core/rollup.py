@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 WINDOWS_S = (60, 300, 900)
@@ -73,13 +74,13 @@ class Rollup:
         # A late record for an earlier second (clock jitter): count it in the newest bucket.
         return self._buckets[-1]
 
-    def _within(self, now: float, window_s: int):
+    def _within(self, now: float, window_s: int) -> Iterator[_Bucket]:
         start = int(now) - window_s
         return (b for b in self._buckets if b.second > start)
 
 
-def _p95(samples) -> float | None:
-    values = sorted(samples)
+def _p95(samples: Iterable[float]) -> float | None:
+    values: list[float] = sorted(samples)
     if not values:
         return None
     return values[max(0, math.ceil(0.95 * len(values)) - 1)]

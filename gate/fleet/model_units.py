@@ -74,15 +74,15 @@ def held(cap: Capacity) -> Capacity:
 
 def hold(unit: Backend) -> None:
     adm = unit.admission
-    if adm is not None and adm.capacity.slots:
-        adm.set_capacity(held(adm.capacity))
+    if adm is not None and unit.gatekeeper is not None and adm.capacity.slots:
+        unit.gatekeeper.set_capacity(held(adm.capacity))
 
 
 def set_capacity(unit: Backend, cap: Capacity, now: float) -> None:
     """The model is loaded: its own capacity (and the controller's ceiling) in force."""
-    assert unit.admission is not None
+    assert unit.admission is not None and unit.gatekeeper is not None
     ceiling_changed = unit.admission.capacity.ceiling != cap.ceiling
-    unit.admission.set_capacity(cap)
+    unit.gatekeeper.set_capacity(cap)
     if ceiling_changed and unit.controller is not None:
         unit.controller.set_ceiling(now, cap.ceiling)  # pushes a clamped budget
 

@@ -218,7 +218,7 @@ class ModelFleet:
     async def refresh(self) -> None:
         """GET /models and apply each configured model's status."""
         try:
-            response = await self.client.get(self.parent.url + "/models", headers=self.parent.auth_headers(), timeout=CALL_TIMEOUT_S)
+            response = await self.parent.get("/models", timeout=CALL_TIMEOUT_S)
             response.raise_for_status()
             listed = {e["id"]: e for e in response.json()["data"] if isinstance(e, dict) and "id" in e}
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
@@ -326,9 +326,7 @@ class ModelFleet:
         """The model is up: its capacity from its own /props, then its queue moves."""
         info, unit, now = self.info[model], self.units[model], self.clock()
         try:
-            response = await self.client.get(
-                self.parent.url + "/props" + unit.query, headers=self.parent.auth_headers(), timeout=CALL_TIMEOUT_S
-            )
+            response = await unit.get("/props", routed=True, timeout=CALL_TIMEOUT_S)
             response.raise_for_status()
             props = response.json()
             from gate.backend.pool import capacity_from_props
@@ -417,10 +415,7 @@ class ModelFleet:
         """POST {"model": model, ...}; None when it went through, else llama-server's message."""
         query = "?autoload=false" if path == "/tokenize" else ""
         try:
-            response = await self.client.post(
-                self.parent.url + path + query, json={"model": model, **(extra or {})},
-                headers=self.parent.auth_headers(), timeout=timeout,
-            )
+            response = await self.parent.call("POST", path + query, json={"model": model, **(extra or {})}, timeout=timeout)
         except httpx.HTTPError as exc:
             return f"{type(exc).__name__}: {exc}"
         if response.status_code == 200:

@@ -11,12 +11,15 @@ and every error is a :class:`gate.errors.GateError` rendered by one function.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import socket
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 import httpx
+import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -24,7 +27,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gate.http.clientguard import BodyReader, abort, send_within, too_large
+from gate.http.clientguard import BodyReader, abort, guarded_protocol, send_within, too_large
 from gate.core.errors import GateError, render
 from gate.http.intake import ENDPOINTS, check_headers
 from gate.http.proxy import AdmittedEndpoint
@@ -105,13 +108,9 @@ def build_app(gate: RequestPorts) -> ASGIApp:
             if not any(k == "model" for k, _ in params):
                 params.append(("model", backend.model))
         try:
-            upstream = await gate.client.request(
-                request.method,
-                backend.url + request.url.path,
-                params=params,
-                content=body or None,
-                headers={"content-type": content_type, **backend.auth_headers()},
-                timeout=30.0,
+            upstream = await backend.call(
+                request.method, request.url.path, params=params, content=body or None,
+                headers={"content-type": content_type}, timeout=30.0,
             )
         except httpx.TimeoutException:
             raise GateError(Reason.UPSTREAM_TIMEOUT, f"backend {backend.name!r} did not answer", retry_after_s=RETRY_DOWN_S) from None
@@ -194,8 +193,55 @@ async def _answer(send: Send, err: GateError) -> None:
 
 async def _get_json(gate: RequestPorts, backend, path: str) -> Any:
     try:
-        response = await gate.client.get(backend.url + path, headers=backend.auth_headers(), timeout=5.0)
+        response = await backend.get(path, timeout=5.0)
         response.raise_for_status()
         return response.json()
     except (httpx.HTTPError, json.JSONDecodeError, ValueError):
         return None
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn without its own signal handlers: the host process owns signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):  # type: ignore[no-untyped-def]  (uvicorn's own signature)
+        yield
+
+
+class HttpServer:
+    """The gate's listening socket and its uvicorn server, on the running loop."""
+
+    def __init__(self, app: ASGIApp, *, header_timeout_s: float) -> None:
+        self.app = app
+        self.header_timeout_s = header_timeout_s
+        self.port: int | None = None
+        self.task: asyncio.Task[None] | None = None
+        self._server: _EmbeddedServer | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        """Bind, listen, and return the port once uvicorn serves (port 0 picks a free one)."""
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only
+        # when the listening socket says so, and without it every keep-alive response
+        # waits ~40 ms for the client's delayed ACK (Nagle).
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.setblocking(False)
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self.app, interface="asgi3", log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=5,
+            http=guarded_protocol(self.header_timeout_s),  # slow clients: gate/http/clientguard.py
+        )
+        self._server = server = _EmbeddedServer(config)
+        self.task = asyncio.create_task(server.serve(sockets=[sock]), name="tokengate-http")
+        while not server.started:
+            if self.task.done():
+                self.task.result()  # surface why the server did not start
+            await asyncio.sleep(0.01)
+        return self.port
+
+    def stop(self) -> None:
+        """Stop accepting; the task ends once the connections are done (await `task`)."""
+        if self._server is not None:
+            self._server.should_exit = True

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 # The reading is plain data the console renders: it lives with the snapshot.
 from gate.data.snapshot import GpuDevice, GpuProcess, GpuReading, format_reading
+from gate.observe.metrics import GateMetrics
 
 __all__ = [
     "GpuDevice",
@@ -285,3 +286,13 @@ class GpuMonitor:
                 return await asyncio.shield(fut)
         except TimeoutError:
             return GpuReading.failed(TIMED_OUT)
+
+
+async def read_gpu(source: GpuSource, metrics: GateMetrics) -> GpuReading:
+    """One reading (in a worker thread), reflected in the GPU gauges; n/a clears them."""
+    reading = await source.read_async()
+    if reading.unavailable:
+        metrics.clear_gpu()
+    for d in reading.devices:
+        metrics.set_gpu(str(d.index), used=d.used_bytes, total=d.total_bytes)
+    return reading

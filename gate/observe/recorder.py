@@ -21,7 +21,9 @@ from gate.backend.pool import Backend, BackendPool
 from gate.data.commands import Operator
 from gate.data.records import AuditRecord, AuditSource, ClassSample, DecisionRecord, RecentDecisions, SampleRecord
 from gate.data.snapshot import GpuReading
+from gate.core.adaptive import Move
 from gate.core.rollup import Rollup
+from gate.fleet.sharedlimits import Flip
 from gate.journal import Journal
 from gate.observe.metrics import GateMetrics
 
@@ -91,6 +93,26 @@ class Recorder:
                 target=target, old_value=old_value, new_value=new_value, note=note,
             )
         )
+
+    def budget_moved(self, backend: str, move: Move, slo_ttft_ms: float) -> None:
+        """The controller moved a backend's budget: an audit row (source=controller)."""
+        ttft = "n/a" if move.p95_ttft_s is None else f"{move.p95_ttft_s * 1000:.0f} ms"
+        self.audit_event(
+            f"budget_{move.cause}", f"backend:{backend}", f"p95 TTFT {ttft} vs SLO {slo_ttft_ms:g} ms over {move.samples} samples",
+            operator=Operator("controller", "local"), source="controller",
+            old_value=str(move.old_budget), new_value=str(move.new_budget),
+        )
+
+    def shared_flipped(self, flip: Flip, operator: Operator) -> None:
+        """The shared tenant limits changed state: the gauge, and an audit row (consoles toast it)."""
+        self.metrics.set_shared(fallback=flip.new in ("fail_open", "fail_closed"), gates=flip.gates)
+        if flip.new == "fail_open":
+            effect = f"each tenant limit runs locally at 1/{flip.gates} (N = {flip.gates} gates seen)"
+        elif flip.new == "fail_closed":
+            effect = "limited tenants get 429 shared_limit_unavailable"
+        else:
+            effect = "tenant limits are shared through Redis again"
+        self.audit_event("shared_limits", "gate", f"{flip.why}; {effect}", operator=operator, old_value=flip.old, new_value=flip.new)
 
     # ---- decisions ------------------------------------------------------------
 

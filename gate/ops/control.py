@@ -193,8 +193,7 @@ class Control:
         else:
             self.paused.discard(cls)
         for b in self._ready_admissions():
-            b.admission.pause(cls) if paused else b.admission.resume(cls)
-            b.gatekeeper.advance()
+            b.gatekeeper.pause(cls, paused)
         return self._audit(operator, source, "pause_class" if paused else "resume_class", f"class:{cls}", old, paused, note)
 
     def drain(self, cls: str, *, operator: Operator, note: str = "", source: AuditSource = "console") -> ActionResult:
@@ -210,9 +209,9 @@ class Control:
 
     def adopt(self, backend: Backend) -> None:
         """Bring a backend's admission core and controller in line with the operator state."""
-        if backend.admission is not None:
-            for cls in backend.admission.class_names:
-                backend.admission.pause(cls) if cls in self.paused else backend.admission.resume(cls)
+        if backend.gatekeeper is not None:
+            for cls in backend.gatekeeper.admission.class_names:
+                backend.gatekeeper.pause(cls, cls in self.paused)
         if backend.controller is not None:
             backend.controller.freeze() if self.frozen else backend.controller.unfreeze()
 
@@ -280,8 +279,7 @@ class Control:
         self.backends.set_classes(config.classes)
         for b in self._ready_admissions():
             for c in config.classes:
-                b.admission.set_policy(c)
-            b.gatekeeper.advance()
+                b.gatekeeper.set_policy(c)
 
     def _class(self, cls: str) -> ClassConfig:
         try:

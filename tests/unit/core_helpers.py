@@ -19,6 +19,7 @@ class Cls:
     limit_tokens: int | None = None
     queue_depth: int = 8
     queue_timeout_s: float = 10.0
+    ttft_objective_ms: float | None = None
 
 
 _ids = count()
