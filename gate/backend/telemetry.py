@@ -361,7 +361,9 @@ class TelemetryPoller:
         if errors:  # an unreachable backend wins over an HTTP error: it drives the backoff
             raise next((e for e in errors if isinstance(e, _Unreachable)), errors[0])
         slots_resp, metrics_resp = results
+        assert not isinstance(slots_resp, BaseException) and not isinstance(metrics_resp, BaseException)
         try:
+            slots: tuple[SlotInfo, ...] | None
             if isinstance(slots_resp, tuple):  # not asked: the last slots, idle
                 slots = slots_resp
             else:

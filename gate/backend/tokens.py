@@ -34,7 +34,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 import httpx
 
@@ -129,7 +129,7 @@ def estimate_tokens(canonical: bytes) -> int:
     return max(1, math.ceil(len(canonical) / _ESTIMATE_BYTES_PER_TOKEN))
 
 
-def _is_token(value: Any) -> bool:
+def _is_token(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -320,7 +320,8 @@ class TokenCounter:
         self._remember(key, tokens)
         return tokens
 
-    def _failed(self, base_url: str, reason: str, *, backend_fault: bool) -> None:
+    def _failed(self, base_url: str, reason: str, *, backend_fault: bool) -> int | None:
+        """Count the failure (a backend fault marks it unhealthy); None: the caller estimates."""
         self._stats["errors"] += 1
         if backend_fault:
             self._set_health(base_url, False, reason)

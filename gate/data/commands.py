@@ -83,7 +83,7 @@ class ModelAction:
 
 
 Command = Union[Pause, Drain, Freeze, Retune, ModelAction]
-_BY_OP: dict[str, type] = {c.op: c for c in (Pause, Drain, Freeze, Retune, ModelAction)}
+_BY_OP: dict[str, type[Command]] = {c.op: c for c in (Pause, Drain, Freeze, Retune, ModelAction)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +184,8 @@ def from_wire(data: Any) -> Command:
         raise CommandError("a command must be an object")
     if data.get("v") != COMMAND_VERSION:
         raise CommandError(f"command version {data.get('v')!r} is not {COMMAND_VERSION}: upgrade the console")
-    kind = _BY_OP.get(data.get("op"))  # type: ignore[arg-type]
+    op = data.get("op")
+    kind = _BY_OP.get(op) if isinstance(op, str) else None
     if kind is None:
         raise CommandError(f"unknown command {data.get('op')!r}; known: {', '.join(sorted(_BY_OP))}")
     names = {f.name for f in dataclasses.fields(kind)}

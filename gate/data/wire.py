@@ -9,6 +9,7 @@ rather than reaching a widget.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 import functools
 import types
 import typing
@@ -39,12 +40,12 @@ def _hints(cls: type) -> dict[str, Any]:
 
 
 @functools.cache
-def _decoder(tp: Any):  # noqa: C901 - one branch per kind of type, flat
+def _decoder(tp: Any) -> Callable[[Any], Any]:  # noqa: C901 - one branch per kind of type, flat
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if tp is Any:
         return lambda v: v
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         fields = [(f.name, _decoder(_hints(tp)[f.name]), _required(f)) for f in dataclasses.fields(tp) if f.init]
 
         def dataclass_(v: Any) -> Any:

@@ -19,10 +19,10 @@ from gate.core.reasons import Reason
 from gate.data.snapshot import ModelView
 
 if TYPE_CHECKING:
-    from gate.backend.pool import Backend
+    from gate.backend.pool import Backend, BackendState
 
 #: a unit's backend state (header, /health) by model status: loaded is "ready"
-UNIT_STATE = {"unloaded": "unloaded", "sleeping": "sleeping", "failed": "down", "missing": "down"}
+UNIT_STATE: dict[str, BackendState] = {"unloaded": "unloaded", "sleeping": "sleeping", "failed": "down", "missing": "down"}
 
 
 @dataclass(slots=True)

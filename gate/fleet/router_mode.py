@@ -229,8 +229,8 @@ class ModelFleet:
             for alias in entry.get("aliases") or ():
                 listed.setdefault(alias, entry)
         for model in self.info:
-            entry = listed.get(model)
-            status = entry.get("status") if entry is not None else None
+            found = listed.get(model)
+            status = found.get("status") if found is not None else None
             if not isinstance(status, dict):
                 await self._apply(model, "missing", 0)
                 continue
@@ -246,9 +246,9 @@ class ModelFleet:
         if p.evict is not None:
             wanted = p.load or p.waiting_for
             self.evict(p.evict, f"for {wanted} ({p.why}); idle {self._idle(p.evict):.1f} s, least recently used")
-        elif p.wake:
+        elif p.load is not None and p.wake:
             self._start_wake(p.load, p.why)
-        else:
+        elif p.load is not None:
             await self._load(p.load, p.why)
 
     def states(self) -> list[ModelState]:

@@ -52,7 +52,7 @@ def guarded_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
 
         _lingering = False
 
-        def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
+        def connection_made(self, transport) -> None:
             super().connection_made(transport)
             self.transport = _Lingering(transport, self)  # type: ignore[assignment]
             self._arm()
@@ -71,7 +71,7 @@ def guarded_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._header_bytes = 0
-            self.scope["extensions"] = {ABORT: self.transport.abort}
+            self.scope["extensions"] = {ABORT: self.transport.abort}  # type: ignore[dict-item]  # an ASGI extension may be any value
             if self._header_timer is None:
                 self._arm()  # the next request on a kept-alive connection
 

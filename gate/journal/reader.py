@@ -100,7 +100,7 @@ class JournalReader(JournalQueries):
             conn.row_factory = sqlite3.Row
             await conn.execute("PRAGMA query_only = 1")
             await conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-            (version,) = (await conn.execute_fetchall("PRAGMA user_version"))[0]
+            (version,) = list(await conn.execute_fetchall("PRAGMA user_version"))[0]
             problem = check_version(path, version, "review")
             if problem is not None:
                 raise ReviewError(problem)

@@ -64,7 +64,7 @@ _REINIT = ("NVML_ERROR_DRIVER_NOT_LOADED", "NVML_ERROR_LIB_RM_VERSION_MISMATCH",
 _FIELD_MISSING = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_NO_PERMISSION")
 
 
-def _code_name(nvml: Any, code: int) -> str | None:
+def _code_name(nvml: Any, code: object) -> str | None:
     for name in (*_REASONS, *_REINIT):
         if getattr(nvml, name, object()) == code:
             return name
@@ -115,7 +115,7 @@ class GpuMonitor:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._nvml = nvml
+        self._nvml: Any = nvml
         self.timeout_s = timeout_s
         self._clock = clock
         self._lock = threading.Lock()  # guards NVML state; serialises NVML calls
@@ -123,7 +123,7 @@ class GpuMonitor:
         self._init_error: str | None = None
         self._init_failed_at: float | None = None
         self._memory_v2 = True  # cleared when the driver lacks nvmlDeviceGetMemoryInfo_v2
-        self._in_flight: asyncio.Future | None = None  # read_async's thread, while it runs
+        self._in_flight: asyncio.Future[GpuReading] | None = None  # read_async's thread, while it runs
 
     # --- lifecycle -----------------------------------------------------------
 
@@ -189,7 +189,7 @@ class GpuMonitor:
                 devices = tuple(self._read_device(i) for i in range(count))
             except Exception as err:
                 reason = reason_for(nvml, err)
-                if _code_name(nvml, getattr(err, "value", None)) in _REINIT:
+                if (_code_name(nvml, getattr(err, "value", None)) or "") in _REINIT:
                     self._shutdown_locked()
                     self._init_failed(reason, self._clock())
                 return GpuReading.failed(reason)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 from gate.config import Config
 from gate.data.commands import Operator
 from gate.data.records import AuditRecord
-from gate.data.snapshot import GateSnapshot
+from gate.data.snapshot import GateSnapshot, Label
 
 if TYPE_CHECKING:
     from gate.ops.control import Control
@@ -23,7 +23,7 @@ class ConsoleHost(Protocol):
     """A gate as a console sees it: its facts, a snapshot, the control API, the audit feed."""
 
     gate_id: str
-    label: str
+    label: Label
     host: str
     port: int | None
     journal_path: str

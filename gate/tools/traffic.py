@@ -34,7 +34,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import httpx
 
@@ -189,7 +189,7 @@ class TrafficGenerator:
             raise ValueError("max_in_flight must be >= 1")
         self.base_url = base_url.rstrip("/")
         self.seed = seed
-        self.rates = dict(
+        self.rates: dict[str, Any] = dict(
             rate_interactive=rate_interactive, rate_batch=rate_batch, burst_every_s=burst_every_s, burst_size=burst_size
         )
         self.tenants = tuple(tenants)

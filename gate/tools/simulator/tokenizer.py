@@ -52,7 +52,7 @@ def apply_template(messages: list[Any], add_generation_prompt: bool = True) -> s
 def _make_vocab(seed: int, n: int = 512) -> list[str]:
     rng = random.Random(f"vocab:{seed}")
     onsets, vowels, codas = "bcdfghklmnprstvz", "aeiou", ["", "", "n", "r", "s", "l", "th", "m"]
-    words = set()
+    words: set[str] = set()
     while len(words) < n:
         syllables = rng.choice((1, 1, 2, 2, 2, 3))
         words.add("".join(rng.choice(onsets) + rng.choice(vowels) + rng.choice(codas) for _ in range(syllables)))
