@@ -141,6 +141,7 @@ class SharedLimits:
         self._ids = itertools.count(1)
         self._held: dict[str, Lease] = {}  # leased, not yet released
         self._held_tokens: dict[str, int] = {}  # tenant -> the sum of its held leases' costs
+        self._pending_tokens: dict[str, int] = {}  # tenant -> the costs of reservations awaiting Redis
         self._reserves: list[_Reservation] = []  # sent together on the next loop turn
         self._reserve_handle: asyncio.Handle | None = None
         self._drops: dict[str, list[str]] = {}  # tenant -> lease ids Redis should forget
@@ -244,8 +245,13 @@ class SharedLimits:
         if tpm is not None and cost > tpm:
             raise GateError(Reason.TENANT_QUOTA, f"request needs {cost} tokens, more than tenant {name!r} may use per minute")
         leased = quota is not None
-        if self.health.degraded or self._redis is None:
+        health = self.health
+        if self._redis is None or (health.degraded and not (health.recovering and health.policy == "fail_open")):
             return self._by_policy(name, cost, rpm, tpm, quota)
+        if health.degraded:
+            # Recovering under fail_open: Redis decides, and the gate keeps to its local share
+            # too, since Redis may not count yet what the other gates admitted on their own.
+            self._check_local_share(name, cost, quota, self._pending_tokens.get(name, 0))
         lease = Lease(self._new_id(), name, cost, rpm, tpm, leased=leased, charged=True)
         loop = asyncio.get_running_loop()
         item = _Reservation(lease, quota, loop.create_future())
@@ -253,6 +259,7 @@ class SharedLimits:
         if self._reserve_handle is None:
             self._reserve_handle = loop.call_soon(self._send_reserves)
         started = time.perf_counter()  # not loop.time(): uvloop's clock moves in whole milliseconds
+        self._pending_tokens[name] = self._pending_tokens.get(name, 0) + cost
         try:
             # Not shielded: a request that leaves cancels its answer, and the batch hands
             # back a reservation that lands for nobody (_settle).
@@ -261,6 +268,12 @@ class SharedLimits:
             if item.answer.done() and not item.answer.cancelled():
                 self._undo(lease, item.answer.result())  # answered in the turn the request left
             raise
+        finally:
+            left = self._pending_tokens[name] - cost
+            if left > 0:
+                self._pending_tokens[name] = left
+            else:
+                del self._pending_tokens[name]
         self._on_wait(time.perf_counter() - started)
         if answer == _BY_POLICY:
             return self._by_policy(name, cost, rpm, tpm, quota)
@@ -325,10 +338,10 @@ class SharedLimits:
         """One renewal: keep every held lease alive (adopting those Redis lost), drop the
         released ones it may still hold, count the gates. True when Redis answered.
 
-        A degraded gate that this renewal brings back first makes sure Redis has every lease
-        it holds: leases the policy made while the renewal was on its way go in another one
-        right away (at most MAX_CATCH_UP in all), so that the count the gate goes back to is
-        true."""
+        A degraded gate that this renewal brings back (or makes recovering: rule 3 of
+        .health) first makes sure Redis has every lease it holds: leases the policy made
+        while the renewal was on its way go in another one right away (at most MAX_CATCH_UP
+        in all), so that the count the gate and the others go back to is true."""
         for _ in range(MAX_CATCH_UP):
             sent = tuple(self._held.values())
             drops, self._drops = self._drops, {}
@@ -343,7 +356,7 @@ class SharedLimits:
             try:
                 if not call.done() or call.cancelled():
                     raise asyncio.TimeoutError(f"no answer in {heard.heard_s * 1000:.0f} ms")
-                gates, adopted = call.result()
+                gates, adopted, redis_ms, fresh = call.result()
             except (RedisError, OSError, asyncio.TimeoutError) as exc:
                 for tenant, ids in drops.items():
                     self._drops.setdefault(tenant, []).extend(ids)
@@ -366,7 +379,7 @@ class SharedLimits:
             if not (self.health.degraded and in_time and unsent):
                 break
             self.health.seen(gates, time.monotonic())
-        self._flip(self.health.probed(gates, in_time, now=time.monotonic()))
+        self._flip(self.health.probed(gates, in_time, now=time.monotonic(), redis_ms=redis_ms, fresh=fresh))
         return True
 
     async def _run(self) -> None:
@@ -380,7 +393,8 @@ class SharedLimits:
 
     async def _renew_call(
         self, *, leases: Iterable[Lease] = (), drops: dict[str, list[str]] | None = None, leaving: bool = False
-    ) -> tuple[int, int]:
+    ) -> tuple[int, int, float, int]:
+        """(gates counted, leases adopted, Redis's clock in ms, gates renewed since recovering began)."""
         assert self._redis is not None
         by_tenant: dict[str, tuple[list[Lease], list[str]]] = {}
         for lease in leases:
@@ -389,7 +403,8 @@ class SharedLimits:
             by_tenant.setdefault(tenant, ([], []))[1].extend(ids)
         prefix = self.config.key_prefix
         keys: list[str] = [f"{prefix}gates"]
-        args: list[Any] = [self.member, self._ttl_ms, self._keep_ms, self._ttl_ms, 1 if leaving else 0]
+        since = -1 if self.health.heard_since is None else self.health.heard_since
+        args: list[Any] = [self.member, self._ttl_ms, self._keep_ms, self._ttl_ms, 1 if leaving else 0, since]
         for tenant, (held, dropped) in by_tenant.items():
             keys.extend(tenant_keys(prefix, tenant)[1:])
             args.append(len(held))
@@ -397,8 +412,8 @@ class SharedLimits:
                 args.extend((lease.id, lease.cost))
             args.append(len(dropped))
             args.extend(dropped)
-        gates, adopted = await self._call(RENEW, keys, args)
-        return int(gates), int(adopted)
+        gates, adopted, redis_ms, fresh = await self._call(RENEW, keys, args)
+        return int(gates), int(adopted), float(redis_ms), int(fresh)
 
     # ---- internals ---------------------------------------------------------------
 
@@ -426,7 +441,15 @@ class SharedLimits:
         # given up on may still land, and is handed back by that id.
         if quota is None:
             return None
-        held, divisor = self._held_tokens.get(tenant, 0), self.divisor
+        self._check_local_share(tenant, cost, quota, self._pending_tokens.get(tenant, 0))
+        lease = Lease(self._new_id(), tenant, cost, rpm, tpm, leased=True, charged=False)
+        self._hold(lease)
+        return lease
+
+    def _check_local_share(self, tenant: str, cost: int, quota: int | None, pending: int) -> None:
+        """fail_open's in-flight rule: all the gate holds for ``tenant``, the reservations it
+        is still waiting on included, plus ``cost`` must fit 1/N of the quota."""
+        held, divisor = self._held_tokens.get(tenant, 0) + pending, self.divisor
         if not fits_local_share(held, cost, quota, divisor):
             raise GateError(
                 Reason.TENANT_QUOTA,
@@ -434,9 +457,6 @@ class SharedLimits:
                 f"while its limits cannot be checked across the gates (1/{divisor} of {quota}); this request needs {cost}",
                 retry_after_s=1.0,
             )
-        lease = Lease(self._new_id(), tenant, cost, rpm, tpm, leased=True, charged=False)
-        self._hold(lease)
-        return lease
 
     def _hold(self, lease: Lease) -> None:
         self._held[lease.id] = lease

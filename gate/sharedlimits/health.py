@@ -14,7 +14,13 @@ Rules (numbered; ``tests/unit/test_shared_health.py`` checks each):
    cannot flip the gate; any answer in time resets the count.
 3. Only a probe (the lease renewal, once per renewal interval) brings a degraded gate back,
    and only one that answered within the wait bound: a Redis that answers, but too slowly
-   for admission, stays out of the request path instead of flapping in and out of it.
+   for admission, stays out of the request path instead of flapping in and out of it. The
+   first such probe makes the gate *recovering* (``heard_since``: Redis's clock then); it
+   is back once every gate counted (N) has renewed since, so that Redis again counts all
+   the fleet holds (leases made by the policy, leases that expired while Redis was out of
+   reach), or once a lease's life (``window_s``) has passed since (a gate silent that long
+   holds nothing Redis counts). Recovering, a fail_open gate asks Redis and keeps to its
+   local share as well; a fail_closed gate still refuses. Trouble again ends recovering.
 4. Every change of state is returned once, as a :class:`Flip`, for the audit and the log;
    a call that changes nothing returns None.
 5. ``gates`` (N) is the largest count of gates seen on Redis within ``window_s`` before the
@@ -22,7 +28,8 @@ Rules (numbered; ``tests/unit/test_shared_health.py`` checks each):
    Redis counts each gate that renewed or reserved within a lease's life, so N is at least
    the number of gates holding live leases; a window longer than a renewal period keeps
    one low count (a gate that has not renewed yet, or renewed late) from lowering it, and
-   with no count coming in (Redis down) N stays what it was. ``divisor`` is N while
+   while degraded no count lowers it (the first counts after an outage may miss gates that
+   have not reached Redis again). ``divisor`` is N while
    ``fail_open`` applies, else 1: fail_open runs each gate on 1/N of each limit.
 6. Under fail_open a gate admits a limited tenant's request only if everything the gate
    holds for that tenant, admitted through Redis before the flip or by the policy after it,
@@ -56,7 +63,7 @@ class Flip:
 class SharedHealth:
     """The state machine of rules 1-6 (rule 6: :func:`fits_local_share`, applied by the client)."""
 
-    __slots__ = ("policy", "timeouts_to_degrade", "window_s", "state", "_timeouts", "ever_seen", "_seen")
+    __slots__ = ("policy", "timeouts_to_degrade", "window_s", "state", "_timeouts", "ever_seen", "_seen", "heard_since")
 
     def __init__(
         self, policy: Policy, *, timeouts_to_degrade: int = 1, window_s: float = 0.0, state: SharedState = "ok"
@@ -78,10 +85,17 @@ class SharedHealth:
         #: (when, gates) counts within the window, the largest first: each is larger than
         #: every later one (a sliding-window maximum), so the first is N
         self._seen: deque[tuple[float, int]] = deque()
+        #: while degraded: Redis's clock (ms) at the first probe in time since, else None (rule 3)
+        self.heard_since: float | None = None
 
     @property
     def degraded(self) -> bool:
         return self.state != "ok"
+
+    @property
+    def recovering(self) -> bool:
+        """Degraded, but Redis answers again: waiting for every gate to renew (rule 3)."""
+        return self.degraded and self.heard_since is not None
 
     @property
     def gates(self) -> int:
@@ -99,7 +113,9 @@ class SharedHealth:
         while self._seen and self._seen[-1][1] <= gates:
             self._seen.pop()  # older and no larger: never the maximum again
         self._seen.append((now, gates))
-        while self._seen[0][0] < now - self.window_s:
+        # Degraded, the counts of before the trouble stay: the first counts after an outage
+        # may miss gates that have not reached Redis again yet (an empty restarted Redis).
+        while not self.degraded and self._seen[0][0] < now - self.window_s:
             self._seen.popleft()
 
     def answered(self) -> None:
@@ -109,6 +125,7 @@ class SharedHealth:
     def timed_out(self, what: str) -> Flip | None:
         """An admission call that Redis did not answer within the bound (rule 2)."""
         if self.degraded:
+            self.heard_since = None
             return None
         self._timeouts += 1
         if self._timeouts < self.timeouts_to_degrade:
@@ -120,11 +137,17 @@ class SharedHealth:
     def failed(self, why: str) -> Flip | None:
         """Redis could not be reached, or answered with an error (rule 1)."""
         if self.degraded:
+            self.heard_since = None
             return None
         return self._degrade(why)
 
-    def probed(self, gates: int, in_time: bool, *, now: float = 0.0) -> Flip | None:
-        """A probe answered: ``gates`` seen on Redis at ``now``; ``in_time`` within the wait bound (rule 3)."""
+    def probed(
+        self, gates: int, in_time: bool, *, now: float = 0.0, redis_ms: float | None = None, fresh: int | None = None
+    ) -> Flip | None:
+        """A probe answered: ``gates`` seen on Redis at ``now`` (the caller's clock),
+        ``in_time`` within the wait bound (rule 3). ``redis_ms`` is Redis's clock at the
+        probe, ``fresh`` the gates that renewed since ``heard_since`` (or since the probe
+        itself when None); without them the gate is back at the first probe in time."""
         self.seen(gates, now)
         self.ever_seen = True
         if not self.degraded:
@@ -132,15 +155,26 @@ class SharedHealth:
             return None
         if not in_time:
             return None
+        if redis_ms is not None and fresh is not None:
+            if self.heard_since is None:
+                self.heard_since = redis_ms
+            waited_ms = redis_ms - self.heard_since
+            if fresh < self.gates and waited_ms < self.window_s * 1000:
+                return None  # recovering: not every gate has renewed since Redis came back
+            why = f"Redis answers in time again; {fresh} of {self.gates} gates renewed since"
+        else:
+            why = "Redis answers in time again"
         old = self.state
         self.state = "ok"
         self._timeouts = 0
-        return Flip(old, "ok", "Redis answers in time again", self.gates)
+        self.heard_since = None
+        return Flip(old, "ok", why, self.gates)
 
     def _degrade(self, why: str) -> Flip:
         old = self.state
         self.state = self.policy
         self._timeouts = 0
+        self.heard_since = None
         return Flip(old, self.policy, why, self.gates)
 
 

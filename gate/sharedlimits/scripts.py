@@ -226,14 +226,20 @@ RENEW = Script(
     _COMMON
     + """
 -- KEYS: gates, then for each tenant: leases, costs, held
--- ARGV: gate id, lease ttl ms, keep ms, gate window ms, leaving (1|0), then for each
---       tenant: n, n x (lease id, cost), d, d x lease id to drop
--- -> {gates seen within the window, leases adopted}
+-- ARGV: gate id, lease ttl ms, keep ms, gate window ms, leaving (1|0), since ms (-1: now),
+--       then for each tenant: n, n x (lease id, cost), d, d x lease id to drop
+-- -> {gates seen within the window, leases adopted, now ms, gates renewed since `since`}
 -- Renewing is idempotent and self-healing: a lease this gate holds that Redis lost (a
 -- restart without persistence, an expiry while Redis was out of reach, a reservation made
--- under fail_open) is adopted with its cost, so the fleet's count is true again.
+-- under fail_open) is adopted with its cost, so the fleet's count is true again. A gate
+-- coming back from its failure policy asks how many gates have renewed since Redis first
+-- answered it again: until all have, some may hold leases Redis does not count.
 local gate, ttl, keep, window = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
+local since = tonumber(ARGV[6])
+if since < 0 then
+  since = now
+end
 if ARGV[5] == '1' then
   redis.call('ZREM', KEYS[1], gate)
 else
@@ -242,8 +248,9 @@ end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
 redis.call('PEXPIRE', KEYS[1], keep)
 local gates = redis.call('ZCARD', KEYS[1])
+local fresh = redis.call('ZCOUNT', KEYS[1], since, '+inf')
 local adopted = 0
-local a = 6
+local a = 7
 local k = 2
 while k <= #KEYS do
   local leases, costs, held = KEYS[k], KEYS[k + 1], KEYS[k + 2]
@@ -272,6 +279,6 @@ while k <= #KEYS do
   end
   k = k + 3
 end
-return {gates, adopted}
+return {gates, adopted, now, fresh}
 """,
 )

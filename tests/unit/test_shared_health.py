@@ -42,6 +42,31 @@ def test_only_a_probe_in_time_brings_a_degraded_gate_back() -> None:  # rule 3
     assert h.probed(gates=3, in_time=True) is None
 
 
+def test_a_gate_comes_back_once_every_gate_has_renewed_since_redis_answered_it() -> None:  # rule 3
+    h = SharedHealth("fail_open", window_s=3.0)
+    h.probed(gates=2, in_time=True, now=0.0, redis_ms=0.0, fresh=2)
+    h.failed("down")
+    assert h.probed(gates=1, in_time=True, now=5.0, redis_ms=5000.0, fresh=1) is None  # the other has not renewed
+    assert h.recovering and h.heard_since == 5000.0 and h.state == "fail_open" and h.divisor == 2
+    flip = h.probed(gates=2, in_time=True, now=5.5, redis_ms=5500.0, fresh=2)
+    assert flip is not None and (flip.old, flip.new) == ("fail_open", "ok") and "2 of 2 gates renewed since" in flip.why
+    assert not h.recovering and h.heard_since is None
+
+
+def test_recovering_ends_after_a_lease_life_and_on_new_trouble() -> None:  # rule 3
+    h = SharedHealth("fail_closed", window_s=3.0)
+    h.probed(gates=3, in_time=True, now=0.0, redis_ms=0.0, fresh=3)
+    h.failed("down")
+    assert h.probed(gates=3, in_time=True, now=1.0, redis_ms=1000.0, fresh=1) is None
+    h.failed("down again")  # trouble: recovering starts over
+    assert not h.recovering and h.state == "fail_closed"
+    assert h.probed(gates=3, in_time=True, now=2.0, redis_ms=2000.0, fresh=1) is None
+    assert h.heard_since == 2000.0
+    assert h.probed(gates=3, in_time=True, now=4.9, redis_ms=4900.0, fresh=2) is None
+    flip = h.probed(gates=3, in_time=True, now=5.0, redis_ms=5000.0, fresh=2)  # a silent gate holds nothing now
+    assert flip is not None and flip.new == "ok" and "2 of 3" in flip.why
+
+
 def test_a_call_redis_did_not_answer_in_time_degrades_at_once_by_default() -> None:  # rule 2
     h = SharedHealth("fail_closed")
     flip = h.timed_out("20 ms")
@@ -55,12 +80,16 @@ def test_fail_open_divides_by_the_most_gates_seen_within_the_window() -> None:  
     h.probed(gates=3, in_time=True, now=10.0)
     assert h.divisor == 1  # ok: the gate's own limits stay whole
     h.seen(1, now=11.0)  # one low count (a reservation answer) does not lower N
+    assert h.gates == 3
+    h.seen(2, now=12.9)
+    assert h.gates == 3  # the 3 of t=10 is still within 3 s of the latest count
     flip = h.failed("down")
     assert flip is not None and flip.gates == 3
     assert h.divisor == 3
-    h.probed(gates=0, in_time=False, now=12.9)  # never below one gate: this one
-    assert h.gates == 3  # the 3 of t=10 is still within 3 s of the latest count
-    h.probed(gates=0, in_time=False, now=13.1)
+    h.probed(gates=0, in_time=False, now=13.1)  # never below one gate: this one
+    assert h.gates == 3  # degraded: no count lowers N (an outage's first counts may miss gates)
+    assert h.probed(gates=1, in_time=True, now=13.2) is not None  # back (no redis_ms: at once)
+    h.seen(1, now=16.0)  # ok again: the counts of t <= 12.9 are more than 3 s before the latest
     assert h.gates == 1 and h.divisor == 1
 
 
