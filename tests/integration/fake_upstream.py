@@ -17,6 +17,7 @@ and then, on ``POST /v1/chat/completions``:
   ``delay_s`` (a slow backend), counting the requests in progress: ``in_progress`` now,
   ``most_in_progress`` the largest it has been. A request leaves the count before its
   answer's first byte is written, so the gate can never see an answer while it counts.
+  ``arrivals`` says when each came and its first message (tests put the tenant there).
 
 Hang and stall hold the connection until the client (the gate) closes it; ``held``
 is set once a completion request is being held and ``released`` once the gate
@@ -28,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Literal
 
@@ -58,6 +60,8 @@ class FakeUpstream:
         self.delay_s = delay_s
         self.in_progress = 0  # slow mode: completions received and not yet answered
         self.most_in_progress = 0
+        self.arrivals: list[tuple[float, str]] = []  # slow mode: (monotonic time, first message)
+        self._since: dict[int, float] = {}  # in progress: sequence number -> arrival
         self.port: int | None = None
         self.held = asyncio.Event()  # a completion request is being held
         self.released = asyncio.Event()  # the gate closed a held connection
@@ -128,14 +132,28 @@ class FakeUpstream:
             pass
         self.released.set()
 
+    def reset_most(self) -> None:
+        """Start a new measurement: ``most_in_progress`` from what is in progress now."""
+        self.most_in_progress = self.in_progress
+
+    def oldest_in_progress(self) -> float | None:
+        """When the oldest request in progress arrived (monotonic), None when none is."""
+        return min(self._since.values(), default=None)
+
     async def _slow(self, writer: asyncio.StreamWriter, body: dict) -> None:
         self.completions += 1
+        seq = self.completions
+        now = time.monotonic()
+        messages = body.get("messages") or [{}]
+        self.arrivals.append((now, str(messages[0].get("content", ""))))
+        self._since[seq] = now
         self.in_progress += 1
         self.most_in_progress = max(self.most_in_progress, self.in_progress)
         try:
             await asyncio.sleep(self.delay_s)  # the modelled generation time, not a wait for a condition
         finally:
             self.in_progress -= 1
+            del self._since[seq]
         # The gate always asks for a stream with usage (gate/upstream.py): one chunk, the
         # finish, the usage, [DONE].
         tokens = int(body.get("max_tokens") or 1)
