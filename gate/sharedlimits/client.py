@@ -316,7 +316,7 @@ class SharedLimits:
         refund = lease.charged and (refund_tokens > 0 or refund_requests > 0)
         if not lease.leased and not refund:
             return None
-        if self.health.degraded or self._redis is None:
+        if (self.health.degraded and not self.health.recovering) or self._redis is None:
             self._queue_drop(lease)  # the refund is lost; the lease goes with the next renewal
             return None
         loop = asyncio.get_running_loop()

@@ -423,3 +423,45 @@ async def test_a_gate_started_while_redis_is_down_applies_its_policy_and_recover
         await wait_until(lambda: _held_is(peek, 0))
     finally:
         await g.shared.stop()
+
+
+async def test_a_gate_back_from_fail_open_waits_until_every_gate_has_renewed(redis_server, peek) -> None:
+    """#23: the gate that probed first went back to Redis alone while the other still held
+    what it had admitted on its own, which Redis, restarted empty, did not count."""
+    one, two = Gate(redis_server.url, "g1", renew_interval_s=30.0), Gate(redis_server.url, "g2", renew_interval_s=30.0)
+    await one.shared.start()
+    await two.shared.start()  # no renewals but the test's own
+    try:
+        assert await one.shared.renew() and one.shared.health.gates == 2
+        team = tenant(quota=100)
+        redis_server.stop()
+        theirs = await two.shared.reserve(team, 50)  # refused: fail_open, 1/2 of 100 on its own
+        mine = await one.shared.reserve(team, 10)
+        assert not theirs.charged and not mine.charged and one.shared.state == two.shared.state == "fail_open"
+        redis_server.start()  # empty
+
+        async def renewed(g: Gate) -> bool:
+            return await g.shared.renew()  # the first may find its pooled connection closed
+
+        await wait_until(lambda: renewed(one), timeout_s=5.0, interval_s=0.05)
+        assert one.shared.state == "fail_open" and one.shared.health.recovering  # the other has not renewed since
+        with pytest.raises(GateError) as info:  # Redis alone (10 held) would admit it: 120 of 100 in all
+            await one.shared.reserve(team, 60)
+        assert "on this gate" in info.value.message
+        ours = await one.shared.reserve(team, 40)  # Redis and the local share both say yes
+        assert ours.charged and await held(peek) == (50, 50)
+        await wait_until(lambda: renewed(two), timeout_s=5.0, interval_s=0.05)  # adopts its 50
+        assert await held(peek) == (100, 100)
+        assert two.shared.health.recovering  # the other gate renewed before it, not since
+        assert await one.shared.renew() and one.shared.state == "ok"  # every gate has renewed since
+        assert "2 of 2 gates renewed since" in one.flips[-1].why
+        with pytest.raises(GateError) as info:
+            await one.shared.reserve(team, 1)
+        assert "across the gates" in info.value.message  # Redis counts all of it
+        assert await two.shared.renew() and two.shared.state == "ok"
+        for g, lease in ((two, theirs), (one, mine), (one, ours)):
+            g.shared.release(lease)
+        await wait_until(lambda: _held_is(peek, 0))
+    finally:
+        await one.shared.stop()
+        await two.shared.stop()
