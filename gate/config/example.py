@@ -175,17 +175,18 @@ redis_url = ""
 # Prefix of every key the gates write. Gates share limits only with gates using the same one.
 # Default "tokengate:".
 key_prefix = "tokengate:"
-# What admission does while Redis is unreachable or slower than wait_ms:
-# "fail_open" admits under local limits of 1/N of each tenant's limits (N = gates seen on
-# Redis recently); "fail_closed" refuses limited tenants' requests with 429
-# shared_limit_unavailable and Retry-After. Counted in metrics, audited when it flips.
-# Default "fail_open".
+# What admission does while Redis is unreachable or does not answer within wait_ms:
+# "fail_open" admits under local limits of 1/N of each tenant's limits (N = the most gates
+# seen on Redis within 3 renewal intervals), counting what the gate already holds;
+# "fail_closed" refuses limited tenants' requests with 429 shared_limit_unavailable and
+# Retry-After. Counted in metrics, audited when it flips. Default "fail_open".
 failure_policy = "fail_open"
 # How often each gate renews its in-flight reservations (leases) and says it is alive, in
 # seconds. A gate that dies holds its reservations for at most 3x this. Default 1.
 renew_interval_s = 1.0
-# Longest wait on Redis for one admission, in milliseconds; then the failure policy applies.
-# Default 20.
+# How long Redis may take to answer one admission, in milliseconds; then the failure policy
+# applies. Time the gate's own loop was busy elsewhere (a burst, a loaded host) is not
+# counted: admission then waits longer instead. Default 20.
 wait_ms = 20.0
 
 # One [[tenants]] table per client. With no tenants the gate is open: the class comes from the

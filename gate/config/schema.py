@@ -181,7 +181,8 @@ class SharedConfig:
     failure_policy: FailurePolicy = "fail_open"
     #: how often each gate renews its leases; a dead gate's leases expire after 3x this
     renew_interval_s: float = 1.0
-    #: the longest admission waits on Redis before the failure policy applies
+    #: how long Redis may take to answer an admission before the failure policy applies,
+    #: counted in time the gate's loop could hear it (gate/fleet/sharedlimits/heard.py)
     wait_ms: float = 20.0
 
     @property

@@ -227,7 +227,7 @@ class GateMetrics:
         )
         self._shared_gates = Gauge(
             "tokengate_shared_gates",
-            "Gates seen on the shared Redis at the last lease renewal (fail_open's N).",
+            "Gates seen on the shared Redis, the most within 3 renewal intervals (fail_open's N).",
             registry=r,
         )
         self._shared_policy = Counter(
@@ -240,7 +240,7 @@ class GateMetrics:
             self._shared_policy.labels(policy)
         self._shared_wait = Histogram(
             "tokengate_shared_limit_wait_seconds",
-            "Time admission waited on Redis for one reservation (at most [shared] wait_ms).",
+            "Time admission waited on Redis for one reservation ([shared] wait_ms bounds Redis's part; the gate's own loop lag adds to it).",
             buckets=SHARED_WAIT_BUCKETS,
             registry=r,
         )

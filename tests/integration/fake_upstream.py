@@ -1,4 +1,4 @@
-"""A FAKE upstream for fault tests: it looks ready like llama-server but never finishes an answer.
+"""A FAKE upstream for fault and fleet tests: it looks ready like llama-server but is not one.
 
 This is NOT llama-server and not the simulator: a few dozen lines of plain asyncio
 HTTP/1.1 on loopback (keep-alive, Content-Length bodies) that answer just enough for
@@ -8,13 +8,18 @@ the gate to consider it a ready backend:
 * ``GET /props`` -> ``total_slots`` 4, ``default_generation_settings.n_ctx`` 2048
 * ``POST /v1/chat/completions/input_tokens`` -> ``{"input_tokens": 12}``
 
-and then misbehave on ``POST /v1/chat/completions``:
+and then, on ``POST /v1/chat/completions``:
 
 * ``mode="hang"``: accept the request and never send a byte (a stuck backend).
 * ``mode="stall"``: send the 200 status line, SSE headers and one token chunk, then
   never send another byte (a backend that stalls mid-stream).
+* ``mode="slow"``: answer a completion of ``max_tokens`` tokens (a short SSE stream) after
+  ``delay_s`` (a slow backend), counting the requests in progress: ``in_progress`` now,
+  ``most_in_progress`` the largest it has been. A request leaves the count before its
+  answer's first byte is written, so the gate can never see an answer while it counts.
+  ``arrivals`` says when each came and its first message (tests put the tenant there).
 
-Either way it holds the connection until the client (the gate) closes it; ``held``
+Hang and stall hold the connection until the client (the gate) closes it; ``held``
 is set once a completion request is being held and ``released`` once the gate
 has closed that connection, so a test can await both instead of sleeping.
 """
@@ -24,8 +29,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Literal
+
+Mode = Literal["hang", "stall", "slow"]
 
 PROPS = {
     "total_slots": 4,
@@ -44,10 +52,16 @@ _CHUNK = {
 
 
 class FakeUpstream:
-    """A FAKE llama-server on 127.0.0.1 that holds every chat completion forever."""
+    """A FAKE llama-server on 127.0.0.1 that holds every chat completion forever, or
+    answers each after ``delay_s`` (``mode="slow"``)."""
 
-    def __init__(self, mode: Literal["hang", "stall"] = "hang") -> None:
+    def __init__(self, mode: Mode = "hang", *, delay_s: float = 1.0) -> None:
         self.mode = mode
+        self.delay_s = delay_s
+        self.in_progress = 0  # slow mode: completions received and not yet answered
+        self.most_in_progress = 0
+        self.arrivals: list[tuple[float, str]] = []  # slow mode: (monotonic time, first message)
+        self._since: dict[int, float] = {}  # in progress: sequence number -> arrival
         self.port: int | None = None
         self.held = asyncio.Event()  # a completion request is being held
         self.released = asyncio.Event()  # the gate closed a held connection
@@ -81,6 +95,9 @@ class FakeUpstream:
                 method, path, _ = lines[0].split(" ", 2)
                 headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:] if ":" in line)}
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
+                if method == "POST" and path == "/v1/chat/completions" and self.mode == "slow":
+                    await self._slow(writer, json.loads(body))
+                    continue
                 if method == "POST" and path == "/v1/chat/completions":
                     await self._hold(reader, writer)
                     return
@@ -115,6 +132,43 @@ class FakeUpstream:
             pass
         self.released.set()
 
+    def reset_most(self) -> None:
+        """Start a new measurement: ``most_in_progress`` from what is in progress now."""
+        self.most_in_progress = self.in_progress
+
+    def oldest_in_progress(self) -> float | None:
+        """When the oldest request in progress arrived (monotonic), None when none is."""
+        return min(self._since.values(), default=None)
+
+    async def _slow(self, writer: asyncio.StreamWriter, body: dict) -> None:
+        self.completions += 1
+        seq = self.completions
+        now = time.monotonic()
+        messages = body.get("messages") or [{}]
+        self.arrivals.append((now, str(messages[0].get("content", ""))))
+        self._since[seq] = now
+        self.in_progress += 1
+        self.most_in_progress = max(self.most_in_progress, self.in_progress)
+        try:
+            await asyncio.sleep(self.delay_s)  # the modelled generation time, not a wait for a condition
+        finally:
+            self.in_progress -= 1
+            del self._since[seq]
+        # The gate always asks for a stream with usage (gate/backend/upstream.py): one chunk, the
+        # finish, the usage, [DONE].
+        tokens = int(body.get("max_tokens") or 1)
+        base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": "fake"}
+        events = [
+            {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": "ok"}, "finish_reason": None}]},
+            {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
+            {**base, "choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": tokens, "total_tokens": 12 + tokens}},
+        ]
+        stream = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s" % (len(stream), stream)
+        )
+        await writer.drain()
+
     @staticmethod
     def _reply(writer: asyncio.StreamWriter, status: int, payload: object) -> None:
         body = json.dumps(payload).encode()
@@ -127,8 +181,8 @@ class FakeUpstream:
 
 
 @contextlib.asynccontextmanager
-async def fake_upstream(mode: Literal["hang", "stall"] = "hang") -> AsyncIterator[FakeUpstream]:
-    fake = await FakeUpstream(mode).start()
+async def fake_upstream(mode: Mode = "hang", *, delay_s: float = 1.0) -> AsyncIterator[FakeUpstream]:
+    fake = await FakeUpstream(mode, delay_s=delay_s).start()
     try:
         yield fake
     finally:

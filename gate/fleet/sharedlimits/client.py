@@ -6,16 +6,25 @@ connection pool, the only timers and the renewal task.
 
 The request path (``gate/http/proxy.py``) calls :meth:`SharedLimits.reserve` once, after the
 gate's own rate check and before local admission, and :meth:`SharedLimits.release` exactly
-once when the request ends, whatever the path. A reservation is one atomic script and one
-round trip: both rate buckets and the in-flight quota are checked, and all are charged or
-none. Admission never waits on Redis longer than ``wait_ms``; past it, or when Redis cannot
-be reached, the failure policy decides that request, and after repeated trouble the gate
-stops asking Redis until a renewal answers in time again (:mod:`.health`).
+once when the request ends, whatever the path. A reservation is atomic: both rate buckets
+and the in-flight quota are checked, and all are charged or none. The reservations made in
+one turn of the loop go to Redis in one script call (a burst costs one round trip, not one
+per request), with the releases waiting for a ride.
+
+Redis is judged by what Redis did, not by how busy the gate is: the wait bound ``wait_ms``
+counts only the time the gate's loop was free to hear the answer (:mod:`.heard`), so a burst
+on a loaded host makes admission wait longer but never flips the gate. When Redis cannot be
+reached, or had the whole bound and said nothing, the gate switches to its failure policy
+at once and stops asking Redis until a renewal answers in time again (:mod:`.health`).
 
 In-flight reservations are leases. Every ``renew_interval_s`` the gate renews all it holds
-in one script, which also says it is alive and counts the gates alive (fail_open's N). A
-gate that dies stops renewing: its leases expire within 3 x ``renew_interval_s`` of its
-last renewal, and the next reservation of that tenant on any gate purges them.
+in one script, which also says it is alive and counts the gates alive (fail_open's N, also
+counted in every reservation answer). A gate that dies stops renewing: its leases expire
+within 3 x ``renew_interval_s`` of its last renewal, and the next reservation of that
+tenant on any gate purges them. What a gate holds stays counted across a flip: under
+fail_open the leases admitted through Redis count against the gate's local share with
+those the policy admits, and the renewal that brings the gate back hands the latter to
+Redis before the gate asks Redis again.
 """
 
 from __future__ import annotations
@@ -35,11 +44,13 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gate.config import SharedConfig, TenantConfig
 from gate.core.errors import GateError
 from gate.core.reasons import Reason
-from gate.fleet.sharedlimits.health import Flip, SharedHealth, SharedState
+from gate.fleet.sharedlimits.health import Flip, SharedHealth, SharedState, fits_local_share, local_share
+from gate.fleet.sharedlimits.heard import hear
 from gate.fleet.sharedlimits.scripts import RELEASE, RENEW, RESERVE, Script, tenant_keys
 
 __all__ = ["Lease", "SharedLimits"]
@@ -49,6 +60,16 @@ log = logging.getLogger("tokengate.shared")
 #: lease ids waiting to be dropped from Redis while it is out of reach; past this the
 #: oldest are forgotten (their leases expire by themselves)
 MAX_PENDING_DROPS = 10_000
+#: reservations in one script call; a larger burst goes in several (a call of 256 runs
+#: in about a millisecond in Redis, which serves nobody else meanwhile)
+MAX_BATCH = 256
+#: recovery: renewals in a row that may find leases the policy made while they were on
+#: their way, before the gate goes back to Redis anyway (the next renewal adopts the rest)
+MAX_CATCH_UP = 3
+
+#: what a reservation's answer is when Redis did not decide it
+_BY_POLICY = "by_policy"  # Redis is out of reach or had the whole bound: the failure policy
+_UNHEARD = "unheard"  # its fate is unknown and Redis is not to blame (see _reserve_batch)
 
 
 @dataclass(slots=True, eq=False)
@@ -80,6 +101,14 @@ class _Release:
             self.done.set_result(landed)
 
 
+@dataclass(slots=True, eq=False)
+class _Reservation:
+    lease: Lease
+    quota: int | None
+    #: the script's reply for it, or _BY_POLICY / _UNHEARD; cancelled if the request left
+    answer: asyncio.Future[Any]
+
+
 def _arg(limit: int | None) -> int:
     return -1 if limit is None else limit
 
@@ -100,7 +129,9 @@ class SharedLimits:
         #: this gate on Redis: its gate id (host:pid:start, to the second) and a random tail,
         #: so that two gates started in one second by one process stay two
         self.member = f"{gate_id}/{secrets.token_hex(4)}"
-        self.health = SharedHealth(config.failure_policy)
+        # N is the most gates counted within a lease's life (3 renewal intervals), so one
+        # count taken before another gate's first renewal cannot lower it (#23).
+        self.health = SharedHealth(config.failure_policy, window_s=config.lease_ttl_s)
         self._on_flip = on_flip
         self._on_policy = on_policy
         self._on_wait = on_wait
@@ -109,6 +140,10 @@ class SharedLimits:
         self._keep_ms = max(2 * self._ttl_ms, 10_000)
         self._ids = itertools.count(1)
         self._held: dict[str, Lease] = {}  # leased, not yet released
+        self._held_tokens: dict[str, int] = {}  # tenant -> the sum of its held leases' costs
+        self._pending_tokens: dict[str, int] = {}  # tenant -> the costs of reservations awaiting Redis
+        self._reserves: list[_Reservation] = []  # sent together on the next loop turn
+        self._reserve_handle: asyncio.Handle | None = None
         self._drops: dict[str, list[str]] = {}  # tenant -> lease ids Redis should forget
         self._releases: list[_Release] = []  # sent together on the next loop turn
         self._release_handle: asyncio.Handle | None = None
@@ -166,6 +201,8 @@ class SharedLimits:
             if running:  # a lost cancellation must not hold the gate's shutdown for ever
                 log.error("shared limits: the renewal loop did not stop within 5 s of its cancel; left behind")
             self._runner = None
+        for item in self._take_reserves():
+            self._settle(item, _UNHEARD)  # never sent: nothing to hand back
         if self._background:
             await asyncio.wait(tuple(self._background), timeout=1.0)
         for task in tuple(self._background):
@@ -176,6 +213,7 @@ class SharedLimits:
             lease.released = True
             self._queue_drop(lease)
         self._held.clear()
+        self._held_tokens.clear()
         for item in self._take_releases():
             self._queue_drop(item.lease)  # refunds at shutdown are not worth a wait
             item.settle(False)
@@ -195,7 +233,8 @@ class SharedLimits:
 
         Returns the lease to release when the request ends, or None when nothing was held
         (a tenant without limits). Raises :class:`GateError` with 429 ``rate_limited``,
-        ``tenant_quota`` or, under fail_closed, ``shared_limit_unavailable``.
+        ``tenant_quota`` or ``shared_limit_unavailable`` (fail_closed; or a gate too busy
+        to hear Redis's answer for a second or more).
         """
         rpm, tpm, quota = tenant.requests_per_minute, tenant.tokens_per_minute, tenant.max_tokens_in_flight
         if rpm is None and tpm is None and quota is None:
@@ -206,39 +245,49 @@ class SharedLimits:
         if tpm is not None and cost > tpm:
             raise GateError(Reason.TENANT_QUOTA, f"request needs {cost} tokens, more than tenant {name!r} may use per minute")
         leased = quota is not None
-        if self.health.degraded or self._redis is None:
-            return self._by_policy(name, cost, rpm, tpm, leased)
+        health = self.health
+        if self._redis is None or (health.degraded and not (health.recovering and health.policy == "fail_open")):
+            return self._by_policy(name, cost, rpm, tpm, quota)
+        if health.degraded:
+            # Recovering under fail_open: Redis decides, and the gate keeps to its local share
+            # too, since Redis may not count yet what the other gates admitted on their own.
+            self._check_local_share(name, cost, quota, self._pending_tokens.get(name, 0))
         lease = Lease(self._new_id(), name, cost, rpm, tpm, leased=leased, charged=True)
-        riders = self._take_releases()
-        keys = [*tenant_keys(self.config.key_prefix, name)]
-        args = [lease.id, cost, _arg(rpm), _arg(tpm), _arg(quota), self._ttl_ms, self._keep_ms, len(riders)]
-        self._add_releases(keys, args, riders)
-        # A task of its own, so that giving up on it (the wait bound, a client that left)
-        # does not lose its answer: a reservation that lands late is handed back at once.
         loop = asyncio.get_running_loop()
+        item = _Reservation(lease, quota, loop.create_future())
+        self._reserves.append(item)
+        if self._reserve_handle is None:
+            self._reserve_handle = loop.call_soon(self._send_reserves)
         started = time.perf_counter()  # not loop.time(): uvloop's clock moves in whole milliseconds
-        call = loop.create_task(self._call(RESERVE, keys, args))
-        if riders:
-            call.add_done_callback(functools.partial(self._releases_landed, riders))
+        self._pending_tokens[name] = self._pending_tokens.get(name, 0) + cost
         try:
-            await asyncio.wait((call,), timeout=self._wait_s)
+            # Not shielded: a request that leaves cancels its answer, and the batch hands
+            # back a reservation that lands for nobody (_settle).
+            answer = await item.answer
         except asyncio.CancelledError:
-            call.add_done_callback(functools.partial(self._undo_late, lease))
+            if item.answer.done() and not item.answer.cancelled():
+                self._undo(lease, item.answer.result())  # answered in the turn the request left
             raise
+        finally:
+            left = self._pending_tokens[name] - cost
+            if left > 0:
+                self._pending_tokens[name] = left
+            else:
+                del self._pending_tokens[name]
         self._on_wait(time.perf_counter() - started)
-        if not call.done():
-            call.add_done_callback(functools.partial(self._undo_late, lease))
-            self._flip(self.health.timed_out(f"over {self.config.wait_ms:g} ms"))
-            return self._by_policy(name, cost, rpm, tpm, leased)
-        try:
-            reply = call.result()
-        except (RedisError, OSError) as exc:
-            self._flip(self.health.failed(f"Redis: {exc}"))
-            return self._by_policy(name, cost, rpm, tpm, leased)
-        self.health.answered()
+        if answer == _BY_POLICY:
+            return self._by_policy(name, cost, rpm, tpm, quota)
+        if answer == _UNHEARD:
+            raise GateError(
+                Reason.SHARED_LIMIT_UNAVAILABLE,
+                f"tenant {name!r}'s limits are shared across gates and this gate was too busy to hear Redis's "
+                "answer in time; retry shortly",
+                retry_after_s=1.0,
+            )
+        reply = answer
         if reply[0] == "ok":
             if lease.leased:
-                self._held[lease.id] = lease
+                self._hold(lease)
             return lease
         if reply[0] == "rate":
             raise GateError(
@@ -258,16 +307,16 @@ class SharedLimits:
 
         Returns a future that says whether Redis has it (:meth:`landed` waits for it, bounded),
         or None when there was nothing to tell Redis. The release goes out on the next turn of
-        the loop, with the others of that turn, riding on a reservation if one goes out too.
+        the loop, with the others of that turn, riding on the reservations if some go out too.
         """
         if lease.released:
             return None
         lease.released = True
-        self._held.pop(lease.id, None)
+        self._unhold(lease)
         refund = lease.charged and (refund_tokens > 0 or refund_requests > 0)
         if not lease.leased and not refund:
             return None
-        if self.health.degraded or self._redis is None:
+        if (self.health.degraded and not self.health.recovering) or self._redis is None:
             self._queue_drop(lease)  # the refund is lost; the lease goes with the next renewal
             return None
         loop = asyncio.get_running_loop()
@@ -287,28 +336,50 @@ class SharedLimits:
 
     async def renew(self) -> bool:
         """One renewal: keep every held lease alive (adopting those Redis lost), drop the
-        released ones it may still hold, count the gates. True when Redis answered."""
-        sent = tuple(self._held.values())
-        drops, self._drops = self._drops, {}
-        started = time.perf_counter()
-        try:
-            async with asyncio.timeout(max(self._wait_s, self.config.renew_interval_s)):
-                gates, adopted = await self._renew_call(leases=sent, drops=drops)
-        except (RedisError, OSError, asyncio.TimeoutError) as exc:
-            for tenant, ids in drops.items():
-                self._drops.setdefault(tenant, []).extend(ids)
-            self._trim_drops()
-            self._flip(self.health.failed(f"lease renewal: {exc or type(exc).__name__}"))
-            return False
-        in_time = (time.perf_counter() - started) <= self._wait_s
-        if adopted:
-            self.adopted += adopted
-            log.info("shared limits: Redis had lost %d of this gate's leases; adopted them again", adopted)
-        self._flip(self.health.probed(gates, in_time))
-        # Released while the renewal was on its way: it may have put them back.
-        for lease in sent:
-            if lease.released:
-                self._queue_drop(lease)
+        released ones it may still hold, count the gates. True when Redis answered.
+
+        A degraded gate that this renewal brings back (or makes recovering: rule 3 of
+        .health) first makes sure Redis has every lease it holds: leases the policy made
+        while the renewal was on its way go in another one right away (at most MAX_CATCH_UP
+        in all), so that the count the gate and the others go back to is true."""
+        for _ in range(MAX_CATCH_UP):
+            sent = tuple(self._held.values())
+            drops, self._drops = self._drops, {}
+            call = asyncio.get_running_loop().create_task(self._renew_call(leases=sent, drops=drops))
+            try:
+                heard = await hear(call, max(self._wait_s, self.config.renew_interval_s))
+            except asyncio.CancelledError:
+                call.cancel()
+                raise
+            if not call.done():
+                call.cancel()
+            try:
+                if not call.done() or call.cancelled():
+                    raise asyncio.TimeoutError(f"no answer in {heard.heard_s * 1000:.0f} ms")
+                gates, adopted, redis_ms, fresh = call.result()
+            except (RedisError, OSError, asyncio.TimeoutError) as exc:
+                for tenant, ids in drops.items():
+                    self._drops.setdefault(tenant, []).extend(ids)
+                self._trim_drops()
+                if isinstance(exc, RedisTimeoutError) and not heard.spent:
+                    return False  # the gate was too busy to read it in time: not Redis's fault
+                self._flip(self.health.failed(f"lease renewal: {exc or type(exc).__name__}"))
+                return False
+            # Redis's part of it: the gate's own lag does not keep it degraded.
+            in_time = heard.heard_s <= self._wait_s
+            if adopted:
+                self.adopted += adopted
+                log.info("shared limits: Redis had lost %d of this gate's leases; adopted them again", adopted)
+            # Released while the renewal was on its way: it may have put them back.
+            for lease in sent:
+                if lease.released:
+                    self._queue_drop(lease)
+            given = set(map(id, sent))
+            unsent = any(not lease.charged and id(lease) not in given for lease in self._held.values())
+            if not (self.health.degraded and in_time and unsent):
+                break
+            self.health.seen(gates, time.monotonic())
+        self._flip(self.health.probed(gates, in_time, now=time.monotonic(), redis_ms=redis_ms, fresh=fresh))
         return True
 
     async def _run(self) -> None:
@@ -322,7 +393,8 @@ class SharedLimits:
 
     async def _renew_call(
         self, *, leases: Iterable[Lease] = (), drops: dict[str, list[str]] | None = None, leaving: bool = False
-    ) -> tuple[int, int]:
+    ) -> tuple[int, int, float, int]:
+        """(gates counted, leases adopted, Redis's clock in ms, gates renewed since recovering began)."""
         assert self._redis is not None
         by_tenant: dict[str, tuple[list[Lease], list[str]]] = {}
         for lease in leases:
@@ -331,7 +403,8 @@ class SharedLimits:
             by_tenant.setdefault(tenant, ([], []))[1].extend(ids)
         prefix = self.config.key_prefix
         keys: list[str] = [f"{prefix}gates"]
-        args: list[Any] = [self.member, self._ttl_ms, self._keep_ms, self._ttl_ms, 1 if leaving else 0]
+        since = -1 if self.health.heard_since is None else self.health.heard_since
+        args: list[Any] = [self.member, self._ttl_ms, self._keep_ms, self._ttl_ms, 1 if leaving else 0, since]
         for tenant, (held, dropped) in by_tenant.items():
             keys.extend(tenant_keys(prefix, tenant)[1:])
             args.append(len(held))
@@ -339,8 +412,8 @@ class SharedLimits:
                 args.extend((lease.id, lease.cost))
             args.append(len(dropped))
             args.extend(dropped)
-        gates, adopted = await self._call(RENEW, keys, args)
-        return int(gates), int(adopted)
+        gates, adopted, redis_ms, fresh = await self._call(RENEW, keys, args)
+        return int(gates), int(adopted), float(redis_ms), int(fresh)
 
     # ---- internals ---------------------------------------------------------------
 
@@ -351,7 +424,7 @@ class SharedLimits:
         except NoScriptError:  # a restarted or flushed Redis: EVAL sends the text and caches it
             return await self._redis.eval(script.text, len(keys), *keys, *args)
 
-    def _by_policy(self, tenant: str, cost: int, rpm: int | None, tpm: int | None, leased: bool) -> Lease | None:
+    def _by_policy(self, tenant: str, cost: int, rpm: int | None, tpm: int | None, quota: int | None) -> Lease | None:
         """Redis cannot decide this request: the failure policy does."""
         policy = self.health.policy
         self._on_policy(policy)
@@ -361,17 +434,141 @@ class SharedLimits:
                 f"tenant {tenant!r}'s limits are shared across gates and cannot be checked right now; retry shortly",
                 retry_after_s=max(1.0, self.config.renew_interval_s),
             )
-        # fail_open: the gate's own limits, at 1/N, decide (the service divides them). The
-        # lease is held so that the next renewal adopts it: the fleet's count stays true.
-        # Its own id: a reservation given up on may still land, and is handed back by that id.
-        if not leased:
+        # fail_open: the gate's own limits, at 1/N, decide (the service divides them), and
+        # the in-flight share counts everything this gate holds for the tenant, what Redis
+        # admitted before the flip included (rule 6 of .health). The lease is held so that
+        # the next renewal adopts it: the fleet's count stays true. Its own id: a reservation
+        # given up on may still land, and is handed back by that id.
+        if quota is None:
             return None
+        self._check_local_share(tenant, cost, quota, self._pending_tokens.get(tenant, 0))
         lease = Lease(self._new_id(), tenant, cost, rpm, tpm, leased=True, charged=False)
-        self._held[lease.id] = lease
+        self._hold(lease)
         return lease
+
+    def _check_local_share(self, tenant: str, cost: int, quota: int | None, pending: int) -> None:
+        """fail_open's in-flight rule: all the gate holds for ``tenant``, the reservations it
+        is still waiting on included, plus ``cost`` must fit 1/N of the quota."""
+        held, divisor = self._held_tokens.get(tenant, 0) + pending, self.divisor
+        if not fits_local_share(held, cost, quota, divisor):
+            raise GateError(
+                Reason.TENANT_QUOTA,
+                f"tenant {tenant!r} holds {held} of its {local_share(quota, divisor)} in-flight tokens on this gate "
+                f"while its limits cannot be checked across the gates (1/{divisor} of {quota}); this request needs {cost}",
+                retry_after_s=1.0,
+            )
+
+    def _hold(self, lease: Lease) -> None:
+        self._held[lease.id] = lease
+        self._held_tokens[lease.tenant] = self._held_tokens.get(lease.tenant, 0) + lease.cost
+
+    def _unhold(self, lease: Lease) -> None:
+        if self._held.pop(lease.id, None) is None:
+            return
+        left = self._held_tokens.get(lease.tenant, 0) - lease.cost
+        if left > 0:
+            self._held_tokens[lease.tenant] = left
+        else:
+            self._held_tokens.pop(lease.tenant, None)
 
     def _new_id(self) -> str:
         return f"{self.member}#{next(self._ids)}"
+
+    # ---- reservations, in batches --------------------------------------------------
+
+    def _take_reserves(self) -> list[_Reservation]:
+        batch, self._reserves = self._reserves, []
+        if self._reserve_handle is not None:
+            self._reserve_handle.cancel()
+            self._reserve_handle = None
+        return batch
+
+    def _send_reserves(self) -> None:
+        """The reservations of the last turn go out, MAX_BATCH to a call, with the releases."""
+        self._reserve_handle = None
+        batch = [item for item in self._take_reserves() if not item.answer.cancelled()]  # not for a request gone
+        riders = self._take_releases()
+        for start in range(0, len(batch), MAX_BATCH):
+            self._spawn(self._reserve_batch(batch[start : start + MAX_BATCH], riders))
+            riders = []
+        if riders:
+            self._spawn(self._release(riders))
+
+    async def _reserve_batch(self, batch: list[_Reservation], riders: list[_Release]) -> None:
+        """One script call for ``batch``; every reservation in it gets exactly one answer."""
+        prefix = self.config.key_prefix
+        keys: list[str] = [f"{prefix}gates"]
+        args: list[Any] = [self.member, self._ttl_ms, self._keep_ms, len(batch), len(riders)]
+        for item in batch:
+            lease = item.lease
+            keys.extend(tenant_keys(prefix, lease.tenant))
+            args.extend((lease.id, lease.cost, _arg(lease.rpm), _arg(lease.tpm), _arg(item.quota)))
+        self._add_releases(keys, args, riders)
+        # A task of its own, so that giving up on it does not lose its answer: reservations
+        # that land late are handed back at once.
+        call = asyncio.get_running_loop().create_task(self._call(RESERVE, keys, args))
+        if riders:
+            call.add_done_callback(functools.partial(self._releases_landed, riders))
+        try:
+            heard = await hear(call, self._wait_s)
+        except asyncio.CancelledError:  # stop(): their fate is unknown; made, they expire unrenewed
+            call.cancel()
+            for item in batch:
+                self._settle(item, _UNHEARD)
+            raise
+        if not call.done():
+            # Redis had the whole bound of the gate's attention and said nothing: slow or hung.
+            call.add_done_callback(functools.partial(self._landed_late, batch))
+            self._flip(self.health.timed_out(f"{self.config.wait_ms:g} ms, {heard.lag_s * 1000:.0f} ms of the gate's own lag beside it"))
+            for item in batch:
+                self._settle(item, _BY_POLICY)
+            return
+        exc = asyncio.CancelledError() if call.cancelled() else call.exception()
+        if exc is not None:
+            if isinstance(exc, RedisTimeoutError) and not heard.spent:
+                # redis-py's own socket timeout (at least a second) passed while the loop was
+                # too busy to read: whether Redis made them is unknown, and not Redis's fault.
+                # No flip, and no policy either (it could admit past the quota while Redis
+                # answers): these requests are refused; their leases, if made, expire.
+                log.warning("shared limits: %d reservations unread after %.0f ms of loop lag; refused", len(batch), heard.lag_s * 1000)
+                answer = _UNHEARD
+            else:
+                self._flip(self.health.failed(f"Redis: {exc}"))
+                answer = _BY_POLICY
+            for item in batch:
+                self._settle(item, answer)
+            return
+        gates, *replies = call.result()
+        self.health.answered()
+        self.health.seen(int(gates), time.monotonic())
+        for item, reply in zip(batch, replies, strict=True):
+            self._settle(item, reply)
+
+    def _settle(self, item: _Reservation, answer: Any) -> None:
+        """Give a reservation its answer; one whose request has left is handed back."""
+        if not item.answer.done():
+            item.answer.set_result(answer)
+        elif item.answer.cancelled():
+            self._undo(item.lease, answer)
+
+    def _landed_late(self, batch: list[_Reservation], call: asyncio.Task[Any]) -> None:
+        """A batch answered after admission stopped waiting for it: hand back what it made."""
+        if call.cancelled() or call.exception() is not None:
+            return  # never made, or its fate unknown: a lease nobody renews expires
+        gates, *replies = call.result()
+        self.health.seen(int(gates), time.monotonic())
+        for item, reply in zip(batch, replies, strict=True):
+            self._undo(item.lease, reply)
+
+    def _undo(self, lease: Lease, reply: Any) -> None:
+        """A reservation Redis made for a request that does not have it: hand it back."""
+        if not isinstance(reply, list) or reply[0] != "ok" or lease.released:
+            return
+        lease.released = True  # never handed to the request: only this hands it back
+        refund_tokens, refund_requests = (lease.cost if lease.tpm is not None else 0), (1 if lease.rpm is not None else 0)
+        self._spawn(self._release([_Release(lease, refund_tokens, refund_requests, asyncio.get_running_loop().create_future())]))
+
+    # ---- releases ------------------------------------------------------------------
 
     def _take_releases(self) -> list[_Release]:
         batch, self._releases = self._releases, []
@@ -389,6 +586,8 @@ class SharedLimits:
     def _send_releases(self) -> None:
         """No reservation went out this turn to carry them: the releases go on their own."""
         self._release_handle = None
+        if self._reserves:
+            return  # reservations go out this turn too and take them along
         batch = self._take_releases()
         if batch:
             self._spawn(self._release(batch))
@@ -397,15 +596,24 @@ class SharedLimits:
         keys: list[str] = []
         args: list[Any] = []
         self._add_releases(keys, args, batch)
+        call = asyncio.get_running_loop().create_task(self._call(RELEASE, keys, args))
         try:
-            async with asyncio.timeout(max(self._wait_s, self.config.renew_interval_s)):
-                await self._call(RELEASE, keys, args)
-        except (RedisError, OSError, asyncio.TimeoutError) as exc:
-            self._releases_failed(batch)
-            self._flip(self.health.failed(f"release: {exc or type(exc).__name__}"))
+            heard = await hear(call, max(self._wait_s, self.config.renew_interval_s))
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        if not call.done():
+            call.cancel()
+            exc: BaseException | None = asyncio.TimeoutError(f"no answer in {heard.heard_s * 1000:.0f} ms")
         else:
+            exc = asyncio.CancelledError() if call.cancelled() else call.exception()
+        if exc is None:
             for item in batch:
                 item.settle(True)
+            return
+        self._releases_failed(batch)
+        if not (isinstance(exc, RedisTimeoutError) and not heard.spent):  # else the gate's lag, not Redis
+            self._flip(self.health.failed(f"release: {exc or type(exc).__name__}"))
 
     def _releases_landed(self, batch: list[_Release], call: asyncio.Task[Any]) -> None:
         """The reservation that carried ``batch`` is done."""
@@ -421,17 +629,6 @@ class SharedLimits:
         for item in batch:
             self._queue_drop(item.lease)
             item.settle(False)
-
-    def _undo_late(self, lease: Lease, call: asyncio.Task[Any]) -> None:
-        """A reservation answered after admission stopped waiting for it: hand it back."""
-        if call.cancelled() or call.exception() is not None:
-            return  # never made, or its fate unknown: a lease nobody renews expires
-        reply = call.result()
-        if reply[0] != "ok":
-            return
-        lease.released = True  # never handed to the request: only this hands it back
-        refund_tokens, refund_requests = (lease.cost if lease.tpm is not None else 0), (1 if lease.rpm is not None else 0)
-        self._spawn(self._release([_Release(lease, refund_tokens, refund_requests, call.get_loop().create_future())]))
 
     def _queue_drop(self, lease: Lease) -> None:
         if lease.leased:

@@ -8,7 +8,8 @@ Keys of tenant T under prefix P (the ``{T}`` hash tag keeps them in one slot):
 - ``P{T}:leases``  sorted set: lease id -> the moment (ms, Redis clock) it expires.
 - ``P{T}:costs``   hash: lease id -> the tokens it holds; its fields are the live leases.
 - ``P{T}:held``    integer: the sum of ``costs``, the tenant's in-flight tokens, fleet-wide.
-- ``Pgates``       sorted set: gate id -> when it last renewed (ms); the N of fail_open.
+- ``Pgates``       sorted set: gate id -> when it last renewed or reserved (ms); the N of
+  fail_open. A renewal drops the gates silent for longer than a lease lives.
 
 Time is Redis's own clock (``TIME``), so the gates' clocks never need to agree. A lease
 lives ``ttl`` ms from its reservation or last renewal; whoever runs a script first after
@@ -120,76 +121,93 @@ RESERVE = Script(
     "reserve",
     _COMMON
     + """
--- KEYS: rate, leases, costs, held; then 4 per release entry
--- ARGV: lease id, cost, rpm, tpm, quota (each -1 when unset), lease ttl ms, keep ms,
---       release entries, then 5 per entry (see release_entries)
+-- One reservation: KEYS[k..k+3] its tenant's rate, leases, costs, held; ARGV[a..a+4] its
+-- lease id, cost, rpm, tpm, quota (each -1 when unset).
 -- -> {'ok', held} | {'rate', 'requests'|'tokens', wait ms} | {'quota', held}
--- The releases that waited for a ride (requests that ended since the last call) go first,
--- in the same round trip: a gate under load makes one call per request, not two.
-local id, cost = ARGV[1], tonumber(ARGV[2])
-local rpm, tpm, quota = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local ttl, keep = tonumber(ARGV[6]), tonumber(ARGV[7])
+local function reserve_one(k, a, ttl, keep, now)
+  local rate, leases, costs, held_key = KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
+  local id, cost = ARGV[a], tonumber(ARGV[a + 1])
+  local rpm, tpm, quota = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  local req, tok
+  if rpm > 0 or tpm > 0 then
+    local b = redis.call('HMGET', rate, 'r', 't', 'ts')
+    local dt = 0
+    if b[3] then
+      dt = math.max(0, now - tonumber(b[3]))
+    end
+    local wait_r, wait_t = 0, 0
+    if rpm > 0 then
+      req = math.min(rpm, (tonumber(b[1]) or rpm) + dt * rpm / 60000)
+      if req < 1 then
+        wait_r = (1 - req) * 60000 / rpm
+      end
+    end
+    if tpm > 0 then
+      tok = math.min(tpm, (tonumber(b[2]) or tpm) + dt * tpm / 60000)
+      if tok < cost then
+        wait_t = (cost - tok) * 60000 / tpm
+      end
+    end
+    if wait_r > 0 or wait_t > 0 then
+      if wait_r >= wait_t then
+        return {'rate', 'requests', tostring(wait_r)}
+      end
+      return {'rate', 'tokens', tostring(wait_t)}
+    end
+  end
+
+  local held = 0
+  if quota >= 0 then
+    held = purge(leases, costs, held_key, now)
+    if held + cost > quota then
+      return {'quota', tostring(held)}
+    end
+  end
+
+  if req or tok then
+    local fields = {'ts', now}
+    if req then
+      fields[#fields + 1] = 'r'
+      fields[#fields + 1] = tostring(req - 1)
+    end
+    if tok then
+      fields[#fields + 1] = 't'
+      fields[#fields + 1] = tostring(tok - cost)
+    end
+    redis.call('HSET', rate, unpack(fields))
+    redis.call('PEXPIRE', rate, 61000)
+  end
+  if quota >= 0 then
+    redis.call('ZADD', leases, now + ttl, id)
+    redis.call('HSET', costs, id, cost)
+    held = redis.call('INCRBY', held_key, cost)
+    redis.call('PEXPIRE', leases, keep)
+    redis.call('PEXPIRE', costs, keep)
+    redis.call('PEXPIRE', held_key, keep)
+  end
+  return {'ok', tostring(held)}
+end
+
+-- KEYS: gates, then 4 per reservation (rate, leases, costs, held), then 4 per release entry
+-- ARGV: gate id, lease ttl ms, keep ms, reservations r, release entries e, then 5 per
+--       reservation (see reserve_one), then 5 per release entry (see release_entries)
+-- -> {gates, reply of reservation 1, ..., reply of reservation r}
+-- The reservations of one turn of the gate's loop come in one call, in the order they were
+-- made, each seeing the ones before it; the releases that waited for a ride (requests that
+-- ended since the last call) go first. The gate is counted as alive (it may hold leases
+-- from now on) and told how many gates are: fail_open's N from every answer, not only from
+-- the renewals.
+local gate, ttl, keep = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local r, e = tonumber(ARGV[4]), tonumber(ARGV[5])
 local now = now_ms()
-release_entries(5, 9, tonumber(ARGV[8]), now)
-
-local req, tok
-if rpm > 0 or tpm > 0 then
-  local b = redis.call('HMGET', KEYS[1], 'r', 't', 'ts')
-  local dt = 0
-  if b[3] then
-    dt = math.max(0, now - tonumber(b[3]))
-  end
-  local wait_r, wait_t = 0, 0
-  if rpm > 0 then
-    req = math.min(rpm, (tonumber(b[1]) or rpm) + dt * rpm / 60000)
-    if req < 1 then
-      wait_r = (1 - req) * 60000 / rpm
-    end
-  end
-  if tpm > 0 then
-    tok = math.min(tpm, (tonumber(b[2]) or tpm) + dt * tpm / 60000)
-    if tok < cost then
-      wait_t = (cost - tok) * 60000 / tpm
-    end
-  end
-  if wait_r > 0 or wait_t > 0 then
-    if wait_r >= wait_t then
-      return {'rate', 'requests', tostring(wait_r)}
-    end
-    return {'rate', 'tokens', tostring(wait_t)}
-  end
+release_entries(2 + 4 * r, 6 + 5 * r, e, now)
+redis.call('ZADD', KEYS[1], now, gate)
+redis.call('PEXPIRE', KEYS[1], keep)
+local out = {redis.call('ZCARD', KEYS[1])}
+for i = 0, r - 1 do
+  out[#out + 1] = reserve_one(2 + 4 * i, 6 + 5 * i, ttl, keep, now)
 end
-
-local held = 0
-if quota >= 0 then
-  held = purge(KEYS[2], KEYS[3], KEYS[4], now)
-  if held + cost > quota then
-    return {'quota', tostring(held)}
-  end
-end
-
-if req or tok then
-  local fields = {'ts', now}
-  if req then
-    fields[#fields + 1] = 'r'
-    fields[#fields + 1] = tostring(req - 1)
-  end
-  if tok then
-    fields[#fields + 1] = 't'
-    fields[#fields + 1] = tostring(tok - cost)
-  end
-  redis.call('HSET', KEYS[1], unpack(fields))
-  redis.call('PEXPIRE', KEYS[1], 61000)
-end
-if quota >= 0 then
-  redis.call('ZADD', KEYS[2], now + ttl, id)
-  redis.call('HSET', KEYS[3], id, cost)
-  held = redis.call('INCRBY', KEYS[4], cost)
-  for i = 2, 4 do
-    redis.call('PEXPIRE', KEYS[i], keep)
-  end
-end
-return {'ok', tostring(held)}
+return out
 """,
 )
 
@@ -208,14 +226,20 @@ RENEW = Script(
     _COMMON
     + """
 -- KEYS: gates, then for each tenant: leases, costs, held
--- ARGV: gate id, lease ttl ms, keep ms, gate window ms, leaving (1|0), then for each
---       tenant: n, n x (lease id, cost), d, d x lease id to drop
--- -> {gates seen within the window, leases adopted}
+-- ARGV: gate id, lease ttl ms, keep ms, gate window ms, leaving (1|0), since ms (-1: now),
+--       then for each tenant: n, n x (lease id, cost), d, d x lease id to drop
+-- -> {gates seen within the window, leases adopted, now ms, gates renewed since `since`}
 -- Renewing is idempotent and self-healing: a lease this gate holds that Redis lost (a
 -- restart without persistence, an expiry while Redis was out of reach, a reservation made
--- under fail_open) is adopted with its cost, so the fleet's count is true again.
+-- under fail_open) is adopted with its cost, so the fleet's count is true again. A gate
+-- coming back from its failure policy asks how many gates have renewed since Redis first
+-- answered it again: until all have, some may hold leases Redis does not count.
 local gate, ttl, keep, window = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
+local since = tonumber(ARGV[6])
+if since < 0 then
+  since = now
+end
 if ARGV[5] == '1' then
   redis.call('ZREM', KEYS[1], gate)
 else
@@ -224,8 +248,9 @@ end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
 redis.call('PEXPIRE', KEYS[1], keep)
 local gates = redis.call('ZCARD', KEYS[1])
+local fresh = redis.call('ZCOUNT', KEYS[1], since, '+inf')
 local adopted = 0
-local a = 6
+local a = 7
 local k = 2
 while k <= #KEYS do
   local leases, costs, held = KEYS[k], KEYS[k + 1], KEYS[k + 2]
@@ -254,6 +279,6 @@ while k <= #KEYS do
   end
   k = k + 3
 end
-return {gates, adopted}
+return {gates, adopted, now, fresh}
 """,
 )
