@@ -19,7 +19,7 @@ and tabs for denials / budget chart / decision tail). `on_resize` toggles the
 MIN_ROWS the body gives way to "terminal too small: need 80x24". Dialogs cover
 the view without stopping it; only the review screen (a full screen) does.
 
-The bindings, `?`'s descriptions and the `:` palette's commands are in console/keys.py.
+The bindings and `?`'s descriptions are in console/keys.py.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import deque
+from functools import partial
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -40,7 +41,7 @@ from textual.widgets import Footer, Static, Tab, Tabs
 
 from console.commands import GateCommands
 from console.keys import (
-    GATE_ACTIONS, MAIN_ONLY, PANES, TOASTED_SOURCES, app_bindings, key_help, mark_label, palette_commands,
+    GATE_ACTIONS, KEY_HELP, MAIN_ONLY, PANES, TOASTED_SOURCES, app_bindings, key_help, mark_label,
 )
 from console.screens.confirm import ConfirmScreen
 from console.screens.help import HelpScreen
@@ -398,7 +399,33 @@ class TokengateApp(App[None]):
 
     def palette_commands(self) -> list[tuple[str, str, Callable[[], Any]]]:
         """(name, help, callback) for the `:` palette; no gate actions when read-only."""
-        return palette_commands(self)
+        commands: list[tuple[str, str, Callable[[], Any]]] = []
+        if not self._main_active():
+            return [("Quit", KEY_HELP["quit"], self.action_quit)]
+        snap = self.last_snapshot
+        if not self.read_only:
+            selected = self.class_table.selected_class
+            commands.append(("Retune", KEY_HELP["retune"] + (f" (selected: {selected})" if selected else ""), self.action_retune))
+            for c in snap.classes if snap is not None else ():
+                verb = "Resume" if c.paused else "Pause"
+                commands.append((f"{verb} class {c.name}", f"{verb.lower()} admission for {c.name}", partial(self.action_pause_class, c.name)))
+                queued = f"{c.queued} request" + ("" if c.queued == 1 else "s")
+                commands.append((f"Drain class {c.name}", f"refuse the {queued} queued in {c.name} (asks first)", partial(self.action_drain_class, c.name)))
+                commands.append((f"Retune class {c.name}", f"retune {c.name} and the budget", partial(self.action_retune, c.name)))
+            frozen = snap is not None and snap.controller.frozen
+            commands.append(("Unfreeze controller" if frozen else "Freeze controller", KEY_HELP["freeze"], self.action_freeze))
+        if snap is not None and snap.models:
+            commands.append(("Models", KEY_HELP["models"], self.action_models))
+        commands += [
+            ("Review journal", KEY_HELP["review"], self.action_review),
+            ("Filter decisions", KEY_HELP["filter"], self.action_filter),
+            ("Resume rendering" if self.render_paused else "Pause rendering", KEY_HELP["toggle_render"], self.action_toggle_render),
+            ("Refresh faster", KEY_HELP["faster"], self.action_faster),
+            ("Refresh slower", KEY_HELP["slower"], self.action_slower),
+            ("Help", "list the keys", self.action_help),
+            ("Quit", KEY_HELP["quit"], self.action_quit),
+        ]
+        return commands
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         # Textual's own "Quit" would skip the in-flight confirmation; ours is in GateCommands.

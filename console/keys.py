@@ -1,21 +1,13 @@
-"""The live console's keys: its bindings, what `?` says about each, the `:` palette's
-commands, and the short labels of the budget curve's marks.
-
-Kept out of console/app.py so that the app holds the view and its actions only.
+"""The live console's keys: its bindings, what `?` says about each, and the short labels of
+the budget curve's marks. Plain data and functions of it: nothing here knows the app (the
+`:` palette's commands are the app's, they call its actions).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
-from typing import TYPE_CHECKING, Any
-
 from textual.binding import Binding, BindingsMap
 
 from gate.data.records import AuditRecord
-
-if TYPE_CHECKING:
-    from console.app import TokengateApp
 
 #: actions that change the gate: absent in --read-only
 GATE_ACTIONS = frozenset({"retune", "pause_class", "drain_class", "freeze"})
@@ -104,36 +96,3 @@ def key_help(bindings: BindingsMap) -> list[tuple[str, str]]:
     rows.append(("up/down", "select a class (the row p, d and t act on)"))
     rows.append(("esc", "clear the filter / close a dialog"))
     return rows
-
-
-
-def palette_commands(app: TokengateApp) -> list[tuple[str, str, Callable[[], Any]]]:
-    """(name, help, callback) for the `:` palette; no gate actions when read-only."""
-    self = app  # the body reads as one of the app's own methods
-    commands: list[tuple[str, str, Callable[[], Any]]] = []
-    if not self._main_active():
-        return [("Quit", KEY_HELP["quit"], self.action_quit)]
-    snap = self.last_snapshot
-    if not self.read_only:
-        selected = self.class_table.selected_class
-        commands.append(("Retune", KEY_HELP["retune"] + (f" (selected: {selected})" if selected else ""), self.action_retune))
-        for c in snap.classes if snap is not None else ():
-            verb = "Resume" if c.paused else "Pause"
-            commands.append((f"{verb} class {c.name}", f"{verb.lower()} admission for {c.name}", partial(self.action_pause_class, c.name)))
-            queued = f"{c.queued} request" + ("" if c.queued == 1 else "s")
-            commands.append((f"Drain class {c.name}", f"refuse the {queued} queued in {c.name} (asks first)", partial(self.action_drain_class, c.name)))
-            commands.append((f"Retune class {c.name}", f"retune {c.name} and the budget", partial(self.action_retune, c.name)))
-        frozen = snap is not None and snap.controller.frozen
-        commands.append(("Unfreeze controller" if frozen else "Freeze controller", KEY_HELP["freeze"], self.action_freeze))
-    if snap is not None and snap.models:
-        commands.append(("Models", KEY_HELP["models"], self.action_models))
-    commands += [
-        ("Review journal", KEY_HELP["review"], self.action_review),
-        ("Filter decisions", KEY_HELP["filter"], self.action_filter),
-        ("Resume rendering" if self.render_paused else "Pause rendering", KEY_HELP["toggle_render"], self.action_toggle_render),
-        ("Refresh faster", KEY_HELP["faster"], self.action_faster),
-        ("Refresh slower", KEY_HELP["slower"], self.action_slower),
-        ("Help", "list the keys", self.action_help),
-        ("Quit", KEY_HELP["quit"], self.action_quit),
-    ]
-    return commands
