@@ -17,7 +17,7 @@ from textual.widgets import DataTable, Footer, Static
 
 from console.fleet import FleetRow
 from console.widgets.classes import drop_stale, sync_row
-from console.widgets.slots import ttft_style
+from console.styles import ttft_style
 
 COLUMNS: dict[str, str] = {
     "name": "gate",
