@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from textual import on
 from textual.app import ComposeResult
+from textual.command import CommandPalette
 from textual.compose import compose
 from textual.containers import Container
 from textual.screen import Screen
@@ -263,6 +264,11 @@ class MainScreen(Screen[None]):
     # ---- keys and the palette -------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        top = self.app.screen
+        if top is not self and not isinstance(top, CommandPalette):
+            # Covered by a dialog (the keys go to it, never here): this screen's footer, seen
+            # behind the dialog, offers none of them.
+            return False
         if action == "show_pane" and not self.compact:
             return False  # every pane is on screen: the footer does not offer the tab keys
         return True
