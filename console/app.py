@@ -1,6 +1,7 @@
 """The operator console: one Textual app in front of one gate, reached through a GateLink.
 
-It renders only from `link.snapshot()` (one per tick, handed to every widget's
+It renders only from `link.snapshot()` (one per tick, handed to the live view,
+console/screens/main.py's MainScreen, which hands it to every widget's
 `update_snapshot`) and changes the gate only with `link.command(...)`: one
 command per action, validated whole and applied atomically by the gate, which
 writes the audit rows; the console shows a toast. The link is the gate in this
@@ -12,14 +13,11 @@ The work per tick is bounded whatever the request rate: one snapshot, at most
 200 new decisions in it (`GateSnapshot.decisions` holds only those not yet
 seen), at most DecisionTail.MAX_NEW_ROWS_PER_TICK of them become table rows.
 
-Layout: everything at once on a big terminal (a 2x3 grid); below
-WIDE_MIN_COLS x WIDE_MIN_ROWS a compact stack (capacity lines, classes table,
-and tabs for denials / budget chart / decision tail). `on_resize` toggles the
-`compact` CSS class on #body; console/app.tcss does the rest. Below MIN_COLS x
-MIN_ROWS the body gives way to "terminal too small: need 80x24". Dialogs cover
-the view without stopping it; only the review screen (a full screen) does.
-
-The bindings, `?`'s descriptions and the `:` palette's commands are in console/keys.py.
+The app keeps the link, the snapshot loop (with the chart's history), the gate's
+actions and the app-wide keys (quit, `:`); the live view (its panels, layout, keys,
+`?` and the palette's commands) is MainScreen, the default screen. Dialogs cover
+the view without stopping it; only the review screen (a full screen) does. The
+keys and what each does are in console/keys.py.
 """
 
 from __future__ import annotations
@@ -30,30 +28,24 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from textual import events, on
-from textual.app import App, ComposeResult, SystemCommand
-from textual.binding import BindingsMap
+from textual import events
+from textual.app import App, SystemCommand
 from textual.command import CommandPalette
-from textual.containers import Container
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Footer, Static, Tab, Tabs
 
 from console.commands import GateCommands
-from console.keys import (
-    GATE_ACTIONS, MAIN_ONLY, PANES, TOASTED_SOURCES, app_bindings, key_help, mark_label, palette_commands,
-)
+from console.keys import APP_BINDINGS, HELP, key_help
 from console.screens.confirm import ConfirmScreen
-from console.screens.help import HelpScreen
+from console.screens.main import CHART_POINTS, CHART_WINDOW_S, MainScreen
 from console.screens.models import ModelsScreen
 from console.screens.retune import RetuneChanges, RetuneScreen
 from console.screens.stopping import StoppingScreen
 from console.widgets.budget_chart import BudgetChart
 from console.widgets.classes import ClassesTable
-from console.widgets.decisions import DecisionTail, FilterChanged, FilterClosed
+from console.widgets.decisions import DecisionTail
 from console.widgets.denials import DenialsTable
 from console.widgets.gpu import GpuPanel
 from console.widgets.header import GateHeader
-from console.widgets.models import ModelsPanel
 from console.widgets.slots import SlotsPanel
 from console.widgets.status import StatusBar
 from gate.data.commands import ActionResult, Command, CommandError, Drain, Freeze, ModelAction, Pause, describe
@@ -61,22 +53,34 @@ from gate.ops.link import GateLink, LinkLost
 from gate.data.records import AuditRecord
 from gate.data.snapshot import GateSnapshot
 
+__all__ = ["CHART_POINTS", "CHART_WINDOW_S", "TOASTED_SOURCES", "TokengateApp", "mark_label"]
+
 #: refresh intervals `+`/`-` step through (seconds)
 INTERVALS: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
 MIN_INTERVAL_S, MAX_INTERVAL_S = INTERVALS[0], INTERVALS[-1]
-#: what the budget chart shows
-CHART_WINDOW_S = 600.0
-CHART_POINTS = 600
-#: below this the compact layout is used
-WIDE_MIN_COLS = 150
-WIDE_MIN_ROWS = 40
-#: the most rows the classes/denials row of the wide grid takes
-MIDDLE_MAX_ROWS = 12
-#: the most model rows the models panel shows before it scrolls
-MODELS_MAX_ROWS = 6
-#: below this the panels would be cut: the console says so instead
-MIN_COLS = 80
-MIN_ROWS = 24
+#: audit sources whose rows are toasted when another console (or a signal) made them
+TOASTED_SOURCES = frozenset({"console", "signal", "config", "gate", "api"})
+
+
+def mark_label(a: AuditRecord) -> str:
+    """A budget-curve mark's short label: who moved what (set 6144, ctl 8192, freeze)."""
+    if a.action == "set_budget":
+        return f"set {a.new_value}"
+    if a.action.startswith("budget_"):
+        return f"ctl {a.new_value}"
+    return a.action.removesuffix("_class")
+
+
+class _OnMain:
+    """One of the live view's widgets or its layout state, read through the app: callers
+    that hold the app (tests, the screenshots, the fleet console) reach `app.decisions`."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, app: Any, owner: type | None = None) -> Any:
+        return self if app is None else getattr(app.main, self.name)
+
 
 class TokengateApp(App[None]):
     """The live console for one GateService (see the module docstring)."""
@@ -85,7 +89,20 @@ class TokengateApp(App[None]):
     TITLE = "tokengate"
     COMMAND_PALETTE_BINDING = ":"
     COMMANDS = App.COMMANDS | {GateCommands}
-    BINDINGS = app_bindings()
+    BINDINGS = list(APP_BINDINGS)
+
+    header: GateHeader = _OnMain()  # type: ignore[assignment]
+    slots: SlotsPanel = _OnMain()  # type: ignore[assignment]
+    gpu: GpuPanel = _OnMain()  # type: ignore[assignment]
+    class_table: ClassesTable = _OnMain()  # type: ignore[assignment]
+    denials: DenialsTable = _OnMain()  # type: ignore[assignment]
+    chart: BudgetChart = _OnMain()  # type: ignore[assignment]
+    decisions: DecisionTail = _OnMain()  # type: ignore[assignment]
+    status: StatusBar = _OnMain()  # type: ignore[assignment]
+    tabs = _OnMain()
+    body = _OnMain()
+    too_small = _OnMain()
+    compact: bool = _OnMain()  # type: ignore[assignment]
 
     def __init__(
         self,
@@ -100,18 +117,9 @@ class TokengateApp(App[None]):
         self.read_only = read_only or link.info.read_only
         self.interval_s = min(max(float(interval_s), MIN_INTERVAL_S), 3600.0)
         self.clock = clock
-        if read_only:
-            # Absent, not disabled: the keys do nothing, the footer and `?` don't list them.
-            self._bindings = BindingsMap.from_keys(
-                {
-                    key: kept
-                    for key, bindings in self._bindings.key_to_bindings.items()
-                    if (kept := [b for b in bindings if b.action not in GATE_ACTIONS])
-                }
-            )
+        #: the live view; read-only, its gate-action keys are not bound at all
+        self.main = MainScreen(self, read_only=read_only)
         #: (ts, budget, in_flight, p95 TTFT ms), appended every tick, paused or not
-        #: (when, what) the chart last drew: see _update_chart
-        self._chart_drawn: tuple[float, tuple] | None = None
         self.history: deque[tuple[float, int | None, int, float | None]] = deque(
             maxlen=int(CHART_WINDOW_S / MIN_INTERVAL_S)
         )
@@ -132,107 +140,25 @@ class TokengateApp(App[None]):
         self.renders = 0
         self.tick_ms: float | None = None
         self.last_error: str | None = None
-        self.compact = False
         self._timer = None
-        self._grid_rows = ""
         #: the drain's progress screen, once `q` asked the embedded gate to stop
         self.stopping: StoppingScreen | None = None
         self._stop_deadline = 0.0
 
-    # ---- layout ----------------------------------------------------------------
-
-    def compose(self) -> ComposeResult:
-        # Built here, not in __init__: DataTable columns need the running app.
-        info = self.link.info
-        self.header = GateHeader(
-            id="header", clock=self.clock, read_only=self.read_only, attached="" if info.embedded else info.where,
-        )
-        self.slots = SlotsPanel(id="slots")
-        self.gpu = GpuPanel(id="gpu")
-        self.models = ModelsPanel(id="models")  # router mode only; hidden otherwise
-        self.class_table = ClassesTable(id="classes")
-        self.tabs = Tabs(
-            Tab("1 denials", id="tab-denials"), Tab("2 budget", id="tab-chart"), Tab("3 decisions", id="tab-decisions"),
-            id="tabs", active="tab-decisions",
-        )
-        self.denials = DenialsTable(id="denials", classes="pane")
-        self.chart = BudgetChart(id="chart", classes="pane")
-        self.decisions = DecisionTail(id="decisions", classes="pane")
-        self.status = StatusBar(id="status")
-        yield self.header
-        self.body = Container(id="body")
-        with self.body:
-            yield self.slots
-            yield self.gpu
-            yield self.models
-            yield self.class_table
-            yield self.tabs
-            yield self.denials
-            yield self.decisions  # wide grid: decisions left, chart right of the last row
-            yield self.chart
-        yield self.status
-        self.too_small = Static("", id="too-small")
-        yield self.too_small
-        yield Footer(compact=True)
+    def get_default_screen(self) -> Screen:
+        return self.main
 
     def on_mount(self) -> None:
-        self._setup_view()
+        self.link.subscribe(self._on_audit)
         self._timer = self.set_interval(self.interval_s, self.tick, name="tokengate-tick")
         self.call_later(self.tick)
 
-    def _setup_view(self) -> None:
-        """What a freshly composed view needs (the fleet console composes one per opened gate)."""
-        self.slots.border_title = "capacity"
-        self.gpu.border_title = "GPU"
-        self.class_table.border_title = "classes"
-        self.denials.border_title = "denials"
-        self.chart.border_title = "budget (10 min)"
-        self.decisions.border_title = "decisions"
-        self._show_pane("decisions", sync_tabs=False)
-        self.apply_layout(self.size.width, self.size.height)
-        self.class_table.focus()
-        self.link.subscribe(self._on_audit)
-
     def on_resize(self, event: events.Resize) -> None:
-        self.apply_layout(event.size.width, event.size.height)
+        # The live view follows the terminal even while the review screen covers it.
+        self.main.apply_layout(event.size.width, event.size.height)
 
-    def apply_layout(self, width: int, height: int) -> None:
-        """Compact below WIDE_MIN_COLS x WIDE_MIN_ROWS: summary lines, classes, tabbed panes."""
-        compact = width < WIDE_MIN_COLS or height < WIDE_MIN_ROWS
-        self.body.set_class(compact, "compact")
-        small = width < MIN_COLS or height < MIN_ROWS
-        self.body.display = self.status.display = not small
-        self.too_small.display = small
-        if small:
-            self.too_small.update(
-                f"terminal too small: {width}x{height}\nneed {MIN_COLS}x{MIN_ROWS} (the gate goes on; q quits)"
-            )
-        if compact != self.compact:
-            self.compact = compact
-            self.refresh_bindings()  # the tab keys show in the footer only when compact
-            self.slots.set_compact(compact)
-            self.gpu.set_compact(compact)
-
-    def _size_middle_row(self, snap: GateSnapshot) -> None:
-        """Wide grid: the classes/denials row fits its rows (a DataTable under `auto` does not)."""
-        rows = max(len(snap.classes), min(len(snap.denials), MIDDLE_MAX_ROWS), 3)
-        grid_rows = f"auto {min(rows, MIDDLE_MAX_ROWS) + 3} 1fr"  # + header row + border
-        if snap.models:  # router mode: the models panel spans both columns under capacity and GPU
-            grid_rows = f"auto {min(len(snap.models), MODELS_MAX_ROWS) + 3} " + grid_rows.split(" ", 1)[1]
-        if grid_rows != self._grid_rows:
-            self._grid_rows = grid_rows
-            self.body.styles.grid_rows = grid_rows
-
-    def _show_pane(self, pane: str, *, sync_tabs: bool = True) -> None:
-        for name in PANES:
-            getattr(self, name).set_class(name == pane, "-active")
-        if sync_tabs and self.tabs.active != f"tab-{pane}":
-            self.tabs.active = f"tab-{pane}"
-
-    @on(Tabs.TabActivated, "#tabs")
-    def _tab_activated(self, event: Tabs.TabActivated) -> None:
-        if event.tab.id:
-            self._show_pane(event.tab.id.removeprefix("tab-"), sync_tabs=False)
+    def _show_pane(self, pane: str) -> None:
+        self.main._show_pane(pane)
 
     # ---- ticking and rendering -----------------------------------------------------
 
@@ -304,17 +230,9 @@ class TokengateApp(App[None]):
         snap = dataclasses.replace(snap, decisions=tuple(self._unseen))
         self._unseen.clear()
         self.renders += 1
-        self._size_middle_row(snap)
         with self.batch_update():
-            for widget in (self.header, self.slots, self.gpu, self.models, self.class_table, self.denials, self.decisions):
-                try:
-                    widget.update_snapshot(snap)
-                except Exception as exc:  # noqa: BLE001 - one broken panel must not blank the others
-                    self._console_error(f"{widget.id}: {type(exc).__name__}: {exc}")
-            try:
-                self._update_chart(snap)
-            except Exception as exc:  # noqa: BLE001
-                self._console_error(f"chart: {type(exc).__name__}: {exc}")
+            for message in self.main.show_snapshot(snap):
+                self._console_error(message)
             dialog = self.screen
             if isinstance(dialog, ModelsScreen):  # the models dialog shows the same rows, live
                 dialog.update_snapshot(snap)
@@ -341,34 +259,8 @@ class TokengateApp(App[None]):
             hand_set=(by_hand[-1].ts, float(by_hand[-1].new_value)) if by_hand else None,  # type: ignore[arg-type]
         )
 
-    def _update_chart(self, snap: GateSnapshot) -> None:
-        """Draw the chart when that shows something new: plotext draws in Python (~15 ms a draw
-        at 160x48, half the console's CPU once the decision tail stopped re-rendering), and
-        each second moves the 10-minute curve by a fraction of one braille dot. So: at once
-        when a mark, the hand-set budget, the SLO or the newest budget changed; otherwise once
-        a dot's worth of time has passed; never while the chart is hidden behind its tab."""
-        if not self.chart.display:
-            self._chart_drawn = None  # drawn on the first tick it shows
-            return
-        series = self.chart_series(snap)
-        what = (series["marks"], series["hand_set"], series["slo_ttft_ms"], series["budget"][-1:])
-        now = self.clock()
-        if self._chart_drawn is not None:
-            drawn_at, drawn = self._chart_drawn
-            if what == drawn and now - drawn_at < self.chart.seconds_per_dot(CHART_WINDOW_S):
-                return
-        self.chart.set_series(**series)
-        self._chart_drawn = (now, what)
-
     def _show_status(self) -> None:
-        snap = self.last_snapshot
-        self.status.show(
-            interval_s=self.interval_s,
-            paused=self.render_paused,
-            filter_text=self.decisions.filter_text,
-            error=self.last_error,
-            reaped=snap.reaped if snap is not None else 0,
-        )
+        self.main.show_status()
 
     def _console_error(self, message: str) -> None:
         if message != self.last_error:
@@ -379,26 +271,24 @@ class TokengateApp(App[None]):
         except Exception:  # noqa: BLE001 - before mount
             pass
 
-    # ---- bindings ----------------------------------------------------------------
+    # ---- keys and the palette ------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in GATE_ACTIONS and self.read_only:
-            return False
-        if action in MAIN_ONLY and not self._main_active():
-            return False
-        if action == "show_pane" and not self.compact:
-            return False  # every pane is on screen: the footer does not offer the tab keys
         if action == "quit" and isinstance(self.screen, ModalScreen):
             return False  # answer the dialog first (the footer then stops offering q)
         return True
 
     def key_help(self) -> list[tuple[str, str]]:
-        """(key, what it does) for every binding this console has (read-only lists fewer)."""
-        return key_help(self._bindings)
+        """(key, what it does) for every key the live view answers to: its own, then the
+        app-wide ones (read-only lists fewer)."""
+        return key_help([*self.main._bindings, *self._bindings])
 
     def palette_commands(self) -> list[tuple[str, str, Callable[[], Any]]]:
-        """(name, help, callback) for the `:` palette; no gate actions when read-only."""
-        return palette_commands(self)
+        """(name, help, callback) for the `:` palette: the live view's commands (no gate
+        actions when read-only), or only Quit over another screen."""
+        if not self._main_active():
+            return [("Quit", HELP["quit"], self.action_quit)]
+        return self.main.palette_commands()
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         # Textual's own "Quit" would skip the in-flight confirmation; ours is in GateCommands.
@@ -420,7 +310,7 @@ class TokengateApp(App[None]):
         return f" on gate {self.gate_name}" if self.gate_name else ""
 
     def _selected(self, cls: str | None) -> str | None:
-        cls = cls or self.class_table.selected_class
+        cls = cls or self.main.class_table.selected_class
         if cls is None:
             self.notify("no class selected", severity="warning", markup=False)
         return cls
@@ -538,7 +428,7 @@ class TokengateApp(App[None]):
     async def action_retune(self, cls: str | None = None) -> None:
         if not self._gate_action_allowed():
             return
-        cls = cls or self.class_table.selected_class
+        cls = cls or self.main.class_table.selected_class
         await self.refresh_view()
         snap = self.last_snapshot
         if snap is None:
@@ -581,7 +471,7 @@ class TokengateApp(App[None]):
 
     async def action_toggle_render(self) -> None:
         self.render_paused = not self.render_paused
-        self.header.set_paused(self.render_paused)
+        self.main.header.set_paused(self.render_paused)
         if not self.render_paused:
             await self.refresh_view()
         self._show_status()
@@ -601,33 +491,6 @@ class TokengateApp(App[None]):
     def action_slower(self) -> None:
         slower = [i for i in INTERVALS if i > self.interval_s]
         self._set_interval(slower[0] if slower else MAX_INTERVAL_S)
-
-    def action_filter(self) -> None:
-        self._show_pane("decisions")
-        self.decisions.open_filter()
-
-    def action_show_pane(self, pane: str) -> None:
-        if pane in PANES:
-            self._show_pane(pane)
-
-    def action_follow(self) -> None:
-        self._show_pane("decisions")
-        self.decisions.follow()
-
-    @on(FilterClosed)
-    def _filter_closed(self) -> None:
-        self.class_table.focus()
-        self._show_status()
-
-    @on(FilterChanged)
-    def _filter_changed(self) -> None:
-        self._show_status()
-
-    def action_help(self) -> None:
-        about = [("journal", self.link.info.journal or "none (in memory)")]
-        if self.tick_ms is not None:
-            about.append(("console tick", f"{self.tick_ms:.1f} ms to fetch and render one snapshot"))
-        self.push_screen(HelpScreen(self.key_help(), read_only=self.read_only, about=about))
 
     def action_review(self) -> None:
         from console.screens.review import ReviewScreen

@@ -17,11 +17,9 @@ import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
-from textual.compose import compose
-
-from console.app import TokengateApp
+from console.app import TOASTED_SOURCES, TokengateApp
 from console.fleet import Fleet, FleetEntry, FleetGate
-from console.keys import KEY_HELP, TOASTED_SOURCES
+from console.keys import HELP
 from console.screens.fleet import FleetScreen
 from gate.data.commands import ActionResult, Command, CommandError, describe
 from gate.ops.link import GateInfo, GateLink, LinkLost, SocketLink
@@ -144,7 +142,8 @@ class FleetConsoleApp(TokengateApp):
             self.opened = gate
             self.gate_name = name
             self._use(link)
-            await self._rebuild_view()
+            await self.main.rebuild()  # a fresh live view: its widgets keep no other gate's rows
+            link.subscribe(self._on_audit)
             await self.pop_screen()  # the gate's live view
             await self.refresh_view()
         finally:
@@ -180,16 +179,6 @@ class FleetConsoleApp(TokengateApp):
         self.last_error = None
         self.tick_ms = None
 
-    async def _rebuild_view(self) -> None:
-        """Compose the live view anew under the fleet screen (widgets keep no other gate's rows)."""
-        base = self.screen_stack[0]
-        async with base.batch():
-            await base.query("*").exclude(".-textual-system").remove()
-            await base.mount_all(compose(self))
-        self.compact = False
-        self._grid_rows = ""
-        self._setup_view()
-
     # ---- the live view's hooks -------------------------------------------------------
 
     async def tick(self) -> None:
@@ -203,7 +192,7 @@ class FleetConsoleApp(TokengateApp):
             self.call_later(self.back_to_fleet, message)
 
     def key_help(self) -> list[tuple[str, str]]:
-        return [(k, "back to the fleet (this gate goes on)" if d == KEY_HELP["quit"] else d) for k, d in super().key_help()]
+        return [(k, "back to the fleet (this gate goes on)" if d == HELP["quit"] else d) for k, d in super().key_help()]
 
     async def action_quit(self) -> None:
         """In a gate's console: back to the fleet (that gate goes on). On the fleet: quit."""

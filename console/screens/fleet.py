@@ -17,7 +17,7 @@ from textual.widgets import DataTable, Footer, Static
 
 from console.fleet import FleetRow
 from console.widgets.classes import drop_stale, sync_row
-from console.widgets.slots import ttft_style
+from console.styles import SHARED, ttft_style
 
 COLUMNS: dict[str, str] = {
     "name": "gate",
@@ -33,7 +33,6 @@ COLUMNS: dict[str, str] = {
     "shared": "shared",
     "note": "",
 }
-SHARED_STYLES = {"off": "dim", "ok": "green", "fail_open": "bold black on yellow", "fail_closed": "bold white on red"}
 
 
 def _n(value: int | None) -> str:
@@ -56,7 +55,7 @@ def row_cells(row: FleetRow) -> dict[str, Any]:
         "queued": Text(_n(row.queued), style="yellow" if row.queued else ""),
         "denials": Text(_n(row.denials_per_min), style="bold red" if row.denials_per_min else ""),
         "p95": Text("-") if row.slo_ttft_ms is None else Text(f"{p95}/{row.slo_ttft_ms:,.0f} ms", style=ttft_style(row.p95_ttft_ms, row.slo_ttft_ms)),
-        "shared": Text(row.shared, style=SHARED_STYLES.get(row.shared, "")),
+        "shared": Text(row.shared, style=SHARED.get(row.shared, "")),
         "note": Text(row.note, style="red"),
     }
 

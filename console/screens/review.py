@@ -46,6 +46,7 @@ from gate.journal.reader import (
     default_export_name,
     export_decisions_csv,
 )
+from console.styles import OUTCOME
 from console.widgets.budget_chart import BudgetChart
 
 PAGE_SIZE = 200
@@ -653,7 +654,4 @@ def _audit_value(a: dict[str, Any], key: str) -> str:
 
 
 def _outcome_text(outcome: str) -> Text:
-    style = {"admitted": "green", "refused": "yellow", "shed": "red", "failed": "red", "cancelled": "dim"}.get(
-        outcome, ""
-    )
-    return Text(outcome, style=style)
+    return Text(outcome, style=OUTCOME.get(outcome, ""))

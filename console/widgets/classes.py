@@ -18,7 +18,7 @@ from textual import events
 from textual.widgets import DataTable
 from textual.widgets.data_table import CellDoesNotExist, RowDoesNotExist
 
-from console.widgets.slots import ttft_style
+from console.styles import WARN_BADGE, ttft_style
 from gate.data.snapshot import ClassView, GateSnapshot
 
 LABELS: dict[str, str] = {
@@ -82,7 +82,7 @@ def class_cells(c: ClassView, slo_ms: float) -> dict[str, Any]:
     return {
         "name": Text(c.name, style="bold"),
         "prio": c.priority,
-        "paused": Text("PAUSED", style="bold black on yellow") if c.paused else Text(""),
+        "paused": Text("PAUSED", style=WARN_BADGE) if c.paused else Text(""),
         "reserved": c.reserved_tokens,
         "limit": "-" if c.limit_tokens is None else c.limit_tokens,
         "in_flight": c.in_flight,
@@ -93,7 +93,7 @@ def class_cells(c: ClassView, slo_ms: float) -> dict[str, Any]:
         "p95": Text(f"{p95}/{slo_ms:,.0f}", style=ttft_style(c.p95_ttft_ms, slo_ms)),
         "wait": _wait_ms(c.p95_queue_ms, c.queue_timeout_s),
         # What binds now: PAUSED whatever else (the queue is held), else why the oldest waits.
-        "binds": Text("PAUSED", style="bold black on yellow") if c.paused else Text(c.waiting_on, style="yellow"),
+        "binds": Text("PAUSED", style=WARN_BADGE) if c.paused else Text(c.waiting_on, style="yellow"),
     }
 
 

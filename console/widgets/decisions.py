@@ -22,6 +22,7 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import Input
 
+from console.styles import OUTCOME, http_status_style
 from console.widgets.tail_table import GAP, Cell, TailTable
 from gate.core.reasons import CLIENT_DISCONNECT, SERVER_CANCELLED, Reason
 from gate.data.records import DecisionRecord
@@ -45,7 +46,6 @@ NARROW = ("time", "cls", "tenant", "outcome", "reason", "ttft")
 NARROW_WIDTHS = {"cls": 11, "tenant": 10, "reason": max(len(r) for r in (*Reason, CLIENT_DISCONNECT, SERVER_CANCELLED))}
 NARROW_GAP = 1
 NARROW_BELOW = 100
-OUTCOME_STYLES = {"admitted": "green", "refused": "bold red", "shed": "magenta", "cancelled": "dim", "failed": "red"}
 
 
 def _ms(value: float | None) -> str:
@@ -81,10 +81,10 @@ def _styled(cells: dict[str, str], columns: tuple[str, ...]) -> list[Cell]:
     for c in columns:
         value = cells[c]
         if c == "outcome":
-            out.append((value, OUTCOME_STYLES.get(value, "")))
+            out.append((value, OUTCOME.get(value, "")))
         elif c == "status":
             status = int(value) if value.isdigit() else 0
-            out.append((value, "red" if status >= 500 else "yellow" if status >= 400 else ""))
+            out.append((value, http_status_style(status)))
         else:
             out.append((value, ""))  # plain text, never markup: tenant names are client-chosen
     return out

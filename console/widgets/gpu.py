@@ -8,6 +8,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
+from console.styles import BAR_EMPTY, fill_style
 from console.widgets.status import show_text
 
 from gate.data.snapshot import GIB, BackendView, GateSnapshot, format_reading
@@ -42,7 +43,7 @@ def render_gpu(reading, *, compact: bool) -> Text:
             width = 8
             filled = round(frac * width)
             out.append("█" * filled, mem_style(frac))
-            out.append("░" * (width - filled) + " ", "grey37")
+            out.append("░" * (width - filled) + " ", BAR_EMPTY)
         out.append(line)
         if dev is not None and not compact:
             out.append(" util", "dim")
@@ -59,8 +60,8 @@ def kv_line(b: BackendView, *, compact: bool) -> Text:
     width = 8
     filled = round(frac * width)
     out.append("KV reserved ", "bold")
-    out.append("█" * filled, "green" if frac < 0.7 else "yellow" if frac < 0.9 else "bold red")
-    out.append("░" * (width - filled) + " ", "grey37")
+    out.append("█" * filled, fill_style(frac))
+    out.append("░" * (width - filled) + " ", BAR_EMPTY)
     per_token = b.kv_bytes_per_token
     if per_token:
         out.append(f"{b.in_flight * per_token / GIB:.2f}/{pool * per_token / GIB:.2f} GiB ")

@@ -15,14 +15,10 @@ from collections.abc import Callable
 from rich.text import Text
 from textual.widgets import Static
 
+from console.styles import ALARM_BADGE, BACKEND_STATE, LABEL, SHARED, VIEW_PAUSED_BADGE, WARN_BADGE
 from console.widgets.status import show_text
 
 from gate.data.snapshot import GateSnapshot
-
-# router mode adds a model's own "unloaded" and "sleeping" (loaded on demand, not a fault)
-STATE_STYLES = {"ready": "bold green", "loading": "bold yellow", "down": "bold red", "unloaded": "dim", "sleeping": "cyan"}
-SHARED_STYLES = {"ok": "bold green", "fail_open": "bold black on yellow", "fail_closed": "bold white on red"}
-LABEL_STYLES = {"LIVE": "bold black on green", "SIMULATED": "bold black on magenta", "REVIEW": "bold black on cyan"}
 
 
 def journal_banner(snap: GateSnapshot) -> str | None:
@@ -67,7 +63,7 @@ class GateHeader(Static):
         if snap is None:
             line.append(" waiting for the first snapshot", "dim")
         else:
-            line.append(f" {snap.label} ", LABEL_STYLES.get(snap.label, "bold reverse"))
+            line.append(f" {snap.label} ", LABEL.get(snap.label, "bold reverse"))
         # While paused nothing redraws, so the clock shows when the picture was frozen.
         line.append("  " + time.strftime("%H:%M:%S", time.localtime(self._clock())), "bold")
         if snap is not None:
@@ -75,27 +71,27 @@ class GateHeader(Static):
             for b in snap.backends:
                 line.append("  ")
                 line.append(f"{b.name}:", "")
-                line.append(b.state, STATE_STYLES.get(b.state, "bold"))
+                line.append(b.state, BACKEND_STATE.get(b.state, "bold"))
             if snap.shared != "off":
                 # Tenant limits shared through Redis: ok, or the failure policy applying.
                 line.append("  shared:")
-                line.append(snap.shared if snap.shared == "ok" else f" {snap.shared.upper()} ", SHARED_STYLES.get(snap.shared, "bold"))
+                line.append(snap.shared if snap.shared == "ok" else f" {snap.shared.upper()} ", SHARED.get(snap.shared, "bold"))
             line.append(f"  op {snap.operator}", "cyan")
             if self.attached:
                 line.append(f"  attached {self.attached}", "dim")
         if self.read_only:
             line.append("  ")
-            line.append(" READ-ONLY ", "bold black on yellow")
+            line.append(" READ-ONLY ", WARN_BADGE)
         if self.paused:
             line.append("  ")
-            line.append(" PAUSED ", "bold white on blue")
+            line.append(" PAUSED ", VIEW_PAUSED_BADGE)
         if snap is not None:
             banner = journal_banner(snap)
             if banner:
                 line.append("\n")
-                line.append(f" {banner} ", "bold white on red")
+                line.append(f" {banner} ", ALARM_BADGE)
             if snap.shutting_down:
                 line.append("\n")
-                line.append(" GATE STOPPING: new requests are refused (503 shutting_down) ", "bold white on red")
+                line.append(" GATE STOPPING: new requests are refused (503 shutting_down) ", ALARM_BADGE)
         show_text(self, line)
         self.set_class(bool(snap is not None and (journal_banner(snap) or snap.shutting_down)), "-alert")

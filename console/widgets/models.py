@@ -14,6 +14,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import DataTable
 
+from console.styles import MODEL_STATUS
 from console.widgets.classes import drop_stale, sync_row
 from gate.data.snapshot import GateSnapshot, ModelView
 
@@ -30,10 +31,6 @@ LABELS: dict[str, str] = {
     "detail": "detail",
 }
 COLUMNS = tuple(LABELS)
-STATUS_STYLES = {
-    "loaded": "bold green", "loading": "bold yellow", "evicting": "yellow", "unloaded": "dim",
-    "sleeping": "cyan", "failed": "bold red", "missing": "bold red", "unknown": "dim",
-}
 
 
 def _age(s: float) -> str:
@@ -47,7 +44,7 @@ def model_cells(m: ModelView) -> dict[str, Any]:
     deferred = "-" if m.requests_deferred is None else str(m.requests_deferred)
     return {
         "name": Text(m.name, style="bold"),
-        "status": Text(m.status, style=STATUS_STYLES.get(m.status, "")),
+        "status": Text(m.status, style=MODEL_STATUS.get(m.status, "")),
         "slots": slots,
         "in_flight": m.in_flight,
         "queued": Text(str(m.queued), style="bold yellow" if m.queued else ""),

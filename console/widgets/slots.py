@@ -9,34 +9,21 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
+from console.styles import ALARM_BADGE, BACKEND_STATE, BAR_EMPTY, NOTE_BADGE, fill_style, ttft_style
 from console.widgets.status import show_text
 
 from gate.data.snapshot import BackendView, ControllerView, GateSnapshot, SlotView
 
-# router mode adds a model's own "unloaded" and "sleeping" (loaded on demand, not a fault)
-STATE_STYLES = {"ready": "bold green", "loading": "bold yellow", "down": "bold red", "unloaded": "dim", "sleeping": "cyan"}
 
 
 def bar(used: float, total: float, width: int) -> Text:
     """A solid bar, green/yellow/red at 70%/90% full."""
     frac = 0.0 if total <= 0 else max(0.0, min(1.0, used / total))
     filled = round(frac * width)
-    style = "green" if frac < 0.7 else "yellow" if frac < 0.9 else "red"
     out = Text()
-    out.append("█" * filled, style)
-    out.append("░" * (width - filled), "grey37")
+    out.append("█" * filled, fill_style(frac, full="red"))
+    out.append("░" * (width - filled), BAR_EMPTY)
     return out
-
-
-def ttft_style(p95_ms: float | None, slo_ms: float | None) -> str:
-    """green below 0.7 x SLO, yellow up to the SLO, red above it."""
-    if p95_ms is None or not slo_ms:
-        return "dim"
-    if p95_ms < 0.7 * slo_ms:
-        return "green"
-    if p95_ms <= slo_ms:
-        return "yellow"
-    return "bold red"
 
 
 def _n(value: int | None) -> str:
@@ -54,7 +41,7 @@ def controller_line(c: ControllerView, in_flight: int, queued: int, *, compact: 
         line.append(f" [{c.min_tokens:,}..{_n(c.ceiling)}]", "dim")
     line.append(f" {c.mode}")
     if c.frozen:
-        line.append(" FROZEN", "bold black on cyan")
+        line.append(" FROZEN", NOTE_BADGE)
     line.append("  in-flight ")
     if c.budget:
         line.append_text(bar(in_flight, c.budget, 6 if compact else 10))
@@ -73,7 +60,7 @@ def controller_line(c: ControllerView, in_flight: int, queued: int, *, compact: 
 def backend_line(b: BackendView, compact: bool) -> Text:
     line = Text()
     line.append(f"{b.name} ", "bold")
-    line.append(b.state, STATE_STYLES.get(b.state, "bold"))
+    line.append(b.state, BACKEND_STATE.get(b.state, "bold"))
     if b.state != "ready" and b.detail and not compact:
         line.append(f" ({b.detail})", "dim")
     line.append("  slots ")
@@ -95,12 +82,12 @@ def backend_line(b: BackendView, compact: bool) -> Text:
         if used:
             frac = max(used)
             line.append("  ctx max ")
-            line.append(f"{100 * frac:.0f}%", "green" if frac < 0.7 else "yellow" if frac < 0.9 else "bold red")
+            line.append(f"{100 * frac:.0f}%", fill_style(frac))
     line.append("  deferred ")
     if b.requests_deferred is None:
         line.append("n/a", "dim")
     else:
-        line.append(str(b.requests_deferred), "bold white on red" if b.requests_deferred else "green")
+        line.append(str(b.requests_deferred), ALARM_BADGE if b.requests_deferred else "green")
     if not compact and b.decode_tps is not None:
         line.append(f"  decode {b.decode_tps:,.0f} tok/s", "dim")
     return line

@@ -11,7 +11,7 @@ from console.widgets.classes import NARROW as CLASS_NARROW
 from console.widgets.classes import TINY as CLASS_TINY
 from console.widgets.classes import FULL as CLASS_FULL
 from console.widgets.decisions import DecisionTail
-from console.widgets.slots import ttft_style
+from console.styles import ttft_style
 from gate.observe.gpu import GpuReading
 from gate.ops.link import InProcessLink
 from gate.data.snapshot import JournalView

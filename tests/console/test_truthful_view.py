@@ -278,7 +278,7 @@ async def test_80x24_tabs_are_one_key_each_and_the_footer_says_so(gate):
 
 
 async def test_below_the_minimum_it_says_terminal_too_small(gate):
-    from console.app import MIN_COLS, MIN_ROWS
+    from console.screens.main import MIN_COLS, MIN_ROWS
 
     app = make_app(gate)
     async with app.run_test(size=(60, 20)) as pilot:
