@@ -124,7 +124,7 @@ async def _review_loaded(pilot, timeout_s: float = 10.0) -> None:
 async def capture(out: Path, *, speed: float, seconds: float) -> dict[str, str]:
     """Run the demo time-lapsed and write the five SVGs; returns {file: what it shows}."""
     from console.app import TokengateApp
-    from gate.tools.demo import DEMO_CONFIG, demo_config, dress_demo_gate
+    from gate.tools.demo import DEMO_CONFIG, demo_config, demo_parts
     from console.screens.confirm import ConfirmScreen
     from console.screens.retune import RetuneScreen
     from console.screens.review import ReviewScreen
@@ -148,8 +148,10 @@ async def capture(out: Path, *, speed: float, seconds: float) -> dict[str, str]:
             simulator = await serve_simulator(sim, port=0)
             base = parse_config(DEMO_CONFIG, "<demo>")
             config = demo_config(base, simulator.url)
-            gate = GateService(config, environ=environ, clock=lapse.monotonic, journal_path=str(tmp / "demo.db"))
-            dress_demo_gate(gate, sim)  # SIMULATED: label, GPU panel, model size
+            gate = GateService(
+                config, environ=environ, clock=lapse.monotonic, journal_path=str(tmp / "demo.db"),
+                **demo_parts(sim, lambda: simulator.runtime.core.busy_slots),  # SIMULATED: label, GPU panel, model size
+            )
             await gate.start(port=0)
             traffic = TrafficGenerator(
                 gate.url, seed=SEED, rate_interactive=RATE_INTERACTIVE, rate_batch=RATE_BATCH,
