@@ -28,8 +28,7 @@ from gate.backend.telemetry import BackendTelemetry, TelemetryPoller, backend_tr
 from gate.backend.tokens import TokenCounter
 from gate.backend.upstream import RelayStats
 from gate.config import Config, config_digest
-from gate.core.admission import TenantPolicy
-from gate.core.ratelimit import RateLimiter, TenantLimits
+from gate.core.ratelimit import RateLimiter
 from gate.data.commands import Operator
 from gate.data.records import AuditRecord, AuditSource, DecisionRecord
 from gate.data.snapshot import GateSnapshot, GpuReading, Label
@@ -38,7 +37,7 @@ from gate.fleet.router_mode import ModelFleet
 from gate.fleet.sharedlimits import Flip, SharedState, local_share
 from gate.http.ports import RequestPorts
 from gate.http.server import HttpServer, build_app
-from gate.http.tenants import TenantDirectory
+from gate.http.tenants import TenantDirectory, TenantQuotas
 from gate.journal import Journal
 from gate.observe.gpu import GpuMonitor, GpuSource, read_gpu
 from gate.observe.metrics import GateMetrics
@@ -65,7 +64,7 @@ class GateService:
         self.log = logging.getLogger("tokengate.service")
         self.shutting_down = False
         self.tenants = TenantDirectory.from_config(config, environ)
-        tenant_cfg = {t.name: t for t in config.tenants}
+        quotas = TenantQuotas(config, self._local_share)
         self.client = upstream_client(transport)
         self.tokens = TokenCounter(self.client)
         self.gate_id = new_gate_id()
@@ -84,15 +83,10 @@ class GateService:
                 config.shared, self.gate_id, on_flip=self._shared_flipped, on_policy=self.metrics.shared_policy,
                 on_wait=self.metrics.shared_wait,
             )
-        self.ratelimit = RateLimiter(
-            lambda name: TenantLimits(
-                self._local_share(tenant_cfg[name].requests_per_minute), self._local_share(tenant_cfg[name].tokens_per_minute)
-            ) if name in tenant_cfg else TenantLimits(None, None)
-        )
+        self.ratelimit = RateLimiter(quotas.limits)
         self.backends = BackendPool(
             config.backends, self.client, classes=config.classes, environ=environ, budget=config.budget, clock=clock,
-            tenant_policy=lambda name: TenantPolicy(tenant_cfg[name].weight, self._local_share(tenant_cfg[name].max_tokens_in_flight))
-            if name in tenant_cfg else TenantPolicy(),
+            tenant_policy=quotas.policy,
             on_created=lambda backend: self.control.adopt(backend),  # operator state carries over
             on_model_event=self._model_event, fleet_factory=ModelFleet, kv_bytes_per_token=kv_bytes_per_token,
         )

@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gate.config import Config, ConfigError, TenantConfig
+from gate.core.admission import TenantPolicy
 from gate.core.errors import GateError
+from gate.core.ratelimit import TenantLimits
 from gate.core.reasons import Reason
 
 __all__ = ["CLASS_HEADER", "Caller", "TenantDirectory", "header_value"]
@@ -216,3 +218,23 @@ class TenantDirectory:
                     CLASS_HEADER,
                 )
         return name
+
+
+class TenantQuotas:
+    """Each tenant's limits as this gate enforces them: its rate limits and its admission policy
+    (weight, tokens in flight), each limit passed through `share` (whole, or this gate's 1/N of
+    a fleet-wide limit under [shared] fail_open)."""
+
+    def __init__(self, config: Config, share: Callable[[int | None], int | None]) -> None:
+        self._tenants = {t.name: t for t in config.tenants}
+        self._share = share
+
+    def limits(self, name: str) -> TenantLimits:
+        t = self._tenants.get(name)
+        if t is None:
+            return TenantLimits(None, None)
+        return TenantLimits(self._share(t.requests_per_minute), self._share(t.tokens_per_minute))
+
+    def policy(self, name: str) -> TenantPolicy:
+        t = self._tenants.get(name)
+        return TenantPolicy() if t is None else TenantPolicy(t.weight, self._share(t.max_tokens_in_flight))
