@@ -14,7 +14,7 @@ import getpass
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 COMMAND_VERSION = 1
 
@@ -82,7 +82,7 @@ class ModelAction:
     op = "model"
 
 
-Command = Union[Pause, Drain, Freeze, Retune, ModelAction]
+Command = Pause | Drain | Freeze | Retune | ModelAction
 _BY_OP: dict[str, type[Command]] = {c.op: c for c in (Pause, Drain, Freeze, Retune, ModelAction)}
 
 
@@ -217,7 +217,9 @@ def _check_types(command: Command) -> None:
     if isinstance(command, Retune):
         need(command.freeze is None or isinstance(command.freeze, bool), "freeze", "true, false or absent")
     if isinstance(command, Retune):
-        need(command.budget is None or (isinstance(command.budget, int) and not isinstance(command.budget, bool)), "budget", "a whole number")
+        need(
+            command.budget is None or (isinstance(command.budget, int) and not isinstance(command.budget, bool)), "budget", "a whole number"
+        )
         need(command.cls is None or isinstance(command.cls, str), "cls", "a class name")
         need(isinstance(command.settings, dict), "settings", "an object")
         need(isinstance(command.class_changes, dict), "class_changes", "an object")
