@@ -32,6 +32,7 @@ from textual import events
 from textual.app import App, SystemCommand
 from textual.command import CommandPalette
 from textual.screen import ModalScreen, Screen
+from textual.timer import Timer
 
 from console.commands import GateCommands
 from console.keys import APP_BINDINGS, HELP, key_help
@@ -138,7 +139,7 @@ class TokengateApp(App[None]):
         self.renders = 0
         self.tick_ms: float | None = None
         self.last_error: str | None = None
-        self._timer = None
+        self._timer: Timer | None = None
         #: the drain's progress screen, once `q` asked the embedded gate to stop
         self.stopping: StoppingScreen | None = None
         self._stop_deadline = 0.0
@@ -494,7 +495,10 @@ class TokengateApp(App[None]):
         from console.screens.review import ReviewScreen
 
         slo = self.last_snapshot.controller.slo_ttft_ms if self.last_snapshot is not None else None
-        self.push_screen(ReviewScreen(self.link.info.journal, slo_ttft_ms=slo), lambda _error: self.call_later(self.refresh_view))
+        self.push_screen(ReviewScreen(self.link.info.journal, slo_ttft_ms=slo), lambda _error: self._after_review())
+
+    def _after_review(self) -> None:
+        self.call_later(self.refresh_view)
 
     async def action_quit(self) -> None:
         """Attached: detach (the gate goes on). Embedded: quit, asking first while requests are

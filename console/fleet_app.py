@@ -118,7 +118,7 @@ class FleetConsoleApp(TokengateApp):
         self._polling = True
         try:
             rows = await self.fleet.poll()
-            if self.fleet_shown:
+            if self.fleet_shown and self.fleet_screen is not None:
                 self.fleet_screen.show(rows)
         finally:
             self._polling = False

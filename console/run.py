@@ -51,7 +51,7 @@ def _on_hangup(app, loop: asyncio.AbstractEventLoop, on_signal: Callable[[str], 
     ends the process SIGNAL_EXIT_S later if the app has not finished by then.
     """
     watchdog: list[threading.Timer] = []
-    whys = {signal.SIGHUP: "hang-up (SIGHUP)", signal.SIGTERM: "signal SIGTERM"}
+    whys: dict[int, str] = {signal.SIGHUP: "hang-up (SIGHUP)", signal.SIGTERM: "signal SIGTERM"}
 
     def ended_by(why: str) -> None:  # on the event loop
         app.ended_by_signal = True

@@ -40,6 +40,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import cast
+
+from textual.widgets import Static
 
 SEED = 7
 BIG = (160, 48)
@@ -181,14 +184,14 @@ async def capture(out: Path, *, speed: float, seconds: float) -> dict[str, str]:
                 cls, _ = busiest()
                 app.class_table.select_class(cls)
                 await _press(pilot, "d", lambda: isinstance(app.screen, ConfirmScreen), "d did not open the drain dialog")
-                message = str(app.screen.query_one("#confirm-message").content)
+                message = str(app.screen.query_one("#confirm-message", Static).content)
                 _save(app, out, "drain-confirm-160x48.svg")
                 shots["drain-confirm-160x48.svg"] = message
                 await _press(pilot, "escape", app._main_active, "escape did not close the dialog")  # No: nothing drained
 
                 await _press(pilot, "t", lambda: isinstance(app.screen, RetuneScreen), "t did not open the retune form")
                 _save(app, out, "retune-160x48.svg")
-                shots["retune-160x48.svg"] = f"retune form (class {app.screen.cls})"
+                shots["retune-160x48.svg"] = f"retune form (class {cast(RetuneScreen, app.screen).cls})"
                 await _press(pilot, "escape", app._main_active, "escape did not close the form")
 
                 await pilot.resize_terminal(*SMALL)

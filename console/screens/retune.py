@@ -141,7 +141,7 @@ class RetuneScreen(ModalScreen[list[str] | None]):
         self.cls_view = next((c for c in snap.classes if c.name == cls), None)
         self.cls = self.cls_view.name if self.cls_view else None
         ready = [b for b in snap.backends if b.budget is not None and b.ceiling is not None]
-        self.ceiling = min((b.ceiling for b in ready), default=None)
+        self.ceiling = min((b.ceiling for b in ready if b.ceiling is not None), default=None)
         budgets = {b.budget for b in ready}
         c = snap.controller
         self.initial: dict[str, str] = {

@@ -267,7 +267,7 @@ class ReviewScreen(Screen[str | None]):
             )
             with Vertical(id="review-audit-box"):
                 yield Static("audit", id="review-audit-title")
-                audit = DataTable(id="review-audit", cursor_type="row", zebra_stripes=True)
+                audit: DataTable[str] = DataTable(id="review-audit", cursor_type="row", zebra_stripes=True)
                 for label, key in AUDIT_COLUMNS:
                     audit.add_column(label, key=key)
                 yield audit
@@ -406,7 +406,7 @@ class ReviewScreen(Screen[str | None]):
         if reader is None:
             return
         filters = self.filters
-        kw = {"filters": filters}
+        kw: dict[str, Any] = {"filters": filters}
         page_no = self.page_no
         if where == "next" and self.page_rows:
             rows = await reader.decisions_page(before_id=self.page_rows[-1]["id"], limit=PAGE_SIZE, **kw)
@@ -620,7 +620,7 @@ class ReviewScreen(Screen[str | None]):
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         worker = event.worker
-        if event.state == WorkerState.SUCCESS and worker.group == "review-export":
+        if event.state == WorkerState.SUCCESS and worker.group == "review-export" and worker.result is not None:
             out, rows = worker.result
             self.last_export = (out, rows)
             self.notify(f"exported {rows:,} decisions to {out}", title="export", timeout=8)

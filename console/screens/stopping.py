@@ -25,7 +25,7 @@ def drain_progress(waiting: int, left_s: float) -> str:
 class StoppingScreen(ModalScreen[None]):
     """Shows the drain's progress; the app updates it with `show(waiting, left_s)`."""
 
-    BINDINGS: list = []
+    BINDINGS = []  # no keys: the drain cannot be interrupted from here
 
     def __init__(self, grace_s: float) -> None:
         super().__init__(classes="dialog-screen")

@@ -452,7 +452,7 @@ class BudgetChart(PlotextPlot):
         if 0 < len(shown) <= MAX_LABELLED_MARKS:
             # mid-height rows: the legend takes the top left, the budget runs near the top
             for x, text, row, alignment in place_labels(shown, lo, hi, columns):
-                plt.text(text, x, top_left * (0.62 - 0.09 * row), color=MARK_COLOR, alignment=alignment)
+                plt.text(text, x, top_left * (0.62 - 0.09 * row), color=MARK_COLOR, alignment=alignment)  # type: ignore[arg-type]  # one of plotext's alignments
 
         plt.xlim(lo, hi)
         plt.ylim(0, top_left)
@@ -463,8 +463,8 @@ class BudgetChart(PlotextPlot):
             keep = [(t, label) for t, label in zip(right_ticks, right_labels) if abs(t - slo_ttft_ms) > 0.08 * top_right]
             right_ticks = [t for t, _ in keep] + [slo_ttft_ms]
             right_labels = [label for _, label in keep] + [_compact(round(slo_ttft_ms, 10))]
-        plt.yticks(right_ticks, right_labels, yside="right")
-        plt.ylim(0, top_right, yside="right")
+        plt.yticks(right_ticks, right_labels, yside="right")  # type: ignore[arg-type]  # plotext types yside as a number; it takes "left" or "right"
+        plt.ylim(0, top_right, yside="right")  # type: ignore[arg-type]  # plotext types yside as a number; it takes "left" or "right"
         ticks, labels = time_ticks(lo, hi, now, self.time_axis)
         plt.xticks(ticks, labels)
         self.refresh()
@@ -480,6 +480,6 @@ class BudgetChart(PlotextPlot):
         plt.ylim(0, 1)
         plt.xticks([], [])
         plt.yticks([], [])
-        plt.yticks([], [], yside="right")
+        plt.yticks([], [], yside="right")  # type: ignore[arg-type]  # plotext types yside as a number; it takes "left" or "right"
         plt.text(NO_DATA, 0.5, 0.5, alignment="center")
         self.refresh()

@@ -38,7 +38,7 @@ class _Connection(asyncio.Protocol):
         self._drain_waiter: asyncio.Future[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's is not an asyncio.Transport subclass
+        self.transport = transport  # uvloop's is not an asyncio.Transport subclass, but quacks like one
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data

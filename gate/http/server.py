@@ -208,7 +208,7 @@ class _EmbeddedServer(uvicorn.Server):
     """uvicorn without its own signal handlers: the host process owns signals."""
 
     @contextlib.contextmanager
-    def capture_signals(self):  # type: ignore[no-untyped-def]  # uvicorn's own signature
+    def capture_signals(self):  # uvicorn's own signature
         yield
 
 

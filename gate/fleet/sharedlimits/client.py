@@ -214,9 +214,9 @@ class SharedLimits:
             self._queue_drop(lease)
         self._held.clear()
         self._held_tokens.clear()
-        for item in self._take_releases():
-            self._queue_drop(item.lease)  # refunds at shutdown are not worth a wait
-            item.settle(False)
+        for release in self._take_releases():
+            self._queue_drop(release.lease)  # refunds at shutdown are not worth a wait
+            release.settle(False)
         drops, self._drops = self._drops, {}
         try:
             async with asyncio.timeout(1.0):

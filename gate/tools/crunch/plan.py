@@ -322,11 +322,12 @@ def prefill_advice(cells: Sequence[CellResult], slo: Slo) -> PrefillAdvice | Non
     if not alone:
         return None
     longest = max(alone, key=lambda c: c.prompt_tokens)
-    if longest.ttft_p50_ms <= slo.ttft_ms / 2:
+    ttft_ms = longest.ttft_p50_ms
+    if ttft_ms is None or ttft_ms <= slo.ttft_ms / 2:
         return None
-    rate = longest.prompt_tokens / (longest.ttft_p50_ms / 1000.0)
+    rate = longest.prompt_tokens / (ttft_ms / 1000.0)
     fit = max(64, int(rate * slo.ttft_ms / 4000.0))
     ubatch = 1 << (fit.bit_length() - 1)  # the largest power of two within a quarter objective
     if ubatch >= longest.prompt_tokens:
         return None  # one step already: smaller batches would not split it
-    return PrefillAdvice(longest.prompt_tokens, longest.ttft_p50_ms, rate, ubatch)
+    return PrefillAdvice(longest.prompt_tokens, ttft_ms, rate, ubatch)
