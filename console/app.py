@@ -47,6 +47,7 @@ from console.widgets.decisions import DecisionTail
 from console.widgets.denials import DenialsTable
 from console.widgets.gpu import GpuPanel
 from console.widgets.header import GateHeader
+from console.widgets.models import ModelsPanel
 from console.widgets.slots import SlotsPanel
 from console.widgets.status import StatusBar
 from gate.data.commands import ActionResult, Command, CommandError, Drain, Freeze, ModelAction, Pause, describe
@@ -95,6 +96,7 @@ class TokengateApp(App[None]):
     header: GateHeader = _OnMain()  # type: ignore[assignment]
     slots: SlotsPanel = _OnMain()  # type: ignore[assignment]
     gpu: GpuPanel = _OnMain()  # type: ignore[assignment]
+    models: ModelsPanel = _OnMain()  # type: ignore[assignment]
     class_table: ClassesTable = _OnMain()  # type: ignore[assignment]
     denials: DenialsTable = _OnMain()  # type: ignore[assignment]
     chart: BudgetChart = _OnMain()  # type: ignore[assignment]
