@@ -37,7 +37,7 @@ _DROP_HEADERS = frozenset(
     {
         "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
         "trailer", "transfer-encoding", "upgrade", "host", "content-length",
-        "authorization", "x-conversation-id", "accept-encoding", "x-tokengate-class",
+        "authorization", "x-api-key", "x-conversation-id", "accept-encoding", "x-tokengate-class",
     }
 )
 
