@@ -120,6 +120,9 @@ ROUTES: tuple[Route, ...] = (
 #: the web UI's assets: any other GET of one path segment with a dot (``/bundle.js``)
 UI_ASSET = Route("GET", "/*", "forwarded")
 
+#: a CORS preflight (OPTIONS, any path): forwarded without a credential, as browsers send none
+PREFLIGHT = Route("OPTIONS", "*", "forwarded")
+
 #: admitted path -> the API its body speaks
 ENDPOINTS: dict[str, Kind] = {r.path: r.kind for r in ROUTES if r.access == "admitted" and r.kind is not None}
 
