@@ -16,7 +16,7 @@ import contextlib
 import json
 import logging
 import socket
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -194,6 +194,22 @@ class _EmbeddedServer(uvicorn.Server):
         yield
 
 
+def _listening_socket(host: str, port: int, *, v6only: bool) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only
+    # when the listening socket says so, and without it every keep-alive response
+    # waits ~40 ms for the client's delayed ACK (Nagle).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6 and v6only:
+        # With several addresses, "[::]:P" is IPv6 only, so "0.0.0.0:P" can be listed beside it
+        # (alone, it stays dual-stack as before).
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    sock.bind((host, port))
+    sock.setblocking(False)
+    return sock
+
+
 class HttpServer:
     """The gate's listening socket and its uvicorn server, on the running loop."""
 
@@ -201,26 +217,34 @@ class HttpServer:
         self.app = app
         self.header_timeout_s = header_timeout_s
         self.port: int | None = None
+        #: the other addresses listened on, "host:port" with the ports bound (``[gate] listen`` as a list)
+        self.also_bound: list[str] = []
         self.task: asyncio.Task[None] | None = None
         self._server: _EmbeddedServer | None = None
 
-    async def start(self, host: str, port: int) -> int:
-        """Bind, listen, and return the port once uvicorn serves (port 0 picks a free one)."""
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only
-        # when the listening socket says so, and without it every keep-alive response
-        # waits ~40 ms for the client's delayed ACK (Nagle).
-        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.setblocking(False)
-        self.port = sock.getsockname()[1]
+    async def start(self, host: str, port: int, also: Sequence[tuple[str, int]] = ()) -> int:
+        """Bind, listen, and return the first address's port once uvicorn serves (port 0 picks a
+        free one); `also`: more addresses, one uvicorn server on all of them (llama-server's
+        ``--host A,B``)."""
+        sockets = []
+        try:
+            for h, p in ((host, port), *also):
+                sockets.append(_listening_socket(h, p, v6only=bool(also)))
+        except OSError:
+            for sock in sockets:
+                sock.close()
+            raise
+        self.port = sockets[0].getsockname()[1]
+        self.also_bound = [
+            f"[{s.getsockname()[0]}]:{s.getsockname()[1]}" if s.family == socket.AF_INET6 else "%s:%d" % s.getsockname()[:2]
+            for s in sockets[1:]
+        ]
         config = uvicorn.Config(
             self.app, interface="asgi3", log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=5,
             http=guarded_protocol(self.header_timeout_s),  # slow clients: gate/http/clientguard.py
         )
         self._server = server = _EmbeddedServer(config)
-        self.task = asyncio.create_task(server.serve(sockets=[sock]), name="tokengate-http")
+        self.task = asyncio.create_task(server.serve(sockets=sockets), name="tokengate-http")
         while not server.started:
             if self.task.done():
                 self.task.result()  # surface why the server did not start

@@ -8,6 +8,8 @@ CORS preflight, and several listen addresses. Every row checks that nothing is l
 
 from __future__ import annotations
 
+import socket
+
 import httpx
 import pytest
 
@@ -218,3 +220,18 @@ async def test_bad_input_on_forwarded_routes_is_a_4xx_without_backend_addresses(
         r = await client.get(gate.url + "/props")
         assert_error(r, 503, "no_backend")
         assert ":9" not in r.text
+
+
+async def test_several_listen_addresses_ipv6_included(llama_unified):
+    probe = socket.socket(socket.AF_INET6)
+    probe.bind(("::1", 0))
+    v6_port = probe.getsockname()[1]
+    probe.close()
+    extra = f'[gate]\nlisten = ["127.0.0.1:8081", "[::1]:{v6_port}"]\n'
+    async with running_gate(llama_unified.url, extra) as gate, httpx.AsyncClient(timeout=60) as client:
+        assert gate.http.also_bound == [f"[::1]:{v6_port}"]
+        for base in (gate.url, f"http://[::1]:{v6_port}"):
+            assert (await client.get(base + "/health")).status_code == 200
+            r = await client.post(base + "/v1/chat/completions", json=chat(4))
+            assert r.status_code == 200, (base, r.text)
+        await released(gate)
