@@ -60,12 +60,16 @@ def build_app(gate: RequestPorts) -> ASGIApp:
             backends[b.name] = {"state": b.state, "slots": b.capacity.slots if b.capacity else None}
             if b.fleet is not None and b.model is not None:  # router mode: the model's own status
                 backends[b.name]["model_status"] = b.fleet.info[b.model].status
-        routers = {b.fleet for b in gate.backends if b.fleet is not None}
-        for fleet in routers:  # router mode: what is loaded; an up router with none loaded can load one
-            backends.setdefault(fleet.parent.name, {})["loaded"] = sorted(m for m, i in fleet.info.items() if i.status == "loaded")
-        ready = (gate.backends.any_ready or any(f.router_up for f in routers)) and not gate.shutting_down
+        # Router mode: an up router is ready with nothing loaded (it loads on demand, or an operator
+        # does), as llama-server's own /health says; "loaded" names what is loaded, per router.
+        routers = {b.fleet.parent.name: b.fleet for b in gate.backends if b.fleet is not None}
+        loaded = {name: sorted(m for m, i in f.info.items() if i.status == "loaded") for name, f in routers.items()}
+        ready = (gate.backends.any_ready or any(f.router_up for f in routers.values())) and not gate.shutting_down
         status = "ok" if ready else ("shutting_down" if gate.shutting_down else "no_backend")
-        return JSONResponse({"status": status, "backends": backends}, status_code=200 if ready else 503)
+        answer: dict[str, Any] = {"status": status, "backends": backends}
+        if loaded:
+            answer["loaded"] = loaded
+        return JSONResponse(answer, status_code=200 if ready else 503)
 
     async def metrics(request: Request) -> Response:
         gate.refresh_metrics()
