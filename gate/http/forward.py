@@ -29,6 +29,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+import anyio
 import httpx
 from starlette.datastructures import Headers
 from starlette.requests import Request
@@ -96,10 +97,13 @@ class ForwardEndpoint:
                 gate.log.warning("forwarded %s %s: backend broke off: %s", request.method, label, type(exc).__name__)
                 outcome = "failed"
             finally:
-                await upstream.aclose()
+                # Recorded first: when the client leaves, Starlette cancels this scope, and every
+                # await in it (the close below) is cancelled again unless shielded.
                 gate.metrics.forwarded(label, upstream.status_code)
                 reason = "ok" if outcome == "forwarded" else Reason.UPSTREAM_ERROR.value
                 self._record(request, request_id, label, caller, backend, outcome, reason, upstream.status_code, t0, wall0)
+                with anyio.CancelScope(shield=True):
+                    await upstream.aclose()  # frees llama-server's connection (an SSE stream ends there)
 
         response = StreamingResponse(body(), status_code=upstream.status_code)
         response.raw_headers = headers  # as llama-server sent them (its content-length included)

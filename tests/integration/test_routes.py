@@ -8,13 +8,14 @@ CORS preflight, and several listen addresses. Every row checks that nothing is l
 
 from __future__ import annotations
 
+import asyncio
 import socket
 
 import httpx
 import pytest
 
-from tests.integration.gate_harness import released, running_gate
-from tests.integration.hardening import AUTH, BACKEND_EXTRA, ENV, KEY, MODEL, TENANTS, assert_error, chat
+from tests.integration.gate_harness import busy_slots, released, running_gate
+from tests.integration.hardening import AUTH, BACKEND_EXTRA, ENV, KEY, MODEL, TENANTS, assert_error, chat, record_of
 
 pytestmark = pytest.mark.llama
 
@@ -235,3 +236,22 @@ async def test_several_listen_addresses_ipv6_included(llama_unified):
             r = await client.post(base + "/v1/chat/completions", json=chat(4))
             assert r.status_code == 200, (base, r.text)
         await released(gate)
+
+
+async def test_a_client_leaving_a_forwarded_stream_frees_llama_servers_slot_and_is_recorded(llama_unified):
+    """/v1/messages (forwarded until it is admitted) streams: the client leaves after one read."""
+    body = {"model": MODEL, "max_tokens": 400, "ignore_eos": True, "stream": True,
+            "messages": [{"role": "user", "content": "tell me a long story"}]}
+    async with running_gate(llama_unified.url) as gate, httpx.AsyncClient(timeout=60) as client:
+        async with client.stream("POST", gate.url + "/v1/messages", json=body, headers={"X-Request-Id": "t21-left"}) as r:
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            async for chunk in r.aiter_bytes():
+                assert chunk
+                break
+        record = await record_of(gate, "t21-left")
+        assert (record.outcome, record.endpoint) == ("forwarded", "POST /v1/messages")
+        waited = 0.0
+        while await busy_slots(client, llama_unified.url) and waited < 5:
+            await asyncio.sleep(0.1)
+            waited += 0.1
+        assert await busy_slots(client, llama_unified.url) == 0
