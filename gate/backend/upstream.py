@@ -155,13 +155,15 @@ class Upstream:
                 raw = b""
             finally:
                 await response.aclose()
-            raise GateError(
+            err = GateError(
                 Reason.UPSTREAM_ERROR,
                 f"backend answered {response.status_code}",
                 retry_after_s=RETRY_DOWN_S if response.status_code >= 500 else None,
                 status=response.status_code,
                 body=raw[:65536] or None,
             )
+            err.headers = relayed_headers(response.headers, rebuilt=True)
+            raise err
         return response
 
 

@@ -255,3 +255,14 @@ async def test_a_client_leaving_a_forwarded_stream_frees_llama_servers_slot_and_
             await asyncio.sleep(0.1)
             waited += 0.1
         assert await busy_slots(client, llama_unified.url) == 0
+
+
+async def test_llama_servers_own_refusal_keeps_its_cors_headers(llama_unified):
+    origin = {"Origin": "http://app.example", **CLOSE}
+    body = {"prompt": [1, 450, 4996], "n_predict": 4}  # token ids the model does not have: llama-server's 400
+    async with running_gate(llama_unified.url) as gate, httpx.AsyncClient(timeout=30) as client:
+        direct = await client.post(llama_unified.url + "/completion", json=body, headers=origin)
+        r = await client.post(gate.url + "/completion", json=body, headers=origin)
+        assert r.status_code == direct.status_code == 400 and r.json() == direct.json()
+        assert r.headers["access-control-allow-origin"] == direct.headers["access-control-allow-origin"]
+        await released(gate)
