@@ -17,7 +17,9 @@ What a route is comes from the table (gate/data/endpoints.py). For each request 
    headers excepted. Server-sent events (``/models/sse``, ``/v1/stream``) stream as they come.
 5. The record: ``tokengate_forwarded_total{route, status}`` and a decision row, outcome
    ``forwarded`` (reason ``ok``, no class, no reservation), when the answer ends; a refusal is
-   a decision row ``refused`` with its reason, as on the admitted path.
+   a decision row ``refused`` with its reason, as on the admitted path. Unlike an admitted
+   answer, a forwarded one does not wait for its row's commit (nothing was reserved, and a
+   web UI's assets would each pay the group commit): a crash can lose the last rows.
 
 Errors the gate raises are its own (``GateError``), rendered by the one renderer; a backend that
 cannot be reached is a 503 that never names its address.
