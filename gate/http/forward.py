@@ -166,7 +166,7 @@ class ForwardEndpoint:
         content_type = request.headers.get("content-type")
         check_headers(request.headers)
         body = await request.body()  # through the BodyReader: limited before reading
-        params = list(request.query_params.multi_items())
+        params: list[tuple[str, str | int | float | bool | None]] = list(request.query_params.multi_items())
         if backend.model is not None:
             # Router mode: llama-server must not load a model for a forwarded call either.
             params = [(k, v) for k, v in params if k != "autoload"] + [("autoload", "false")]

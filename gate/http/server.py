@@ -240,7 +240,7 @@ class HttpServer:
             raise
         self.port = sockets[0].getsockname()[1]
         self.also_bound = [
-            f"[{s.getsockname()[0]}]:{s.getsockname()[1]}" if s.family == socket.AF_INET6 else "%s:%d" % s.getsockname()[:2]
+            f"[{s.getsockname()[0]}]:{s.getsockname()[1]}" if s.family == socket.AF_INET6 else f"{s.getsockname()[0]}:{s.getsockname()[1]}"
             for s in sockets[1:]
         ]
         config = uvicorn.Config(
