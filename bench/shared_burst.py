@@ -122,11 +122,17 @@ async def fleet_part(redis: RedisServer, args: argparse.Namespace) -> dict:
         waited = bucket_quantiles(merged_histogram(bodies, "tokengate_shared_limit_wait_seconds"), "tokengate_shared_limit_wait_seconds")
         over_bound = reservations - sum(metric_lines(b, 'tokengate_shared_limit_wait_seconds_bucket{le="0.02"}') for b in bodies)
         return {
-            "requests": sum(answers.values()), "answers": answers, "most_in_progress": fake.most_in_progress, "quota_requests": QUOTED,
-            "reservations": reservations, "waited_over_20ms": over_bound,
+            "requests": sum(answers.values()),
+            "answers": answers,
+            "most_in_progress": fake.most_in_progress,
+            "quota_requests": QUOTED,
+            "reservations": reservations,
+            "waited_over_20ms": over_bound,
             "wait_bucket_bounds_ms": {"p50": waited["p50_ms"], "p99": waited["p99_ms"]},
-            "decided_by_policy": sum(metric_lines(b, "tokengate_shared_limit_policy_total") for b in bodies), "flips": flips,
-            "script_calls": calls, "script_calls_per_reservation": calls / max(1.0, reservations),
+            "decided_by_policy": sum(metric_lines(b, "tokengate_shared_limit_policy_total") for b in bodies),
+            "flips": flips,
+            "script_calls": calls,
+            "script_calls_per_reservation": calls / max(1.0, reservations),
             "redis_us_per_call": usec / max(1, calls),
         }
 
@@ -138,7 +144,9 @@ async def inprocess_part(redis: RedisServer, args: argparse.Namespace) -> dict:
     waits: list[float] = []
     flips: list[str] = []
     shared = SharedLimits(
-        SharedConfig(redis_url=redis.url, key_prefix="bench-in:"), "bench", on_wait=waits.append,
+        SharedConfig(redis_url=redis.url, key_prefix="bench-in:"),
+        "bench",
+        on_wait=waits.append,
         on_flip=lambda f: flips.append(f"{f.old} -> {f.new}: {f.why}"),
     )
     # The round trip alone: from the script call going out (after the turn that made the
@@ -191,11 +199,20 @@ async def inprocess_part(redis: RedisServer, args: argparse.Namespace) -> dict:
     ms = [w * 1000 for w in waits]
     lag_ms = [x * 1000 for x in lags]
     return {
-        "reservations": len(ms), "wait_p50_ms": percentile(ms, 0.5), "wait_p99_ms": percentile(ms, 0.99), "wait_max_ms": max(ms),
+        "reservations": len(ms),
+        "wait_p50_ms": percentile(ms, 0.5),
+        "wait_p99_ms": percentile(ms, 0.99),
+        "wait_max_ms": max(ms),
         "waited_over_20ms": sum(1 for w in ms if w > 20.0),
-        "loop_lag_p50_ms": percentile(lag_ms, 0.5), "loop_lag_p99_ms": percentile(lag_ms, 0.99), "loop_lag_max_ms": max(lag_ms),
-        "reserve_calls": len(trips), "round_trip_p50_ms": percentile(trips, 0.5), "round_trip_p99_ms": percentile(trips, 0.99),
-        "script_calls_per_reservation": (after - before) / max(1, len(ms)), "flips": flips, "state_at_end": state,
+        "loop_lag_p50_ms": percentile(lag_ms, 0.5),
+        "loop_lag_p99_ms": percentile(lag_ms, 0.99),
+        "loop_lag_max_ms": max(lag_ms),
+        "reserve_calls": len(trips),
+        "round_trip_p50_ms": percentile(trips, 0.5),
+        "round_trip_p99_ms": percentile(trips, 0.99),
+        "script_calls_per_reservation": (after - before) / max(1, len(ms)),
+        "flips": flips,
+        "state_at_end": state,
     }
 
 
@@ -236,22 +253,37 @@ def main() -> None:
     fleet, inproc = result["fleet"], result["in_process"]
     print(f"fleet: 2 gates, {args.hogs} CPU hogs, {args.burst} requests per gate every {args.wave_ms:g} ms for {args.seconds:g} s")
     print(f"  {fleet['requests']} requests {fleet['answers']}; most in progress {fleet['most_in_progress']} (quota {QUOTED})")
-    print(f"  {fleet['reservations']:.0f} reservations: the gates waited on Redis p50 <= {fleet['wait_bucket_bounds_ms']['p50']:g} ms, "
-          f"p99 <= {fleet['wait_bucket_bounds_ms']['p99']:g} ms (bucket bounds); {fleet['waited_over_20ms']:.0f} over 20 ms")
+    print(
+        f"  {fleet['reservations']:.0f} reservations: the gates waited on Redis p50 <= {fleet['wait_bucket_bounds_ms']['p50']:g} ms, "
+        f"p99 <= {fleet['wait_bucket_bounds_ms']['p99']:g} ms (bucket bounds); {fleet['waited_over_20ms']:.0f} over 20 ms"
+    )
     print(f"  decided by the policy: {fleet['decided_by_policy']:.0f}; flips: {fleet['flips'] or 'none'}")
-    print(f"  Redis: {fleet['script_calls']} script calls ({fleet['script_calls_per_reservation']:.2f} per reservation, renewals and "
-          f"lone releases included), {fleet['redis_us_per_call']:.0f} us each")
-    print(f"in-process: {inproc['reservations']} reservations in bursts of {args.inprocess_burst}: wait p50 {inproc['wait_p50_ms']:.2f} ms, "
-          f"p99 {inproc['wait_p99_ms']:.2f} ms, max {inproc['wait_max_ms']:.1f} ms ({inproc['waited_over_20ms']} over 20 ms)")
-    print(f"  {inproc['reserve_calls']} reserve calls, round trip (sent to answer read) p50 {inproc['round_trip_p50_ms']:.2f} ms, "
-          f"p99 {inproc['round_trip_p99_ms']:.2f} ms")
-    print(f"  the loop's own lag beside it: p50 {inproc['loop_lag_p50_ms']:.2f} ms, p99 {inproc['loop_lag_p99_ms']:.2f} ms, "
-          f"max {inproc['loop_lag_max_ms']:.1f} ms; {inproc['script_calls_per_reservation']:.3f} script calls per reservation; "
-          f"flips: {inproc['flips'] or 'none'}")
-    result.update({
-        "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}",
-        "load_average_before": load0, "load_average_after": os.getloadavg(), "args": vars(args),
-    })
+    print(
+        f"  Redis: {fleet['script_calls']} script calls ({fleet['script_calls_per_reservation']:.2f} per reservation, renewals and "
+        f"lone releases included), {fleet['redis_us_per_call']:.0f} us each"
+    )
+    print(
+        f"in-process: {inproc['reservations']} reservations in bursts of {args.inprocess_burst}: wait p50 {inproc['wait_p50_ms']:.2f} ms, "
+        f"p99 {inproc['wait_p99_ms']:.2f} ms, max {inproc['wait_max_ms']:.1f} ms ({inproc['waited_over_20ms']} over 20 ms)"
+    )
+    print(
+        f"  {inproc['reserve_calls']} reserve calls, round trip (sent to answer read) p50 {inproc['round_trip_p50_ms']:.2f} ms, "
+        f"p99 {inproc['round_trip_p99_ms']:.2f} ms"
+    )
+    print(
+        f"  the loop's own lag beside it: p50 {inproc['loop_lag_p50_ms']:.2f} ms, p99 {inproc['loop_lag_p99_ms']:.2f} ms, "
+        f"max {inproc['loop_lag_max_ms']:.1f} ms; {inproc['script_calls_per_reservation']:.3f} script calls per reservation; "
+        f"flips: {inproc['flips'] or 'none'}"
+    )
+    result.update(
+        {
+            "date": time.strftime("%Y-%m-%d"),
+            "machine": f"{platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}",
+            "load_average_before": load0,
+            "load_average_after": os.getloadavg(),
+            "args": vars(args),
+        }
+    )
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
 

@@ -49,9 +49,9 @@ from console.widgets.header import GateHeader
 from console.widgets.slots import SlotsPanel
 from console.widgets.status import StatusBar
 from gate.data.commands import ActionResult, Command, CommandError, Drain, Freeze, ModelAction, Pause, describe
-from gate.ops.link import GateLink, LinkLost
 from gate.data.records import AuditRecord
 from gate.data.snapshot import GateSnapshot
+from gate.ops.link import GateLink, LinkLost
 
 __all__ = ["CHART_POINTS", "CHART_WINDOW_S", "TOASTED_SOURCES", "TokengateApp", "mark_label"]
 
@@ -120,9 +120,7 @@ class TokengateApp(App[None]):
         #: the live view; read-only, its gate-action keys are not bound at all
         self.main = MainScreen(self, read_only=read_only)
         #: (ts, budget, in_flight, p95 TTFT ms), appended every tick, paused or not
-        self.history: deque[tuple[float, int | None, int, float | None]] = deque(
-            maxlen=int(CHART_WINDOW_S / MIN_INTERVAL_S)
-        )
+        self.history: deque[tuple[float, int | None, int, float | None]] = deque(maxlen=int(CHART_WINDOW_S / MIN_INTERVAL_S))
         self.last_snapshot: GateSnapshot | None = None
         #: decisions that came while the view was paused or covered: rendered with the next view
         self._unseen: deque = deque(maxlen=200)

@@ -28,14 +28,11 @@ MAIN_BINDINGS: tuple[Binding, ...] = (
     Binding("f", "freeze", "freeze", tooltip="freeze/unfreeze the adaptive controller"),
     Binding("r", "review", "review", tooltip="review the journal (read-only)"),
     # router mode only; not in the footer (room at 80 columns), `?` lists it
-    Binding("m", "models", "models", show=False,
-            tooltip="router mode: the models (load, unload, pin/unpin; each asks first)"),
+    Binding("m", "models", "models", show=False, tooltip="router mode: the models (load, unload, pin/unpin; each asks first)"),
     Binding("slash", "filter", "filter", key_display="/", tooltip="filter the decision tail (enter keeps, esc clears)"),
-    Binding("G", "follow", "newest", show=False, key_display="G",
-            tooltip="decision tail: jump to the newest row and follow new ones"),
+    Binding("G", "follow", "newest", show=False, key_display="G", tooltip="decision tail: jump to the newest row and follow new ones"),
     # not in the footer (room for the tab keys at 80 columns); `?` lists it
-    Binding("space", "toggle_render", "view", show=False, key_display="space",
-            tooltip="pause/resume rendering (the gate goes on)"),
+    Binding("space", "toggle_render", "view", show=False, key_display="space", tooltip="pause/resume rendering (the gate goes on)"),
     Binding("plus", "faster", "faster", show=False, key_display="+", tooltip="refresh faster (down to 0.25 s)"),
     Binding("minus", "slower", "slower", show=False, key_display="-", tooltip="refresh slower (up to 10 s)"),
     # compact layout: one key per tab (shown in the footer only there)
@@ -48,10 +45,8 @@ MAIN_BINDINGS: tuple[Binding, ...] = (
 #: keys every screen answers to (TokengateApp's); a screen's own q (a dialog's, the review's) comes first
 APP_BINDINGS: tuple[Binding, ...] = (
     # Not a priority binding (Textual's default is): ':' must stay typeable in inputs.
-    Binding("colon", "command_palette", "palette", show=False, key_display=":",
-            tooltip="command palette: every action by name"),
-    Binding("q", "quit", "quit",
-            tooltip="quit; asks while requests are in flight (stops the gate); attached: detach, the gate goes on"),
+    Binding("colon", "command_palette", "palette", show=False, key_display=":", tooltip="command palette: every action by name"),
+    Binding("q", "quit", "quit", tooltip="quit; asks while requests are in flight (stops the gate); attached: detach, the gate goes on"),
     # ctrl+c asks like q (Textual's default only toasts "press ctrl+q")
     Binding("ctrl+c", "quit", "quit", show=False),
 )
@@ -75,11 +70,7 @@ def without_gate_actions(bindings: BindingsMap) -> BindingsMap:
     """Read-only: the same bindings less the gate actions (absent, not disabled: the keys do
     nothing, the footer and `?` don't list them)."""
     return BindingsMap.from_keys(
-        {
-            key: kept
-            for key, found in bindings.key_to_bindings.items()
-            if (kept := [b for b in found if b.action not in GATE_ACTIONS])
-        }
+        {key: kept for key, found in bindings.key_to_bindings.items() if (kept := [b for b in found if b.action not in GATE_ACTIONS])}
     )
 
 

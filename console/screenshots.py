@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import logging
 import os
 import shutil
@@ -124,13 +123,13 @@ async def _review_loaded(pilot, timeout_s: float = 10.0) -> None:
 async def capture(out: Path, *, speed: float, seconds: float) -> dict[str, str]:
     """Run the demo time-lapsed and write the five SVGs; returns {file: what it shows}."""
     from console.app import TokengateApp
-    from gate.tools.demo import DEMO_CONFIG, demo_config, demo_parts
     from console.screens.confirm import ConfirmScreen
     from console.screens.retune import RetuneScreen
     from console.screens.review import ReviewScreen
     from gate.config import parse_config
     from gate.ops.link import InProcessLink
     from gate.service import GateService
+    from gate.tools.demo import DEMO_CONFIG, demo_config, demo_parts
     from gate.tools.simulator import SimulatorConfig, serve_simulator
     from gate.tools.traffic import TrafficGenerator
 
@@ -149,13 +148,20 @@ async def capture(out: Path, *, speed: float, seconds: float) -> dict[str, str]:
             base = parse_config(DEMO_CONFIG, "<demo>")
             config = demo_config(base, simulator.url)
             gate = GateService(
-                config, environ=environ, clock=lapse.monotonic, journal_path=str(tmp / "demo.db"),
+                config,
+                environ=environ,
+                clock=lapse.monotonic,
+                journal_path=str(tmp / "demo.db"),
                 **demo_parts(sim, lambda: simulator.runtime.core.busy_slots),  # SIMULATED: label, GPU panel, model size
             )
             await gate.start(port=0)
             traffic = TrafficGenerator(
-                gate.url, seed=SEED, rate_interactive=RATE_INTERACTIVE, rate_batch=RATE_BATCH,
-                burst_every_s=BURST_EVERY_S, speed=speed,
+                gate.url,
+                seed=SEED,
+                rate_interactive=RATE_INTERACTIVE,
+                rate_batch=RATE_BATCH,
+                burst_every_s=BURST_EVERY_S,
+                speed=speed,
             )
             await traffic.start()
             app = TokengateApp(InProcessLink(gate), interval_s=0.5, clock=lapse.time)

@@ -17,8 +17,14 @@ BACKEND_STATE = {"ready": "bold green", "loading": "bold yellow", "down": "bold 
 
 #: a router-mode model's status (models panel and dialog)
 MODEL_STATUS = {
-    "loaded": "bold green", "loading": "bold yellow", "evicting": "yellow", "unloaded": "dim",
-    "sleeping": "cyan", "failed": "bold red", "missing": "bold red", "unknown": "dim",
+    "loaded": "bold green",
+    "loading": "bold yellow",
+    "evicting": "yellow",
+    "unloaded": "dim",
+    "sleeping": "cyan",
+    "failed": "bold red",
+    "missing": "bold red",
+    "unknown": "dim",
 }
 
 #: badges: a word on a background, for a state that changes what the console or gate does

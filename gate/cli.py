@@ -7,8 +7,8 @@ problem), 1 runtime failure.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import asyncio
+import contextlib
 import logging
 import os
 import sys
@@ -141,8 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--demo",
         action="store_true",
-        help="in front of the built-in llama-server simulator with synthetic traffic (SIMULATED; "
-        "what `tokengate console --demo` runs)",
+        help="in front of the built-in llama-server simulator with synthetic traffic (SIMULATED; what `tokengate console --demo` runs)",
     )
     serve.add_argument("--seed", type=int, default=7, help=argparse.SUPPRESS)
     serve.add_argument(
@@ -175,9 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_Formatter,
     )
     check.add_argument("file", metavar="FILE", help="the TOML file, or - to read standard input")
-    check.add_argument(
-        "-v", "--verbose", action="store_true", help="also print the effective settings (defaults filled in)"
-    )
+    check.add_argument("-v", "--verbose", action="store_true", help="also print the effective settings (defaults filled in)")
     check.set_defaults(func=_cmd_config_check)
     example = config_commands.add_parser(
         "example",
@@ -221,8 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="WHEN",
         type=_since_arg,
         default=None,
-        help="only rows from this long ago (30s, 15m, 2h, 7d) or since an ISO-8601 "
-        "timestamp (UTC unless it says otherwise); default: all",
+        help="only rows from this long ago (30s, 15m, 2h, 7d) or since an ISO-8601 timestamp (UTC unless it says otherwise); default: all",
     )
     log_cmd.add_argument(
         "--format",
@@ -420,9 +416,7 @@ def _cmd_review(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     config = load_config(args.config)
-    logging.basicConfig(
-        level=args.log_level.upper(), stream=err, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=args.log_level.upper(), stream=err, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # One line per upstream call drowns what matters; the gate logs its own decisions.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     from gate.ops.control_socket import SocketInUse
@@ -463,9 +457,7 @@ def _add_simulate_parser(commands: argparse._SubParsersAction) -> None:
         formatter_class=_Formatter,
     )
     simulate.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    simulate.add_argument(
-        "--port", type=int, default=8080, help="port to listen on (default: 8080, llama-server's; 0: any free port)"
-    )
+    simulate.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080, llama-server's; 0: any free port)")
     simulate.add_argument("--slots", type=_positive_int, default=4, help="parallel slots (default: 4)")
     simulate.add_argument("--ctx", type=_positive_int, default=8192, help="total context in tokens (default: 8192)")
     kv = simulate.add_mutually_exclusive_group()
@@ -476,9 +468,7 @@ def _add_simulate_parser(commands: argparse._SubParsersAction) -> None:
         const="unified",
         help="one KV pool shared by every slot; when it runs out every active request fails (default)",
     )
-    kv.add_argument(
-        "--split", dest="kv", action="store_const", const="split", help="each slot gets ctx/slots tokens of its own"
-    )
+    kv.add_argument("--split", dest="kv", action="store_const", const="split", help="each slot gets ctx/slots tokens of its own")
     simulate.set_defaults(kv="unified")
     simulate.add_argument(
         "--decode-tps",
@@ -609,8 +599,7 @@ def _add_crunch_parser(commands: argparse._SubParsersAction) -> None:
         type=_list_arg("ctx"),
         metavar="LIST",
         default=None,
-        help="context lengths to sweep, e.g. 512,1k,2k (default: 512,1K,2K,4K; only those that "
-        "fit one slot's context are run)",
+        help="context lengths to sweep, e.g. 512,1k,2k (default: 512,1K,2K,4K; only those that fit one slot's context are run)",
     )
     crunch.add_argument(
         "--concurrency",
@@ -659,8 +648,7 @@ def _add_crunch_parser(commands: argparse._SubParsersAction) -> None:
         type=_positive_float,
         metavar="SECONDS",
         default=300.0,
-        help="longest wait for one request's next bytes; a request that waits longer fails "
-        "(default: 300)",
+        help="longest wait for one request's next bytes; a request that waits longer fails (default: 300)",
     )
     crunch.add_argument(
         "--api-key-env",

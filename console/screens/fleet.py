@@ -16,8 +16,8 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
 from console.fleet import FleetRow
-from console.widgets.classes import drop_stale, sync_row
 from console.styles import SHARED, ttft_style
+from console.widgets.classes import drop_stale, sync_row
 
 COLUMNS: dict[str, str] = {
     "name": "gate",
@@ -47,14 +47,16 @@ def row_cells(row: FleetRow) -> dict[str, Any]:
         "state": Text(row.state, style="green" if ok else "bold red" if row.state == "down" else "yellow"),
         "host": row.host,
         "listen": row.listen,
-        "backends": Text("") if row.backends is None else Text(
-            f"{row.ready}/{row.backends} ready", style="" if row.ready == row.backends else "bold red"
-        ),
+        "backends": Text("")
+        if row.backends is None
+        else Text(f"{row.ready}/{row.backends} ready", style="" if row.ready == row.backends else "bold red"),
         "budget": _n(row.budget),
         "in_flight": "-" if row.in_flight is None else f"{row.in_flight:,} tok, {row.running} req",
         "queued": Text(_n(row.queued), style="yellow" if row.queued else ""),
         "denials": Text(_n(row.denials_per_min), style="bold red" if row.denials_per_min else ""),
-        "p95": Text("-") if row.slo_ttft_ms is None else Text(f"{p95}/{row.slo_ttft_ms:,.0f} ms", style=ttft_style(row.p95_ttft_ms, row.slo_ttft_ms)),
+        "p95": Text("-")
+        if row.slo_ttft_ms is None
+        else Text(f"{p95}/{row.slo_ttft_ms:,.0f} ms", style=ttft_style(row.p95_ttft_ms, row.slo_ttft_ms)),
         "shared": Text(row.shared, style=SHARED.get(row.shared, "")),
         "note": Text(row.note, style="red"),
     }

@@ -116,7 +116,9 @@ class MainScreen(Screen[None]):
         # Built here, not in __init__: DataTable columns need the running app.
         info = self.console.link.info
         self.header = GateHeader(
-            id="header", clock=self.console.clock, read_only=self.console.read_only,
+            id="header",
+            clock=self.console.clock,
+            read_only=self.console.read_only,
             attached="" if info.embedded else info.where,
         )
         self.slots = SlotsPanel(id="slots")
@@ -124,8 +126,11 @@ class MainScreen(Screen[None]):
         self.models = ModelsPanel(id="models")  # router mode only; hidden otherwise
         self.class_table = ClassesTable(id="classes")
         self.tabs = Tabs(
-            Tab("1 denials", id="tab-denials"), Tab("2 budget", id="tab-chart"), Tab("3 decisions", id="tab-decisions"),
-            id="tabs", active="tab-decisions",
+            Tab("1 denials", id="tab-denials"),
+            Tab("2 budget", id="tab-chart"),
+            Tab("3 decisions", id="tab-decisions"),
+            id="tabs",
+            active="tab-decisions",
         )
         self.denials = DenialsTable(id="denials", classes="pane")
         self.chart = BudgetChart(id="chart", classes="pane")
@@ -183,9 +188,7 @@ class MainScreen(Screen[None]):
         self.body.display = self.status.display = not small
         self.too_small.display = small
         if small:
-            self.too_small.update(
-                f"terminal too small: {width}x{height}\nneed {MIN_COLS}x{MIN_ROWS} (the gate goes on; q quits)"
-            )
+            self.too_small.update(f"terminal too small: {width}x{height}\nneed {MIN_COLS}x{MIN_ROWS} (the gate goes on; q quits)")
         if compact != self.compact:
             self.compact = compact
             self.refresh_bindings()  # the tab keys show in the footer only when compact
@@ -283,9 +286,17 @@ class MainScreen(Screen[None]):
             commands.append(("Retune", HELP["retune"] + (f" (selected: {selected})" if selected else ""), console.action_retune))
             for c in snap.classes if snap is not None else ():
                 verb = "Resume" if c.paused else "Pause"
-                commands.append((f"{verb} class {c.name}", f"{verb.lower()} admission for {c.name}", partial(console.action_pause_class, c.name)))
+                commands.append(
+                    (f"{verb} class {c.name}", f"{verb.lower()} admission for {c.name}", partial(console.action_pause_class, c.name))
+                )
                 queued = f"{c.queued} request" + ("" if c.queued == 1 else "s")
-                commands.append((f"Drain class {c.name}", f"refuse the {queued} queued in {c.name} (asks first)", partial(console.action_drain_class, c.name)))
+                commands.append(
+                    (
+                        f"Drain class {c.name}",
+                        f"refuse the {queued} queued in {c.name} (asks first)",
+                        partial(console.action_drain_class, c.name),
+                    )
+                )
                 commands.append((f"Retune class {c.name}", f"retune {c.name} and the budget", partial(console.action_retune, c.name)))
             frozen = snap is not None and snap.controller.frozen
             commands.append(("Unfreeze controller" if frozen else "Freeze controller", HELP["freeze"], console.action_freeze))

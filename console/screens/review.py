@@ -38,6 +38,8 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 from textual.worker import Worker, WorkerState, get_current_worker
 
+from console.styles import OUTCOME
+from console.widgets.budget_chart import BudgetChart
 from gate.journal.reader import (
     FILTER_FIELDS,
     DecisionFilters,
@@ -46,8 +48,6 @@ from gate.journal.reader import (
     default_export_name,
     export_decisions_csv,
 )
-from console.styles import OUTCOME
-from console.widgets.budget_chart import BudgetChart
 
 PAGE_SIZE = 200
 CHART_POINTS = 600
@@ -525,9 +525,7 @@ class ReviewScreen(Screen[str | None]):
             return
         self._apply_range()
         self.run_worker(self._load_timeline(), group="review-timeline", exclusive=True, exit_on_error=False)
-        self.run_worker(
-            self._load_decisions("first", count=True), group="review-decisions", exclusive=True, exit_on_error=False
-        )
+        self.run_worker(self._load_decisions("first", count=True), group="review-decisions", exclusive=True, exit_on_error=False)
 
     def action_next_page(self) -> None:
         if self.reader is not None:
@@ -618,9 +616,7 @@ class ReviewScreen(Screen[str | None]):
         if self.reader is None or self.now is None:
             return
         self._apply_range()
-        self.run_worker(
-            self._load_decisions("first", count=True), group="review-decisions", exclusive=True, exit_on_error=False
-        )
+        self.run_worker(self._load_decisions("first", count=True), group="review-decisions", exclusive=True, exit_on_error=False)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         worker = event.worker

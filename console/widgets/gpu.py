@@ -10,7 +10,6 @@ from textual.widgets import Static
 
 from console.styles import BAR_EMPTY, fill_style
 from console.widgets.status import show_text
-
 from gate.data.snapshot import GIB, BackendView, GateSnapshot, format_reading
 
 

@@ -17,7 +17,6 @@ from textual.widgets import Static
 
 from console.styles import ALARM_BADGE, BACKEND_STATE, LABEL, SHARED, VIEW_PAUSED_BADGE, WARN_BADGE
 from console.widgets.status import show_text
-
 from gate.data.snapshot import GateSnapshot
 
 

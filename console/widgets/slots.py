@@ -11,9 +11,7 @@ from textual.widgets import Static
 
 from console.styles import ALARM_BADGE, BACKEND_STATE, BAR_EMPTY, NOTE_BADGE, fill_style, ttft_style
 from console.widgets.status import show_text
-
 from gate.data.snapshot import BackendView, ControllerView, GateSnapshot, SlotView
-
 
 
 def bar(used: float, total: float, width: int) -> Text:

@@ -21,14 +21,14 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
-from gate.core.admission import Admission, Capacity, ClassPolicy, TenantPolicy
-from gate.core.adaptive import BudgetController, ControllerSettings, Move, controller_for, has_demand
-from gate.config import BackendConfig, BudgetConfig
 from gate.backend.gatekeeper import Gatekeeper, Ticket
-from gate.core.errors import GateError
-from gate.core.shedding import DecodeMeter
-from gate.core.prefill import PrefillModel
 from gate.backend.upstream import RelayStats, Upstream
+from gate.config import BackendConfig, BudgetConfig
+from gate.core.adaptive import BudgetController, ControllerSettings, Move, controller_for, has_demand
+from gate.core.admission import Admission, Capacity, ClassPolicy, TenantPolicy
+from gate.core.errors import GateError
+from gate.core.prefill import PrefillModel
+from gate.core.shedding import DecodeMeter
 from gate.data.snapshot import ModelView
 
 
@@ -79,7 +79,10 @@ def capacity_from_props(props: Mapping[str, Any], config: BackendConfig) -> Capa
     if config.token_budget is not None:
         ceiling = config.token_budget
     return Capacity(
-        slots=slots, slot_context=n_ctx, ceiling=ceiling, max_prefill_tokens=config.max_prefill_tokens,
+        slots=slots,
+        slot_context=n_ctx,
+        ceiling=ceiling,
+        max_prefill_tokens=config.max_prefill_tokens,
         prefill_yield_tokens=config.prefill_yield_tokens or None,
     )
 
@@ -188,7 +191,9 @@ class BackendPool:
         self.on_units: Callable[[], None] | None = None
         self.configured: tuple[Backend, ...] = tuple(
             Backend(
-                c, Upstream(client, c.url), environ.get(c.api_key_env) if c.api_key_env else None,
+                c,
+                Upstream(client, c.url),
+                environ.get(c.api_key_env) if c.api_key_env else None,
                 kv_bytes_per_token=kv_bytes_per_token,
             )
             for c in configs
@@ -316,14 +321,15 @@ class BackendPool:
         backend.fleet.router_props(backend.props)
         backend.state, backend.detail = "ready", f"router: {len(backend.config.models)} models"
 
-    def apply_capacity(
-        self, backend: Backend, capacity: Capacity, *, gatekeeper_factory: Callable[..., Gatekeeper] = Gatekeeper
-    ) -> None:
+    def apply_capacity(self, backend: Backend, capacity: Capacity, *, gatekeeper_factory: Callable[..., Gatekeeper] = Gatekeeper) -> None:
         if backend.gatekeeper is None:
             controller = controller_for(self._budget.mode, controller_settings(self._budget, capacity.ceiling))
             prefill = PrefillModel()
             admission = Admission(
-                self._classes, capacity, budget=controller.budget, tenant_policy=self._tenant_policy,
+                self._classes,
+                capacity,
+                budget=controller.budget,
+                tenant_policy=self._tenant_policy,
                 aging_s=self._budget.aging_s or None,
                 expected_ttft=lambda r, prefilling: prefill.expected_ttft(r.prompt_tokens, prefilling),
                 # The controller's budget is an estimate the aged may stretch; an operator's is a limit.
@@ -374,7 +380,11 @@ def controller_moves(pool: BackendPool, now: float) -> list[tuple[Backend, Move]
 
 
 async def release_when_slot_frees(
-    backend: Backend, ticket: Ticket, *, timeout_s: float, clock: Callable[[], float],
+    backend: Backend,
+    ticket: Ticket,
+    *,
+    timeout_s: float,
+    clock: Callable[[], float],
     then: Callable[[], None] | None = None,
 ) -> None:
     """Release `ticket` once llama-server shows one busy slot fewer than the gate holds; then call `then`.

@@ -127,9 +127,7 @@ PREFLIGHT = Route("OPTIONS", "*", "forwarded")
 ENDPOINTS: dict[str, Kind] = {r.path: r.kind for r in ROUTES if r.access == "admitted" and r.kind is not None}
 
 _EXACT: dict[tuple[str, str], Route] = {(r.method, r.path): r for r in ROUTES if ":" not in r.path}
-_PATTERNS: tuple[tuple[Route, tuple[str, ...]], ...] = tuple(
-    (r, tuple(r.path.split("/"))) for r in ROUTES if ":" in r.path
-)
+_PATTERNS: tuple[tuple[Route, tuple[str, ...]], ...] = tuple((r, tuple(r.path.split("/"))) for r in ROUTES if ":" in r.path)
 _PATHS: frozenset[str] = frozenset(r.path for r in ROUTES)
 
 
@@ -140,8 +138,10 @@ def lookup(method: str, path: str) -> Route | None:
         return route
     parts = path.split("/")
     for candidate, pattern in _PATTERNS:
-        if candidate.method == method and len(parts) == len(pattern) and all(
-            p.startswith(":") and part != "" or p == part for p, part in zip(pattern, parts)
+        if (
+            candidate.method == method
+            and len(parts) == len(pattern)
+            and all(p.startswith(":") and part != "" or p == part for p, part in zip(pattern, parts))
         ):
             return candidate
     if method == "GET" and path.count("/") == 1 and "." in path and path not in _PATHS:

@@ -9,10 +9,10 @@ rather than reaching a widget.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 import functools
 import types
 import typing
+from collections.abc import Callable
 from typing import Any, Literal, Union
 
 

@@ -124,14 +124,12 @@ class ForwardEndpoint:
         if normal != path and known_path(normal):
             # "/v1/chat/completions/" is not llama-server's route, but a server that normalized
             # it would run a generation the gate never admitted: the gate's own 404, never forwarded.
-            raise GateError(
-                Reason.INVALID_REQUEST, f"{method} {shown_path(path)} is not a route; did you mean {normal}?", status=404
-            )
+            raise GateError(Reason.INVALID_REQUEST, f"{method} {shown_path(path)} is not a route; did you mean {normal}?", status=404)
         if self.gate.config.gate.unknown_routes == "refuse":
             raise GateError(
                 Reason.INVALID_REQUEST,
                 f"{method} {shown_path(path)} is not a llama-server route; this gate refuses unknown routes "
-                "([gate] unknown_routes = \"refuse\")",
+                '([gate] unknown_routes = "refuse")',
                 status=404,
             )
         return Route(method, OTHER_ROUTE, "forwarded")
@@ -156,7 +154,8 @@ class ForwardEndpoint:
         client = request.client
         query = request.url.query
         gate.recorder.audit_event(
-            route.name, f"backend:{backend.name}",
+            route.name,
+            f"backend:{backend.name}",
             f"{request.method} {shown_path(request.url.path)}" + (f"?{query[:200]}" if query else "") + " through the gate",
             operator=Operator(caller.tenant if caller is not None else "open", client.host if client else "local"),
             source="api",
@@ -180,7 +179,11 @@ class ForwardEndpoint:
         limits = self.gate.config.gate
         client = backend.upstream.client
         upstream_request = client.build_request(
-            request.method, backend.url + request.url.path, params=params, content=body or None, headers=headers,
+            request.method,
+            backend.url + request.url.path,
+            params=params,
+            content=body or None,
+            headers=headers,
             # Server-sent events (/models/sse, /v1/stream) may be quiet for long: the request's own limit.
             timeout=httpx.Timeout(30.0, read=limits.request_timeout_s),
         )
@@ -193,18 +196,40 @@ class ForwardEndpoint:
             raise GateError(Reason.NO_BACKEND, f"backend {backend.name!r} is unreachable", retry_after_s=RETRY_DOWN_S) from None
 
     def _record(
-        self, request: Request, request_id: str, label: str, caller: Caller | None, backend: Backend | None,
-        outcome: Outcome, reason: str, status: int, t0: float, wall0: float,
+        self,
+        request: Request,
+        request_id: str,
+        label: str,
+        caller: Caller | None,
+        backend: Backend | None,
+        outcome: Outcome,
+        reason: str,
+        status: int,
+        t0: float,
+        wall0: float,
     ) -> None:
         gate = self.gate
         record = DecisionRecord(
-            ts=wall0, request_id=request_id, tenant=caller.tenant if caller is not None else "",
+            ts=wall0,
+            request_id=request_id,
+            tenant=caller.tenant if caller is not None else "",
             cls="",  # no class: nothing was admitted or queued
             backend=backend.name if backend is not None else "",
             endpoint=f"{request.method} {shown_path(request.url.path)}",
-            stream=False, prompt_tokens=None, token_count_source=None, max_tokens=None, reserved_tokens=0,
-            outcome=outcome, reason=reason, http_status=status, queue_ms=None, ttft_ms=None,
-            duration_ms=(gate.clock() - t0) * 1000, completion_tokens=None, budget_at_decision=None,
-            in_flight_at_decision=None, model=backend.model or "" if backend is not None else "",
+            stream=False,
+            prompt_tokens=None,
+            token_count_source=None,
+            max_tokens=None,
+            reserved_tokens=0,
+            outcome=outcome,
+            reason=reason,
+            http_status=status,
+            queue_ms=None,
+            ttft_ms=None,
+            duration_ms=(gate.clock() - t0) * 1000,
+            completion_tokens=None,
+            budget_at_decision=None,
+            in_flight_at_decision=None,
+            model=backend.model or "" if backend is not None else "",
         )
         gate.recorder.record(record, model=None, queued_s=None, ttft_s=None)

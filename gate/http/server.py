@@ -28,12 +28,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gate.http.clientguard import BodyReader, abort, guarded_protocol, send_within, too_large
 from gate.core.errors import GateError, render
+from gate.core.reasons import Reason
+from gate.http.clientguard import BodyReader, abort, guarded_protocol, send_within, too_large
 from gate.http.forward import ForwardEndpoint
 from gate.http.intake import ENDPOINTS
 from gate.http.proxy import AdmittedEndpoint
-from gate.core.reasons import Reason
 
 if TYPE_CHECKING:
     from gate.http.ports import RequestPorts
@@ -244,7 +244,12 @@ class HttpServer:
             for s in sockets[1:]
         ]
         config = uvicorn.Config(
-            self.app, interface="asgi3", log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=5,
+            self.app,
+            interface="asgi3",
+            log_level="warning",
+            lifespan="off",
+            access_log=False,
+            timeout_graceful_shutdown=5,
             http=guarded_protocol(self.header_timeout_s),  # slow clients: gate/http/clientguard.py
         )
         self._server = server = _EmbeddedServer(config)

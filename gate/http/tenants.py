@@ -108,13 +108,9 @@ def _presented_key(headers: Mapping[str, str]) -> str:
     if x_api_key is not None:
         x_api_key = x_api_key.strip()
         if not _is_key_text(x_api_key):
-            raise GateError(
-                Reason.INVALID_API_KEY, f"malformed API key in {API_KEY_HEADER}: expected printable ASCII without spaces"
-            )
+            raise GateError(Reason.INVALID_API_KEY, f"malformed API key in {API_KEY_HEADER}: expected printable ASCII without spaces")
         if bearer is not None and not hmac.compare_digest(bearer.encode(), x_api_key.encode()):
-            raise GateError(
-                Reason.INVALID_API_KEY, f"Authorization and {API_KEY_HEADER} carry different keys; send one"
-            )
+            raise GateError(Reason.INVALID_API_KEY, f"Authorization and {API_KEY_HEADER} carry different keys; send one")
     key = bearer if bearer is not None else x_api_key
     assert key is not None
     return key
@@ -131,9 +127,7 @@ class TenantDirectory:
         self._entries = entries
 
     @classmethod
-    def from_config(
-        cls, config: Config, environ: Mapping[str, str], *, source: str = "environment"
-    ) -> TenantDirectory:
+    def from_config(cls, config: Config, environ: Mapping[str, str], *, source: str = "environment") -> TenantDirectory:
         """Build the directory; ``api_key_env`` keys are read from ``environ`` and hashed here,
         once. A variable that is unset, empty or not a usable key raises :class:`ConfigError`
         (key ``tenants[i].api_key_env``) naming the tenant and the variable, never the value.
@@ -152,8 +146,7 @@ class TenantDirectory:
                     raise ConfigError(
                         source,
                         key,
-                        f"{what} must be printable ASCII without spaces "
-                        "(check for a trailing newline)",
+                        f"{what} must be printable ASCII without spaces (check for a trailing newline)",
                     )
                 entries.append((_digest(value), t))
             elif t.api_key_sha256 is not None:
@@ -170,9 +163,7 @@ class TenantDirectory:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def identify(
-        self, headers: Mapping[str, str], client_host: str | None, body_user: str | None
-    ) -> Caller:
+    def identify(self, headers: Mapping[str, str], client_host: str | None, body_user: str | None) -> Caller:
         """Who is calling and in which class; raises :class:`GateError` (401, 400 or 403).
 
         ``body_user`` is the request's ``user`` field, used only in open mode.
@@ -233,8 +224,7 @@ class TenantDirectory:
                 allowed = [own] + [c for c in tenant.allowed_classes if c != own]
                 raise GateError(
                     Reason.CLASS_NOT_ALLOWED,
-                    f"tenant {tenant.name!r} may not use class {name!r}; "
-                    f"allowed: {', '.join(allowed)}",
+                    f"tenant {tenant.name!r} may not use class {name!r}; allowed: {', '.join(allowed)}",
                     CLASS_HEADER,
                 )
         return name

@@ -17,11 +17,11 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gate.fleet import model_ops
 from gate.backend.pool import Backend, BackendPool, controller_settings
-from gate.data.commands import ActionResult, Command, CommandError, Drain, Freeze, ModelAction, Operator, Pause, Retune, describe
 from gate.config import ClassConfig, Config, ConfigError, config_digest, load_config, validate_config
+from gate.data.commands import ActionResult, Command, CommandError, Drain, Freeze, ModelAction, Operator, Pause, Retune, describe
 from gate.data.records import AuditRecord, AuditSource
+from gate.fleet import model_ops
 
 log = logging.getLogger("tokengate.service")
 
@@ -42,9 +42,7 @@ def _fmt(value: Any) -> str | None:
 class Control:
     """The gate's control API and the owner of operator state; `source` says who drives it."""
 
-    def __init__(
-        self, config: Config, backends: BackendPool, *, clock: Callable[[], float], audit: Callable[[AuditRecord], None]
-    ) -> None:
+    def __init__(self, config: Config, backends: BackendPool, *, clock: Callable[[], float], audit: Callable[[AuditRecord], None]) -> None:
         #: the config in force: read by every layer through this one owner (a reload or a
         #: retune replaces it here and nowhere else)
         self.config = config
@@ -129,17 +127,39 @@ class Control:
         results = []
         if change.settings:
             self._apply_budget(new)
-            results.append(self._audit(operator, source, "set_budget_settings", "budget", _diff_old(old.budget, change.settings), _diff_new(change.settings), change.note))
+            results.append(
+                self._audit(
+                    operator,
+                    source,
+                    "set_budget_settings",
+                    "budget",
+                    _diff_old(old.budget, change.settings),
+                    _diff_new(change.settings),
+                    change.note,
+                )
+            )
         if change.class_changes:
             self._apply_classes(new)
-            results.append(self._audit(operator, source, "set_class", f"class:{change.cls}", _diff_old(current, change.class_changes), _diff_new(change.class_changes), change.note))
+            results.append(
+                self._audit(
+                    operator,
+                    source,
+                    "set_class",
+                    f"class:{change.cls}",
+                    _diff_old(current, change.class_changes),
+                    _diff_new(change.class_changes),
+                    change.note,
+                )
+            )
         if change.budget is not None:
             results += self._set_budget(targets, change.budget, operator, source, change.note)
         if change.freeze is not None and change.freeze != self.frozen:
             results.append(self.freeze(change.freeze, operator=operator, note=change.note, source=source))
         return results
 
-    def set_budget(self, tokens: int, *, operator: Operator, backend: str | None = None, note: str = "", source: AuditSource = "console") -> list[ActionResult]:
+    def set_budget(
+        self, tokens: int, *, operator: Operator, backend: str | None = None, note: str = "", source: AuditSource = "console"
+    ) -> list[ActionResult]:
         """Set the working budget by hand (one backend or all)."""
         targets = self._backends(backend)
         for b in targets:
@@ -201,7 +221,9 @@ class Control:
         self._class(cls)
         waiting = self.queued(cls)
         refused = sum(b.gatekeeper.drain(cls) for b in self._ready_admissions())
-        return self._audit(operator, source, "drain_class", f"class:{cls}", waiting, 0, note or f"{refused} request{'' if refused == 1 else 's'} refused")
+        return self._audit(
+            operator, source, "drain_class", f"class:{cls}", waiting, 0, note or f"{refused} request{'' if refused == 1 else 's'} refused"
+        )
 
     def queued(self, cls: str) -> int:
         """How many requests of `cls` wait right now (what a drain would refuse)."""
@@ -300,8 +322,15 @@ class Control:
 
     def _audit(self, operator: Operator, source: AuditSource, action: str, target: str, old: Any, new: Any, note: str) -> ActionResult:
         record = AuditRecord(
-            ts=time.time(), operator=operator.name, origin=operator.origin, source=source, action=action,
-            target=target, old_value=_fmt(old), new_value=_fmt(new), note=note,
+            ts=time.time(),
+            operator=operator.name,
+            origin=operator.origin,
+            source=source,
+            action=action,
+            target=target,
+            old_value=_fmt(old),
+            new_value=_fmt(new),
+            note=note,
         )
         self.audit(record)
         message = describe(action, target, record.old_value, record.new_value)

@@ -120,9 +120,7 @@ class FakeUpstream:
     async def _hold(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.completions += 1
         if self.mode == "stall":
-            writer.write(
-                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-            )
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
             event = b"data: " + json.dumps(_CHUNK).encode() + b"\n\n"
             writer.write(b"%x\r\n%s\r\n" % (len(event), event))
             await writer.drain()
@@ -164,20 +162,14 @@ class FakeUpstream:
             {**base, "choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": tokens, "total_tokens": 12 + tokens}},
         ]
         stream = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
-        writer.write(
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s" % (len(stream), stream)
-        )
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s" % (len(stream), stream))
         await writer.drain()
 
     @staticmethod
     def _reply(writer: asyncio.StreamWriter, status: int, payload: object) -> None:
         body = json.dumps(payload).encode()
         reason = {200: "OK", 404: "Not Found"}[status]
-        writer.write(
-            f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
+        writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
 
 
 @contextlib.asynccontextmanager

@@ -20,12 +20,15 @@ from tests.integration.hardening import AUTH, BACKEND_EXTRA, ENV, KEY, MODEL, TE
 pytestmark = pytest.mark.llama
 
 OPS_KEY = "sk-ops-999"
-WITH_OPERATOR = TENANTS + """
+WITH_OPERATOR = (
+    TENANTS
+    + """
 [[tenants]]
 name = "ops"
 api_key_env = "OPS_KEY"
 operator = true
 """
+)
 OPS_ENV = {**ENV, "OPS_KEY": OPS_KEY}
 OPS = {"Authorization": f"Bearer {OPS_KEY}"}
 CLOSE = {"Connection": "close"}
@@ -105,8 +108,10 @@ async def test_other_routes_are_forwarded_as_llama_server_answers(llama_unified,
 
 async def test_cors_preflight_and_headers_come_from_llama_server(llama_unified):
     origin = {"Origin": "http://app.example", "Access-Control-Request-Method": "POST", **CLOSE}
-    async with running_gate(llama_unified.url, TENANTS, environ=ENV, backend_extra=BACKEND_EXTRA) as gate, \
-            httpx.AsyncClient(timeout=30) as client:
+    async with (
+        running_gate(llama_unified.url, TENANTS, environ=ENV, backend_extra=BACKEND_EXTRA) as gate,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
         for path in ("/v1/chat/completions", "/props", "/nope"):
             direct = await client.options(llama_unified.url + path, headers=origin)
             r = await client.options(gate.url + path, headers=origin)  # no credential: browsers send none
@@ -137,8 +142,10 @@ async def test_id_slot_goes_to_llama_server_untouched(llama_unified):
 
 
 async def test_operator_routes_need_an_operator_and_are_audited(llama_unified):
-    async with running_gate(llama_unified.url, WITH_OPERATOR, environ=OPS_ENV, backend_extra=BACKEND_EXTRA) as gate, \
-            httpx.AsyncClient(timeout=30) as client:
+    async with (
+        running_gate(llama_unified.url, WITH_OPERATOR, environ=OPS_ENV, backend_extra=BACKEND_EXTRA) as gate,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
         r = await client.post(gate.url + "/slots/0?action=erase", headers={**AUTH, "X-Request-Id": "t21-op-no"})
         err = assert_error(r, 403, "operator_only")
         assert "POST /slots/:id_slot" in err["message"] and "alice" in err["message"]
@@ -167,8 +174,10 @@ async def test_operator_routes_are_open_in_open_mode_and_audited(llama_unified):
 
 
 async def test_x_api_key_is_a_credential_like_authorization(llama_unified):
-    async with running_gate(llama_unified.url, TENANTS, environ=ENV, backend_extra=BACKEND_EXTRA) as gate, \
-            httpx.AsyncClient(timeout=30) as client:
+    async with (
+        running_gate(llama_unified.url, TENANTS, environ=ENV, backend_extra=BACKEND_EXTRA) as gate,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
         xkey = {"X-Api-Key": KEY}
         r = await client.post(gate.url + "/v1/chat/completions", json=chat(4), headers={**xkey, "X-Request-Id": "t21-x"})
         assert r.status_code == 200, r.text
@@ -197,8 +206,7 @@ async def test_unknown_routes_forwarded_by_default_and_counted(llama_unified):
 
 
 async def test_unknown_routes_refused_when_configured(llama_unified):
-    async with running_gate(llama_unified.url, '[gate]\nunknown_routes = "refuse"\n') as gate, \
-            httpx.AsyncClient(timeout=30) as client:
+    async with running_gate(llama_unified.url, '[gate]\nunknown_routes = "refuse"\n') as gate, httpx.AsyncClient(timeout=30) as client:
         r = await client.post(gate.url + "/no/such/route", json={}, headers={"X-Request-Id": "t21-refused"})
         err = assert_error(r, 404, "invalid_request")
         assert "unknown_routes" in err["message"]
@@ -209,8 +217,7 @@ async def test_unknown_routes_refused_when_configured(llama_unified):
 
 
 async def test_bad_input_on_forwarded_routes_is_a_4xx_without_backend_addresses(llama_unified):
-    async with running_gate(llama_unified.url, "[gate]\nmax_body_bytes = 1024\n") as gate, \
-            httpx.AsyncClient(timeout=30) as client:
+    async with running_gate(llama_unified.url, "[gate]\nmax_body_bytes = 1024\n") as gate, httpx.AsyncClient(timeout=30) as client:
         r = await client.post(gate.url + "/tokenize", content=b"x" * 4096, headers={"content-type": "application/json"})
         assert_error(r, 413, "body_too_large")
         r = await client.post(gate.url + "/tokenize", json={"content": "hi"}, headers={"X-Odd": "caf\xe9".encode("latin-1")})
@@ -240,8 +247,13 @@ async def test_several_listen_addresses_ipv6_included(llama_unified):
 
 async def test_a_client_leaving_a_forwarded_stream_frees_llama_servers_slot_and_is_recorded(llama_unified):
     """/v1/messages (forwarded until it is admitted) streams: the client leaves after one read."""
-    body = {"model": MODEL, "max_tokens": 400, "ignore_eos": True, "stream": True,
-            "messages": [{"role": "user", "content": "tell me a long story"}]}
+    body = {
+        "model": MODEL,
+        "max_tokens": 400,
+        "ignore_eos": True,
+        "stream": True,
+        "messages": [{"role": "user", "content": "tell me a long story"}],
+    }
     async with running_gate(llama_unified.url) as gate, httpx.AsyncClient(timeout=60) as client:
         async with client.stream("POST", gate.url + "/v1/messages", json=body, headers={"X-Request-Id": "t21-left"}) as r:
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")

@@ -108,8 +108,16 @@ class Burst:
         self.answers: dict[tuple[str, str], int] = {}
         self.log: list[tuple[float, str, str]] = []
 
-    async def run(self, gates: Sequence[ServeProcess], tenant: Tenant, *, workers: int = 6, seconds: float = 3.0,
-                  max_each: int = 400, stop: asyncio.Event | None = None) -> None:
+    async def run(
+        self,
+        gates: Sequence[ServeProcess],
+        tenant: Tenant,
+        *,
+        workers: int = 6,
+        seconds: float = 3.0,
+        max_each: int = 400,
+        stop: asyncio.Event | None = None,
+    ) -> None:
         until = time.monotonic() + seconds
 
         async def worker(gate: ServeProcess) -> None:

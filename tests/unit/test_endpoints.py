@@ -43,8 +43,13 @@ def test_admitted_routes_are_the_chat_and_completion_spellings() -> None:
 def test_routes_that_change_the_server_are_operator_only() -> None:
     operator = {r.name for r in ROUTES if r.access == "operator"}
     assert operator == {
-        "POST /props", "POST /lora-adapters", "POST /slots/:id_slot",
-        "POST /models", "DELETE /models", "POST /models/load", "POST /models/unload",
+        "POST /props",
+        "POST /lora-adapters",
+        "POST /slots/:id_slot",
+        "POST /models",
+        "DELETE /models",
+        "POST /models/load",
+        "POST /models/unload",
     }
     assert {r.name for r in ROUTES if r.access == "gate"} == {"GET /health", "GET /metrics"}
 
@@ -67,8 +72,15 @@ def test_lookup_names_the_route(method: str, path: str, name: str) -> None:
 
 @pytest.mark.parametrize(
     ("method", "path"),
-    [("POST", "/slots/"), ("POST", "/slots/0/x"), ("GET", "/slots/0"), ("GET", "/nope"),
-     ("GET", "/a/b.js"), ("PUT", "/props"), ("POST", "/v1/chat/completions/")],
+    [
+        ("POST", "/slots/"),
+        ("POST", "/slots/0/x"),
+        ("GET", "/slots/0"),
+        ("GET", "/nope"),
+        ("GET", "/a/b.js"),
+        ("PUT", "/props"),
+        ("POST", "/v1/chat/completions/"),
+    ],
 )
 def test_lookup_leaves_unknown_requests_to_the_policy(method: str, path: str) -> None:
     assert lookup(method, path) is None

@@ -221,7 +221,7 @@ class SharedLimits:
         try:
             async with asyncio.timeout(1.0):
                 await self._renew_call(drops=drops, leaving=True)
-        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, RedisError, OSError) as exc:
             log.warning("shared limits: could not say goodbye to Redis (%s); this gate's leases expire by themselves", exc)
         await self._redis.aclose()
         self._redis = None
@@ -297,8 +297,7 @@ class SharedLimits:
             )
         raise GateError(
             Reason.TENANT_QUOTA,
-            f"tenant {name!r} holds {reply[1]} of its {quota} in-flight tokens across the gates; "
-            f"this request needs {cost}",
+            f"tenant {name!r} holds {reply[1]} of its {quota} in-flight tokens across the gates; this request needs {cost}",
             retry_after_s=1.0,
         )
 
@@ -355,9 +354,9 @@ class SharedLimits:
                 call.cancel()
             try:
                 if not call.done() or call.cancelled():
-                    raise asyncio.TimeoutError(f"no answer in {heard.heard_s * 1000:.0f} ms")
+                    raise TimeoutError(f"no answer in {heard.heard_s * 1000:.0f} ms")
                 gates, adopted, redis_ms, fresh = call.result()
-            except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, RedisError, OSError) as exc:
                 for tenant, ids in drops.items():
                     self._drops.setdefault(tenant, []).extend(ids)
                 self._trim_drops()
@@ -604,7 +603,7 @@ class SharedLimits:
             raise
         if not call.done():
             call.cancel()
-            exc: BaseException | None = asyncio.TimeoutError(f"no answer in {heard.heard_s * 1000:.0f} ms")
+            exc: BaseException | None = TimeoutError(f"no answer in {heard.heard_s * 1000:.0f} ms")
         else:
             exc = asyncio.CancelledError() if call.cancelled() else call.exception()
         if exc is None:

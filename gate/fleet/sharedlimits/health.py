@@ -65,9 +65,7 @@ class SharedHealth:
 
     __slots__ = ("policy", "timeouts_to_degrade", "window_s", "state", "_timeouts", "ever_seen", "_seen", "heard_since")
 
-    def __init__(
-        self, policy: Policy, *, timeouts_to_degrade: int = 1, window_s: float = 0.0, state: SharedState = "ok"
-    ) -> None:
+    def __init__(self, policy: Policy, *, timeouts_to_degrade: int = 1, window_s: float = 0.0, state: SharedState = "ok") -> None:
         if policy not in ("fail_open", "fail_closed"):
             raise ValueError(f"policy must be fail_open or fail_closed, got {policy!r}")
         if timeouts_to_degrade < 1:

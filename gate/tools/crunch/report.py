@@ -111,8 +111,7 @@ def format_report(report: CrunchReport) -> str:
     ]
     if report.skipped_ctx:
         out.append(
-            "skipped ctx " + ", ".join(ctx_label(x) for x in report.skipped_ctx)
-            + f": larger than one slot's context ({s.slot_ctx:,})"
+            "skipped ctx " + ", ".join(ctx_label(x) for x in report.skipped_ctx) + f": larger than one slot's context ({s.slot_ctx:,})"
         )
     out.append("")
     for c in report.cells:
@@ -150,10 +149,7 @@ def format_report(report: CrunchReport) -> str:
     )
     if rec.breached_below:
         which = ", ".join(f"concurrency {c.concurrency} ctx {ctx_label(c.ctx)}" for c in rec.breached_below)
-        out.append(
-            f"note: smaller loads breached too ({which}); a budget does not fix those "
-            "(long prompts: consider max_prefill_tokens)"
-        )
+        out.append(f"note: smaller loads breached too ({which}); a budget does not fix those (long prompts: consider max_prefill_tokens)")
     if rec.too_large:
         sizes = ", ".join(f"{n:,}" for n in rec.too_large)
         out.append(
@@ -193,8 +189,12 @@ def _cell_json(c: CellResult) -> dict[str, Any]:
 def _advice_json(a) -> dict[str, Any] | None:
     if a is None:
         return None
-    return {"prompt_tokens": a.prompt_tokens, "prefill_ms": round(a.prefill_ms, 1),
-            "rate_tok_s": round(a.rate_tok_s, 1), "llama_server_flags": a.flags()}
+    return {
+        "prompt_tokens": a.prompt_tokens,
+        "prefill_ms": round(a.prefill_ms, 1),
+        "rate_tok_s": round(a.rate_tok_s, 1),
+        "llama_server_flags": a.flags(),
+    }
 
 
 def report_to_json(report: CrunchReport) -> dict[str, Any]:
@@ -226,9 +226,7 @@ def report_to_json(report: CrunchReport) -> dict[str, Any]:
             "held_tokens": rec.from_cell.held_tokens,
             "concurrency": rec.from_cell.concurrency,
             "ctx": rec.from_cell.ctx,
-            "breached_below": [
-                {"concurrency": c.concurrency, "ctx": c.ctx} for c in rec.breached_below
-            ],
+            "breached_below": [{"concurrency": c.concurrency, "ctx": c.ctx} for c in rec.breached_below],
             "too_large_request_tokens": list(rec.too_large),
             "config": config_snippet(report, rec),
         },
