@@ -9,7 +9,7 @@ what the levels mean.
 from __future__ import annotations
 
 #: a decision's outcome, in the live tail and in the review
-OUTCOME = {"admitted": "green", "refused": "bold red", "shed": "magenta", "cancelled": "dim", "failed": "red"}
+OUTCOME = {"admitted": "green", "refused": "bold red", "shed": "magenta", "cancelled": "dim", "failed": "red", "forwarded": "cyan"}
 
 #: a backend's state (header, capacity panel); router mode adds a model's own "unloaded"
 #: and "sleeping" (loaded on demand, not a fault)

@@ -205,12 +205,15 @@ class GateService:
             asyncio.create_task(self.telemetry_poller.run(self._on_telemetry), name="tokengate-telemetry"),
             asyncio.create_task(self._gpu_loop(), name="tokengate-gpu"),
         ]
-        self.port = await self.http.start(self.host, self.config.gate.listen_port if port is None else port)
+        # `port` (tests: 0) replaces the first address's port; the other addresses keep theirs.
+        self.port = await self.http.start(
+            self.host, self.config.gate.listen_port if port is None else port, also=self.config.gate.listen_addresses[1:]
+        )
         assert self.http.task is not None
         self._tasks.append(self.http.task)
         if self.control_server is not None:
             await self.control_server.start()
-        self.log.info("tokengate listening on %s", self.url)
+        self.log.info("tokengate listening on %s", ", ".join([self.url, *(f"http://{a}" for a in self.http.also_bound)]))
 
     async def stop(self, grace_s: float | None = None, *, why: str = "stop requested") -> None:
         """Refuse new work (503 shutting_down), wait for in-flight requests, then close.

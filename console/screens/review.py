@@ -63,7 +63,7 @@ RANGES: tuple[tuple[str, float | None], ...] = (
 )
 DEFAULT_RANGE = 1  # last 1h
 
-OUTCOMES = ("admitted", "refused", "shed", "cancelled", "failed")
+OUTCOMES = ("admitted", "refused", "shed", "cancelled", "failed", "forwarded")
 _FILTER_KEYS = {"class": "cls", "cls": "cls", "reason": "reason", "tenant": "tenant", "outcome": "outcome"}
 FILTER_HELP = "class=batch reason=queue_full tenant=alice outcome=refused (a,b = either)"
 

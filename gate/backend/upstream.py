@@ -46,11 +46,40 @@ _DROP_HEADERS = frozenset(
         "host",
         "content-length",
         "authorization",
+        "x-api-key",
         "x-conversation-id",
         "accept-encoding",
         "x-tokengate-class",
     }
 )
+
+
+# Response headers never relayed back to the client: hop-by-hop (RFC 9110 7.6.1), and the
+# ones the ASGI server writes itself.
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"date",
+        b"server",
+    }
+)
+# On an admitted answer the gate writes the body (a relayed stream, or an assembled answer):
+# llama-server's framing headers describe another body.
+_REBUILT = frozenset({b"content-length", b"content-encoding", b"content-type", b"cache-control"})
+
+
+def relayed_headers(upstream: httpx.Headers, *, rebuilt: bool = False) -> list[tuple[bytes, bytes]]:
+    """llama-server's response headers for the client (CORS, its own), repeats kept; without the
+    hop-by-hop ones, and without the framing ones when the gate writes the body (`rebuilt`)."""
+    drop = HOP_BY_HOP | _REBUILT if rebuilt else HOP_BY_HOP
+    return [(k.lower(), v) for k, v in upstream.raw if k.lower() not in drop]
 
 
 @dataclass(slots=True)
@@ -104,9 +133,9 @@ def upstream_body(kind: Kind, body: Mapping[str, Any]) -> dict[str, Any]:
     """The client's body, switched to streaming with usage, whatever the client asked."""
     out = dict(body)
     out["stream"] = True
-    # A pinned slot may be busy while others are free: llama-server would then queue
-    # the request itself, behind the gate's back.
-    out.pop("id_slot", None)
+    # id_slot goes as sent (issue 21: a client pinning its slot, say to reuse a saved cache, gets
+    # it). The gate admits by free slots, not by which one: a pinned slot that is busy while
+    # others are free makes llama-server defer the request in its own queue (README "Clients").
     if kind != "completion":
         options = dict(out.get("stream_options") or {})
         options["include_usage"] = True
@@ -150,13 +179,15 @@ class Upstream:
                 raw = b""
             finally:
                 await response.aclose()
-            raise GateError(
+            err = GateError(
                 Reason.UPSTREAM_ERROR,
                 f"backend answered {response.status_code}",
                 retry_after_s=RETRY_DOWN_S if response.status_code >= 500 else None,
                 status=response.status_code,
                 body=raw[:65536] or None,
             )
+            err.headers = relayed_headers(response.headers, rebuilt=True)
+            raise err
         return response
 
 

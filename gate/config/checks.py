@@ -165,6 +165,16 @@ def validate_config(config: Config, source: str = "<config>") -> None:
     if not g.listen_host or any(ch.isspace() for ch in g.listen_host):
         raise c.fail("listen", f"the host must not be empty, got {_show(g.listen_host)}")
     c.check("listen", g.listen_port, lambda v: 1 <= v <= 65535, "a port from 1 to 65535")
+    seen_addresses = {(g.listen_host, g.listen_port)}
+    for i, text in enumerate(g.listen_also, start=1):
+        host, sep, port = text.rpartition(":")
+        if not sep or not host.strip("[]") or any(ch.isspace() for ch in host) or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise c.fail(f"listen[{i}]", f'must be "host:port" (IPv6 as "[::1]:8081"), got {_show(text)}')
+        if (host.strip("[]"), int(port)) in seen_addresses:
+            raise c.fail(f"listen[{i}]", f"{_show(text)} is listed twice")
+        seen_addresses.add((host.strip("[]"), int(port)))
+    if g.unknown_routes not in ("forward", "refuse"):
+        raise c.fail("unknown_routes", f'must be "forward" or "refuse", got {_show(g.unknown_routes)}')
     if not g.journal.strip():
         raise c.fail("journal", 'must be a file path (or ":memory:"), got an empty string')
     c.pos_int("max_body_bytes", g.max_body_bytes)
@@ -356,6 +366,8 @@ def validate_config(config: Config, source: str = "<config>") -> None:
                     f"{_show(t.api_key_env)} is already the key of tenants[{k}] ({config.tenants[k].name}); each tenant needs its own key",
                 )
             env_owner[t.api_key_env] = i
+        if not isinstance(t.operator, bool):
+            raise c.fail("operator", f"must be true or false, got {_got(t.operator)}")
 
         if t.class_name is not None and t.class_name not in seen_classes:
             raise c.fail(

@@ -12,8 +12,14 @@ default_class = "interactive"
 
 [gate]
 # Address the gate listens on, "host:port"; IPv6 as "[::1]:8081". Default "127.0.0.1:8081".
+# A list listens on each, like llama-server's --host A,B: ["127.0.0.1:8081", "[::1]:8081"].
 # Clients talk to this instead of llama-server.
 listen = "127.0.0.1:8081"
+# A path that is not one of llama-server's routes (the table in gate/data/endpoints.py):
+# "forward" relays it with the tenant's authentication (counted in
+# tokengate_forwarded_total{route="other"} and journaled), "refuse" answers 404.
+# Default "forward".
+unknown_routes = "forward"
 # SQLite journal (decisions, audit, samples), relative to the working directory.
 # Default "tokengate.db".
 journal = "tokengate.db"
@@ -216,6 +222,10 @@ wait_ms = 20.0
 # tokens_per_minute = 200000
 # # Replaces its class's fallback list of models when not empty. Default [].
 # fallback = []
+# # May call the routes that change llama-server: POST /props, POST /lora-adapters,
+# # POST /slots/N?action=save|restore|erase, router POST /models/load|unload, POST and
+# # DELETE /models. Each call is audited. Others get 403. Default false.
+# operator = false
 #
 # [[tenants]]
 # name = "nightly-batch"

@@ -13,7 +13,7 @@ import os
 import re
 import tomllib
 from collections.abc import Iterable, Mapping
-from typing import Any, cast, get_args
+from typing import Any, Literal, cast, get_args
 
 from gate.config.checks import validate_config
 from gate.config.schema import (
@@ -94,6 +94,7 @@ _GATE_KEYS = (
     "write_stall_s",
     "control_socket",
     "control_socket_group",
+    "unknown_routes",
 )
 _BACKEND_KEYS = _keys_of(BackendConfig)
 _BUDGET_KEYS = _keys_of(BudgetConfig)
@@ -152,6 +153,12 @@ class _Reader:
         v = self.table.get(k, default)
         if not isinstance(v, str):
             raise self.error(k, f"must be a string, got {_got(v)}")
+        return v
+
+    def get_bool(self, k: str, default: bool) -> bool:
+        v = self.table.get(k, default)
+        if not isinstance(v, bool):
+            raise self.error(k, f"must be true or false, got {_got(v)}")
         return v
 
     def opt_str(self, k: str) -> str | None:
@@ -221,11 +228,29 @@ def _gate(source: str, data: Any) -> GateConfig:
     r = _Reader(source, "gate", _table(source, "gate", data), _GATE_KEYS)
     d = GateConfig()
     host, port = d.listen_host, d.listen_port
+    also: list[str] = []
     if r.has("listen"):
-        host, port = _parse_listen(source, "gate.listen", r.get_str("listen", ""))
+        value = r.table["listen"]
+        if isinstance(value, list):
+            if not value:
+                raise r.error("listen", 'must name at least one address, e.g. ["127.0.0.1:8081", "[::1]:8081"]')
+            addresses = []
+            for i, item in enumerate(value):
+                if not isinstance(item, str):
+                    raise ConfigError(source, f"gate.listen[{i}]", f"must be a string, got {_got(item)}")
+                parsed = _parse_listen(source, f"gate.listen[{i}]", item)
+                if parsed in addresses:
+                    raise ConfigError(source, f"gate.listen[{i}]", f"{_show(item)} is listed twice")
+                addresses.append(parsed)
+            (host, port), rest = addresses[0], addresses[1:]
+            also = [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in rest]
+        else:
+            host, port = _parse_listen(source, "gate.listen", r.get_str("listen", ""))
     return GateConfig(
         listen_host=host,
         listen_port=port,
+        listen_also=tuple(also),
+        unknown_routes=cast(Literal["forward", "refuse"], r.choice("unknown_routes", d.unknown_routes, ("forward", "refuse"))),
         journal=r.get_str("journal", d.journal),
         max_body_bytes=r.get_int("max_body_bytes", d.max_body_bytes),
         request_timeout_s=r.get_float("request_timeout_s", d.request_timeout_s),
@@ -328,6 +353,7 @@ def _tenant(source: str, i: int, data: dict[str, Any]) -> TenantConfig:
         requests_per_minute=r.opt_int("requests_per_minute"),
         tokens_per_minute=r.opt_int("tokens_per_minute"),
         fallback=r.str_tuple("fallback"),
+        operator=r.get_bool("operator", False),
     )
 
 

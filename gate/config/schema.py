@@ -54,6 +54,10 @@ class GateConfig:
 
     listen_host: str = "127.0.0.1"
     listen_port: int = 8081
+    #: more addresses to listen on, "host:port" each (``listen`` given as a list: its rest)
+    listen_also: tuple[str, ...] = ()
+    #: a path not in llama-server's route table (gate/data/endpoints.py): forwarded, or 404
+    unknown_routes: Literal["forward", "refuse"] = "forward"
     journal: str = "tokengate.db"
     max_body_bytes: int = 8 * 1024 * 1024
     request_timeout_s: float = 600.0
@@ -82,6 +86,15 @@ class GateConfig:
         """The listen address as ``host:port`` (IPv6 hosts in brackets)."""
         host = f"[{self.listen_host}]" if ":" in self.listen_host else self.listen_host
         return f"{host}:{self.listen_port}"
+
+    @property
+    def listen_addresses(self) -> tuple[tuple[str, int], ...]:
+        """Every (host, port) the gate listens on, the first one ``listen_host:listen_port``."""
+        extra = []
+        for text in self.listen_also:
+            host, _, port = text.rpartition(":")
+            extra.append((host.strip("[]"), int(port)))
+        return ((self.listen_host, self.listen_port), *extra)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +174,9 @@ class TenantConfig:
     tokens_per_minute: int | None = None
     #: replaces its class's fallback list when not empty
     fallback: tuple[str, ...] = ()
+    #: may call the routes that change llama-server (POST /props, /lora-adapters, /slots/N, router
+    #: model load/unload); audited like console actions
+    operator: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,6 +70,8 @@ class GateError(Exception):
         #: who asked, when known before the request was refused: the journal and the console
         #: then name its tenant and class
         self.caller: Who | None = None
+        #: the backend's own response headers (CORS, its own) when `body` is its answer
+        self.headers: list[tuple[bytes, bytes]] = []
 
     @property
     def outcome(self) -> Outcome:
@@ -106,4 +108,6 @@ def render(err: GateError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         # The unread rest of the body must not be read (and parsed) as the next request.
         headers.append((b"connection", b"close"))
     body = err.body if err.body is not None else json.dumps(error_object(err)).encode()
+    if err.body is not None:
+        headers.extend(err.headers)  # llama-server's answer: its headers too (no framing ones)
     return err.status, headers, body

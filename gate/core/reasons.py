@@ -12,7 +12,8 @@ from enum import StrEnum
 from typing import Literal
 
 #: what became of a request, the journal's `outcome` column
-Outcome = Literal["admitted", "refused", "shed", "cancelled", "failed"]
+#: ("forwarded": a route the gate relays without admission, gate/data/endpoints.py)
+Outcome = Literal["admitted", "refused", "shed", "cancelled", "failed", "forwarded"]
 
 
 class Reason(StrEnum):
@@ -20,6 +21,7 @@ class Reason(StrEnum):
     INVALID_REQUEST = "invalid_request"
     INVALID_API_KEY = "invalid_api_key"
     CLASS_NOT_ALLOWED = "class_not_allowed"
+    OPERATOR_ONLY = "operator_only"  # a route that changes llama-server, asked by a tenant that is not an operator
     MODEL_NOT_FOUND = "model_not_found"
     CLIENT_STALLED = "client_stalled"
     BODY_TOO_LARGE = "body_too_large"
@@ -60,6 +62,7 @@ _STATUS: dict[Reason, int] = {
     Reason.INVALID_REQUEST: 400,
     Reason.INVALID_API_KEY: 401,
     Reason.CLASS_NOT_ALLOWED: 403,
+    Reason.OPERATOR_ONLY: 403,
     Reason.MODEL_NOT_FOUND: 404,
     Reason.CLIENT_STALLED: 408,
     Reason.BODY_TOO_LARGE: 413,

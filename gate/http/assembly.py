@@ -72,8 +72,8 @@ def _positive(value: Any) -> bool:
 
 
 def plain_body(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The client's body for a plain (non-streaming) upstream call, never pinned to a slot."""
-    out = {k: v for k, v in body.items() if k not in ("stream_options", "id_slot")}
+    """The client's body for a plain (non-streaming) upstream call (``id_slot`` as sent, as upstream_body)."""
+    out = {k: v for k, v in body.items() if k != "stream_options"}
     out["stream"] = False
     return out
 

@@ -22,7 +22,7 @@ from starlette.types import Receive, Scope, Send
 from gate.backend.gatekeeper import Ticket
 from gate.backend.pool import Backend
 from gate.backend.tokens import TokenCount
-from gate.backend.upstream import RelayStats, SseRelay, forward_headers, upstream_body
+from gate.backend.upstream import RelayStats, SseRelay, forward_headers, relayed_headers, upstream_body
 from gate.core.errors import GateError, error_object, render
 from gate.core.ledger import Request
 from gate.core.reasons import CLIENT_DISCONNECT, SERVER_CANCELLED, Reason
@@ -300,7 +300,14 @@ class _Flow:
                 await response.aclose()  # frees the llama-server slot on every path, before the client hears
 
     async def _relay_stream(self, relay: SseRelay) -> None:
-        await self._start(200, [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")])
+        await self._start(
+            200,
+            [
+                (b"content-type", b"text/event-stream"),
+                (b"cache-control", b"no-cache"),
+                *relayed_headers(relay.response.headers, rebuilt=True),
+            ],
+        )
         final = ""  # the terminal event ([DONE], or /completion's stop chunk) and anything after it
         async for now, held in relay.reads():
             self._progressed()
@@ -325,13 +332,13 @@ class _Flow:
             raise GateError(Reason.UPSTREAM_ERROR, "backend closed the stream before finishing", retry_after_s=1.0)
         payload = json.dumps(assemble(intake.kind, relay.chunks)).encode()
         self._finish_ok()
-        await self._start(200, [(b"content-type", b"application/json")])
+        await self._start(200, [(b"content-type", b"application/json"), *relayed_headers(relay.response.headers, rebuilt=True)])
         await self._last(payload)
 
     async def _relay_plain(self, relay: SseRelay) -> None:
         payload = await relay.whole()
         self._finish_ok()
-        await self._start(200, [(b"content-type", b"application/json")])
+        await self._start(200, [(b"content-type", b"application/json"), *relayed_headers(relay.response.headers, rebuilt=True)])
         await self._last(payload)  # llama-server's own answer, byte for byte
 
     # ---- progress: what decides a shed -----------------------------------------

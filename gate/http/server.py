@@ -1,7 +1,8 @@
-"""The gate's HTTP surface: routes, pass-through, health, metrics, error mapping.
+"""The gate's HTTP surface: admitted routes, the merged model list, health, metrics, and
+everything else forwarded (gate/http/forward.py, by the table in gate/data/endpoints.py).
 
 Auth: with ``[[tenants]]`` configured, every route that reaches a backend needs a
-tenant key (pass-through and ``GET /v1/models`` included); ``/health``, ``/metrics`` and
+tenant key (forwarded routes and ``GET /v1/models`` included); ``/health``, ``/metrics`` and
 ``/metrics/inference`` (the endpoint picker's three gauges alone) stay open for probes and
 scrapers. Every route reads its body through
 :class:`gate.clientguard.BodyReader` (size limit before reading, read deadline),
@@ -15,7 +16,7 @@ import contextlib
 import json
 import logging
 import socket
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -27,18 +28,17 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gate.backend.upstream import RETRY_DOWN_S
 from gate.core.errors import GateError, render
 from gate.core.reasons import Reason
 from gate.http.clientguard import BodyReader, abort, guarded_protocol, send_within, too_large
-from gate.http.intake import ENDPOINTS, check_headers
+from gate.http.forward import ForwardEndpoint
+from gate.http.intake import ENDPOINTS
 from gate.http.proxy import AdmittedEndpoint
 
 if TYPE_CHECKING:
     from gate.http.ports import RequestPorts
 
-PASS_THROUGH_POST = ("/tokenize", "/detokenize", "/apply-template")
-PASS_THROUGH_GET = ("/props", "/slots")
+FORWARDED_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 log = logging.getLogger("tokengate.server")
 
@@ -60,9 +60,16 @@ def build_app(gate: RequestPorts) -> ASGIApp:
             backends[b.name] = {"state": b.state, "slots": b.capacity.slots if b.capacity else None}
             if b.fleet is not None and b.model is not None:  # router mode: the model's own status
                 backends[b.name]["model_status"] = b.fleet.info[b.model].status
-        ready = gate.backends.any_ready and not gate.shutting_down
+        # Router mode: an up router is ready with nothing loaded (it loads on demand, or an operator
+        # does), as llama-server's own /health says; "loaded" names what is loaded, per router.
+        routers = {b.fleet.parent.name: b.fleet for b in gate.backends if b.fleet is not None}
+        loaded = {name: sorted(m for m, i in f.info.items() if i.status == "loaded") for name, f in routers.items()}
+        ready = (gate.backends.any_ready or any(f.router_up for f in routers.values())) and not gate.shutting_down
         status = "ok" if ready else ("shutting_down" if gate.shutting_down else "no_backend")
-        return JSONResponse({"status": status, "backends": backends}, status_code=200 if ready else 503)
+        answer: dict[str, Any] = {"status": status, "backends": backends}
+        if loaded:
+            answer["loaded"] = loaded
+        return JSONResponse(answer, status_code=200 if ready else 503)
 
     async def metrics(request: Request) -> Response:
         gate.refresh_metrics()
@@ -80,7 +87,13 @@ def build_app(gate: RequestPorts) -> ASGIApp:
         configured = gate.backends.configured
         results = await asyncio.gather(*(_get_json(gate, b, "/v1/models") for b in configured))
         data: list[Any] = []
+        listing: list[Any] = []  # llama-server's own top-level "models" list, merged the same way
         for backend, result in zip(configured, results):
+            for entry in (result.get("models") if isinstance(result, dict) else None) or []:
+                if isinstance(entry, dict):
+                    name = entry.get("model") or entry.get("name")
+                    if backend.fleet is None or name in backend.config.models:
+                        listing.append(entry)
             entries = result.get("data") if isinstance(result, dict) else None
             for entry in entries or []:
                 if backend.fleet is not None and isinstance(entry, dict) and entry.get("id") not in backend.config.models:
@@ -91,37 +104,9 @@ def build_app(gate: RequestPorts) -> ASGIApp:
             for name in backend.config.models:
                 if name not in listed:
                     data.append({"id": name, "object": "model", "owned_by": backend.name})
-        return JSONResponse({"object": "list", "data": data})
-
-    async def pass_through(request: Request) -> Response:
-        authenticate(request)
-        backend = gate.backends.route(request.query_params.get("model"))
-        if backend is None:
-            raise GateError(Reason.MODEL_NOT_FOUND, "no backend serves that model", "model")
-        content_type = request.headers.get("content-type", "application/json")
-        check_headers({"content-type": content_type})
-        body = await request.body()  # through the BodyReader: limited before reading
-        params = list(request.query_params.multi_items())
-        if backend.model is not None:
-            # Router mode: llama-server must not load a model for a pass-through call either.
-            params = [(k, v) for k, v in params if k != "autoload"] + [("autoload", "false")]
-            if not any(k == "model" for k, _ in params):
-                params.append(("model", backend.model))
-        try:
-            upstream = await backend.call(
-                request.method,
-                request.url.path,
-                params=params,
-                content=body or None,
-                headers={"content-type": content_type},
-                timeout=30.0,
-            )
-        except httpx.TimeoutException:
-            raise GateError(Reason.UPSTREAM_TIMEOUT, f"backend {backend.name!r} did not answer", retry_after_s=RETRY_DOWN_S) from None
-        except httpx.HTTPError as exc:
-            log.warning("backend %s at %s unreachable: %s: %s", backend.name, backend.url, type(exc).__name__, exc)
-            raise GateError(Reason.NO_BACKEND, f"backend {backend.name!r} is unreachable", retry_after_s=RETRY_DOWN_S) from None
-        return Response(upstream.content, status_code=upstream.status_code, media_type=upstream.headers.get("content-type"))
+        # llama-server's order: "models" (its Ollama-style list) first, then the OpenAI list.
+        answer: dict[str, Any] = ({"models": listing} if listing else {}) | {"object": "list", "data": data}
+        return JSONResponse(answer)
 
     async def gate_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, GateError)
@@ -138,13 +123,14 @@ def build_app(gate: RequestPorts) -> ASGIApp:
         return Response(body, status_code=code, headers={**{k.decode(): v.decode() for k, v in headers}, **allow})
 
     routes = [Route(path, admitted, methods=["POST"]) for path in ENDPOINTS]
-    routes += [Route(path, pass_through, methods=["POST"]) for path in PASS_THROUGH_POST]
-    routes += [Route(path, pass_through, methods=["GET"]) for path in PASS_THROUGH_GET]
     routes += [
         Route("/v1/models", models, methods=["GET"]),
+        Route("/models", models, methods=["GET"]),  # llama-server's alias: the same merged list
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/metrics/inference", inference_metrics, methods=["GET"]),
+        # Everything else, OPTIONS on the routes above included: forwarded (gate/http/forward.py).
+        Route("/{path:path}", ForwardEndpoint(gate).handle, methods=FORWARDED_METHODS),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: not_found, GateError: gate_error})
     # A trailing slash is a 404, never a redirect: Starlette would build its Location from the
@@ -212,6 +198,22 @@ class _EmbeddedServer(uvicorn.Server):
         yield
 
 
+def _listening_socket(host: str, port: int, *, v6only: bool) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only
+    # when the listening socket says so, and without it every keep-alive response
+    # waits ~40 ms for the client's delayed ACK (Nagle).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6 and v6only:
+        # With several addresses, "[::]:P" is IPv6 only, so "0.0.0.0:P" can be listed beside it
+        # (alone, it stays dual-stack as before).
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    sock.bind((host, port))
+    sock.setblocking(False)
+    return sock
+
+
 class HttpServer:
     """The gate's listening socket and its uvicorn server, on the running loop."""
 
@@ -219,20 +221,28 @@ class HttpServer:
         self.app = app
         self.header_timeout_s = header_timeout_s
         self.port: int | None = None
+        #: the other addresses listened on, "host:port" with the ports bound (``[gate] listen`` as a list)
+        self.also_bound: list[str] = []
         self.task: asyncio.Task[None] | None = None
         self._server: _EmbeddedServer | None = None
 
-    async def start(self, host: str, port: int) -> int:
-        """Bind, listen, and return the port once uvicorn serves (port 0 picks a free one)."""
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only
-        # when the listening socket says so, and without it every keep-alive response
-        # waits ~40 ms for the client's delayed ACK (Nagle).
-        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.setblocking(False)
-        self.port = sock.getsockname()[1]
+    async def start(self, host: str, port: int, also: Sequence[tuple[str, int]] = ()) -> int:
+        """Bind, listen, and return the first address's port once uvicorn serves (port 0 picks a
+        free one); `also`: more addresses, one uvicorn server on all of them (llama-server's
+        ``--host A,B``)."""
+        sockets = []
+        try:
+            for h, p in ((host, port), *also):
+                sockets.append(_listening_socket(h, p, v6only=bool(also)))
+        except OSError:
+            for sock in sockets:
+                sock.close()
+            raise
+        self.port = sockets[0].getsockname()[1]
+        self.also_bound = [
+            f"[{s.getsockname()[0]}]:{s.getsockname()[1]}" if s.family == socket.AF_INET6 else f"{s.getsockname()[0]}:{s.getsockname()[1]}"
+            for s in sockets[1:]
+        ]
         config = uvicorn.Config(
             self.app,
             interface="asgi3",
@@ -243,7 +253,7 @@ class HttpServer:
             http=guarded_protocol(self.header_timeout_s),  # slow clients: gate/http/clientguard.py
         )
         self._server = server = _EmbeddedServer(config)
-        self.task = asyncio.create_task(server.serve(sockets=[sock]), name="tokengate-http")
+        self.task = asyncio.create_task(server.serve(sockets=sockets), name="tokengate-http")
         while not server.started:
             if self.task.done():
                 self.task.result()  # surface why the server did not start

@@ -5,7 +5,8 @@ mapping the caller passes in (``os.environ`` in the service, a dict in tests).
 
 Two modes (DESIGN.md "Outside contracts", Config):
 
-* **Tenants configured**: every request needs ``Authorization: Bearer <key>``. The sha256 of the
+* **Tenants configured**: every request needs ``Authorization: Bearer <key>`` or ``X-Api-Key: <key>``
+  (the Anthropic SDK's header; each sent at most once, and when both are sent they must agree). The sha256 of the
   key is compared in constant time (``hmac.compare_digest``) against EVERY tenant's digest, with
   no early exit, so response timing reveals neither whether nor where a key matched. A missing,
   malformed or unknown key is 401 ``invalid_api_key``; the message never echoes the key.
@@ -36,9 +37,10 @@ from gate.core.errors import GateError
 from gate.core.ratelimit import TenantLimits
 from gate.core.reasons import Reason
 
-__all__ = ["CLASS_HEADER", "Caller", "TenantDirectory", "header_value"]
+__all__ = ["API_KEY_HEADER", "CLASS_HEADER", "Caller", "TenantDirectory", "header_value"]
 
 CLASS_HEADER = "X-Tokengate-Class"
+API_KEY_HEADER = "X-Api-Key"  # the Anthropic SDK's credential header, accepted like Authorization
 USER_MAX_CHARS = 64
 ANONYMOUS = "anonymous"
 
@@ -76,6 +78,44 @@ def _is_key_text(key: str) -> bool:
 
 def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode("ascii")).digest()
+
+
+def _presented_key(headers: Mapping[str, str]) -> str:
+    """The key from ``Authorization: Bearer`` or ``X-Api-Key`` (Anthropic's header); 401 when
+    missing, malformed, sent twice, or sent in both with different values."""
+    try:
+        auth = header_value(headers, "Authorization")
+    except ValueError:
+        raise GateError(Reason.INVALID_API_KEY, "more than one Authorization header was sent") from None
+    try:
+        x_api_key = header_value(headers, API_KEY_HEADER)
+    except ValueError:
+        raise GateError(Reason.INVALID_API_KEY, f"more than one {API_KEY_HEADER} header was sent") from None
+    if auth is None and x_api_key is None:
+        raise GateError(
+            Reason.INVALID_API_KEY,
+            f"missing API key: send it as 'Authorization: Bearer <key>' (or {API_KEY_HEADER}: <key>)",
+        )
+    bearer: str | None = None
+    if auth is not None:
+        parts = auth.strip().split(None, 1)
+        if len(parts) != 2 or parts[0].lower() != "bearer":
+            raise GateError(Reason.INVALID_API_KEY, "malformed Authorization header: expected 'Bearer <key>'")
+        bearer = parts[1].strip()
+        if not _is_key_text(bearer):
+            raise GateError(
+                Reason.INVALID_API_KEY,
+                "malformed API key: expected printable ASCII without spaces after 'Bearer '",
+            )
+    if x_api_key is not None:
+        x_api_key = x_api_key.strip()
+        if not _is_key_text(x_api_key):
+            raise GateError(Reason.INVALID_API_KEY, f"malformed API key in {API_KEY_HEADER}: expected printable ASCII without spaces")
+        if bearer is not None and not hmac.compare_digest(bearer.encode(), x_api_key.encode()):
+            raise GateError(Reason.INVALID_API_KEY, f"Authorization and {API_KEY_HEADER} carry different keys; send one")
+    key = bearer if bearer is not None else x_api_key
+    assert key is not None
+    return key
 
 
 class TenantDirectory:
@@ -149,27 +189,7 @@ class TenantDirectory:
     # -- internals ----------------------------------------------------------------------------
 
     def _authenticate(self, headers: Mapping[str, str]) -> TenantConfig:
-        try:
-            auth = header_value(headers, "Authorization")
-        except ValueError:
-            raise GateError(Reason.INVALID_API_KEY, "more than one Authorization header was sent") from None
-        if auth is None:
-            raise GateError(
-                Reason.INVALID_API_KEY,
-                "missing API key: send it as 'Authorization: Bearer <key>'",
-            )
-        parts = auth.strip().split(None, 1)
-        if len(parts) != 2 or parts[0].lower() != "bearer":
-            raise GateError(
-                Reason.INVALID_API_KEY,
-                "malformed Authorization header: expected 'Bearer <key>'",
-            )
-        key = parts[1].strip()
-        if not _is_key_text(key):
-            raise GateError(
-                Reason.INVALID_API_KEY,
-                "malformed API key: expected printable ASCII without spaces after 'Bearer '",
-            )
+        key = _presented_key(headers)
         presented = _digest(key)
         match: TenantConfig | None = None
         for digest, tenant in self._entries:

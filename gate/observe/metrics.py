@@ -41,12 +41,15 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from gate import __version__
 from gate.core.reasons import CLIENT_DISCONNECT, SERVER_CANCELLED, Reason
+from gate.data.endpoints import PREFLIGHT, ROUTES, UI_ASSET
 
-OUTCOMES = ("admitted", "refused", "shed", "cancelled", "failed")
+OUTCOMES = ("admitted", "refused", "shed", "cancelled", "failed", "forwarded")
 OK_REASON = "ok"
 OTHER = "other"  # every label value that is not a configured name
 _REASONS = frozenset({*(r.value for r in Reason), OK_REASON, CLIENT_DISCONNECT, SERVER_CANCELLED})
 TOKEN_COUNT_SOURCES = ("exact", "estimate")
+#: the only route labels: llama-server's routes (gate/data/endpoints.py), its UI assets, preflights
+ROUTE_NAMES = frozenset({*(r.name for r in ROUTES), UI_ASSET.name, PREFLIGHT.name})
 #: what an endpoint picker routes on: GET /metrics/inference serves only these (it scrapes often)
 INFERENCE_METRICS = ("tokengate_num_requests_waiting", "tokengate_num_requests_running", "tokengate_kv_cache_usage_ratio")
 SHARED_POLICIES = ("fail_open", "fail_closed")
@@ -116,6 +119,13 @@ class GateMetrics:
             "tokengate_token_budget_effective",
             "Token budget in force (sum over backends): the budget, or the budget an aged request "
             "was let in at while it runs above the adaptive controller's.",
+            registry=r,
+        )
+        self._forwarded = Counter(
+            "tokengate_forwarded",
+            "Requests relayed to llama-server without admission (gate/data/endpoints.py), by route "
+            "(the route table's names, 'other' for a path it does not list) and status class.",
+            ["route", "status"],
             registry=r,
         )
         self._queue_depth = Gauge("tokengate_queue_depth", "Requests waiting in the queue.", ["class"], registry=r)
@@ -265,6 +275,13 @@ class GateMetrics:
         return cls if cls in self._classes else OTHER
 
     # -- events --------------------------------------------------------------
+
+    def forwarded(self, route: str, status: int) -> None:
+        """One request relayed without admission; `route` is a route table name or "other"."""
+        klass = f"{status // 100}xx" if 100 <= status <= 599 else OTHER
+        if route not in ROUTE_NAMES:
+            route = OTHER
+        self._series(self._forwarded, route, klass).inc()
 
     def decision(self, *, cls: str, outcome: str, reason: str, model: str) -> None:
         """Record one request's final outcome; refusals also count as denials."""

@@ -5,7 +5,7 @@ serving only model "tiny", ``max_body_bytes = 1024``) and must get its documente
 4xx (DESIGN.md 5, "HTTP"), never a 5xx, in OpenAI's error shape
 ``{"error": {"message", "type", "code", "param"}}`` with ``code`` the DESIGN reason.
 Every refusal leaves one decision record (outcome "refused") and no reservation;
-routing errors (unknown path 404, wrong method 405) are not requests and leave none.
+routing errors (a method the gate never forwards, 405) are not requests and leave none.
 Nothing in the table may reach llama-server's generation.
 """
 
@@ -205,8 +205,9 @@ CASES: list[Case] = [
         param=None,
     ),
     # --- routing errors (not requests) ----------------------------------------------------------
-    Case("get-on-post-route", 405, "invalid_request", None, method="GET"),
-    Case("unknown-path", 404, "invalid_request", chat(), path="/v1/embeddings"),
+    # (A GET on an admitted route, or a path the route table does not list, is forwarded to
+    # llama-server now: tests/integration/test_routes.py. A method the gate never forwards is its own 405.)
+    Case("trace-on-a-route", 405, "invalid_request", None, method="TRACE"),
 ]
 
 

@@ -429,3 +429,19 @@ async def test_a_sleeping_model_is_woken_once_while_its_requests_wait_in_the_gat
         assert len(notes) == 2 and "wake" in notes[1], notes
         await released(gate)
     assert not router_log_has(router, HIDDEN_QUEUE)
+
+
+async def test_router_without_autoload_and_nothing_loaded_is_ready_and_says_so(llama_router) -> None:
+    """llama-server answers /health 200 with --no-models-autoload and nothing loaded: so does the gate."""
+    router = llama_router(extra_args=("--no-models-autoload",))
+    async with (
+        running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate,
+        httpx.AsyncClient(timeout=60, limits=NO_KEEPALIVE) as client,
+    ):
+        assert (await client.get(router.url + "/health")).status_code == 200
+        r = await client.get(gate.url + "/health")
+        assert r.status_code == 200, r.text
+        health = r.json()
+        assert health["status"] == "ok" and health["loaded"] == {"b0": []}
+        assert {b["model_status"] for b in health["backends"].values()} == {"unloaded"}
+        assert await listed(client, router) == {"tiny": "unloaded", "tiny2": "unloaded"}  # nothing was loaded

@@ -151,7 +151,7 @@ def test_stream_loses_exactly_the_options_whose_plain_answer_it_lacks(kind, body
     assert stream_loses(kind, body) is loses
 
 
-def test_plain_body_asks_for_a_plain_answer_and_never_pins_a_slot():
+def test_plain_body_asks_for_a_plain_answer_and_keeps_the_clients_slot():
     body = {"prompt": "x", "stream": False, "id_slot": 1, "n_probs": 2}
-    assert plain_body(body) == {"prompt": "x", "stream": False, "n_probs": 2}
+    assert plain_body(body) == {"prompt": "x", "stream": False, "id_slot": 1, "n_probs": 2}
     assert body["id_slot"] == 1

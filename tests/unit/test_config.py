@@ -154,7 +154,7 @@ def test_example_with_every_commented_key_switched_on_is_valid_and_complete() ->
 @pytest.mark.parametrize(
     ("section", "cls", "exclude"),
     [
-        ("gate", GateConfig, {"listen_host", "listen_port"}),
+        ("gate", GateConfig, {"listen_host", "listen_port", "listen_also"}),
         ("backends", BackendConfig, set()),
         ("budget", BudgetConfig, set()),
         ("classes", ClassConfig, {"name"}),
@@ -236,6 +236,43 @@ def test_bad_listen(listen: str) -> None:
     e = error_of(f'[gate]\nlisten = "{listen}"\n')
     assert e.key == "gate.listen"
     assert f'"{listen}"' in e.problem
+
+
+def test_listen_list_listens_on_each_address_first_one_primary() -> None:
+    g = parse_config('[gate]\nlisten = ["127.0.0.1:8081", "[::1]:8082", "0.0.0.0:9000"]\n').gate
+    assert (g.listen_host, g.listen_port) == ("127.0.0.1", 8081)
+    assert g.listen_also == ("[::1]:8082", "0.0.0.0:9000")
+    assert g.listen_addresses == (("127.0.0.1", 8081), ("::1", 8082), ("0.0.0.0", 9000))
+
+
+@pytest.mark.parametrize(
+    ("listen", "key", "fragment"),
+    [
+        ("[]", "gate.listen", "at least one address"),
+        ('["127.0.0.1:1", "127.0.0.1:1"]', "gate.listen[1]", "listed twice"),
+        ('["127.0.0.1:1", 2]', "gate.listen[1]", "must be a string"),
+        ('["127.0.0.1:1", "::1:80"]', "gate.listen[1]", "needs brackets"),
+    ],
+)
+def test_bad_listen_list(listen: str, key: str, fragment: str) -> None:
+    e = error_of(f"[gate]\nlisten = {listen}\n")
+    assert e.key == key
+    assert fragment in e.problem
+
+
+def test_unknown_routes_policy_defaults_to_forward_and_is_checked() -> None:
+    assert parse_config("").gate.unknown_routes == "forward"
+    assert parse_config('[gate]\nunknown_routes = "refuse"\n').gate.unknown_routes == "refuse"
+    e = error_of('[gate]\nunknown_routes = "drop"\n')
+    assert e.key == "gate.unknown_routes"
+
+
+def test_tenant_operator_flag_is_a_boolean() -> None:
+    base = '[[tenants]]\nname = "ops"\napi_key_sha256 = "' + "a" * 64 + '"\n'
+    assert parse_config(base).tenants[0].operator is False
+    assert parse_config(base + "operator = true\n").tenants[0].operator is True
+    e = error_of(base + 'operator = "yes"\n')
+    assert e.key == "tenants[0].operator"
 
 
 # ---------------------------------------------------------------------------- errors

@@ -57,3 +57,13 @@ def test_the_core_refusal_is_a_gate_error():
     err = Refused(refusal)
     assert isinstance(err, GateError)
     assert (err.status, err.message, err.retry_after_s) == (429, "too big", 3.0)
+
+
+def test_a_relayed_backend_answer_keeps_its_headers_and_the_gates_own_errors_add_none() -> None:
+    relayed = GateError(Reason.UPSTREAM_ERROR, "backend answered 400", status=400, body=b'{"error":{}}')
+    relayed.headers = [(b"access-control-allow-origin", b"http://a")]
+    status, headers, body = render(relayed)
+    assert (status, body) == (400, b'{"error":{}}') and (b"access-control-allow-origin", b"http://a") in headers
+    own = GateError(Reason.QUEUE_FULL, "full")
+    own.headers = [(b"x-ignored", b"1")]  # only a backend's own body brings its headers
+    assert (b"x-ignored", b"1") not in render(own)[1]

@@ -408,7 +408,14 @@ def test_intake_is_frozen() -> None:
 
 
 def test_endpoint_table() -> None:
-    assert ENDPOINTS == {CHAT: "chat", CMPL: "completions", NATIVE: "completion"}
+    # the aliases speak their twin's API: /completions is llama-server's alias of /completion
+    assert ENDPOINTS == {
+        CHAT: "chat",
+        "/chat/completions": "chat",
+        CMPL: "completions",
+        "/completions": "completion",
+        NATIVE: "completion",
+    }
     with pytest.raises(ValueError):
         parse("/v1/embeddings", {"input": "x"})
 

@@ -158,6 +158,14 @@ def test_header_name_and_scheme_are_case_insensitive(tenants: TenantDirectory, h
 
 
 @pytest.mark.parametrize(
+    "headers",
+    [{"X-Api-Key": KEY_B}, {"x-api-key": f"  {KEY_B} "}, {"X-Api-Key": KEY_B, "Authorization": f"Bearer {KEY_B}"}],
+)
+def test_x_api_key_authenticates_like_authorization(tenants: TenantDirectory, headers) -> None:
+    assert tenants.identify(headers, "h", None).tenant == "nightly"
+
+
+@pytest.mark.parametrize(
     "headers, fragment",
     [
         ({}, "missing API key"),
@@ -172,6 +180,13 @@ def test_header_name_and_scheme_are_case_insensitive(tenants: TenantDirectory, h
         ({"Authorization": f"Bearer {KEY_A}x"}, "invalid API key"),
         ({"Authorization": f"Bearer {sha(KEY_B)}"}, "invalid API key"),  # the digest is not the key
         ({"Authorization": f"Bearer {KEY_A}", "authorization": f"Bearer {KEY_B}"}, "more than one"),
+        ({"X-Api-Key": KEY_A, "x-api-key": KEY_A}, "more than one X-Api-Key"),
+        ({"X-Api-Key": "sk-wrong-key"}, "invalid API key"),
+        ({"X-Api-Key": "clé-non-ascii"}, "malformed"),
+        ({"X-Api-Key": ""}, "malformed"),
+        ({"Authorization": f"Bearer {KEY_A}", "X-Api-Key": KEY_B}, "different keys"),
+        ({"Authorization": f"Bearer {KEY_A}", "X-Api-Key": "sk-wrong-key"}, "different keys"),
+        ({"Authorization": "Basic x", "X-Api-Key": KEY_A}, "malformed"),
     ],
 )
 def test_bad_or_unknown_keys_are_401(tenants: TenantDirectory, headers, fragment) -> None:

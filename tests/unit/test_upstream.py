@@ -18,11 +18,11 @@ def test_relay_stats_read_completion_tokens_from_any_endpoint_shape():
     assert stats.completion_tokens == 5
 
 
-def test_upstream_is_always_streamed_with_usage_and_never_pinned_to_a_slot():
+def test_upstream_is_always_streamed_with_usage_and_keeps_the_clients_slot():
     body = {"messages": [], "stream": False, "id_slot": 2}
     out = upstream_body("chat", body)
     assert out["stream"] is True and out["stream_options"] == {"include_usage": True}
-    assert "id_slot" not in out and body["stream"] is False  # the input is not mutated
+    assert out["id_slot"] == 2 and body["stream"] is False  # the input is not mutated
     assert "stream_options" not in upstream_body("completion", {"prompt": "x"})
 
 

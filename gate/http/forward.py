@@ -1,0 +1,235 @@
+"""Every route the gate does not admit: authenticated, relayed as llama-server answers, recorded.
+
+What a route is comes from the table (gate/data/endpoints.py). For each request here:
+
+1. The route: the table's, a CORS preflight (``OPTIONS``, any path), or none: then
+   ``[gate] unknown_routes`` forwards it (label ``other``) or answers 404. A path that names a
+   listed one but for extra slashes (``/v1/chat/completions/``) is always the gate's 404.
+2. The caller, with tenants configured: a tenant key, as on the admitted routes (401 otherwise).
+   A preflight carries no credential (browsers never send one) and changes nothing: it goes
+   through without one, as llama-server itself lets it.
+3. Operator-only routes (they change the server): open mode and ``operator = true`` tenants
+   only, each call an audit row (source ``api``); anyone else gets 403 ``operator_only``
+   naming the route.
+4. The relay: method, path, query and body as sent; the client's end-to-end headers (never its
+   credentials: the backend's own key goes instead); the answer streamed back byte for byte with
+   llama-server's status and headers (CORS, content type and encoding, its own), hop-by-hop
+   headers excepted. Server-sent events (``/models/sse``, ``/v1/stream``) stream as they come.
+5. The record: ``tokengate_forwarded_total{route, status}`` and a decision row, outcome
+   ``forwarded`` (reason ``ok``, no class, no reservation), when the answer ends; a refusal is
+   a decision row ``refused`` with its reason, as on the admitted path. Unlike an admitted
+   answer, a forwarded one does not wait for its row's commit (nothing was reserved, and a
+   web UI's assets would each pay the group commit): a crash can lose the last rows.
+
+Errors the gate raises are its own (``GateError``), rendered by the one renderer; a backend that
+cannot be reached is a 503 that never names its address.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import anyio
+import httpx
+from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from gate.backend.upstream import RETRY_DOWN_S, forward_headers, relayed_headers
+from gate.core.errors import GateError
+from gate.core.reasons import Outcome, Reason
+from gate.data.commands import Operator
+from gate.data.endpoints import OTHER_ROUTE, PREFLIGHT, Route, known_path, lookup
+from gate.data.records import DecisionRecord
+from gate.http.intake import check_headers
+from gate.http.requestids import RequestIds
+
+if TYPE_CHECKING:
+    from gate.backend.pool import Backend
+    from gate.http.ports import RequestPorts
+    from gate.http.tenants import Caller
+
+_ENDPOINT_MAX = 128  # the journal's endpoint of a path the table does not list: cut, printable
+
+
+def shown_path(path: str) -> str:
+    """A client's path as the journal keeps it: printable, at most 128 characters."""
+    clean = "".join(ch if ch.isprintable() else "?" for ch in path[:_ENDPOINT_MAX])
+    return clean + ("..." if len(path) > _ENDPOINT_MAX else "")
+
+
+class ForwardEndpoint:
+    """The Starlette endpoint for everything not admitted and not the gate's own."""
+
+    def __init__(self, gate: RequestPorts) -> None:
+        self.gate = gate
+        self.new_id = RequestIds()
+
+    async def handle(self, request: Request) -> Response:
+        gate = self.gate
+        given = request.headers.get("x-request-id", "")
+        request_id = given if 0 < len(given) <= 64 and given.isascii() and given.isprintable() else self.new_id()
+        t0, wall0 = gate.clock(), time.time()
+        route, caller, backend = None, None, None
+        try:
+            route = self._route(request)
+            caller = self._caller(request, route)
+            backend = gate.backends.route(request.query_params.get("model"))
+            if backend is None:
+                raise GateError(Reason.MODEL_NOT_FOUND, "no backend serves that model", "model")
+            if route.access == "operator":
+                self._operator_call(request, route, caller, backend)
+            upstream = await self._open(request, backend)
+        except GateError as err:
+            label = route.name if route is not None else OTHER_ROUTE
+            self._record(request, request_id, label, caller, backend, err.outcome, err.reason.value, err.status, t0, wall0)
+            raise
+        label = route.name if route is not None else OTHER_ROUTE
+        headers = relayed_headers(upstream.headers) + [(b"x-request-id", request_id.encode())]
+
+        async def body() -> AsyncIterator[bytes]:
+            outcome: Outcome = "forwarded"
+            try:
+                async for chunk in upstream.aiter_raw():
+                    yield chunk
+            except httpx.HTTPError as exc:
+                # The status line is out: all the gate can do is end the answer early.
+                gate.log.warning("forwarded %s %s: backend broke off: %s", request.method, label, type(exc).__name__)
+                outcome = "failed"
+            finally:
+                # Recorded first: when the client leaves, Starlette cancels this scope, and every
+                # await in it (the close below) is cancelled again unless shielded.
+                gate.metrics.forwarded(label, upstream.status_code)
+                reason = "ok" if outcome == "forwarded" else Reason.UPSTREAM_ERROR.value
+                self._record(request, request_id, label, caller, backend, outcome, reason, upstream.status_code, t0, wall0)
+                with anyio.CancelScope(shield=True):
+                    await upstream.aclose()  # frees llama-server's connection (an SSE stream ends there)
+
+        response = StreamingResponse(body(), status_code=upstream.status_code)
+        response.raw_headers = headers  # as llama-server sent them (its content-length included)
+        return response
+
+    # ---- the steps --------------------------------------------------------------------
+
+    def _route(self, request: Request) -> Route:
+        method, path = request.method, request.url.path
+        if method == "OPTIONS":
+            return PREFLIGHT
+        route = lookup("GET" if method == "HEAD" else method, path)
+        if route is not None:
+            return route
+        normal = "/" + "/".join(part for part in path.split("/") if part)
+        if normal != path and known_path(normal):
+            # "/v1/chat/completions/" is not llama-server's route, but a server that normalized
+            # it would run a generation the gate never admitted: the gate's own 404, never forwarded.
+            raise GateError(Reason.INVALID_REQUEST, f"{method} {shown_path(path)} is not a route; did you mean {normal}?", status=404)
+        if self.gate.config.gate.unknown_routes == "refuse":
+            raise GateError(
+                Reason.INVALID_REQUEST,
+                f"{method} {shown_path(path)} is not a llama-server route; this gate refuses unknown routes "
+                '([gate] unknown_routes = "refuse")',
+                status=404,
+            )
+        return Route(method, OTHER_ROUTE, "forwarded")
+
+    def _caller(self, request: Request, route: Route) -> Caller | None:
+        tenants = self.gate.tenants
+        if route is PREFLIGHT:
+            return None
+        client = request.client
+        return tenants.identify(Headers(raw=request.scope["headers"]), client.host if client else None, None)
+
+    def _operator_call(self, request: Request, route: Route, caller: Caller | None, backend: Backend) -> None:
+        """403 for a tenant that is not an operator; otherwise the audit row, before the call."""
+        gate = self.gate
+        if not gate.tenants.open and (caller is None or caller.tenant_config is None or not caller.tenant_config.operator):
+            who = caller.tenant if caller is not None else "this caller"
+            raise GateError(
+                Reason.OPERATOR_ONLY,
+                f"{route.name} changes llama-server: only operators may call it (tenant {who!r} is not one; "
+                "set operator = true in its [[tenants]] entry)",
+            )
+        client = request.client
+        query = request.url.query
+        gate.recorder.audit_event(
+            route.name,
+            f"backend:{backend.name}",
+            f"{request.method} {shown_path(request.url.path)}" + (f"?{query[:200]}" if query else "") + " through the gate",
+            operator=Operator(caller.tenant if caller is not None else "open", client.host if client else "local"),
+            source="api",
+        )
+
+    async def _open(self, request: Request, backend: Backend) -> httpx.Response:
+        content_type = request.headers.get("content-type")
+        check_headers(request.headers)
+        body = await request.body()  # through the BodyReader: limited before reading
+        params: list[tuple[str, str | int | float | bool | None]] = list(request.query_params.multi_items())
+        if backend.model is not None:
+            # Router mode: llama-server must not load a model for a forwarded call either.
+            params = [(k, v) for k, v in params if k != "autoload"] + [("autoload", "false")]
+            if not any(k == "model" for k, _ in params):
+                params.append(("model", backend.model))
+        headers = forward_headers(dict(request.headers), None)
+        headers.pop("accept-encoding", None)
+        headers.update(backend.auth_headers())
+        if content_type is not None:
+            headers["content-type"] = content_type
+        limits = self.gate.config.gate
+        client = backend.upstream.client
+        upstream_request = client.build_request(
+            request.method,
+            backend.url + request.url.path,
+            params=params,
+            content=body or None,
+            headers=headers,
+            # Server-sent events (/models/sse, /v1/stream) may be quiet for long: the request's own limit.
+            timeout=httpx.Timeout(30.0, read=limits.request_timeout_s),
+        )
+        try:
+            return await client.send(upstream_request, stream=True)
+        except httpx.TimeoutException:
+            raise GateError(Reason.UPSTREAM_TIMEOUT, f"backend {backend.name!r} did not answer", retry_after_s=RETRY_DOWN_S) from None
+        except httpx.HTTPError as exc:
+            self.gate.log.warning("backend %s at %s unreachable: %s: %s", backend.name, backend.url, type(exc).__name__, exc)
+            raise GateError(Reason.NO_BACKEND, f"backend {backend.name!r} is unreachable", retry_after_s=RETRY_DOWN_S) from None
+
+    def _record(
+        self,
+        request: Request,
+        request_id: str,
+        label: str,
+        caller: Caller | None,
+        backend: Backend | None,
+        outcome: Outcome,
+        reason: str,
+        status: int,
+        t0: float,
+        wall0: float,
+    ) -> None:
+        gate = self.gate
+        record = DecisionRecord(
+            ts=wall0,
+            request_id=request_id,
+            tenant=caller.tenant if caller is not None else "",
+            cls="",  # no class: nothing was admitted or queued
+            backend=backend.name if backend is not None else "",
+            endpoint=f"{request.method} {shown_path(request.url.path)}",
+            stream=False,
+            prompt_tokens=None,
+            token_count_source=None,
+            max_tokens=None,
+            reserved_tokens=0,
+            outcome=outcome,
+            reason=reason,
+            http_status=status,
+            queue_ms=None,
+            ttft_ms=None,
+            duration_ms=(gate.clock() - t0) * 1000,
+            completion_tokens=None,
+            budget_at_decision=None,
+            in_flight_at_decision=None,
+            model=backend.model or "" if backend is not None else "",
+        )
+        gate.recorder.record(record, model=None, queued_s=None, ttft_s=None)
