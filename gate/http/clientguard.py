@@ -25,7 +25,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -39,8 +39,8 @@ MAX_HEADER_BYTES = 64 * 1024
 ABORT = "tokengate.abort"
 LINGER_S = 2.0  # how long unread request bytes are drained after the answer, before the close
 
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
 def guarded_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
@@ -159,7 +159,7 @@ class BodyReader:
         self.deadline: float | None = None
         self.done = False
 
-    async def __call__(self) -> dict[str, Any]:
+    async def __call__(self) -> MutableMapping[str, Any]:
         if self.done:
             return await self.receive()  # after the body: only the disconnect is left to wait for
         if self.declared is not None and self.declared > self.limit:
@@ -187,7 +187,7 @@ def stalled(write_stall_s: float) -> GateError:
     return GateError(Reason.CLIENT_STALLED, f"the client took in nothing for write_stall_s={write_stall_s:g}")
 
 
-async def send_within(send: Send, message: dict[str, Any], write_stall_s: float) -> None:
+async def send_within(send: Send, message: MutableMapping[str, Any], write_stall_s: float) -> None:
     """`send(message)`, or `client_stalled` when the client does not take it in time."""
     try:
         async with asyncio.timeout(write_stall_s):
@@ -196,7 +196,7 @@ async def send_within(send: Send, message: dict[str, Any], write_stall_s: float)
         raise stalled(write_stall_s) from None
 
 
-async def abort(scope: dict[str, Any]) -> None:
+async def abort(scope: MutableMapping[str, Any]) -> None:
     """Drop the client's connection at once (unsent bytes included), where the server allows."""
     fn = scope.get("extensions", {}).get(ABORT)
     if fn is not None:
