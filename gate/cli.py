@@ -178,6 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "-v", "--verbose", action="store_true", help="also print the effective settings (defaults filled in)"
     )
+    check.add_argument(
+        "--backends", action="store_true",
+        help="also ask each running backend what it reports (slots, per-slot context, KV layout) and\n"
+        "say where the config contradicts it; exit 1 when it does or a backend is unreachable",
+    )
     check.set_defaults(func=_cmd_config_check)
     example = config_commands.add_parser(
         "example",
@@ -301,6 +306,20 @@ def _cmd_config_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
     if args.verbose:
         for line in describe_config(config):
             out.write(line + "\n")
+    if getattr(args, "backends", False):
+        import os
+
+        from gate.backend.pool import check_backend
+
+        rc = EXIT_OK
+        for b in config.backends:
+            line, warnings = check_backend(b, config.budget, config.classes, environ=os.environ)
+            out.write(f"backend  {b.name}  {b.url}: {line}\n")
+            if warnings or "unreachable" in line or line.startswith("not ready"):
+                rc = EXIT_RUNTIME
+            for w in warnings:
+                out.write(f"warning: backend {b.name}: {w}\n")
+        return rc
     return EXIT_OK
 
 

@@ -83,7 +83,8 @@ def backend_line(b: BackendView, compact: bool) -> Text:
     else:
         line.append(f"{b.slots_busy}/?", "dim")
     if not compact:
-        line.append(f"  kv {b.kv}", "dim")
+        kv = f"  kv {b.kv}" + (f" ({b.kv_source})" if b.kv_source and b.kv_source != "config" else "")
+        line.append(kv, "bold yellow" if b.kv_source == "assumed" else "dim")
         line.append(f"  budget {_n(b.budget)}/{_n(b.ceiling)}")
         if b.stretched_to is not None:  # in-flight above the budget: say why
             line.append(f" stretched to {b.stretched_to:,} (aged)", "yellow")
@@ -168,6 +169,9 @@ def render_capacity(snap: GateSnapshot, *, compact: bool, width: int = 0) -> Tex
     for b in snap.backends:
         out.append("\n")
         out.append_text(wrap_chunks(backend_line(b, compact), width))
+        for w in b.warnings:  # the capacity contradicts the config: never silent
+            out.append("\n  ! ", "bold yellow")
+            out.append(w if not compact else w[:max(20, width - 4)] if width else w, "yellow")
         if compact:
             continue
         out.append("\n")

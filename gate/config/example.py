@@ -59,10 +59,12 @@ url = "http://127.0.0.1:8080"
 # Model names (the request's "model" field) routed to this backend. A model may be routed to
 # one backend only. Default [] (no explicit routing).
 models = []
-# How llama-server shares its KV cache between slots: "unified" (one shared pool, llama-server
-# --kv-unified; the budget ceiling is the pool size) or "split" (per-slot context; the ceiling
-# is slots x per-slot context). Default "unified", the safe side.
-kv = "unified"
+# How llama-server shares its KV cache between slots: "auto" (learned from the server where it
+# tells: a llama-server on this host, by its -c/-np/-kvu; else unified, with a warning in the log,
+# /health and the console), "unified" (one shared pool: -np auto or -kvu; the ceiling is the pool)
+# or "split" (-np N without -kvu: per-slot context; the ceiling
+# is slots x per-slot context). A learned layout that disagrees overrides this, loudly. Default "auto".
+kv = "auto"
 # Override the budget ceiling (tokens) read from the backend; must be >= budget.min_tokens.
 # Default: unset (use the backend's physical capacity).
 # token_budget = 16384

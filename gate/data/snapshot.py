@@ -81,6 +81,10 @@ class BackendView:
     prefill_cap_auto: bool = False  # the cap is automatic (from measurements; None until measured), not configured
     # The budget an aged request was let in at, above the controller's, while it runs (E3); None: none.
     stretched_to: int | None = None
+    kv_source: str = ""  # how `kv` was learned: server | process | config | assumed
+    kv_detail: str = ""
+    #: what the capacity contradicts (config kv, min_tokens or reservations above the ceiling)
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

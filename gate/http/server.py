@@ -58,6 +58,12 @@ def build_app(gate: RequestPorts) -> ASGIApp:
         backends: dict[str, dict[str, Any]] = {}
         for b in gate.backends:
             backends[b.name] = {"state": b.state, "slots": b.capacity.slots if b.capacity else None}
+            if b.capacity is not None:
+                backends[b.name]["ceiling"] = b.capacity.ceiling
+            if b.layout is not None:
+                backends[b.name]["kv"] = {"layout": b.layout.kv, "source": b.layout.source}
+            if b.warnings:  # what the capacity contradicts: loud where probes and people look
+                backends[b.name]["warnings"] = list(b.warnings)
             if b.fleet is not None and b.model is not None:  # router mode: the model's own status
                 backends[b.name]["model_status"] = b.fleet.info[b.model].status
         ready = gate.backends.any_ready and not gate.shutting_down

@@ -85,7 +85,9 @@ def build_snapshot(
 def _backend_view(b: Backend, tel: BackendTelemetry | None) -> BackendView:
     adm, cap = b.admission, b.capacity
     return BackendView(
-        name=b.name, url=b.url, state=b.state, detail=b.detail, kv=b.config.kv,
+        name=b.name, url=b.url, state=b.state, detail=b.detail, kv=b.layout.kv if b.layout else b.config.kv,
+        kv_source=b.layout.source if b.layout else "", kv_detail=b.layout.detail if b.layout else "",
+        warnings=b.warnings,
         slots_busy=len(adm.ledger) if adm else 0,
         slots_total=cap.slots if cap else None,
         slot_context=cap.slot_context if cap else None,
@@ -129,7 +131,9 @@ def _controller_view(units: tuple[Backend, ...], config: Config, frozen: bool) -
     ceilings = [b.capacity.ceiling for b in units if b.capacity is not None]
     return ControllerView(
         mode=config.budget.mode, frozen=frozen, budget=sum(budgets) if budgets else None,
-        min_tokens=config.budget.min_tokens, ceiling=sum(ceilings) if ceilings else None,
+        # the floor in force: clamped to each backend's ceiling (the backend's warnings say so)
+        min_tokens=sum(c.min_tokens for c in controllers) if controllers else config.budget.min_tokens,
+        ceiling=sum(ceilings) if ceilings else None,
         p95_ttft_ms=max(ttfts) * 1000 if ttfts else None, p95_tpot_ms=max(tpots) * 1000 if tpots else None,
         slo_ttft_ms=config.budget.slo_ttft_p95_ms, slo_tpot_ms=config.budget.slo_tpot_p95_ms,
     )
