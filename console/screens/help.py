@@ -19,7 +19,8 @@ LEGEND = (
     ("header", "READ-ONLY: no actions; PAUSED: rendering stopped, the gate still collects"),
     ("KV reserved", "tokens in flight x KV bytes per token (GGUF header; n/a when the model file is not on this host) against the pool"),
     ("waits on", "what keeps a class's oldest request waiting: slots, token budget, class limit, tenant quota, prefill limit, priority, PAUSED"),
-    ("wait p95", "time in the gate's own queue (TTFT p95 is measured from dispatch: it does not include it)"),
+    ("wait p95", "time in the gate's own queue, refusals after waiting included (TTFT p95 is measured from dispatch: it does not include it)"),
+    ("met", "last minute's arrivals whose first token came within the objective from arrival; refusals count as misses"),
 )
 
 

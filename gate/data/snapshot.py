@@ -130,6 +130,10 @@ class ClassView:
     p95_ttft_ms: float | None
     p95_queue_ms: float | None = None  # time in the gate's queue, last minute, every outcome
     waiting_on: str = ""  # what keeps its oldest waiter waiting now ("slots 4/4 busy", "paused", ...)
+    #: arrivals of the last minute that met their first-token objective (from arrival, queue
+    #: included), and those judged: refusals count as misses, client errors and cancels not at all
+    met: int = 0
+    judged: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,22 @@ from gate.observe.metrics import GateMetrics
 log = logging.getLogger("tokengate.service")
 
 
+#: refusals that are the gate's (overload, limits, shutdown): misses. A client's own errors
+#: (400, 401, 413) and cancels say nothing about service and are not judged.
+_MISSED_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+def judge(record: DecisionRecord, ttft_total_s: float | None, objective_ms: float | None) -> bool | None:
+    """Did this arrival meet its objective? None: not judged."""
+    if objective_ms is None or not record.cls:
+        return None
+    if record.outcome == "admitted":
+        return ttft_total_s is not None and ttft_total_s * 1000 <= objective_ms
+    if record.outcome == "cancelled":
+        return None
+    return False if record.outcome == "failed" or record.http_status in _MISSED_STATUS else None
+
+
 @dataclass(frozen=True, slots=True)
 class ClassTotals:
     """One class over every backend: tokens in flight, requests queued."""
@@ -118,12 +134,18 @@ class Recorder:
 
     def record(
         self, record: DecisionRecord, *, model: str | None, queued_s: float | None, ttft_s: float | None,
-        ttft_total_s: float | None = None, tpot_s: float | None = None,
+        ttft_total_s: float | None = None, tpot_s: float | None = None, objective_ms: float | None = None,
     ) -> asyncio.Future[bool] | None:
-        """One finished request: journal, in-memory tail and metrics; the future resolves at commit."""
+        """One finished request: journal, in-memory tail and metrics; the future resolves at commit.
+
+        `objective_ms`: the first-token objective the arrival is judged by (from arrival, queue
+        included); it met it only if admitted with its first token in time."""
         committed = self.journal.add(record) if self.journal is not None else None
         self.records.add(record)
-        self.rollup.add(self.clock(), record.cls, record.outcome, record.reason, record.ttft_ms, record.queue_ms)
+        self.rollup.add(
+            self.clock(), record.cls, record.outcome, record.reason, record.ttft_ms, record.queue_ms,
+            met=judge(record, ttft_total_s, objective_ms),
+        )
         m = self.metrics
         m.decision(cls=record.cls, outcome=record.outcome, reason=record.reason, model=model or "")
         if record.token_count_source is not None:

@@ -62,6 +62,7 @@ def build_snapshot(
                 refused_per_min=sum(n for (cls, o, _), n in counts.items() if cls == c.name and o == "refused"),
                 p95_ttft_ms=rollup.p95_ttft_ms(now, c.name),
                 p95_queue_ms=rollup.p95_queue_ms(now, c.name), waiting_on=waiting_on,
+                **dict(zip(("met", "judged"), rollup.met_share(now, c.name))),
             )
         )
     journal = None
