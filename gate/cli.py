@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 from gate import __version__
 from gate.config import EXAMPLE_CONFIG, Config, ConfigError, load_config, parse_config
@@ -195,6 +195,39 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_Formatter,
     )
     example.set_defaults(func=_cmd_config_example)
+    set_cmd = config_commands.add_parser(
+        "set",
+        help="change keys of a config file in place (validated first; comments kept)",
+        description=(
+            "Set TABLE.KEY=VALUE in FILE, e.g. budget.min_tokens=1024 classes.batch.reserved_tokens=0.\n"
+            "The edited file is validated whole before it is written: a bad edit changes nothing.\n"
+            "A running gate applies the file on SIGHUP (systemctl reload tokengate)."
+        ),
+        epilog=_EXIT_CODES,
+        formatter_class=_Formatter,
+    )
+    set_cmd.add_argument("file", metavar="FILE", help="the TOML file to edit")
+    set_cmd.add_argument("edits", metavar="TABLE.KEY=VALUE", nargs="+", help="the keys to set")
+    set_cmd.set_defaults(func=_cmd_config_set)
+
+    overrides = commands.add_parser(
+        "overrides",
+        help="the operator's runtime changes a restart restores: show, drop, or write into the config",
+        description=(
+            "Retunes, hand budgets, paused classes and the controller's freeze made at runtime are\n"
+            "kept beside the journal (<journal>.overrides.json) and restored when the gate starts.\n"
+            "  show   list them (default)\n"
+            "  drop   back to the config file (on the running gate, audited; else the kept file goes)\n"
+            "  write  write the retuned settings into --config (validated), so the file holds them;\n"
+            "         paused classes, the freeze and hand budgets are runtime state and stay overrides"
+        ),
+        epilog=_EXIT_CODES,
+        formatter_class=_Formatter,
+    )
+    overrides.add_argument("action", nargs="?", choices=("show", "drop", "write"), default="show")
+    overrides.add_argument("--config", metavar="FILE", help="the gate's TOML config (its journal and control socket)")
+    overrides.add_argument("--journal", metavar="FILE", help="the journal (default: the config's gate.journal)")
+    overrides.set_defaults(func=_cmd_overrides)
 
     # log
     log_cmd = commands.add_parser(
@@ -285,6 +318,101 @@ def _since_arg(text: str) -> float:
 
 def _cmd_config_example(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     out.write(EXAMPLE_CONFIG)
+    return EXIT_OK
+
+
+def _write_config(path: str, edits: list[tuple[str, Any]]) -> None:
+    """Apply `edits` to the file at `path`, validated whole first (ConfigError: nothing written)."""
+    import os
+
+    from gate.config.edit import set_keys
+
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    new = set_keys(text, edits)
+    parse_config(new, path)  # raises ConfigError naming the key: the file is untouched
+    tmp = path + ".tokengate-new"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(new)
+    try:
+        os.chmod(tmp, os.stat(path).st_mode & 0o7777)
+    except OSError:
+        pass
+    os.replace(tmp, path)
+
+
+def _cmd_config_set(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from gate.config.edit import parse_value, split_key
+
+    edits = []
+    for item in args.edits:
+        key, eq, value = item.partition("=")
+        if not eq:
+            err.write(f"tokengate config set: {item!r}: give TABLE.KEY=VALUE\n")
+            return EXIT_USAGE
+        try:
+            split_key(key.strip())
+        except ValueError as exc:
+            err.write(f"tokengate config set: {exc}\n")
+            return EXIT_USAGE
+        edits.append((key.strip(), parse_value(value.strip())))
+    _write_config(args.file, edits)
+    for key, value in edits:
+        out.write(f"set {key} = {value!r} in {args.file}\n")
+    return EXIT_OK
+
+
+def _cmd_overrides(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    import asyncio
+
+    from gate.data.commands import DropOverrides
+    from gate.ops import overrides as kept
+    from gate.ops.control_socket import is_live
+    from gate.ops.link import SocketLink
+
+    config = load_config(args.config)
+    journal = args.journal or config.gate.journal
+    path = kept.path_for(journal)
+    current = kept.load(path)
+    socket_path = config.gate.control_socket_path()
+    live = bool(socket_path) and is_live(socket_path)
+    if args.action == "show":
+        if not current:
+            out.write(f"no runtime overrides ({path} absent): the gate runs on its config file\n")
+        for line in current.lines():
+            out.write(line + "\n")
+        return EXIT_OK
+    if args.action == "drop":
+        if live:
+            async def drop() -> str:
+                link = await SocketLink.connect(socket_path)
+                try:
+                    (result,) = await link.command(DropOverrides(note="tokengate overrides drop"))
+                    return result.message
+                finally:
+                    await link.close()
+
+            out.write(asyncio.run(drop()) + f" (the gate on {socket_path}; audited)\n")
+        else:
+            kept.save(path, kept.Overrides())
+            out.write(f"dropped {len(current.lines())} kept overrides ({path}); no gate runs on {socket_path or 'this config'}\n")
+        return EXIT_OK
+    # write
+    if not args.config:
+        err.write("tokengate overrides write: --config FILE is the file to write them into\n")
+        return EXIT_USAGE
+    edits = [(f"budget.{k}", v) for k, v in sorted(current.settings.items())]
+    edits += [(f"classes.{c}.{k}", v) for c, ch in sorted(current.classes.items()) for k, v in sorted(ch.items())]
+    if not edits:
+        out.write("no retuned settings to write (paused classes, the freeze and hand budgets are runtime state)\n")
+        return EXIT_OK
+    _write_config(args.config, edits)
+    for key, value in edits:
+        out.write(f"wrote {key} = {value!r} into {args.config}\n")
+    if live:
+        out.write("the running gate holds them until it re-reads the file: systemctl reload tokengate (SIGHUP)\n")
+    else:
+        kept.save(path, kept.Overrides(budgets=current.budgets, paused=current.paused, frozen=current.frozen))
     return EXIT_OK
 
 

@@ -44,6 +44,7 @@ from gate.observe.gpu import GpuMonitor, GpuSource, read_gpu
 from gate.observe.metrics import GateMetrics
 from gate.observe.recorder import Recorder
 from gate.observe.snapshots import GateState, build_snapshot
+from gate.ops.overrides import load as load_overrides, path_for as overrides_path_for
 from gate.ops.control import Control
 from gate.ops.control_socket import ControlServer
 from gate.ops.lock import JournalLock, new_gate_id
@@ -108,6 +109,9 @@ class GateService:
         self.gpu: GpuSource = gpu if gpu is not None else GpuMonitor()
         self.journal_path = journal_path or config.gate.journal
         self.lock = JournalLock(self.journal_path)
+        # The operator's runtime changes live beside the journal (one gate per journal): a
+        # restart, even after SIGKILL, re-applies them (gate/ops/overrides.py).
+        self.control.overrides_path = None if self.journal_path == ":memory:" else overrides_path_for(self.journal_path)
         socket_path = config.gate.control_socket_path() if journal_path is None or config.gate.control_socket else None
         self.control_server = None if socket_path is None else ControlServer(socket_path, self, group=config.gate.control_socket_group)
         self.drain_grace_s = 30.0
@@ -169,6 +173,11 @@ class GateService:
         if self.shared is not None:
             await self.shared.start()  # Redis out of reach is not fatal: the failure policy applies
         await self.backends.probe_all()
+        if self.control.overrides_path is not None:
+            saved = load_overrides(self.control.overrides_path)
+            if saved:  # before the gate listens: no request is admitted under the file's values
+                self.control.restore(saved, operator=self.operator)
+                self.log.warning("restored runtime overrides from %s: %s", self.control.overrides_path, "; ".join(saved.lines()))
         self._tasks = [
             asyncio.create_task(self.backends.run(self.probe_interval_s), name="tokengate-probe"),
             asyncio.create_task(self._housekeeping(), name="tokengate-housekeeping"),
@@ -282,6 +291,7 @@ class GateService:
         state = GateState(
             label=self.label, listen=f"{self.host}:{self.port}", operator=self.operator.name, gate_id=self.gate_id,
             paused=frozenset(self.control.paused), frozen=self.control.frozen, shutting_down=self.shutting_down,
+            overrides=self.control.overrides.lines(),
             requests_in_flight=self.in_flight_requests(), drain_grace_s=self.drain_grace_s, shared=self.shared_state,
             gpu=self.gpu_reading,
         )

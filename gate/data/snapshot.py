@@ -191,6 +191,9 @@ class GateSnapshot:
     #: tenant limits shared through Redis: off | ok | fail_open | fail_closed (the policy applies)
     shared: str = "off"
     models: tuple[ModelView, ...] = ()  # router mode only: every configured model
+    #: the operator's runtime changes in force over the config file (restored at a restart;
+    #: dropped with the drop_overrides command or `tokengate overrides drop`)
+    overrides: tuple[str, ...] = ()
 
     @property
     def budget(self) -> int | None:

@@ -36,6 +36,7 @@ class GateState:
     drain_grace_s: float
     shared: str
     gpu: GpuReading | None
+    overrides: tuple[str, ...] = ()  # the operator's runtime changes in force (gate/ops/overrides.py)
 
 
 def build_snapshot(
@@ -78,7 +79,7 @@ def build_snapshot(
         journal=journal, reaped=sum(b.gatekeeper.reaped for b in units if b.gatekeeper),
         shutting_down=state.shutting_down, gate_id=state.gate_id, decisions_seq=recorder.records.total,
         requests_in_flight=state.requests_in_flight, drain_grace_s=state.drain_grace_s,
-        shared=state.shared,
+        shared=state.shared, overrides=state.overrides,
         models=tuple(v for fleet in backends.fleets for v in fleet.views(dict(telemetry))),
     )
 
