@@ -176,6 +176,11 @@ async def run_console(
     socket_path = config.gate.control_socket_path()
     if socket_path is None:
         raise ConsoleExit("the embedded console needs a control socket: set [gate] journal to a file or [gate] control_socket")
+    if read_only and not demo and not is_live(socket_path):
+        raise ConsoleExit(
+            f"--read-only only watches a running gate, and none runs on this config (control socket "
+            f"{socket_path}); start one with `tokengate serve --config {config_path or 'FILE'}`"
+        )
     if is_live(socket_path):
         if read_only:
             return await attach_console(socket_path, read_only=True)

@@ -504,6 +504,19 @@ def _cmd_console(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.attach is not None and args.demo:
         err.write("tokengate console: --attach and --demo do not go together (the demo runs its own gate)\n")
         return EXIT_USAGE
+    if args.read_only and args.attach is None and not args.demo:
+        # Watch-only never serves: without a gate on this config there is nothing to watch.
+        from gate.ops.control_socket import is_live
+
+        socket_path = config.gate.control_socket_path()
+        if not (socket_path and is_live(socket_path)):
+            err.write(
+                f"tokengate console: --read-only only watches a running gate, and none runs on "
+                f"{args.config or 'the default config'} (control socket {socket_path or 'none'}); start one with "
+                f"`tokengate serve --config {args.config or 'FILE'}`, or drop --read-only for a quick look "
+                "with a gate of its own\n"
+            )
+            return EXIT_USAGE
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         err.write("tokengate console: needs a terminal (use `tokengate serve` for a headless gate)\n")
         return EXIT_USAGE
