@@ -833,6 +833,11 @@ def _add_crunch_parser(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="print the whole table and the recommendation as JSON on stdout (progress stays on stderr)",
     )
+    crunch.add_argument(
+        "--config", metavar="FILE",
+        help="the tokengate.toml the recommendation is for: it is printed as the edits that merge into\n"
+        "that file (checked against its classes); default: a file made by `tokengate config example`",
+    )
     crunch.set_defaults(func=_cmd_crunch)
 
 
@@ -884,7 +889,11 @@ def _cmd_crunch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.json:
         out.write(json.dumps(report_to_json(report), indent=2) + "\n")
     else:
-        out.write(format_report(report))
+        text = None
+        if args.config:
+            with open(args.config, encoding="utf-8") as f:
+                text = f.read()
+        out.write(format_report(report, config_text=text, config_file=args.config))
     return EXIT_OK
 
 

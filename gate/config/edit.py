@@ -57,8 +57,20 @@ def set_keys(text: str, edits: Iterable[tuple[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+_ARRAY = re.compile(r"^\s*\[\[([^\[\]]+)\]\]\s*(#.*)?$")
+_INDEXED = re.compile(r"^(\w+)\[(\d+)\]$")
+
+
 def _set(lines: list[str], table: str, key: str, value: str) -> list[str]:
-    start = next((i for i, line in enumerate(lines) if (m := _HEADER.match(line)) and m.group(1).strip() == table), None)
+    indexed = _INDEXED.match(table)
+    if indexed:  # backends[0]: the first [[backends]] table
+        name, want = indexed.group(1), int(indexed.group(2))
+        found = [i for i, line in enumerate(lines) if (m := _ARRAY.match(line)) and m.group(1).strip() == name]
+        if want >= len(found):
+            raise ValueError(f"{table}.{key}: the file has {len(found)} [[{name}]] table(s)")
+        start: int | None = found[want]
+    else:
+        start = next((i for i, line in enumerate(lines) if (m := _HEADER.match(line)) and m.group(1).strip() == table), None)
     if start is None:
         return [*lines, "", f"[{table}]", f"{key} = {value}"]
     end = next((i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("[")), len(lines))
