@@ -92,7 +92,7 @@ class GateHeader(Static):
         if snap is not None and snap.overrides:
             # Runtime changes the config file does not hold: a restart restores them.
             line.append("  ")
-            shown = ", ".join(snap.overrides)
+            shown = ", ".join(o.removeprefix("budget.").removeprefix("classes.") for o in snap.overrides)
             line.append(f" OVERRIDES {len(snap.overrides)}: {shown} ", "bold black on cyan")
         if snap is not None:
             banner = journal_banner(snap)

@@ -273,6 +273,7 @@ class Control:
         no longer applies (a class gone, a value the config now refuses) is audited
         `restore_refused` with the reason, and dropped."""
         results: list[ActionResult] = []
+        self._restorer = operator  # also for hand budgets restored once their backend is ready
         new = self.config
         known = {f.name for f in dataclasses.fields(new.budget)}
         settings = {k: v for k, v in saved.settings.items() if k in known}
