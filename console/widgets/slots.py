@@ -63,10 +63,17 @@ def controller_line(c: ControllerView, in_flight: int, queued: int, *, compact: 
         line.append(f"{in_flight:,}")
     line.append("  queued " if not compact else "  q ")
     line.append(str(queued), "bold yellow" if queued else "")
+    # One p95 per frame: the classes table's (worst class, last minute); the controller's own
+    # input is smoothed over its window and named as such when it differs.
     line.append("  p95 TTFT " if not compact else "  p95 ")
-    p95 = "n/a" if c.p95_ttft_ms is None else f"{c.p95_ttft_ms:,.0f}"
-    line.append(p95, ttft_style(c.p95_ttft_ms, c.slo_ttft_ms))
+    p95 = "n/a" if c.p95_ttft_ms_1m is None else f"{c.p95_ttft_ms_1m:,.0f}"
+    line.append(p95, ttft_style(c.p95_ttft_ms_1m, c.slo_ttft_ms))
     line.append(f"/{c.slo_ttft_ms:,.0f} ms")
+    if not compact and c.mode == "adaptive":
+        if c.p95_ttft_ms is None:
+            line.append(f" (controller: {c.samples}/{c.min_samples} samples, not moving yet)", "dim")
+        elif c.p95_ttft_ms_1m is None or abs(c.p95_ttft_ms - c.p95_ttft_ms_1m) >= 1:
+            line.append(f" (controller sees {c.p95_ttft_ms:,.0f})", "dim")
     return line
 
 

@@ -143,10 +143,14 @@ class ControllerView:
     budget: int | None  # summed over backends
     min_tokens: int
     ceiling: int | None
-    p95_ttft_ms: float | None
+    p95_ttft_ms: float | None  # the controller's input: smoothed, None until it has min_samples
     p95_tpot_ms: float | None
     slo_ttft_ms: float
     slo_tpot_ms: float | None
+    #: the frame's one p95 TTFT: the worst class's over the last minute, the classes table's figure
+    p95_ttft_ms_1m: float | None = None
+    samples: int = 0  # the controller's samples in its window
+    min_samples: int = 0  # what it needs before it moves
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,8 @@ at 10 and at 1,000 requests per second: it carries at most `max_decisions` new d
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -72,7 +74,12 @@ def build_snapshot(
         journal = JournalView(h.ok, h.path, h.written, h.dropped, h.pending, h.last_error)
     return GateSnapshot(
         ts=time.time(), label=state.label, listen=state.listen, operator=state.operator,
-        backends=views, classes=tuple(classes), controller=_controller_view(units, config, state.frozen), gpu=state.gpu,
+        backends=views, classes=tuple(classes),
+        controller=dataclasses.replace(
+            _controller_view(units, config, state.frozen),
+            p95_ttft_ms_1m=max((c.p95_ttft_ms for c in classes if c.p95_ttft_ms is not None), default=None),
+        ),
+        gpu=state.gpu,
         denials=tuple(DenialView(reason, cls, *n) for (reason, cls), n in rollup.denials(now).items()),
         decisions=tuple(recorder.records.since(decisions_after, max_decisions)),
         audit=tuple(recorder.recent_audit)[-50:],
@@ -138,6 +145,7 @@ def _controller_view(units: tuple[Backend, ...], config: Config, frozen: bool) -
         ceiling=sum(ceilings) if ceilings else None,
         p95_ttft_ms=max(ttfts) * 1000 if ttfts else None, p95_tpot_ms=max(tpots) * 1000 if tpots else None,
         slo_ttft_ms=config.budget.slo_ttft_p95_ms, slo_tpot_ms=config.budget.slo_tpot_p95_ms,
+        samples=max((c.samples for c in controllers), default=0), min_samples=config.budget.min_samples,
     )
 
 

@@ -503,3 +503,25 @@ async def test_the_capacity_panel_keeps_each_value_with_its_unit_at_every_size(g
             lines = [strip.text for strip in app.slots.render_lines(app.slots.content_region.reset_offset)]
             assert any(re.search(r"p95( TTFT)? \S+/2,000 ms", line) for line in lines), (size, lines)
             assert any(re.search(r"deferred \S+", line) for line in lines), (size, lines)
+
+
+# ---- #22 item 8: one p95 TTFT per frame -------------------------------------------------------
+
+
+async def test_capacity_panel_and_classes_table_show_the_same_p95_ttft(gate):
+    app = make_app(gate)
+    async with app.run_test(size=(160, 48)) as pilot:
+        for ttft in (350.0, 352.0):
+            d = decision("interactive")
+            record(gate, d.__class__(**{**{f: getattr(d, f) for f in d.__dataclass_fields__}, "ttft_ms": ttft}))
+        await app.tick()
+        await pilot.pause()
+        snap = gate.snapshot()
+        cls_p95 = next(c for c in snap.classes if c.name == "interactive").p95_ttft_ms
+        assert cls_p95 == 352.0 and snap.controller.p95_ttft_ms is None  # the controller has too few samples
+        from console.widgets.slots import controller_line
+
+        line = controller_line(snap.controller, snap.in_flight, snap.queued).plain
+        assert "p95 TTFT 352/2,000 ms" in line and "n/a/2,000" not in line
+        assert "controller: " in line and "samples" in line
+        assert str(app.class_table.get_cell("interactive", "p95")).startswith("352/")
