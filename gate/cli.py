@@ -234,9 +234,11 @@ def build_parser() -> argparse.ArgumentParser:
         "log",
         help="export the journal (decisions, audit or samples) without a UI",
         description=(
-            "Stream journal rows to standard output, oldest first. The journal is opened\n"
-            "read-only, so this is safe while the gate is running. Timestamps are ISO-8601\n"
-            "UTC (table, csv); json is JSON Lines with the raw epoch `ts` plus `ts_iso`.\n"
+            "Stream journal rows to standard output in the order of their `ts`, oldest first\n"
+            "(a decision's ts is its ARRIVAL; its end is ts + duration_ms; the live console's\n"
+            "tail shows the end). The journal is opened read-only, so this is safe while the\n"
+            "gate is running. Timestamps are ISO-8601 UTC (table, csv); json is JSON Lines\n"
+            "with the raw epoch `ts` plus `ts_iso`.\n"
             "Example: tokengate log --since 2h --format csv > last-2h.csv"
         ),
         epilog=_EXIT_CODES,

@@ -274,7 +274,7 @@ class ReviewScreen(Screen[str | None]):
             yield Static("", id="review-filter-error")
             table = DecisionTable(id="review-decisions", cursor_type="row", zebra_stripes=True)
             for label, key in (
-                ("time (UTC)", "ts"),
+                ("arrived (UTC)", "ts"),  # a decision's ts is its arrival; the live tail shows its end
                 ("tenant", "tenant"),
                 ("class", "cls"),
                 ("outcome", "outcome"),
@@ -553,7 +553,7 @@ class ReviewScreen(Screen[str | None]):
             self.app.push_screen(RecordScreen(f"audit: {a['action']} {a['target']}", fields))
         elif focused.id == "review-decisions" and row < len(self.page_rows):
             r = self.page_rows[row]
-            fields = [("time (UTC)", _utc(r["ts"], "%Y-%m-%d %H:%M:%S"))]
+            fields = [("arrived (UTC)", _utc(r["ts"], "%Y-%m-%d %H:%M:%S"))]
             fields += [(k, "-" if v is None else str(v)) for k, v in r.items() if k != "ts"]
             self.app.push_screen(RecordScreen(f"decision {r.get('request_id', '')}", fields))
 

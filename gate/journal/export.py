@@ -128,7 +128,9 @@ def _rows(
     if since_ts is not None:
         sql += " WHERE ts >= ?"
         params.append(since_ts)
-    sql += " ORDER BY id"
+    # By the time the rows are about (a decision's ts is its arrival; rows are written as
+    # requests end, so id order is end order): `--since 10m` reads in the order of its ts.
+    sql += " ORDER BY ts, id"
     try:
         cursor = conn.execute(sql, params)
     except sqlite3.Error as e:

@@ -248,3 +248,23 @@ def test_cli_log_without_any_journal_says_where_they_are(tmp_path: Path, capsys,
     code, out, err = run(capsys, "log", "--kind", "audit")
     assert code == 1
     assert "tokengate.db: journal file not found" in err and "tokengate-demo.db" in err and "--journal" in err
+
+
+def test_decisions_come_in_the_order_of_their_ts_not_of_their_end(tmp_path: Path) -> None:
+    # A long request that arrived first ends (and is written) last: its row id is larger.
+    path = tmp_path / "tokengate.db"
+
+    async def fill() -> None:
+        j = await Journal.open(path)
+        try:
+            for r in (decision(1, ts=NOW - 5, tenant="short"), decision(2, ts=NOW - 60, tenant="long")):
+                assert await j.add(r)
+        finally:
+            await j.close()
+
+    asyncio.run(fill())
+    buf = io.StringIO()
+    export(str(path), buf, kind="decisions", fmt="json", since_ts=NOW - 600)
+    rows = [json.loads(line) for line in buf.getvalue().splitlines()]
+    assert [r["tenant"] for r in rows] == ["long", "short"]
+    assert [r["ts"] for r in rows] == sorted(r["ts"] for r in rows)
