@@ -87,6 +87,8 @@ def backend_line(b: BackendView, compact: bool) -> Text:
     if b.slots_total:
         line.append_text(bar(b.slots_busy, b.slots_total, min(b.slots_total, 8)))
         line.append(f" {b.slots_busy}/{b.slots_total}")
+        if b.bypass_slots:  # llama-server is busier than the gate: someone talks to it directly
+            line.append(f" +{b.bypass_slots} bypassing the gate", "bold yellow")
     else:
         line.append(f"{b.slots_busy}/?", "dim")
     if not compact:
@@ -104,13 +106,16 @@ def backend_line(b: BackendView, compact: bool) -> Text:
             frac = max(used)
             line.append("  ctx max ")
             line.append(f"{100 * frac:.0f}%", "green" if frac < 0.7 else "yellow" if frac < 0.9 else "bold red")
+    if b.telemetry_stale:
+        why = f": {b.telemetry_error}" if b.telemetry_error and not compact else ""
+        line.append(f"  telemetry STALE{why}", "bold black on yellow")
     line.append("  deferred ")
     if b.requests_deferred is None:
         line.append("n/a", "dim")
     else:
         line.append(str(b.requests_deferred), "bold white on red" if b.requests_deferred else "green")
     if not compact and b.decode_tps is not None:
-        line.append(f"  decode {b.decode_tps:,.0f} tok/s", "dim")
+        line.append(f"  decode {b.decode_tps:,.0f} tok/s" + (" (last read)" if b.telemetry_stale else ""), "dim")
     return line
 
 
@@ -187,9 +192,14 @@ def render_capacity(snap: GateSnapshot, *, compact: bool, width: int = 0) -> Tex
             out.append("\n  per-slot context: n/a (/slots not polled)", "dim")
             continue
         out.append("\n ")
+        if b.telemetry_stale:
+            out.append(" (last read, stale)", "bold yellow")
         for s in b.slots:
             out.append(" ")
-            out.append_text(slot_cell(s))
+            cell = slot_cell(s)
+            if b.telemetry_stale:
+                cell.stylize("dim")
+            out.append_text(cell)
     return out
 
 

@@ -81,6 +81,12 @@ class BackendView:
     prefill_cap_auto: bool = False  # the cap is automatic (from measurements; None until measured), not configured
     # The budget an aged request was let in at, above the controller's, while it runs (E3); None: none.
     stretched_to: int | None = None
+    #: llama-server's /slots and /metrics could not be read lately: slots, decode rate and
+    #: deferred are the last values read, old (telemetry_error says why)
+    telemetry_stale: bool = False
+    telemetry_error: str | None = None
+    #: slots llama-server reports busy beyond the gate's own requests: traffic that bypassed it
+    bypass_slots: int = 0
     kv_source: str = ""  # how `kv` was learned: server | process | config | assumed
     kv_detail: str = ""
     #: what the capacity contradicts (config kv, min_tokens or reservations above the ceiling)

@@ -97,6 +97,10 @@ def _backend_view(b: Backend, tel: BackendTelemetry | None) -> BackendView:
         name=b.name, url=b.url, state=b.state, detail=b.detail, kv=b.layout.kv if b.layout else b.config.kv,
         kv_source=b.layout.source if b.layout else "", kv_detail=b.layout.detail if b.layout else "",
         warnings=b.warnings,
+        # A backend that is down has no live telemetry, whatever the poller still holds.
+        telemetry_stale=tel is not None and (tel.stale or b.state != "ready"),
+        telemetry_error=None if tel is None else (tel.error or (None if b.state == "ready" else f"backend {b.state}")),
+        bypass_slots=0 if tel is None or tel.stale or b.state != "ready" or tel.busy_slots is None else max(0, tel.busy_slots - (len(adm.ledger) if adm else 0)),
         slots_busy=len(adm.ledger) if adm else 0,
         slots_total=cap.slots if cap else None,
         slot_context=cap.slot_context if cap else None,
