@@ -98,6 +98,14 @@ def capacity_warnings(
     where = f"ceiling {cap.ceiling}" + (f" ({layout.kv} KV, {cap.slots} slots of {cap.slot_context})" if layout else "")
     if budget.min_tokens > cap.ceiling:
         out.append(f"budget.min_tokens {budget.min_tokens} is above the {where}: the floor is clamped to {cap.ceiling}")
+    classes = tuple(classes)
+    for c in classes:
+        default = getattr(c, "default_max_tokens", None)
+        if isinstance(default, int) and default >= cap.slot_context:
+            out.append(
+                f"classes.{c.name}.default_max_tokens {default} is not below one slot's context "
+                f"{cap.slot_context}: every {c.name} request without max_tokens is refused (400); lower it"
+            )
     reserved = [(c.name, c.reserved_tokens) for c in classes if c.reserved_tokens]
     total = sum(n for _, n in reserved)
     if total > cap.ceiling:

@@ -24,8 +24,10 @@ min_tokens = 1024
 [classes.interactive]
 priority = 2
 reserved_tokens = 1024
+default_max_tokens = 256
 [classes.batch]
 priority = 1
+default_max_tokens = 256
 """
 
 
@@ -70,6 +72,14 @@ async def test_where_the_layout_cannot_be_learned_every_contradiction_is_in_heal
         assert "assuming unified, ceiling 512" in text and "2048" in text
         assert "min_tokens 1024 is above the ceiling 512" in text
         assert "interactive 1024" in text
+        assert "default_max_tokens" not in text  # 256 fits a slot of 512
+
+
+async def test_a_default_max_tokens_that_fills_a_slot_is_said_at_start(llama_split):
+    async with running_gate(llama_split.url, CLASSES.replace("default_max_tokens = 256\n[classes.batch]", "default_max_tokens = 512\n[classes.batch]"), kv="auto") as gate:
+        await gate.backends.probe_all()
+        h = await health(gate)
+        assert any("classes.interactive.default_max_tokens 512" in w for w in h["warnings"])
         snap = gate.snapshot()
         assert snap.controller.min_tokens <= snap.controller.ceiling  # the floor in force, never inverted
 

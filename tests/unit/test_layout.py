@@ -86,9 +86,18 @@ def test_local_server_args_finds_the_one_llama_server_on_the_backends_port(tmp_p
 def test_min_tokens_and_reservations_above_the_ceiling_are_said():
     layout = learn_layout(props(4, 512), "auto", None)
     cap = capacity_from_props(props(4, 512), BackendConfig(), layout)
-    classes = (ClassConfig(name="interactive", priority=2, reserved_tokens=1024), ClassConfig(name="batch", priority=1))
+    classes = (ClassConfig(name="interactive", priority=2, reserved_tokens=1024, default_max_tokens=256),
+               ClassConfig(name="batch", priority=1, default_max_tokens=256))
     warnings = capacity_warnings(layout, cap, BudgetConfig(min_tokens=2048), classes)
     assert any("min_tokens 2048 is above the ceiling 512" in w for w in warnings)
     assert any("interactive 1024" in w and "exceed the ceiling 512" in w for w in warnings)
     fits = capacity_from_props(props(4, 512), BackendConfig(kv="split"), learn_layout(props(4, 512), "split", None))
     assert capacity_warnings(None, fits, BudgetConfig(min_tokens=2048), classes) == ()
+
+
+def test_a_default_max_tokens_no_request_can_fit_in_a_slot_is_said():
+    layout = learn_layout(props(4, 512), "split", None)
+    cap = capacity_from_props(props(4, 512), BackendConfig(kv="split"), layout)
+    classes = (ClassConfig(name="batch", priority=1, default_max_tokens=512), ClassConfig(name="chat", priority=2, default_max_tokens=256))
+    (warning,) = capacity_warnings(layout, cap, BudgetConfig(min_tokens=512), classes)
+    assert "classes.batch.default_max_tokens 512" in warning and "refused (400)" in warning
