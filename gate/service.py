@@ -170,6 +170,7 @@ class GateService:
         if self.control_server is not None:
             self.control_server.claim()  # before anything listens: a live gate there is a refusal
         self.recorder.journal = await Journal.open(self.journal_path, on_drop=self.metrics.journal_dropped)
+        await self.recorder.seed_from_journal()  # a restarted gate's console shows the last 15 minutes
         if self.shared is not None:
             await self.shared.start()  # Redis out of reach is not fatal: the failure policy applies
         await self.backends.probe_all()

@@ -84,6 +84,31 @@ class Recorder:
 
     # ---- audit ----------------------------------------------------------------
 
+    async def seed_from_journal(self, window_s: float = 900.0, *, limit: int = 20_000) -> int:
+        """Start the live view from the journal's recent history, not empty: the decisions of
+        the last `window_s` (the rollups' horizon: denials, rates, p95s, the tail) and the
+        recent audit rows, as a restarted gate's console should show them. How many decisions."""
+        from gate.journal.rows import decision_from_row
+
+        if self.journal is None:
+            return 0
+        wall, mono = time.time(), self.clock()
+        try:
+            rows = await self.journal.decisions_page(limit=limit, since_ts=wall - window_s)
+            audit = await self.journal.audit_rows(since_ts=wall - window_s, limit=self.recent_audit.maxlen)
+        except Exception as exc:  # noqa: BLE001 - a history we cannot read is no reason not to start
+            log.warning("journal history not read (%s): the console starts empty", exc)
+            return 0
+        records = sorted((decision_from_row(r) for r in rows), key=lambda r: r.ts + (r.duration_ms or 0) / 1000)
+        for r in records:
+            ended = r.ts + (r.duration_ms or 0) / 1000
+            self.records.add(r)
+            self.rollup.add(mono - max(0.0, wall - ended), r.cls, r.outcome, r.reason, r.ttft_ms, r.queue_ms)
+        fields = {f.name for f in dataclasses.fields(AuditRecord)}
+        for a in audit:
+            self.recent_audit.append(AuditRecord(**{k: v for k, v in a.items() if k in fields}))
+        return len(records)
+
     def audit(self, record: AuditRecord) -> None:
         """One operator or controller change: kept for the console, journaled, told to listeners."""
         if not record.gate_id:

@@ -78,3 +78,20 @@ async def test_refused_and_drained_requests_report_the_time_they_waited():
         for t in holders:
             t.cancel()
         await asyncio.gather(*holders, return_exceptions=True)
+
+
+async def test_a_restarted_gate_starts_its_live_view_from_the_journal(tmp_path):
+    journal = str(tmp_path / "journal.db")
+    async with fake_upstream("hang") as fake, httpx.AsyncClient(timeout=30) as client:
+        async with running_gate(fake.url, CONFIG, kv="split", journal_path=journal) as gate:
+            await gate.backends.probe_all()
+            gate.control.pause("batch", True, operator=Operator("ops", "local"))
+            for i in range(3):
+                r = await client.post(gate.url + CHAT, json=body(f"refused-{i}"), headers={"X-Tokengate-Class": "batch"})
+                assert r.status_code == 503
+        async with running_gate(fake.url, CONFIG, kv="split", journal_path=journal) as gate:
+            snap = gate.snapshot()
+            assert {d.tenant for d in snap.decisions} >= {"refused-0", "refused-1", "refused-2"}
+            denials = {(d.reason, d.cls): d.last_15m for d in snap.denials}
+            assert denials.get(("class_paused", "batch")) == 3, snap.denials
+            assert any(a.action == "pause_class" for a in snap.audit)
