@@ -587,6 +587,7 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     )
     # One line per upstream call drowns what matters; the gate logs its own decisions.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    from gate.http.server import ListenError
     from gate.ops.control_socket import SocketInUse
     from gate.ops.lock import JournalLocked
     from gate.serve import serve_until_signalled  # the HTTP stack only when serving
@@ -601,7 +602,7 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         except ImportError:
             return asyncio.run(main)
         return uvloop.run(main)
-    except (JournalLocked, SocketInUse) as exc:
+    except (JournalLocked, SocketInUse, ListenError) as exc:
         err.write(f"tokengate serve: {exc}\n")
         return EXIT_USAGE
 

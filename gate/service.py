@@ -159,6 +159,10 @@ class GateService:
         try:
             await self._start(port)
         except BaseException:
+            for task in self._tasks:  # loops started before the failure: never left unretrieved
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            self._tasks = []
             await self._close_resources()
             raise
         self.audit_gate(

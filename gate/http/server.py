@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import errno
 import socket
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
@@ -214,6 +215,10 @@ class _EmbeddedServer(uvicorn.Server):
         yield
 
 
+class ListenError(Exception):
+    """The gate's listen address cannot be bound: the message names it and the key."""
+
+
 class HttpServer:
     """The gate's listening socket and its uvicorn server, on the running loop."""
 
@@ -232,7 +237,16 @@ class HttpServer:
         # waits ~40 ms for the client's delayed ACK (Nagle).
         sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            sock.close()
+            shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            why = "in use by another process" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+            raise ListenError(
+                f"cannot listen on {shown} ([gate] listen): the address is {why}"
+                + (f"; see who holds it: ss -ltnp 'sport = :{port}'" if exc.errno == errno.EADDRINUSE else "")
+            ) from None
         sock.setblocking(False)
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(

@@ -41,3 +41,19 @@ async def test_attaching_to_the_journal_says_it_is_a_journal_and_what_to_pass(tm
                 assert said in text, text
                 assert "the gate is not running" not in text
             assert f"--attach {tmp_path / 'journal.sock'}" in text or "--attach --config" in text
+
+
+def test_a_listen_address_in_use_is_named_with_its_key_and_no_traceback(tmp_path):
+    import subprocess
+
+    config = write_config(tmp_path, "http://127.0.0.1:9")
+    port = int(config.read_text().split('listen = "127.0.0.1:')[1].split('"')[0])
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        proc = subprocess.run([str(TOKENGATE), "serve", "--config", str(config)], capture_output=True, text=True,
+                              timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert f"cannot listen on 127.0.0.1:{port} ([gate] listen)" in proc.stderr
+    assert "Traceback" not in proc.stderr and "never retrieved" not in proc.stderr
