@@ -364,7 +364,13 @@ class Control:
         """Apply a re-read config file: classes and [budget] live; backends and tenants need a restart."""
         old = self.config
         if tuple(old.backends) != tuple(new_config.backends) or old.gate != new_config.gate:
-            raise CommandError("[gate] or [[backends]] changed: restart tokengate to apply those")
+            keys = _changed_keys("gate", old.gate, new_config.gate)
+            if len(old.backends) != len(new_config.backends):
+                keys.append(f"[[backends]] ({len(old.backends)} -> {len(new_config.backends)} tables)")
+            else:
+                for i, (a, b) in enumerate(zip(old.backends, new_config.backends)):
+                    keys += _changed_keys(f"backends[{i}]", a, b)
+            raise CommandError(f"{', '.join(keys)} changed: [gate] and [[backends]] need a restart of tokengate")
         if old.tenants != new_config.tenants:
             raise CommandError("[[tenants]] changed: restart tokengate to apply (keys are read at start)")
         if old.shared != new_config.shared:
@@ -459,6 +465,14 @@ class Control:
         if note and action.startswith("model_"):
             message += f" ({note})"  # what a model action does: "evicts tiny"
         return ActionResult(action, target, record.old_value, record.new_value, message)
+
+
+def _changed_keys(prefix: str, old: Any, new: Any) -> list[str]:
+    """`prefix.key (old -> new)` for each field that differs."""
+    return [
+        f"{prefix}.{f.name} ({_fmt(getattr(old, f.name))} -> {_fmt(getattr(new, f.name))})"
+        for f in dataclasses.fields(old) if getattr(old, f.name) != getattr(new, f.name)
+    ]
 
 
 def _replaced(obj: Any, changes: Mapping[str, Any]) -> Any:
