@@ -98,6 +98,10 @@ class GateService:
             on_model_event=self._model_event, fleet_factory=ModelFleet, kv_bytes_per_token=kv_bytes_per_token,
         )
         self.backends.on_units = self._units_changed
+        self.backends.on_state = lambda b, old, new: self.recorder.audit_event(
+            "backend_up" if new == "ready" else "backend_down", f"backend:{b.name}", b.detail if new != "ready" else "ready",
+            operator=self.operator, old_value=old, new_value=new,
+        )
         self.model_metrics = ModelMetrics(
             self.metrics.registry, lambda: self.backends.fleets, (m for b in config.backends for m in b.models)
         )
@@ -175,6 +179,10 @@ class GateService:
             self.control_server.claim()  # before anything listens: a live gate there is a refusal
         self.recorder.journal = await Journal.open(self.journal_path, on_drop=self.metrics.journal_dropped)
         await self.recorder.seed_from_journal()  # a restarted gate's console shows the last 15 minutes
+        unclean = await self.recorder.previous_end()
+        if unclean:
+            self.log.warning("%s", unclean)
+            self.audit_gate("unclean_end", unclean)
         if self.shared is not None:
             await self.shared.start()  # Redis out of reach is not fatal: the failure policy applies
         await self.backends.probe_all()

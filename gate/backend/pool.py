@@ -230,6 +230,9 @@ class BackendPool:
             for c in configs
         )
         self._fleet_tasks: list[asyncio.Task] = []
+        #: called with (backend, old state, new state) when a backend goes ready or stops being
+        #: ready: the service audits it, so a llama-server crash leaves its mark on the review
+        self.on_state: Callable[[Backend, str, str], None] | None = None
         #: finds a local llama-server's command line (a seam for tests)
         self._args_finder: Callable[[str], ServerArgs | None] = local_server_args
 
@@ -311,6 +314,7 @@ class BackendPool:
     async def probe(self, backend: Backend) -> None:
         """One health check (and /props when ready); never raises."""
         before = (backend.state, backend.capacity)
+        first = backend.detail == "not probed yet"  # the first probe at start is not an event
         try:
             health = await backend.get("/health", timeout=self._timeout)
             if health.status_code == 503:
@@ -338,6 +342,8 @@ class BackendPool:
             backend.state, backend.detail = "down", f"{type(exc).__name__}: {exc}"[:200]
         if backend.fleet is not None:
             backend.fleet.router_state(backend.state, backend.detail)
+        if self.on_state is not None and not first and (before[0] == "ready") != (backend.state == "ready"):
+            self.on_state(backend, before[0], backend.state)
         if (backend.state, backend.capacity) != before:
             log.info(
                 "backend %s: %s (%s) capacity=%s kv=%s", backend.name, backend.state, backend.detail, backend.capacity,

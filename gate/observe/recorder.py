@@ -109,6 +109,23 @@ class Recorder:
             self.recent_audit.append(AuditRecord(**{k: v for k, v in a.items() if k in fields}))
         return len(records)
 
+    async def previous_end(self) -> str | None:
+        """How the previous gate on this journal ended, when not cleanly: a note for the audit
+        row `unclean_end` (its last life row was `started` or `stopping`, never `stopped`)."""
+        if self.journal is None:
+            return None
+        try:
+            rows = await self.journal.audit_rows(limit=500)
+        except Exception:  # noqa: BLE001
+            return None
+        life = [r for r in rows if r.get("target") == "gate" and r.get("action") in ("started", "stopping", "stopped")]
+        if not life or life[-1]["action"] == "stopped" or life[-1].get("gate_id") == self.gate_id:
+            return None
+        last = life[-1]
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(last["ts"]))
+        return (f"the previous gate {last.get('gate_id') or '?'} ended without 'stopped' (killed or crashed); "
+                f"its last life row: {last['action']} at {when}")
+
     def audit(self, record: AuditRecord) -> None:
         """One operator or controller change: kept for the console, journaled, told to listeners."""
         if not record.gate_id:

@@ -64,6 +64,8 @@ async def test_retune_pause_and_freeze_survive_sigkill_and_sigterm_then_drop_in_
 
         for how in ("after SIGKILL", "after SIGTERM"):
             snap = await restart_and_look(tmp_path, config)
+            unclean = [r for r in since_last_start(tmp_path) if r["action"] == "unclean_end"]
+            assert len(unclean) == (1 if how == "after SIGKILL" else 0), (how, unclean)  # a SIGKILL leaves a mark
             assert snap.backends[0].budget == 1536, how
             assert snap.controller.frozen and snap.controller.slo_ttft_ms == 900.0, how
             batch = next(c for c in snap.classes if c.name == "batch")

@@ -41,5 +41,9 @@ async def test_bypass_occupancy_is_shown_and_a_dead_servers_telemetry_is_stale(l
             assert v.bypass_slots == 0  # stale figures are not evidence of anything
             text = render_capacity(gate.snapshot(), compact=False).plain
             assert "telemetry STALE" in text and "(last read, stale)" in text
+            # the crash leaves its mark on the audit log (and so on the review's chart)
+            await wait_until(lambda: any(a.action == "backend_down" for a in gate.snapshot().audit), timeout_s=10)
+            down = next(a for a in gate.snapshot().audit if a.action == "backend_down")
+            assert (down.target, down.old_value, down.new_value) == ("backend:b0", "ready", "down")
     finally:
         server.stop()
