@@ -32,7 +32,7 @@ from typing import Any
 
 from textual import events, on
 from textual.app import App, ComposeResult, SystemCommand
-from textual.binding import BindingsMap
+from textual.binding import Binding, BindingsMap
 from textual.command import CommandPalette
 from textual.containers import Container
 from textual.screen import ModalScreen, Screen
@@ -101,14 +101,14 @@ class TokengateApp(App[None]):
         self.interval_s = min(max(float(interval_s), MIN_INTERVAL_S), 3600.0)
         self.clock = clock
         if read_only:
-            # Absent, not disabled: the keys do nothing, the footer and `?` don't list them.
-            self._bindings = BindingsMap.from_keys(
-                {
-                    key: kept
-                    for key, bindings in self._bindings.key_to_bindings.items()
-                    if (kept := [b for b in bindings if b.action not in GATE_ACTIONS])
-                }
-            )
+            # Absent, not disabled: the footer and `?` don't list them; pressed, they say why
+            # nothing happens (a hidden binding to a toast), rather than being silently ignored.
+            keys = {
+                key: kept or [Binding(key, "read_only_notice", show=False)]
+                for key, bindings in self._bindings.key_to_bindings.items()
+                if (kept := [b for b in bindings if b.action not in GATE_ACTIONS]) or bindings
+            }
+            self._bindings = BindingsMap.from_keys(keys)
         #: (ts, budget, in_flight, p95 TTFT ms), appended every tick, paused or not
         #: (when, what) the chart last drew: see _update_chart
         self._chart_drawn: tuple[float, tuple] | None = None
@@ -424,6 +424,12 @@ class TokengateApp(App[None]):
         if cls is None:
             self.notify("no class selected", severity="warning", markup=False)
         return cls
+
+    def action_read_only_notice(self) -> None:
+        self.notify(
+            "read-only console: retune, pause, drain and freeze are off here; attach without --read-only to act",
+            severity="warning", markup=False,
+        )
 
     def _gate_action_allowed(self) -> bool:
         return not self.read_only and self._main_active()

@@ -525,3 +525,16 @@ async def test_capacity_panel_and_classes_table_show_the_same_p95_ttft(gate):
         assert "p95 TTFT 352/2,000 ms" in line and "n/a/2,000" not in line
         assert "controller: " in line and "samples" in line
         assert str(app.class_table.get_cell("interactive", "p95")).startswith("352/")
+
+
+async def test_denials_put_the_current_problem_first(gate):
+    app = make_app(gate)
+    async with app.run_test(size=(160, 48)) as pilot:
+        now = gate.recorder.clock()
+        for _ in range(9):  # a burst three minutes ago, over
+            gate.recorder.rollup.add(now - 180, "batch", "refused", "queue_full")
+        for _ in range(2):  # what is going wrong now
+            gate.recorder.rollup.add(now - 5, "interactive", "refused", "queue_timeout")
+        await app.tick()
+        await pilot.pause()
+        assert app.denials.row_keys == ["queue_timeout|interactive", "queue_full|batch"]
