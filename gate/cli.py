@@ -251,6 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the SQLite journal (default: tokengate.db, else the demo's tokengate-demo.db)",
     )
     log_cmd.add_argument(
+        "--config",
+        metavar="FILE",
+        help="TOML config file: its [gate] journal is read (when --journal is not given)",
+    )
+    log_cmd.add_argument(
         "--kind",
         choices=("decisions", "audit", "samples"),
         default="decisions",
@@ -542,7 +547,10 @@ def _cmd_console(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def _cmd_log(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from gate.journal.export import ExportError, export, find_journal
 
-    journal, note = find_journal(args.journal)
+    given = args.journal
+    if given is None and getattr(args, "config", None):
+        given = load_config(args.config).gate.journal
+    journal, note = find_journal(given)
     if note:
         err.write(f"tokengate log: {note}\n")
     try:

@@ -229,6 +229,8 @@ def write_csv(columns: Sequence[str], rows: Iterator[tuple[Any, ...]], out: Text
         values[ts_at] = iso(values[ts_at])
         if stream_at >= 0:
             values[stream_at] = "true" if values[stream_at] else "false"
+        # milliseconds to a tenth, never 35338.87197700005 (a float's noise, not a measurement)
+        values = [round(v, 3) if isinstance(v, float) and i != ts_at else v for i, v in enumerate(values)]
         writer.writerow(values)  # None -> "" (csv module)
         n += 1
     return n

@@ -233,7 +233,9 @@ def export_decisions_csv(
             finally:
                 cursor.close()
 
-        with open(part, "w", newline="", encoding="utf-8") as out:
+        # As private as the journal it comes from (0600): tenant names and request sizes.
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(fd, "w", newline="", encoding="utf-8") as out:
             n = write_csv(columns, rows(), out)
         os.replace(part, out_path)
         return n
