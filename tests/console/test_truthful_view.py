@@ -346,7 +346,7 @@ async def test_gpu_panel_always_shows_the_kv_cache_the_gate_reserved(gate):
             await pilot.pause()
             text = str(app.gpu.content)
             pool = backend.capacity.ceiling
-            assert f"0.25/{pool * 131072 / 2**30:.2f} GiB" in text and f"2,048/{pool:,} tok x 128K" in text
+            assert f"0.25/{pool * 131072 / 2**30:.2f} GiB" in text and f"2,048/{pool:,} tok x 128 KiB/tok" in text
         finally:
             backend.gatekeeper.release(held)
 
@@ -362,7 +362,7 @@ async def test_the_demo_gpu_is_simulated_and_says_so(gate):
         await pilot.pause()
         text = str(app.gpu.content)
         assert "SIMULATED" in text and "GiB" in text and "llama-server (simulated)" in text
-        assert "KV reserved" in text and "x 128K" in text
+        assert "KV reserved" in text and "x 128 KiB/tok" in text
         assert gate.backends.backends[0].kv_bytes_per_token == DEMO_KV_BYTES_PER_TOKEN
         assert gate.label == "SIMULATED"
 
