@@ -308,8 +308,11 @@ async def test_retune_says_what_the_controller_will_do_and_can_freeze_it(gate):
         outlook = str(app.screen.query_one("#retune-controller").content)
         assert "adaptive controller" in outlook and "Freeze" in outlook
         app.screen.query_one("#field-budget", Input).value = "6144"
-        app.screen.query_one("#retune-freeze", Checkbox).value = True
+        box = app.screen.query_one("#retune-freeze", Checkbox)
+        assert box.render().plain.startswith("[ ]")  # off looks off (#22: it looked ticked)
+        box.value = True
         await pilot.pause()
+        assert box.render().plain.startswith("[x]")
         await app.screen.save()
         for _ in range(50):
             if len(app.screen_stack) == 1:
