@@ -186,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(func=_cmd_config_check)
     example = config_commands.add_parser(
         "example",
-        help="print an annotated example config (every key, with its default)",
+        help="print an annotated example config (every key, what it does, its default)",
         description=(
             "Print an annotated tokengate.toml listing every key with what it does, its unit and\n"
             "its default. Start from it: tokengate config example > tokengate.toml"

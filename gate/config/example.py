@@ -1,8 +1,10 @@
-"""The annotated example (`tokengate config example`): every key, with its default."""
+"""The annotated example (`tokengate config example`): every key, what it does and its default."""
 
 EXAMPLE_CONFIG = """\
-# tokengate.toml: every key, with its default. Every key is optional; delete what you do not
-# need. Check a file with `tokengate config check FILE`.
+# tokengate.toml: every key, what it does and its default (each comment's "Default:"). The
+# values set here are a working start and some differ from the defaults (the classes' shares,
+# for one). Every key is optional; delete what you do not need. Check a file with
+# `tokengate config check FILE` (add --backends to ask the running llama-server too).
 #
 # Token counts below are KV-cache tokens: a request costs prompt tokens + max_tokens.
 
