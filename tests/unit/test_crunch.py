@@ -550,3 +550,20 @@ def test_the_recommendation_merges_into_the_example_config_and_admits_its_larges
     text = format_report(report)
     assert "Paste into tokengate.toml" not in text
     assert edit_command(edits) in text and "'backends[0].token_budget=" in text
+
+
+def test_progress_moves_inside_a_cell_with_its_tokens() -> None:
+    from gate.tools.crunch.progress import Progress
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Tty()
+    p = Progress(out, 4)
+    p.cell_started("concurrency 4, ctx 4K", expected_tokens=400)
+    for _ in range(100):
+        p.token()
+        p._drawn_at = 0.0  # as if 0.2 s went by between tokens
+    assert "25% of its 400 tokens" in out.getvalue().rsplit("\r", 1)[-1]
+    assert p.done == 0  # no request finished: the bar still moved
