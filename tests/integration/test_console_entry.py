@@ -57,3 +57,26 @@ def test_a_listen_address_in_use_is_named_with_its_key_and_no_traceback(tmp_path
     assert proc.returncode == 2, proc.stderr
     assert f"cannot listen on 127.0.0.1:{port} ([gate] listen)" in proc.stderr
     assert "Traceback" not in proc.stderr and "never retrieved" not in proc.stderr
+
+
+async def test_an_attached_console_reconnects_when_its_gate_restarts(tmp_path):
+    import asyncio
+    import signal
+
+    from tests.integration.gate_harness import wait_until
+
+    async with fake_upstream("hang") as fake:
+        config = write_config(tmp_path, fake.url)
+        async with serve(tmp_path, config) as proc:
+            console = Pty(str(TOKENGATE), "console", "--attach", sock_of(tmp_path), cwd=tmp_path)
+            try:
+                await wait_until(lambda: console.shows("LIVE"), timeout_s=30)
+                proc.send_signal(signal.SIGTERM)  # what systemd does on a restart
+                await asyncio.wait_for(proc.wait(), 30)
+                await wait_until(lambda: console.shows("waiting up to"), timeout_s=30)
+                assert console.proc.poll() is None  # still there, waiting for its gate
+                async with serve(tmp_path, config):
+                    await wait_until(lambda: console.shows("reconnected to"), timeout_s=30)
+                    assert console.proc.poll() is None
+            finally:
+                console.close()
