@@ -102,8 +102,7 @@ def key_help(bindings: BindingsMap) -> list[tuple[str, str]]:
             keys.setdefault(action, []).append(binding.key_display or binding.key)
     rows = [(", ".join(sorted(keys[action], key=len)), KEY_HELP[action]) for action in KEY_HELP if action in keys]
     rows.append(("up/down", "select a class (the row p, d and t act on)"))
-    rows.append(("tab", "move between the classes table and the decision tail"))
-    rows.append(("up/down, pgup/pgdn, home/end, wheel", "decision tail (focused): scroll back; it stops following new rows until G or the end"))
+    rows.append(("tab, pgup/pgdn", "to the decision tail and back through it (G follows again)"))
     rows.append(("esc", "clear the filter / close a dialog"))
     return rows
 
