@@ -381,7 +381,7 @@ def _cmd_overrides(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     journal = args.journal or config.gate.journal
     path = kept.path_for(journal)
     current = kept.load(path)
-    socket_path = config.gate.control_socket_path()
+    socket_path = config.gate.control_socket_path() or ""
     live = bool(socket_path) and is_live(socket_path)
     if args.action == "show":
         if not current:

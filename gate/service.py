@@ -44,10 +44,11 @@ from gate.observe.gpu import GpuMonitor, GpuSource, read_gpu
 from gate.observe.metrics import GateMetrics
 from gate.observe.recorder import Recorder
 from gate.observe.snapshots import GateState, build_snapshot
-from gate.ops.overrides import load as load_overrides, path_for as overrides_path_for
 from gate.ops.control import Control
 from gate.ops.control_socket import ControlServer
 from gate.ops.lock import JournalLock, new_gate_id
+from gate.ops.overrides import load as load_overrides
+from gate.ops.overrides import path_for as overrides_path_for
 
 if TYPE_CHECKING:
     from gate.fleet.sharedlimits.client import SharedLimits

@@ -75,13 +75,13 @@ _TIME_KEYS = ("since", "until")
 def parse_when(text: str, now: float) -> float:
     """A review time, UTC like the screen: ``23:01``/``23:01:30`` (that day of the journal's newest
     row, or the day before when later than it), ``2026-12-01T23:01`` (ISO), or ``10m``/``2h`` ago."""
-    from datetime import datetime, timezone
+    from datetime import UTC, datetime
 
     from gate.journal.export import parse_since
 
     m = re.fullmatch(r"(\d{1,2}):(\d{2})(?::(\d{2}))?", text)
     if m:
-        day = datetime.fromtimestamp(now, timezone.utc)
+        day = datetime.fromtimestamp(now, UTC)
         at = day.replace(hour=int(m.group(1)), minute=int(m.group(2)), second=int(m.group(3) or 0), microsecond=0)
         ts = at.timestamp()
         return ts - 86400 if ts > now else ts

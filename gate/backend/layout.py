@@ -150,9 +150,7 @@ def local_server_args(url: str, proc_root: str = "/proc") -> ServerArgs | None:
     return found[0] if len(found) == 1 else None
 
 
-def learn_layout(
-    props: Mapping[str, Any], configured: str, args: ServerArgs | None, n_ctx_train: int | None = None
-) -> Layout:
+def learn_layout(props: Mapping[str, Any], configured: str, args: ServerArgs | None, n_ctx_train: int | None = None) -> Layout:
     """The layout from the server's own figures; the configured `kv` only where they do not tell.
 
     `configured` is the config's `kv`: "auto" (learn; assume unified and say so), or an
@@ -188,14 +186,15 @@ def learn_layout(
         warnings: tuple[str, ...] = ()
         if configured not in ("auto", kv):
             warnings = (
-                f'config says kv = "{configured}" but llama-server runs a {kv} KV cache ({detail}): '
-                f'using {kv}; set kv = "{kv}" or "auto"',
+                f'config says kv = "{configured}" but llama-server runs a {kv} KV cache ({detail}): using {kv}; set kv = "{kv}" or "auto"',
             )
         return Layout(kv, source, detail, warnings)
     if configured != "auto":
         return Layout(configured, "config", f'kv = "{configured}" (not visible over HTTP)')
     return Layout(
-        "unified", "assumed", "not visible over HTTP: assumed unified, the safe side",
+        "unified",
+        "assumed",
+        "not visible over HTTP: assumed unified, the safe side",
         (
             f"KV layout unknown (llama-server does not report it): assuming unified, ceiling "
             f"{per_slot} = one slot's context; if it runs -np {slots} without -kvu its pool is "

@@ -82,8 +82,8 @@ def _set(lines: list[str], table: str, key: str, value: str) -> list[str]:
             comment = ""
             rest = m.group(2)
             if "#" in rest and not rest.strip().startswith(('"', "'", "[")):
-                comment = "  " + rest[rest.index("#"):]
-            return [*lines[:i], f"{m.group(1)}{key} = {value}{comment}", *lines[i + 1:]]
+                comment = "  " + rest[rest.index("#") :]
+            return [*lines[:i], f"{m.group(1)}{key} = {value}{comment}", *lines[i + 1 :]]
         if lines[i].strip() and not lines[i].lstrip().startswith("#"):
             last = i
-    return [*lines[: last + 1], f"{key} = {value}", *lines[last + 1:]]
+    return [*lines[: last + 1], f"{key} = {value}", *lines[last + 1 :]]

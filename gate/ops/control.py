@@ -306,7 +306,8 @@ class Control:
             if cls in names and cls not in self.paused:
                 self.paused.add(cls)
                 for b in self._ready_admissions():
-                    b.gatekeeper.pause(cls, True)
+                    if b.gatekeeper is not None:
+                        b.gatekeeper.pause(cls, True)
                 results.append(self._audit(operator, source, "restored", f"class:{cls}", "running", "paused", "kept from the last run"))
         if saved.frozen and not self.frozen:
             self.frozen = True
@@ -346,7 +347,8 @@ class Control:
         for cls in sorted(self.paused):
             self.paused.discard(cls)
             for b in self._ready_admissions():
-                b.gatekeeper.pause(cls, False)
+                if b.gatekeeper is not None:
+                    b.gatekeeper.pause(cls, False)
         self.frozen = False
         for b in self.backends:
             self.adopt(b)

@@ -59,8 +59,12 @@ class Overrides:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "v": VERSION, "settings": self.settings, "classes": self.classes, "budgets": self.budgets,
-            "paused": sorted(self.paused), "frozen": self.frozen,
+            "v": VERSION,
+            "settings": self.settings,
+            "classes": self.classes,
+            "budgets": self.budgets,
+            "paused": sorted(self.paused),
+            "frozen": self.frozen,
         }
 
     @classmethod

@@ -76,7 +76,11 @@ async def test_where_the_layout_cannot_be_learned_every_contradiction_is_in_heal
 
 
 async def test_a_default_max_tokens_that_fills_a_slot_is_said_at_start(llama_split):
-    async with running_gate(llama_split.url, CLASSES.replace("default_max_tokens = 256\n[classes.batch]", "default_max_tokens = 512\n[classes.batch]"), kv="auto") as gate:
+    async with running_gate(
+        llama_split.url,
+        CLASSES.replace("default_max_tokens = 256\n[classes.batch]", "default_max_tokens = 512\n[classes.batch]"),
+        kv="auto",
+    ) as gate:
         await gate.backends.probe_all()
         h = await health(gate)
         assert any("classes.interactive.default_max_tokens 512" in w for w in h["warnings"])

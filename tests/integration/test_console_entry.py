@@ -29,8 +29,10 @@ async def test_attaching_to_the_journal_says_it_is_a_journal_and_what_to_pass(tm
     async with fake_upstream("hang") as fake:
         config = write_config(tmp_path, fake.url)
         async with serve(tmp_path, config):
-            for wrong, said in ((tmp_path / "journal.db", "is a journal (SQLite), not a control socket"),
-                                (config, "is a config file, not a control socket")):
+            for wrong, said in (
+                (tmp_path / "journal.db", "is a journal (SQLite), not a control socket"),
+                (config, "is a config file, not a control socket"),
+            ):
                 console = Pty(str(TOKENGATE), "console", "--attach", str(wrong), cwd=tmp_path)
                 try:
                     rc = console.proc.wait(30)
@@ -52,8 +54,7 @@ def test_a_listen_address_in_use_is_named_with_its_key_and_no_traceback(tmp_path
         holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         holder.bind(("127.0.0.1", port))
         holder.listen()
-        proc = subprocess.run([str(TOKENGATE), "serve", "--config", str(config)], capture_output=True, text=True,
-                              timeout=60, cwd=tmp_path)
+        proc = subprocess.run([str(TOKENGATE), "serve", "--config", str(config)], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert f"cannot listen on 127.0.0.1:{port} ([gate] listen)" in proc.stderr
     assert "Traceback" not in proc.stderr and "never retrieved" not in proc.stderr

@@ -38,8 +38,7 @@ def body(user: str) -> dict:
 
 
 async def test_refused_and_drained_requests_report_the_time_they_waited():
-    async with fake_upstream("hang") as fake, running_gate(fake.url, CONFIG, kv="split") as gate, \
-            httpx.AsyncClient(timeout=30) as client:
+    async with fake_upstream("hang") as fake, running_gate(fake.url, CONFIG, kv="split") as gate, httpx.AsyncClient(timeout=30) as client:
         await gate.backends.probe_all()
         (backend,) = gate.backends
         adm = backend.admission

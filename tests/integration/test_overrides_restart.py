@@ -24,7 +24,7 @@ def since_last_start(tmp_path: Path) -> list[dict]:
     last = max(i for i, r in enumerate(rows) if r["action"] == "started")
     # the restore runs before the gate listens, so its rows come just before `started`
     prev = max((i for i, r in enumerate(rows[:last]) if r["action"] in ("stopped", "stopping", "started")), default=-1)
-    return rows[prev + 1:]
+    return rows[prev + 1 :]
 
 
 async def restart_and_look(tmp_path: Path, config: Path):
@@ -52,8 +52,15 @@ async def test_retune_pause_and_freeze_survive_sigkill_and_sigterm_then_drop_in_
             link = await SocketLink.connect(sock_of(tmp_path), environ={})
             try:
                 await wait_until(lambda: _ready(link), timeout_s=10)
-                await link.command(Retune(budget=1536, settings={"min_tokens": 1024, "slo_ttft_p95_ms": 900.0},
-                                          cls="batch", class_changes={"queue_depth": 3}, freeze=True))
+                await link.command(
+                    Retune(
+                        budget=1536,
+                        settings={"min_tokens": 1024, "slo_ttft_p95_ms": 900.0},
+                        cls="batch",
+                        class_changes={"queue_depth": 3},
+                        freeze=True,
+                    )
+                )
                 await link.command(Pause("batch", True))
                 before = await link.snapshot()
             finally:
@@ -72,8 +79,13 @@ async def test_retune_pause_and_freeze_survive_sigkill_and_sigterm_then_drop_in_
             assert batch.paused and batch.queue_depth == 3, how
             assert set(snap.overrides) == set(before.overrides), how
             restored = {(r["target"], r["new_value"]) for r in since_last_start(tmp_path) if r["action"] == "restored"}
-            assert {("budget.slo_ttft_p95_ms", "900"), ("classes.batch.queue_depth", "3"), ("class:batch", "paused"),
-                    ("controller", "frozen"), ("backend:llama", "1536")} <= restored, (how, restored)
+            assert {
+                ("budget.slo_ttft_p95_ms", "900"),
+                ("classes.batch.queue_depth", "3"),
+                ("class:batch", "paused"),
+                ("controller", "frozen"),
+                ("backend:llama", "1536"),
+            } <= restored, (how, restored)
 
         # one command back to the file; the next start restores nothing
         async with serve(tmp_path, config) as proc:

@@ -18,16 +18,17 @@ pytestmark = pytest.mark.llama
 async def test_bypass_occupancy_is_shown_and_a_dead_servers_telemetry_is_stale(llama_bin, tmp_path):
     from tests.llama.make_model import cached_model
 
-    server = LlamaServer(llama_bin, cached_model("default"), mode="unified", ctx=2048, n_slots=4,
-                         log_path=tmp_path / "llama.log").start()
+    server = LlamaServer(llama_bin, cached_model("default"), mode="unified", ctx=2048, n_slots=4, log_path=tmp_path / "llama.log").start()
     try:
         async with running_gate(server.url, kv="unified") as gate, httpx.AsyncClient(timeout=60) as client:
+
             def view():
                 return next(b for b in gate.snapshot().backends if b.name == "b0")
 
             # straight to llama-server, not through the gate: a long generation holds one slot
-            direct = asyncio.create_task(client.post(server.url + "/completion", json={
-                "prompt": "hello", "n_predict": 1500, "ignore_eos": True}))
+            direct = asyncio.create_task(
+                client.post(server.url + "/completion", json={"prompt": "hello", "n_predict": 1500, "ignore_eos": True})
+            )
             await wait_until(lambda: view().bypass_slots == 1, timeout_s=20)
             v = view()
             assert v.slots_busy == 0 and not v.telemetry_stale

@@ -14,8 +14,10 @@ from gate.config.edit import set_keys
 
 def test_set_keys_replaces_in_its_table_inserts_new_keys_and_appends_missing_tables():
     text = "[budget]\nmin_tokens = 2048  # the floor\n# aging_s = 5\n\n[classes.batch]\npriority = 1\n"
-    out = set_keys(text, [("budget.min_tokens", 1024), ("budget.aging_s", 2.5), ("classes.batch.reserved_tokens", 0),
-                          ("classes.interactive.priority", 9)])
+    out = set_keys(
+        text,
+        [("budget.min_tokens", 1024), ("budget.aging_s", 2.5), ("classes.batch.reserved_tokens", 0), ("classes.interactive.priority", 9)],
+    )
     c = parse_config(out + "[classes.interactive]\n" if "[classes.interactive]" not in out else out, "t.toml")
     assert c.budget.min_tokens == 1024 and c.budget.aging_s == 2.5
     assert "min_tokens = 1024  # the floor" in out and "# aging_s = 5" in out
@@ -54,8 +56,18 @@ def test_overrides_show_write_and_drop_without_a_running_gate(tmp_path):
     journal = tmp_path / "tokengate.db"
     f.write_text(EXAMPLE_CONFIG.replace('journal = "tokengate.db"', f'journal = "{journal}"'))
     kept = tmp_path / "tokengate.db.overrides.json"
-    kept.write_text(json.dumps({"v": 1, "settings": {"min_tokens": 1024}, "classes": {"batch": {"queue_depth": 3}},
-                                "budgets": {}, "paused": ["batch"], "frozen": True}))
+    kept.write_text(
+        json.dumps(
+            {
+                "v": 1,
+                "settings": {"min_tokens": 1024},
+                "classes": {"batch": {"queue_depth": 3}},
+                "budgets": {},
+                "paused": ["batch"],
+                "frozen": True,
+            }
+        )
+    )
     rc, out, _ = run("overrides", "--config", str(f))
     assert rc == 0 and "budget.min_tokens=1024" in out and "batch paused" in out and "controller frozen" in out
     rc, out, _ = run("overrides", "write", "--config", str(f))

@@ -48,7 +48,9 @@ def test_ctx_zero_takes_the_models_training_context_as_the_total():
 
 
 def test_environment_variables_count_like_flags():
-    args = parse_server_args(["llama-server", "-m", "m.gguf"], {"LLAMA_ARG_N_PARALLEL": "4", "LLAMA_ARG_CTX_SIZE": "8192", "LLAMA_ARG_PORT": "9000"})
+    args = parse_server_args(
+        ["llama-server", "-m", "m.gguf"], {"LLAMA_ARG_N_PARALLEL": "4", "LLAMA_ARG_CTX_SIZE": "8192", "LLAMA_ARG_PORT": "9000"}
+    )
     assert (args.n_parallel, args.ctx, args.port) == (4, 8192, 9000)
     assert learn_layout(props(4, 2048), "auto", args).kv == "split"
 
@@ -86,8 +88,10 @@ def test_local_server_args_finds_the_one_llama_server_on_the_backends_port(tmp_p
 def test_min_tokens_and_reservations_above_the_ceiling_are_said():
     layout = learn_layout(props(4, 512), "auto", None)
     cap = capacity_from_props(props(4, 512), BackendConfig(), layout)
-    classes = (ClassConfig(name="interactive", priority=2, reserved_tokens=1024, default_max_tokens=256),
-               ClassConfig(name="batch", priority=1, default_max_tokens=256))
+    classes = (
+        ClassConfig(name="interactive", priority=2, reserved_tokens=1024, default_max_tokens=256),
+        ClassConfig(name="batch", priority=1, default_max_tokens=256),
+    )
     warnings = capacity_warnings(layout, cap, BudgetConfig(min_tokens=2048), classes)
     assert any("min_tokens 2048 is above the ceiling 512" in w for w in warnings)
     assert any("interactive 1024" in w and "exceed the ceiling 512" in w for w in warnings)

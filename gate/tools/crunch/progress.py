@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-
 from typing import TextIO
 
 from gate.tools.crunch.plan import CellResult
