@@ -180,16 +180,20 @@ class _Flow:
         # Arrival is now: queue time is time spent waiting for admission, not counting tokens.
         request = Request(self.request_id, intake.caller.cls, intake.caller.tenant, self.count.tokens, intake.max_tokens, self.gate.clock())
         assert backend.gatekeeper is not None
+        queued = True  # until the core says it refused at once
         try:
             self.ticket = await backend.gatekeeper.acquire(request)
         except GateError as err:
+            queued = bool(getattr(err, "waited", True))
             if backend.fleet is not None:
                 backend.fleet.refused(backend, err)  # Retry-After from the load time, while it loads
             raise
         finally:
             if self.ticket is None or self.ticket.request is not request:
-                # Refused (at once or after waiting), drained, or cancelled: the wait still counts.
-                self.waited_s = (self.waited_s or 0.0) + max(0.0, self.gate.clock() - request.arrival)
+                # Refused after waiting, drained, or cancelled while queued: the wait counts.
+                # Refused at once: it never waited (0, not the microseconds of the decision).
+                waited = max(0.0, self.gate.clock() - request.arrival) if queued else 0.0
+                self.waited_s = (self.waited_s or 0.0) + waited
 
     async def _admit_routed(self, backend: Backend, chain: list[Backend], intake: Intake) -> Backend:
         """Router mode and fallbacks: the requested model, or the first fallback that admits at
