@@ -114,9 +114,6 @@ class GateService:
         self.gpu: GpuSource = gpu if gpu is not None else GpuMonitor()
         self.journal_path = journal_path or config.gate.journal
         self.lock = JournalLock(self.journal_path)
-        # The operator's runtime changes live beside the journal (one gate per journal): a
-        # restart, even after SIGKILL, re-applies them (gate/ops/overrides.py).
-        self.control.overrides_path = None if self.journal_path == ":memory:" else overrides_path_for(self.journal_path)
         socket_path = config.gate.control_socket_path() if journal_path is None or config.gate.control_socket else None
         self.control_server = None if socket_path is None else ControlServer(socket_path, self, group=config.gate.control_socket_group)
         self.drain_grace_s = 30.0
@@ -187,7 +184,11 @@ class GateService:
         if self.shared is not None:
             await self.shared.start()  # Redis out of reach is not fatal: the failure policy applies
         await self.backends.probe_all()
-        if self.control.overrides_path is not None:
+        # The operator's runtime changes live beside the journal this gate now holds (one gate
+        # per journal): kept from here on, and a restart, even after SIGKILL, re-applies them
+        # (gate/ops/overrides.py). A gate that never starts (a test's) keeps nothing.
+        if self.journal_path != ":memory:":
+            self.control.overrides_path = overrides_path_for(self.journal_path)
             saved = load_overrides(self.control.overrides_path)
             if saved:  # before the gate listens: no request is admitted under the file's values
                 self.control.restore(saved, operator=self.operator)
