@@ -77,7 +77,7 @@ def parse_when(text: str, now: float) -> float:
     row, or the day before when later than it), ``2026-12-01T23:01`` (ISO), or ``10m``/``2h`` ago."""
     from datetime import UTC, datetime
 
-    from gate.journal.export import parse_since
+    from gate.journal.reader import parse_since
 
     m = re.fullmatch(r"(\d{1,2}):(\d{2})(?::(\d{2}))?", text)
     if m:

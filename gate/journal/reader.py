@@ -30,10 +30,11 @@ import aiosqlite
 
 from gate.journal import COLUMNS, DecisionFilters, JournalQueries, time_where
 from gate.journal.queries import FILTER_FIELDS
-from gate.journal.export import FETCH, ExportError, check_version, open_read_only, write_csv
+from gate.journal.export import FETCH, ExportError, check_version, open_read_only, parse_since, write_csv
 
 __all__ = [
     "FILTER_FIELDS",
+    "parse_since",  # `--since`'s and the review's `since=` terms: one reading of "10m" or an ISO time
     "DecisionFilters",
     "JournalReader",
     "default_export_name",
