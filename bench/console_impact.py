@@ -33,9 +33,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import platform
 import random
+import re
 import shutil
 import signal
 import socket
@@ -97,13 +97,36 @@ class Arm:
             log = open(self.workdir / f"serve-{self.kind}.log", "ab")  # noqa: SIM115
             self.serve = subprocess.Popen(
                 [TOKENGATE, "serve", "--config", str(self.config), "--log-level", "warning"],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=self.workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                cwd=self.workdir,
             )
             wait(lambda: healthy(self.port), 30, "tokengate serve")
         if self.kind == "embedded":
-            tmux("new-session", "-d", "-s", SESSION, "-x", "160", "-y", "48", f"cd {self.workdir} && {TOKENGATE} console --config {self.config}")
+            tmux(
+                "new-session",
+                "-d",
+                "-s",
+                SESSION,
+                "-x",
+                "160",
+                "-y",
+                "48",
+                f"cd {self.workdir} && {TOKENGATE} console --config {self.config}",
+            )
         elif self.kind == "attached":
-            tmux("new-session", "-d", "-s", SESSION, "-x", "160", "-y", "48", f"cd {self.workdir} && {TOKENGATE} console --attach {self.sock}")
+            tmux(
+                "new-session",
+                "-d",
+                "-s",
+                SESSION,
+                "-x",
+                "160",
+                "-y",
+                "48",
+                f"cd {self.workdir} && {TOKENGATE} console --attach {self.sock}",
+            )
         if self.kind != "headless":
             wait(lambda: healthy(self.port), 30, "the gate behind the console")
             wait(lambda: "classes" in tmux("capture-pane", "-p", "-t", SESSION), 30, "the console's first frame")
@@ -131,9 +154,21 @@ def cpu_ticks(pattern: str) -> int | None:
 
 def load(port: int, rate: float, duration: float, seed: int) -> dict:
     out = subprocess.run(
-        [PY, str(HERE / "poisson_load.py"), "--url", f"http://127.0.0.1:{port}", "--rate", str(rate),
-         "--duration", str(duration), "--seed", str(seed)],
-        check=True, capture_output=True, text=True,
+        [
+            PY,
+            str(HERE / "poisson_load.py"),
+            "--url",
+            f"http://127.0.0.1:{port}",
+            "--rate",
+            str(rate),
+            "--duration",
+            str(duration),
+            "--seed",
+            str(seed),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
     return json.loads(out)
 
@@ -143,9 +178,20 @@ def key_latencies(port: int, rate: float, presses: int, seed: int) -> list[float
     rng = random.Random(seed)
     duration = presses * 1.2 + 6
     background = subprocess.Popen(
-        [PY, str(HERE / "poisson_load.py"), "--url", f"http://127.0.0.1:{port}", "--rate", str(rate),
-         "--duration", str(duration), "--seed", str(seed)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            PY,
+            str(HERE / "poisson_load.py"),
+            "--url",
+            f"http://127.0.0.1:{port}",
+            "--rate",
+            str(rate),
+            "--duration",
+            str(duration),
+            "--seed",
+            str(seed),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     time.sleep(2.0)
     out = []
@@ -182,11 +228,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--capacity-rates", default="200,300,400,500,600,700,800")
     ap.add_argument("--no-capacity", action="store_true")
     ap.add_argument(
-        "--phases", default="latency,keys,capacity",
+        "--phases",
+        default="latency,keys,capacity",
         help="which parts to run; the others are kept from an existing --out file (default: all)",
     )
-    ap.add_argument("--upstream", choices=("fake", "llama"), default="fake",
-                    help="fake: bench/fake_upstream.py (the gate's own cost); llama: the real llama-server")
+    ap.add_argument(
+        "--upstream",
+        choices=("fake", "llama"),
+        default="fake",
+        help="fake: bench/fake_upstream.py (the gate's own cost); llama: the real llama-server",
+    )
     ap.add_argument("--rounds", type=int, default=1, help="repeat each rate's arms this many times, alternating")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -205,18 +256,23 @@ def main(argv: list[str] | None = None) -> int:
         from tests.llama.make_model import cached_model
         from tests.llama.server import LlamaServer, find_llama_server
 
-        llama = LlamaServer(find_llama_server(), cached_model("fast"), mode="unified", ctx=2048, n_slots=4,
-                            threads=os.cpu_count() or 2).start()
+        llama = LlamaServer(
+            find_llama_server(), cached_model("fast"), mode="unified", ctx=2048, n_slots=4, threads=os.cpu_count() or 2
+        ).start()
         upstream_url, kv, stop_upstream = llama.url, "unified", llama.stop
     else:
         fake_port = free_port()
-        fake = subprocess.Popen([PY, str(HERE / "fake_upstream.py"), "--port", str(fake_port), "--slots", "256"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        fake = subprocess.Popen(
+            [PY, str(HERE / "fake_upstream.py"), "--port", str(fake_port), "--slots", "256"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         upstream_url, kv = f"http://127.0.0.1:{fake_port}", "split"
 
         def stop_upstream() -> None:
             fake.terminate()
             fake.wait(10)
+
     config = workdir / "gate.toml"
     config.write_text(
         f'[gate]\nlisten = "127.0.0.1:{gate_port}"\njournal = "{workdir / "gate.db"}"\n'
@@ -231,7 +287,10 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.system()} {platform.release()}",
         "upstream": "llama-server, tiny fast model, unified 2048, 4 slots" if real else "fake",
-        "duration_s": args.duration, "cells": [], "keys": {}, "capacity": {},
+        "duration_s": args.duration,
+        "cells": [],
+        "keys": {},
+        "capacity": {},
     }
     if not real and phases != {"latency", "keys", "capacity"} and args.out.exists():
         kept = json.loads(args.out.read_text())
@@ -256,14 +315,24 @@ def main(argv: list[str] | None = None) -> int:
                         cell["console_cpu_pct"] = 100.0 * (after - before) / os.sysconf("SC_CLK_TCK") / args.duration
                     results["cells"].append(cell)
                     cpu = f"  console CPU {cell['console_cpu_pct']:.1f}%" if "console_cpu_pct" in cell else ""
-                    print(f"{kind:9s} {rate:5.0f} req/s  p50 {cell['p50_ms']:8.1f} ms  p99 {cell['p99_ms']:8.1f} ms  non-200 {cell['non_200']}{cpu}", flush=True)
+                    print(
+                        f"{kind:9s} {rate:5.0f} req/s  p50 {cell['p50_ms']:8.1f} ms  p99 {cell['p99_ms']:8.1f} ms  non-200 {cell['non_200']}{cpu}",
+                        flush=True,
+                    )
         for kind in ("embedded", "attached") if "keys" in phases else ():
             arms[kind].start()
             try:
                 ms = key_latencies(gate_port, args.key_rate, args.presses, seed=7)
             finally:
                 arms[kind].stop()
-            results["keys"][kind] = {"rate": args.key_rate, "presses": len(ms), "p50_ms": pct(ms, 50), "p99_ms": pct(ms, 99), "max_ms": max(ms), "raw_ms": ms}
+            results["keys"][kind] = {
+                "rate": args.key_rate,
+                "presses": len(ms),
+                "p50_ms": pct(ms, 50),
+                "p99_ms": pct(ms, 99),
+                "max_ms": max(ms),
+                "raw_ms": ms,
+            }
             print(f"{kind:9s} key -> screen at {args.key_rate:.0f} req/s: p50 {pct(ms, 50):.0f} ms  p99 {pct(ms, 99):.0f} ms", flush=True)
         if "capacity" in phases:
             for kind in ARMS:
@@ -304,13 +373,17 @@ def summarize(results: dict) -> None:
         if arm == "headless":
             continue
         base = by[("headless", rate, round_)]  # the same round: drift hits both alike
-        ok = (
-            cell["p50_ms"] <= base["p50_ms"] + 3
-            and cell["p99_ms"] <= 2 * base["p99_ms"] + 10
-            and cell["non_200"] <= base["non_200"]
+        ok = cell["p50_ms"] <= base["p50_ms"] + 3 and cell["p99_ms"] <= 2 * base["p99_ms"] + 10 and cell["non_200"] <= base["non_200"]
+        verdicts.append(
+            {
+                "arm": arm,
+                "rate": rate,
+                "round": round_,
+                "met": ok,
+                "p99_ms": round(cell["p99_ms"], 1),
+                "headless_p99_ms": round(base["p99_ms"], 1),
+            }
         )
-        verdicts.append({"arm": arm, "rate": rate, "round": round_, "met": ok,
-                         "p99_ms": round(cell["p99_ms"], 1), "headless_p99_ms": round(base["p99_ms"], 1)})
     results["verdicts"] = verdicts
     keys = results.get("keys", {})
     results["keys_met"] = all(k["p99_ms"] <= 150 for k in keys.values()) if keys else None

@@ -46,7 +46,6 @@ import re
 import resource
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -56,11 +55,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from overhead import free_port, wait_http  # noqa: E402  (bench/ is on sys.path when run as a script)
+
 from console.app import TokengateApp  # noqa: E402
 from console.screens.help import HelpScreen  # noqa: E402
 from gate.config import parse_config  # noqa: E402
 from gate.service import GateService  # noqa: E402
-from overhead import free_port, wait_http  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 SIZE = (160, 48)
 TARGET_MS = 100.0
@@ -132,8 +132,7 @@ class GcPauses:
 
     def summary(self) -> dict:
         return {
-            f"gen{g}": {"count": len(v), "total_ms": round(sum(v)), "max_ms": round(max(v), 1) if v else 0.0}
-            for g, v in self.ms.items()
+            f"gen{g}": {"count": len(v), "total_ms": round(sum(v)), "max_ms": round(max(v), 1) if v else 0.0} for g, v in self.ms.items()
         }
 
 
@@ -214,9 +213,7 @@ class Wrk:
         self.proc: asyncio.subprocess.Process | None = None
 
     async def start(self) -> None:
-        self.proc = await asyncio.create_subprocess_exec(
-            *self.cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-        )
+        self.proc = await asyncio.create_subprocess_exec(*self.cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
 
     async def stop(self) -> str:
         assert self.proc is not None
@@ -409,8 +406,19 @@ async def pyspy_start(args, tmp: Path, result: dict) -> None:
     exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     out = tmp / "profile.txt"
     proc = await asyncio.create_subprocess_exec(
-        exe, "record", "--pid", str(os.getpid()), "--rate", "200", "--format", "raw", "--output", str(out),
-        "--nonblocking", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        exe,
+        "record",
+        "--pid",
+        str(os.getpid()),
+        "--rate",
+        "200",
+        "--format",
+        "raw",
+        "--output",
+        str(out),
+        "--nonblocking",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
     )
     _spy.update(proc=proc, out=out)
 
@@ -485,30 +493,41 @@ def main() -> int:
             upstream.kill()
         shutil.rmtree(tmp, ignore_errors=True)
     result["machine"] = {
-        "cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
         # other work on the machine competes for the same cores: note how busy it was
-        "loadavg_1m_before": round(load_before[0], 2), "loadavg_1m_after": round(os.getloadavg()[0], 2),
+        "loadavg_1m_before": round(load_before[0], 2),
+        "loadavg_1m_after": round(os.getloadavg()[0], 2),
     }
 
     s, st = result["screen_ms"], result["state_ms"]
-    print(f"gate rate        {result['achieved_rate']:.0f} req/s (target {args.rate:.0f}; the gate alone, flat out: "
-          f"{result['gate_alone_max_rate']:.0f}; wrk {result['wrk']['connections']} conns, delay {result['wrk']['delay_ms']} ms, "
-          f"p50 {result['wrk']['p50_ms']} ms, non-2xx {result['wrk']['non_2xx']})")
+    print(
+        f"gate rate        {result['achieved_rate']:.0f} req/s (target {args.rate:.0f}; the gate alone, flat out: "
+        f"{result['gate_alone_max_rate']:.0f}; wrk {result['wrk']['connections']} conns, delay {result['wrk']['delay_ms']} ms, "
+        f"p50 {result['wrk']['p50_ms']} ms, non-2xx {result['wrk']['non_2xx']})"
+    )
     print(f"{'':<17}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}")
     print(f"{'press -> state':<17}{st['p50']:>9.1f}{st['p99']:>9.1f}{st['max']:>9.1f}")
-    print(f"{'press -> screen':<17}{s['p50']:>9.1f}{s['p99']:>9.1f}{s['max']:>9.1f}   ({result['presses']} presses, "
-          f"{result['unanswered']} unanswered; target p99 <= {TARGET_MS:.0f} ms: {'met' if result['meets_target'] else 'MISSED'})")
+    print(
+        f"{'press -> screen':<17}{s['p50']:>9.1f}{s['p99']:>9.1f}{s['max']:>9.1f}   ({result['presses']} presses, "
+        f"{result['unanswered']} unanswered; target p99 <= {TARGET_MS:.0f} ms: {'met' if result['meets_target'] else 'MISSED'})"
+    )
     for what, v in result["screen_ms_by_key"].items():
         print(f"  {what:<15}{v['p50']:>9.1f}{'':>9}{v['max']:>9.1f}")
     lag = result["loop_lag_ms"]
     print(f"loop lag         {lag['p50']:>9.1f}{lag['p99']:>9.1f}{lag['max']:>9.1f}   (a 10 ms sleep wakes this late)")
     print(f"tick             {result['tick_ms_mean']:.1f} ms mean x {result['ticks']} = {result['tick_share']:.1%} of wall")
-    print(f"textual          {result['textual_layouts']} full layouts, {result['textual_layout_ms_mean']:.1f} ms mean = "
-          f"{result['textual_layout_share']:.1%} of wall; compositor refreshes {result['textual_compositor_share']:.1%} of wall "
-          f"(overlaps the layouts)")
+    print(
+        f"textual          {result['textual_layouts']} full layouts, {result['textual_layout_ms_mean']:.1f} ms mean = "
+        f"{result['textual_layout_share']:.1%} of wall; compositor refreshes {result['textual_compositor_share']:.1%} of wall "
+        f"(overlaps the layouts)"
+    )
     g2 = result["gc_pauses"]["gen2"]
-    print(f"gc               {g2['count']} full collections, {g2['total_ms']} ms in all, longest {g2['max_ms']} ms"
-          f"{' (after gc.freeze())' if args.gc_freeze else ''}")
+    print(
+        f"gc               {g2['count']} full collections, {g2['total_ms']} ms in all, longest {g2['max_ms']} ms"
+        f"{' (after gc.freeze())' if args.gc_freeze else ''}"
+    )
     print(f"process CPU      {result['process_cpu_share']:.0%} of one core (all threads)")
     if "py_spy" in result:
         print("py-spy, inclusive share of samples:")

@@ -47,10 +47,15 @@ def build(path: Path, rows: int, seed: int = 7) -> float:
     step = (now - start) / max(rows, 1)
     tenants = [f"tenant-{i:02d}" for i in range(40)]
     endpoints = ["/v1/chat/completions"] * 6 + ["/v1/completions", "/completion"]
-    refusals = [("refused", "queue_full", 429), ("refused", "token_budget_exceeded", 429),
-                ("refused", "rate_limited", 429), ("refused", "context_length_exceeded", 400),
-                ("shed", "shed_overrun", 503), ("cancelled", "client_disconnect", 499),
-                ("failed", "upstream_error", 502)]
+    refusals = [
+        ("refused", "queue_full", 429),
+        ("refused", "token_budget_exceeded", 429),
+        ("refused", "rate_limited", 429),
+        ("refused", "context_length_exceeded", 400),
+        ("shed", "shed_overrun", 503),
+        ("cancelled", "client_disconnect", 499),
+        ("failed", "upstream_error", 502),
+    ]
 
     def row(i: int) -> tuple:
         ts = start + i * step
@@ -69,10 +74,26 @@ def build(path: Path, rows: int, seed: int = 7) -> float:
             ttft, completion = None, None
             duration = (queue_ms or 0.0) + rng.uniform(0.2, 3.0)
         return (
-            ts, f"req-{i:08x}{rng.getrandbits(32):08x}", rng.choice(tenants), cls, "default",
-            rng.choice(endpoints), rng.random() < 0.6, prompt, "exact" if rng.random() < 0.97 else "estimate",
-            max_tokens, prompt + max_tokens, outcome, reason, status, queue_ms, ttft, duration, completion,
-            rng.choice((16384, 20480, 24576, 32768)), rng.randint(0, 32768),
+            ts,
+            f"req-{i:08x}{rng.getrandbits(32):08x}",
+            rng.choice(tenants),
+            cls,
+            "default",
+            rng.choice(endpoints),
+            rng.random() < 0.6,
+            prompt,
+            "exact" if rng.random() < 0.97 else "estimate",
+            max_tokens,
+            prompt + max_tokens,
+            outcome,
+            reason,
+            status,
+            queue_ms,
+            ttft,
+            duration,
+            completion,
+            rng.choice((16384, 20480, 24576, 32768)),
+            rng.randint(0, 32768),
         )
 
     batch = 50_000

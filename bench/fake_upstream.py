@@ -23,13 +23,20 @@ PROMPT_TOKENS = 20
 
 def _response(status: str, body: bytes, content_type: bytes = b"application/json") -> bytes:
     return (
-        b"HTTP/1.1 " + status.encode() + b"\r\ncontent-type: " + content_type
-        + b"\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        b"HTTP/1.1 "
+        + status.encode()
+        + b"\r\ncontent-type: "
+        + content_type
+        + b"\r\ncontent-length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
     )
 
 
 def build_stream(chunks: int) -> bytes:
     """An SSE answer of `chunks` tokens: content chunks, finish, usage, [DONE]."""
+
     def sse(obj) -> bytes:
         return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
@@ -38,17 +45,28 @@ def build_stream(chunks: int) -> bytes:
         sse({**base, "choices": [{"index": 0, "delta": {"content": f"tok{i} "}, "finish_reason": None}]}) for i in range(chunks)
     )
     stream += sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
-    stream += sse({**base, "choices": [], "usage": {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": chunks, "total_tokens": PROMPT_TOKENS + chunks},
-                   "timings": {"prompt_n": PROMPT_TOKENS, "prompt_ms": 1.0, "predicted_n": chunks, "predicted_per_second": 1000.0}})
+    stream += sse(
+        {
+            **base,
+            "choices": [],
+            "usage": {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": chunks, "total_tokens": PROMPT_TOKENS + chunks},
+            "timings": {"prompt_n": PROMPT_TOKENS, "prompt_ms": 1.0, "predicted_n": chunks, "predicted_per_second": 1000.0},
+        }
+    )
     return _response("200 OK", stream + b"data: [DONE]\n\n", b"text/event-stream")
 
 
 def build_responses(chunks: int, slots: int, n_ctx: int) -> dict[str, bytes]:
-    plain = json.dumps({
-        "id": "chatcmpl-fake", "object": "chat.completion", "created": 1, "model": "fake",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "length"}],
-        "usage": {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": chunks, "total_tokens": PROMPT_TOKENS + chunks},
-    }).encode()
+    plain = json.dumps(
+        {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "fake",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": chunks, "total_tokens": PROMPT_TOKENS + chunks},
+        }
+    ).encode()
     return {
         "/health": _response("200 OK", b'{"status":"ok"}'),
         "/props": _response("200 OK", json.dumps({"total_slots": slots, "default_generation_settings": {"n_ctx": n_ctx}}).encode()),

@@ -35,9 +35,7 @@ PATHS = ("/metrics", "/metrics/inference")
 async def run(scrapes: int) -> dict:
     sim = await serve_simulator(SimulatorConfig(), port=0)
     with tempfile.TemporaryDirectory() as tmp:
-        config = parse_config(
-            f'[gate]\njournal = "{tmp}/j.db"\n[[backends]]\nname = "sim"\nurl = "{sim.url}"\nmodels = ["m"]\n'
-        )
+        config = parse_config(f'[gate]\njournal = "{tmp}/j.db"\n[[backends]]\nname = "sim"\nurl = "{sim.url}"\nmodels = ["m"]\n')
         gate = GateService(config, environ={})
         await gate.start(port=0)
         try:
@@ -59,8 +57,10 @@ async def run(scrapes: int) -> dict:
                         assert resp.status_code == 200
                 # the server side alone: refresh + render, no HTTP
                 render = {}
-                for path, fn in (("/metrics", lambda: (gate.refresh_metrics(), gate.metrics.render())),
-                                 ("/metrics/inference", lambda: (gate.refresh_inference_gauges(), gate.metrics.render_inference()))):
+                for path, fn in (
+                    ("/metrics", lambda: (gate.refresh_metrics(), gate.metrics.render())),
+                    ("/metrics/inference", lambda: (gate.refresh_inference_gauges(), gate.metrics.render_inference())),
+                ):
                     t = time.perf_counter()
                     for _ in range(scrapes):
                         fn()
@@ -88,7 +88,9 @@ def main() -> None:
     result = asyncio.run(run(args.scrapes))
     print(f"{'path':<20} {'bytes':>7} {'HTTP p50 ms':>12} {'HTTP p99 ms':>12} {'render ms':>10} {'loop ms/s at 20/s':>18}")
     for path, r in result["paths"].items():
-        print(f"{path:<20} {r['bytes']:>7} {r['http_p50_ms']:>12} {r['http_p99_ms']:>12} {r['render_ms']:>10} {r['loop_ms_per_s_at_20_scrapes_per_s']:>18}")
+        print(
+            f"{path:<20} {r['bytes']:>7} {r['http_p50_ms']:>12} {r['http_p99_ms']:>12} {r['render_ms']:>10} {r['loop_ms_per_s_at_20_scrapes_per_s']:>18}"
+        )
     out = Path(__file__).with_name("results") / "metrics_scrape.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")

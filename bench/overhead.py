@@ -230,7 +230,9 @@ def run_wrk(url: str, lua: Path, conns: int, duration: int, pids: list[int]) -> 
     # which would flatter a slow target's p99 at 128 connections.
     out = subprocess.run(
         ["wrk", f"-t{threads}", f"-c{conns}", f"-d{duration}s", "--timeout", "30s", "--latency", "-s", str(lua), url],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     cpu = cpu_seconds(pids) - before
     r = parse_wrk(out)
@@ -245,8 +247,9 @@ def start_nginx(tmp: Path, up_port: int, workers: int) -> tuple[subprocess.Popen
     port = free_port()
     conf = tmp / "nginx.conf"
     conf.write_text(NGINX_CONF.format(workers=workers, tmp=tmp, up_port=up_port, port=port))
-    proc = subprocess.Popen([exe, "-p", str(tmp), "-c", str(conf), "-e", str(tmp / "nginx-error.log")],
-                            stderr=open(tmp / "nginx.stderr", "wb"))
+    proc = subprocess.Popen(
+        [exe, "-p", str(tmp), "-c", str(conf), "-e", str(tmp / "nginx-error.log")], stderr=open(tmp / "nginx.stderr", "wb")
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/health", 10)
     except RuntimeError:
@@ -272,11 +275,16 @@ def default_litellm() -> str | None:
 
 def find_litellm(choice: str | None) -> tuple[str | None, str | None]:
     """(executable, None), or (None, why it is not measured and how to install it)."""
-    install = (f"install it with `bash bench/install_litellm.sh` (litellm[proxy]=={LITELLM_VERSION} in its own venv, "
-               "never the project's: it pins many packages) and rerun, or pass --litellm PATH")
+    install = (
+        f"install it with `bash bench/install_litellm.sh` (litellm[proxy]=={LITELLM_VERSION} in its own venv, "
+        "never the project's: it pins many packages) and rerun, or pass --litellm PATH"
+    )
     if not choice:
         where = cache_root() / f"litellm-{LITELLM_VERSION}"
-        return None, f"litellm: not measured: no litellm executable ($TOKENGATE_BENCH_LITELLM unset, no venv at {where}, none on PATH); {install}"
+        return (
+            None,
+            f"litellm: not measured: no litellm executable ($TOKENGATE_BENCH_LITELLM unset, no venv at {where}, none on PATH); {install}",
+        )
     exe = shutil.which(choice)
     if exe is None:
         return None, f"litellm: not measured: {choice} is not an executable; {install}"
@@ -295,12 +303,18 @@ def launch_litellm(tmp: Path, exe: str, up_port: int) -> tuple[subprocess.Popen,
     port = free_port()
     conf = tmp / "litellm.yaml"
     conf.write_text(LITELLM_CONF.format(up_port=up_port))
-    env = {**os.environ, "LITELLM_MASTER_KEY": LITELLM_KEY,
-           # Without it, startup fetches a model cost map from the internet and waits for it.
-           "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    env = {
+        **os.environ,
+        "LITELLM_MASTER_KEY": LITELLM_KEY,
+        # Without it, startup fetches a model cost map from the internet and waits for it.
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    }
     proc = subprocess.Popen(
         [exe, "--config", str(conf), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"],
-        stdout=open(tmp / "litellm.log", "wb"), stderr=subprocess.STDOUT, env=env, cwd=tmp,
+        stdout=open(tmp / "litellm.log", "wb"),
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=tmp,
         start_new_session=True,  # its own process group, so nothing it spawns outlives the benchmark
     )
     return proc, port
@@ -458,8 +472,7 @@ def measure(targets: dict[str, Target], rounds: int, duration: int, conn_counts:
         for conns in conn_counts:
             runs = results[name][conns]
             table[f"{name}@{conns}"] = {
-                k: statistics.median([r[k] for r in runs if r[k] is not None])
-                for k in ("p50_ms", "p99_ms", "rps", "cpu_s_per_1k")
+                k: statistics.median([r[k] for r in runs if r[k] is not None]) for k in ("p50_ms", "p99_ms", "rps", "cpu_s_per_1k")
             } | {"non_2xx": sum(r["non_2xx"] for r in runs), "errors": sum(r["errors"] for r in runs)}
     for key, row in table.items():
         floor = table[f"direct@{key.split('@')[1]}"]
@@ -470,14 +483,18 @@ def measure(targets: dict[str, Target], rounds: int, duration: int, conn_counts:
 
 def print_table(table: dict[str, dict], names: list[str], conn_counts: tuple[int, ...] = CONNS) -> None:
     """One block per connection count, so every target sits next to the others at that load."""
-    print(f"{'target':<16}{'p50 ms':>9}{'p99 ms':>10}{'req/s':>10}{'non-2xx':>9}{'sock err':>9}"
-          f"{'added p50':>11}{'added p99':>11}{'cpu s/1k':>10}")
+    print(
+        f"{'target':<16}{'p50 ms':>9}{'p99 ms':>10}{'req/s':>10}{'non-2xx':>9}{'sock err':>9}"
+        f"{'added p50':>11}{'added p99':>11}{'cpu s/1k':>10}"
+    )
     for conns in conn_counts:
         for name in names:
             row = table[f"{name}@{conns}"]
-            print(f"{name + '@' + str(conns):<16}{row['p50_ms']:>9.2f}{row['p99_ms']:>10.2f}{row['rps']:>10.0f}"
-                  f"{row['non_2xx']:>9}{row['errors']:>9}{row['added_p50_ms']:>11.2f}{row['added_p99_ms']:>11.2f}"
-                  f"{row['cpu_s_per_1k']:>10.3f}")
+            print(
+                f"{name + '@' + str(conns):<16}{row['p50_ms']:>9.2f}{row['p99_ms']:>10.2f}{row['rps']:>10.0f}"
+                f"{row['non_2xx']:>9}{row['errors']:>9}{row['added_p50_ms']:>11.2f}{row['added_p99_ms']:>11.2f}"
+                f"{row['cpu_s_per_1k']:>10.3f}"
+            )
         if conns != conn_counts[-1]:
             print()
 
@@ -495,12 +512,16 @@ def vs_litellm(table: dict[str, dict]) -> dict[str, dict]:
             p50 = ratio(g["added_p50_ms"], lite["added_p50_ms"])
             cpu = ratio(g["cpu_s_per_1k"], lite["cpu_s_per_1k"])
             out[f"{gate}@{conns}"] = {
-                "added_p50_ratio": p50, "cpu_per_1k_ratio": cpu, "target": RATIO_TARGET,
+                "added_p50_ratio": p50,
+                "cpu_per_1k_ratio": cpu,
+                "target": RATIO_TARGET,
                 "met": p50 is not None and cpu is not None and p50 <= RATIO_TARGET and cpu <= RATIO_TARGET,
             }
-            print(f"{gate}@{conns} / litellm@{conns}: added p50 {g['added_p50_ms']:.2f} / {lite['added_p50_ms']:.2f} ms = {fmt(p50)}, "
-                  f"cpu s/1k {g['cpu_s_per_1k']:.3f} / {lite['cpu_s_per_1k']:.3f} = {fmt(cpu)} "
-                  f"(target <= {RATIO_TARGET:g} each: {'met' if out[f'{gate}@{conns}']['met'] else 'NOT met'})")
+            print(
+                f"{gate}@{conns} / litellm@{conns}: added p50 {g['added_p50_ms']:.2f} / {lite['added_p50_ms']:.2f} ms = {fmt(p50)}, "
+                f"cpu s/1k {g['cpu_s_per_1k']:.3f} / {lite['cpu_s_per_1k']:.3f} = {fmt(cpu)} "
+                f"(target <= {RATIO_TARGET:g} each: {'met' if out[f'{gate}@{conns}']['met'] else 'NOT met'})"
+            )
     return out
 
 
@@ -516,8 +537,15 @@ def measure_sse(targets: dict[str, Target], duration: int) -> dict[str, dict]:
             continue
         events = stream_events(t.url, t.headers)
         r = run_wrk(t.url, t.stream_lua, 32, duration, t.pids)
-        sse[name.replace("-hit", "")] = {"rps": r["rps"], "chunks_per_s": r["rps"] * events, "events_seen": events, "p99_ms": r["p99_ms"],
-                                          "non_2xx": r["non_2xx"], "errors": r["errors"], "cpu_s_per_1k": r["cpu_s_per_1k"]}
+        sse[name.replace("-hit", "")] = {
+            "rps": r["rps"],
+            "chunks_per_s": r["rps"] * events,
+            "events_seen": events,
+            "p99_ms": r["p99_ms"],
+            "non_2xx": r["non_2xx"],
+            "errors": r["errors"],
+            "cpu_s_per_1k": r["cpu_s_per_1k"],
+        }
     return sse
 
 
@@ -527,9 +555,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds per cell (median reported)")
     ap.add_argument("--nginx-workers", type=int, default=1, help="nginx worker_processes (default 1, like the one gate process)")
     ap.add_argument("--hold", type=int, default=10000, help="requests held in the queue for the RSS measurement (0 skips)")
-    ap.add_argument("--litellm", default=default_litellm(), metavar="PATH",
-                    help="litellm executable (default: $TOKENGATE_BENCH_LITELLM, else the venv bench/install_litellm.sh makes, "
-                         "else litellm on PATH)")
+    ap.add_argument(
+        "--litellm",
+        default=default_litellm(),
+        metavar="PATH",
+        help="litellm executable (default: $TOKENGATE_BENCH_LITELLM, else the venv bench/install_litellm.sh makes, else litellm on PATH)",
+    )
     args = ap.parse_args()
     if shutil.which("wrk") is None:
         print("wrk not found: apt-get install wrk", file=sys.stderr)
@@ -539,20 +570,34 @@ def main() -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     tmp = Path(tempfile.mkdtemp(prefix="tokengate-bench-"))
     up_port, gate_port, flood_port, hold_port, stub_port = (free_port() for _ in range(5))
-    for name, lua in (("hit", LUA_HIT), ("miss", LUA_MISS), ("stream", LUA_STREAM),
-                      ("litellm-hit", lua_fixed(BODY, LITELLM_AUTH)), ("litellm-stream", lua_fixed(STREAM_BODY, LITELLM_AUTH))):
+    for name, lua in (
+        ("hit", LUA_HIT),
+        ("miss", LUA_MISS),
+        ("stream", LUA_STREAM),
+        ("litellm-hit", lua_fixed(BODY, LITELLM_AUTH)),
+        ("litellm-stream", lua_fixed(STREAM_BODY, LITELLM_AUTH)),
+    ):
         (tmp / f"{name}.lua").write_text(lua)
-    classes = '[classes.interactive]\npriority = 10\nqueue_depth = 4096\nqueue_timeout_s = 60\n'
+    classes = "[classes.interactive]\npriority = 10\nqueue_depth = 4096\nqueue_timeout_s = 60\n"
     procs = [
-        subprocess.Popen([sys.executable, str(HERE / "fake_upstream.py"), "--port", str(up_port), "--slots", "256", "--chunks", str(CHUNKS)]),
-        gate_proc(tmp, "gate",
-                  f'[gate]\nlisten = "127.0.0.1:{gate_port}"\njournal = "{tmp / "journal.db"}"\n'
-                  f'[[backends]]\nurl = "http://127.0.0.1:{up_port}"\n'
-                  '[budget]\nmode = "static"\n' + classes),
+        subprocess.Popen(
+            [sys.executable, str(HERE / "fake_upstream.py"), "--port", str(up_port), "--slots", "256", "--chunks", str(CHUNKS)]
+        ),
+        gate_proc(
+            tmp,
+            "gate",
+            f'[gate]\nlisten = "127.0.0.1:{gate_port}"\njournal = "{tmp / "journal.db"}"\n'
+            f'[[backends]]\nurl = "http://127.0.0.1:{up_port}"\n'
+            '[budget]\nmode = "static"\n' + classes,
+        ),
     ]
     notes: list[str] = []
-    out: dict = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-                 "duration_s": args.duration, "rounds": args.rounds, "nginx_workers": args.nginx_workers}
+    out: dict = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "duration_s": args.duration,
+        "rounds": args.rounds,
+        "nginx_workers": args.nginx_workers,
+    }
     litellm_exe, why = find_litellm(args.litellm)
     litellm_proc = litellm = None
     if litellm_exe is None:
@@ -582,13 +627,24 @@ def main() -> int:
         if nginx:
             targets["nginx"] = Target(f"http://127.0.0.1:{nginx_port}{chat}", hit, [nginx.pid] + children(nginx.pid), stream)
         if litellm:
-            targets["litellm"] = Target(f"http://127.0.0.1:{litellm_port}{chat}", tmp / "litellm-hit.lua", descendants(litellm.pid),
-                                        tmp / "litellm-stream.lua", LITELLM_AUTH)
-            out["litellm"] = {"executable": litellm_exe, "version": litellm_version(litellm_exe), "workers": 1,
-                              "pids_counted": len(targets["litellm"].pids)}
-            notes.append(f"litellm {out['litellm']['version'] or '(version unknown)'} ({litellm_exe}): one worker, no database, "
-                         "drop_params on, access log left at its default (a line per request, to a log file); "
-                         "CPU = its process and descendants")
+            targets["litellm"] = Target(
+                f"http://127.0.0.1:{litellm_port}{chat}",
+                tmp / "litellm-hit.lua",
+                descendants(litellm.pid),
+                tmp / "litellm-stream.lua",
+                LITELLM_AUTH,
+            )
+            out["litellm"] = {
+                "executable": litellm_exe,
+                "version": litellm_version(litellm_exe),
+                "workers": 1,
+                "pids_counted": len(targets["litellm"].pids),
+            }
+            notes.append(
+                f"litellm {out['litellm']['version'] or '(version unknown)'} ({litellm_exe}): one worker, no database, "
+                "drop_params on, access log left at its default (a line per request, to a log file); "
+                "CPU = its process and descendants"
+            )
         targets["gate-hit"] = Target(f"http://127.0.0.1:{gate_port}{chat}", hit, [gate_pid], stream)
         targets["gate-miss"] = Target(f"http://127.0.0.1:{gate_port}{chat}", miss, [gate_pid])
         table = measure(targets, args.rounds, args.duration)
@@ -602,18 +658,23 @@ def main() -> int:
 
         sse = measure_sse(targets, args.duration)
         out["sse_at_32"] = {"events_per_response": SSE_EVENTS, **sse}
-        print(f"\nsaturation req/s: " + ", ".join(f"{k} {v:.0f}" for k, v in out["saturation_rps"].items()))
+        print("\nsaturation req/s: " + ", ".join(f"{k} {v:.0f}" for k, v in out["saturation_rps"].items()))
         print(f"SSE @32 conns ({SSE_EVENTS} events/response from the fake):")
         for k, v in sse.items():
-            print(f"  {k:<8} {v['chunks_per_s']:>8.0f} chunks/s ({v['rps']:.0f} streams/s, {v['events_seen']} events seen, "
-                  f"non-2xx {v['non_2xx']}, sock err {v['errors']}, cpu s/1k {v['cpu_s_per_1k']:.3f})")
+            print(
+                f"  {k:<8} {v['chunks_per_s']:>8.0f} chunks/s ({v['rps']:.0f} streams/s, {v['events_seen']} events seen, "
+                f"non-2xx {v['non_2xx']}, sock err {v['errors']}, cpu s/1k {v['cpu_s_per_1k']:.3f})"
+            )
         stop([p for p in procs if p is not procs[0] and p is not procs[1]])  # nginx and litellm done
 
         # Refusal flood: every request is a never-fits refusal (400), answered at once.
-        flood = gate_proc(tmp, "flood",
-                          f'[gate]\nlisten = "127.0.0.1:{flood_port}"\njournal = "{tmp / "flood.db"}"\n'
-                          f'[[backends]]\nurl = "http://127.0.0.1:{up_port}"\ntoken_budget = 16\n'
-                          '[budget]\nmode = "static"\nmin_tokens = 16\n' + classes)
+        flood = gate_proc(
+            tmp,
+            "flood",
+            f'[gate]\nlisten = "127.0.0.1:{flood_port}"\njournal = "{tmp / "flood.db"}"\n'
+            f'[[backends]]\nurl = "http://127.0.0.1:{up_port}"\ntoken_budget = 16\n'
+            '[budget]\nmode = "static"\nmin_tokens = 16\n' + classes,
+        )
         procs.append(flood)
         wait_http(f"http://127.0.0.1:{flood_port}/health")
         out["refusal_flood"] = {"sample": refusal_sample(f"http://127.0.0.1:{flood_port}{chat}")}
@@ -621,8 +682,10 @@ def main() -> int:
         for conns in (32, 128):
             r = run_wrk(f"http://127.0.0.1:{flood_port}{chat}", tmp / "hit.lua", conns, args.duration, [flood.pid])
             out["refusal_flood"][f"gate@{conns}"] = r
-            print(f"refusal flood @{conns} (400 never-fits): {r['rps']:.0f} refusals/s, p50 {r['p50_ms']:.2f} ms, "
-                  f"p99 {r['p99_ms']:.2f} ms, refused {r['non_2xx']}/{r['requests']}, cpu s/1k {r['cpu_s_per_1k']:.3f}")
+            print(
+                f"refusal flood @{conns} (400 never-fits): {r['rps']:.0f} refusals/s, p50 {r['p50_ms']:.2f} ms, "
+                f"p99 {r['p99_ms']:.2f} ms, refused {r['non_2xx']}/{r['requests']}, cpu s/1k {r['cpu_s_per_1k']:.3f}"
+            )
         stop([flood])
 
         # Resident memory with N requests held in the queue.
@@ -630,23 +693,33 @@ def main() -> int:
             stub = subprocess.Popen([sys.executable, "-c", HOLD_STUB.format(here=str(HERE), port=stub_port)])
             procs.append(stub)
             wait_http(f"http://127.0.0.1:{stub_port}/health")
-            hold = gate_proc(tmp, "hold",
-                             f'[gate]\nlisten = "127.0.0.1:{hold_port}"\njournal = "{tmp / "hold.db"}"\n'
-                             f'[[backends]]\nurl = "http://127.0.0.1:{stub_port}"\n'
-                             '[budget]\nmode = "static"\n'
-                             f'[classes.interactive]\npriority = 10\nqueue_depth = {args.hold + 1000}\nqueue_timeout_s = 600\n')
+            hold = gate_proc(
+                tmp,
+                "hold",
+                f'[gate]\nlisten = "127.0.0.1:{hold_port}"\njournal = "{tmp / "hold.db"}"\n'
+                f'[[backends]]\nurl = "http://127.0.0.1:{stub_port}"\n'
+                '[budget]\nmode = "static"\n'
+                f"[classes.interactive]\npriority = 10\nqueue_depth = {args.hold + 1000}\nqueue_timeout_s = 600\n",
+            )
             procs.append(hold)
             wait_http(f"http://127.0.0.1:{hold_port}/health")
             time.sleep(1.0)
             idle = rss_kib(hold.pid)
             t0 = time.monotonic()
-            opened, queued, held = asyncio.run(
-                hold_requests(hold_port, args.hold, f"http://127.0.0.1:{hold_port}/metrics", hold.pid))
-            out["hold_rss"] = {"requests": args.hold, "connections_open": opened, "queued": queued,
-                               "rss_idle_mib": idle / 1024, "rss_held_mib": held / 1024,
-                               "per_request_kib": (held - idle) / max(queued, 1), "fill_s": time.monotonic() - t0}
-            print(f"hold: {queued} queued ({opened} connections): RSS {idle / 1024:.1f} MiB idle -> "
-                  f"{held / 1024:.1f} MiB held ({(held - idle) / max(queued, 1):.1f} KiB/request)")
+            opened, queued, held = asyncio.run(hold_requests(hold_port, args.hold, f"http://127.0.0.1:{hold_port}/metrics", hold.pid))
+            out["hold_rss"] = {
+                "requests": args.hold,
+                "connections_open": opened,
+                "queued": queued,
+                "rss_idle_mib": idle / 1024,
+                "rss_held_mib": held / 1024,
+                "per_request_kib": (held - idle) / max(queued, 1),
+                "fill_s": time.monotonic() - t0,
+            }
+            print(
+                f"hold: {queued} queued ({opened} connections): RSS {idle / 1024:.1f} MiB idle -> "
+                f"{held / 1024:.1f} MiB held ({(held - idle) / max(queued, 1):.1f} KiB/request)"
+            )
             stop([hold, stub])
         for n in notes:
             print(n)

@@ -111,8 +111,7 @@ class Planned:
     max_tokens: int
 
 
-def plan(seed: int, rate: float, duration: float, batch_share: float, limit: int | None = None,
-         min_interactive: int = 0) -> list[Planned]:
+def plan(seed: int, rate: float, duration: float, batch_share: float, limit: int | None = None, min_interactive: int = 0) -> list[Planned]:
     """Open-loop Poisson arrivals at `rate`/s for `duration` s, and on until at least
     `min_interactive` interactive requests are planned; request i is the same in every cell of
     the same load (its attributes depend only on seed and i)."""
@@ -302,12 +301,15 @@ class Gate:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "Gate":
+    def start(self) -> Gate:
         exe = Path(sys.executable).with_name("tokengate")
         self.log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [str(exe), "serve", "--config", str(self.config_path), "--grace", "2", "--log-level", "warning"],
-            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -369,7 +371,9 @@ kv = "unified"
         # Count-based only: the gate's slot limit (never more in flight than llama-server has
         # slots), one FIFO class with the gate's default queue, and a token budget far above
         # the pool so it never binds.
-        return head + """token_budget = 1000000
+        return (
+            head
+            + """token_budget = 1000000
 
 [budget]
 mode = "static"
@@ -381,6 +385,7 @@ queue_timeout_s = 30
 default_max_tokens = 512
 max_tokens_cap = 4096
 """
+        )
     objective_s = round(objective_ms / 1000.0, 3)
     levers = not policy.endswith("-off")
     policy = policy.removesuffix("-off")
@@ -419,7 +424,10 @@ min_samples = 10
     # waiting after 2/3 of it cannot start in time and is refused (with Retry-After) rather than
     # served late. Batch: at most 1536 tokens in flight (one long request; the pool is 2048),
     # a deep patient queue.
-    return head + budget + f"""
+    return (
+        head
+        + budget
+        + f"""
 [classes.interactive]
 priority = 10
 reserved_tokens = 512
@@ -437,6 +445,7 @@ queue_timeout_s = 60
 default_max_tokens = 512
 max_tokens_cap = 1024
 """
+    )
 
 
 # ---------------------------------------------------------------- summaries
@@ -499,7 +508,9 @@ def summarise(results: list[Result], duration: float, elapsed: float, objective_
         by_idx = {r.idx: r for r in direct}
         ri = [r for r in refused if r.cls == "interactive"]
         rb = [r for r in refused if r.cls == "batch"]
-        hopeless_i = [r for r in ri if not (by_idx[r.idx].outcome == "ok" and by_idx[r.idx].ttft is not None and by_idx[r.idx].ttft <= objective_s)]
+        hopeless_i = [
+            r for r in ri if not (by_idx[r.idx].outcome == "ok" and by_idx[r.idx].ttft is not None and by_idx[r.idx].ttft <= objective_s)
+        ]
         hopeless_b = [r for r in rb if by_idx[r.idx].outcome != "ok"]
         s["refused_hopeless_interactive_share"] = len(hopeless_i) / len(ri) if ri else None
         s["refused_hopeless_batch_share"] = len(hopeless_b) / len(rb) if rb else None
@@ -527,8 +538,7 @@ def window_rates(results: list[Result], duration: float, width: float = 10.0) ->
                 merged[-1][1] = max(merged[-1][1], hi)
             else:
                 merged.append([lo, hi])
-        windows = [k for k in range(n)
-                   if any(lo <= k * width and hi >= (k + 1) * width for lo, hi in merged)]
+        windows = [k for k in range(n) if any(lo <= k * width and hi >= (k + 1) * width for lo, hi in merged)]
         if not windows:
             out[cls] = None
             continue
@@ -595,7 +605,9 @@ def llama_rates(url: str) -> dict[str, float]:
     return out
 
 
-def run_cell(binary: Path, model: Path, policy: str, planned: list[Planned], duration: float, drain: float, objective_ms: float) -> tuple[list[Result], float, dict, dict]:
+def run_cell(
+    binary: Path, model: Path, policy: str, planned: list[Planned], duration: float, drain: float, objective_ms: float
+) -> tuple[list[Result], float, dict, dict]:
     srv = start_llama(binary, model)
     gate = None
     extra: dict = {}
@@ -609,9 +621,20 @@ def run_cell(binary: Path, model: Path, policy: str, planned: list[Planned], dur
         results, elapsed = asyncio.run(drive(url, planned, duration, drain, class_header=policy not in ("direct", "naive")))
         if gate is not None:
             extra["gate_metrics"] = {
-                k: v for k, v in gate.metrics().items()
-                if k in ("tokengate_token_budget", "tokengate_reaped_total", "tokengate_requests_total", "tokengate_decisions_total", "tokengate_shed_total", "tokengate_in_flight_tokens")
-                or "budget" in k or "reaped" in k or "shed" in k
+                k: v
+                for k, v in gate.metrics().items()
+                if k
+                in (
+                    "tokengate_token_budget",
+                    "tokengate_reaped_total",
+                    "tokengate_requests_total",
+                    "tokengate_decisions_total",
+                    "tokengate_shed_total",
+                    "tokengate_in_flight_tokens",
+                )
+                or "budget" in k
+                or "reaped" in k
+                or "shed" in k
             }
         log = srv.log_text()
         extra["llama_context_exceeded_log_lines"] = log.count("Context size has been exceeded") + log.count("context size exceeded")
@@ -655,23 +678,36 @@ def saturation(binary: Path, model: Path) -> dict:
     try:
         exe = Path(sys.executable).with_name("tokengate")
         proc = subprocess.run(
-            [str(exe), "crunch", srv.url, "--json", "--ctx", "512,1k", "--concurrency", "1,2,4",
-             "--max-tokens", "256", "--requests", "32"],
-            capture_output=True, text=True, timeout=900,
+            [str(exe), "crunch", srv.url, "--json", "--ctx", "512,1k", "--concurrency", "1,2,4", "--max-tokens", "256", "--requests", "32"],
+            capture_output=True,
+            text=True,
+            timeout=900,
         )
         if proc.returncode != 0:
             return {"error": proc.stderr[-500:]}
         report = json.loads(proc.stdout)
         cells = [c for c in report["cells"] if not c.get("failed")]
         best = max(cells, key=lambda c: c.get("tokens_per_s") or 0) if cells else None
-        return {"tokens_per_s": best["tokens_per_s"] if best else None, "cell": best,
-                "command": "tokengate crunch URL --json --ctx 512,1k --concurrency 1,2,4 --max-tokens 256 --requests 32"}
+        return {
+            "tokens_per_s": best["tokens_per_s"] if best else None,
+            "cell": best,
+            "command": "tokengate crunch URL --json --ctx 512,1k --concurrency 1,2,4 --max-tokens 256 --requests 32",
+        }
     finally:
         srv.stop()
 
 
-KEYS = ("interactive_ttft_p50_s", "interactive_ttft_p95_s", "goodput_interactive_rps", "goodput_batch_tok_s",
-        "total_tok_s", "interactive_attainment", "refused", "upstream_5xx", "shed")
+KEYS = (
+    "interactive_ttft_p50_s",
+    "interactive_ttft_p95_s",
+    "goodput_interactive_rps",
+    "goodput_batch_tok_s",
+    "total_tok_s",
+    "interactive_attainment",
+    "refused",
+    "upstream_5xx",
+    "shed",
+)
 
 
 def aggregate(runs: list[dict]) -> dict:
@@ -679,13 +715,20 @@ def aggregate(runs: list[dict]) -> dict:
     out: dict = {}
     for k in KEYS:
         vals = [r[k] for r in runs if r.get(k) is not None]
-        out[k] = {"median": statistics.median(vals) if vals else None,
-                  "min": min(vals) if vals else None, "max": max(vals) if vals else None, "n": len(vals)}
+        out[k] = {
+            "median": statistics.median(vals) if vals else None,
+            "min": min(vals) if vals else None,
+            "max": max(vals) if vals else None,
+            "n": len(vals),
+        }
     mins = [r["min_window_tok_s"].get("batch") for r in runs if r.get("min_window_tok_s")]
     mins = [m for m in mins if m is not None]
-    out["batch_min_window_tok_s"] = {"median": statistics.median(mins) if mins else None,
-                                     "min": min(mins) if mins else None, "max": max(mins) if mins else None,
-                                     "n": len(mins)}
+    out["batch_min_window_tok_s"] = {
+        "median": statistics.median(mins) if mins else None,
+        "min": min(mins) if mins else None,
+        "max": max(mins) if mins else None,
+        "n": len(mins),
+    }
     return out
 
 
@@ -708,37 +751,50 @@ def verdicts(agg: dict, cells: dict, objective_s: float, saturation_tok_s: float
             d = cells[top].get("direct", [])
             p95s = [r["interactive_ttft_p95_s"] for r in runs]
             v[f"{top} {policy}: p95 within objective in every seed"] = {
-                "met": all(p is not None and p <= objective_s for p in p95s), "p95_s": p95s}
-            v[f"{top} {policy}: 0 upstream 5xx"] = {"met": all(r["upstream_5xx"] == 0 for r in runs),
-                                                    "upstream_5xx": [r["upstream_5xx"] for r in runs]}
+                "met": all(p is not None and p <= objective_s for p in p95s),
+                "p95_s": p95s,
+            }
+            v[f"{top} {policy}: 0 upstream 5xx"] = {
+                "met": all(r["upstream_5xx"] == 0 for r in runs),
+                "upstream_5xx": [r["upstream_5xx"] for r in runs],
+            }
             ratios = []
             for r, dr in zip(runs, d):
                 ratios.append(r["goodput_interactive_rps"] / dr["goodput_interactive_rps"] if dr["goodput_interactive_rps"] else math.inf)
-            v[f"{top} {policy}: interactive goodput >= 20x direct"] = {"met": bool(ratios) and all(x >= 20 for x in ratios),
-                                                                      "ratio": ratios}
+            v[f"{top} {policy}: interactive goodput >= 20x direct"] = {
+                "met": bool(ratios) and all(x >= 20 for x in ratios),
+                "ratio": ratios,
+            }
             if saturation_tok_s:
                 useful = [r["total_tok_s"] for r in runs]
                 v[f"{top} {policy}: useful tokens/s >= 90% of crunch's saturation"] = {
                     "met": all(u >= 0.9 * saturation_tok_s for u in useful),
-                    "share": [u / saturation_tok_s for u in useful]}
+                    "share": [u / saturation_tok_s for u in useful],
+                }
     for load_key, by_policy in cells.items():
         if "static" in by_policy and "adaptive" in by_policy:
-            shares = [a["goodput_batch_tok_s"] / s["goodput_batch_tok_s"] if s["goodput_batch_tok_s"] else math.inf
-                      for a, s in zip(by_policy["adaptive"], by_policy["static"])]
+            shares = [
+                a["goodput_batch_tok_s"] / s["goodput_batch_tok_s"] if s["goodput_batch_tok_s"] else math.inf
+                for a, s in zip(by_policy["adaptive"], by_policy["static"])
+            ]
             v[f"{load_key}: adaptive batch tok/s >= 70% of static's"] = {"met": all(x >= 0.7 for x in shares), "share": shares}
         for policy in ("static", "adaptive"):
             if policy in by_policy:
                 # None: the class never had demand for a whole window (nothing to starve).
                 mins = [r["min_window_tok_s"].get(c) for r in by_policy[policy] for c in r["min_window_tok_s"]]
                 v[f"{load_key} {policy}: every class > 0 tok/s in every 10 s window with demand"] = {
-                    "met": all(m is None or m > 0 for m in mins), "min_window_tok_s": mins}
+                    "met": all(m is None or m > 0 for m in mins),
+                    "min_window_tok_s": mins,
+                }
     if one and "direct" in cells[one]:
         for policy in ("static", "adaptive"):
             if policy not in cells[one]:
                 continue
             p = [(r["interactive_ttft_p95_s"], d["interactive_ttft_p95_s"]) for r, d in zip(cells[one][policy], cells[one]["direct"])]
-            v[f"1x {policy}: p95 <= direct's + 10%"] = {"met": all(a is not None and b is not None and a <= 1.1 * b for a, b in p),
-                                                       "p95_gate_vs_direct_s": p}
+            v[f"1x {policy}: p95 <= direct's + 10%"] = {
+                "met": all(a is not None and b is not None and a <= 1.1 * b for a, b in p),
+                "p95_gate_vs_direct_s": p,
+            }
             t = [(r["total_tok_s"], d["total_tok_s"]) for r, d in zip(cells[one][policy], cells[one]["direct"])]
             v[f"1x {policy}: total tok/s >= 90% of direct's"] = {"met": all(a >= 0.9 * b for a, b in t), "gate_vs_direct": t}
     return v
@@ -747,35 +803,58 @@ def verdicts(agg: dict, cells: dict, objective_s: float, saturation_tok_s: float
 def main(argv: list[str] | None = None) -> int:
     global LLAMA_ARGS, MODEL_SIZE, CTX
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--duration", type=float, default=25.0,
-                    help="least arrival window per cell, s; a cell runs on until it holds "
-                         "--min-interactive interactive requests (default 25)")
-    ap.add_argument("--min-interactive", type=int, default=MIN_INTERACTIVE,
-                    help=f"interactive requests per cell and per capacity probe (default {MIN_INTERACTIVE})")
+    ap.add_argument(
+        "--duration",
+        type=float,
+        default=25.0,
+        help="least arrival window per cell, s; a cell runs on until it holds --min-interactive interactive requests (default 25)",
+    )
+    ap.add_argument(
+        "--min-interactive",
+        type=int,
+        default=MIN_INTERACTIVE,
+        help=f"interactive requests per cell and per capacity probe (default {MIN_INTERACTIVE})",
+    )
     ap.add_argument("--drain", type=float, default=15.0, help="drain cap after the window, s (default 15)")
     ap.add_argument("--probe-duration", type=float, default=30.0, help="least arrival window per capacity probe, s")
     ap.add_argument("--seeds", default="7,8,9", help="comma-separated seeds; figures are the median and range (default 7,8,9)")
     ap.add_argument("--batch-share", type=float, default=0.2, help="share of arrivals that are batch (default 0.2)")
-    ap.add_argument("--unloaded-n", type=int, default=100,
-                    help="unloaded requests behind the default objective (default 100: with 30, the p95 is the "
-                         "2nd-largest of 30 and the objective moved 56 -> 136 ms between two runs)")
+    ap.add_argument(
+        "--unloaded-n",
+        type=int,
+        default=100,
+        help="unloaded requests behind the default objective (default 100: with 30, the p95 is the "
+        "2nd-largest of 30 and the objective moved 56 -> 136 ms between two runs)",
+    )
     ap.add_argument("--capacity", type=float, default=None, help="skip the search, use this rate (req/s)")
-    ap.add_argument("--objective-ms", type=float, default=None,
-                    help="the interactive TTFT objective, ms (default: 3x the unloaded p95, which moves between "
-                         "runs: 56 and 136 ms on the same machine the same day; give it to compare runs)")
+    ap.add_argument(
+        "--objective-ms",
+        type=float,
+        default=None,
+        help="the interactive TTFT objective, ms (default: 3x the unloaded p95, which moves between "
+        "runs: 56 and 136 ms on the same machine the same day; give it to compare runs)",
+    )
     ap.add_argument("--capacity-start", type=float, default=0.5, help="first rate the capacity search tries (req/s)")
     ap.add_argument("--no-crunch", action="store_true", help="skip the saturation measurement with tokengate crunch")
     ap.add_argument("--policies", default="direct,static,adaptive,static-off,adaptive-off")
-    ap.add_argument("--off-everywhere", action="store_true",
-                    help="run the '-off' policies (levers off) at every load, not only at the highest")
+    ap.add_argument(
+        "--off-everywhere", action="store_true", help="run the '-off' policies (levers off) at every load, not only at the highest"
+    )
     ap.add_argument("--loads", default="1,10")
     ap.add_argument("--out", default=str(HERE / "results" / "overload.json"))
-    ap.add_argument("--model-size", choices=sorted(SIZES), default=MODEL_SIZE,
-                    help=f"the tiny test model's size (default {MODEL_SIZE}; 'fast' decodes several times faster, "
-                         "so a cell of 100 interactive requests takes minutes, not a quarter of an hour)")
+    ap.add_argument(
+        "--model-size",
+        choices=sorted(SIZES),
+        default=MODEL_SIZE,
+        help=f"the tiny test model's size (default {MODEL_SIZE}; 'fast' decodes several times faster, "
+        "so a cell of 100 interactive requests takes minutes, not a quarter of an hour)",
+    )
     ap.add_argument("--ctx", type=int, default=CTX, help=f"llama-server's unified KV pool, tokens (default {CTX})")
-    ap.add_argument("--llama-args", default="", help="extra llama-server flags for every cell, e.g. '-b 256 -ub 256' "
-                    "(a smaller batch splits a long prefill across decode steps)")
+    ap.add_argument(
+        "--llama-args",
+        default="",
+        help="extra llama-server flags for every cell, e.g. '-b 256 -ub 256' (a smaller batch splits a long prefill across decode steps)",
+    )
     args = ap.parse_args(argv)
     LLAMA_ARGS = tuple(shlex.split(args.llama_args))
     MODEL_SIZE, CTX = args.model_size, args.ctx
@@ -794,21 +873,28 @@ def main(argv: list[str] | None = None) -> int:
     binary = find_llama_server()
     model = cached_model(MODEL_SIZE)
     version = subprocess.run([str(binary), "--version"], capture_output=True, text=True).stderr.strip().splitlines()[-1:]
-    print(f"llama-server {binary} {version}; model {model.name}; ctx {CTX} unified, {N_SLOTS} slots, -t {THREADS}; "
-          f"seeds {seeds}", flush=True)
+    print(
+        f"llama-server {binary} {version}; model {model.name}; ctx {CTX} unified, {N_SLOTS} slots, -t {THREADS}; seeds {seeds}", flush=True
+    )
 
     # 1. Unloaded TTFT and the objective (first seed).
     unloaded = measure_unloaded(binary, model, seeds[0], args.unloaded_n)
     p95_unloaded = pct(unloaded, 0.95)
     objective_s = 3 * p95_unloaded if args.objective_ms is None else args.objective_ms / 1000
     objective_ms = objective_s * 1000
-    print(f"[unloaded] {len(unloaded)} interactive requests: p50 {fmt_s(pct(unloaded, 0.5))} p95 {fmt_s(p95_unloaded)} "
-          f"-> TTFT objective {objective_ms:.0f} ms{'' if args.objective_ms is None else ' (given)'}", flush=True)
+    print(
+        f"[unloaded] {len(unloaded)} interactive requests: p50 {fmt_s(pct(unloaded, 0.5))} p95 {fmt_s(p95_unloaded)} "
+        f"-> TTFT objective {objective_ms:.0f} ms{'' if args.objective_ms is None else ' (given)'}",
+        flush=True,
+    )
 
     sat = {} if args.no_crunch else saturation(binary, model)
     if sat:
-        print(f"[saturation] tokengate crunch: {sat.get('tokens_per_s')} generated tok/s at best "
-              f"({(sat.get('cell') or {}).get('concurrency')} streams, ctx {(sat.get('cell') or {}).get('ctx')})", flush=True)
+        print(
+            f"[saturation] tokengate crunch: {sat.get('tokens_per_s')} generated tok/s at best "
+            f"({(sat.get('cell') or {}).get('concurrency')} streams, ctx {(sat.get('cell') or {}).get('ctx')})",
+            flush=True,
+        )
 
     # 2. Capacity (no gate): the highest rate with 0 upstream 5xx AND interactive p95 within the
     # objective, each probe holding at least --min-interactive interactive requests.
@@ -821,11 +907,20 @@ def main(argv: list[str] | None = None) -> int:
         s = summarise(results, window, elapsed, objective_s, None)
         p95_ok = s["interactive_ttft_p95_s"] is not None and s["interactive_ttft_p95_s"] <= objective_s
         ok = p95_ok and s["upstream_5xx"] == 0
-        probes.append({"rate_rps": rate, "meets": ok, "window_s": window,
-                       **{k: s[k] for k in ("requests", "interactive_ttft_p50_s", "interactive_ttft_p95_s", "upstream_5xx", "outcomes")}})
-        print(f"[capacity] {rate:.3f} req/s: interactive p95 TTFT {fmt_s(s['interactive_ttft_p95_s'])} "
-              f"(n={s['interactive_ttft_n']}), 5xx {s['upstream_5xx']} -> {'meets' if ok else 'misses'} "
-              f"[{time.monotonic() - t_start:.0f}s]", flush=True)
+        probes.append(
+            {
+                "rate_rps": rate,
+                "meets": ok,
+                "window_s": window,
+                **{k: s[k] for k in ("requests", "interactive_ttft_p50_s", "interactive_ttft_p95_s", "upstream_5xx", "outcomes")},
+            }
+        )
+        print(
+            f"[capacity] {rate:.3f} req/s: interactive p95 TTFT {fmt_s(s['interactive_ttft_p95_s'])} "
+            f"(n={s['interactive_ttft_n']}), 5xx {s['upstream_5xx']} -> {'meets' if ok else 'misses'} "
+            f"[{time.monotonic() - t_start:.0f}s]",
+            flush=True,
+        )
         return ok
 
     if args.capacity is not None:
@@ -868,30 +963,37 @@ def main(argv: list[str] | None = None) -> int:
                 s.update(extra)
                 s.update(rate_rps=rate, seed=seed, window_s=window)
                 cells.setdefault(f"{load:g}x", {}).setdefault(policy, []).append(s)
-                print(f"[seed {seed} {load:g}x {rate:.2f} req/s {window:.0f}s] {policy:12s} n={len(results):3d} "
-                      f"p50 {fmt_s(s['interactive_ttft_p50_s']):>6} p95 {fmt_s(s['interactive_ttft_p95_s']):>6} "
-                      f"good {s['goodput_interactive_rps']:.2f} rps {s['goodput_batch_tok_s']:.1f} btok/s "
-                      f"{s['total_tok_s']:.1f} tok/s refused {s['refused']} (RA ok {s['refused_valid_retry_after']}) "
-                      f"5xx {s['upstream_5xx']} shed {s['shed']} unfinished {s['unfinished_at_drain_cap']} "
-                      f"min10s {s['min_window_tok_s']} "
-                      f"| llama {s['llama_metrics'].get('decode_tok_s_per_slot', '-')} tok/s/slot, load {s['loadavg_1m_after']} "
-                      f"[{time.monotonic() - t_start:.0f}s]", flush=True)
+                print(
+                    f"[seed {seed} {load:g}x {rate:.2f} req/s {window:.0f}s] {policy:12s} n={len(results):3d} "
+                    f"p50 {fmt_s(s['interactive_ttft_p50_s']):>6} p95 {fmt_s(s['interactive_ttft_p95_s']):>6} "
+                    f"good {s['goodput_interactive_rps']:.2f} rps {s['goodput_batch_tok_s']:.1f} btok/s "
+                    f"{s['total_tok_s']:.1f} tok/s refused {s['refused']} (RA ok {s['refused_valid_retry_after']}) "
+                    f"5xx {s['upstream_5xx']} shed {s['shed']} unfinished {s['unfinished_at_drain_cap']} "
+                    f"min10s {s['min_window_tok_s']} "
+                    f"| llama {s['llama_metrics'].get('decode_tok_s_per_slot', '-')} tok/s/slot, load {s['loadavg_1m_after']} "
+                    f"[{time.monotonic() - t_start:.0f}s]",
+                    flush=True,
+                )
 
     agg = {lk: {p: aggregate(runs) for p, runs in bp.items()} for lk, bp in cells.items()}
     verdict = verdicts(agg, cells, objective_s, sat.get("tokens_per_s") if sat else None, loads)
 
     # Table: median [range] over seeds.
     print()
-    print(f"TTFT objective {objective_ms:.0f} ms (3 x unloaded p95 {p95_unloaded * 1000:.0f} ms); capacity {capacity:.3f} req/s; "
-          f">= {args.min_interactive} interactive requests per cell; seeds {seeds}; median [min-max]")
+    print(
+        f"TTFT objective {objective_ms:.0f} ms (3 x unloaded p95 {p95_unloaded * 1000:.0f} ms); capacity {capacity:.3f} req/s; "
+        f">= {args.min_interactive} interactive requests per cell; seeds {seeds}; median [min-max]"
+    )
     ms = lambda v: fmt_s(v)  # noqa: E731
     for load_key, by_policy in agg.items():
         for policy, a in by_policy.items():
-            print(f"{load_key:>4} {policy:12s} p50 {fmt_agg(a['interactive_ttft_p50_s'], ms)} | p95 {fmt_agg(a['interactive_ttft_p95_s'], ms)} "
-                  f"| good i/s {fmt_agg(a['goodput_interactive_rps'], lambda v: f'{v:.2f}')} "
-                  f"| batch tok/s {fmt_agg(a['goodput_batch_tok_s'], lambda v: f'{v:.0f}')} "
-                  f"| total tok/s {fmt_agg(a['total_tok_s'], lambda v: f'{v:.0f}')} "
-                  f"| refused {fmt_agg(a['refused'], lambda v: f'{v:g}')} | 5xx {fmt_agg(a['upstream_5xx'], lambda v: f'{v:g}')}")
+            print(
+                f"{load_key:>4} {policy:12s} p50 {fmt_agg(a['interactive_ttft_p50_s'], ms)} | p95 {fmt_agg(a['interactive_ttft_p95_s'], ms)} "
+                f"| good i/s {fmt_agg(a['goodput_interactive_rps'], lambda v: f'{v:.2f}')} "
+                f"| batch tok/s {fmt_agg(a['goodput_batch_tok_s'], lambda v: f'{v:.0f}')} "
+                f"| total tok/s {fmt_agg(a['total_tok_s'], lambda v: f'{v:.0f}')} "
+                f"| refused {fmt_agg(a['refused'], lambda v: f'{v:g}')} | 5xx {fmt_agg(a['upstream_5xx'], lambda v: f'{v:g}')}"
+            )
     print()
     for name, v in verdict.items():
         print(f"{'MET ' if v['met'] else 'NOT MET'} {name}: {json.dumps({k: x for k, x in v.items() if k != 'met'}, default=str)}")
@@ -904,39 +1006,55 @@ def main(argv: list[str] | None = None) -> int:
                 "batch": {"words": BATCH_WORDS, "max_tokens": BATCH_MAX_TOKENS},
                 "batch_share_of_arrivals": args.batch_share,
                 "arrivals": "open loop, Poisson, fixed seed; request i identical across policies of one load and seed; "
-                            f"each cell runs until it holds >= {args.min_interactive} interactive requests",
+                f"each cell runs until it holds >= {args.min_interactive} interactive requests",
                 "requests": "POST /v1/chat/completions, stream, stream_options.include_usage, ignore_eos; "
-                            "X-Tokengate-Class header for the classed policies",
+                "X-Tokengate-Class header for the classed policies",
             },
             "ttft": "client-side, from the scheduled arrival to the first chunk carrying choices (the first token)",
-            "objective": ("3 x p95 TTFT of interactive requests sent one at a time to an idle llama-server (first seed)"
-                          if args.objective_ms is None else f"given with --objective-ms (measured unloaded p95 x 3 this "
-                          f"run: {3 * p95_unloaded * 1000:.0f} ms)"),
+            "objective": (
+                "3 x p95 TTFT of interactive requests sent one at a time to an idle llama-server (first seed)"
+                if args.objective_ms is None
+                else f"given with --objective-ms (measured unloaded p95 x 3 this run: {3 * p95_unloaded * 1000:.0f} ms)"
+            ),
             "capacity": "highest total arrival rate (same mix) with 0 upstream 5xx and interactive p95 TTFT within the "
-                        "objective with no gate, each probe >= min_interactive interactive requests; geometric search then one bisection",
+            "objective with no gate, each probe >= min_interactive interactive requests; geometric search then one bisection",
             "ttft_percentiles": "over interactive requests not refused by the gate; no first token before the drain cap = inf",
             "goodput_interactive_rps": "interactive requests completed with TTFT <= objective, per second of arrival window "
-                                       "(refused, shed, timed-out and unfinished requests are misses)",
+            "(refused, shed, timed-out and unfinished requests are misses)",
             "interactive_attainment": "interactive requests completed within the objective over ALL interactive arrivals",
             "goodput_batch_tok_s": "completion tokens of batch requests that completed, per second of arrival window",
             "total_tok_s": "completion tokens of every request that completed, per second of arrival window",
             "min_window_tok_s": "per class, the fewest completion tokens per second in any full 10 s window in which a request of the class was outstanding the whole time (null: no such window)",
             "refused": "429 (and 503 with Retry-After) answers from the gate; RA ok = Retry-After an integer in [1, 120]",
             "upstream_5xx": "llama-server 500s (before or inside the stream; 'Context size has been exceeded' when the unified pool runs out), "
-                            "relayed or direct, plus the gate's upstream_error/upstream_timeout",
+            "relayed or direct, plus the gate's upstream_error/upstream_timeout",
             "saturation": "tokengate crunch on a fresh server of the same shape: the most generated tokens/s of any cell",
             "policies_off": "'-off' = the same policy with prefill yielding, the prefill cap, aging and TTFT-aware "
-                            "deadlines off (interactive queue timeout 2/3 of the objective instead)",
+            "deadlines off (interactive queue timeout 2/3 of the objective instead)",
         },
         "seeds": seeds,
         "duration_s": args.duration,
         "drain_cap_s": args.drain,
         "probe_duration_s": args.probe_duration,
-        "server": {"binary": str(binary), "version": version, "model": model.name, "model_spec": asdict(SIZES[MODEL_SIZE]),
-                   "ctx": CTX, "kv": "unified", "slots": N_SLOTS, "threads": THREADS, "extra_args": list(LLAMA_ARGS)},
-        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-                    "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-                    "note": "2 cores shared by llama-server (-t 2), the gate process, the load generator and other work"},
+        "server": {
+            "binary": str(binary),
+            "version": version,
+            "model": model.name,
+            "model_spec": asdict(SIZES[MODEL_SIZE]),
+            "ctx": CTX,
+            "kv": "unified",
+            "slots": N_SLOTS,
+            "threads": THREADS,
+            "extra_args": list(LLAMA_ARGS),
+        },
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(),
+            "note": "2 cores shared by llama-server (-t 2), the gate process, the load generator and other work",
+        },
         "unloaded_ttft_s": unloaded,
         "unloaded_p95_s": p95_unloaded,
         "objective_ms": objective_ms,

@@ -69,7 +69,7 @@ async def run(url: str, rate: float, duration: float, seed: int, cls: str, timeo
         lags.append((loop.time() - at) * 1000)
         try:
             status = str(await one(host, port, path, cls, timeout))
-        except (OSError, asyncio.TimeoutError, ValueError, IndexError) as exc:
+        except (TimeoutError, OSError, ValueError, IndexError) as exc:
             status = f"error:{type(exc).__name__}"
         statuses[status] = statuses.get(status, 0) + 1
         latencies.append((loop.time() - at) * 1000)
@@ -84,10 +84,18 @@ async def run(url: str, rate: float, duration: float, seed: int, cls: str, timeo
     await asyncio.gather(*tasks)
     ok = statuses.get("200", 0)
     return {
-        "rate": rate, "duration_s": duration, "seed": seed, "sent": len(arrivals), "ok": ok,
-        "non_200": len(arrivals) - ok, "statuses": statuses,
-        "p50_ms": pct(latencies, 50), "p90_ms": pct(latencies, 90), "p99_ms": pct(latencies, 99),
-        "max_ms": max(latencies) if latencies else None, "generator_lag_p99_ms": pct(lags, 99),
+        "rate": rate,
+        "duration_s": duration,
+        "seed": seed,
+        "sent": len(arrivals),
+        "ok": ok,
+        "non_200": len(arrivals) - ok,
+        "statuses": statuses,
+        "p50_ms": pct(latencies, 50),
+        "p90_ms": pct(latencies, 90),
+        "p99_ms": pct(latencies, 99),
+        "max_ms": max(latencies) if latencies else None,
+        "generator_lag_p99_ms": pct(lags, 99),
     }
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import os
 import platform
@@ -65,9 +64,22 @@ def add_samples_and_audit(path: Path, seed: int = 11) -> tuple[int, int]:
         budget = 24576 + int(6000 * math.sin(t / 3600))
         in_flight = max(0, int(budget * (0.6 + 0.35 * math.sin(t / 240))))
         p95 = None if t % 311 == 0 else 600 + 500 * math.sin(t / 900) + rng.uniform(0, 150)
-        return (float(t), "default", budget, in_flight, rng.randint(0, 20), rng.randint(0, 4), 4,
-                None, None, p95, 35.0, rng.randint(0, 10), rng.randint(0, 3),
-                '[{"cls":"interactive","in_flight":1000,"queued":1},{"cls":"batch","in_flight":500,"queued":2}]')
+        return (
+            float(t),
+            "default",
+            budget,
+            in_flight,
+            rng.randint(0, 20),
+            rng.randint(0, 4),
+            4,
+            None,
+            None,
+            p95,
+            35.0,
+            rng.randint(0, 10),
+            rng.randint(0, 3),
+            '[{"cls":"interactive","in_flight":1000,"queued":1},{"cls":"batch","in_flight":500,"queued":2}]',
+        )
 
     n_samples = 0
     conn.execute("BEGIN")
@@ -282,19 +294,29 @@ def main() -> int:
     figures = asyncio.run(measure(path))
 
     print()
-    print(f"open (push ReviewScreen -> first page, range 1h):   {figures['open_push_to_first_page_s']:.3f} s"
-          f"   (target < {TARGET_OPEN_S:.0f} s; loop stall max {figures['open_max_loop_stall_ms']} ms)")
+    print(
+        f"open (push ReviewScreen -> first page, range 1h):   {figures['open_push_to_first_page_s']:.3f} s"
+        f"   (target < {TARGET_OPEN_S:.0f} s; loop stall max {figures['open_max_loop_stall_ms']} ms)"
+    )
     print(f"open (ReviewApp start -> first page):              {figures['open_app_start_to_first_page_s']:.3f} s")
-    print(f"next page (key -> painted), range 1h:              median {figures['next_page_ms']['median']} ms, "
-          f"max {figures['next_page_ms']['max']} ms")
-    print(f"prev page (key -> painted), range 1h:              median {figures['prev_page_ms']['median']} ms, "
-          f"max {figures['prev_page_ms']['max']} ms   (loop stall max {figures['paging_max_loop_stall_ms']} ms)")
-    print(f"range all (count {figures['rows_all']:,}, chart, page):   {figures['range_all_s']:.3f} s"
-          f"   (loop stall max {figures['range_all_max_loop_stall_ms']} ms)")
+    print(
+        f"next page (key -> painted), range 1h:              median {figures['next_page_ms']['median']} ms, "
+        f"max {figures['next_page_ms']['max']} ms"
+    )
+    print(
+        f"prev page (key -> painted), range 1h:              median {figures['prev_page_ms']['median']} ms, "
+        f"max {figures['prev_page_ms']['max']} ms   (loop stall max {figures['paging_max_loop_stall_ms']} ms)"
+    )
+    print(
+        f"range all (count {figures['rows_all']:,}, chart, page):   {figures['range_all_s']:.3f} s"
+        f"   (loop stall max {figures['range_all_max_loop_stall_ms']} ms)"
+    )
     print(f"next page, range all:                              median {figures['next_page_range_all_ms']['median']} ms")
     print(f"filter class=batch outcome=refused, range all:     {figures['filter_all_s']:.3f} s ({figures['rows_filtered']:,} rows)")
-    print(f"export that view to CSV (thread):                  {figures['export_filtered_s']:.3f} s"
-          f" ({figures['export_rows']:,} rows; loop stall max {figures['export_max_loop_stall_ms']} ms)")
+    print(
+        f"export that view to CSV (thread):                  {figures['export_filtered_s']:.3f} s"
+        f" ({figures['export_rows']:,} rows; loop stall max {figures['export_max_loop_stall_ms']} ms)"
+    )
     print(f"keyset query alone:                                median {figures['keyset_query_ms']['median']} ms")
     print(f"count all decisions:                               {figures['count_all_ms']} ms")
 
@@ -305,8 +327,7 @@ def main() -> int:
         "journal_mib": round(size_mib, 1),
         "build_seconds": round(build_s, 1),
         "target_open_s": TARGET_OPEN_S,
-        "meets_target": figures["open_push_to_first_page_s"] < TARGET_OPEN_S
-        and figures["open_app_start_to_first_page_s"] < TARGET_OPEN_S,
+        "meets_target": figures["open_push_to_first_page_s"] < TARGET_OPEN_S and figures["open_app_start_to_first_page_s"] < TARGET_OPEN_S,
         **figures,
         "python": platform.python_version(),
         "sqlite": sqlite3.sqlite_version,

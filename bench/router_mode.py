@@ -51,7 +51,7 @@ def gate_toml(port: int, router_url: str, workdir: Path) -> str:
     return f"""
 [gate]
 listen = "127.0.0.1:{port}"
-journal = "{workdir / 'journal.db'}"
+journal = "{workdir / "journal.db"}"
 [[backends]]
 name = "router"
 url = "{router_url}"
@@ -75,7 +75,10 @@ def start_gate(toml: str, port: int, workdir: Path) -> subprocess.Popen:
     log = open(workdir / "gate.log", "ab")
     proc = subprocess.Popen(
         [str(exe), "serve", "--config", str(config), "--grace", "2", "--log-level", "warning"],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
     )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -113,7 +116,9 @@ async def unload(client: httpx.AsyncClient, router: LlamaRouter, model: str, gat
         await until(client, router, model, "unloaded")
     if gate_url is not None:  # the gate sees it too before the next round
         deadline = time.monotonic() + 10
-        while '"model_status": "unloaded"' not in json.dumps((await client.get(gate_url + "/health")).json()["backends"][f"router/{model}"]):
+        while '"model_status": "unloaded"' not in json.dumps(
+            (await client.get(gate_url + "/health")).json()["backends"][f"router/{model}"]
+        ):
             if time.monotonic() > deadline:
                 raise RuntimeError("gate did not see the unload")
             await asyncio.sleep(0.05)
@@ -189,12 +194,16 @@ async def run(args: argparse.Namespace) -> dict:
                     r = await client.post(gate_url + CHAT, json=chat(model))
                     first_s = time.monotonic() - t
                     text = (await client.get(gate_url + "/metrics")).text
-                    result["rounds"].append({
-                        "model": model, "llama_load_s": round(direct_s, 3),
-                        "gate_load_s": round(gate_metric(text, "tokengate_model_load_seconds", model) or -1, 3),
-                        "first_request_queue_ms": float(r.headers["x-tokengate-queue-ms"]),
-                        "first_request_s": round(first_s, 3), "status": r.status_code,
-                    })
+                    result["rounds"].append(
+                        {
+                            "model": model,
+                            "llama_load_s": round(direct_s, 3),
+                            "gate_load_s": round(gate_metric(text, "tokengate_model_load_seconds", model) or -1, 3),
+                            "first_request_queue_ms": float(r.headers["x-tokengate-queue-ms"]),
+                            "first_request_s": round(first_s, 3),
+                            "status": r.status_code,
+                        }
+                    )
                     print(f"round {i + 1}: {result['rounds'][-1]}", flush=True)
                 await unload(client, router, "tiny", gate_url)
                 result["burst_gate"] = await burst(client, router, gate_url, "tiny", args.burst)
@@ -224,7 +233,9 @@ def main() -> int:
     print("| --- | --- | --- | --- | --- |")
     for name in ("burst_gate", "burst_direct"):
         b = result[name]
-        print(f"| {name.split('_')[1]} | {b['statuses']} | {b['latency_s'][0]}..{b['latency_s'][-1]} | {b['deferred_max']} ({b['deferred_samples']} samples) | {b['hidden_queue_lines']} |")
+        print(
+            f"| {name.split('_')[1]} | {b['statuses']} | {b['latency_s'][0]}..{b['latency_s'][-1]} | {b['deferred_max']} ({b['deferred_samples']} samples) | {b['hidden_queue_lines']} |"
+        )
     result["machine"] = {"python": platform.python_version(), "platform": platform.platform(), "date": time.strftime("%Y-%m-%d")}
     out = HERE / "results" / "router_mode.json"
     out.write_text(json.dumps(result, indent=2) + "\n")

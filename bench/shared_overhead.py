@@ -53,7 +53,6 @@ max_tokens_in_flight = 1000000000
 """
 
 
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -146,7 +145,10 @@ def main() -> None:
     redis_port, upstream, plain_port, shared_port, control_port = (free_port() for _ in range(5))
     url = f"redis://127.0.0.1:{redis_port}/0"
     procs = [
-        start([redis_bin, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp)], tmp / "redis.log"),
+        start(
+            [redis_bin, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp)],
+            tmp / "redis.log",
+        ),
         start([sys.executable, str(HERE / "fake_upstream.py"), "--port", str(upstream)], tmp / "fake.log"),
     ]
     try:
@@ -155,8 +157,22 @@ def main() -> None:
         shared_table = f'[shared]\nredis_url = "{url}"\n\n'
         ports = {"plain": plain_port, "shared": shared_port, "control": control_port}
         for name, port, shared in (("plain", plain_port, ""), ("shared", shared_port, shared_table), ("control", control_port, "")):
-            procs.append(start([sys.executable, "-m", "gate.cli", "serve", "--config", str(gate_toml(tmp, name, port, upstream, shared)),
-                                "--log-level", "warning"], tmp / f"{name}.log", cwd=tmp))
+            procs.append(
+                start(
+                    [
+                        sys.executable,
+                        "-m",
+                        "gate.cli",
+                        "serve",
+                        "--config",
+                        str(gate_toml(tmp, name, port, upstream, shared)),
+                        "--log-level",
+                        "warning",
+                    ],
+                    tmp / f"{name}.log",
+                    cwd=tmp,
+                )
+            )
         for port in ports.values():
             wait_port(port)
         conns = {name: http.client.HTTPConnection("127.0.0.1", port) for name, port in ports.items()}
@@ -187,7 +203,13 @@ def main() -> None:
                 proc.kill()
 
     rows = {
-        name: {"p50_ms": percentile(t, 0.5), "p99_ms": percentile(t, 0.99), "mean_ms": statistics.fmean(t), "n": len(t), "gate_cpu_ms_per_request": cpu_ms[name]}
+        name: {
+            "p50_ms": percentile(t, 0.5),
+            "p99_ms": percentile(t, 0.99),
+            "mean_ms": statistics.fmean(t),
+            "n": len(t),
+            "gate_cpu_ms_per_request": cpu_ms[name],
+        }
         for name, t in times.items()
     }
     added = {k: rows["shared"][k] - rows["plain"][k] for k in ("p50_ms", "p99_ms", "mean_ms")}
@@ -195,22 +217,37 @@ def main() -> None:
     print(f"{'gate':<28} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8} {'n':>6} {'gate CPU ms/req':>16}")
     labels = {"plain": "without [shared]", "shared": "[shared] on loopback Redis", "control": "without [shared], again"}
     for name, row in rows.items():
-        print(f"{labels[name]:<28} {row['p50_ms']:8.3f} {row['p99_ms']:8.3f} {row['mean_ms']:8.3f} {row['n']:6d} {row['gate_cpu_ms_per_request']:16.3f}")
+        print(
+            f"{labels[name]:<28} {row['p50_ms']:8.3f} {row['p99_ms']:8.3f} {row['mean_ms']:8.3f} {row['n']:6d} {row['gate_cpu_ms_per_request']:16.3f}"
+        )
     print(f"{'added by [shared]':<28} {added['p50_ms']:8.3f} {added['p99_ms']:8.3f} {added['mean_ms']:8.3f}")
     print(f"{'noise floor (control)':<28} {noise['p50_ms']:8.3f} {noise['p99_ms']:8.3f} {noise['mean_ms']:8.3f}")
     print(f"{'reserve alone (in-process)':<28} {round_trip['p50_ms']:8.3f} {round_trip['p99_ms']:8.3f}")
-    print(f"{'the gate waited on Redis':<28} {'<=' + format(waited['p50_ms'], 'g'):>8} {'<=' + format(waited['p99_ms'], 'g'):>8}"
-          "   (tokengate_shared_limit_wait_seconds, bucket bounds)")
+    print(
+        f"{'the gate waited on Redis':<28} {'<=' + format(waited['p50_ms'], 'g'):>8} {'<=' + format(waited['p99_ms'], 'g'):>8}"
+        "   (tokengate_shared_limit_wait_seconds, bucket bounds)"
+    )
     print(f"Redis CPU per request of the shared gate: {redis_cpu_ms:.3f} ms")
     served = rows["shared"]["n"] + args.warmup
     print(f"Redis script calls per admitted request: {scripts / served:.2f} (reserve, releases riding along, renewals)")
     verdict = "met" if added["p50_ms"] <= 0.5 else "NOT met"
     print(f"target p50 added <= 0.5 ms: {verdict}; requests decided by the failure policy: {fallback}")
     result = {
-        "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}",
-        "requests_per_gate": args.requests, "block": args.block, "gates": rows, "added": added, "control_minus_plain": noise,
-        "load_average": os.getloadavg(), "redis_cpu_ms_per_request": redis_cpu_ms,
-        "reserve_round_trip": round_trip, "gate_waited_on_redis_bucket_bounds": waited, "script_calls_per_request": scripts / (rows["shared"]["n"] + args.warmup), "target_p50_added_ms": 0.5, "met": added["p50_ms"] <= 0.5, "policy_counters": fallback,
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "requests_per_gate": args.requests,
+        "block": args.block,
+        "gates": rows,
+        "added": added,
+        "control_minus_plain": noise,
+        "load_average": os.getloadavg(),
+        "redis_cpu_ms_per_request": redis_cpu_ms,
+        "reserve_round_trip": round_trip,
+        "gate_waited_on_redis_bucket_bounds": waited,
+        "script_calls_per_request": scripts / (rows["shared"]["n"] + args.warmup),
+        "target_p50_added_ms": 0.5,
+        "met": added["p50_ms"] <= 0.5,
+        "policy_counters": fallback,
     }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")

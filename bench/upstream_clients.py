@@ -52,7 +52,17 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from overhead import (  # noqa: E402  (bench/ is not a package)
-    CHUNKS, LUA_HIT, Target, fmt, measure, post_status, print_table, ratio, stop, free_port, wait_http,
+    CHUNKS,
+    LUA_HIT,
+    Target,
+    fmt,
+    free_port,
+    measure,
+    post_status,
+    print_table,
+    ratio,
+    stop,
+    wait_http,
 )
 
 VARIANTS = ("httpx", "httpx-close", "httpx_asyncio", "httpx_asyncio-close", "aiohttp", "aiohttp-close")
@@ -77,6 +87,7 @@ async def httpx_forwarder(url: str, close: bool) -> AsyncIterator[Forward]:
         timeout=httpx.Timeout(connect=5.0, read=None, write=30.0, pool=30.0),
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=2.0),
     ) as client:
+
         async def forward(body: bytes) -> tuple[int, bytes]:
             r = await client.post(url, content=body, headers=headers)
             return r.status_code, r.content
@@ -154,10 +165,13 @@ async def httpx_asyncio_forwarder(url: str, close: bool) -> AsyncIterator[Forwar
     transport = httpx.AsyncHTTPTransport()
     # httpx has no public way to give its transport a network backend: swap the pool.
     transport._pool = httpcore.AsyncConnectionPool(
-        max_connections=None, max_keepalive_connections=256, keepalive_expiry=2.0,
+        max_connections=None,
+        max_keepalive_connections=256,
+        keepalive_expiry=2.0,
         network_backend=asyncio_network_backend(),
     )
     async with httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(connect=5.0, read=None, write=30.0, pool=30.0)) as client:
+
         async def forward(body: bytes) -> tuple[int, bytes]:
             r = await client.post(url, content=body, headers=headers)
             return r.status_code, r.content
@@ -177,6 +191,7 @@ async def aiohttp_forwarder(url: str, close: bool) -> AsyncIterator[Forward]:
     connector = aiohttp.TCPConnector(limit=0, **pooling)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
         async def forward(body: bytes) -> tuple[int, bytes]:
             async with session.post(url, data=body, headers=headers) as r:
                 return r.status, await r.read()
@@ -214,8 +229,7 @@ def serve(variant: str, port: str, upstream: str) -> None:
     """One relay process: `upstream_clients.py serve VARIANT PORT UPSTREAM_URL`."""
     import uvicorn
 
-    uvicorn.run(build_app(variant, upstream), host="127.0.0.1", port=int(port),
-                loop="uvloop", http="httptools", log_level="warning")
+    uvicorn.run(build_app(variant, upstream), host="127.0.0.1", port=int(port), loop="uvloop", http="httptools", log_level="warning")
 
 
 def versions(names: list[str]) -> dict[str, str | None]:
@@ -246,11 +260,16 @@ def compare(table: dict[str, dict], variants: list[str]) -> dict[str, dict]:
             continue
         for conns in CONN_COUNTS:
             ra, rh = table[f"{a}@{conns}"], table[f"{h}@{conns}"]
-            row = {"rps_ratio": ratio(ra["rps"], rh["rps"]), "cpu_per_1k_ratio": ratio(ra["cpu_s_per_1k"], rh["cpu_s_per_1k"]),
-                   "added_p50_ratio": ratio(ra["added_p50_ms"], rh["added_p50_ms"])}
+            row = {
+                "rps_ratio": ratio(ra["rps"], rh["rps"]),
+                "cpu_per_1k_ratio": ratio(ra["cpu_s_per_1k"], rh["cpu_s_per_1k"]),
+                "added_p50_ratio": ratio(ra["added_p50_ms"], rh["added_p50_ms"]),
+            }
             out[f"{a}/{h}@{conns}"] = row
-            print(f"{a} / {h} @{conns}: req/s x{fmt(row['rps_ratio'])}, cpu s/1k x{fmt(row['cpu_per_1k_ratio'])}, "
-                  f"added p50 x{fmt(row['added_p50_ratio'])}")
+            print(
+                f"{a} / {h} @{conns}: req/s x{fmt(row['rps_ratio'])}, cpu s/1k x{fmt(row['cpu_per_1k_ratio'])}, "
+                f"added p50 x{fmt(row['added_p50_ratio'])}"
+            )
     return out
 
 
@@ -266,13 +285,17 @@ def main() -> int:
     variants = list(VARIANTS)
     if importlib.util.find_spec("aiohttp") is None:
         variants = [v for v in variants if not v.startswith("aiohttp")]
-        notes.append(f"aiohttp variants not measured: aiohttp is not importable in {sys.executable} "
-                     "(install it with `.venv/bin/pip install -e '.[bench]'`)")
+        notes.append(
+            f"aiohttp variants not measured: aiohttp is not importable in {sys.executable} "
+            "(install it with `.venv/bin/pip install -e '.[bench]'`)"
+        )
     tmp = Path(tempfile.mkdtemp(prefix="tokengate-clients-"))
     lua = tmp / "hit.lua"
     lua.write_text(LUA_HIT)
     up_port = free_port()
-    fake = subprocess.Popen([sys.executable, str(HERE / "fake_upstream.py"), "--port", str(up_port), "--slots", "256", "--chunks", str(CHUNKS)])
+    fake = subprocess.Popen(
+        [sys.executable, str(HERE / "fake_upstream.py"), "--port", str(up_port), "--slots", "256", "--chunks", str(CHUNKS)]
+    )
     procs = [fake]
     relays: dict[str, tuple[subprocess.Popen, int]] = {}
     for v in variants:
@@ -296,8 +319,12 @@ def main() -> int:
         out = {
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
             "versions": versions(["httpx", "httpcore", "h11", "aiohttp", "starlette", "uvicorn", "uvloop", "httptools"]),
-            "duration_s": args.duration, "rounds": args.rounds, "variants": variants,
-            "table": table, "comparison": comparison, "notes": notes,
+            "duration_s": args.duration,
+            "rounds": args.rounds,
+            "variants": variants,
+            "table": table,
+            "comparison": comparison,
+            "notes": notes,
         }
         (HERE / "results").mkdir(exist_ok=True)
         (HERE / "results" / "upstream_clients.json").write_text(json.dumps(out, indent=2) + "\n")

@@ -40,7 +40,14 @@ from textual.widgets import Footer, Static, Tab, Tabs
 
 from console.commands import GateCommands
 from console.keys import (
-    GATE_ACTIONS, MAIN_ONLY, PANES, TOASTED_SOURCES, app_bindings, key_help, mark_label, palette_commands,
+    GATE_ACTIONS,
+    MAIN_ONLY,
+    PANES,
+    TOASTED_SOURCES,
+    app_bindings,
+    key_help,
+    mark_label,
+    palette_commands,
 )
 from console.screens.confirm import ConfirmScreen
 from console.screens.help import HelpScreen
@@ -57,9 +64,9 @@ from console.widgets.models import ModelsPanel
 from console.widgets.slots import SlotsPanel
 from console.widgets.status import StatusBar
 from gate.data.commands import ActionResult, Command, CommandError, Drain, Freeze, ModelAction, Pause, describe
-from gate.ops.link import GateLink, LinkLost
 from gate.data.records import AuditRecord
 from gate.data.snapshot import GateSnapshot
+from gate.ops.link import GateLink, LinkLost
 
 #: refresh intervals `+`/`-` step through (seconds)
 INTERVALS: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
@@ -77,6 +84,7 @@ MODELS_MAX_ROWS = 6
 #: below this the panels would be cut: the console says so instead
 MIN_COLS = 80
 MIN_ROWS = 24
+
 
 class TokengateApp(App[None]):
     """The live console for one GateService (see the module docstring)."""
@@ -112,9 +120,7 @@ class TokengateApp(App[None]):
         #: (ts, budget, in_flight, p95 TTFT ms), appended every tick, paused or not
         #: (when, what) the chart last drew: see _update_chart
         self._chart_drawn: tuple[float, tuple] | None = None
-        self.history: deque[tuple[float, int | None, int, float | None]] = deque(
-            maxlen=int(CHART_WINDOW_S / MIN_INTERVAL_S)
-        )
+        self.history: deque[tuple[float, int | None, int, float | None]] = deque(maxlen=int(CHART_WINDOW_S / MIN_INTERVAL_S))
         self.last_snapshot: GateSnapshot | None = None
         #: decisions that came while the view was paused or covered: rendered with the next view
         self._unseen: deque = deque(maxlen=200)
@@ -145,15 +151,21 @@ class TokengateApp(App[None]):
         # Built here, not in __init__: DataTable columns need the running app.
         info = self.link.info
         self.header = GateHeader(
-            id="header", clock=self.clock, read_only=self.read_only, attached="" if info.embedded else info.where,
+            id="header",
+            clock=self.clock,
+            read_only=self.read_only,
+            attached="" if info.embedded else info.where,
         )
         self.slots = SlotsPanel(id="slots")
         self.gpu = GpuPanel(id="gpu")
         self.models = ModelsPanel(id="models")  # router mode only; hidden otherwise
         self.class_table = ClassesTable(id="classes")
         self.tabs = Tabs(
-            Tab("1 denials", id="tab-denials"), Tab("2 budget", id="tab-chart"), Tab("3 decisions", id="tab-decisions"),
-            id="tabs", active="tab-decisions",
+            Tab("1 denials", id="tab-denials"),
+            Tab("2 budget", id="tab-chart"),
+            Tab("3 decisions", id="tab-decisions"),
+            id="tabs",
+            active="tab-decisions",
         )
         self.denials = DenialsTable(id="denials", classes="pane")
         self.chart = BudgetChart(id="chart", classes="pane")
@@ -204,9 +216,7 @@ class TokengateApp(App[None]):
         self.body.display = self.status.display = not small
         self.too_small.display = small
         if small:
-            self.too_small.update(
-                f"terminal too small: {width}x{height}\nneed {MIN_COLS}x{MIN_ROWS} (the gate goes on; q quits)"
-            )
+            self.too_small.update(f"terminal too small: {width}x{height}\nneed {MIN_COLS}x{MIN_ROWS} (the gate goes on; q quits)")
         if compact != self.compact:
             self.compact = compact
             self.refresh_bindings()  # the tab keys show in the footer only when compact
@@ -428,7 +438,8 @@ class TokengateApp(App[None]):
     def action_read_only_notice(self) -> None:
         self.notify(
             "read-only console: retune, pause, drain and freeze are off here; attach without --read-only to act",
-            severity="warning", markup=False,
+            severity="warning",
+            markup=False,
         )
 
     def _gate_action_allowed(self) -> bool:

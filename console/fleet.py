@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gate.ops.link import GateLink, LinkLost, SocketLink
 from gate.data.records import AuditRecord
 from gate.data.snapshot import GateSnapshot
+from gate.ops.link import GateLink, LinkLost, SocketLink
 
 #: seconds between attempts to reach a gate that did not answer
 RETRY_S = 2.0

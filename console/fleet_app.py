@@ -24,9 +24,9 @@ from console.fleet import Fleet, FleetEntry, FleetGate
 from console.keys import KEY_HELP, TOASTED_SOURCES
 from console.screens.fleet import FleetScreen
 from gate.data.commands import ActionResult, Command, CommandError, describe
-from gate.ops.link import GateInfo, GateLink, LinkLost, SocketLink
 from gate.data.records import AuditRecord
 from gate.data.snapshot import GateSnapshot
+from gate.ops.link import GateInfo, GateLink, LinkLost, SocketLink
 
 #: how long opening a gate may take before the console says it cannot
 OPEN_TIMEOUT_S = 5.0
@@ -37,8 +37,16 @@ class _NoGate:
 
     def __init__(self, read_only: bool) -> None:
         self.info = GateInfo(
-            gate_id="", label="LIVE", listen="", journal="", operator="", origin="local",
-            read_only=read_only, embedded=False, drain_grace_s=0.0, where="",
+            gate_id="",
+            label="LIVE",
+            listen="",
+            journal="",
+            operator="",
+            origin="local",
+            read_only=read_only,
+            embedded=False,
+            drain_grace_s=0.0,
+            where="",
         )
 
     async def snapshot(self) -> GateSnapshot:

@@ -107,7 +107,6 @@ def key_help(bindings: BindingsMap) -> list[tuple[str, str]]:
     return rows
 
 
-
 def palette_commands(app: TokengateApp) -> list[tuple[str, str, Callable[[], Any]]]:
     """(name, help, callback) for the `:` palette; no gate actions when read-only."""
     self = app  # the body reads as one of the app's own methods
@@ -122,7 +121,9 @@ def palette_commands(app: TokengateApp) -> list[tuple[str, str, Callable[[], Any
             verb = "Resume" if c.paused else "Pause"
             commands.append((f"{verb} class {c.name}", f"{verb.lower()} admission for {c.name}", partial(self.action_pause_class, c.name)))
             queued = f"{c.queued} request" + ("" if c.queued == 1 else "s")
-            commands.append((f"Drain class {c.name}", f"refuse the {queued} queued in {c.name} (asks first)", partial(self.action_drain_class, c.name)))
+            commands.append(
+                (f"Drain class {c.name}", f"refuse the {queued} queued in {c.name} (asks first)", partial(self.action_drain_class, c.name))
+            )
             commands.append((f"Retune class {c.name}", f"retune {c.name} and the budget", partial(self.action_retune, c.name)))
         frozen = snap is not None and snap.controller.frozen
         commands.append(("Unfreeze controller" if frozen else "Freeze controller", KEY_HELP["freeze"], self.action_freeze))

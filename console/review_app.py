@@ -12,7 +12,6 @@ from collections.abc import Callable
 from textual.app import App
 
 from console.screens.review import ReviewScreen
-
 from gate.journal.reader import (
     DecisionFilters,
     JournalReader,
@@ -33,7 +32,6 @@ __all__ = [
     "default_export_name",
     "export_decisions_csv",
 ]
-
 
 
 class ReviewApp(App[int]):
@@ -59,9 +57,7 @@ class ReviewApp(App[int]):
         self.error: str | None = None
 
     def on_mount(self) -> None:
-        screen = ReviewScreen(
-            self.journal_path, slo_ttft_ms=self.slo_ttft_ms, clock=self.clock, export_dir=self.export_dir
-        )
+        screen = ReviewScreen(self.journal_path, slo_ttft_ms=self.slo_ttft_ms, clock=self.clock, export_dir=self.export_dir)
         self.push_screen(screen, self._review_closed)
 
     def _review_closed(self, error: str | None) -> None:

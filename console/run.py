@@ -23,6 +23,7 @@ from typing import Any
 from gate.config import Config
 from gate.ops.link import GateLink
 
+
 class ConsoleExit(Exception):
     """The console could not start; the message says why (exit code 2)."""
 
@@ -190,7 +191,12 @@ async def attach_fleet(gates: list[tuple[str, str]], *, read_only: bool = False)
 
 
 async def run_console(
-    config: Config, *, config_path: str | None = None, demo: bool = False, read_only: bool = False, seed: int = 7,
+    config: Config,
+    *,
+    config_path: str | None = None,
+    demo: bool = False,
+    read_only: bool = False,
+    seed: int = 7,
 ) -> int:
     """The embedded console: start the gate as a process of its own (`tokengate serve`, for
     --demo with the simulator and synthetic traffic), attach to it, and stop it (drain) when
@@ -218,7 +224,9 @@ async def run_console(
         )
     log_path = _log_path(config.gate.journal)
     journal = _where(config.gate.journal)
-    _say(f"tokengate: journal {journal} (read it with `tokengate log --journal {journal}` or `tokengate review --journal {journal}`); log {_where(log_path)}")
+    _say(
+        f"tokengate: journal {journal} (read it with `tokengate log --journal {journal}` or `tokengate review --journal {journal}`); log {_where(log_path)}"
+    )
     gate = await GateProcess.start(config_path, socket_path, log_path, demo=demo, seed=seed)
     why = "operator quit"
     lost = None
@@ -277,7 +285,9 @@ class GateProcess:
         self.grace_s = grace_s
 
     @classmethod
-    async def start(cls, config_path: str | None, socket_path: str, log_path: str, *, demo: bool, seed: int, grace_s: float = 10.0) -> GateProcess:
+    async def start(
+        cls, config_path: str | None, socket_path: str, log_path: str, *, demo: bool, seed: int, grace_s: float = 10.0
+    ) -> GateProcess:
         import os
 
         from gate.ops.control_socket import is_live
@@ -292,7 +302,12 @@ class GateProcess:
         log = open(log_path, "ab")  # noqa: SIM115 - the child's stderr, for as long as it runs
         try:
             proc = await asyncio.create_subprocess_exec(
-                *args, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True,
+                *args,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env=env,
+                start_new_session=True,
             )
         finally:
             log.close()

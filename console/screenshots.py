@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import logging
 import os
 import shutil
@@ -124,13 +123,13 @@ async def _review_loaded(pilot, timeout_s: float = 10.0) -> None:
 async def capture(out: Path, *, speed: float, seconds: float) -> dict[str, str]:
     """Run the demo time-lapsed and write the five SVGs; returns {file: what it shows}."""
     from console.app import TokengateApp
-    from gate.tools.demo import DEMO_CONFIG, demo_config, dress_demo_gate
     from console.screens.confirm import ConfirmScreen
     from console.screens.retune import RetuneScreen
     from console.screens.review import ReviewScreen
     from gate.config import parse_config
     from gate.ops.link import InProcessLink
     from gate.service import GateService
+    from gate.tools.demo import DEMO_CONFIG, demo_config, dress_demo_gate
     from gate.tools.simulator import SimulatorConfig, serve_simulator
     from gate.tools.traffic import TrafficGenerator
 
@@ -152,8 +151,12 @@ async def capture(out: Path, *, speed: float, seconds: float) -> dict[str, str]:
             dress_demo_gate(gate, sim)  # SIMULATED: label, GPU panel, model size
             await gate.start(port=0)
             traffic = TrafficGenerator(
-                gate.url, seed=SEED, rate_interactive=RATE_INTERACTIVE, rate_batch=RATE_BATCH,
-                burst_every_s=BURST_EVERY_S, speed=speed,
+                gate.url,
+                seed=SEED,
+                rate_interactive=RATE_INTERACTIVE,
+                rate_batch=RATE_BATCH,
+                burst_every_s=BURST_EVERY_S,
+                speed=speed,
             )
             await traffic.start()
             app = TokengateApp(InProcessLink(gate), interval_s=0.5, clock=lapse.time)

@@ -7,8 +7,8 @@ problem), 1 runtime failure.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import asyncio
+import contextlib
 import logging
 import os
 import sys
@@ -141,8 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--demo",
         action="store_true",
-        help="in front of the built-in llama-server simulator with synthetic traffic (SIMULATED; "
-        "what `tokengate console --demo` runs)",
+        help="in front of the built-in llama-server simulator with synthetic traffic (SIMULATED; what `tokengate console --demo` runs)",
     )
     serve.add_argument("--seed", type=int, default=7, help=argparse.SUPPRESS)
     serve.add_argument(
@@ -175,11 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_Formatter,
     )
     check.add_argument("file", metavar="FILE", help="the TOML file, or - to read standard input")
+    check.add_argument("-v", "--verbose", action="store_true", help="also print the effective settings (defaults filled in)")
     check.add_argument(
-        "-v", "--verbose", action="store_true", help="also print the effective settings (defaults filled in)"
-    )
-    check.add_argument(
-        "--backends", action="store_true",
+        "--backends",
+        action="store_true",
         help="also ask each running backend what it reports (slots, per-slot context, KV layout) and\n"
         "say where the config contradicts it; exit 1 when it does or a backend is unreachable",
     )
@@ -266,8 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="WHEN",
         type=_since_arg,
         default=None,
-        help="only rows from this long ago (30s, 15m, 2h, 7d) or since an ISO-8601 "
-        "timestamp (UTC unless it says otherwise); default: all",
+        help="only rows from this long ago (30s, 15m, 2h, 7d) or since an ISO-8601 timestamp (UTC unless it says otherwise); default: all",
     )
     log_cmd.add_argument(
         "--format",
@@ -391,6 +388,7 @@ def _cmd_overrides(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return EXIT_OK
     if args.action == "drop":
         if live:
+
             async def drop() -> str:
                 link = await SocketLink.connect(socket_path)
                 try:
@@ -590,9 +588,7 @@ def _cmd_review(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     config = load_config(args.config)
-    logging.basicConfig(
-        level=args.log_level.upper(), stream=err, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=args.log_level.upper(), stream=err, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # One line per upstream call drowns what matters; the gate logs its own decisions.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     from gate.http.server import ListenError
@@ -634,9 +630,7 @@ def _add_simulate_parser(commands: argparse._SubParsersAction) -> None:
         formatter_class=_Formatter,
     )
     simulate.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    simulate.add_argument(
-        "--port", type=int, default=8080, help="port to listen on (default: 8080, llama-server's; 0: any free port)"
-    )
+    simulate.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080, llama-server's; 0: any free port)")
     simulate.add_argument("--slots", type=_positive_int, default=4, help="parallel slots (default: 4)")
     simulate.add_argument("--ctx", type=_positive_int, default=8192, help="total context in tokens (default: 8192)")
     kv = simulate.add_mutually_exclusive_group()
@@ -647,9 +641,7 @@ def _add_simulate_parser(commands: argparse._SubParsersAction) -> None:
         const="unified",
         help="one KV pool shared by every slot; when it runs out every active request fails (default)",
     )
-    kv.add_argument(
-        "--split", dest="kv", action="store_const", const="split", help="each slot gets ctx/slots tokens of its own"
-    )
+    kv.add_argument("--split", dest="kv", action="store_const", const="split", help="each slot gets ctx/slots tokens of its own")
     simulate.set_defaults(kv="unified")
     simulate.add_argument(
         "--decode-tps",
@@ -780,8 +772,7 @@ def _add_crunch_parser(commands: argparse._SubParsersAction) -> None:
         type=_list_arg("ctx"),
         metavar="LIST",
         default=None,
-        help="context lengths to sweep, e.g. 512,1k,2k (default: 512,1K,2K,4K; only those that "
-        "fit one slot's context are run)",
+        help="context lengths to sweep, e.g. 512,1k,2k (default: 512,1K,2K,4K; only those that fit one slot's context are run)",
     )
     crunch.add_argument(
         "--concurrency",
@@ -830,8 +821,7 @@ def _add_crunch_parser(commands: argparse._SubParsersAction) -> None:
         type=_positive_float,
         metavar="SECONDS",
         default=300.0,
-        help="longest wait for one request's next bytes; a request that waits longer fails "
-        "(default: 300)",
+        help="longest wait for one request's next bytes; a request that waits longer fails (default: 300)",
     )
     crunch.add_argument(
         "--api-key-env",
@@ -845,7 +835,8 @@ def _add_crunch_parser(commands: argparse._SubParsersAction) -> None:
         help="print the whole table and the recommendation as JSON on stdout (progress stays on stderr)",
     )
     crunch.add_argument(
-        "--config", metavar="FILE",
+        "--config",
+        metavar="FILE",
         help="the tokengate.toml the recommendation is for: it is printed as the edits that merge into\n"
         "that file (checked against its classes); default: a file made by `tokengate config example`",
     )

@@ -16,7 +16,12 @@ from gate.service import GateService
 
 
 async def serve_until_signalled(
-    config: Config, *, config_path: str | None = None, grace_s: float = 30.0, demo: bool = False, seed: int = 7,
+    config: Config,
+    *,
+    config_path: str | None = None,
+    grace_s: float = 30.0,
+    demo: bool = False,
+    seed: int = 7,
 ) -> int:
     """Run a gate until SIGTERM/SIGINT (then drain gracefully); SIGHUP re-reads the config.
 

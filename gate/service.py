@@ -58,9 +58,17 @@ class GateService:
     """Everything one gate needs, built, started and stopped as a unit."""
 
     def __init__(
-        self, config: Config, *, environ: Mapping[str, str] | None = None, clock: Callable[[], float] = time.monotonic,
-        probe_interval_s: float = 1.0, transport: httpx.AsyncBaseTransport | None = None, journal_path: str | None = None,
-        label: Label = "LIVE", gpu: GpuSource | None = None, kv_bytes_per_token: int | None = None,
+        self,
+        config: Config,
+        *,
+        environ: Mapping[str, str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        probe_interval_s: float = 1.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+        journal_path: str | None = None,
+        label: Label = "LIVE",
+        gpu: GpuSource | None = None,
+        kv_bytes_per_token: int | None = None,
     ) -> None:
         environ = os.environ if environ is None else environ
         self.clock, self.label, self.probe_interval_s = clock, label, probe_interval_s
@@ -83,25 +91,44 @@ class GateService:
             from gate.fleet.sharedlimits.client import SharedLimits  # imports redis: only when asked for
 
             self.shared = SharedLimits(
-                config.shared, self.gate_id, on_flip=self._shared_flipped, on_policy=self.metrics.shared_policy,
+                config.shared,
+                self.gate_id,
+                on_flip=self._shared_flipped,
+                on_policy=self.metrics.shared_policy,
                 on_wait=self.metrics.shared_wait,
             )
         self.ratelimit = RateLimiter(
-            lambda name: TenantLimits(
-                self._local_share(tenant_cfg[name].requests_per_minute), self._local_share(tenant_cfg[name].tokens_per_minute)
-            ) if name in tenant_cfg else TenantLimits(None, None)
+            lambda name: (
+                TenantLimits(self._local_share(tenant_cfg[name].requests_per_minute), self._local_share(tenant_cfg[name].tokens_per_minute))
+                if name in tenant_cfg
+                else TenantLimits(None, None)
+            )
         )
         self.backends = BackendPool(
-            config.backends, self.client, classes=config.classes, environ=environ, budget=config.budget, clock=clock,
-            tenant_policy=lambda name: TenantPolicy(tenant_cfg[name].weight, self._local_share(tenant_cfg[name].max_tokens_in_flight))
-            if name in tenant_cfg else TenantPolicy(),
+            config.backends,
+            self.client,
+            classes=config.classes,
+            environ=environ,
+            budget=config.budget,
+            clock=clock,
+            tenant_policy=lambda name: (
+                TenantPolicy(tenant_cfg[name].weight, self._local_share(tenant_cfg[name].max_tokens_in_flight))
+                if name in tenant_cfg
+                else TenantPolicy()
+            ),
             on_created=lambda backend: self.control.adopt(backend),  # operator state carries over
-            on_model_event=self._model_event, fleet_factory=ModelFleet, kv_bytes_per_token=kv_bytes_per_token,
+            on_model_event=self._model_event,
+            fleet_factory=ModelFleet,
+            kv_bytes_per_token=kv_bytes_per_token,
         )
         self.backends.on_units = self._units_changed
         self.backends.on_state = lambda b, old, new: self.recorder.audit_event(
-            "backend_up" if new == "ready" else "backend_down", f"backend:{b.name}", b.detail if new != "ready" else "ready",
-            operator=self.operator, old_value=old, new_value=new,
+            "backend_up" if new == "ready" else "backend_down",
+            f"backend:{b.name}",
+            b.detail if new != "ready" else "ready",
+            operator=self.operator,
+            old_value=old,
+            new_value=new,
         )
         self.model_metrics = ModelMetrics(
             self.metrics.registry, lambda: self.backends.fleets, (m for b in config.backends for m in b.models)
@@ -120,14 +147,30 @@ class GateService:
         #: set by whoever runs the gate until told to stop (serve): called with the reason
         self.stop_requested: Callable[[str], None] | None = None
         self.telemetry_poller = TelemetryPoller(self.client, backend_triples(self.backends.backends), interval_s=probe_interval_s)
-        self.http = HttpServer(build_app(RequestPorts(
-            current_config=lambda: self.control.config, is_shutting_down=lambda: self.shutting_down, clock=clock,
-            log=self.log, client=self.client, backends=self.backends, tenants=self.tenants, tokens=self.tokens,
-            ratelimit=self.ratelimit, shared=self.shared, recorder=self.recorder, metrics=self.metrics,
-            model_metrics=self.model_metrics, observe_success=self.observe_success,
-            release_when_slot_frees=self.release_when_slot_frees, refresh_metrics=self.refresh_metrics,
-            refresh_inference_gauges=self.refresh_inference_gauges,
-        )), header_timeout_s=config.gate.header_timeout_s)
+        self.http = HttpServer(
+            build_app(
+                RequestPorts(
+                    current_config=lambda: self.control.config,
+                    is_shutting_down=lambda: self.shutting_down,
+                    clock=clock,
+                    log=self.log,
+                    client=self.client,
+                    backends=self.backends,
+                    tenants=self.tenants,
+                    tokens=self.tokens,
+                    ratelimit=self.ratelimit,
+                    shared=self.shared,
+                    recorder=self.recorder,
+                    metrics=self.metrics,
+                    model_metrics=self.model_metrics,
+                    observe_success=self.observe_success,
+                    release_when_slot_frees=self.release_when_slot_frees,
+                    refresh_metrics=self.refresh_metrics,
+                    refresh_inference_gauges=self.refresh_inference_gauges,
+                )
+            ),
+            header_timeout_s=config.gate.header_timeout_s,
+        )
         self._tasks: list[asyncio.Task[Any]] = []
         self._background: set[asyncio.Task[None]] = set()
         self.port: int | None = None
@@ -168,8 +211,10 @@ class GateService:
             await self._close_resources()
             raise
         self.audit_gate(
-            "started", f"listen {self.url}; config {config_digest(self.config)}; journal {self.journal_path}; "
-            f"control socket {self.control_server.path if self.control_server else 'none'}", new_value=__version__,
+            "started",
+            f"listen {self.url}; config {config_digest(self.config)}; journal {self.journal_path}; "
+            f"control socket {self.control_server.path if self.control_server else 'none'}",
+            new_value=__version__,
         )
 
     async def _start(self, port: int | None) -> None:
@@ -255,12 +300,24 @@ class GateService:
         self.recorder.audit(record)
 
     def audit_gate(
-        self, action: str, note: str, *, operator: Operator | None = None, source: AuditSource = "gate",
-        old_value: str | None = None, new_value: str | None = None,
+        self,
+        action: str,
+        note: str,
+        *,
+        operator: Operator | None = None,
+        source: AuditSource = "gate",
+        old_value: str | None = None,
+        new_value: str | None = None,
     ) -> None:
         """An audit row about the gate itself: started, stopping, stopped, reload_refused."""
         self.recorder.audit_event(
-            action, "gate", note, operator=operator or self.operator, source=source, old_value=old_value, new_value=new_value,
+            action,
+            "gate",
+            note,
+            operator=operator or self.operator,
+            source=source,
+            old_value=old_value,
+            new_value=new_value,
         )
 
     def record(self, record: DecisionRecord, **kw: Any) -> asyncio.Future[bool] | None:
@@ -304,15 +361,27 @@ class GateService:
     def snapshot(self, decisions_after: int = 0, max_decisions: int = 200) -> GateSnapshot:
         """Everything the console shows, as one immutable value (gate/observe/snapshots.py)."""
         state = GateState(
-            label=self.label, listen=f"{self.host}:{self.port}", operator=self.operator.name, gate_id=self.gate_id,
-            paused=frozenset(self.control.paused), frozen=self.control.frozen, shutting_down=self.shutting_down,
+            label=self.label,
+            listen=f"{self.host}:{self.port}",
+            operator=self.operator.name,
+            gate_id=self.gate_id,
+            paused=frozenset(self.control.paused),
+            frozen=self.control.frozen,
+            shutting_down=self.shutting_down,
             overrides=self.control.overrides.lines(),
-            requests_in_flight=self.in_flight_requests(), drain_grace_s=self.drain_grace_s, shared=self.shared_state,
+            requests_in_flight=self.in_flight_requests(),
+            drain_grace_s=self.drain_grace_s,
+            shared=self.shared_state,
             gpu=self.gpu_reading,
         )
         return build_snapshot(
-            state, self.config, self.backends, self.recorder, self.telemetry,
-            decisions_after=decisions_after, max_decisions=max_decisions,
+            state,
+            self.config,
+            self.backends,
+            self.recorder,
+            self.telemetry,
+            decisions_after=decisions_after,
+            max_decisions=max_decisions,
         )
 
     def refresh_metrics(self) -> None:

@@ -98,8 +98,12 @@ def llama_router(llama_bin, router_models, tmp_path):
 
     def start(*, models_max: int | None = None, preset: Path | None = None, **kwargs) -> LlamaRouter:
         server = LlamaRouter(
-            llama_bin, models_dir=None if preset else router_models, preset=preset, models_max=models_max,
-            log_path=tmp_path / f"router-{len(started)}.log", **kwargs,
+            llama_bin,
+            models_dir=None if preset else router_models,
+            preset=preset,
+            models_max=models_max,
+            log_path=tmp_path / f"router-{len(started)}.log",
+            **kwargs,
         )
         started.append(server)
         server.start()

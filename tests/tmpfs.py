@@ -16,7 +16,9 @@ def tmpfs(directory: Path, size: str) -> Iterator[Path]:
     try:
         proc = subprocess.run(
             ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
-            capture_output=True, text=True, timeout=10,
+            capture_output=True,
+            text=True,
+            timeout=10,
         )
     except (OSError, subprocess.SubprocessError) as e:
         pytest.skip(f"cannot mount a tmpfs here: {e}")

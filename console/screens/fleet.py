@@ -48,14 +48,16 @@ def row_cells(row: FleetRow) -> dict[str, Any]:
         "state": Text(row.state, style="green" if ok else "bold red" if row.state == "down" else "yellow"),
         "host": row.host,
         "listen": row.listen,
-        "backends": Text("") if row.backends is None else Text(
-            f"{row.ready}/{row.backends} ready", style="" if row.ready == row.backends else "bold red"
-        ),
+        "backends": Text("")
+        if row.backends is None
+        else Text(f"{row.ready}/{row.backends} ready", style="" if row.ready == row.backends else "bold red"),
         "budget": _n(row.budget),
         "in_flight": "-" if row.in_flight is None else f"{row.in_flight:,} tok, {row.running} req",
         "queued": Text(_n(row.queued), style="yellow" if row.queued else ""),
         "denials": Text(_n(row.denials_per_min), style="bold red" if row.denials_per_min else ""),
-        "p95": Text("-") if row.slo_ttft_ms is None else Text(f"{p95}/{row.slo_ttft_ms:,.0f} ms", style=ttft_style(row.p95_ttft_ms, row.slo_ttft_ms)),
+        "p95": Text("-")
+        if row.slo_ttft_ms is None
+        else Text(f"{p95}/{row.slo_ttft_ms:,.0f} ms", style=ttft_style(row.p95_ttft_ms, row.slo_ttft_ms)),
         "shared": Text(row.shared, style=SHARED_STYLES.get(row.shared, "")),
         "note": Text(row.note, style="red"),
     }

@@ -18,8 +18,14 @@ LEGEND = (
     ("bars", "green < 70%, yellow < 90%, red above (GPU: nvitop's 10/80%)"),
     ("header", "READ-ONLY: no actions; PAUSED: rendering stopped, the gate still collects"),
     ("KV reserved", "tokens in flight x KV bytes per token (GGUF header; n/a when the model file is not on this host) against the pool"),
-    ("waits on", "what keeps a class's oldest request waiting: slots, token budget, class limit, tenant quota, prefill limit, priority, PAUSED"),
-    ("wait p95", "time in the gate's own queue, refusals after waiting included (TTFT p95 is measured from dispatch: it does not include it)"),
+    (
+        "waits on",
+        "what keeps a class's oldest request waiting: slots, token budget, class limit, tenant quota, prefill limit, priority, PAUSED",
+    ),
+    (
+        "wait p95",
+        "time in the gate's own queue, refusals after waiting included (TTFT p95 is measured from dispatch: it does not include it)",
+    ),
     ("met", "last minute's arrivals whose first token came within the objective from arrival; refusals count as misses"),
 )
 
@@ -30,7 +36,11 @@ class HelpScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape,question_mark,q", "close", "close")]
 
     def __init__(
-        self, keys: Sequence[tuple[str, str]], *, read_only: bool = False, about: Sequence[tuple[str, str]] = (),
+        self,
+        keys: Sequence[tuple[str, str]],
+        *,
+        read_only: bool = False,
+        about: Sequence[tuple[str, str]] = (),
     ) -> None:
         super().__init__(classes="dialog-screen")
         self.keys = list(keys)

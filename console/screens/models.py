@@ -41,9 +41,7 @@ class ModelsScreen(ModalScreen[None]):
         Binding("escape,m,q", "close", "close"),
     ]
 
-    def __init__(
-        self, snap: GateSnapshot, send: Callable[[ModelAction], Awaitable[object]], *, read_only: bool = False
-    ) -> None:
+    def __init__(self, snap: GateSnapshot, send: Callable[[ModelAction], Awaitable[object]], *, read_only: bool = False) -> None:
         super().__init__(classes="dialog-screen")
         self.snap = snap
         self.send = send
@@ -91,8 +89,9 @@ class ModelsScreen(ModalScreen[None]):
                 await self.send(ModelAction(model.name, action))
 
         self.app.push_screen(
-            ConfirmScreen(f"{action.capitalize()} {model.name}?", EFFECTS[action].format(m=model.name, why=why),
-                          yes_label=action.capitalize()),
+            ConfirmScreen(
+                f"{action.capitalize()} {model.name}?", EFFECTS[action].format(m=model.name, why=why), yes_label=action.capitalize()
+            ),
             answered,
         )
 

@@ -20,8 +20,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Static
 
 from gate.data.commands import CommandError, Retune
-from gate.ops.link import LinkLost
 from gate.data.snapshot import GateSnapshot
+from gate.ops.link import LinkLost
 
 MAX_SLO_MS = 600_000.0
 MAX_QUEUE_DEPTH = 100_000
@@ -52,7 +52,10 @@ class RetuneChanges:
 
     def command(self) -> Retune:
         return Retune(
-            budget=self.budget, settings=dict(self.settings), cls=self.cls, class_changes=dict(self.class_changes),
+            budget=self.budget,
+            settings=dict(self.settings),
+            cls=self.cls,
+            class_changes=dict(self.class_changes),
             freeze=self.freeze,
         )
 
@@ -134,7 +137,12 @@ class RetuneScreen(ModalScreen[list[str] | None]):
     BINDINGS = [Binding("escape", "cancel", "cancel")]
 
     def __init__(
-        self, snap: GateSnapshot, cls: str | None, apply: Callable[[RetuneChanges], Awaitable[list[str]]], *, gate: str = "",
+        self,
+        snap: GateSnapshot,
+        cls: str | None,
+        apply: Callable[[RetuneChanges], Awaitable[list[str]]],
+        *,
+        gate: str = "",
     ) -> None:
         super().__init__(classes="dialog-screen")
         self.gate = gate  # named in the title in a fleet console
@@ -206,9 +214,14 @@ class RetuneScreen(ModalScreen[list[str] | None]):
         values: dict[str, Any] = {}
         errors: dict[str, str] = {}
         parsers = {
-            "budget": parse_int, "min_tokens": parse_int, "slo_ttft_p95_ms": parse_num,
-            "reserved_tokens": parse_int, "limit_tokens": parse_limit, "queue_depth": parse_int,
-            "queue_timeout_s": parse_num, "default_max_tokens": parse_int,
+            "budget": parse_int,
+            "min_tokens": parse_int,
+            "slo_ttft_p95_ms": parse_num,
+            "reserved_tokens": parse_int,
+            "limit_tokens": parse_limit,
+            "queue_depth": parse_int,
+            "queue_timeout_s": parse_num,
+            "default_max_tokens": parse_int,
         }
         for key in self.keys:
             text = self._text(key)
@@ -245,7 +258,8 @@ class RetuneScreen(ModalScreen[list[str] | None]):
             if isinstance(reserved, int) and isinstance(min_tokens, int):
                 others = sum(c.reserved_tokens for c in self.snap.classes if c.name != self.cls)
                 check(
-                    "reserved_tokens", others + reserved <= min_tokens,
+                    "reserved_tokens",
+                    others + reserved <= min_tokens,
                     f"all reservations ({others:,} + this) must fit min budget ({min_tokens:,})",
                 )
             limit = values.get("limit_tokens")
@@ -278,8 +292,10 @@ class RetuneScreen(ModalScreen[list[str] | None]):
         initial = {}
         for key in self.keys:
             try:
-                initial[key] = parse_limit(self.initial[key]) if key == "limit_tokens" else (
-                    parse_num(self.initial[key]) if key in ("slo_ttft_p95_ms", "queue_timeout_s") else parse_int(self.initial[key])
+                initial[key] = (
+                    parse_limit(self.initial[key])
+                    if key == "limit_tokens"
+                    else (parse_num(self.initial[key]) if key in ("slo_ttft_p95_ms", "queue_timeout_s") else parse_int(self.initial[key]))
                 )
             except Invalid:
                 initial[key] = None

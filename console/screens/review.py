@@ -39,6 +39,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 from textual.worker import Worker, WorkerState, get_current_worker
 
+from console.widgets.budget_chart import BudgetChart
 from gate.journal.reader import (
     FILTER_FIELDS,
     DecisionFilters,
@@ -47,7 +48,6 @@ from gate.journal.reader import (
     default_export_name,
     export_decisions_csv,
 )
-from console.widgets.budget_chart import BudgetChart
 
 PAGE_SIZE = 200
 CHART_POINTS = 600
@@ -65,8 +65,13 @@ DEFAULT_RANGE = 1  # last 1h
 
 OUTCOMES = ("admitted", "refused", "shed", "cancelled", "failed")
 _FILTER_KEYS = {
-    "class": "cls", "cls": "cls", "reason": "reason", "tenant": "tenant", "outcome": "outcome",
-    "since": "since", "until": "until",
+    "class": "cls",
+    "cls": "cls",
+    "reason": "reason",
+    "tenant": "tenant",
+    "outcome": "outcome",
+    "since": "since",
+    "until": "until",
 }
 FILTER_HELP = "class=batch reason=queue_full tenant=alice outcome=refused (a,b = either) since=23:01 until=23:15 (UTC)"
 _TIME_KEYS = ("since", "until")
@@ -566,9 +571,7 @@ class ReviewScreen(Screen[str | None]):
             return
         self._apply_range()
         self.run_worker(self._load_timeline(), group="review-timeline", exclusive=True, exit_on_error=False)
-        self.run_worker(
-            self._load_decisions("first", count=True), group="review-decisions", exclusive=True, exit_on_error=False
-        )
+        self.run_worker(self._load_decisions("first", count=True), group="review-decisions", exclusive=True, exit_on_error=False)
 
     def action_next_page(self) -> None:
         if self.reader is not None:
@@ -659,9 +662,7 @@ class ReviewScreen(Screen[str | None]):
         if self.reader is None or self.now is None:
             return
         self._apply_range()
-        self.run_worker(
-            self._load_decisions("first", count=True), group="review-decisions", exclusive=True, exit_on_error=False
-        )
+        self.run_worker(self._load_decisions("first", count=True), group="review-decisions", exclusive=True, exit_on_error=False)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         worker = event.worker
@@ -695,7 +696,5 @@ def _audit_value(a: dict[str, Any], key: str) -> str:
 
 
 def _outcome_text(outcome: str) -> Text:
-    style = {"admitted": "green", "refused": "yellow", "shed": "red", "failed": "red", "cancelled": "dim"}.get(
-        outcome, ""
-    )
+    style = {"admitted": "green", "refused": "yellow", "shed": "red", "failed": "red", "cancelled": "dim"}.get(outcome, "")
     return Text(outcome, style=style)

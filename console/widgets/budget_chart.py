@@ -30,8 +30,26 @@ HAND_SET_COLOR = "white"
 
 #: Steps (seconds) the time axis may use between ticks.
 _NICE_STEPS = (
-    1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200,
-    86400, 172800, 604800,
+    1,
+    2,
+    5,
+    10,
+    15,
+    30,
+    60,
+    120,
+    300,
+    600,
+    900,
+    1800,
+    3600,
+    7200,
+    10800,
+    21600,
+    43200,
+    86400,
+    172800,
+    604800,
 )
 #: Most marks drawn with a text label; beyond this only the lines are drawn.
 MAX_LABELLED_MARKS = 12
@@ -153,9 +171,7 @@ LABEL_ROWS = 3  # rows of mark labels under the top of the plot
 LABEL_CHARS = 10
 
 
-def place_labels(
-    marks: Sequence[tuple[float, str]], lo: float, hi: float, columns: int
-) -> list[tuple[float, str, int, str]]:
+def place_labels(marks: Sequence[tuple[float, str]], lo: float, hi: float, columns: int) -> list[tuple[float, str, int, str]]:
     """(x, label, row, alignment) for the marks whose label fits without touching another:
     each label starts at its line (ends there when it would run off the right edge) and
     takes the first of LABEL_ROWS rows where its characters (plus a space) are free; a
@@ -338,7 +354,14 @@ class BudgetChart(PlotextPlot):
             )
         self._series_set = True
         self._data = _Series(
-            list(times), list(budget), list(in_flight), list(p95_ttft_ms), slo_ttft_ms, list(marks), now, window_s,
+            list(times),
+            list(budget),
+            list(in_flight),
+            list(p95_ttft_ms),
+            slo_ttft_ms,
+            list(marks),
+            now,
+            window_s,
             hand_set,
         )
         self._drawn_width = self.size.width
@@ -404,7 +427,11 @@ class BudgetChart(PlotextPlot):
         top_right = _right_top(right_max, slo_ttft_ms, top_left, self._plot_rows())
         for i, (rx, ry) in enumerate(_runs(xs, p95)):
             plt.plot(
-                rx, ry, marker="braille", color=TTFT_COLOR, yside="right",
+                rx,
+                ry,
+                marker="braille",
+                color=TTFT_COLOR,
+                yside="right",
                 label="p95 TTFT ms" if i == 0 else None,
             )
             points += len(rx)

@@ -155,7 +155,7 @@ class DecisionTail(Vertical):
                 self._matching += 1
                 if r.request_id not in table:
                     matching.append((r.request_id, cells))
-        table.add_rows((rid, _styled(cells, self.columns_shown)) for rid, cells in matching[-self.MAX_NEW_ROWS_PER_TICK:])
+        table.add_rows((rid, _styled(cells, self.columns_shown)) for rid, cells in matching[-self.MAX_NEW_ROWS_PER_TICK :])
         while len(self._records) > self.MAX_RECORDS:
             _, (_, haystack) = self._records.popitem(last=False)
             self._matching -= self._matches(haystack)
@@ -171,7 +171,7 @@ class DecisionTail(Vertical):
         table.clear()
         rows = [(rid, cells) for rid, (cells, hay) in self._records.items() if self._matches(hay)]
         self._matching = len(rows)
-        table.add_rows((rid, _styled(cells, self.columns_shown)) for rid, cells in rows[-self.MAX_ROWS:])
+        table.add_rows((rid, _styled(cells, self.columns_shown)) for rid, cells in rows[-self.MAX_ROWS :])
 
     def on_tail_table_following_changed(self, event: TailTable.FollowingChanged) -> None:
         event.stop()

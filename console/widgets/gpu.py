@@ -9,7 +9,6 @@ from rich.text import Text
 from textual.widgets import Static
 
 from console.widgets.status import show_text
-
 from gate.data.snapshot import GIB, BackendView, GateSnapshot, format_reading
 
 

@@ -16,7 +16,6 @@ from rich.text import Text
 from textual.widgets import Static
 
 from console.widgets.status import show_text
-
 from gate.data.snapshot import GateSnapshot
 
 # router mode adds a model's own "unloaded" and "sleeping" (loaded on demand, not a fault)

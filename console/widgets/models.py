@@ -31,8 +31,14 @@ LABELS: dict[str, str] = {
 }
 COLUMNS = tuple(LABELS)
 STATUS_STYLES = {
-    "loaded": "bold green", "loading": "bold yellow", "evicting": "yellow", "unloaded": "dim",
-    "sleeping": "cyan", "failed": "bold red", "missing": "bold red", "unknown": "dim",
+    "loaded": "bold green",
+    "loading": "bold yellow",
+    "evicting": "yellow",
+    "unloaded": "dim",
+    "sleeping": "cyan",
+    "failed": "bold red",
+    "missing": "bold red",
+    "unknown": "dim",
 }
 
 

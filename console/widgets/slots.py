@@ -10,7 +10,6 @@ from rich.text import Text
 from textual.widgets import Static
 
 from console.widgets.status import show_text
-
 from gate.data.snapshot import BackendView, ControllerView, GateSnapshot, SlotView
 
 # router mode adds a model's own "unloaded" and "sleeping" (loaded on demand, not a fault)
@@ -183,7 +182,7 @@ def render_capacity(snap: GateSnapshot, *, compact: bool, width: int = 0) -> Tex
         out.append_text(wrap_chunks(backend_line(b, compact), width))
         for w in b.warnings:  # the capacity contradicts the config: never silent
             out.append("\n  ! ", "bold yellow")
-            out.append(w if not compact else w[:max(20, width - 4)] if width else w, "yellow")
+            out.append(w if not compact else w[: max(20, width - 4)] if width else w, "yellow")
         if compact:
             continue
         out.append("\n")

@@ -33,6 +33,7 @@ from textual.strip import Strip
 
 Cell = tuple[str, str]  # (text, rich style name; "" for none)
 
+
 def _printable(text: str) -> str:
     """What reaches the terminal: a control character (an escape sequence) never does."""
     return text if text.isprintable() else "".join(ch if ch.isprintable() else "?" for ch in text)

@@ -107,9 +107,7 @@ def _from_reader(reader: Any, cache_type_k: str, cache_type_v: str) -> KvSize:
     arch = _field(reader, "general.architecture")
     if not isinstance(arch, str) or not arch:
         return KvSize(None, "GGUF header has no general.architecture")
-    missing = [
-        k for k in ("block_count", "embedding_length", "attention.head_count") if _field(reader, f"{arch}.{k}") is None
-    ]
+    missing = [k for k in ("block_count", "embedding_length", "attention.head_count") if _field(reader, f"{arch}.{k}") is None]
     if missing:
         return KvSize(None, "GGUF header lacks " + ", ".join(f"{arch}.{k}" for k in missing), arch=arch)
     n_layer = int(_field(reader, f"{arch}.block_count"))
@@ -130,9 +128,7 @@ def _from_reader(reader: Any, cache_type_k: str, cache_type_v: str) -> KvSize:
         return KvSize(None, f"{arch}.attention.head_count is {n_head}", arch=arch)
     head_dim_k = int(key_length) if key_length is not None else n_embd // n_head
     head_dim_v = int(value_length) if value_length is not None else n_embd // n_head
-    total = sum(
-        _row_size(cache_type_k, head_dim_k * h) + _row_size(cache_type_v, head_dim_v * h) for h in per_layer
-    )
+    total = sum(_row_size(cache_type_k, head_dim_k * h) + _row_size(cache_type_v, head_dim_v * h) for h in per_layer)
     return KvSize(
         bytes_per_token=total,
         arch=arch,

@@ -210,6 +210,4 @@ def upstream_client(transport: httpx.AsyncBaseTransport | None = None) -> httpx.
     mounts: dict[str, httpx.AsyncBaseTransport] = {}
     if transport is None:
         transport, mounts = client_transports(limits)
-    return httpx.AsyncClient(
-        transport=transport, mounts=mounts, timeout=httpx.Timeout(connect=5.0, read=None, write=30.0, pool=30.0)
-    )
+    return httpx.AsyncClient(transport=transport, mounts=mounts, timeout=httpx.Timeout(connect=5.0, read=None, write=30.0, pool=30.0))

@@ -23,14 +23,14 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
-from gate.core.admission import Admission, Capacity, ClassPolicy, TenantPolicy
-from gate.core.adaptive import BudgetController, ControllerSettings, Move, controller_for, has_demand
-from gate.config import BackendConfig, BudgetConfig
 from gate.backend.gatekeeper import Gatekeeper, Ticket
 from gate.backend.layout import Layout, ServerArgs, learn_layout, local_server_args
-from gate.core.shedding import DecodeMeter
-from gate.core.prefill import PrefillModel
 from gate.backend.upstream import RelayStats, Upstream
+from gate.config import BackendConfig, BudgetConfig
+from gate.core.adaptive import BudgetController, ControllerSettings, Move, controller_for, has_demand
+from gate.core.admission import Admission, Capacity, ClassPolicy, TenantPolicy
+from gate.core.prefill import PrefillModel
+from gate.core.shedding import DecodeMeter
 from gate.data.snapshot import ModelView
 
 
@@ -81,14 +81,15 @@ def capacity_from_props(props: Mapping[str, Any], config: BackendConfig, layout:
     if config.token_budget is not None:
         ceiling = config.token_budget
     return Capacity(
-        slots=slots, slot_context=n_ctx, ceiling=ceiling, max_prefill_tokens=config.max_prefill_tokens,
+        slots=slots,
+        slot_context=n_ctx,
+        ceiling=ceiling,
+        max_prefill_tokens=config.max_prefill_tokens,
         prefill_yield_tokens=config.prefill_yield_tokens or None,
     )
 
 
-def capacity_warnings(
-    layout: Layout | None, cap: Capacity | None, budget: BudgetConfig, classes: Iterable[ClassPolicy]
-) -> tuple[str, ...]:
+def capacity_warnings(layout: Layout | None, cap: Capacity | None, budget: BudgetConfig, classes: Iterable[ClassPolicy]) -> tuple[str, ...]:
     """What a backend's capacity contradicts: its layout's warnings, and [budget] min_tokens or
     class reservations above its ceiling (the controller's floor is clamped to the ceiling; a
     class cannot reach tokens the others reserve)."""
@@ -224,7 +225,9 @@ class BackendPool:
         self.on_units: Callable[[], None] | None = None
         self.configured: tuple[Backend, ...] = tuple(
             Backend(
-                c, Upstream(client, c.url), environ.get(c.api_key_env) if c.api_key_env else None,
+                c,
+                Upstream(client, c.url),
+                environ.get(c.api_key_env) if c.api_key_env else None,
                 kv_bytes_per_token=kv_bytes_per_token,
             )
             for c in configs
@@ -333,7 +336,9 @@ class BackendPool:
                     if backend.state != "ready" or backend.layout is None:
                         # Learned on each (re)start of the server: it may come back with other flags.
                         backend.layout = learn_layout(
-                            backend.props, backend.config.kv, self._server_args(backend),
+                            backend.props,
+                            backend.config.kv,
+                            self._server_args(backend),
                             await self._n_ctx_train(backend),
                         )
                     self.apply_capacity(backend, capacity_from_props(backend.props, backend.config, backend.layout))
@@ -346,7 +351,11 @@ class BackendPool:
             self.on_state(backend, before[0], backend.state)
         if (backend.state, backend.capacity) != before:
             log.info(
-                "backend %s: %s (%s) capacity=%s kv=%s", backend.name, backend.state, backend.detail, backend.capacity,
+                "backend %s: %s (%s) capacity=%s kv=%s",
+                backend.name,
+                backend.state,
+                backend.detail,
+                backend.capacity,
                 None if backend.layout is None else f"{backend.layout.kv} ({backend.layout.source}: {backend.layout.detail})",
             )
             if backend.gatekeeper is not None:
@@ -396,14 +405,15 @@ class BackendPool:
         backend.fleet.router_props(backend.props)
         backend.state, backend.detail = "ready", f"router: {len(backend.config.models)} models"
 
-    def apply_capacity(
-        self, backend: Backend, capacity: Capacity, *, gatekeeper_factory: Callable[..., Gatekeeper] = Gatekeeper
-    ) -> None:
+    def apply_capacity(self, backend: Backend, capacity: Capacity, *, gatekeeper_factory: Callable[..., Gatekeeper] = Gatekeeper) -> None:
         if backend.gatekeeper is None:
             controller = controller_for(self._budget.mode, controller_settings(self._budget, capacity.ceiling))
             prefill = PrefillModel()
             admission = Admission(
-                self._classes, capacity, budget=controller.budget, tenant_policy=self._tenant_policy,
+                self._classes,
+                capacity,
+                budget=controller.budget,
+                tenant_policy=self._tenant_policy,
                 aging_s=self._budget.aging_s or None,
                 expected_ttft=lambda r, prefilling: prefill.expected_ttft(r.prompt_tokens, prefilling),
                 # The controller's budget is an estimate the aged may stretch; an operator's is a limit.
@@ -455,7 +465,11 @@ def controller_moves(pool: BackendPool, now: float) -> list[tuple[Backend, Move]
 
 
 async def release_when_slot_frees(
-    backend: Backend, ticket: Ticket, *, timeout_s: float, clock: Callable[[], float],
+    backend: Backend,
+    ticket: Ticket,
+    *,
+    timeout_s: float,
+    clock: Callable[[], float],
     then: Callable[[], None] | None = None,
 ) -> None:
     """Release `ticket` once llama-server shows one busy slot fewer than the gate holds; then call `then`.
@@ -494,8 +508,12 @@ def observe_upstream(backend: Backend, stats: RelayStats, now: float) -> None:
 
 
 def check_backend(
-    config: BackendConfig, budget: BudgetConfig, classes: Iterable[ClassPolicy], *,
-    environ: Mapping[str, str], timeout_s: float = 3.0,
+    config: BackendConfig,
+    budget: BudgetConfig,
+    classes: Iterable[ClassPolicy],
+    *,
+    environ: Mapping[str, str],
+    timeout_s: float = 3.0,
     args_finder: Callable[[str], ServerArgs | None] = local_server_args,
 ) -> tuple[str, tuple[str, ...]]:
     """`tokengate config check --backends`: one line on what the running llama-server reports
@@ -521,8 +539,5 @@ def check_backend(
         cap = capacity_from_props(props, config, layout)
     except ValueError as exc:
         return str(exc), ()
-    line = (
-        f"{cap.slots} slots of {cap.slot_context} tokens, kv {layout.kv} ({layout.source}: {layout.detail}), "
-        f"ceiling {cap.ceiling}"
-    )
+    line = f"{cap.slots} slots of {cap.slot_context} tokens, kv {layout.kv} ({layout.source}: {layout.detail}), ceiling {cap.ceiling}"
     return line, capacity_warnings(layout, cap, budget, classes)

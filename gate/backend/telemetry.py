@@ -354,7 +354,8 @@ class TelemetryPoller:
         idle = b.slots_when is not None and not b.slots_when()
         async with asyncio.timeout(self.timeout_s):
             results = await asyncio.gather(
-                _idle_slots(b.last) if idle else self._get(b, "/slots", now), self._get(b, "/metrics", now),
+                _idle_slots(b.last) if idle else self._get(b, "/slots", now),
+                self._get(b, "/metrics", now),
                 return_exceptions=True,
             )
         errors = [r for r in results if isinstance(r, BaseException)]

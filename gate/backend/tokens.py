@@ -351,7 +351,11 @@ class TokenCounter:
         if not available:
             logger.warning(
                 "%s has no %s (HTTP %d); counting chat prompts with %s + %s",
-                base_url, INPUT_TOKENS_PATH, status, APPLY_TEMPLATE_PATH, TOKENIZE_PATH,
+                base_url,
+                INPUT_TOKENS_PATH,
+                status,
+                APPLY_TEMPLATE_PATH,
+                TOKENIZE_PATH,
             )
         elif before is False:
             logger.warning("%s now answers %s; using it again", base_url, INPUT_TOKENS_PATH)
@@ -361,9 +365,7 @@ class TokenCounter:
             return True
         return self._clock() >= self._reprobe_at.get(base_url, 0.0)
 
-    async def _post(
-        self, base_url: str, path: str, content: bytes, headers: dict[str, str], model: str | None = None
-    ) -> httpx.Response:
+    async def _post(self, base_url: str, path: str, content: bytes, headers: dict[str, str], model: str | None = None) -> httpx.Response:
         return await self._client.post(
             base_url + path + ("" if model is None else "?autoload=false"),
             content=content,
@@ -393,9 +395,7 @@ class TokenCounter:
             total += await self._tokenize(base_url, text, add_special, headers, model)
         return total
 
-    async def _tokenize(
-        self, base_url: str, text: str, add_special: bool, headers: dict[str, str], model: str | None = None
-    ) -> int:
+    async def _tokenize(self, base_url: str, text: str, add_special: bool, headers: dict[str, str], model: str | None = None) -> int:
         # parse_special: the server parses special tokens in prompts it runs, so count them as it does.
         fields: dict[str, Any] = {"content": text, "add_special": add_special, "parse_special": True}
         if model is not None:

@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 
 from gate.core.errors import GateError
-from gate.data.endpoints import Kind
 from gate.core.reasons import Reason
+from gate.data.endpoints import Kind
 
 log = logging.getLogger("tokengate.upstream")
 
@@ -35,9 +35,20 @@ RETRY_DOWN_S = 5.0
 # after a disconnect (resumable streams): never forward it.
 _DROP_HEADERS = frozenset(
     {
-        "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-        "trailer", "transfer-encoding", "upgrade", "host", "content-length",
-        "authorization", "x-conversation-id", "accept-encoding", "x-tokengate-class",
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "authorization",
+        "x-conversation-id",
+        "accept-encoding",
+        "x-tokengate-class",
     }
 )
 
@@ -114,7 +125,9 @@ class Upstream:
     async def open(self, path: str, body: Mapping[str, Any], headers: Mapping[str, str]) -> httpx.Response:
         """Send the request and wait for the status line; the caller must `aclose()` it."""
         request = self.client.build_request(
-            "POST", self.base_url + path, content=json.dumps(body).encode(),
+            "POST",
+            self.base_url + path,
+            content=json.dumps(body).encode(),
             # llama-server closes the connection after every streamed answer without saying so; pooled, it fails the next request (502).
             headers={**headers, "Content-Type": "application/json", "Connection": "close"},
         )

@@ -25,7 +25,6 @@ from gate.config.schema import (
 )
 from gate.config.terms import _got, _key_part, _show, _suggest, _toml_key_of
 
-
 #: sun_path holds 108 bytes on Linux, the last one a NUL
 MAX_SOCKET_PATH = 107
 
@@ -118,6 +117,7 @@ def _check_url(c: _Check, key: str, url: str) -> None:
 def _check_redis_url(c: _Check, key: str, url: str) -> None:
     if not url:
         return  # off
+
     def bad(problem: str) -> ConfigError:
         # The URL may hold a password: name the problem, never echo the value.
         return c.fail(key, f"{problem} (the value is not shown: it may hold a password)")
@@ -140,6 +140,8 @@ def _check_redis_url(c: _Check, key: str, url: str) -> None:
     db = parts.path.lstrip("/")
     if db and not db.isdigit():
         raise bad("the path must be a database number, as in redis://127.0.0.1:6379/0")
+
+
 def _check_model_list(c: _Check, key: str, names: tuple[str, ...], known: tuple[str, ...], what: str) -> None:
     """Each of `names` is one of `known` (configured model names), listed once."""
     seen: set[str] = set()
@@ -164,7 +166,7 @@ def validate_config(config: Config, source: str = "<config>") -> None:
         raise c.fail("listen", f"the host must not be empty, got {_show(g.listen_host)}")
     c.check("listen", g.listen_port, lambda v: 1 <= v <= 65535, "a port from 1 to 65535")
     if not g.journal.strip():
-        raise c.fail("journal", "must be a file path (or \":memory:\"), got an empty string")
+        raise c.fail("journal", 'must be a file path (or ":memory:"), got an empty string')
     c.pos_int("max_body_bytes", g.max_body_bytes)
     c.pos_num("request_timeout_s", g.request_timeout_s)
     c.check(
@@ -214,9 +216,7 @@ def validate_config(config: Config, source: str = "<config>") -> None:
     c.pos_num("window_s", b.window_s)
     c.check("aging_s", b.aging_s, lambda v: v >= 0, "zero (off) or more seconds")
     c.check("cooldown_s", b.cooldown_s, lambda v: v >= 0, "zero or more seconds")
-    c.check(
-        "increase", b.increase, lambda v: v > 1, "greater than 1 (the factor that opens the budget)"
-    )
+    c.check("increase", b.increase, lambda v: v > 1, "greater than 1 (the factor that opens the budget)")
     c.check(
         "decrease",
         b.decrease,
@@ -246,8 +246,7 @@ def validate_config(config: Config, source: str = "<config>") -> None:
                 where = f"backends[{k}] ({config.backends[k].name})" if k != i else "this backend"
                 raise c.fail(
                     mkey,
-                    f"model {_show(model)} is already routed to {where}; "
-                    "a model name may be routed to one backend only",
+                    f"model {_show(model)} is already routed to {where}; a model name may be routed to one backend only",
                 )
             model_owner[model] = i
         c.pos_int("token_budget", be.token_budget)
@@ -256,10 +255,8 @@ def validate_config(config: Config, source: str = "<config>") -> None:
                 "token_budget",
                 f"must be at least budget.min_tokens ({b.min_tokens}), got {be.token_budget}",
             )
-        c.check("max_prefill_tokens", be.max_prefill_tokens, lambda v: v is None or v >= 0,
-                "zero (no cap) or a positive integer")
-        c.check("prefill_yield_tokens", be.prefill_yield_tokens, lambda v: v >= 0,
-                "zero (never yield) or a positive integer")
+        c.check("max_prefill_tokens", be.max_prefill_tokens, lambda v: v is None or v >= 0, "zero (no cap) or a positive integer")
+        c.check("prefill_yield_tokens", be.prefill_yield_tokens, lambda v: v >= 0, "zero (never yield) or a positive integer")
         _check_env_name(c, "api_key_env", be.api_key_env)
         _check_model_list(c, "pin", be.pin, be.models, "this backend's models")
         c.check("cold_start_s", be.cold_start_s, lambda v: v >= 0, "zero or more seconds")
@@ -273,9 +270,7 @@ def validate_config(config: Config, source: str = "<config>") -> None:
         _check_types(s, path, cl)
         c = _Check(s, path)
         if not CLASS_NAME_RE.fullmatch(cl.name):
-            raise ConfigError(
-                s, path, f"class names may use only a-z 0-9 _ -, got {_show(cl.name)}"
-            )
+            raise ConfigError(s, path, f"class names may use only a-z 0-9 _ -, got {_show(cl.name)}")
         if cl.name in seen_classes:
             raise ConfigError(s, path, f"duplicate class name {_show(cl.name)}")
         seen_classes.add(cl.name)
@@ -294,8 +289,7 @@ def validate_config(config: Config, source: str = "<config>") -> None:
         if cl.default_max_tokens > cl.max_tokens_cap:
             raise c.fail(
                 "default_max_tokens",
-                f"must be at most max_tokens_cap ({cl.max_tokens_cap}), "
-                f"got {cl.default_max_tokens}",
+                f"must be at most max_tokens_cap ({cl.max_tokens_cap}), got {cl.default_max_tokens}",
             )
         _check_model_list(c, "fallback", cl.fallback, tuple(model_owner), "a model of [[backends]] models")
     reserved = [(cl.name, cl.reserved_tokens) for cl in config.classes if cl.reserved_tokens]
@@ -350,8 +344,7 @@ def validate_config(config: Config, source: str = "<config>") -> None:
                 k = sha_owner[t.api_key_sha256]
                 raise c.fail(
                     "api_key_sha256",
-                    f"the same key hash is already used by tenants[{k}] "
-                    f"({config.tenants[k].name}); each tenant needs its own key",
+                    f"the same key hash is already used by tenants[{k}] ({config.tenants[k].name}); each tenant needs its own key",
                 )
             sha_owner[t.api_key_sha256] = i
         if t.api_key_env is not None:
@@ -360,16 +353,14 @@ def validate_config(config: Config, source: str = "<config>") -> None:
                 k = env_owner[t.api_key_env]
                 raise c.fail(
                     "api_key_env",
-                    f"{_show(t.api_key_env)} is already the key of tenants[{k}] "
-                    f"({config.tenants[k].name}); each tenant needs its own key",
+                    f"{_show(t.api_key_env)} is already the key of tenants[{k}] ({config.tenants[k].name}); each tenant needs its own key",
                 )
             env_owner[t.api_key_env] = i
 
         if t.class_name is not None and t.class_name not in seen_classes:
             raise c.fail(
                 "class",
-                f"must name a class ({', '.join(class_names)}), got {_show(t.class_name)}"
-                f"{_suggest(t.class_name, class_names)}",
+                f"must name a class ({', '.join(class_names)}), got {_show(t.class_name)}{_suggest(t.class_name, class_names)}",
             )
         seen_allowed: set[str] = set()
         for j, name in enumerate(t.allowed_classes):
@@ -377,8 +368,7 @@ def validate_config(config: Config, source: str = "<config>") -> None:
             if name not in seen_classes:
                 raise c.fail(
                     key,
-                    f"must name a class ({', '.join(class_names)}), got {_show(name)}"
-                    f"{_suggest(name, class_names)}",
+                    f"must name a class ({', '.join(class_names)}), got {_show(name)}{_suggest(name, class_names)}",
                 )
             if name in seen_allowed:
                 raise c.fail(key, f"{_show(name)} is listed twice")

@@ -25,15 +25,14 @@ from gate.config.schema import (
     ClassConfig,
     Config,
     ConfigError,
-    FleetGateConfig,
     FailurePolicy,
+    FleetGateConfig,
     GateConfig,
     KvMode,
     SharedConfig,
     TenantConfig,
 )
 from gate.config.terms import _got, _key_part, _show, _suggest, _toml_key_of
-
 
 # --------------------------------------------------------------------------------------------
 # Loading
@@ -84,8 +83,17 @@ def _keys_of(cls: type) -> tuple[str, ...]:
 
 
 _GATE_KEYS = (
-    "listen", "journal", "max_body_bytes", "request_timeout_s", "shed_factor", "shed_stall_s",
-    "header_timeout_s", "body_timeout_s", "write_stall_s", "control_socket", "control_socket_group",
+    "listen",
+    "journal",
+    "max_body_bytes",
+    "request_timeout_s",
+    "shed_factor",
+    "shed_stall_s",
+    "header_timeout_s",
+    "body_timeout_s",
+    "write_stall_s",
+    "control_socket",
+    "control_socket_group",
 )
 _BACKEND_KEYS = _keys_of(BackendConfig)
 _BUDGET_KEYS = _keys_of(BudgetConfig)
@@ -155,9 +163,7 @@ class _Reader:
             raise self.error(k, f"must be an array of strings, got {_got(v)}")
         for i, item in enumerate(v):
             if not isinstance(item, str):
-                raise ConfigError(
-                    self.source, f"{self.key(k)}[{i}]", f"must be a string, got {_got(item)}"
-                )
+                raise ConfigError(self.source, f"{self.key(k)}[{i}]", f"must be a string, got {_got(item)}")
         return tuple(v)
 
     def choice(self, k: str, default: str, choices: tuple[str, ...]) -> str:
@@ -176,9 +182,7 @@ def _table(source: str, key: str, value: Any, hint: str = "") -> dict[str, Any]:
 
 def _array_of_tables(source: str, key: str, value: Any) -> list[dict[str, Any]]:
     if isinstance(value, dict):
-        raise ConfigError(
-            source, key, f"must be an array of tables (write [[{key}]], not [{key}]), got a table"
-        )
+        raise ConfigError(source, key, f"must be an array of tables (write [[{key}]], not [{key}]), got a table")
     if not isinstance(value, list):
         raise ConfigError(source, key, f"must be an array of tables ([[{key}]]), got {_got(value)}")
     for i, item in enumerate(value):
@@ -294,9 +298,7 @@ def _class(source: str, name: str, data: Any) -> ClassConfig:
         raise ConfigError(source, path, f"must be a table{hint}, got {_got(data)}")
     r = _Reader(source, path, data, _CLASS_KEYS)
     if not r.has("priority"):
-        raise r.error(
-            "priority", "missing; every class needs a priority (an integer, higher is served first)"
-        )
+        raise r.error("priority", "missing; every class needs a priority (an integer, higher is served first)")
     return ClassConfig(
         name=name,
         priority=r.get_int("priority", 0),

@@ -133,17 +133,13 @@ class ControllerSettings:
         if not 0 < self.decrease < 1:
             problems.append(f"decrease must be in (0, 1), got {self.decrease}")
         if not (_positive(self.open_below) and self.open_below <= self.close_above):
-            problems.append(
-                f"open_below ({self.open_below}) must be > 0 and <= close_above ({self.close_above})"
-            )
+            problems.append(f"open_below ({self.open_below}) must be > 0 and <= close_above ({self.close_above})")
         if not _positive(self.close_above):
             problems.append(f"close_above must be > 0, got {self.close_above}")
         if not 0 < self.smoothing <= 1:
             problems.append(f"smoothing must be in (0, 1], got {self.smoothing}")
         if self.max_samples < self.min_samples:
-            problems.append(
-                f"max_samples ({self.max_samples}) must be >= min_samples ({self.min_samples})"
-            )
+            problems.append(f"max_samples ({self.max_samples}) must be >= min_samples ({self.min_samples})")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -179,9 +175,7 @@ class BudgetController:
         start = settings.ceiling_tokens if initial_budget is None else initial_budget
         self._budget = self._clamp(start)
         # (ts, ttft_s, tpot_s); deque maxlen keeps memory bounded at any rate.
-        self._window: deque[tuple[float, float | None, float | None]] = deque(
-            maxlen=settings.max_samples
-        )
+        self._window: deque[tuple[float, float | None, float | None]] = deque(maxlen=settings.max_samples)
         self._smoothed_ttft: float | None = None
         self._smoothed_tpot: float | None = None
         self._last_move_ts = -math.inf
@@ -274,14 +268,14 @@ class BudgetController:
         if now - self._last_move_ts < s.cooldown_s:
             return None
 
-        if self._over(self._smoothed_ttft, s.slo_ttft_p95_s) or self._over(
-            self._smoothed_tpot, s.slo_tpot_p95_s
-        ):
+        if self._over(self._smoothed_ttft, s.slo_ttft_p95_s) or self._over(self._smoothed_tpot, s.slo_tpot_p95_s):
             # Shrink by at least one token so repeated overload always reaches the minimum.
             target = min(self._budget - 1, math.floor(self._budget * s.decrease))
             return self._move_to(now, target, Cause.CLOSE)
-        if demand and self._under(self._smoothed_ttft, s.slo_ttft_p95_s) and (
-            s.slo_tpot_p95_s is None or self._under(self._smoothed_tpot, s.slo_tpot_p95_s)
+        if (
+            demand
+            and self._under(self._smoothed_ttft, s.slo_ttft_p95_s)
+            and (s.slo_tpot_p95_s is None or self._under(self._smoothed_tpot, s.slo_tpot_p95_s))
         ):
             target = max(self._budget + 1, math.floor(self._budget * s.increase))
             return self._move_to(now, target, Cause.OPEN)
@@ -337,9 +331,7 @@ class BudgetController:
         """The operator retuned the objectives; the next tick judges against them."""
         self._settings = replace(self._settings, slo_ttft_p95_s=slo_ttft_p95_s, slo_tpot_p95_s=slo_tpot_p95_s)
 
-    def set_bounds(
-        self, now: float, min_tokens: int, ceiling_tokens: int | None = None
-    ) -> Move | None:
+    def set_bounds(self, now: float, min_tokens: int, ceiling_tokens: int | None = None) -> Move | None:
         """The operator retuned the bounds; clamp the budget into them (cause manual)."""
         if min_tokens < 1:
             raise ValueError(f"min_tokens must be >= 1, got {min_tokens}")
@@ -380,9 +372,7 @@ class BudgetController:
     def check_invariants(self) -> None:
         """Raise AssertionError if invariant 1 or 6 does not hold."""
         if not self.min_tokens <= self._budget <= self._ceiling:
-            raise AssertionError(
-                f"budget {self._budget} outside [{self.min_tokens}, {self._ceiling}]"
-            )
+            raise AssertionError(f"budget {self._budget} outside [{self.min_tokens}, {self._ceiling}]")
         if len(self._window) > self._settings.max_samples:
             raise AssertionError(f"window holds {len(self._window)} samples")
         stamps = [ts for ts, _, _ in self._window]
@@ -407,4 +397,3 @@ def controller_for(mode: str, settings: ControllerSettings, start: int | None = 
     """The budget's owner for ``[budget] mode``: the adaptive controller, or the fixed budget."""
     kind = BudgetController if mode == "adaptive" else FixedBudget
     return kind(settings) if start is None else kind(settings, start)
-

@@ -284,21 +284,13 @@ class Admission:
         if self.aging_s is not None and now is not None:  # the moment a waiter ages is a moment to dispatch
             aging = self.aging_s
             deadlines.extend(
-                w.enqueued_at + aging
-                for c in self._order
-                if not c.queue.paused
-                for w in c.queue
-                if w.enqueued_at + aging > now
+                w.enqueued_at + aging for c in self._order if not c.queue.paused for w in c.queue if w.enqueued_at + aging > now
             )
         return min(deadlines) if deadlines else None
 
     def held_back(self, cls: str) -> int:
         """Unused reservations of the classes other than `cls`."""
-        return sum(
-            max(0, c.policy.reserved_tokens - self.ledger.class_tokens(c.policy.name))
-            for c in self._order
-            if c.policy.name != cls
-        )
+        return sum(max(0, c.policy.reserved_tokens - self.ledger.class_tokens(c.policy.name)) for c in self._order if c.policy.name != cls)
 
     def _reserved_elsewhere(self, cls: str) -> int:
         return sum(c.policy.reserved_tokens for c in self._order if c.policy.name != cls)
@@ -364,12 +356,7 @@ class Admission:
         if cap and led.prefilling > 0 and led.prefilling + request.prompt_tokens > cap:
             return Block.PREFILL
         long_prompt = self.capacity.prefill_yield_tokens
-        if (
-            not aged
-            and long_prompt is not None
-            and request.prompt_tokens > long_prompt
-            and self._higher_busy(policy.priority)
-        ):
+        if not aged and long_prompt is not None and request.prompt_tokens > long_prompt and self._higher_busy(policy.priority):
             return Block.YIELD
         return None
 
@@ -408,6 +395,7 @@ class Admission:
                 expected = self.expected_ttft(w.request, prefilling)
                 if expected is not None:
                     yield w, w.request.arrival + objective_ms / 1000.0 - expected
+
     def fits_now(self, request: Request) -> bool:
         """Would `offer` admit `request` at once? Changes nothing (the fallback's look-ahead)."""
         entry = self._classes.get(request.cls)
@@ -434,8 +422,11 @@ class Admission:
         if block is Block.SLOTS:
             return f"slots {len(self.ledger)}/{self.capacity.slots} busy"
         return {
-            Block.BUDGET: "token budget", Block.CLASS_LIMIT: "class limit", Block.TENANT: "tenant quota",
-            Block.PREFILL: "prefill limit", Block.YIELD: "prefill yields",
+            Block.BUDGET: "token budget",
+            Block.CLASS_LIMIT: "class limit",
+            Block.TENANT: "tenant quota",
+            Block.PREFILL: "prefill limit",
+            Block.YIELD: "prefill yields",
         }.get(block, "priority")  # type: ignore[arg-type]
 
     def retry_after(self, cls: str, cost: int, now: float, *, ahead: int | None = None) -> float:
@@ -474,9 +465,7 @@ class Admission:
                 self.retry_after(request.cls, request.cost, now),
             )
         # No overtaking: with requests of its class waiting, a newcomer waits behind them.
-        if not entry.queue and self.blocker(
-            request, own_share_only=self._yield_to_higher(entry) or self._aged_waiting(now)
-        ) is None:
+        if not entry.queue and self.blocker(request, own_share_only=self._yield_to_higher(entry) or self._aged_waiting(now)) is None:
             self.ledger.reserve(request, now)
             return Admit(request, now)
         late = self._unreachable(entry, request, now)
@@ -697,8 +686,7 @@ class Admission:
                 yield Refuse(
                     w.request,
                     Reason.QUEUE_TIMEOUT,
-                    f"waited {now - w.enqueued_at:.1f}s in class {entry.policy.name!r}, "
-                    f"its limit is {entry.queue.timeout_s:g}s",
+                    f"waited {now - w.enqueued_at:.1f}s in class {entry.policy.name!r}, its limit is {entry.queue.timeout_s:g}s",
                     self.retry_after(entry.policy.name, w.request.cost, now),
                 )
 

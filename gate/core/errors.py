@@ -28,6 +28,7 @@ class Who(Protocol):
     @property
     def cls(self) -> str: ...
 
+
 # The `type` OpenAI clients branch on, per status.
 _TYPES: dict[int, str] = {
     400: "invalid_request_error",

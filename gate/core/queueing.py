@@ -219,11 +219,7 @@ class ClassQueue:
 
     def _fast_forward(self, candidates: list[str]) -> None:
         rounds = min(
-            math.ceil(
-                (self._fifos[t][0].request.cost - self._deficit[t])
-                / (self._quantum * self._weight_of(t))
-            )
-            for t in candidates
+            math.ceil((self._fifos[t][0].request.cost - self._deficit[t]) / (self._quantum * self._weight_of(t))) for t in candidates
         )
         # The next round adds one quantum itself; add the ones before it here.
         for t in candidates:

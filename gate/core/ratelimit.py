@@ -50,9 +50,7 @@ class TokenBucket:
 
     __slots__ = ("rate_per_s", "capacity", "_level", "_last")
 
-    def __init__(
-        self, rate_per_s: float, capacity: float, now: float, level: float | None = None
-    ) -> None:
+    def __init__(self, rate_per_s: float, capacity: float, now: float, level: float | None = None) -> None:
         if not rate_per_s >= 0.0 or math.isinf(rate_per_s):
             raise ValueError(f"rate_per_s must be finite and >= 0, got {rate_per_s!r}")
         if not capacity >= 0.0 or math.isinf(capacity):
@@ -123,10 +121,7 @@ class TokenBucket:
             raise AssertionError(f"level {self._level} outside [0, {self.capacity}]")
 
     def __repr__(self) -> str:
-        return (
-            f"TokenBucket(rate_per_s={self.rate_per_s!r}, capacity={self.capacity!r}, "
-            f"level={self._level!r}, last={self._last!r})"
-        )
+        return f"TokenBucket(rate_per_s={self.rate_per_s!r}, capacity={self.capacity!r}, level={self._level!r}, last={self._last!r})"
 
 
 def _check_amount(amount: float) -> None:
@@ -186,12 +181,8 @@ class _TenantBuckets:
 
     def __init__(self, limits: TenantLimits, now: float, old: _TenantBuckets | None = None) -> None:
         self.limits = limits
-        self.requests: TokenBucket | None = _bucket_for(
-            limits.requests_per_minute, now, None if old is None else old.requests
-        )
-        self.tokens: TokenBucket | None = _bucket_for(
-            limits.tokens_per_minute, now, None if old is None else old.tokens
-        )
+        self.requests: TokenBucket | None = _bucket_for(limits.requests_per_minute, now, None if old is None else old.requests)
+        self.tokens: TokenBucket | None = _bucket_for(limits.tokens_per_minute, now, None if old is None else old.tokens)
         self.last_seen = now
 
     def buckets(self) -> tuple[TokenBucket, ...]:

@@ -33,7 +33,13 @@ class Rollup:
         self._buckets: deque[_Bucket] = deque()
 
     def add(
-        self, now: float, cls: str, outcome: str, reason: str, ttft_ms: float | None = None, queue_ms: float | None = None,
+        self,
+        now: float,
+        cls: str,
+        outcome: str,
+        reason: str,
+        ttft_ms: float | None = None,
+        queue_ms: float | None = None,
         met: bool | None = None,
     ) -> None:
         """`queue_ms`: time spent waiting in the gate's queue, whatever the outcome (a queue

@@ -122,7 +122,11 @@ def next_deadline(
             expected = stall_s + max_tokens / per_slot_tps
             at = dispatched_at + factor * expected
             if at < best.at:
-                best = Deadline(at, Reason.SHED_OVERRUN, f"a plain upstream call ran past {factor:g} x the {expected:.1f} s the current decode rate allows")
+                best = Deadline(
+                    at,
+                    Reason.SHED_OVERRUN,
+                    f"a plain upstream call ran past {factor:g} x the {expected:.1f} s the current decode rate allows",
+                )
         return best
     last = last_token_at if last_token_at is not None else dispatched_at
     waiting = "a token" if first_token_at is not None else "the first token"
@@ -132,7 +136,8 @@ def next_deadline(
         at = dispatched_at + factor * expected
         if at < best.at:
             best = Deadline(
-                at, Reason.SHED_OVERRUN,
+                at,
+                Reason.SHED_OVERRUN,
                 f"ran past {factor:g} x the {expected:.1f} s the backend's current decode rate predicts",
             )
     timeout_at = dispatched_at + timeout_s

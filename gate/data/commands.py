@@ -231,7 +231,9 @@ def _check_types(command: Command) -> None:
     if isinstance(command, Retune):
         need(command.freeze is None or isinstance(command.freeze, bool), "freeze", "true, false or absent")
     if isinstance(command, Retune):
-        need(command.budget is None or (isinstance(command.budget, int) and not isinstance(command.budget, bool)), "budget", "a whole number")
+        need(
+            command.budget is None or (isinstance(command.budget, int) and not isinstance(command.budget, bool)), "budget", "a whole number"
+        )
         need(command.cls is None or isinstance(command.cls, str), "cls", "a class name")
         need(isinstance(command.settings, dict), "settings", "an object")
         need(isinstance(command.class_changes, dict), "class_changes", "an object")

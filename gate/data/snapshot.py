@@ -44,7 +44,7 @@ class GpuReading:
     unavailable: str | None  # why there are no numbers; when set, devices == ()
 
     @classmethod
-    def failed(cls, reason: str) -> "GpuReading":
+    def failed(cls, reason: str) -> GpuReading:
         return cls(devices=(), unavailable=reason)
 
 

@@ -55,8 +55,12 @@ class ModelMetrics:
         status = GaugeMetricFamily("tokengate_model_status", "1 for each router-mode model's current status.", labels=[*labels, "status"])
         load = GaugeMetricFamily("tokengate_model_load_seconds", "The model's last measured load time (router mode).", labels=labels)
         loads = CounterMetricFamily("tokengate_model_loads", "Model loads the gate saw complete (router mode).", labels=labels)
-        failures = CounterMetricFamily("tokengate_model_failures", "Model processes that exited with an error (router mode).", labels=labels)
-        evictions = CounterMetricFamily("tokengate_model_evictions", "Models the gate evicted to load another (router mode).", labels=labels)
+        failures = CounterMetricFamily(
+            "tokengate_model_failures", "Model processes that exited with an error (router mode).", labels=labels
+        )
+        evictions = CounterMetricFamily(
+            "tokengate_model_evictions", "Models the gate evicted to load another (router mode).", labels=labels
+        )
         in_flight = GaugeMetricFamily("tokengate_model_requests_in_flight", "Requests holding a reservation on the model.", labels=labels)
         queued = GaugeMetricFamily("tokengate_model_queue_depth", "Requests waiting in the gate for the model.", labels=labels)
         seen = False

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gate.core.admission import Capacity, Refuse
 from gate.backend.gatekeeper import Gatekeeper
+from gate.core.admission import Capacity, Refuse
 from gate.core.reasons import Reason
 from gate.data.snapshot import ModelView
 
@@ -54,7 +54,12 @@ class ModelGatekeeper(Gatekeeper):
     (the model's last use, for the least-recently-used choice)."""
 
     def __init__(
-        self, admission: Any, *, clock: Callable[[], float], on_change: Callable[[], None], on_release: Callable[[], None],
+        self,
+        admission: Any,
+        *,
+        clock: Callable[[], float],
+        on_change: Callable[[], None],
+        on_release: Callable[[], None],
         **kwargs: Any,
     ) -> None:
         super().__init__(admission, clock=clock, on_change=on_change, **kwargs)
@@ -111,18 +116,27 @@ def refuse_unfit(unit: Backend, cap: Capacity) -> None:
             cost = waiting.request.cost
             if cost > cap.slot_context or cost > reach:
                 adm.cancel(waiting.request.id)
-                refusals.append(Refuse(
-                    waiting.request, Reason.CONTEXT_LENGTH_EXCEEDED,
-                    f"request needs {cost} tokens; model {unit.model!r} holds at most "
-                    f"{min(cap.slot_context, reach)} per request",
-                ))
+                refusals.append(
+                    Refuse(
+                        waiting.request,
+                        Reason.CONTEXT_LENGTH_EXCEEDED,
+                        f"request needs {cost} tokens; model {unit.model!r} holds at most {min(cap.slot_context, reach)} per request",
+                    )
+                )
     if refusals:
         keeper.refuse_waiting(refusals)
 
 
 def model_view(
-    backend: str, unit: Backend, info: ModelInfo, *, pinned: bool, blocked: str, models_max: int,
-    now: float, telemetry: Any,
+    backend: str,
+    unit: Backend,
+    info: ModelInfo,
+    *,
+    pinned: bool,
+    blocked: str,
+    models_max: int,
+    now: float,
+    telemetry: Any,
 ) -> ModelView:
     """What the console shows of one model."""
     adm, cap, model = unit.admission, unit.capacity, unit.model
@@ -133,12 +147,22 @@ def model_view(
     elif blocked and adm.waiting() and info.status in ("unloaded", "failed"):
         detail = f"waits: {blocked}"
     return ModelView(
-        backend=backend, name=model, unit=unit.name, status=info.status, detail=detail,
-        pinned=pinned, slots_busy=len(adm.ledger),
+        backend=backend,
+        name=model,
+        unit=unit.name,
+        status=info.status,
+        detail=detail,
+        pinned=pinned,
+        slots_busy=len(adm.ledger),
         slots_total=cap.slots if cap is not None and info.status == "loaded" else None,
         slot_context=cap.slot_context if cap is not None else None,
-        in_flight=adm.ledger.in_flight, queued=adm.waiting(), last_load_s=info.last_load_s,
-        loads=info.loads, evictions=info.evictions, failures=info.failures_total,
-        idle_s=None if len(adm.ledger) else now - info.idle_since, models_max=models_max,
+        in_flight=adm.ledger.in_flight,
+        queued=adm.waiting(),
+        last_load_s=info.last_load_s,
+        loads=info.loads,
+        evictions=info.evictions,
+        failures=info.failures_total,
+        idle_s=None if len(adm.ledger) else now - info.idle_since,
+        models_max=models_max,
         requests_deferred=None if telemetry is None or telemetry.stale else telemetry.requests_deferred,
     )

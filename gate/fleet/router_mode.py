@@ -38,11 +38,18 @@ import httpx
 from gate.core.admission import Capacity, clamp_retry
 from gate.core.errors import GateError
 from gate.core.model_plan import ModelState, plan
-from gate.fleet.model_units import (
-    UNIT_STATE, ModelGatekeeper, ModelInfo, hold, model_view, refuse_unfit, refuse_waiting, set_capacity,
-)
 from gate.core.reasons import Reason
 from gate.data.snapshot import ModelView
+from gate.fleet.model_units import (
+    UNIT_STATE,
+    ModelGatekeeper,
+    ModelInfo,
+    hold,
+    model_view,
+    refuse_unfit,
+    refuse_waiting,
+    set_capacity,
+)
 
 if TYPE_CHECKING:
     from gate.backend.pool import Backend, BackendPool
@@ -65,8 +72,13 @@ class ModelFleet:
     """One router backend: its units, their states from GET /models, loads and evictions."""
 
     def __init__(
-        self, parent: Backend, pool: BackendPool, client: httpx.AsyncClient, *,
-        clock: Callable[[], float], on_event: EventHook | None = None,
+        self,
+        parent: Backend,
+        pool: BackendPool,
+        client: httpx.AsyncClient,
+        *,
+        clock: Callable[[], float],
+        on_event: EventHook | None = None,
     ) -> None:
         from gate.backend.pool import Backend
 
@@ -89,7 +101,11 @@ class ModelFleet:
         for model in parent.config.models:
             cfg = dataclasses.replace(parent.config, name=f"{parent.name}/{model}", models=(model,))
             unit = Backend(
-                cfg, parent.upstream, parent.auth_token, model=model, fleet=self,
+                cfg,
+                parent.upstream,
+                parent.auth_token,
+                model=model,
+                fleet=self,
                 query=f"?model={urllib.parse.quote(model, safe='')}&autoload=false",
             )
             ceiling = parent.config.token_budget or PROVISIONAL_TOKENS
@@ -129,8 +145,7 @@ class ModelFleet:
         if info.status in ("unloaded", "failed") and not (self.autoload or model in self.pins or info.asked):
             raise GateError(
                 Reason.MODEL_UNAVAILABLE,
-                f"model {model!r} is not loaded and llama-server runs with --no-models-autoload; "
-                "an operator can load it (console: m)",
+                f"model {model!r} is not loaded and llama-server runs with --no-models-autoload; an operator can load it (console: m)",
             )
 
     def loaded(self, unit: Backend) -> bool:
@@ -259,17 +274,26 @@ class ModelFleet:
             assert adm is not None
             oldest = [now - t for c in adm.class_names if (t := adm.queue(c).oldest_enqueued_at()) is not None]
             may = (
-                self.router_up and info.status not in ("missing", "unknown") and now >= info.hold_off_until
+                self.router_up
+                and info.status not in ("missing", "unknown")
+                and now >= info.hold_off_until
                 and (info.status != "failed" or now >= info.retry_at)
                 and (self.autoload or model in self.pins or info.asked)
             )
-            out.append(ModelState(
-                model, "missing" if info.status == "unknown" else info.status,  # type: ignore[arg-type]
-                in_flight=len(adm.ledger), waiting=adm.waiting() + (info.demanded and info.status != "loaded"),
-                oldest_wait_s=max(oldest, default=0.0),
-                pinned=model in self.pins, asked=info.asked, may_load=may, idle_s=self._idle(model),
-                cold_start_s=self.cold_start(model),
-            ))
+            out.append(
+                ModelState(
+                    model,
+                    "missing" if info.status == "unknown" else info.status,  # type: ignore[arg-type]
+                    in_flight=len(adm.ledger),
+                    waiting=adm.waiting() + (info.demanded and info.status != "loaded"),
+                    oldest_wait_s=max(oldest, default=0.0),
+                    pinned=model in self.pins,
+                    asked=info.asked,
+                    may_load=may,
+                    idle_s=self._idle(model),
+                    cold_start_s=self.cold_start(model),
+                )
+            )
         return out
 
     def _idle(self, model: str) -> float:
@@ -442,8 +466,14 @@ class ModelFleet:
         now = self.clock()
         return [
             model_view(
-                self.parent.name, self.units[model], info, pinned=model in self.pins, blocked=self.blocked,
-                models_max=self.max_loaded, now=now, telemetry=telemetry.get(self.units[model].name),
+                self.parent.name,
+                self.units[model],
+                info,
+                pinned=model in self.pins,
+                blocked=self.blocked,
+                models_max=self.max_loaded,
+                now=now,
+                telemetry=telemetry.get(self.units[model].name),
             )
             for model, info in self.info.items()
         ]

@@ -171,9 +171,7 @@ class BodyReader:
             async with asyncio.timeout_at(self.deadline):
                 message = await self.receive()
         except TimeoutError:
-            raise GateError(
-                Reason.CLIENT_STALLED, f"request body not received within body_timeout_s={self.timeout_s:g}"
-            ) from None
+            raise GateError(Reason.CLIENT_STALLED, f"request body not received within body_timeout_s={self.timeout_s:g}") from None
         if message["type"] != "http.request":
             self.done = True
             return message

@@ -41,13 +41,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from gate.config import ClassConfig, Config
-from gate.data.endpoints import ENDPOINTS, Kind
 from gate.core.errors import GateError
-from gate.http.jsonbody import MAX_JSON_DEPTH, decode_body, describe
 from gate.core.reasons import Reason
+from gate.data.endpoints import ENDPOINTS, Kind
+from gate.http.jsonbody import MAX_JSON_DEPTH, decode_body, describe
 
 if TYPE_CHECKING:
     from gate.http.tenants import Caller, TenantDirectory
@@ -76,6 +76,7 @@ _TOKEN_ID_MAX = 2**31 - 1  # llama_token is int32
 # Header values as decoded by the server (latin-1): visible ASCII, space and tab only.
 _UNSENDABLE = re.compile(r"[^\x20-\x7e\t]")
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}")
+
 
 @dataclass(frozen=True, slots=True)
 class Intake:
@@ -146,9 +147,7 @@ def parse_request(
         raise
 
 
-def build_intake(
-    kind: Kind, path: str, body: Mapping[str, Any], caller: Caller, config: Config
-) -> Intake:
+def build_intake(kind: Kind, path: str, body: Mapping[str, Any], caller: Caller, config: Config) -> Intake:
     """Validate the fields of a parsed body for ``caller``; never mutates ``body``."""
     cls = config.class_by_name(caller.cls)
     model = _optional(body, "model", str, "a string")
@@ -215,9 +214,7 @@ def _stream_options(body: Mapping[str, Any], stream: bool) -> bool:
         raise _invalid("stream_options", f"must be an object, got {describe(options)}")
     usage = options.get("include_usage")
     if usage is not None and not isinstance(usage, bool):
-        raise _invalid(
-            "stream_options.include_usage", f"must be a boolean (true or false), got {describe(usage)}"
-        )
+        raise _invalid("stream_options.include_usage", f"must be a boolean (true or false), got {describe(usage)}")
     return bool(usage)
 
 
@@ -228,9 +225,7 @@ def _check_count(body: Mapping[str, Any], name: str) -> None:
     if not _is_int(value):
         raise _invalid(name, f"must be an integer, got {describe(value)}")
     if value != 1:
-        raise _invalid(
-            name, f"must be 1: the gate admits one completion per request, got {describe(value)}"
-        )
+        raise _invalid(name, f"must be 1: the gate admits one completion per request, got {describe(value)}")
 
 
 def _check_messages(body: Mapping[str, Any]) -> None:
@@ -277,7 +272,7 @@ def _check_messages(body: Mapping[str, Any]) -> None:
                 raise _invalid(pwhere, f"must be a content part object, got {describe(part)}")
             ptype = part.get("type")
             if ptype is None:
-                raise _invalid(f"{pwhere}.type", "is required (a string such as \"text\")")
+                raise _invalid(f"{pwhere}.type", 'is required (a string such as "text")')
             if not isinstance(ptype, str):
                 raise _invalid(f"{pwhere}.type", f"must be a string, got {describe(ptype)}")
             if ptype == "text" and not isinstance(part.get("text"), str):
@@ -301,9 +296,7 @@ def _check_prompt(body: Mapping[str, Any]) -> None:
     if all(_is_int(t) for t in prompt):
         for k, t in enumerate(prompt):
             if not 0 <= t <= _TOKEN_ID_MAX:
-                raise _invalid(
-                    f"prompt[{k}]", f"must be a token id (0 to {_TOKEN_ID_MAX}), got {t}"
-                )
+                raise _invalid(f"prompt[{k}]", f"must be a token id (0 to {_TOKEN_ID_MAX}), got {t}")
         return
     if all(isinstance(p, str) for p in prompt):
         if len(prompt) == 1:
@@ -330,20 +323,15 @@ def _given_max_tokens(body: Mapping[str, Any], cls: ClassConfig) -> int | None:
         if not _is_int(value):
             raise _invalid(name, f"must be an integer ({limit}), got {describe(value)}")
         if value == -1:  # llama-server reads -1 as "until the context is full"
-            raise _invalid(
-                name, f"-1 (unlimited) is not accepted: the gate needs a bound ({limit})"
-            )
+            raise _invalid(name, f"-1 (unlimited) is not accepted: the gate needs a bound ({limit})")
         if value < 1:
             raise _invalid(name, f"must be at least 1 ({limit}), got {value}")
         if value > cap:
-            raise _invalid(
-                name, f"must be at most {cap} (the cap of class {cls.name!r}), got {describe(value)}"
-            )
+            raise _invalid(name, f"must be at most {cap} (the cap of class {cls.name!r}), got {describe(value)}")
         if chosen is not None and value != chosen[1]:
             raise _invalid(
                 name,
-                f"is {value} but '{chosen[0]}' is {chosen[1]}: both set the generation limit, "
-                "send one (or the same value)",
+                f"is {value} but '{chosen[0]}' is {chosen[1]}: both set the generation limit, send one (or the same value)",
             )
         if chosen is None:
             chosen = (name, value)

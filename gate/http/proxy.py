@@ -19,20 +19,20 @@ from typing import TYPE_CHECKING, Any
 from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
-from gate.http.assembly import assemble, plain_body, stream_loses
-from gate.backend.pool import Backend
-from gate.http.clientguard import BodyReader, abort, send_within
-from gate.core.errors import GateError, error_object, render
 from gate.backend.gatekeeper import Ticket
-from gate.http.intake import Intake, parse_request
-from gate.core.ledger import Request
-from gate.core.reasons import CLIENT_DISCONNECT, SERVER_CANCELLED, Reason
-from gate.data.records import DecisionRecord, Outcome
-from gate.http.requestids import HeaderNames, RequestIds
-from gate.http.routing import REROUTABLE, count_tokens, fallback_chain, fits_now, routed_name, serving
-from gate.core.shedding import Deadline, next_deadline
+from gate.backend.pool import Backend
 from gate.backend.tokens import TokenCount
 from gate.backend.upstream import RelayStats, SseRelay, forward_headers, upstream_body
+from gate.core.errors import GateError, error_object, render
+from gate.core.ledger import Request
+from gate.core.reasons import CLIENT_DISCONNECT, SERVER_CANCELLED, Reason
+from gate.core.shedding import Deadline, next_deadline
+from gate.data.records import DecisionRecord, Outcome
+from gate.http.assembly import assemble, plain_body, stream_loses
+from gate.http.clientguard import BodyReader, abort, send_within
+from gate.http.intake import Intake, parse_request
+from gate.http.requestids import HeaderNames, RequestIds
+from gate.http.routing import REROUTABLE, count_tokens, fallback_chain, fits_now, routed_name, serving
 
 if TYPE_CHECKING:
     from gate.http.ports import RequestPorts
@@ -65,15 +65,47 @@ class _Flow:
 
     # Thousands may wait in a queue at once: no per-request __dict__.
     __slots__ = (
-        "gate", "scope", "receive", "send", "headers", "request_id", "t0", "wall0", "intake", "backend",
-        "count", "ticket", "stats", "rate_charged", "started", "concluded", "committed", "budget_at",
-        "in_flight_at", "_task", "_cut", "_watchdog", "_counted", "_decoding", "_plain", "shared_lease",
-        "shared_done", "model_name", "rerouted_from", "caller", "waited_s",
+        "gate",
+        "scope",
+        "receive",
+        "send",
+        "headers",
+        "request_id",
+        "t0",
+        "wall0",
+        "intake",
+        "backend",
+        "count",
+        "ticket",
+        "stats",
+        "rate_charged",
+        "started",
+        "concluded",
+        "committed",
+        "budget_at",
+        "in_flight_at",
+        "_task",
+        "_cut",
+        "_watchdog",
+        "_counted",
+        "_decoding",
+        "_plain",
+        "shared_lease",
+        "shared_done",
+        "model_name",
+        "rerouted_from",
+        "caller",
+        "waited_s",
     )
 
     def __init__(
-        self, gate: RequestPorts, scope: Scope, receive: Receive, send: Send,
-        new_id: Callable[[], str], header_name: Callable[[bytes], str],
+        self,
+        gate: RequestPorts,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        new_id: Callable[[], str],
+        header_name: Callable[[bytes], str],
     ) -> None:
         self.gate = gate
         self.scope = scope
@@ -123,9 +155,7 @@ class _Flow:
             raw = await self._read_body()
             if self.gate.shutting_down:
                 raise GateError(Reason.SHUTTING_DOWN, "the gate is shutting down; retry against another instance", retry_after_s=1.0)
-            self.intake = parse_request(
-                self.scope["path"], raw, headers, self._client_host(), self.gate.config, tenants, caller
-            )
+            self.intake = parse_request(self.scope["path"], raw, headers, self._client_host(), self.gate.config, tenants, caller)
             await self._race(self._serve())
         except GateError as err:
             if err.caller is not None:
@@ -233,7 +263,9 @@ class _Flow:
         if verdict.never:
             raise GateError(Reason.TENANT_QUOTA, f"request needs {cost} tokens, more than tenant {tenant!r} may use per minute")
         if not verdict.allowed:
-            raise GateError(Reason.RATE_LIMITED, f"tenant {tenant!r} is over its {verdict.limit}-per-minute limit", retry_after_s=verdict.wait_s)
+            raise GateError(
+                Reason.RATE_LIMITED, f"tenant {tenant!r} is over its {verdict.limit}-per-minute limit", retry_after_s=verdict.wait_s
+            )
         self.rate_charged = cost
 
     # ---- relaying ------------------------------------------------------------
@@ -257,8 +289,12 @@ class _Flow:
         try:
             response = await backend.upstream.open(path, body, headers)
             relay = SseRelay(
-                response, stats, gate.clock, lambda: backend.gatekeeper.first_token(ticket),
-                keep_usage_chunk=intake.include_usage, collect=not intake.stream,
+                response,
+                stats,
+                gate.clock,
+                lambda: backend.gatekeeper.first_token(ticket),
+                keep_usage_chunk=intake.include_usage,
+                collect=not intake.stream,
             )
             if plain:
                 await self._relay_plain(relay)
@@ -329,9 +365,14 @@ class _Flow:
         assert stats is not None and intake is not None and backend is not None
         config = self.gate.config.gate
         return next_deadline(
-            dispatched_at=stats.dispatched_at, first_token_at=stats.first_token_at, last_token_at=stats.last_token_at,
-            max_tokens=intake.max_tokens, per_slot_tps=backend.decode.per_slot_tps(self.gate.clock()),
-            factor=config.shed_factor, stall_s=config.shed_stall_s, timeout_s=config.request_timeout_s,
+            dispatched_at=stats.dispatched_at,
+            first_token_at=stats.first_token_at,
+            last_token_at=stats.last_token_at,
+            max_tokens=intake.max_tokens,
+            per_slot_tps=backend.decode.per_slot_tps(self.gate.clock()),
+            factor=config.shed_factor,
+            stall_s=config.shed_stall_s,
+            timeout_s=config.request_timeout_s,
             blind=self._plain,
         )
 
@@ -538,8 +579,10 @@ class _Flow:
         refund_requests, refund_tokens = self._refund(outcome)
         # The shared lease ends with the local reservation: the tenant's tokens are in flight
         # until llama-server frees the slot, on this gate's ledger and the fleet's alike.
-        end_lease = None if self.shared_lease is None else functools.partial(
-            gate.shared.release, self.shared_lease, refund_tokens=refund_tokens, refund_requests=refund_requests
+        end_lease = (
+            None
+            if self.shared_lease is None
+            else functools.partial(gate.shared.release, self.shared_lease, refund_tokens=refund_tokens, refund_requests=refund_requests)
         )
         if self.ticket is not None and self.backend is not None and self.backend.gatekeeper is not None:
             if stats is not None and outcome != "admitted":
@@ -584,7 +627,9 @@ class _Flow:
         )
         model = self.model_name or (intake.model if intake is not None else None)
         self.committed = gate.recorder.record(
-            record, model=model, queued_s=queued_s,
+            record,
+            model=model,
+            queued_s=queued_s,
             ttft_s=stats.ttft_s if stats else None,
             ttft_total_s=None if stats is None or stats.first_token_at is None else stats.first_token_at - self.t0,
             tpot_s=stats.tpot_s if stats is not None else None,

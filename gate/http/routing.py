@@ -17,21 +17,27 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from gate.backend.tokens import TokenCount, canonical_json, estimate_tokens, prompt_fields
 from gate.core.ledger import Request
 from gate.core.reasons import Reason
-from gate.backend.tokens import TokenCount, canonical_json, estimate_tokens, prompt_fields
 
 if TYPE_CHECKING:
     from gate.backend.pool import Backend
     from gate.http.intake import Intake
-    from gate.http.tenants import Caller
     from gate.http.ports import RequestPorts
+    from gate.http.tenants import Caller
 
 #: refusals of the requested model that a fallback may answer instead
-REROUTABLE = frozenset({
-    Reason.QUEUE_FULL, Reason.QUEUE_TIMEOUT, Reason.TOKEN_BUDGET_EXCEEDED, Reason.CONTEXT_LENGTH_EXCEEDED,
-    Reason.MODEL_UNAVAILABLE, Reason.NO_BACKEND,
-})
+REROUTABLE = frozenset(
+    {
+        Reason.QUEUE_FULL,
+        Reason.QUEUE_TIMEOUT,
+        Reason.TOKEN_BUDGET_EXCEEDED,
+        Reason.CONTEXT_LENGTH_EXCEEDED,
+        Reason.MODEL_UNAVAILABLE,
+        Reason.NO_BACKEND,
+    }
+)
 
 
 def fallback_models(gate: RequestPorts, caller: Caller) -> tuple[str, ...]:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
-import errno
 import socket
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
@@ -28,12 +28,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gate.http.clientguard import BodyReader, abort, guarded_protocol, send_within, too_large
+from gate.backend.upstream import RETRY_DOWN_S
 from gate.core.errors import GateError, render
+from gate.core.reasons import Reason
+from gate.http.clientguard import BodyReader, abort, guarded_protocol, send_within, too_large
 from gate.http.intake import ENDPOINTS, check_headers
 from gate.http.proxy import AdmittedEndpoint
-from gate.core.reasons import Reason
-from gate.backend.upstream import RETRY_DOWN_S
 
 if TYPE_CHECKING:
     from gate.http.ports import RequestPorts
@@ -116,8 +116,12 @@ def build_app(gate: RequestPorts) -> ASGIApp:
                 params.append(("model", backend.model))
         try:
             upstream = await backend.call(
-                request.method, request.url.path, params=params, content=body or None,
-                headers={"content-type": content_type}, timeout=30.0,
+                request.method,
+                request.url.path,
+                params=params,
+                content=body or None,
+                headers={"content-type": content_type},
+                timeout=30.0,
             )
         except httpx.TimeoutException:
             raise GateError(Reason.UPSTREAM_TIMEOUT, f"backend {backend.name!r} did not answer", retry_after_s=RETRY_DOWN_S) from None
@@ -250,7 +254,12 @@ class HttpServer:
         sock.setblocking(False)
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
-            self.app, interface="asgi3", log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=5,
+            self.app,
+            interface="asgi3",
+            log_level="warning",
+            lifespan="off",
+            access_log=False,
+            timeout_graceful_shutdown=5,
             http=guarded_protocol(self.header_timeout_s),  # slow clients: gate/http/clientguard.py
         )
         self._server = server = _EmbeddedServer(config)

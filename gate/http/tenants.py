@@ -87,9 +87,7 @@ class TenantDirectory:
         self._entries = entries
 
     @classmethod
-    def from_config(
-        cls, config: Config, environ: Mapping[str, str], *, source: str = "environment"
-    ) -> TenantDirectory:
+    def from_config(cls, config: Config, environ: Mapping[str, str], *, source: str = "environment") -> TenantDirectory:
         """Build the directory; ``api_key_env`` keys are read from ``environ`` and hashed here,
         once. A variable that is unset, empty or not a usable key raises :class:`ConfigError`
         (key ``tenants[i].api_key_env``) naming the tenant and the variable, never the value.
@@ -108,8 +106,7 @@ class TenantDirectory:
                     raise ConfigError(
                         source,
                         key,
-                        f"{what} must be printable ASCII without spaces "
-                        "(check for a trailing newline)",
+                        f"{what} must be printable ASCII without spaces (check for a trailing newline)",
                     )
                 entries.append((_digest(value), t))
             elif t.api_key_sha256 is not None:
@@ -126,9 +123,7 @@ class TenantDirectory:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def identify(
-        self, headers: Mapping[str, str], client_host: str | None, body_user: str | None
-    ) -> Caller:
+    def identify(self, headers: Mapping[str, str], client_host: str | None, body_user: str | None) -> Caller:
         """Who is calling and in which class; raises :class:`GateError` (401, 400 or 403).
 
         ``body_user`` is the request's ``user`` field, used only in open mode.
@@ -155,9 +150,7 @@ class TenantDirectory:
         try:
             auth = header_value(headers, "Authorization")
         except ValueError:
-            raise GateError(
-                Reason.INVALID_API_KEY, "more than one Authorization header was sent"
-            ) from None
+            raise GateError(Reason.INVALID_API_KEY, "more than one Authorization header was sent") from None
         if auth is None:
             raise GateError(
                 Reason.INVALID_API_KEY,
@@ -211,8 +204,7 @@ class TenantDirectory:
                 allowed = [own] + [c for c in tenant.allowed_classes if c != own]
                 raise GateError(
                     Reason.CLASS_NOT_ALLOWED,
-                    f"tenant {tenant.name!r} may not use class {name!r}; "
-                    f"allowed: {', '.join(allowed)}",
+                    f"tenant {tenant.name!r} may not use class {name!r}; allowed: {', '.join(allowed)}",
                     CLASS_HEADER,
                 )
         return name

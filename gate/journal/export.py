@@ -19,7 +19,7 @@ import os
 import re
 import sqlite3
 from collections.abc import Iterator, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -47,12 +47,9 @@ def parse_since(text: str, now: float) -> float:
     try:
         dt = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
-        raise ValueError(
-            f"{text!r} is neither a duration (30s, 15m, 2h, 7d) nor an ISO-8601 timestamp "
-            "(2025-01-31T14:00:00Z)"
-        ) from None
+        raise ValueError(f"{text!r} is neither a duration (30s, 15m, 2h, 7d) nor an ISO-8601 timestamp (2025-01-31T14:00:00Z)") from None
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return dt.timestamp()
 
 
@@ -60,7 +57,7 @@ def iso(ts: float | None) -> str:
     """Seconds since the epoch -> ``2025-01-31T14:00:00.123Z``."""
     if ts is None:
         return ""
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds")[:-6] + "Z"
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
 DEFAULT_JOURNAL = "tokengate.db"
@@ -119,9 +116,7 @@ def check_version(path: str, version: int, verb: str) -> str | None:
     return None
 
 
-def _rows(
-    conn: sqlite3.Connection, kind: str, since_ts: float | None, path: str
-) -> tuple[list[str], Iterator[tuple[Any, ...]]]:
+def _rows(conn: sqlite3.Connection, kind: str, since_ts: float | None, path: str) -> tuple[list[str], Iterator[tuple[Any, ...]]]:
     columns = ["id", *COLUMNS[kind]]
     sql = "SELECT " + ", ".join(f'"{c}"' for c in columns) + f" FROM {kind}"
     params: list[Any] = []
@@ -261,9 +256,7 @@ def _write_table(columns: Sequence[str], rows: Iterator[tuple[Any, ...]], out: T
         numeric[i] = bool(page) and all(_numeric(cells[i]) for cells in page) and columns[i] != "ts"
 
     def line(cells: Sequence[str]) -> str:
-        parts = [
-            cell.rjust(widths[i]) if numeric[i] else cell.ljust(widths[i]) for i, cell in enumerate(cells)
-        ]
+        parts = [cell.rjust(widths[i]) if numeric[i] else cell.ljust(widths[i]) for i, cell in enumerate(cells)]
         return "  ".join(parts).rstrip() + "\n"
 
     out.write(line(columns))

@@ -25,9 +25,7 @@ from gate.journal.schema import COLUMNS
 #: the decision fields a filter may name, and their columns
 _FIELD_FILTERS = {"cls": '"class"', "reason": "reason", "tenant": "tenant", "outcome": "outcome"}
 FILTER_FIELDS = tuple(_FIELD_FILTERS)
-_DECISION_SELECT = "SELECT id, " + ", ".join(
-    f'"class" AS cls' if c == "class" else c for c in COLUMNS["decisions"]
-) + " FROM decisions"
+_DECISION_SELECT = "SELECT id, " + ", ".join('"class" AS cls' if c == "class" else c for c in COLUMNS["decisions"]) + " FROM decisions"
 _AUDIT_SELECT = "SELECT id, " + ", ".join(COLUMNS["audit"]) + " FROM audit"
 _SAMPLE_SELECT = "SELECT id, " + ", ".join(COLUMNS["samples"]) + " FROM samples"
 
@@ -172,9 +170,6 @@ class JournalQueries:
         if limit is None:
             sql = _SAMPLE_SELECT + where + " ORDER BY ts, id"
         else:
-            sql = (
-                f"SELECT * FROM ({_SAMPLE_SELECT}{where} ORDER BY ts DESC, id DESC LIMIT ?) "
-                "ORDER BY ts, id"
-            )
+            sql = f"SELECT * FROM ({_SAMPLE_SELECT}{where} ORDER BY ts DESC, id DESC LIMIT ?) ORDER BY ts, id"
             params.append(max(0, int(limit)))
         return [_sample_dict(r) for r in await self._fetch(sql, params)]

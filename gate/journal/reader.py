@@ -29,8 +29,8 @@ from typing import Any
 import aiosqlite
 
 from gate.journal import COLUMNS, DecisionFilters, JournalQueries, time_where
-from gate.journal.queries import FILTER_FIELDS
 from gate.journal.export import FETCH, ExportError, check_version, open_read_only, parse_since, write_csv
+from gate.journal.queries import FILTER_FIELDS
 
 __all__ = [
     "FILTER_FIELDS",
@@ -147,9 +147,7 @@ class JournalReader(JournalQueries):
         sql = "SELECT COUNT(*) FROM audit" + (" WHERE " + " AND ".join(clauses) if clauses else "")
         return int((await self._fetch(sql, params))[0][0])
 
-    async def audit_marks(
-        self, since_ts: float, until_ts: float, *, buckets: int = 200
-    ) -> list[tuple[float, str]]:
+    async def audit_marks(self, since_ts: float, until_ts: float, *, buckets: int = 200) -> list[tuple[float, str]]:
         """(ts, action) of audit rows in [since_ts, until_ts) for the chart: at most one per
         time bucket (an operator's change before the controller's moves), oldest first."""
         width = max((until_ts - since_ts) / max(1, buckets), 1e-6)
@@ -162,9 +160,7 @@ class JournalReader(JournalQueries):
         rows = await self._fetch(sql, (since_ts, until_ts, since_ts, width))
         return [(float(r[0]), str(r[1])) for r in rows]
 
-    async def sample_series(
-        self, since_ts: float, until_ts: float, *, buckets: int = 600
-    ) -> list[SeriesPoint]:
+    async def sample_series(self, since_ts: float, until_ts: float, *, buckets: int = 600) -> list[SeriesPoint]:
         """Samples in [since_ts, until_ts) averaged into at most ``buckets`` time buckets,
         in SQL (a day of per-second samples never leaves SQLite as 86,400 rows). Per
         bucket: per backend the average budget and the peak in-flight, summed over

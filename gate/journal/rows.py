@@ -14,19 +14,13 @@ import sqlite3
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from gate.journal.schema import AUDIT_FIELDS, COLUMNS, DECISION_FIELDS, SAMPLE_FIELDS
 from gate.data.records import AuditRecord, ClassSample, DecisionRecord, SampleRecord
+from gate.journal.schema import AUDIT_FIELDS, COLUMNS, DECISION_FIELDS, SAMPLE_FIELDS
 
 Row = DecisionRecord | AuditRecord | SampleRecord
 
 _INSERT = {
-    table: (
-        f"INSERT INTO {table} ("
-        + ", ".join(f'"{c}"' for c in cols)
-        + ") VALUES ("
-        + ", ".join("?" * len(cols))
-        + ")"
-    )
+    table: (f"INSERT INTO {table} (" + ", ".join(f'"{c}"' for c in cols) + ") VALUES (" + ", ".join("?" * len(cols)) + ")")
     for table, cols in COLUMNS.items()
 }
 _decision_tuple = operator.attrgetter(*DECISION_FIELDS)

@@ -229,9 +229,7 @@ class Journal(JournalQueries):
             journal._note_fault(e)
             log.warning("journal %s: cannot open, will retry: %s", journal.path, _describe(e))
         journal._schedule_retention()  # the pass at open, ahead of anything asked later
-        journal._task = asyncio.get_running_loop().create_task(
-            journal._run(), name=f"journal-writer:{journal.path}"
-        )
+        journal._task = asyncio.get_running_loop().create_task(journal._run(), name=f"journal-writer:{journal.path}")
         return journal
 
     async def close(self, timeout: float | None = None) -> None:
@@ -248,7 +246,7 @@ class Journal(JournalQueries):
             try:
                 async with asyncio.timeout(timeout):
                     await asyncio.shield(task)
-            except (TimeoutError, asyncio.TimeoutError):
+            except TimeoutError:
                 log.warning("journal %s: flush timed out after %.1f s", self.path, timeout)
                 task.cancel()
                 with contextlib.suppress(BaseException):
@@ -326,9 +324,7 @@ class Journal(JournalQueries):
             raise JournalError(f"{self.path}: journal closed")
         now = self._clock() if now is None else now
         fut: asyncio.Future[dict[str, int]] = self._loop.create_future()
-        self._retention_jobs.append(
-            _RetentionJob(now - self.retention_days * 86400.0, fut, list(TABLES), dict.fromkeys(TABLES, 0))
-        )
+        self._retention_jobs.append(_RetentionJob(now - self.retention_days * 86400.0, fut, list(TABLES), dict.fromkeys(TABLES, 0)))
         self._wake.set()
         return await fut
 
@@ -445,9 +441,7 @@ class Journal(JournalQueries):
             if not fut.done():
                 fut.set_result(True)
 
-    async def _write_one_by_one(
-        self, groups: dict[str, list[Row]], owners: dict[str, list[asyncio.Future[bool]]]
-    ) -> None:
+    async def _write_one_by_one(self, groups: dict[str, list[Row]], owners: dict[str, list[asyncio.Future[bool]]]) -> None:
         """A batch held a row SQLite refused: store the others, drop only the bad ones."""
         conn = self._conn
         assert conn is not None
@@ -624,9 +618,7 @@ class Journal(JournalQueries):
             if self._rconn is None:
                 if not self._memory and not os.path.isfile(self.path):
                     raise JournalError(f"{self.path}: journal file not found")
-                conn = await aiosqlite.connect(
-                    self._read_target, uri=True, timeout=self.busy_timeout_ms / 1000.0
-                )
+                conn = await aiosqlite.connect(self._read_target, uri=True, timeout=self.busy_timeout_ms / 1000.0)
                 try:
                     conn.row_factory = sqlite3.Row
                     await conn.execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")

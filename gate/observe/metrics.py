@@ -118,9 +118,7 @@ class GateMetrics:
             "was let in at while it runs above the adaptive controller's.",
             registry=r,
         )
-        self._queue_depth = Gauge(
-            "tokengate_queue_depth", "Requests waiting in the queue.", ["class"], registry=r
-        )
+        self._queue_depth = Gauge("tokengate_queue_depth", "Requests waiting in the queue.", ["class"], registry=r)
         self._queue_wait = Histogram(
             "tokengate_queue_wait_seconds",
             "Time a request waited in the gate's queue, by class and final outcome.",
@@ -133,8 +131,7 @@ class GateMetrics:
         # (tokengate_ttft_seconds_bucket{le=SLO} over tokengate_decisions_total).
         self._ttft_outcome = Histogram(
             "tokengate_ttft_seconds",
-            "Time to first token from the request's arrival at the gate (queue wait included), "
-            "by class and final outcome.",
+            "Time to first token from the request's arrival at the gate (queue wait included), by class and final outcome.",
             ["class", "outcome"],
             buckets=SLO_TTFT_BUCKETS,
             registry=r,
@@ -165,9 +162,7 @@ class GateMetrics:
             "Estimated seconds to drain the current queue (autoscaling signal).",
             registry=r,
         )
-        self._backend_up = Gauge(
-            "tokengate_backend_up", "1 when the backend is ready, else 0.", ["backend"], registry=r
-        )
+        self._backend_up = Gauge("tokengate_backend_up", "1 when the backend is ready, else 0.", ["backend"], registry=r)
         self._backend_slots = Gauge(
             "tokengate_backend_slots",
             "llama-server slots by state (busy|idle).",
@@ -185,9 +180,7 @@ class GateMetrics:
             "Journal rows dropped (full buffer or failing disk).",
             registry=r,
         )
-        self._reaped = Counter(
-            "tokengate_reaped", "Reservations reclaimed by the reaper.", registry=r
-        )
+        self._reaped = Counter("tokengate_reaped", "Reservations reclaimed by the reaper.", registry=r)
         self._token_count = Counter(
             "tokengate_token_count",
             "Prompt token counts by source (exact|estimate).",
@@ -209,8 +202,7 @@ class GateMetrics:
         )
         self._ig_kv = Gauge(
             "tokengate_kv_cache_usage_ratio",
-            "Tokens reserved in flight / the backend's KV pool, 0..1; 1 while it is not ready "
-            "(vLLM: kv_cache_usage_perc).",
+            "Tokens reserved in flight / the backend's KV pool, 0..1; 1 while it is not ready (vLLM: kv_cache_usage_perc).",
             ["backend", "model"],
             registry=r,
         )

@@ -18,11 +18,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gate.backend.pool import Backend, BackendPool
+from gate.core.adaptive import Move
+from gate.core.rollup import Rollup
 from gate.data.commands import Operator
 from gate.data.records import AuditRecord, AuditSource, ClassSample, DecisionRecord, RecentDecisions, SampleRecord
 from gate.data.snapshot import GpuReading
-from gate.core.adaptive import Move
-from gate.core.rollup import Rollup
 from gate.fleet.sharedlimits import Flip
 from gate.journal import Journal
 from gate.observe.metrics import GateMetrics
@@ -123,8 +123,10 @@ class Recorder:
             return None
         last = life[-1]
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(last["ts"]))
-        return (f"the previous gate {last.get('gate_id') or '?'} ended without 'stopped' (killed or crashed); "
-                f"its last life row: {last['action']} at {when}")
+        return (
+            f"the previous gate {last.get('gate_id') or '?'} ended without 'stopped' (killed or crashed); "
+            f"its last life row: {last['action']} at {when}"
+        )
 
     def audit(self, record: AuditRecord) -> None:
         """One operator or controller change: kept for the console, journaled, told to listeners."""
@@ -136,19 +138,40 @@ class Recorder:
         for listener in tuple(self.audit_listeners):
             listener(record)
         log.info(
-            "audit %s@%s %s %s %s: %s -> %s %s", record.operator, record.origin, record.source,
-            record.action, record.target, record.old_value, record.new_value, record.note,
+            "audit %s@%s %s %s %s: %s -> %s %s",
+            record.operator,
+            record.origin,
+            record.source,
+            record.action,
+            record.target,
+            record.old_value,
+            record.new_value,
+            record.note,
         )
 
     def audit_event(
-        self, action: str, target: str, note: str, *, operator: Operator, source: AuditSource = "gate",
-        old_value: str | None = None, new_value: str | None = None,
+        self,
+        action: str,
+        target: str,
+        note: str,
+        *,
+        operator: Operator,
+        source: AuditSource = "gate",
+        old_value: str | None = None,
+        new_value: str | None = None,
     ) -> None:
         """An audit row the gate writes about itself (its life, a model, a controller move)."""
         self.audit(
             AuditRecord(
-                ts=time.time(), operator=operator.name, origin=operator.origin, source=source, action=action,
-                target=target, old_value=old_value, new_value=new_value, note=note,
+                ts=time.time(),
+                operator=operator.name,
+                origin=operator.origin,
+                source=source,
+                action=action,
+                target=target,
+                old_value=old_value,
+                new_value=new_value,
+                note=note,
             )
         )
 
@@ -156,9 +179,13 @@ class Recorder:
         """The controller moved a backend's budget: an audit row (source=controller)."""
         ttft = "n/a" if move.p95_ttft_s is None else f"{move.p95_ttft_s * 1000:.0f} ms"
         self.audit_event(
-            f"budget_{move.cause}", f"backend:{backend}", f"p95 TTFT {ttft} vs SLO {slo_ttft_ms:g} ms over {move.samples} samples",
-            operator=Operator("controller", "local"), source="controller",
-            old_value=str(move.old_budget), new_value=str(move.new_budget),
+            f"budget_{move.cause}",
+            f"backend:{backend}",
+            f"p95 TTFT {ttft} vs SLO {slo_ttft_ms:g} ms over {move.samples} samples",
+            operator=Operator("controller", "local"),
+            source="controller",
+            old_value=str(move.old_budget),
+            new_value=str(move.new_budget),
         )
 
     def shared_flipped(self, flip: Flip, operator: Operator) -> None:
@@ -175,8 +202,15 @@ class Recorder:
     # ---- decisions ------------------------------------------------------------
 
     def record(
-        self, record: DecisionRecord, *, model: str | None, queued_s: float | None, ttft_s: float | None,
-        ttft_total_s: float | None = None, tpot_s: float | None = None, objective_ms: float | None = None,
+        self,
+        record: DecisionRecord,
+        *,
+        model: str | None,
+        queued_s: float | None,
+        ttft_s: float | None,
+        ttft_total_s: float | None = None,
+        tpot_s: float | None = None,
+        objective_ms: float | None = None,
     ) -> asyncio.Future[bool] | None:
         """One finished request: journal, in-memory tail and metrics; the future resolves at commit.
 
@@ -185,7 +219,12 @@ class Recorder:
         committed = self.journal.add(record) if self.journal is not None else None
         self.records.add(record)
         self.rollup.add(
-            self.clock(), record.cls, record.outcome, record.reason, record.ttft_ms, record.queue_ms,
+            self.clock(),
+            record.cls,
+            record.outcome,
+            record.reason,
+            record.ttft_ms,
+            record.queue_ms,
             met=judge(record, ttft_total_s, objective_ms),
         )
         m = self.metrics
@@ -229,18 +268,26 @@ class Recorder:
             gpu_total = sum(d.total_bytes for d in gpu.devices)
         for b in backends:
             adm, c = b.admission, b.controller
-            classes = tuple(
-                ClassSample(name, t.in_flight, t.queued) for name, t in class_totals((b,), adm.class_names).items()
-            ) if adm else ()
+            classes = (
+                tuple(ClassSample(name, t.in_flight, t.queued) for name, t in class_totals((b,), adm.class_names).items()) if adm else ()
+            )
             self.journal.add(
                 SampleRecord(
-                    ts=time.time(), backend=b.name, budget=adm.budget if adm and b.capacity else None,
-                    in_flight=adm.ledger.in_flight if adm else 0, queued=adm.waiting() if adm else 0,
-                    slots_busy=len(adm.ledger) if adm else None, slots_total=b.capacity.slots if b.capacity else None,
-                    gpu_used_bytes=gpu_used, gpu_total_bytes=gpu_total,
+                    ts=time.time(),
+                    backend=b.name,
+                    budget=adm.budget if adm and b.capacity else None,
+                    in_flight=adm.ledger.in_flight if adm else 0,
+                    queued=adm.waiting() if adm else 0,
+                    slots_busy=len(adm.ledger) if adm else None,
+                    slots_total=b.capacity.slots if b.capacity else None,
+                    gpu_used_bytes=gpu_used,
+                    gpu_total_bytes=gpu_total,
                     p95_ttft_ms=None if c is None or c.p95_ttft_s is None else c.p95_ttft_s * 1000,
                     p95_tpot_ms=None if c is None or c.p95_tpot_s is None else c.p95_tpot_s * 1000,
-                    admitted=admitted, refused=refused, classes=classes, gate_id=self.gate_id,
+                    admitted=admitted,
+                    refused=refused,
+                    classes=classes,
+                    gate_id=self.gate_id,
                 )
             )
 

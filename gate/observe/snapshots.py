@@ -8,7 +8,6 @@ at 10 and at 1,000 requests per second: it carries at most `max_decisions` new d
 from __future__ import annotations
 
 import dataclasses
-
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -18,7 +17,15 @@ from gate.backend.pool import Backend, BackendPool
 from gate.backend.telemetry import BackendTelemetry
 from gate.config import Config
 from gate.data.snapshot import (
-    BackendView, ClassView, ControllerView, DenialView, GateSnapshot, GpuReading, JournalView, Label, SlotView,
+    BackendView,
+    ClassView,
+    ControllerView,
+    DenialView,
+    GateSnapshot,
+    GpuReading,
+    JournalView,
+    Label,
+    SlotView,
 )
 from gate.observe.recorder import Recorder, class_totals
 
@@ -42,8 +49,14 @@ class GateState:
 
 
 def build_snapshot(
-    state: GateState, config: Config, backends: BackendPool, recorder: Recorder,
-    telemetry: Mapping[str, BackendTelemetry], *, decisions_after: int = 0, max_decisions: int = 200,
+    state: GateState,
+    config: Config,
+    backends: BackendPool,
+    recorder: Recorder,
+    telemetry: Mapping[str, BackendTelemetry],
+    *,
+    decisions_after: int = 0,
+    max_decisions: int = 200,
 ) -> GateSnapshot:
     now = recorder.clock()
     rollup = recorder.rollup
@@ -56,15 +69,23 @@ def build_snapshot(
         oldest, waiting_on = _oldest_wait(units, c.name, now)
         classes.append(
             ClassView(
-                name=c.name, priority=c.priority, paused=c.name in state.paused,
-                reserved_tokens=c.reserved_tokens, limit_tokens=c.limit_tokens, queue_depth=c.queue_depth,
-                queue_timeout_s=c.queue_timeout_s, default_max_tokens=c.default_max_tokens,
-                max_tokens_cap=c.max_tokens_cap, in_flight=totals[c.name].in_flight, queued=totals[c.name].queued,
+                name=c.name,
+                priority=c.priority,
+                paused=c.name in state.paused,
+                reserved_tokens=c.reserved_tokens,
+                limit_tokens=c.limit_tokens,
+                queue_depth=c.queue_depth,
+                queue_timeout_s=c.queue_timeout_s,
+                default_max_tokens=c.default_max_tokens,
+                max_tokens_cap=c.max_tokens_cap,
+                in_flight=totals[c.name].in_flight,
+                queued=totals[c.name].queued,
                 oldest_wait_s=oldest,
                 admitted_per_min=sum(n for (cls, o, _), n in counts.items() if cls == c.name and o == "admitted"),
                 refused_per_min=sum(n for (cls, o, _), n in counts.items() if cls == c.name and o == "refused"),
                 p95_ttft_ms=rollup.p95_ttft_ms(now, c.name),
-                p95_queue_ms=rollup.p95_queue_ms(now, c.name), waiting_on=waiting_on,
+                p95_queue_ms=rollup.p95_queue_ms(now, c.name),
+                waiting_on=waiting_on,
                 **dict(zip(("met", "judged"), rollup.met_share(now, c.name))),
             )
         )
@@ -73,8 +94,12 @@ def build_snapshot(
         h = recorder.journal.health
         journal = JournalView(h.ok, h.path, h.written, h.dropped, h.pending, h.last_error)
     return GateSnapshot(
-        ts=time.time(), label=state.label, listen=state.listen, operator=state.operator,
-        backends=views, classes=tuple(classes),
+        ts=time.time(),
+        label=state.label,
+        listen=state.listen,
+        operator=state.operator,
+        backends=views,
+        classes=tuple(classes),
         controller=dataclasses.replace(
             _controller_view(units, config, state.frozen),
             p95_ttft_ms_1m=max((c.p95_ttft_ms for c in classes if c.p95_ttft_ms is not None), default=None),
@@ -83,10 +108,15 @@ def build_snapshot(
         denials=tuple(DenialView(reason, cls, *n) for (reason, cls), n in rollup.denials(now).items()),
         decisions=tuple(recorder.records.since(decisions_after, max_decisions)),
         audit=tuple(recorder.recent_audit)[-50:],
-        journal=journal, reaped=sum(b.gatekeeper.reaped for b in units if b.gatekeeper),
-        shutting_down=state.shutting_down, gate_id=state.gate_id, decisions_seq=recorder.records.total,
-        requests_in_flight=state.requests_in_flight, drain_grace_s=state.drain_grace_s,
-        shared=state.shared, overrides=state.overrides,
+        journal=journal,
+        reaped=sum(b.gatekeeper.reaped for b in units if b.gatekeeper),
+        shutting_down=state.shutting_down,
+        gate_id=state.gate_id,
+        decisions_seq=recorder.records.total,
+        requests_in_flight=state.requests_in_flight,
+        drain_grace_s=state.drain_grace_s,
+        shared=state.shared,
+        overrides=state.overrides,
         models=tuple(v for fleet in backends.fleets for v in fleet.views(dict(telemetry))),
     )
 
@@ -94,13 +124,20 @@ def build_snapshot(
 def _backend_view(b: Backend, tel: BackendTelemetry | None) -> BackendView:
     adm, cap = b.admission, b.capacity
     return BackendView(
-        name=b.name, url=b.url, state=b.state, detail=b.detail, kv=b.layout.kv if b.layout else b.config.kv,
-        kv_source=b.layout.source if b.layout else "", kv_detail=b.layout.detail if b.layout else "",
+        name=b.name,
+        url=b.url,
+        state=b.state,
+        detail=b.detail,
+        kv=b.layout.kv if b.layout else b.config.kv,
+        kv_source=b.layout.source if b.layout else "",
+        kv_detail=b.layout.detail if b.layout else "",
         warnings=b.warnings,
         # A backend that is down has no live telemetry, whatever the poller still holds.
         telemetry_stale=tel is not None and (tel.stale or b.state != "ready"),
         telemetry_error=None if tel is None else (tel.error or (None if b.state == "ready" else f"backend {b.state}")),
-        bypass_slots=0 if tel is None or tel.stale or b.state != "ready" or tel.busy_slots is None else max(0, tel.busy_slots - (len(adm.ledger) if adm else 0)),
+        bypass_slots=0
+        if tel is None or tel.stale or b.state != "ready" or tel.busy_slots is None
+        else max(0, tel.busy_slots - (len(adm.ledger) if adm else 0)),
         slots_busy=len(adm.ledger) if adm else 0,
         slots_total=cap.slots if cap else None,
         slot_context=cap.slot_context if cap else None,
@@ -109,9 +146,9 @@ def _backend_view(b: Backend, tel: BackendTelemetry | None) -> BackendView:
         in_flight=adm.ledger.in_flight if adm else 0,
         prefilling=adm.ledger.prefilling if adm else 0,
         queued=adm.waiting() if adm else 0,
-        slots=None if tel is None or tel.slots is None else tuple(
-            SlotView(s.id, s.n_ctx, s.processing, s.n_prompt_tokens, s.n_decoded) for s in tel.slots
-        ),
+        slots=None
+        if tel is None or tel.slots is None
+        else tuple(SlotView(s.id, s.n_ctx, s.processing, s.n_prompt_tokens, s.n_decoded) for s in tel.slots),
         decode_tps=None if tel is None else tel.decode_tps,
         requests_deferred=None if tel is None else tel.requests_deferred,
         kv_bytes_per_token=b.kv_bytes_per_token,
@@ -143,13 +180,18 @@ def _controller_view(units: tuple[Backend, ...], config: Config, frozen: bool) -
     budgets = [b.admission.budget for b in units if b.admission is not None and b.capacity is not None]
     ceilings = [b.capacity.ceiling for b in units if b.capacity is not None]
     return ControllerView(
-        mode=config.budget.mode, frozen=frozen, budget=sum(budgets) if budgets else None,
+        mode=config.budget.mode,
+        frozen=frozen,
+        budget=sum(budgets) if budgets else None,
         # the floor in force: clamped to each backend's ceiling (the backend's warnings say so)
         min_tokens=sum(c.min_tokens for c in controllers) if controllers else config.budget.min_tokens,
         ceiling=sum(ceilings) if ceilings else None,
-        p95_ttft_ms=max(ttfts) * 1000 if ttfts else None, p95_tpot_ms=max(tpots) * 1000 if tpots else None,
-        slo_ttft_ms=config.budget.slo_ttft_p95_ms, slo_tpot_ms=config.budget.slo_tpot_p95_ms,
-        samples=max((c.samples for c in controllers), default=0), min_samples=config.budget.min_samples,
+        p95_ttft_ms=max(ttfts) * 1000 if ttfts else None,
+        p95_tpot_ms=max(tpots) * 1000 if tpots else None,
+        slo_ttft_ms=config.budget.slo_ttft_p95_ms,
+        slo_tpot_ms=config.budget.slo_tpot_p95_ms,
+        samples=max((c.samples for c in controllers), default=0),
+        min_samples=config.budget.min_samples,
     )
 
 

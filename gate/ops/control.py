@@ -17,13 +17,23 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gate.fleet import model_ops
 from gate.backend.pool import Backend, BackendPool, controller_settings
-from gate.data.commands import (
-    ActionResult, Command, CommandError, Drain, DropOverrides, Freeze, ModelAction, Operator, Pause, Retune, describe,
-)
 from gate.config import ClassConfig, Config, ConfigError, config_digest, load_config, validate_config
+from gate.data.commands import (
+    ActionResult,
+    Command,
+    CommandError,
+    Drain,
+    DropOverrides,
+    Freeze,
+    ModelAction,
+    Operator,
+    Pause,
+    Retune,
+    describe,
+)
 from gate.data.records import AuditRecord, AuditSource
+from gate.fleet import model_ops
 from gate.ops import overrides as overrides_file
 from gate.ops.overrides import Overrides
 
@@ -46,9 +56,7 @@ def _fmt(value: Any) -> str | None:
 class Control:
     """The gate's control API and the owner of operator state; `source` says who drives it."""
 
-    def __init__(
-        self, config: Config, backends: BackendPool, *, clock: Callable[[], float], audit: Callable[[AuditRecord], None]
-    ) -> None:
+    def __init__(self, config: Config, backends: BackendPool, *, clock: Callable[[], float], audit: Callable[[AuditRecord], None]) -> None:
         #: the config in force: read by every layer through this one owner (a reload or a
         #: retune replaces it here and nowhere else)
         self.config = config
@@ -142,10 +150,30 @@ class Control:
         results = []
         if change.settings:
             self._apply_budget(new)
-            results.append(self._audit(operator, source, "set_budget_settings", "budget", _diff_old(old.budget, change.settings), _diff_new(change.settings), change.note))
+            results.append(
+                self._audit(
+                    operator,
+                    source,
+                    "set_budget_settings",
+                    "budget",
+                    _diff_old(old.budget, change.settings),
+                    _diff_new(change.settings),
+                    change.note,
+                )
+            )
         if change.class_changes:
             self._apply_classes(new)
-            results.append(self._audit(operator, source, "set_class", f"class:{change.cls}", _diff_old(current, change.class_changes), _diff_new(change.class_changes), change.note))
+            results.append(
+                self._audit(
+                    operator,
+                    source,
+                    "set_class",
+                    f"class:{change.cls}",
+                    _diff_old(current, change.class_changes),
+                    _diff_new(change.class_changes),
+                    change.note,
+                )
+            )
         if change.budget is not None:
             results += self._set_budget(targets, change.budget, operator, source, change.note)
         if change.freeze is not None and change.freeze != self.frozen:
@@ -153,7 +181,9 @@ class Control:
         self._keep()
         return results
 
-    def set_budget(self, tokens: int, *, operator: Operator, backend: str | None = None, note: str = "", source: AuditSource = "console") -> list[ActionResult]:
+    def set_budget(
+        self, tokens: int, *, operator: Operator, backend: str | None = None, note: str = "", source: AuditSource = "console"
+    ) -> list[ActionResult]:
         """Set the working budget by hand (one backend or all)."""
         targets = self._backends(backend)
         for b in targets:
@@ -223,7 +253,9 @@ class Control:
         self._class(cls)
         waiting = self.queued(cls)
         refused = sum(b.gatekeeper.drain(cls) for b in self._ready_admissions())
-        return self._audit(operator, source, "drain_class", f"class:{cls}", waiting, 0, note or f"{refused} request{'' if refused == 1 else 's'} refused")
+        return self._audit(
+            operator, source, "drain_class", f"class:{cls}", waiting, 0, note or f"{refused} request{'' if refused == 1 else 's'} refused"
+        )
 
     def queued(self, cls: str) -> int:
         """How many requests of `cls` wait right now (what a drain would refuse)."""
@@ -246,7 +278,8 @@ class Control:
         """Recompute the overrides in force (what differs from the file) and write them."""
         file, now = self.file_config, self.config
         settings = {
-            f.name: getattr(now.budget, f.name) for f in dataclasses.fields(now.budget)
+            f.name: getattr(now.budget, f.name)
+            for f in dataclasses.fields(now.budget)
             if getattr(now.budget, f.name) != getattr(file.budget, f.name)
         }
         file_classes = {c.name: c for c in file.classes}
@@ -259,8 +292,11 @@ class Control:
         # A budget set by hand holds only while the controller does not move it.
         holds = self.frozen or now.budget.mode == "static"
         self.overrides = Overrides(
-            settings=settings, classes=classes, budgets=dict(self._budgets) if holds else {},
-            paused=sorted(self.paused), frozen=self.frozen,
+            settings=settings,
+            classes=classes,
+            budgets=dict(self._budgets) if holds else {},
+            paused=sorted(self.paused),
+            frozen=self.frozen,
         )
         if self.overrides_path is not None:
             try:
@@ -289,14 +325,20 @@ class Control:
         new = dataclasses.replace(new, classes=tuple(sorted(classes, key=lambda c: (-c.priority, c.name))))
         gone = [c for c in (*saved.classes, *saved.paused) if c not in names]
         if gone:
-            results.append(self._audit(operator, source, "restore_refused", "overrides", ", ".join(sorted(set(gone))), None,
-                                       "classes no longer in the config"))
+            results.append(
+                self._audit(
+                    operator, source, "restore_refused", "overrides", ", ".join(sorted(set(gone))), None, "classes no longer in the config"
+                )
+            )
         if changes:
             try:
                 self._validated(new)
             except CommandError as exc:
-                results.append(self._audit(operator, source, "restore_refused", "overrides",
-                                           ", ".join(f"{k}={_fmt(v)}" for k, _, v in changes), None, str(exc)))
+                results.append(
+                    self._audit(
+                        operator, source, "restore_refused", "overrides", ", ".join(f"{k}={_fmt(v)}" for k, _, v in changes), None, str(exc)
+                    )
+                )
             else:
                 self._apply_budget(new)
                 self._apply_classes(new)
@@ -357,8 +399,15 @@ class Control:
         self._budgets.clear()
         self._pending_budgets.clear()
         self._keep()
-        return self._audit(operator, source, "overrides_dropped", "overrides", "; ".join(dropped) or None, None,
-                           note or ("back to the config file" if dropped else "none were in force"))
+        return self._audit(
+            operator,
+            source,
+            "overrides_dropped",
+            "overrides",
+            "; ".join(dropped) or None,
+            None,
+            note or ("back to the config file" if dropped else "none were in force"),
+        )
 
     # ---- reload --------------------------------------------------------------
 
@@ -393,8 +442,17 @@ class Control:
         if replaced:
             kept = "; ".join(self.overrides.lines()) or "none"
             log.warning("reload replaced runtime overrides with the file's values: %s (still in force: %s)", ", ".join(replaced), kept)
-            results.append(self._audit(operator, source, "overrides_replaced", "overrides", "; ".join(replaced), None,
-                                       f"the file's values now; still in force: {kept}"))
+            results.append(
+                self._audit(
+                    operator,
+                    source,
+                    "overrides_replaced",
+                    "overrides",
+                    "; ".join(replaced),
+                    None,
+                    f"the file's values now; still in force: {kept}",
+                )
+            )
         return results
 
     def reload_file(self, config_path: str | None, *, operator: Operator, source: AuditSource = "signal") -> bool:
@@ -459,8 +517,15 @@ class Control:
 
     def _audit(self, operator: Operator, source: AuditSource, action: str, target: str, old: Any, new: Any, note: str) -> ActionResult:
         record = AuditRecord(
-            ts=time.time(), operator=operator.name, origin=operator.origin, source=source, action=action,
-            target=target, old_value=_fmt(old), new_value=_fmt(new), note=note,
+            ts=time.time(),
+            operator=operator.name,
+            origin=operator.origin,
+            source=source,
+            action=action,
+            target=target,
+            old_value=_fmt(old),
+            new_value=_fmt(new),
+            note=note,
         )
         self.audit(record)
         message = describe(action, target, record.old_value, record.new_value)
@@ -473,7 +538,8 @@ def _changed_keys(prefix: str, old: Any, new: Any) -> list[str]:
     """`prefix.key (old -> new)` for each field that differs."""
     return [
         f"{prefix}.{f.name} ({_fmt(getattr(old, f.name))} -> {_fmt(getattr(new, f.name))})"
-        for f in dataclasses.fields(old) if getattr(old, f.name) != getattr(new, f.name)
+        for f in dataclasses.fields(old)
+        if getattr(old, f.name) != getattr(new, f.name)
     ]
 
 

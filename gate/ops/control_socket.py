@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING, Any
 
 from gate import __version__
 from gate.data.commands import CommandError, from_wire
-from gate.ops.control import Operator
 from gate.data.records import AuditRecord
 from gate.data.snapshot import SNAPSHOT_VERSION
 from gate.data.wire import encode
+from gate.ops.control import Operator
 
 if TYPE_CHECKING:
     from gate.ops.ports import ConsoleHost
@@ -284,9 +284,16 @@ class ControlServer:
     def _info(self, session: _Session) -> dict[str, Any]:
         gate = self.gate
         return {
-            "gate_id": gate.gate_id, "version": __version__, "label": gate.label, "listen": f"{gate.host}:{gate.port}",
-            "journal": gate.journal_path if gate.journal_path == ":memory:" else os.path.abspath(gate.journal_path), "operator": session.operator.name, "origin": session.operator.origin,
-            "read_only": session.read_only, "classes": list(gate.config.class_names), "drain_grace_s": gate.drain_grace_s,
+            "gate_id": gate.gate_id,
+            "version": __version__,
+            "label": gate.label,
+            "listen": f"{gate.host}:{gate.port}",
+            "journal": gate.journal_path if gate.journal_path == ":memory:" else os.path.abspath(gate.journal_path),
+            "operator": session.operator.name,
+            "origin": session.operator.origin,
+            "read_only": session.read_only,
+            "classes": list(gate.config.class_names),
+            "drain_grace_s": gate.drain_grace_s,
         }
 
     def _on_audit(self, record: AuditRecord) -> None:

@@ -85,9 +85,16 @@ class InProcessLink:
         self._seq = 0
         self._listeners: list[Callable[[AuditRecord], None]] = []
         self.info = GateInfo(
-            gate_id=gate.gate_id, label=gate.label, listen=f"{gate.host}:{gate.port}", journal=gate.journal_path,
-            operator=self.operator.name, origin=self.operator.origin, read_only=read_only, embedded=embedded,
-            drain_grace_s=gate.drain_grace_s, where="in-process",
+            gate_id=gate.gate_id,
+            label=gate.label,
+            listen=f"{gate.host}:{gate.port}",
+            journal=gate.journal_path,
+            operator=self.operator.name,
+            origin=self.operator.origin,
+            read_only=read_only,
+            embedded=embedded,
+            drain_grace_s=gate.drain_grace_s,
+            where="in-process",
         )
 
     async def snapshot(self) -> GateSnapshot:
@@ -129,7 +136,11 @@ def not_a_socket(path: str) -> str | None:
     if stat.S_ISSOCK(mode):
         return None
     stem = os.path.splitext(path)[0]
-    hint = f"`--attach {stem}.sock`" if os.path.exists(stem + ".sock") else "the control socket the gate logged at start (`control socket PATH`)"
+    hint = (
+        f"`--attach {stem}.sock`"
+        if os.path.exists(stem + ".sock")
+        else "the control socket the gate logged at start (`control socket PATH`)"
+    )
     if stat.S_ISDIR(mode):
         return f"{path} is a directory, not a control socket: pass {hint}, or `--attach --config FILE`"
     try:
@@ -138,8 +149,10 @@ def not_a_socket(path: str) -> str | None:
     except OSError:
         head = b""
     if head.startswith(b"SQLite format 3\0"):
-        return (f"{path} is a journal (SQLite), not a control socket: pass {hint}, or `--attach --config FILE`; "
-                f"to read the journal itself: `tokengate review --journal {path}`")
+        return (
+            f"{path} is a journal (SQLite), not a control socket: pass {hint}, or `--attach --config FILE`; "
+            f"to read the journal itself: `tokengate review --journal {path}`"
+        )
     if path.endswith(".toml"):
         return f"{path} is a config file, not a control socket: pass `--attach --config {path}`"
     return f"{path} is a regular file, not a control socket: pass {hint}, or `--attach --config FILE`"
@@ -182,13 +195,26 @@ class SocketLink:
         link = cls(path, reader, writer)
         try:
             reply = await link._request(
-                {"op": "hello", "v": PROTOCOL_VERSION, "read_only": read_only, "origin": ssh_origin(env), "sudo_user": env.get("SUDO_USER", "")}
+                {
+                    "op": "hello",
+                    "v": PROTOCOL_VERSION,
+                    "read_only": read_only,
+                    "origin": ssh_origin(env),
+                    "sudo_user": env.get("SUDO_USER", ""),
+                }
             )
             info = reply["info"]
             link.info = GateInfo(
-                gate_id=info["gate_id"], label=info["label"], listen=info["listen"], journal=info["journal"],
-                operator=info["operator"], origin=info["origin"], read_only=info["read_only"], embedded=embedded,
-                drain_grace_s=float(info.get("drain_grace_s", 0)), where=path,
+                gate_id=info["gate_id"],
+                label=info["label"],
+                listen=info["listen"],
+                journal=info["journal"],
+                operator=info["operator"],
+                origin=info["origin"],
+                read_only=info["read_only"],
+                embedded=embedded,
+                drain_grace_s=float(info.get("drain_grace_s", 0)),
+                where=path,
             )
         except BaseException:
             await link.close()
@@ -198,7 +224,9 @@ class SocketLink:
     async def snapshot(self) -> GateSnapshot:
         reply = await self._request({"op": "snapshot", "after": self._seq})
         if reply.get("v") != SNAPSHOT_VERSION:
-            raise LinkLost(f"the gate sends snapshot version {reply.get('v')!r}; this console reads {SNAPSHOT_VERSION}: upgrade one of them")
+            raise LinkLost(
+                f"the gate sends snapshot version {reply.get('v')!r}; this console reads {SNAPSHOT_VERSION}: upgrade one of them"
+            )
         try:
             snap = decode(GateSnapshot, reply["snapshot"])
         except (WireError, KeyError, TypeError) as exc:

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from gate.config import BackendConfig, Config, parse_config
-from gate.tools.simulator import SimulatorConfig
 from gate.data.snapshot import GIB, GpuDevice, GpuProcess, GpuReading
+from gate.tools.simulator import SimulatorConfig
 from gate.tools.traffic import TrafficGenerator
 
 # The demo's own policy: an interactive class with a guaranteed share, a batch
@@ -88,8 +88,12 @@ class SimulatedGpu:
         server = _DEMO_WEIGHTS + self.pool_tokens * DEMO_KV_BYTES_PER_TOKEN + _DEMO_COMPUTE
         busy = min(max(self.busy_fraction(), 0.0), 1.0)
         device = GpuDevice(
-            index=0, name=DEMO_GPU_NAME, used_bytes=server + _DEMO_OTHER, total_bytes=_DEMO_GPU_TOTAL,
-            reserved_bytes=None, utilization_pct=round(20 + 75 * busy),
+            index=0,
+            name=DEMO_GPU_NAME,
+            used_bytes=server + _DEMO_OTHER,
+            total_bytes=_DEMO_GPU_TOTAL,
+            reserved_bytes=None,
+            utilization_pct=round(20 + 75 * busy),
             processes=(GpuProcess(os.getpid(), server, name="llama-server (simulated)"),),
         )
         return GpuReading(devices=(device,), unavailable=None)
@@ -106,7 +110,8 @@ def demo_parts(sim: SimulatorConfig, busy_slots: Callable[[], int]) -> dict[str,
     the simulated GPU (busy as the simulator's slots are) and the simulated model's KV bytes
     per token, as its GGUF header would say (`tokengate serve --demo`, the screenshots)."""
     return {
-        "label": "SIMULATED", "gpu": SimulatedGpu(sim.ctx, lambda: busy_slots() / sim.slots),
+        "label": "SIMULATED",
+        "gpu": SimulatedGpu(sim.ctx, lambda: busy_slots() / sim.slots),
         "kv_bytes_per_token": DEMO_KV_BYTES_PER_TOKEN,
     }
 

@@ -86,9 +86,7 @@ def _sizes(rng: random.Random, kind: TrafficClass) -> tuple[int, int]:
     return rng.randint(500, 2000), rng.randint(256, 512)
 
 
-def _poisson(
-    seed: int, kind: TrafficClass, rate: float, tenants: Sequence[str], weights: Sequence[int]
-) -> Iterator[tuple]:
+def _poisson(seed: int, kind: TrafficClass, rate: float, tenants: Sequence[str], weights: Sequence[int]) -> Iterator[tuple]:
     if rate <= 0:
         return
     rng = random.Random(f"traffic:{seed}:{kind}")
@@ -157,9 +155,7 @@ def build_request(req: PlannedRequest, seed: int = 0, model: str | None = None) 
             sentences.append(" ".join(words[i : i + n]).capitalize() + ".")
             i += n
         document = " ".join(sentences)
-        body["messages"] = [
-            {"role": "user", "content": f"Summarise the following document in a few paragraphs.\n\n{document}"}
-        ]
+        body["messages"] = [{"role": "user", "content": f"Summarise the following document in a few paragraphs.\n\n{document}"}]
         body["stream"] = False
     return "/v1/chat/completions", {"X-Tokengate-Class": req.kind}, body
 
@@ -189,9 +185,7 @@ class TrafficGenerator:
             raise ValueError("max_in_flight must be >= 1")
         self.base_url = base_url.rstrip("/")
         self.seed = seed
-        self.rates = dict(
-            rate_interactive=rate_interactive, rate_batch=rate_batch, burst_every_s=burst_every_s, burst_size=burst_size
-        )
+        self.rates = dict(rate_interactive=rate_interactive, rate_batch=rate_batch, burst_every_s=burst_every_s, burst_size=burst_size)
         self.tenants = tuple(tenants)
         self.model = model
         self.speed = speed  # arrivals come `speed` times faster (to pair with a faster simulator)

@@ -9,9 +9,9 @@ import itertools
 import pytest
 
 from console.app import TokengateApp
-from gate.ops.link import InProcessLink
-from gate.observe.gpu import GpuDevice, GpuReading
 from gate.data.records import DecisionRecord
+from gate.observe.gpu import GpuDevice, GpuReading
+from gate.ops.link import InProcessLink
 from gate.service import GateService
 from tests.fakes import GATE_CONFIG, gate_on_fake_llama
 
@@ -54,14 +54,38 @@ def severities(app: TokengateApp) -> list[str]:
 _ids = itertools.count()
 
 
-def decision(cls: str = "batch", *, tenant: str = "acme", outcome: str = "admitted", reason: str = "ok",
-             status: int = 200, ts: float = FIXED_NOW, ttft_ms: float | None = 120.0) -> DecisionRecord:
+def decision(
+    cls: str = "batch",
+    *,
+    tenant: str = "acme",
+    outcome: str = "admitted",
+    reason: str = "ok",
+    status: int = 200,
+    ts: float = FIXED_NOW,
+    ttft_ms: float | None = 120.0,
+) -> DecisionRecord:
     n = next(_ids)
     return DecisionRecord(
-        ts=ts, request_id=f"req-{n:05d}", tenant=tenant, cls=cls, backend="default", endpoint="/v1/chat/completions",
-        stream=True, prompt_tokens=100 + n, token_count_source="exact", max_tokens=256, reserved_tokens=356 + n,
-        outcome=outcome, reason=reason, http_status=status, queue_ms=3.0, ttft_ms=ttft_ms, duration_ms=900.0,
-        completion_tokens=50, budget_at_decision=8192, in_flight_at_decision=1000,
+        ts=ts,
+        request_id=f"req-{n:05d}",
+        tenant=tenant,
+        cls=cls,
+        backend="default",
+        endpoint="/v1/chat/completions",
+        stream=True,
+        prompt_tokens=100 + n,
+        token_count_source="exact",
+        max_tokens=256,
+        reserved_tokens=356 + n,
+        outcome=outcome,
+        reason=reason,
+        http_status=status,
+        queue_ms=3.0,
+        ttft_ms=ttft_ms,
+        duration_ms=900.0,
+        completion_tokens=50,
+        budget_at_decision=8192,
+        in_flight_at_decision=1000,
     )
 
 
@@ -72,9 +96,7 @@ def record(gate: GateService, rec: DecisionRecord) -> None:
 async def enrich(gate: GateService) -> None:
     """Telemetry, a GPU reading, decisions and denials: what a busy gate shows."""
     gate._on_telemetry(await gate.telemetry_poller.poll_once())
-    gate.gpu_reading = GpuReading(
-        devices=(GpuDevice(0, "NVIDIA H200", 61 * 2**30, 140 * 2**30, None, 44, ()),), unavailable=None
-    )
+    gate.gpu_reading = GpuReading(devices=(GpuDevice(0, "NVIDIA H200", 61 * 2**30, 140 * 2**30, None, 44, ()),), unavailable=None)
     for i in range(30):
         record(gate, decision("interactive" if i % 3 else "batch", tenant=f"team{i % 4}", ts=FIXED_NOW - 30 + i))
     for i in range(5):

@@ -15,8 +15,8 @@ from console.screens.confirm import ConfirmScreen
 from console.screens.help import HelpScreen
 from console.screens.retune import RetuneScreen
 from console.screens.review import ReviewScreen
-from gate.data.commands import CommandError
 from gate.backend.gatekeeper import Refused
+from gate.data.commands import CommandError
 from tests.console.conftest import Queue, decision, make_app, messages, record, severities
 
 SIZE = (200, 50)
@@ -58,7 +58,11 @@ async def test_p_pauses_the_selected_class_then_resumes_it(gate):
         assert admission(gate).paused("batch") and not admission(gate).paused("interactive")
         row = gate.recent_audit[-1]
         assert (row.operator, row.origin, row.source, row.action, row.target) == (
-            "alice", "10.1.2.3", "console", "pause_class", "class:batch",
+            "alice",
+            "10.1.2.3",
+            "console",
+            "pause_class",
+            "class:batch",
         )
         assert (row.old_value, row.new_value) == ("False", "True")
         assert messages(app)[-1] == "Paused batch: new requests get 503 class_paused; queued ones wait until it is resumed"
@@ -410,9 +414,20 @@ async def test_colon_palette_offers_every_action_by_name_and_runs_it(gate):
     app = make_app(gate)
     async with app.run_test(size=SIZE) as pilot:
         names = [name for name, _, _ in app.palette_commands()]
-        for name in ("Retune", "Pause class batch", "Drain class batch", "Pause class interactive",
-                     "Freeze controller", "Review journal", "Filter decisions", "Pause rendering",
-                     "Refresh faster", "Refresh slower", "Help", "Quit"):
+        for name in (
+            "Retune",
+            "Pause class batch",
+            "Drain class batch",
+            "Pause class interactive",
+            "Freeze controller",
+            "Review journal",
+            "Filter decisions",
+            "Pause rendering",
+            "Refresh faster",
+            "Refresh slower",
+            "Help",
+            "Quit",
+        ):
             assert name in names, name
         await pilot.press("colon")
         await pilot.pause()

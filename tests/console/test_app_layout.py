@@ -7,14 +7,14 @@ import dataclasses
 from rich.text import Text
 
 from console.app import CHART_POINTS, TokengateApp
+from console.widgets.classes import FULL as CLASS_FULL
 from console.widgets.classes import NARROW as CLASS_NARROW
 from console.widgets.classes import TINY as CLASS_TINY
-from console.widgets.classes import FULL as CLASS_FULL
 from console.widgets.decisions import DecisionTail
 from console.widgets.slots import ttft_style
+from gate.data.snapshot import JournalView
 from gate.observe.gpu import GpuReading
 from gate.ops.link import InProcessLink
-from gate.data.snapshot import JournalView
 from tests.console.conftest import FIXED_NOW, decision, enrich, make_app, record
 
 
@@ -121,8 +121,7 @@ async def test_header_shows_listen_states_label_operator_and_clock(gate):
 async def test_journal_trouble_shows_a_red_banner(gate):
     app = make_app(gate)
     async with app.run_test(size=(80, 24)) as pilot:
-        bad = JournalView(ok=False, path="/var/lib/tokengate/journal.db", written=10, dropped=42, pending=0,
-                          last_error="disk I/O error")
+        bad = JournalView(ok=False, path="/var/lib/tokengate/journal.db", written=10, dropped=42, pending=0, last_error="disk I/O error")
         app.header.update_snapshot(dataclasses.replace(gate.snapshot(), journal=bad))
         await pilot.pause()
         text = app.header.content
@@ -249,6 +248,7 @@ async def test_chart_marks_come_from_the_audit(gate):
 async def test_a_failing_snapshot_is_shown_not_fatal(gate, monkeypatch):
     app = make_app(gate)
     async with app.run_test(size=(80, 24)) as pilot:
+
         def broken(**_):
             raise RuntimeError("boom")
 

@@ -51,9 +51,7 @@ async def test_empty_chart_says_no_samples_yet() -> None:
         assert chart.empty and chart.points == 0
         assert NO_DATA in text_of(chart)
         # values all missing: nothing to draw either
-        chart.set_series(
-            times=[T0, T0 + 1], budget=[None, None], in_flight=[None, None], p95_ttft_ms=[None, None], slo_ttft_ms=500
-        )
+        chart.set_series(times=[T0, T0 + 1], budget=[None, None], in_flight=[None, None], p95_ttft_ms=[None, None], slo_ttft_ms=500)
         await pilot.pause()
         assert chart.empty
         assert NO_DATA in text_of(chart)
@@ -164,7 +162,7 @@ def test_close_marks_get_labels_that_never_overlap():
             assert start + len(text) + 1 <= a or start >= b, (text, row)
         spans.setdefault(row, []).append((start, start + len(text) + 1))
     assert {t for _, t, _, _ in placed} >= {"set 6144", "ctl 8192", "freeze"}
-    (_, _, _, alignment), = place_labels([(-1.0, "started")], -600.0, 0.0, 60)
+    ((_, _, _, alignment),) = place_labels([(-1.0, "started")], -600.0, 0.0, 60)
     assert alignment == "right"  # at the right edge the label ends at its line  # 3 rows: 3 close labels fit
 
 

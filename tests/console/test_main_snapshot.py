@@ -28,11 +28,11 @@ from textual.widgets import Input
 
 import console.app
 from console.app import TokengateApp
-from gate.ops.link import InProcessLink
 from gate.config import parse_config
-from gate.observe.gpu import GpuDevice, GpuReading
 from gate.core.ledger import Request
 from gate.data.records import AuditRecord, DecisionRecord
+from gate.observe.gpu import GpuDevice, GpuReading
+from gate.ops.link import InProcessLink
 from gate.service import GateService
 from tests.console.conftest import CONFIG, ENVIRON, FIXED_NOW, SLOTS
 from tests.fakes import fake_llama_transport
@@ -55,17 +55,31 @@ def frozen_tick_timer(monkeypatch):
     monkeypatch.setattr(console.app, "time", types.SimpleNamespace(perf_counter=lambda: 0.0, time=time.time))
 
 
-def decision(i: int, cls: str, *, outcome: str = "admitted", reason: str = "ok", status: int = 200,
-             ttft_ms: float | None = None) -> DecisionRecord:
+def decision(
+    i: int, cls: str, *, outcome: str = "admitted", reason: str = "ok", status: int = 200, ttft_ms: float | None = None
+) -> DecisionRecord:
     refused = outcome != "admitted"
     return DecisionRecord(
-        ts=FIXED_NOW - 40 + i, request_id=f"snap-{i:04d}", tenant=TENANTS[i % len(TENANTS)], cls=cls,
-        backend="default", endpoint="/v1/chat/completions", stream=cls == "interactive",
-        prompt_tokens=40 + (i * 37) % 900, token_count_source="exact", max_tokens=256 if cls == "batch" else 128,
-        reserved_tokens=400 + (i * 37) % 900, outcome=outcome, reason=reason, http_status=status,
-        queue_ms=0.0 if refused else float((i * 13) % 400), ttft_ms=None if refused else (ttft_ms or 90.0 + (i * 53) % 700),
-        duration_ms=500.0 + (i * 97) % 4000, completion_tokens=None if refused else 40 + i % 80,
-        budget_at_decision=8192, in_flight_at_decision=(i * 311) % 8192,
+        ts=FIXED_NOW - 40 + i,
+        request_id=f"snap-{i:04d}",
+        tenant=TENANTS[i % len(TENANTS)],
+        cls=cls,
+        backend="default",
+        endpoint="/v1/chat/completions",
+        stream=cls == "interactive",
+        prompt_tokens=40 + (i * 37) % 900,
+        token_count_source="exact",
+        max_tokens=256 if cls == "batch" else 128,
+        reserved_tokens=400 + (i * 37) % 900,
+        outcome=outcome,
+        reason=reason,
+        http_status=status,
+        queue_ms=0.0 if refused else float((i * 13) % 400),
+        ttft_ms=None if refused else (ttft_ms or 90.0 + (i * 53) % 700),
+        duration_ms=500.0 + (i * 97) % 4000,
+        completion_tokens=None if refused else 40 + i % 80,
+        budget_at_decision=8192,
+        in_flight_at_decision=(i * 311) % 8192,
     )
 
 
@@ -92,9 +106,7 @@ def history(app: TokengateApp) -> None:
 
 
 def make_gate() -> GateService:
-    gate = GateService(
-        parse_config(CONFIG), environ=ENVIRON, transport=fake_llama_transport(SLOTS), clock=lambda: FIXED_NOW
-    )
+    gate = GateService(parse_config(CONFIG), environ=ENVIRON, transport=fake_llama_transport(SLOTS), clock=lambda: FIXED_NOW)
     gate.port = gate.config.gate.listen_port  # never started: show where it would listen
     return gate
 
@@ -103,15 +115,23 @@ async def fill(gate: GateService, app: TokengateApp) -> None:
     """Probe, telemetry, a GPU, decisions, an audited budget move and a queue: then one tick."""
     await gate.backends.probe_all()
     gate._on_telemetry(await gate.telemetry_poller.poll_once())
-    gate.gpu_reading = GpuReading(
-        devices=(GpuDevice(0, "NVIDIA H200", 61 * 2**30, 140 * 2**30, None, 44, ()),), unavailable=None
-    )
+    gate.gpu_reading = GpuReading(devices=(GpuDevice(0, "NVIDIA H200", 61 * 2**30, 140 * 2**30, None, 44, ()),), unavailable=None)
     for rec in decisions():
         gate.record(rec, model=None, queued_s=None, ttft_s=None if rec.ttft_ms is None else rec.ttft_ms / 1000)
-    gate.audit(AuditRecord(FIXED_NOW - 300, "controller", "local", "controller", "budget_decrease",
-                           "backend:default", "8192", "6554", "p95 TTFT 2400 ms vs SLO 2000 ms over 40 samples"))
-    gate.audit(AuditRecord(FIXED_NOW - 125, "alice", "10.1.2.3", "console", "set_budget",
-                           "backend:default", "6554", "8192"))
+    gate.audit(
+        AuditRecord(
+            FIXED_NOW - 300,
+            "controller",
+            "local",
+            "controller",
+            "budget_decrease",
+            "backend:default",
+            "8192",
+            "6554",
+            "p95 TTFT 2400 ms vs SLO 2000 ms over 40 samples",
+        )
+    )
+    gate.audit(AuditRecord(FIXED_NOW - 125, "alice", "10.1.2.3", "console", "set_budget", "backend:default", "6554", "8192"))
     # Every slot held, three batch requests waiting behind them (the tasks end with the app's loop).
     gk = gate.backends.backends[0].gatekeeper
     for i in range(4):

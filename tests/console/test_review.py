@@ -18,8 +18,8 @@ from console.review_app import DecisionFilters, JournalReader, ReviewApp, Review
 from console.screens.review import PAGE_SIZE, RANGES, FilterError, ReviewScreen, format_filter, parse_filter
 from console.widgets.budget_chart import BudgetChart
 from gate.cli import main
-from gate.journal import Journal
 from gate.data.records import AuditRecord, ClassSample, DecisionRecord, SampleRecord
+from gate.journal import Journal
 
 BASE = 1_700_000_000.0  # 2023-11-14 22:13:20 UTC
 SIZE = (120, 40)
@@ -304,7 +304,13 @@ async def test_audit_rows_listed_and_marked(journal_1000: Path) -> None:
         assert audit.row_count == 3
         assert [str(audit.get_row_at(i)[4]) for i in range(3)] == ["pause_class", "decrease", "set_budget"]
         assert [str(c) for c in audit.get_row_at(2)[1:8]] == [
-            "alice", "10.0.0.7", "console", "set_budget", "backend:default", "16384", "12000",
+            "alice",
+            "10.0.0.7",
+            "console",
+            "set_budget",
+            "backend:default",
+            "16384",
+            "12000",
         ]
         assert str(audit.get_row_at(0)[8]) == "load test"
         assert "audit: 3 in range" in str(screen.query_one("#review-audit-title", Static).render())
@@ -527,7 +533,12 @@ def test_format_filter_round_trips() -> None:
 def test_decision_filters_kwargs() -> None:
     f = DecisionFilters(cls=("batch",), since_ts=1.0)
     assert f.kwargs() == {
-        "cls": ("batch",), "reason": None, "tenant": None, "outcome": None, "since_ts": 1.0, "until_ts": None,
+        "cls": ("batch",),
+        "reason": None,
+        "tenant": None,
+        "outcome": None,
+        "since_ts": 1.0,
+        "until_ts": None,
     }
 
 
@@ -558,8 +569,17 @@ async def test_audit_shows_operator_full_values_source_and_note_and_enter_opens_
     journal = await Journal.open(path, clock=lambda: BASE + 300, retention_days=36500, strict=True)
     try:
         assert await journal.add(
-            AuditRecord(BASE + 290, "carol", "10.9.9.9", "console", "set_class", "class:batch",
-                        "limit_tokens=None, queue_depth=8", "limit_tokens=8176, queue_depth=64", "incident 4711: batch starves")
+            AuditRecord(
+                BASE + 290,
+                "carol",
+                "10.9.9.9",
+                "console",
+                "set_class",
+                "class:batch",
+                "limit_tokens=None, queue_depth=8",
+                "limit_tokens=8176, queue_depth=64",
+                "incident 4711: batch starves",
+            )
         )
     finally:
         await journal.close()

@@ -124,8 +124,8 @@ async def test_the_tail_says_it_stopped_following_at_once_with_no_new_rows(gate)
 
 
 def test_toasts_say_what_changed_for_requests_in_plain_words():
-    from gate.data.commands import describe
     from gate.core.reasons import Reason
+    from gate.data.commands import describe
 
     text = describe("pause_class", "class:interactive", "False", "True")
     assert text.startswith("Paused interactive: new requests get")
@@ -413,9 +413,22 @@ def _backend(**overrides):
     from gate.data.snapshot import BackendView
 
     fields = dict(
-        name="b0", url="http://x", state="ready", detail="ok", kv="unified", slots_busy=1, slots_total=4,
-        slot_context=2048, ceiling=2048, budget=2048, in_flight=900, prefilling=700, queued=2, slots=None,
-        decode_tps=None, requests_deferred=0,
+        name="b0",
+        url="http://x",
+        state="ready",
+        detail="ok",
+        kv="unified",
+        slots_busy=1,
+        slots_total=4,
+        slot_context=2048,
+        ceiling=2048,
+        budget=2048,
+        in_flight=900,
+        prefilling=700,
+        queued=2,
+        slots=None,
+        decode_tps=None,
+        requests_deferred=0,
     )
     fields.update(overrides)
     return BackendView(**fields)

@@ -103,9 +103,7 @@ class FakeUpstream:
     async def _hold(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.completions += 1
         if self.mode == "stall":
-            writer.write(
-                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-            )
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
             event = b"data: " + json.dumps(_CHUNK).encode() + b"\n\n"
             writer.write(b"%x\r\n%s\r\n" % (len(event), event))
             await writer.drain()
@@ -119,11 +117,7 @@ class FakeUpstream:
     def _reply(writer: asyncio.StreamWriter, status: int, payload: object) -> None:
         body = json.dumps(payload).encode()
         reason = {200: "OK", 404: "Not Found"}[status]
-        writer.write(
-            f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
+        writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
 
 
 @contextlib.asynccontextmanager

@@ -63,13 +63,22 @@ class Tenant:
 
 
 def fleet_extra(
-    redis_url: str | None, tenants: Sequence[Tenant], *, prefix: str = "fleet:", policy: str = "fail_open",
-    renew_s: float = 0.5, wait_ms: float = 250.0,
+    redis_url: str | None,
+    tenants: Sequence[Tenant],
+    *,
+    prefix: str = "fleet:",
+    policy: str = "fail_open",
+    renew_s: float = 0.5,
+    wait_ms: float = 250.0,
 ) -> str:
     """The config before [[backends]]: [shared] (unless redis_url is None), a static budget, the tenants."""
-    shared = "" if redis_url is None else (
-        f'[shared]\nredis_url = "{redis_url}"\nkey_prefix = "{prefix}"\nfailure_policy = "{policy}"\n'
-        f"renew_interval_s = {renew_s}\nwait_ms = {wait_ms}\n\n"
+    shared = (
+        ""
+        if redis_url is None
+        else (
+            f'[shared]\nredis_url = "{redis_url}"\nkey_prefix = "{prefix}"\nfailure_policy = "{policy}"\n'
+            f"renew_interval_s = {renew_s}\nwait_ms = {wait_ms}\n\n"
+        )
     )
     return shared + '[budget]\nmode = "static"\nmin_tokens = 256\n\n' + "\n".join(t.toml() for t in tenants)
 
@@ -80,7 +89,9 @@ async def fleet(llama_url: str, extras: Sequence[str], *, budget: int) -> AsyncI
     async with contextlib.AsyncExitStack() as stack:
         gates = []
         for extra in extras:
-            gates.append(await stack.enter_async_context(running_gate(llama_url, extra, backend_extra=f"token_budget = {budget}\n{NO_PREFILL_CAP}")))
+            gates.append(
+                await stack.enter_async_context(running_gate(llama_url, extra, backend_extra=f"token_budget = {budget}\n{NO_PREFILL_CAP}"))
+            )
         yield gates
 
 
@@ -147,7 +158,12 @@ class ServeProcess:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "gate.cli", "serve", "--config", str(self.config_path)],
-                cwd=self.dir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                cwd=self.dir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
         async def healthy() -> bool:

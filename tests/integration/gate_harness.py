@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import signal
 import contextlib
+import signal
 import tempfile
-from pathlib import Path
 from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
 
 import httpx
 
@@ -17,9 +17,7 @@ from gate.service import GateService
 
 def gate_toml(backend_urls: Sequence[str], extra: str = "", *, kv: str = "unified", backend_extra: str = "") -> str:
     """A config with one [[backends]] table per URL; `extra` goes first, so top-level keys stay top-level."""
-    tables = "\n".join(
-        f'[[backends]]\nname = "b{i}"\nurl = "{url}"\nkv = "{kv}"\n{backend_extra}\n' for i, url in enumerate(backend_urls)
-    )
+    tables = "\n".join(f'[[backends]]\nname = "b{i}"\nurl = "{url}"\nkv = "{kv}"\n{backend_extra}\n' for i, url in enumerate(backend_urls))
     return extra + "\n" + tables
 
 

@@ -73,8 +73,17 @@ async def serve(tmp_path: Path, config: Path, *extra: str):
     log_path = tmp_path / "serve.log"
     with open(log_path, "ab") as log:
         proc = await asyncio.create_subprocess_exec(
-            str(TOKENGATE), "serve", "--config", str(config), "--grace", "20", *extra,
-            stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, cwd=tmp_path,
+            str(TOKENGATE),
+            "serve",
+            "--config",
+            str(config),
+            "--grace",
+            "20",
+            *extra,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            cwd=tmp_path,
         )
     try:
         await wait_until(lambda: _live(sock_of(tmp_path), proc), timeout_s=30, interval_s=0.05)
@@ -169,7 +178,9 @@ async def test_attach_snapshot_atomic_retune_two_consoles_read_only_and_operator
             assert len(audit_rows(tmp_path)) == rows_before
 
             # the whole command lands, one audit row per changed value
-            results = await a.command(Retune(budget=1500, settings={"slo_ttft_p95_ms": 900.0}, cls="batch", class_changes={"queue_depth": 3}))
+            results = await a.command(
+                Retune(budget=1500, settings={"slo_ttft_p95_ms": 900.0}, cls="batch", class_changes={"queue_depth": 3})
+            )
             assert [r.action for r in results] == ["set_budget_settings", "set_class", "set_budget"]
             after = await a.snapshot()
             assert after.backends[0].budget == 1500 and after.controller.slo_ttft_ms == 900.0
@@ -304,8 +315,14 @@ async def test_a_second_gate_on_the_same_journal_exits_2_naming_the_holder(llama
     other = write_config(tmp_path, llama_split.url, name="other.toml")  # another port, the same journal
     async with serve(tmp_path, config) as first:
         proc = await asyncio.create_subprocess_exec(
-            str(TOKENGATE), "serve", "--config", str(other), stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=tmp_path,
+            str(TOKENGATE),
+            "serve",
+            "--config",
+            str(other),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=tmp_path,
         )
         _, err = await asyncio.wait_for(proc.communicate(), 30)
         assert proc.returncode == 2
@@ -329,8 +346,14 @@ async def test_a_non_socket_in_the_way_is_refused_not_removed(llama_split, tmp_p
     Path(sock_of(tmp_path)).write_text("not a socket")
     config = write_config(tmp_path, llama_split.url)
     proc = await asyncio.create_subprocess_exec(
-        str(TOKENGATE), "serve", "--config", str(config), stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=tmp_path,
+        str(TOKENGATE),
+        "serve",
+        "--config",
+        str(config),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=tmp_path,
     )
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2 and "not a socket" in err.decode()

@@ -52,7 +52,9 @@ NO_PREFILL_LEVERS = "max_prefill_tokens = 0\nprefill_yield_tokens = 0\n"
 
 
 def budget_toml(slo_ttft_ms: float) -> str:
-    return PATIENT + f"""
+    return (
+        PATIENT
+        + f"""
 [budget]
 mode = "adaptive"
 slo_ttft_p95_ms = {slo_ttft_ms}
@@ -61,6 +63,7 @@ cooldown_s = {COOLDOWN_S}
 min_samples = {MIN_SAMPLES}
 min_tokens = {MIN_TOKENS}
 """
+    )
 
 
 def ready(backend) -> bool:
@@ -157,9 +160,7 @@ async def test_ttft_over_slo_closes_the_budget_within_window_and_cooldown(llama)
             # The signal is ready once min_samples answers are in the window; the next tick
             # (once a second) moves the budget.
             ready_s = await wait_until(lambda: ready(b0), timeout_s=READY_TIMEOUT_S)
-            first_s = ready_s + await wait_until(
-                lambda: b0.admission.budget < CEILING, timeout_s=TICK_S + COOLDOWN_S + SLACK_S
-            )
+            first_s = ready_s + await wait_until(lambda: b0.admission.budget < CEILING, timeout_s=TICK_S + COOLDOWN_S + SLACK_S)
             assert first_s - ready_s < TICK_S + 2.5, (ready_s, first_s)
             # Keep the load on for a second move: the cool-down spaces them.
             second_s = await wait_until(lambda: len(controller_rows(gate.recent_audit)) >= 2, timeout_s=COOLDOWN_S + SLACK_S)
@@ -208,9 +209,7 @@ async def test_light_load_with_a_queue_opens_the_budget_from_the_minimum(llama):
             await wait_until(lambda: b0.admission.waiting() > 0, timeout_s=10)
             assert b0.admission.budget == MIN_TOKENS  # nothing moved before samples arrived
             ready_s = await wait_until(lambda: ready(b0), timeout_s=READY_TIMEOUT_S)
-            first_s = ready_s + await wait_until(
-                lambda: b0.admission.budget > MIN_TOKENS, timeout_s=TICK_S + COOLDOWN_S + SLACK_S
-            )
+            first_s = ready_s + await wait_until(lambda: b0.admission.budget > MIN_TOKENS, timeout_s=TICK_S + COOLDOWN_S + SLACK_S)
             assert first_s - ready_s < TICK_S + 2.5, (ready_s, first_s)
             more_s = await wait_until(lambda: len(controller_rows(gate.recent_audit)) >= 3, timeout_s=2 * COOLDOWN_S + SLACK_S)
             p95_ttft_ms = b0.controller.p95_ttft_s * 1000

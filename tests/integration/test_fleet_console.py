@@ -17,8 +17,8 @@ import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from console.fleet_app import FleetConsoleApp
 from console.fleet import fleet_entries
+from console.fleet_app import FleetConsoleApp
 from console.screens.confirm import ConfirmScreen
 from console.screens.fleet import FleetScreen
 from console.screens.retune import RetuneScreen
@@ -36,8 +36,17 @@ async def demo_gate(directory: Path):
     directory.mkdir()
     log = open(directory / "serve.log", "ab")  # noqa: SIM115 - the child's output while it runs
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gate.cli", "serve", "--demo", "--grace", "1",
-        stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, cwd=directory,
+        sys.executable,
+        "-m",
+        "gate.cli",
+        "serve",
+        "--demo",
+        "--grace",
+        "1",
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        cwd=directory,
     )
     sock = str(directory / "tokengate-demo.sock")
     try:

@@ -29,7 +29,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.gate_harness import busy_slots, running_gate, wait_until, words, released
+from tests.integration.gate_harness import busy_slots, released, running_gate, wait_until, words
 
 pytestmark = pytest.mark.llama
 
@@ -50,10 +50,13 @@ queue_timeout_s = 60
 
 # Strict priority: aging (a waiter older than budget.aging_s goes first whatever its class)
 # would let batch waiters overtake when the occupiers run long on a slow machine.
-STRICT_PRIORITY = CLASSES + """
+STRICT_PRIORITY = (
+    CLASSES
+    + """
 [budget]
 aging_s = 0
 """
+)
 
 CHAT = "/v1/chat/completions"
 INTERACTIVE = {"X-Tokengate-Class": "interactive"}
@@ -230,9 +233,7 @@ async def test_unified_pool_burst_fails_direct_and_never_5xx_through_the_gate(ll
     async with httpx.AsyncClient(timeout=120) as client, idle_afterwards(client, llama_unified.url):
         # Straight to llama-server: 4 slots x (252 prompt + 300) tokens > the 2048-token pool.
         async with DeferredSampler(client, llama_unified.url) as direct_deferred:
-            direct = await asyncio.gather(
-                *(client.post(llama_unified.url + CHAT, json=body) for _ in range(BURST))
-            )
+            direct = await asyncio.gather(*(client.post(llama_unified.url + CHAT, json=body) for _ in range(BURST)))
         direct_status = Counter(r.status_code for r in direct)
         overflowed = [r for r in direct if r.status_code == 500 and "Context size has been exceeded" in r.text]
         print(
@@ -334,6 +335,8 @@ async def test_queued_interactive_requests_are_dispatched_before_queued_batch(ll
             assert [r.headers["x-tokengate-class"] for r in batch_resp] == ["batch"] * 3
 
             await released(gate)
+
+
 async def _all_busy(client: httpx.AsyncClient, llama_url: str) -> bool:
     return await busy_slots(client, llama_url) == 4
 
@@ -390,6 +393,8 @@ async def test_split_request_larger_than_a_slot_is_refused_at_once_and_never_rea
             assert admission.waiting() == 0
             assert [await t for t in running] == [(200, 150)] * 4
             await released(gate)
+
+
 # ---- 4. bounded queue: queue_full, queue_timeout, and a real OpenAI client -------------------
 
 SMALL_QUEUE = """
@@ -456,7 +461,10 @@ async def test_queue_full_queue_timeout_and_openai_client_honours_retry_after(ll
 
             http_client = httpx2.AsyncClient(event_hooks={"request": [on_request], "response": [on_response]})
             sdk = openai.AsyncOpenAI(
-                base_url=gate.url + "/v1", api_key="x", max_retries=6, http_client=http_client,
+                base_url=gate.url + "/v1",
+                api_key="x",
+                max_retries=6,
+                http_client=http_client,
                 default_headers=INTERACTIVE,
             )
             async with sdk:
@@ -489,6 +497,8 @@ async def test_queue_full_queue_timeout_and_openai_client_honours_retry_after(ll
             assert (await third).status_code in {200, 429}
             assert [await t for t in occupiers] == [(200, 450)] * 4
             await released(gate)
+
+
 # ---- 5. /metrics -----------------------------------------------------------------------------------
 
 
@@ -517,7 +527,9 @@ async def test_metrics_count_every_decision_by_class_outcome_and_reason(llama_sp
 
             # Refused: 2 never fit a 512-token slot, 1 above a lowered working budget, 1 malformed.
             for _ in range(2):
-                assert_error(await client.post(gate.url + CHAT, json=body(100, 450)), 400, "context_length_exceeded", "invalid_request_error")
+                assert_error(
+                    await client.post(gate.url + CHAT, json=body(100, 450)), 400, "context_length_exceeded", "invalid_request_error"
+                )
             # Frozen, the budget is the operator's limit (the controller's would stretch: E1).
             gate.control.freeze(True, operator=gate.operator)
             admission.set_budget(20)

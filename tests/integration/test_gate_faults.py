@@ -78,8 +78,7 @@ async def gate_then_slot(gate, request_id: str, slot_free, label: str):
         await wait_until(slot_free, timeout_s=max(0.0, FREE_WITHIN_S - (loop.time() - t0)))
     except AssertionError:
         raise AssertionError(
-            f"llama-server slot still busy {FREE_WITHIN_S}s after the client left "
-            f"(the gate had closed upstream after {gate_s:.3f}s)"
+            f"llama-server slot still busy {FREE_WITHIN_S}s after the client left (the gate had closed upstream after {gate_s:.3f}s)"
         ) from None
     note(f"{label}: gate closed upstream", gate_s)
     note(f"{label}: slot freed", loop.time() - t0)
@@ -144,10 +143,7 @@ async def test_client_disconnect_non_stream_under_load_frees_slot(llama):
     upstream request is streamed, so its slot must still come free at once."""
     victim_n = 900  # distinctive (finds the victim's slot in /slots); ~10 s of work if not cancelled
     async with running_gate(llama.url) as gate, httpx.AsyncClient(timeout=60) as client:
-        load = [
-            asyncio.create_task(client.post(gate.url + CHAT, json=chat(300, False), headers=rid(f"load-{i}")))
-            for i in range(3)
-        ]
+        load = [asyncio.create_task(client.post(gate.url + CHAT, json=chat(300, False), headers=rid(f"load-{i}"))) for i in range(3)]
         try:
             await wait_until(lambda: busy_slots_eq(client, llama.url, 3), timeout_s=10)
             victim = asyncio.create_task(client.post(gate.url + CHAT, json=chat(victim_n, False), headers=rid("gone-plain")))
@@ -187,10 +183,7 @@ async def test_client_disconnect_while_queued(llama):
     queued_n = 51  # distinctive: proves it never reached llama-server
     async with running_gate(llama.url) as gate, httpx.AsyncClient(timeout=60) as client:
         admission = gate.backends.backends[0].admission
-        runners = [
-            asyncio.create_task(client.post(gate.url + CHAT, json=chat(300, False), headers=rid(f"run-{i}")))
-            for i in range(4)
-        ]
+        runners = [asyncio.create_task(client.post(gate.url + CHAT, json=chat(300, False), headers=rid(f"run-{i}"))) for i in range(4)]
         try:
             await wait_until(lambda: len(admission.ledger) == 4, timeout_s=10)
             held = ledger_total(gate)
@@ -341,16 +334,23 @@ async def test_serve_sigterm_drains_in_flight_and_exits_zero(llama, tmp_path):
     port = free_port()
     config = tmp_path / "tokengate.toml"
     config.write_text(
-        f'[gate]\nlisten = "127.0.0.1:{port}"\njournal = "{tmp_path / "journal.db"}"\n\n'
-        f'[[backends]]\nname = "llama"\nurl = "{llama.url}"\n'
+        f'[gate]\nlisten = "127.0.0.1:{port}"\njournal = "{tmp_path / "journal.db"}"\n\n[[backends]]\nname = "llama"\nurl = "{llama.url}"\n'
     )
     exe = Path(sys.executable).with_name("tokengate")
     log_path = tmp_path / "serve.log"
     grace_s = 60.0  # generous: 300 tokens take ~3 s alone, far longer on a shared 2-core box
     with open(log_path, "wb") as log:
         proc = await asyncio.create_subprocess_exec(
-            str(exe), "serve", "--config", str(config), "--grace", str(grace_s),
-            stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, cwd=tmp_path,
+            str(exe),
+            "serve",
+            "--config",
+            str(config),
+            "--grace",
+            str(grace_s),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            cwd=tmp_path,
         )
     url = f"http://127.0.0.1:{port}"
     try:

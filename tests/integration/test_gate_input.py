@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.gate_harness import busy_slots, running_gate, released
+from tests.integration.gate_harness import busy_slots, released, running_gate
 
 pytestmark = pytest.mark.llama
 
@@ -107,8 +107,20 @@ CASES: list[Case] = [
     Case("array-body", 400, "invalid_request", [{"role": "user", "content": "hi"}], param=None),
     Case("string-body", 400, "invalid_request", "hello", param=None),
     Case("empty-body", 400, "invalid_request", b"", param=None),
-    Case("nan-constant", 400, "invalid_request", b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": NaN}', param=None),
-    Case("duplicate-key", 400, "invalid_request", b'{"model": "tiny", "max_tokens": 8, "max_tokens": 4000, "messages": [{"role": "user", "content": "hi"}]}', param=None),
+    Case(
+        "nan-constant",
+        400,
+        "invalid_request",
+        b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": NaN}',
+        param=None,
+    ),
+    Case(
+        "duplicate-key",
+        400,
+        "invalid_request",
+        b'{"model": "tiny", "max_tokens": 8, "max_tokens": 4000, "messages": [{"role": "user", "content": "hi"}]}',
+        param=None,
+    ),
     Case("nested-too-deep", 400, "invalid_request", _nested(70), param=None),
     # --- wrong types --------------------------------------------------------------------------
     Case("model-not-string", 400, "invalid_request", chat(model=7), param="model"),
@@ -116,10 +128,22 @@ CASES: list[Case] = [
     Case("messages-string", 400, "invalid_request", chat(messages="hi"), param="messages"),
     Case("stream-yes", 400, "invalid_request", chat(stream="yes"), param="stream"),
     Case("stream-options-without-stream", 400, "invalid_request", chat(stream_options={"include_usage": True}), param="stream_options"),
-    Case("include-usage-not-bool", 400, "invalid_request", chat(stream=True, stream_options={"include_usage": "yes"}), param="stream_options.include_usage"),
+    Case(
+        "include-usage-not-bool",
+        400,
+        "invalid_request",
+        chat(stream=True, stream_options={"include_usage": "yes"}),
+        param="stream_options.include_usage",
+    ),
     # --- the generation limit -----------------------------------------------------------------
     Case("max-tokens-above-cap", 400, "invalid_request", chat(max_tokens=10**12), param="max_tokens"),
-    Case("max-completion-tokens-above-cap", 400, "invalid_request", chat(max_tokens=None, max_completion_tokens=CAP + 1), param="max_completion_tokens"),
+    Case(
+        "max-completion-tokens-above-cap",
+        400,
+        "invalid_request",
+        chat(max_tokens=None, max_completion_tokens=CAP + 1),
+        param="max_completion_tokens",
+    ),
     Case("n-predict-negative", 400, "invalid_request", chat(max_tokens=None, n_predict=-5), param="n_predict"),
     Case("n-predict-unlimited", 400, "invalid_request", chat(max_tokens=None, n_predict=-1), param="n_predict"),
     Case("max-tokens-zero", 400, "invalid_request", chat(max_tokens=0), param="max_tokens"),
@@ -128,7 +152,14 @@ CASES: list[Case] = [
     Case("max-tokens-bool", 400, "invalid_request", chat(max_tokens=True), param="max_tokens"),
     # a small max_tokens for the gate and a big n_predict for llama-server: refused
     Case("max-tokens-disagree", 400, "invalid_request", chat(max_tokens=8, n_predict=200), param="max_tokens"),
-    Case("n-predict-on-completions-above-cap", 400, "invalid_request", {"model": "tiny", "prompt": "hi", "n_predict": CAP + 1}, path=COMPLETIONS, param="n_predict"),
+    Case(
+        "n-predict-on-completions-above-cap",
+        400,
+        "invalid_request",
+        {"model": "tiny", "prompt": "hi", "n_predict": CAP + 1},
+        path=COMPLETIONS,
+        param="n_predict",
+    ),
     # --- messages -----------------------------------------------------------------------------
     Case("messages-missing", 400, "invalid_request", chat(messages=None), param="messages"),
     Case("messages-empty", 400, "invalid_request", chat(messages=[]), param="messages"),
@@ -136,11 +167,19 @@ CASES: list[Case] = [
     Case("message-without-content", 400, "invalid_request", chat(messages=[{"role": "user"}]), param="messages[0].content"),
     Case("message-without-role", 400, "invalid_request", chat(messages=[{"content": "hi"}]), param="messages[0].role"),
     Case("message-unknown-role", 400, "invalid_request", chat(messages=[{"role": "wizard", "content": "hi"}]), param="messages[0].role"),
-    Case("content-part-without-text", 400, "invalid_request", chat(messages=[{"role": "user", "content": [{"type": "text"}]}]), param="messages[0].content[0].text"),
+    Case(
+        "content-part-without-text",
+        400,
+        "invalid_request",
+        chat(messages=[{"role": "user", "content": [{"type": "text"}]}]),
+        param="messages[0].content[0].text",
+    ),
     # --- prompts (completions endpoints) --------------------------------------------------------
     Case("prompt-missing-v1-completions", 400, "invalid_request", {"model": "tiny", "max_tokens": 8}, path=COMPLETIONS, param="prompt"),
     Case("prompt-missing-completion", 400, "invalid_request", {"n_predict": 8}, path=COMPLETION, param="prompt"),
-    Case("prompt-several", 400, "invalid_request", {"model": "tiny", "prompt": ["a", "b"], "max_tokens": 8}, path=COMPLETIONS, param="prompt"),
+    Case(
+        "prompt-several", 400, "invalid_request", {"model": "tiny", "prompt": ["a", "b"], "max_tokens": 8}, path=COMPLETIONS, param="prompt"
+    ),
     Case("prompt-negative-token", 400, "invalid_request", {"prompt": [1, -3], "n_predict": 8}, path=COMPLETION, param="prompt[1]"),
     # --- one completion per request -------------------------------------------------------------
     Case("n-2", 400, "invalid_request", chat(n=2), param="n"),
@@ -157,7 +196,14 @@ CASES: list[Case] = [
     Case("class-not-allowed", 403, "class_not_allowed", chat(), headers={**AUTH, "X-Tokengate-Class": "batch"}, param="X-Tokengate-Class"),
     # --- size ---------------------------------------------------------------------------------
     Case("body-too-large", 413, "body_too_large", chat(messages=[{"role": "user", "content": "x" * 2 * MAX_BODY}]), param=None),
-    Case("body-too-large-chunked", 413, "body_too_large", chat(messages=[{"role": "user", "content": "x" * 2 * MAX_BODY}]), chunked=True, param=None),
+    Case(
+        "body-too-large-chunked",
+        413,
+        "body_too_large",
+        chat(messages=[{"role": "user", "content": "x" * 2 * MAX_BODY}]),
+        chunked=True,
+        param=None,
+    ),
     # --- routing errors (not requests) ----------------------------------------------------------
     Case("get-on-post-route", 405, "invalid_request", None, method="GET"),
     Case("unknown-path", 404, "invalid_request", chat(), path="/v1/embeddings"),

@@ -38,8 +38,10 @@ CREDENTIALS = [
 
 @pytest.mark.parametrize(("method", "path", "body"), ROUTES, ids=[p for _, p, _ in ROUTES])
 async def test_every_backend_route_needs_one_valid_key(llama_split, method, path, body):
-    async with running_gate(llama_split.url, TENANTS, environ=ENV, kv="split", backend_extra=BACKEND_EXTRA) as gate, \
-            httpx.AsyncClient(timeout=30) as client:
+    async with (
+        running_gate(llama_split.url, TENANTS, environ=ENV, kv="split", backend_extra=BACKEND_EXTRA) as gate,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
         for name, headers in CREDENTIALS:
             r = await client.request(method, gate.url + path, json=body, headers=headers)
             err = assert_error(r, 401, "invalid_api_key")
@@ -51,8 +53,10 @@ async def test_every_backend_route_needs_one_valid_key(llama_split, method, path
 
 
 async def test_health_and_metrics_stay_open(llama_split):
-    async with running_gate(llama_split.url, TENANTS, environ=ENV, kv="split", backend_extra=BACKEND_EXTRA) as gate, \
-            httpx.AsyncClient(timeout=30) as client:
+    async with (
+        running_gate(llama_split.url, TENANTS, environ=ENV, kv="split", backend_extra=BACKEND_EXTRA) as gate,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
         assert (await client.get(gate.url + "/health")).status_code == 200
         metrics = await client.get(gate.url + "/metrics")
         assert metrics.status_code == 200 and "tokengate_token_budget" in metrics.text

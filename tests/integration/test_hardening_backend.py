@@ -15,7 +15,7 @@ import signal
 import httpx
 import pytest
 
-from tests.integration.gate_harness import running_gate, wait_until, released
+from tests.integration.gate_harness import released, running_gate, wait_until
 from tests.integration.hardening import AUTH, BACKEND_EXTRA, CHAT, ENV, TENANTS, chat, still_serves
 from tests.llama.server import LlamaServer
 
@@ -43,8 +43,10 @@ async def test_backend_down_every_answer_has_retry_after_and_no_address(llama_bi
     server.start()
     port = server.port
     # A slow probe: the requests below reach the gate before it knows the backend is gone.
-    async with running_gate(server.url, TENANTS, environ=ENV, kv="split", backend_extra=BACKEND_EXTRA,
-                            probe_interval_s=30.0) as gate, httpx.AsyncClient(timeout=30) as client:
+    async with (
+        running_gate(server.url, TENANTS, environ=ENV, kv="split", backend_extra=BACKEND_EXTRA, probe_interval_s=30.0) as gate,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
         try:
             await still_serves(gate, client)
             os.kill(server._proc.pid, signal.SIGKILL)  # LlamaServer keeps its Popen private
@@ -57,8 +59,7 @@ async def test_backend_down_every_answer_has_retry_after_and_no_address(llama_bi
             await released(gate)
             # Back on the same port: the gate serves again once its probe sees it.
             server.stop()
-            revived = LlamaServer(llama_bin, tiny_model, mode="split", ctx=2048, n_slots=4,
-                                  log_path=tmp_path / "llama2.log", port=port)
+            revived = LlamaServer(llama_bin, tiny_model, mode="split", ctx=2048, n_slots=4, log_path=tmp_path / "llama2.log", port=port)
             revived.start()
             server = revived
             await gate.backends.probe_all()

@@ -17,7 +17,14 @@ import pytest
 
 from tests.integration.gate_harness import running_gate
 from tests.integration.hardening import (
-    AUTH, BACKEND_EXTRA, CHAT, ENV, TENANTS, assert_error, record_of, still_serves,
+    AUTH,
+    BACKEND_EXTRA,
+    CHAT,
+    ENV,
+    TENANTS,
+    assert_error,
+    record_of,
+    still_serves,
 )
 
 pytestmark = pytest.mark.llama
@@ -41,10 +48,18 @@ class Case:
 
 CASES = [
     # lone UTF-16 surrogates: valid JSON text, no UTF-8 encoding
-    Case("surrogate-in-content", b'{"model": "tiny", "messages": [{"role": "user", "content": "a\\ud800b"}]}',
-         "messages[0].content", "surrogate"),
-    Case("low-surrogate-alone", b'{"model": "tiny", "messages": [{"role": "user", "content": "\\udc00"}]}',
-         "messages[0].content", "surrogate"),
+    Case(
+        "surrogate-in-content",
+        b'{"model": "tiny", "messages": [{"role": "user", "content": "a\\ud800b"}]}',
+        "messages[0].content",
+        "surrogate",
+    ),
+    Case(
+        "low-surrogate-alone",
+        b'{"model": "tiny", "messages": [{"role": "user", "content": "\\udc00"}]}',
+        "messages[0].content",
+        "surrogate",
+    ),
     Case("surrogate-in-model", b'{"model": "\\ud800", ' + MSG + b"}", "model", "surrogate"),
     Case("surrogate-in-extra-field", body(b'"stop": ["\\udbff"]'), "stop[0]", "surrogate"),
     Case("surrogate-in-key", body(b'"\\ud800": 1'), None, "surrogate"),
@@ -66,15 +81,23 @@ CASES = [
     # headers the gate would forward but cannot encode
     Case("non-ascii-header", body(), "x-foo", "printable ASCII", headers={"X-Foo": b"caf\xe9"}),
     Case("non-ascii-user-agent", body(), "user-agent", "printable ASCII", headers={"User-Agent": b"\xff\xfe"}),
-    Case("non-ascii-content-type-pass-through", b'{"content": "hi"}', "content-type", "printable ASCII",
-         headers={"Content-Type": b"application/json; charset=\xe9"}, path="/tokenize"),
+    Case(
+        "non-ascii-content-type-pass-through",
+        b'{"content": "hi"}',
+        "content-type",
+        "printable ASCII",
+        headers={"Content-Type": b"application/json; charset=\xe9"},
+        path="/tokenize",
+    ),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 async def test_unforwardable_input_is_400_naming_the_field(llama_split, case):
-    async with running_gate(llama_split.url, TENANTS, environ=ENV, kv="split", backend_extra=BACKEND_EXTRA) as gate, \
-            httpx.AsyncClient(timeout=30) as client:
+    async with (
+        running_gate(llama_split.url, TENANTS, environ=ENV, kv="split", backend_extra=BACKEND_EXTRA) as gate,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
         headers = {**AUTH, "Content-Type": "application/json", "X-Request-Id": case.id, **case.headers}
         r = await client.post(gate.url + case.path, content=case.content, headers=headers)
         err = assert_error(r, 400, "invalid_request", case.param)
@@ -88,8 +111,10 @@ async def test_unforwardable_input_is_400_naming_the_field(llama_split, case):
 
 async def test_escaped_nul_and_valid_pairs_are_forwarded_faithfully(llama_split):
     """The other side of the line: JSON llama-server can read is not refused."""
-    async with running_gate(llama_split.url, TENANTS, environ=ENV, kv="split", backend_extra=BACKEND_EXTRA) as gate, \
-            httpx.AsyncClient(timeout=30) as client:
+    async with (
+        running_gate(llama_split.url, TENANTS, environ=ENV, kv="split", backend_extra=BACKEND_EXTRA) as gate,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
         content = b'{"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "a\\u0000b \\ud83d\\ude00 caf\xc3\xa9"}]}'
         r = await client.post(gate.url + CHAT, content=content, headers={**AUTH, "Content-Type": "application/json"})
         assert r.status_code == 200, r.text

@@ -27,8 +27,10 @@ HOSTILE = [
 
 @pytest.mark.parametrize(("name", "vary", "status", "code"), HOSTILE, ids=[h[0] for h in HOSTILE])
 async def test_hostile_names_do_not_grow_metrics(llama_split, name, vary, status, code):
-    async with running_gate(llama_split.url, TENANTS, environ=ENV, kv="split", backend_extra=BACKEND_EXTRA) as gate, \
-            httpx.AsyncClient(timeout=30) as client:
+    async with (
+        running_gate(llama_split.url, TENANTS, environ=ENV, kv="split", backend_extra=BACKEND_EXTRA) as gate,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
         await still_serves(gate, client)
         before = len((await client.get(gate.url + "/metrics")).content)
         for i in range(300):

@@ -95,8 +95,12 @@ async def test_declared_body_over_the_limit_is_413_on_get_routes_too(path):
 
 @pytest.mark.llama
 async def test_gate_still_serves_after_oversized_bodies(llama_split):
-    async with running_gate(llama_split.url, f"[gate]\nmax_body_bytes = {LIMIT}\n" + TENANTS, environ=ENV,
-                            kv="split", backend_extra=BACKEND_EXTRA) as gate, httpx.AsyncClient(timeout=30) as client:
+    async with (
+        running_gate(
+            llama_split.url, f"[gate]\nmax_body_bytes = {LIMIT}\n" + TENANTS, environ=ENV, kv="split", backend_extra=BACKEND_EXTRA
+        ) as gate,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
         for path in ROUTES:
             r = await client.post(gate.url + path, content=b"{" + b" " * LIMIT + b"}", headers=AUTH)
             assert r.status_code == 413, (path, r.text)
@@ -123,8 +127,17 @@ async def test_serve_peak_rss_does_not_grow_by_more_than_the_body_limit(tmp_path
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with open(tmp_path / "serve.log", "wb") as log:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gate.cli", "serve", "--config", str(config),
-            stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, cwd=tmp_path, env=env,
+            sys.executable,
+            "-m",
+            "gate.cli",
+            "serve",
+            "--config",
+            str(config),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            cwd=tmp_path,
+            env=env,
         )
     try:
         async with httpx.AsyncClient(timeout=30) as client:
@@ -145,8 +158,10 @@ async def test_serve_peak_rss_does_not_grow_by_more_than_the_body_limit(tmp_path
             head, _ = await raw_post(port, "/tokenize", declared=declared, total=300 << 20, headers={})
             assert head.startswith(b"HTTP/1.1 413"), head
         growth_kib = vm_hwm_kib(proc.pid) - before
-        print(f"\n[measured] serve VmHWM {before} KiB before, +{growth_kib} KiB after three 300 MB bodies to /tokenize "
-              f"(one declared, two chunked; limit {limit >> 10} KiB)")
+        print(
+            f"\n[measured] serve VmHWM {before} KiB before, +{growth_kib} KiB after three 300 MB bodies to /tokenize "
+            f"(one declared, two chunked; limit {limit >> 10} KiB)"
+        )
         # The body limit, plus the server's own read buffers for the one chunk that crosses it
         # (uvloop reads up to 256 KiB at a time, uvicorn copies it once) and allocator slack:
         # measured +8.4 to +8.9 MiB for an 8 MiB limit on 3 runs here, +9.4 MiB on the CI

@@ -27,7 +27,16 @@ from gate.tools.simulator.serve import serve_simulator
 from tests.integration.fake_upstream import fake_upstream
 from tests.integration.gate_harness import ledger_total, running_gate, wait_until
 from tests.integration.hardening import (
-    AUTH, BACKEND_EXTRA, CHAT, ENV, TENANTS, assert_error, chat, data_events, record_of, still_serves,
+    AUTH,
+    BACKEND_EXTRA,
+    CHAT,
+    ENV,
+    TENANTS,
+    assert_error,
+    chat,
+    data_events,
+    record_of,
+    still_serves,
 )
 from tests.llama.server import LlamaServer
 
@@ -92,13 +101,13 @@ async def test_simulator_four_on_four_slots_are_never_shed():
 async def gate_with_stuck_backend(llama_url: str, fake_url: str, gate_extra: str):
     """Model "tiny" on the real llama-server, model "stuck" on the FAKE upstream."""
     toml = (
-        gate_extra + TENANTS
+        gate_extra
+        + TENANTS
         + f'\n[[backends]]\nname = "llama"\nurl = "{llama_url}"\nkv = "split"\nmodels = ["tiny"]\n'
         + f'\n[[backends]]\nname = "stuck"\nurl = "{fake_url}"\nmodels = ["stuck"]\n'
     )
     with tempfile.TemporaryDirectory(prefix="tokengate-test-") as tmp:
-        gate = GateService(parse_config(toml, "test.toml"), environ=ENV, probe_interval_s=0.2,
-                           journal_path=str(Path(tmp) / "journal.db"))
+        gate = GateService(parse_config(toml, "test.toml"), environ=ENV, probe_interval_s=0.2, journal_path=str(Path(tmp) / "journal.db"))
         await gate.start(port=0)
         try:
             yield gate
@@ -107,13 +116,16 @@ async def gate_with_stuck_backend(llama_url: str, fake_url: str, gate_extra: str
 
 
 @pytest.mark.parametrize(
-    ("mode", "stream"), [("stall", True), ("stall", False), ("hang", False), ("hang", True)],
+    ("mode", "stream"),
+    [("stall", True), ("stall", False), ("hang", False), ("hang", True)],
     ids=["stall-after-a-token-stream", "stall-after-a-token-non-stream", "no-first-token", "no-first-token-stream"],
 )
 async def test_stuck_request_is_shed_and_its_slot_freed(llama_split, mode, stream):
-    async with fake_upstream(mode) as fake, gate_with_stuck_backend(
-        llama_split.url, fake.url, "[gate]\nshed_stall_s = 0.5\n"
-    ) as gate, httpx.AsyncClient(timeout=60) as client:
+    async with (
+        fake_upstream(mode) as fake,
+        gate_with_stuck_backend(llama_split.url, fake.url, "[gate]\nshed_stall_s = 0.5\n") as gate,
+        httpx.AsyncClient(timeout=60) as client,
+    ):
         headers = {**AUTH, "X-Request-Id": "stuck"}
         body = chat(64, stream=stream, model="stuck")
         if stream and mode == "stall":

@@ -47,8 +47,10 @@ SLOWLORIS = [
 
 @pytest.mark.parametrize(("name", "prefix"), SLOWLORIS, ids=[s[0] for s in SLOWLORIS])
 async def test_headers_not_complete_in_time_close_the_connection(llama_split, name, prefix):
-    async with running_gate(llama_split.url, SLOW + TENANTS, environ=ENV, kv="split", backend_extra=BACKEND_EXTRA) as gate, \
-            httpx.AsyncClient(timeout=30) as client:
+    async with (
+        running_gate(llama_split.url, SLOW + TENANTS, environ=ENV, kv="split", backend_extra=BACKEND_EXTRA) as gate,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
         conns = [await asyncio.open_connection("127.0.0.1", gate.port) for _ in range(20)]
         for _, writer in conns:
             writer.write(prefix)
@@ -61,8 +63,10 @@ async def test_headers_not_complete_in_time_close_the_connection(llama_split, na
 
 
 async def test_oversized_headers_are_refused(llama_split):
-    async with running_gate(llama_split.url, SLOW + TENANTS, environ=ENV, kv="split", backend_extra=BACKEND_EXTRA) as gate, \
-            httpx.AsyncClient(timeout=30) as client:
+    async with (
+        running_gate(llama_split.url, SLOW + TENANTS, environ=ENV, kv="split", backend_extra=BACKEND_EXTRA) as gate,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
         reader, writer = await asyncio.open_connection("127.0.0.1", gate.port)
         writer.write(b"GET /health HTTP/1.1\r\nHost: gate\r\n" + b"X-Big: " + b"a" * 100_000 + b"\r\n\r\n")
         answer = await closed_by_gate(reader)
@@ -73,12 +77,14 @@ async def test_oversized_headers_are_refused(llama_split):
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
 async def test_body_not_complete_in_time_is_408_client_stalled(llama_split, path):
-    async with running_gate(llama_split.url, SLOW + TENANTS, environ=ENV, kv="split", backend_extra=BACKEND_EXTRA) as gate, \
-            httpx.AsyncClient(timeout=30) as client:
+    async with (
+        running_gate(llama_split.url, SLOW + TENANTS, environ=ENV, kv="split", backend_extra=BACKEND_EXTRA) as gate,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
         reader, writer = await asyncio.open_connection("127.0.0.1", gate.port)
         writer.write(
             f"POST {path} HTTP/1.1\r\nHost: gate\r\nAuthorization: {AUTH['Authorization']}\r\n"
-            "X-Request-Id: slow-body\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"mess".encode()
+            'X-Request-Id: slow-body\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"mess'.encode()
         )
         answer = await closed_by_gate(reader)
         assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
@@ -92,18 +98,20 @@ async def test_body_not_complete_in_time_is_408_client_stalled(llama_split, path
 
 async def test_stream_client_that_stops_reading_is_cut_and_its_tokens_released(llama_unified):
     """/completion with n_probs makes each token event ~10 KB, so the socket buffers fill fast."""
-    async with running_gate(llama_unified.url, SLOW + TENANTS, environ=ENV, backend_extra=BACKEND_EXTRA) as gate, \
-            httpx.AsyncClient(timeout=30) as client:
+    async with (
+        running_gate(llama_unified.url, SLOW + TENANTS, environ=ENV, backend_extra=BACKEND_EXTRA) as gate,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
         sock.setblocking(False)
         await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", gate.port))
         reader, writer = await asyncio.open_connection(sock=sock)
-        body = (b'{"model": "tiny", "prompt": "the quick brown fox", "n_predict": 1800, "ignore_eos": true, '
-                b'"stream": true, "n_probs": 200}')
+        body = b'{"model": "tiny", "prompt": "the quick brown fox", "n_predict": 1800, "ignore_eos": true, "stream": true, "n_probs": 200}'
         writer.write(
             f"POST /completion HTTP/1.1\r\nHost: gate\r\nAuthorization: {AUTH['Authorization']}\r\n"
-            f"X-Request-Id: not-reading\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+            f"X-Request-Id: not-reading\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
         )
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
         assert head.startswith(b"HTTP/1.1 200"), head

@@ -20,7 +20,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.gate_harness import busy_slots, running_gate, wait_until, words, released
+from tests.integration.gate_harness import busy_slots, released, running_gate, wait_until, words
 
 pytestmark = pytest.mark.llama
 

@@ -104,8 +104,14 @@ async def test_sigkill_mid_burst_keeps_every_finished_request(llama, tmp_path):
     log_path = tmp_path / "serve.log"
     with open(log_path, "wb") as log:
         proc = await asyncio.create_subprocess_exec(
-            str(TOKENGATE), "serve", "--config", str(config),
-            stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, cwd=tmp_path,
+            str(TOKENGATE),
+            "serve",
+            "--config",
+            str(config),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            cwd=tmp_path,
         )
     url = f"http://127.0.0.1:{port}"
     n_requests, kill_after = 12, 5
@@ -166,7 +172,9 @@ async def test_sigkill_mid_burst_keeps_every_finished_request(llama, tmp_path):
             # Read-only first, as an operator would right after the crash (WAL not yet recovered).
             proc_log = subprocess.run(
                 [str(TOKENGATE), "log", "--journal", str(journal), "--kind", "decisions", "--format", "json"],
-                capture_output=True, text=True, timeout=30,
+                capture_output=True,
+                text=True,
+                timeout=30,
             )
             assert proc_log.returncode == 0, proc_log.stderr
             exported = {}
@@ -185,9 +193,7 @@ async def test_sigkill_mid_burst_keeps_every_finished_request(llama, tmp_path):
             conn = sqlite3.connect(journal, isolation_level=None)
             try:
                 assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
-                rows = dict(
-                    conn.execute("SELECT request_id, completion_tokens FROM decisions WHERE outcome = 'admitted'").fetchall()
-                )
+                rows = dict(conn.execute("SELECT request_id, completion_tokens FROM decisions WHERE outcome = 'admitted'").fetchall())
             finally:
                 conn.close()
             assert {rid: rows.get(rid) for rid in finished} == {rid: mt for rid, (mt, _) in finished.items()}
@@ -212,9 +218,10 @@ async def test_answer_ends_only_after_its_decision_row_commits(llama, tmp_path, 
     and by then its row is in the file."""
     path = str(tmp_path / "journal.db")
     lock_window_s, conclude_by_s, min_hold_s = 0.65, 0.4, 0.2  # all under busy_timeout (1 s)
-    async with running_gate(
-        llama.url, f"[gate]\n{PATIENT_GATE}\n{PATIENT_CLASS}", journal_path=path
-    ) as gate, httpx.AsyncClient(base_url=gate.url, timeout=120) as client:
+    async with (
+        running_gate(llama.url, f"[gate]\n{PATIENT_GATE}\n{PATIENT_CLASS}", journal_path=path) as gate,
+        httpx.AsyncClient(base_url=gate.url, timeout=120) as client,
+    ):
         assert (await client.post(CHAT, json=chat(8))).status_code == 200  # warm: llama, journal
         for attempt in range(6):
             request_id = f"held-{attempt}"
@@ -222,9 +229,7 @@ async def test_answer_ends_only_after_its_decision_row_commits(llama, tmp_path, 
 
             async def run() -> float:
                 if stream:
-                    async with client.stream(
-                        "POST", CHAT, json=chat(8, True), headers={"X-Request-Id": request_id}
-                    ) as r:
+                    async with client.stream("POST", CHAT, json=chat(8, True), headers={"X-Request-Id": request_id}) as r:
                         assert r.status_code == 200
                         async for line in r.aiter_lines():
                             if line.strip() == "data: [DONE]":
@@ -328,9 +333,10 @@ async def test_journal_fault_never_stops_the_gate_and_writing_resumes(llama, tmp
         else:  # big enough that WAL growth alone does not fill it during the test
             fault = FullDiskFault(stack.enter_context(tmpfs(tmp_path / "small", "16m")))
         stack.callback(fault.remove)
-        async with running_gate(
-            llama.url, f"[gate]\n{PATIENT_GATE}\n{PATIENT_CLASS}", journal_path=fault.path
-        ) as gate, httpx.AsyncClient(base_url=gate.url, timeout=120) as client:
+        async with (
+            running_gate(llama.url, f"[gate]\n{PATIENT_GATE}\n{PATIENT_CLASS}", journal_path=fault.path) as gate,
+            httpx.AsyncClient(base_url=gate.url, timeout=120) as client,
+        ):
             assert gate.journal is not None
 
             async def ask(name: str) -> float:
@@ -413,18 +419,13 @@ def nvml_loadable() -> bool:
 async def test_nvml_missing_reads_na_and_exports_no_gpu_series():
     if nvml_loadable():
         pytest.skip("this host has NVML: the no-NVML path cannot be observed here")
-    async with fake_upstream() as fake, running_gate(fake.url) as gate, httpx.AsyncClient(
-        base_url=gate.url, timeout=10
-    ) as client:
+    async with fake_upstream() as fake, running_gate(fake.url) as gate, httpx.AsyncClient(base_url=gate.url, timeout=10) as client:
         await wait_until(lambda: gate.snapshot().gpu is not None, timeout_s=5)
         assert gate.snapshot().gpu.unavailable == "NVML library not found"
         assert gate.snapshot().gpu.devices == ()
 
         def gpu_samples(text: str) -> list:
-            return [
-                s for f in text_string_to_metric_families(text) for s in f.samples
-                if s.name.startswith("tokengate_gpu_memory_bytes")
-            ]
+            return [s for f in text_string_to_metric_families(text) for s in f.samples if s.name.startswith("tokengate_gpu_memory_bytes")]
 
         assert gpu_samples((await client.get("/metrics")).text) == []
         # A series left from an earlier reading goes away at the next n/a reading (every 2 s).

@@ -173,14 +173,12 @@ def test_chat_completion_non_streamed_returns_exactly_max_tokens(client):
 
 def test_chat_completion_streamed_sends_chunks_then_done(client):
     events: list[str] = []
-    with client.stream(
-        "POST", "/v1/chat/completions", json=chat_body(stream=True, stream_options={"include_usage": True})
-    ) as resp:
+    with client.stream("POST", "/v1/chat/completions", json=chat_body(stream=True, stream_options={"include_usage": True})) as resp:
         assert resp.status_code == 200
         assert resp.headers["content-type"].startswith("text/event-stream")
         for line in resp.iter_lines():
             if line.startswith("data: "):
-                events.append(line[len("data: "):])
+                events.append(line[len("data: ") :])
             else:
                 assert line == "" or line.startswith(":"), line  # blank separators, SSE comments
     assert events[-1] == "[DONE]"

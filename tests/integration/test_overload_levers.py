@@ -10,7 +10,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.gate_harness import ledger_total, running_gate, wait_until, words, released
+from tests.integration.gate_harness import ledger_total, released, running_gate, wait_until, words
 
 pytestmark = pytest.mark.llama
 
@@ -34,8 +34,7 @@ queue_timeout_s = 60
 
 
 def chat(n_words: int, max_tokens: int, cls: str, stream: bool = False) -> tuple[dict, dict]:
-    body = {"messages": [{"role": "user", "content": words(n_words)}], "max_tokens": max_tokens,
-            "ignore_eos": True, "stream": stream}
+    body = {"messages": [{"role": "user", "content": words(n_words)}], "max_tokens": max_tokens, "ignore_eos": True, "stream": stream}
     return body, {"X-Tokengate-Class": cls}
 
 
@@ -77,15 +76,19 @@ async def test_first_tokens_feed_the_prefill_model_and_the_slo_histograms(llama_
         # The whole histogram answers "what share met 60 s": all of them.
         assert metric(text, "tokengate_ttft_seconds_bucket", le="80.0", **ok) == len(sizes)
         await released(gate)
+
+
 async def test_a_long_batch_prefill_waits_while_interactive_work_waits_then_goes(llama_unified):
     async with running_gate(llama_unified.url, CLASSES) as gate, httpx.AsyncClient(timeout=120) as client:
         admission = next(iter(gate.backends)).gatekeeper.admission
         # A holds most of interactive's 400-token limit for a while; B waits for the limit.
-        a = asyncio.create_task(client.post(gate.url + CHAT, json=chat(10, 300, "interactive")[0],
-                                            headers={"X-Tokengate-Class": "interactive"}))
+        a = asyncio.create_task(
+            client.post(gate.url + CHAT, json=chat(10, 300, "interactive")[0], headers={"X-Tokengate-Class": "interactive"})
+        )
         await wait_until(lambda: admission.ledger.class_tokens("interactive") > 0, timeout_s=30)
-        b = asyncio.create_task(client.post(gate.url + CHAT, json=chat(10, 100, "interactive")[0],
-                                            headers={"X-Tokengate-Class": "interactive"}))
+        b = asyncio.create_task(
+            client.post(gate.url + CHAT, json=chat(10, 100, "interactive")[0], headers={"X-Tokengate-Class": "interactive"})
+        )
         await wait_until(lambda: len(admission.queue("interactive")) == 1, timeout_s=30)
         # A long batch prompt (~600 tokens, over prefill_yield_tokens = 512) with room to run.
         long_body, long_headers = chat(600, 8, "batch")

@@ -24,7 +24,7 @@ import pytest
 
 from gate.data.commands import ModelAction
 from gate.ops.control import Operator
-from tests.integration.gate_harness import ledger_total, running_gate, wait_until, words, released
+from tests.integration.gate_harness import ledger_total, released, running_gate, wait_until, words
 
 pytestmark = pytest.mark.llama
 
@@ -65,8 +65,11 @@ def backend(models: str = '["tiny", "tiny2"]', extra: str = "") -> str:
 
 def chat(model: str, max_tokens: int = 4, *, stream: bool = False, prompt_words: int = 6) -> dict[str, Any]:
     return {
-        "model": model, "messages": [{"role": "user", "content": words(prompt_words)}],
-        "max_tokens": max_tokens, "ignore_eos": True, "stream": stream,
+        "model": model,
+        "messages": [{"role": "user", "content": words(prompt_words)}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": stream,
     }
 
 
@@ -137,9 +140,7 @@ class Stream:
 # ---------------------------------------------------------------------------------------------
 
 
-async def test_gate_is_ready_in_router_mode_routes_by_model_and_each_budget_comes_from_its_own_props(
-    llama_router, tmp_path: Path
-) -> None:
+async def test_gate_is_ready_in_router_mode_routes_by_model_and_each_budget_comes_from_its_own_props(llama_router, tmp_path: Path) -> None:
     from tests.llama.make_model import cached_model
 
     # A preset gives each model its own context and slots: tiny 2 x 1024, tiny2 1 x 512.
@@ -152,7 +153,10 @@ async def test_gate_is_ready_in_router_mode_routes_by_model_and_each_budget_come
         f"[tiny2]\nmodel = {tiny2}\nctx-size = 512\nparallel = 1\n"
     )
     router = llama_router(preset=preset, ctx=None, n_slots=None)
-    async with running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate, httpx.AsyncClient(timeout=60, limits=NO_KEEPALIVE) as client:
+    async with (
+        running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate,
+        httpx.AsyncClient(timeout=60, limits=NO_KEEPALIVE) as client,
+    ):
         health = (await client.get(gate.url + "/health")).json()
         assert health["status"] == "ok"
         assert set(health["backends"]) == {"b0/tiny", "b0/tiny2"}
@@ -185,7 +189,9 @@ async def test_gate_is_ready_in_router_mode_routes_by_model_and_each_budget_come
         listed_models = (await client.get(gate.url + "/v1/models")).json()["data"]
         assert sorted(m["id"] for m in listed_models) == ["tiny", "tiny2"]
 
-        rows = journal_rows(gate, "SELECT request_id, backend, model, rerouted_from FROM decisions WHERE request_id LIKE 'first-%' ORDER BY request_id")
+        rows = journal_rows(
+            gate, "SELECT request_id, backend, model, rerouted_from FROM decisions WHERE request_id LIKE 'first-%' ORDER BY request_id"
+        )
         assert rows == [("first-tiny", "b0/tiny", "tiny", ""), ("first-tiny2", "b0/tiny2", "tiny2", "")]
         metrics = (await client.get(gate.url + "/metrics")).text
         assert 'tokengate_model_status{backend="b0",model="tiny",status="loaded"} 1.0' in metrics
@@ -202,7 +208,10 @@ def _request(cost: int):
 
 async def test_a_burst_to_a_loading_model_waits_in_the_gate_never_in_llama_servers_queue(llama_router) -> None:
     router = llama_router()
-    async with running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate, httpx.AsyncClient(timeout=120, limits=NO_KEEPALIVE) as client:
+    async with (
+        running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate,
+        httpx.AsyncClient(timeout=120, limits=NO_KEEPALIVE) as client,
+    ):
         await wait_until(lambda: status(gate, "tiny") == "unloaded")
         deferred: list[int] = []
         done = asyncio.Event()
@@ -212,7 +221,9 @@ async def test_a_burst_to_a_loading_model_waits_in_the_gate_never_in_llama_serve
             while not done.is_set():
                 r = await client.get(router.url + "/metrics?model=tiny&autoload=false")
                 if r.status_code == 200:
-                    deferred.extend(int(float(line.split()[-1])) for line in r.text.splitlines() if line.startswith("llamacpp:requests_deferred"))
+                    deferred.extend(
+                        int(float(line.split()[-1])) for line in r.text.splitlines() if line.startswith("llamacpp:requests_deferred")
+                    )
                 await asyncio.sleep(0.02)
 
         watcher = asyncio.create_task(watch())
@@ -241,14 +252,19 @@ async def test_a_burst_to_a_loading_model_waits_in_the_gate_never_in_llama_serve
         waits = sorted(float(r.headers["x-tokengate-queue-ms"]) for r in answers)
         MEASURED["router_load_s"] = load_s
         MEASURED["burst_queue_ms"] = waits
-        print(f"\n[measured] load {load_s:.3f}s; {waiting_during_load} of 6 waiting in the gate during it; "
-              f"queue ms {', '.join(f'{w:.0f}' for w in waits)}; llama-server deferred max {max(deferred)} over {len(deferred)} samples")
+        print(
+            f"\n[measured] load {load_s:.3f}s; {waiting_during_load} of 6 waiting in the gate during it; "
+            f"queue ms {', '.join(f'{w:.0f}' for w in waits)}; llama-server deferred max {max(deferred)} over {len(deferred)} samples"
+        )
     assert not router_log_has(router, HIDDEN_QUEUE)
 
 
 async def test_models_max_1_never_evicts_a_model_with_requests_in_flight(llama_router) -> None:
     router = llama_router(models_max=1)
-    async with running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate, httpx.AsyncClient(timeout=180, limits=NO_KEEPALIVE) as client:
+    async with (
+        running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate,
+        httpx.AsyncClient(timeout=180, limits=NO_KEEPALIVE) as client,
+    ):
         first = await client.post(gate.url + CHAT, json=chat("tiny"))
         assert first.status_code == 200
         long = await Stream(client, gate.url, chat("tiny", max_tokens=120, stream=True)).open()
@@ -278,7 +294,10 @@ async def test_models_max_1_never_evicts_a_model_with_requests_in_flight(llama_r
 async def test_fallback_answers_for_a_saturated_or_unloaded_model_and_the_journal_says_so(llama_router) -> None:
     router = llama_router()
     extra = config('fallback = ["tiny2"]')
-    async with running_gate(router.url, extra, kv="split", backend_extra=backend()) as gate, httpx.AsyncClient(timeout=180, limits=NO_KEEPALIVE) as client:
+    async with (
+        running_gate(router.url, extra, kv="split", backend_extra=backend()) as gate,
+        httpx.AsyncClient(timeout=180, limits=NO_KEEPALIVE) as client,
+    ):
         for model in ("tiny", "tiny2"):
             assert (await client.post(gate.url + CHAT, json=chat(model))).status_code == 200
         # tiny has 2 slots: two long streams saturate it
@@ -311,9 +330,14 @@ async def test_fallback_answers_for_a_saturated_or_unloaded_model_and_the_journa
         assert 'tokengate_model_reroutes_total{from_model="tiny",to_model="tiny2",why="saturated"} 1.0' in metrics
         assert 'tokengate_model_reroutes_total{from_model="tiny",to_model="tiny2",why="loading"} 1.0' in metrics
         await released(gate)
+
+
 async def test_a_killed_model_is_refused_with_a_reason_and_recovers_when_llama_server_reloads_it(llama_router) -> None:
     router = llama_router()
-    async with running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate, httpx.AsyncClient(timeout=120, limits=NO_KEEPALIVE) as client:
+    async with (
+        running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate,
+        httpx.AsyncClient(timeout=120, limits=NO_KEEPALIVE) as client,
+    ):
         assert (await client.post(gate.url + CHAT, json=chat("tiny"))).status_code == 200
         cut = await Stream(client, gate.url, chat("tiny", max_tokens=200, stream=True)).open()
         os.kill(router.children()["tiny"], signal.SIGKILL)
@@ -346,7 +370,10 @@ async def test_operator_loads_and_pins_a_model_from_the_console(llama_router) ->
     from gate.ops.link import InProcessLink
 
     router = llama_router(models_max=1)
-    async with running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate, httpx.AsyncClient(timeout=60, limits=NO_KEEPALIVE) as client:
+    async with (
+        running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate,
+        httpx.AsyncClient(timeout=60, limits=NO_KEEPALIVE) as client,
+    ):
         await wait_until(lambda: status(gate, "tiny2") == "unloaded")
         app = TokengateApp(InProcessLink(gate), interval_s=3600.0)
         async with app.run_test(size=(160, 48)) as pilot:
@@ -388,7 +415,10 @@ async def test_operator_loads_and_pins_a_model_from_the_console(llama_router) ->
 
 async def test_a_sleeping_model_is_woken_once_while_its_requests_wait_in_the_gate(llama_router) -> None:
     router = llama_router(extra_args=("--sleep-idle-seconds", "1"))
-    async with running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate, httpx.AsyncClient(timeout=120, limits=NO_KEEPALIVE) as client:
+    async with (
+        running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate,
+        httpx.AsyncClient(timeout=120, limits=NO_KEEPALIVE) as client,
+    ):
         assert (await client.post(gate.url + CHAT, json=chat("tiny"))).status_code == 200
         # The gate polls nothing that counts as activity for an idle model: it goes to sleep.
         await wait_until(lambda: status(gate, "tiny") == "sleeping", timeout_s=30)

@@ -25,8 +25,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from gate.data.records import AuditRecord
-from gate.service import GateService
 from gate.fleet.sharedlimits.scripts import tenant_keys
+from gate.service import GateService
 from tests.integration.fleet import Sampler, ServeProcess, Tenant, complete, fleet, fleet_extra, tenant_in_flight
 from tests.integration.gate_harness import wait_until
 
@@ -137,6 +137,7 @@ async def test_three_gates_hold_a_tenant_to_its_fleet_limits_under_random_traffi
             await wait_until(lambda: RPM.name in load.first_limited and TPM.name in load.first_limited, timeout_s=30)
         except AssertionError:
             from collections import Counter
+
             print(Counter((e[1], e[2], e[3]) for e in load.log), load.first_limited)
             raise
         window_end = max(load.first_limited.values()) + 60.0
@@ -196,8 +197,10 @@ async def test_a_killed_gate_leases_expire_within_three_renewals_and_free_the_qu
     victim = ServeProcess(llama_unified.url, fleet_extra(redis_server.url, [holder], renew_s=renew_s), budget=1300)
     await victim.start()
     try:
-        async with fleet(llama_unified.url, [fleet_extra(redis_server.url, [holder], renew_s=renew_s)], budget=700) as (gate,), \
-                httpx.AsyncClient(timeout=600) as client:
+        async with (
+            fleet(llama_unified.url, [fleet_extra(redis_server.url, [holder], renew_s=renew_s)], budget=700) as (gate,),
+            httpx.AsyncClient(timeout=600) as client,
+        ):
             # A long request holds most of the tenant's quota on the victim.
             long_request = asyncio.create_task(complete(client, victim.url, holder, 1100))
             _, leases, costs, _ = tenant_keys("fleet:", holder.name)
@@ -266,8 +269,10 @@ async def test_redis_slow_or_down_applies_the_policy_and_the_gates_recover(llama
     team = Tenant("team", rpm=6000, quota=300)
     open_extra = fleet_extra(redis_server.url, [team], policy="fail_open", renew_s=0.3, wait_ms=100)
     closed_extra = fleet_extra(redis_server.url, [team], policy="fail_closed", renew_s=0.3, wait_ms=100)
-    async with fleet(llama_unified.url, [open_extra, closed_extra], budget=BUDGET) as (opened, closed), \
-            httpx.AsyncClient(timeout=600) as client:
+    async with (
+        fleet(llama_unified.url, [open_extra, closed_extra], budget=BUDGET) as (opened, closed),
+        httpx.AsyncClient(timeout=600) as client,
+    ):
         flipped = asyncio.Event()
 
         def on_audit(record: AuditRecord) -> None:

@@ -33,9 +33,7 @@ CHAT_SHAPES = {
         {"role": "user", "content": "Tell me about the llama server."},
         {"role": "assistant", "content": "The llama server"},
     ],
-    "text_parts": [
-        {"role": "user", "content": [{"type": "text", "text": "Part one."}, {"type": "text", "text": "Part two."}]}
-    ],
+    "text_parts": [{"role": "user", "content": [{"type": "text", "text": "Part one."}, {"type": "text", "text": "Part two."}]}],
     "non_ascii": [{"role": "user", "content": "Grüße aus Köln: 你好, ça va? 🦙 <s> </s>"}],
 }
 CHAT_EXTRAS = {

@@ -43,10 +43,20 @@ KINDS = {CHAT: "chat", COMPLETIONS: "completions", COMPLETION: "completion"}
 IGNORED = frozenset({"id", "created", "id_slot", "timings", "cached_tokens"})
 PROMPT = "the quick brown fox"
 MESSAGES = [{"role": "user", "content": "tell me about the fox"}]
-TOOLS = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+TOOLS = [
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+]
 SAMPLING = {
-    "top_k": 5, "top_p": 0.5, "min_p": 0.1, "typical_p": 0.9, "repeat_penalty": 1.3, "repeat_last_n": 16,
-    "presence_penalty": 0.5, "frequency_penalty": 0.5, "dry_multiplier": 0.8, "xtc_probability": 0.5,
+    "top_k": 5,
+    "top_p": 0.5,
+    "min_p": 0.1,
+    "typical_p": 0.9,
+    "repeat_penalty": 1.3,
+    "repeat_last_n": 16,
+    "presence_penalty": 0.5,
+    "frequency_penalty": 0.5,
+    "dry_multiplier": 0.8,
+    "xtc_probability": 0.5,
     "samplers": ["penalties", "dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
 }
 
@@ -119,7 +129,10 @@ CASES: list[Case] = [
     chat("chat"),
     chat("chat-logprobs", logprobs=True, top_logprobs=3),
     chat("chat-n-probs", n_probs=2),
-    chat("chat-multi-turn", messages=[*MESSAGES, {"role": "assistant", "content": "the fox is quick"}, {"role": "user", "content": "and the dog"}]),
+    chat(
+        "chat-multi-turn",
+        messages=[*MESSAGES, {"role": "assistant", "content": "the fox is quick"}, {"role": "user", "content": "and the dog"}],
+    ),
     chat("chat-system", messages=[{"role": "system", "content": "you are brief"}, *MESSAGES]),
     chat("chat-stop", stop=["ar"]),
     chat("chat-logit-bias", logit_bias={"702": -100}),

@@ -91,7 +91,7 @@ class ModelSpec:
     dtype: str = "f16"  # "f16" or "f32"
     seed: int = 1234
 
-    def resolved(self) -> "ModelSpec":
+    def resolved(self) -> ModelSpec:
         spec = dataclasses.replace(
             self,
             n_head_kv=self.n_head_kv or self.n_head,

@@ -64,9 +64,7 @@ def find_llama_server(*, build_timeout: float = 1800) -> Path:
         raise LlamaServerError(f"{BUILD_SCRIPT.name} ran past {build_timeout:.0f}s") from exc
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
-        raise LlamaServerError(
-            f"{BUILD_SCRIPT.name} failed (exit {proc.returncode}):\n{_tail(proc.stderr)}"
-        )
+        raise LlamaServerError(f"{BUILD_SCRIPT.name} failed (exit {proc.returncode}):\n{_tail(proc.stderr)}")
     path = Path(lines[-1])
     if not (path.is_file() and os.access(path, os.X_OK)):
         raise LlamaServerError(f"{BUILD_SCRIPT.name} printed {path}, which is not an executable file")
@@ -134,13 +132,19 @@ class LlamaServer:
     def command(self) -> list[str]:
         args = [
             str(self.binary),
-            "-m", str(self.model),
-            "--host", "127.0.0.1",
-            "--port", str(self.port),
+            "-m",
+            str(self.model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
             "--metrics",
-            "-t", str(self.threads),
-            "-c", str(self.ctx),
-            "-np", str(self.n_slots),
+            "-t",
+            str(self.threads),
+            "-c",
+            str(self.ctx),
+            "-np",
+            str(self.n_slots),
         ]
         if self.mode == "unified":
             args.append("-kvu")
@@ -151,7 +155,7 @@ class LlamaServer:
             return ""
         return self.log_path.read_text(errors="replace")
 
-    def start(self) -> "LlamaServer":
+    def start(self) -> LlamaServer:
         if self._proc is not None:
             raise LlamaServerError("already started")
         if self.log_path is None:
@@ -203,8 +207,7 @@ class LlamaServer:
                     pass  # not listening yet
                 if time.monotonic() > deadline:
                     raise LlamaServerError(
-                        f"llama-server not healthy after {self.startup_timeout:.0f}s; "
-                        f"log {self.log_path}:\n{_tail(self.log_text())}"
+                        f"llama-server not healthy after {self.startup_timeout:.0f}s; log {self.log_path}:\n{_tail(self.log_text())}"
                     )
                 time.sleep(0.05)  # polling a subprocess that offers no readiness signal
 
@@ -236,7 +239,7 @@ class LlamaServer:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def __enter__(self) -> "LlamaServer":
+    def __enter__(self) -> LlamaServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -273,8 +276,15 @@ class LlamaRouter(LlamaServer):
         if (models_dir is None) == (preset is None):
             raise ValueError("give models_dir or preset")
         super().__init__(
-            binary, models_dir or preset, mode="split", ctx=ctx or 0, n_slots=n_slots or 0, threads=threads,  # type: ignore[arg-type]
-            extra_args=extra_args, log_path=log_path, startup_timeout=startup_timeout,
+            binary,
+            models_dir or preset,
+            mode="split",
+            ctx=ctx or 0,
+            n_slots=n_slots or 0,
+            threads=threads,  # type: ignore[arg-type]
+            extra_args=extra_args,
+            log_path=log_path,
+            startup_timeout=startup_timeout,
         )
         self.models_dir = None if models_dir is None else Path(models_dir)
         self.preset = None if preset is None else Path(preset)
@@ -283,11 +293,15 @@ class LlamaRouter(LlamaServer):
     def command(self) -> list[str]:
         source = ["--models-dir", str(self.models_dir)] if self.models_dir else ["--models-preset", str(self.preset)]
         args = [
-            str(self.binary), *source,
-            "--host", "127.0.0.1",
-            "--port", str(self.port),
+            str(self.binary),
+            *source,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
             "--metrics",
-            "-t", str(self.threads),
+            "-t",
+            str(self.threads),
         ]
         if self.ctx:
             args += ["-c", str(self.ctx)]

@@ -66,13 +66,20 @@ class RedisServer:
     def command(self) -> list[str]:
         return [
             find_redis_server(),
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--save", "",
-            "--appendonly", "no",
-            "--dir", str(self.workdir),
-            "--daemonize", "no",
-            "--logfile", "",
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.workdir),
+            "--daemonize",
+            "no",
+            "--logfile",
+            "",
         ]
 
     def start(self) -> RedisServer:

@@ -25,9 +25,7 @@ HIGH = 2.0 * SLO  # above close_above x SLO
 
 
 def make(**overrides: object) -> BudgetController:
-    base: dict[str, object] = dict(
-        min_tokens=1000, ceiling_tokens=100_000, slo_ttft_p95_s=SLO, min_samples=20
-    )
+    base: dict[str, object] = dict(min_tokens=1000, ceiling_tokens=100_000, slo_ttft_p95_s=SLO, min_samples=20)
     initial = overrides.pop("initial_budget", 10_000)
     base.update(overrides)
     return BudgetController(ControllerSettings(**base), initial_budget=initial)  # type: ignore[arg-type]
@@ -315,9 +313,7 @@ def test_set_bounds_retunes_the_minimum() -> None:
     c = make(initial_budget=5000)
     move = c.set_bounds(1.0, min_tokens=6000)
     assert move is not None and move.cause is Cause.MANUAL and c.budget == 6000
-    assert c.set_bounds(2.0, min_tokens=100, ceiling_tokens=5000) == Move(
-        2.0, 6000, 5000, Cause.MANUAL, None, None, 0
-    )
+    assert c.set_bounds(2.0, min_tokens=100, ceiling_tokens=5000) == Move(2.0, 6000, 5000, Cause.MANUAL, None, None, 0)
     assert (c.min_tokens, c.ceiling_tokens) == (100, 5000)
     with pytest.raises(ValueError):
         c.set_bounds(3.0, min_tokens=0)
@@ -374,9 +370,7 @@ def controller_settings(draw: st.DrawFn, *, cooldown: bool = True) -> Controller
 
 # Latencies as multiples of the SLO, clustered so that windows are often
 # clearly low (opens), clearly high (closes) or in between (holds).
-latency_multiples = st.one_of(
-    st.sampled_from([0.0, 0.2, 0.5, 1.0, 2.0, 3.0]), st.floats(min_value=0.0, max_value=3.0)
-)
+latency_multiples = st.one_of(st.sampled_from([0.0, 0.2, 0.5, 1.0, 2.0, 3.0]), st.floats(min_value=0.0, max_value=3.0))
 # Time steps: mostly short, as between requests, sometimes long enough to
 # empty the window or end a cool-down.
 time_steps = st.one_of(st.sampled_from([0.0, 0.5, 1.0]), st.floats(min_value=0.0, max_value=10.0))

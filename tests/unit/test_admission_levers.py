@@ -23,15 +23,26 @@ class ObjCls(Cls):
     ttft_objective_ms: float | None = None
 
 
-def pair(*, ceiling=4000, slots=4, yield_tokens=None, prefill_cap=None, aging_s=None, expected=None,
-         objective_ms=None, batch_reserved=0, interactive_reserved=0, elastic=False) -> Admission:
+def pair(
+    *,
+    ceiling=4000,
+    slots=4,
+    yield_tokens=None,
+    prefill_cap=None,
+    aging_s=None,
+    expected=None,
+    objective_ms=None,
+    batch_reserved=0,
+    interactive_reserved=0,
+    elastic=False,
+) -> Admission:
     classes = [
-        ObjCls("interactive", 10, reserved_tokens=interactive_reserved, queue_timeout_s=30.0,
-               ttft_objective_ms=objective_ms),
+        ObjCls("interactive", 10, reserved_tokens=interactive_reserved, queue_timeout_s=30.0, ttft_objective_ms=objective_ms),
         ObjCls("batch", 1, reserved_tokens=batch_reserved, queue_timeout_s=120.0),
     ]
-    capacity = Capacity(slots=slots, slot_context=ceiling, ceiling=ceiling, max_prefill_tokens=prefill_cap,
-                        prefill_yield_tokens=yield_tokens)
+    capacity = Capacity(
+        slots=slots, slot_context=ceiling, ceiling=ceiling, max_prefill_tokens=prefill_cap, prefill_yield_tokens=yield_tokens
+    )
     return Admission(classes, capacity, aging_s=aging_s, expected_ttft=expected, budget_elastic=lambda: elastic)
 
 
@@ -244,9 +255,14 @@ def aged_setups(draw):
     ceiling = draw(st.integers(1000, 4000))
     reserved = [draw(st.integers(0, ceiling // 4)) for _ in CLASSES]
     classes = [
-        ObjCls(name, prio, reserved_tokens=res, queue_depth=draw(st.integers(1, 6)),
-               queue_timeout_s=draw(st.floats(0.5, 30.0)),
-               ttft_objective_ms=draw(st.one_of(st.none(), st.floats(50.0, 2000.0))))
+        ObjCls(
+            name,
+            prio,
+            reserved_tokens=res,
+            queue_depth=draw(st.integers(1, 6)),
+            queue_timeout_s=draw(st.floats(0.5, 30.0)),
+            ttft_objective_ms=draw(st.one_of(st.none(), st.floats(50.0, 2000.0))),
+        )
         for (name, prio), res in zip(zip(CLASSES, (30, 20, 10)), reserved)
     ]
     capacity = Capacity(
@@ -282,8 +298,13 @@ def test_levers_keep_every_invariant_and_aged_work_never_waits_for_anything_but_
     queue of a class with a TTFT objective left at least its expected first-token time."""
     classes, capacity, rate, base, aging, elastic = setup
     objective = {c.name: c.ttft_objective_ms for c in classes}
-    adm = Admission(classes, capacity, aging_s=aging, budget_elastic=lambda: elastic,
-                    expected_ttft=lambda r, prefilling: base + (r.prompt_tokens + prefilling) / rate)
+    adm = Admission(
+        classes,
+        capacity,
+        aging_s=aging,
+        budget_elastic=lambda: elastic,
+        expected_ttft=lambda r, prefilling: base + (r.prompt_tokens + prefilling) / rate,
+    )
     now = 0.0
     ended: set[str] = set()
 
@@ -354,8 +375,7 @@ def test_a_low_priority_request_is_never_starved_by_sustained_high_priority_traf
         Cls("hi", 10, reserved_tokens=hi_reserved, queue_depth=1000, queue_timeout_s=1e9),
         Cls("lo", 1, queue_depth=10, queue_timeout_s=1e9),
     ]
-    adm = Admission(classes, Capacity(slots=slots, slot_context=ceiling, ceiling=ceiling,
-                                      prefill_yield_tokens=100), aging_s=aging)
+    adm = Admission(classes, Capacity(slots=slots, slot_context=ceiling, ceiling=ceiling, prefill_yield_tokens=100), aging_s=aging)
     if elastic_budget is None:
         adm.set_budget(min(ceiling, lo_cost + hi_reserved + extra_budget))
     else:  # the adaptive controller, at its floor or anywhere below what `lo` needs
@@ -365,8 +385,11 @@ def test_a_low_priority_request_is_never_starved_by_sustained_high_priority_traf
     started: dict[str, float] = {}
 
     def admitted(step_or_decision, at):
-        items = step_or_decision.admitted if hasattr(step_or_decision, "admitted") else (
-            [step_or_decision] if isinstance(step_or_decision, Admit) else [])
+        items = (
+            step_or_decision.admitted
+            if hasattr(step_or_decision, "admitted")
+            else ([step_or_decision] if isinstance(step_or_decision, Admit) else [])
+        )
         for a in items:
             started[a.request.id] = at
             running[a.request.id] = at + duration
@@ -381,8 +404,7 @@ def test_a_low_priority_request_is_never_starved_by_sustained_high_priority_traf
         while True:  # releases and the core's own timer, in time order, up to the next arrival
             ends = [(end, rid) for rid, end in running.items() if end <= target]
             timer = adm.next_deadline(now)
-            events = sorted(ends + ([(timer, None)] if timer is not None and timer <= target else []),
-                            key=lambda e: e[0])
+            events = sorted(ends + ([(timer, None)] if timer is not None and timer <= target else []), key=lambda e: e[0])
             if not events:
                 break
             at, rid = events[0]

@@ -61,9 +61,12 @@ def setups(draw):
                 queue_timeout_s=draw(st.floats(0.5, 20.0)),
             )
         )
-    quotas = {t: TenantPolicy(weight=draw(st.sampled_from([0.5, 1.0, 3.0])),
-                              max_tokens_in_flight=draw(st.one_of(st.none(), st.integers(200, 2000))))
-              for t in TENANTS}
+    quotas = {
+        t: TenantPolicy(
+            weight=draw(st.sampled_from([0.5, 1.0, 3.0])), max_tokens_in_flight=draw(st.one_of(st.none(), st.integers(200, 2000)))
+        )
+        for t in TENANTS
+    }
     capacity = Capacity(
         slots=draw(st.integers(1, 4)),
         slot_context=draw(st.integers(300, ceiling)),

@@ -19,7 +19,11 @@ def test_chat_answer_is_assembled_with_content_finish_reason_usage_and_timings()
         {"id": "c1", "created": 7, "model": "m", "choices": [{"index": 0, "delta": {"content": "lo"}}]},
         {"id": "c1", "created": 7, "model": "m", "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
         {
-            "id": "c1", "created": 7, "model": "m", "system_fingerprint": "b1-0c1e570", "choices": [],
+            "id": "c1",
+            "created": 7,
+            "model": "m",
+            "system_fingerprint": "b1-0c1e570",
+            "choices": [],
             "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7, "prompt_tokens_details": {"cached_tokens": 4}},
             "timings": {"predicted_n": 2},
         },
@@ -46,7 +50,10 @@ def test_streamed_tool_call_fragments_are_joined_and_content_stays_a_string():
 def test_text_completion_gathers_per_token_logprobs_and_keeps_null_without_them():
     chunks = [
         {"id": "x", "choices": [{"text": "some", "index": 0, "logprobs": {"content": [_probs(645, "some", -6.0)]}, "finish_reason": None}]},
-        {"id": "x", "choices": [{"text": "hist", "index": 0, "logprobs": {"content": [_probs(1774, "hist", -5.9)]}, "finish_reason": None}]},
+        {
+            "id": "x",
+            "choices": [{"text": "hist", "index": 0, "logprobs": {"content": [_probs(1774, "hist", -5.9)]}, "finish_reason": None}],
+        },
         {"id": "x", "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": "length"}], "usage": {"completion_tokens": 2}},
     ]
     choice = assemble("completions", chunks)["choices"][0]
@@ -58,16 +65,42 @@ def test_text_completion_gathers_per_token_logprobs_and_keeps_null_without_them(
 
 def test_native_completion_takes_the_final_fields_and_gathers_text_and_probabilities():
     final = {
-        "index": 0, "content": "", "tokens": [], "id_slot": 3, "stop": True, "model": "m", "tokens_predicted": 2,
-        "tokens_evaluated": 4, "generation_settings": {"n_probs": 2, "stream": True, "post_sampling_probs": True},
-        "prompt": "<s> the quick", "has_new_line": False, "truncated": False, "stop_type": "limit",
-        "stopping_word": "", "tokens_cached": 5, "timings": {"predicted_n": 2},
+        "index": 0,
+        "content": "",
+        "tokens": [],
+        "id_slot": 3,
+        "stop": True,
+        "model": "m",
+        "tokens_predicted": 2,
+        "tokens_evaluated": 4,
+        "generation_settings": {"n_probs": 2, "stream": True, "post_sampling_probs": True},
+        "prompt": "<s> the quick",
+        "has_new_line": False,
+        "truncated": False,
+        "stop_type": "limit",
+        "stopping_word": "",
+        "tokens_cached": 5,
+        "timings": {"predicted_n": 2},
     }
     chunks = [
         # return_progress: a prompt-progress chunk carries no token
         {"index": 0, "content": "", "tokens": [-1], "stop": False, "prompt_progress": {"total": 4, "cache": 0, "processed": 4}},
-        {"index": 0, "content": "hom", "tokens": [1482], "stop": False, "tokens_predicted": 1, "completion_probabilities": [_probs(1482, "hom", 0.4, "prob")]},
-        {"index": 0, "content": " mod", "tokens": [1918], "stop": False, "tokens_predicted": 2, "completion_probabilities": [_probs(1918, " mod", 0.3, "prob")]},
+        {
+            "index": 0,
+            "content": "hom",
+            "tokens": [1482],
+            "stop": False,
+            "tokens_predicted": 1,
+            "completion_probabilities": [_probs(1482, "hom", 0.4, "prob")],
+        },
+        {
+            "index": 0,
+            "content": " mod",
+            "tokens": [1918],
+            "stop": False,
+            "tokens_predicted": 2,
+            "completion_probabilities": [_probs(1918, " mod", 0.3, "prob")],
+        },
         final,
     ]
     out = assemble("completion", chunks)

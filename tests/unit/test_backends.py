@@ -5,9 +5,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from gate.core.admission import TenantPolicy
 from gate.backend.pool import BackendPool, capacity_from_props
 from gate.config import BackendConfig, parse_config
+from gate.core.admission import TenantPolicy
 
 PROPS = {"total_slots": 4, "default_generation_settings": {"n_ctx": 512}}
 

@@ -14,9 +14,7 @@ from gate.cli import main
 from gate.config import EXAMPLE_CONFIG
 
 
-def run(
-    capsys: pytest.CaptureFixture[str], *argv: str
-) -> tuple[int, str, str]:
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
@@ -29,9 +27,7 @@ def test_config_example_prints_the_example(capsys: pytest.CaptureFixture[str]) -
     assert err == ""
 
 
-def test_example_piped_into_check_stdin(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_example_piped_into_check_stdin(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     _, example, _ = run(capsys, "config", "example")
     monkeypatch.setattr(sys, "stdin", io.StringIO(example))
     code, out, err = run(capsys, "config", "check", "-")
@@ -44,7 +40,7 @@ def test_check_counts_what_it_found(capsys: pytest.CaptureFixture[str], tmp_path
     p = tmp_path / "two.toml"
     p.write_text(
         '[[backends]]\nname = "a"\nurl = "http://a:1"\n[[backends]]\nname = "b"\nurl = "http://b:1"\n'
-        '[classes.only]\npriority = 1\n'
+        "[classes.only]\npriority = 1\n"
         '[[tenants]]\nname = "x"\napi_key_env = "X"\n[[tenants]]\nname = "y"\napi_key_env = "Y"\n'
     )
     code, out, err = run(capsys, "config", "check", str(p))
@@ -171,9 +167,7 @@ def test_console_with_bad_config_exits_2(capsys: pytest.CaptureFixture[str], tmp
 def test_installed_script_pipes_example_into_check(tmp_path: Path) -> None:
     script = Path(sys.executable).parent / "tokengate"
     assert script.exists(), f"the tokengate script is not installed next to {sys.executable}"
-    example = subprocess.run(
-        [str(script), "config", "example"], capture_output=True, text=True, timeout=60, cwd=tmp_path
-    )
+    example = subprocess.run([str(script), "config", "example"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert example.returncode == 0, example.stderr
     assert example.stdout == EXAMPLE_CONFIG
     check = subprocess.run(

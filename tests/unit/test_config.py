@@ -94,9 +94,7 @@ def test_defined_classes_replace_the_defaults_and_get_field_defaults() -> None:
 
 
 def test_classes_sorted_by_priority_highest_first() -> None:
-    c = parse_config(
-        "[classes.low]\npriority = 1\n[classes.high]\npriority = 50\n[classes.mid]\npriority = 7\n"
-    )
+    c = parse_config("[classes.low]\npriority = 1\n[classes.high]\npriority = 50\n[classes.mid]\npriority = 7\n")
     assert [x.name for x in c.classes] == ["high", "mid", "low"]
     assert c.default_class == "high"
     assert c.class_by_name("mid").priority == 7
@@ -232,8 +230,7 @@ def test_listen_parsing(listen: str, host: str, port: int) -> None:
 
 @pytest.mark.parametrize(
     "listen",
-    ["8081", ":8081", "host:", "host:0", "host:65536", "host:80a", "::1:8081", "[::1]8081",
-     "[::1]", "[127.0.0.1]:80", "ho st:80"],
+    ["8081", ":8081", "host:", "host:0", "host:65536", "host:80a", "::1:8081", "[::1]8081", "[::1]", "[127.0.0.1]:80", "ho st:80"],
 )
 def test_bad_listen(listen: str) -> None:
     e = error_of(f'[gate]\nlisten = "{listen}"\n')
@@ -247,10 +244,8 @@ TENANT = '[[tenants]]\nname = "t"\napi_key_env = "K"\n'
 
 BAD_CONFIGS = [
     # (id, toml, exact key path, fragment of the problem)
-    ("neg-depth", "[classes.batch]\npriority = 1\nqueue_depth = -3\n",
-     "classes.batch.queue_depth", "must be a positive integer, got -3"),
-    ("zero-depth", "[classes.batch]\npriority = 1\nqueue_depth = 0\n",
-     "classes.batch.queue_depth", "positive integer, got 0"),
+    ("neg-depth", "[classes.batch]\npriority = 1\nqueue_depth = -3\n", "classes.batch.queue_depth", "must be a positive integer, got -3"),
+    ("zero-depth", "[classes.batch]\npriority = 1\nqueue_depth = 0\n", "classes.batch.queue_depth", "positive integer, got 0"),
     ("bool-not-int", "[budget]\nmin_tokens = true\n", "budget.min_tokens", "integer, got boolean true"),
     ("float-not-int", "[gate]\nmax_body_bytes = 1.5\n", "gate.max_body_bytes", "integer, got float 1.5"),
     ("string-not-number", '[gate]\nshed_factor = "2"\n', "gate.shed_factor", 'number, got string "2"'),
@@ -262,22 +257,30 @@ BAD_CONFIGS = [
     ("write-stall-zero", "[gate]\nwrite_stall_s = 0\n", "gate.write_stall_s", "positive"),
     ("port-range", '[gate]\nlisten = "h:70000"\n', "gate.listen", "65535"),
     ("empty-journal", '[gate]\njournal = ""\n', "gate.journal", "empty"),
-    ("reserved-neg", "[classes.a]\npriority = 1\nreserved_tokens = -1\n",
-     "classes.a.reserved_tokens", "got -1"),
-    ("limit-below-reserved", "[classes.a]\npriority = 1\nreserved_tokens = 100\nlimit_tokens = 50\n",
-     "classes.a.limit_tokens", "at least reserved_tokens (100), got 50"),
+    ("reserved-neg", "[classes.a]\npriority = 1\nreserved_tokens = -1\n", "classes.a.reserved_tokens", "got -1"),
+    (
+        "limit-below-reserved",
+        "[classes.a]\npriority = 1\nreserved_tokens = 100\nlimit_tokens = 50\n",
+        "classes.a.limit_tokens",
+        "at least reserved_tokens (100), got 50",
+    ),
     ("limit-zero", "[classes.a]\npriority = 1\nlimit_tokens = 0\n", "classes.a.limit_tokens", "got 0"),
-    ("default-over-cap", "[classes.a]\npriority = 1\ndefault_max_tokens = 5000\nmax_tokens_cap = 4096\n",
-     "classes.a.default_max_tokens", "at most max_tokens_cap (4096), got 5000"),
-    ("queue-timeout-zero", "[classes.a]\npriority = 1\nqueue_timeout_s = 0\n",
-     "classes.a.queue_timeout_s", "got 0"),
+    (
+        "default-over-cap",
+        "[classes.a]\npriority = 1\ndefault_max_tokens = 5000\nmax_tokens_cap = 4096\n",
+        "classes.a.default_max_tokens",
+        "at most max_tokens_cap (4096), got 5000",
+    ),
+    ("queue-timeout-zero", "[classes.a]\npriority = 1\nqueue_timeout_s = 0\n", "classes.a.queue_timeout_s", "got 0"),
     ("missing-priority", "[classes.a]\nqueue_depth = 3\n", "classes.a.priority", "missing"),
     ("bad-class-name", '[classes."Batch Jobs"]\npriority = 1\n', 'classes."Batch Jobs"', "a-z 0-9 _ -"),
     ("class-not-table", "[classes]\nbatch = 3\n", "classes.batch", "must be a table"),
-    ("reserved-over-min",
-     "[budget]\nmin_tokens = 1000\n[classes.a]\npriority = 2\nreserved_tokens = 600\n"
-     "[classes.b]\npriority = 1\nreserved_tokens = 600\n",
-     "classes", "add up to 1200 (a 600 + b 600), more than budget.min_tokens (1000)"),
+    (
+        "reserved-over-min",
+        "[budget]\nmin_tokens = 1000\n[classes.a]\npriority = 2\nreserved_tokens = 600\n[classes.b]\npriority = 1\nreserved_tokens = 600\n",
+        "classes",
+        "add up to 1200 (a 600 + b 600), more than budget.min_tokens (1000)",
+    ),
     ("increase-le-1", "[budget]\nincrease = 1.0\n", "budget.increase", "greater than 1"),
     ("decrease-ge-1", "[budget]\ndecrease = 1\n", "budget.decrease", "between 0 and 1"),
     ("decrease-zero", "[budget]\ndecrease = 0.0\n", "budget.decrease", "between 0 and 1"),
@@ -286,62 +289,79 @@ BAD_CONFIGS = [
     ("min-samples-zero", "[budget]\nmin_samples = 0\n", "budget.min_samples", "got 0"),
     ("cooldown-negative", "[budget]\ncooldown_s = -1\n", "budget.cooldown_s", "got -1"),
     ("kv-bad", '[[backends]]\nkv = "shared"\n', "backends[0].kv", '"unified" or "split"'),
-    ("url-path", '[[backends]]\nname = "a"\n[[backends]]\nname = "b"\nurl = "http://h:8080/v1"\n',
-     "backends[1].url", "must not have a path"),
+    (
+        "url-path",
+        '[[backends]]\nname = "a"\n[[backends]]\nname = "b"\nurl = "http://h:8080/v1"\n',
+        "backends[1].url",
+        "must not have a path",
+    ),
     ("url-scheme", '[[backends]]\nurl = "ftp://h:8080"\n', "backends[0].url", "http://host[:port]"),
     ("url-no-host", '[[backends]]\nurl = "http://:8080"\n', "backends[0].url", "host"),
     ("url-query", '[[backends]]\nurl = "http://h:8080?x=1"\n', "backends[0].url", "query"),
     ("url-port", '[[backends]]\nurl = "http://h:99999"\n', "backends[0].url", "valid URL"),
-    ("dup-backend", '[[backends]]\nurl = "http://a:1"\n[[backends]]\nurl = "http://b:1"\n',
-     "backends[1].name", 'duplicate backend name "default"'),
-    ("model-two-backends",
-     '[[backends]]\nname = "a"\nmodels = ["x", "qwen"]\n[[backends]]\nname = "b"\nmodels = ["qwen"]\n',
-     "backends[1].models[0]", '"qwen" is already routed to backends[0] (a)'),
+    (
+        "dup-backend",
+        '[[backends]]\nurl = "http://a:1"\n[[backends]]\nurl = "http://b:1"\n',
+        "backends[1].name",
+        'duplicate backend name "default"',
+    ),
+    (
+        "model-two-backends",
+        '[[backends]]\nname = "a"\nmodels = ["x", "qwen"]\n[[backends]]\nname = "b"\nmodels = ["qwen"]\n',
+        "backends[1].models[0]",
+        '"qwen" is already routed to backends[0] (a)',
+    ),
     ("model-not-string", '[[backends]]\nmodels = ["a", 3]\n', "backends[0].models[1]", "got integer 3"),
     ("token-budget-zero", "[[backends]]\ntoken_budget = 0\n", "backends[0].token_budget", "got 0"),
-    ("token-budget-below-min", "[[backends]]\ntoken_budget = 1000\n", "backends[0].token_budget",
-     "at least budget.min_tokens (2048), got 1000"),
+    (
+        "token-budget-below-min",
+        "[[backends]]\ntoken_budget = 1000\n",
+        "backends[0].token_budget",
+        "at least budget.min_tokens (2048), got 1000",
+    ),
     ("prefill-neg", "[[backends]]\nmax_prefill_tokens = -1\n", "backends[0].max_prefill_tokens", "got -1"),
     ("backend-env-bad", '[[backends]]\napi_key_env = "1KEY"\n', "backends[0].api_key_env", '"1KEY"'),
     ("backends-not-array", '[backends]\nurl = "http://h:1"\n', "backends", "[[backends]]"),
     ("no-backends", "backends = []\n", "backends", "at least one backend"),
     ("no-classes", "[classes]\n", "classes", "at least one class"),
-    ("default-class-unknown", 'default_class = "interactiv"\n', "default_class",
-     'did you mean "interactive"?'),
+    ("default-class-unknown", 'default_class = "interactiv"\n', "default_class", 'did you mean "interactive"?'),
     ("tenant-class-unknown", TENANT + 'class = "bulk"\n', "tenants[0].class", 'got "bulk"'),
-    ("tenant-allowed-unknown", TENANT + 'allowed_classes = ["interactive", "gold"]\n',
-     "tenants[0].allowed_classes[1]", 'got "gold"'),
-    ("tenant-allowed-misses-own", TENANT + 'class = "batch"\nallowed_classes = ["interactive"]\n',
-     "tenants[0].allowed_classes", 'must include the tenant\'s class "batch"'),
-    ("tenant-dup-name", TENANT + '[[tenants]]\nname = "t"\napi_key_env = "K2"\n',
-     "tenants[1].name", 'duplicate tenant name "t"'),
+    ("tenant-allowed-unknown", TENANT + 'allowed_classes = ["interactive", "gold"]\n', "tenants[0].allowed_classes[1]", 'got "gold"'),
+    (
+        "tenant-allowed-misses-own",
+        TENANT + 'class = "batch"\nallowed_classes = ["interactive"]\n',
+        "tenants[0].allowed_classes",
+        'must include the tenant\'s class "batch"',
+    ),
+    ("tenant-dup-name", TENANT + '[[tenants]]\nname = "t"\napi_key_env = "K2"\n', "tenants[1].name", 'duplicate tenant name "t"'),
     ("tenant-no-key", '[[tenants]]\nname = "t"\n', "tenants[0]", "exactly one of api_key_sha256 or api_key_env"),
     ("tenant-both-keys", TENANT + f'api_key_sha256 = "{SHA_A}"\n', "tenants[0].api_key_sha256", "not both"),
-    ("tenant-sha-upper", f'[[tenants]]\nname = "t"\napi_key_sha256 = "{SHA_A.upper()}"\n',
-     "tenants[0].api_key_sha256", "64 lowercase hex"),
-    ("tenant-sha-short", '[[tenants]]\nname = "t"\napi_key_sha256 = "abc"\n',
-     "tenants[0].api_key_sha256", '"abc"'),
-    ("tenant-dup-sha",
-     f'[[tenants]]\nname = "a"\napi_key_sha256 = "{SHA_B}"\n'
-     f'[[tenants]]\nname = "b"\napi_key_sha256 = "{SHA_B}"\n',
-     "tenants[1].api_key_sha256", "already used by tenants[0] (a)"),
-    ("tenant-dup-env", TENANT + '[[tenants]]\nname = "u"\napi_key_env = "K"\n',
-     "tenants[1].api_key_env", "already the key of tenants[0] (t)"),
+    ("tenant-sha-upper", f'[[tenants]]\nname = "t"\napi_key_sha256 = "{SHA_A.upper()}"\n', "tenants[0].api_key_sha256", "64 lowercase hex"),
+    ("tenant-sha-short", '[[tenants]]\nname = "t"\napi_key_sha256 = "abc"\n', "tenants[0].api_key_sha256", '"abc"'),
+    (
+        "tenant-dup-sha",
+        f'[[tenants]]\nname = "a"\napi_key_sha256 = "{SHA_B}"\n[[tenants]]\nname = "b"\napi_key_sha256 = "{SHA_B}"\n',
+        "tenants[1].api_key_sha256",
+        "already used by tenants[0] (a)",
+    ),
+    (
+        "tenant-dup-env",
+        TENANT + '[[tenants]]\nname = "u"\napi_key_env = "K"\n',
+        "tenants[1].api_key_env",
+        "already the key of tenants[0] (t)",
+    ),
     ("tenant-weight-zero", TENANT + "weight = 0\n", "tenants[0].weight", "positive number, got 0"),
     ("tenant-rpm-zero", TENANT + "requests_per_minute = 0\n", "tenants[0].requests_per_minute", "got 0"),
-    ("tenant-tpm-bool", TENANT + "tokens_per_minute = false\n", "tenants[0].tokens_per_minute",
-     "boolean false"),
+    ("tenant-tpm-bool", TENANT + "tokens_per_minute = false\n", "tenants[0].tokens_per_minute", "boolean false"),
     ("tenant-quota-neg", TENANT + "max_tokens_in_flight = -9\n", "tenants[0].max_tokens_in_flight", "-9"),
     ("tenant-missing-name", '[[tenants]]\napi_key_env = "K"\n', "tenants[0].name", "missing"),
     ("tenants-not-array", '[tenants]\nname = "t"\n', "tenants", "[[tenants]]"),
-    ("allowed-not-array", TENANT + 'allowed_classes = "batch"\n', "tenants[0].allowed_classes",
-     'array of strings, got string "batch"'),
+    ("allowed-not-array", TENANT + 'allowed_classes = "batch"\n', "tenants[0].allowed_classes", 'array of strings, got string "batch"'),
     ("gate-not-table", "gate = 3\n", "gate", "must be a table, got integer 3"),
 ]
 
 
-@pytest.mark.parametrize(("toml", "key", "fragment"), [c[1:] for c in BAD_CONFIGS],
-                         ids=[c[0] for c in BAD_CONFIGS])
+@pytest.mark.parametrize(("toml", "key", "fragment"), [c[1:] for c in BAD_CONFIGS], ids=[c[0] for c in BAD_CONFIGS])
 def test_bad_config_names_the_key(toml: str, key: str, fragment: str) -> None:
     e = error_of(toml)
     assert e.source == "t.toml"
@@ -365,8 +385,7 @@ def test_error_string_format() -> None:
         ("[budget]\nslo_ttft_ms = 1\n", "budget.slo_ttft_ms", "slo_ttft_p95_ms"),
         ("[classes.batch]\npriority = 1\nqueue_dept = 3\n", "classes.batch.queue_dept", "queue_depth"),
         ('[[backends]]\nmodel = ["a"]\n', "backends[0].model", "models"),
-        ('[[tenants]]\nname = "t"\napi_key_env = "K"\nclass_name = "batch"\n', "tenants[0].class_name",
-         "class"),
+        ('[[tenants]]\nname = "t"\napi_key_env = "K"\nclass_name = "batch"\n', "tenants[0].class_name", "class"),
         ('defaultclass = "batch"\n', "defaultclass", "default_class"),
         ("[backend]\nurl = 1\n", "backend", "backends"),
     ],
@@ -407,14 +426,16 @@ def test_nan_and_inf_are_refused() -> None:
 
 def test_reservations_that_fit_min_tokens_exactly_are_fine() -> None:
     c = parse_config(
-        "[budget]\nmin_tokens = 1000\n[classes.a]\npriority = 2\nreserved_tokens = 600\n"
-        "[classes.b]\npriority = 1\nreserved_tokens = 400\n"
+        "[budget]\nmin_tokens = 1000\n[classes.a]\npriority = 2\nreserved_tokens = 600\n[classes.b]\npriority = 1\nreserved_tokens = 400\n"
     )
     assert sum(x.reserved_tokens for x in c.classes) == 1000
-    assert "smallest budget" in error_of(
-        "[budget]\nmin_tokens = 999\n[classes.a]\npriority = 2\nreserved_tokens = 600\n"
-        "[classes.b]\npriority = 1\nreserved_tokens = 400\n"
-    ).problem
+    assert (
+        "smallest budget"
+        in error_of(
+            "[budget]\nmin_tokens = 999\n[classes.a]\npriority = 2\nreserved_tokens = 600\n"
+            "[classes.b]\npriority = 1\nreserved_tokens = 400\n"
+        ).problem
+    )
 
 
 def test_tenant_defaults_and_class_mapping() -> None:
@@ -460,9 +481,7 @@ def test_validate_config_checks_hand_built_configs() -> None:
     batch = good.class_by_name("batch")
     retuned = dataclasses.replace(
         good,
-        classes=tuple(
-            dataclasses.replace(c, queue_depth=0) if c is batch else c for c in good.classes
-        ),
+        classes=tuple(dataclasses.replace(c, queue_depth=0) if c is batch else c for c in good.classes),
     )
     with pytest.raises(ConfigError) as info:
         validate_config(retuned, "<retune>")
@@ -473,9 +492,7 @@ def test_validate_config_checks_hand_built_configs() -> None:
         validate_config(bad_type)
     assert info.value.key == "gate.listen_port"
 
-    bad_tenant = dataclasses.replace(
-        good, tenants=(dataclasses.replace(good.tenants[0], class_name="nope"),)
-    )
+    bad_tenant = dataclasses.replace(good, tenants=(dataclasses.replace(good.tenants[0], class_name="nope"),))
     with pytest.raises(ConfigError) as info:
         validate_config(bad_tenant)
     assert info.value.key == "tenants[0].class"
@@ -506,8 +523,11 @@ def test_a_fleet_gate_needs_only_its_socket() -> None:
         ('[fleet]\nsocket = "/a.sock"\n', "fleet", "must be an array of tables (write [[fleet]], not [fleet]), got a table"),
         ('[[fleet]]\nsocket = ""\n', "fleet[0].socket", "must be the path of a gate's control socket"),
         ('[[fleet]]\nsocket = "/a.sock"\nname = "has space"\n', "fleet[0].name", "must be 1 to 64 characters"),
-        ('[[fleet]]\nsocket = "/a.sock"\nname = "a"\n[[fleet]]\nsocket = "/b.sock"\nname = "a"\n',
-         "fleet[1].name", 'duplicate fleet gate name "a" (fleet[0] has it too)'),
+        (
+            '[[fleet]]\nsocket = "/a.sock"\nname = "a"\n[[fleet]]\nsocket = "/b.sock"\nname = "a"\n',
+            "fleet[1].name",
+            'duplicate fleet gate name "a" (fleet[0] has it too)',
+        ),
         ('[[fleet]]\nsocket = "/a.sock"\n[[fleet]]\nsocket = "/a.sock"\n', "fleet[1].socket", "is already fleet[0]'s socket"),
         ('[[fleet]]\nsocket = "/' + "s" * 120 + '"\n', "fleet[0].socket", "a Unix socket path must be at most 107 bytes"),
     ],
@@ -516,6 +536,8 @@ def test_fleet_errors_name_the_key(text: str, key: str, problem: str) -> None:
     err = error_of(text)
     assert err.key == key
     assert problem in err.problem
+
+
 # ---------------------------------------------------------------------------- [shared]
 
 
@@ -538,7 +560,7 @@ def test_shared_table_is_read_whole() -> None:
 @pytest.mark.parametrize(
     ("text", "key", "needle"),
     [
-        ('redis_url = "http://127.0.0.1:6379"', "shared.redis_url", "must be \"redis://"),
+        ('redis_url = "http://127.0.0.1:6379"', "shared.redis_url", 'must be "redis://'),
         ('redis_url = "redis:///0"', "shared.redis_url", "must name a host"),
         ('redis_url = "redis://h:6379/zero"', "shared.redis_url", "database number"),
         ('redis_url = "unix://"', "shared.redis_url", "socket's path"),
@@ -582,7 +604,7 @@ def test_router_keys_read_pin_cold_start_and_fallbacks() -> None:
 @pytest.mark.parametrize(
     ("text", "key", "problem"),
     [
-        (ROUTER + 'pin = ["tiny3"]\n', "backends[0].pin[0]", "must be this backend's models (tiny, tiny2), got \"tiny3\""),
+        (ROUTER + 'pin = ["tiny3"]\n', "backends[0].pin[0]", 'must be this backend\'s models (tiny, tiny2), got "tiny3"'),
         (ROUTER + 'pin = ["tiny", "tiny"]\n', "backends[0].pin[1]", '"tiny" is listed twice'),
         (ROUTER + "cold_start_s = -1\n", "backends[0].cold_start_s", "must be zero or more seconds"),
         (ROUTER + '[classes.interactive]\npriority = 1\nfallback = ["tiny9"]\n', "classes.interactive.fallback[0]", "did you mean"),

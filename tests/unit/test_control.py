@@ -29,7 +29,9 @@ def last_audit(gate: GateService):
 
 
 def test_operator_identity_prefers_sudo_user_and_ssh_client_address():
-    assert Operator.from_environ({"USER": "root", "SUDO_USER": "bob", "SSH_CONNECTION": "192.0.2.7 51000 10.0.0.1 22"}) == Operator("bob", "192.0.2.7")
+    assert Operator.from_environ({"USER": "root", "SUDO_USER": "bob", "SSH_CONNECTION": "192.0.2.7 51000 10.0.0.1 22"}) == Operator(
+        "bob", "192.0.2.7"
+    )
     assert Operator.from_environ({"USER": "carol"}) == Operator("carol", "local")
 
 
@@ -39,7 +41,13 @@ async def test_set_budget_applies_to_admission_and_audits_old_and_new(gate):
     gate.control.set_budget(4096, operator=ALICE, note="incident 42")
     assert backend.admission.budget == 4096 and backend.controller.budget == 4096
     row = last_audit(gate)
-    assert (row.operator, row.origin, row.source, row.action, row.target) == ("alice", "10.1.2.3", "console", "set_budget", "backend:default")
+    assert (row.operator, row.origin, row.source, row.action, row.target) == (
+        "alice",
+        "10.1.2.3",
+        "console",
+        "set_budget",
+        "backend:default",
+    )
     assert (row.old_value, row.new_value, row.note) == ("8192", "4096", "incident 42")
 
 
@@ -146,7 +154,13 @@ async def test_controller_tick_shrinks_budget_on_slow_upstream_and_audits_it(gat
     gate.tick_controllers()
     assert backend.admission.budget == int(8192 * 0.8)
     row = last_audit(gate)
-    assert (row.source, row.operator, row.action, row.old_value, row.new_value) == ("controller", "controller", "budget_close", "8192", "6553")
+    assert (row.source, row.operator, row.action, row.old_value, row.new_value) == (
+        "controller",
+        "controller",
+        "budget_close",
+        "8192",
+        "6553",
+    )
 
 
 async def test_snapshot_reflects_operator_state_and_is_immutable(gate):

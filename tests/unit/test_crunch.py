@@ -190,9 +190,7 @@ def test_requests_beyond_the_slots_hold_no_kv() -> None:
     slow_queue = evaluate_cell(Cell(512, 8), 256, 128, [ok(5000)] * 16, Slo(), slots=4)
     rec = recommend([within, slow_queue])
     assert rec is not None and rec.from_cell is within and rec.breached_below == ()
-    assert "(above 4 concurrent requests the rest wait in llama-server's queue" in format_report(
-        make_report([within, over])
-    )
+    assert "(above 4 concurrent requests the rest wait in llama-server's queue" in format_report(make_report([within, over]))
     assert cell_line(within).endswith("in-flight: 1,536 tokens")
 
 
@@ -216,21 +214,25 @@ def test_budget_is_never_below_the_largest_measured_request() -> None:
 
 def test_ctx_labels() -> None:
     assert [ctx_label(x) for x in (256, 512, 1024, 1536, 2048, 4096, 32768, 1000)] == [
-        "256", "512", "1K", "1.5K", "2K", "4K", "32K", "1000",
+        "256",
+        "512",
+        "1K",
+        "1.5K",
+        "2K",
+        "4K",
+        "32K",
+        "1000",
     ]
 
 
 def test_cell_line_format() -> None:
     c = evaluate_cell(Cell(4096, 4), 2048, 512, [ok(950.2, 180.4)] * 8, Slo())
-    assert cell_line(c) == (
-        "Concurrency: 4 | ctx: 4K | TTFT p95: 950 ms | latency p95: 180 ms/token | in-flight: 10,240 tokens"
-    )
+    assert cell_line(c) == ("Concurrency: 4 | ctx: 4K | TTFT p95: 950 ms | latency p95: 180 ms/token | in-flight: 10,240 tokens")
     small = evaluate_cell(Cell(256, 1), 128, 16, [ok(7.25, 4.94)], Slo())
     assert "TTFT p95: 7.2 ms | latency p95: 4.9 ms/token | in-flight: 144 tokens" in cell_line(small)
     broken = cell(512, 2, 10, failures=4)
     assert cell_line(broken) == (
-        "Concurrency: 2 | ctx: 512 | TTFT p95: - | latency p95: - | in-flight: 768 tokens"
-        "  BREACH (4 of 4 requests failed)"
+        "Concurrency: 2 | ctx: 512 | TTFT p95: - | latency p95: - | in-flight: 768 tokens  BREACH (4 of 4 requests failed)"
     )
     slow = cell(512, 2, 2500)
     assert cell_line(slow).endswith("  BREACH (TTFT p95 > 2,000 ms)")
@@ -285,17 +287,34 @@ def test_json_shape() -> None:
     cells = [cell(512, 1, 100), cell(512, 4, 500), cell(512, 8, 10, failures=1)]
     data = json.loads(json.dumps(report_to_json(make_report(cells, Slo(ttft_ms=2000, tpot_ms=50)))))
     assert data["server"] == {
-        "url": "http://127.0.0.1:8080", "total_slots": 4, "slot_ctx": 4096, "model": "m.gguf", "build": None,
+        "url": "http://127.0.0.1:8080",
+        "total_slots": 4,
+        "slot_ctx": 4096,
+        "model": "m.gguf",
+        "build": None,
     }
     assert data["endpoint"] == "/v1/chat/completions"
     assert data["slo"] == {"ttft_p95_ms": 2000, "tpot_p95_ms": 50}
     assert [(c["concurrency"], c["ctx"]) for c in data["cells"]] == [(1, 512), (4, 512), (8, 512)]
     first = data["cells"][0]
     assert set(first) == {
-        "concurrency", "ctx", "prompt_tokens", "max_tokens", "in_flight_tokens", "held_tokens", "requests", "ok",
+        "concurrency",
+        "ctx",
+        "prompt_tokens",
+        "max_tokens",
+        "in_flight_tokens",
+        "held_tokens",
+        "requests",
+        "ok",
         "failed",
-        "ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms", "tpot_p95_ms", "tokens_per_s", "breach",
-        "breach_reasons", "errors",
+        "ttft_p50_ms",
+        "ttft_p95_ms",
+        "tpot_p50_ms",
+        "tpot_p95_ms",
+        "tokens_per_s",
+        "breach",
+        "breach_reasons",
+        "errors",
     }
     assert first["in_flight_tokens"] == 384 and first["breach"] is False
     bad = data["cells"][2]
@@ -409,8 +428,8 @@ def scripted_server(*, slots=2, n_ctx=512, fail_above: int | None = None, gate=F
         path = request.url.path
         if path == "/props":
             return httpx.Response(
-                200, json={"total_slots": slots, "default_generation_settings": {"n_ctx": n_ctx},
-                           "model_path": "/models/tiny.gguf"},
+                200,
+                json={"total_slots": slots, "default_generation_settings": {"n_ctx": n_ctx}, "model_path": "/models/tiny.gguf"},
             )
         body = json.loads(request.content)
         if path == "/apply-template":
@@ -445,9 +464,7 @@ async def test_runner_measures_every_cell() -> None:
     err = io.StringIO()
     report = await run_crunch(settings, err=err, clock=FakeClock(), transport=transport)
     assert report.skipped_ctx == (1024,)
-    assert [(c.ctx, c.concurrency) for c in report.cells] == [
-        (x, c) for x in (256, 512) for c in (1, 2, 4)
-    ]
+    assert [(c.ctx, c.concurrency) for c in report.cells] == [(x, c) for x in (256, 512) for c in (1, 2, 4)]
     for c in report.cells:
         assert c.requests == c.ok == max(2 * c.concurrency, 4)
         assert c.max_tokens == 16
@@ -535,8 +552,12 @@ def test_the_recommendation_merges_into_the_example_config_and_admits_its_larges
     cells = [cell(512, 1, 100), cell(512, 2, 10, failures=1)]
     largest = max(c.request_tokens for c in cells)
     report = CrunchReport(
-        server=ServerInfo("http://127.0.0.1:8080", 4, 512), endpoint="chat", slo=Slo(ttft_ms=2000.0),
-        max_tokens_cap=512, cells=tuple(cells), recommendation=recommend(cells),
+        server=ServerInfo("http://127.0.0.1:8080", 4, 512),
+        endpoint="chat",
+        slo=Slo(ttft_ms=2000.0),
+        max_tokens_cap=512,
+        cells=tuple(cells),
+        recommendation=recommend(cells),
     )
     rec = report.recommendation
     assert rec is not None and rec.token_budget >= largest

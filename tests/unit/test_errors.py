@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from gate.core.errors import GateError, render
 from gate.backend.gatekeeper import Refused
+from gate.core.errors import GateError, render
 from gate.core.reasons import Reason
 
 
@@ -37,8 +37,13 @@ def test_a_backend_error_body_is_relayed_with_its_status():
 
 @pytest.mark.parametrize(
     ("reason", "outcome"),
-    [(Reason.SHED_OVERRUN, "shed"), (Reason.CLIENT_STALLED, "cancelled"), (Reason.UPSTREAM_TIMEOUT, "failed"),
-     (Reason.NO_BACKEND, "refused"), (Reason.INVALID_REQUEST, "refused")],
+    [
+        (Reason.SHED_OVERRUN, "shed"),
+        (Reason.CLIENT_STALLED, "cancelled"),
+        (Reason.UPSTREAM_TIMEOUT, "failed"),
+        (Reason.NO_BACKEND, "refused"),
+        (Reason.INVALID_REQUEST, "refused"),
+    ],
 )
 def test_reason_knows_its_outcome(reason, outcome):
     assert reason.outcome == outcome

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from gate.cli import main
-from gate.journal.export import ExportError, export, iso, parse_since
 from gate.journal import SCHEMA_VERSION, Journal
+from gate.journal.export import ExportError, export, iso, parse_since
 from tests.unit.test_journal import audit, decision, sample
 
 NOW = float(int(time.time()))
@@ -31,10 +31,20 @@ def journal(tmp_path: Path) -> Path:
         try:
             rows = [
                 decision(1, ts=NOW - 3 * 3600, tenant="alice", cls="interactive"),
-                decision(2, ts=NOW - 90 * 60, tenant="bob, \"the\" builder", cls="batch",
-                         outcome="refused", reason="queue_full", http_status=429,
-                         prompt_tokens=None, queue_ms=None, ttft_ms=None, completion_tokens=None,
-                         stream=False),
+                decision(
+                    2,
+                    ts=NOW - 90 * 60,
+                    tenant='bob, "the" builder',
+                    cls="batch",
+                    outcome="refused",
+                    reason="queue_full",
+                    http_status=429,
+                    prompt_tokens=None,
+                    queue_ms=None,
+                    ttft_ms=None,
+                    completion_tokens=None,
+                    stream=False,
+                ),
                 decision(3, ts=NOW - 10 * 60, tenant="carol", cls="interactive"),
                 audit(1, ts=NOW - 60),
                 sample(1, ts=NOW - 30),

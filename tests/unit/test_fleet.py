@@ -24,10 +24,15 @@ def test_parse_attach_takes_an_optional_name():
 
 
 def test_unnamed_gates_are_named_after_their_socket_and_numbered_when_taken():
-    entries = fleet_entries([
-        ("", "/tmp/gpu-2.sock"), ("", "/run/a/tokengate.sock"), ("", "/run/b/tokengate.sock"),
-        ("tokengate-2", "/run/c/x.sock"), ("", "/tmp/gpu-2.sock"),
-    ])
+    entries = fleet_entries(
+        [
+            ("", "/tmp/gpu-2.sock"),
+            ("", "/run/a/tokengate.sock"),
+            ("", "/run/b/tokengate.sock"),
+            ("tokengate-2", "/run/c/x.sock"),
+            ("", "/tmp/gpu-2.sock"),
+        ]
+    )
     assert [(e.name, e.socket) for e in entries] == [
         ("gpu-2", "/tmp/gpu-2.sock"),
         ("tokengate", "/run/a/tokengate.sock"),
@@ -52,9 +57,21 @@ async def test_a_row_holds_the_gates_own_figures():
         snap = gate.snapshot()
         row = fleet_row("gpu-1", snap, None)
         assert row == FleetRow(
-            name="gpu-1", state="ok", note="", host=snap.gate_id.split(":")[0], listen=snap.listen,
-            ready=1, backends=1, budget=snap.controller.budget, in_flight=800, running=4, queued=1,
-            denials_per_min=0, p95_ttft_ms=None, slo_ttft_ms=2000.0, shared="off",
+            name="gpu-1",
+            state="ok",
+            note="",
+            host=snap.gate_id.split(":")[0],
+            listen=snap.listen,
+            ready=1,
+            backends=1,
+            budget=snap.controller.budget,
+            in_flight=800,
+            running=4,
+            queued=1,
+            denials_per_min=0,
+            p95_ttft_ms=None,
+            slo_ttft_ms=2000.0,
+            shared="off",
         )
         assert fleet_row("gpu-1", dataclasses.replace(snap, shared="fail_open"), None).shared == "fail_open"
         assert fleet_row("gpu-1", dataclasses.replace(snap, shutting_down=True), None).state == "stopping"

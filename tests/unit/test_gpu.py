@@ -83,9 +83,7 @@ class FakeNvml:
             if not self.memory_v2:
                 raise nvml_error("NVML_ERROR_FUNCTION_NOT_FOUND")
             self._call("nvmlDeviceGetMemoryInfo")
-            return SimpleNamespace(
-                total=h["total"], used=h["used"], free=h["total"] - h["used"] - h["reserved"], reserved=h["reserved"]
-            )
+            return SimpleNamespace(total=h["total"], used=h["used"], free=h["total"] - h["used"] - h["reserved"], reserved=h["reserved"])
         self._call("nvmlDeviceGetMemoryInfo")
         used = h["used"] + h["reserved"]  # v1 counts the reserved memory as used
         return SimpleNamespace(total=h["total"], used=used, free=h["total"] - used)
@@ -99,8 +97,14 @@ class FakeNvml:
         return [SimpleNamespace(pid=pid, usedGpuMemory=mem) for pid, mem in h["procs"]]
 
 
-H200 = dict(name="NVIDIA H200", used=int(61.2 * GIB), total=int(139.8 * GIB), reserved=512 * 2**20, util=44,
-            procs=[(4242, int(60 * GIB)), (77, None)])
+H200 = dict(
+    name="NVIDIA H200",
+    used=int(61.2 * GIB),
+    total=int(139.8 * GIB),
+    reserved=512 * 2**20,
+    util=44,
+    procs=[(4242, int(60 * GIB)), (77, None)],
+)
 L4 = dict(name=b"NVIDIA L4", used=2 * GIB, total=int(22.5 * GIB), reserved=256 * 2**20, util=0, procs=[])
 
 
@@ -136,8 +140,9 @@ def test_two_devices_are_read_with_memory_v2_utilisation_and_processes():
     reading = GpuMonitor(fake).read()
     assert reading.unavailable is None
     assert reading.devices == (
-        GpuDevice(0, "NVIDIA H200", H200["used"], H200["total"], H200["reserved"], 44,
-                  (GpuProcess(4242, int(60 * GIB)), GpuProcess(77, None))),
+        GpuDevice(
+            0, "NVIDIA H200", H200["used"], H200["total"], H200["reserved"], 44, (GpuProcess(4242, int(60 * GIB)), GpuProcess(77, None))
+        ),
         GpuDevice(1, "NVIDIA L4", 2 * GIB, L4["total"], L4["reserved"], 0, ()),
     )
     assert format_reading(reading) == [

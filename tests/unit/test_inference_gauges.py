@@ -24,9 +24,7 @@ def scrape(gate: GateService) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
     gate.refresh_metrics()  # what GET /metrics does before rendering
     body, _ = gate.metrics.render()
     return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for fam in text_string_to_metric_families(body.decode())
-        for s in fam.samples
+        (s.name, tuple(sorted(s.labels.items()))): s.value for fam in text_string_to_metric_families(body.decode()) for s in fam.samples
     }
 
 

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 from gate.config import parse_config
+from gate.core.errors import GateError, error_object
+from gate.core.reasons import Reason
 from gate.http.intake import (
     ENDPOINTS,
     MAX_JSON_DEPTH,
@@ -17,8 +19,6 @@ from gate.http.intake import (
     build_intake,
     parse_request,
 )
-from gate.core.errors import GateError, error_object
-from gate.core.reasons import Reason
 from gate.http.tenants import Caller, TenantDirectory
 
 CHAT = "/v1/chat/completions"
@@ -93,16 +93,17 @@ BAD = [
     pytest.param(CHAT, b"{'model': 'm'}", None, "invalid JSON", id="single-quotes"),
     pytest.param(CHAT, b'{"max_tokens": NaN}', None, "NaN is not a JSON value", id="nan"),
     pytest.param(CHAT, b'{"max_tokens": Infinity}', None, "Infinity", id="infinity"),
-    pytest.param(
-        CHAT, b'{"max_tokens": 10, "max_tokens": 99999}', None, "duplicate key", id="duplicate-key"
-    ),
+    pytest.param(CHAT, b'{"max_tokens": 10, "max_tokens": 99999}', None, "duplicate key", id="duplicate-key"),
     pytest.param(CHAT, b'{"n": ' + b"9" * 5000 + b"}", None, "digits", id="huge-int-literal"),
     pytest.param(CHAT, b'{"temperature": 1e309, "messages": []}', "temperature", "finite", id="float-overflow"),
     pytest.param(CHAT, b'{"logit_bias": {"5": [-1e999]}}', "logit_bias.5[0]", "finite", id="nested-overflow"),
     pytest.param(CHAT, b'{"seed": 18446744073709551616}', "seed", "out of range", id="int-above-uint64"),
     pytest.param(CHAT, b'{"seed": -9223372036854775809}', "seed", "out of range", id="int-below-int64"),
     pytest.param(
-        CHAT, b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}', "messages[0].content", "surrogate",
+        CHAT,
+        b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}',
+        "messages[0].content",
+        "surrogate",
         id="lone-surrogate",
     ),
     pytest.param(CHAT, b'{"\\udfff": 1}', "\\udfff", "surrogate", id="lone-surrogate-key"),
@@ -147,9 +148,7 @@ BAD = [
     pytest.param(CHAT, {"messages": "hi"}, "messages", "array", id="messages-string"),
     pytest.param(CHAT, {"messages": ["hi"]}, "messages[0]", "message object", id="message-string"),
     pytest.param(CHAT, {"messages": [{"content": "hi"}]}, "messages[0].role", "required", id="no-role"),
-    pytest.param(
-        CHAT, {"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role", "wizard", id="unknown-role"
-    ),
+    pytest.param(CHAT, {"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role", "wizard", id="unknown-role"),
     pytest.param(CHAT, {"messages": [{"role": 1, "content": "hi"}]}, "messages[0].role", "string", id="role-int"),
     pytest.param(
         CHAT,
@@ -159,9 +158,7 @@ BAD = [
         id="content-int",
     ),
     pytest.param(CHAT, {"messages": [{"role": "user"}]}, "messages[0].content", "required", id="content-missing"),
-    pytest.param(
-        CHAT, {"messages": [{"role": "user", "content": None}]}, "messages[0].content", "required", id="content-null-user"
-    ),
+    pytest.param(CHAT, {"messages": [{"role": "user", "content": None}]}, "messages[0].content", "required", id="content-null-user"),
     pytest.param(
         CHAT,
         {"messages": [*MSG, {"role": "assistant", "content": None}]},
@@ -211,9 +208,7 @@ BAD = [
     pytest.param(NATIVE, {"n_predict": 8}, "prompt", "required", id="native-prompt-missing"),
     # max tokens
     pytest.param(CHAT, {"messages": MSG, "max_tokens": 1025}, "max_tokens", "at most 1024", id="max-tokens-over-cap"),
-    pytest.param(
-        CHAT, {"messages": MSG, "max_tokens": 10**30}, "max_tokens", "out of range", id="max-tokens-huge"
-    ),
+    pytest.param(CHAT, {"messages": MSG, "max_tokens": 10**30}, "max_tokens", "out of range", id="max-tokens-huge"),
     pytest.param(CHAT, {"messages": MSG, "max_tokens": 0}, "max_tokens", "at least 1", id="max-tokens-zero"),
     pytest.param(CHAT, {"messages": MSG, "max_tokens": -5}, "max_tokens", "at least 1", id="max-tokens-negative"),
     pytest.param(CHAT, {"messages": MSG, "max_tokens": 1.5}, "max_tokens", "integer", id="max-tokens-float"),
@@ -353,9 +348,7 @@ def test_streaming_with_include_usage() -> None:
     assert not it.include_usage
 
 
-@pytest.mark.parametrize(
-    "prompt", ["text", "", [1, 2, 3], ["one prompt"]], ids=["string", "empty-string", "tokens", "list-of-one"]
-)
+@pytest.mark.parametrize("prompt", ["text", "", [1, 2, 3], ["one prompt"]], ids=["string", "empty-string", "tokens", "list-of-one"])
 def test_prompt_shapes_accepted(prompt) -> None:
     assert parse(CMPL, {"prompt": prompt}).body["prompt"] == prompt
 
@@ -380,8 +373,9 @@ def test_utf8_bom_and_unicode_are_fine() -> None:
 
 def test_nesting_at_the_limit_is_accepted() -> None:
     # the body object is level 1, so MAX_JSON_DEPTH - 1 arrays fit inside it
-    it = parse(CHAT, b'{"messages": [{"role": "user", "content": "x"}], "x": '
-               + b"[" * (MAX_JSON_DEPTH - 1) + b"]" * (MAX_JSON_DEPTH - 1) + b"}")
+    it = parse(
+        CHAT, b'{"messages": [{"role": "user", "content": "x"}], "x": ' + b"[" * (MAX_JSON_DEPTH - 1) + b"]" * (MAX_JSON_DEPTH - 1) + b"}"
+    )
     assert it.kind == "chat"
 
 
@@ -450,5 +444,3 @@ def test_open_mode_body_errors_come_before_an_unknown_class() -> None:
     assert "invalid JSON" in e.message
     e = refusal(CHAT, {"messages": []}, headers={"X-Tokengate-Class": "nope"})
     assert e.param == "X-Tokengate-Class"  # identity before fields
-
-

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from gate.data.records import AuditRecord, ClassSample, DecisionRecord, SampleRecord
 from gate.journal import (
     SCHEMA_VERSION,
     Journal,
@@ -36,7 +37,6 @@ from gate.journal import (
     decision_from_row,
     sample_from_row,
 )
-from gate.data.records import AuditRecord, ClassSample, DecisionRecord, SampleRecord
 from tests.tmpfs import tmpfs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -156,13 +156,15 @@ async def test_rows_of_each_kind_commit_and_read_back(tmp_path: Path) -> None:
     try:
         assert conn.execute('SELECT "class" FROM decisions').fetchone() == ("interactive",)
         (classes,) = conn.execute("SELECT classes FROM samples").fetchone()
-        assert classes == (
-            '[{"cls":"interactive","in_flight":2000,"queued":0},{"cls":"batch","in_flight":1000,"queued":2}]'
-        )
+        assert classes == ('[{"cls":"interactive","in_flight":2000,"queued":0},{"cls":"batch","in_flight":1000,"queued":2}]')
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
         assert {
-            "decisions_ts", "decisions_class_ts", "decisions_outcome_ts", "decisions_tenant_ts",
-            "audit_ts", "samples_ts",
+            "decisions_ts",
+            "decisions_class_ts",
+            "decisions_outcome_ts",
+            "decisions_tenant_ts",
+            "audit_ts",
+            "samples_ts",
         } <= tables
     finally:
         conn.close()
@@ -450,9 +452,7 @@ def test_file_size_limit_fails_writes_then_resumes(tmp_path: Path) -> None:
     """A write that fails like a full disk, as root, without mount: RLIMIT_FSIZE = 0."""
     path = tmp_path / "j.db"
     code = _FSIZE_CHILD.format(repo=str(REPO), path=str(path))
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO
-    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["before"] is True
@@ -531,8 +531,7 @@ async def test_retention_deletes_only_old_rows(tmp_path: Path) -> None:
     try:
         assert await j.apply_retention() == {"decisions": 0, "audit": 0, "samples": 0}  # after the pass at open
         old, new = now - 15 * 86400, now - 13 * 86400
-        rows = [decision(1, ts=old), decision(2, ts=new), audit(ts=old), audit(ts=new),
-                sample(ts=old), sample(ts=new)]
+        rows = [decision(1, ts=old), decision(2, ts=new), audit(ts=old), audit(ts=new), sample(ts=old), sample(ts=new)]
         assert all(await asyncio.gather(*(j.add(r) for r in rows)))
         deleted = await j.apply_retention()
         assert deleted == {"decisions": 1, "audit": 1, "samples": 1}
@@ -623,8 +622,7 @@ async def test_paging_follows_time_even_across_a_clock_step(tmp_path: Path) -> N
         # written in this order; the wall clock stepped back between rows 4 and 5
         stamps = [10, 11, 12, 13, 14, 8, 9, 15, 15, 16]
         assert all(await asyncio.gather(*(j.add(decision(i, ts=T0 + s)) for i, s in enumerate(stamps))))
-        expected = [r["id"] for r in sorted(
-            await j.decisions_page(limit=100), key=lambda r: (r["ts"], r["id"]), reverse=True)]
+        expected = [r["id"] for r in sorted(await j.decisions_page(limit=100), key=lambda r: (r["ts"], r["id"]), reverse=True)]
         assert [r["id"] for r in await j.decisions_page(limit=100)] == expected
         seen: list[int] = []
         page = await j.decisions_page(limit=3)
@@ -665,8 +663,7 @@ async def test_reads_do_not_wait_for_a_busy_writer(tmp_path: Path) -> None:
         assert all(await asyncio.gather(*(j.add(decision(i)) for i in range(100))))
         locker = sqlite3.connect(path, isolation_level=None)
         locker.execute("BEGIN IMMEDIATE")  # a writer holds the write lock (WAL: readers go on)
-        locker.execute("INSERT INTO audit (ts, operator, origin, source, action, target) "
-                       "VALUES (1, 'x', 'local', 'console', 'a', 't')")
+        locker.execute("INSERT INTO audit (ts, operator, origin, source, action, target) VALUES (1, 'x', 'local', 'console', 'a', 't')")
         try:
             t = time.monotonic()
             assert await j.count_decisions() == 100

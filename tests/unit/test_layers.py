@@ -32,8 +32,16 @@ TOP = ("service", "serve", "cli")
 #: what console/ may import of gate (module prefixes)
 CONSOLE_MAY = ("gate.data", "gate.core.reasons", "gate.ops.link", "gate.journal.reader", "gate.journal.filters")
 CONSOLE_LAUNCHERS = ("console.run", "console.screenshots")
-CLOCKS = {("time", "time"), ("time", "monotonic"), ("time", "perf_counter"), ("time", "monotonic_ns"),
-          ("time", "time_ns"), ("datetime", "now"), ("datetime", "utcnow"), ("date", "today")}
+CLOCKS = {
+    ("time", "time"),
+    ("time", "monotonic"),
+    ("time", "perf_counter"),
+    ("time", "monotonic_ns"),
+    ("time", "time_ns"),
+    ("datetime", "now"),
+    ("datetime", "utcnow"),
+    ("date", "today"),
+}
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -204,7 +212,10 @@ def test_the_rule_passes_a_tree_that_keeps_it(tmp_path):
     ("files", "expected"),
     [
         ({"gate/core/ledger.py": "from gate.backend import pool\n"}, "a layer above"),
-        ({"gate/core/ledger.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gate.http.proxy import X\n"}, "a layer above"),
+        (
+            {"gate/core/ledger.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gate.http.proxy import X\n"},
+            "a layer above",
+        ),
         ({"gate/core/ledger.py": "def f():\n    from ..backend.pool import Pool\n"}, "a layer above"),
         ({"gate/core/ledger.py": "import httpx\n"}, "not the standard library"),
         ({"gate/core/ledger.py": "import time\nnow = time.monotonic()\n"}, "reads the clock"),

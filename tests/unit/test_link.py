@@ -7,12 +7,12 @@ import os
 
 import pytest
 
-from gate.data.commands import ActionResult, CommandError, Drain, Freeze, Pause, Retune, from_wire, to_wire
 from gate.config import parse_config
-from gate.ops.control import Operator
-from gate.ops.lock import JournalLock, JournalLocked
+from gate.data.commands import ActionResult, CommandError, Drain, Freeze, Pause, Retune, from_wire, to_wire
 from gate.data.snapshot import GateSnapshot, GpuDevice, GpuReading
 from gate.data.wire import WireError, decode, encode
+from gate.ops.control import Operator
+from gate.ops.lock import JournalLock, JournalLocked
 from tests.fakes import GATE_CONFIG, fake_llama_transport
 
 
@@ -47,18 +47,43 @@ def test_decoding_names_what_is_wrong_and_tolerates_added_fields():
     with pytest.raises(WireError, match="devices is missing"):
         decode(GpuReading, {"unavailable": None})
     with pytest.raises(WireError, match="expected int"):
-        decode(GpuDevice, {"index": "0", "name": "x", "used_bytes": 1, "total_bytes": 1, "reserved_bytes": None,
-                           "utilization_pct": None, "processes": []})
+        decode(
+            GpuDevice,
+            {
+                "index": "0",
+                "name": "x",
+                "used_bytes": 1,
+                "total_bytes": 1,
+                "reserved_bytes": None,
+                "utilization_pct": None,
+                "processes": [],
+            },
+        )
     with pytest.raises(WireError, match="boolean"):
-        decode(GpuDevice, {"index": True, "name": "x", "used_bytes": 1, "total_bytes": 1, "reserved_bytes": None,
-                           "utilization_pct": None, "processes": []})
+        decode(
+            GpuDevice,
+            {
+                "index": True,
+                "name": "x",
+                "used_bytes": 1,
+                "total_bytes": 1,
+                "reserved_bytes": None,
+                "utilization_pct": None,
+                "processes": [],
+            },
+        )
 
 
-@pytest.mark.parametrize("command", [
-    Pause("batch", True), Drain("interactive", note="incident 7"), Freeze(False),
-    Retune(budget=4096, settings={"slo_ttft_p95_ms": 900.0}, cls="batch", class_changes={"queue_depth": 3}),
-    Retune(budget=6144, freeze=True),
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        Pause("batch", True),
+        Drain("interactive", note="incident 7"),
+        Freeze(False),
+        Retune(budget=4096, settings={"slo_ttft_p95_ms": 900.0}, cls="batch", class_changes={"queue_depth": 3}),
+        Retune(budget=6144, freeze=True),
+    ],
+)
 def test_commands_round_trip_through_their_wire_form(command):
     assert from_wire(json.loads(json.dumps(to_wire(command)))) == command
 
@@ -78,18 +103,21 @@ async def test_a_retune_can_freeze_the_controller_in_the_same_step(gate):
     assert gate.control.frozen  # refused whole: the freeze stays
 
 
-@pytest.mark.parametrize("wire, message", [
-    ("pause", "must be an object"),
-    ({"v": 2, "op": "pause", "cls": "a", "paused": True}, "version 2"),
-    ({"v": 1, "op": "reboot"}, "unknown command 'reboot'"),
-    ({"v": 1, "op": "pause", "cls": "a", "paused": True, "force": True}, "unknown field"),
-    ({"v": 1, "op": "pause", "cls": "a"}, "pause:"),
-    ({"v": 1, "op": "pause", "cls": "a", "paused": "yes"}, "paused must be true or false"),
-    ({"v": 1, "op": "retune", "budget": 1.5}, "budget must be a whole number"),
-    ({"v": 1, "op": "retune", "budget": True}, "budget must be a whole number"),
-    ({"v": 1, "op": "retune", "settings": []}, "settings must be an object"),
-    ({"v": 1, "op": "retune", "freeze": "yes"}, "freeze must be true, false or absent"),
-])
+@pytest.mark.parametrize(
+    "wire, message",
+    [
+        ("pause", "must be an object"),
+        ({"v": 2, "op": "pause", "cls": "a", "paused": True}, "version 2"),
+        ({"v": 1, "op": "reboot"}, "unknown command 'reboot'"),
+        ({"v": 1, "op": "pause", "cls": "a", "paused": True, "force": True}, "unknown field"),
+        ({"v": 1, "op": "pause", "cls": "a"}, "pause:"),
+        ({"v": 1, "op": "pause", "cls": "a", "paused": "yes"}, "paused must be true or false"),
+        ({"v": 1, "op": "retune", "budget": 1.5}, "budget must be a whole number"),
+        ({"v": 1, "op": "retune", "budget": True}, "budget must be a whole number"),
+        ({"v": 1, "op": "retune", "settings": []}, "settings must be an object"),
+        ({"v": 1, "op": "retune", "freeze": "yes"}, "freeze must be true, false or absent"),
+    ],
+)
 def test_a_malformed_command_is_refused_with_its_reason(wire, message):
     with pytest.raises(CommandError, match=message):
         from_wire(wire)
@@ -110,9 +138,13 @@ async def test_execute_applies_a_retune_whole_or_not_at_all(gate):
             control.execute(bad, operator=op)
         assert (adm.budget, gate.config) == before
         assert not gate.recent_audit
-    results = control.execute(Retune(budget=4096, settings={"min_tokens": 2048}, cls="batch", class_changes={"queue_depth": 3}), operator=op)
+    results = control.execute(
+        Retune(budget=4096, settings={"min_tokens": 2048}, cls="batch", class_changes={"queue_depth": 3}), operator=op
+    )
     assert [(r.action, r.target) for r in results] == [
-        ("set_budget_settings", "budget"), ("set_class", "class:batch"), ("set_budget", "backend:default"),
+        ("set_budget_settings", "budget"),
+        ("set_class", "class:batch"),
+        ("set_budget", "backend:default"),
     ]
     assert adm.budget == 4096 and gate.config.budget.min_tokens == 2048
     assert gate.config.class_by_name("batch").queue_depth == 3

@@ -6,8 +6,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gate import __version__
-from gate.observe.metrics import GateMetrics
 from gate.core.reasons import Reason
+from gate.observe.metrics import GateMetrics
 
 # Every series name of DESIGN.md "Metrics (Prometheus)", as exposed (samples).
 DESIGN_SERIES = {
@@ -32,11 +32,7 @@ DESIGN_SERIES = {
 
 def samples(m: GateMetrics) -> list[tuple[str, dict[str, str], float]]:
     body, _ = m.render()
-    return [
-        (s.name, dict(s.labels), s.value)
-        for fam in text_string_to_metric_families(body.decode())
-        for s in fam.samples
-    ]
+    return [(s.name, dict(s.labels), s.value) for fam in text_string_to_metric_families(body.decode()) for s in fam.samples]
 
 
 def value(m: GateMetrics, name: str, **labels: str) -> float | None:
@@ -127,9 +123,7 @@ def test_other_outcomes_are_not_denials_and_empty_model() -> None:
     m.decision(cls="batch", outcome="failed", reason=Reason.UPSTREAM_ERROR, model="x")
     assert not [s for s in samples(m) if s[0] == "admission_control_denials_total"]
     m.decision(cls="batch", outcome="refused", reason=Reason.NO_BACKEND, model="")
-    assert value(
-        m, "admission_control_denials_total", model="", reason="no_backend", priority_class="batch"
-    ) == 1
+    assert value(m, "admission_control_denials_total", model="", reason="no_backend", priority_class="batch") == 1
 
 
 def test_unknown_outcome_rejected() -> None:
@@ -198,9 +192,7 @@ def test_nothing_on_default_registry() -> None:
     from prometheus_client import REGISTRY
 
     GateMetrics()
-    assert "tokengate_token_budget" not in {
-        s.name for fam in REGISTRY.collect() for s in fam.samples
-    }
+    assert "tokengate_token_budget" not in {s.name for fam in REGISTRY.collect() for s in fam.samples}
 
 
 def test_labels_come_only_from_configured_names_anything_else_is_other() -> None:

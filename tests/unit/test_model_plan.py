@@ -122,18 +122,20 @@ def fleets(draw: st.DrawFn) -> list[ModelState]:
     n = draw(st.integers(1, len(NAMES)))
     out = []
     for name in NAMES[:n]:
-        out.append(ModelState(
-            name,
-            draw(st.sampled_from(STATUSES)),
-            in_flight=draw(st.integers(0, 3)),
-            waiting=draw(st.integers(0, 3)),
-            oldest_wait_s=draw(st.floats(0, 30)),
-            pinned=draw(st.booleans()),
-            asked=draw(st.booleans()),
-            may_load=draw(st.booleans()),
-            idle_s=draw(st.one_of(st.just(math.inf), st.floats(0, 100))),
-            cold_start_s=draw(st.floats(0, 10)),
-        ))
+        out.append(
+            ModelState(
+                name,
+                draw(st.sampled_from(STATUSES)),
+                in_flight=draw(st.integers(0, 3)),
+                waiting=draw(st.integers(0, 3)),
+                oldest_wait_s=draw(st.floats(0, 30)),
+                pinned=draw(st.booleans()),
+                asked=draw(st.booleans()),
+                may_load=draw(st.booleans()),
+                idle_s=draw(st.one_of(st.just(math.inf), st.floats(0, 100))),
+                cold_start_s=draw(st.floats(0, 10)),
+            )
+        )
     return out
 
 

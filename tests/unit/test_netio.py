@@ -9,7 +9,7 @@ import pytest
 
 from gate.backend.netio import AsyncioBackend, client_transports
 
-ANSWER = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"ok\":true}"
+ANSWER = b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{"ok":true}'
 
 
 async def _server(handler):

@@ -31,8 +31,13 @@ POOL = DEPLOY / "kubernetes" / "llama-tokengate.yaml"
 
 # What the issue asks the rules to cover, by alert name.
 ALERTS = {
-    "TokengateBackendDown", "TokengateUpstream5xx", "TokengateDenialsHigh", "TokengateQueueDrainSlow",
-    "TokengateJournalDropping", "TokengateReaperFiring", "TokengateInteractiveTTFTOverSLO",
+    "TokengateBackendDown",
+    "TokengateUpstream5xx",
+    "TokengateDenialsHigh",
+    "TokengateQueueDrainSlow",
+    "TokengateJournalDropping",
+    "TokengateReaperFiring",
+    "TokengateInteractiveTTFTOverSLO",
     "TokengateSharedLimitFallback",
 }
 
@@ -47,8 +52,19 @@ def promtool() -> str:
 # ---- PromQL: the metric names an expression reads ----------------------------------------------
 
 _KEYWORDS = {
-    "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless", "offset",
-    "inf", "nan",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "inf",
+    "nan",
 }
 _STRIP = [
     re.compile(r'"(?:[^"\\]|\\.)*"'),  # strings
@@ -66,7 +82,7 @@ def metric_names(expr: str) -> set[str]:
         expr = pattern.sub(" ", expr)
     names = set()
     for m in _IDENT.finditer(expr):
-        rest = expr[m.end():].lstrip()
+        rest = expr[m.end() :].lstrip()
         if rest.startswith("(") or m.group().lower() in _KEYWORDS:
             continue  # a function or aggregation, or a keyword
         names.add(m.group())

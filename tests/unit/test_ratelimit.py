@@ -314,9 +314,7 @@ limiter_ops = st.lists(
 
 @settings(max_examples=500, deadline=None)
 @given(
-    st.dictionaries(
-        st.sampled_from(["a", "b", "c"]), st.builds(TenantLimits, limit_values, limit_values)
-    ),
+    st.dictionaries(st.sampled_from(["a", "b", "c"]), st.builds(TenantLimits, limit_values, limit_values)),
     limiter_ops,
 )
 def test_check_is_atomic_and_its_wait_is_exact(table, ops) -> None:
@@ -341,9 +339,8 @@ def test_check_is_atomic_and_its_wait_is_exact(table, ops) -> None:
                 assert (req_after, tok_after) == (req_before, tok_before)
                 assert v.wait_s > 0.0 and v.limit is not None
                 assert v.never == math.isinf(v.wait_s)
-                expect_never = (
-                    limits.requests_per_minute == 0
-                    or (limits.tokens_per_minute is not None and tokens > limits.tokens_per_minute)
+                expect_never = limits.requests_per_minute == 0 or (
+                    limits.tokens_per_minute is not None and tokens > limits.tokens_per_minute
                 )
                 assert v.never == expect_never
                 if not v.never:

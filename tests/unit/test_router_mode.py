@@ -13,14 +13,14 @@ from typing import Any
 import httpx
 import pytest
 
-from gate.data.commands import CommandError, ModelAction
-from gate.config import parse_config
-from gate.ops.control import Operator
-from gate.core.errors import GateError
 from gate.backend.gatekeeper import Refused
+from gate.config import parse_config
+from gate.core.errors import GateError
 from gate.core.ledger import Request
 from gate.core.reasons import Reason
+from gate.data.commands import CommandError, ModelAction
 from gate.fleet.router_mode import FAIL_BACKOFF_S
+from gate.ops.control import Operator
 from gate.service import GateService
 
 CONFIG = """
@@ -59,8 +59,15 @@ class FakeRouter:
         if path == "/health":
             return httpx.Response(200, json={"status": "ok"})
         if path == "/props" and model is None:
-            return httpx.Response(200, json={"role": "router", "max_instances": self.models_max, "models_autoload": self.autoload,
-                                             "default_generation_settings": {"n_ctx": 0}})
+            return httpx.Response(
+                200,
+                json={
+                    "role": "router",
+                    "max_instances": self.models_max,
+                    "models_autoload": self.autoload,
+                    "default_generation_settings": {"n_ctx": 0},
+                },
+            )
         if path == "/props":
             if self.models[model]["value"] != "loaded":
                 return httpx.Response(400, json={"error": {"code": 400, "message": "model is not loaded"}})

@@ -49,8 +49,16 @@ def test_meter_says_nothing_without_recent_tokens():
 
 
 def deadline(**kw):
-    args = dict(dispatched_at=0.0, first_token_at=None, last_token_at=None, max_tokens=300,
-                per_slot_tps=None, factor=2.5, stall_s=10.0, timeout_s=600.0)
+    args = dict(
+        dispatched_at=0.0,
+        first_token_at=None,
+        last_token_at=None,
+        max_tokens=300,
+        per_slot_tps=None,
+        factor=2.5,
+        stall_s=10.0,
+        timeout_s=600.0,
+    )
     args.update(kw)
     return next_deadline(**args)
 

@@ -21,6 +21,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gate.backend.telemetry import parse_metrics, parse_slots
 from gate.tools.simulator import (
     CONTEXT_EXCEEDED,
     Done,
@@ -33,7 +34,6 @@ from gate.tools.simulator import (
     count_tokens,
     serve_simulator,
 )
-from gate.backend.telemetry import parse_metrics, parse_slots
 
 # --- the pure model, driven by hand ----------------------------------------------------
 
@@ -487,8 +487,23 @@ async def test_non_streaming_disconnect_is_noticed_only_after_a_quiet_second() -
 
 def test_cli_simulate_serves_until_sigterm() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gate.cli", "simulate", "--port", "0", "--slots", "2", "--split", "--ctx", "4096",
-         "--decode-tps", "100", "--speed", "5"],
+        [
+            sys.executable,
+            "-m",
+            "gate.cli",
+            "simulate",
+            "--port",
+            "0",
+            "--slots",
+            "2",
+            "--split",
+            "--ctx",
+            "4096",
+            "--decode-tps",
+            "100",
+            "--speed",
+            "5",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -39,8 +39,14 @@ SLOTS_FRESH = [
 # n_prompt_tokens counts the tokens in the slot's cache, so it grows with n_decoded.
 SLOTS_BUSY = SLOTS_FRESH[:3] + [
     {
-        "id": 3, "n_ctx": 512, "speculative": False, "is_processing": True, "id_task": 2,
-        "n_prompt_tokens": 17, "n_prompt_tokens_processed": 7, "n_prompt_tokens_cache": 0,
+        "id": 3,
+        "n_ctx": 512,
+        "speculative": False,
+        "is_processing": True,
+        "id_task": 2,
+        "n_prompt_tokens": 17,
+        "n_prompt_tokens_processed": 7,
+        "n_prompt_tokens_cache": 0,
         "params": {"n_predict": 60, "stream": False},  # (trimmed)
         "next_token": [{"has_next_token": True, "has_new_line": False, "n_remain": 50, "n_decoded": 10}],
     }
@@ -48,8 +54,14 @@ SLOTS_BUSY = SLOTS_FRESH[:3] + [
 # The same slot after a 200-token chat request ended: idle, cache still holds 241 tokens.
 SLOTS_AFTER = SLOTS_FRESH[:3] + [
     {
-        "id": 3, "n_ctx": 512, "speculative": False, "is_processing": False, "id_task": 2,
-        "n_prompt_tokens": 241, "n_prompt_tokens_processed": 0, "n_prompt_tokens_cache": 0,
+        "id": 3,
+        "n_ctx": 512,
+        "speculative": False,
+        "is_processing": False,
+        "id_task": 2,
+        "n_prompt_tokens": 241,
+        "n_prompt_tokens_processed": 0,
+        "n_prompt_tokens_cache": 0,
         "next_token": [{"has_next_token": False, "has_new_line": False, "n_remain": -1, "n_decoded": 0}],
     }
 ]
@@ -96,8 +108,12 @@ llamacpp:n_busy_slots_per_decode 1
 
 def metrics_text(prompt_tokens=0, prompt_seconds=0, predicted=0, predicted_seconds=0, processing=0, deferred=0):
     return _METRICS_TEMPLATE.format(
-        prompt_tokens=prompt_tokens, prompt_seconds=prompt_seconds, predicted=predicted,
-        predicted_seconds=predicted_seconds, processing=processing, deferred=deferred,
+        prompt_tokens=prompt_tokens,
+        prompt_seconds=prompt_seconds,
+        predicted=predicted,
+        predicted_seconds=predicted_seconds,
+        processing=processing,
+        deferred=deferred,
     )
 
 
@@ -261,7 +277,13 @@ class FakeUpstream:
             if not self.metrics_enabled:
                 return httpx.Response(
                     501,
-                    json={"error": {"code": 501, "message": "This server does not support metrics endpoint. Start it with `--metrics`", "type": "not_supported_error"}},
+                    json={
+                        "error": {
+                            "code": 501,
+                            "message": "This server does not support metrics endpoint. Start it with `--metrics`",
+                            "type": "not_supported_error",
+                        }
+                    },
                 )
             return httpx.Response(200, text=self.metrics, headers={"content-type": "text/plain; version=0.0.4"})
         return httpx.Response(404)
@@ -296,8 +318,15 @@ async def test_poll_reads_slots_and_metrics(client, upstream, clock):
     latest = await poller.poll_once()
     t = latest["llama0"]
     assert t == BackendTelemetry(
-        backend="llama0", ts=100.0, slots=parse_slots(SLOTS_BUSY), requests_processing=1, requests_deferred=0,
-        prompt_tps=None, decode_tps=None, stale=False, error=None,
+        backend="llama0",
+        ts=100.0,
+        slots=parse_slots(SLOTS_BUSY),
+        requests_processing=1,
+        requests_deferred=0,
+        prompt_tps=None,
+        decode_tps=None,
+        stale=False,
+        error=None,
     )
     assert t.busy_slots == 1
     assert poller.latest == latest
@@ -386,9 +415,7 @@ async def test_down_backend_backs_off_1_2_4_8_then_10_seconds(client, upstream, 
     assert [t - start for t in upstream.slot_hits()] == [0, 1, 3, 7, 15, 25, 35]
     t = poller.latest["llama0"]
     assert t.slots is None and t.stale is True
-    assert t.error.startswith("/slots: ConnectError: All connection attempts failed") or t.error.startswith(
-        "/metrics: ConnectError"
-    )
+    assert t.error.startswith("/slots: ConnectError: All connection attempts failed") or t.error.startswith("/metrics: ConnectError")
 
 
 async def test_last_good_value_is_kept_and_marked_stale_after_three_missed_polls(client, upstream, clock):
@@ -622,4 +649,3 @@ def test_header_without_head_count_gives_a_reason(tmp_path):
     size = kv_size(path)
     assert size.bytes_per_token is None
     assert size.reason == "GGUF header lacks llama.attention.head_count"
-

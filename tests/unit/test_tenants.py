@@ -183,9 +183,7 @@ def test_bad_or_unknown_keys_are_401(tenants: TenantDirectory, headers, fragment
         assert secret not in e.message  # never echo the key
 
 
-def test_every_tenant_digest_is_compared_in_constant_time(
-    tenants: TenantDirectory, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_every_tenant_digest_is_compared_in_constant_time(tenants: TenantDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[bytes, bytes]] = []
     real = hmac.compare_digest
 

@@ -108,9 +108,7 @@ async def simulated():
 
 async def test_generator_sends_and_counts_then_stops_cleanly(simulated) -> None:
     client = simulated(slots=8, ctx=65536, speed=200.0)
-    gen = TrafficGenerator(
-        "http://sim", seed=1, rate_interactive=40.0, rate_batch=10.0, burst_every_s=0.3, burst_size=5, client=client
-    )
+    gen = TrafficGenerator("http://sim", seed=1, rate_interactive=40.0, rate_batch=10.0, burst_every_s=0.3, burst_size=5, client=client)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         await gen.start()
@@ -142,9 +140,7 @@ async def test_stop_cancels_requests_in_flight(simulated) -> None:
 
 async def test_in_flight_is_bounded_and_extra_arrivals_are_skipped(simulated) -> None:
     client = simulated(slots=1, speed=1.0)
-    gen = TrafficGenerator(
-        "http://sim", seed=3, rate_interactive=200.0, rate_batch=0.0, burst_size=0, client=client, max_in_flight=3
-    )
+    gen = TrafficGenerator("http://sim", seed=3, rate_interactive=200.0, rate_batch=0.0, burst_size=0, client=client, max_in_flight=3)
     await gen.start()
     for _ in range(200):
         await asyncio.sleep(0.01)
@@ -168,9 +164,7 @@ async def test_only_the_given_url_is_targeted_and_statuses_are_tallied() -> None
         return httpx.Response(429, json={"error": {"code": "queue_full"}})
 
     client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-    gen = TrafficGenerator(
-        "http://127.0.0.1:8081/", seed=4, rate_interactive=100.0, rate_batch=100.0, burst_size=0, client=client
-    )
+    gen = TrafficGenerator("http://127.0.0.1:8081/", seed=4, rate_interactive=100.0, rate_batch=100.0, burst_size=0, client=client)
     await gen.start()
     for _ in range(200):
         await asyncio.sleep(0.01)

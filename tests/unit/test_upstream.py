@@ -64,8 +64,11 @@ class _Pieces(httpx.AsyncByteStream):
 async def _reads(pieces: list[bytes], *, keep_usage: bool = True, t: float = 5.0) -> tuple[list[tuple[str, str]], SseRelay]:
     firsts: list[float] = []
     relay = SseRelay(
-        httpx.Response(200, stream=_Pieces(pieces)), RelayStats(dispatched_at=1.0), lambda: t,
-        lambda: firsts.append(t), keep_usage_chunk=keep_usage,
+        httpx.Response(200, stream=_Pieces(pieces)),
+        RelayStats(dispatched_at=1.0),
+        lambda: t,
+        lambda: firsts.append(t),
+        keep_usage_chunk=keep_usage,
     )
     out = [read async for read in relay.reads()]
     assert len(firsts) == (1 if relay.stats.first_token_at is not None else 0)
@@ -73,11 +76,11 @@ async def _reads(pieces: list[bytes], *, keep_usage: bool = True, t: float = 5.0
 
 
 STREAM = (
-    ': ping\n\n'
+    ": ping\n\n"
     'data: {"choices":[{"delta":{"content":"h\u00e9"}}]}\n\n'
     'data: {"choices":[{"delta":{"content":"llo"}}]}\n\n'
     'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\n'
-    'data: [DONE]\n\n'
+    "data: [DONE]\n\n"
 ).encode()
 
 
@@ -107,9 +110,16 @@ async def test_crlf_events_a_dropped_usage_chunk_and_a_last_event_without_its_bl
 
 
 async def test_a_plain_answer_is_read_whole_and_dated_by_llama_servers_decode_time():
-    answer = b'{"content": "ab", "stop": true, "tokens_predicted": 2, "timings": {"predicted_n": 2, "predicted_ms": 1500.0, "prompt_ms": 200.0}}'
+    answer = (
+        b'{"content": "ab", "stop": true, "tokens_predicted": 2, "timings": {"predicted_n": 2, "predicted_ms": 1500.0, "prompt_ms": 200.0}}'
+    )
     firsts: list[float] = []
-    relay = SseRelay(httpx.Response(200, stream=_Pieces([answer[:10], answer[10:]])), RelayStats(dispatched_at=1.0), lambda: 5.0, lambda: firsts.append(1))
+    relay = SseRelay(
+        httpx.Response(200, stream=_Pieces([answer[:10], answer[10:]])),
+        RelayStats(dispatched_at=1.0),
+        lambda: 5.0,
+        lambda: firsts.append(1),
+    )
     assert await relay.whole() == answer  # relayed byte for byte
     stats = relay.stats
     assert stats.finished and firsts == [1] and stats.completion_tokens == 2

@@ -183,7 +183,7 @@ class SharedLimits:
         try:
             async with asyncio.timeout(1.0):
                 await self._renew_call(drops=drops, leaving=True)
-        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, RedisError, OSError) as exc:
             log.warning("shared limits: could not say goodbye to Redis (%s); this gate's leases expire by themselves", exc)
         await self._redis.aclose()
         self._redis = None
@@ -248,8 +248,7 @@ class SharedLimits:
             )
         raise GateError(
             Reason.TENANT_QUOTA,
-            f"tenant {name!r} holds {reply[1]} of its {quota} in-flight tokens across the gates; "
-            f"this request needs {cost}",
+            f"tenant {name!r} holds {reply[1]} of its {quota} in-flight tokens across the gates; this request needs {cost}",
             retry_after_s=1.0,
         )
 
@@ -294,7 +293,7 @@ class SharedLimits:
         try:
             async with asyncio.timeout(max(self._wait_s, self.config.renew_interval_s)):
                 gates, adopted = await self._renew_call(leases=sent, drops=drops)
-        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, RedisError, OSError) as exc:
             for tenant, ids in drops.items():
                 self._drops.setdefault(tenant, []).extend(ids)
             self._trim_drops()
@@ -400,7 +399,7 @@ class SharedLimits:
         try:
             async with asyncio.timeout(max(self._wait_s, self.config.renew_interval_s)):
                 await self._call(RELEASE, keys, args)
-        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, RedisError, OSError) as exc:
             self._releases_failed(batch)
             self._flip(self.health.failed(f"release: {exc or type(exc).__name__}"))
         else:

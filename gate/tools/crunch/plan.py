@@ -241,9 +241,7 @@ def evaluate_cell(
         tpot_p50_ms=percentile(tpots, 50),
         tpot_p95_ms=tpot95,
         errors=tuple(sorted(errors.items(), key=lambda kv: (-kv[1], kv[0]))),
-        breach_reasons=breach_reasons(
-            requests=len(results), failed=len(failed), ttft_p95_ms=ttft95, tpot_p95_ms=tpot95, slo=slo
-        ),
+        breach_reasons=breach_reasons(requests=len(results), failed=len(failed), ttft_p95_ms=ttft95, tpot_p95_ms=tpot95, slo=slo),
         wall_s=wall_s,
         generated_tokens=sum(r.tokens for r in ok),
         slots=slots,
@@ -287,9 +285,7 @@ def recommend(cells: Sequence[CellResult], fraction: float = RECOMMEND_FRACTION)
     # Breaches at no more tokens than the pick, where every request had a slot: a budget cannot
     # fix those. Cells above the slot count breach by waiting in llama-server's queue, which
     # the gate replaces with its own (queue time is not upstream TTFT): not listed.
-    below = tuple(
-        c for c in cells if c.breach and c.held_tokens <= best.held_tokens and c.held_tokens == c.in_flight_tokens
-    )
+    below = tuple(c for c in cells if c.breach and c.held_tokens <= best.held_tokens and c.held_tokens == c.in_flight_tokens)
     too_large = tuple(sorted({c.request_tokens for c in cells if c.request_tokens > budget}))
     return Recommendation(
         token_budget=budget,

@@ -130,7 +130,7 @@ def edit_command(edits: list[tuple[str, Any]], file: str = "tokengate.toml") -> 
     from gate.config.edit import toml_value
 
     parts = [f"{k}={toml_value(v)}" for k, v in edits]
-    quoted = [f"'{p}'" if any(ch in p for ch in "[]\" ") else p for p in parts]
+    quoted = [f"'{p}'" if any(ch in p for ch in '[]" ') else p for p in parts]
     return f"tokengate config set {file} " + " ".join(quoted)
 
 
@@ -164,8 +164,7 @@ def format_report(report: CrunchReport, *, config_text: str | None = None, confi
     ]
     if report.skipped_ctx:
         out.append(
-            "skipped ctx " + ", ".join(ctx_label(x) for x in report.skipped_ctx)
-            + f": larger than one slot's context ({s.slot_ctx:,})"
+            "skipped ctx " + ", ".join(ctx_label(x) for x in report.skipped_ctx) + f": larger than one slot's context ({s.slot_ctx:,})"
         )
     out.append("")
     for c in report.cells:
@@ -210,10 +209,7 @@ def format_report(report: CrunchReport, *, config_text: str | None = None, confi
         )
     if rec.breached_below:
         which = ", ".join(f"concurrency {c.concurrency} ctx {ctx_label(c.ctx)}" for c in rec.breached_below)
-        out.append(
-            f"note: smaller loads breached too ({which}); a budget does not fix those "
-            "(long prompts: consider max_prefill_tokens)"
-        )
+        out.append(f"note: smaller loads breached too ({which}); a budget does not fix those (long prompts: consider max_prefill_tokens)")
     if rec.too_large:
         sizes = ", ".join(f"{n:,}" for n in rec.too_large)
         out.append(
@@ -229,12 +225,20 @@ def format_report(report: CrunchReport, *, config_text: str | None = None, confi
     if edits is not None:
         made = "" if config_file else " (a file made by `tokengate config example`)"
         out += [
-            "", f"Apply it to {target}{made}: these keys, in the tables the file already has (validated, comments kept):",
-            "", "  " + edit_command(edits, target), "",
-            "or by hand:", *(f"  {k} = {_toml(v)}" for k, v in edits),
+            "",
+            f"Apply it to {target}{made}: these keys, in the tables the file already has (validated, comments kept):",
+            "",
+            "  " + edit_command(edits, target),
+            "",
+            "or by hand:",
+            *(f"  {k} = {_toml(v)}" for k, v in edits),
         ]
-    out += ["", "Or start from this complete tokengate.toml (a new file, not to paste into another):", "",
-            config_snippet(report, rec).rstrip("\n")]
+    out += [
+        "",
+        "Or start from this complete tokengate.toml (a new file, not to paste into another):",
+        "",
+        config_snippet(report, rec).rstrip("\n"),
+    ]
     return "\n".join(out) + "\n"
 
 
@@ -280,8 +284,12 @@ def _cell_json(c: CellResult) -> dict[str, Any]:
 def _advice_json(a) -> dict[str, Any] | None:
     if a is None:
         return None
-    return {"prompt_tokens": a.prompt_tokens, "prefill_ms": round(a.prefill_ms, 1),
-            "rate_tok_s": round(a.rate_tok_s, 1), "llama_server_flags": a.flags()}
+    return {
+        "prompt_tokens": a.prompt_tokens,
+        "prefill_ms": round(a.prefill_ms, 1),
+        "rate_tok_s": round(a.rate_tok_s, 1),
+        "llama_server_flags": a.flags(),
+    }
 
 
 def report_to_json(report: CrunchReport) -> dict[str, Any]:
@@ -313,9 +321,7 @@ def report_to_json(report: CrunchReport) -> dict[str, Any]:
             "held_tokens": rec.from_cell.held_tokens,
             "concurrency": rec.from_cell.concurrency,
             "ctx": rec.from_cell.ctx,
-            "breached_below": [
-                {"concurrency": c.concurrency, "ctx": c.ctx} for c in rec.breached_below
-            ],
+            "breached_below": [{"concurrency": c.concurrency, "ctx": c.ctx} for c in rec.breached_below],
             "too_large_request_tokens": list(rec.too_large),
             "config": config_snippet(report, rec),
             "edits": _edits_json(report, rec),

@@ -88,9 +88,7 @@ class _Runner:
         except httpx.TransportError as e:
             raise CrunchUnreachable(f"cannot reach llama-server at {url}: {_transport_text(e)}") from e
         if any(h.lower().startswith("x-tokengate") for h in resp.headers):
-            raise CrunchUsageError(
-                f"{url} is a tokengate gate: point crunch at llama-server itself, not through the gate"
-            )
+            raise CrunchUsageError(f"{url} is a tokengate gate: point crunch at llama-server itself, not through the gate")
         if resp.status_code == 503:
             raise CrunchError(f"{url}/props answered 503 (model still loading?): try again when /health is 200")
         if resp.status_code != 200:
@@ -100,9 +98,7 @@ class _Runner:
             slots = int(data["total_slots"])
             slot_ctx = int(data["default_generation_settings"]["n_ctx"])
         except (ValueError, KeyError, TypeError):
-            raise CrunchError(
-                f"{url}/props lacks total_slots or default_generation_settings.n_ctx: is this llama-server?"
-            ) from None
+            raise CrunchError(f"{url}/props lacks total_slots or default_generation_settings.n_ctx: is this llama-server?") from None
         if slots < 1 or slot_ctx < 1:
             raise CrunchError(f"{url}/props reports {slots} slots of {slot_ctx} tokens")
         model = data.get("model_path")
@@ -173,13 +169,9 @@ class _Runner:
         try:
             # llama-server closes the connection after a streamed answer without saying so; a
             # pooled connection then fails the next request ("Server disconnected"): never reuse.
-            async with self.client.stream(
-                "POST", self.path, json=self.body(text, max_tokens), headers={"Connection": "close"}
-            ) as resp:
+            async with self.client.stream("POST", self.path, json=self.body(text, max_tokens), headers={"Connection": "close"}) as resp:
                 if "x-tokengate-class" in resp.headers:
-                    raise CrunchUsageError(
-                        f"{self.s.url} is a tokengate gate: point crunch at llama-server itself, not through the gate"
-                    )
+                    raise CrunchUsageError(f"{self.s.url} is a tokengate gate: point crunch at llama-server itself, not through the gate")
                 if resp.status_code != 200:
                     return RequestResult(ok=False, error=_error_text(resp.status_code, await resp.aread()))
                 async for line in resp.aiter_lines():
@@ -289,9 +281,7 @@ async def run_crunch(
     timeout = httpx.Timeout(settings.timeout_s, connect=10.0)
     # Shorter than llama-server's own 5 s keep-alive (for /props, /tokenize; streams never pool).
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=8, keepalive_expiry=2.0)
-    async with httpx.AsyncClient(
-        base_url=settings.url, headers=headers, timeout=timeout, limits=limits, transport=transport
-    ) as client:
+    async with httpx.AsyncClient(base_url=settings.url, headers=headers, timeout=timeout, limits=limits, transport=transport) as client:
         runner = _Runner(settings, client, clock)
         server = await runner.props()
         runner.slots = server.total_slots
@@ -305,8 +295,7 @@ async def run_crunch(
         plan = [(c, requests_for(c.concurrency, settings.requests)) for c in grid]
         progress = Progress(err, sum(n for _, n in plan))
         progress.note(
-            f"crunch: {server.url}: {server.total_slots} slots x {server.slot_ctx:,} tokens; "
-            f"{len(grid)} cells, {progress.total} requests"
+            f"crunch: {server.url}: {server.total_slots} slots x {server.slot_ctx:,} tokens; {len(grid)} cells, {progress.total} requests"
         )
         prompts: dict[int, tuple[list[str], int]] = {}
         for x in sorted({c.ctx for c in grid}):
@@ -320,8 +309,10 @@ async def run_crunch(
         try:
             for cell, n in plan:
                 words, tokens = prompts[cell.ctx]
-                progress.cell_started(f"concurrency {cell.concurrency}, ctx {ctx_label(cell.ctx)}",
-                                      expected_tokens=n * max_tokens_for(cell.ctx, settings.max_tokens))
+                progress.cell_started(
+                    f"concurrency {cell.concurrency}, ctx {ctx_label(cell.ctx)}",
+                    expected_tokens=n * max_tokens_for(cell.ctx, settings.max_tokens),
+                )
                 result = await runner.cell(
                     cell, words, tokens, max_tokens_for(cell.ctx, settings.max_tokens), n, rotations[cell.ctx], progress
                 )

@@ -341,8 +341,7 @@ class Simulator:
                     self._fail(
                         task,
                         400,
-                        f"request ({task.prompt_tokens} tokens) exceeds the available context size "
-                        f"({n_ctx} tokens), try increasing it",
+                        f"request ({task.prompt_tokens} tokens) exceeds the available context size ({n_ctx} tokens), try increasing it",
                         "exceed_context_size_error",
                         n_prompt_tokens=task.prompt_tokens,
                         n_ctx=n_ctx,

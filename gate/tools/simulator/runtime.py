@@ -28,9 +28,7 @@ class SimulatorRuntime:
         self._driver: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
 
-    def submit(
-        self, prompt_tokens: int, n_predict: int, *, ignore_eos: bool, params: dict[str, Any]
-    ) -> tuple[int, asyncio.Queue]:
+    def submit(self, prompt_tokens: int, n_predict: int, *, ignore_eos: bool, params: dict[str, Any]) -> tuple[int, asyncio.Queue]:
         task_id = self.core.submit(prompt_tokens, n_predict, now=self.clock(), ignore_eos=ignore_eos, params=params)
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[task_id] = queue
