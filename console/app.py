@@ -316,6 +316,13 @@ class TokengateApp(App[None]):
             self.notify("no class selected", severity="warning", markup=False)
         return cls
 
+    def action_read_only_notice(self) -> None:
+        self.notify(
+            "read-only console: retune, pause, drain and freeze are off here; attach without --read-only to act",
+            severity="warning",
+            markup=False,
+        )
+
     def _gate_action_allowed(self) -> bool:
         return not self.read_only and self._main_active()
 

@@ -104,7 +104,7 @@ def fleet_row(name: str, snap: GateSnapshot | None, error: str | None) -> FleetR
         running=max(0, snap.requests_in_flight - snap.queued),
         queued=snap.queued,
         denials_per_min=sum(c.refused_per_min for c in snap.classes),
-        p95_ttft_ms=snap.controller.p95_ttft_ms,
+        p95_ttft_ms=snap.controller.p95_ttft_ms_1m,  # the one the gate's own console shows
         slo_ttft_ms=snap.controller.slo_ttft_ms,
         shared=snap.shared or "off",
     )

@@ -62,15 +62,21 @@ HELP: dict[str, str] = {_action(b): b.tooltip for b in MAIN_BINDINGS + APP_BINDI
 #: what `?` adds: keys that are not bindings of the console's own
 _MORE_HELP = (
     ("up/down", "select a class (the row p, d and t act on)"),
+    ("tab, pgup/pgdn", "to the decision tail and back through it (G follows again)"),
     ("esc", "clear the filter / close a dialog"),
 )
 
 
 def without_gate_actions(bindings: BindingsMap) -> BindingsMap:
-    """Read-only: the same bindings less the gate actions (absent, not disabled: the keys do
-    nothing, the footer and `?` don't list them)."""
+    """Read-only: the same bindings less the gate actions (absent, not disabled: the footer
+    and `?` don't list them); pressed, a gate action's key says why nothing happens (a hidden
+    binding to a toast), rather than being silently ignored."""
     return BindingsMap.from_keys(
-        {key: kept for key, found in bindings.key_to_bindings.items() if (kept := [b for b in found if b.action not in GATE_ACTIONS])}
+        {
+            key: kept or [Binding(key, "app.read_only_notice", show=False)]
+            for key, found in bindings.key_to_bindings.items()
+            if (kept := [b for b in found if b.action.removeprefix("app.") not in GATE_ACTIONS]) or found
+        }
     )
 
 

@@ -18,6 +18,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from gate.config import Config
 from gate.ops.link import GateLink
@@ -133,14 +134,41 @@ async def attach_console(path: str, *, read_only: bool = False) -> int:
     except LinkLost as exc:
         raise ConsoleExit(str(exc)) from None
     _log_beside(link.info.journal)
-    try:
-        app = await _run_app(link, read_only=read_only)
-    finally:
-        await link.close()
-    if app.lost:
+    while True:
+        try:
+            app = await _run_app(link, read_only=read_only)
+        finally:
+            await link.close()
+        if not app.lost:
+            return 0
+        # The gate went away under us: a restart (systemd's Restart=on-failure, a deploy) is
+        # the usual reason, so wait for it to come back on the same socket rather than exit.
         sys.stderr.write(f"tokengate console: {app.lost}\n")
-        return 1
-    return 0
+        relinked = await _reconnect(path, read_only=read_only, within_s=RECONNECT_S)
+        if relinked is None:
+            sys.stderr.write(f"tokengate console: no gate came back on {path} within {RECONNECT_S:g} s\n")
+            return 1
+        sys.stderr.write(f"tokengate console: reconnected to {path} (gate {relinked.info.gate_id})\n")
+        link = relinked
+
+
+#: how long an attached console waits for its gate to come back after losing it
+RECONNECT_S = 60.0
+
+
+async def _reconnect(path: str, *, read_only: bool, within_s: float) -> Any:
+    """The link to a gate on `path` once one answers again, or None after `within_s`."""
+    from gate.ops.link import LinkLost, SocketLink
+
+    sys.stderr.write(f"tokengate console: waiting up to {within_s:g} s for a gate on {path} (Ctrl-C to stop)\n")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while loop.time() < deadline:
+        try:
+            return await SocketLink.connect(path, read_only=read_only)
+        except (LinkLost, OSError):
+            await asyncio.sleep(0.5)
+    return None
 
 
 async def attach_fleet(gates: list[tuple[str, str]], *, read_only: bool = False) -> int:
@@ -182,6 +210,11 @@ async def run_console(
     socket_path = config.gate.control_socket_path()
     if socket_path is None:
         raise ConsoleExit("the embedded console needs a control socket: set [gate] journal to a file or [gate] control_socket")
+    if read_only and not demo and not is_live(socket_path):
+        raise ConsoleExit(
+            f"--read-only only watches a running gate, and none runs on this config (control socket "
+            f"{socket_path}); start one with `tokengate serve --config {config_path or 'FILE'}`"
+        )
     if is_live(socket_path):
         if read_only:
             return await attach_console(socket_path, read_only=True)

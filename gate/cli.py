@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 from gate import __version__
 from gate.config import EXAMPLE_CONFIG, Config, ConfigError, load_config, parse_config
@@ -175,10 +175,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("file", metavar="FILE", help="the TOML file, or - to read standard input")
     check.add_argument("-v", "--verbose", action="store_true", help="also print the effective settings (defaults filled in)")
+    check.add_argument(
+        "--backends",
+        action="store_true",
+        help="also ask each running backend what it reports (slots, per-slot context, KV layout) and\n"
+        "say where the config contradicts it; exit 1 when it does or a backend is unreachable",
+    )
     check.set_defaults(func=_cmd_config_check)
     example = config_commands.add_parser(
         "example",
-        help="print an annotated example config (every key, with its default)",
+        help="print an annotated example config (every key, what it does, its default)",
         description=(
             "Print an annotated tokengate.toml listing every key with what it does, its unit and\n"
             "its default. Start from it: tokengate config example > tokengate.toml"
@@ -187,15 +193,50 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_Formatter,
     )
     example.set_defaults(func=_cmd_config_example)
+    set_cmd = config_commands.add_parser(
+        "set",
+        help="change keys of a config file in place (validated first; comments kept)",
+        description=(
+            "Set TABLE.KEY=VALUE in FILE, e.g. budget.min_tokens=1024 classes.batch.reserved_tokens=0.\n"
+            "The edited file is validated whole before it is written: a bad edit changes nothing.\n"
+            "A running gate applies the file on SIGHUP (systemctl reload tokengate)."
+        ),
+        epilog=_EXIT_CODES,
+        formatter_class=_Formatter,
+    )
+    set_cmd.add_argument("file", metavar="FILE", help="the TOML file to edit")
+    set_cmd.add_argument("edits", metavar="TABLE.KEY=VALUE", nargs="+", help="the keys to set")
+    set_cmd.set_defaults(func=_cmd_config_set)
+
+    overrides = commands.add_parser(
+        "overrides",
+        help="the operator's runtime changes a restart restores: show, drop, or write into the config",
+        description=(
+            "Retunes, hand budgets, paused classes and the controller's freeze made at runtime are\n"
+            "kept beside the journal (<journal>.overrides.json) and restored when the gate starts.\n"
+            "  show   list them (default)\n"
+            "  drop   back to the config file (on the running gate, audited; else the kept file goes)\n"
+            "  write  write the retuned settings into --config (validated), so the file holds them;\n"
+            "         paused classes, the freeze and hand budgets are runtime state and stay overrides"
+        ),
+        epilog=_EXIT_CODES,
+        formatter_class=_Formatter,
+    )
+    overrides.add_argument("action", nargs="?", choices=("show", "drop", "write"), default="show")
+    overrides.add_argument("--config", metavar="FILE", help="the gate's TOML config (its journal and control socket)")
+    overrides.add_argument("--journal", metavar="FILE", help="the journal (default: the config's gate.journal)")
+    overrides.set_defaults(func=_cmd_overrides)
 
     # log
     log_cmd = commands.add_parser(
         "log",
         help="export the journal (decisions, audit or samples) without a UI",
         description=(
-            "Stream journal rows to standard output, oldest first. The journal is opened\n"
-            "read-only, so this is safe while the gate is running. Timestamps are ISO-8601\n"
-            "UTC (table, csv); json is JSON Lines with the raw epoch `ts` plus `ts_iso`.\n"
+            "Stream journal rows to standard output in the order of their `ts`, oldest first\n"
+            "(a decision's ts is its ARRIVAL; its end is ts + duration_ms; the live console's\n"
+            "tail shows the end). The journal is opened read-only, so this is safe while the\n"
+            "gate is running. Timestamps are ISO-8601 UTC (table, csv); json is JSON Lines\n"
+            "with the raw epoch `ts` plus `ts_iso`.\n"
             "Example: tokengate log --since 2h --format csv > last-2h.csv"
         ),
         epilog=_EXIT_CODES,
@@ -206,6 +247,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         default=None,
         help="the SQLite journal (default: tokengate.db, else the demo's tokengate-demo.db)",
+    )
+    log_cmd.add_argument(
+        "--config",
+        metavar="FILE",
+        help="TOML config file: its [gate] journal is read (when --journal is not given)",
     )
     log_cmd.add_argument(
         "--kind",
@@ -279,6 +325,102 @@ def _cmd_config_example(args: argparse.Namespace, out: TextIO, err: TextIO) -> i
     return EXIT_OK
 
 
+def _write_config(path: str, edits: list[tuple[str, Any]]) -> None:
+    """Apply `edits` to the file at `path`, validated whole first (ConfigError: nothing written)."""
+    import os
+
+    from gate.config.edit import set_keys
+
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    new = set_keys(text, edits)
+    parse_config(new, path)  # raises ConfigError naming the key: the file is untouched
+    tmp = path + ".tokengate-new"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(new)
+    try:
+        os.chmod(tmp, os.stat(path).st_mode & 0o7777)
+    except OSError:
+        pass
+    os.replace(tmp, path)
+
+
+def _cmd_config_set(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from gate.config.edit import parse_value, split_key
+
+    edits = []
+    for item in args.edits:
+        key, eq, value = item.partition("=")
+        if not eq:
+            err.write(f"tokengate config set: {item!r}: give TABLE.KEY=VALUE\n")
+            return EXIT_USAGE
+        try:
+            split_key(key.strip())
+        except ValueError as exc:
+            err.write(f"tokengate config set: {exc}\n")
+            return EXIT_USAGE
+        edits.append((key.strip(), parse_value(value.strip())))
+    _write_config(args.file, edits)
+    for key, value in edits:
+        out.write(f"set {key} = {value!r} in {args.file}\n")
+    return EXIT_OK
+
+
+def _cmd_overrides(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    import asyncio
+
+    from gate.data.commands import DropOverrides
+    from gate.ops import overrides as kept
+    from gate.ops.control_socket import is_live
+    from gate.ops.link import SocketLink
+
+    config = load_config(args.config)
+    journal = args.journal or config.gate.journal
+    path = kept.path_for(journal)
+    current = kept.load(path)
+    socket_path = config.gate.control_socket_path() or ""
+    live = bool(socket_path) and is_live(socket_path)
+    if args.action == "show":
+        if not current:
+            out.write(f"no runtime overrides ({path} absent): the gate runs on its config file\n")
+        for line in current.lines():
+            out.write(line + "\n")
+        return EXIT_OK
+    if args.action == "drop":
+        if live:
+
+            async def drop() -> str:
+                link = await SocketLink.connect(socket_path)
+                try:
+                    (result,) = await link.command(DropOverrides(note="tokengate overrides drop"))
+                    return result.message
+                finally:
+                    await link.close()
+
+            out.write(asyncio.run(drop()) + f" (the gate on {socket_path}; audited)\n")
+        else:
+            kept.save(path, kept.Overrides())
+            out.write(f"dropped {len(current.lines())} kept overrides ({path}); no gate runs on {socket_path or 'this config'}\n")
+        return EXIT_OK
+    # write
+    if not args.config:
+        err.write("tokengate overrides write: --config FILE is the file to write them into\n")
+        return EXIT_USAGE
+    edits = [(f"budget.{k}", v) for k, v in sorted(current.settings.items())]
+    edits += [(f"classes.{c}.{k}", v) for c, ch in sorted(current.classes.items()) for k, v in sorted(ch.items())]
+    if not edits:
+        out.write("no retuned settings to write (paused classes, the freeze and hand budgets are runtime state)\n")
+        return EXIT_OK
+    _write_config(args.config, edits)
+    for key, value in edits:
+        out.write(f"wrote {key} = {value!r} into {args.config}\n")
+    if live:
+        out.write("the running gate holds them until it re-reads the file: systemctl reload tokengate (SIGHUP)\n")
+    else:
+        kept.save(path, kept.Overrides(budgets=current.budgets, paused=current.paused, frozen=current.frozen))
+    return EXIT_OK
+
+
 def _cmd_config_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.file == "-":
         source = "<stdin>"
@@ -297,6 +439,20 @@ def _cmd_config_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
     if args.verbose:
         for line in describe_config(config):
             out.write(line + "\n")
+    if getattr(args, "backends", False):
+        import os
+
+        from gate.backend.pool import check_backend
+
+        rc = EXIT_OK
+        for b in config.backends:
+            line, warnings = check_backend(b, config.budget, config.classes, environ=os.environ)
+            out.write(f"backend  {b.name}  {b.url}: {line}\n")
+            if warnings or "unreachable" in line or line.startswith("not ready"):
+                rc = EXIT_RUNTIME
+            for w in warnings:
+                out.write(f"warning: backend {b.name}: {w}\n")
+        return rc
     return EXIT_OK
 
 
@@ -353,6 +509,19 @@ def _cmd_console(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.attach is not None and args.demo:
         err.write("tokengate console: --attach and --demo do not go together (the demo runs its own gate)\n")
         return EXIT_USAGE
+    if args.read_only and args.attach is None and not args.demo:
+        # Watch-only never serves: without a gate on this config there is nothing to watch.
+        from gate.ops.control_socket import is_live
+
+        socket_path = config.gate.control_socket_path()
+        if not (socket_path and is_live(socket_path)):
+            err.write(
+                f"tokengate console: --read-only only watches a running gate, and none runs on "
+                f"{args.config or 'the default config'} (control socket {socket_path or 'none'}); start one with "
+                f"`tokengate serve --config {args.config or 'FILE'}`, or drop --read-only for a quick look "
+                "with a gate of its own\n"
+            )
+            return EXIT_USAGE
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         err.write("tokengate console: needs a terminal (use `tokengate serve` for a headless gate)\n")
         return EXIT_USAGE
@@ -376,7 +545,10 @@ def _cmd_console(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def _cmd_log(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from gate.journal.export import ExportError, export, find_journal
 
-    journal, note = find_journal(args.journal)
+    given = args.journal
+    if given is None and getattr(args, "config", None):
+        given = load_config(args.config).gate.journal
+    journal, note = find_journal(given)
     if note:
         err.write(f"tokengate log: {note}\n")
     try:
@@ -419,6 +591,7 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=err, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # One line per upstream call drowns what matters; the gate logs its own decisions.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    from gate.http.server import ListenError
     from gate.ops.control_socket import SocketInUse
     from gate.ops.lock import JournalLocked
     from gate.serve import serve_until_signalled  # the HTTP stack only when serving
@@ -433,7 +606,7 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         except ImportError:
             return asyncio.run(main)
         return uvloop.run(main)
-    except (JournalLocked, SocketInUse) as exc:
+    except (JournalLocked, SocketInUse, ListenError) as exc:
         err.write(f"tokengate serve: {exc}\n")
         return EXIT_USAGE
 
@@ -661,6 +834,12 @@ def _add_crunch_parser(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="print the whole table and the recommendation as JSON on stdout (progress stays on stderr)",
     )
+    crunch.add_argument(
+        "--config",
+        metavar="FILE",
+        help="the tokengate.toml the recommendation is for: it is printed as the edits that merge into\n"
+        "that file (checked against its classes); default: a file made by `tokengate config example`",
+    )
     crunch.set_defaults(func=_cmd_crunch)
 
 
@@ -712,7 +891,11 @@ def _cmd_crunch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.json:
         out.write(json.dumps(report_to_json(report), indent=2) + "\n")
     else:
-        out.write(format_report(report))
+        text = None
+        if args.config:
+            with open(args.config, encoding="utf-8") as f:
+                text = f.read()
+        out.write(format_report(report, config_text=text, config_file=args.config))
     return EXIT_OK
 
 

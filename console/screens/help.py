@@ -22,7 +22,11 @@ LEGEND = (
         "waits on",
         "what keeps a class's oldest request waiting: slots, token budget, class limit, tenant quota, prefill limit, priority, PAUSED",
     ),
-    ("wait p95", "time in the gate's own queue (TTFT p95 is measured from dispatch: it does not include it)"),
+    (
+        "wait p95",
+        "time in the gate's own queue, refusals after waiting included (TTFT p95 is measured from dispatch: it does not include it)",
+    ),
+    ("met", "last minute's arrivals whose first token came within the objective from arrival; refusals count as misses"),
 )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Static
 
@@ -25,6 +26,15 @@ from gate.ops.link import LinkLost
 MAX_SLO_MS = 600_000.0
 MAX_QUEUE_DEPTH = 100_000
 MAX_QUEUE_TIMEOUT_S = 3600.0
+
+
+class StateCheckbox(Checkbox):
+    """A checkbox that says its state in characters, `[x]` on and `[ ]` off: the compact stock
+    one draws an X either way, told apart by colour only, and looked ticked when off (#22)."""
+
+    @property
+    def _button(self) -> Content:
+        return Content("[x]" if self.value else "[ ]")
 
 
 @dataclass
@@ -183,7 +193,7 @@ class RetuneScreen(ModalScreen[list[str] | None]):
                     yield Static("budget: backends differ or are not ready; leave empty to keep", classes="dialog-hint")
                 yield Static(controller_outlook(self.snap), id="retune-controller", classes="dialog-hint", markup=False)
                 if self.offers_freeze:
-                    yield Checkbox("freeze the controller (it keeps the budget you set)", id="retune-freeze", compact=True)
+                    yield StateCheckbox("freeze the controller (it keeps the budget you set)", id="retune-freeze", compact=True)
             yield Label("", id="retune-result", classes="retune-error", markup=False)
             yield Static("enter saves when every field is valid · esc cancels · tab moves", classes="dialog-hint")
             with Horizontal(classes="dialog-buttons"):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shlex
 import time
 from collections.abc import Callable
@@ -64,8 +65,36 @@ RANGES: tuple[tuple[str, float | None], ...] = (
 DEFAULT_RANGE = 1  # last 1h
 
 OUTCOMES = ("admitted", "refused", "shed", "cancelled", "failed", "forwarded")
-_FILTER_KEYS = {"class": "cls", "cls": "cls", "reason": "reason", "tenant": "tenant", "outcome": "outcome"}
-FILTER_HELP = "class=batch reason=queue_full tenant=alice outcome=refused (a,b = either)"
+_FILTER_KEYS = {
+    "class": "cls",
+    "cls": "cls",
+    "reason": "reason",
+    "tenant": "tenant",
+    "outcome": "outcome",
+    "since": "since",
+    "until": "until",
+}
+FILTER_HELP = "class=batch reason=queue_full tenant=alice outcome=refused (a,b = either) since=23:01 until=23:15 (UTC)"
+_TIME_KEYS = ("since", "until")
+
+
+def parse_when(text: str, now: float) -> float:
+    """A review time, UTC like the screen: ``23:01``/``23:01:30`` (that day of the journal's newest
+    row, or the day before when later than it), ``2026-12-01T23:01`` (ISO), or ``10m``/``2h`` ago."""
+    from datetime import UTC, datetime
+
+    from gate.journal.reader import parse_since
+
+    m = re.fullmatch(r"(\d{1,2}):(\d{2})(?::(\d{2}))?", text)
+    if m:
+        day = datetime.fromtimestamp(now, UTC)
+        at = day.replace(hour=int(m.group(1)), minute=int(m.group(2)), second=int(m.group(3) or 0), microsecond=0)
+        ts = at.timestamp()
+        return ts - 86400 if ts > now else ts
+    try:
+        return parse_since(text, now)
+    except ValueError as e:
+        raise FilterError(f"{text!r}: {e}; or HH:MM (UTC)") from None
 
 
 class FilterError(ValueError):
@@ -88,11 +117,15 @@ def parse_filter(text: str) -> dict[str, tuple[str, ...]]:
         if not sep:
             raise FilterError(f"{term!r} is not key=value; use {FILTER_HELP}")
         if key not in _FILTER_KEYS:
-            raise FilterError(f"unknown filter key {key!r}: use class, reason, tenant or outcome")
+            raise FilterError(f"unknown filter key {key!r}: use class, reason, tenant, outcome, since or until")
         values = [v.strip() for v in value.split(",")]
         if not value.strip() or any(not v for v in values):
             raise FilterError(f"{term!r}: empty value")
         field = _FILTER_KEYS[key]
+        if field in _TIME_KEYS:
+            parse_when(value.strip(), time.time())  # checked now; resolved against the journal's day
+            out[field] = [value.strip()]
+            continue
         if field == "outcome":
             bad = [v for v in values if v not in OUTCOMES]
             if bad:
@@ -103,9 +136,9 @@ def parse_filter(text: str) -> dict[str, tuple[str, ...]]:
 
 
 def format_filter(filters: dict[str, tuple[str, ...]]) -> str:
-    names = {"cls": "class", "reason": "reason", "tenant": "tenant", "outcome": "outcome"}
+    names = {"cls": "class", "reason": "reason", "tenant": "tenant", "outcome": "outcome", "since": "since", "until": "until"}
     parts = []
-    for field in FILTER_FIELDS:
+    for field in (*FILTER_FIELDS, *_TIME_KEYS):
         values = filters.get(field)
         if values:
             joined = ",".join(values)
@@ -198,7 +231,7 @@ class ReviewScreen(Screen[str | None]):
     """
 
     BINDINGS = [
-        Binding("escape", "close", "Back"),
+        Binding("escape", "escape", "Clear filter / back"),
         Binding("q", "close", "Close"),
         Binding("1", "set_range(0)", "Range", key_display="1-5"),
         Binding("2", "set_range(1)", "1h", show=False),
@@ -275,7 +308,7 @@ class ReviewScreen(Screen[str | None]):
             yield Static("", id="review-filter-error")
             table = DecisionTable(id="review-decisions", cursor_type="row", zebra_stripes=True)
             for label, key in (
-                ("time (UTC)", "ts"),
+                ("arrived (UTC)", "ts"),  # a decision's ts is its arrival; the live tail shows its end
                 ("tenant", "tenant"),
                 ("class", "cls"),
                 ("outcome", "outcome"),
@@ -343,11 +376,16 @@ class ReviewScreen(Screen[str | None]):
             )
 
     def _range_bounds(self) -> tuple[float | None, float | None]:
-        """[since, until) of the current range; until just past "now" (inclusive of it)."""
+        """[since, until) of the current range; until just past "now" (inclusive of it). A
+        `since=`/`until=` filter zooms to that window instead (an incident's minutes)."""
         assert self.now is not None
         until = math.nextafter(self.now, math.inf)
         seconds = RANGES[self.range_index][1]
         since = None if seconds is None else self.now - seconds
+        if self.filter_fields.get("since"):
+            since = parse_when(self.filter_fields["since"][0], self.now)
+        if self.filter_fields.get("until"):
+            until = parse_when(self.filter_fields["until"][0], self.now)
         return since, until
 
     def _apply_range(self) -> None:
@@ -516,6 +554,15 @@ class ReviewScreen(Screen[str | None]):
             return
         self.dismiss(self.error)
 
+    def action_escape(self) -> None:
+        """Esc clears a filter first, as in the live console; with none, it goes back."""
+        filt = self.query_one("#review-filter", Input)
+        if self.filter_fields or filt.value:
+            filt.value = ""
+            self._filter_submitted(Input.Submitted(filt, ""))
+            return
+        self.action_close()
+
     def action_set_range(self, index: int) -> None:
         if not 0 <= index < len(RANGES):
             return
@@ -552,7 +599,7 @@ class ReviewScreen(Screen[str | None]):
             self.app.push_screen(RecordScreen(f"audit: {a['action']} {a['target']}", fields))
         elif focused.id == "review-decisions" and row < len(self.page_rows):
             r = self.page_rows[row]
-            fields = [("time (UTC)", _utc(r["ts"], "%Y-%m-%d %H:%M:%S"))]
+            fields = [("arrived (UTC)", _utc(r["ts"], "%Y-%m-%d %H:%M:%S"))]
             fields += [(k, "-" if v is None else str(v)) for k, v in r.items() if k != "ts"]
             self.app.push_screen(RecordScreen(f"decision {r.get('request_id', '')}", fields))
 

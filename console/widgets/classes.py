@@ -2,10 +2,13 @@
 
 Its cursor row is "the selected class" that `p` (pause), `d` (drain) and `t`
 (retune) act on. Narrower than NARROW_BELOW columns it drops the static
-columns (priority, paused, reserved, limit; "waits on" says PAUSED), narrower
+columns (priority, paused, reserved, limit, in-flight; "waits on" says PAUSED), narrower
 than TINY_BELOW the rates too, so that load, waiting and latency stay visible.
-"wait p95" is the time in the gate's own queue (TTFT is measured from dispatch
-and does not include it); "waits on" says what keeps the oldest waiter waiting.
+"wait p95" is the time in the gate's own queue, every outcome (a refusal after waiting
+included; TTFT is measured from dispatch and does not include it); "met" is the share
+of the last minute's arrivals whose first token came within their objective from arrival
+(the class's ttft_objective_ms, else the SLO), refusals counted as misses ("met"); "waits on" says
+what keeps the oldest waiter waiting.
 """
 
 from __future__ import annotations
@@ -34,11 +37,12 @@ LABELS: dict[str, str] = {
     "adm": "adm/m",
     "ref": "ref/m",
     "p95": "TTFT p95/SLO",
+    "met": "met",
     "binds": "waits on",
 }
 FULL = tuple(LABELS)
-NARROW = ("name", "in_flight", "queued", "oldest", "wait", "adm", "ref", "p95", "binds")
-TINY = ("name", "queued", "oldest", "wait", "p95", "binds")
+NARROW = ("name", "queued", "oldest", "wait", "adm", "ref", "p95", "met", "binds")
+TINY = ("name", "queued", "oldest", "wait", "p95", "met", "binds")
 NARROW_BELOW = 128
 TINY_BELOW = 94
 
@@ -92,9 +96,18 @@ def class_cells(c: ClassView, slo_ms: float) -> dict[str, Any]:
         "ref": Text(str(c.refused_per_min), style="bold red" if c.refused_per_min else ""),
         "p95": Text(f"{p95}/{slo_ms:,.0f}", style=ttft_style(c.p95_ttft_ms, slo_ms)),
         "wait": _wait_ms(c.p95_queue_ms, c.queue_timeout_s),
+        "met": _met(c.met, c.judged),
         # What binds now: PAUSED whatever else (the queue is held), else why the oldest waits.
         "binds": Text("PAUSED", style=WARN_BADGE) if c.paused else Text(c.waiting_on, style="yellow"),
     }
+
+
+def _met(met: int, judged: int) -> Text:
+    """The share of last minute's arrivals that met their objective, refusals counted as misses."""
+    if not judged:
+        return Text("-", style="dim")
+    share = met / judged
+    return Text(f"{100 * share:.0f}%", style="green" if share >= 0.95 else "yellow" if share >= 0.8 else "bold red")
 
 
 def _wait_ms(ms: float | None, timeout_s: float) -> Text:

@@ -31,11 +31,13 @@ class DenialsTable(DataTable):
         drop_stale(self, self._cells, live)
 
         def rank(c: dict) -> tuple:
-            return (-c["m5"], -c["m1"], -c["m15"], c["reason"], c["cls"])
+            # The current problem first: the last minute, then 5, then 15 (#22: an old burst's
+            # 15-minute count sorted today's above it).
+            return (-c["m1"], -c["m5"], -c["m15"], c["reason"], c["cls"])
 
         order = tuple(sorted(self._cells, key=lambda k: rank(self._cells[k])))
         if order != self._order:
-            self.sort("m5", "m1", "m15", "reason", "cls", key=lambda v: (-v[0], -v[1], -v[2], v[3], v[4]))
+            self.sort("m1", "m5", "m15", "reason", "cls", key=lambda v: (-v[0], -v[1], -v[2], v[3], v[4]))
             self._order = order
         total = sum(c["m15"] for c in self._cells.values())
         self.border_subtitle = f"{total} in 15 min" if total else "none in 15 min"

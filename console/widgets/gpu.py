@@ -50,7 +50,7 @@ def render_gpu(reading, *, compact: bool) -> Text:
 
 
 def kv_line(b: BackendView, *, compact: bool) -> Text:
-    """``KV reserved ██░░░░░░ 0.08/1.00 GiB 660/8,192 tok x 128K`` (K: KiB a token) for one backend."""
+    """``KV reserved ██░░░░░░ 0.08/1.00 GiB 660/8,192 tok x 128 KiB/tok`` for one backend."""
     out = Text()
     pool = b.ceiling
     if not pool:
@@ -66,7 +66,7 @@ def kv_line(b: BackendView, *, compact: bool) -> Text:
         out.append(f"{b.in_flight * per_token / GIB:.2f}/{pool * per_token / GIB:.2f} GiB ")
         out.append(f"{b.in_flight:,}/{pool:,} tok", "dim")
         if not compact:
-            out.append(f" x {per_token // 1024:,}K", "dim")
+            out.append(f" x {per_token // 1024:,} KiB/tok", "dim")
     else:
         out.append(f"{b.in_flight:,}/{pool:,} tok ")
         out.append("(bytes/token n/a)", "dim")  # the GGUF file is not on this host (help says so)

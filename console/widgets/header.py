@@ -84,6 +84,11 @@ class GateHeader(Static):
         if self.paused:
             line.append("  ")
             line.append(" PAUSED ", VIEW_PAUSED_BADGE)
+        if snap is not None and snap.overrides:
+            # Runtime changes the config file does not hold: a restart restores them.
+            line.append("  ")
+            shown = ", ".join(o.removeprefix("budget.").removeprefix("classes.") for o in snap.overrides)
+            line.append(f" OVERRIDES {len(snap.overrides)}: {shown} ", "bold black on cyan")
         if snap is not None:
             banner = journal_banner(snap)
             if banner:

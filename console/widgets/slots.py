@@ -48,10 +48,17 @@ def controller_line(c: ControllerView, in_flight: int, queued: int, *, compact: 
         line.append(f"{in_flight:,}")
     line.append("  queued " if not compact else "  q ")
     line.append(str(queued), "bold yellow" if queued else "")
+    # One p95 per frame: the classes table's (worst class, last minute); the controller's own
+    # input is smoothed over its window and named as such when it differs.
     line.append("  p95 TTFT " if not compact else "  p95 ")
-    p95 = "n/a" if c.p95_ttft_ms is None else f"{c.p95_ttft_ms:,.0f}"
-    line.append(p95, ttft_style(c.p95_ttft_ms, c.slo_ttft_ms))
+    p95 = "n/a" if c.p95_ttft_ms_1m is None else f"{c.p95_ttft_ms_1m:,.0f}"
+    line.append(p95, ttft_style(c.p95_ttft_ms_1m, c.slo_ttft_ms))
     line.append(f"/{c.slo_ttft_ms:,.0f} ms")
+    if not compact and c.mode == "adaptive":
+        if c.p95_ttft_ms is None:
+            line.append(f" (controller: {c.samples}/{c.min_samples} samples, not moving yet)", "dim")
+        elif c.p95_ttft_ms_1m is None or abs(c.p95_ttft_ms - c.p95_ttft_ms_1m) >= 1:
+            line.append(f" (controller sees {c.p95_ttft_ms:,.0f})", "dim")
     return line
 
 
@@ -65,10 +72,13 @@ def backend_line(b: BackendView, compact: bool) -> Text:
     if b.slots_total:
         line.append_text(bar(b.slots_busy, b.slots_total, min(b.slots_total, 8)))
         line.append(f" {b.slots_busy}/{b.slots_total}")
+        if b.bypass_slots:  # llama-server is busier than the gate: someone talks to it directly
+            line.append(f" +{b.bypass_slots} bypassing the gate", "bold yellow")
     else:
         line.append(f"{b.slots_busy}/?", "dim")
     if not compact:
-        line.append(f"  kv {b.kv}", "dim")
+        kv = f"  kv {b.kv}" + (f" ({b.kv_source})" if b.kv_source and b.kv_source != "config" else "")
+        line.append(kv, "bold yellow" if b.kv_source == "assumed" else "dim")
         line.append(f"  budget {_n(b.budget)}/{_n(b.ceiling)}")
         if b.stretched_to is not None:  # in-flight above the budget: say why
             line.append(f" stretched to {b.stretched_to:,} (aged)", "yellow")
@@ -81,13 +91,16 @@ def backend_line(b: BackendView, compact: bool) -> Text:
             frac = max(used)
             line.append("  ctx max ")
             line.append(f"{100 * frac:.0f}%", fill_style(frac))
+    if b.telemetry_stale:
+        why = f": {b.telemetry_error}" if b.telemetry_error and not compact else ""
+        line.append(f"  telemetry STALE{why}", "bold black on yellow")
     line.append("  deferred ")
     if b.requests_deferred is None:
         line.append("n/a", "dim")
     else:
         line.append(str(b.requests_deferred), ALARM_BADGE if b.requests_deferred else "green")
     if not compact and b.decode_tps is not None:
-        line.append(f"  decode {b.decode_tps:,.0f} tok/s", "dim")
+        line.append(f"  decode {b.decode_tps:,.0f} tok/s" + (" (last read)" if b.telemetry_stale else ""), "dim")
     return line
 
 
@@ -153,6 +166,9 @@ def render_capacity(snap: GateSnapshot, *, compact: bool, width: int = 0) -> Tex
     for b in snap.backends:
         out.append("\n")
         out.append_text(wrap_chunks(backend_line(b, compact), width))
+        for w in b.warnings:  # the capacity contradicts the config: never silent
+            out.append("\n  ! ", "bold yellow")
+            out.append(w if not compact else w[: max(20, width - 4)] if width else w, "yellow")
         if compact:
             continue
         out.append("\n")
@@ -161,9 +177,14 @@ def render_capacity(snap: GateSnapshot, *, compact: bool, width: int = 0) -> Tex
             out.append("\n  per-slot context: n/a (/slots not polled)", "dim")
             continue
         out.append("\n ")
+        if b.telemetry_stale:
+            out.append(" (last read, stale)", "bold yellow")
         for s in b.slots:
             out.append(" ")
-            out.append_text(slot_cell(s))
+            cell = slot_cell(s)
+            if b.telemetry_stale:
+                cell.stylize("dim")
+            out.append_text(cell)
     return out
 
 

@@ -26,9 +26,11 @@ log = logging.getLogger("tokengate.gatekeeper")
 class Refused(GateError):
     """Raised by `acquire` when the core refuses the request (at once or after waiting)."""
 
-    def __init__(self, refusal: Refuse) -> None:
+    def __init__(self, refusal: Refuse, *, waited: bool = False) -> None:
         super().__init__(refusal.reason, refusal.detail, retry_after_s=refusal.retry_after_s)
         self.refusal = refusal
+        #: it waited in a queue before the refusal (timeout, drain); False: refused at once
+        self.waited = waited
 
 
 @dataclass(slots=True, eq=False)
@@ -196,7 +198,7 @@ class Gatekeeper:
     def _fail(self, refusal: Refuse) -> None:
         fut, _ = self._waiters.pop(refusal.request.id, (None, None))
         if fut is not None and not fut.done():
-            fut.set_exception(Refused(refusal))
+            fut.set_exception(Refused(refusal, waited=True))
 
     def _abandon(self, request_id: str, fut: asyncio.Future[Ticket]) -> None:
         self._waiters.pop(request_id, None)

@@ -2,8 +2,10 @@
 
 Each backend gets its admission core (and gatekeeper) once its capacity is
 known: slots from `total_slots`, per-slot context from
-`default_generation_settings.n_ctx`, and the KV mode from config (llama-server
-does not say which it runs).
+`default_generation_settings.n_ctx`, and the KV layout learned where the server's own
+figures tell it (gate/backend/layout.py), else the configured `kv`. Whatever the
+capacity contradicts (the config's `kv`, `min_tokens` or class reservations above the
+ceiling) is in the backend's `warnings`: logged, in /health and in the console.
 
 A llama-server in router mode (its /props says `"role": "router"`) serves several
 models, each in its own child process: it becomes one capacity unit per configured
@@ -22,6 +24,7 @@ from typing import Any, Literal, Protocol
 import httpx
 
 from gate.backend.gatekeeper import Gatekeeper, Ticket
+from gate.backend.layout import Layout, ServerArgs, learn_layout, local_server_args
 from gate.backend.upstream import RelayStats, Upstream
 from gate.config import BackendConfig, BudgetConfig
 from gate.core.adaptive import BudgetController, ControllerSettings, Move, controller_for, has_demand
@@ -68,14 +71,16 @@ log = logging.getLogger("tokengate.backends")
 BackendState = Literal["ready", "loading", "down", "unloaded", "sleeping"]  # the last two: router mode
 
 
-def capacity_from_props(props: Mapping[str, Any], config: BackendConfig) -> Capacity:
-    """The physical limits of a llama-server from its /props and the configured KV mode."""
+def capacity_from_props(props: Mapping[str, Any], config: BackendConfig, layout: Layout | None = None) -> Capacity:
+    """The physical limits of a llama-server from its /props and its KV layout (learned, or
+    else the configured one: `learn_layout`)."""
     slots = props.get("total_slots")
     n_ctx = (props.get("default_generation_settings") or {}).get("n_ctx")
     if not isinstance(slots, int) or slots < 1 or not isinstance(n_ctx, int) or n_ctx < 1:
         raise ValueError(f"/props lacks total_slots/default_generation_settings.n_ctx: {slots!r}, {n_ctx!r}")
+    kv = layout.kv if layout is not None else learn_layout(props, config.kv, None).kv
     # Unified: every slot reports the whole shared pool. Split: each slot owns n_ctx.
-    ceiling = n_ctx if config.kv == "unified" else slots * n_ctx
+    ceiling = n_ctx if kv == "unified" else slots * n_ctx
     if config.token_budget is not None:
         ceiling = config.token_budget
     return Capacity(
@@ -85,6 +90,35 @@ def capacity_from_props(props: Mapping[str, Any], config: BackendConfig) -> Capa
         max_prefill_tokens=config.max_prefill_tokens,
         prefill_yield_tokens=config.prefill_yield_tokens or None,
     )
+
+
+def capacity_warnings(layout: Layout | None, cap: Capacity | None, budget: BudgetConfig, classes: Iterable[ClassPolicy]) -> tuple[str, ...]:
+    """What a backend's capacity contradicts: its layout's warnings, and [budget] min_tokens or
+    class reservations above its ceiling (the controller's floor is clamped to the ceiling; a
+    class cannot reach tokens the others reserve)."""
+    out = list(layout.warnings if layout is not None else ())
+    if cap is None:
+        return tuple(out)
+    where = f"ceiling {cap.ceiling}" + (f" ({layout.kv} KV, {cap.slots} slots of {cap.slot_context})" if layout else "")
+    if budget.min_tokens > cap.ceiling:
+        out.append(f"budget.min_tokens {budget.min_tokens} is above the {where}: the floor is clamped to {cap.ceiling}")
+    classes = tuple(classes)
+    for c in classes:
+        default = getattr(c, "default_max_tokens", None)
+        if isinstance(default, int) and default >= cap.slot_context:
+            out.append(
+                f"classes.{c.name}.default_max_tokens {default} is not below one slot's context "
+                f"{cap.slot_context}: every {c.name} request without max_tokens is refused (400); lower it"
+            )
+    reserved = [(c.name, c.reserved_tokens) for c in classes if c.reserved_tokens]
+    total = sum(n for _, n in reserved)
+    if total > cap.ceiling:
+        each = ", ".join(f"{name} {n}" for name, n in reserved)
+        out.append(
+            f"class reservations ({each}; {total} in all) exceed the {where}: "
+            "a class cannot reach tokens the others reserve; lower reserved_tokens"
+        )
+    return tuple(out)
 
 
 @dataclass(slots=True)
@@ -102,6 +136,9 @@ class Backend:
     decode: DecodeMeter = field(default_factory=DecodeMeter)  # the current per-slot rate, for shedding
     controller: BudgetController | None = None
     kv_bytes_per_token: int | None = None  # from the model's GGUF header, when local
+    layout: Layout | None = None  # the KV layout in force, and how it was learned
+    #: what the capacity contradicts (config kv, min_tokens, reservations above the ceiling)
+    warnings: tuple[str, ...] = ()
     #: router mode: the model this unit serves, its fleet (the router's own entry has the
     #: fleet and no model) and the query its GETs need
     model: str | None = None
@@ -199,6 +236,11 @@ class BackendPool:
             for c in configs
         )
         self._fleet_tasks: list[asyncio.Task] = []
+        #: called with (backend, old state, new state) when a backend goes ready or stops being
+        #: ready: the service audits it, so a llama-server crash leaves its mark on the review
+        self.on_state: Callable[[Backend, str, str], None] | None = None
+        #: finds a local llama-server's command line (a seam for tests)
+        self._args_finder: Callable[[str], ServerArgs | None] = local_server_args
 
     @property
     def backends(self) -> tuple[Backend, ...]:
@@ -245,9 +287,13 @@ class BackendPool:
                     new.freeze()
                 self._own(b, new)
         self._budget = budget
+        for b in self:
+            self._warn(b)
 
     def set_classes(self, classes: Iterable[ClassPolicy]) -> None:
         self._classes = tuple(classes)
+        for b in self:
+            self._warn(b)
 
     def route(self, model: str | None) -> Backend | None:
         """Declared models first; an absent model goes to the first backend; else a catch-all.
@@ -274,6 +320,7 @@ class BackendPool:
     async def probe(self, backend: Backend) -> None:
         """One health check (and /props when ready); never raises."""
         before = (backend.state, backend.capacity)
+        first = backend.detail == "not probed yet"  # the first probe at start is not an event
         try:
             health = await backend.get("/health", timeout=self._timeout)
             if health.status_code == 503:
@@ -289,18 +336,58 @@ class BackendPool:
                     if backend.fleet is not None and not backend.fleet.refreshed:
                         await backend.fleet.refresh()  # the models' states before the gate answers
                 else:
-                    self.apply_capacity(backend, capacity_from_props(backend.props, backend.config))
+                    if backend.state != "ready" or backend.layout is None:
+                        # Learned on each (re)start of the server: it may come back with other flags.
+                        backend.layout = learn_layout(
+                            backend.props,
+                            backend.config.kv,
+                            self._server_args(backend),
+                            await self._n_ctx_train(backend),
+                        )
+                    self.apply_capacity(backend, capacity_from_props(backend.props, backend.config, backend.layout))
                     backend.state, backend.detail = "ready", "ok"
         except (httpx.HTTPError, ValueError) as exc:
             backend.state, backend.detail = "down", f"{type(exc).__name__}: {exc}"[:200]
         if backend.fleet is not None:
             backend.fleet.router_state(backend.state, backend.detail)
+        if self.on_state is not None and not first and (before[0] == "ready") != (backend.state == "ready"):
+            self.on_state(backend, before[0], backend.state)
         if (backend.state, backend.capacity) != before:
-            log.info("backend %s: %s (%s) capacity=%s", backend.name, backend.state, backend.detail, backend.capacity)
+            log.info(
+                "backend %s: %s (%s) capacity=%s kv=%s",
+                backend.name,
+                backend.state,
+                backend.detail,
+                backend.capacity,
+                None if backend.layout is None else f"{backend.layout.kv} ({backend.layout.source}: {backend.layout.detail})",
+            )
             if backend.gatekeeper is not None:
                 backend.gatekeeper.advance()
             if self._on_change is not None:
                 self._on_change()
+
+    def _server_args(self, backend: Backend) -> ServerArgs | None:
+        return self._args_finder(backend.url)
+
+    async def _n_ctx_train(self, backend: Backend) -> int | None:
+        """`/v1/models` meta.n_ctx_train: the total context of a server started with `-c 0`."""
+        try:
+            data = (await backend.get("/v1/models", timeout=self._timeout)).json()["data"]
+            value = data[0]["meta"]["n_ctx_train"]
+            return value if isinstance(value, int) else None
+        except (httpx.HTTPError, ValueError, LookupError, TypeError):
+            return None
+
+    def capacity_warnings(self, backend: Backend) -> tuple[str, ...]:
+        return capacity_warnings(backend.layout, backend.capacity, self._budget, self._classes)
+
+    def _warn(self, backend: Backend) -> None:
+        warnings = self.capacity_warnings(backend)
+        if warnings != backend.warnings:
+            for w in warnings:
+                if w not in backend.warnings:
+                    log.warning("backend %s: %s", backend.name, w)
+            backend.warnings = warnings
 
     def _router(self, backend: Backend) -> None:
         """Router mode: the backend becomes one unit per configured model (once)."""
@@ -346,6 +433,7 @@ class BackendPool:
             if backend.controller is not None:
                 backend.controller.set_ceiling(self._clock(), capacity.ceiling)  # pushes a clamped budget
         backend.capacity = capacity
+        self._warn(backend)
 
     async def run(self, interval_s: float = 1.0) -> None:
         """Probe every backend forever; a down backend costs one refused connect per interval.
@@ -420,3 +508,39 @@ def observe_upstream(backend: Backend, stats: RelayStats, now: float) -> None:
         tpot = (now - stats.first_token_at) / (stats.completion_tokens - 1)
     if backend.controller is not None:
         backend.controller.observe(now, stats.ttft_s, tpot)
+
+
+def check_backend(
+    config: BackendConfig,
+    budget: BudgetConfig,
+    classes: Iterable[ClassPolicy],
+    *,
+    environ: Mapping[str, str],
+    timeout_s: float = 3.0,
+    args_finder: Callable[[str], ServerArgs | None] = local_server_args,
+) -> tuple[str, tuple[str, ...]]:
+    """`tokengate config check --backends`: one line on what the running llama-server reports
+    and the capacity the gate would run with, and what the config contradicts (blocking)."""
+    token = environ.get(config.api_key_env) if config.api_key_env else None
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with httpx.Client(timeout=timeout_s, headers=headers) as client:
+            health = client.get(config.url + "/health")
+            if health.status_code != 200:
+                return f"not ready (/health answered {health.status_code})", ()
+            props = client.get(config.url + "/props").json()
+            if props.get("role") == "router":
+                return "router mode: capacity per model, checked when each loads", ()
+            try:
+                n_ctx_train = client.get(config.url + "/v1/models").json()["data"][0]["meta"]["n_ctx_train"]
+            except (httpx.HTTPError, ValueError, LookupError, TypeError):
+                n_ctx_train = None
+    except (httpx.HTTPError, ValueError) as exc:
+        return f"unreachable ({type(exc).__name__}: {exc})"[:200], ()
+    layout = learn_layout(props, config.kv, args_finder(config.url), n_ctx_train if isinstance(n_ctx_train, int) else None)
+    try:
+        cap = capacity_from_props(props, config, layout)
+    except ValueError as exc:
+        return str(exc), ()
+    line = f"{cap.slots} slots of {cap.slot_context} tokens, kv {layout.kv} ({layout.source}: {layout.detail}), ceiling {cap.ceiling}"
+    return line, capacity_warnings(layout, cap, budget, classes)

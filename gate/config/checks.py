@@ -246,7 +246,7 @@ def validate_config(config: Config, source: str = "<config>") -> None:
         c = _Check(s, path)
         c.unique_name(be.name, i, backend_names, "backend", "; give each backend its own name")
         _check_url(c, "url", be.url)
-        c.check("kv", be.kv, lambda v: v in get_args(KvMode), '"unified" or "split"')
+        c.check("kv", be.kv, lambda v: v in get_args(KvMode), '"auto", "unified" or "split"')
         for j, model in enumerate(be.models):
             mkey = f"models[{j}]"
             if not model.strip():

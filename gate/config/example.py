@@ -1,8 +1,10 @@
-"""The annotated example (`tokengate config example`): every key, with its default."""
+"""The annotated example (`tokengate config example`): every key, what it does and its default."""
 
 EXAMPLE_CONFIG = """\
-# tokengate.toml: every key, with its default. Every key is optional; delete what you do not
-# need. Check a file with `tokengate config check FILE`.
+# tokengate.toml: every key, what it does and its default (each comment's "Default:"). The
+# values set here are a working start and some differ from the defaults (the classes' shares,
+# for one). Every key is optional; delete what you do not need. Check a file with
+# `tokengate config check FILE` (add --backends to ask the running llama-server too).
 #
 # Token counts below are KV-cache tokens: a request costs prompt tokens + max_tokens.
 
@@ -65,10 +67,12 @@ url = "http://127.0.0.1:8080"
 # Model names (the request's "model" field) routed to this backend. A model may be routed to
 # one backend only. Default [] (no explicit routing).
 models = []
-# How llama-server shares its KV cache between slots: "unified" (one shared pool, llama-server
-# --kv-unified; the budget ceiling is the pool size) or "split" (per-slot context; the ceiling
-# is slots x per-slot context). Default "unified", the safe side.
-kv = "unified"
+# How llama-server shares its KV cache between slots: "auto" (learned from the server where it
+# tells: a llama-server on this host, by its -c/-np/-kvu; else unified, with a warning in the log,
+# /health and the console), "unified" (one shared pool: -np auto or -kvu; the ceiling is the pool)
+# or "split" (-np N without -kvu: per-slot context; the ceiling
+# is slots x per-slot context). A learned layout that disagrees overrides this, loudly. Default "auto".
+kv = "auto"
 # Override the budget ceiling (tokens) read from the backend; must be >= budget.min_tokens.
 # Default: unset (use the backend's physical capacity).
 # token_budget = 16384

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-KvMode = Literal["unified", "split"]
+KvMode = Literal["auto", "unified", "split"]
 BudgetMode = Literal["adaptive", "static"]
 FailurePolicy = Literal["fail_open", "fail_closed"]
 
@@ -104,7 +104,7 @@ class BackendConfig:
     name: str = "default"
     url: str = "http://127.0.0.1:8080"
     models: tuple[str, ...] = ()
-    kv: KvMode = "unified"
+    kv: KvMode = "auto"  # learned from the server where it tells; else unified, said loudly
     token_budget: int | None = None
     max_prefill_tokens: int | None = None  # None: derived from the measured prefill rate; 0: off
     prefill_yield_tokens: int = 512  # prompts longer than this yield to higher classes; 0: off

@@ -21,6 +21,8 @@ class _Bucket:
     outcomes: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # (cls, outcome, reason)
     ttft_ms: dict[str, list[float]] = field(default_factory=dict)
     queue_ms: dict[str, list[float]] = field(default_factory=dict)
+    judged: Counter[str] = field(default_factory=Counter)  # arrivals judged against their objective
+    met: Counter[str] = field(default_factory=Counter)  # of those, first token within it
 
 
 class Rollup:
@@ -38,11 +40,16 @@ class Rollup:
         reason: str,
         ttft_ms: float | None = None,
         queue_ms: float | None = None,
+        met: bool | None = None,
     ) -> None:
         """`queue_ms`: time spent waiting in the gate's queue, whatever the outcome (a queue
-        timeout waited longest of all)."""
+        timeout waited longest of all). `met`: whether the arrival met its objective (a
+        refusal did not); None: not judged (the client's own error or cancel)."""
         bucket = self._bucket(int(now))
         bucket.outcomes[(cls, outcome, reason)] += 1
+        if met is not None:
+            bucket.judged[cls] += 1
+            bucket.met[cls] += met
         for value, per_class in ((ttft_ms, bucket.ttft_ms), (queue_ms, bucket.queue_ms)):
             if value is not None:
                 samples = per_class.setdefault(cls, [])
@@ -69,6 +76,14 @@ class Rollup:
 
     def p95_queue_ms(self, now: float, cls: str, window_s: int = 60) -> float | None:
         return _p95(v for b in self._within(now, window_s) for v in b.queue_ms.get(cls, ()))
+
+    def met_share(self, now: float, cls: str, window_s: int = 60) -> tuple[int, int]:
+        """(met, judged) arrivals of `cls` in the window: refusals count as misses."""
+        met = judged = 0
+        for b in self._within(now, window_s):
+            met += b.met.get(cls, 0)
+            judged += b.judged.get(cls, 0)
+        return met, judged
 
     def _bucket(self, second: int) -> _Bucket:
         if not self._buckets or self._buckets[-1].second < second:

@@ -82,8 +82,17 @@ class ModelAction:
     op = "model"
 
 
-Command = Pause | Drain | Freeze | Retune | ModelAction
-_BY_OP: dict[str, type[Command]] = {c.op: c for c in (Pause, Drain, Freeze, Retune, ModelAction)}
+@dataclass(frozen=True, slots=True)
+class DropOverrides:
+    """Back to the config file: drop every runtime override (retunes, hand budgets, pauses,
+    the freeze) that a restart would otherwise restore."""
+
+    note: str = ""
+    op = "drop_overrides"
+
+
+Command = Pause | Drain | Freeze | Retune | ModelAction | DropOverrides
+_BY_OP: dict[str, type[Command]] = {c.op: c for c in (Pause, Drain, Freeze, Retune, ModelAction, DropOverrides)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +144,12 @@ def describe(action: str, target: str, old: str | None, new: str | None, note: s
         return f"Evicted {name} to load another model"
     if action == "model_failed":
         return f"{name} failed: its requests get 503 model_unavailable until it is loaded again"
+    if action == "restored":
+        return f"Restored {name} from the last run: {old} -> {new}"
+    if action == "overrides_dropped":
+        return f"Dropped the runtime overrides ({old}): back to the config file" if old else "No runtime overrides were in force"
+    if action == "overrides_replaced":
+        return f"The reload replaced runtime overrides with the file's values: {old}"
     what = f"{action} {target}"
     if old is not None or new is not None:
         what += f": {old} -> {new}"

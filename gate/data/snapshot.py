@@ -81,6 +81,16 @@ class BackendView:
     prefill_cap_auto: bool = False  # the cap is automatic (from measurements; None until measured), not configured
     # The budget an aged request was let in at, above the controller's, while it runs (E3); None: none.
     stretched_to: int | None = None
+    #: llama-server's /slots and /metrics could not be read lately: slots, decode rate and
+    #: deferred are the last values read, old (telemetry_error says why)
+    telemetry_stale: bool = False
+    telemetry_error: str | None = None
+    #: slots llama-server reports busy beyond the gate's own requests: traffic that bypassed it
+    bypass_slots: int = 0
+    kv_source: str = ""  # how `kv` was learned: server | process | config | assumed
+    kv_detail: str = ""
+    #: what the capacity contradicts (config kv, min_tokens or reservations above the ceiling)
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +136,10 @@ class ClassView:
     p95_ttft_ms: float | None
     p95_queue_ms: float | None = None  # time in the gate's queue, last minute, every outcome
     waiting_on: str = ""  # what keeps its oldest waiter waiting now ("slots 4/4 busy", "paused", ...)
+    #: arrivals of the last minute that met their first-token objective (from arrival, queue
+    #: included), and those judged: refusals count as misses, client errors and cancels not at all
+    met: int = 0
+    judged: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,10 +149,14 @@ class ControllerView:
     budget: int | None  # summed over backends
     min_tokens: int
     ceiling: int | None
-    p95_ttft_ms: float | None
+    p95_ttft_ms: float | None  # the controller's input: smoothed, None until it has min_samples
     p95_tpot_ms: float | None
     slo_ttft_ms: float
     slo_tpot_ms: float | None
+    #: the frame's one p95 TTFT: the worst class's over the last minute, the classes table's figure
+    p95_ttft_ms_1m: float | None = None
+    samples: int = 0  # the controller's samples in its window
+    min_samples: int = 0  # what it needs before it moves
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +201,9 @@ class GateSnapshot:
     #: tenant limits shared through Redis: off | ok | fail_open | fail_closed (the policy applies)
     shared: str = "off"
     models: tuple[ModelView, ...] = ()  # router mode only: every configured model
+    #: the operator's runtime changes in force over the config file (restored at a restart;
+    #: dropped with the drop_overrides command or `tokengate overrides drop`)
+    overrides: tuple[str, ...] = ()
 
     @property
     def budget(self) -> int | None:

@@ -95,6 +95,7 @@ class _Flow:
         "model_name",
         "rerouted_from",
         "caller",
+        "waited_s",
     )
 
     def __init__(
@@ -138,6 +139,9 @@ class _Flow:
         self.model_name: str | None = None  # the model that answers, when the gate routed by model
         self.rerouted_from: str | None = None  # the model asked for, when a fallback answers
         self.caller: Caller | None = None  # who asked, when refused before the intake was whole
+        #: time spent in admission queues by tries that ended without a ticket (refused after
+        #: waiting, drained, a fallback tried next, the client gone); None: never offered
+        self.waited_s: float | None = None
 
     # ---- the path ------------------------------------------------------------
 
@@ -206,12 +210,20 @@ class _Flow:
         # Arrival is now: queue time is time spent waiting for admission, not counting tokens.
         request = Request(self.request_id, intake.caller.cls, intake.caller.tenant, self.count.tokens, intake.max_tokens, self.gate.clock())
         assert backend.gatekeeper is not None
+        queued = True  # until the core says it refused at once
         try:
             self.ticket = await backend.gatekeeper.acquire(request)
         except GateError as err:
+            queued = bool(getattr(err, "waited", True))
             if backend.fleet is not None:
                 backend.fleet.refused(backend, err)  # Retry-After from the load time, while it loads
             raise
+        finally:
+            if self.ticket is None or self.ticket.request is not request:
+                # Refused after waiting, drained, or cancelled while queued: the wait counts.
+                # Refused at once: it never waited (0, not the microseconds of the decision).
+                waited = max(0.0, self.gate.clock() - request.arrival) if queued else 0.0
+                self.waited_s = (self.waited_s or 0.0) + waited
 
     async def _admit_routed(self, backend: Backend, chain: list[Backend], intake: Intake) -> Backend:
         """Router mode and fallbacks: the requested model, or the first fallback that admits at
@@ -444,9 +456,24 @@ class _Flow:
         client = self.scope.get("client")
         return client[0] if client else None
 
+    def _objective_ms(self, cls: str) -> float | None:
+        """The class's first-token objective, else the gate's TTFT SLO: what "met" is judged by."""
+        config = self.gate.config
+        policy = next((c for c in config.classes if c.name == cls), None)
+        if policy is None:
+            return None
+        return policy.ttft_objective_ms or config.budget.slo_ttft_p95_ms
+
+    @property
+    def queued_s(self) -> float | None:
+        """Every wait in the gate's queues, whatever the outcome; None if never offered."""
+        if self.ticket is None:
+            return self.waited_s
+        return (self.waited_s or 0.0) + self.ticket.queued_s
+
     def _gate_headers(self) -> list[tuple[bytes, bytes]]:
         cls = self.intake.caller.cls if self.intake is not None else ""
-        queue_ms = 0.0 if self.ticket is None else self.ticket.queued_s * 1000
+        queue_ms = (self.queued_s or 0.0) * 1000
         headers = [
             (b"x-request-id", self.request_id.encode()),
             (b"x-tokengate-class", cls.encode()),
@@ -579,7 +606,7 @@ class _Flow:
         reason = str(reason)
         caller = intake.caller if intake is not None else self.caller
         cls = caller.cls if caller is not None else ""
-        queued_s = self.ticket.queued_s if self.ticket is not None else None
+        queued_s = self.queued_s
         record = DecisionRecord(
             ts=self.wall0,
             request_id=self.request_id,
@@ -612,4 +639,5 @@ class _Flow:
             ttft_s=stats.ttft_s if stats else None,
             ttft_total_s=None if stats is None or stats.first_token_at is None else stats.first_token_at - self.t0,
             tpot_s=stats.tpot_s if stats is not None else None,
+            objective_ms=self._objective_ms(cls),
         )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import socket
@@ -58,6 +59,12 @@ def build_app(gate: RequestPorts) -> ASGIApp:
         backends: dict[str, dict[str, Any]] = {}
         for b in gate.backends:
             backends[b.name] = {"state": b.state, "slots": b.capacity.slots if b.capacity else None}
+            if b.capacity is not None:
+                backends[b.name]["ceiling"] = b.capacity.ceiling
+            if b.layout is not None:
+                backends[b.name]["kv"] = {"layout": b.layout.kv, "source": b.layout.source}
+            if b.warnings:  # what the capacity contradicts: loud where probes and people look
+                backends[b.name]["warnings"] = list(b.warnings)
             if b.fleet is not None and b.model is not None:  # router mode: the model's own status
                 backends[b.name]["model_status"] = b.fleet.info[b.model].status
         # Router mode: an up router is ready with nothing loaded (it loads on demand, or an operator
@@ -209,9 +216,22 @@ def _listening_socket(host: str, port: int, *, v6only: bool) -> socket.socket:
         # With several addresses, "[::]:P" is IPv6 only, so "0.0.0.0:P" can be listed beside it
         # (alone, it stays dual-stack as before).
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        why = "in use by another process" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+        raise ListenError(
+            f"cannot listen on {shown} ([gate] listen): the address is {why}"
+            + (f"; see who holds it: ss -ltnp 'sport = :{port}'" if exc.errno == errno.EADDRINUSE else "")
+        ) from None
     sock.setblocking(False)
     return sock
+
+
+class ListenError(Exception):
+    """The gate's listen address cannot be bound: the message names it and the key."""
 
 
 class HttpServer:
@@ -234,7 +254,7 @@ class HttpServer:
         try:
             for h, p in ((host, port), *also):
                 sockets.append(_listening_socket(h, p, v6only=bool(also)))
-        except OSError:
+        except (OSError, ListenError):
             for sock in sockets:
                 sock.close()
             raise

@@ -123,7 +123,9 @@ def _rows(conn: sqlite3.Connection, kind: str, since_ts: float | None, path: str
     if since_ts is not None:
         sql += " WHERE ts >= ?"
         params.append(since_ts)
-    sql += " ORDER BY id"
+    # By the time the rows are about (a decision's ts is its arrival; rows are written as
+    # requests end, so id order is end order): `--since 10m` reads in the order of its ts.
+    sql += " ORDER BY ts, id"
     try:
         cursor = conn.execute(sql, params)
     except sqlite3.Error as e:
@@ -222,6 +224,8 @@ def write_csv(columns: Sequence[str], rows: Iterator[tuple[Any, ...]], out: Text
         values[ts_at] = iso(values[ts_at])
         if stream_at >= 0:
             values[stream_at] = "true" if values[stream_at] else "false"
+        # milliseconds to a tenth, never 35338.87197700005 (a float's noise, not a measurement)
+        values = [round(v, 3) if isinstance(v, float) and i != ts_at else v for i, v in enumerate(values)]
         writer.writerow(values)  # None -> "" (csv module)
         n += 1
     return n

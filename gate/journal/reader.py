@@ -29,11 +29,12 @@ from typing import Any
 import aiosqlite
 
 from gate.journal import COLUMNS, DecisionFilters, JournalQueries, time_where
-from gate.journal.export import FETCH, ExportError, check_version, open_read_only, write_csv
+from gate.journal.export import FETCH, ExportError, check_version, open_read_only, parse_since, write_csv
 from gate.journal.queries import FILTER_FIELDS
 
 __all__ = [
     "FILTER_FIELDS",
+    "parse_since",  # `--since`'s and the review's `since=` terms: one reading of "10m" or an ISO time
     "DecisionFilters",
     "JournalReader",
     "default_export_name",
@@ -229,7 +230,9 @@ def export_decisions_csv(
             finally:
                 cursor.close()
 
-        with open(part, "w", newline="", encoding="utf-8") as out:
+        # As private as the journal it comes from (0600): tenant names and request sizes.
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(fd, "w", newline="", encoding="utf-8") as out:
             n = write_csv(columns, rows(), out)
         os.replace(part, out_path)
         return n

@@ -30,6 +30,22 @@ from gate.observe.metrics import GateMetrics
 log = logging.getLogger("tokengate.service")
 
 
+#: refusals that are the gate's (overload, limits, shutdown): misses. A client's own errors
+#: (400, 401, 413) and cancels say nothing about service and are not judged.
+_MISSED_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+def judge(record: DecisionRecord, ttft_total_s: float | None, objective_ms: float | None) -> bool | None:
+    """Did this arrival meet its objective? None: not judged."""
+    if objective_ms is None or not record.cls:
+        return None
+    if record.outcome == "admitted":
+        return ttft_total_s is not None and ttft_total_s * 1000 <= objective_ms
+    if record.outcome == "cancelled":
+        return None
+    return False if record.outcome == "failed" or record.http_status in _MISSED_STATUS else None
+
+
 @dataclass(frozen=True, slots=True)
 class ClassTotals:
     """One class over every backend: tokens in flight, requests queued."""
@@ -67,6 +83,50 @@ class Recorder:
         self.audit_listeners: list[Callable[[AuditRecord], None]] = []
 
     # ---- audit ----------------------------------------------------------------
+
+    async def seed_from_journal(self, window_s: float = 900.0, *, limit: int = 20_000) -> int:
+        """Start the live view from the journal's recent history, not empty: the decisions of
+        the last `window_s` (the rollups' horizon: denials, rates, p95s, the tail) and the
+        recent audit rows, as a restarted gate's console should show them. How many decisions."""
+        from gate.journal.rows import decision_from_row
+
+        if self.journal is None:
+            return 0
+        wall, mono = time.time(), self.clock()
+        try:
+            rows = await self.journal.decisions_page(limit=limit, since_ts=wall - window_s)
+            audit = await self.journal.audit_rows(since_ts=wall - window_s, limit=self.recent_audit.maxlen)
+        except Exception as exc:  # noqa: BLE001 - a history we cannot read is no reason not to start
+            log.warning("journal history not read (%s): the console starts empty", exc)
+            return 0
+        records = sorted((decision_from_row(r) for r in rows), key=lambda r: r.ts + (r.duration_ms or 0) / 1000)
+        for r in records:
+            ended = r.ts + (r.duration_ms or 0) / 1000
+            self.records.add(r)
+            self.rollup.add(mono - max(0.0, wall - ended), r.cls, r.outcome, r.reason, r.ttft_ms, r.queue_ms)
+        fields = {f.name for f in dataclasses.fields(AuditRecord)}
+        for a in audit:
+            self.recent_audit.append(AuditRecord(**{k: v for k, v in a.items() if k in fields}))
+        return len(records)
+
+    async def previous_end(self) -> str | None:
+        """How the previous gate on this journal ended, when not cleanly: a note for the audit
+        row `unclean_end` (its last life row was `started` or `stopping`, never `stopped`)."""
+        if self.journal is None:
+            return None
+        try:
+            rows = await self.journal.audit_rows(limit=500)
+        except Exception:  # noqa: BLE001
+            return None
+        life = [r for r in rows if r.get("target") == "gate" and r.get("action") in ("started", "stopping", "stopped")]
+        if not life or life[-1]["action"] == "stopped" or life[-1].get("gate_id") == self.gate_id:
+            return None
+        last = life[-1]
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(last["ts"]))
+        return (
+            f"the previous gate {last.get('gate_id') or '?'} ended without 'stopped' (killed or crashed); "
+            f"its last life row: {last['action']} at {when}"
+        )
 
     def audit(self, record: AuditRecord) -> None:
         """One operator or controller change: kept for the console, journaled, told to listeners."""
@@ -150,11 +210,23 @@ class Recorder:
         ttft_s: float | None,
         ttft_total_s: float | None = None,
         tpot_s: float | None = None,
+        objective_ms: float | None = None,
     ) -> asyncio.Future[bool] | None:
-        """One finished request: journal, in-memory tail and metrics; the future resolves at commit."""
+        """One finished request: journal, in-memory tail and metrics; the future resolves at commit.
+
+        `objective_ms`: the first-token objective the arrival is judged by (from arrival, queue
+        included); it met it only if admitted with its first token in time."""
         committed = self.journal.add(record) if self.journal is not None else None
         self.records.add(record)
-        self.rollup.add(self.clock(), record.cls, record.outcome, record.reason, record.ttft_ms, record.queue_ms)
+        self.rollup.add(
+            self.clock(),
+            record.cls,
+            record.outcome,
+            record.reason,
+            record.ttft_ms,
+            record.queue_ms,
+            met=judge(record, ttft_total_s, objective_ms),
+        )
         m = self.metrics
         m.decision(cls=record.cls, outcome=record.outcome, reason=record.reason, model=model or "")
         if record.token_count_source is not None:

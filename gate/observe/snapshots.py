@@ -7,6 +7,7 @@ at 10 and at 1,000 requests per second: it carries at most `max_decisions` new d
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ class GateState:
     drain_grace_s: float
     shared: str
     gpu: GpuReading | None
+    overrides: tuple[str, ...] = ()  # the operator's runtime changes in force (gate/ops/overrides.py)
 
 
 def build_snapshot(
@@ -84,6 +86,7 @@ def build_snapshot(
                 p95_ttft_ms=rollup.p95_ttft_ms(now, c.name),
                 p95_queue_ms=rollup.p95_queue_ms(now, c.name),
                 waiting_on=waiting_on,
+                **dict(zip(("met", "judged"), rollup.met_share(now, c.name))),
             )
         )
     journal = None
@@ -97,7 +100,10 @@ def build_snapshot(
         operator=state.operator,
         backends=views,
         classes=tuple(classes),
-        controller=_controller_view(units, config, state.frozen),
+        controller=dataclasses.replace(
+            _controller_view(units, config, state.frozen),
+            p95_ttft_ms_1m=max((c.p95_ttft_ms for c in classes if c.p95_ttft_ms is not None), default=None),
+        ),
         gpu=state.gpu,
         denials=tuple(DenialView(reason, cls, *n) for (reason, cls), n in rollup.denials(now).items()),
         decisions=tuple(recorder.records.since(decisions_after, max_decisions)),
@@ -110,6 +116,7 @@ def build_snapshot(
         requests_in_flight=state.requests_in_flight,
         drain_grace_s=state.drain_grace_s,
         shared=state.shared,
+        overrides=state.overrides,
         models=tuple(v for fleet in backends.fleets for v in fleet.views(dict(telemetry))),
     )
 
@@ -121,7 +128,16 @@ def _backend_view(b: Backend, tel: BackendTelemetry | None) -> BackendView:
         url=b.url,
         state=b.state,
         detail=b.detail,
-        kv=b.config.kv,
+        kv=b.layout.kv if b.layout else b.config.kv,
+        kv_source=b.layout.source if b.layout else "",
+        kv_detail=b.layout.detail if b.layout else "",
+        warnings=b.warnings,
+        # A backend that is down has no live telemetry, whatever the poller still holds.
+        telemetry_stale=tel is not None and (tel.stale or b.state != "ready"),
+        telemetry_error=None if tel is None else (tel.error or (None if b.state == "ready" else f"backend {b.state}")),
+        bypass_slots=0
+        if tel is None or tel.stale or b.state != "ready" or tel.busy_slots is None
+        else max(0, tel.busy_slots - (len(adm.ledger) if adm else 0)),
         slots_busy=len(adm.ledger) if adm else 0,
         slots_total=cap.slots if cap else None,
         slot_context=cap.slot_context if cap else None,
@@ -167,12 +183,15 @@ def _controller_view(units: tuple[Backend, ...], config: Config, frozen: bool) -
         mode=config.budget.mode,
         frozen=frozen,
         budget=sum(budgets) if budgets else None,
-        min_tokens=config.budget.min_tokens,
+        # the floor in force: clamped to each backend's ceiling (the backend's warnings say so)
+        min_tokens=sum(c.min_tokens for c in controllers) if controllers else config.budget.min_tokens,
         ceiling=sum(ceilings) if ceilings else None,
         p95_ttft_ms=max(ttfts) * 1000 if ttfts else None,
         p95_tpot_ms=max(tpots) * 1000 if tpots else None,
         slo_ttft_ms=config.budget.slo_ttft_p95_ms,
         slo_tpot_ms=config.budget.slo_tpot_p95_ms,
+        samples=max((c.samples for c in controllers), default=0),
+        min_samples=config.budget.min_samples,
     )
 
 

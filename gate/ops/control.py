@@ -19,9 +19,23 @@ from typing import Any
 
 from gate.backend.pool import Backend, BackendPool, controller_settings
 from gate.config import ClassConfig, Config, ConfigError, config_digest, load_config, validate_config
-from gate.data.commands import ActionResult, Command, CommandError, Drain, Freeze, ModelAction, Operator, Pause, Retune, describe
+from gate.data.commands import (
+    ActionResult,
+    Command,
+    CommandError,
+    Drain,
+    DropOverrides,
+    Freeze,
+    ModelAction,
+    Operator,
+    Pause,
+    Retune,
+    describe,
+)
 from gate.data.records import AuditRecord, AuditSource
 from gate.fleet import model_ops
+from gate.ops import overrides as overrides_file
+from gate.ops.overrides import Overrides
 
 log = logging.getLogger("tokengate.service")
 
@@ -51,6 +65,13 @@ class Control:
         self.audit = audit
         self.paused: set[str] = set()
         self.frozen = False
+        #: the config file as last read (start or reload): what a runtime change overrides
+        self.file_config = config
+        #: the operator's runtime changes in force, kept at `overrides_path` (beside the journal)
+        self.overrides = Overrides()
+        self.overrides_path: str | None = None
+        self._budgets: dict[str, int] = {}  # working budgets set by hand, per backend
+        self._pending_budgets: dict[str, int] = {}  # restored for backends whose capacity is not known yet
 
     # ---- the console's entry point -------------------------------------------
 
@@ -66,6 +87,8 @@ class Control:
             return self.retune(command, operator=operator, source=source)
         if isinstance(command, ModelAction):
             return [self.model(command, operator=operator, source=source)]
+        if isinstance(command, DropOverrides):
+            return [self.drop_overrides(operator=operator, note=command.note, source=source)]
         raise CommandError(f"unknown command {command!r}")
 
     # ---- router mode: models ---------------------------------------------------------
@@ -155,6 +178,7 @@ class Control:
             results += self._set_budget(targets, change.budget, operator, source, change.note)
         if change.freeze is not None and change.freeze != self.frozen:
             results.append(self.freeze(change.freeze, operator=operator, note=change.note, source=source))
+        self._keep()
         return results
 
     def set_budget(
@@ -180,16 +204,22 @@ class Control:
         results = []
         for b in targets:
             move = b.controller.set_budget(now, tokens)  # type: ignore[union-attr]  (pushed to admission)
+            self._budgets[b.name] = move.new_budget
             results.append(self._audit(operator, source, "set_budget", f"backend:{b.name}", move.old_budget, move.new_budget, note))
+        self._keep()
         return results
 
     def freeze(self, frozen: bool, *, operator: Operator, note: str = "", source: AuditSource = "console") -> ActionResult:
         """Stop (or restart) the adaptive controller's own moves on every backend."""
         old = self.frozen
         self.frozen = frozen
+        if not frozen and self.config.budget.mode != "static":
+            self._budgets.clear()  # the controller moves the budget again: a hand budget no longer holds
         for b in self.backends:
             self.adopt(b)
-        return self._audit(operator, source, "freeze" if frozen else "unfreeze", "controller", old, frozen, note)
+        result = self._audit(operator, source, "freeze" if frozen else "unfreeze", "controller", old, frozen, note)
+        self._keep()
+        return result
 
     def set_budget_settings(self, *, operator: Operator, note: str = "", source: AuditSource = "console", **changes: Any) -> ActionResult:
         """Retune [budget]: min_tokens, slo_ttft_p95_ms, slo_tpot_p95_ms, window_s, cooldown_s..."""
@@ -214,7 +244,9 @@ class Control:
             self.paused.discard(cls)
         for b in self._ready_admissions():
             b.gatekeeper.pause(cls, paused)
-        return self._audit(operator, source, "pause_class" if paused else "resume_class", f"class:{cls}", old, paused, note)
+        result = self._audit(operator, source, "pause_class" if paused else "resume_class", f"class:{cls}", old, paused, note)
+        self._keep()
+        return result
 
     def drain(self, cls: str, *, operator: Operator, note: str = "", source: AuditSource = "console") -> ActionResult:
         """Refuse everything waiting in a class (503 drained with Retry-After)."""
@@ -236,6 +268,146 @@ class Control:
                 backend.gatekeeper.pause(cls, cls in self.paused)
         if backend.controller is not None:
             backend.controller.freeze() if self.frozen else backend.controller.unfreeze()
+            tokens = self._pending_budgets.pop(backend.name, None)
+            if tokens is not None:  # a restored hand budget, once the capacity is known
+                self._restore_budget(backend, tokens)
+
+    # ---- runtime overrides: kept beside the journal, restored at start ----------------
+
+    def _keep(self) -> None:
+        """Recompute the overrides in force (what differs from the file) and write them."""
+        file, now = self.file_config, self.config
+        settings = {
+            f.name: getattr(now.budget, f.name)
+            for f in dataclasses.fields(now.budget)
+            if getattr(now.budget, f.name) != getattr(file.budget, f.name)
+        }
+        file_classes = {c.name: c for c in file.classes}
+        classes: dict[str, dict[str, Any]] = {}
+        for c in now.classes:
+            base = file_classes.get(c.name)
+            changed = {f: getattr(c, f) for f in CLASS_FIELDS if base is not None and getattr(c, f) != getattr(base, f)}
+            if changed:
+                classes[c.name] = changed
+        # A budget set by hand holds only while the controller does not move it.
+        holds = self.frozen or now.budget.mode == "static"
+        self.overrides = Overrides(
+            settings=settings,
+            classes=classes,
+            budgets=dict(self._budgets) if holds else {},
+            paused=sorted(self.paused),
+            frozen=self.frozen,
+        )
+        if self.overrides_path is not None:
+            try:
+                overrides_file.save(self.overrides_path, self.overrides)
+            except OSError as exc:
+                log.error("runtime overrides NOT kept in %s (%s): a restart would revert them", self.overrides_path, exc)
+
+    def restore(self, saved: Overrides, *, operator: Operator, source: AuditSource = "gate") -> list[ActionResult]:
+        """Re-apply the overrides a previous run kept, each with an audit row `restored`; what
+        no longer applies (a class gone, a value the config now refuses) is audited
+        `restore_refused` with the reason, and dropped."""
+        results: list[ActionResult] = []
+        self._restorer = operator  # also for hand budgets restored once their backend is ready
+        new = self.config
+        known = {f.name for f in dataclasses.fields(new.budget)}
+        settings = {k: v for k, v in saved.settings.items() if k in known}
+        changes: list[tuple[str, Any, Any]] = [(f"budget.{k}", getattr(new.budget, k), v) for k, v in sorted(settings.items())]
+        if settings:
+            new = dataclasses.replace(new, budget=dataclasses.replace(new.budget, **settings))
+        names = set(new.class_names)
+        classes = []
+        for c in new.classes:
+            wanted = {k: v for k, v in saved.classes.get(c.name, {}).items() if k in CLASS_FIELDS}
+            changes += [(f"classes.{c.name}.{k}", getattr(c, k), v) for k, v in sorted(wanted.items())]
+            classes.append(dataclasses.replace(c, **wanted) if wanted else c)
+        new = dataclasses.replace(new, classes=tuple(sorted(classes, key=lambda c: (-c.priority, c.name))))
+        gone = [c for c in (*saved.classes, *saved.paused) if c not in names]
+        if gone:
+            results.append(
+                self._audit(
+                    operator, source, "restore_refused", "overrides", ", ".join(sorted(set(gone))), None, "classes no longer in the config"
+                )
+            )
+        if changes:
+            try:
+                self._validated(new)
+            except CommandError as exc:
+                results.append(
+                    self._audit(
+                        operator, source, "restore_refused", "overrides", ", ".join(f"{k}={_fmt(v)}" for k, _, v in changes), None, str(exc)
+                    )
+                )
+            else:
+                self._apply_budget(new)
+                self._apply_classes(new)
+                for key, before, after in changes:
+                    results.append(self._audit(operator, source, "restored", key, before, after, "kept from the last run"))
+        for cls in saved.paused:
+            if cls in names and cls not in self.paused:
+                self.paused.add(cls)
+                for b in self._ready_admissions():
+                    if b.gatekeeper is not None:
+                        b.gatekeeper.pause(cls, True)
+                results.append(self._audit(operator, source, "restored", f"class:{cls}", "running", "paused", "kept from the last run"))
+        if saved.frozen and not self.frozen:
+            self.frozen = True
+            for b in self.backends:
+                self.adopt(b)
+            results.append(self._audit(operator, source, "restored", "controller", "adaptive", "frozen", "kept from the last run"))
+        for name, tokens in sorted(saved.budgets.items()):
+            backend = self.backends.by_name(name)
+            if backend is None:
+                continue
+            if backend.controller is None:
+                self._pending_budgets[name] = tokens
+            else:
+                results.append(self._restore_budget(backend, tokens))
+        self._keep()
+        return results
+
+    def _restore_budget(self, backend: Backend, tokens: int) -> ActionResult:
+        assert backend.controller is not None
+        low, high = backend.controller.min_tokens, backend.controller.ceiling_tokens
+        note = "kept from the last run"
+        if not low <= tokens <= high:
+            note += f"; {tokens} clamped into [{low}, {high}]"
+        move = backend.controller.set_budget(self.clock(), min(max(tokens, low), high))
+        self._budgets[backend.name] = move.new_budget
+        result = self._audit(self._restorer, "gate", "restored", f"backend:{backend.name}", move.old_budget, move.new_budget, note)
+        self._keep()
+        return result
+
+    _restorer = Operator("tokengate", "local")
+
+    def drop_overrides(self, *, operator: Operator, note: str = "", source: AuditSource = "console") -> ActionResult:
+        """Back to the config file: every runtime override dropped, in one audited step."""
+        dropped = self.overrides.lines()
+        self._apply_budget(self.file_config)
+        self._apply_classes(self.file_config)
+        for cls in sorted(self.paused):
+            self.paused.discard(cls)
+            for b in self._ready_admissions():
+                if b.gatekeeper is not None:
+                    b.gatekeeper.pause(cls, False)
+        self.frozen = False
+        for b in self.backends:
+            self.adopt(b)
+            if b.name in self._budgets and b.controller is not None and b.capacity is not None and self.config.budget.mode == "static":
+                b.controller.set_budget(self.clock(), b.capacity.ceiling)  # the static budget's own start
+        self._budgets.clear()
+        self._pending_budgets.clear()
+        self._keep()
+        return self._audit(
+            operator,
+            source,
+            "overrides_dropped",
+            "overrides",
+            "; ".join(dropped) or None,
+            None,
+            note or ("back to the config file" if dropped else "none were in force"),
+        )
 
     # ---- reload --------------------------------------------------------------
 
@@ -243,7 +415,13 @@ class Control:
         """Apply a re-read config file: classes and [budget] live; backends and tenants need a restart."""
         old = self.config
         if tuple(old.backends) != tuple(new_config.backends) or old.gate != new_config.gate:
-            raise CommandError("[gate] or [[backends]] changed: restart tokengate to apply those")
+            keys = _changed_keys("gate", old.gate, new_config.gate)
+            if len(old.backends) != len(new_config.backends):
+                keys.append(f"[[backends]] ({len(old.backends)} -> {len(new_config.backends)} tables)")
+            else:
+                for i, (a, b) in enumerate(zip(old.backends, new_config.backends)):
+                    keys += _changed_keys(f"backends[{i}]", a, b)
+            raise CommandError(f"{', '.join(keys)} changed: [gate] and [[backends]] need a restart of tokengate")
         if old.tenants != new_config.tenants:
             raise CommandError("[[tenants]] changed: restart tokengate to apply (keys are read at start)")
         if old.shared != new_config.shared:
@@ -254,10 +432,27 @@ class Control:
         results = []
         for key, before, after in _config_diff(old, new_config):
             results.append(self._audit(operator, source, "reload", key, before, after, note))
+        replaced = [*self.overrides.lines()[: len(self.overrides.settings) + sum(map(len, self.overrides.classes.values()))]]
+        self.file_config = new_config
         self._apply_budget(new_config)
         self._apply_classes(new_config)
         if not results:
             results.append(self._audit(operator, source, "reload", "config", None, None, note or "no changes"))
+        self._keep()
+        if replaced:
+            kept = "; ".join(self.overrides.lines()) or "none"
+            log.warning("reload replaced runtime overrides with the file's values: %s (still in force: %s)", ", ".join(replaced), kept)
+            results.append(
+                self._audit(
+                    operator,
+                    source,
+                    "overrides_replaced",
+                    "overrides",
+                    "; ".join(replaced),
+                    None,
+                    f"the file's values now; still in force: {kept}",
+                )
+            )
         return results
 
     def reload_file(self, config_path: str | None, *, operator: Operator, source: AuditSource = "signal") -> bool:
@@ -337,6 +532,15 @@ class Control:
         if note and action.startswith("model_"):
             message += f" ({note})"  # what a model action does: "evicts tiny"
         return ActionResult(action, target, record.old_value, record.new_value, message)
+
+
+def _changed_keys(prefix: str, old: Any, new: Any) -> list[str]:
+    """`prefix.key (old -> new)` for each field that differs."""
+    return [
+        f"{prefix}.{f.name} ({_fmt(getattr(old, f.name))} -> {_fmt(getattr(new, f.name))})"
+        for f in dataclasses.fields(old)
+        if getattr(old, f.name) != getattr(new, f.name)
+    ]
 
 
 def _replaced(obj: Any, changes: Mapping[str, Any]) -> Any:

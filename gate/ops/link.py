@@ -124,6 +124,40 @@ class InProcessLink:
         self._listeners.clear()
 
 
+def not_a_socket(path: str) -> str | None:
+    """What `path` is when it exists and is not a socket (a journal, a config file...), with
+    what to pass instead; None when it is a socket or is not there."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISSOCK(mode):
+        return None
+    stem = os.path.splitext(path)[0]
+    hint = (
+        f"`--attach {stem}.sock`"
+        if os.path.exists(stem + ".sock")
+        else "the control socket the gate logged at start (`control socket PATH`)"
+    )
+    if stat.S_ISDIR(mode):
+        return f"{path} is a directory, not a control socket: pass {hint}, or `--attach --config FILE`"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError:
+        head = b""
+    if head.startswith(b"SQLite format 3\0"):
+        return (
+            f"{path} is a journal (SQLite), not a control socket: pass {hint}, or `--attach --config FILE`; "
+            f"to read the journal itself: `tokengate review --journal {path}`"
+        )
+    if path.endswith(".toml"):
+        return f"{path} is a config file, not a control socket: pass `--attach --config {path}`"
+    return f"{path} is a regular file, not a control socket: pass {hint}, or `--attach --config FILE`"
+
+
 class SocketLink:
     """A gate in another process, through its control socket."""
 
@@ -147,6 +181,9 @@ class SocketLink:
 
         `embedded`: this console started the gate (quitting it stops the gate)."""
         env = os.environ if environ is None else environ
+        wrong = not_a_socket(path)
+        if wrong:
+            raise LinkLost(wrong)
         try:
             reader, writer = await asyncio.open_unix_connection(path, limit=MAX_LINE)
         except FileNotFoundError:

@@ -453,11 +453,14 @@ async def test_read_only_has_no_action_keys_at_all(gate):
         await pilot.press("t", "p", "d", "f")
         await pilot.pause()
         assert len(app.screen_stack) == 1
-        assert not audit_rows(gate) and not messages(app)
+        assert not audit_rows(gate)
+        # not silently ignored: each key says why it does nothing (#22)
+        assert messages(app) and all("read-only console" in m for m in messages(app))
         assert not admission(gate).paused("batch") and gate.control.queued("batch") == 2
         assert (admission(gate).budget, gate.snapshot().controller.frozen) == before
-        bound = {binding.action for _, binding in app._bindings}
+        bound = {binding.action for _, binding in app.main._bindings}
         assert not bound & {"retune", "pause_class", "drain_class", "freeze"}  # absent, not disabled
+        assert "app.read_only_notice" in bound
         shown = {ab.binding.action for ab in app.active_bindings.values()}
         assert not shown & {"retune", "pause_class", "drain_class", "freeze"}
         assert {"help", "quit", "review", "filter", "toggle_render"} <= shown

@@ -615,3 +615,32 @@ async def test_80x24_review_shows_a_page_of_decisions(journal_1000: Path) -> Non
         table = decisions_table(screen)
         assert table.region.height - 1 >= 8  # rows under the header
         assert screen.query_one("#review-audit", DataTable).region.height >= 2
+
+
+async def test_since_and_until_zoom_to_an_incident_window_in_utc(journal_1000: Path) -> None:
+    app = ReviewApp(journal_1000)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = await apply_filter(pilot, "since=22:20 until=22:25")  # BASE + 400 .. BASE + 700
+        await settle(pilot)
+        assert not screen.query_one("#review-filter-error", Static).display
+        assert screen.total == 300
+        screen = await apply_filter(pilot, "since=22:20 until=22:25 outcome=refused")
+        await settle(pilot)
+        assert screen.total == sum(1 for i in range(400, 700) if i % 4 == 0)
+
+
+async def test_escape_clears_a_filter_before_it_leaves_the_review(journal_1000: Path) -> None:
+    app = ReviewApp(journal_1000)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = await apply_filter(pilot, "class=batch")
+        await settle(pilot)
+        assert screen.focused is decisions_table(screen) and screen.filter_fields
+        await pilot.press("escape")
+        screen = await settle(pilot)
+        assert app.is_running and app.screen is screen and not screen.filter_fields
+        assert screen.total == 1000
+        await pilot.press("escape")
+        await pilot.pause()
+    assert app.return_code in (0, None)

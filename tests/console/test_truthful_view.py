@@ -308,8 +308,11 @@ async def test_retune_says_what_the_controller_will_do_and_can_freeze_it(gate):
         outlook = str(app.screen.query_one("#retune-controller").content)
         assert "adaptive controller" in outlook and "Freeze" in outlook
         app.screen.query_one("#field-budget", Input).value = "6144"
-        app.screen.query_one("#retune-freeze", Checkbox).value = True
+        box = app.screen.query_one("#retune-freeze", Checkbox)
+        assert box.render().plain.startswith("[ ]")  # off looks off (#22: it looked ticked)
+        box.value = True
         await pilot.pause()
+        assert box.render().plain.startswith("[x]")
         await app.screen.save()
         for _ in range(50):
             if len(app.screen_stack) == 1:
@@ -346,7 +349,7 @@ async def test_gpu_panel_always_shows_the_kv_cache_the_gate_reserved(gate):
             await pilot.pause()
             text = str(app.gpu.content)
             pool = backend.capacity.ceiling
-            assert f"0.25/{pool * 131072 / 2**30:.2f} GiB" in text and f"2,048/{pool:,} tok x 128K" in text
+            assert f"0.25/{pool * 131072 / 2**30:.2f} GiB" in text and f"2,048/{pool:,} tok x 128 KiB/tok" in text
         finally:
             backend.gatekeeper.release(held)
 
@@ -362,7 +365,7 @@ async def test_the_demo_gpu_is_simulated_and_says_so(gate):
         await pilot.pause()
         text = str(app.gpu.content)
         assert "SIMULATED" in text and "GiB" in text and "llama-server (simulated)" in text
-        assert "KV reserved" in text and "x 128K" in text
+        assert "KV reserved" in text and "x 128 KiB/tok" in text
         assert gate.backends.backends[0].kv_bytes_per_token == DEMO_KV_BYTES_PER_TOKEN
         assert gate.label == "SIMULATED"
 
@@ -516,3 +519,38 @@ async def test_the_capacity_panel_keeps_each_value_with_its_unit_at_every_size(g
             lines = [strip.text for strip in app.slots.render_lines(app.slots.content_region.reset_offset)]
             assert any(re.search(r"p95( TTFT)? \S+/2,000 ms", line) for line in lines), (size, lines)
             assert any(re.search(r"deferred \S+", line) for line in lines), (size, lines)
+
+
+# ---- #22 item 8: one p95 TTFT per frame -------------------------------------------------------
+
+
+async def test_capacity_panel_and_classes_table_show_the_same_p95_ttft(gate):
+    app = make_app(gate)
+    async with app.run_test(size=(160, 48)) as pilot:
+        for ttft in (350.0, 352.0):
+            d = decision("interactive")
+            record(gate, d.__class__(**{**{f: getattr(d, f) for f in d.__dataclass_fields__}, "ttft_ms": ttft}))
+        await app.tick()
+        await pilot.pause()
+        snap = gate.snapshot()
+        cls_p95 = next(c for c in snap.classes if c.name == "interactive").p95_ttft_ms
+        assert cls_p95 == 352.0 and snap.controller.p95_ttft_ms is None  # the controller has too few samples
+        from console.widgets.slots import controller_line
+
+        line = controller_line(snap.controller, snap.in_flight, snap.queued).plain
+        assert "p95 TTFT 352/2,000 ms" in line and "n/a/2,000" not in line
+        assert "controller: " in line and "samples" in line
+        assert str(app.class_table.get_cell("interactive", "p95")).startswith("352/")
+
+
+async def test_denials_put_the_current_problem_first(gate):
+    app = make_app(gate)
+    async with app.run_test(size=(160, 48)) as pilot:
+        now = gate.recorder.clock()
+        for _ in range(9):  # a burst three minutes ago, over
+            gate.recorder.rollup.add(now - 180, "batch", "refused", "queue_full")
+        for _ in range(2):  # what is going wrong now
+            gate.recorder.rollup.add(now - 5, "interactive", "refused", "queue_timeout")
+        await app.tick()
+        await pilot.pause()
+        assert app.denials.row_keys == ["queue_timeout|interactive", "queue_full|batch"]

@@ -375,7 +375,7 @@ async def test_split_request_larger_than_a_slot_is_refused_at_once_and_never_rea
             assert len(refused) == 3
             for rec in refused:
                 assert (rec.outcome, rec.reason, rec.http_status) == ("refused", "context_length_exceeded", 400)
-                assert rec.reserved_tokens == 0 and rec.queue_ms is None
+                assert rec.reserved_tokens == 0 and rec.queue_ms == 0.0  # refused at once: waited 0, as its header says
                 assert rec.prompt_tokens + rec.max_tokens > 512
 
             # Control: a request that fits does move those counters (the comparison is not vacuous).

@@ -127,7 +127,7 @@ def test_verbose_check_summarises_the_defaults(capsys: pytest.CaptureFixture[str
     lines = out.splitlines()
     assert lines[0].startswith("ok: ")
     assert "127.0.0.1:8081" in out
-    assert "backend  default  http://127.0.0.1:8080  kv unified" in out
+    assert "backend  default  http://127.0.0.1:8080  kv auto" in out
     assert "adaptive" in out and "2000 ms" in out
     interactive = next(line for line in lines if "interactive" in line)
     assert "priority 10" in interactive and "depth 64" in interactive and "timeout 10 s" in interactive

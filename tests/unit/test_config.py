@@ -57,7 +57,7 @@ def test_defaults_without_a_file() -> None:
     assert c.gate.request_timeout_s == 600.0
     assert c.gate.shed_factor == 2.5
     assert (c.gate.shed_stall_s, c.gate.header_timeout_s, c.gate.body_timeout_s, c.gate.write_stall_s) == (60, 10, 30, 30)
-    assert c.backends == (BackendConfig(name="default", url="http://127.0.0.1:8080", kv="unified"),)
+    assert c.backends == (BackendConfig(name="default", url="http://127.0.0.1:8080", kv="auto"),)
     assert c.budget == BudgetConfig(
         mode="adaptive",
         min_tokens=2048,

@@ -140,8 +140,10 @@ async def test_reload_audits_each_changed_key_and_refuses_backend_changes(gate):
     results = gate.control.reload(changed, operator=ALICE)
     assert [(r.target, r.old_value, r.new_value) for r in results] == [("classes.batch.queue_depth", "8", "16")]
     assert gate.backends.backends[0].admission.queue("batch").depth == 16
-    with pytest.raises(ControlError, match="restart"):
+    with pytest.raises(ControlError, match="restart") as refused:
         gate.control.reload(parse_config(CONFIG.replace("llama:8080", "llama:9090")), operator=ALICE)
+    # the refusal names the key and both values, not "[gate] or [[backends]] changed"
+    assert "backends[0].url (http://llama:8080 -> http://llama:9090)" in str(refused.value)
 
 
 async def test_controller_tick_shrinks_budget_on_slow_upstream_and_audits_it(gate):

@@ -199,11 +199,13 @@ def test_no_recommendation_when_everything_breaches() -> None:
     assert recommend([]) is None
 
 
-def test_budget_below_a_measured_request_is_flagged() -> None:
+def test_budget_is_never_below_the_largest_measured_request() -> None:
+    # 75% of the 640 in flight would be 480, less than one request of 640: merged into a
+    # config, that budget refuses the very requests it was measured with (#22).
     cells = [cell(1024, 1, 100), cell(1024, 2, 10, failures=1)]
     rec = recommend(cells)
-    assert rec is not None and rec.token_budget == 480  # 75% of 640
-    assert rec.too_large == (640,)
+    assert rec is not None and rec.token_budget == 640
+    assert rec.too_large == ()
     assert rec.min_tokens == rec.token_budget
 
 
@@ -539,3 +541,50 @@ def test_progress_bar_on_a_terminal() -> None:
     # The finished cell's line replaces the bar (cleared first), the bar is redrawn after it.
     assert "\r\x1b[K[2/4] Concurrency: 1 | ctx: 256 | TTFT p95: 60 ms" in text
     assert re.search(r"\r\x1b\[K$", text)
+
+
+def test_the_recommendation_merges_into_the_example_config_and_admits_its_largest_request() -> None:
+    # The issue's numbers: 382-token requests, 75% of 382 would have been 286.
+    from gate.config import EXAMPLE_CONFIG
+    from gate.config.edit import set_keys
+    from gate.tools.crunch.report import config_edits, edit_command
+
+    cells = [cell(512, 1, 100), cell(512, 2, 10, failures=1)]
+    largest = max(c.request_tokens for c in cells)
+    report = CrunchReport(
+        server=ServerInfo("http://127.0.0.1:8080", 4, 512),
+        endpoint="chat",
+        slo=Slo(ttft_ms=2000.0),
+        max_tokens_cap=512,
+        cells=tuple(cells),
+        recommendation=recommend(cells),
+    )
+    rec = report.recommendation
+    assert rec is not None and rec.token_budget >= largest
+    edits = config_edits(report, rec)
+    merged = parse_config(set_keys(EXAMPLE_CONFIG, edits), "merged")  # validates: no second [budget]
+    assert merged.backends[0].token_budget == rec.token_budget and merged.budget.min_tokens == rec.min_tokens
+    for c in merged.classes:  # every class can reach its largest measured request and a default one
+        others = sum(o.reserved_tokens for o in merged.classes if o.name != c.name)
+        assert rec.token_budget - others >= largest
+        assert c.default_max_tokens + 64 <= rec.token_budget - others
+    text = format_report(report)
+    assert "Paste into tokengate.toml" not in text
+    assert edit_command(edits) in text and "'backends[0].token_budget=" in text
+
+
+def test_progress_moves_inside_a_cell_with_its_tokens() -> None:
+    from gate.tools.crunch.progress import Progress
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Tty()
+    p = Progress(out, 4)
+    p.cell_started("concurrency 4, ctx 4K", expected_tokens=400)
+    for _ in range(100):
+        p.token()
+        p._drawn_at = 0.0  # as if 0.2 s went by between tokens
+    assert "25% of its 400 tokens" in out.getvalue().rsplit("\r", 1)[-1]
+    assert p.done == 0  # no request finished: the bar still moved

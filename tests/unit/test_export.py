@@ -258,3 +258,54 @@ def test_cli_log_without_any_journal_says_where_they_are(tmp_path: Path, capsys,
     code, out, err = run(capsys, "log", "--kind", "audit")
     assert code == 1
     assert "tokengate.db: journal file not found" in err and "tokengate-demo.db" in err and "--journal" in err
+
+
+def test_decisions_come_in_the_order_of_their_ts_not_of_their_end(tmp_path: Path) -> None:
+    # A long request that arrived first ends (and is written) last: its row id is larger.
+    path = tmp_path / "tokengate.db"
+
+    async def fill() -> None:
+        j = await Journal.open(path)
+        try:
+            for r in (decision(1, ts=NOW - 5, tenant="short"), decision(2, ts=NOW - 60, tenant="long")):
+                assert await j.add(r)
+        finally:
+            await j.close()
+
+    asyncio.run(fill())
+    buf = io.StringIO()
+    export(str(path), buf, kind="decisions", fmt="json", since_ts=NOW - 600)
+    rows = [json.loads(line) for line in buf.getvalue().splitlines()]
+    assert [r["tenant"] for r in rows] == ["long", "short"]
+    assert [r["ts"] for r in rows] == sorted(r["ts"] for r in rows)
+
+
+def test_log_reads_the_configs_journal_and_csv_numbers_are_rounded(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "elsewhere.db"
+
+    async def fill() -> None:
+        j = await Journal.open(path)
+        try:
+            assert await j.add(decision(1, ts=NOW - 5, tenant="t", duration_ms=35338.87197700005))
+        finally:
+            await j.close()
+
+    asyncio.run(fill())
+    config = tmp_path / "tokengate.toml"
+    config.write_text(f'[gate]\njournal = "{path}"\n')
+    code, out, err = run(capsys, "log", "--config", str(config), "--format", "csv")
+    assert code == 0, err
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert rows[0]["tenant"] == "t" and rows[0]["duration_ms"] == "35338.872"
+
+
+def test_the_reviews_csv_export_is_as_private_as_the_journal(journal: Path, tmp_path: Path) -> None:
+    import stat
+
+    from gate.journal.reader import export_decisions_csv
+
+    out = tmp_path / "export.csv"
+    from gate.journal.reader import DecisionFilters
+
+    export_decisions_csv(str(journal), str(out), DecisionFilters())
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o600

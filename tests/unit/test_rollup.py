@@ -29,3 +29,16 @@ def test_p95_ttft_is_nearest_rank_over_the_window_per_class():
     assert r.p95_ttft_ms(10.5, "interactive") == 95.0
     assert r.p95_ttft_ms(10.5, "batch") == 5000.0
     assert r.p95_ttft_ms(200.0, "interactive") is None
+
+
+def test_met_share_counts_refusals_as_misses_and_leaves_client_errors_and_cancels_out():
+    from gate.core.rollup import Rollup
+
+    r = Rollup()
+    r.add(100.0, "interactive", "admitted", "ok", met=True)
+    r.add(100.0, "interactive", "admitted", "ok", met=False)
+    r.add(100.5, "interactive", "refused", "queue_timeout", queue_ms=10_000.0, met=False)
+    r.add(100.5, "interactive", "refused", "invalid_request", met=None)
+    assert r.met_share(101.0, "interactive") == (1, 3)
+    assert r.p95_queue_ms(101.0, "interactive") == 10_000.0
+    assert r.met_share(101.0, "batch") == (0, 0)

@@ -261,7 +261,8 @@ class Recommendation:
 
 
 def recommend(cells: Sequence[CellResult], fraction: float = RECOMMEND_FRACTION) -> Recommendation | None:
-    """``fraction`` of the largest in-flight count among the cells that met the objective.
+    """``fraction`` of the largest in-flight count among the cells that met the objective,
+    never below the largest single request measured (prompt + max_tokens).
 
     The count is :attr:`CellResult.held_tokens`: concurrency x (prompt + max_tokens) while the
     concurrency is within the server's slots; above them, the extra requests wait in
@@ -274,10 +275,12 @@ def recommend(cells: Sequence[CellResult], fraction: float = RECOMMEND_FRACTION)
     if not passing:
         return None
     best = max(passing, key=lambda c: c.held_tokens)  # first of equals: the sweep's order
-    budget = math.floor(best.held_tokens * fraction)
+    largest_request = max(c.request_tokens for c in cells)
+    # Never below the largest request measured: a budget one of its own requests cannot fit
+    # in refuses it (400) once merged. The fraction is headroom, not a reason to refuse.
+    budget = max(math.floor(best.held_tokens * fraction), largest_request)
     if budget < 1:
         return None
-    largest_request = max(c.request_tokens for c in cells)
     min_tokens = min(budget, max(budget // 4, largest_request))
     # Breaches at no more tokens than the pick, where every request had a slot: a budget cannot
     # fix those. Cells above the slot count breach by waiting in llama-server's queue, which

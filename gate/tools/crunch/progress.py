@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TextIO
 
 from gate.tools.crunch.plan import CellResult
@@ -19,6 +20,9 @@ class Progress:
         self.tty = bool(stream is not None and getattr(stream, "isatty", lambda: False)())
         self._label = ""
         self._dirty = False
+        self._cell_tokens = 0
+        self._cell_expected = 0
+        self._drawn_at = 0.0
 
     def note(self, text: str) -> None:
         if self.stream is None:
@@ -27,9 +31,18 @@ class Progress:
         self.stream.write(text + "\n")
         self.stream.flush()
 
-    def cell_started(self, label: str) -> None:
+    def cell_started(self, label: str, *, expected_tokens: int = 0) -> None:
         self._label = label
+        self._cell_tokens, self._cell_expected = 0, expected_tokens
         self._draw()
+
+    def token(self) -> None:
+        """One generated token of the running cell: a cell of long requests moves the bar
+        between its requests' ends too (it sat still for minutes), redrawn at most 5 times a second."""
+        self._cell_tokens += 1
+        now = time.monotonic()
+        if now - self._drawn_at >= 0.2:
+            self._draw()
 
     def advance(self, n: int = 1) -> None:
         self.done += n
@@ -52,8 +65,13 @@ class Progress:
             return
         filled = int(self.width * min(self.done, self.total) / self.total)
         bar = "#" * filled + "-" * (self.width - filled)
-        self.stream.write(f"\rcrunch [{bar}] {self.done}/{self.total} requests  {self._label}\x1b[K")
+        cell = ""
+        if self._cell_expected:
+            share = min(1.0, self._cell_tokens / self._cell_expected)
+            cell = f" ({100 * share:.0f}% of its {self._cell_expected:,} tokens)"
+        self.stream.write(f"\rcrunch [{bar}] {self.done}/{self.total} requests  {self._label}{cell}\x1b[K")
         self.stream.flush()
+        self._drawn_at = time.monotonic()
         self._dirty = True
 
     def _clear(self) -> None:

@@ -77,9 +77,11 @@ def config_snippet(report: CrunchReport, rec: Recommendation) -> str:
         "[[backends]]",
         'name = "default"',
         f'url = "{report.server.url}"',
-        '# kv = "unified" or "split": how this llama-server shares its KV cache (not visible over HTTP).',
+        '# kv = "auto" learns how this llama-server shares its KV cache where it can (a local server);',
+        '# else set "unified" or "split" (-np N without -kvu): /props does not say.',
         f"# Measured by `tokengate crunch`{' on ' + report.measured_at if report.measured_at else ''} against"
         f" {report.server.total_slots} slots x {report.server.slot_ctx:,} tokens ({ENDPOINT_PATHS[report.endpoint]}):",
+        *(["# raised to the largest request measured; the fraction below would not hold one:"] if _raised(rec) else []),
         f"# {round(rec.fraction * 100)}% of {best.held_tokens:,} tokens in flight ({_running(best)} x"
         f" ({best.prompt_tokens:,} prompt + {best.max_tokens:,} max_tokens) at concurrency {best.concurrency},"
         f" ctx {ctx_label(best.ctx)}),",
@@ -87,6 +89,56 @@ def config_snippet(report: CrunchReport, rec: Recommendation) -> str:
         f"token_budget = {rec.token_budget}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def config_edits(report: CrunchReport, rec: Recommendation, base_text: str | None = None) -> list[tuple[str, Any]]:
+    """The keys to change in `base_text` (default: `tokengate config example`'s file) so that it
+    runs with the recommendation, checked by merging and validating: the budget and floor,
+    the objective, and where the file's classes would not fit (reservations above the floor,
+    or leaving the largest measured request no room; default max_tokens a budget cannot
+    hold), those keys too. ValueError when the merged file still does not validate."""
+    from gate.config import EXAMPLE_CONFIG, parse_config
+    from gate.config.edit import set_keys
+
+    text = EXAMPLE_CONFIG if base_text is None else base_text
+    base = parse_config(text, "<base>")
+    largest = max(c.request_tokens for c in report.cells)
+    edits: list[tuple[str, Any]] = [("budget.min_tokens", rec.min_tokens)]
+    if report.slo.ttft_ms is not None:
+        edits.append(("budget.slo_ttft_p95_ms", float(report.slo.ttft_ms)))
+    if report.slo.tpot_ms is not None:
+        edits.append(("budget.slo_tpot_p95_ms", float(report.slo.tpot_ms)))
+    edits.append(("backends[0].token_budget", rec.token_budget))
+    # Reservations must fit within the floor and leave the largest request room beside them.
+    room = max(0, min(rec.min_tokens, rec.token_budget - largest))
+    reserved = {c.name: c.reserved_tokens for c in base.classes if c.reserved_tokens}
+    if sum(reserved.values()) > room:
+        total = sum(reserved.values())
+        for name, n in sorted(reserved.items()):
+            edits.append((f"classes.{name}.reserved_tokens", n * room // total))
+        reserved = {name: n * room // total for name, n in reserved.items()}
+    for c in base.classes:
+        reach = rec.token_budget - sum(n for name, n in reserved.items() if name != c.name)
+        # a short prompt (64 tokens) with the class's default max_tokens must fit what it can reach
+        if c.default_max_tokens + 64 > reach:
+            edits.append((f"classes.{c.name}.default_max_tokens", max(1, reach - 64)))
+    parse_config(set_keys(text, edits), "<merged>")  # raises ConfigError naming the key
+    return edits
+
+
+def edit_command(edits: list[tuple[str, Any]], file: str = "tokengate.toml") -> str:
+    from gate.config.edit import toml_value
+
+    parts = [f"{k}={toml_value(v)}" for k, v in edits]
+    quoted = [f"'{p}'" if any(ch in p for ch in '[]" ') else p for p in parts]
+    return f"tokengate config set {file} " + " ".join(quoted)
+
+
+def _raised(rec: Recommendation) -> bool:
+    """The budget was raised to the largest measured request (the fraction gave less)."""
+    import math
+
+    return rec.token_budget > math.floor(rec.from_cell.held_tokens * rec.fraction)
 
 
 def _running(c: CellResult) -> int:
@@ -98,8 +150,9 @@ def _toml_float(x: float) -> str:
     return text if ("." in text or "e" in text or "inf" in text or "nan" in text) else text + ".0"
 
 
-def format_report(report: CrunchReport) -> str:
-    """The human report: header, one line per cell, the recommendation and the snippet."""
+def format_report(report: CrunchReport, *, config_text: str | None = None, config_file: str | None = None) -> str:
+    """The human report: header, one line per cell, the recommendation as edits that merge
+    into `config_file` (default: a file made by `tokengate config example`), and the snippet."""
     s = report.server
     head = f"tokengate crunch: {s.url}: {s.total_slots} slots x {s.slot_ctx:,} tokens per slot"
     if s.model:
@@ -142,11 +195,18 @@ def format_report(report: CrunchReport) -> str:
         )
         return "\n".join(out) + "\n"
     best = rec.from_cell
-    out.append(
-        f"Recommended token budget: {rec.token_budget:,} tokens ({round(rec.fraction * 100)}% of "
-        f"{best.held_tokens:,} in flight at concurrency {best.concurrency}, ctx {ctx_label(best.ctx)}, "
-        "the largest load that met the objective)"
-    )
+    if _raised(rec):
+        out.append(
+            f"Recommended token budget: {rec.token_budget:,} tokens (the largest request measured: "
+            f"{round(rec.fraction * 100)}% of the {best.held_tokens:,} in flight at concurrency {best.concurrency}, "
+            f"ctx {ctx_label(best.ctx)}, the largest load that met the objective, would not hold one)"
+        )
+    else:
+        out.append(
+            f"Recommended token budget: {rec.token_budget:,} tokens ({round(rec.fraction * 100)}% of "
+            f"{best.held_tokens:,} in flight at concurrency {best.concurrency}, ctx {ctx_label(best.ctx)}, "
+            "the largest load that met the objective)"
+        )
     if rec.breached_below:
         which = ", ".join(f"concurrency {c.concurrency} ctx {ctx_label(c.ctx)}" for c in rec.breached_below)
         out.append(f"note: smaller loads breached too ({which}); a budget does not fix those (long prompts: consider max_prefill_tokens)")
@@ -156,8 +216,43 @@ def format_report(report: CrunchReport) -> str:
             f"note: requests of {sizes} tokens (prompt + max_tokens) were measured but exceed this "
             "budget: the gate would refuse them; lower their max_tokens or keep their context shorter"
         )
-    out += ["", "Paste into tokengate.toml:", "", config_snippet(report, rec).rstrip("\n")]
+    target = config_file or "tokengate.toml"
+    try:
+        edits = config_edits(report, rec, config_text)
+    except Exception as exc:  # noqa: BLE001 - a config of the user's that no edit makes valid: say so
+        out += ["", f"note: the recommendation does not merge into {target}: {exc}"]
+        edits = None
+    if edits is not None:
+        made = "" if config_file else " (a file made by `tokengate config example`)"
+        out += [
+            "",
+            f"Apply it to {target}{made}: these keys, in the tables the file already has (validated, comments kept):",
+            "",
+            "  " + edit_command(edits, target),
+            "",
+            "or by hand:",
+            *(f"  {k} = {_toml(v)}" for k, v in edits),
+        ]
+    out += [
+        "",
+        "Or start from this complete tokengate.toml (a new file, not to paste into another):",
+        "",
+        config_snippet(report, rec).rstrip("\n"),
+    ]
     return "\n".join(out) + "\n"
+
+
+def _toml(v: Any) -> str:
+    from gate.config.edit import toml_value
+
+    return toml_value(v)
+
+
+def _edits_json(report: CrunchReport, rec: Recommendation) -> dict[str, Any] | None:
+    try:
+        return dict(config_edits(report, rec))
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _round(x: float | None, nd: int = 1) -> float | None:
@@ -229,5 +324,6 @@ def report_to_json(report: CrunchReport) -> dict[str, Any]:
             "breached_below": [{"concurrency": c.concurrency, "ctx": c.ctx} for c in rec.breached_below],
             "too_large_request_tokens": list(rec.too_large),
             "config": config_snippet(report, rec),
+            "edits": _edits_json(report, rec),
         },
     }

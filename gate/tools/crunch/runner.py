@@ -158,7 +158,7 @@ class _Runner:
             }
         return {"prompt": text, "n_predict": max_tokens, **common}
 
-    async def one(self, text: str, max_tokens: int) -> RequestResult:
+    async def one(self, text: str, max_tokens: int, on_token: Callable[[], None] | None = None) -> RequestResult:
         chat = self.s.endpoint == "chat"
         t0 = self.clock()
         first: float | None = None
@@ -205,6 +205,8 @@ class _Runner:
                             delta = choices[0].get("delta") or {}
                             if delta.get("content"):
                                 counted += 1
+                                if on_token is not None:
+                                    on_token()
                     else:
                         last = now
                         if obj.get("stop"):
@@ -212,6 +214,8 @@ class _Runner:
                             reported_prompt = _int_or(obj.get("tokens_evaluated"), reported_prompt)
                         else:
                             counted += 1
+                            if on_token is not None:
+                                on_token()
         except httpx.TimeoutException:
             return RequestResult(ok=False, error=f"timed out after {self.s.timeout_s:g} s")
         except httpx.ConnectError as e:
@@ -246,7 +250,7 @@ class _Runner:
             for i in queue:  # a shared iterator: each index goes to exactly one worker
                 # Each request of a context length gets its own rotation of the words, so no two
                 # prompts share a prefix (the prompt cache would flatter TTFT) until they run out.
-                r = await self.one(rotated_text(words, first_rotation + i), max_tokens)
+                r = await self.one(rotated_text(words, first_rotation + i), max_tokens, progress.token)
                 results.append(r)
                 progress.advance()
 
@@ -305,7 +309,10 @@ async def run_crunch(
         try:
             for cell, n in plan:
                 words, tokens = prompts[cell.ctx]
-                progress.cell_started(f"concurrency {cell.concurrency}, ctx {ctx_label(cell.ctx)}")
+                progress.cell_started(
+                    f"concurrency {cell.concurrency}, ctx {ctx_label(cell.ctx)}",
+                    expected_tokens=n * max_tokens_for(cell.ctx, settings.max_tokens),
+                )
                 result = await runner.cell(
                     cell, words, tokens, max_tokens_for(cell.ctx, settings.max_tokens), n, rotations[cell.ctx], progress
                 )

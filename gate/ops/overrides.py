@@ -1,0 +1,123 @@
+"""Operator changes made at runtime, kept beside the journal so that a restart re-applies them.
+
+A retune (budget settings, a class's shares), a budget set by hand, a paused class and the
+controller's freeze are the operator's, not the file's. `Control` records each in one
+`Overrides` and writes it at once to `<journal>.overrides.json` (mode 0600, written whole
+to a temporary file, fsynced, renamed over the old one): a gate killed by SIGKILL a
+millisecond after the command still has it, which the journal's group commit cannot
+promise. At start `Control.restore` applies it over the file's config with an audit row
+`restored` per value; `Control.drop_overrides` (the `overrides` command, `tokengate
+overrides drop`) goes back to the file; a SIGHUP reload replaces the settings it covers
+and says which. One gate per journal (the lock) makes this one gate's state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("tokengate.service")
+
+VERSION = 1
+
+
+def path_for(journal_path: str) -> str:
+    return journal_path + ".overrides.json"
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+@dataclass(slots=True)
+class Overrides:
+    """What differs from the config file because an operator changed it at runtime."""
+
+    settings: dict[str, Any] = field(default_factory=dict)  # [budget] keys
+    classes: dict[str, dict[str, Any]] = field(default_factory=dict)  # class -> [classes.X] keys
+    budgets: dict[str, int] = field(default_factory=dict)  # backend -> working budget set by hand
+    paused: list[str] = field(default_factory=list)
+    frozen: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.settings or self.classes or self.budgets or self.paused or self.frozen)
+
+    def lines(self) -> tuple[str, ...]:
+        """One short item per override, for the header, `tokengate overrides` and audit notes."""
+        out = [f"budget.{k}={_fmt(v)}" for k, v in sorted(self.settings.items())]
+        for cls, changes in sorted(self.classes.items()):
+            out += [f"classes.{cls}.{k}={_fmt(v)}" for k, v in sorted(changes.items())]
+        out += [f"budget {n} on {b}" for b, n in sorted(self.budgets.items())]
+        out += [f"{c} paused" for c in sorted(self.paused)]
+        if self.frozen:
+            out.append("controller frozen")
+        return tuple(out)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "v": VERSION,
+            "settings": self.settings,
+            "classes": self.classes,
+            "budgets": self.budgets,
+            "paused": sorted(self.paused),
+            "frozen": self.frozen,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Overrides:
+        if not isinstance(data, dict) or data.get("v") != VERSION:
+            raise ValueError(f"not a version {VERSION} overrides file")
+        out = cls(
+            settings=dict(data.get("settings") or {}),
+            classes={str(k): dict(v) for k, v in (data.get("classes") or {}).items()},
+            budgets={str(k): int(v) for k, v in (data.get("budgets") or {}).items()},
+            paused=[str(c) for c in data.get("paused") or ()],
+            frozen=bool(data.get("frozen", False)),
+        )
+        return out
+
+
+def load(path: str) -> Overrides:
+    """The overrides kept at `path`; none when the file is absent. A damaged file is logged
+    and ignored (it is kept, renamed `.bad`, for a person to look at)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return Overrides.from_json(json.load(f))
+    except FileNotFoundError:
+        return Overrides()
+    except (OSError, ValueError, TypeError) as exc:
+        log.error("runtime overrides %s unreadable (%s): starting from the config file alone", path, exc)
+        try:
+            os.replace(path, path + ".bad")
+        except OSError:
+            pass
+        return Overrides()
+
+
+def save(path: str, overrides: Overrides) -> None:
+    """Write whole and durably (temporary file, fsync, rename); no file when there is nothing."""
+    if not overrides:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".overrides-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(overrides.to_json(), f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

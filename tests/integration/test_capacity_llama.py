@@ -1,0 +1,102 @@
+"""Capacity from the real llama-server: the KV layout learned, and contradictions said.
+
+`-np 4 -c 2048` (the README's server) without `-kvu` has four slots of 512 tokens each and
+2,048 in all; the gate's default config must not count them as one pool of 512.
+"""
+
+from __future__ import annotations
+
+import io
+from argparse import Namespace
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gate.cli import _cmd_config_check
+from tests.integration.gate_harness import running_gate
+
+pytestmark = pytest.mark.llama
+
+CLASSES = """
+[budget]
+min_tokens = 1024
+[classes.interactive]
+priority = 2
+reserved_tokens = 1024
+default_max_tokens = 256
+[classes.batch]
+priority = 1
+default_max_tokens = 256
+"""
+
+
+async def health(gate) -> dict:
+    async with httpx.AsyncClient(timeout=10) as client:
+        return (await client.get(gate.url + "/health")).json()["backends"]["b0"]
+
+
+async def test_default_config_learns_the_split_pool_of_the_readme_server(llama_split):
+    # no kv key: the default; gate_toml writes the one given, so give the default's value
+    async with running_gate(llama_split.url, CLASSES, kv="auto") as gate:
+        await gate.backends.probe_all()
+        (b,) = gate.backends
+        assert b.capacity.ceiling == 2048
+        assert (b.layout.kv, b.layout.source) == ("split", "process")
+        assert b.warnings == ()
+        h = await health(gate)
+        assert h["ceiling"] == 2048 and h["kv"] == {"layout": "split", "source": "process"}
+        assert "warnings" not in h
+
+
+async def test_an_operator_unified_on_a_split_server_is_overridden_and_said(llama_split):
+    async with running_gate(llama_split.url, CLASSES, kv="unified") as gate:
+        await gate.backends.probe_all()
+        (b,) = gate.backends
+        assert b.capacity.ceiling == 2048
+        h = await health(gate)
+        assert any('config says kv = "unified"' in w for w in h["warnings"])
+        view = next(v for v in gate.snapshot().backends if v.name == "b0")
+        assert view.kv == "split" and view.warnings == b.warnings
+
+
+async def test_where_the_layout_cannot_be_learned_every_contradiction_is_in_health_and_snapshot(llama_split):
+    async with running_gate(llama_split.url, CLASSES, kv="auto") as gate:
+        gate.backends._args_finder = lambda url: None  # a remote llama-server: no command line to read
+        (b,) = gate.backends
+        b.state, b.layout = "down", None
+        await gate.backends.probe_all()
+        assert b.capacity.ceiling == 512 and b.layout.source == "assumed"
+        h = await health(gate)
+        text = "\n".join(h["warnings"])
+        assert "assuming unified, ceiling 512" in text and "2048" in text
+        assert "min_tokens 1024 is above the ceiling 512" in text
+        assert "interactive 1024" in text
+        assert "default_max_tokens" not in text  # 256 fits a slot of 512
+
+
+async def test_a_default_max_tokens_that_fills_a_slot_is_said_at_start(llama_split):
+    async with running_gate(
+        llama_split.url,
+        CLASSES.replace("default_max_tokens = 256\n[classes.batch]", "default_max_tokens = 512\n[classes.batch]"),
+        kv="auto",
+    ) as gate:
+        await gate.backends.probe_all()
+        h = await health(gate)
+        assert any("classes.interactive.default_max_tokens 512" in w for w in h["warnings"])
+        snap = gate.snapshot()
+        assert snap.controller.min_tokens <= snap.controller.ceiling  # the floor in force, never inverted
+
+
+def test_config_check_against_the_running_backend_says_what_contradicts_it(llama_split, tmp_path: Path):
+    f = tmp_path / "tokengate.toml"
+    f.write_text(CLASSES + f'\n[[backends]]\nname = "b0"\nurl = "{llama_split.url}"\nkv = "unified"\n')
+    out, err = io.StringIO(), io.StringIO()
+    rc = _cmd_config_check(Namespace(file=str(f), verbose=False, backends=True), out, err)
+    text = out.getvalue()
+    assert rc == 1, text
+    assert "4 slots of 512 tokens, kv split" in text and "ceiling 2048" in text
+    assert 'warning: backend b0: config says kv = "unified"' in text
+    f.write_text(CLASSES + f'\n[[backends]]\nname = "b0"\nurl = "{llama_split.url}"\n')
+    out = io.StringIO()
+    assert _cmd_config_check(Namespace(file=str(f), verbose=False, backends=True), out, err) == 0, out.getvalue()

@@ -1,0 +1,125 @@
+"""Operator changes made at runtime survive a restart of a real `tokengate serve` (finding 5 of #22).
+
+A retune (budget 1536 by hand, min_tokens, a class's shares), a pause and the freeze are
+kept beside the journal; after SIGKILL and after SIGTERM the next gate re-applies them
+before it listens, with an audit row `restored` each, and shows them as overrides in
+force; one command drops them; a SIGHUP reload says which ones it replaces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+from gate.data.commands import DropOverrides, Pause, Retune
+from gate.ops.link import SocketLink
+from tests.integration.fake_upstream import fake_upstream
+from tests.integration.gate_harness import wait_until
+from tests.integration.test_attach import audit_rows, serve, sock_of, write_config
+
+
+def since_last_start(tmp_path: Path) -> list[dict]:
+    rows = audit_rows(tmp_path)
+    last = max(i for i, r in enumerate(rows) if r["action"] == "started")
+    # the restore runs before the gate listens, so its rows come just before `started`
+    prev = max((i for i, r in enumerate(rows[:last]) if r["action"] in ("stopped", "stopping", "started")), default=-1)
+    return rows[prev + 1 :]
+
+
+async def restart_and_look(tmp_path: Path, config: Path):
+    async with serve(tmp_path, config) as proc:
+        link = await SocketLink.connect(sock_of(tmp_path), environ={})
+        try:
+            await wait_until(lambda: _ready(link), timeout_s=10)
+            snap = await link.snapshot()
+        finally:
+            await link.close()
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 30)
+    return snap
+
+
+async def _ready(link: SocketLink) -> bool:
+    snap = await link.snapshot()
+    return bool(snap.backends) and snap.backends[0].budget is not None
+
+
+async def test_retune_pause_and_freeze_survive_sigkill_and_sigterm_then_drop_in_one_command(tmp_path):
+    async with fake_upstream("hang") as fake:
+        config = write_config(tmp_path, fake.url)
+        async with serve(tmp_path, config) as proc:
+            link = await SocketLink.connect(sock_of(tmp_path), environ={})
+            try:
+                await wait_until(lambda: _ready(link), timeout_s=10)
+                await link.command(
+                    Retune(
+                        budget=1536,
+                        settings={"min_tokens": 1024, "slo_ttft_p95_ms": 900.0},
+                        cls="batch",
+                        class_changes={"queue_depth": 3},
+                        freeze=True,
+                    )
+                )
+                await link.command(Pause("batch", True))
+                before = await link.snapshot()
+            finally:
+                await link.close()
+            assert before.overrides
+            proc.send_signal(signal.SIGKILL)  # no drain, no goodbye: what systemd restarts after a crash
+            await asyncio.wait_for(proc.wait(), 10)
+
+        for how in ("after SIGKILL", "after SIGTERM"):
+            snap = await restart_and_look(tmp_path, config)
+            unclean = [r for r in since_last_start(tmp_path) if r["action"] == "unclean_end"]
+            assert len(unclean) == (1 if how == "after SIGKILL" else 0), (how, unclean)  # a SIGKILL leaves a mark
+            assert snap.backends[0].budget == 1536, how
+            assert snap.controller.frozen and snap.controller.slo_ttft_ms == 900.0, how
+            batch = next(c for c in snap.classes if c.name == "batch")
+            assert batch.paused and batch.queue_depth == 3, how
+            assert set(snap.overrides) == set(before.overrides), how
+            restored = {(r["target"], r["new_value"]) for r in since_last_start(tmp_path) if r["action"] == "restored"}
+            assert {
+                ("budget.slo_ttft_p95_ms", "900"),
+                ("classes.batch.queue_depth", "3"),
+                ("class:batch", "paused"),
+                ("controller", "frozen"),
+                ("backend:llama", "1536"),
+            } <= restored, (how, restored)
+
+        # one command back to the file; the next start restores nothing
+        async with serve(tmp_path, config) as proc:
+            link = await SocketLink.connect(sock_of(tmp_path), environ={})
+            try:
+                await wait_until(lambda: _ready(link), timeout_s=10)
+                (result,) = await link.command(DropOverrides())
+                assert result.action == "overrides_dropped" and "controller frozen" in (result.old_value or "")
+                snap = await link.snapshot()
+                assert snap.overrides == () and not snap.controller.frozen
+                assert not next(c for c in snap.classes if c.name == "batch").paused
+                assert snap.controller.slo_ttft_ms == 2000.0
+            finally:
+                await link.close()
+        snap = await restart_and_look(tmp_path, config)
+        assert snap.overrides == () and not snap.controller.frozen
+        assert not [r for r in since_last_start(tmp_path) if r["action"] == "restored"]
+
+
+async def test_a_sighup_reload_says_which_runtime_overrides_it_replaces(tmp_path):
+    async with fake_upstream("hang") as fake:
+        config = write_config(tmp_path, fake.url)
+        async with serve(tmp_path, config) as proc:
+            link = await SocketLink.connect(sock_of(tmp_path), environ={})
+            try:
+                await wait_until(lambda: _ready(link), timeout_s=10)
+                await link.command(Retune(settings={"slo_ttft_p95_ms": 900.0}))
+                await link.command(Pause("batch", True))
+                proc.send_signal(signal.SIGHUP)
+                await wait_until(lambda: any(r["action"] == "overrides_replaced" for r in audit_rows(tmp_path)), timeout_s=10)
+                snap = await link.snapshot()
+            finally:
+                await link.close()
+        (row,) = [r for r in audit_rows(tmp_path) if r["action"] == "overrides_replaced"]
+        assert row["old_value"] == "budget.slo_ttft_p95_ms=900"
+        assert "still in force: batch paused" in row["note"]
+        assert snap.controller.slo_ttft_ms == 2000.0 and snap.overrides == ("batch paused",)

@@ -1,0 +1,88 @@
+"""`tokengate config set` / `overrides write`: keys edited in place, validated, comments kept."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from gate.cli import main
+from gate.config import EXAMPLE_CONFIG, parse_config
+from gate.config.edit import set_keys
+
+
+def test_set_keys_replaces_in_its_table_inserts_new_keys_and_appends_missing_tables():
+    text = "[budget]\nmin_tokens = 2048  # the floor\n# aging_s = 5\n\n[classes.batch]\npriority = 1\n"
+    out = set_keys(
+        text,
+        [("budget.min_tokens", 1024), ("budget.aging_s", 2.5), ("classes.batch.reserved_tokens", 0), ("classes.interactive.priority", 9)],
+    )
+    c = parse_config(out + "[classes.interactive]\n" if "[classes.interactive]" not in out else out, "t.toml")
+    assert c.budget.min_tokens == 1024 and c.budget.aging_s == 2.5
+    assert "min_tokens = 1024  # the floor" in out and "# aging_s = 5" in out
+    assert out.count("[budget]") == 1 and out.count("[classes.batch]") == 1
+
+
+def test_the_example_config_takes_edits_and_stays_valid():
+    out = set_keys(EXAMPLE_CONFIG, [("budget.min_tokens", 512), ("classes.interactive.reserved_tokens", 256)])
+    c = parse_config(out, "example.toml")
+    assert c.budget.min_tokens == 512
+    assert c.class_by_name("interactive").reserved_tokens == 256
+    assert out.count("\n[budget]") == EXAMPLE_CONFIG.count("\n[budget]")
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    import contextlib
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_config_set_refuses_an_invalid_edit_and_leaves_the_file(tmp_path):
+    f = tmp_path / "tokengate.toml"
+    f.write_text(EXAMPLE_CONFIG)
+    rc, out, err = run("config", "set", str(f), "budget.min_tokens=1024")
+    assert rc == 0 and parse_config(f.read_text(), "f").budget.min_tokens == 1024
+    rc, out, err = run("config", "set", str(f), "budget.min_tokens=-3")
+    assert rc == 2 and "min_tokens" in err
+    assert parse_config(f.read_text(), "f").budget.min_tokens == 1024
+
+
+def test_overrides_show_write_and_drop_without_a_running_gate(tmp_path):
+    f = tmp_path / "tokengate.toml"
+    journal = tmp_path / "tokengate.db"
+    f.write_text(EXAMPLE_CONFIG.replace('journal = "tokengate.db"', f'journal = "{journal}"'))
+    kept = tmp_path / "tokengate.db.overrides.json"
+    kept.write_text(
+        json.dumps(
+            {
+                "v": 1,
+                "settings": {"min_tokens": 1024},
+                "classes": {"batch": {"queue_depth": 3}},
+                "budgets": {},
+                "paused": ["batch"],
+                "frozen": True,
+            }
+        )
+    )
+    rc, out, _ = run("overrides", "--config", str(f))
+    assert rc == 0 and "budget.min_tokens=1024" in out and "batch paused" in out and "controller frozen" in out
+    rc, out, _ = run("overrides", "write", "--config", str(f))
+    assert rc == 0
+    c = parse_config(f.read_text(), "f")
+    assert c.budget.min_tokens == 1024 and c.class_by_name("batch").queue_depth == 3
+    left = json.loads(kept.read_text())
+    assert left["settings"] == {} and left["classes"] == {} and left["paused"] == ["batch"] and left["frozen"]
+    rc, out, _ = run("overrides", "drop", "--config", str(f))
+    assert rc == 0 and not kept.exists()
+
+
+@pytest.mark.parametrize("bad", ["budget", "min_tokens=3"])
+def test_config_set_names_what_it_needs(tmp_path, bad):
+    f = tmp_path / "t.toml"
+    f.write_text("")
+    rc, _, err = run("config", "set", str(f), bad)
+    assert rc == 2 and "TABLE.KEY" in err

@@ -1,0 +1,107 @@
+"""The KV layout is learned from what llama-server reports, or the contradiction is said."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gate.backend.layout import learn_layout, local_server_args, parse_server_args
+from gate.backend.pool import capacity_from_props, capacity_warnings
+from gate.config import BackendConfig, BudgetConfig, ClassConfig
+
+
+def props(slots: int, per_slot: int) -> dict:
+    return {"total_slots": slots, "default_generation_settings": {"n_ctx": per_slot}}
+
+
+def argv(*flags: str) -> list[str]:
+    return ["/opt/llama/bin/llama-server", "-m", "model.gguf", "--port", "8080", *flags]
+
+
+def test_split_server_per_slot_context_against_its_total_gives_the_whole_pool_even_when_config_says_unified():
+    args = parse_server_args(argv("-np", "4", "-c", "2048"))
+    for configured in ("auto", "unified"):
+        layout = learn_layout(props(4, 512), configured, args)
+        assert (layout.kv, layout.source) == ("split", "process")
+        assert capacity_from_props(props(4, 512), BackendConfig(kv=configured), layout).ceiling == 2048
+    assert not learn_layout(props(4, 512), "auto", args).warnings
+    (warning,) = learn_layout(props(4, 512), "unified", args).warnings
+    assert 'config says kv = "unified"' in warning and "split" in warning
+
+
+def test_unified_server_is_learned_by_flags_or_by_every_slot_seeing_the_total():
+    cases = [
+        (argv("-np", "3", "-c", "3000", "-kvu"), props(3, 3000)),
+        (argv("--parallel=6", "--ctx-size", "6144", "--kv-unified"), props(6, 6144)),
+        (argv("-c", "4096"), props(4, 4096)),  # -np auto: 4 slots sharing the pool
+        (argv(), props(4, 4096)),  # no -c: the total is unknown; -np auto says unified
+    ]
+    for flags, p in cases:
+        layout = learn_layout(p, "split", parse_server_args(flags))
+        assert layout.kv == "unified", flags
+        assert capacity_from_props(p, BackendConfig(kv="split"), layout).ceiling == p["default_generation_settings"]["n_ctx"]
+        assert layout.warnings and 'config says kv = "split"' in layout.warnings[0]
+
+
+def test_ctx_zero_takes_the_models_training_context_as_the_total():
+    layout = learn_layout(props(2, 2048), "auto", parse_server_args(argv("-np", "2", "-c", "0", "-kvu")), n_ctx_train=4096)
+    assert layout.kv == "split"  # 2 x 2048 = 4096: whatever -kvu says, the slots split the total
+
+
+def test_environment_variables_count_like_flags():
+    args = parse_server_args(
+        ["llama-server", "-m", "m.gguf"], {"LLAMA_ARG_N_PARALLEL": "4", "LLAMA_ARG_CTX_SIZE": "8192", "LLAMA_ARG_PORT": "9000"}
+    )
+    assert (args.n_parallel, args.ctx, args.port) == (4, 8192, 9000)
+    assert learn_layout(props(4, 2048), "auto", args).kv == "split"
+
+
+def test_an_unlearnable_layout_is_assumed_unified_and_said_with_the_figure_it_would_be():
+    layout = learn_layout(props(4, 512), "auto", None)
+    assert (layout.kv, layout.source) == ("unified", "assumed")
+    (warning,) = layout.warnings
+    assert "512" in warning and "2048" in warning and 'kv = "split"' in warning
+    # an operator's explicit setting holds, unwarned, where nothing contradicts it
+    assert learn_layout(props(4, 512), "split", None).warnings == ()
+    assert learn_layout(props(4, 512), "split", None).kv == "split"
+    # one slot: its context is the pool whatever the config says
+    assert learn_layout(props(1, 512), "auto", None).warnings == ()
+
+
+def test_local_server_args_finds_the_one_llama_server_on_the_backends_port(tmp_path: Path):
+    def proc(pid: int, *args: str) -> None:
+        d = tmp_path / str(pid)
+        d.mkdir()
+        (d / "cmdline").write_bytes(b"\0".join(a.encode() for a in args) + b"\0")
+
+    proc(100, "/usr/bin/python3", "-m", "http.server", "--port", "8080")
+    proc(200, "/build/bin/llama-server", "-m", "m.gguf", "--port", "8081", "-np", "4", "-c", "2048")
+    proc(300, "/build/bin/llama-server", "-m", "m.gguf", "-np", "2")  # default port 8080
+    (tmp_path / "self").mkdir()
+    found = local_server_args("http://127.0.0.1:8081", proc_root=str(tmp_path))
+    assert found is not None and (found.pid, found.n_parallel, found.ctx) == (200, 4, 2048)
+    assert local_server_args("http://localhost:8080", proc_root=str(tmp_path)).pid == 300
+    assert local_server_args("http://127.0.0.1:9999", proc_root=str(tmp_path)) is None
+    assert local_server_args("http://10.0.0.7:8081", proc_root=str(tmp_path)) is None  # not this host
+    assert local_server_args("http://127.0.0.1:8081", proc_root=str(tmp_path / "absent")) is None
+
+
+def test_min_tokens_and_reservations_above_the_ceiling_are_said():
+    layout = learn_layout(props(4, 512), "auto", None)
+    cap = capacity_from_props(props(4, 512), BackendConfig(), layout)
+    classes = (
+        ClassConfig(name="interactive", priority=2, reserved_tokens=1024, default_max_tokens=256),
+        ClassConfig(name="batch", priority=1, default_max_tokens=256),
+    )
+    warnings = capacity_warnings(layout, cap, BudgetConfig(min_tokens=2048), classes)
+    assert any("min_tokens 2048 is above the ceiling 512" in w for w in warnings)
+    assert any("interactive 1024" in w and "exceed the ceiling 512" in w for w in warnings)
+    fits = capacity_from_props(props(4, 512), BackendConfig(kv="split"), learn_layout(props(4, 512), "split", None))
+    assert capacity_warnings(None, fits, BudgetConfig(min_tokens=2048), classes) == ()
+
+
+def test_a_default_max_tokens_no_request_can_fit_in_a_slot_is_said():
+    layout = learn_layout(props(4, 512), "split", None)
+    cap = capacity_from_props(props(4, 512), BackendConfig(kv="split"), layout)
+    classes = (ClassConfig(name="batch", priority=1, default_max_tokens=512), ClassConfig(name="chat", priority=2, default_max_tokens=256))
+    (warning,) = capacity_warnings(layout, cap, BudgetConfig(min_tokens=512), classes)
+    assert "classes.batch.default_max_tokens 512" in warning and "refused (400)" in warning
