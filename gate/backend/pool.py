@@ -544,3 +544,29 @@ def check_backend(
         return str(exc), ()
     line = f"{cap.slots} slots of {cap.slot_context} tokens, kv {layout.kv} ({layout.source}: {layout.detail}), ceiling {cap.ceiling}"
     return line, capacity_warnings(layout, cap, budget, classes)
+
+
+@dataclass(frozen=True, slots=True)
+class Core:
+    """A backend whose admission core exists, with its gatekeeper and budget owner typed as
+    present (the operator layer acts on these; a router's model before its first load too)."""
+
+    backend: Backend
+    gatekeeper: Gatekeeper
+    controller: BudgetController
+
+    @property
+    def admission(self) -> Admission:
+        return self.gatekeeper.admission
+
+    @property
+    def capacity(self) -> Capacity | None:
+        return self.backend.capacity
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+
+def cores(backends: Iterable[Backend]) -> list[Core]:
+    return [Core(b, b.gatekeeper, b.controller) for b in backends if b.gatekeeper is not None and b.controller is not None]

@@ -23,7 +23,7 @@ from gate.backend.gatekeeper import Ticket
 from gate.backend.pool import Backend
 from gate.backend.tokens import TokenCount
 from gate.backend.upstream import RelayStats, SseRelay, forward_headers, relayed_headers, upstream_body
-from gate.core.errors import GateError, error_object, render
+from gate.core.errors import GateError, Who, error_object, render
 from gate.core.ledger import Request
 from gate.core.reasons import CLIENT_DISCONNECT, SERVER_CANCELLED, Reason
 from gate.core.shedding import Deadline, next_deadline
@@ -36,7 +36,6 @@ from gate.http.routing import REROUTABLE, count_tokens, fallback_chain, fits_now
 
 if TYPE_CHECKING:
     from gate.http.ports import RequestPorts
-    from gate.http.tenants import Caller
 
 _REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 CLIENT_CLOSED = 499  # nginx's convention for "client closed the request"
@@ -138,7 +137,7 @@ class _Flow:
         self._plain = False  # a plain (non-streamed) upstream call: no token to watch, only the clock
         self.model_name: str | None = None  # the model that answers, when the gate routed by model
         self.rerouted_from: str | None = None  # the model asked for, when a fallback answers
-        self.caller: Caller | None = None  # who asked, when refused before the intake was whole
+        self.caller: Who | None = None  # who asked, when refused before the intake was whole
         #: time spent in admission queues by tries that ended without a ticket (refused after
         #: waiting, drained, a fallback tried next, the client gone); None: never offered
         self.waited_s: float | None = None
@@ -188,7 +187,8 @@ class _Flow:
             backend = await self._admit_routed(backend, chain, intake)
         admission = backend.gatekeeper.admission  # type: ignore[union-attr]
         self.budget_at, self.in_flight_at = admission.budget, admission.ledger.in_flight
-        self.ticket.expected_s = self.gate.config.gate.request_timeout_s  # type: ignore[union-attr]  (the longest it may run)
+        assert self.ticket is not None  # acquired just above, or it raised
+        self.ticket.expected_s = self.gate.config.gate.request_timeout_s  # the longest it may run
         await self._relay(backend, intake)
 
     async def _admit(self, backend: Backend, intake: Intake) -> None:
@@ -272,7 +272,8 @@ class _Flow:
 
     async def _relay(self, backend: Backend, intake: Intake) -> None:
         ticket = self.ticket
-        assert ticket is not None and backend.gatekeeper is not None
+        keeper = backend.gatekeeper
+        assert ticket is not None and keeper is not None
         gate = self.gate
         self.stats = stats = RelayStats(dispatched_at=gate.clock())
         headers = forward_headers(self.headers, backend.auth_token)
@@ -292,7 +293,7 @@ class _Flow:
                 response,
                 stats,
                 gate.clock,
-                lambda: backend.gatekeeper.first_token(ticket),
+                lambda: keeper.first_token(ticket),
                 keep_usage_chunk=intake.include_usage,
                 collect=not intake.stream,
             )
@@ -494,7 +495,7 @@ class _Flow:
         """The response's last bytes, sent only once its decision row is committed (DESIGN.md 5)
         and its shared lease is released (bounded by [shared] wait_ms)."""
         await self.gate.recorder.committed(self.committed)
-        if self.shared_done is not None:  # and the tenant's tokens are back in the fleet's count
+        if self.shared_done is not None and self.gate.shared is not None:  # the tenant's tokens back in the fleet's count
             await self.gate.shared.landed(self.shared_done)
         await self._send({"type": "http.response.body", "body": data, "more_body": False})
 
@@ -587,7 +588,7 @@ class _Flow:
         # until llama-server frees the slot, on this gate's ledger and the fleet's alike.
         end_lease = (
             None
-            if self.shared_lease is None
+            if self.shared_lease is None or gate.shared is None
             else functools.partial(gate.shared.release, self.shared_lease, refund_tokens=refund_tokens, refund_requests=refund_requests)
         )
         if self.ticket is not None and self.backend is not None and self.backend.gatekeeper is not None:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gate.backend.pool import Backend, BackendPool, controller_settings
+from gate.backend.pool import Backend, BackendPool, Core, controller_settings, cores
 from gate.config import ClassConfig, Config, ConfigError, config_digest, load_config, validate_config
 from gate.data.commands import (
     ActionResult,
@@ -34,6 +34,7 @@ from gate.data.commands import (
 )
 from gate.data.records import AuditRecord, AuditSource
 from gate.fleet import model_ops
+from gate.fleet.router_mode import ModelFleet
 from gate.ops import overrides as overrides_file
 from gate.ops.overrides import Overrides
 
@@ -101,6 +102,7 @@ class Control:
             known = ", ".join(models) if models else "none (no llama-server in router mode)"
             raise CommandError(f"{command.model!r} is not a router-mode model; models: {known}")
         fleet, model = unit.fleet, unit.model
+        assert isinstance(fleet, ModelFleet)  # the only Fleet there is
         old: Any = fleet.info[model].status
         new: Any = None
         note = command.note
@@ -203,7 +205,8 @@ class Control:
         now = self.clock()
         results = []
         for b in targets:
-            move = b.controller.set_budget(now, tokens)  # type: ignore[union-attr]  (pushed to admission)
+            assert b.controller is not None  # targets have cores: _backends' callers checked
+            move = b.controller.set_budget(now, tokens)  # pushed to admission
             self._budgets[b.name] = move.new_budget
             results.append(self._audit(operator, source, "set_budget", f"backend:{b.name}", move.old_budget, move.new_budget, note))
         self._keep()
@@ -512,8 +515,8 @@ class Control:
             raise CommandError(f"unknown backend {name!r}")
         return [backend]
 
-    def _ready_admissions(self) -> list[Backend]:
-        return [b for b in self.backends if b.admission is not None]
+    def _ready_admissions(self) -> list[Core]:
+        return cores(self.backends)
 
     def _audit(self, operator: Operator, source: AuditSource, action: str, target: str, old: Any, new: Any, note: str) -> ActionResult:
         record = AuditRecord(
@@ -567,10 +570,10 @@ def _config_diff(old: Config, new: Config) -> list[tuple[str, str | None, str | 
             out.append((f"budget.{f.name}", _fmt(a), _fmt(b)))
     new_classes = {c.name: c for c in new.classes}
     for c in old.classes:
-        for f in CLASS_FIELDS:
-            a, b = getattr(c, f), getattr(new_classes[c.name], f)
+        for name in CLASS_FIELDS:
+            a, b = getattr(c, name), getattr(new_classes[c.name], name)
             if a != b:
-                out.append((f"classes.{c.name}.{f}", _fmt(a), _fmt(b)))
+                out.append((f"classes.{c.name}.{name}", _fmt(a), _fmt(b)))
     if old.default_class != new.default_class:
         out.append(("default_class", old.default_class, new.default_class))
     return out
