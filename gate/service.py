@@ -46,8 +46,6 @@ from gate.observe.snapshots import GateState, build_snapshot
 from gate.ops.control import Control
 from gate.ops.control_socket import ControlServer
 from gate.ops.lock import JournalLock, new_gate_id
-from gate.ops.overrides import load as load_overrides
-from gate.ops.overrides import path_for as overrides_path_for
 
 if TYPE_CHECKING:
     from gate.fleet.sharedlimits.client import SharedLimits
@@ -111,14 +109,7 @@ class GateService:
             kv_bytes_per_token=kv_bytes_per_token,
         )
         self.backends.on_units = self._units_changed
-        self.backends.on_state = lambda b, old, new: self.recorder.audit_event(
-            "backend_up" if new == "ready" else "backend_down",
-            f"backend:{b.name}",
-            b.detail if new != "ready" else "ready",
-            operator=self.operator,
-            old_value=old,
-            new_value=new,
-        )
+        self.backends.on_state = lambda b, old, new: self.recorder.backend_changed(b.name, old, new, b.detail, self.operator)
         self.model_metrics = ModelMetrics(
             self.metrics.registry, lambda: self.backends.fleets, (m for b in config.backends for m in b.models)
         )
@@ -210,23 +201,11 @@ class GateService:
         if self.control_server is not None:
             self.control_server.claim()  # before anything listens: a live gate there is a refusal
         self.recorder.journal = await Journal.open(self.journal_path, on_drop=self.metrics.journal_dropped)
-        await self.recorder.seed_from_journal()  # a restarted gate's console shows the last 15 minutes
-        unclean = await self.recorder.previous_end()
-        if unclean:
-            self.log.warning("%s", unclean)
-            self.audit_gate("unclean_end", unclean)
+        await self.recorder.resume(self.operator)  # the last 15 minutes, and how the last gate ended
         if self.shared is not None:
             await self.shared.start()  # Redis out of reach is not fatal: the failure policy applies
         await self.backends.probe_all()
-        # The operator's runtime changes live beside the journal this gate now holds (one gate
-        # per journal): kept from here on, and a restart, even after SIGKILL, re-applies them
-        # (gate/ops/overrides.py). A gate that never starts (a test's) keeps nothing.
-        if self.journal_path != ":memory:":
-            self.control.overrides_path = overrides_path_for(self.journal_path)
-            saved = load_overrides(self.control.overrides_path)
-            if saved:  # before the gate listens: no request is admitted under the file's values
-                self.control.restore(saved, operator=self.operator)
-                self.log.warning("restored runtime overrides from %s: %s", self.control.overrides_path, "; ".join(saved.lines()))
+        self.control.keep_beside(self.journal_path, operator=self.operator)  # before it listens
         self._tasks = [
             asyncio.create_task(self.backends.run(self.probe_interval_s), name="tokengate-probe"),
             asyncio.create_task(self._housekeeping(), name="tokengate-housekeeping"),

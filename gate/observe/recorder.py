@@ -84,6 +84,26 @@ class Recorder:
 
     # ---- audit ----------------------------------------------------------------
 
+    async def resume(self, operator: Operator) -> None:
+        """At start: the console's view from the journal's last 15 minutes, and an audit row
+        `unclean_end` when the previous gate on this journal never wrote `stopped`."""
+        await self.seed_from_journal()
+        unclean = await self.previous_end()
+        if unclean:
+            log.warning("%s", unclean)
+            self.audit_event("unclean_end", "gate", unclean, operator=operator)
+
+    def backend_changed(self, backend: str, old: str, new: str, detail: str, operator: Operator) -> None:
+        """A backend became ready or stopped being: an audit row (a crash marks the review's chart)."""
+        self.audit_event(
+            "backend_up" if new == "ready" else "backend_down",
+            f"backend:{backend}",
+            "ready" if new == "ready" else detail,
+            operator=operator,
+            old_value=old,
+            new_value=new,
+        )
+
     async def seed_from_journal(self, window_s: float = 900.0, *, limit: int = 20_000) -> int:
         """Start the live view from the journal's recent history, not empty: the decisions of
         the last `window_s` (the rollups' horizon: denials, rates, p95s, the tail) and the

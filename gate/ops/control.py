@@ -307,6 +307,19 @@ class Control:
             except OSError as exc:
                 log.error("runtime overrides NOT kept in %s (%s): a restart would revert them", self.overrides_path, exc)
 
+    def keep_beside(self, journal_path: str, *, operator: Operator) -> None:
+        """The operator's runtime changes live beside the journal this gate holds (one gate per
+        journal): kept from here on, and what the last run kept is re-applied now, before the
+        gate listens, so no request is admitted under the file's values (even after SIGKILL).
+        A gate that never starts (a test's) keeps nothing; neither does a journal in memory."""
+        if journal_path == ":memory:":
+            return
+        self.overrides_path = overrides_file.path_for(journal_path)
+        saved = overrides_file.load(self.overrides_path)
+        if saved:
+            self.restore(saved, operator=operator)
+            log.warning("restored runtime overrides from %s: %s", self.overrides_path, "; ".join(saved.lines()))
+
     def restore(self, saved: Overrides, *, operator: Operator, source: AuditSource = "gate") -> list[ActionResult]:
         """Re-apply the overrides a previous run kept, each with an audit row `restored`; what
         no longer applies (a class gone, a value the config now refuses) is audited
