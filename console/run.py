@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from console.priority import lower_priority
 from gate.config import Config
 from gate.ops.link import GateLink
 
@@ -106,10 +107,13 @@ def _end(app, why: str) -> None:
 async def _run_app(link: GateLink, *, read_only: bool, on_signal: Callable[[str], None] | None = None):
     from console.app import TokengateApp  # Textual only when the console runs
 
-    return await _run(TokengateApp(link, read_only=read_only), on_signal)
+    return await _run(TokengateApp(link, read_only=read_only), on_signal, gate_pids=[link.info.pid] if link.info.pid else None)
 
 
-async def _run(app, on_signal: Callable[[str], None] | None = None):
+async def _run(app, on_signal: Callable[[str], None] | None = None, *, gate_pids: list[int] | None = None):
+    # The console gives way to the gate for the CPU (console/priority.py); the embedded
+    # console's gate child was started before this, at normal priority.
+    restore_priority = lower_priority(gate_pids)
     # Once the first frames are up (3 s), what start-up built (Textual, the widget tree) lives as
     # long as the console: out of the way of every later full collection (a full collection
     # of the console's heap took 60-90 ms, gc.callbacks at 200 req/s), which delays a key press.
@@ -122,6 +126,7 @@ async def _run(app, on_signal: Callable[[str], None] | None = None):
     finally:
         freeze.cancel()
         remove()
+        restore_priority()
     return app
 
 

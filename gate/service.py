@@ -40,6 +40,7 @@ from gate.http.server import HttpServer, build_app
 from gate.http.tenants import TenantDirectory, TenantQuotas
 from gate.journal import Journal
 from gate.observe.gpu import GpuMonitor, GpuSource, read_gpu
+from gate.observe.looplag import LoopLagMonitor, cpu_seconds
 from gate.observe.metrics import GateMetrics
 from gate.observe.recorder import Recorder
 from gate.observe.snapshots import GateState, build_snapshot
@@ -80,6 +81,11 @@ class GateService:
         self.metrics.register_classes([c.name for c in config.classes])
         self.metrics.register_models(m for b in config.backends for m in b.models)
         self.recorder = Recorder(self.metrics, gate_id=self.gate_id, clock=clock)
+        #: the gate's own event-loop delay (tokengate_event_loop_lag_seconds): a stall shows, whatever its cause
+        self.loop_lag = LoopLagMonitor()
+        self.metrics.register_loop_lag(
+            self.loop_lag.quantiles, lambda: (self.loop_lag.window.count, self.loop_lag.window.total_s), cpu_seconds
+        )
         self.operator = Operator.from_environ(environ)
         #: tenant limits shared through Redis ([shared]); None when off. Under its fail_open
         #: policy the gate's own limits below run at 1/N (`_local_share`).
@@ -211,6 +217,7 @@ class GateService:
             asyncio.create_task(self._housekeeping(), name="tokengate-housekeeping"),
             asyncio.create_task(self.telemetry_poller.run(self._on_telemetry), name="tokengate-telemetry"),
             asyncio.create_task(self._gpu_loop(), name="tokengate-gpu"),
+            asyncio.create_task(self.loop_lag.run(), name="tokengate-looplag"),
         ]
         # `port` (tests: 0) replaces the first address's port; the other addresses keep theirs.
         self.port = await self.http.start(

@@ -33,10 +33,11 @@ Conventions:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from gate import __version__
@@ -267,6 +268,17 @@ class GateMetrics:
             self._duration.labels(cls)
             self._decisions.labels(cls, "admitted", OK_REASON)
 
+    def register_loop_lag(
+        self,
+        quantiles: Callable[[], dict[float, float]],
+        totals: Callable[[], tuple[int, float]],
+        cpu: Callable[[], tuple[float, float] | None] | None = None,
+    ) -> None:
+        """`tokengate_event_loop_lag_seconds`, a summary read at each scrape: `quantiles()` gives
+        {q: seconds} over the last minute (gate/observe/looplag.py), `totals()` (count, sum) since start;
+        and `tokengate_cpu_seconds_total{state}` from `cpu()`: (running, waiting) seconds."""
+        self.registry.register(_LoopLagCollector(quantiles, totals, cpu))
+
     def register_models(self, names: Iterable[str]) -> None:
         """The model names (from the config) that may appear as the `model` label."""
         self._models.update(str(n) for n in names)
@@ -394,6 +406,53 @@ class GateMetrics:
         """The `/metrics/inference` body: the three inference-gateway gauges only. An endpoint
         picker scrapes every 50 ms by default; the whole registry takes ~1.7 ms to render."""
         return generate_latest(self.registry.restricted_registry(INFERENCE_METRICS)), CONTENT_TYPE_LATEST
+
+
+class _LoopLagCollector:
+    """The gate's event-loop delay as a Prometheus summary (quantile 1 is the longest stall)."""
+
+    NAME = "tokengate_event_loop_lag_seconds"
+
+    CPU = "tokengate_cpu_seconds"
+    CPU_DOC = (
+        "Seconds the gate's threads spent on a CPU (running) and ready to run but waiting for one "
+        "(waiting: starved by other work on the host), from the kernel's schedstat."
+    )
+
+    def __init__(
+        self,
+        quantiles: Callable[[], dict[float, float]],
+        totals: Callable[[], tuple[int, float]],
+        cpu: Callable[[], tuple[float, float] | None] | None,
+    ) -> None:
+        self._quantiles = quantiles
+        self._totals = totals
+        self._cpu = cpu
+
+    def describe(self) -> list[Metric]:
+        return [Metric(self.NAME, self._doc(), "summary"), Metric(self.CPU, self.CPU_DOC, "counter")]
+
+    @staticmethod
+    def _doc() -> str:
+        return (
+            "How late the gate's event loop ran a callback that was due, over the last minute "
+            "(quantile 1: the longest stall); every request waits as long."
+        )
+
+    def collect(self) -> Iterable[Metric]:
+        metric = Metric(self.NAME, self._doc(), "summary")
+        for q, seconds in self._quantiles().items():
+            metric.add_sample(self.NAME, {"quantile": f"{q:g}"}, seconds)
+        count, total = self._totals()
+        metric.add_sample(self.NAME + "_count", {}, count)
+        metric.add_sample(self.NAME + "_sum", {}, total)
+        yield metric
+        cpu_s = self._cpu() if self._cpu is not None else None
+        if cpu_s is not None:
+            cpu = Metric(self.CPU, self.CPU_DOC, "counter")
+            for state, value in zip(("running", "waiting"), cpu_s):
+                cpu.add_sample(self.CPU + "_total", {"state": state}, value)
+            yield cpu
 
 
 def _outcome(outcome: str) -> str:

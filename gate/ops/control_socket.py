@@ -17,13 +17,25 @@ The protocol is one JSON object per line, in both directions:
 The operator of a command is the peer's uid, read from the socket (SO_PEERCRED),
 never what the client says; the client only adds its SSH origin. A session that
 said read_only at hello is refused every command, whatever it sends later.
-Everything runs on the gate's loop; a slow or stuck console only fills its own
-bounded outbox and is then dropped, it never holds the gate.
+
+A console is a window, never a load: what the gate does for consoles is bounded per
+second whatever the request rate, the number of consoles and how fast they read.
+* Snapshots come from one SnapshotFeed (gate/ops/console_feed.py): built and encoded at
+  most every 0.25 s and shared; a reply is the shared bytes plus the asker's new
+  decisions. Each console is answered at most every SNAPSHOT_PACE_S.
+* Nothing on the gate's own path waits for a console. A session's replies are written
+  by that session's task, which reads its next request only once the last reply is on
+  its way (a console that stops reading stops asking, and holds one reply); audit
+  events go into a mailbox of the newest OUTBOX lines, written by the session's own
+  pusher: a stopped console loses the oldest events, it never delays the gate nor
+  grows its memory (at most one reply, one event and OUTBOX lines per console).
+* The peer's user name is looked up in a thread (NSS may ask a directory server).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import grp
 import json
@@ -38,8 +50,8 @@ from typing import TYPE_CHECKING, Any
 from gate import __version__
 from gate.data.commands import CommandError, from_wire
 from gate.data.records import AuditRecord
-from gate.data.snapshot import SNAPSHOT_VERSION
 from gate.data.wire import encode
+from gate.ops.console_feed import SnapshotFeed
 from gate.ops.control import Operator
 
 if TYPE_CHECKING:
@@ -49,7 +61,10 @@ log = logging.getLogger("tokengate.control")
 
 PROTOCOL_VERSION = 1
 MAX_LINE = 64 * 1024  # commands are small; a longer line ends the session
-OUTBOX = 256  # events a console may fall behind by before it is dropped
+OUTBOX = 256  # audit events kept for a console that reads slowly; older ones are dropped
+#: the most often one console is sent a snapshot (its fastest refresh is 4 a second; a
+#: refresh right after a command may come sooner). Asks in between wait, on its own task.
+SNAPSHOT_PACE_S = 0.05
 
 
 class SocketInUse(Exception):
@@ -112,16 +127,21 @@ def claim_path(path: str) -> None:
 
 
 class _Session:
-    __slots__ = ("operator", "read_only", "writer", "outbox", "pusher", "uid", "pid")
+    __slots__ = ("operator", "read_only", "writer", "events", "missed", "wake", "pusher", "uid", "pid", "name", "next_snapshot_at")
 
-    def __init__(self, pid: int, uid: int, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, pid: int, uid: int, name: str, writer: asyncio.StreamWriter) -> None:
         self.pid = pid
         self.uid = uid
-        self.operator = Operator(user_name(uid), "local")
+        self.name = name
+        self.operator = Operator(name, "local")
         self.read_only = True  # until hello says otherwise
         self.writer = writer
-        self.outbox: asyncio.Queue[bytes] | None = None
+        #: audit lines not yet written (subscribed sessions only): the newest OUTBOX of them
+        self.events: collections.deque[bytes] | None = None
+        self.missed = 0  # events dropped because the console did not read them in time
+        self.wake = asyncio.Event()
         self.pusher: asyncio.Task[None] | None = None
+        self.next_snapshot_at = 0.0
 
 
 class ControlServer:
@@ -134,6 +154,7 @@ class ControlServer:
         self._server: asyncio.AbstractServer | None = None
         self._sessions: set[_Session] = set()
         self._handlers: set[asyncio.Task[Any]] = set()
+        self.feed = SnapshotFeed(lambda after, n: gate.snapshot(decisions_after=after, max_decisions=n))
 
     def claim(self) -> None:
         claim_path(self.path)
@@ -199,24 +220,30 @@ class ControlServer:
         sock = writer.get_extra_info("socket")
         try:
             pid, uid, _gid = peer_credentials(sock)
-        except OSError:
+            name = await asyncio.to_thread(user_name, uid)
+        except (OSError, asyncio.CancelledError):  # gone already, or the gate is closing
             writer.close()
             self._handlers.discard(task)
             return
-        session = _Session(pid, uid, writer)
+        session = _Session(pid, uid, name, writer)
         self._sessions.add(session)
+        loop = asyncio.get_running_loop()
         try:
             while True:
                 try:
                     line = await reader.readline()
                 except (ValueError, asyncio.LimitOverrunError):
-                    await self._send(session, {"ok": False, "error": f"line longer than {MAX_LINE} bytes"})
+                    await self._send(session, _line({"ok": False, "error": f"line longer than {MAX_LINE} bytes"}))
                     break
                 if not line:
                     break
-                reply = self._handle(session, line)
-                if reply is not None:
-                    await self._send(session, reply)
+                request = _parse(line)
+                if isinstance(request, dict) and request.get("op") == "snapshot":
+                    wait = session.next_snapshot_at - loop.time()
+                    if wait > 0:
+                        await asyncio.sleep(wait)  # this console's task only; the gate goes on
+                    session.next_snapshot_at = loop.time() + SNAPSHOT_PACE_S
+                await self._send(session, self._handle(session, request))
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         except asyncio.CancelledError:
@@ -227,22 +254,22 @@ class ControlServer:
             self._drop(session)
             self._handlers.discard(task)
 
-    def _handle(self, session: _Session, line: bytes) -> dict[str, Any] | None:
-        try:
-            request = json.loads(line)
-        except ValueError:
-            return {"ok": False, "error": "not JSON"}
-        if not isinstance(request, dict):
-            return {"ok": False, "error": "a request must be an object"}
+    def _handle(self, session: _Session, request: dict[str, Any] | str) -> bytes:
+        """The reply line to one request (`request` is the error when the line was not an object)."""
+        if isinstance(request, str):
+            return _line({"ok": False, "error": request})
         rid = request.get("id")
         try:
+            if request.get("op") == "snapshot":
+                after = request.get("after", 0)
+                return self.feed.reply(rid, after if isinstance(after, int) and not isinstance(after, bool) and after >= 0 else 0)
             body = self._dispatch(session, request)
         except CommandError as exc:
             body = {"ok": False, "error": str(exc)}
         except Exception as exc:  # noqa: BLE001 - a bad request must not end the gate's service
             log.exception("control socket: request %r failed", request.get("op"))
             body = {"ok": False, "error": f"internal error: {type(exc).__name__}"}
-        return {"id": rid, **body}
+        return _line({"id": rid, **body})
 
     def _dispatch(self, session: _Session, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")
@@ -252,21 +279,18 @@ class ControlServer:
                 raise CommandError(f"protocol version {request.get('v')!r} is not {PROTOCOL_VERSION}: upgrade the console")
             session.read_only = bool(request.get("read_only", False))
             origin = request.get("origin")
-            name = user_name(session.uid)
+            name = session.name
             sudo = request.get("sudo_user")
             if session.uid == 0 and isinstance(sudo, str) and sudo and sudo != name:
                 name = f"{sudo} (root)"  # sudo'd: the person, and the identity the kernel vouches for
             session.operator = Operator(name, origin if isinstance(origin, str) and origin else "local")
             log.info("console attached: %s from %s%s", name, session.operator.origin, " (read-only)" if session.read_only else "")
             return {"ok": True, "info": self._info(session)}
-        if op == "snapshot":
-            after = request.get("after", 0)
-            snap = gate.snapshot(decisions_after=after if isinstance(after, int) and after >= 0 else 0)
-            return {"ok": True, "v": SNAPSHOT_VERSION, "snapshot": encode(snap)}
         if op == "command":
             if session.read_only:
                 raise CommandError("this console attached read-only: the gate refuses its commands")
             results = gate.control.execute(from_wire(request.get("command")), operator=session.operator, source="console")
+            self.feed.invalidate()  # the console's next snapshot shows what it just did
             return {"ok": True, "results": [encode(r) for r in results]}
         if op == "stop":
             if session.pid != os.getppid() or gate.stop_requested is None:
@@ -275,8 +299,8 @@ class ControlServer:
             gate.stop_requested(f"console: {why}" if isinstance(why, str) and why else "console quit")
             return {"ok": True}
         if op == "subscribe":
-            if session.outbox is None:
-                session.outbox = asyncio.Queue(OUTBOX)
+            if session.events is None:
+                session.events = collections.deque(maxlen=OUTBOX)
                 session.pusher = asyncio.get_running_loop().create_task(self._push(session))
             return {"ok": True}
         raise CommandError(f"unknown op {op!r}")
@@ -297,29 +321,37 @@ class ControlServer:
         }
 
     def _on_audit(self, record: AuditRecord) -> None:
+        """Called on the gate's path (a command, the controller): never waits for a console."""
+        self.feed.invalidate()  # a change: consoles see it at their next ask
         if not self._sessions:
             return
         line = _line({"event": "audit", "record": encode(record)})
-        for session in tuple(self._sessions):
-            if session.outbox is None:
+        for session in self._sessions:
+            events = session.events
+            if events is None:
                 continue
-            try:
-                session.outbox.put_nowait(line)
-            except asyncio.QueueFull:
-                log.warning("control socket: %s fell %d events behind; dropping it", session.operator.name, OUTBOX)
-                self._drop(session)
+            if len(events) == OUTBOX:
+                session.missed += 1  # the oldest goes: the snapshot's last 50 audit rows still show it
+                if session.missed == 1:
+                    log.warning("control socket: %s reads too slowly; dropping its oldest audit events", session.operator.name)
+            events.append(line)
+            session.wake.set()
 
     async def _push(self, session: _Session) -> None:
-        assert session.outbox is not None
+        """The session's audit events, written as fast as the console reads them."""
+        assert session.events is not None
+        events = session.events
         with contextlib.suppress(ConnectionError, asyncio.CancelledError):
             while True:
-                line = await session.outbox.get()
-                session.writer.write(line)
-                await session.writer.drain()
+                await session.wake.wait()
+                session.wake.clear()
+                while events:
+                    session.writer.write(events.popleft())
+                    await session.writer.drain()
 
-    async def _send(self, session: _Session, body: dict[str, Any]) -> None:
-        session.writer.write(_line(body))
-        await session.writer.drain()
+    async def _send(self, session: _Session, line: bytes) -> None:
+        session.writer.write(line)
+        await session.writer.drain()  # this console's task: a console that does not read stops here
 
     def _drop(self, session: _Session) -> None:
         if session not in self._sessions:
@@ -328,6 +360,17 @@ class ControlServer:
         if session.pusher is not None:
             session.pusher.cancel()
         session.writer.close()
+
+
+def _parse(line: bytes) -> dict[str, Any] | str:
+    """A request object, or what is wrong with the line."""
+    try:
+        request = json.loads(line)
+    except ValueError:
+        return "not JSON"
+    if not isinstance(request, dict):
+        return "a request must be an object"
+    return request
 
 
 def _line(body: dict[str, Any]) -> bytes:

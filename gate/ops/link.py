@@ -20,6 +20,8 @@ import asyncio
 import itertools
 import json
 import os
+import socket
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -35,6 +37,16 @@ if TYPE_CHECKING:
 PROTOCOL_VERSION = 1
 #: a snapshot line holds up to 200 decisions (~100 KB); leave room
 MAX_LINE = 16 * 1024 * 1024
+
+
+def _peer_pid(writer: asyncio.StreamWriter) -> int:
+    """The process at the other end of a Unix socket (SO_PEERCRED), 0 when not known."""
+    sock = writer.get_extra_info("socket")
+    try:
+        pid, _uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    except (AttributeError, OSError):
+        return 0
+    return pid
 
 
 class LinkLost(ConnectionError):
@@ -55,6 +67,7 @@ class GateInfo:
     embedded: bool  # quitting the console stops the gate
     drain_grace_s: float
     where: str = ""  # "embedded", or the socket path
+    pid: int = 0  # the gate's process, as the kernel tells the socket's peer (0: not known)
 
 
 class GateLink(Protocol):
@@ -95,6 +108,7 @@ class InProcessLink:
             embedded=embedded,
             drain_grace_s=gate.drain_grace_s,
             where="in-process",
+            pid=os.getpid(),
         )
 
     async def snapshot(self) -> GateSnapshot:
@@ -215,6 +229,7 @@ class SocketLink:
                 embedded=embedded,
                 drain_grace_s=float(info.get("drain_grace_s", 0)),
                 where=path,
+                pid=_peer_pid(writer),
             )
         except BaseException:
             await link.close()

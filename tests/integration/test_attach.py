@@ -307,6 +307,83 @@ async def test_an_embedded_console_whose_terminal_is_gone_still_drains_its_gate_
         console.close()
 
 
+# ---- a console is a window, never a load ----------------------------------------------------------
+
+
+async def test_a_stopped_console_delays_nobody_and_carries_on_when_continued(llama_split, tmp_path):
+    """ctrl-Z, a wedged terminal: the console reads nothing while the gate goes on (commands
+    from another console, audit events for both, client requests). The stopped console loses
+    the oldest events, never its session, and the gate never waits for it (the gate used to
+    drop a console 256 events behind; once continued, it found its link gone and exited 1)."""
+    config = write_config(tmp_path, llama_split.url)
+    async with serve(tmp_path, config):
+        console = Pty(str(TOKENGATE), "console", "--attach", sock_of(tmp_path), cwd=tmp_path)
+        link = await SocketLink.connect(sock_of(tmp_path))
+        try:
+            await wait_until(lambda: console.shows("classes"), timeout_s=30)
+            console.proc.send_signal(signal.SIGSTOP)
+            for i in range(2001):  # more events than its socket buffer and its mailbox (256) hold
+                await asyncio.wait_for(link.command(Pause("batch", i % 2 == 0)), 30)
+                if i % 250 == 0:
+                    assert await _health(config) == 200
+            assert next(c for c in (await link.snapshot()).classes if c.name == "batch").paused
+            async with httpx.AsyncClient(timeout=60) as client:  # a request through the gate to llama-server
+                answer = await client.post(
+                    f"http://127.0.0.1:{_port(config)}/v1/chat/completions",
+                    json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+                    headers={"x-tokengate-class": "interactive"},
+                )
+                assert answer.status_code == 200
+            seen = len(console.read())
+            console.proc.send_signal(signal.SIGCONT)
+            await wait_until(lambda: b"PAUSED" in console.read()[seen:], timeout_s=30)  # it shows the gate as it is now
+            assert console.proc.poll() is None  # still attached
+        finally:
+            await link.close()
+            console.proc.send_signal(signal.SIGCONT)
+            console.close()
+
+
+async def test_an_embedded_console_lowers_its_own_priority_never_its_gates(llama_split, tmp_path):
+    config = write_config(tmp_path, llama_split.url)
+    console = Pty(str(TOKENGATE), "console", "--config", str(config), cwd=tmp_path)
+    try:
+        await wait_until(lambda: console.shows("classes"), timeout_s=30)
+        (gate,) = _children(console.proc.pid)
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, gate) == mine  # the gate keeps the priority it was given
+        assert os.getpriority(os.PRIO_PROCESS, console.proc.pid) == max(mine, 10)
+        gate_group, console_group = (_autogroup_nice(pid) for pid in (gate, console.proc.pid))
+        assert gate_group == console_group  # (None without autogroup) session groups left as they were
+    finally:
+        console.close()
+        await wait_until(lambda: not Path(sock_of(tmp_path)).exists(), timeout_s=60)  # the gate drained and went
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    kids.append(int(entry.name))
+            except (OSError, IndexError):
+                pass
+    return kids
+
+
+def _autogroup_nice(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/autogroup").read_text().split("nice")[-1])
+    except (OSError, ValueError):
+        return None
+
+
+def _port(config: Path) -> int:
+    listen = next(line for line in config.read_text().splitlines() if line.startswith("listen"))
+    return int(listen.split(":")[-1].strip('" '))
+
+
 # ---- one gate per journal; stale sockets ---------------------------------------------------------
 
 
