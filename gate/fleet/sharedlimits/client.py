@@ -50,7 +50,7 @@ from gate.config import SharedConfig, TenantConfig
 from gate.core.errors import GateError
 from gate.core.reasons import Reason
 from gate.fleet.sharedlimits.health import Flip, SharedHealth, SharedState, fits_local_share, local_share
-from gate.fleet.sharedlimits.heard import hear
+from gate.fleet.sharedlimits.heard import Heard, hear
 from gate.fleet.sharedlimits.scripts import RELEASE, RENEW, RESERVE, Script, tenant_keys
 
 __all__ = ["Lease", "SharedLimits"]
@@ -345,15 +345,9 @@ class SharedLimits:
             sent = tuple(self._held.values())
             drops, self._drops = self._drops, {}
             call = asyncio.get_running_loop().create_task(self._renew_call(leases=sent, drops=drops))
+            heard, answered = await self._answer(call)
             try:
-                heard = await hear(call, max(self._wait_s, self.config.renew_interval_s))
-            except asyncio.CancelledError:
-                call.cancel()
-                raise
-            if not call.done():
-                call.cancel()
-            try:
-                if not call.done() or call.cancelled():
+                if not answered or call.cancelled():
                     raise TimeoutError(f"no answer in {heard.heard_s * 1000:.0f} ms")
                 gates, adopted, redis_ms, fresh = call.result()
             except (TimeoutError, RedisError, OSError) as exc:
@@ -591,18 +585,26 @@ class SharedLimits:
         if batch:
             self._spawn(self._release(batch))
 
-    async def _release(self, batch: list[_Release]) -> None:
-        keys: list[str] = []
-        args: list[Any] = []
-        self._add_releases(keys, args, batch)
-        call = asyncio.get_running_loop().create_task(self._call(RELEASE, keys, args))
+    async def _answer(self, call: asyncio.Task[Any]) -> tuple[Heard, bool]:
+        """Wait for a renewal's or a release's call within the renewal bound, counted in heard
+        time; one that did not answer in it is cancelled. (how long it was heard, answered)."""
         try:
             heard = await hear(call, max(self._wait_s, self.config.renew_interval_s))
         except asyncio.CancelledError:
             call.cancel()
             raise
-        if not call.done():
+        answered = call.done()
+        if not answered:
             call.cancel()
+        return heard, answered
+
+    async def _release(self, batch: list[_Release]) -> None:
+        keys: list[str] = []
+        args: list[Any] = []
+        self._add_releases(keys, args, batch)
+        call = asyncio.get_running_loop().create_task(self._call(RELEASE, keys, args))
+        heard, answered = await self._answer(call)
+        if not answered:
             exc: BaseException | None = TimeoutError(f"no answer in {heard.heard_s * 1000:.0f} ms")
         else:
             exc = asyncio.CancelledError() if call.cancelled() else call.exception()
