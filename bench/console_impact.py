@@ -176,30 +176,10 @@ class Arm:
             for name, value in zip(("TOKENGATE_CONSOLE_NICE", "TOKENGATE_CONSOLE_SESSION_NICE"), CONSOLE_NICE)
             if value is not None
         )
-        if self.kind == "embedded":
-            tmux(
-                "new-session",
-                "-d",
-                "-s",
-                SESSION,
-                "-x",
-                "160",
-                "-y",
-                "48",
-                f"cd {self.workdir} && {env}{TOKENGATE} console --config {self.config}",
-            )
-        elif self.kind == "attached":
-            tmux(
-                "new-session",
-                "-d",
-                "-s",
-                SESSION,
-                "-x",
-                "160",
-                "-y",
-                "48",
-                f"cd {self.workdir} && {env}{TOKENGATE} console --attach {self.sock}",
-            )
+        # embedded: the console starts its gate; attached: it joins the headless gate's socket
+        console = {"embedded": f"--config {self.config}", "attached": f"--attach {self.sock}"}.get(self.kind)
+        if console is not None:
+            tmux("new-session", "-d", "-s", SESSION, "-x", "160", "-y", "48", f"cd {self.workdir} && {env}{TOKENGATE} console {console}")
         if self.kind != "headless":
             wait(lambda: healthy(self.port), 30, "the gate behind the console")
             wait(lambda: "classes" in tmux("capture-pane", "-p", "-t", SESSION), 30, "the console's first frame")
