@@ -124,9 +124,10 @@ increase = 1.1
 decrease = 0.8
 # Fewest upstream samples in the window before the controller moves at all. Default 20.
 min_samples = 20
-# No starvation: a request that has waited this long (seconds) is served before every younger
-# waiter whatever its class's priority, stops yielding its prefill, and no class borrows past
-# its reserved_tokens until it has started. An operator's budget (static mode, or the
+# No starvation: a request that has waited this long (seconds) gets a bounded share ahead of
+# the higher classes: within its class's reserved_tokens, or one request per aging_s (the
+# minimum rate), never more; with its turn it stops yielding its prefill, and no class borrows
+# past its reserved_tokens until it has started. An operator's budget (static mode, or the
 # controller frozen) still holds. The adaptive controller's budget is an estimate, not a
 # limit: a request larger than it waits instead of a 429, and once aged it may start above
 # it (never above the ceiling), so the controller at min_tokens cannot starve large

@@ -24,11 +24,20 @@ While a higher-priority class waits for the shared budget (F1/F4), a lower
 class may only dispatch within its own reservation: its borrowing yields.
 
 Aging (no starvation, if `aging_s` is set): a waiter that has waited `aging_s`
-or longer is *aged*. Aged waiters are served before every other waiter, oldest
-first, whatever their class's priority, and never yield (F6, borrowing); while
-one of them waits for the shared budget, the prefill cap or a slot, no other
-class dispatches past its own reservation. An operator's budget (static mode, a
-retune while the controller is frozen) is never exceeded.
+or longer is *aged*. Aging gives a class a bounded share, never precedence over
+a higher class beyond it (#25: under sustained overload every batch waiter had
+aged, aged waiters went first whatever their class, and interactive was starved
+instead; interactive admitted 8 of 94 at 1x saturation beside batch at 2x):
+  G1. an aged waiter of class c *has its turn* when no higher-priority class has
+      an unpaused waiter, or it fits c's share: in_flight_c + cost <= reserved_c,
+      or c has started no request by its turn for `aging_s` (the minimum rate: one
+      request per `aging_s` beyond its reservation, ahead of the higher classes).
+  G2. aged waiters with their turn are served before every other waiter, oldest
+      first, and never yield (F6, borrowing); while one of them waits for the shared
+      budget, the prefill cap or a slot, no other class dispatches past its own
+      reservation. An aged waiter without its turn waits in its class's order.
+An operator's budget (static mode, a retune while the controller is frozen) is
+never exceeded.
 
 An elastic budget (`budget_elastic()` true: the adaptive controller's, which is
 a congestion estimate and not a limit) stretches for aged work, so that the
@@ -56,10 +65,11 @@ at the current working budget is 429 token_budget_exceeded.
 Invariants (`check_invariants`): the ledger's L1-L4, the queues' Q1-Q4, and
   A1. no request is both waiting and holding a reservation;
   A2. busy slots (reservations held) <= slots;
-  A3. after `advance(now)`, the oldest aged waiter of an unpaused class that its own
-      tenant quota or class limit does not hold back does not fit (F1, F4, F5): aged
-      work never waits for a higher class, only for capacity (checked by `check_aged`;
-      with A2 and the reservations, the starvation guarantee);
+  A3. after `advance(now)`, the oldest aged waiter with its turn (G1) of an unpaused
+      class that its own tenant quota or class limit does not hold back does not fit
+      (F1, F4, F5): aged work within its share never waits for a higher class, only
+      for capacity (checked by `check_aged`; with A2, G1's minimum rate and the
+      reservations, the starvation guarantee);
   A4. in_flight <= ceiling; an admission leaves in_flight above the budget only within a
       stretch (E2, E3), and never above `effective_budget`.
 A refusal changes nothing; shrinking the budget revokes nothing already admitted.
@@ -230,6 +240,7 @@ class Admission:
         aging_s: float | None = None,
         expected_ttft: Callable[[Request, int], float | None] | None = None,
         budget_elastic: Callable[[], bool] = lambda: False,
+        default_ttft_objective_ms: float | None = None,
     ) -> None:
         self.capacity = capacity
         # Is the working budget the adaptive controller's estimate (E1, E2), or an operator's limit?
@@ -238,6 +249,8 @@ class Admission:
         # (request, prompt tokens prefilling now) -> seconds to its first token if dispatched
         # now, or None while unmeasured; the shell's measurement, injected to keep this pure.
         self.expected_ttft = expected_ttft
+        # The TTFT objective of a class that sets none (the shell: [budget] slo_ttft_p95_ms).
+        self.default_ttft_objective_ms = default_ttft_objective_ms
         # F4's cap when the capacity sets none (None there; 0 there means no cap): derived by
         # the shell from the measured prefill rate and the TTFT objective.
         self.prefill_cap_auto: int | None = None
@@ -245,6 +258,8 @@ class Admission:
         self.ledger = Ledger()
         # E3: request id -> the budget it was stretched to, while it holds its reservation.
         self._stretched: dict[str, int] = {}
+        # G1: class -> when it last started a request by its minimum-rate turn.
+        self._turn_at: dict[str, float] = {}
         self.drain_rate = DrainRate(drain_window_s)
         self._tenant_policy = tenant_policy
         self._classes: dict[str, _Class] = {}
@@ -269,6 +284,10 @@ class Admission:
     def policy(self, cls: str) -> ClassPolicy:
         return self._classes[cls].policy
 
+    def objective_ms(self, cls: str) -> float | None:
+        """The class's TTFT objective from arrival: its own, else the default."""
+        return self._classes[cls].policy.ttft_objective_ms or self.default_ttft_objective_ms
+
     def queue(self, cls: str) -> ClassQueue:
         return self._classes[cls].queue
 
@@ -286,6 +305,8 @@ class Admission:
             deadlines.extend(
                 w.enqueued_at + aging for c in self._order if not c.queue.paused for w in c.queue if w.enqueued_at + aging > now
             )
+            # ... and so is the moment a class's next minimum-rate turn comes (G1)
+            deadlines.extend(t + aging for cls, t in self._turn_at.items() if t + aging > now and self._classes[cls].queue)
         return min(deadlines) if deadlines else None
 
     def held_back(self, cls: str) -> int:
@@ -373,13 +394,27 @@ class Admission:
         return self.aging_s is not None and now - item.enqueued_at >= self.aging_s
 
     def _aged_waiting(self, now: float) -> bool:
+        """Does an aged waiter with its turn (G1) wait?"""
         if self.aging_s is None:
             return False
-        for c in self._order:
-            oldest = c.queue.oldest_enqueued_at()
-            if oldest is not None and not c.queue.paused and now - oldest >= self.aging_s:
-                return True
-        return False
+        return bool(self._aged(now))
+
+    def _higher_waiting(self, priority: int) -> bool:
+        return any(c.policy.priority > priority and c.queue and not c.queue.paused for c in self._order)
+
+    def _beyond_share(self, request: Request) -> bool:
+        """Would `request` take its class past its reservation while a higher class waits (G1)?"""
+        policy = self._classes[request.cls].policy
+        if not self._higher_waiting(policy.priority):
+            return False
+        return self.ledger.class_tokens(request.cls) + request.cost > policy.reserved_tokens
+
+    def has_turn(self, item: Waiting, now: float) -> bool:
+        """G1: may this aged waiter go ahead of every other waiter now?"""
+        if not self._beyond_share(item.request):
+            return True
+        last = self._turn_at.get(item.request.cls)
+        return last is None or self.aging_s is None or now - last >= self.aging_s
 
     def _start_bys(self) -> Iterable[tuple[Waiting, float]]:
         """(waiter, the latest moment it can be dispatched and still meet its class's TTFT
@@ -388,7 +423,7 @@ class Admission:
             return
         prefilling = self.ledger.prefilling
         for c in self._order:
-            objective_ms = c.policy.ttft_objective_ms
+            objective_ms = self.objective_ms(c.policy.name)
             if not objective_ms or c.queue.paused:
                 continue
             for w in c.queue:
@@ -516,10 +551,10 @@ class Admission:
         return Step(tuple(admitted), expired)
 
     def _aged(self, now: float) -> list[Waiting]:
-        """Every aged waiter of an unpaused class, oldest first."""
+        """Every aged waiter of an unpaused class that has its turn (G1), oldest first."""
         if self.aging_s is None:
             return []
-        aged = [w for c in self._order if not c.queue.paused for w in c.queue if self.aged(w, now)]
+        aged = [w for c in self._order if not c.queue.paused for w in c.queue if self.aged(w, now) and self.has_turn(w, now)]
         return sorted(aged, key=lambda w: (w.enqueued_at, w.request.id))
 
     def _serve_aged(self, now: float, admitted: list[Admit]) -> tuple[bool, bool]:
@@ -537,6 +572,8 @@ class Admission:
                     stretch = self.working_budget(w.request, aged=True)
                     if stretch > self.effective_budget:
                         self._stretched[w.request.id] = stretch  # E3: held until its release
+                    if self._beyond_share(w.request):
+                        self._turn_at[w.request.cls] = now  # G1: its minimum-rate turn, used
                     self._classes[w.request.cls].queue.remove(w.request.id)
                     self.ledger.reserve(w.request, now)
                     admitted.append(Admit(w.request, now))
@@ -653,7 +690,7 @@ class Admission:
 
     def _unreachable(self, entry: _Class, request: Request, now: float) -> Refuse | None:
         """A newcomer that must wait and already cannot meet its class's TTFT objective."""
-        objective_ms = entry.policy.ttft_objective_ms
+        objective_ms = self.objective_ms(entry.policy.name)
         if not objective_ms or self.expected_ttft is None:
             return None
         expected = self.expected_ttft(request, self.ledger.prefilling)
@@ -673,7 +710,7 @@ class Admission:
         for w, _ in late:
             cls = w.request.cls
             self._classes[cls].queue.remove(w.request.id)
-            objective_ms = self._classes[cls].policy.ttft_objective_ms
+            objective_ms = self.objective_ms(cls)
             yield Refuse(
                 w.request,
                 Reason.QUEUE_TIMEOUT,
