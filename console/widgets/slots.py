@@ -123,6 +123,8 @@ def prefill_line(b: BackendView) -> Text:
         line.append(f" (auto: {rate})", "dim")
     elif rate:
         line.append(f" ({rate})", "dim")
+    if b.ttft_guard:  # the TTFT objectives' early refusals are partial or off: say so
+        line.append(f"  TTFT guard: {b.ttft_guard}", "yellow")
     return line
 
 

@@ -418,7 +418,11 @@ class BackendPool:
                 budget=controller.budget,
                 tenant_policy=self._tenant_policy,
                 aging_s=self._budget.aging_s or None,
-                expected_ttft=lambda r, prefilling: prefill.expected_ttft(r.prompt_tokens, prefilling),
+                # the fitted model, else the median first-token time measured lately (#25: fixed
+                # prompt sizes give no fit, and the protection must not vanish with it)
+                expected_ttft=lambda r, prefilling: prefill.expected_or_recent(r.prompt_tokens, prefilling),
+                # every class has an objective: its own ttft_objective_ms, else the SLO
+                default_ttft_objective_ms=self._budget.slo_ttft_p95_ms,
                 # The controller's budget is an estimate the aged may stretch; an operator's is a limit.
                 budget_elastic=lambda: backend.controller is not None and backend.controller.elastic,
             )

@@ -51,11 +51,21 @@ controller sitting at its floor cannot starve a class of large requests:
   E3. while it runs, that stretched budget is F1's budget for everyone (`effective_budget`),
       so the other classes keep their reservations beside it; it ends with its release.
 
-Deadlines that leave room for the first token (if the class has a
-`ttft_objective_ms` and an `expected_ttft` estimate is injected): a waiter whose
-arrival + objective - expected TTFT (were it dispatched now) has passed is
-refused (429 queue_timeout) instead of being admitted to miss; a newcomer that
-would have to wait and already cannot make it is refused at once.
+TTFT objectives (#25: admitted must mean served in time). Every class has one: its own
+`ttft_objective_ms`, else `default_ttft_objective_ms` (the shell: [budget] slo_ttft_p95_ms),
+from arrival. `expected_ttft` (injected: the fitted prefill model, else the first-token time
+measured lately) says how long a request dispatched now takes to its first token; the hold
+times measured at release say when the slots free (gate/core/waits.py):
+  T1. a newcomer that must wait is refused at once (429 queue_timeout, Retry-After = its
+      expected wait) when its expected wait behind everything of its class and the higher
+      ones, plus its expected first-token time, passes its objective;
+  T2. a waiter is refused as soon as its expected remaining wait plus first-token time passes
+      its objective (not once it has passed): the queue stays short in time, not in count;
+  T3. a waiter is never dispatched when, with the prompts prefilling at that moment, its first
+      token is expected after its objective.
+A newcomer that fits now is admitted (the backend can start it; refusing on an estimate with
+nothing running would stop the measurements too). Unmeasured parts count as zero; with nothing
+measured there is no early refusal, and the waiter waits up to queue_timeout_s.
 
 Never fits (refused at once, never queued): cost > the context one slot holds,
 cost > the largest share the class can reach at the ceiling (400), or cost >
@@ -89,6 +99,7 @@ from gate.core import queueing
 from gate.core.ledger import Ledger, Request, Reservation
 from gate.core.queueing import ClassQueue, Waiting
 from gate.core.reasons import Reason
+from gate.core.waits import HoldTimes, remaining, wait_at
 
 RETRY_MIN_S = 1.0
 RETRY_MAX_S = 120.0
@@ -261,6 +272,8 @@ class Admission:
         # G1: class -> when it last started a request by its minimum-rate turn.
         self._turn_at: dict[str, float] = {}
         self.drain_rate = DrainRate(drain_window_s)
+        # T1: measured slot hold times, for the expected wait of a newcomer or a waiter.
+        self.holds = HoldTimes()
         self._tenant_policy = tenant_policy
         self._classes: dict[str, _Class] = {}
         for policy in classes:
@@ -299,7 +312,7 @@ class Admission:
         (for the shell's one timer). Aging moments count only after `now`: an aged waiter still
         waiting waits for capacity, which a release announces, not a timer."""
         deadlines = [d for c in self._order if (d := c.queue.next_deadline()) is not None]
-        deadlines.extend(start_by for _, start_by in self._start_bys())
+        deadlines.extend(start_by for _, start_by, _ in self._start_bys(now))
         if self.aging_s is not None and now is not None:  # the moment a waiter ages is a moment to dispatch
             aging = self.aging_s
             deadlines.extend(
@@ -416,20 +429,47 @@ class Admission:
         last = self._turn_at.get(item.request.cls)
         return last is None or self.aging_s is None or now - last >= self.aging_s
 
-    def _start_bys(self) -> Iterable[tuple[Waiting, float]]:
+    def expected_wait(self, position: int, now: float) -> float | None:
+        """T1: seconds until the waiter `position` places from the front is dispatched, from the
+        measured hold times and the slots' state (gate/core/waits.py); None while unmeasured."""
+        mean = self.holds.mean_s
+        if mean is None:
+            return None
+        frees = remaining((r.admitted_at for r in self.ledger), mean, now, self.capacity.slots)
+        return wait_at(position, frees, mean)
+
+    def _ttft(self, request: Request) -> float | None:
+        return None if self.expected_ttft is None else self.expected_ttft(request, self.ledger.prefilling)
+
+    def _start_bys(self, now: float | None = None) -> Iterable[tuple[Waiting, float, float | None]]:
         """(waiter, the latest moment it can be dispatched and still meet its class's TTFT
-        objective) for every waiter of a class with an objective, once TTFT is measured."""
-        if self.expected_ttft is None:
-            return
-        prefilling = self.ledger.prefilling
+        objective, its expected wait) for every waiter of a class with an objective, once the
+        first-token time or the hold times are measured. The moment is brought forward by the
+        expected wait (T2): the waiter is refused when it is expected to miss, not when it has."""
+        ahead = 0
         for c in self._order:
-            objective_ms = self.objective_ms(c.policy.name)
-            if not objective_ms or c.queue.paused:
+            if c.queue.paused:
                 continue
-            for w in c.queue:
-                expected = self.expected_ttft(w.request, prefilling)
-                if expected is not None:
-                    yield w, w.request.arrival + objective_ms / 1000.0 - expected
+            objective_ms = self.objective_ms(c.policy.name)
+            for w in sorted(c.queue, key=lambda w: (w.enqueued_at, w.request.id)):
+                expected = self._ttft(w.request) if objective_ms else None
+                wait = None if now is None or not objective_ms else self.expected_wait(ahead, now)
+                if expected is None and wait is None:
+                    ahead += 1
+                    continue
+                assert objective_ms
+                start_by = w.request.arrival + objective_ms / 1000.0 - (expected or 0.0) - (wait or 0.0)
+                if now is None or start_by > now:
+                    ahead += 1  # a waiter refused now is nobody's wait
+                yield w, start_by, wait
+
+    def _misses(self, request: Request, now: float) -> bool:
+        """T3: dispatched now, would `request` be expected to miss its objective?"""
+        objective_ms = self.objective_ms(request.cls)
+        expected = self._ttft(request)
+        if not objective_ms or expected is None:
+            return False
+        return now + expected > request.arrival + objective_ms / 1000.0
 
     def fits_now(self, request: Request) -> bool:
         """Would `offer` admit `request` at once? Changes nothing (the fallback's look-ahead)."""
@@ -520,11 +560,11 @@ class Admission:
     def advance(self, now: float) -> Step:
         """Expire overdue waiters, serve aged waiters, then dispatch by priority and DRR
         while requests fit."""
-        expired = tuple(self._expire(now))
+        expired = list(self._expire(now))
         admitted: list[Admit] = []
-        shared_blocked, slots_full = self._serve_aged(now, admitted)
+        shared_blocked, slots_full = self._serve_aged(now, admitted, expired)
         if slots_full:
-            return Step(tuple(admitted), expired)
+            return Step(tuple(admitted), tuple(expired))
         for entry in self._order:
             queue = entry.queue
             if queue.paused or not queue:
@@ -535,20 +575,24 @@ class Admission:
                 if item is None:
                     break
                 block = self.blocker(item.request, own_share_only=shared_blocked)
+                if block is None and self._misses(item.request, now):
+                    queue.remove(item.request.id)
+                    expired.append(self._late_refusal(item, now))
+                    continue
                 if block is None:
                     queue.pop(item)
                     self.ledger.reserve(item.request, now)
                     admitted.append(Admit(item.request, now))
                     continue
                 if block is Block.SLOTS:
-                    return Step(tuple(admitted), expired)
+                    return Step(tuple(admitted), tuple(expired))
                 if block is Block.TENANT:
                     exclude.add(item.request.tenant)
                     continue
                 if block in _SHARED:
                     shared_blocked = True
                 break
-        return Step(tuple(admitted), expired)
+        return Step(tuple(admitted), tuple(expired))
 
     def _aged(self, now: float) -> list[Waiting]:
         """Every aged waiter of an unpaused class that has its turn (G1), oldest first."""
@@ -557,7 +601,7 @@ class Admission:
         aged = [w for c in self._order if not c.queue.paused for w in c.queue if self.aged(w, now) and self.has_turn(w, now)]
         return sorted(aged, key=lambda w: (w.enqueued_at, w.request.id))
 
-    def _serve_aged(self, now: float, admitted: list[Admit]) -> tuple[bool, bool]:
+    def _serve_aged(self, now: float, admitted: list[Admit], expired: list[Refuse]) -> tuple[bool, bool]:
         """Dispatch aged waiters, oldest first, until the oldest one left needs shared
         capacity (budget, prefill, a slot) that is not free; returns (an aged
         waiter still waits for shared capacity, the slots are full). Waiters held by their own
@@ -568,6 +612,10 @@ class Admission:
                 if w.request.id in skip:
                     continue
                 block = self.blocker(w.request, aged=True)
+                if block is None and self._misses(w.request, now):
+                    self._classes[w.request.cls].queue.remove(w.request.id)
+                    expired.append(self._late_refusal(w, now))
+                    break
                 if block is None:
                     stretch = self.working_budget(w.request, aged=True)
                     if stretch > self.effective_budget:
@@ -601,6 +649,7 @@ class Admission:
         self._stretched.pop(request_id, None)
         if res is not None:
             self.drain_rate.record(now, res.cost)
+            self.holds.record(now - res.admitted_at)
         return res
 
     def drain(self, cls: str, now: float) -> list[Refuse]:
@@ -691,33 +740,42 @@ class Admission:
     def _unreachable(self, entry: _Class, request: Request, now: float) -> Refuse | None:
         """A newcomer that must wait and already cannot meet its class's TTFT objective."""
         objective_ms = self.objective_ms(entry.policy.name)
-        if not objective_ms or self.expected_ttft is None:
+        if not objective_ms:
             return None
-        expected = self.expected_ttft(request, self.ledger.prefilling)
-        if expected is None or request.arrival + objective_ms / 1000.0 - expected > now:
+        expected = self._ttft(request)
+        # T1: everything waiting in this class and the higher ones goes first
+        ahead = sum(len(c.queue) for c in self._order if c.policy.priority >= entry.policy.priority and not c.queue.paused)
+        wait = self.expected_wait(ahead, now)
+        if expected is None and wait is None:
+            return None
+        if now + (wait or 0.0) + (expected or 0.0) <= request.arrival + objective_ms / 1000.0:
             return None
         return Refuse(
             request,
             Reason.QUEUE_TIMEOUT,
-            f"class {request.cls!r} cannot start now and its first token is expected "
-            f"{expected * 1000:.0f} ms after dispatch: it would miss the {objective_ms:g} ms "
-            "time-to-first-token objective",
-            self.retry_after(request.cls, request.cost, now),
+            f"class {request.cls!r} cannot start now: expected wait {(wait or 0.0) * 1000:.0f} ms "
+            f"(for {ahead} ahead) + first token {(expected or 0.0) * 1000:.0f} ms would miss its "
+            f"{objective_ms:g} ms time-to-first-token objective",
+            clamp_retry(wait) if wait is not None else self.retry_after(request.cls, request.cost, now),
+        )
+
+    def _late_refusal(self, w: Waiting, now: float, wait: float | None = None) -> Refuse:
+        cls = w.request.cls
+        objective_ms = self.objective_ms(cls) or 0.0
+        expecting = f" after an expected {wait:.2f}s more" if wait else ""
+        return Refuse(
+            w.request,
+            Reason.QUEUE_TIMEOUT,
+            f"waited {now - w.enqueued_at:.2f}s in class {cls!r}; dispatched{expecting}, it would miss "
+            f"the class's {objective_ms:g} ms time-to-first-token objective",
+            clamp_retry(wait) if wait else self.retry_after(cls, w.request.cost, now),
         )
 
     def _expire(self, now: float) -> Iterable[Refuse]:
-        late = [(w, start_by) for w, start_by in self._start_bys() if start_by <= now]
-        for w, _ in late:
-            cls = w.request.cls
-            self._classes[cls].queue.remove(w.request.id)
-            objective_ms = self.objective_ms(cls)
-            yield Refuse(
-                w.request,
-                Reason.QUEUE_TIMEOUT,
-                f"waited {now - w.enqueued_at:.2f}s in class {cls!r}; dispatched now, it would miss "
-                f"the class's {objective_ms:g} ms time-to-first-token objective",
-                self.retry_after(cls, w.request.cost, now),
-            )
+        late = [(w, wait) for w, start_by, wait in self._start_bys(now) if start_by <= now]
+        for w, wait in late:
+            self._classes[w.request.cls].queue.remove(w.request.id)
+            yield self._late_refusal(w, now, wait)
         for entry in self._order:
             for w in entry.queue.expire(now):
                 yield Refuse(

@@ -31,6 +31,8 @@ WINDOW = 64
 MIN_CAP = 64  # tokens: an automatic cap below this would stall even short chats
 #: the slope must be this many standard errors above zero (about 99% one-sided with 8 points)
 MIN_T = 3.0
+#: first tokens whose median is the fallback estimate
+RECENT = 16
 
 
 @dataclass(slots=True)
@@ -68,6 +70,26 @@ class PrefillModel:
             return None
         base, rate = self._fit
         return max(0.0, base + (prompt_tokens + prefilling) / rate)
+
+    def recent_ttft(self, last: int = RECENT) -> float | None:
+        """The median first-token time (from dispatch) of the last `last` points, or None before
+        any: the fallback estimate while there is no fit (prompts of one size give none; #25
+        saw TTFT-aware refusals do nothing, silently, with aiperf's fixed sizes). It is measured
+        at the current occupancy and follows it; it ignores the prompt's own size."""
+        if not self._points:
+            return None
+        ys = sorted(y for _, y in list(self._points)[-last:])
+        return ys[len(ys) // 2]
+
+    def expected_or_recent(self, prompt_tokens: int, prefilling: int) -> float | None:
+        """`expected_ttft` when fitted, else `recent_ttft` (None before any first token)."""
+        fitted = self.expected_ttft(prompt_tokens, prefilling)
+        return fitted if fitted is not None else self.recent_ttft()
+
+    @property
+    def source(self) -> str:
+        """Where the first-token estimate comes from: "model", "measured" (recent median) or ""."""
+        return "model" if self._fit is not None else ("measured" if self._points else "")
 
     def auto_prefill_cap(self, slo_s: float) -> int | None:
         """None while unmeasured, and when one decode step alone already takes the objective:

@@ -79,6 +79,9 @@ class BackendView:
     prefill_tok_s: float | None = None  # measured prompt tokens/s (None until measured)
     prefill_cap: int | None = None  # prompt tokens that may prefill at once (None: no cap)
     prefill_cap_auto: bool = False  # the cap is automatic (from measurements; None until measured), not configured
+    #: TTFT protection (#25): "" = in force on the fitted prefill model; else why it is
+    #: partial or off ("measured TTFT", "no first token yet", "no hold times yet")
+    ttft_guard: str = ""
     # The budget an aged request was let in at, above the controller's, while it runs (E3); None: none.
     stretched_to: int | None = None
     #: llama-server's /slots and /metrics could not be read lately: slots, decode rate and

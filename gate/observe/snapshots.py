@@ -202,4 +202,17 @@ def _prefill_view(b: Backend) -> dict[str, Any]:
         return {}
     configured = gk.admission.capacity.max_prefill_tokens
     cap = gk.admission.prefill_cap_auto if configured is None else (configured or None)
-    return {"prefill_tok_s": gk.prefill.rate, "prefill_cap": cap, "prefill_cap_auto": configured is None}
+    return {"prefill_tok_s": gk.prefill.rate, "prefill_cap": cap, "prefill_cap_auto": configured is None, "ttft_guard": ttft_guard(gk)}
+
+
+def ttft_guard(gk: Any) -> str:
+    """Whether early refusals against the TTFT objectives are in force, and on what (#25)."""
+    missing = []
+    if gk.admission.holds.mean_s is None:
+        missing.append("no hold times yet")
+    source = gk.prefill.source
+    if source == "":
+        missing.append("no first token yet")
+    elif source == "measured":
+        missing.append("measured TTFT (no prefill fit)")
+    return ", ".join(missing)
