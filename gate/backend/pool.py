@@ -100,7 +100,7 @@ def capacity_warnings(layout: Layout | None, cap: Capacity | None, budget: Budge
     if cap is None:
         return tuple(out)
     where = f"ceiling {cap.ceiling}" + (f" ({layout.kv} KV, {cap.slots} slots of {cap.slot_context})" if layout else "")
-    if budget.min_tokens > cap.ceiling:
+    if budget.min_tokens and budget.min_tokens > cap.ceiling:
         out.append(f"budget.min_tokens {budget.min_tokens} is above the {where}: the floor is clamped to {cap.ceiling}")
     classes = tuple(classes)
     for c in classes:
@@ -178,10 +178,20 @@ class Backend:
         return headers
 
 
-def controller_settings(budget: BudgetConfig, ceiling: int) -> ControllerSettings:
-    """The controller's tuning from `[budget]` and the backend's ceiling."""
+AUTO_FLOOR_SHARE = 4  # min_tokens = 0: the floor is a quarter of the ceiling
+
+
+def budget_floor(budget: BudgetConfig, ceiling: int, reserved: int = 0) -> int:
+    """The controller's floor: `min_tokens`, or with 0 (auto) a quarter of the ceiling and never
+    below the classes' reservations; never above the ceiling."""
+    floor = budget.min_tokens or max(reserved, ceiling // AUTO_FLOOR_SHARE, 1)
+    return min(floor, ceiling)
+
+
+def controller_settings(budget: BudgetConfig, ceiling: int, reserved: int = 0) -> ControllerSettings:
+    """The controller's tuning from `[budget]`, the backend's ceiling and the classes' reservations."""
     return ControllerSettings(
-        min_tokens=min(budget.min_tokens, ceiling),
+        min_tokens=budget_floor(budget, ceiling, reserved),
         ceiling_tokens=ceiling,
         slo_ttft_p95_s=budget.slo_ttft_p95_ms / 1000,
         slo_tpot_p95_s=None if budget.slo_tpot_p95_ms is None else budget.slo_tpot_p95_ms / 1000,
@@ -410,7 +420,8 @@ class BackendPool:
 
     def apply_capacity(self, backend: Backend, capacity: Capacity, *, gatekeeper_factory: Callable[..., Gatekeeper] = Gatekeeper) -> None:
         if backend.gatekeeper is None:
-            controller = controller_for(self._budget.mode, controller_settings(self._budget, capacity.ceiling))
+            reserved = sum(c.reserved_tokens for c in self._classes)
+            controller = controller_for(self._budget.mode, controller_settings(self._budget, capacity.ceiling, reserved))
             prefill = PrefillModel()
             admission = Admission(
                 self._classes,

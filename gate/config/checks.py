@@ -220,7 +220,7 @@ def validate_config(config: Config, source: str = "<config>") -> None:
     _check_types(s, "budget", b)
     c = _Check(s, "budget")
     c.check("mode", b.mode, lambda v: v in get_args(BudgetMode), '"adaptive" or "static"')
-    c.pos_int("min_tokens", b.min_tokens)
+    c.check("min_tokens", b.min_tokens, lambda v: v >= 0, "0 (auto) or a positive integer")
     c.pos_num("slo_ttft_p95_ms", b.slo_ttft_p95_ms)
     c.pos_num("slo_tpot_p95_ms", b.slo_tpot_p95_ms)
     c.pos_num("window_s", b.window_s)
@@ -260,7 +260,7 @@ def validate_config(config: Config, source: str = "<config>") -> None:
                 )
             model_owner[model] = i
         c.pos_int("token_budget", be.token_budget)
-        if be.token_budget is not None and be.token_budget < b.min_tokens:
+        if be.token_budget is not None and b.min_tokens and be.token_budget < b.min_tokens:
             raise c.fail(
                 "token_budget",
                 f"must be at least budget.min_tokens ({b.min_tokens}), got {be.token_budget}",
@@ -304,7 +304,7 @@ def validate_config(config: Config, source: str = "<config>") -> None:
         _check_model_list(c, "fallback", cl.fallback, tuple(model_owner), "a model of [[backends]] models")
     reserved = [(cl.name, cl.reserved_tokens) for cl in config.classes if cl.reserved_tokens]
     total_reserved = sum(n for _, n in reserved)
-    if total_reserved > b.min_tokens:
+    if b.min_tokens and total_reserved > b.min_tokens:
         parts = " + ".join(f"{name} {n}" for name, n in reserved)
         raise ConfigError(
             s,

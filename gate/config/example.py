@@ -73,7 +73,7 @@ models = []
 # or "split" (-np N without -kvu: per-slot context; the ceiling
 # is slots x per-slot context). A learned layout that disagrees overrides this, loudly. Default "auto".
 kv = "auto"
-# Override the budget ceiling (tokens) read from the backend; must be >= budget.min_tokens.
+# Override the budget ceiling (tokens) read from the backend; must be >= budget.min_tokens (when set).
 # Default: unset (use the backend's physical capacity).
 # token_budget = 16384
 # Most prompt tokens that may be prefilling at once on this backend (a prompt alone may always
@@ -107,10 +107,12 @@ pin = []
 # the ceiling (or token_budget). Default "adaptive".
 mode = "adaptive"
 # Smallest budget the controller may choose, in tokens. The classes' reserved_tokens must add
-# up to no more than this. Default 2048.
-min_tokens = 2048
+# up to no more than this. 0 = auto: a quarter of each backend's ceiling, never below the
+# classes' reservations, so the controller has room on any pool. Default 0.
+min_tokens = 0
 # Target p95 time-to-first-token measured upstream (from dispatch, not queue time), in
-# milliseconds. Default 2000.
+# milliseconds; the controller steers by it. It is also the TTFT objective (from arrival) of
+# every class that sets no ttft_objective_ms of its own. Default 2000.
 slo_ttft_p95_ms = 2000.0
 # Target p95 time per output token, in milliseconds. Default: unset (TTFT only).
 # slo_tpot_p95_ms = 100.0
@@ -148,12 +150,16 @@ reserved_tokens = 1024
 # Most requests waiting in this class's queue; more are refused with 429 queue_full.
 # Default 64.
 queue_depth = 64
-# Longest wait in the queue, in seconds; then 429 queue_timeout. Default 30.
+# Longest wait in the queue, in seconds; then 429 queue_timeout. A backstop: the TTFT objective
+# below refuses a request that cannot make it long before. Default 10.
 queue_timeout_s = 10.0
-# Time-to-first-token objective of this class, in ms from the request's arrival. A waiting
-# request that can no longer meet it (its wait so far plus the first-token time measured under
-# the current load) is refused early with 429 queue_timeout and a Retry-After instead of being
-# admitted to miss. Default: unset (wait up to queue_timeout_s).
+# Time-to-first-token objective of this class, in ms from the request's arrival. A request that
+# would have to wait is refused at once (429 queue_timeout, Retry-After = its expected wait)
+# when its expected wait (from the measured slot hold times) plus its expected first-token time
+# (the fitted prefill model, else the first-token time measured lately) passes it; a waiter is
+# refused as soon as it is expected to miss. So what is admitted is served in time, and the
+# rest is told at once. The console says when it is not in force (nothing measured yet).
+# Default: unset, which uses budget.slo_ttft_p95_ms.
 # ttft_objective_ms = 2000.0
 # max_tokens assumed AND injected upstream when a request gives none, so the worst case is
 # bounded. Must be <= max_tokens_cap. Default 512.

@@ -17,6 +17,7 @@ from typing import Any, Literal, cast, get_args
 
 from gate.config.checks import validate_config
 from gate.config.schema import (
+    CLASS_QUEUE_TIMEOUT_S,
     DEFAULT_CLASS_NAME,
     DEFAULT_CLASSES,
     BackendConfig,
@@ -330,7 +331,7 @@ def _class(source: str, name: str, data: Any) -> ClassConfig:
         reserved_tokens=r.get_int("reserved_tokens", 0),
         limit_tokens=r.opt_int("limit_tokens"),
         queue_depth=r.get_int("queue_depth", 64),
-        queue_timeout_s=r.get_float("queue_timeout_s", 30.0),
+        queue_timeout_s=r.get_float("queue_timeout_s", CLASS_QUEUE_TIMEOUT_S),
         default_max_tokens=r.get_int("default_max_tokens", 512),
         max_tokens_cap=r.get_int("max_tokens_cap", 4096),
         ttft_objective_ms=r.opt_float("ttft_objective_ms"),

@@ -121,7 +121,10 @@ class BudgetConfig:
     """``[budget]``: the token budget and its adaptive controller."""
 
     mode: BudgetMode = "adaptive"
-    min_tokens: int = 2048
+    #: the controller's floor; 0 = auto: a quarter of each backend's ceiling, never below the
+    #: classes' reservations (#25: the old default, 2048, equalled a 2,048-token pool and the
+    #: controller never moved)
+    min_tokens: int = 0
     slo_ttft_p95_ms: float = 2000.0
     slo_tpot_p95_ms: float | None = None
     window_s: float = 30.0
@@ -133,6 +136,9 @@ class BudgetConfig:
     # time the others take to get back within their reservations, under 10 s, so every class with
     # demand is served in every 10 s window (#13's guarantee; at 10 s a 1x run had a window of 0).
     aging_s: float = 5.0
+
+
+CLASS_QUEUE_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +153,9 @@ class ClassConfig:
     reserved_tokens: int = 0
     limit_tokens: int | None = None
     queue_depth: int = 64
-    queue_timeout_s: float = 30.0
+    #: a backstop: the TTFT objective refuses a waiter that cannot make it long before (#25:
+    #: 10 s, what the example and the built-in interactive class say)
+    queue_timeout_s: float = CLASS_QUEUE_TIMEOUT_S
     default_max_tokens: int = 512
     max_tokens_cap: int = 4096
     ttft_objective_ms: float | None = None  # refuse a waiter early once it cannot meet this

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gate.backend.pool import Backend, BackendPool, Core, controller_settings, cores
+from gate.backend.pool import Backend, BackendPool, Core, budget_floor, controller_settings, cores
 from gate.config import ClassConfig, Config, ConfigError, config_digest, load_config, validate_config
 from gate.data.commands import (
     ActionResult,
@@ -147,7 +147,8 @@ class Control:
         self._validated(new)
         targets = self._backends(None) if change.budget is not None else []
         for b in targets:
-            self._check_budget(b, change.budget, min(new.budget.min_tokens, b.controller.ceiling_tokens))  # type: ignore[arg-type, union-attr]
+            reserved = sum(c.reserved_tokens for c in new.classes)
+            self._check_budget(b, change.budget, budget_floor(new.budget, b.controller.ceiling_tokens, reserved))  # type: ignore[arg-type, union-attr]
         # Validated whole: nothing below refuses.
         results = []
         if change.settings:
@@ -503,7 +504,7 @@ class Control:
         for b in self._ready_admissions():
             # A router's model before its first load has no capacity yet: its core's stands in.
             ceiling = b.capacity.ceiling if b.capacity is not None else b.admission.capacity.ceiling
-            settings = controller_settings(config.budget, ceiling)
+            settings = controller_settings(config.budget, ceiling, sum(c.reserved_tokens for c in config.classes))
             b.controller.set_slos(settings.slo_ttft_p95_s, settings.slo_tpot_p95_s)
             b.controller.set_bounds(now, settings.min_tokens)  # a clamped budget is pushed to admission
 

@@ -60,7 +60,7 @@ def test_defaults_without_a_file() -> None:
     assert c.backends == (BackendConfig(name="default", url="http://127.0.0.1:8080", kv="auto"),)
     assert c.budget == BudgetConfig(
         mode="adaptive",
-        min_tokens=2048,
+        min_tokens=0,
         slo_ttft_p95_ms=2000.0,
         slo_tpot_p95_ms=None,
         window_s=30.0,
@@ -88,7 +88,7 @@ def test_defaults_per_section_when_sections_are_partial() -> None:
 def test_defined_classes_replace_the_defaults_and_get_field_defaults() -> None:
     c = parse_config("[classes.bulk]\npriority = 3\n")
     assert c.classes == (ClassConfig(name="bulk", priority=3),)
-    assert c.classes[0].queue_depth == 64 and c.classes[0].queue_timeout_s == 30.0
+    assert c.classes[0].queue_depth == 64 and c.classes[0].queue_timeout_s == 10.0
     # no "interactive" class and no default_class: the highest-priority class
     assert c.default_class == "bulk"
 
@@ -128,6 +128,26 @@ def test_example_parses_to_the_documented_values() -> None:
     assert c.tenants == ()  # the tenant examples are commented out: the gate stays open
     assert c.default_class == "interactive"
     assert c.shared == SharedConfig() and not c.shared.enabled  # off: every gate on its own
+
+
+def test_the_example_and_the_built_in_defaults_agree_and_give_the_controller_room() -> None:
+    """#25: the example showed queue_timeout_s = 10.0 where its comment said 30 (a class one
+    writes got 30 s queues), and min_tokens 2048 equalled a 2,048-token pool."""
+    from gate.backend.pool import budget_floor
+
+    c = parse_config(EXAMPLE_CONFIG, "example")
+    written = parse_config("[classes.mine]\npriority = 5\n").classes[0]
+    assert c.class_by_name("interactive").queue_timeout_s == written.queue_timeout_s == 10.0
+    assert (
+        "Default 10." in EXAMPLE_CONFIG
+        and "Default 30." not in EXAMPLE_CONFIG.split("[classes.interactive]")[1].split("[classes.batch]")[0]
+    )
+    reserved = sum(x.reserved_tokens for x in c.classes)
+    for ceiling in (2048, 4096, 65536):
+        floor = budget_floor(c.budget, ceiling, reserved)
+        assert reserved <= floor < ceiling, ceiling  # room to move, reservations kept
+    assert budget_floor(BudgetConfig(min_tokens=1500), 4096) == 1500  # an operator's floor holds
+    assert budget_floor(BudgetConfig(min_tokens=8192), 4096) == 4096
 
 
 def test_example_with_every_commented_key_switched_on_is_valid_and_complete() -> None:
@@ -352,7 +372,7 @@ BAD_CONFIGS = [
     ("token-budget-zero", "[[backends]]\ntoken_budget = 0\n", "backends[0].token_budget", "got 0"),
     (
         "token-budget-below-min",
-        "[[backends]]\ntoken_budget = 1000\n",
+        "[budget]\nmin_tokens = 2048\n[[backends]]\ntoken_budget = 1000\n",
         "backends[0].token_budget",
         "at least budget.min_tokens (2048), got 1000",
     ),
