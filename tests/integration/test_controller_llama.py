@@ -43,6 +43,8 @@ shed_factor = 50
 priority = 10
 queue_depth = 64
 queue_timeout_s = 120
+# not the SLO (by default every class's TTFT objective, #25): it is set below a decode step here
+ttft_objective_ms = 600000
 """
 
 

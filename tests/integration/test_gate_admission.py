@@ -36,16 +36,21 @@ pytestmark = pytest.mark.llama
 # No top-level keys here: gate_toml() appends this after the [[backends]] tables, so a
 # top-level key would land in the last backend table. default_class is "interactive"
 # anyway when that class exists.
+# These tests queue requests behind occupiers for seconds on purpose: the TTFT objective every
+# class has by default (budget.slo_ttft_p95_ms, 2 s from arrival) would refuse those waiters
+# early (#25; that rule is tested in tests/unit/test_ttft_guard.py), so it is set out of the way.
 CLASSES = """
 [classes.interactive]
 priority = 10
 queue_depth = 8
 queue_timeout_s = 30
+ttft_objective_ms = 120000
 
 [classes.batch]
 priority = 1
 queue_depth = 16
 queue_timeout_s = 60
+ttft_objective_ms = 120000
 """
 
 # Strict priority: aging (a waiter older than budget.aging_s goes first whatever its class)
@@ -402,11 +407,13 @@ SMALL_QUEUE = """
 priority = 10
 queue_depth = 1
 queue_timeout_s = 1.5
+ttft_objective_ms = 120000
 
 [classes.batch]
 priority = 1
 queue_depth = 16
 queue_timeout_s = 60
+ttft_objective_ms = 120000
 """
 
 

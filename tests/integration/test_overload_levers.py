@@ -30,6 +30,7 @@ queue_timeout_s = 60
 [classes.batch]
 priority = 1
 queue_timeout_s = 60
+ttft_objective_ms = 60000
 """
 
 
