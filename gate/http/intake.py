@@ -110,6 +110,11 @@ class Intake:
     plans: tuple[TaskPlan, ...] | None = None
 
     @property
+    def several(self) -> bool:
+        """Does llama-server run it as several tasks (a prompt list, n > 1)?"""
+        return self.copies > 1 or (self.plans is not None and len(self.plans) > 1)
+
+    @property
     def decodes(self) -> bool:
         """Does llama-server generate tokens for it (False: embeddings, rerank)?"""
         return self.kind not in NO_DECODE

@@ -279,7 +279,8 @@ class _Flow:
         headers = forward_headers(self.headers, backend.auth_token)
         # The few options whose answer llama-server's stream lacks get a plain call (no fast cancel).
         # Embeddings and rerank have no stream at all: their body goes as sent, their answer as given.
-        self._plain = plain = not intake.decodes or (not intake.stream and stream_loses(intake.kind, intake.body))
+        # Several tasks answered at once (choices by index) are not rebuilt from the stream either.
+        self._plain = plain = not intake.decodes or (not intake.stream and (intake.several or stream_loses(intake.kind, intake.body)))
         sent = intake.body
         if self.model_name is not None and sent.get("model") != self.model_name:
             sent = {**sent, "model": self.model_name}  # router mode names its model; a fallback its own

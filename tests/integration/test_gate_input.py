@@ -178,7 +178,12 @@ CASES: list[Case] = [
     Case("prompt-missing-v1-completions", 400, "invalid_request", {"model": "tiny", "max_tokens": 8}, path=COMPLETIONS, param="prompt"),
     Case("prompt-missing-completion", 400, "invalid_request", {"n_predict": 8}, path=COMPLETION, param="prompt"),
     Case(
-        "prompt-object-without-text", 400, "invalid_request", {"model": "tiny", "prompt": {"x": 1}, "max_tokens": 8}, path=COMPLETIONS, param="prompt"
+        "prompt-object-without-text",
+        400,
+        "invalid_request",
+        {"model": "tiny", "prompt": {"x": 1}, "max_tokens": 8},
+        path=COMPLETIONS,
+        param="prompt",
     ),
     Case("prompt-negative-token", 400, "invalid_request", {"prompt": [1, -3], "n_predict": 8}, path=COMPLETION, param="prompt[1]"),
     # --- completions per prompt: at least one (admission bounds them by the slots) ---------------
