@@ -51,6 +51,7 @@ from gate.config import ClassConfig, Config
 from gate.core.errors import GateError
 from gate.core.reasons import Reason
 from gate.data.endpoints import ENDPOINTS, Kind
+from gate.http.apis.predict import predict_parts
 from gate.http.apis.tasks import TaskPlan, embedding_plans, infill_plan, prompt_plans, rerank_plans
 from gate.http.jsonbody import MAX_JSON_DEPTH, decode_body, describe
 
@@ -108,6 +109,13 @@ class Intake:
     #: the tasks to count piece by piece (infill, embeddings, rerank, several prompts, prompt
     #: objects); None: one prompt, counted whole by gate.backend.tokens
     plans: tuple[TaskPlan, ...] | None = None
+    #: /predict: the admitted instances, each its own route's intake (held all at once)
+    parts: tuple[Intake, ...] = ()
+
+    @property
+    def unstreamed(self) -> bool:
+        """Sent as is and answered whole (embeddings, rerank, the /predict envelope)."""
+        return self.kind in NO_DECODE or self.kind == "predict"
 
     @property
     def several(self) -> bool:
@@ -175,6 +183,12 @@ def build_intake(kind: Kind, path: str, body: Mapping[str, Any], caller: Caller,
     model = _optional(body, "model", str, "a string")
     _optional(body, "user", str, "a string")
     stream = _optional(body, "stream", bool, "a boolean (true or false)") or False
+    if kind == "predict":
+        operator = not config.tenants or (caller.tenant_config is not None and caller.tenant_config.operator)
+        parts, sent = predict_parts(body, lambda k, p, b: build_intake(k, p, b, caller, config), operator)
+        limit = max((p.max_tokens for p in parts), default=0)
+        injected = any(p.max_tokens_injected for p in parts)
+        return Intake(kind, path, sent, model, False, limit, injected, caller, False, 1, None, parts)
     if kind in NO_DECODE:
         inputs = embedding_plans(body) if kind == "embeddings" else rerank_plans(body)
         return Intake(kind, path, dict(body), model, False, 0, False, caller, False, 1, inputs)

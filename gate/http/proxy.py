@@ -280,11 +280,11 @@ class _Flow:
         # The few options whose answer llama-server's stream lacks get a plain call (no fast cancel).
         # Embeddings and rerank have no stream at all: their body goes as sent, their answer as given.
         # Several tasks answered at once (choices by index) are not rebuilt from the stream either.
-        self._plain = plain = not intake.decodes or (not intake.stream and (intake.several or stream_loses(intake.kind, intake.body)))
+        self._plain = plain = intake.unstreamed or (not intake.stream and (intake.several or stream_loses(intake.kind, intake.body)))
         sent = intake.body
         if self.model_name is not None and sent.get("model") != self.model_name:
             sent = {**sent, "model": self.model_name}  # router mode names its model; a fallback its own
-        body = dict(sent) if not intake.decodes else plain_body(sent) if plain else upstream_body(intake.kind, sent)
+        body = dict(sent) if intake.unstreamed else plain_body(sent) if plain else upstream_body(intake.kind, sent)
         # Router mode: llama-server must never load (and queue behind) a model on its own.
         path = intake.path + ("?autoload=false" if backend.model is not None else "")
         self._check_progress()  # arms the watchdog: stall, overrun and request_timeout_s

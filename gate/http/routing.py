@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from gate.backend.taskcount import count_tasks
-from gate.backend.tokens import TokenCount, TokenKind, canonical_json, estimate_tokens, prompt_fields
+from gate.backend.tokens import TokenCount, TokenKind, TokenSource, canonical_json, estimate_tokens, prompt_fields
 from gate.core.ledger import Request
 from gate.core.reasons import Reason
 
@@ -97,6 +97,8 @@ class Measured:
 
 async def measure(gate: RequestPorts, b: Backend, intake: Intake) -> Measured:
     """Count the request on `b`, task by task when llama-server splits it (gate.data.tasks)."""
+    if intake.kind == "predict":
+        return await _measure_parts(gate, b, intake)
     if intake.plans is None:
         count = await count_tokens(gate, b, intake)
         per_task: tuple[int, ...] = (count.tokens,)
@@ -107,6 +109,21 @@ async def measure(gate: RequestPorts, b: Backend, intake: Intake) -> Measured:
     tasks = len(per_task) * intake.copies
     total = TokenCount(sum(per_task) * intake.copies, count.source, count.cached)
     return Measured(total, tasks, None if tasks == 1 else max(per_task) + intake.max_tokens)
+
+
+async def _measure_parts(gate: RequestPorts, b: Backend, intake: Intake) -> Measured:
+    """/predict: every admitted instance at once, each task reserved for the largest limit among
+    them (`intake.max_tokens`). An envelope with nothing to admit (only /tokenize and such, or
+    no instance at all) still holds one slot at no token cost: llama-server runs it."""
+    parts = [await measure(gate, b, part) for part in intake.parts]
+    if not parts:
+        return Measured(TokenCount(0, "exact", False), 1, None)
+    tasks = sum(m.tasks for m in parts)
+    prompt = sum(m.count.tokens for m in parts)
+    # the largest single task's prompt: a part's slot_tokens (several tasks) or its whole prompt
+    largest = max((m.slot_tokens - p.max_tokens) if m.slot_tokens is not None else m.count.tokens for m, p in zip(parts, intake.parts))
+    source: TokenSource = "exact" if all(m.count.source == "exact" for m in parts) else "estimate"
+    return Measured(TokenCount(prompt, source, False), tasks, None if tasks == 1 else largest + intake.max_tokens)
 
 
 def admission_request(request_id: str, intake: Intake, measured: Measured, now: float) -> Request:

@@ -10,12 +10,13 @@ and its tasks are real). Every test ends with the ledger back at zero (``release
 from __future__ import annotations
 
 import json
+import os
 
 import httpx
 import pytest
 
 from tests.integration.gate_harness import released, running_gate, words
-from tests.llama.server import LlamaServer
+from tests.llama.server import LlamaServer, free_port
 
 pytestmark = pytest.mark.llama
 
@@ -32,14 +33,34 @@ max_tokens_cap = 400
 """
 
 
-def _server(llama_bin, tmp_path_factory, name: str, *args: str):
+def _server(llama_bin, tmp_path_factory, name: str, *args: str, port: int | None = None):
     from tests.llama.make_model import cached_model
 
     model = cached_model("fast", fim=True)
     log = tmp_path_factory.mktemp("llama") / f"llama-server-{name}.log"
-    server = LlamaServer(llama_bin, model, mode="split", ctx=CTX, n_slots=SLOTS, log_path=log, extra_args=args)
+    server = LlamaServer(llama_bin, model, mode="split", ctx=CTX, n_slots=SLOTS, log_path=log, extra_args=args, port=port)
     server.start()
     return server
+
+
+@pytest.fixture(scope="module")
+def llama_predict(llama_bin, tmp_path_factory):
+    """llama-server in Vertex AI mode: /predict registered (AIP_HTTP_PORT would move its port)."""
+    port = free_port()
+    saved = {k: os.environ.get(k) for k in ("AIP_MODE", "AIP_HTTP_PORT")}
+    os.environ.update({"AIP_MODE": "PREDICTION", "AIP_HTTP_PORT": str(port)})
+    try:
+        server = _server(llama_bin, tmp_path_factory, "predict", "--embeddings", "--pooling", "mean", port=port)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -203,4 +224,24 @@ async def test_rerank_is_one_task_per_document(llama_rerank):
         assert straight["usage"]["prompt_tokens"] <= rec.prompt_tokens <= straight["usage"]["prompt_tokens"] + 4 * 3
         too_many = await client.post(gate.url + "/rerank", json={"query": "q", "documents": ["a"] * 5})
         assert too_many.status_code == 400 and "5 tasks" in too_many.json()["error"]["message"]
+        await released(gate)
+
+
+async def test_predict_admits_every_instance_and_answers_as_llama_server(llama_predict):
+    instances = [
+        {"@requestFormat": "completion", "prompt": "the quick", "n_predict": 4},
+        {"@requestFormat": "embeddings", "input": ["a", "b"]},
+        {"@requestFormat": "tokenize", "content": "hello"},
+    ]
+    async with running_gate(llama_predict.url, EXTRA) as gate, httpx.AsyncClient(timeout=60) as client:
+        r = await client.post(gate.url + "/predict", json={"instances": instances})
+        assert r.status_code == 200, r.text
+        predictions = r.json()["predictions"]
+        assert len(predictions) == 3 and predictions[0]["tokens_predicted"] <= 4 and predictions[2]["tokens"]
+        rec = record(gate, r.headers["x-request-id"])
+        # the completion's prompt and both embedding inputs; 3 tasks, each reserved for 4 tokens
+        assert rec.outcome == "admitted" and rec.max_tokens == 4
+        assert rec.reserved_tokens == rec.prompt_tokens + 3 * 4
+        messages = await client.post(gate.url + "/predict", json={"instances": [{"@requestFormat": "messages", "messages": []}]})
+        assert messages.status_code == 400 and "POST /v1/messages" in messages.json()["error"]["message"]
         await released(gate)

@@ -44,6 +44,7 @@ def test_admitted_routes_are_the_generation_routes_with_a_cost_model() -> None:
         "/reranking": "rerank",
         "/v1/rerank": "rerank",
         "/v1/reranking": "rerank",
+        "/predict": "predict",
     }
     assert all(r.generation for r in ROUTES if r.access == "admitted")
 

@@ -421,6 +421,7 @@ def test_endpoint_table() -> None:
         "/reranking": "rerank",
         "/v1/rerank": "rerank",
         "/v1/reranking": "rerank",
+        "/predict": "predict",
         NATIVE: "completion",
     }
     with pytest.raises(ValueError):

@@ -164,3 +164,60 @@ def test_n_and_prompt_lists_make_the_intake_plan_every_task():
     assert one.copies == 3 and one.plans is None  # one prompt, counted whole, times 3
     both = build_intake("completions", "/v1/completions", {"prompt": "x", "n": 2, "n_cmpl": 4}, CALLER, CONFIG)
     assert both.copies == 4  # llama-server reads n_cmpl first, n is its alias
+
+
+# -- /predict ------------------------------------------------------------------------------------
+
+
+def test_gcp_aliases_are_llama_servers():
+    from gate.http.apis.predict import gcp_alias
+
+    assert gcp_alias("/v1/chat/completions") == "chatCompletions"
+    assert gcp_alias("/apply-template") == "applyTemplate"
+    assert gcp_alias("/slots/:id_slot") == "slots"
+    assert gcp_alias("/infill") == "infill"
+
+
+def _predict(instances, caller=CALLER, config=CONFIG):
+    return build_intake("predict", "/predict", {"instances": instances}, caller, config)
+
+
+def test_predict_admits_every_instance_as_its_own_route():
+    it = _predict(
+        [
+            {"@requestFormat": "chatCompletions", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 7, "stream": True},
+            {"@requestFormat": "/v1/embeddings", "input": ["a", "b"]},
+            {"@requestFormat": "tokenize", "content": "x"},  # costs nothing, goes as sent
+            {"@requestFormat": "noSuchRoute"},  # llama-server answers it with its own error
+        ]
+    )
+    assert [p.kind for p in it.parts] == ["chat", "embeddings"]
+    assert it.max_tokens == 7 and it.unstreamed
+    sent = it.body["instances"]
+    assert sent[0]["@requestFormat"] == "chatCompletions" and "stream" not in sent[0]
+    assert sent[2] == {"@requestFormat": "tokenize", "content": "x"} and sent[3] == {"@requestFormat": "noSuchRoute"}
+    injected = _predict([{"@requestFormat": "completion", "prompt": "p"}])
+    assert injected.body["instances"][0]["n_predict"] == injected.max_tokens and injected.max_tokens_injected
+
+
+def test_predict_instance_errors_name_the_instance():
+    with pytest.raises(GateError) as caught:
+        _predict([{"@requestFormat": "completion", "prompt": "p"}, {"@requestFormat": "completion"}])
+    assert caught.value.param == "instances[1].prompt" and "instances[1]" in caught.value.message
+    with pytest.raises(GateError) as caught:
+        _predict([{"@requestFormat": "messages", "messages": []}])
+    assert caught.value.status == 400 and "POST /v1/messages" in caught.value.message
+    with pytest.raises(GateError) as caught:
+        _predict([{}] * 129)
+    assert caught.value.param == "instances"
+
+
+def test_predict_cannot_reach_operator_routes_for_tenants_that_are_not_operators():
+    from tests.unit.test_intake import TENANT_CONFIG
+
+    tenant = TENANT_CONFIG.tenants[0]
+    caller = Caller(tenant=tenant.name, cls="interactive", tenant_config=tenant)
+    with pytest.raises(GateError) as caught:
+        _predict([{"@requestFormat": "props", "x": 1}], caller, TENANT_CONFIG)
+    assert caught.value.status == 403 and "POST /props" in caught.value.message
+    assert _predict([{"@requestFormat": "props", "x": 1}]).parts == ()  # open mode: allowed
