@@ -201,7 +201,7 @@ class _Flow:
             raise GateError(Reason.NO_BACKEND, f"backend {backend.name!r} is {backend.state}", retry_after_s=5.0)
         measured = await measure(self.gate, backend, intake)
         self.count = measured.count
-        cost = admission_request(self.request_id, intake, measured, 0.0).cost  # every task's prompt and limit
+        cost = measured.count.tokens + measured.tasks * intake.max_tokens  # Request.cost: every task's prompt and limit
         if not self.rate_charged:  # once, even when a fallback model is tried next
             self._rate_check(intake.caller.tenant, cost)
             if self.gate.shared is not None and intake.caller.tenant_config is not None:
