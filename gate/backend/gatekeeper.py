@@ -19,6 +19,7 @@ from gate.core.admission import Admission, Admit, Capacity, ClassPolicy, Queue, 
 from gate.core.errors import GateError
 from gate.core.ledger import Request
 from gate.core.prefill import PrefillModel
+from gate.core.reasons import Reason
 
 log = logging.getLogger("tokengate.gatekeeper")
 
@@ -31,6 +32,19 @@ class Refused(GateError):
         self.refusal = refusal
         #: it waited in a queue before the refusal (timeout, drain); False: refused at once
         self.waited = waited
+
+
+def context_error_fields(admission: Admission, request: Request) -> dict[str, object]:
+    """llama-server's own shape for a request its context cannot hold (server-task.cpp,
+    ``server_task_result_error::to_json``: ``type`` ``exceed_context_size_error`` with
+    ``n_prompt_tokens`` and ``n_ctx``), for the gate's never-fits refusal: a client written for
+    llama-server reads the same fields. ``n_ctx`` is the limit the request exceeded: one slot's
+    context, or the most its class can ever hold when that is smaller; ``n_prompt_tokens`` is
+    the largest task's prompt."""
+    cap = admission.capacity
+    limit = cap.slot_context if request.largest_task > cap.slot_context else admission.class_reach(request.cls, cap.ceiling)
+    prompt = request.prompt_tokens if request.tasks == 1 else request.largest_task - request.max_tokens
+    return {"type": "exceed_context_size_error", "n_prompt_tokens": prompt, "n_ctx": limit}
 
 
 @dataclass(slots=True, eq=False)
@@ -82,7 +96,10 @@ class Gatekeeper:
         """Admit now, or wait in the class queue until dispatched; raise Refused otherwise."""
         decision = self.admission.offer(request, self.clock())
         if isinstance(decision, Refuse):
-            raise Refused(decision)
+            refused = Refused(decision)
+            if decision.reason is Reason.CONTEXT_LENGTH_EXCEEDED:
+                refused.extra = context_error_fields(self.admission, decision.request)
+            raise refused
         if isinstance(decision, Admit):
             self._changed()
             return self._ticket(decision, _current_task())

@@ -506,7 +506,7 @@ async def release_when_slot_frees(
             if not isinstance(slots, list):
                 break  # /slots is off or the backend is gone: nothing to wait for
             busy = sum(1 for s in slots if isinstance(s, dict) and s.get("is_processing"))
-            if busy < len(backend.admission.ledger):  # the ledger still counts this ticket
+            if busy + ticket.request.tasks <= backend.admission.ledger.slots:  # the ledger still counts this ticket's slots
                 break
             await asyncio.sleep(0.05)
     finally:

@@ -113,7 +113,7 @@ def canonical_json(fields: Mapping[str, Any]) -> bytes:
     return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def cache_key(base_url: str, kind: TokenKind, canonical: bytes) -> bytes:
+def cache_key(base_url: str, kind: str, canonical: bytes) -> bytes:
     """SHA-256 over backend, kind and canonical fields (NUL-separated so parts cannot run together)."""
     h = hashlib.sha256()
     h.update(base_url.rstrip("/").encode())
@@ -263,6 +263,41 @@ class TokenCounter:
         self._stats["exact"] += 1
         return TokenCount(tokens, "exact", False)
 
+    async def count_text(
+        self,
+        base_url: str,
+        text: str,
+        *,
+        add_special: bool,
+        parse_special: bool,
+        headers: Mapping[str, str] | None = None,
+        model: str | None = None,
+    ) -> int | None:
+        """The tokens of one text as the server tokenizes it with these flags (cached), or None
+        when the backend gives no count (the caller estimates). For the task counts of
+        :mod:`gate.backend.taskcount`: infill, embeddings, rerank and prompt lists."""
+        base_url = base_url.rstrip("/")
+        flags = f"text:{int(add_special)}{int(parse_special)}"
+        key = cache_key(base_url if model is None else f"{base_url}#{model}", flags, text.encode("utf-8", "surrogatepass"))
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            self._stats["hits"] += 1
+            return hit
+        self._stats["misses"] += 1
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                tokens = await self._tokenize(base_url, text, add_special, dict(headers or {}), model, parse_special=parse_special)
+        except _CountFailed as exc:
+            return self._failed(base_url, exc.reason, backend_fault=exc.backend_fault)
+        except TimeoutError:
+            return self._failed(base_url, f"no answer within {self._timeout_s:g}s", backend_fault=True)
+        except httpx.HTTPError as exc:
+            return self._failed(base_url, f"{type(exc).__name__}: {exc}", backend_fault=True)
+        self._set_health(base_url, True, "")
+        self._remember(key, tokens)
+        return tokens
+
     async def aclose(self) -> None:
         """Cancel look-ups still in flight (their callers get estimates); the client stays open."""
         tasks = list(self._inflight.values())
@@ -396,9 +431,12 @@ class TokenCounter:
             total += await self._tokenize(base_url, text, add_special, headers, model)
         return total
 
-    async def _tokenize(self, base_url: str, text: str, add_special: bool, headers: dict[str, str], model: str | None = None) -> int:
-        # parse_special: the server parses special tokens in prompts it runs, so count them as it does.
-        fields: dict[str, Any] = {"content": text, "add_special": add_special, "parse_special": True}
+    async def _tokenize(
+        self, base_url: str, text: str, add_special: bool, headers: dict[str, str], model: str | None = None, *, parse_special: bool = True
+    ) -> int:
+        # parse_special: the server parses special tokens in prompts it runs, so count them as it does
+        # (infill and rerank tokenize their texts without: those pieces say so).
+        fields: dict[str, Any] = {"content": text, "add_special": add_special, "parse_special": parse_special}
         if model is not None:
             fields["model"] = model
         payload = canonical_json(fields)

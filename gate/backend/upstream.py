@@ -136,7 +136,7 @@ def upstream_body(kind: Kind, body: Mapping[str, Any]) -> dict[str, Any]:
     # id_slot goes as sent (issue 21: a client pinning its slot, say to reuse a saved cache, gets
     # it). The gate admits by free slots, not by which one: a pinned slot that is busy while
     # others are free makes llama-server defer the request in its own queue (README "Clients").
-    if kind != "completion":
+    if kind not in ("completion", "infill"):  # llama's own API: no stream_options
         options = dict(out.get("stream_options") or {})
         options["include_usage"] = True
         out["stream_options"] = options

@@ -17,7 +17,8 @@ A request r of class c, tenant t fits when all of:
   F3. in_flight_t + cost(r) <= max_tokens_in_flight_t       (tenant quota, if set)
   F4. prefilling + prompt(r) <= max_prefill_tokens          (prefill burst, if set;
       a prompt may always start when nothing else is prefilling)
-  F5. a slot is free                                        (llama-server never defers)
+  F5. a slot is free for each of its tasks                  (llama-server never defers;
+      A5: a request llama-server splits into several tasks holds them all at once)
   F6. a long prompt (> prefill_yield_tokens) does not start while a request of a
       higher-priority class waits or is still prefilling    (prefill yields, if set)
 While a higher-priority class waits for the shared budget (F1/F4), a lower
@@ -67,7 +68,8 @@ A newcomer that fits now is admitted (the backend can start it; refusing on an e
 nothing running would stop the measurements too). Unmeasured parts count as zero; with nothing
 measured there is no early refusal, and the waiter waits up to queue_timeout_s.
 
-Never fits (refused at once, never queued): cost > the context one slot holds,
+Never fits (refused at once, never queued): more tasks than the backend has slots (400),
+its largest task > the context one slot holds,
 cost > the largest share the class can reach at the ceiling (400), or cost >
 the tenant's whole quota (429 tenant_quota). Cost above what the class can reach
 at the current working budget is 429 token_budget_exceeded.
@@ -82,6 +84,9 @@ Invariants (`check_invariants`): the ledger's L1-L4, the queues' Q1-Q4, and
       reservations, the starvation guarantee);
   A4. in_flight <= ceiling; an admission leaves in_flight above the budget only within a
       stretch (E2, E3), and never above `effective_budget`.
+  A5. slots held (one per task, L5) <= slots: a multi-task request is admitted for all of its
+      tasks or waits; it never holds part of them, and no request is admitted with more tasks
+      than there are slots (refused at once).
 A refusal changes nothing; shrinking the budget revokes nothing already admitted.
 """
 
@@ -372,7 +377,7 @@ class Admission:
         led = self.ledger
         policy = self._classes[request.cls].policy
         cost = request.cost
-        if len(led) >= self.capacity.slots:
+        if led.slots + request.tasks > self.capacity.slots:
             return Block.SLOTS
         in_class = led.class_tokens(request.cls)
         if led.in_flight + cost > self.working_budget(request, aged=aged) - self.held_back(request.cls):
@@ -495,7 +500,7 @@ class Admission:
         if block is Block.BUDGET and self._stretches() and self._beyond_budget(head.request):
             return "aging (budget)"
         if block is Block.SLOTS:
-            return f"slots {len(self.ledger)}/{self.capacity.slots} busy"
+            return f"slots {self.ledger.slots}/{self.capacity.slots} busy"
         return {
             Block.BUDGET: "token budget",
             Block.CLASS_LIMIT: "class limit",
@@ -702,13 +707,26 @@ class Admission:
 
     def _never_fits(self, request: Request) -> Refuse | None:
         cost = request.cost
-        if cost > self.capacity.slot_context:
+        if 0 < self.capacity.slots < request.tasks:  # 0 slots: a model not loaded yet, it waits
             return Refuse(
                 request,
-                Reason.CONTEXT_LENGTH_EXCEEDED,
-                f"prompt ({request.prompt_tokens}) + max_tokens ({request.max_tokens}) = {cost} "
-                f"tokens exceeds the {self.capacity.slot_context}-token context of a slot",
+                Reason.INVALID_REQUEST,
+                f"the request runs as {request.tasks} tasks ({cost} tokens) and the backend has "
+                f"{self.capacity.slots} slots: it can never run at once",
             )
+        if request.largest_task > self.capacity.slot_context:
+            if request.tasks == 1:
+                detail = (
+                    f"prompt ({request.prompt_tokens}) + max_tokens ({request.max_tokens}) = {cost} "
+                    f"tokens exceeds the {self.capacity.slot_context}-token context of a slot"
+                )
+            else:
+                detail = (
+                    f"the largest of its {request.tasks} tasks needs {request.largest_task} tokens "
+                    f"(max_tokens {request.max_tokens} included), more than the "
+                    f"{self.capacity.slot_context}-token context of a slot"
+                )
+            return Refuse(request, Reason.CONTEXT_LENGTH_EXCEEDED, detail)
         reach = self.class_reach(request.cls, self.capacity.ceiling)
         if cost > reach:
             return Refuse(
@@ -794,6 +812,7 @@ def check_invariants(adm: Admission) -> None:
         for w in adm.queue(cls):
             assert w.request.id not in adm.ledger, "A1 waiting and reserved"
     assert len(adm.ledger) <= adm.capacity.slots, "A2 slots"
+    assert adm.ledger.slots <= adm.capacity.slots, "A5 task slots"
     assert all(rid in adm.ledger for rid in adm._stretched), "E3 a stretch outlived its reservation"
 
 

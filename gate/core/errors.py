@@ -72,6 +72,9 @@ class GateError(Exception):
         self.caller: Who | None = None
         #: the backend's own response headers (CORS, its own) when `body` is its answer
         self.headers: list[tuple[bytes, bytes]] = []
+        #: fields added to (or replacing) the error object's, e.g. llama-server's own context-error
+        #: shape for never-fits (`type`, `n_prompt_tokens`, `n_ctx`); `code` stays the gate's reason
+        self.extra: dict[str, object] = {}
 
     @property
     def outcome(self) -> Outcome:
@@ -93,6 +96,8 @@ def error_object(err: GateError) -> dict[str, object]:
             "param": err.param,
         }
     }
+    if err.extra:
+        body["error"].update({k: v for k, v in err.extra.items() if k != "code"})  # type: ignore[attr-defined]
     if err.retry_after_s is not None:
         body["retry_after_s"] = err.retry_after_s
     return body

@@ -12,8 +12,19 @@ What the gate does with a route (``Access``):
 * ``forwarded``: relayed as is with the caller's tenant authentication; counted
   (``tokengate_forwarded_total{route}``) and journaled (a decision row, outcome ``forwarded``).
   Generation routes the gate cannot admit yet (``generation=True``: Anthropic Messages, Responses,
-  infill, embeddings, rerank, transcriptions, predict) are forwarded this way until their cost
-  models exist (issue #21): they bypass admission, and the counter shows how much.
+  transcriptions, predict) are forwarded this way until their cost models exist (issue #21):
+  they bypass admission, and the counter shows how much.
+
+Admitted kinds and their cost (``gate.http.apis.tasks`` has the details, from the server source):
+``infill`` (FIM prefix, suffix, prompt and extra context, with the tokens the server adds, plus
+the generation limit, ``n_predict`` injected as for ``/completion``); ``embeddings`` (one task
+per input: its tokens, no decode); ``rerank`` (one task per document: query + document + 4
+special tokens, no decode). A request llama-server runs as several tasks (a list of prompts,
+``n``/``n_cmpl`` > 1, several inputs or documents) holds one slot per task, all at once.
+``predict`` (Vertex AI's envelope, served only with ``AIP_MODE=PREDICTION``: every instance
+on an admitted route costed as that route, all held at once; ``gate/http/apis/predict.py``).
+Not admitted: transcriptions (the build serves them only with an audio-capable multimodal
+projector; the audio's tokens cannot be counted before the projector has run).
 * ``operator``: changes the server (its props, LoRA scales, a slot's cache, the router's models):
   forwarded in open mode and for ``operator = true`` tenants, audited; 403 naming the route for
   everyone else.
@@ -28,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Kind = Literal["chat", "completions", "completion"]
+Kind = Literal["chat", "completions", "completion", "infill", "embeddings", "rerank", "predict"]
 Access = Literal["admitted", "forwarded", "operator", "gate"]
 
 #: the metric label of a request on a path the table does not list
@@ -61,21 +72,23 @@ ROUTES: tuple[Route, ...] = (
     _r("POST", "/v1/completions", "admitted", "completions"),
     _r("POST", "/completions", "admitted", "completion"),
     _r("POST", "/completion", "admitted", "completion"),
+    # infill, embeddings and rerank: their own cost models (gate/http/apis/tasks.py)
+    _r("POST", "/infill", "admitted", "infill"),
+    _r("POST", "/embedding", "admitted", "embeddings"),  # llama-server's legacy spelling
+    _r("POST", "/embeddings", "admitted", "embeddings"),
+    _r("POST", "/v1/embeddings", "admitted", "embeddings"),
+    _r("POST", "/rerank", "admitted", "rerank"),
+    _r("POST", "/reranking", "admitted", "rerank"),
+    _r("POST", "/v1/rerank", "admitted", "rerank"),
+    _r("POST", "/v1/reranking", "admitted", "rerank"),
+    # Vertex AI's envelope (llama-server with AIP_MODE=PREDICTION only): every instance admitted
+    _r("POST", "/predict", "admitted", "predict"),
     # generation without a cost model yet: forwarded (and counted) until issue #21 admits them
     _r("POST", "/v1/responses", "forwarded", generation=True),
     _r("POST", "/responses", "forwarded", generation=True),
     _r("POST", "/v1/messages", "forwarded", generation=True),
-    _r("POST", "/infill", "forwarded", generation=True),
-    _r("POST", "/embedding", "forwarded", generation=True),
-    _r("POST", "/embeddings", "forwarded", generation=True),
-    _r("POST", "/v1/embeddings", "forwarded", generation=True),
-    _r("POST", "/rerank", "forwarded", generation=True),
-    _r("POST", "/reranking", "forwarded", generation=True),
-    _r("POST", "/v1/rerank", "forwarded", generation=True),
-    _r("POST", "/v1/reranking", "forwarded", generation=True),
     _r("POST", "/v1/audio/transcriptions", "forwarded", generation=True),
     _r("POST", "/audio/transcriptions", "forwarded", generation=True),
-    _r("POST", "/predict", "forwarded", generation=True),  # Google Cloud (AIP_MODE) only
     # read-only or per-request, forwarded
     _r("GET", "/v1/health", "forwarded"),
     _r("GET", "/props", "forwarded"),

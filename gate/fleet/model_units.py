@@ -114,7 +114,7 @@ def refuse_unfit(unit: Backend, cap: Capacity) -> None:
         reach = adm.class_reach(cls, cap.ceiling)
         for waiting in list(adm.queue(cls)):
             cost = waiting.request.cost
-            if cost > cap.slot_context or cost > reach:
+            if waiting.request.largest_task > cap.slot_context or cost > reach or waiting.request.tasks > cap.slots:
                 adm.cancel(waiting.request.id)
                 refusals.append(
                     Refuse(

@@ -44,7 +44,7 @@ def stream_loses(kind: Kind, body: Mapping[str, Any]) -> bool:
     * probabilities with `stop` strings: the plain answer drops the entries of the
       stop string's tokens, counted by tokenizing it, which the gate does not do (seen).
     """
-    if body.get("verbose") or (kind == "completion" and (body.get("return_tokens") or body.get("response_fields"))):
+    if body.get("verbose") or (kind in ("completion", "infill") and (body.get("return_tokens") or body.get("response_fields"))):
         return True
     if _positive(body.get("n_indent")):
         return True
@@ -80,7 +80,7 @@ def plain_body(body: Mapping[str, Any]) -> dict[str, Any]:
 
 def assemble(kind: Kind, chunks: list[dict[str, Any]]) -> dict[str, Any]:
     """Build the non-streaming answer llama-server would have sent from its stream chunks."""
-    if kind == "completion":
+    if kind in ("completion", "infill"):  # infill answers in /completion's shape
         return _assemble_completion(chunks)
     if kind == "completions":
         return _assemble_text_completion(chunks)

@@ -31,9 +31,13 @@ must agree; otherwise a client could send a small ``max_tokens`` for the gate an
 ``n_predict`` for llama-server. When none is present, the class's ``default_max_tokens`` is
 injected into the forwarded body as ``max_tokens`` (``n_predict`` for ``/completion``).
 
-One completion per request: the gate reserves for one, so ``n`` (and llama's ``n_cmpl``) other
-than 1 is refused, and so is a ``prompt`` list of several strings (llama-server runs one
-completion per prompt in such a list).
+Several tasks per request: llama-server runs ``n`` (llama's ``n_cmpl``, read first) copies of
+each prompt, and one task per prompt of a ``prompt`` list, each in its own slot. The gate
+reads both (an integer of at least 1; the slots bound it in admission: more tasks than slots
+is refused at once) and admits the request for all of its tasks (``copies`` x ``plans``).
+Infill, embeddings and rerank bodies are checked and planned by :mod:`gate.http.apis.tasks`
+(``plans``: the tasks, their text pieces); embeddings and rerank do not decode
+(``max_tokens`` 0, nothing injected).
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ from gate.config import ClassConfig, Config
 from gate.core.errors import GateError
 from gate.core.reasons import Reason
 from gate.data.endpoints import ENDPOINTS, Kind
+from gate.http.apis.predict import predict_parts
+from gate.http.apis.tasks import TaskPlan, embedding_plans, infill_plan, prompt_plans, rerank_plans
 from gate.http.jsonbody import MAX_JSON_DEPTH, decode_body, describe
 
 if TYPE_CHECKING:
@@ -66,6 +72,9 @@ __all__ = [
 
 
 MESSAGE_ROLES = ("system", "user", "assistant", "tool", "developer")
+
+#: kinds whose tasks only read their input: no generation limit, nothing injected
+NO_DECODE: frozenset[str] = frozenset({"embeddings", "rerank"})
 
 # llama-server's names for the generation limit, in the order it reads them.
 MAX_TOKENS_FIELDS = ("n_predict", "max_completion_tokens", "max_tokens")
@@ -96,6 +105,27 @@ class Intake:
     max_tokens_injected: bool
     caller: Caller
     include_usage: bool
+    copies: int = 1  # n / n_cmpl: tasks per prompt
+    #: the tasks to count piece by piece (infill, embeddings, rerank, several prompts, prompt
+    #: objects); None: one prompt, counted whole by gate.backend.tokens
+    plans: tuple[TaskPlan, ...] | None = None
+    #: /predict: the admitted instances, each its own route's intake (held all at once)
+    parts: tuple[Intake, ...] = ()
+
+    @property
+    def unstreamed(self) -> bool:
+        """Sent as is and answered whole (embeddings, rerank, the /predict envelope)."""
+        return self.kind in NO_DECODE or self.kind == "predict"
+
+    @property
+    def several(self) -> bool:
+        """Does llama-server run it as several tasks (a prompt list, n > 1)?"""
+        return self.copies > 1 or (self.plans is not None and len(self.plans) > 1)
+
+    @property
+    def decodes(self) -> bool:
+        """Does llama-server generate tokens for it (False: embeddings, rerank)?"""
+        return self.kind not in NO_DECODE
 
 
 # --------------------------------------------------------------------------------------------
@@ -153,19 +183,34 @@ def build_intake(kind: Kind, path: str, body: Mapping[str, Any], caller: Caller,
     model = _optional(body, "model", str, "a string")
     _optional(body, "user", str, "a string")
     stream = _optional(body, "stream", bool, "a boolean (true or false)") or False
+    if kind == "predict":
+        operator = not config.tenants or (caller.tenant_config is not None and caller.tenant_config.operator)
+        parts, sent = predict_parts(body, lambda k, p, b: build_intake(k, p, b, caller, config), operator)
+        limit = max((p.max_tokens for p in parts), default=0)
+        injected = any(p.max_tokens_injected for p in parts)
+        return Intake(kind, path, sent, model, False, limit, injected, caller, False, 1, None, parts)
+    if kind in NO_DECODE:
+        inputs = embedding_plans(body) if kind == "embeddings" else rerank_plans(body)
+        return Intake(kind, path, dict(body), model, False, 0, False, caller, False, 1, inputs)
     include_usage = _stream_options(body, stream)
-    for name in COUNT_FIELDS:
-        _check_count(body, name)
+    counts = [_check_count(body, name) for name in COUNT_FIELDS]
+    copies = next((c for c in reversed(counts) if c is not None), 1)  # n_cmpl first, n its alias
+    plans: tuple[TaskPlan, ...] | None = None
     if kind == "chat":
         _check_messages(body)
+    elif kind == "infill":
+        plans = (infill_plan(body),)
     else:
         _check_prompt(body)
+        planned = prompt_plans(body.get("prompt"))
+        if len(planned) > 1 or _has_object(body.get("prompt")):
+            plans = planned  # several prompts, or a prompt object: counted task by task
     given = _given_max_tokens(body, cls)
 
     forwarded = dict(body)
     if given is None:
         max_tokens = cls.default_max_tokens
-        forwarded["n_predict" if kind == "completion" else "max_tokens"] = max_tokens
+        forwarded["n_predict" if kind in ("completion", "infill") else "max_tokens"] = max_tokens
     else:
         max_tokens = given
     return Intake(
@@ -178,7 +223,13 @@ def build_intake(kind: Kind, path: str, body: Mapping[str, Any], caller: Caller,
         max_tokens_injected=given is None,
         caller=caller,
         include_usage=include_usage,
+        copies=copies,
+        plans=plans,
     )
+
+
+def _has_object(prompt: Any) -> bool:
+    return isinstance(prompt, dict) or (isinstance(prompt, list) and any(isinstance(p, dict) for p in prompt))
 
 
 # --------------------------------------------------------------------------------------------
@@ -218,14 +269,15 @@ def _stream_options(body: Mapping[str, Any], stream: bool) -> bool:
     return bool(usage)
 
 
-def _check_count(body: Mapping[str, Any], name: str) -> None:
+def _check_count(body: Mapping[str, Any], name: str) -> int | None:
     value = body.get(name)
     if value is None:
-        return
+        return None
     if not _is_int(value):
         raise _invalid(name, f"must be an integer, got {describe(value)}")
-    if value != 1:
-        raise _invalid(name, f"must be 1: the gate admits one completion per request, got {describe(value)}")
+    if value < 1:
+        raise _invalid(name, f"must be at least 1 (completions per prompt), got {describe(value)}")
+    return int(value)
 
 
 def _check_messages(body: Mapping[str, Any]) -> None:
@@ -286,9 +338,9 @@ def _check_prompt(body: Mapping[str, Any]) -> None:
     prompt = body.get("prompt")
     if prompt is None:
         raise _invalid("prompt", "is required")
-    if isinstance(prompt, str):
-        return
-    shapes = "a string, an array of token ids, or an array of one string"
+    if isinstance(prompt, (str, dict)):
+        return  # a dict: llama-server's multimodal prompt object, checked by prompt_plans
+    shapes = "a string, an array of token ids, a prompt object, or an array of prompts"
     if not isinstance(prompt, list):
         raise _invalid("prompt", f"must be {shapes}, got {describe(prompt)}")
     if not prompt:
@@ -298,13 +350,8 @@ def _check_prompt(body: Mapping[str, Any]) -> None:
             if not 0 <= t <= _TOKEN_ID_MAX:
                 raise _invalid(f"prompt[{k}]", f"must be a token id (0 to {_TOKEN_ID_MAX}), got {t}")
         return
-    if all(isinstance(p, str) for p in prompt):
-        if len(prompt) == 1:
-            return
-        raise _invalid(
-            "prompt",
-            f"must hold one prompt: the gate admits one completion per request, got {len(prompt)}",
-        )
+    if not any(_is_int(p) for p in prompt):
+        return  # several prompts (strings, id lists, objects): each a task, checked by prompt_plans
     for k, p in enumerate(prompt):
         if not (isinstance(p, str) or _is_int(p)):
             raise _invalid(f"prompt[{k}]", f"must be a string or a token id, got {describe(p)}")

@@ -24,7 +24,6 @@ from gate.backend.pool import Backend
 from gate.backend.tokens import TokenCount
 from gate.backend.upstream import RelayStats, SseRelay, forward_headers, relayed_headers, upstream_body
 from gate.core.errors import GateError, Who, error_object, render
-from gate.core.ledger import Request
 from gate.core.reasons import CLIENT_DISCONNECT, SERVER_CANCELLED, Reason
 from gate.core.shedding import Deadline, next_deadline
 from gate.data.records import DecisionRecord, Outcome
@@ -32,7 +31,7 @@ from gate.http.assembly import assemble, plain_body, stream_loses
 from gate.http.clientguard import BodyReader, abort, send_within
 from gate.http.intake import Intake, parse_request
 from gate.http.requestids import HeaderNames, RequestIds
-from gate.http.routing import REROUTABLE, count_tokens, fallback_chain, fits_now, routed_name, serving
+from gate.http.routing import REROUTABLE, admission_request, fallback_chain, fits_now, measure, routed_name, serving
 
 if TYPE_CHECKING:
     from gate.http.ports import RequestPorts
@@ -200,15 +199,16 @@ class _Flow:
         elif backend.state != "ready" or backend.gatekeeper is None:
             # The detail (it may hold the backend's address) stays in the log and the console.
             raise GateError(Reason.NO_BACKEND, f"backend {backend.name!r} is {backend.state}", retry_after_s=5.0)
-        self.count = await count_tokens(self.gate, backend, intake)
-        cost = self.count.tokens + intake.max_tokens
+        measured = await measure(self.gate, backend, intake)
+        self.count = measured.count
+        cost = measured.count.tokens + measured.tasks * intake.max_tokens  # Request.cost: every task's prompt and limit
         if not self.rate_charged:  # once, even when a fallback model is tried next
             self._rate_check(intake.caller.tenant, cost)
             if self.gate.shared is not None and intake.caller.tenant_config is not None:
                 # The fleet-wide limits: one atomic round trip to Redis, bounded (gate/fleet/sharedlimits/).
                 self.shared_lease = await self.gate.shared.reserve(intake.caller.tenant_config, cost)
         # Arrival is now: queue time is time spent waiting for admission, not counting tokens.
-        request = Request(self.request_id, intake.caller.cls, intake.caller.tenant, self.count.tokens, intake.max_tokens, self.gate.clock())
+        request = admission_request(self.request_id, intake, measured, self.gate.clock())
         assert backend.gatekeeper is not None
         queued = True  # until the core says it refused at once
         try:
@@ -278,11 +278,13 @@ class _Flow:
         self.stats = stats = RelayStats(dispatched_at=gate.clock())
         headers = forward_headers(self.headers, backend.auth_token)
         # The few options whose answer llama-server's stream lacks get a plain call (no fast cancel).
-        self._plain = plain = not intake.stream and stream_loses(intake.kind, intake.body)
+        # Embeddings and rerank have no stream at all: their body goes as sent, their answer as given.
+        # Several tasks answered at once (choices by index) are not rebuilt from the stream either.
+        self._plain = plain = intake.unstreamed or (not intake.stream and (intake.several or stream_loses(intake.kind, intake.body)))
         sent = intake.body
         if self.model_name is not None and sent.get("model") != self.model_name:
             sent = {**sent, "model": self.model_name}  # router mode names its model; a fallback its own
-        body = plain_body(sent) if plain else upstream_body(intake.kind, sent)
+        body = dict(sent) if intake.unstreamed else plain_body(sent) if plain else upstream_body(intake.kind, sent)
         # Router mode: llama-server must never load (and queue behind) a model on its own.
         path = intake.path + ("?autoload=false" if backend.model is not None else "")
         self._check_progress()  # arms the watchdog: stall, overrun and request_timeout_s

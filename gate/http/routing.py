@@ -15,9 +15,11 @@ never rerouted: they hold for every model.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
-from gate.backend.tokens import TokenCount, canonical_json, estimate_tokens, prompt_fields
+from gate.backend.taskcount import count_tasks
+from gate.backend.tokens import TokenCount, TokenKind, TokenSource, canonical_json, estimate_tokens, prompt_fields
 from gate.core.ledger import Request
 from gate.core.reasons import Reason
 
@@ -77,9 +79,66 @@ def routed_name(b: Backend, intake: Intake) -> str | None:
 async def count_tokens(gate: RequestPorts, b: Backend, intake: Intake) -> TokenCount:
     """The prompt's tokens on `b`. A router's model that is not loaded cannot count: estimate
     (asking would load it behind the gate's back)."""
+    kind = cast(TokenKind, intake.kind)  # one prompt counted whole: chat or completions (no plans)
     if b.fleet is not None and not serving(b):
-        return TokenCount(estimate_tokens(canonical_json(prompt_fields(intake.kind, intake.body))), "estimate", False)
-    return await gate.tokens.count(b.url, intake.kind, intake.body, b.auth_headers(), model=b.model)
+        return TokenCount(estimate_tokens(canonical_json(prompt_fields(kind, intake.body))), "estimate", False)
+    return await gate.tokens.count(b.url, kind, intake.body, b.auth_headers(), model=b.model)
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """What a request will hold on `b`: every task's prompt tokens (copies included), its tasks,
+    and the most one task holds in its slot (None: a single task)."""
+
+    count: TokenCount
+    tasks: int
+    slot_tokens: int | None
+
+
+async def measure(gate: RequestPorts, b: Backend, intake: Intake) -> Measured:
+    """Count the request on `b`, task by task when llama-server splits it (gate.data.tasks)."""
+    if intake.kind == "predict":
+        return await _measure_parts(gate, b, intake)
+    if intake.plans is None:
+        count = await count_tokens(gate, b, intake)
+        per_task: tuple[int, ...] = (count.tokens,)
+    else:
+        ask = not (b.fleet is not None and not serving(b))
+        counted = await count_tasks(gate.tokens, b.url, intake.plans, b.auth_headers(), model=b.model, ask=ask)
+        count, per_task = counted.source, counted.per_task
+    tasks = len(per_task) * intake.copies
+    total = TokenCount(sum(per_task) * intake.copies, count.source, count.cached)
+    return Measured(total, tasks, None if tasks == 1 else max(per_task) + intake.max_tokens)
+
+
+async def _measure_parts(gate: RequestPorts, b: Backend, intake: Intake) -> Measured:
+    """/predict: every admitted instance at once, each task reserved for the largest limit among
+    them (`intake.max_tokens`). An envelope with nothing to admit (only /tokenize and such, or
+    no instance at all) still holds one slot at no token cost: llama-server runs it."""
+    parts = [await measure(gate, b, part) for part in intake.parts]
+    if not parts:
+        return Measured(TokenCount(0, "exact", False), 1, None)
+    tasks = sum(m.tasks for m in parts)
+    prompt = sum(m.count.tokens for m in parts)
+    # the largest single task's prompt: a part's slot_tokens (several tasks) or its whole prompt
+    largest = max((m.slot_tokens - p.max_tokens) if m.slot_tokens is not None else m.count.tokens for m, p in zip(parts, intake.parts))
+    source: TokenSource = "exact" if all(m.count.source == "exact" for m in parts) else "estimate"
+    return Measured(TokenCount(prompt, source, False), tasks, None if tasks == 1 else largest + intake.max_tokens)
+
+
+def admission_request(request_id: str, intake: Intake, measured: Measured, now: float) -> Request:
+    """The core's view of the request: all of its tasks, their prompts and generation limits."""
+    caller = intake.caller
+    return Request(
+        request_id,
+        caller.cls,
+        caller.tenant,
+        measured.count.tokens,
+        intake.max_tokens,
+        now,
+        tasks=measured.tasks,
+        slot_tokens=measured.slot_tokens,
+    )
 
 
 async def fits_now(gate: RequestPorts, b: Backend, intake: Intake) -> bool:
@@ -91,6 +150,4 @@ async def fits_now(gate: RequestPorts, b: Backend, intake: Intake) -> bool:
             b.fleet.check(b)
         except Exception:  # noqa: BLE001 - a GateError: it would refuse
             return False
-    count = await count_tokens(gate, b, intake)
-    request = Request("look-ahead", intake.caller.cls, intake.caller.tenant, count.tokens, intake.max_tokens, gate.clock())
-    return b.admission.fits_now(request)
+    return b.admission.fits_now(admission_request("look-ahead", intake, await measure(gate, b, intake), gate.clock()))

@@ -32,6 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gate.core.errors import GateError, render
 from gate.core.reasons import Reason
 from gate.http.clientguard import BodyReader, abort, guarded_protocol, send_within, too_large
+from gate.http.cors import CorsMirror
 from gate.http.forward import ForwardEndpoint
 from gate.http.intake import ENDPOINTS
 from gate.http.proxy import AdmittedEndpoint
@@ -143,7 +144,8 @@ def build_app(gate: RequestPorts) -> ASGIApp:
     # A trailing slash is a 404, never a redirect: Starlette would build its Location from the
     # client's Host header (an open redirect).
     app.router.redirect_slashes = False
-    return _FastPath(admitted, app, gate)
+    # CORS on the gate's own answers as llama-server sets it on its own (gate/http/cors.py).
+    return CorsMirror(_FastPath(admitted, app, gate))
 
 
 class _FastPath:

@@ -319,7 +319,7 @@ class Recorder:
         now = self.clock()
         for b in backends:
             adm = b.admission
-            m.set_backend(b.name, up=b.state == "ready", busy=len(adm.ledger) if adm else 0, total=b.capacity.slots if b.capacity else 0)
+            m.set_backend(b.name, up=b.state == "ready", busy=adm.ledger.slots if adm else 0, total=b.capacity.slots if b.capacity else 0)
             self.refresh_inference_gauge(b)
             if adm is None:
                 continue

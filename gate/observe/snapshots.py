@@ -137,8 +137,8 @@ def _backend_view(b: Backend, tel: BackendTelemetry | None) -> BackendView:
         telemetry_error=None if tel is None else (tel.error or (None if b.state == "ready" else f"backend {b.state}")),
         bypass_slots=0
         if tel is None or tel.stale or b.state != "ready" or tel.busy_slots is None
-        else max(0, tel.busy_slots - (len(adm.ledger) if adm else 0)),
-        slots_busy=len(adm.ledger) if adm else 0,
+        else max(0, tel.busy_slots - (adm.ledger.slots if adm else 0)),
+        slots_busy=adm.ledger.slots if adm else 0,
         slots_total=cap.slots if cap else None,
         slot_context=cap.slot_context if cap else None,
         ceiling=cap.ceiling if cap else None,

@@ -178,12 +178,17 @@ CASES: list[Case] = [
     Case("prompt-missing-v1-completions", 400, "invalid_request", {"model": "tiny", "max_tokens": 8}, path=COMPLETIONS, param="prompt"),
     Case("prompt-missing-completion", 400, "invalid_request", {"n_predict": 8}, path=COMPLETION, param="prompt"),
     Case(
-        "prompt-several", 400, "invalid_request", {"model": "tiny", "prompt": ["a", "b"], "max_tokens": 8}, path=COMPLETIONS, param="prompt"
+        "prompt-object-without-text",
+        400,
+        "invalid_request",
+        {"model": "tiny", "prompt": {"x": 1}, "max_tokens": 8},
+        path=COMPLETIONS,
+        param="prompt",
     ),
     Case("prompt-negative-token", 400, "invalid_request", {"prompt": [1, -3], "n_predict": 8}, path=COMPLETION, param="prompt[1]"),
-    # --- one completion per request -------------------------------------------------------------
-    Case("n-2", 400, "invalid_request", chat(n=2), param="n"),
-    Case("n-cmpl-3", 400, "invalid_request", {"prompt": "hi", "n_predict": 8, "n_cmpl": 3}, path=COMPLETION, param="n_cmpl"),
+    # --- completions per prompt: at least one (admission bounds them by the slots) ---------------
+    Case("n-0", 400, "invalid_request", chat(n=0), param="n"),
+    Case("n-cmpl-0", 400, "invalid_request", {"prompt": "hi", "n_predict": 8, "n_cmpl": 0}, path=COMPLETION, param="n_cmpl"),
     # --- routing by model -----------------------------------------------------------------------
     Case("unknown-model", 404, "model_not_found", chat(model="gpt-4o"), param="model"),
     # --- who is calling, and in which class -----------------------------------------------------

@@ -77,6 +77,16 @@ _CHATML = (
 )
 
 
+#: the fill-in-the-middle tokens of ``fim=True`` (Qwen2.5-Coder's spellings), by GGUF key
+FIM_TOKENS = {
+    "tokenizer.ggml.fim_pre_token_id": "<|fim_prefix|>",
+    "tokenizer.ggml.fim_suf_token_id": "<|fim_suffix|>",
+    "tokenizer.ggml.fim_mid_token_id": "<|fim_middle|>",
+    "tokenizer.ggml.fim_rep_token_id": "<|repo_name|>",
+    "tokenizer.ggml.fim_sep_token_id": "<|file_sep|>",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     """Every parameter that changes the bytes of the generated file."""
@@ -90,6 +100,7 @@ class ModelSpec:
     n_words: int = len(_WORDS)
     dtype: str = "f16"  # "f16" or "f32"
     seed: int = 1234
+    fim: bool = False  # add fill-in-the-middle tokens (FIM_PRE/SUF/MID/REP/SEP), so /infill runs
 
     def resolved(self) -> ModelSpec:
         spec = dataclasses.replace(
@@ -110,7 +121,10 @@ class ModelSpec:
 
     def key(self) -> str:
         """Short hash of the resolved parameters and the generator version."""
-        blob = json.dumps({"v": GENERATOR_VERSION, **dataclasses.asdict(self.resolved())}, sort_keys=True)
+        fields = dataclasses.asdict(self.resolved())
+        if not fields["fim"]:
+            del fields["fim"]  # models written before the flag existed keep their key (and cache file)
+        blob = json.dumps({"v": GENERATOR_VERSION, **fields}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -170,6 +184,13 @@ def write_model(path: str | os.PathLike, **params) -> ModelSpec:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _atomic_path(path)
     tokens, scores, types = build_vocab(spec.n_words)
+    fim_ids: dict[str, int] = {}
+    if spec.fim:
+        for key, text in FIM_TOKENS.items():
+            fim_ids[key] = len(tokens)
+            tokens.append(text)
+            scores.append(0.0)
+            types.append(int(gguf.TokenType.CONTROL))
     n_vocab = len(tokens)
     wdtype = np.float16 if spec.dtype == "f16" else np.float32
 
@@ -200,6 +221,8 @@ def write_model(path: str | os.PathLike, **params) -> ModelSpec:
         w.add_add_eos_token(False)
         w.add_add_space_prefix(True)
         w.add_chat_template(_CHATML)
+        for key, token_id in fim_ids.items():
+            w.add_uint32(key, token_id)
 
         rng = np.random.default_rng(spec.seed)
 

@@ -29,13 +29,22 @@ def test_each_route_is_listed_once_and_names_are_bounded_labels() -> None:
     assert OTHER_ROUTE not in names and UI_ASSET.name not in names
 
 
-def test_admitted_routes_are_the_chat_and_completion_spellings() -> None:
+def test_admitted_routes_are_the_generation_routes_with_a_cost_model() -> None:
     assert ENDPOINTS == {
         "/v1/chat/completions": "chat",
         "/chat/completions": "chat",
         "/v1/completions": "completions",
         "/completions": "completion",  # llama-server's alias of its native /completion
         "/completion": "completion",
+        "/infill": "infill",
+        "/embedding": "embeddings",
+        "/embeddings": "embeddings",
+        "/v1/embeddings": "embeddings",
+        "/rerank": "rerank",
+        "/reranking": "rerank",
+        "/v1/rerank": "rerank",
+        "/v1/reranking": "rerank",
+        "/predict": "predict",
     }
     assert all(r.generation for r in ROUTES if r.access == "admitted")
 

@@ -1,0 +1,1 @@
+"""Per-API request adapters: each API's body checks and cost model (its tasks and their tokens)."""

@@ -1,0 +1,68 @@
+"""CORS on the gate's own answers, as llama-server sets it on its own.
+
+llama-server's pre-routing middleware (tools/server/server-http.cpp at the version the project
+builds) puts ``Access-Control-Allow-Origin`` on EVERY answer, before routing: with its defaults
+(``--cors-origins *`` and ``--cors-credentials``) it echoes the request's ``Origin``; with a
+list of origins it sends that list as is; with ``localhost`` it echoes localhost origins only.
+``Access-Control-Allow-Credentials``, ``-Methods`` and ``-Headers`` go only on an ``OPTIONS``
+preflight, which the gate forwards (so those come from llama-server itself).
+
+The gate relays llama-server's headers on everything llama-server answers; its own answers
+(a 429 or 503 from admission, a 401, a never-fits 400, ``/health``, ``/metrics``, the merged
+model list) would otherwise carry none, and a browser app would see a CORS error where it
+should see a 429. :class:`CorsMirror` adds the header to a response that lacks it, for a
+request with an ``Origin``, by the rule llama-server was last seen to follow on an answer the
+gate relayed: the origin echoed (llama-server's default, also before anything was relayed),
+or a fixed value. ``--cors-origins localhost`` cannot be told from the default by what it
+sends to a localhost origin; a gate in front of such a server echoes until a relayed answer
+shows a fixed value (a foreign origin then still only reads the gate's refusals, never
+llama-server's answers, which carry nothing for it). A request without ``Origin`` costs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+ALLOW_ORIGIN = b"access-control-allow-origin"
+
+
+class CorsMirror:
+    """ASGI wrapper: ``Access-Control-Allow-Origin`` on the gate's own answers (module docstring)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.fixed: bytes | None = None  # None: echo the Origin (llama-server's default)
+
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        if scope["type"] != "http":
+            return self.app(scope, receive, send)
+        origin = next((v for k, v in scope["headers"] if k == b"origin"), None)
+        if origin is None:
+            return self.app(scope, receive, send)
+        return self.app(scope, receive, _Send(self, origin, send))
+
+    def learn(self, origin: bytes, sent: bytes) -> None:
+        """llama-server answered ``sent`` to ``origin``: follow its rule from now on."""
+        self.fixed = None if sent == origin else sent
+
+    def value(self, origin: bytes) -> bytes:
+        return origin if self.fixed is None else self.fixed
+
+
+class _Send:
+    __slots__ = ("mirror", "origin", "send")
+
+    def __init__(self, mirror: CorsMirror, origin: bytes, send: Send) -> None:
+        self.mirror, self.origin, self.send = mirror, origin, send
+
+    def __call__(self, message: Message) -> Awaitable[None]:
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers", ()))
+            sent = next((v for k, v in headers if k.lower() == ALLOW_ORIGIN), None)
+            if sent is not None:
+                self.mirror.learn(self.origin, sent)  # llama-server's own answer, relayed
+            else:
+                message = {**message, "headers": [*headers, (ALLOW_ORIGIN, self.mirror.value(self.origin))]}
+        return self.send(message)

@@ -1,0 +1,100 @@
+"""CORS on the gate's own answers (gate/http/cors.py) and the never-fits error shape (issue 21)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from gate.backend.gatekeeper import Gatekeeper, Refused
+from gate.core.admission import Admission, Capacity
+from gate.core.errors import GateError, error_object
+from gate.core.ledger import Request
+from gate.core.reasons import Reason
+from gate.http.cors import CorsMirror
+from tests.unit.core_helpers import Cls
+
+
+def _app(headers):
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 429, "headers": list(headers)})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    return app
+
+
+def _call(mirror_or_app, origin: bytes | None, headers=()):
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    async def receive():
+        return {"type": "http.request"}
+
+    mirror = mirror_or_app if isinstance(mirror_or_app, CorsMirror) else CorsMirror(mirror_or_app)
+    scope = {"type": "http", "headers": [] if origin is None else [(b"origin", origin)]}
+    asyncio.run(mirror(scope, receive, send))
+    return dict(sent[0]["headers"]) if sent[0].get("headers") is not None else {}
+
+
+def test_the_gates_own_answer_echoes_the_origin_as_llama_server_does_by_default():
+    assert _call(_app([]), b"http://a.example")[b"access-control-allow-origin"] == b"http://a.example"
+
+
+def test_no_origin_no_header():
+    assert b"access-control-allow-origin" not in _call(_app([]), None)
+
+
+def test_a_relayed_llama_server_header_is_kept_and_its_fixed_value_learned():
+    relayed = CorsMirror(_app([(b"access-control-allow-origin", b"https://ui.example")]))
+    assert _call(relayed, b"http://a.example")[b"access-control-allow-origin"] == b"https://ui.example"
+    assert relayed.fixed == b"https://ui.example"
+    own = CorsMirror(_app([]))
+    own.fixed = relayed.fixed
+    assert _call(own, b"http://other.example")[b"access-control-allow-origin"] == b"https://ui.example"
+    relayed.learn(b"http://b.example", b"http://b.example")  # an echo seen again: back to echoing
+    assert relayed.fixed is None
+
+
+def test_error_extra_fields_join_the_error_object_but_never_replace_the_gates_code():
+    err = GateError(Reason.CONTEXT_LENGTH_EXCEEDED, "too long")
+    err.extra = {"type": "exceed_context_size_error", "n_prompt_tokens": 600, "n_ctx": 512, "code": 400}
+    body = error_object(err)["error"]
+    assert body == {
+        "message": "too long",
+        "type": "exceed_context_size_error",
+        "code": "context_length_exceeded",
+        "param": None,
+        "n_prompt_tokens": 600,
+        "n_ctx": 512,
+    }
+    json.dumps(body)
+
+
+def _refusal(request: Request, *, slots: int = 4, ctx: int = 512, reserved_elsewhere: int = 0):
+    classes = [Cls("c", 10)] + ([Cls("other", 1, reserved_tokens=reserved_elsewhere)] if reserved_elsewhere else [])
+    keeper = Gatekeeper(Admission(classes, Capacity(slots=slots, slot_context=ctx, ceiling=slots * ctx)))
+
+    async def run():
+        try:
+            await keeper.acquire(request)
+        except Refused as exc:
+            return exc
+        raise AssertionError("admitted")
+
+    return asyncio.run(run())
+
+
+def test_never_fits_carries_llama_servers_context_fields():
+    err = _refusal(Request("x", "c", "t", prompt_tokens=300, max_tokens=300, arrival=0.0))
+    assert err.status == 400 and err.extra == {"type": "exceed_context_size_error", "n_prompt_tokens": 300, "n_ctx": 512}
+    many = _refusal(Request("y", "c", "t", 900, 100, 0.0, tasks=3, slot_tokens=550))
+    assert many.extra["n_prompt_tokens"] == 450 and many.extra["n_ctx"] == 512  # its largest task
+    # fits a slot but not what its class can ever hold (the other class's reservation): that limit
+    reach = _refusal(Request("z", "c", "t", 200, 100, 0.0, tasks=4, slot_tokens=150), reserved_elsewhere=1800)
+    assert reach.extra["n_ctx"] == 4 * 512 - 1800
+
+
+def test_too_many_tasks_is_invalid_request_not_the_context_shape():
+    err = _refusal(Request("x", "c", "t", 50, 5, 0.0, tasks=5, slot_tokens=15))
+    assert err.reason is Reason.INVALID_REQUEST and err.extra == {}
