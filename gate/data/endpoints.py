@@ -9,11 +9,15 @@ upgrade that adds a route fails a test instead of silently falling to the unknow
 What the gate does with a route (``Access``):
 
 * ``admitted``: generation, through admission (count, reserve, queue, relay, release, record).
+  The ``Kind`` names the API the body speaks, and so its cost model and stream format: OpenAI
+  chat and completions, llama's native ``/completion``, the Anthropic Messages API
+  (``messages``: ``max_tokens``) and the OpenAI Responses API (``responses``:
+  ``max_output_tokens``); see gate/http/apis/.
 * ``forwarded``: relayed as is with the caller's tenant authentication; counted
   (``tokengate_forwarded_total{route}``) and journaled (a decision row, outcome ``forwarded``).
-  Generation routes the gate cannot admit yet (``generation=True``: Anthropic Messages, Responses,
-  infill, embeddings, rerank, transcriptions, predict) are forwarded this way until their cost
-  models exist (issue #21): they bypass admission, and the counter shows how much.
+  Generation routes the gate cannot admit yet (``generation=True``: infill, embeddings, rerank,
+  transcriptions, predict) are forwarded this way until their cost models exist (issue #21):
+  they bypass admission, and the counter shows how much.
 * ``operator``: changes the server (its props, LoRA scales, a slot's cache, the router's models):
   forwarded in open mode and for ``operator = true`` tenants, audited; 403 naming the route for
   everyone else.
@@ -28,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Kind = Literal["chat", "completions", "completion"]
+Kind = Literal["chat", "completions", "completion", "messages", "responses"]
 Access = Literal["admitted", "forwarded", "operator", "gate"]
 
 #: the metric label of a request on a path the table does not list
@@ -61,10 +65,11 @@ ROUTES: tuple[Route, ...] = (
     _r("POST", "/v1/completions", "admitted", "completions"),
     _r("POST", "/completions", "admitted", "completion"),
     _r("POST", "/completion", "admitted", "completion"),
+    # the OpenAI Responses API and the Anthropic Messages API (gate/http/apis/)
+    _r("POST", "/v1/responses", "admitted", "responses"),
+    _r("POST", "/responses", "admitted", "responses"),
+    _r("POST", "/v1/messages", "admitted", "messages"),
     # generation without a cost model yet: forwarded (and counted) until issue #21 admits them
-    _r("POST", "/v1/responses", "forwarded", generation=True),
-    _r("POST", "/responses", "forwarded", generation=True),
-    _r("POST", "/v1/messages", "forwarded", generation=True),
     _r("POST", "/infill", "forwarded", generation=True),
     _r("POST", "/embedding", "forwarded", generation=True),
     _r("POST", "/embeddings", "forwarded", generation=True),

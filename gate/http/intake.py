@@ -31,6 +31,10 @@ must agree; otherwise a client could send a small ``max_tokens`` for the gate an
 ``n_predict`` for llama-server. When none is present, the class's ``default_max_tokens`` is
 injected into the forwarded body as ``max_tokens`` (``n_predict`` for ``/completion``).
 
+The Anthropic Messages API and the Responses API have their own intake and limit field
+(gate/http/apis/, each module's docstring): the same rule, over the API's own field and these
+three.
+
 One completion per request: the gate reserves for one, so ``n`` (and llama's ``n_cmpl``) other
 than 1 is refused, and so is a ``prompt`` list of several strings (llama-server runs one
 completion per prompt in such a list).
@@ -39,7 +43,7 @@ completion per prompt in such a list).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -122,8 +126,14 @@ def parse_request(
     config: Config,
     tenants: TenantDirectory,
     caller: Caller | None = None,
+    *,
+    build: Callable[[Kind, str, Mapping[str, Any], Caller, Config], Intake] | None = None,
+    open_user: Callable[[Mapping[str, Any]], Any] | None = None,
 ) -> Intake:
     """Validate one request to an admitted endpoint (see the module docstring for the order).
+
+    ``build`` and ``open_user``: an API adapter's field checks and where its body names the
+    caller in open mode (gate/http/apis/ passes its own; default: :func:`build_intake`, ``user``).
 
     ``path`` must be a key of :data:`ENDPOINTS` (anything else is the caller's bug:
     ``ValueError``). ``caller``: the tenant already identified (the HTTP layer does it
@@ -139,9 +149,9 @@ def parse_request(
         check_headers(headers)
         body = decode_body(raw)
         if caller is None:
-            user = body.get("user")
+            user = body.get("user") if open_user is None else open_user(body)
             caller = tenants.identify(headers, client_host, user if isinstance(user, str) else None)
-        return build_intake(kind, path, body, caller, config)
+        return (build or build_intake)(kind, path, body, caller, config)
     except GateError as exc:
         exc.caller = caller  # the request was wrong, but who asked (and in which class) is known
         raise
@@ -311,12 +321,13 @@ def _check_prompt(body: Mapping[str, Any]) -> None:
     raise _invalid("prompt", f"must be {shapes}, not a mix of strings and token ids")
 
 
-def _given_max_tokens(body: Mapping[str, Any], cls: ClassConfig) -> int | None:
-    """The generation limit the client set (validated), or None when it set none."""
+def _given_max_tokens(body: Mapping[str, Any], cls: ClassConfig, fields: tuple[str, ...] = MAX_TOKENS_FIELDS) -> int | None:
+    """The generation limit the client set (validated), or None when it set none; `fields`:
+    every name llama-server may read it from on this route."""
     cap = cls.max_tokens_cap
     limit = f"1 to {cap}, the cap of class {cls.name!r}"
     chosen: tuple[str, int] | None = None
-    for name in MAX_TOKENS_FIELDS:
+    for name in fields:
         value = body.get(name)
         if value is None:
             continue

@@ -29,13 +29,16 @@ def test_each_route_is_listed_once_and_names_are_bounded_labels() -> None:
     assert OTHER_ROUTE not in names and UI_ASSET.name not in names
 
 
-def test_admitted_routes_are_the_chat_and_completion_spellings() -> None:
+def test_admitted_routes_are_the_generation_apis_under_each_spelling() -> None:
     assert ENDPOINTS == {
         "/v1/chat/completions": "chat",
         "/chat/completions": "chat",
         "/v1/completions": "completions",
         "/completions": "completion",  # llama-server's alias of its native /completion
         "/completion": "completion",
+        "/v1/messages": "messages",  # Anthropic (gate/http/apis/anthropic.py)
+        "/v1/responses": "responses",  # OpenAI Responses (gate/http/apis/responses.py)
+        "/responses": "responses",
     }
     assert all(r.generation for r in ROUTES if r.access == "admitted")
 

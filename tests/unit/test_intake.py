@@ -415,6 +415,9 @@ def test_endpoint_table() -> None:
         CMPL: "completions",
         "/completions": "completion",
         NATIVE: "completion",
+        "/v1/messages": "messages",  # Anthropic (gate/http/apis/anthropic.py)
+        "/v1/responses": "responses",  # OpenAI Responses (gate/http/apis/responses.py)
+        "/responses": "responses",
     }
     with pytest.raises(ValueError):
         parse("/v1/embeddings", {"input": "x"})
