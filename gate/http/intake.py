@@ -159,6 +159,8 @@ def parse_request(
 
 def build_intake(kind: Kind, path: str, body: Mapping[str, Any], caller: Caller, config: Config) -> Intake:
     """Validate the fields of a parsed body for ``caller``; never mutates ``body``."""
+    if kind in ("messages", "responses"):
+        raise ValueError(f"{kind} requests are built by gate.http.apis (its parse_request)")
     cls = config.class_by_name(caller.cls)
     model = _optional(body, "model", str, "a string")
     _optional(body, "user", str, "a string")
