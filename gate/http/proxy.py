@@ -47,7 +47,8 @@ class ClientGone(Exception):
 
 
 class AdmittedEndpoint:
-    """ASGI app for /v1/chat/completions, /v1/completions and /completion."""
+    """ASGI app for every admitted route (gate/data/endpoints.py): OpenAI chat and completions,
+    /completion, and the Messages and Responses APIs through their adapters (gate/http/apis/)."""
 
     def __init__(self, gate: RequestPorts) -> None:
         self.gate = gate

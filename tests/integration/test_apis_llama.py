@@ -305,3 +305,71 @@ async def test_a_burst_gets_429_and_each_client_retries_until_served(llama_split
         assert (await waiter).status_code in (200, 429)  # served, or its queue_timeout_s ran out first
         await released(gate)
         await wait_until(lambda: _idle(client, llama_split.url), timeout_s=30)
+
+
+# ---- llama.cpp's own request shapes: the same answer through the gate as straight ------------
+
+TOOL = {"name": "get_weather", "description": "weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}
+RESP_TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+SHAPES = [
+    ("/v1/messages", {"max_tokens": 8, "messages": PROMPT}),
+    ("/v1/messages", {"max_tokens": 8, "system": [{"type": "text", "text": "be "}, {"type": "text", "text": "brief"}], "messages": PROMPT}),
+    (
+        "/v1/messages",
+        {"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]},
+    ),
+    ("/v1/messages", {"max_tokens": 8, "messages": PROMPT, "tools": [TOOL], "tool_choice": {"type": "auto"}}),
+    (
+        "/v1/messages",
+        {
+            "max_tokens": 8,
+            "tools": [TOOL],
+            "messages": [
+                *PROMPT,
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Oslo"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "sunny"}]}]},
+            ],
+        },
+    ),
+    ("/v1/messages", {"max_tokens": 8, "messages": PROMPT, "stop_sequences": ["fox"], "top_k": 5, "top_p": 0.9}),
+    ("/v1/messages", {"max_tokens": 8, "messages": PROMPT, "thinking": {"type": "enabled", "budget_tokens": 4}}),
+    ("/v1/messages", {"max_tokens": 8, "messages": []}),  # llama-server is permissive: 200
+    ("/v1/messages", {"max_tokens": 8, "messages": PROMPT, "stream": True, "metadata": {"user_id": "u1"}}),
+    ("/v1/messages/count_tokens", {"messages": PROMPT, "tools": [TOOL], "system": "s"}),
+    ("/v1/responses", {"input": words(6), "max_output_tokens": 8}),
+    ("/v1/responses", {"input": [{"role": "user", "content": "hi"}, {"role": "developer", "content": "terse"}], "max_output_tokens": 8}),
+    (
+        "/v1/responses",
+        {
+            "max_output_tokens": 8,
+            "tools": [RESP_TOOL],
+            "input": [
+                {"role": "user", "content": "weather?"},
+                {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city":"Oslo"}'},
+                {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+            ],
+        },
+    ),
+    ("/v1/responses", {"input": words(6), "max_output_tokens": 8, "reasoning": {"effort": "low"}, "stream": True}),
+    ("/responses", {"input": words(6), "max_output_tokens": 8, "instructions": "terse", "stream": True}),
+    ("/v1/responses", {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}], "max_output_tokens": 8}),
+    ("/v1/responses/input_tokens", {"input": words(6), "instructions": "terse"}),
+]
+
+
+def _shape(r: httpx.Response) -> object:
+    """What must match: the status, and the answer's keys or its stream's event names."""
+    if r.headers.get("content-type", "").startswith("text/event-stream"):
+        return r.status_code, [line for line in r.text.splitlines() if line.startswith("event:")]
+    body = r.json()
+    return r.status_code, sorted(body) if isinstance(body, dict) else type(body).__name__
+
+
+async def test_llama_cpps_own_request_shapes_answer_the_same_through_the_gate(llama_unified):
+    async with running_gate(llama_unified.url, CLASSES) as gate, httpx.AsyncClient(timeout=60) as client:
+        for path, body in SHAPES:
+            request = {"model": MODEL, **DETERMINISTIC, **body}
+            direct = await client.post(llama_unified.url + path, json=request, headers=CLOSE)
+            through = await client.post(gate.url + path, json=request)
+            assert _shape(through) == _shape(direct), (path, body, direct.text[:300], through.text[:300])
+        await released(gate)

@@ -72,7 +72,6 @@ def test_messages_without_max_tokens_get_the_class_default_not_llama_servers_409
         ({"messages": MSG, "max_tokens": 8, "max_completion_tokens": 1000}, "max_completion_tokens"),
         ({"messages": MSG, "n_predict": 5000}, "n_predict"),
         ({"max_tokens": 8}, "messages"),
-        ({"messages": [], "max_tokens": 8}, "messages"),
         ({"messages": "hi", "max_tokens": 8}, "messages"),
         ({"messages": [{"content": "hi"}], "max_tokens": 8}, "messages[0].role"),
         ({"messages": [{"role": "user"}], "max_tokens": 8}, "messages[0].content"),
@@ -91,6 +90,12 @@ def test_messages_bad_input_is_a_400_naming_the_field(body, param) -> None:
 def test_messages_agreeing_limits_are_accepted_and_an_assistant_without_content_skipped() -> None:
     it = parse("/v1/messages", {"messages": [*MSG, {"role": "assistant"}], "max_tokens": 9, "n_predict": 9})
     assert it.max_tokens == 9
+
+
+def test_empty_lists_are_llama_servers_to_answer() -> None:
+    # llama-server answers an empty Messages list 200 (its own test_anthropic_empty_messages)
+    assert parse("/v1/messages", {"messages": [], "max_tokens": 8}).max_tokens == 8
+    assert parse("/v1/responses", {"input": []}).max_tokens == 256
 
 
 def test_messages_open_mode_caller_is_metadata_user_id() -> None:
@@ -131,7 +136,6 @@ def test_responses_without_a_limit_get_the_class_default_as_max_output_tokens() 
         ({"input": "hi", "n": 2}, "n"),
         ({}, "input"),
         ({"input": 3}, "input"),
-        ({"input": []}, "input"),
         ({"input": ["hi"]}, "input[0]"),
         ({"input": "hi", "instructions": ["x"]}, "instructions"),
         ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),

@@ -83,8 +83,7 @@ def _check_input(body: Mapping[str, Any]) -> None:
         return
     if not isinstance(value, list):
         raise _invalid("input", f"must be a string or an array of input items, got {describe(value)}")
-    if not value:
-        raise _invalid("input", "must not be an empty array")
+    # An empty list is llama-server's to answer, as an empty Messages list is.
     for i, item in enumerate(value):
         if not isinstance(item, dict):
             raise _invalid(f"input[{i}]", f"must be an input item object, got {describe(item)}")
