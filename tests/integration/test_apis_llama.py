@@ -224,6 +224,16 @@ async def test_a_cut_stream_ends_with_each_apis_error_event(llama_unified):
         assert last.startswith("event: error\ndata: "), last
         error = json.loads(last.split("data: ", 1)[1])
         assert error["type"] == "error" and error["error"]["type"] == "timeout_error" and error["error"]["code"] == "upstream_timeout"
+        # the official client raises it, with the body the gate sent
+        import anthropic
+
+        sdk = anthropic_client(gate)
+        async with sdk:
+            with pytest.raises(anthropic.APIStatusError) as raised:
+                async with sdk.messages.stream(model=MODEL, max_tokens=1500, messages=PROMPT, extra_body={"ignore_eos": True}) as stream:
+                    async for _ in stream:
+                        pass
+        assert raised.value.body["error"]["code"] == "upstream_timeout"
 
         async with client.stream("POST", gate.url + "/v1/responses", json={**long, "max_output_tokens": 1500, "input": words(8)}) as r:
             text = (await r.aread()).decode()
