@@ -14,6 +14,11 @@ Exact counts (checked against llama.cpp 0c1e570's ``usage.prompt_tokens`` and
   list mixing strings and ints is one prompt (only a leading string gets BOS);
   any other list is several prompts, each its own task on the server, so the
   count is their sum (the KV cost; the server's own ``usage`` reports less).
+* the Anthropic Messages API and the Responses API: their own counting routes,
+  ``POST /v1/messages/count_tokens`` and ``POST /v1/responses/input_tokens``
+  (``{"input_tokens": N}``), which convert the body to a chat request and template it
+  exactly as the generation routes do (llama.cpp 0.3.36, server-context.cpp
+  ``handle_count_tokens``). A build without the route (404/405/501) gets estimates.
 
 Only a digest of the prompt-bearing fields is kept (``sha256`` of the backend
 URL, the kind and their canonical JSON), never the prompt text.  When the
@@ -41,6 +46,7 @@ import httpx
 __all__ = [
     "CHAT_PROMPT_FIELDS",
     "COMPLETION_PROMPT_FIELDS",
+    "COUNT_ROUTES",
     "INPUT_TOKENS_PATH",
     "TokenCount",
     "TokenCounter",
@@ -55,7 +61,7 @@ __all__ = [
 logger = logging.getLogger("tokengate.tokens")
 
 TokenSource = Literal["exact", "estimate"]
-TokenKind = Literal["chat", "completions", "completion"]
+TokenKind = Literal["chat", "completions", "completion", "messages", "responses"]
 
 # Everything llama-server's chat parsing (oaicompat_chat_params_parse) feeds into
 # the template or its inputs; extra fields only cost cache hits, missing ones a
@@ -74,8 +80,23 @@ CHAT_PROMPT_FIELDS: tuple[str, ...] = (
     "grammar",
 )
 COMPLETION_PROMPT_FIELDS: tuple[str, ...] = ("prompt",)
+# What llama-server's server_chat_convert_anthropic_to_oai (server-chat.cpp) keeps for the
+# template: it builds a new body from these alone (plus sampling fields that change no token).
+MESSAGES_PROMPT_FIELDS: tuple[str, ...] = ("system", "messages", "tools", "tool_choice", "chat_template_kwargs", "thinking")
+# server_chat_convert_responses_to_chatcmpl keeps every field of the body: its own
+# prompt-bearing ones, and every chat field a Responses body may also carry.
+RESPONSES_PROMPT_FIELDS: tuple[str, ...] = ("input", "instructions", "reasoning", "previous_response_id") + tuple(
+    f for f in CHAT_PROMPT_FIELDS if f != "messages"
+)
+_PROMPT_FIELDS: dict[str, tuple[str, ...]] = {
+    "chat": CHAT_PROMPT_FIELDS,
+    "messages": MESSAGES_PROMPT_FIELDS,
+    "responses": RESPONSES_PROMPT_FIELDS,
+}
 
 INPUT_TOKENS_PATH = "/v1/chat/completions/input_tokens"
+#: the APIs counted by their own route alone (no template-and-tokenize fallback)
+COUNT_ROUTES: dict[str, str] = {"messages": "/v1/messages/count_tokens", "responses": "/v1/responses/input_tokens"}
 APPLY_TEMPLATE_PATH = "/apply-template"
 TOKENIZE_PATH = "/tokenize"
 
@@ -104,7 +125,7 @@ class _CountFailed(Exception):
 
 def prompt_fields(kind: TokenKind, body: Mapping[str, Any]) -> dict[str, Any]:
     """The fields of a request body that determine its prompt tokens (those present)."""
-    names = CHAT_PROMPT_FIELDS if kind == "chat" else COMPLETION_PROMPT_FIELDS
+    names = _PROMPT_FIELDS.get(kind, COMPLETION_PROMPT_FIELDS)
     return {name: body[name] for name in names if name in body}
 
 
@@ -220,7 +241,7 @@ class TokenCounter:
         base_url = base_url.rstrip("/")
         fields = prompt_fields(kind, body)
         canonical = canonical_json(fields)
-        if kind != "chat":
+        if kind in ("completions", "completion"):
             try:
                 texts, literal = _prompt_plan(fields.get("prompt"))
             except ValueError:
@@ -340,6 +361,9 @@ class TokenCounter:
             async with asyncio.timeout(self._timeout_s):
                 if kind == "chat":
                     tokens = await self._count_chat(base_url, canonical, headers, model)
+                elif kind in COUNT_ROUTES:
+                    path = COUNT_ROUTES[kind]
+                    tokens = _count_field(_answer(await self._post(base_url, path, canonical, headers, model), path), "input_tokens")
                 else:
                     tokens = await self._count_prompt(base_url, fields["prompt"], headers, model)
         except _CountFailed as exc:

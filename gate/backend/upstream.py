@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -110,6 +110,8 @@ class RelayStats:
         usage = chunk.get("usage")
         if isinstance(usage, Mapping):
             self.completion_tokens = _int(usage.get("completion_tokens"), self.completion_tokens)
+            # the Anthropic Messages API and the Responses API name it output_tokens
+            self.completion_tokens = _int(usage.get("output_tokens"), self.completion_tokens)
         timings = chunk.get("timings")
         if isinstance(timings, Mapping):
             self.completion_tokens = _int(timings.get("predicted_n"), self.completion_tokens)
@@ -130,13 +132,14 @@ def forward_headers(incoming: Mapping[str, str], upstream_auth: str | None) -> d
 
 
 def upstream_body(kind: Kind, body: Mapping[str, Any]) -> dict[str, Any]:
-    """The client's body, switched to streaming with usage, whatever the client asked."""
+    """The client's body, switched to streaming with usage, whatever the client asked (the
+    Messages and Responses streams carry their usage in their last events unasked)."""
     out = dict(body)
     out["stream"] = True
     # id_slot goes as sent (issue 21: a client pinning its slot, say to reuse a saved cache, gets
     # it). The gate admits by free slots, not by which one: a pinned slot that is busy while
     # others are free makes llama-server defer the request in its own queue (README "Clients").
-    if kind not in ("completion", "infill"):  # llama's own API: no stream_options
+    if kind in ("chat", "completions"):
         options = dict(out.get("stream_options") or {})
         options["include_usage"] = True
         out["stream_options"] = options
@@ -191,6 +194,24 @@ class Upstream:
         return response
 
 
+class EventFormat(Protocol):
+    """A stream of typed events (``event:`` lines): the Anthropic Messages API, the Responses
+    API (gate/http/apis/). One instance per request; it may remember what it saw."""
+
+    def is_token(self, event: str) -> bool:
+        """The event carries generated content (one token's text, reasoning or tool input)."""
+        ...
+
+    def inspect(self, event: str, payload: str, stats: RelayStats) -> dict[str, Any] | None:
+        """Read one data line of `event`: mark the stream finished, take its usage; the error
+        object when it reports an error."""
+        ...
+
+    def error_event(self, err: GateError) -> bytes:
+        """The gate's own mid-stream error (a shed, a stall, a shutdown) as this API's event."""
+        ...
+
+
 @dataclass(slots=True)
 class SseRelay:
     """Reads an upstream SSE stream, recording first token and usage, one network read at a time."""
@@ -203,6 +224,8 @@ class SseRelay:
     chunks: list[dict[str, Any]] = field(default_factory=list)
     collect: bool = False  # keep parsed chunks (for assembling a non-streaming answer)
     error: dict[str, Any] | None = None
+    events: EventFormat | None = None  # a typed event stream (Messages, Responses): its reader
+    _event: str = ""  # the current event's name (its ``event:`` line)
 
     async def reads(self) -> AsyncIterator[tuple[str, str]]:
         """Per upstream read, the complete events to relay: (now, held back).
@@ -227,6 +250,7 @@ class SseRelay:
                     if self._keep(line):
                         event.append(line)
                     continue
+                self._event = ""
                 if event:  # an SSE event ends at a blank line
                     (held if self.stats.finished else now).append("\n".join(event) + "\n\n")
                     event = []
@@ -271,9 +295,12 @@ class SseRelay:
         # No token is seen arriving: llama-server's own decode time dates the first one,
         # so TTFT stays upstream queueing + prefill, as on the streamed path.
         now = self.clock()
-        predicted_ms = (answer.get("timings") or {}).get("predicted_ms")
-        decode_s = predicted_ms / 1000.0 if isinstance(predicted_ms, (int, float)) and predicted_ms > 0 else 0.0
-        self.stats.first_token_at = max(self.stats.dispatched_at, now - decode_s)
+        timings = answer.get("timings")
+        predicted_ms = timings.get("predicted_ms") if isinstance(timings, Mapping) else None
+        if isinstance(predicted_ms, (int, float)) and predicted_ms >= 0:
+            self.stats.first_token_at = max(self.stats.dispatched_at, now - predicted_ms / 1000.0)
+        # else (the Messages and Responses answers carry no timings): TTFT stays unmeasured
+        # rather than the whole answer's time, which would read as a slow first token.
         self.on_first_token()
         self.stats.last_token_at = now
         self.stats.finished = True
@@ -281,6 +308,8 @@ class SseRelay:
 
     def _keep(self, line: str) -> bool:
         """Record what the line says; False drops it (a usage chunk the client did not ask for)."""
+        if self.events is not None:
+            return self._typed(self.events, line)
         if not line.startswith("data:"):
             return True  # comments (pings), event:, id:
         payload = line[5:].strip()
@@ -292,6 +321,24 @@ class SseRelay:
             self.stats.first_token_at = self.clock()
             self.on_first_token()
         return self._inspect(payload)
+
+    def _typed(self, events: EventFormat, line: str) -> bool:
+        """A typed event stream: only content events are tokens (TTFT is the first of them);
+        every line is relayed as sent."""
+        if line.startswith("event:"):
+            self._event = line[6:].strip()
+            return True
+        if not line.startswith("data:"):
+            return True  # comments (pings), id:
+        if events.is_token(self._event):
+            self.stats.tokens += 1
+            if self.stats.first_token_at is None:
+                self.stats.first_token_at = self.clock()
+                self.on_first_token()
+        error = events.inspect(self._event, line[5:].strip(), self.stats)
+        if error is not None:
+            self.error = error
+        return True
 
     def _inspect(self, payload: str) -> bool:
         """Parse what matters; False drops the line (a usage chunk the client did not ask for)."""

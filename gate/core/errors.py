@@ -2,9 +2,12 @@
 
 Like Starlette's `HTTPException(status_code, detail)`: whatever refuses or fails
 a request (intake, tenants, the gatekeeper, rate limits, the upstream relay,
-the client guard) raises a `GateError`; `render` turns it into the OpenAI-shaped
-body and headers, for the admitted path (proxy.py) and every other route
-(server.py) alike.
+the client guard) raises a `GateError`; `render` turns it into the body and
+headers of the caller's API, for the admitted path (proxy.py) and every other
+route (server.py) alike: the OpenAI shape (`error_object`) everywhere but on the
+Anthropic Messages routes, which get Anthropic's (`anthropic_error_object`,
+``shape="anthropic"``), so an Anthropic client reads the error type it branches
+and backs off on. Either shape carries the gate's reason as the error's `code`.
 
 Messages go to clients: they never carry a backend's address or a secret (the
 log and the journal keep the details).
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Protocol
+from typing import Literal, Protocol
 
 from gate.core.reasons import Outcome, Reason
 
@@ -41,6 +44,25 @@ _TYPES: dict[int, str] = {
     429: "rate_limit_error",
     503: "unavailable_error",
 }
+
+
+# Anthropic's error types, per status (its API's "Errors" page): its SDK retries 408, 409,
+# 429 and 5xx, honouring retry-after-ms and retry-after.
+_ANTHROPIC_TYPES: dict[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+#: the API whose error body a caller reads
+ErrorShape = Literal["openai", "anthropic"]
 
 
 class GateError(Exception):
@@ -103,8 +125,19 @@ def error_object(err: GateError) -> dict[str, object]:
     return body
 
 
-def render(err: GateError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    """Status, headers (content type, Retry-After, connection) and body of the error response."""
+def anthropic_error_object(err: GateError) -> dict[str, object]:
+    """Anthropic's `{"type": "error", "error": {"type", "message"}}`, with the gate's reason as
+    `error.code` and `retry_after_s` where waiting helps (extra fields its clients ignore)."""
+    kind = _ANTHROPIC_TYPES.get(err.status, "invalid_request_error" if err.status < 500 else "api_error")
+    body: dict[str, object] = {"type": "error", "error": {"type": kind, "message": err.message, "code": err.reason.value}}
+    if err.retry_after_s is not None:
+        body["retry_after_s"] = err.retry_after_s
+    return body
+
+
+def render(err: GateError, shape: ErrorShape = "openai") -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """Status, headers (content type, Retry-After, connection) and body of the error response,
+    in the caller's API shape (a backend's own body is relayed as it is, whatever the shape)."""
     headers = [(b"content-type", b"application/json")]
     if err.retry_after_s is not None:
         headers.append((b"retry-after", str(max(1, math.ceil(err.retry_after_s))).encode()))
@@ -112,7 +145,8 @@ def render(err: GateError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
     if err.reason in (Reason.BODY_TOO_LARGE, Reason.CLIENT_STALLED):
         # The unread rest of the body must not be read (and parsed) as the next request.
         headers.append((b"connection", b"close"))
-    body = err.body if err.body is not None else json.dumps(error_object(err)).encode()
+    shaped = anthropic_error_object(err) if shape == "anthropic" else error_object(err)
+    body = err.body if err.body is not None else json.dumps(shaped).encode()
     if err.body is not None:
         headers.extend(err.headers)  # llama-server's answer: its headers too (no framing ones)
     return err.status, headers, body

@@ -9,10 +9,14 @@ upgrade that adds a route fails a test instead of silently falling to the unknow
 What the gate does with a route (``Access``):
 
 * ``admitted``: generation, through admission (count, reserve, queue, relay, release, record).
+  The ``Kind`` names the API the body speaks, and so its cost model and stream format: OpenAI
+  chat and completions, llama's native ``/completion``, the Anthropic Messages API
+  (``messages``: ``max_tokens``) and the OpenAI Responses API (``responses``:
+  ``max_output_tokens``); see gate/http/apis/.
 * ``forwarded``: relayed as is with the caller's tenant authentication; counted
   (``tokengate_forwarded_total{route}``) and journaled (a decision row, outcome ``forwarded``).
-  Generation routes the gate cannot admit yet (``generation=True``: Anthropic Messages, Responses,
-  transcriptions, predict) are forwarded this way until their cost models exist (issue #21):
+  Generation routes the gate cannot admit yet (``generation=True``: audio
+  transcriptions) are forwarded this way until their cost models exist (issue #21):
   they bypass admission, and the counter shows how much.
 
 Admitted kinds and their cost (``gate.http.apis.tasks`` has the details, from the server source):
@@ -39,7 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Kind = Literal["chat", "completions", "completion", "infill", "embeddings", "rerank", "predict"]
+Kind = Literal["chat", "completions", "completion", "messages", "responses", "infill", "embeddings", "rerank", "predict"]
 Access = Literal["admitted", "forwarded", "operator", "gate"]
 
 #: the metric label of a request on a path the table does not list
@@ -72,6 +76,10 @@ ROUTES: tuple[Route, ...] = (
     _r("POST", "/v1/completions", "admitted", "completions"),
     _r("POST", "/completions", "admitted", "completion"),
     _r("POST", "/completion", "admitted", "completion"),
+    # the OpenAI Responses API and the Anthropic Messages API (gate/http/apis/)
+    _r("POST", "/v1/responses", "admitted", "responses"),
+    _r("POST", "/responses", "admitted", "responses"),
+    _r("POST", "/v1/messages", "admitted", "messages"),
     # infill, embeddings and rerank: their own cost models (gate/http/apis/tasks.py)
     _r("POST", "/infill", "admitted", "infill"),
     _r("POST", "/embedding", "admitted", "embeddings"),  # llama-server's legacy spelling
@@ -83,10 +91,7 @@ ROUTES: tuple[Route, ...] = (
     _r("POST", "/v1/reranking", "admitted", "rerank"),
     # Vertex AI's envelope (llama-server with AIP_MODE=PREDICTION only): every instance admitted
     _r("POST", "/predict", "admitted", "predict"),
-    # generation without a cost model yet: forwarded (and counted) until issue #21 admits them
-    _r("POST", "/v1/responses", "forwarded", generation=True),
-    _r("POST", "/responses", "forwarded", generation=True),
-    _r("POST", "/v1/messages", "forwarded", generation=True),
+    # generation without a cost model yet: forwarded (and counted); see the docstring
     _r("POST", "/v1/audio/transcriptions", "forwarded", generation=True),
     _r("POST", "/audio/transcriptions", "forwarded", generation=True),
     # read-only or per-request, forwarded

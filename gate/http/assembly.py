@@ -42,8 +42,12 @@ def stream_loses(kind: Kind, body: Mapping[str, Any]) -> bool:
       stop-string text) gets no chunk, so its logprobs entry is missing (seen: 10
       entries streamed, 11 in the plain answer, the last one the end token);
     * probabilities with `stop` strings: the plain answer drops the entries of the
-      stop string's tokens, counted by tokenizing it, which the gate does not do (seen).
+      stop string's tokens, counted by tokenizing it, which the gate does not do (seen);
+    * the Messages and Responses APIs, always: their plain answer is relayed as llama-server
+      sends it, byte for byte (gate/http/apis/), never rebuilt.
     """
+    if kind in ("messages", "responses"):
+        return True
     if body.get("verbose") or (kind in ("completion", "infill") and (body.get("return_tokens") or body.get("response_fields"))):
         return True
     if _positive(body.get("n_indent")):

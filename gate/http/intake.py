@@ -31,6 +31,7 @@ must agree; otherwise a client could send a small ``max_tokens`` for the gate an
 ``n_predict`` for llama-server. When none is present, the class's ``default_max_tokens`` is
 injected into the forwarded body as ``max_tokens`` (``n_predict`` for ``/completion``).
 
+
 Several tasks per request: llama-server runs ``n`` (llama's ``n_cmpl``, read first) copies of
 each prompt, and one task per prompt of a ``prompt`` list, each in its own slot. The gate
 reads both (an integer of at least 1; the slots bound it in admission: more tasks than slots
@@ -38,12 +39,16 @@ is refused at once) and admits the request for all of its tasks (``copies`` x ``
 Infill, embeddings and rerank bodies are checked and planned by :mod:`gate.http.apis.tasks`
 (``plans``: the tasks, their text pieces); embeddings and rerank do not decode
 (``max_tokens`` 0, nothing injected).
+
+The Anthropic Messages API and the Responses API have their own intake and limit field
+(gate/http/apis/, each module's docstring): the same rule, over the API's own field and these
+three.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -152,8 +157,14 @@ def parse_request(
     config: Config,
     tenants: TenantDirectory,
     caller: Caller | None = None,
+    *,
+    build: Callable[[Kind, str, Mapping[str, Any], Caller, Config], Intake] | None = None,
+    open_user: Callable[[Mapping[str, Any]], Any] | None = None,
 ) -> Intake:
     """Validate one request to an admitted endpoint (see the module docstring for the order).
+
+    ``build`` and ``open_user``: an API adapter's field checks and where its body names the
+    caller in open mode (gate/http/apis/ passes its own; default: :func:`build_intake`, ``user``).
 
     ``path`` must be a key of :data:`ENDPOINTS` (anything else is the caller's bug:
     ``ValueError``). ``caller``: the tenant already identified (the HTTP layer does it
@@ -169,9 +180,9 @@ def parse_request(
         check_headers(headers)
         body = decode_body(raw)
         if caller is None:
-            user = body.get("user")
+            user = body.get("user") if open_user is None else open_user(body)
             caller = tenants.identify(headers, client_host, user if isinstance(user, str) else None)
-        return build_intake(kind, path, body, caller, config)
+        return (build or build_intake)(kind, path, body, caller, config)
     except GateError as exc:
         exc.caller = caller  # the request was wrong, but who asked (and in which class) is known
         raise
@@ -179,6 +190,8 @@ def parse_request(
 
 def build_intake(kind: Kind, path: str, body: Mapping[str, Any], caller: Caller, config: Config) -> Intake:
     """Validate the fields of a parsed body for ``caller``; never mutates ``body``."""
+    if kind in ("messages", "responses"):
+        raise ValueError(f"{kind} requests are built by gate.http.apis.dispatch (its parse_request)")
     cls = config.class_by_name(caller.cls)
     model = _optional(body, "model", str, "a string")
     _optional(body, "user", str, "a string")
@@ -193,8 +206,7 @@ def build_intake(kind: Kind, path: str, body: Mapping[str, Any], caller: Caller,
         inputs = embedding_plans(body) if kind == "embeddings" else rerank_plans(body)
         return Intake(kind, path, dict(body), model, False, 0, False, caller, False, 1, inputs)
     include_usage = _stream_options(body, stream)
-    counts = [_check_count(body, name) for name in COUNT_FIELDS]
-    copies = next((c for c in reversed(counts) if c is not None), 1)  # n_cmpl first, n its alias
+    copies = _copies(body)
     plans: tuple[TaskPlan, ...] | None = None
     if kind == "chat":
         _check_messages(body)
@@ -267,6 +279,12 @@ def _stream_options(body: Mapping[str, Any], stream: bool) -> bool:
     if usage is not None and not isinstance(usage, bool):
         raise _invalid("stream_options.include_usage", f"must be a boolean (true or false), got {describe(usage)}")
     return bool(usage)
+
+
+def _copies(body: Mapping[str, Any]) -> int:
+    """How many completions llama-server runs per prompt: ``n_cmpl`` first, ``n`` its alias."""
+    counts = [_check_count(body, name) for name in COUNT_FIELDS]
+    return next((c for c in reversed(counts) if c is not None), 1)
 
 
 def _check_count(body: Mapping[str, Any], name: str) -> int | None:
@@ -358,12 +376,13 @@ def _check_prompt(body: Mapping[str, Any]) -> None:
     raise _invalid("prompt", f"must be {shapes}, not a mix of strings and token ids")
 
 
-def _given_max_tokens(body: Mapping[str, Any], cls: ClassConfig) -> int | None:
-    """The generation limit the client set (validated), or None when it set none."""
+def _given_max_tokens(body: Mapping[str, Any], cls: ClassConfig, fields: tuple[str, ...] = MAX_TOKENS_FIELDS) -> int | None:
+    """The generation limit the client set (validated), or None when it set none; `fields`:
+    every name llama-server may read it from on this route."""
     cap = cls.max_tokens_cap
     limit = f"1 to {cap}, the cap of class {cls.name!r}"
     chosen: tuple[str, int] | None = None
-    for name in MAX_TOKENS_FIELDS:
+    for name in fields:
         value = body.get(name)
         if value is None:
             continue

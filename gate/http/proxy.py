@@ -22,14 +22,15 @@ from starlette.types import Receive, Scope, Send
 from gate.backend.gatekeeper import Ticket
 from gate.backend.pool import Backend
 from gate.backend.tokens import TokenCount
-from gate.backend.upstream import RelayStats, SseRelay, forward_headers, relayed_headers, upstream_body
+from gate.backend.upstream import EventFormat, RelayStats, SseRelay, forward_headers, relayed_headers, upstream_body
 from gate.core.errors import GateError, Who, error_object, render
 from gate.core.reasons import CLIENT_DISCONNECT, SERVER_CANCELLED, Reason
 from gate.core.shedding import Deadline, next_deadline
 from gate.data.records import DecisionRecord, Outcome
+from gate.http.apis.dispatch import error_shape, event_format, parse_request
 from gate.http.assembly import assemble, plain_body, stream_loses
 from gate.http.clientguard import BodyReader, abort, send_within
-from gate.http.intake import Intake, parse_request
+from gate.http.intake import Intake
 from gate.http.requestids import HeaderNames, RequestIds
 from gate.http.routing import REROUTABLE, admission_request, fallback_chain, fits_now, measure, routed_name, serving
 
@@ -45,7 +46,8 @@ class ClientGone(Exception):
 
 
 class AdmittedEndpoint:
-    """ASGI app for /v1/chat/completions, /v1/completions and /completion."""
+    """ASGI app for every admitted route (gate/data/endpoints.py): OpenAI chat and completions,
+    /completion, and the Messages and Responses APIs through their adapters (gate/http/apis/)."""
 
     def __init__(self, gate: RequestPorts) -> None:
         self.gate = gate
@@ -94,6 +96,7 @@ class _Flow:
         "rerouted_from",
         "caller",
         "waited_s",
+        "events",
     )
 
     def __init__(
@@ -140,6 +143,8 @@ class _Flow:
         #: time spent in admission queues by tries that ended without a ticket (refused after
         #: waiting, drained, a fallback tried next, the client gone); None: never offered
         self.waited_s: float | None = None
+        #: the reader of a typed event stream (Messages, Responses: gate/http/apis/), while relaying
+        self.events: EventFormat | None = None
 
     # ---- the path ------------------------------------------------------------
 
@@ -298,7 +303,9 @@ class _Flow:
                 lambda: keeper.first_token(ticket),
                 keep_usage_chunk=intake.include_usage,
                 collect=not intake.stream,
+                events=event_format(intake.kind),
             )
+            self.events = relay.events
             if plain:
                 await self._relay_plain(relay)
             elif intake.stream:
@@ -513,12 +520,18 @@ class _Flow:
                 await abort(self.scope)  # it reads nothing: drop the connection and its unsent bytes
                 return
             if self.intake is not None and self.intake.stream:
-                event = b"data: " + json.dumps(error_object(err)).encode() + b"\n\n"
-                await self._guarded_end(event)
+                await self._guarded_end(self._error_event(err))
             return
-        status, headers, body = render(err)
+        status, headers, body = render(err, error_shape(self.scope["path"]))
         self.conclude(err.outcome, err.reason, status)
         await self._guarded_start(status, headers, body)
+
+    def _error_event(self, err: GateError) -> bytes:
+        """The gate's own error in the stream's format: the API's typed error event, or an OpenAI
+        ``data: {"error": ...}`` one."""
+        if self.events is not None:
+            return self.events.error_event(err)
+        return b"data: " + json.dumps(error_object(err)).encode() + b"\n\n"
 
     async def _guarded_start(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         try:
@@ -549,10 +562,10 @@ class _Flow:
                 if self.started:
                     self.conclude("cancelled", SERVER_CANCELLED, 200)
                     if self.intake is not None and self.intake.stream:
-                        await self._body(b"data: " + json.dumps(error_object(err)).encode() + b"\n\n")
+                        await self._body(self._error_event(err))
                     await self._last(b"")
                 else:
-                    status, headers, body = render(err)
+                    status, headers, body = render(err, error_shape(self.scope["path"]))
                     self.conclude("cancelled", SERVER_CANCELLED, status)
                     await self._start(status, headers)
                     await self._last(body)

@@ -31,6 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gate.core.errors import GateError, render
 from gate.core.reasons import Reason
+from gate.http.apis.dispatch import error_shape
 from gate.http.clientguard import BodyReader, abort, guarded_protocol, send_within, too_large
 from gate.http.cors import CorsMirror
 from gate.http.forward import ForwardEndpoint
@@ -118,7 +119,7 @@ def build_app(gate: RequestPorts) -> ASGIApp:
 
     async def gate_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, GateError)
-        status, headers, body = render(exc)
+        status, headers, body = render(exc, error_shape(request.url.path))  # count_tokens: Anthropic's
         return Response(body, status_code=status, headers={k.decode(): v.decode() for k, v in headers})
 
     async def not_found(request: Request, exc: Exception) -> Response:

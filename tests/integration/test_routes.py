@@ -245,8 +245,8 @@ async def test_several_listen_addresses_ipv6_included(llama_unified):
         await released(gate)
 
 
-async def test_a_client_leaving_a_forwarded_stream_frees_llama_servers_slot_and_is_recorded(llama_unified):
-    """/v1/messages (forwarded until it is admitted) streams: the client leaves after one read."""
+async def test_a_client_leaving_a_messages_stream_frees_llama_servers_slot_and_is_recorded(llama_unified):
+    """/v1/messages (admitted since issue 21's second part) streams: the client leaves after one read."""
     body = {
         "model": MODEL,
         "max_tokens": 400,
@@ -261,12 +261,13 @@ async def test_a_client_leaving_a_forwarded_stream_frees_llama_servers_slot_and_
                 assert chunk
                 break
         record = await record_of(gate, "t21-left")
-        assert (record.outcome, record.endpoint) == ("forwarded", "POST /v1/messages")
+        assert (record.outcome, record.endpoint) == ("cancelled", "/v1/messages")
         waited = 0.0
         while await busy_slots(client, llama_unified.url) and waited < 5:
             await asyncio.sleep(0.1)
             waited += 0.1
         assert await busy_slots(client, llama_unified.url) == 0
+        await released(gate)
 
 
 async def test_llama_servers_own_refusal_keeps_its_cors_headers(llama_unified):

@@ -36,6 +36,9 @@ def test_admitted_routes_are_the_generation_routes_with_a_cost_model() -> None:
         "/v1/completions": "completions",
         "/completions": "completion",  # llama-server's alias of its native /completion
         "/completion": "completion",
+        "/v1/messages": "messages",  # Anthropic (gate/http/apis/anthropic.py)
+        "/v1/responses": "responses",  # OpenAI Responses (gate/http/apis/responses.py)
+        "/responses": "responses",
         "/infill": "infill",
         "/embedding": "embeddings",
         "/embeddings": "embeddings",

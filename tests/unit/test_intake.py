@@ -423,6 +423,9 @@ def test_endpoint_table() -> None:
         "/v1/reranking": "rerank",
         "/predict": "predict",
         NATIVE: "completion",
+        "/v1/messages": "messages",  # Anthropic (gate/http/apis/anthropic.py)
+        "/v1/responses": "responses",  # OpenAI Responses (gate/http/apis/responses.py)
+        "/responses": "responses",
     }
     with pytest.raises(ValueError):
         parse("/v1/audio/transcriptions", {"input": "x"})

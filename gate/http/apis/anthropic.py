@@ -1,0 +1,160 @@
+"""The Anthropic Messages API (``POST /v1/messages``): its intake, its cost model, its stream.
+
+What llama-server does with the body (llama.cpp as vendored by llama-cpp-python 0.3.36,
+tools/server/server-chat.cpp ``server_chat_convert_anthropic_to_oai``): it builds a NEW chat
+body from ``system``, ``messages``, ``tools``, ``tool_choice``, ``stop_sequences``,
+``max_tokens`` (4096 when absent), ``temperature``, ``top_p``, ``top_k``, ``stream``,
+``chat_template_kwargs``, ``thinking`` and ``metadata.user_id``, and drops every other field.
+
+Cost: the prompt, counted by llama-server's own ``POST /v1/messages/count_tokens`` (the same
+conversion and template), plus ``max_tokens``. Anthropic requires ``max_tokens``; llama-server
+does not (4096), so neither does the gate: when it is absent the class's ``default_max_tokens``
+is injected, as on the OpenAI routes, so the worst case is the class's, not llama-server's.
+The anti-bypass rule of gate/http/intake.py holds here too: ``n_predict`` and
+``max_completion_tokens``, which llama-server reads on every other route but drops here, must
+agree with ``max_tokens`` when sent (a llama.cpp that passed them through would otherwise run
+past what the gate reserved).
+
+Stream (server-task.cpp ``to_json_anthropic*``): ``event:`` + ``data:`` pairs, relayed as sent;
+``content_block_delta`` events are the tokens (the first one is the first token), the last
+``message_delta`` carries ``usage.output_tokens``, ``message_stop`` ends it (no ``[DONE]``).
+The gate's own mid-stream error is Anthropic's ``event: error`` with an ``overloaded_error``
+(a shed, a stall, a shutdown; ``timeout_error`` past ``request_timeout_s``, ``api_error`` for a
+broken backend), the gate's reason as its ``code``. Refusals before the stream are Anthropic-shaped too (gate/core/errors.py,
+``shape="anthropic"``), with ``retry-after``: the SDK backs off by itself.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from gate.backend.upstream import RelayStats
+from gate.config import Config
+from gate.core.errors import GateError, anthropic_error_object
+from gate.http.intake import MAX_TOKENS_FIELDS, Intake, _copies, _given_max_tokens, _invalid, _optional
+from gate.http.jsonbody import describe
+from gate.http.tenants import Caller
+
+#: the generation limit's fields, the API's own first
+LIMIT_FIELDS = ("max_tokens",) + tuple(f for f in MAX_TOKENS_FIELDS if f != "max_tokens")
+
+
+def open_user(body: Mapping[str, Any]) -> str | None:
+    """The caller's own name in open mode: ``metadata.user_id`` (the API has no ``user``)."""
+    metadata = body.get("metadata")
+    user = metadata.get("user_id") if isinstance(metadata, dict) else None
+    return user if isinstance(user, str) else None
+
+
+def build(path: str, body: Mapping[str, Any], caller: Caller, config: Config) -> Intake:
+    """Validate a Messages body for `caller` (400 ``invalid_request`` naming the field)."""
+    cls = config.class_by_name(caller.cls)
+    model = _optional(body, "model", str, "a string")
+    stream = _optional(body, "stream", bool, "a boolean (true or false)") or False
+    metadata = _optional(body, "metadata", dict, "an object")
+    if metadata is not None:
+        _optional(metadata, "user_id", str, "a string")
+    _check_system(body.get("system"))
+    _check_messages(body)
+    copies = _copies(body)  # llama-server reads n / n_cmpl on this route too
+    given = _given_max_tokens(body, cls, LIMIT_FIELDS)
+    forwarded = dict(body)
+    if given is None:
+        forwarded["max_tokens"] = cls.default_max_tokens
+    return Intake(
+        kind="messages",
+        path=path,
+        body=forwarded,
+        model=model,
+        stream=stream,
+        max_tokens=cls.default_max_tokens if given is None else given,
+        max_tokens_injected=given is None,
+        caller=caller,
+        include_usage=False,
+        copies=copies,
+    )
+
+
+def _check_system(system: Any) -> None:
+    if system is None or isinstance(system, str):
+        return
+    if not isinstance(system, list):
+        raise _invalid("system", f"must be a string or an array of text blocks, got {describe(system)}")
+    for i, block in enumerate(system):
+        _check_block(block, f"system[{i}]")
+
+
+def _check_block(block: Any, where: str) -> None:
+    if not isinstance(block, dict):
+        raise _invalid(where, f"must be a content block object, got {describe(block)}")
+    kind = block.get("type")
+    if not isinstance(kind, str):
+        raise _invalid(f"{where}.type", f'must be a string such as "text", got {describe(kind)}')
+    if kind == "text" and not isinstance(block.get("text"), str):
+        raise _invalid(f"{where}.text", f"must be a string in a text block, got {describe(block.get('text'))}")
+
+
+def _check_messages(body: Mapping[str, Any]) -> None:
+    messages = body.get("messages")
+    if messages is None:
+        raise _invalid("messages", "is required")
+    if not isinstance(messages, list):
+        raise _invalid("messages", f"must be an array of message objects, got {describe(messages)}")
+    # An empty list is llama-server's to answer (it does, 200: its own test_anthropic_empty_messages).
+    for i, msg in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise _invalid(where, f"must be a message object, got {describe(msg)}")
+        role = msg.get("role")
+        if not isinstance(role, str):
+            raise _invalid(f"{where}.role", f'must be a string ("user" or "assistant"), got {describe(role)}')
+        content = msg.get("content")
+        if content is None:
+            if role == "assistant":
+                continue  # llama-server skips it
+            raise _invalid(f"{where}.content", f"is required for a {role} message")
+        if isinstance(content, str):
+            continue
+        if not isinstance(content, list):
+            raise _invalid(f"{where}.content", f"must be a string or an array of content blocks, got {describe(content)}")
+        for j, block in enumerate(content):
+            _check_block(block, f"{where}.content[{j}]")
+
+
+# ---- the stream ----------------------------------------------------------------------
+
+
+def _load(payload: str) -> dict[str, Any]:
+    try:
+        chunk = json.loads(payload)
+    except ValueError:
+        return {}
+    return chunk if isinstance(chunk, dict) else {}
+
+
+class MessagesEvents:
+    """Reads llama-server's Messages stream for the relay (gate/backend/upstream.py EventFormat)."""
+
+    __slots__ = ()
+
+    def is_token(self, event: str) -> bool:
+        return event == "content_block_delta"
+
+    def inspect(self, event: str, payload: str, stats: RelayStats) -> dict[str, Any] | None:
+        if event == "message_delta":
+            stats.read_final(_load(payload))  # usage.output_tokens
+        elif event == "message_stop":
+            stats.finished = True
+        elif event == "error" or (event == "" and '"error"' in payload):
+            # llama-server's own: event: error, its error object as the data
+            chunk = _load(payload)
+            error = chunk.get("error")
+            return error if isinstance(error, dict) else chunk or {"message": "backend reported an error mid-answer"}
+        return None
+
+    def error_event(self, err: GateError) -> bytes:
+        # By the status the refusal would have had: a shed or a stall (503) is an
+        # overloaded_error, request_timeout_s a timeout_error, a broken backend an api_error.
+        return b"event: error\ndata: " + json.dumps(anthropic_error_object(err)).encode() + b"\n\n"

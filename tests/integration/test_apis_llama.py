@@ -1,0 +1,385 @@
+"""The Anthropic Messages API and the OpenAI Responses API admitted (issue 21, second part).
+
+The official clients (the ``anthropic`` and ``openai`` packages) against a real gate in front
+of the real llama-server with the tiny model: answers streamed and not, the token counts the
+gate reserved (llama-server's own counting routes), the generation limit injected when the
+client gave none, refusals in each API's shape, the gate's own mid-stream error as each API's
+error event, and a burst of 429s that each client retries by itself, honouring Retry-After,
+until it is served. Every test ends with nothing reserved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from tests.integration.gate_harness import busy_slots, released, running_gate, wait_until, words
+from tests.integration.hardening import AUTH, ENV, KEY, MODEL, TENANTS, record_of
+
+pytestmark = pytest.mark.llama
+
+CLASSES = """
+[classes.interactive]
+priority = 10
+default_max_tokens = 6
+"""
+CLOSE = {"Connection": "close"}
+PROMPT = [{"role": "user", "content": words(12)}]
+DETERMINISTIC = {"seed": 42, "temperature": 0}
+
+
+def anthropic_client(gate, **kw):
+    import anthropic
+
+    return anthropic.AsyncAnthropic(base_url=gate.url, api_key=kw.pop("api_key", "x"), max_retries=kw.pop("max_retries", 0), **kw)
+
+
+def openai_client(gate, **kw):
+    import openai
+
+    return openai.AsyncOpenAI(base_url=gate.url + "/v1", api_key=kw.pop("api_key", "x"), max_retries=kw.pop("max_retries", 0), **kw)
+
+
+async def direct_count(client: httpx.AsyncClient, url: str, path: str, body: dict) -> int:
+    r = await client.post(url + path, json=body, headers=CLOSE)
+    assert r.status_code == 200, r.text
+    return r.json()["input_tokens"]
+
+
+# ---- Messages ------------------------------------------------------------------------
+
+
+async def test_messages_plain_is_llama_servers_answer_and_reserves_prompt_plus_max_tokens(llama_unified):
+    body = {"model": MODEL, "max_tokens": 8, "messages": PROMPT, "system": "be brief", "ignore_eos": True, **DETERMINISTIC}
+    async with running_gate(llama_unified.url, CLASSES) as gate, httpx.AsyncClient(timeout=60) as client:
+        prompt = await direct_count(client, llama_unified.url, "/v1/messages/count_tokens", body)
+        for _ in range(2):  # the second sees the prompt cache as the gate's call will
+            direct = await client.post(llama_unified.url + "/v1/messages", json=body, headers=CLOSE)
+        r = await client.post(gate.url + "/v1/messages", json=body, headers={"X-Request-Id": "t21a-msg"})
+        assert r.status_code == 200 and r.headers["content-type"].startswith("application/json"), r.text
+        # llama-server's plain answer relayed as sent: the same fields in the same order, the same
+        # answer, but for its random id (and the prompt-cache hit in usage)
+        mine, theirs = r.json(), direct.json()
+        assert list(mine) == list(theirs)
+        assert {k: v for k, v in mine.items() if k not in ("id", "usage")} == {k: v for k, v in theirs.items() if k not in ("id", "usage")}
+        assert mine["usage"]["output_tokens"] == 8 and mine["stop_reason"] == "max_tokens"
+        assert mine["usage"]["input_tokens"] + mine["usage"]["cache_read_input_tokens"] == prompt
+        record = await record_of(gate, "t21a-msg")
+        assert (record.outcome, record.endpoint, record.http_status) == ("admitted", "/v1/messages", 200)
+        assert (record.prompt_tokens, record.token_count_source, record.max_tokens) == (prompt, "exact", 8)
+        assert record.reserved_tokens == prompt + 8 and record.completion_tokens == 8
+
+        # the official client reads it
+        sdk = anthropic_client(gate)
+        async with sdk:
+            message = await sdk.messages.create(
+                model=MODEL, max_tokens=8, system="be brief", messages=PROMPT, extra_body={"ignore_eos": True, **DETERMINISTIC}
+            )
+        assert message.type == "message" and message.usage.output_tokens == 8
+        assert message.content[0].text == theirs["content"][0]["text"]
+        await released(gate)
+
+
+async def test_messages_stream_relays_llama_servers_events_and_measures_ttft(llama_unified):
+    async with running_gate(llama_unified.url, CLASSES) as gate, httpx.AsyncClient(timeout=60) as client:
+        sdk = anthropic_client(gate, default_headers={"X-Request-Id": "t21a-msg-stream"})
+        async with sdk:
+            async with sdk.messages.stream(model=MODEL, max_tokens=10, messages=PROMPT, extra_body={"ignore_eos": True}) as stream:
+                kinds = [event.type async for event in stream]
+                final = await stream.get_final_message()
+        assert kinds[0] == "message_start" and kinds[-1] == "message_stop", kinds
+        assert "content_block_delta" in kinds and final.usage.output_tokens == 10
+        record = await record_of(gate, "t21a-msg-stream")
+        assert (record.outcome, record.stream, record.completion_tokens) == ("admitted", True, 10)
+        assert record.ttft_ms is not None and 0 < record.ttft_ms <= record.duration_ms
+
+        # The raw stream: event: + data: pairs as llama-server sends them, no [DONE] added.
+        body = {"model": MODEL, "max_tokens": 4, "messages": PROMPT, "stream": True, "ignore_eos": True}
+        async with client.stream("POST", gate.url + "/v1/messages", json=body) as r:
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            text = (await r.aread()).decode()
+        assert "[DONE]" not in text and text.rstrip().endswith('data: {"type":"message_stop"}'), text[-200:]
+        await released(gate)
+
+
+async def test_messages_limit_injected_and_count_tokens_forwarded(llama_unified):
+    async with running_gate(llama_unified.url, CLASSES) as gate, httpx.AsyncClient(timeout=60) as client:
+        # no max_tokens: the class's default (6), not llama-server's 4096
+        body = {"model": MODEL, "messages": PROMPT, "ignore_eos": True}
+        r = await client.post(gate.url + "/v1/messages", json=body, headers={"X-Request-Id": "t21a-inject"})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["output_tokens"] == 6
+        record = await record_of(gate, "t21a-inject")
+        assert record.max_tokens == 6
+
+        sdk = anthropic_client(gate)
+        async with sdk:
+            counted = await sdk.messages.count_tokens(model=MODEL, messages=PROMPT)
+        assert counted.input_tokens == await direct_count(client, llama_unified.url, "/v1/messages/count_tokens", body)
+        forwarded = [r for r in gate.records if r.endpoint == "POST /v1/messages/count_tokens"]
+        assert forwarded and forwarded[-1].outcome == "forwarded"
+        await released(gate)
+
+
+# ---- Responses -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/v1/responses", "/responses"])
+async def test_responses_plain_and_stream_through_the_openai_client(llama_unified, path):
+    async with running_gate(llama_unified.url, CLASSES) as gate, httpx.AsyncClient(timeout=60) as client:
+        body = {"model": MODEL, "input": words(12), "instructions": "be brief"}
+        prompt = await direct_count(client, llama_unified.url, "/v1/responses/input_tokens", body)
+        if path == "/v1/responses":
+            sdk = openai_client(gate, default_headers={"X-Request-Id": "t21a-resp"})
+            async with sdk:
+                answer = await sdk.responses.create(**body, max_output_tokens=8, extra_body={"ignore_eos": True})
+                assert answer.status == "completed" and answer.usage.output_tokens == 8
+                assert answer.output_text
+                stream = await sdk.responses.create(
+                    **body, stream=True, max_output_tokens=9, extra_body={"ignore_eos": True}, extra_headers={"X-Request-Id": "t21a-rs"}
+                )
+                kinds = [event.type async for event in stream]
+            assert kinds[0] == "response.created" and kinds[-1] == "response.completed", kinds
+            assert "response.output_text.delta" in kinds
+        else:  # the alias, as llama-server's own tests call it
+            r = await client.post(
+                gate.url + path, json={**body, "max_output_tokens": 8, "ignore_eos": True}, headers={"X-Request-Id": "t21a-resp"}
+            )
+            assert r.status_code == 200 and r.json()["usage"]["output_tokens"] == 8, r.text
+            stream_body = {**body, "stream": True, "max_output_tokens": 9, "ignore_eos": True}
+            async with client.stream("POST", gate.url + path, json=stream_body, headers={"X-Request-Id": "t21a-rs"}) as r:
+                text = (await r.aread()).decode()
+            assert "event: response.completed" in text and "[DONE]" not in text
+        plain = await record_of(gate, "t21a-resp")
+        assert (plain.outcome, plain.endpoint, plain.prompt_tokens, plain.token_count_source) == ("admitted", path, prompt, "exact")
+        assert plain.reserved_tokens == prompt + 8 and plain.completion_tokens == 8
+        streamed = await record_of(gate, "t21a-rs")
+        assert (streamed.outcome, streamed.stream, streamed.completion_tokens) == ("admitted", True, 9)
+        assert streamed.ttft_ms is not None and streamed.ttft_ms <= streamed.duration_ms
+        await released(gate)
+
+
+async def test_responses_limit_injected_as_max_output_tokens(llama_unified):
+    async with running_gate(llama_unified.url, CLASSES) as gate, httpx.AsyncClient(timeout=60) as client:
+        r = await client.post(
+            gate.url + "/v1/responses", json={"model": MODEL, "input": words(5), "ignore_eos": True}, headers={"X-Request-Id": "t21a-ri"}
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["output_tokens"] == 6
+        assert (await record_of(gate, "t21a-ri")).max_tokens == 6
+        await released(gate)
+
+
+# ---- refusals in each API's shape ----------------------------------------------------------
+
+
+async def test_refusals_on_messages_are_anthropic_shaped_and_on_responses_openai_shaped(llama_unified):
+    import anthropic
+
+    extra = TENANTS + "\n[classes.secret]\npriority = 5\n"
+    msg = {"model": MODEL, "max_tokens": 4, "messages": PROMPT}
+    async with running_gate(llama_unified.url, extra, environ=ENV) as gate, httpx.AsyncClient(timeout=60) as client:
+        cases = [
+            ({}, msg, 401, "authentication_error", "invalid_api_key"),
+            ({"X-Api-Key": KEY, "X-Tokengate-Class": "secret"}, msg, 403, "permission_error", "class_not_allowed"),
+            ({"X-Api-Key": KEY}, {**msg, "max_tokens": 10**6}, 400, "invalid_request_error", "invalid_request"),
+            ({"X-Api-Key": KEY}, {**msg, "max_tokens": 4, "n_predict": 400}, 400, "invalid_request_error", "invalid_request"),
+            ({"X-Api-Key": KEY}, {"model": MODEL, "max_tokens": 4}, 400, "invalid_request_error", "invalid_request"),
+        ]
+        for headers, body, status, kind, code in cases:
+            r = await client.post(gate.url + "/v1/messages", json=body, headers=headers)
+            assert r.status_code == status, r.text
+            answer = r.json()
+            assert answer["type"] == "error" and answer["error"]["type"] == kind and answer["error"]["code"] == code, answer
+            assert answer["error"]["message"]
+        # count_tokens (forwarded) refuses in the same shape
+        r = await client.post(gate.url + "/v1/messages/count_tokens", json=msg)
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        # the SDK reads it as its own error type
+        sdk = anthropic_client(gate, api_key="wrong")
+        async with sdk:
+            with pytest.raises(anthropic.AuthenticationError):
+                await sdk.messages.create(model=MODEL, max_tokens=4, messages=PROMPT)
+        # Responses: the OpenAI shape, the gate's code
+        r = await client.post(gate.url + "/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 0}, headers=AUTH)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
+        assert r.json()["error"]["param"] == "max_output_tokens"
+        await released(gate)
+
+
+# ---- the gate's own mid-stream error, in each API's events ------------------------------------
+
+
+async def test_a_cut_stream_ends_with_each_apis_error_event(llama_unified):
+    extra = CLASSES + "\n[gate]\nrequest_timeout_s = 3\n"
+    async with running_gate(llama_unified.url, extra) as gate, httpx.AsyncClient(timeout=60) as client:
+        long = {"model": MODEL, "stream": True, "ignore_eos": True}
+        async with client.stream("POST", gate.url + "/v1/messages", json={**long, "max_tokens": 1500, "messages": PROMPT}) as r:
+            text = (await r.aread()).decode()
+        assert r.status_code == 200
+        last = text.strip().split("\n\n")[-1]
+        assert last.startswith("event: error\ndata: "), last
+        error = json.loads(last.split("data: ", 1)[1])
+        assert error["type"] == "error" and error["error"]["type"] == "timeout_error" and error["error"]["code"] == "upstream_timeout"
+        # the official client raises it, with the body the gate sent
+        import anthropic
+
+        sdk = anthropic_client(gate)
+        async with sdk:
+            with pytest.raises(anthropic.APIStatusError) as raised:
+                async with sdk.messages.stream(model=MODEL, max_tokens=1500, messages=PROMPT, extra_body={"ignore_eos": True}) as stream:
+                    async for _ in stream:
+                        pass
+        assert raised.value.body["error"]["code"] == "upstream_timeout"
+
+        async with client.stream("POST", gate.url + "/v1/responses", json={**long, "max_output_tokens": 1500, "input": words(8)}) as r:
+            text = (await r.aread()).decode()
+        events = text.strip().split("\n\n")
+        assert events[-2].startswith("event: error\n") and events[-1].startswith("event: response.failed\n"), events[-2:]
+        failed = json.loads(events[-1].split("data: ", 1)[1])
+        created = json.loads(events[0].split("data: ", 1)[1])
+        assert failed["response"]["id"] == created["response"]["id"] and failed["response"]["status"] == "failed"
+        assert failed["response"]["error"]["code"] == "upstream_timeout"
+        await released(gate)
+        await wait_until(lambda: _idle(client, llama_unified.url), timeout_s=30)
+
+
+async def _idle(client, url) -> bool:
+    return await busy_slots(client, url) == 0
+
+
+# ---- a burst: 429 with Retry-After, retried by each client itself ------------------------------
+
+SMALL_QUEUE = """
+[classes.interactive]
+priority = 10
+queue_depth = 1
+queue_timeout_s = 30
+"""
+
+
+@pytest.mark.parametrize("api", ["anthropic", "openai-responses"])
+async def test_a_burst_gets_429_and_each_client_retries_until_served(llama_split, api):
+    import httpx2
+
+    async with running_gate(llama_split.url, SMALL_QUEUE, kv="split") as gate, httpx.AsyncClient(timeout=120) as client:
+        (backend,) = gate.backends
+        admission = backend.admission
+        loop = asyncio.get_running_loop()
+        # A few finished requests first: Retry-After comes from the measured drain rate (without
+        # one it is the class's whole queue_timeout_s).
+        hold = {"model": MODEL, "messages": PROMPT, "max_tokens": 150, "ignore_eos": True}
+        for r in await asyncio.gather(*(client.post(gate.url + "/v1/chat/completions", json={**hold, "max_tokens": 40}) for _ in range(2))):
+            assert r.status_code == 200, r.text
+        # Hold all 4 slots (150 tokens each, ~1.5 s or more on a shared machine), one waiter in the 1-deep queue.
+        occupiers = [asyncio.ensure_future(client.post(gate.url + "/v1/chat/completions", json=hold)) for _ in range(4)]
+        await wait_until(lambda: len(admission.ledger) == 4, timeout_s=30)
+        waiter = asyncio.ensure_future(client.post(gate.url + "/v1/chat/completions", json={**hold, "max_tokens": 4}))
+        await wait_until(lambda: len(admission.queue("interactive")) == 1, timeout_s=30)
+
+        exchanges: list[tuple[str, float, object]] = []
+
+        async def on_request(request):
+            exchanges.append(("request", loop.time(), None))
+
+        async def on_response(response):
+            exchanges.append(("response", loop.time(), response))
+
+        http_client = httpx2.AsyncClient(event_hooks={"request": [on_request], "response": [on_response]}, timeout=120)
+        headers = {"X-Request-Id": f"t21a-burst-{api}"}
+        if api == "anthropic":
+            sdk = anthropic_client(gate, max_retries=8, http_client=http_client, default_headers=headers)
+            async with sdk:
+                message = await sdk.messages.create(model=MODEL, max_tokens=5, messages=PROMPT, extra_body={"ignore_eos": True})
+            assert message.usage.output_tokens == 5
+        else:
+            sdk = openai_client(gate, max_retries=8, http_client=http_client, default_headers=headers)
+            async with sdk:
+                answer = await sdk.responses.create(model=MODEL, input=words(6), max_output_tokens=5, extra_body={"ignore_eos": True})
+            assert answer.usage.output_tokens == 5
+
+        responses = [(t, r) for kind, t, r in exchanges if kind == "response"]
+        requests = [t for kind, t, _ in exchanges if kind == "request"]
+        statuses = [r.status_code for _, r in responses]
+        print(f"\n{api} client: statuses {statuses}, retry-after-ms {[r.headers.get('retry-after-ms') for _, r in responses[:-1]]}")
+        assert statuses[-1] == 200 and len(statuses) >= 2 and set(statuses[:-1]) == {429}, statuses
+        for (t_refused, refused), t_retry in zip(responses[:-1], requests[1:]):
+            assert t_retry - t_refused >= int(refused.headers["retry-after-ms"]) / 1000 - 0.01  # the client waited as told
+            if api == "anthropic":
+                assert refused.json()["error"]["type"] == "rate_limit_error"
+            assert refused.json()["error"]["code"] == "queue_full"
+        assert [r.status_code for r in await asyncio.gather(*occupiers)] == [200] * 4
+        assert (await waiter).status_code in (200, 429)  # served, or its queue_timeout_s ran out first
+        await released(gate)
+        await wait_until(lambda: _idle(client, llama_split.url), timeout_s=30)
+
+
+# ---- llama.cpp's own request shapes: the same answer through the gate as straight ------------
+
+TOOL = {"name": "get_weather", "description": "weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}
+RESP_TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+SHAPES = [
+    ("/v1/messages", {"max_tokens": 8, "messages": PROMPT}),
+    ("/v1/messages", {"max_tokens": 8, "system": [{"type": "text", "text": "be "}, {"type": "text", "text": "brief"}], "messages": PROMPT}),
+    (
+        "/v1/messages",
+        {"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]},
+    ),
+    ("/v1/messages", {"max_tokens": 8, "messages": PROMPT, "tools": [TOOL], "tool_choice": {"type": "auto"}}),
+    (
+        "/v1/messages",
+        {
+            "max_tokens": 8,
+            "tools": [TOOL],
+            "messages": [
+                *PROMPT,
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Oslo"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "sunny"}]}]},
+            ],
+        },
+    ),
+    ("/v1/messages", {"max_tokens": 8, "messages": PROMPT, "stop_sequences": ["fox"], "top_k": 5, "top_p": 0.9}),
+    ("/v1/messages", {"max_tokens": 8, "messages": PROMPT, "thinking": {"type": "enabled", "budget_tokens": 4}}),
+    ("/v1/messages", {"max_tokens": 8, "messages": []}),  # llama-server is permissive: 200
+    ("/v1/messages", {"max_tokens": 8, "messages": PROMPT, "stream": True, "metadata": {"user_id": "u1"}}),
+    ("/v1/messages/count_tokens", {"messages": PROMPT, "tools": [TOOL], "system": "s"}),
+    ("/v1/responses", {"input": words(6), "max_output_tokens": 8}),
+    ("/v1/responses", {"input": [{"role": "user", "content": "hi"}, {"role": "developer", "content": "terse"}], "max_output_tokens": 8}),
+    (
+        "/v1/responses",
+        {
+            "max_output_tokens": 8,
+            "tools": [RESP_TOOL],
+            "input": [
+                {"role": "user", "content": "weather?"},
+                {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city":"Oslo"}'},
+                {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+            ],
+        },
+    ),
+    ("/v1/responses", {"input": words(6), "max_output_tokens": 8, "reasoning": {"effort": "low"}, "stream": True}),
+    ("/responses", {"input": words(6), "max_output_tokens": 8, "instructions": "terse", "stream": True}),
+    ("/v1/responses", {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}], "max_output_tokens": 8}),
+    ("/v1/responses/input_tokens", {"input": words(6), "instructions": "terse"}),
+]
+
+
+def _shape(r: httpx.Response) -> object:
+    """What must match: the status, and the answer's keys or its stream's event names."""
+    if r.headers.get("content-type", "").startswith("text/event-stream"):
+        return r.status_code, [line for line in r.text.splitlines() if line.startswith("event:")]
+    body = r.json()
+    return r.status_code, sorted(body) if isinstance(body, dict) else type(body).__name__
+
+
+async def test_llama_cpps_own_request_shapes_answer_the_same_through_the_gate(llama_unified):
+    async with running_gate(llama_unified.url, CLASSES) as gate, httpx.AsyncClient(timeout=60) as client:
+        for path, body in SHAPES:
+            request = {"model": MODEL, **DETERMINISTIC, **body}
+            direct = await client.post(llama_unified.url + path, json=request, headers=CLOSE)
+            through = await client.post(gate.url + path, json=request)
+            assert _shape(through) == _shape(direct), (path, body, direct.text[:300], through.text[:300])
+        await released(gate)
