@@ -133,7 +133,7 @@ def test_responses_without_a_limit_get_the_class_default_as_max_output_tokens() 
         ({"input": "hi", "max_output_tokens": 8, "max_completion_tokens": 900}, "max_completion_tokens"),
         ({"input": "hi", "max_output_tokens": 8, "max_tokens": 900}, "max_tokens"),
         ({"input": "hi", "n_predict": -1}, "n_predict"),
-        ({"input": "hi", "n": 2}, "n"),
+        ({"input": "hi", "n": 0}, "n"),
         ({}, "input"),
         ({"input": 3}, "input"),
         ({"input": ["hi"]}, "input[0]"),
@@ -145,6 +145,15 @@ def test_responses_without_a_limit_get_the_class_default_as_max_output_tokens() 
 )
 def test_responses_bad_input_is_a_400_naming_the_field(body, param) -> None:
     assert refused("/v1/responses", body).param == param
+
+
+@pytest.mark.parametrize(("path", "body"), [("/v1/responses", {"input": "hi"}), ("/v1/messages", {"messages": MSG, "max_tokens": 8})])
+def test_messages_and_responses_are_admitted_for_every_copy_llama_server_runs(path, body) -> None:
+    # llama-server reads n_cmpl (else n) on these routes too: the gate reserves a task for each.
+    assert parse(path, body).copies == 1
+    assert parse(path, {**body, "n": 3}).copies == 3
+    assert parse(path, {**body, "n": 3, "n_cmpl": 2}).copies == 2
+    assert refused(path, {**body, "n_cmpl": 0}).param == "n_cmpl"
 
 
 def test_the_openai_routes_still_go_through_intake() -> None:
