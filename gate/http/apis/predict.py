@@ -66,6 +66,9 @@ for _route in ROUTES:
     if _route.method == "POST":
         _ALIASES.setdefault(gcp_alias(_route.path), _route.path)
 _POST = {r.path: r for r in ROUTES if r.method == "POST"}
+#: admitted kinds an envelope cannot hold: Messages and Responses are counted by their own
+#: counting routes (gate/http/apis/dispatch.py), which take a whole request, not an instance
+_NOT_IN_ENVELOPE = frozenset({"messages", "responses"})
 
 
 def predict_parts(
@@ -92,7 +95,7 @@ def predict_parts(
         path = _ALIASES.get(fmt, fmt)
         route = _POST.get(path)
         kind = ENDPOINTS.get(path)
-        if kind is not None:
+        if kind is not None and kind not in _NOT_IN_ENVELOPE:
             payload = {key: v for key, v in instance.items() if key != "@requestFormat"}
             payload.pop("stream", None)  # llama-server runs every instance unstreamed
             payload.pop("stream_options", None)
