@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo screenshots test unit lint llama-server bench clean
+.PHONY: demo screenshots test unit lint llama-server bench conformance clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,10 @@ $(VENV)/.runtime: pyproject.toml | $(BIN)/python
 $(VENV)/.test: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@ $(VENV)/.runtime
+
+$(VENV)/.conformance: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[test,conformance]'
+	touch $@ $(VENV)/.test $(VENV)/.runtime
 
 $(VENV)/.bench: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test,bench]'
@@ -40,6 +44,14 @@ test: $(VENV)/.test
 	bash tests/redis/ensure_redis.sh >/dev/null
 	LLAMA_SERVER_BIN="$${LLAMA_SERVER_BIN:-$$(bash tests/llama/build_llama_server.sh | tail -n 1)}" \
 		$(BIN)/pytest $(PYTEST_ARGS)
+
+# llama.cpp's own server test suite (tools/server/tests of the llama.cpp llama-server is built
+# from) straight and through `tokengate serve`, compared per test: fails on a test that passes
+# straight and fails through the gate unless tests/conformance/differences.toml lists it with its
+# reason. Prints the counts (the README's "Conformance" figures). CONFORMANCE_ARGS: e.g. -- -k metrics
+conformance: $(VENV)/.conformance
+	LLAMA_SERVER_BIN="$${LLAMA_SERVER_BIN:-$$(bash tests/llama/build_llama_server.sh | tail -n 1)}" \
+		$(BIN)/python -m tests.conformance.run $(CONFORMANCE_ARGS)
 
 # The lint and type gate (CI runs it before the tests): ruff's rules and format, mypy
 # (strict for gate/core, the pure admission core).

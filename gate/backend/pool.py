@@ -45,6 +45,7 @@ class Fleet(Protocol):
     parent: Backend
     units: dict[str, Backend]
     refreshed: bool
+    router_up: bool
     task: asyncio.Task[None] | None
 
     @property
@@ -404,18 +405,22 @@ class BackendPool:
         if backend.props.get("role") != "router":
             backend.state, backend.detail = "down", "llama-server left router mode: restart tokengate"
             return
-        if not backend.config.models:
-            backend.state, backend.detail = "down", "llama-server runs in router mode: list its models in [[backends]] models"
-            return
         if self._fleet_factory is None:
             backend.state, backend.detail = "down", "llama-server runs in router mode, which this gate was built without"
             return
         if backend.fleet is None:
             backend.fleet = self._fleet_factory(backend, self, self._client, clock=self._clock, on_event=self.on_model_event)
-            log.info("backend %s: llama-server router mode, models %s", backend.name, ", ".join(backend.config.models))
+            log.info("backend %s: llama-server router mode, models %s", backend.name, ", ".join(backend.config.models) or "none")
+            if not backend.config.models:
+                log.warning("backend %s: llama-server runs in router mode: list its models in [[backends]] models", backend.name)
             if self.on_units is not None:
                 self.on_units()
         backend.fleet.router_props(backend.props)
+        if not backend.config.models:
+            # Ready, as llama-server's own router with nothing to serve is: every model is a 404
+            # (model_not_found) until [[backends]] models lists the ones the gate may serve.
+            backend.state, backend.detail = "ready", "router: no models listed in [[backends]] models: each request is refused"
+            return
         backend.state, backend.detail = "ready", f"router: {len(backend.config.models)} models"
 
     def apply_capacity(self, backend: Backend, capacity: Capacity, *, gatekeeper_factory: Callable[..., Gatekeeper] = Gatekeeper) -> None:

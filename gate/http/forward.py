@@ -35,7 +35,7 @@ import anyio
 import httpx
 from starlette.datastructures import Headers
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gate.backend.upstream import RETRY_DOWN_S, forward_headers, relayed_headers
 from gate.core.errors import GateError
@@ -43,6 +43,7 @@ from gate.core.reasons import Outcome, Reason
 from gate.data.commands import Operator
 from gate.data.endpoints import OTHER_ROUTE, PREFLIGHT, Route, known_path, lookup
 from gate.data.records import DecisionRecord
+from gate.http import model_routes
 from gate.http.intake import check_headers
 from gate.http.requestids import RequestIds
 
@@ -76,6 +77,8 @@ class ForwardEndpoint:
         try:
             route = self._route(request)
             caller = self._caller(request, route)
+            if model_routes.handled_here(route.name, gate.backends):
+                return await self._model_route(request, request_id, route, caller, t0, wall0)
             backend = gate.backends.route(request.query_params.get("model"))
             if backend is None:
                 raise GateError(Reason.MODEL_NOT_FOUND, "no backend serves that model", "model")
@@ -110,6 +113,22 @@ class ForwardEndpoint:
         response = StreamingResponse(body(), status_code=upstream.status_code)
         response.raw_headers = headers  # as llama-server sent them (its content-length included)
         return response
+
+    async def _model_route(
+        self, request: Request, request_id: str, route: Route, caller: Caller | None, t0: float, wall0: float
+    ) -> Response:
+        """Router mode's load and unload: the gate's own model operations (gate/http/model_routes.py)."""
+        backend = None
+        try:
+            backend = model_routes.model_unit(self.gate.backends, await request.body())
+            self._operator_call(request, route, caller, backend)
+            answer = model_routes.apply(backend, route.name)
+        except GateError as err:
+            self._record(request, request_id, route.name, caller, backend, err.outcome, err.reason.value, err.status, t0, wall0)
+            raise
+        self.gate.metrics.forwarded(route.name, 200)
+        self._record(request, request_id, route.name, caller, backend, "forwarded", "ok", 200, t0, wall0)
+        return JSONResponse(answer, headers={"x-request-id": request_id})
 
     # ---- the steps --------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from gate.http.cors import CorsMirror
 from gate.http.forward import ForwardEndpoint
 from gate.http.intake import ENDPOINTS
 from gate.http.proxy import AdmittedEndpoint
+from gate.observe.backend_metrics import START_HEADER, backend_series
 
 if TYPE_CHECKING:
     from gate.http.ports import RequestPorts
@@ -71,7 +72,10 @@ def build_app(gate: RequestPorts) -> ASGIApp:
                 backends[b.name]["model_status"] = b.fleet.info[b.model].status
         # Router mode: an up router is ready with nothing loaded (it loads on demand, or an operator
         # does), as llama-server's own /health says; "loaded" names what is loaded, per router.
-        routers = {b.fleet.parent.name: b.fleet for b in gate.backends if b.fleet is not None}
+        routers = {b.name: b.fleet for b in gate.backends.configured if b.fleet is not None}
+        for name, fleet in routers.items():
+            if not fleet.info:  # a router with no model listed in [[backends]] models: no units
+                backends.setdefault(name, {"state": "ready" if fleet.router_up else "down", "slots": None})
         loaded = {name: sorted(m for m, i in f.info.items() if i.status == "loaded") for name, f in routers.items()}
         ready = (gate.backends.any_ready or any(f.router_up for f in routers.values())) and not gate.shutting_down
         status = "ok" if ready else ("shutting_down" if gate.shutting_down else "no_backend")
@@ -83,7 +87,9 @@ def build_app(gate: RequestPorts) -> ASGIApp:
     async def metrics(request: Request) -> Response:
         gate.refresh_metrics()
         body, content_type = gate.metrics.render()
-        return Response(body, media_type=content_type)
+        # then each backend's llamacpp:* series (gate/observe/backend_metrics.py)
+        relayed, start = await backend_series(gate.backends.configured, list(gate.backends))
+        return Response(body + relayed, media_type=content_type, headers={START_HEADER: start})
 
     async def inference_metrics(request: Request) -> Response:
         # The endpoint picker's three gauges alone: it scrapes every pod many times a second.

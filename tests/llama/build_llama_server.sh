@@ -29,9 +29,16 @@ mkdir -p "$dest"
 work=$(mktemp -d "$cache_root/build.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
-"$PYTHON" -m pip download --quiet --no-deps --no-binary :all: \
-  "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" -d "$work/dl" >&2
-tar xzf "$work"/dl/llama_cpp_python-"$LLAMA_CPP_PYTHON_VERSION".tar.gz -C "$work"
+# The sdist is kept ($cache_root/src): tests/conformance/run.py takes llama.cpp's own server
+# test suite from it.
+sdist="$cache_root/src/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz"
+if [[ ! -f "$sdist" ]]; then
+  "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: \
+    "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" -d "$work/dl" >&2
+  mkdir -p "$cache_root/src"
+  mv "$work"/dl/llama_cpp_python-"$LLAMA_CPP_PYTHON_VERSION".tar.gz "$sdist"
+fi
+tar xzf "$sdist" -C "$work"
 src="$work/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp"
 cmake -S "$src" -B "$work/build" "${CMAKE_FLAGS[@]}" >&2
 cmake --build "$work/build" --target llama-server -j"$(nproc)" >&2

@@ -312,14 +312,19 @@ async def test_a_router_that_goes_down_takes_its_units_down() -> None:
         await close(gate)
 
 
-async def test_a_router_without_configured_models_is_down_with_a_reason() -> None:
+async def test_a_router_without_configured_models_is_up_and_serves_no_model() -> None:
+    # llama-server's router with nothing to serve answers /health 200; so does the gate, and
+    # every model is refused (404) until [[backends]] models lists it.
     router = FakeRouter()
     config = parse_config('[[backends]]\nname = "r"\nurl = "http://router:8080"\n')
     gate = GateService(config, environ={}, transport=httpx.MockTransport(router.handle))
     await gate.backends.probe_all()
     try:
-        (b,) = gate.backends
-        assert b.state == "down" and "list its models" in b.detail
+        assert list(gate.backends) == []  # no units
+        (r,) = gate.backends.configured
+        assert r.state == "ready" and "[[backends]] models" in r.detail and r.fleet is not None
+        assert r.fleet.router_up
+        assert gate.backends.route("tiny") is None
     finally:
         await close(gate)
 

@@ -1,0 +1,75 @@
+"""Router mode, against a REAL llama-server router: a client's ``POST /models/load`` and
+``/models/unload`` go through the gate's own model operations, so its units stay true (a model
+loaded this way has slots and a budget in the gate; an unload with requests in flight is refused),
+and llama-server's own view agrees."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.integration.gate_harness import released, running_gate, wait_until
+from tests.integration.test_router_mode import CHAT, NO_KEEPALIVE, backend, chat, config, listed, status, unit
+
+pytestmark = pytest.mark.llama
+
+TENANTS = """
+[[tenants]]
+name = "ops"
+api_key_env = "OPS_KEY"
+operator = true
+
+[[tenants]]
+name = "app"
+api_key_env = "APP_KEY"
+"""
+OPS = {"Authorization": "Bearer ops-key"}
+APP = {"Authorization": "Bearer app-key"}
+
+
+async def test_a_client_load_and_unload_are_the_gates_own_model_operations(llama_router) -> None:
+    router = llama_router(extra_args=("--no-models-autoload",))
+    async with (
+        running_gate(
+            router.url, TENANTS + config(), kv="split", backend_extra=backend(), environ={"OPS_KEY": "ops-key", "APP_KEY": "app-key"}
+        ) as gate,
+        httpx.AsyncClient(timeout=60, limits=NO_KEEPALIVE) as client,
+    ):
+        await wait_until(lambda: status(gate, "tiny2") == "unloaded")
+        # not an operator: 403 naming the route, nothing loaded
+        r = await client.post(gate.url + "/models/load", json={"model": "tiny2"}, headers=APP)
+        assert r.status_code == 403 and "POST /models/load" in r.text
+        assert (await listed(client, router))["tiny2"] == "unloaded"
+
+        r = await client.post(gate.url + "/models/load", json={"model": "tiny2"}, headers=OPS)
+        assert r.status_code == 200 and r.json() == {"success": True}, r.text
+        await wait_until(lambda: status(gate, "tiny2") == "loaded", timeout_s=60)
+        assert unit(gate, "tiny2").admission.capacity.slots > 0  # the gate's unit knows it is loaded
+        assert (await listed(client, router))["tiny2"] == "loaded"
+        audit = [a for a in gate.recent_audit if a.action == "POST /models/load"]
+        assert len(audit) == 1 and audit[0].operator == "ops" and audit[0].target == "backend:b0/tiny2"
+
+        # already loaded: refused with why, as llama-server refuses "model is already running"
+        r = await client.post(gate.url + "/models/load", json={"model": "tiny2"}, headers=OPS)
+        assert r.status_code == 400 and "already loaded" in r.json()["error"]["message"]
+        # a model this gate does not serve: 404, never a load behind its back
+        r = await client.post(gate.url + "/models/load", json={"model": "nope"}, headers=OPS)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+        r = await client.post(gate.url + "/models/load", content=b"{not json", headers={**OPS, "content-type": "application/json"})
+        assert r.status_code == 400
+
+        # served through the gate, then unloaded through the gate's operation
+        assert (await client.post(gate.url + CHAT, json=chat("tiny2"), headers=OPS)).status_code == 200
+        await released(gate)
+        r = await client.post(gate.url + "/models/unload", json={"model": "tiny2"}, headers=OPS)
+        assert r.status_code == 200 and r.json() == {"success": True}, r.text
+        await wait_until(lambda: status(gate, "tiny2") == "unloaded", timeout_s=30)
+
+        async def router_says_unloaded() -> bool:
+            return (await listed(client, router))["tiny2"] == "unloaded"
+
+        await wait_until(router_says_unloaded, timeout_s=30)
+        r = await client.post(gate.url + "/models/unload", json={"model": "tiny2"}, headers=OPS)
+        assert r.status_code == 400 and "not loaded" in r.json()["error"]["message"]
+        health = (await client.get(gate.url + "/health")).json()
+        assert health["status"] == "ok" and health["loaded"] == {"b0": []}
