@@ -302,6 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
     review.set_defaults(func=_cmd_review)
     _add_simulate_parser(commands)
     _add_crunch_parser(commands)
+    from gate.tools.replay.cli import add_parser as _add_replay_parser
+
+    _add_replay_parser(commands, _Formatter, _EXIT_CODES)
     return parser
 
 
