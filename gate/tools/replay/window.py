@@ -10,6 +10,7 @@ wrote it), or no decisions at all.
 from __future__ import annotations
 
 import bisect
+import heapq
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,6 +196,41 @@ def _busy_during(intervals: list[tuple[float, float]]) -> list[float]:
     return [(area_at(e) - area_at(s)) / (e - s) if e > s else 1.0 for s, e in intervals]
 
 
+def _prefill_ahead(ran: list[sqlite3.Row]) -> tuple[list[float], list[float]]:
+    """Per request: prompt + prompt tokens prefilling at its dispatch, and requests in flight then."""
+    spans = [
+        (
+            r["ts"] + r["queue_ms"] / 1000.0,
+            r["ts"] + (r["queue_ms"] + r["ttft_ms"]) / 1000.0,
+            r["ts"] + r["duration_ms"] / 1000.0,
+            r["prompt_tokens"],
+        )
+        for r in ran
+    ]
+    order = sorted(range(len(spans)), key=lambda i: spans[i][0])
+    prefilling: list[tuple[float, int]] = []  # heap of (first token at, prompt) of earlier dispatches
+    running: list[float] = []  # heap of the ends of earlier dispatches
+    ahead_tokens = 0
+    x, busy = [0.0] * len(spans), [1.0] * len(spans)
+    for i in order:
+        d, _, _, prompt = spans[i]
+        while prefilling and prefilling[0][0] <= d:
+            ahead_tokens -= heapq.heappop(prefilling)[1]
+        while running and running[0] <= d:
+            heapq.heappop(running)
+        x[i] = float(prompt + ahead_tokens)
+        busy[i] = float(len(running) + 1)
+        heapq.heappush(prefilling, (spans[i][1], prompt))
+        ahead_tokens += prompt
+        heapq.heappush(running, spans[i][2])
+    return x, busy
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2] if ordered else 0.0
+
+
 def fit_backend(rows: list[sqlite3.Row], samples: list[sqlite3.Row], config: Config, since: float) -> BackendFit:
     """Slots, pool layout, prefill rate and decode rate vs occupancy from the recorded requests."""
     notes: list[str] = []
@@ -225,17 +261,30 @@ def fit_backend(rows: list[sqlite3.Row], samples: list[sqlite3.Row], config: Con
     intervals = [(r["ts"] + r["queue_ms"] / 1000.0, r["ts"] + r["duration_ms"] / 1000.0) for r in ran]
     busy = _busy_during(intervals)
     ttft = [r["ttft_ms"] / 1000.0 for r in ran]
-    prompts = [float(r["prompt_tokens"]) for r in ran]
-    # TTFT = base + per_busy * (busy - 1) + prompt / rate; the slope on the prompt only when it is clear.
-    sol = _lstsq([[1.0, b - 1.0, p] for b, p in zip(busy, prompts)], ttft) if len(set(prompts)) > 2 else None
-    if sol is None or sol[2] <= 1e-7:
-        sol2 = _lstsq([[1.0, b - 1.0] for b in busy], ttft)
-        base, per_busy = (sol2 if sol2 is not None else [sum(ttft) / len(ttft), 0.0])[:2]
-        rate = 1e9  # prefill folded into the base: the prompts do not vary enough to separate it
-        notes.append("prefill rate not separable from the base (prompt sizes barely vary): folded into the TTFT base")
-    else:
-        base, per_busy, inv = sol
-        rate = 1.0 / inv
+    # As the gate's PrefillModel: x = the prompt plus the prompt tokens still prefilling when it was
+    # dispatched (reconstructed: dispatched before it, first token after its dispatch); and the
+    # requests in flight at its dispatch, itself included.
+    prompts, at_dispatch = _prefill_ahead(ran)
+    busy_ttft = at_dispatch
+    # TTFT = base + per_busy * (busy - 1) + prompt / rate. A term enters only when its regressor
+    # varies enough to be separated from the others (and comes out non-negative): with a burst
+    # that keeps every slot busy, or prompts all of one size, least squares would extrapolate
+    # noise (a first try fitted 219 s from four points that all had 4 busy slots).
+    spread_busy = len(ran) >= 8 and max(busy_ttft) - min(busy_ttft) >= 1.0
+    spread_prompt = len(ran) >= 8 and max(prompts) - min(prompts) >= 64
+    base, per_busy, rate = _median(ttft), 0.0, 1e9
+    for use_busy, use_prompt in ((spread_busy, spread_prompt), (False, spread_prompt), (spread_busy, False)):
+        if not (use_busy or use_prompt):
+            continue
+        cols = [[1.0] + ([b - 1.0] if use_busy else []) + ([p] if use_prompt else []) for b, p in zip(busy_ttft, prompts)]
+        sol = _lstsq(cols, ttft)
+        if sol is not None and all(v >= 0 for v in sol) and (not use_prompt or sol[-1] > 1e-7):
+            base = sol[0]
+            per_busy = sol[1] if use_busy else 0.0
+            rate = 1.0 / sol[-1] if use_prompt else 1e9
+            break
+    if rate >= 1e9:
+        notes.append("prefill rate not separable (prompt sizes barely vary): folded into the TTFT base")
     tp_x, tp_y = [], []
     for r, b in zip(ran, busy):
         n = r["completion_tokens"]
@@ -244,11 +293,16 @@ def fit_backend(rows: list[sqlite3.Row], samples: list[sqlite3.Row], config: Con
             if decode_s > 0:
                 tp_x.append([1.0, b - 1.0])
                 tp_y.append(decode_s / (n - 1))
-    tsol = _lstsq(tp_x, tp_y) if len(tp_x) >= 3 else None
-    if tsol is None:
-        tpot_alone, tpot_busy = (sum(tp_y) / len(tp_y) if tp_y else 0.02), 0.0
+    tpot_alone, tpot_busy = (_median(tp_y) if tp_y else 0.02), 0.0
+    if len(tp_x) >= 8 and max(x[1] for x in tp_x) - min(x[1] for x in tp_x) >= 1.0:
+        tsol = _lstsq(tp_x, tp_y)
+        if tsol is not None and tsol[0] > 0 and tsol[1] >= 0:
+            tpot_alone, tpot_busy = tsol
     else:
-        tpot_alone, tpot_busy = tsol
+        notes.append(
+            "occupancy barely varied in the window: decode speed is taken as independent of it "
+            "(a proposal that changes concurrency is then predicted less well)"
+        )
     return BackendFit(
         slots=slots,
         slot_context=slot_context,
