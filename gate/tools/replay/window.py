@@ -9,7 +9,6 @@ wrote it), or no decisions at all.
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import sqlite3
 from dataclasses import dataclass
@@ -175,27 +174,6 @@ def _lstsq(xs: list[list[float]], ys: list[float]) -> list[float] | None:
     return [a[i][n] / a[i][i] for i in range(n)]
 
 
-def _busy_during(intervals: list[tuple[float, float]]) -> list[float]:
-    """For each [start, end): the mean number of intervals open during it (itself included)."""
-    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
-    times = [t for t, _ in events]
-    cum: list[float] = []  # area under the open-count curve up to each event
-    after: list[int] = []  # open count right after each event
-    level, area, prev = 0, 0.0, events[0][0] if events else 0.0
-    for t, d in events:
-        area += level * (t - prev)
-        level += d
-        cum.append(area)
-        after.append(level)
-        prev = t
-
-    def area_at(t: float) -> float:
-        i = bisect.bisect_right(times, t) - 1
-        return 0.0 if i < 0 else cum[i] + after[i] * (t - times[i])
-
-    return [(area_at(e) - area_at(s)) / (e - s) if e > s else 1.0 for s, e in intervals]
-
-
 def _prefill_ahead(ran: list[sqlite3.Row]) -> tuple[list[float], list[float]]:
     """Per request: the prompt tokens prefilling right after its dispatch (its own included) and
     the requests in flight then. Requests dispatched in one instant (one `advance`) all count, as
@@ -268,8 +246,6 @@ def fit_backend(rows: list[sqlite3.Row], samples: list[sqlite3.Row], config: Con
     if len(ran) < 3:
         notes.append(f"only {len(ran)} completed requests: the backend model uses defaults")
         return BackendFit(slots, slot_context, ceiling, kv, notes=tuple(notes), points=len(ran))
-    intervals = [(r["ts"] + r["queue_ms"] / 1000.0, r["ts"] + r["duration_ms"] / 1000.0) for r in ran]
-    busy = _busy_during(intervals)
     ttft = [r["ttft_ms"] / 1000.0 for r in ran]
     # As the gate's PrefillModel: x = the prompt plus the prompt tokens still prefilling when it was
     # dispatched (reconstructed: dispatched before it, first token after its dispatch); and the
@@ -297,7 +273,7 @@ def fit_backend(rows: list[sqlite3.Row], samples: list[sqlite3.Row], config: Con
         notes.append("prefill rate not separable (prompt sizes barely vary): folded into the TTFT base")
     tp_x, tp_y = [], []
     # Decode time per token against the requests in flight at dispatch: what the engine's model
-    # reads (the mean over the decode, `_busy_during`, fitted 12% slow on a model-made journal).
+    # reads (the mean over the decode fitted 12% slow on a model-made journal).
     for r, b in zip(ran, busy_ttft):
         n = r["completion_tokens"]
         if n and n > 1:
