@@ -268,9 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     log_cmd.add_argument(
         "--format",
-        choices=("table", "json", "csv"),
+        choices=("table", "json", "csv", "aiperf"),
         default="table",
-        help="table (aligned columns), json (JSON Lines) or csv (with a header); default: table",
+        help="table (aligned columns), json (JSON Lines), csv (with a header), or aiperf: a trace of the decisions' "
+        "arrivals and token counts for `aiperf profile --custom-dataset-type mooncake_trace --fixed-schedule`; default: table",
     )
     log_cmd.set_defaults(func=_cmd_log)
 

@@ -193,3 +193,20 @@ def test_help_explains() -> None:
 def test_fit_dataclass_is_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         FIT.slots = 2  # type: ignore[misc]
+
+
+def test_log_aiperf_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`tokengate log --format aiperf`: aiperf's mooncake_trace lines, ms from the first arrival."""
+    path = _journal(tmp_path, n=30, duration=5.0)
+    assert main(["log", "--journal", path, "--format", "aiperf"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    conn = sqlite3.connect(path)
+    rows = conn.execute("SELECT ts, prompt_tokens, completion_tokens, max_tokens FROM decisions ORDER BY ts, id").fetchall()
+    assert len(lines) == len(rows) == 30
+    assert lines[0]["timestamp"] == 0 and all(a["timestamp"] <= b["timestamp"] for a, b in zip(lines, lines[1:]))
+    for line, (ts, prompt, done, max_tokens) in zip(lines, rows):
+        assert set(line) == {"timestamp", "input_length", "output_length"}
+        assert line["timestamp"] == round((ts - rows[0][0]) * 1000)
+        assert line["input_length"] == prompt and line["output_length"] == (done if done is not None else max_tokens)
+    assert main(["log", "--journal", path, "--format", "aiperf", "--kind", "audit"]) == 1
+    assert "--kind decisions" in capsys.readouterr().err
