@@ -268,9 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     log_cmd.add_argument(
         "--format",
-        choices=("table", "json", "csv"),
+        choices=("table", "json", "csv", "aiperf"),
         default="table",
-        help="table (aligned columns), json (JSON Lines) or csv (with a header); default: table",
+        help="table (aligned columns), json (JSON Lines), csv (with a header), or aiperf: a trace of the decisions' "
+        "arrivals and token counts for `aiperf profile --custom-dataset-type mooncake_trace --fixed-schedule`; default: table",
     )
     log_cmd.set_defaults(func=_cmd_log)
 
@@ -302,6 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     review.set_defaults(func=_cmd_review)
     _add_simulate_parser(commands)
     _add_crunch_parser(commands)
+    from gate.tools.replay.cli import add_parser as _add_replay_parser
+
+    _add_replay_parser(commands, _Formatter, _EXIT_CODES)
     return parser
 
 

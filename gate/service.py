@@ -28,6 +28,7 @@ from gate.backend.telemetry import BackendTelemetry, TelemetryPoller, backend_tr
 from gate.backend.tokens import TokenCounter
 from gate.backend.upstream import RelayStats
 from gate.config import Config, config_digest
+from gate.config.thresholds import CONFIG_IN_FORCE, thresholds_json
 from gate.core.ratelimit import RateLimiter
 from gate.data.commands import Operator
 from gate.data.records import AuditRecord, AuditSource, DecisionRecord
@@ -208,6 +209,9 @@ class GateService:
             self.control_server.claim()  # before anything listens: a live gate there is a refusal
         self.recorder.journal = await Journal.open(self.journal_path, on_drop=self.metrics.journal_dropped)
         await self.recorder.resume(self.operator)  # the last 15 minutes, and how the last gate ended
+        # What `tokengate replay` starts from: the file's thresholds, before any override is restored
+        # (each restored override is its own audit row after this one).
+        self.audit_gate(CONFIG_IN_FORCE, config_digest(self.config), new_value=thresholds_json(self.config))
         if self.shared is not None:
             await self.shared.start()  # Redis out of reach is not fatal: the failure policy applies
         await self.backends.probe_all()

@@ -32,13 +32,16 @@ class DecisionRecord:
     reason: str  # a Reason value, "ok" for a completed request, "client_disconnect" for a cancel
     http_status: int
     queue_ms: float | None
-    ttft_ms: float | None
+    ttft_ms: float | None  # first token, measured from DISPATCH (upstream latency: the controller's signal)
     duration_ms: float
     completion_tokens: int | None
     budget_at_decision: int | None
     in_flight_at_decision: int | None
     model: str = ""  # the model that answered, when the gate routed by model ("" otherwise)
     rerouted_from: str = ""  # the model asked for, when a fallback answered instead
+    #: first token, measured from ARRIVAL at the gate (what the client saw: queue wait included);
+    #: None before schema v4 and for requests that never got a first token
+    ttft_arrival_ms: float | None = None
 
 
 class RecentDecisions:
@@ -119,4 +122,7 @@ class SampleRecord:
     admitted: int  # decisions in the last second
     refused: int
     gate_id: str = ""
+    #: journal rows this gate dropped since it opened the journal (cumulative; schema v4): a rise
+    #: between two samples says the decisions of that stretch are incomplete
+    journal_dropped: int = 0
     classes: tuple[ClassSample, ...] = ()

@@ -646,6 +646,7 @@ class _Flow:
             in_flight_at_decision=self.in_flight_at,
             model=self.model_name or "",
             rerouted_from=self.rerouted_from or "",
+            ttft_arrival_ms=None if stats is None or stats.first_token_at is None else (stats.first_token_at - self.t0) * 1000,
         )
         model = self.model_name or (intake.model if intake is not None else None)
         self.committed = gate.recorder.record(

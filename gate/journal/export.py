@@ -9,6 +9,14 @@ Columns are the journal's column names (``class``, not the record field ``cls``)
 ``id``. ``ts`` is printed as ISO-8601 UTC in table and CSV; JSON keeps the raw float
 (seconds since the epoch) and adds ``ts_iso``. A sample's ``classes`` is a JSON array
 (JSON output) or its compact JSON text (CSV, table).
+
+``aiperf`` (decisions only): a trace that NVIDIA aiperf replays against a staging gate with
+``--custom-dataset-type mooncake_trace --fixed-schedule``: one JSON line per recorded arrival
+that carried a prompt count, ``{"timestamp": ms since the first, "input_length": prompt
+tokens, "output_length": tokens it really generated, else its max_tokens}``. No prompt text
+exists in the journal: aiperf synthesizes text of that length. The class and tenant are not
+in the trace (aiperf sends one set of headers to every request): every class's arrivals are
+replayed as the class those headers name.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from typing import Any, TextIO
 from gate.journal import COLUMNS, SCHEMA_VERSION
 
 KINDS = ("decisions", "audit", "samples")
-FORMATS = ("table", "json", "csv")
+FORMATS = ("table", "json", "csv", "aiperf")
 FETCH = 1000  # rows per fetchmany
 TABLE_PAGE = 200  # rows buffered to size the table's columns
 
@@ -163,7 +171,9 @@ def export(
     rows: Iterator[tuple[Any, ...]] | None = None
     try:
         columns, rows = _rows(conn, kind, since_ts, path)
-        writer = {"json": _write_json, "csv": write_csv, "table": _write_table}[fmt]
+        if fmt == "aiperf" and kind != "decisions":
+            raise ExportError("--format aiperf is a trace of requests: use it with --kind decisions")
+        writer = {"json": _write_json, "csv": write_csv, "table": _write_table, "aiperf": _write_aiperf}[fmt]
         return writer(columns, rows, out)
     finally:
         # A reader that went away (`| head`) leaves the row stream half read: close it (and
@@ -176,6 +186,22 @@ def export(
 
 # ------------------------------------------------------------------------------------------
 # Formats
+
+
+def _write_aiperf(columns: Sequence[str], rows: Iterator[tuple[Any, ...]], out: TextIO) -> int:
+    at = {name: i for i, name in enumerate(columns)}
+    ts, prompt, max_tokens, done = at["ts"], at["prompt_tokens"], at["max_tokens"], at["completion_tokens"]
+    first: float | None = None
+    n = 0
+    for row in rows:
+        if row[prompt] is None or (row[done] is None and row[max_tokens] is None):
+            continue  # refused before its prompt was counted: nothing to send again
+        first = row[ts] if first is None else first
+        output = row[done] if row[done] is not None else row[max_tokens]
+        line = {"timestamp": round((row[ts] - first) * 1000), "input_length": max(1, row[prompt]), "output_length": max(1, output)}
+        out.write(json.dumps(line, separators=(",", ":")) + "\n")
+        n += 1
+    return n
 
 
 def _write_json(columns: Sequence[str], rows: Iterator[tuple[Any, ...]], out: TextIO) -> int:

@@ -105,8 +105,17 @@ _V3 = (
     "ALTER TABLE decisions ADD COLUMN rerouted_from TEXT NOT NULL DEFAULT ''",
 )
 
+# v4: what `tokengate replay` needs. The first token measured from arrival (the client's TTFT;
+# `ttft_ms` stays measured from dispatch, as the controller sees it), and per sample the rows
+# the writer had dropped so far (a rise marks a window whose decisions are incomplete). Rows
+# written before v4 hold NULL / 0 there: replay refuses a window of them, and says so.
+_V4 = (
+    "ALTER TABLE decisions ADD COLUMN ttft_arrival_ms REAL",
+    "ALTER TABLE samples ADD COLUMN journal_dropped INTEGER NOT NULL DEFAULT 0",
+)
+
 #: ``MIGRATIONS[i]`` takes a journal from schema version ``i`` to ``i + 1``. Append only.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

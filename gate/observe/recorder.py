@@ -308,6 +308,7 @@ class Recorder:
                     refused=refused,
                     classes=classes,
                     gate_id=self.gate_id,
+                    journal_dropped=self.journal.health.dropped,
                 )
             )
 

@@ -1,0 +1,57 @@
+"""``tokengate replay``: what would a recorded window have looked like under other thresholds?
+
+It re-runs the window's recorded arrivals through the gate's own pure admission core and a
+model of llama-server fitted from the same journal, first under the thresholds recorded as in
+force (calibration: compared with what the journal says happened), then under each proposal.
+
+One module per concept; the flow is window (I/O) -> engine (pure) -> report (pure):
+
+``window``
+    :func:`load_window` reads a journal window (read-only), refuses one that cannot be
+    replayed (:class:`ReplayError`: schema before v4, rows before the migration, dropped
+    rows, no ``config_in_force`` row) and fits :class:`BackendFit` from it.
+``engine``
+    :func:`replay`, the deterministic discrete-event loop around ``gate.core``.
+``report``
+    proposals (``--set``, ``--config``), per-class figures, calibration, ``untrusted``, and
+    the table and JSON answers (:func:`run_replay`).
+"""
+
+from __future__ import annotations
+
+from gate.tools.replay.engine import Arrival, BackendFit, Change, Outcome, replay
+from gate.tools.replay.report import (
+    UNTRUSTED_ABOVE,
+    Proposal,
+    calibration,
+    figures,
+    proposal_from_config,
+    proposal_from_set,
+    run_replay,
+    to_json,
+    to_table,
+    untrusted,
+)
+from gate.tools.replay.window import ReplayError, Window, fit_backend, load_window
+
+__all__ = [
+    "UNTRUSTED_ABOVE",
+    "Arrival",
+    "BackendFit",
+    "Change",
+    "Outcome",
+    "Proposal",
+    "ReplayError",
+    "Window",
+    "calibration",
+    "figures",
+    "fit_backend",
+    "load_window",
+    "proposal_from_config",
+    "proposal_from_set",
+    "replay",
+    "run_replay",
+    "to_json",
+    "to_table",
+    "untrusted",
+]

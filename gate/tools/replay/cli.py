@@ -1,0 +1,119 @@
+"""The ``tokengate replay`` subcommand: its parser and its command (wired in by gate/cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any, TextIO
+
+DESCRIPTION = """\
+What would a recorded window have looked like under other thresholds?
+
+Re-runs the window's recorded arrivals (time, tenant, class, prompt tokens, max_tokens,
+the tokens each request really generated) through the gate's own admission core and a
+model of llama-server fitted from the same journal (slots, pool, prefill rate, decode
+rate vs occupancy), under the thresholds in force then (the journal's config_in_force
+row, and every retune, pause, drain and reload audited in the window) and under each
+proposal. The budget controller runs as in the gate, on the modelled latencies.
+
+First the calibration: the replay at the recorded thresholds against what happened, per
+class (admitted, refused by reason, queue wait and TTFT p50/p95 from arrival, SLO
+attainment, tokens/s). A figure whose calibration error is over 25% is marked '?' in
+every column (and listed in `untrusted` in JSON): it is not a prediction.
+
+A window cannot be replayed when the journal predates schema v4, when its rows were
+written before that migration, when the writer dropped rows in it, or when no
+config_in_force row precedes it: replay says which and exits 1.
+
+Examples:
+  tokengate replay --journal tokengate.db --since 2026-12-02T03:00Z --until 2026-12-02T03:10Z
+  tokengate replay --since 15m --set budget.min_tokens=1024 --set classes.batch.reserved_tokens=0
+  tokengate replay --set "budget.mode=static,backend.token_budget=1536" --format json
+  tokengate replay --config candidate.toml
+"""
+
+JSON_NOTE = """\
+JSON answer (--format json): {"scenarios": [{"name": "recorded", ...}, {"name": "replayed", ...},
+{"name": "<--set text or --config file>", ...}], "calibration": {...}, "fit": {...}}; each scenario
+has "classes": {NAME: {"admitted", "refused": {REASON: N}, "queue_wait_p50_ms", "queue_wait_p95_ms",
+"ttft_p50_ms", "ttft_p95_ms", "slo_attainment" (0..1), "tokens_per_s", "arrivals"}} and "untrusted"
+(the figures, as CLASS.FIGURE or CLASS.refused.REASON, whose calibration error is over 25%).
+"""
+
+
+def _when(text: str) -> float:
+    try:
+        return float(text)  # epoch seconds, as `tokengate log --format json` prints them
+    except ValueError:
+        pass
+    from gate.journal.export import parse_since
+
+    try:
+        return parse_since(text, time.time())
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_parser(commands: Any, formatter: type[argparse.HelpFormatter], epilog: str) -> None:
+    p = commands.add_parser(
+        "replay",
+        help="what-if: replay a journal window under other thresholds, calibrated against what happened",
+        description=DESCRIPTION,
+        epilog=JSON_NOTE + "\n" + epilog,
+        formatter_class=formatter,
+    )
+    p.add_argument("--journal", metavar="FILE", default=None, help="the SQLite journal (default: tokengate.db)")
+    p.add_argument(
+        "--since",
+        metavar="WHEN",
+        type=_when,
+        default=None,
+        help="window start: 15m (ago), an ISO-8601 time or epoch seconds; default: the first decision",
+    )
+    p.add_argument("--until", metavar="WHEN", type=_when, default=None, help="window end, same forms; default: the last decision")
+    p.add_argument(
+        "--backend", metavar="NAME", default=None, help="the backend to replay (default: the one with most decisions in the window)"
+    )
+    p.add_argument(
+        "--set",
+        metavar="KEY=VALUE[,KEY=VALUE]",
+        action="append",
+        default=[],
+        dest="proposals",
+        help="one proposal over the recorded thresholds (repeat for several): budget.KEY, classes.NAME.KEY, backend.KEY; "
+        "several keys in one proposal separated by commas",
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        action="append",
+        default=[],
+        dest="configs",
+        help="one proposal: another config file's thresholds (repeatable)",
+    )
+    p.add_argument("--format", choices=("table", "json"), default="table", help="table (default) or json (stable, for scripts)")
+    p.set_defaults(func=cmd_replay)
+
+
+def cmd_replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from gate.config import load_config
+    from gate.journal.export import find_journal
+    from gate.tools.replay import ReplayError, load_window, proposal_from_config, proposal_from_set, run_replay, to_json, to_table
+
+    journal, note = find_journal(args.journal)
+    if note:
+        err.write(f"tokengate replay: {note}\n")
+    try:
+        window = load_window(journal, args.since, args.until, args.backend)
+    except ReplayError as e:
+        err.write(f"tokengate replay: cannot replay: {e}\n")
+        return 1
+    try:
+        proposals = [proposal_from_set(text, window.config) for text in args.proposals]
+        proposals += [proposal_from_config(path, load_config(path), window.config, window.backend) for path in args.configs]
+    except ValueError as e:
+        err.write(f"tokengate replay: error: {e}\n")
+        return 2
+    answer = run_replay(window, proposals)
+    out.write((to_json(answer) if args.format == "json" else to_table(answer)) + "\n")
+    return 0

@@ -1,0 +1,396 @@
+"""The replay engine (pure: no I/O, no clock; the same inputs give the same answer).
+
+A discrete-event loop drives the gate's own admission core (`gate.core.admission`), budget
+owner (`gate.core.adaptive`, as `gate.backend.pool` builds it) and prefill model
+(`gate.core.prefill`) exactly as the async shell (`gate.backend.gatekeeper`) does, in front
+of a request-level model of llama-server fitted from the same journal (`BackendFit`):
+
+* a dispatched request holds one of `slots`; with ``k`` requests in flight after its
+  dispatch and ``ahead`` prompt tokens already prefilling, its first token comes
+  ``ttft_base_s + ttft_per_busy_s * (k - 1) + (prompt + ahead) / prefill_tps`` after dispatch;
+* its other ``n - 1`` tokens take ``tpot_alone_s + tpot_per_busy_s * (k - 1)`` each (decode
+  slows as occupancy grows: llama-server batches every slot's next token into one step);
+* ``n`` is the completion tokens it really generated (recorded), or, for a request the
+  recording refused, its class's median ratio of generated to max_tokens times its max_tokens.
+
+Events at one instant run in a fixed order (audit changes, completions, first tokens,
+arrivals, timers, controller ticks; then by sequence), so a replay is deterministic.
+Arrivals the core never saw (refused before admission: rate limits, bad input, no backend)
+keep their recorded outcome in every scenario.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gate.backend.pool import controller_settings
+from gate.config.schema import ClassConfig, Config
+from gate.core.adaptive import controller_for, has_demand
+from gate.core.admission import Admission, Admit, Capacity, Queue, Refuse, TenantPolicy
+from gate.core.ledger import Request
+from gate.core.prefill import PrefillModel
+from gate.core.reasons import Reason
+
+#: the reasons only the admission core gives: an arrival refused for another reason never
+#: reached it, and keeps its recorded outcome in every scenario
+CORE_REASONS = frozenset(
+    {
+        Reason.QUEUE_FULL.value,
+        Reason.QUEUE_TIMEOUT.value,
+        Reason.TOKEN_BUDGET_EXCEEDED.value,
+        Reason.TENANT_QUOTA.value,
+        Reason.CLASS_PAUSED.value,
+        Reason.DRAINED.value,
+        Reason.CONTEXT_LENGTH_EXCEEDED.value,
+    }
+)
+#: the gate ticks its budget controller once a second (gate/service.py)
+TICK_S = 1.0
+
+# event kinds, in their order within one instant
+_AUDIT, _DONE, _FIRST, _ARRIVE, _TIMER, _TICK = range(6)
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """One recorded request, as replay needs it (times in seconds from the window's start)."""
+
+    id: str
+    at: float
+    tenant: str
+    cls: str
+    prompt_tokens: int
+    max_tokens: int
+    completion_tokens: int | None  # what it really generated (None: it never ran)
+    through_core: bool  # False: refused before admission; its outcome is kept as recorded
+    outcome: str  # recorded
+    reason: str  # recorded
+    queue_ms: float | None = None  # recorded
+    ttft_arrival_ms: float | None = None  # recorded, from arrival
+    stream: bool = True
+    endpoint: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One recorded change to the thresholds (an audit row), at `at` seconds (<= 0: in force at the start)."""
+
+    at: float
+    action: str
+    target: str
+    new_value: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class BackendFit:
+    """llama-server as fitted from the journal (see the module docstring for the model)."""
+
+    slots: int
+    slot_context: int
+    ceiling: int
+    kv: str = "unified"
+    ttft_base_s: float = 0.05
+    ttft_per_busy_s: float = 0.0
+    prefill_tps: float = 2000.0
+    tpot_alone_s: float = 0.02
+    tpot_per_busy_s: float = 0.0
+    points: int = 0  # requests the fit rests on
+    notes: tuple[str, ...] = ()
+
+    def ttft_s(self, prompt: int, ahead: int, busy: int) -> float:
+        return max(1e-4, self.ttft_base_s + self.ttft_per_busy_s * max(0, busy - 1) + (prompt + ahead) / self.prefill_tps)
+
+    def tpot_s(self, busy: int) -> float:
+        return max(1e-5, self.tpot_alone_s + self.tpot_per_busy_s * max(0, busy - 1))
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one arrival got in a scenario."""
+
+    admitted: bool
+    reason: str  # "ok" when admitted, else the refusal reason
+    queue_ms: float | None
+    ttft_arrival_ms: float | None
+    completion_tokens: int
+    duration_ms: float | None = None  # arrival to the last token
+
+
+@dataclass(slots=True)
+class _Live:
+    arrival: Arrival
+    dispatched_at: float
+    ttft_s: float
+    tokens: int
+    ahead: int
+    tpot_s: float
+
+
+@dataclass(slots=True)
+class _Run:
+    """One scenario's mutable state."""
+
+    config: Config
+    fit: BackendFit
+    arrivals: Sequence[Arrival]
+    changes: Sequence[Change]
+    until: float
+    fill_ratio: Mapping[str, float]
+    heap: list[tuple[float, int, int, Any]] = field(default_factory=list)
+    seq: int = 0
+    out: dict[str, Outcome] = field(default_factory=dict)
+    live: dict[str, _Live] = field(default_factory=dict)
+    timer_at: float = math.inf
+
+    def push(self, at: float, kind: int, payload: Any) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (at, kind, self.seq, payload))
+
+
+def _policy_for(config: Config) -> Any:
+    tenants = {t.name: TenantPolicy(weight=t.weight, max_tokens_in_flight=t.max_tokens_in_flight) for t in config.tenants}
+    default = TenantPolicy()
+    return lambda name: tenants.get(name, default)
+
+
+def _parse(text: str | None) -> Any:
+    if text is None or text == "None":
+        return None
+    if text in ("True", "true"):
+        return True
+    if text in ("False", "false"):
+        return False
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _pairs(text: str | None) -> dict[str, Any]:
+    """`k=v, k=v` (set_class / set_budget_settings audit values) into a dict."""
+    out: dict[str, Any] = {}
+    for part in (text or "").split(", "):
+        key, sep, value = part.partition("=")
+        if sep:
+            out[key.strip()] = _parse(value.strip())
+    return out
+
+
+def replay(
+    config: Config,
+    fit: BackendFit,
+    arrivals: Sequence[Arrival],
+    changes: Sequence[Change] = (),
+    *,
+    until: float,
+    pinned: frozenset[str] = frozenset(),
+) -> dict[str, Outcome]:
+    """Run `arrivals` through the core under `config` and the recorded `changes` (except those
+    touching a key in `pinned`: a proposal's own keys); the outcome of each arrival by id."""
+    ratio = _fill_ratio(arrivals)
+    run = _Run(config, fit, arrivals, [c for c in changes if not _pinned(c, pinned)], until, ratio)
+    cap = Capacity(
+        slots=fit.slots,
+        slot_context=fit.slot_context,
+        # A configured token_budget replaces the pool as the ceiling, as `capacity_from_props` does.
+        ceiling=config.backends[0].token_budget or fit.ceiling,
+        max_prefill_tokens=config.backends[0].max_prefill_tokens,
+        prefill_yield_tokens=config.backends[0].prefill_yield_tokens or None,
+    )
+    settings = controller_settings(config.budget, cap.ceiling)
+    controller = controller_for(config.budget.mode, settings)
+    prefill = PrefillModel()
+    adm = Admission(
+        config.classes,
+        cap,
+        budget=controller.budget,
+        tenant_policy=_policy_for(config),
+        aging_s=config.budget.aging_s or None,
+        expected_ttft=lambda r, prefilling: prefill.expected_ttft(r.prompt_tokens, prefilling),
+        budget_elastic=lambda: controller.elastic,
+    )
+    slo_s = config.budget.slo_ttft_p95_ms / 1000.0
+    classes = {c.name: c for c in config.classes}
+    state = {"config": config}
+
+    def dispatch(admit: Admit, now: float) -> None:
+        a = by_id[admit.request.id]
+        busy = len(adm.ledger)
+        ahead = max(0, adm.ledger.prefilling - a.prompt_tokens)
+        ttft = fit.ttft_s(a.prompt_tokens, ahead, busy)
+        tokens = _tokens(a, run.fill_ratio)
+        live = _Live(a, now, ttft, tokens, ahead, fit.tpot_s(busy))
+        run.live[a.id] = live
+        run.push(now + ttft, _FIRST, a.id)
+
+    def refused(refusal: Refuse) -> None:
+        run.out[refusal.request.id] = Outcome(False, refusal.reason.value, None, None, 0)
+
+    def advance(now: float) -> None:
+        step = adm.advance(now)
+        for admit in step.admitted:
+            dispatch(admit, now)
+        for refusal in step.expired:
+            refused(refusal)
+        arm(now)
+
+    def arm(now: float) -> None:
+        deadline = adm.next_deadline(now)
+        if deadline is not None and deadline < run.timer_at:
+            run.timer_at = max(deadline, now)
+            run.push(run.timer_at, _TIMER, None)
+
+    def budget_moved(_budget: int) -> None:  # the pool's `controller.on_change(gatekeeper.set_budget)`
+        adm.set_budget(controller.budget)
+        advance(current[0])
+
+    controller.on_change(budget_moved)
+    current = [0.0]
+    by_id = {a.id: a for a in arrivals}
+    for a in arrivals:
+        if a.through_core and a.cls in classes:
+            run.push(a.at, _ARRIVE, a)
+        else:
+            run.out[a.id] = _as_recorded(a)
+    for c in run.changes:
+        run.push(max(0.0, c.at), _AUDIT, c)
+    ticks = int(until // TICK_S)
+    for i in range(1, ticks + 1):
+        run.push(i * TICK_S, _TICK, None)
+
+    while run.heap:
+        now, kind, _, payload = heapq.heappop(run.heap)
+        current[0] = now
+        if kind == _ARRIVE:
+            a = payload
+            req = Request(a.id, a.cls, a.tenant, a.prompt_tokens, a.max_tokens, now)
+            decision = adm.offer(req, now)
+            if isinstance(decision, Admit):
+                dispatch(decision, now)
+            elif isinstance(decision, Refuse):
+                refused(decision)
+            elif isinstance(decision, Queue):
+                arm(now)
+        elif kind == _FIRST:
+            live = run.live[payload]
+            held = adm.ledger.get(payload)
+            if held is not None and held.prefilling:
+                prefill.observe(live.arrival.prompt_tokens + live.ahead, live.ttft_s)
+                adm.prefill_cap_auto = prefill.auto_prefill_cap(slo_s)
+            run.push(now + max(0, live.tokens - 1) * live.tpot_s, _DONE, payload)
+            if adm.first_token(payload):
+                advance(now)
+        elif kind == _DONE:
+            live = run.live.pop(payload)
+            a = live.arrival
+            queue_s = live.dispatched_at - a.at
+            run.out[a.id] = Outcome(True, "ok", queue_s * 1000.0, (queue_s + live.ttft_s) * 1000.0, live.tokens, (now - a.at) * 1000.0)
+            adm.release(payload, now)
+            controller.observe(now, live.ttft_s, live.tpot_s if live.tokens > 1 else None)
+            advance(now)
+        elif kind == _TIMER:
+            if now >= run.timer_at:
+                run.timer_at = math.inf
+            advance(now)
+        elif kind == _TICK:
+            controller.tick(now, has_demand(adm.waiting(), adm.ledger.in_flight, adm.budget))
+        else:
+            _apply(payload, now, adm, controller, classes, state, advance)
+    # Still waiting when everything else ended: the window closed on them (counted as refused).
+    for cls in adm.class_names:
+        for w in list(adm.queue(cls)):
+            run.out.setdefault(w.request.id, Outcome(False, "still_waiting", None, None, 0))
+    return run.out
+
+
+def _apply(
+    change: Change, now: float, adm: Admission, controller: Any, classes: dict[str, ClassConfig], state: dict[str, Any], advance: Any
+) -> None:
+    """One recorded operator change, as `gate.ops.control` applied it."""
+    action, target = change.action, change.target
+    name = target.partition(":")[2]
+    if action in ("pause_class", "resume_class") and name in classes:
+        adm.pause(name) if action == "pause_class" else adm.resume(name)
+    elif action == "drain_class" and name in classes:
+        adm.drain(name, now)
+    elif action in ("freeze", "unfreeze"):
+        controller.freeze() if action == "freeze" else controller.unfreeze()
+    elif action in ("set_budget", "restored") and target.startswith("backend:"):
+        value = _parse(change.new_value)
+        if isinstance(value, int):
+            controller.set_budget(now, value)
+    elif action == "restored" and target.startswith("class:") and name in classes:
+        adm.pause(name) if change.new_value == "paused" else adm.resume(name)
+    elif action == "restored" and target == "controller":
+        controller.freeze() if change.new_value == "frozen" else controller.unfreeze()
+    elif action == "set_class" and name in classes:
+        _set_class(name, _pairs(change.new_value), adm, classes)
+    elif action == "set_budget_settings":
+        _set_budget_settings(_pairs(change.new_value), now, adm, controller, state)
+    elif action in ("reload", "restored") and target.startswith("classes."):
+        _, cls, key = target.split(".", 2)
+        if cls in classes:
+            _set_class(cls, {key: _parse(change.new_value)}, adm, classes)
+    elif action in ("reload", "restored") and target.startswith("budget."):
+        _set_budget_settings({target.split(".", 1)[1]: _parse(change.new_value)}, now, adm, controller, state)
+    advance(now)
+
+
+def _set_class(cls: str, values: dict[str, Any], adm: Admission, classes: dict[str, ClassConfig]) -> None:
+    known = {f.name for f in dataclasses.fields(ClassConfig)}
+    updated = dataclasses.replace(classes[cls], **{k: v for k, v in values.items() if k in known})
+    classes[cls] = updated
+    adm.set_policy(updated)
+
+
+def _set_budget_settings(values: dict[str, Any], now: float, adm: Admission, controller: Any, state: dict[str, Any]) -> None:
+    config: Config = state["config"]
+    known = {f.name for f in dataclasses.fields(config.budget)}
+    budget = dataclasses.replace(config.budget, **{k: v for k, v in values.items() if k in known and k != "mode"})
+    state["config"] = dataclasses.replace(config, budget=budget)
+    settings = controller_settings(budget, controller.ceiling_tokens)
+    controller.set_slos(settings.slo_ttft_p95_s, settings.slo_tpot_p95_s)
+    controller.set_bounds(now, settings.min_tokens)
+    adm.aging_s = budget.aging_s or None
+
+
+def _pinned(change: Change, pinned: frozenset[str]) -> bool:
+    """Does the proposal set what this recorded change sets (so the proposal's value stays)?"""
+    if not pinned:
+        return False
+    action, target = change.action, change.target
+    if action in ("set_budget", "set_budget_settings") or (action in ("restored",) and target.startswith("backend:")):
+        return any(k.startswith(("budget.", "backends.")) for k in pinned)
+    if action in ("reload", "restored") and (target.startswith("budget.") or target.startswith("classes.")):
+        return target in pinned
+    if action == "set_class":
+        prefix = f"classes.{target.partition(':')[2]}."
+        return any(k.startswith(prefix) for k in pinned)
+    return False
+
+
+def _as_recorded(a: Arrival) -> Outcome:
+    admitted = a.outcome not in ("refused", "shed")
+    return Outcome(admitted, "ok" if admitted else a.reason, a.queue_ms, a.ttft_arrival_ms, a.completion_tokens or 0)
+
+
+def _fill_ratio(arrivals: Sequence[Arrival]) -> dict[str, float]:
+    """Per class: the median of generated / max_tokens over the requests that ran."""
+    by_class: dict[str, list[float]] = {}
+    for a in arrivals:
+        if a.completion_tokens is not None and a.max_tokens > 0:
+            by_class.setdefault(a.cls, []).append(min(1.0, a.completion_tokens / a.max_tokens))
+    return {cls: sorted(v)[len(v) // 2] for cls, v in by_class.items()}
+
+
+def _tokens(a: Arrival, ratio: Mapping[str, float]) -> int:
+    if a.completion_tokens is not None:
+        return max(0, a.completion_tokens)
+    return max(1, round(a.max_tokens * ratio.get(a.cls, 1.0)))
