@@ -298,6 +298,7 @@ class _Flow:
                 lambda: keeper.first_token(ticket),
                 keep_usage_chunk=intake.include_usage,
                 collect=not intake.stream,
+                stops_left=ticket.request.tasks,
             )
             if plain:
                 await self._relay_plain(relay)
