@@ -226,6 +226,8 @@ class SseRelay:
     error: dict[str, Any] | None = None
     events: EventFormat | None = None  # a typed event stream (Messages, Responses): its reader
     _event: str = ""  # the current event's name (its ``event:`` line)
+    #: /completion's stop chunks that end the stream: one per task (a prompt list, n_cmpl > 1)
+    stops_left: int = 1
 
     async def reads(self) -> AsyncIterator[tuple[str, str]]:
         """Per upstream read, the complete events to relay: (now, held back).
@@ -356,7 +358,9 @@ class SseRelay:
             self.error = chunk["error"]
         self.stats.read_final(chunk)
         if chunk.get("stop") is True:
-            self.stats.finished = True  # /completion ends without [DONE]
+            self.stops_left -= 1
+            if self.stops_left <= 0:
+                self.stats.finished = True  # /completion ends without [DONE]: after every task's stop
         if self.collect:
             self.chunks.append(chunk)
         if not self.keep_usage_chunk and chunk.get("choices") == [] and "usage" in chunk:

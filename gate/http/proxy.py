@@ -304,6 +304,7 @@ class _Flow:
                 keep_usage_chunk=intake.include_usage,
                 collect=not intake.stream,
                 events=event_format(intake.kind),
+                stops_left=ticket.request.tasks,
             )
             self.events = relay.events
             if plain:

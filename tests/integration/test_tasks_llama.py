@@ -162,6 +162,11 @@ async def test_prompt_lists_and_n_are_admitted_for_every_task(llama_embed):
         single = await client.post(gate.url + "/v1/completions", json={"prompt": "the quick", "max_tokens": 5})
         one = record(gate, single.headers["x-request-id"])
         assert rec.prompt_tokens >= 2 * one.prompt_tokens
+        native = await client.post(gate.url + "/completion", json={"prompt": ["the quick", "lazy dog"], "n_predict": 4, "stream": True})
+        chunks = [json.loads(line[6:]) for line in native.text.splitlines() if line.startswith("data: {")]
+        # /completion ends without [DONE]: the stream is over only after every task's stop chunk
+        assert sorted(c["index"] for c in chunks if c.get("stop")) == [0, 1]
+        assert record(gate, native.headers["x-request-id"]).outcome == "admitted"
         chat = await client.post(
             gate.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "n": 3, "max_tokens": 4}
         )

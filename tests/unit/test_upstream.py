@@ -134,3 +134,19 @@ async def test_a_plain_answer_that_is_not_a_json_object_is_an_upstream_error():
         with pytest.raises(GateError) as caught:
             await relay.whole()
         assert caught.value.reason.status == 502
+
+
+async def test_a_completion_of_several_tasks_ends_only_with_its_last_stop_chunk():
+    two = (
+        b'data: {"index":0,"content":"a","stop":false}\n\n'
+        b'data: {"index":0,"content":"","stop":true}\n\n'
+        b'data: {"index":1,"content":"b","stop":false}\n\n'
+        b'data: {"index":1,"content":"","stop":true}\n\n'
+    )
+    relay = SseRelay(httpx.Response(200, stream=_Pieces([two])), RelayStats(dispatched_at=1.0), lambda: 5.0, lambda: None, stops_left=2)
+    reads = [read async for read in relay.reads()]
+    now = "".join(n for n, _ in reads)
+    held = "".join(h for _, h in reads)
+    # task 1's tokens stream as they come; only the last stop chunk waits for the decision row
+    assert '"index":1,"content":"b"' in now and held == 'data: {"index":1,"content":"","stop":true}\n\n'
+    assert relay.stats.finished
