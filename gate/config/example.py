@@ -161,10 +161,11 @@ queue_timeout_s = 10.0
 # rest is told at once. The console says when it is not in force (nothing measured yet).
 # Default: unset, which uses budget.slo_ttft_p95_ms.
 # ttft_objective_ms = 2000.0
-# max_tokens assumed AND injected upstream when a request gives none, so the worst case is
-# bounded. Must be <= max_tokens_cap. Default 512.
+# max_tokens assumed AND injected upstream when a request gives none (n_predict on /completion,
+# max_output_tokens on the Responses API), so the worst case is bounded. Must be <= max_tokens_cap.
+# Default 512.
 default_max_tokens = 256
-# Largest max_tokens a request of this class may ask for. Default 4096.
+# Largest max_tokens (under any of its names) a request of this class may ask for. Default 4096.
 max_tokens_cap = 4096
 # Models to try, in order, when the requested model is saturated (would queue), still loading
 # (router mode), or refuses the request; each must be in some backend's `models`, e.g.

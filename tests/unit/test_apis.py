@@ -346,3 +346,21 @@ def test_prompt_fields_keep_what_llama_server_templates() -> None:
     assert set(prompt_fields("messages", body)) == {"system", "messages", "tools", "thinking"}
     body = {"input": "i", "instructions": "s", "tools": [], "reasoning": {}, "max_output_tokens": 3, "messages": ["ignored"]}
     assert set(prompt_fields("responses", body)) == {"input", "instructions", "tools", "reasoning"}
+
+
+@pytest.mark.parametrize(("stream", "events"), [(RESPONSES_STREAM, ResponsesEvents), (ANTHROPIC_STREAM, MessagesEvents)])
+async def test_ttft_is_the_first_content_event_not_the_first_event(stream, events) -> None:
+    # one read per event, each at its own time: the first token is the first *.delta / content_block_delta
+    parts = [p + "\n\n" for p in stream.split("\n\n") if p]
+    now = [0.0]
+
+    async def body():
+        for i, part in enumerate(parts):
+            now[0] = float(i + 1)
+            yield part.encode()
+
+    r = SseRelay(httpx.Response(200, content=body()), RelayStats(0.0), lambda: now[0], lambda: None, events=events())
+    async for _ in r.reads():
+        pass
+    first_delta = next(i for i, p in enumerate(parts) if "delta" in p.split("\n")[0] and "message_delta" not in p)
+    assert r.stats.first_token_at == float(first_delta + 1) > 1.0
