@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sqlite3
 import time
 from pathlib import Path
 
@@ -121,6 +122,14 @@ async def test_replay_calibrates_at_a_and_predicts_b(llama_unified, tmp_path: Pa
     await _warm(llama_unified.url)
     await _run(llama_unified.url, ja, "A")
     window = load_window(ja)
+    # Schema v4 as the gate writes it: the first token from arrival and from dispatch, apart by
+    # the queue wait; the thresholds in force recorded once, before the window.
+    with sqlite3.connect(ja) as conn:
+        rows = conn.execute("SELECT queue_ms, ttft_ms, ttft_arrival_ms FROM decisions WHERE outcome = 'admitted'").fetchall()
+        (in_force,) = conn.execute("SELECT count(*) FROM audit WHERE action = 'config_in_force'").fetchone()
+    assert rows and in_force == 1
+    for queue_ms, ttft_ms, ttft_arrival_ms in rows:
+        assert ttft_arrival_ms >= queue_ms + ttft_ms - 1.0, (queue_ms, ttft_ms, ttft_arrival_ms)
     b = proposal_from_set("backend.token_budget=200", window.config)
     answer = run_replay(window, [b])
     real_b_window = None

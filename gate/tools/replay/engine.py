@@ -242,6 +242,8 @@ def replay(
         arm(now)
 
     def arm(now: float) -> None:
+        if not adm.waiting():
+            return  # nothing waits: no deadline (the core's next_deadline walks every waiter)
         deadline = adm.next_deadline(now)
         if deadline is not None and deadline < run.timer_at:
             run.timer_at = max(deadline, now)
