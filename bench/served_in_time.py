@@ -149,13 +149,13 @@ def summarise(results: list[Result], duration: float, objective_s: float, satura
             "retry_after_valid": sum(1 for r in refused if r.retry_after_valid),
             "5xx": sum(1 for r in rs if r.outcome == "upstream_5xx" or (r.status or 0) >= 500),
             "other": sum(1 for r in rs if r.outcome not in ("ok", "refused")),
-            "ttft_p50_s": pct(ttfts, 50),
-            "ttft_p95_s": pct(ttfts, 95),
+            "ttft_p50_s": pct(ttfts, 0.50),
+            "ttft_p95_s": pct(ttfts, 0.95),
             "within_objective": within,
             "within_of_served": within / len(served) if served else None,
             "within_of_sent": within / len(rs) if rs else None,
             "within_of_ideal": within / (saturation * duration),
-            "refusal_p95_ms": pct(refusal_ms, 95),
+            "refusal_p95_ms": pct(refusal_ms, 0.95),
             "served_per_10s": windows,
         }
     return out
@@ -209,19 +209,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--light", type=float, default=1 / 3, help="light load, x saturation (default 1/3)")
     ap.add_argument("--over", type=float, default=3.0, help="sustained overload, x saturation (default 3)")
     ap.add_argument("--words", type=int, default=30, help="prompt words, fixed (default 30)")
-    ap.add_argument("--max-tokens", type=int, default=128, help="completion tokens, fixed (default 128)")
+    ap.add_argument("--max-tokens", type=int, default=64, help="completion tokens, fixed (default 64)")
+    ap.add_argument("--model-size", default="fast", help="tests/llama model size: fast (256x4) or default (640x8)")
+    ap.add_argument("--calibrate", type=int, default=10, help="sequential requests for the unloaded TTFT (default 10)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--out", default=str(HERE / "results" / "served_in_time.json"))
     args = ap.parse_args(argv)
 
-    binary, model = find_llama_server(), cached_model()
+    binary, model = find_llama_server(), cached_model(args.model_size)
     srv = start_llama(binary, model)
     try:
-        unloaded = asyncio.run(sequential_ttfts(srv.url, 20, args.words, args.max_tokens))
-        saturation = asyncio.run(closed_loop_rate(srv.url, 4, 20.0, args.words, args.max_tokens))
+        print("calibrating: unloaded TTFT, then saturation", flush=True)
+        unloaded = asyncio.run(sequential_ttfts(srv.url, args.calibrate, args.words, 4))  # TTFT only
+        saturation = asyncio.run(closed_loop_rate(srv.url, 4, 15.0, args.words, args.max_tokens))
     finally:
         srv.stop()
-    p95 = pct(unloaded, 95) or 0.2
+    p95 = pct(unloaded, 0.95) or 0.2
     objective_s = 3 * p95
     print(f"unloaded TTFT p95 {p95 * 1000:.0f} ms -> objective {objective_s * 1000:.0f} ms; saturation {saturation:.2f} req/s", flush=True)
     report: dict = {"unloaded_ttft_p95_s": p95, "objective_s": objective_s, "saturation_rps": saturation, "args": vars(args), "cells": {}}

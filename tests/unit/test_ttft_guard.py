@@ -238,3 +238,20 @@ def test_negative_control_without_objectives_the_queue_stays_full_and_everyone_i
     for seed in (1, 2, 3):
         result = overload(sim.admission(chat(None), slots=SLOTS, ttft_s=TTFT_S), seed)
         assert len(targets(result)) == 3, (seed, sim.summary(result, CAPACITY_RPS))
+
+
+def test_the_snapshot_says_when_the_protection_is_partial_or_off():
+    from types import SimpleNamespace
+
+    from gate.observe.snapshots import ttft_guard
+
+    adm, model = one_class(default_ms=1000.0, ttft=None), PrefillModel()
+    gk = SimpleNamespace(admission=adm, prefill=model)
+    assert ttft_guard(gk) == "no hold times yet, no first token yet"
+    measure_holds(adm, 2.0)
+    for _ in range(3):
+        model.observe(50, 0.2)  # one prompt size: no fit, the measured median stands in
+    assert ttft_guard(gk) == "measured TTFT (no prefill fit)"
+    for tokens in (50, 100, 200, 400, 800, 1600, 3200, 6400):
+        model.observe(tokens, 0.05 + tokens / 2000)
+    assert ttft_guard(gk) == ""  # in force, on the fitted model
