@@ -13,6 +13,7 @@ llama-server, its control socket, real console processes on pseudo-terminals, re
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import pty
 import pwd
@@ -273,7 +274,8 @@ async def test_hangup_of_an_embedded_console_drains_the_gate_and_exits_zero(llam
         rc = await asyncio.to_thread(console.proc.wait, 60)
         assert rc == 0, console.read().decode(errors="replace")[-2000:]
         actions = [(r["action"], r["note"]) for r in audit_rows(tmp_path)]
-        assert actions[0][0] == "started"
+        # The thresholds in force come first (what `tokengate replay` starts from), then started.
+        assert [a for a, _ in actions[:2]] == ["config_in_force", "started"]
         assert actions[-2][0] == "stopping" and "hang-up" in actions[-2][1]
         assert actions[-1][0] == "stopped"
         assert not Path(sock_of(tmp_path)).exists()  # the gate process is gone and tidied up
@@ -454,8 +456,9 @@ async def test_audit_rows_for_start_reload_applied_and_refused_and_stop(llama_sp
         assert await asyncio.wait_for(proc.wait(), 30) == 0
     rows = audit_rows(tmp_path)
     by_action = {r["action"]: r for r in rows}
-    assert rows[0]["action"] == "started" and rows[0]["new_value"]  # the version
-    assert "config sha256:" in rows[0]["note"]
+    assert rows[0]["action"] == "config_in_force" and "budget" in json.loads(rows[0]["new_value"])  # the thresholds
+    assert rows[1]["action"] == "started" and rows[1]["new_value"]  # the version
+    assert "config sha256:" in rows[1]["note"]
     assert by_action["reload"]["target"] == "budget.min_tokens"
     assert (by_action["reload"]["old_value"], by_action["reload"]["new_value"]) == ("1024", "1536")
     assert "min_tokens" in by_action["reload_refused"]["note"]

@@ -368,7 +368,7 @@ async def test_split_request_larger_than_a_slot_is_refused_at_once_and_never_rea
             ]
             after = await llama_metrics(client, url)
             for resp in answers:
-                body = assert_error(resp, 400, "context_length_exceeded", "invalid_request_error")
+                body = assert_error(resp, 400, "context_length_exceeded", "exceed_context_size_error")
                 assert body["error"]["param"] is None
                 assert "512" in body["error"]["message"]
                 assert "retry-after" not in resp.headers and "retry-after-ms" not in resp.headers
@@ -394,7 +394,7 @@ async def test_split_request_larger_than_a_slot_is_refused_at_once_and_never_rea
             await wait_until(lambda: len(admission.ledger) == 4)
             resp = await client.post(gate.url + CHAT, json=oversized)
             assert len(admission.ledger) == 4, "the refusal waited for a slot"
-            assert_error(resp, 400, "context_length_exceeded", "invalid_request_error")
+            assert_error(resp, 400, "context_length_exceeded", "exceed_context_size_error")
             assert admission.waiting() == 0
             assert [await t for t in running] == [(200, 150)] * 4
             await released(gate)
@@ -535,7 +535,7 @@ async def test_metrics_count_every_decision_by_class_outcome_and_reason(llama_sp
             # Refused: 2 never fit a 512-token slot, 1 above a lowered working budget, 1 malformed.
             for _ in range(2):
                 assert_error(
-                    await client.post(gate.url + CHAT, json=body(100, 450)), 400, "context_length_exceeded", "invalid_request_error"
+                    await client.post(gate.url + CHAT, json=body(100, 450)), 400, "context_length_exceeded", "exceed_context_size_error"
                 )
             # Frozen, the budget is the operator's limit (the controller's would stretch: E1).
             gate.control.freeze(True, operator=gate.operator)

@@ -24,6 +24,8 @@ from tests.integration.gate_harness import busy_slots, released, running_gate, w
 
 pytestmark = pytest.mark.llama
 
+# The scripted waiters wait behind long holders on purpose: the TTFT objective every class has by
+# default (#25) would refuse them early, so it is set out of the way.
 CLASSES = """
 [budget]
 mode = "static"
@@ -32,11 +34,13 @@ mode = "static"
 priority = 10
 queue_depth = 8
 queue_timeout_s = 120
+ttft_objective_ms = 600000
 
 [classes.batch]
 priority = 1
 queue_depth = 8
 queue_timeout_s = 120
+ttft_objective_ms = 600000
 """
 CHAT = "/v1/chat/completions"
 GAUGES = ("tokengate_num_requests_waiting", "tokengate_num_requests_running", "tokengate_kv_cache_usage_ratio")
