@@ -79,9 +79,7 @@ def relayed_headers(upstream: httpx.Headers, *, rebuilt: bool = False) -> list[t
     """llama-server's response headers for the client (CORS, its own), repeats kept; without the
     hop-by-hop ones, and without the framing ones when the gate writes the body (`rebuilt`)."""
     drop = HOP_BY_HOP | _REBUILT if rebuilt else HOP_BY_HOP
-    # Names as llama-server spells them ("Access-Control-Allow-Origin"): HTTP says case does not
-    # matter, but clients that copy headers into a plain dict (llama.cpp's own tests) look them up so.
-    return [(k, v) for k, v in upstream.raw if k.lower() not in drop]
+    return [(k.lower(), v) for k, v in upstream.raw if k.lower() not in drop]
 
 
 @dataclass(slots=True)
