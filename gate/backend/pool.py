@@ -312,7 +312,8 @@ class BackendPool:
         A router's models route to their units (an absent model: its first model)."""
         if model is None:
             first = self.configured[0]
-            return next(iter(first.fleet.units.values())) if first.fleet is not None else first
+            # a router with no unit (no model listed in [[backends]] models): nothing to admit to
+            return next(iter(first.fleet.units.values()), None) if first.fleet is not None else first
         for b in self.configured:
             if model in b.config.models:
                 return b.fleet.units[model] if b.fleet is not None else b

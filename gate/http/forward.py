@@ -79,7 +79,9 @@ class ForwardEndpoint:
             caller = self._caller(request, route)
             if model_routes.handled_here(route.name, gate.backends):
                 return await self._model_route(request, request_id, route, caller, t0, wall0)
-            backend = gate.backends.route(request.query_params.get("model"))
+            model = request.query_params.get("model")
+            # a router with no model listed has no unit: its own reads (GET /props) go to it
+            backend = gate.backends.route(model) or (gate.backends.configured[0] if model is None else None)
             if backend is None:
                 raise GateError(Reason.MODEL_NOT_FOUND, "no backend serves that model", "model")
             if route.access == "operator":

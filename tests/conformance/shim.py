@@ -14,7 +14,7 @@ generated tiny model (tests/llama/make_model.py); ``$CONFORMANCE_MODEL`` names i
   own default limit (``--n-predict``) when given, else a quarter of one slot's context, so a
   request without a limit fits as it does straight (what an operator sizing the gate would set).
 
-Signals: SIGTERM/SIGINT stop the gate (short drain) then llama-server, then the shim exits with
+Signals: SIGTERM/SIGINT stop the gate and llama-server (both at once), then the shim exits with
 0. Both children also get SIGKILL from the kernel if the shim dies first (PR_SET_PDEATHSIG), so a
 suite that SIGKILLs a slow shim leaves no orphan. If llama-server exits on its own (bad flags, no
 model), the shim exits with its code, as llama-server would.
@@ -171,18 +171,21 @@ class Shim:
         sys.exit(0)
 
     def terminate_all(self) -> None:
-        """The gate first (it drains), then llama-server; bounded so the suite's 5 s wait holds."""
+        """Both children at once (the suite is done with the server: nothing to drain for), each
+        killed after 2 s, so the suite's 5 s wait holds; then the generated config and journal go."""
         if self.stopping:
             return
         self.stopping = True
-        for proc in reversed(self.children):
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=2.0)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+        running = [proc for proc in self.children if proc.poll() is None]
+        for proc in running:
+            proc.terminate()
+        deadline = time.monotonic() + 2.0
+        for proc in running:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
 

@@ -73,3 +73,23 @@ async def test_a_client_load_and_unload_are_the_gates_own_model_operations(llama
         assert r.status_code == 400 and "not loaded" in r.json()["error"]["message"]
         health = (await client.get(gate.url + "/health")).json()
         assert health["status"] == "ok" and health["loaded"] == {"b0": []}
+
+
+async def test_a_router_with_no_model_listed_is_ready_forwards_reads_and_serves_no_model(llama_router) -> None:
+    router = llama_router()
+    async with (
+        running_gate(router.url, config(), kv="split") as gate,
+        httpx.AsyncClient(timeout=60, limits=NO_KEEPALIVE) as client,
+    ):
+        health = await client.get(gate.url + "/health")
+        assert health.status_code == 200 and health.json()["backends"]["b0"]["state"] == "ready", health.text
+        props = await client.get(gate.url + "/props")  # forwarded to the router itself
+        assert props.status_code == 200 and props.json()["role"] == "router"
+        r = await client.post(gate.url + CHAT, json=chat("tiny"))
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+        r = await client.post(gate.url + CHAT, json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        assert 400 <= r.status_code < 500 or r.status_code == 503, r.text  # never a gate crash
+        r = await client.post(gate.url + "/models/load", json={"model": "tiny"})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+        assert (await listed(client, router)) == {"tiny": "unloaded", "tiny2": "unloaded"}  # nothing loaded behind its back
+        await released(gate)

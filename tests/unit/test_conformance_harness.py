@@ -79,13 +79,13 @@ def test_outcomes_read_from_junit_xml(tmp_path: Path) -> None:
 def test_only_a_test_lost_through_the_gate_and_not_documented_fails_the_run() -> None:
     straight = {"a": "passed", "b": "passed", "c": "failed", "d": "passed", "e": "passed"}
     gate = {"a": "passed", "b": "failed", "c": "passed", "d": "failed"}  # e: never ran
-    result = compare(straight, gate, {"d": "documented reason", "z": "old"})
+    result = compare(straight, gate, {"d": "documented reason", "a": "old", "z": "not run"})
     assert result["passed_straight"] == 4 and result["passed_gate"] == 2
     assert result["undocumented"] == ["b", "e"]
     assert result["documented"] == {"d": "documented reason"}
-    assert result["stale"] == ["z"] and result["gained"] == ["c"]
+    assert result["stale"] == ["a"] and result["gained"] == ["c"]  # z did not run: not stale
     text = report(result, {"straight": 1.0, "gate": 2.0})
-    assert "REGRESSION  b" in text and "stale       z" in text and "passed straight 4, through the gate 2" in text
+    assert "REGRESSION  b" in text and "stale       a" in text and "passed straight 4, through the gate 2" in text
 
 
 def test_every_documented_difference_names_a_test_and_an_accepted_reason() -> None:
