@@ -26,7 +26,7 @@ import os
 import re
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -260,6 +260,7 @@ class ReviewScreen(Screen[str | None]):
         clock: Callable[[], float] | None = None,
         export_dir: str | os.PathLike[str] | None = None,
         range_index: int | None = None,
+        apply: Callable[[Any], Awaitable[list[str]]] | None = None,
         name: str | None = None,
         id: str | None = None,  # noqa: A002 - Textual's name
         classes: str | None = None,
@@ -267,13 +268,15 @@ class ReviewScreen(Screen[str | None]):
         """``clock``: returns "now" (epoch seconds); default: the journal's newest row.
         ``slo_ttft_ms``: draws the SLO line (the journal does not record it).
         ``export_dir``: where ``e`` writes its CSV (default: the working directory).
-        ``range_index``: into RANGES; default: the shortest range that holds the whole journal."""
+        ``range_index``: into RANGES; default: the shortest range that holds the whole journal.
+        ``apply``: the live console's sender of one command (the what-if's apply); None: replay only."""
         super().__init__(name=name, id=id, classes=classes)
         self.journal_path = os.fspath(journal_path)
         self.slo_ttft_ms = slo_ttft_ms
         self.clock = clock
         self.export_dir = Path(export_dir) if export_dir is not None else None
         self.range_index = DEFAULT_RANGE if range_index is None else range_index
+        self.apply = apply
         self._fit_range = range_index is None
         self.reader: JournalReader | None = None
         #: the open error (shown instead of the review), if any
@@ -643,7 +646,7 @@ class ReviewScreen(Screen[str | None]):
         fmt = "%Y-%m-%d %H:%M:%S"
         start = since if since is not None else self.oldest
         text = f"{Path(self.journal_path).name}, {_utc(start, fmt)} → {_utc(until, fmt)} UTC"
-        self.app.push_screen(WhatIfScreen(self.journal_path, since, until, window_text=text))
+        self.app.push_screen(WhatIfScreen(self.journal_path, since, until, window_text=text, apply=self.apply))
 
     def action_export(self) -> None:
         if self.reader is None:

@@ -10,15 +10,23 @@ rendering; a newer run cancels the view of an older one. The answer is the same 
 ``tokengate replay``: recorded | replayed | error | proposal per class, a figure the
 calibration does not trust (error over 25%) ending in '?' and dimmed in every column.
 
-Read-only: nothing is applied to a gate from here (the review has no link).
+From the live console (``r`` then ``w``, not ``--read-only``) the proposal replayed can be
+applied to the running gate: ctrl+t (or Apply) asks, then sends it as ONE Retune command
+through the link (:func:`retune_of`: ``backend.token_budget`` -> the budget,
+``budget.min_tokens``/``budget.slo_ttft_p95_ms`` -> settings, one class's retune keys), audited
+like ``t`` with a note naming the window. A proposal the live retune cannot express (other
+keys, two classes) is replayable but not appliable, and the form says why. ``tokengate
+review`` has no gate: there the what-if only replays.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
 from rich.text import Text
+from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -26,6 +34,9 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Static, TextArea
 from textual.worker import Worker, WorkerState
 
+from console.screens.confirm import ConfirmScreen
+from gate.data.commands import CommandError, Retune
+from gate.ops.link import LinkLost
 from gate.tools.replay import ReplayError, Window, load_window, proposal_from_set, run_replay, settable, table_cells
 
 
@@ -43,6 +54,55 @@ def proposal_text(lines: str, recorded: dict[str, str]) -> str:
         if recorded.get(key.strip()) != value.strip():
             changed.append(f"{key.strip()}={value.strip()}")
     return ",".join(changed)
+
+
+#: the retune's [budget] keys and class keys (console/screens/retune.py's form)
+_SETTINGS = ("min_tokens", "slo_ttft_p95_ms")
+_CLASS_KEYS = ("reserved_tokens", "limit_tokens", "queue_depth", "queue_timeout_s", "default_max_tokens")
+_FLOAT_KEYS = ("slo_ttft_p95_ms", "queue_timeout_s")
+
+
+def _number(key: str, text: str) -> int | float | None:
+    if text.lower() == "none" and key.rpartition(".")[2] == "limit_tokens":
+        return None
+    try:
+        return float(text) if key.rpartition(".")[2] in _FLOAT_KEYS else int(text)
+    except ValueError:
+        raise ValueError(f"{key}={text}: not a number") from None
+
+
+def retune_of(proposal: str, note: str = "") -> Retune:
+    """The ``--set`` text as the live retune's one command; ValueError when the retune cannot
+    express it (a key it does not edit, or two classes: one Retune carries one class)."""
+    budget: int | None = None
+    settings: dict[str, Any] = {}
+    cls: str | None = None
+    changes: dict[str, Any] = {}
+    for part in [p.strip() for p in proposal.split(",") if p.strip()]:
+        key, _, value = part.partition("=")
+        head, _, rest = key.partition(".")
+        if key in ("backend.token_budget", "backends.token_budget"):
+            number = _number(key, value)
+            if number is None:
+                raise ValueError(f"{key}=none: the live retune sets a budget, not none")
+            budget = int(number)
+        elif head == "budget" and rest in _SETTINGS:
+            settings[rest] = _number(key, value)
+        elif head == "classes" and rest.rpartition(".")[2] in _CLASS_KEYS:
+            name, _, setting = rest.rpartition(".")
+            if cls is not None and cls != name:
+                raise ValueError(f"classes {cls} and {name}: one command retunes one class; apply one class at a time")
+            cls = name
+            changes[setting] = _number(key, value)
+        else:
+            raise ValueError(f"{key}: the live retune does not set it (replay only); it sets {', '.join(_RETUNE_KEYS)}")
+    cmd = Retune(budget=budget, settings=settings, cls=cls, class_changes=changes, note=note)
+    if not cmd:
+        raise ValueError("no change from the recorded thresholds: nothing to apply")
+    return cmd
+
+
+_RETUNE_KEYS = ("backend.token_budget", *(f"budget.{k}" for k in _SETTINGS), *(f"classes.NAME.{k}" for k in _CLASS_KEYS))
 
 
 class WhatIfScreen(ModalScreen[None]):
@@ -72,10 +132,24 @@ class WhatIfScreen(ModalScreen[None]):
     BINDINGS = [
         Binding("escape", "cancel", "close", tooltip="close the what-if (nothing is applied)"),
         Binding("ctrl+r", "replay", "replay", tooltip="replay the window under the edited thresholds"),
+        Binding("ctrl+t", "apply", "apply", tooltip="apply the proposal replayed to the running gate (asks; one audited retune)"),
     ]
 
-    def __init__(self, journal_path: str, since: float | None, until: float | None, *, window_text: str = "") -> None:
+    def __init__(
+        self,
+        journal_path: str,
+        since: float | None,
+        until: float | None,
+        *,
+        window_text: str = "",
+        apply: Callable[[Retune], Awaitable[list[str]]] | None = None,
+    ) -> None:
+        """``apply``: sends one command to the attached gate (the live console's); None:
+        replay only (``tokengate review``, ``--read-only``)."""
         super().__init__(classes="dialog-screen")
+        self.apply = apply
+        #: the messages of the command applied from here, if one was
+        self.applied: list[str] | None = None
         self.journal_path = journal_path
         self.since = since
         self.until = until
@@ -102,6 +176,8 @@ class WhatIfScreen(ModalScreen[None]):
             )
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Replay", id="whatif-replay", variant="success", disabled=True)
+                if self.apply is not None:
+                    yield Button("Apply to gate", id="whatif-apply", variant="warning", disabled=True)
                 yield Button("Close", id="whatif-close")
 
     def on_mount(self) -> None:
@@ -137,6 +213,8 @@ class WhatIfScreen(ModalScreen[None]):
                 return  # an older run's answer: a newer one is on its way
             self.answer, self.proposal = answer, text
             self._fill(answer)
+            if self.apply is not None:
+                self.query_one("#whatif-apply", Button).disabled = not text
             untrusted = len(answer["scenarios"][1]["untrusted"])
             what = f"proposal {text}" if text else "no change from the recorded thresholds (calibration only)"
             self._status(f"{what} · {untrusted} figures not trusted ('?': calibration error over 25%)")
@@ -192,10 +270,44 @@ class WhatIfScreen(ModalScreen[None]):
             exit_on_error=False,
         )
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return self.apply is not None if action == "apply" else True
+
+    @work(group="whatif-apply", exclusive=True, exit_on_error=False)
+    async def action_apply(self) -> None:
+        """Ask, then send the proposal last replayed as one Retune (the form's current text
+        must be what was replayed: apply what you saw)."""
+        if self.apply is None:
+            return
+        if self.answer is None or not self.proposal:
+            self._status("replay a proposal first (ctrl+r): apply sends what the table shows", error=True)
+            return
+        try:
+            current = proposal_text(self.query_one("#whatif-form", TextArea).text, self.recorded)
+            if current != self.proposal:
+                raise ValueError("the form changed since the replay: replay it again (ctrl+r) before applying")
+            command = retune_of(self.proposal, note=f"what-if replay of {self.window_text}")
+        except ValueError as e:
+            self._status(f"not applied: {e}", error=True)
+            return
+        if not await self.app.push_screen_wait(
+            ConfirmScreen("Apply the what-if", f"Retune the running gate: {self.proposal.replace(',', ', ')}", yes_label="Apply")
+        ):
+            return
+        try:
+            self.applied = await self.apply(command)
+        except (CommandError, LinkLost) as e:
+            self._status(f"not applied: {e}", error=True)
+            return
+        self._status("applied: " + "; ".join(self.applied))
+        self.notify("\n".join(self.applied) or "nothing changed", title="what-if applied", markup=False)
+
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
         if event.button.id == "whatif-replay":
             self.action_replay()
+        elif event.button.id == "whatif-apply":
+            self.action_apply()
         else:
             self.action_cancel()
 

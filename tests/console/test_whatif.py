@@ -11,11 +11,14 @@ from textual.pilot import Pilot
 from textual.widgets import Button, TextArea
 
 from console.review_app import ReviewApp
+from console.screens.confirm import ConfirmScreen
 from console.screens.review import ReviewScreen
-from console.screens.whatif import WhatIfScreen, proposal_text
+from console.screens.whatif import WhatIfScreen, proposal_text, retune_of
 from gate.config import EXAMPLE_CONFIG, parse_config
+from gate.data.commands import Retune
 from gate.tools.replay import BackendFit, load_window, proposal_from_set, run_replay, table_cells
 from gate.tools.replay.synthetic import recorded_by_model, synthetic_arrivals, write_journal
+from tests.console.conftest import make_app
 
 SIZE = (140, 45)
 CONFIG = parse_config(EXAMPLE_CONFIG)
@@ -127,3 +130,71 @@ async def test_no_change_replays_the_calibration_only(journal: Path) -> None:
         assert screen.answer is not None and screen.proposal == ""
         assert [s["name"] for s in screen.answer["scenarios"]] == ["recorded", "replayed"]
         assert len(screen.table_rows[0]) == 5
+
+
+# ---- applying from the live console (r, w, ctrl+t): one audited command through the link
+
+
+def test_retune_of_maps_the_retunes_keys_and_refuses_what_it_cannot_send() -> None:
+    cmd = retune_of("backend.token_budget=4096,budget.slo_ttft_p95_ms=1500,classes.batch.queue_depth=3,classes.batch.limit_tokens=none")
+    assert (cmd.budget, cmd.settings, cmd.cls) == (4096, {"slo_ttft_p95_ms": 1500.0}, "batch")
+    assert cmd.class_changes == {"queue_depth": 3, "limit_tokens": None}
+    with pytest.raises(ValueError, match="one class"):
+        retune_of("classes.batch.queue_depth=3,classes.interactive.queue_depth=3")
+    with pytest.raises(ValueError, match="does not set it"):
+        retune_of("budget.mode=static")
+    with pytest.raises(ValueError, match="nothing to apply"):
+        retune_of("")
+
+
+async def test_apply_from_the_what_if_sends_exactly_one_retune(gate, journal: Path) -> None:
+    gate.journal_path = str(journal)
+    app = make_app(gate)
+    sent: list[object] = []
+    send = app.send
+
+    async def counting(command):  # the app's own sender, counted
+        sent.append(command)
+        return await send(command)
+
+    app.send = counting  # type: ignore[method-assign]
+    before = len(gate.recent_audit)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("r")
+        screen = await open_whatif(pilot)
+        assert screen.apply is not None
+        form = screen.query_one("#whatif-form", TextArea)
+        form.text = form.text.replace("classes.batch.queue_depth=256", "classes.batch.queue_depth=3")
+        await pilot.press("ctrl+t")  # nothing replayed yet: says so, sends nothing
+        await settle(pilot)
+        assert screen.error is not None and "replay a proposal first" in screen.error and not sent
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert screen.proposal == "classes.batch.queue_depth=3"
+        await pilot.press("ctrl+t")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("y")
+        await settle(pilot)
+        assert screen.error is None and screen.applied
+        assert len(sent) == 1
+        command = sent[0]
+        assert isinstance(command, Retune)
+        assert (command.cls, command.class_changes, command.budget, command.settings) == ("batch", {"queue_depth": 3}, None, {})
+        assert "what-if replay of incident.db" in command.note
+        new = list(gate.recent_audit)[before:]
+        assert [(a.action, a.target) for a in new] == [("set_class", "class:batch")]
+        assert new[0].new_value == "queue_depth=3"
+        assert gate.backends.backends[0].admission.queue("batch").depth == 3
+
+
+async def test_read_only_console_offers_no_apply(gate, journal: Path) -> None:
+    gate.journal_path = str(journal)
+    app = make_app(gate, read_only=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("r")
+        screen = await open_whatif(pilot)
+        assert screen.apply is None and not screen.query("#whatif-apply")
+        await pilot.press("ctrl+t")
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmScreen)
