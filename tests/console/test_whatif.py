@@ -198,3 +198,39 @@ async def test_read_only_console_offers_no_apply(gate, journal: Path) -> None:
         await pilot.press("ctrl+t")
         await pilot.pause()
         assert not isinstance(app.screen, ConfirmScreen)
+
+
+async def test_the_replay_runs_off_the_ui_thread(journal: Path, monkeypatch) -> None:
+    """A replay takes seconds (5,000 arrivals: ~11 s on the contended 2-core machine); while
+    one is held in its thread, the screen still answers keys and draws."""
+    import threading
+
+    import console.screens.whatif as whatif
+
+    release = threading.Event()
+    started = threading.Event()
+    real = whatif.run_replay
+
+    def held(window, proposals):
+        started.set()
+        assert release.wait(30)
+        return real(window, proposals)
+
+    monkeypatch.setattr(whatif, "run_replay", held)
+    app = ReviewApp(journal)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_whatif(pilot)
+        await pilot.press("ctrl+r")
+        for _ in range(100):
+            await pilot.pause(0.01)
+            if started.is_set():
+                break
+        assert started.is_set()
+        assert "replaying" in str(screen.query_one("#whatif-status").render())
+        form = screen.query_one("#whatif-form", TextArea)
+        await pilot.press("end", "#", "x")  # the UI thread is free: typing lands
+        assert form.text.splitlines()[0].endswith("#x")
+        assert screen.answer is None
+        release.set()
+        await settle(pilot)
+        assert screen.answer is not None
