@@ -504,7 +504,12 @@ class TokengateApp(App[None]):
         from console.screens.review import ReviewScreen
 
         slo = self.last_snapshot.controller.slo_ttft_ms if self.last_snapshot is not None else None
-        self.push_screen(ReviewScreen(self.link.info.journal, slo_ttft_ms=slo), lambda _error: self._after_review())
+        apply = None if self.read_only else self.apply_command
+        self.push_screen(ReviewScreen(self.link.info.journal, slo_ttft_ms=slo, apply=apply), lambda _error: self._after_review())
+
+    async def apply_command(self, command: Command) -> list[str]:
+        """The review's what-if applies its proposal here: one command, audited as any."""
+        return [r.message for r in await self.send(command)]
 
     def _after_review(self) -> None:
         self.call_later(self.refresh_view)

@@ -10,7 +10,8 @@ Shows: the budget curve for the range (samples bucketed in SQL to at most
 ``CHART_POINTS`` points) with audit events as marks; the audit rows; the decisions, one
 page of ``PAGE_SIZE`` rows at a time, keyset-paged from SQLite (never all loaded),
 newest first; a filter (``/``); CSV export of the whole filtered view (``e``, in a
-thread).
+thread); the what-if (``w``, console/screens/whatif.py): the window shown replayed under
+edited thresholds.
 
 "now" is the newest row in the journal (so a journal from yesterday opens on its last
 hour), or ``clock()`` when a clock is given; it is fixed when the screen opens and moves
@@ -25,7 +26,7 @@ import os
 import re
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -243,6 +244,12 @@ class ReviewScreen(Screen[str | None]):
         Binding("slash", "focus_filter", "Filter"),
         Binding("e", "export", "Export CSV"),
         Binding("r", "reload", "Reload"),
+        Binding(
+            "w",
+            "whatif",
+            "What if",
+            tooltip="what-if: replay the window shown (range or since=/until=) under edited thresholds, beside what happened",
+        ),
     ]
 
     def __init__(
@@ -253,6 +260,7 @@ class ReviewScreen(Screen[str | None]):
         clock: Callable[[], float] | None = None,
         export_dir: str | os.PathLike[str] | None = None,
         range_index: int | None = None,
+        apply: Callable[[Any], Awaitable[list[str]]] | None = None,
         name: str | None = None,
         id: str | None = None,  # noqa: A002 - Textual's name
         classes: str | None = None,
@@ -260,13 +268,15 @@ class ReviewScreen(Screen[str | None]):
         """``clock``: returns "now" (epoch seconds); default: the journal's newest row.
         ``slo_ttft_ms``: draws the SLO line (the journal does not record it).
         ``export_dir``: where ``e`` writes its CSV (default: the working directory).
-        ``range_index``: into RANGES; default: the shortest range that holds the whole journal."""
+        ``range_index``: into RANGES; default: the shortest range that holds the whole journal.
+        ``apply``: the live console's sender of one command (the what-if's apply); None: replay only."""
         super().__init__(name=name, id=id, classes=classes)
         self.journal_path = os.fspath(journal_path)
         self.slo_ttft_ms = slo_ttft_ms
         self.clock = clock
         self.export_dir = Path(export_dir) if export_dir is not None else None
         self.range_index = DEFAULT_RANGE if range_index is None else range_index
+        self.apply = apply
         self._fit_range = range_index is None
         self.reader: JournalReader | None = None
         #: the open error (shown instead of the review), if any
@@ -619,6 +629,24 @@ class ReviewScreen(Screen[str | None]):
         # the timeline's group: a page turn meanwhile is discarded (the filters change) and
         # the reload ends on the first page anyway
         self.run_worker(reload(), group="review-timeline", exclusive=True, exit_on_error=False)
+
+    def action_whatif(self) -> None:
+        """``w``: the what-if over the window shown (console/screens/whatif.py)."""
+        from console.screens.whatif import WhatIfScreen
+
+        if self.reader is None or self.now is None:
+            self.notify("the journal is not open", severity="warning", timeout=3)
+            return
+        since, until = self._range_bounds()
+        if since is not None and self.oldest is not None and since <= self.oldest:
+            # a range reaching back past the journal's start (15m over a 1-minute journal)
+            # starts at its first decision: the config_in_force row the replay needs is
+            # written just before it, not before the range's blank start
+            since = None
+        fmt = "%Y-%m-%d %H:%M:%S"
+        start = since if since is not None else self.oldest
+        text = f"{Path(self.journal_path).name}, {_utc(start, fmt)} → {_utc(until, fmt)} UTC"
+        self.app.push_screen(WhatIfScreen(self.journal_path, since, until, window_text=text, apply=self.apply))
 
     def action_export(self) -> None:
         if self.reader is None:

@@ -15,6 +15,9 @@ One module per concept; the flow is window (I/O) -> engine (pure) -> report (pur
 ``report``
     proposals (``--set``, ``--config``), per-class figures, calibration, ``untrusted``, and
     the table and JSON answers (:func:`run_replay`).
+
+This package's names are the one entry point the console may import beyond the journal
+reader (the review screen's what-if, console/screens/whatif.py; tests/unit/test_layers.py).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from gate.tools.replay.report import (
     proposal_from_config,
     proposal_from_set,
     run_replay,
+    settable,
+    table_cells,
     to_json,
     to_table,
     untrusted,
@@ -51,6 +56,8 @@ __all__ = [
     "proposal_from_set",
     "replay",
     "run_replay",
+    "settable",
+    "table_cells",
     "to_json",
     "to_table",
     "untrusted",

@@ -253,20 +253,59 @@ def _rows(answer: Mapping[str, Any]) -> Iterable[tuple[str, str, list[Any]]]:
             yield cls, fig, [s["classes"].get(cls, {}).get(fig) for s in scen]
 
 
-def to_table(answer: Mapping[str, Any]) -> str:
-    """Recorded | replayed | error | each proposal; '?' marks a figure the calibration does not trust."""
+def table_cells(answer: Mapping[str, Any]) -> tuple[list[str], list[tuple[list[str], bool]]]:
+    """The side-by-side table as cells: the header, then (cells, untrusted) per row; an
+    untrusted row's figures end in '?'. The table answer and the review screen's what-if
+    both draw this."""
     scen = answer["scenarios"]
     cal = answer["calibration"]
     bad = set(scen[1]["untrusted"]) if len(scen) > 1 else set()
     head = ["class", "figure", "recorded", "replayed", "error", *[s["name"] for s in scen[2:]]]
-    lines = [head]
+    rows = []
     for cls, fig, values in _rows(answer):
         key = f"{cls}.{fig.replace('refused ', 'refused.')}"
         mark = "?" if key in bad else ""
         err = cal.get(key, {}).get("error")
         cells = [cls, fig, _cell(values[0]), _cell(values[1]) + mark, "-" if err is None else f"{err:.0%}"]
         cells += [_cell(v) + mark for v in values[2:]]
-        lines.append(cells)
+        rows.append((cells, key in bad))
+    return head, rows
+
+
+#: the retune form's thresholds (console/screens/retune.py), as the what-if offers them
+RETUNE_BUDGET_KEYS = ("min_tokens", "slo_ttft_p95_ms")
+RETUNE_CLASS_KEYS = ("reserved_tokens", "limit_tokens", "queue_depth", "queue_timeout_s", "default_max_tokens")
+
+
+def settable(config: Config, ceiling: int | None = None) -> list[tuple[str, str]]:
+    """(KEY, recorded value) for the thresholds the live retune edits, in ``--set`` form:
+    ``backend.token_budget`` (the configured one, else ``ceiling``: the fitted pool the gate
+    discovered), ``budget.K`` and ``classes.NAME.K`` (``none`` for an unset one)."""
+    data = thresholds_of(config)
+    out: list[tuple[str, str]] = []
+    backend = data["backends"][0] if data["backends"] else {}
+    budget = backend.get("token_budget", ceiling)
+    if budget is not None:
+        out.append(("backend.token_budget", _plain_value(budget)))
+    out += [(f"budget.{k}", _plain_value(data["budget"].get(k))) for k in RETUNE_BUDGET_KEYS if k in data["budget"]]
+    for cls, body in data["classes"].items():
+        out += [(f"classes.{cls}.{k}", _plain_value(body.get(k))) for k in RETUNE_CLASS_KEYS]
+    return out
+
+
+def _plain_value(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def to_table(answer: Mapping[str, Any]) -> str:
+    """Recorded | replayed | error | each proposal; '?' marks a figure the calibration does not trust."""
+    head, rows = table_cells(answer)
+    bad = set(answer["scenarios"][1]["untrusted"]) if len(answer["scenarios"]) > 1 else set()
+    lines = [head] + [cells for cells, _ in rows]
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
     out = [
         f"replay of {answer['journal']} backend {answer['backend']}, {answer['duration_s']:g} s, "

@@ -1,0 +1,324 @@
+"""`w` on the review screen: what if the window shown had run under other thresholds?
+
+The window is the review's current range (or its ``since=``/``until=`` filter: the incident's
+minutes). The form lists the thresholds the live retune edits (``t``), each as a ``--set``
+line ``KEY=VALUE`` holding the value recorded as in force; the operator edits any of them
+(or adds other ``--set`` keys) and presses ctrl+r (or Replay). The replay
+(:mod:`gate.tools.replay`: load the window, fit the backend model, replay it at the
+recorded thresholds and under the proposal) runs in a thread worker, so the screen keeps
+rendering (measured on the contended 2-core machine: 300 arrivals / 60 s load+fit 0.01 s,
+replay at the recorded thresholds + 1 proposal 0.19 s; 5,000 arrivals / 300 s: 0.11 s and
+10.9 s); a newer run supersedes the view of an older one (the older thread runs out, unseen). The answer is the same table as
+``tokengate replay``: recorded | replayed | error | proposal per class, a figure the
+calibration does not trust (error over 25%) ending in '?' and dimmed in every column.
+
+From the live console (``r`` then ``w``, not ``--read-only``) the proposal replayed can be
+applied to the running gate: ctrl+t (or Apply) asks, then sends it as ONE Retune command
+through the link (:func:`retune_of`: ``backend.token_budget`` -> the budget,
+``budget.min_tokens``/``budget.slo_ttft_p95_ms`` -> settings, one class's retune keys), audited
+like ``t`` with a note naming the window. A proposal the live retune cannot express (other
+keys, two classes) is replayable but not appliable, and the form says why. ``tokengate
+review`` has no gate: there the what-if only replays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, DataTable, Static, TextArea
+from textual.worker import Worker, WorkerState
+
+from console.screens.confirm import ConfirmScreen
+from gate.data.commands import CommandError, Retune
+from gate.ops.link import LinkLost
+from gate.tools.replay import ReplayError, Window, load_window, proposal_from_set, run_replay, settable, table_cells
+
+
+def proposal_text(lines: str, recorded: dict[str, str]) -> str:
+    """The ``--set`` text of the form: its ``KEY=VALUE`` lines (blank and ``#`` lines skipped)
+    whose value differs from the recorded one, comma-joined; "" when nothing changed."""
+    changed = []
+    for raw in lines.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise ValueError(f"{line!r}: give KEY=VALUE, e.g. budget.min_tokens=1024")
+        if recorded.get(key.strip()) != value.strip():
+            changed.append(f"{key.strip()}={value.strip()}")
+    return ",".join(changed)
+
+
+#: the retune's [budget] keys and class keys (console/screens/retune.py's form)
+_SETTINGS = ("min_tokens", "slo_ttft_p95_ms")
+_CLASS_KEYS = ("reserved_tokens", "limit_tokens", "queue_depth", "queue_timeout_s", "default_max_tokens")
+_FLOAT_KEYS = ("slo_ttft_p95_ms", "queue_timeout_s")
+
+
+def _number(key: str, text: str) -> int | float | None:
+    if text.lower() == "none" and key.rpartition(".")[2] == "limit_tokens":
+        return None
+    try:
+        return float(text) if key.rpartition(".")[2] in _FLOAT_KEYS else int(text)
+    except ValueError:
+        raise ValueError(f"{key}={text}: not a number") from None
+
+
+def retune_of(proposal: str, note: str = "") -> Retune:
+    """The ``--set`` text as the live retune's one command; ValueError when the retune cannot
+    express it (a key it does not edit, or two classes: one Retune carries one class)."""
+    budget: int | None = None
+    settings: dict[str, Any] = {}
+    cls: str | None = None
+    changes: dict[str, Any] = {}
+    for part in [p.strip() for p in proposal.split(",") if p.strip()]:
+        key, _, value = part.partition("=")
+        head, _, rest = key.partition(".")
+        if key in ("backend.token_budget", "backends.token_budget"):
+            number = _number(key, value)
+            if number is None:
+                raise ValueError(f"{key}=none: the live retune sets a budget, not none")
+            budget = int(number)
+        elif head == "budget" and rest in _SETTINGS:
+            settings[rest] = _number(key, value)
+        elif head == "classes" and rest.rpartition(".")[2] in _CLASS_KEYS:
+            name, _, setting = rest.rpartition(".")
+            if cls is not None and cls != name:
+                raise ValueError(f"classes {cls} and {name}: one command retunes one class; apply one class at a time")
+            cls = name
+            changes[setting] = _number(key, value)
+        else:
+            raise ValueError(f"{key}: the live retune does not set it (replay only); it sets {', '.join(_RETUNE_KEYS)}")
+    cmd = Retune(budget=budget, settings=settings, cls=cls, class_changes=changes, note=note)
+    if not cmd:
+        raise ValueError("no change from the recorded thresholds: nothing to apply")
+    return cmd
+
+
+_RETUNE_KEYS = ("backend.token_budget", *(f"budget.{k}" for k in _SETTINGS), *(f"classes.NAME.{k}" for k in _CLASS_KEYS))
+
+
+class WhatIfScreen(ModalScreen[None]):
+    """See the module docstring. ``since``/``until``: the window (epoch seconds; None = the
+    journal's first/last decision)."""
+
+    DEFAULT_CSS = """
+    WhatIfScreen #whatif-dialog {
+        width: 96%;
+        height: 94%;
+    }
+    WhatIfScreen #whatif-form {
+        height: 12;
+    }
+    WhatIfScreen #whatif-table {
+        height: 1fr;
+    }
+    WhatIfScreen #whatif-status {
+        height: auto;
+        color: $text-muted;
+    }
+    WhatIfScreen #whatif-status.error {
+        color: $error;
+    }
+    """
+
+    BINDINGS = [
+        Binding("escape", "cancel", "close", tooltip="close the what-if (nothing is applied)"),
+        Binding("ctrl+r", "replay", "replay", tooltip="replay the window under the edited thresholds"),
+        Binding("ctrl+t", "apply", "apply", tooltip="apply the proposal replayed to the running gate (asks; one audited retune)"),
+    ]
+
+    def __init__(
+        self,
+        journal_path: str,
+        since: float | None,
+        until: float | None,
+        *,
+        window_text: str = "",
+        apply: Callable[[Retune], Awaitable[list[str]]] | None = None,
+    ) -> None:
+        """``apply``: sends one command to the attached gate (the live console's); None:
+        replay only (``tokengate review``, ``--read-only``)."""
+        super().__init__(classes="dialog-screen")
+        self.apply = apply
+        #: the messages of the command applied from here, if one was
+        self.applied: list[str] | None = None
+        self.journal_path = journal_path
+        self.since = since
+        self.until = until
+        self.window_text = window_text
+        self.window: Window | None = None
+        #: KEY -> recorded value (the form's starting lines)
+        self.recorded: dict[str, str] = {}
+        #: the last answer shown (``run_replay``'s), and the proposal text it replayed
+        self.answer: dict[str, Any] | None = None
+        self.proposal = ""
+        self.error: str | None = None
+        self._run = 0
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="whatif-dialog", classes="dialog"):
+            yield Static(f"What if: replay {self.window_text}", classes="dialog-title", markup=False)
+            yield TextArea("", id="whatif-form", soft_wrap=False, show_line_numbers=False)
+            yield Static("loading the window…", id="whatif-status", markup=False)
+            table: DataTable[Text] = DataTable(id="whatif-table", zebra_stripes=True, cursor_type="row")
+            yield table
+            yield Static(
+                "edit KEY=VALUE lines (as `tokengate replay --set`) · ctrl+r replays · esc closes · '?' = not trusted",
+                classes="dialog-hint",
+            )
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("Replay", id="whatif-replay", variant="success", disabled=True)
+                if self.apply is not None:
+                    yield Button("Apply to gate", id="whatif-apply", variant="warning", disabled=True)
+                yield Button("Close", id="whatif-close")
+
+    def on_mount(self) -> None:
+        self.run_worker(self._load_thread, thread=True, group="whatif-load", exit_on_error=False)
+
+    # ---- workers (threads: reading and replaying take seconds) ----------------------------
+
+    def _load_thread(self) -> Window:
+        return load_window(self.journal_path, self.since, self.until)
+
+    def _replay_thread(self, window: Window, text: str, run: int) -> tuple[int, str, dict[str, Any]]:
+        proposals = [proposal_from_set(text, window.config)] if text else []
+        return run, text, run_replay(window, proposals)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        worker = event.worker
+        event.stop()
+        if event.state == WorkerState.SUCCESS and worker.group == "whatif-load":
+            window = worker.result
+            assert isinstance(window, Window)
+            self.window = window
+            pairs = settable(window.config, window.fit.ceiling)
+            self.recorded = dict(pairs)
+            self.query_one("#whatif-form", TextArea).text = "\n".join(f"{k}={v}" for k, v in pairs)
+            self.query_one("#whatif-replay", Button).disabled = False
+            self._status(f"{len(window.arrivals):,} arrivals, backend {window.backend}; edit a threshold, then ctrl+r")
+            self.query_one("#whatif-form", TextArea).focus()
+        elif event.state == WorkerState.SUCCESS and worker.group == "whatif-replay":
+            result = worker.result
+            assert isinstance(result, tuple)
+            run, text, answer = result
+            if run != self._run:
+                return  # an older run's answer: a newer one is on its way
+            self.answer, self.proposal = answer, text
+            self._fill(answer)
+            if self.apply is not None:
+                self.query_one("#whatif-apply", Button).disabled = not text
+            untrusted = len(answer["scenarios"][1]["untrusted"])
+            what = f"proposal {text}" if text else "no change from the recorded thresholds (calibration only)"
+            self._status(f"{what} · {untrusted} figures not trusted ('?': calibration error over 25%)")
+        elif event.state == WorkerState.ERROR:
+            error = worker.error
+            message = str(error) if isinstance(error, ReplayError | ValueError) else f"{type(error).__name__}: {error}"
+            prefix = "cannot replay this window: " if worker.group == "whatif-load" else "replay failed: "
+            self._status(prefix + message, error=True)
+
+    # ---- view ---------------------------------------------------------------------
+
+    def _status(self, text: str, *, error: bool = False) -> None:
+        status = self.query_one("#whatif-status", Static)
+        self.error = text if error else None
+        status.set_class(error, "error")
+        status.update(text)
+
+    def _fill(self, answer: dict[str, Any]) -> None:
+        head, rows = table_cells(answer)
+        table = self.query_one("#whatif-table", DataTable)
+        table.clear(columns=True)
+        for i, label in enumerate(head):
+            table.add_column(label, key=f"c{i}")
+        for cells, untrusted in rows:
+            style = "dim" if untrusted else ""
+            table.add_row(*(Text(c, style=style if i >= 2 else "", justify="right" if i >= 2 else "left") for i, c in enumerate(cells)))
+
+    @property
+    def table_rows(self) -> list[list[str]]:
+        """The table as shown (plain strings), for tests and screenshots."""
+        table = self.query_one("#whatif-table", DataTable)
+        return [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
+
+    # ---- actions --------------------------------------------------------------------
+
+    def action_replay(self) -> None:
+        if self.window is None:
+            self.notify("the window is still loading (or cannot be replayed)", severity="warning", timeout=3)
+            return
+        try:
+            text = proposal_text(self.query_one("#whatif-form", TextArea).text, self.recorded)
+            if text:
+                proposal_from_set(text, self.window.config)  # checked here: a typo is said at once
+        except ValueError as e:
+            self._status(f"proposal not replayed: {e}", error=True)
+            return
+        self._run += 1
+        self._status(f"replaying {len(self.window.arrivals):,} arrivals" + (f" under {text}" if text else "") + " …")
+        self.run_worker(
+            partial(self._replay_thread, self.window, text, self._run),
+            thread=True,
+            group="whatif-replay",
+            exit_on_error=False,
+        )
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return self.apply is not None if action == "apply" else True
+
+    @work(group="whatif-apply", exclusive=True, exit_on_error=False)
+    async def action_apply(self) -> None:
+        """Ask, then send the proposal last replayed as one Retune (the form's current text
+        must be what was replayed: apply what you saw)."""
+        if self.apply is None:
+            return
+        if self.answer is None or not self.proposal:
+            self._status("replay a proposal first (ctrl+r): apply sends what the table shows", error=True)
+            return
+        try:
+            current = proposal_text(self.query_one("#whatif-form", TextArea).text, self.recorded)
+            if current != self.proposal:
+                raise ValueError("the form changed since the replay: replay it again (ctrl+r) before applying")
+            command = retune_of(self.proposal, note=f"what-if replay of {self.window_text}")
+        except ValueError as e:
+            self._status(f"not applied: {e}", error=True)
+            return
+        if not await self.app.push_screen_wait(
+            ConfirmScreen(
+                "Apply the what-if",
+                f"Retune the running gate: {self.proposal.replace(',', ', ')}"
+                + (
+                    "\nA budget set by hand: an adaptive controller may move it again (f freezes it)." if command.budget is not None else ""
+                ),
+                yes_label="Apply",
+            )
+        ):
+            return
+        try:
+            self.applied = await self.apply(command)
+        except (CommandError, LinkLost) as e:
+            self._status(f"not applied: {e}", error=True)
+            return
+        self._status("applied: " + "; ".join(self.applied))
+        self.notify("\n".join(self.applied) or "nothing changed", title="what-if applied", markup=False)
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        if event.button.id == "whatif-replay":
+            self.action_replay()
+        elif event.button.id == "whatif-apply":
+            self.action_apply()
+        else:
+            self.action_cancel()
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

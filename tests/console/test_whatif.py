@@ -1,0 +1,236 @@
+"""The review screen's what-if (`w`): Pilot tests on a synthetic v4 journal
+(gate/tools/replay/synthetic.py: a seeded workload "recorded" through the engine under a known
+backend model, written with the writer's own schema; NOT a recording of a real gate)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from textual.pilot import Pilot
+from textual.widgets import Button, TextArea
+
+from console.review_app import ReviewApp
+from console.screens.confirm import ConfirmScreen
+from console.screens.review import ReviewScreen
+from console.screens.whatif import WhatIfScreen, proposal_text, retune_of
+from gate.config import EXAMPLE_CONFIG, parse_config
+from gate.data.commands import Retune
+from gate.tools.replay import BackendFit, load_window, proposal_from_set, run_replay, table_cells
+from gate.tools.replay.synthetic import recorded_by_model, synthetic_arrivals, write_journal
+from tests.console.conftest import make_app
+
+SIZE = (140, 45)
+CONFIG = parse_config(EXAMPLE_CONFIG)
+FIT = BackendFit(
+    slots=4,
+    slot_context=2048,
+    ceiling=2048,
+    ttft_base_s=0.03,
+    ttft_per_busy_s=0.01,
+    prefill_tps=3000,
+    tpot_alone_s=0.01,
+    tpot_per_busy_s=0.004,
+)
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Path:
+    arrivals = synthetic_arrivals(300, 60.0, seed=3)
+    _, outcomes = recorded_by_model(CONFIG, FIT, arrivals)
+    path = tmp_path / "incident.db"
+    write_journal(str(path), CONFIG, FIT, arrivals, outcomes)
+    return path
+
+
+async def settle(pilot: Pilot) -> None:
+    for _ in range(200):
+        await pilot.pause()
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause()
+        if not any(w.is_running for w in pilot.app.workers):
+            return
+    raise AssertionError("workers never finished")
+
+
+async def open_whatif(pilot: Pilot) -> WhatIfScreen:
+    await settle(pilot)
+    assert isinstance(pilot.app.screen, ReviewScreen)
+    await pilot.press("w")
+    await settle(pilot)
+    screen = pilot.app.screen
+    assert isinstance(screen, WhatIfScreen)
+    assert screen.window is not None, screen.error
+    return screen
+
+
+def test_proposal_text_keeps_only_the_changed_lines() -> None:
+    recorded = {"budget.min_tokens": "256", "classes.batch.reserved_tokens": "0"}
+    text = "budget.min_tokens=1024\n# a comment\n\nclasses.batch.reserved_tokens=0\nbudget.mode=static"
+    assert proposal_text(text, recorded) == "budget.min_tokens=1024,budget.mode=static"
+    assert proposal_text("budget.min_tokens=256", recorded) == ""
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        proposal_text("budget.min_tokens 1024", recorded)
+
+
+async def test_w_replays_the_window_under_an_edited_threshold(journal: Path) -> None:
+    app = ReviewApp(journal)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_whatif(pilot)
+        form = screen.query_one("#whatif-form", TextArea)
+        lines = form.text.splitlines()
+        # the form holds the retune's thresholds at their recorded values, in --set form
+        assert any(line.startswith("budget.min_tokens=") for line in lines)
+        assert "classes.batch.reserved_tokens=" + screen.recorded["classes.batch.reserved_tokens"] in lines
+        assert not screen.query_one("#whatif-replay", Button).disabled
+        # edit one threshold (the budget the backend has), then ctrl+r
+        old = next(line for line in lines if line.startswith("backend.token_budget="))
+        form.text = form.text.replace(old, "backend.token_budget=512")
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert screen.error is None
+        assert screen.proposal == "backend.token_budget=512"
+        assert screen.answer is not None
+        assert [s["name"] for s in screen.answer["scenarios"]] == ["recorded", "replayed", "backend.token_budget=512"]
+        # the table shown is tokengate replay's: the same window and proposal, replayed here
+        window = load_window(str(journal), screen.since, screen.until)
+        expected = table_cells(run_replay(window, [proposal_from_set("backend.token_budget=512", window.config)]))
+        head, rows = expected
+        assert [str(c.label) for c in screen.query_one("#whatif-table").columns.values()] == head
+        assert screen.table_rows == [cells for cells, _ in rows]
+        assert {r[0] for r in screen.table_rows} == {"interactive", "batch"}
+        # a quarter of the budget changes what the gate admits: the proposal column moves
+        admitted = [r for r in screen.table_rows if r[1] == "admitted"]
+        assert any(r[5].rstrip("?") != r[3].rstrip("?") for r in admitted), admitted
+        # untrusted figures end in '?' in the replayed and proposal columns alike
+        for cells, bad in rows:
+            assert (cells[3].endswith("?") and cells[5].endswith("?")) == bad
+        await pilot.press("escape")
+        await pilot.pause()
+        assert isinstance(app.screen, ReviewScreen)
+
+
+async def test_a_bad_proposal_is_said_and_not_replayed(journal: Path) -> None:
+    app = ReviewApp(journal)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_whatif(pilot)
+        screen.query_one("#whatif-form", TextArea).text = "classes.nosuch.reserved_tokens=5"
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert screen.error is not None and "nosuch" in screen.error
+        assert screen.answer is None
+
+
+async def test_no_change_replays_the_calibration_only(journal: Path) -> None:
+    app = ReviewApp(journal)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_whatif(pilot)
+        await pilot.click("#whatif-replay")
+        await settle(pilot)
+        assert screen.answer is not None and screen.proposal == ""
+        assert [s["name"] for s in screen.answer["scenarios"]] == ["recorded", "replayed"]
+        assert len(screen.table_rows[0]) == 5
+
+
+# ---- applying from the live console (r, w, ctrl+t): one audited command through the link
+
+
+def test_retune_of_maps_the_retunes_keys_and_refuses_what_it_cannot_send() -> None:
+    cmd = retune_of("backend.token_budget=4096,budget.slo_ttft_p95_ms=1500,classes.batch.queue_depth=3,classes.batch.limit_tokens=none")
+    assert (cmd.budget, cmd.settings, cmd.cls) == (4096, {"slo_ttft_p95_ms": 1500.0}, "batch")
+    assert cmd.class_changes == {"queue_depth": 3, "limit_tokens": None}
+    with pytest.raises(ValueError, match="one class"):
+        retune_of("classes.batch.queue_depth=3,classes.interactive.queue_depth=3")
+    with pytest.raises(ValueError, match="does not set it"):
+        retune_of("budget.mode=static")
+    with pytest.raises(ValueError, match="nothing to apply"):
+        retune_of("")
+
+
+async def test_apply_from_the_what_if_sends_exactly_one_retune(gate, journal: Path) -> None:
+    gate.journal_path = str(journal)
+    app = make_app(gate)
+    sent: list[object] = []
+    send = app.send
+
+    async def counting(command):  # the app's own sender, counted
+        sent.append(command)
+        return await send(command)
+
+    app.send = counting  # type: ignore[method-assign]
+    before = len(gate.recent_audit)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("r")
+        screen = await open_whatif(pilot)
+        assert screen.apply is not None
+        form = screen.query_one("#whatif-form", TextArea)
+        form.text = form.text.replace("classes.batch.queue_depth=256", "classes.batch.queue_depth=3")
+        await pilot.press("ctrl+t")  # nothing replayed yet: says so, sends nothing
+        await settle(pilot)
+        assert screen.error is not None and "replay a proposal first" in screen.error and not sent
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert screen.proposal == "classes.batch.queue_depth=3"
+        await pilot.press("ctrl+t")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("y")
+        await settle(pilot)
+        assert screen.error is None and screen.applied
+        assert len(sent) == 1
+        command = sent[0]
+        assert isinstance(command, Retune)
+        assert (command.cls, command.class_changes, command.budget, command.settings) == ("batch", {"queue_depth": 3}, None, {})
+        assert "what-if replay of incident.db" in command.note
+        new = list(gate.recent_audit)[before:]
+        assert [(a.action, a.target) for a in new] == [("set_class", "class:batch")]
+        assert new[0].new_value == "queue_depth=3"
+        assert gate.backends.backends[0].admission.queue("batch").depth == 3
+
+
+async def test_read_only_console_offers_no_apply(gate, journal: Path) -> None:
+    gate.journal_path = str(journal)
+    app = make_app(gate, read_only=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("r")
+        screen = await open_whatif(pilot)
+        assert screen.apply is None and not screen.query("#whatif-apply")
+        await pilot.press("ctrl+t")
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmScreen)
+
+
+async def test_the_replay_runs_off_the_ui_thread(journal: Path, monkeypatch) -> None:
+    """A replay takes seconds (5,000 arrivals: ~11 s on the contended 2-core machine); while
+    one is held in its thread, the screen still answers keys and draws."""
+    import threading
+
+    import console.screens.whatif as whatif
+
+    release = threading.Event()
+    started = threading.Event()
+    real = whatif.run_replay
+
+    def held(window, proposals):
+        started.set()
+        assert release.wait(30)
+        return real(window, proposals)
+
+    monkeypatch.setattr(whatif, "run_replay", held)
+    app = ReviewApp(journal)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_whatif(pilot)
+        await pilot.press("ctrl+r")
+        for _ in range(100):
+            await pilot.pause(0.01)
+            if started.is_set():
+                break
+        assert started.is_set()
+        assert "replaying" in str(screen.query_one("#whatif-status").render())
+        form = screen.query_one("#whatif-form", TextArea)
+        await pilot.press("end", "#", "x")  # the UI thread is free: typing lands
+        assert form.text.splitlines()[0].endswith("#x")
+        assert screen.answer is None
+        release.set()
+        await settle(pilot)
+        assert screen.answer is not None
