@@ -620,10 +620,16 @@ class Admission:
         for c in self._order:
             if c.queue.paused:
                 continue
+            # has_turn's inputs that are the same for every waiter of the class, once per class
+            higher = self._higher_waiting(c.policy.priority)
+            in_class = self.ledger.class_tokens(c.policy.name)
+            last = self._turn_at.get(c.policy.name)
+            turn_due = last is None or now - last >= aging
             for w in c.queue.in_order():  # aged waiters are a prefix of the enqueue order
                 if not now - w.enqueued_at >= aging:
                     break
-                if self.has_turn(w, now):
+                # = has_turn(w, now): not beyond its share while a higher class waits, or its turn
+                if turn_due or not higher or in_class + w.request.cost <= c.policy.reserved_tokens:
                     aged.append(w)
         return sorted(aged, key=lambda w: (w.enqueued_at, w.request.id))
 
