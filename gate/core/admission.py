@@ -320,9 +320,13 @@ class Admission:
         deadlines.extend(start_by for _, start_by, _ in self._start_bys(now))
         if self.aging_s is not None and now is not None:  # the moment a waiter ages is a moment to dispatch
             aging = self.aging_s
-            deadlines.extend(
-                w.enqueued_at + aging for c in self._order if not c.queue.paused for w in c.queue if w.enqueued_at + aging > now
-            )
+            for c in self._order:
+                if c.queue.paused:
+                    continue
+                # in enqueue order, the first waiter not yet aged is the next to age
+                nxt = next((at for w in c.queue.in_order() if (at := w.enqueued_at + aging) > now), None)
+                if nxt is not None:
+                    deadlines.append(nxt)
             # ... and so is the moment a class's next minimum-rate turn comes (G1)
             deadlines.extend(t + aging for cls, t in self._turn_at.items() if t + aging > now and self._classes[cls].queue)
         return min(deadlines) if deadlines else None
@@ -452,13 +456,21 @@ class Admission:
         first-token time or the hold times are measured. The moment is brought forward by the
         expected wait (T2): the waiter is refused when it is expected to miss, not when it has."""
         ahead = 0
+        # T1's slot state, once per walk and only if a waiter needs it (the ledger does not
+        # change while the walk runs; per waiter, it was ~1/4 of a replay's time)
+        mean = None if now is None else self.holds.mean_s
+        frees: list[float] | None = None
         for c in self._order:
             if c.queue.paused:
                 continue
             objective_ms = self.objective_ms(c.policy.name)
-            for w in sorted(c.queue, key=lambda w: (w.enqueued_at, w.request.id)):
+            for w in c.queue.in_order():
                 expected = self._ttft(w.request) if objective_ms else None
-                wait = None if now is None or not objective_ms else self.expected_wait(ahead, now)
+                wait = None
+                if mean is not None and objective_ms:
+                    if frees is None:
+                        frees = remaining((r.admitted_at for r in self.ledger), mean, now or 0.0, self.capacity.slots)
+                    wait = wait_at(ahead, frees, mean)
                 if expected is None and wait is None:
                     ahead += 1
                     continue
@@ -603,7 +615,22 @@ class Admission:
         """Every aged waiter of an unpaused class that has its turn (G1), oldest first."""
         if self.aging_s is None:
             return []
-        aged = [w for c in self._order if not c.queue.paused for w in c.queue if self.aged(w, now) and self.has_turn(w, now)]
+        aging = self.aging_s
+        aged: list[Waiting] = []
+        for c in self._order:
+            if c.queue.paused:
+                continue
+            # has_turn's inputs that are the same for every waiter of the class, once per class
+            higher = self._higher_waiting(c.policy.priority)
+            in_class = self.ledger.class_tokens(c.policy.name)
+            last = self._turn_at.get(c.policy.name)
+            turn_due = last is None or now - last >= aging
+            for w in c.queue.in_order():  # aged waiters are a prefix of the enqueue order
+                if not now - w.enqueued_at >= aging:
+                    break
+                # = has_turn(w, now): not beyond its share while a higher class waits, or its turn
+                if turn_due or not higher or in_class + w.request.cost <= c.policy.reserved_tokens:
+                    aged.append(w)
         return sorted(aged, key=lambda w: (w.enqueued_at, w.request.id))
 
     def _serve_aged(self, now: float, admitted: list[Admit], expired: list[Refuse]) -> tuple[bool, bool]:

@@ -1,0 +1,167 @@
+"""The incremental aging scan answers exactly what the brute-force walk answered (#24).
+
+The core used to find the aged waiters, the next aging moment and the TTFT start-by moments by
+walking (and sorting) every waiter of every class on each `advance` and `next_deadline`; a
+replay of 100,000 decisions spent most of its 200 s there. The queues now walk their waiters
+in enqueue order and stop at the first one not yet aged. The brute-force walks are kept here,
+as the reference, and compared with the core's answers after every step of random sequences
+(ties in arrival time and a clock that goes back included, where the order must be sorted).
+"""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gate.core.admission import Admission, Waiting
+from gate.core.ledger import Request
+from gate.core.queueing import ClassQueue
+from gate.core.waits import remaining, wait_at
+from tests.unit.test_admission_levers import CLASSES, EXAMPLES, aged_setups, ops
+from tests.unit.test_aging_share import pressure_ops, pressure_setups
+
+# ---- the brute-force references (the core's walks before #24) ----------------------------------
+
+
+def brute_aged(adm: Admission, now: float) -> list[Waiting]:
+    if adm.aging_s is None:
+        return []
+    aged = [w for c in adm._order if not c.queue.paused for w in c.queue if adm.aged(w, now) and adm.has_turn(w, now)]
+    return sorted(aged, key=lambda w: (w.enqueued_at, w.request.id))
+
+
+def brute_expected_wait(adm: Admission, position: int, now: float) -> float | None:
+    mean = adm.holds.mean_s
+    if mean is None:
+        return None
+    return wait_at(position, remaining((r.admitted_at for r in adm.ledger), mean, now, adm.capacity.slots), mean)
+
+
+def brute_start_bys(adm: Admission, now: float | None) -> list[tuple[Waiting, float, float | None]]:
+    out = []
+    ahead = 0
+    for c in adm._order:
+        if c.queue.paused:
+            continue
+        objective_ms = adm.objective_ms(c.policy.name)
+        for w in sorted(c.queue, key=lambda w: (w.enqueued_at, w.request.id)):
+            expected = adm._ttft(w.request) if objective_ms else None
+            wait = None if now is None or not objective_ms else brute_expected_wait(adm, ahead, now)
+            if expected is None and wait is None:
+                ahead += 1
+                continue
+            assert objective_ms
+            start_by = w.request.arrival + objective_ms / 1000.0 - (expected or 0.0) - (wait or 0.0)
+            if now is None or start_by > now:
+                ahead += 1
+            out.append((w, start_by, wait))
+    return out
+
+
+def brute_next_deadline(adm: Admission, now: float | None) -> float | None:
+    deadlines = [d for c in adm._order if (d := c.queue.next_deadline()) is not None]
+    deadlines.extend(start_by for _, start_by, _ in brute_start_bys(adm, now))
+    if adm.aging_s is not None and now is not None:
+        aging = adm.aging_s
+        deadlines.extend(w.enqueued_at + aging for c in adm._order if not c.queue.paused for w in c.queue if w.enqueued_at + aging > now)
+        deadlines.extend(t + aging for cls, t in adm._turn_at.items() if t + aging > now and adm._classes[cls].queue)
+    return min(deadlines) if deadlines else None
+
+
+def same_answers(adm: Admission, now: float) -> None:
+    assert adm._aged(now) == brute_aged(adm, now)
+    assert list(adm._start_bys(now)) == brute_start_bys(adm, now)
+    assert list(adm._start_bys(None)) == brute_start_bys(adm, None)
+    assert adm.next_deadline(now) == brute_next_deadline(adm, now)
+    assert adm.next_deadline() == brute_next_deadline(adm, None)
+    for cls in adm.class_names:
+        q = adm.queue(cls)
+        assert list(q.in_order()) == sorted(q, key=lambda w: (w.enqueued_at, w.request.id))
+
+
+# ---- the property ---------------------------------------------------------------------------
+
+
+@EXAMPLES
+@given(
+    setup_seq=st.one_of(
+        st.tuples(aged_setups(), st.lists(ops, max_size=60)),
+        st.tuples(pressure_setups(), st.lists(pressure_ops, min_size=20, max_size=80)),
+    ),
+    back=st.lists(st.floats(0.0, 3.0), max_size=3),
+)
+def test_the_incremental_aging_scan_equals_the_brute_force_walk_after_every_step(setup_seq, back):
+    """_aged, _start_bys and next_deadline equal the brute-force walks after every offer and
+    advance; a few arrivals are offered with a clock set back (`back`), which the core does not
+    promise to handle well but must still answer exactly."""
+    (classes, capacity, rate, base, aging, elastic), seq = setup_seq
+    adm = Admission(
+        classes,
+        capacity,
+        aging_s=aging,
+        budget_elastic=lambda: elastic,
+        expected_ttft=lambda r, prefilling: base + (r.prompt_tokens + prefilling) / rate,
+    )
+    now = 0.0
+    ids = iter(range(10**6))
+    setbacks = iter(back)
+    arrivals = 0
+    for op in seq:
+        kind = op[0]
+        held = [r.request.id for r in adm.ledger]
+        if kind == "arrive":
+            _, cls, prompt, max_tokens = op
+            arrivals += 1
+            at = now
+            if arrivals % 7 == 0:  # now and then, a clock that went back
+                at = max(0.0, now - next(setbacks, 0.0))
+            # ids that sort out of arrival order ("g10" < "g9") make ties in time unordered by push
+            r = Request(f"g{next(ids)}", cls, "t", prompt, max_tokens, at)
+            adm.offer(r, at)
+            same_answers(adm, now)
+            continue
+        if kind == "release" and held:
+            adm.release(held[op[1] % len(held)], now)
+        elif kind == "first_token" and held:
+            adm.first_token(held[op[1] % len(held)])
+        elif kind == "budget":
+            adm.set_budget(op[1])
+        elif kind == "pause":
+            adm.pause(op[1])
+        elif kind == "resume":
+            adm.resume(op[1])
+        elif kind == "tick":
+            now += op[1]
+        same_answers(adm, now)
+        adm.advance(now)
+        same_answers(adm, now)
+    assert set(CLASSES) >= set(adm.class_names)
+
+
+@given(
+    ops_=st.lists(
+        st.one_of(
+            st.tuples(st.just("push"), st.floats(0.0, 20.0), st.integers(0, 30)),
+            st.tuples(st.just("remove"), st.integers(0, 30)),
+            st.tuples(st.just("pop"), st.just(0)),
+            st.tuples(st.just("expire"), st.floats(0.0, 40.0)),
+        ),
+        max_size=80,
+    )
+)
+def test_a_class_queue_walks_its_waiters_by_enqueue_time_and_id_whatever_the_push_order(ops_):
+    q = ClassQueue("c", depth=16, timeout_s=10.0)
+    for op in ops_:
+        if op[0] == "push":
+            _, at, n = op
+            if f"r{n}" not in q:
+                q.push(Request(f"r{n}", "c", f"t{n % 3}", 10 + n, 5, at), at)
+        elif op[0] == "remove":
+            q.remove(f"r{op[1]}")
+        elif op[0] == "pop":
+            item = q.select()
+            if item is not None:
+                q.pop(item)
+        else:
+            q.expire(op[1])
+        assert list(q.in_order()) == sorted(q, key=lambda w: (w.enqueued_at, w.request.id))
