@@ -217,21 +217,38 @@ def build_intake(kind: Kind, path: str, body: Mapping[str, Any], caller: Caller,
         planned = prompt_plans(body.get("prompt"))
         if len(planned) > 1 or _has_object(body.get("prompt")):
             plans = planned  # several prompts, or a prompt object: counted task by task
-    given = _given_max_tokens(body, cls)
+    inject_as = "n_predict" if kind in ("completion", "infill") else "max_tokens"
+    return limited_intake(kind, path, body, caller, cls, model, stream, include_usage, copies, inject_as, plans=plans)
 
+
+def limited_intake(
+    kind: Kind,
+    path: str,
+    body: Mapping[str, Any],
+    caller: Caller,
+    cls: ClassConfig,
+    model: str | None,
+    stream: bool,
+    include_usage: bool,
+    copies: int,
+    inject_as: str,
+    fields: tuple[str, ...] = MAX_TOKENS_FIELDS,
+    plans: tuple[TaskPlan, ...] | None = None,
+) -> Intake:
+    """The intake of a generating request once its own fields are checked: its generation limit
+    read from every name llama-server reads on the route (`fields`), else the class default
+    injected into the forwarded body as `inject_as`."""
+    given = _given_max_tokens(body, cls, fields)
     forwarded = dict(body)
     if given is None:
-        max_tokens = cls.default_max_tokens
-        forwarded["n_predict" if kind in ("completion", "infill") else "max_tokens"] = max_tokens
-    else:
-        max_tokens = given
+        forwarded[inject_as] = cls.default_max_tokens
     return Intake(
         kind=kind,
         path=path,
         body=forwarded,
         model=model,
         stream=stream,
-        max_tokens=max_tokens,
+        max_tokens=cls.default_max_tokens if given is None else given,
         max_tokens_injected=given is None,
         caller=caller,
         include_usage=include_usage,

@@ -33,7 +33,7 @@ from typing import Any
 from gate.backend.upstream import RelayStats
 from gate.config import Config
 from gate.core.errors import GateError, anthropic_error_object
-from gate.http.intake import MAX_TOKENS_FIELDS, Intake, _copies, _given_max_tokens, _invalid, _optional
+from gate.http.intake import MAX_TOKENS_FIELDS, Intake, _copies, _invalid, _optional, limited_intake
 from gate.http.jsonbody import describe
 from gate.http.tenants import Caller
 
@@ -59,22 +59,7 @@ def build(path: str, body: Mapping[str, Any], caller: Caller, config: Config) ->
     _check_system(body.get("system"))
     _check_messages(body)
     copies = _copies(body)  # llama-server reads n / n_cmpl on this route too
-    given = _given_max_tokens(body, cls, LIMIT_FIELDS)
-    forwarded = dict(body)
-    if given is None:
-        forwarded["max_tokens"] = cls.default_max_tokens
-    return Intake(
-        kind="messages",
-        path=path,
-        body=forwarded,
-        model=model,
-        stream=stream,
-        max_tokens=cls.default_max_tokens if given is None else given,
-        max_tokens_injected=given is None,
-        caller=caller,
-        include_usage=False,
-        copies=copies,
-    )
+    return limited_intake("messages", path, body, caller, cls, model, stream, False, copies, "max_tokens", LIMIT_FIELDS)
 
 
 def _check_system(system: Any) -> None:

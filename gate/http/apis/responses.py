@@ -34,7 +34,7 @@ from typing import Any
 from gate.backend.upstream import RelayStats
 from gate.config import Config
 from gate.core.errors import GateError
-from gate.http.intake import MAX_TOKENS_FIELDS, Intake, _copies, _given_max_tokens, _invalid, _optional, _stream_options
+from gate.http.intake import MAX_TOKENS_FIELDS, Intake, _copies, _invalid, _optional, _stream_options, limited_intake
 from gate.http.jsonbody import describe
 from gate.http.tenants import Caller
 
@@ -57,22 +57,7 @@ def build(path: str, body: Mapping[str, Any], caller: Caller, config: Config) ->
     if previous:
         raise _invalid("previous_response_id", "is not supported: llama-server keeps no responses; send the whole conversation as 'input'")
     _check_input(body)
-    given = _given_max_tokens(body, cls, LIMIT_FIELDS)
-    forwarded = dict(body)
-    if given is None:
-        forwarded["max_output_tokens"] = cls.default_max_tokens
-    return Intake(
-        kind="responses",
-        path=path,
-        body=forwarded,
-        model=model,
-        stream=stream,
-        max_tokens=cls.default_max_tokens if given is None else given,
-        max_tokens_injected=given is None,
-        caller=caller,
-        include_usage=include_usage,
-        copies=copies,
-    )
+    return limited_intake("responses", path, body, caller, cls, model, stream, include_usage, copies, "max_output_tokens", LIMIT_FIELDS)
 
 
 def _check_input(body: Mapping[str, Any]) -> None:
