@@ -554,6 +554,10 @@ def test_review_screen_snapshot(snap_compare, tmp_path: Path) -> None:
 
     async def run_before(pilot: Pilot) -> None:
         await settle(pilot)
+        # The table sizes its columns to the loaded rows when the app next goes idle: on a busy CI
+        # host the picture was once taken before that (every column its header's width).
+        for _ in range(5):
+            await pilot.pause(0.05)
 
     app = ReviewApp(path, slo_ttft_ms=1000)
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
