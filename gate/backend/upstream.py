@@ -291,14 +291,22 @@ class SseRelay:
             answer = json.loads(raw)
         except ValueError:
             raise GateError(Reason.UPSTREAM_ERROR, "backend answer is not JSON") from None
-        if not isinstance(answer, dict):
+        # /completion of several prompts (or n_cmpl > 1) answers an array: one object per task
+        parts = answer if isinstance(answer, list) else [answer]
+        if not parts or not all(isinstance(p, dict) for p in parts):
             raise GateError(Reason.UPSTREAM_ERROR, "backend answer is not a JSON object")
-        self.stats.read_final(answer)
+        generated = 0
+        for part in parts:
+            self.stats.completion_tokens = None
+            self.stats.read_final(part)
+            generated += self.stats.completion_tokens or 0
+        if len(parts) > 1:
+            self.stats.completion_tokens = generated
         # No token is seen arriving: llama-server's own decode time dates the first one,
         # so TTFT stays upstream queueing + prefill, as on the streamed path.
         now = self.clock()
-        timings = answer.get("timings")
-        predicted_ms = timings.get("predicted_ms") if isinstance(timings, Mapping) else None
+        times = [p["timings"].get("predicted_ms") for p in parts if isinstance(p.get("timings"), Mapping)]
+        predicted_ms = max((t for t in times if isinstance(t, (int, float))), default=None)
         if isinstance(predicted_ms, (int, float)) and predicted_ms >= 0:
             self.stats.first_token_at = max(self.stats.dispatched_at, now - predicted_ms / 1000.0)
         # else (the Messages and Responses answers carry no timings): TTFT stays unmeasured

@@ -34,8 +34,8 @@ injected into the forwarded body as ``max_tokens`` (``n_predict`` for ``/complet
 
 Several tasks per request: llama-server runs ``n`` (llama's ``n_cmpl``, read first) copies of
 each prompt, and one task per prompt of a ``prompt`` list, each in its own slot. The gate
-reads both (an integer of at least 1; the slots bound it in admission: more tasks than slots
-is refused at once) and admits the request for all of its tasks (``copies`` x ``plans``).
+reads both (an integer of at least 1) and admits the request for all of its tasks (``copies`` x
+``plans``; more tasks than a backend's slots hold every slot: llama-server runs them in waves).
 Infill, embeddings and rerank bodies are checked and planned by :mod:`gate.http.apis.tasks`
 (``plans``: the tasks, their text pieces); embeddings and rerank do not decode
 (``max_tokens`` 0, nothing injected).
