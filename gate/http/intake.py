@@ -387,10 +387,13 @@ def _check_prompt(body: Mapping[str, Any]) -> None:
         return
     if not any(_is_int(p) for p in prompt):
         return  # several prompts (strings, id lists, objects): each a task, checked by prompt_plans
+    # token ids mixed with strings: one prompt, as llama-server reads it (each string tokenized
+    # in place), planned as such by prompt_plans
     for k, p in enumerate(prompt):
         if not (isinstance(p, str) or _is_int(p)):
             raise _invalid(f"prompt[{k}]", f"must be a string or a token id, got {describe(p)}")
-    raise _invalid("prompt", f"must be {shapes}, not a mix of strings and token ids")
+        if _is_int(p) and not 0 <= p <= _TOKEN_ID_MAX:
+            raise _invalid(f"prompt[{k}]", f"must be a token id (0 to {_TOKEN_ID_MAX}), got {p}")
 
 
 def _given_max_tokens(body: Mapping[str, Any], cls: ClassConfig, fields: tuple[str, ...] = MAX_TOKENS_FIELDS) -> int | None:

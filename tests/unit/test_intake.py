@@ -203,7 +203,7 @@ BAD = [
     pytest.param(CMPL, {"prompt": [1, -2, 3]}, "prompt[1]", "token id", id="prompt-negative-token"),
     pytest.param(CMPL, {"prompt": [1, True]}, "prompt[1]", "got true", id="prompt-bool-token"),
     pytest.param(CMPL, {"prompt": [1, 1.5]}, "prompt[1]", "got number 1.5", id="prompt-float-token"),
-    pytest.param(CMPL, {"prompt": ["a", 5]}, "prompt", "mix", id="prompt-mixed"),
+    pytest.param(CMPL, {"prompt": ["a", 5, -1]}, "prompt[2]", "token id", id="prompt-mixed-bad-id"),
     pytest.param(NATIVE, {"n_predict": 8}, "prompt", "required", id="native-prompt-missing"),
     # max tokens
     pytest.param(CHAT, {"messages": MSG, "max_tokens": 1025}, "max_tokens", "at most 1024", id="max-tokens-over-cap"),
@@ -462,3 +462,9 @@ def test_open_mode_body_errors_come_before_an_unknown_class() -> None:
     assert "invalid JSON" in e.message
     e = refusal(CHAT, {"messages": []}, headers={"X-Tokengate-Class": "nope"})
     assert e.param == "X-Tokengate-Class"  # identity before fields
+
+
+def test_token_ids_mixed_with_strings_are_one_prompt_as_llama_server_reads_them() -> None:
+    # llama.cpp's own test_completion_with_tokens_input sends [1, ..., "text", 7, ..., "text"]
+    intake = parse(CMPL, {"prompt": [1, 2, "the meaning of life", 7, "is"], "max_tokens": 4})
+    assert intake.plans is None and intake.copies == 1
