@@ -17,21 +17,12 @@ from console.screens.whatif import WhatIfScreen, proposal_text, retune_of
 from gate.config import EXAMPLE_CONFIG, parse_config
 from gate.data.commands import Retune
 from gate.tools.replay import BackendFit, load_window, proposal_from_set, run_replay, table_cells
-from gate.tools.replay.synthetic import recorded_by_model, synthetic_arrivals, write_journal
+from gate.tools.replay.synthetic import SMALL_FIT, recorded_by_model, synthetic_arrivals, write_journal
 from tests.console.conftest import make_app
 
 SIZE = (140, 45)
 CONFIG = parse_config(EXAMPLE_CONFIG)
-FIT = BackendFit(
-    slots=4,
-    slot_context=2048,
-    ceiling=2048,
-    ttft_base_s=0.03,
-    ttft_per_busy_s=0.01,
-    prefill_tps=3000,
-    tpot_alone_s=0.01,
-    tpot_per_busy_s=0.004,
-)
+FIT = SMALL_FIT
 
 
 @pytest.fixture

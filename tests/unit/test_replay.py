@@ -34,19 +34,10 @@ from gate.tools.replay import (
     to_table,
 )
 from gate.tools.replay.engine import CORE_REASONS
-from gate.tools.replay.synthetic import recorded_by_model, synthetic_arrivals, write_journal
+from gate.tools.replay.synthetic import SMALL_FIT, recorded_by_model, synthetic_arrivals, write_journal
 
 CONFIG = parse_config(EXAMPLE_CONFIG)
-FIT = BackendFit(
-    slots=4,
-    slot_context=2048,
-    ceiling=2048,
-    ttft_base_s=0.03,
-    ttft_per_busy_s=0.01,
-    prefill_tps=3000,
-    tpot_alone_s=0.01,
-    tpot_per_busy_s=0.004,
-)
+FIT = SMALL_FIT
 
 
 def _journal(tmp: Path, n: int = 300, duration: float = 60.0, seed: int = 1) -> str:

@@ -18,6 +18,18 @@ from gate.journal.rows import _INSERT, _TABLE_OF
 from gate.journal.schema import migrate_sync
 from gate.tools.replay.engine import Arrival, BackendFit, Outcome, replay
 
+#: a small llama-server as the tests' journals model it: 4 slots of 2,048 tokens, a fast tiny model
+SMALL_FIT = BackendFit(
+    slots=4,
+    slot_context=2048,
+    ceiling=2048,
+    ttft_base_s=0.03,
+    ttft_per_busy_s=0.01,
+    prefill_tps=3000,
+    tpot_alone_s=0.01,
+    tpot_per_busy_s=0.004,
+)
+
 
 def synthetic_arrivals(n: int, duration_s: float, *, seed: int = 0, classes: Sequence[str] = ("interactive", "batch")) -> list[Arrival]:
     """`n` Poisson-ish arrivals over `duration_s`: 70% the first class (short prompts), the rest the second."""
