@@ -234,6 +234,8 @@ def replay(
         run.out[refusal.request.id] = Outcome(False, refusal.reason.value, None, None, 0)
 
     def advance(now: float) -> None:
+        if not adm.waiting():
+            return  # nothing to expire, age or dispatch: the core's advance would change nothing
         step = adm.advance(now)
         for admit in step.admitted:
             dispatch(admit, now)
