@@ -191,9 +191,11 @@ def replay(
     *,
     until: float,
     pinned: frozenset[str] = frozenset(),
+    budget_curve: list[tuple[float, int]] | None = None,
 ) -> dict[str, Outcome]:
     """Run `arrivals` through the core under `config` and the recorded `changes` (except those
-    touching a key in `pinned`: a proposal's own keys); the outcome of each arrival by id."""
+    touching a key in `pinned`: a proposal's own keys); the outcome of each arrival by id.
+    `budget_curve`, if given, gets (seconds, the working budget) at the start and at each move."""
     ratio = _fill_ratio(arrivals)
     run = _Run(config, fit, arrivals, [c for c in changes if not _pinned(c, pinned)], until, ratio)
     cap = Capacity(
@@ -257,10 +259,14 @@ def replay(
 
     def budget_moved(_budget: int) -> None:  # the pool's `controller.on_change(gatekeeper.set_budget)`
         adm.set_budget(controller.budget)
+        if budget_curve is not None:
+            budget_curve.append((current[0], adm.budget))
         advance(current[0])
 
     controller.on_change(budget_moved)
     current = [0.0]
+    if budget_curve is not None:
+        budget_curve.append((0.0, adm.budget))
     by_id = {a.id: a for a in arrivals}
     for a in arrivals:
         if a.through_core and a.cls in classes:

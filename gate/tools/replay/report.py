@@ -192,21 +192,44 @@ def untrusted(cal: Mapping[str, dict[str, Any]], bound: float = UNTRUSTED_ABOVE)
     return sorted(k for k, v in cal.items() if v["error"] is None or v["error"] > bound)
 
 
+def _curve(points: Iterable[tuple[float, int]]) -> list[list[float]]:
+    """[seconds from the window's start, working budget] at each change (the recorded: per sample)."""
+    out: list[list[float]] = []
+    for t, budget in points:
+        if out and out[-1][1] == budget:
+            continue
+        if out and out[-1][0] == round(t, 3):
+            out[-1][1] = budget  # several moves in one instant: the last holds
+            continue
+        out.append([round(t, 3), budget])
+    return out
+
+
 def run_replay(window: Window, proposals: Sequence[Proposal] = ()) -> dict[str, Any]:
     """The whole answer: recorded, replayed at the recorded thresholds, then each proposal."""
     rec = figures(window, recorded_outcomes(window), window.config)
     until = window.duration_s
-    base = replay(window.config, window.fit, window.arrivals, window.changes, until=until)
+    curve: list[tuple[float, int]] = []
+    base = replay(window.config, window.fit, window.arrivals, window.changes, until=until, budget_curve=curve)
     rep = figures(window, base, window.config)
     cal = calibration(rec, rep)
     bad = untrusted(cal)
     scenarios = [
-        {"name": "recorded", "classes": rec, "untrusted": []},
-        {"name": "replayed", "classes": rep, "untrusted": bad},
+        {"name": "recorded", "classes": rec, "untrusted": [], "budget_curve": _curve(window.budget_curve)},
+        {"name": "replayed", "classes": rep, "untrusted": bad, "budget_curve": _curve(curve)},
     ]
     for p in proposals:
-        outs = replay(p.config, window.fit, window.arrivals, window.changes, until=until, pinned=p.pinned)
-        scenarios.append({"name": p.name, "classes": figures(window, outs, p.config), "untrusted": bad, "changes": sorted(p.pinned)})
+        curve = []
+        outs = replay(p.config, window.fit, window.arrivals, window.changes, until=until, pinned=p.pinned, budget_curve=curve)
+        scenarios.append(
+            {
+                "name": p.name,
+                "classes": figures(window, outs, p.config),
+                "untrusted": bad,
+                "changes": sorted(p.pinned),
+                "budget_curve": _curve(curve),
+            }
+        )
     fit = dataclasses.asdict(window.fit)
     fit["notes"] = list(window.fit.notes)
     return {
