@@ -324,6 +324,39 @@ def _plain_value(value: Any) -> str:
     return str(value)
 
 
+_BARS = "▁▂▃▄▅▆▇█"
+
+
+def budget_lines(answer: Mapping[str, Any], width: int = 48) -> list[str]:
+    """The working budget of each scenario over the window, one sparkline per scenario on one
+    scale (the lowest and highest budget of all), so the replayed curve reads over the recorded:
+    "budget  recorded  ▇▇▅▃▃▅▇  1024-2048"."""
+    curves = [(s["name"], s.get("budget_curve") or []) for s in answer["scenarios"]]
+    values = [b for _, curve in curves for _, b in curve]
+    if not values:
+        return []
+    lo, hi = min(values), max(values)
+    duration = float(answer["duration_s"])
+    names = [name if len(name) <= 24 else name[:23] + "…" for name, _ in curves]
+    pad = max(len(n) for n in names)
+    out = []
+    for name, (_, curve) in zip(names, curves, strict=True):
+        if not curve:
+            out.append(f"budget  {name.ljust(pad)}  (none recorded)")
+            continue
+        cells, i, current = [], 0, curve[0][1]
+        for col in range(width):
+            t = duration * col / width
+            while i < len(curve) and curve[i][0] <= t:
+                current = curve[i][1]
+                i += 1
+            cells.append(_BARS[-1] if hi == lo else _BARS[round((current - lo) / (hi - lo) * (len(_BARS) - 1))])
+        seen = [b for _, b in curve]
+        span = f"{min(seen)}" if min(seen) == max(seen) else f"{min(seen)}-{max(seen)}"
+        out.append(f"budget  {name.ljust(pad)}  {''.join(cells)}  {span}")
+    return out
+
+
 def to_table(answer: Mapping[str, Any]) -> str:
     """Recorded | replayed | error | each proposal; '?' marks a figure the calibration does not trust."""
     head, rows = table_cells(answer)
@@ -347,4 +380,8 @@ def to_table(answer: Mapping[str, Any]) -> str:
     if bad:
         out.append("")
         out.append(f"? = calibration error over {answer['untrusted_above']:.0%}: not a prediction ({len(bad)} figures)")
+    curves = budget_lines(answer)
+    if curves:
+        out.append("")
+        out += curves
     return "\n".join(out)
