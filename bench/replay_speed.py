@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -74,12 +76,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = str(Path(tmp) / "bench.db")
         write_journal(path, config, FIT, arrivals, outcomes)
+        load_before = os.getloadavg()[0]
+        c0 = time.process_time()
         t0 = time.perf_counter()
         window = load_window(path)
         t1 = time.perf_counter()
         answer = run_replay(window, [proposal_from_set(p, window.config) for p in PROPOSALS])
         table = to_table(answer)
         t2 = time.perf_counter()
+        cpu_s = time.process_time() - c0
     print(table)
     result = {
         "decisions": args.decisions,
@@ -88,8 +93,13 @@ def main() -> None:
         "load_and_fit_s": round(t1 - t0, 3),
         "replay_s": round(t2 - t1, 3),
         "total_s": round(t2 - t0, 3),
+        "total_cpu_s": round(cpu_s, 3),
         "one_engine_run_s": round(record_s, 3),
         "goal_s": 10.0,
+        "command": " ".join([".venv/bin/python bench/replay_speed.py", *sys.argv[1:]]),
+        # 1-minute load average before and after the timed part (a shared VM: wall time runs
+        # ahead of CPU time when others are busy)
+        "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "python": platform.python_version(),
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
     }

@@ -89,8 +89,10 @@ class PrefillModel:
 
     def expected_or_recent(self, prompt_tokens: int, prefilling: int) -> float | None:
         """`expected_ttft` when fitted, else `recent_ttft` (None before any first token)."""
-        fitted = self.expected_ttft(prompt_tokens, prefilling)
-        return fitted if fitted is not None else self.recent_ttft()
+        fit = self._fit
+        if fit is not None:  # = expected_ttft, inlined: admission asks per waiter on every walk (T2)
+            return max(0.0, fit[0] + (prompt_tokens + prefilling) / fit[1])
+        return self.recent_ttft()
 
     @property
     def source(self) -> str:
