@@ -13,10 +13,27 @@ This is the measured drain rate applied to the requests ahead, with the state of
 that hold them: with fixed service times (the virtual-time harness) it is exact; against
 llama-server it is an estimate that follows the load. Until MIN_HOLDS releases are in, there
 is no estimate (None) and nobody is refused on it.
+
+The mean says when a slot is expected to free, not how sure that is: against llama-server the
+holds spread (and grow as the host slows), and a newcomer queued on the mean was often refused
+after a wait (#25: 38 of 44 refusals at 3x came after a wait, p95 1.9 s). `chance_in_time`
+reads the spread of the same holds: the chance that enough slots free within the time a
+newcomer has, so that it is refused at arrival unless it is likely to make it. A slot held
+`a` seconds frees within `d` with the chance that a hold longer than `a` is at most `a + d`
+(among the holds measured; one held longer than every hold measured is due now, as with the
+mean; a free slot frees at once); then m - 1 more times with that chance times the chance
+that one hold is at most what is left after its first free (on average) / (m - 1). The waiter
+at position p needs p + 1 frees:
+
+    chance(p, d) = P(N_1 + ... + N_k >= p + 1),  N_i: the frees of slot i within d
+
+(the N_i independent; summed exactly, capped at p + 1). With holds of one length (the
+virtual-time harness) it is 1 when the mean's wait(p) <= d and 0 otherwise: the two agree.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -40,6 +57,12 @@ class HoldTimes:
         while len(self._holds) > self.window:
             self._total -= self._holds.popleft()
 
+    def sorted_s(self) -> list[float] | None:
+        """The holds of the window, shortest first (None while too few: see `mean_s`)."""
+        if len(self._holds) < self.min_holds:
+            return None
+        return sorted(self._holds)
+
     @property
     def mean_s(self) -> float | None:
         if len(self._holds) < self.min_holds:
@@ -57,3 +80,45 @@ def wait_at(position: int, frees: list[float], mean_s: float) -> float:
     """Expected wait of the waiter `position` places from the front (see the module)."""
     k = len(frees)
     return frees[position % k] + (position // k) * mean_s
+
+
+def chance_in_time(position: int, within_s: float, ages: Iterable[float], holds: list[float], slots: int) -> float:
+    """The chance that the waiter `position` places from the front has a slot within `within_s`
+    seconds, given how long each busy slot has been held (`ages`) and the holds measured
+    (`holds`, shortest first, not empty). See the module docstring."""
+    if within_s < 0:
+        return 0.0
+    need = position + 1
+    n = len(holds)
+    # dist[j]: the chance of j frees so far (j < need); dist[need]: of need or more
+    dist = [1.0] + [0.0] * need
+    ages = list(ages)[: max(0, slots)]
+    for age in ages + [None] * max(0, slots - len(ages)):  # None: a free slot, one free at once
+        if age is None:
+            first, rest = 1.0, within_s
+        elif (at := bisect_right(holds, age)) == n:
+            first, rest = 1.0, within_s  # held past every hold measured: due now
+        else:
+            ends = bisect_right(holds, age + within_s) - at
+            first = ends / (n - at)
+            # what is left after the first free, on average over the frees in time
+            rest = within_s - (sum(holds[at : at + ends]) / ends - age) if ends else 0.0
+        # at_least[m]: the chance of m or more frees of this slot within `within_s`
+        at_least = [1.0, first]
+        for m in range(2, need + 1):
+            if at_least[-1] <= 0.0 or rest <= 0.0:
+                break
+            at_least.append(first * bisect_right(holds, rest / (m - 1)) / n)
+        at_least.append(0.0)
+        nxt = [0.0] * (need + 1)
+        for j, pj in enumerate(dist):
+            if pj == 0.0:
+                continue
+            for m in range(len(at_least) - 1):
+                q = at_least[m] - at_least[m + 1]
+                if q > 0.0:
+                    nxt[min(need, j + m)] += pj * q
+        dist = nxt
+        if dist[need] >= 1.0:
+            break
+    return min(1.0, dist[need])

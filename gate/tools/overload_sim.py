@@ -154,9 +154,15 @@ def run(
     objective_s: dict[str, float] | None = None,
     window_s: float = 10.0,
     seed: int = 1,
+    service_spread: float = 0.0,
 ) -> Result:
-    """Drive `scheduler` with `streams` for `duration_s` of virtual time, then let it drain."""
+    """Drive `scheduler` with `streams` for `duration_s` of virtual time, then let it drain.
+
+    `service_spread`: each request holds its slot `service_s` x a uniform factor in
+    [1 - spread, 1 + spread] (llama-server's holds vary; 0: all alike), drawn apart from the
+    arrivals so that the same seed sends the same traffic."""
     rng = random.Random(seed)
+    spread = random.Random(seed * 7919 + 1)
     events: list[tuple[float, int, str, str]] = []  # (time, seq, kind, request id)
     seq = 0
 
@@ -181,7 +187,8 @@ def run(
             o = outcomes[a.request.id]
             o.admitted_at = now
             push(now + ttft_s, "first", a.request.id)
-            push(now + service_s, "end", a.request.id)
+            hold = service_s * (1.0 + service_spread * (2.0 * spread.random() - 1.0)) if service_spread else service_s
+            push(now + max(hold, ttft_s), "end", a.request.id)
 
     def refused(refusals: Iterable[Refuse], now: float) -> None:
         for f in refusals:

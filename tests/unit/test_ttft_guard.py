@@ -146,7 +146,8 @@ def test_no_request_is_queued_or_dispatched_from_the_queue_expected_to_miss_its_
     slots, objective_ms, base, rate, holds, aging, seq
 ):
     """Under the model (expected_ttft, the hold times): a request queued was expected, at that
-    moment, to start and reach its first token within its objective; a request dispatched from
+    moment, to start and reach its first token within its objective, on the mean and with at
+    least IN_TIME_CHANCE from the holds' spread (T1); a request dispatched from
     the queue is expected to, given the prompts prefilling at its dispatch."""
     classes = [Cls("hi", 10, reserved_tokens=300, queue_depth=8, queue_timeout_s=60.0), Cls("lo", 1, queue_depth=8, queue_timeout_s=60.0)]
     adm = Admission(
@@ -169,10 +170,12 @@ def test_no_request_is_queued_or_dispatched_from_the_queue_expected_to_miss_its_
             ahead = sum(len(adm.queue(c)) for c in adm.class_names if adm.policy(c).priority >= adm.policy(cls).priority)
             wait = adm.expected_wait(ahead, now)
             expected = base + (r.prompt_tokens + adm.ledger.prefilling) / rate
+            chance = adm.chance_in_time(ahead, r.arrival + objective - now - expected, now)
             d = adm.offer(r, now)
             if isinstance(d, Queue):
                 queued.add(r.id)
                 assert now + (wait or 0.0) + expected <= r.arrival + objective + 1e-9, "queued to miss"
+                assert chance is None or chance >= adm.in_time_chance, "queued unlikely to make it"
             check_invariants(adm)
             continue
         if op[0] == "release" and held:
