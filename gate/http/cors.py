@@ -26,6 +26,8 @@ from collections.abc import Awaitable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 ALLOW_ORIGIN = b"access-control-allow-origin"
+#: as llama-server spells it (clients that keep headers in a plain dict look it up so)
+ALLOW_ORIGIN_SPELLED = b"Access-Control-Allow-Origin"
 
 
 class CorsMirror:
@@ -64,5 +66,5 @@ class _Send:
             if sent is not None:
                 self.mirror.learn(self.origin, sent)  # llama-server's own answer, relayed
             else:
-                message = {**message, "headers": [*headers, (ALLOW_ORIGIN, self.mirror.value(self.origin))]}
+                message = {**message, "headers": [*headers, (ALLOW_ORIGIN_SPELLED, self.mirror.value(self.origin))]}
         return self.send(message)

@@ -326,8 +326,8 @@ class _Flow:
         await self._start(
             200,
             [
-                (b"content-type", b"text/event-stream"),
-                (b"cache-control", b"no-cache"),
+                (b"Content-Type", b"text/event-stream"),  # spelled as llama-server does
+                (b"Cache-Control", b"no-cache"),
                 *relayed_headers(relay.response.headers, rebuilt=True),
             ],
         )
@@ -355,13 +355,13 @@ class _Flow:
             raise GateError(Reason.UPSTREAM_ERROR, "backend closed the stream before finishing", retry_after_s=1.0)
         payload = json.dumps(assemble(intake.kind, relay.chunks)).encode()
         self._finish_ok()
-        await self._start(200, [(b"content-type", b"application/json"), *relayed_headers(relay.response.headers, rebuilt=True)])
+        await self._start(200, [(b"Content-Type", b"application/json"), *relayed_headers(relay.response.headers, rebuilt=True)])
         await self._last(payload)
 
     async def _relay_plain(self, relay: SseRelay) -> None:
         payload = await relay.whole()
         self._finish_ok()
-        await self._start(200, [(b"content-type", b"application/json"), *relayed_headers(relay.response.headers, rebuilt=True)])
+        await self._start(200, [(b"Content-Type", b"application/json"), *relayed_headers(relay.response.headers, rebuilt=True)])
         await self._last(payload)  # llama-server's own answer, byte for byte
 
     # ---- progress: what decides a shed -----------------------------------------

@@ -89,7 +89,9 @@ def build_app(gate: RequestPorts) -> ASGIApp:
         body, content_type = gate.metrics.render()
         # then each backend's llamacpp:* series (gate/observe/backend_metrics.py)
         relayed, start = await backend_series(gate.backends.configured, list(gate.backends))
-        return Response(body + relayed, media_type=content_type, headers={START_HEADER: start})
+        response = Response(body + relayed, media_type=content_type)
+        response.raw_headers.append((START_HEADER.encode(), start.encode()))  # spelled as llama-server does
+        return response
 
     async def inference_metrics(request: Request) -> Response:
         # The endpoint picker's three gauges alone: it scrapes every pod many times a second.

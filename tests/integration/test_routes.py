@@ -9,6 +9,7 @@ CORS preflight, and several listen addresses. Every row checks that nothing is l
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 
 import httpx
@@ -278,4 +279,50 @@ async def test_llama_servers_own_refusal_keeps_its_cors_headers(llama_unified):
         r = await client.post(gate.url + "/completion", json=body, headers=origin)
         assert r.status_code == direct.status_code == 400 and r.json() == direct.json()
         assert r.headers["access-control-allow-origin"] == direct.headers["access-control-allow-origin"]
+        await released(gate)
+
+
+async def _head(url: str, method: str, path: str, body: bytes = b"", headers: str = "") -> bytes:
+    """The status line and header lines of one answer, as the bytes that came over the socket."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(
+            f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n{headers}"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        await writer.drain()
+        return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+    finally:
+        writer.close()
+
+
+#: written by each server itself (uvicorn's own spelling through the gate)
+FRAMING = (b"content-length", b"transfer-encoding", b"server", b"keep-alive", b"connection")
+
+
+def _names(head: bytes) -> set[bytes]:
+    return {line.split(b":", 1)[0] for line in head.split(b"\r\n")[1:] if b":" in line}
+
+
+async def test_relayed_header_names_keep_llama_servers_spelling_on_the_wire(llama_unified):
+    # llama.cpp's own tests copy the headers into a plain dict: "Access-Control-Allow-Origin" and
+    # "Process-Start-Time-Unix" must be spelled so (uvicorn's httptools writes lower case).
+    origin = "Origin: http://app.example\r\n"
+    chat_body = json.dumps(chat(4)).encode()
+    stream_body = json.dumps(chat(4, stream=True)).encode()
+    async with running_gate(llama_unified.url) as gate:
+        for method, path, body in (
+            ("GET", "/props", b""),
+            ("POST", "/v1/chat/completions", chat_body),
+            ("POST", "/v1/chat/completions", stream_body),
+        ):
+            direct = _names(await _head(llama_unified.url, method, path, body, origin))
+            through = _names(await _head(gate.url, method, path, body, origin))
+            spelled = {n for n in direct if n != n.lower() and n.lower() not in FRAMING}
+            assert b"Access-Control-Allow-Origin" in spelled and spelled <= through, (path, direct, through)
+        assert b"Process-Start-Time-Unix" in _names(await _head(gate.url, "GET", "/metrics"))
+        # the gate's own answers (a 404 here) spell the CORS header as llama-server does
+        assert b"Access-Control-Allow-Origin" in _names(await _head(gate.url, "GET", "/v1/models/nope/x", b"", origin))
         await released(gate)

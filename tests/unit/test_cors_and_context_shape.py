@@ -34,7 +34,7 @@ def _call(mirror_or_app, origin: bytes | None, headers=()):
     mirror = mirror_or_app if isinstance(mirror_or_app, CorsMirror) else CorsMirror(mirror_or_app)
     scope = {"type": "http", "headers": [] if origin is None else [(b"origin", origin)]}
     asyncio.run(mirror(scope, receive, send))
-    return dict(sent[0]["headers"]) if sent[0].get("headers") is not None else {}
+    return {k.lower(): v for k, v in sent[0]["headers"]} if sent[0].get("headers") is not None else {}
 
 
 def test_the_gates_own_answer_echoes_the_origin_as_llama_server_does_by_default():
