@@ -343,7 +343,15 @@ class Admission:
 
     def held_back(self, cls: str) -> int:
         """Unused reservations of the classes other than `cls`."""
-        return sum(max(0, c.policy.reserved_tokens - self.ledger.class_tokens(c.policy.name)) for c in self._order if c.policy.name != cls)
+        by_class = self.ledger.by_class
+        held = 0
+        for c in self._order:  # a loop, not sum(max(...)): blocker asks on every dispatch look
+            policy = c.policy
+            if policy.name != cls:
+                unused = policy.reserved_tokens - by_class.get(policy.name, 0)
+                if unused > 0:
+                    held += unused
+        return held
 
     def _reserved_elsewhere(self, cls: str) -> int:
         return self._reserved_other[cls]
@@ -403,7 +411,8 @@ class Admission:
         if led.slots + request.tasks > self.capacity.slots:
             return Block.SLOTS
         in_class = led.class_tokens(request.cls)
-        if led.in_flight + cost > self.working_budget(request, aged=aged) - self.held_back(request.cls):
+        budget = self.working_budget(request, aged=True) if aged else self.effective_budget
+        if led.in_flight + cost > budget - self.held_back(request.cls):
             return Block.BUDGET
         if own_share_only and not aged and in_class + cost > policy.reserved_tokens:
             return Block.BUDGET
