@@ -35,7 +35,8 @@ The top rate must hold in EVERY headless round of the latency phase, not only in
 search's one step: when a headless round there misses (p99 >= 100 ms or a non-200), that
 rate's runs are kept in the output, marked `"top_not_held"`, and the latency phase runs
 again one capacity step lower (--capacity-rates; below the lowest, --step-down req/s
-lower), until every headless round holds or the rate falls to the highest fixed rate.
+lower), until every headless round holds, the rate falls to the highest fixed rate, or
+--max-steps step-downs were made.
 
 `--phases cpu`: what a console itself costs as the request rate changes: each console arm
 (and headless, for the gate alone) at each of --cpu-rates req/s (0: no load at all),
@@ -387,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--phases", default="latency,keys", help="latency, keys (key press -> screen), cpu (console CPU vs rate)")
     ap.add_argument("--cpu-rates", default="0,100,200", help="--phases cpu: req/s (0: no load)")
     ap.add_argument("--step-down", type=float, default=25.0, help="req/s below the lowest capacity step when top does not hold")
+    ap.add_argument("--max-steps", type=int, default=4, help="step-downs of a top that does not hold, at most")
     ap.add_argument(
         "--upstream",
         choices=("fake", "llama"),
@@ -479,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
             wait(lambda: _listening(fake_port), 10, "the fake upstream")
         rates: list[float] = []
         top_rate: float | None = None  # the rate that must hold in every headless round
-        for r in args.rates.split(","):
+        for r in args.rates.split(",") if "latency" in phases else ():  # (the cpu and keys phases need no top)
             if r != "top":
                 rates.append(float(r))
             elif args.top_rate is not None:
@@ -519,13 +521,16 @@ def main(argv: list[str] | None = None) -> int:
                     c["top_not_held"] = True  # reported, never compared as the top rate
                 lower = step_below(rate, capacity_rates, args.step_down)
                 results.setdefault("top_steps", []).append({"rate": rate, "headless_rounds_missed": missed, "next": lower})
-                if lower > floor:
+                if lower > floor and len(results["top_steps"]) <= args.max_steps:
                     print(f"top {rate:.0f} req/s not held in headless round(s) {missed}: stepping down to {lower:.0f}", flush=True)
                     top_rate = lower
                     results["rates"].append(lower)
                     queue.append(lower)
                 else:
-                    print(f"top {rate:.0f} req/s not held in headless round(s) {missed}; nothing left above {floor:.0f}", flush=True)
+                    print(
+                        f"top {rate:.0f} req/s not held in headless round(s) {missed}; no step left (floor {floor:.0f}, --max-steps)",
+                        flush=True,
+                    )
         for rate in [float(r) for r in args.cpu_rates.split(",")] if "cpu" in phases else ():
             for kind in ARMS:
                 arms[kind].start()
