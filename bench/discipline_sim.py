@@ -8,11 +8,17 @@ arrival (3x an unloaded TTFT p95 of 211 ms, as in the issue). Compared, per seed
 * ``no control``: one FIFO for every class, 10 s timeout (what the old aging rule amounted to
   once every waiter had aged);
 * ``core, no objective``: the core with the example's classes, queue timeouts only;
-* ``core, TTFT-aware``: the same with the objective (T1-T3: refused at once when expected to
-  miss, waiters refused as soon as they are expected to miss);
+* ``core, TTFT-aware, mean only``: the same with the objective, T1 on the mean hold alone
+  (``in_time_chance = 0``: refused at once when expected to miss on average);
+* ``core, TTFT-aware``: the same with T1's chance of a slot in time from the holds' spread
+  (queued only when at least 90% likely to make it), T2-T3 as above (waiters refused as soon
+  as they are expected to miss);
 * for two classes, the same with aging off (strict priority).
 
-    PYTHONPATH=. .venv/bin/python bench/discipline_sim.py [--seeds 1,2,3] [--duration 120]
+``--spread 0.3``: each hold is 2.1 s x a uniform factor in [0.7, 1.3] (llama-server's holds
+vary; with holds all alike the mean is exact and the two TTFT-aware rows agree).
+
+    PYTHONPATH=. .venv/bin/python bench/discipline_sim.py [--seeds 1,2,3] [--duration 120] [--spread 0.3]
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from gate.core.admission import Admission  # noqa: E402
 from gate.tools import overload_sim as sim  # noqa: E402
 
 SLOTS, SERVICE_S, TTFT_S, OBJECTIVE_S = 4, 2.1, 0.2, 0.632
@@ -52,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--duration", type=float, default=120.0)
+    ap.add_argument("--spread", type=float, default=0.0, help="holds vary by +- this fraction (default 0)")
     args = ap.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     obj = {"interactive": OBJECTIVE_S, "batch": OBJECTIVE_S}
@@ -64,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         "no control": lambda: sim.NoControl(SLOTS, 10.0),
         "core, aging off, no objective": lambda: sim.admission(example(None), slots=SLOTS, aging_s=None),
         "core, no objective": lambda: sim.admission(example(None), slots=SLOTS),
+        "core, TTFT-aware, mean only": lambda: mean_only(sim.admission(example(OBJECTIVE_S * 1000), slots=SLOTS, ttft_s=TTFT_S)),
         "core, TTFT-aware": lambda: sim.admission(example(OBJECTIVE_S * 1000), slots=SLOTS, ttft_s=TTFT_S),
     }
     print(
@@ -75,7 +84,15 @@ def main(argv: list[str] | None = None) -> int:
             rows: dict[str, list] = {}
             for seed in seeds:
                 r = sim.run(
-                    make(), streams, slots=SLOTS, service_s=SERVICE_S, ttft_s=TTFT_S, duration_s=args.duration, objective_s=obj, seed=seed
+                    make(),
+                    streams,
+                    slots=SLOTS,
+                    service_s=SERVICE_S,
+                    ttft_s=TTFT_S,
+                    duration_s=args.duration,
+                    objective_s=obj,
+                    seed=seed,
+                    service_spread=args.spread,
                 )
                 for cls, c in r.classes.items():
                     rows.setdefault(cls, []).append(c)
@@ -91,6 +108,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"{min(min(c.served_per_window) for c in cs)} |"
                 )
     return 0
+
+
+def mean_only(adm: Admission) -> Admission:
+    adm.in_time_chance = 0.0
+    return adm
 
 
 def _range(vs: list[float | None]) -> str:

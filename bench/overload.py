@@ -205,6 +205,7 @@ async def one_request(client: httpx.AsyncClient, url: str, p: Planned, t0: float
                 if r.status_code == 429:
                     res.outcome = "refused"
                     res.code = err.get("code") if isinstance(err, dict) else str(err)[:40]
+                    res.detail = str(err.get("message", ""))[:160] if isinstance(err, dict) else ""
                     res.retry_after_valid = valid_retry_after(res.retry_after)
                 else:
                     res.outcome, res.code = classify_error(err, r.status_code)

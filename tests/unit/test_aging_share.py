@@ -14,11 +14,12 @@ starved). A harness that passes them all would test nothing.
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
 
 from gate.core.admission import Admission, Admit, Capacity, Queue, check_aged, check_invariants
 from gate.core.ledger import Request
+from gate.core.queueing import Waiting
 from gate.tools import overload_sim as sim
 from tests.unit.core_helpers import Cls, req
 from tests.unit.test_admission_levers import CLASSES, EXAMPLES, ObjCls, aged_setups, ops, pair
@@ -104,9 +105,40 @@ def test_a_higher_class_waiting_within_its_reservation_is_passed_only_within_the
     """G1: whenever a request of class c is dispatched while a higher class h has a waiter that
     fits h's reservation (and does not yield its long prefill, F6), either c stays within its
     own reservation, or this is c's minimum-rate turn: at most one such dispatch per aging_s."""
+    run_g1(setup_seq, Admission)
+
+
+class OldAging(Admission):
+    """A NEGATIVE CONTROL: the aging rule before #25, every aged waiter first whatever its class
+    (no turn, no share)."""
+
+    def _aged(self, now: float) -> list[Waiting]:
+        if self.aging_s is None:
+            return []
+        aged = [w for c in self._order if not c.queue.paused for w in c.queue.in_order() if now - w.enqueued_at >= self.aging_s]
+        return sorted(aged, key=lambda w: (w.enqueued_at, w.request.id))
+
+
+def test_negative_control_the_g1_property_fails_against_the_old_aging_rule():
+    """Like APF's TestNoRestraint: the property's harness finds the passing G1 forbids when the
+    rule is taken away; a harness that could not would test nothing."""
+
+    def passes_beyond_share(setup_seq) -> bool:
+        try:
+            run_g1(setup_seq, OldAging)
+        except AssertionError as e:
+            return "passed a higher class beyond its share" in str(e)
+        return False
+
+    strategy = st.tuples(pressure_setups(), st.lists(pressure_ops, min_size=20, max_size=80))
+    found = find(strategy, passes_beyond_share, settings=settings(max_examples=3000, deadline=None, database=None, phases=[Phase.generate]))
+    assert found is not None
+
+
+def run_g1(setup_seq, make: type[Admission]) -> None:
     (classes, capacity, rate, base, aging, elastic), seq = setup_seq
     policy = {c.name: c for c in classes}
-    adm = Admission(
+    adm = make(
         classes,
         capacity,
         aging_s=aging,
@@ -224,3 +256,58 @@ def test_negative_control_strict_priority_without_aging_starves_batch():
     for seed in SEEDS:
         result = two_class_overload(sim.admission(example_classes(), slots=SLOTS, aging_s=None), seed)
         assert any("batch starved" in f for f in fair(result)), (seed, sim.summary(result))
+
+
+# ---- two classes with their TTFT objective (the example's default), with a negative control ----
+
+TTFT_S, OBJECTIVE_S = 0.2, 0.632  # as bench/discipline_sim.py: 3x an unloaded TTFT p95 of 211 ms
+
+
+def with_objective() -> list[Cls]:
+    return [
+        Cls(c.name, c.priority, c.reserved_tokens, c.limit_tokens, c.queue_depth, c.queue_timeout_s, OBJECTIVE_S * 1000)
+        for c in example_classes()
+    ]
+
+
+def in_time_run(scheduler: sim.Scheduler, streams: list[sim.Stream], seed: int) -> sim.Result:
+    return sim.run(
+        scheduler,
+        streams,
+        slots=SLOTS,
+        service_s=SERVICE_S,
+        ttft_s=TTFT_S,
+        duration_s=120.0,
+        objective_s={"interactive": OBJECTIVE_S, "batch": OBJECTIVE_S},
+        seed=seed,
+        service_spread=0.3,
+    )
+
+
+def fair_in_time(result: sim.Result, alone: sim.Result) -> list[str]:
+    """What holds beside batch (measured: interactive 55-60% of what it gets alone within the
+    objective; a work-conserving gate gives batch the slots interactive leaves, and Poisson
+    arrivals then find them busy): what interactive is served is in time, what it is refused it
+    is refused at arrival, it keeps at least half of what it gets alone, batch is never starved."""
+    i, b, a = result.classes["interactive"], result.classes["batch"], alone.classes["interactive"]
+    failures = []
+    if i.within_objective < 0.9 * i.served:
+        failures.append(f"interactive served late: {i.within_objective} of {i.served} in time")
+    if i.refused_at_once < 0.9 * i.refused:
+        failures.append(f"interactive refused after a wait: {i.refused - i.refused_at_once} of {i.refused}")
+    if i.within_objective < 0.5 * a.within_objective:
+        failures.append(f"interactive starved: {i.within_objective} in time beside batch, {a.within_objective} alone")
+    if min(b.served_per_window) < 1:
+        failures.append(f"batch starved: a 10 s window served none ({b.served_per_window})")
+    return failures
+
+
+def test_with_objectives_interactive_is_served_in_time_beside_batch_and_batch_is_never_starved():
+    for seed in SEEDS:
+        alone = in_time_run(sim.admission(with_objective(), slots=SLOTS, ttft_s=TTFT_S), [sim.Stream("interactive", CAPACITY_RPS)], seed)
+        streams = [sim.Stream("interactive", CAPACITY_RPS), sim.Stream("batch", 2 * CAPACITY_RPS)]
+        result = in_time_run(sim.admission(with_objective(), slots=SLOTS, ttft_s=TTFT_S), streams, seed)
+        assert fair_in_time(result, alone) == [], (seed, sim.summary(result), sim.summary(alone))
+        control = in_time_run(sim.NoControl(SLOTS, timeout_s=10.0), streams, seed)  # the negative control
+        failed = fair_in_time(control, alone)
+        assert any("served late" in f for f in failed) and any("interactive starved" in f for f in failed), (seed, failed)

@@ -113,8 +113,8 @@ def answer_digest() -> str:
 
 CASES = [("example", p) for p in PROPOSALS[:2]] + [("busy", p) for p in PROPOSALS]
 #: (config, proposal) -> digest, as the engine answered on 2026-12-02 (before its speed work; the
-#: example config's since the replay applies [budget] slo_ttft_p95_ms as the default TTFT objective,
-#: and since #25's T1 refuses a newcomer unlikely to get a slot in time)
+#: example config's since the replay applies [budget] slo_ttft_p95_ms as the default TTFT objective
+#: and #25's T1 refuses at arrival on the chance of a slot in time)
 GOLDEN: dict[tuple[str, str], str] = {
     ("example", ""): "9e10e345ff7588de",
     ("example", "budget.mode=static,budget.min_tokens=6000,backend.token_budget=6000"): "9e10e345ff7588de",
