@@ -6,9 +6,9 @@ gate reserved (llama-server's own counting routes), the generation limit injecte
 client gave none, refusals in each API's shape, the gate's own mid-stream error as each API's
 error event, and a burst of 429s that each client retries by itself, honouring Retry-After,
 until it is served (Messages streamed and not, chat/completions streamed, Responses; chat not
-streamed: test_gate_admission.py). The ``openai``
-client's chat/completions and completions streamed and not are here too; its embeddings are in
-test_tasks_llama.py. Every test ends with nothing reserved.
+streamed: test_gate_admission.py). The ``openai`` client's chat/completions and completions
+streamed and not are here too; its embeddings are in test_tasks_llama.py. Every test ends with
+nothing reserved.
 """
 
 from __future__ import annotations
