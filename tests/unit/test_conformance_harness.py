@@ -128,3 +128,11 @@ def test_a_baseline_measured_for_another_setup_is_refused_with_the_refresh_comma
     assert load_baseline(key, path) == {"unit/test_a.py::test_x": "passed", "unit/test_a.py::test_y": "failed"}
     with pytest.raises(BaselineMismatch, match=r"shim_sha256: stored 'bb', now 'cc'.*--write-baseline"):
         load_baseline({**key, "shim_sha256": "cc"}, path)
+
+
+def test_the_stored_baseline_matches_this_checkout() -> None:
+    # an edit to the shim (or a llama.cpp upgrade) must come with a re-measured baseline
+    stored = json.loads(BASELINE.read_text())
+    assert stored["key"]["shim_sha256"] == hashlib.sha256((BASELINE.parent / "shim.py").read_bytes()).hexdigest(), REFRESH
+    assert stored["key"]["llama_cpp_python"] == VERSION, REFRESH
+    assert stored["passed"] == sum(1 for s in stored["outcomes"].values() if s == "passed")
