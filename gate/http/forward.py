@@ -15,6 +15,9 @@ What a route is comes from the table (gate/data/endpoints.py). For each request 
    credentials: the backend's own key goes instead); the answer streamed back byte for byte with
    llama-server's status and headers (CORS, content type and encoding, its own), hop-by-hop
    headers excepted. Server-sent events (``/models/sse``, ``/v1/stream``) stream as they come.
+   The backend: the one serving ``?model=`` when given, else the first; in router mode a model
+   no unit serves goes to the router (the only one; none with several) with ``autoload=false``,
+   as every forwarded call to a router model does, so nothing loads behind the gate's back.
 5. The record: ``tokengate_forwarded_total{route, status}`` and a decision row, outcome
    ``forwarded`` (reason ``ok``, no class, no reservation), when the answer ends; a refusal is
    a decision row ``refused`` with its reason, as on the admitted path. Unlike an admitted
@@ -49,7 +52,7 @@ from gate.http.intake import check_headers
 from gate.http.requestids import RequestIds
 
 if TYPE_CHECKING:
-    from gate.backend.pool import Backend
+    from gate.backend.pool import Backend, BackendPool
     from gate.http.ports import RequestPorts
     from gate.http.tenants import Caller
 
@@ -60,6 +63,14 @@ def shown_path(path: str) -> str:
     """A client's path as the journal keeps it: printable, at most 128 characters."""
     clean = "".join(ch if ch.isprintable() else "?" for ch in path[:_ENDPOINT_MAX])
     return clean + ("..." if len(path) > _ENDPOINT_MAX else "")
+
+
+def _only_router(backends: BackendPool) -> Backend | None:
+    """Where a forwarded call naming a model no unit serves goes: the one router, which may hold
+    models the gate does not list (``DELETE /models`` of one: the router's answer, as it gives
+    it); none with no router or several (which one holds it is not known)."""
+    routers = [b for b in backends.configured if b.fleet is not None]
+    return routers[0] if len(routers) == 1 else None
 
 
 class ForwardEndpoint:
@@ -82,7 +93,7 @@ class ForwardEndpoint:
                 return await self._model_route(request, request_id, route, caller, t0, wall0)
             model = request.query_params.get("model")
             # a router with no model listed has no unit: its own reads (GET /props) go to it
-            backend = gate.backends.route(model) or (gate.backends.configured[0] if model is None else None)
+            backend = gate.backends.route(model) or (gate.backends.configured[0] if model is None else _only_router(gate.backends))
             if backend is None:
                 raise GateError(Reason.MODEL_NOT_FOUND, "no backend serves that model", "model")
             if route.access == "operator":
@@ -189,10 +200,10 @@ class ForwardEndpoint:
         check_headers(request.headers)
         body = await request.body()  # through the BodyReader: limited before reading
         params: list[tuple[str, str | int | float | bool | None]] = list(request.query_params.multi_items())
-        if backend.model is not None:
+        if backend.model is not None or (backend.fleet is not None and any(k == "model" for k, _ in params)):
             # Router mode: llama-server must not load a model for a forwarded call either.
             params = [(k, v) for k, v in params if k != "autoload"] + [("autoload", "false")]
-            if not any(k == "model" for k, _ in params):
+            if backend.model is not None and not any(k == "model" for k, _ in params):
                 params.append(("model", backend.model))
         headers = forward_headers(dict(request.headers), None)
         headers.pop("accept-encoding", None)

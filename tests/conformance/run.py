@@ -1,8 +1,10 @@
 """llama.cpp's own server test suite, straight against llama-server and through the gate, compared.
 
     python -m tests.conformance.run [--gate-runs passed|all] [--json FILE] [--keep] [-- PYTEST_ARGS]
+    python -m tests.conformance.run --baseline [-- PYTEST_ARGS]      # CI: the gate side only
+    python -m tests.conformance.run --write-baseline                 # refresh tests/conformance/baseline.json
 
-(``make conformance`` runs it.) The suite is ``tools/server/tests`` of the llama.cpp vendored in
+(``make conformance`` runs the first, ``make conformance-ci`` the second, which .ci/run calls.) The suite is ``tools/server/tests`` of the llama.cpp vendored in
 the llama-cpp-python sdist the project builds llama-server from (the sdist is cached by
 tests/llama/build_llama_server.sh; fetched with pip the same way when missing). Each run gets its
 own copy of the suite, its own port, and ``LLAMA_SERVER_BIN_PATH`` pointing at
@@ -16,11 +18,20 @@ fails (exit 1) on any test that passes straight and fails through the gate unles
 tests/conformance/differences.toml lists it with its reason; a listed difference that no longer
 differs is reported (stale) but does not fail. It prints the counts and the differences; ``--json``
 writes them too.
+
+**Baseline** (CI's budget: the straight run alone takes 400-540 s on 2 cores): the straight
+outcomes are stored in tests/conformance/baseline.json, under a key of what decides them: the
+llama.cpp version, a hash of the suite's files, the model file, and a hash of the shim.
+``--baseline`` runs only the gate side, over the tests that passed straight there, and compares
+as above; a key that does not match what this checkout would run (a llama.cpp upgrade, an edited
+shim, another model) is an error that names the refresh command, ``--write-baseline`` (a straight
+run of the whole suite; commit the file it writes).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -38,6 +49,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 DIFFERENCES = HERE / "differences.toml"
+BASELINE = HERE / "baseline.json"
+REFRESH = "python -m tests.conformance.run --write-baseline"
 VERSION = os.environ.get("LLAMA_CPP_PYTHON_VERSION", "0.3.36")
 SUITE_IN_SDIST = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/tools/server/tests/"
 #: per test; the suite's own longest non-slow tests take ~30 s on 2 busy cores
@@ -85,6 +98,60 @@ def extract_suite(archive: Path, dest: Path) -> Path:
             if m.name:
                 tar.extract(m, dest, filter="data")
     return dest
+
+
+def suite_hash(archive: Path) -> str:
+    """sha256 over the suite's files in the sdist (names and contents, in name order)."""
+    digest = hashlib.sha256()
+    with tarfile.open(archive) as tar:
+        members = sorted((m for m in tar.getmembers() if m.name.startswith(SUITE_IN_SDIST) and m.isfile()), key=lambda m: m.name)
+        for m in members:
+            f = tar.extractfile(m)
+            assert f is not None
+            digest.update(m.name[len(SUITE_IN_SDIST) :].encode() + b"\0" + f.read() + b"\0")
+    return digest.hexdigest()
+
+
+def baseline_key(archive: Path, model: Path) -> dict[str, str]:
+    """What decides the straight outcomes (the baseline is valid for these only)."""
+    return {
+        "llama_cpp_python": VERSION,
+        "suite_sha256": suite_hash(archive),
+        "model": model.name,  # tests/llama/make_model.py names the file by its parameters' hash
+        "shim_sha256": hashlib.sha256((HERE / "shim.py").read_bytes()).hexdigest(),
+    }
+
+
+class BaselineMismatch(Exception):
+    """The stored baseline was measured for another llama.cpp, suite, model or shim."""
+
+
+def load_baseline(key: dict[str, str], path: Path = BASELINE) -> dict[str, str]:
+    """The stored straight outcomes (test id -> state), or BaselineMismatch saying what differs."""
+    if not path.is_file():
+        raise BaselineMismatch(f"no baseline at {path}; write it with: {REFRESH}")
+    data = json.loads(path.read_text())
+    stored = data.get("key", {})
+    changed = [f"{k}: stored {stored.get(k)!r}, now {v!r}" for k, v in key.items() if stored.get(k) != v]
+    if changed:
+        raise BaselineMismatch(
+            f"{path.name} was measured for another setup ({'; '.join(changed)}); re-measure it with: {REFRESH} (and commit it)"
+        )
+    outcomes = data.get("outcomes")
+    if not isinstance(outcomes, dict) or not outcomes:
+        raise BaselineMismatch(f"{path} holds no outcomes; write it with: {REFRESH}")
+    return {str(t): str(state) for t, state in outcomes.items()}
+
+
+def write_baseline(key: dict[str, str], straight: dict[str, str], seconds: float, path: Path = BASELINE) -> None:
+    data = {
+        "key": key,
+        "refresh": REFRESH,
+        "straight_seconds": round(seconds),
+        "passed": sum(1 for state in straight.values() if state == "passed"),
+        "outcomes": dict(sorted(straight.items())),
+    }
+    path.write_text(json.dumps(data, indent=1) + "\n")
 
 
 def llama_server_bin() -> str:
@@ -234,16 +301,34 @@ def main(argv: list[str] | None = None) -> int:
         "(only those can differ; each gate start costs ~1.3 s more CPU than llama-server's alone); "
         "all: both runs side by side over every test (also shows tests that pass only through the gate)",
     )
+    stored = ap.add_mutually_exclusive_group()
+    stored.add_argument(
+        "--baseline",
+        action="store_true",
+        help=f"the gate side only, against the straight outcomes stored in {BASELINE.name} (CI: make conformance-ci)",
+    )
+    stored.add_argument("--write-baseline", action="store_true", help=f"a straight run of the whole suite, stored in {BASELINE.name}")
     ap.add_argument("--json", help="also write the counts and differences here")
     ap.add_argument("--keep", action="store_true", help="keep the run directories (logs, JUnit XML) and print where")
     ap.add_argument("pytest_args", nargs="*", help="passed to both pytest runs (e.g. -k metrics)")
     args = ap.parse_args(argv)
+    if args.write_baseline and args.pytest_args:
+        ap.error("--write-baseline measures the whole suite: no pytest arguments")
 
     sys.path.insert(0, str(REPO))
     from tests.llama.make_model import cached_model
 
     archive = sdist()
     model = cached_model(size="fast")
+    stored_straight: dict[str, str] | None = None
+    if args.baseline or args.write_baseline:
+        key = baseline_key(archive, model)
+    if args.baseline:
+        try:
+            stored_straight = load_baseline(key)
+        except BaselineMismatch as exc:
+            print(f"conformance: {exc}", file=sys.stderr)
+            return 2
     llama = llama_server_bin()
     root = Path(tempfile.mkdtemp(prefix="tokengate-conformance-"))
     runs = [Run("straight", root / "straight"), Run("gate", root / "gate")]
@@ -251,7 +336,9 @@ def main(argv: list[str] | None = None) -> int:
         r.dir.mkdir(parents=True)
     t0 = time.monotonic()
     try:
-        if args.gate_runs == "all":
+        if stored_straight is not None:  # the gate side only
+            passed = sorted(t for t, state in stored_straight.items() if state == "passed")
+        elif args.gate_runs == "all" and not args.write_baseline:
             for r in runs:
                 start(r, archive, model, llama, args.pytest_args)
             for r in runs:
@@ -260,18 +347,27 @@ def main(argv: list[str] | None = None) -> int:
             start(runs[0], archive, model, llama, args.pytest_args)
             wait(runs[0])
             passed = sorted(t for t, state in outcomes(runs[0].junit).items() if state == "passed")
-            only = root / "passed-straight.txt"
-            only.write_text("".join(t + "\n" for t in passed))
-            start(runs[1], archive, model, llama, args.pytest_args, only=only)
-            wait(runs[1])
-        straight, gate = (outcomes(r.junit) for r in runs)
+        straight = stored_straight if stored_straight is not None else outcomes(runs[0].junit)
         if not straight:
             print(f"conformance: the straight run recorded no tests; see {runs[0].log}", file=sys.stderr)
             args.keep = True
             return 1
+        if args.write_baseline:
+            write_baseline(key, straight, runs[0].seconds)
+            print(f"conformance: {BASELINE} written: {len(straight)} tests, {len(passed)} passed straight, {runs[0].seconds:.0f}s")
+            return 0
+        if args.gate_runs == "passed" or stored_straight is not None:
+            only = root / "passed-straight.txt"
+            only.write_text("".join(t + "\n" for t in passed))
+            start(runs[1], archive, model, llama, args.pytest_args, only=only)
+            wait(runs[1])
+        gate = outcomes(runs[1].junit)
+        if stored_straight is not None and args.pytest_args:  # a subset (-k): only the tests it selected
+            straight = {t: state for t, state in straight.items() if t in gate}
         result = compare(straight, gate, load_differences())
-        seconds = {r.mode: r.seconds for r in runs} | {"total": time.monotonic() - t0}
-        print(report(result, seconds))
+        timed = [runs[1]] if stored_straight is not None else runs
+        seconds = {r.mode: r.seconds for r in timed} | {"total": time.monotonic() - t0}
+        print(report(result, seconds) + (f"\nconformance: straight outcomes from {BASELINE.name}" if stored_straight is not None else ""))
         if args.json:
             Path(args.json).write_text(json.dumps({**result, "seconds": seconds}, indent=2) + "\n")
         if result["undocumented"]:

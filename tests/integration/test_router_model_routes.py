@@ -91,5 +91,12 @@ async def test_a_router_with_no_model_listed_is_ready_forwards_reads_and_serves_
         assert 400 <= r.status_code < 500 or r.status_code == 503, r.text  # never a gate crash
         r = await client.post(gate.url + "/models/load", json={"model": "tiny"})
         assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+        # a forwarded call naming a model the gate does not list goes to the router, as it answers
+        for method, path in (("DELETE", "/models?model=nope"), ("GET", "/props?model=tiny")):
+            direct = await client.request(method, router.url + path + "&autoload=false")
+            r = await client.request(method, gate.url + path, headers={"X-Request-Id": f"t21-{method}"})
+            assert (r.status_code, r.content) == (direct.status_code, direct.content), (path, r.text)
+            record = gate.records.find(f"t21-{method}")
+            assert r.status_code >= 400 and record is not None and record.outcome == "forwarded", record  # nothing deleted or loaded
         assert (await listed(client, router)) == {"tiny": "unloaded", "tiny2": "unloaded"}  # nothing loaded behind its back
         await released(gate)

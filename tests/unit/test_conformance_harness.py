@@ -3,10 +3,26 @@ from them (and valid), outcomes read from JUnit XML, and the comparison that fai
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
+import pytest
+
 from gate.config import parse_config
-from tests.conformance.run import DIFFERENCES, compare, load_differences, outcomes, report
+from tests.conformance.run import (
+    BASELINE,
+    DIFFERENCES,
+    REFRESH,
+    VERSION,
+    BaselineMismatch,
+    compare,
+    load_baseline,
+    load_differences,
+    outcomes,
+    report,
+    write_baseline,
+)
 from tests.conformance.shim import default_max_tokens, gate_config, rewrite_model
 
 SUITE = ["--port", "8080", "--host", "127.0.0.1", "--hf-repo", "ggml-org/models", "--hf-file", "bert-bge-small/ggml-model-f16.gguf"]
@@ -101,3 +117,22 @@ def test_every_documented_difference_names_a_test_and_an_accepted_reason() -> No
         assert entry["kind"] in ("admission", "gate-metrics"), entry
         assert len(entry["reason"]) > 40, entry
     assert len(load_differences()) == len(entries)  # no test listed twice
+
+
+def test_a_baseline_measured_for_another_setup_is_refused_with_the_refresh_command(tmp_path: Path) -> None:
+    path = tmp_path / "baseline.json"
+    key = {"llama_cpp_python": "0.3.36", "suite_sha256": "aa", "model": "tiny.gguf", "shim_sha256": "bb"}
+    with pytest.raises(BaselineMismatch, match="--write-baseline"):
+        load_baseline(key, path)  # none stored yet
+    write_baseline(key, {"unit/test_a.py::test_x": "passed", "unit/test_a.py::test_y": "failed"}, 400.0, path)
+    assert load_baseline(key, path) == {"unit/test_a.py::test_x": "passed", "unit/test_a.py::test_y": "failed"}
+    with pytest.raises(BaselineMismatch, match=r"shim_sha256: stored 'bb', now 'cc'.*--write-baseline"):
+        load_baseline({**key, "shim_sha256": "cc"}, path)
+
+
+def test_the_stored_baseline_matches_this_checkout() -> None:
+    # an edit to the shim (or a llama.cpp upgrade) must come with a re-measured baseline
+    stored = json.loads(BASELINE.read_text())
+    assert stored["key"]["shim_sha256"] == hashlib.sha256((BASELINE.parent / "shim.py").read_bytes()).hexdigest(), REFRESH
+    assert stored["key"]["llama_cpp_python"] == VERSION, REFRESH
+    assert stored["passed"] == sum(1 for s in stored["outcomes"].values() if s == "passed")
