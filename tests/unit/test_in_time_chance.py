@@ -7,6 +7,7 @@ at 3x, p95 1.9 s; the target is p95 under 50 ms)."""
 
 from __future__ import annotations
 
+import math
 from itertools import product
 
 from hypothesis import assume, given
@@ -33,17 +34,25 @@ from tests.unit.test_ttft_guard import CAPACITY_RPS, OBJECTIVE_S, SERVICE_S, SLO
     within=st.floats(0.0, 12.0),
 )
 def test_with_holds_of_one_length_the_chance_is_the_means_wait_met_or_not(hold, n, ages, slots, position, within):
-    ages = ages[:slots]
+    ages = [a for a in ages[:slots] if a < hold]  # held past every hold: see the test below
     frees = remaining((-a for a in ages), hold, 0.0, slots)  # held since -a: held a seconds at 0
     wait = wait_at(position, frees, hold)
     assume(abs(wait - within) > 1e-6)  # not on the boundary, where rounding decides
     assert chance_in_time(position, within, ages, [hold] * n, slots) == (1.0 if wait <= within else 0.0)
 
 
+def test_a_slot_held_past_every_hold_measured_frees_at_the_mean_holds_pace_not_at_once():
+    # the mean calls it due now (remaining 0); the chance does not count on it
+    assert remaining([-3.0], 2.0, 0.0, 1) == [0.0]
+    got = chance_in_time(0, 1.0, [3.0], [1.0, 3.0], 1)
+    assert abs(got - (1 - math.exp(-1.0 / 2.0))) < 1e-12
+    assert chance_in_time(1, 10.0, [3.0], [1.0, 3.0], 1) == 0.0  # and frees only once in time
+
+
 def brute_force(position: int, within: float, ages: list[float], holds: list[float], slots: int) -> float:
     """Every combination of the slots' remaining holds, equally likely per slot (each hold longer
-    than its age; none: due now); `within` shorter than every hold, so a slot frees at most once."""
-    choices = [[h - a for h in holds if h > a] or [0.0] for a in ages] + [[0.0]] * (slots - len(ages))
+    than its age); `within` shorter than every hold, so a slot frees at most once."""
+    choices = [[h - a for h in holds if h > a] for a in ages] + [[0.0]] * (slots - len(ages))
     combos = list(product(*choices))  # each equally likely
     return sum(1 for combo in combos if sum(1 for left in combo if left <= within) >= position + 1) / len(combos)
 
@@ -59,6 +68,7 @@ def brute_force(position: int, within: float, ages: list[float], holds: list[flo
 def test_the_chance_is_exact_when_no_slot_can_free_twice_in_time(holds, ages, slots, position, within):
     holds, ages = sorted(holds), ages[:slots]
     assume(within < holds[0])
+    assume(all(a < holds[-1] for a in ages))  # held past every hold: see the test above
     assume(all(abs(h - a - within) > 1e-9 for h in holds for a in ages))
     got = chance_in_time(position, within, ages, holds, slots)
     assert abs(got - brute_force(position, within, ages, holds, slots)) < 1e-9
