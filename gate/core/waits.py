@@ -67,15 +67,24 @@ class HoldTimes:
         return sorted(self._holds)
 
     @property
+    def longest_s(self) -> float | None:
+        return max(self._holds) if len(self._holds) >= self.min_holds else None
+
+    @property
     def mean_s(self) -> float | None:
         if len(self._holds) < self.min_holds:
             return None
         return self._total / len(self._holds)
 
 
-def remaining(held_since: Iterable[float], mean_s: float, now: float, slots: int) -> list[float]:
-    """Expected seconds until each slot frees, soonest first (a free slot: 0)."""
-    left = sorted(max(0.0, mean_s - (now - at)) for at in held_since)
+def remaining(held_since: Iterable[float], mean_s: float, now: float, slots: int, longest_s: float | None = None) -> list[float]:
+    """Expected seconds until each slot frees, soonest first (a free slot: 0). A slot held longer
+    than `longest_s` (the longest hold measured) is not due now: memoryless, one mean hold more
+    (as `chance_in_time` counts it; the holds are growing)."""
+    if longest_s is None:
+        left = sorted(max(0.0, mean_s - (now - at)) for at in held_since)
+    else:
+        left = sorted(mean_s if now - at > longest_s else max(0.0, mean_s - (now - at)) for at in held_since)
     return ([0.0] * max(0, slots - len(left)) + left)[: max(1, slots)]
 
 

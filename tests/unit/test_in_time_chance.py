@@ -167,3 +167,20 @@ def test_negative_control_on_the_mean_alone_holds_that_spread_refuse_after_a_wai
         adm.in_time_chance = 0.0
         failed += [f for f in targets(spread_overload(adm, seed)) if f.startswith("refused after waiting")]
     assert len(failed) == 3, failed
+
+
+def test_a_waiter_behind_slots_held_past_every_hold_is_refused_when_they_overrun_not_at_its_deadline():
+    """T2 on the mean: a slot held past the longest hold measured is one mean hold from freeing,
+    not due now (#25: on a stalling host waiters waited out their whole deadline behind such slots)."""
+    assert remaining([-3.0], 2.0, 0.0, 1) == [0.0]
+    assert remaining([-3.0], 2.0, 0.0, 1, longest_s=2.5) == [2.0]
+    adm = spread_admission([2.0] * 4)
+    for _ in range(2):
+        assert isinstance(adm.offer(req("chat", 100, at=0.0), 0.0), Admit)
+    w = req("chat", 100, at=1.9)
+    assert isinstance(adm.offer(w, 1.9), Queue)  # the slots free at 2.0: first token by 2.2 < 2.9
+    assert adm.advance(2.0).expired == ()
+    assert adm.next_deadline(2.0) is not None and adm.next_deadline(2.0) < 2.05  # the overrun is a moment to look
+    step = adm.advance(2.05)  # the host stalls: both slots held past every hold measured
+    assert [f.request.id for f in step.expired] == [w.id]  # at 2.05, not at its deadline 2.7
+    check_invariants(adm)
