@@ -104,7 +104,18 @@ def _end(app, why: str) -> None:
     app.exit()
 
 
+#: frames a second the console draws at most (Textual's own default is 60): what a console
+#: can spend on the screen stays bounded however fast keys, the wheel or snapshots come
+CONSOLE_FPS = 30
+
+
+def limit_frames(environ: dict[str, str] | None = None) -> None:
+    """TEXTUAL_FPS, which Textual reads once when first imported, unless the user set it."""
+    (os.environ if environ is None else environ).setdefault("TEXTUAL_FPS", str(CONSOLE_FPS))
+
+
 async def _run_app(link: GateLink, *, read_only: bool, on_signal: Callable[[str], None] | None = None):
+    limit_frames()
     from console.app import TokengateApp  # Textual only when the console runs
 
     return await _run(TokengateApp(link, read_only=read_only), on_signal, gate_pids=[link.info.pid] if link.info.pid else None)
@@ -182,6 +193,7 @@ async def attach_fleet(gates: list[tuple[str, str]], *, read_only: bool = False)
     import os
     import tempfile
 
+    limit_frames()
     from console.fleet import fleet_entries
     from console.fleet_app import FleetConsoleApp
 

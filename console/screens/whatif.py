@@ -39,7 +39,7 @@ from textual.worker import Worker, WorkerState
 from console.screens.confirm import ConfirmScreen
 from gate.data.commands import CommandError, Retune
 from gate.ops.link import LinkLost
-from gate.tools.replay import ReplayError, Window, load_window, proposal_from_set, run_replay, settable, table_cells
+from gate.tools.replay import ReplayError, Window, budget_lines, load_window, proposal_from_set, run_replay, settable, table_cells
 
 
 def proposal_text(lines: str, recorded: dict[str, str]) -> str:
@@ -122,6 +122,9 @@ class WhatIfScreen(ModalScreen[None]):
     WhatIfScreen #whatif-table {
         height: 1fr;
     }
+    WhatIfScreen #whatif-curve {
+        height: auto;
+    }
     WhatIfScreen #whatif-status {
         height: auto;
         color: $text-muted;
@@ -163,6 +166,8 @@ class WhatIfScreen(ModalScreen[None]):
         self.answer: dict[str, Any] | None = None
         self.proposal = ""
         self.error: str | None = None
+        #: the budget curves shown under the table (gate.tools.replay.budget_lines of the answer)
+        self.curve_lines: list[str] = []
         self._run = 0
 
     def compose(self) -> ComposeResult:
@@ -172,6 +177,8 @@ class WhatIfScreen(ModalScreen[None]):
             yield Static("loading the window…", id="whatif-status", markup=False)
             table: DataTable[Text] = DataTable(id="whatif-table", zebra_stripes=True, cursor_type="row")
             yield table
+            # each scenario's working budget over the window, on one scale: the replayed over the recorded
+            yield Static("", id="whatif-curve", markup=False)
             yield Static(
                 "edit KEY=VALUE lines (as `tokengate replay --set`) · ctrl+r replays · esc closes · '?' = not trusted",
                 classes="dialog-hint",
@@ -243,6 +250,8 @@ class WhatIfScreen(ModalScreen[None]):
         for cells, untrusted in rows:
             style = "dim" if untrusted else ""
             table.add_row(*(Text(c, style=style if i >= 2 else "", justify="right" if i >= 2 else "left") for i, c in enumerate(cells)))
+        self.curve_lines = budget_lines(answer)
+        self.query_one("#whatif-curve", Static).update("\n".join(self.curve_lines))
 
     @property
     def table_rows(self) -> list[list[str]]:

@@ -23,6 +23,7 @@ from textual.message import Message
 from textual.widgets import Input
 
 from console.styles import OUTCOME, http_status_style
+from console.widgets.borders import set_border_text
 from console.widgets.tail_table import GAP, Cell, TailTable
 from gate.core.reasons import CLIENT_DISCONNECT, SERVER_CANCELLED, Reason
 from gate.data.records import DecisionRecord
@@ -197,7 +198,7 @@ class DecisionTail(Vertical):
             text = f"{shown} rows"
         if not self.following:
             text = f"scrolled back, not following: G shows the newest | {text}"
-        self.border_subtitle = text
+        set_border_text(self, text)
 
     @property
     def visible_request_ids(self) -> list[str]:

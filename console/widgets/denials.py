@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from textual.widgets import DataTable
 
+from console.widgets.borders import set_border_text
 from console.widgets.classes import drop_stale, sync_row
 from gate.data.snapshot import GateSnapshot
 
@@ -40,7 +41,7 @@ class DenialsTable(DataTable):
             self.sort("m1", "m5", "m15", "reason", "cls", key=lambda v: (-v[0], -v[1], -v[2], v[3], v[4]))
             self._order = order
         total = sum(c["m15"] for c in self._cells.values())
-        self.border_subtitle = f"{total} in 15 min" if total else "none in 15 min"
+        set_border_text(self, f"{total} in 15 min" if total else "none in 15 min")
 
     @property
     def row_keys(self) -> list[str]:

@@ -201,8 +201,22 @@ class TailTable(ScrollView, can_focus=True):
     # ---- rendering ---------------------------------------------------------------
 
     def _resize(self) -> None:
+        """The new virtual size, without a layout of the screen.
+
+        `virtual_size` is a `layout=True` reactive: set plainly, each new row re-arranged every
+        widget on the screen (once a tick, whatever the request rate). A ScrollView's size does
+        not depend on its virtual size, so nothing else can move: set it quietly, update the
+        scrollbars, keep the newest row in view when following (what the layout's anchor did),
+        and repaint this widget only.
+        """
         width = sum(self._widths) + self._gap * max(len(self._widths) - 1, 0) + 2
-        self.virtual_size = Size(width, len(self._keys) + 1)  # + the header line (a layout follows)
+        size = Size(width, len(self._keys) + 1)  # + the header line
+        if size != self.virtual_size:
+            self.set_reactive(TailTable.virtual_size, size)
+            if self.is_mounted:
+                self._scroll_update(size)  # scrollbars; the scroll clamped into the new size
+                if self.following and self.is_anchored:
+                    self.scroll_y = self.max_scroll_y  # the anchor's job, done here (no layout comes)
         self.refresh()
 
     def _forget(self) -> None:

@@ -76,10 +76,11 @@ _REBUILT = frozenset({b"content-length", b"content-encoding", b"content-type", b
 
 
 def relayed_headers(upstream: httpx.Headers, *, rebuilt: bool = False) -> list[tuple[bytes, bytes]]:
-    """llama-server's response headers for the client (CORS, its own), repeats kept; without the
+    """llama-server's response headers for the client (CORS, its own), repeats kept, names spelled
+    as it sent them (the gate's transport writes them so: gate/http/clientguard.py); without the
     hop-by-hop ones, and without the framing ones when the gate writes the body (`rebuilt`)."""
     drop = HOP_BY_HOP | _REBUILT if rebuilt else HOP_BY_HOP
-    return [(k.lower(), v) for k, v in upstream.raw if k.lower() not in drop]
+    return [(k, v) for k, v in upstream.raw if k.lower() not in drop]
 
 
 @dataclass(slots=True)

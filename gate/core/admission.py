@@ -299,7 +299,9 @@ class Admission:
                     weight_of=lambda t: self._tenant_policy(t).weight,
                 ),
             )
-        self._order = sorted(self._classes.values(), key=lambda c: -c.policy.priority)
+        self._order: list[_Class] = []
+        self._reserved_other: dict[str, int] = {}
+        self._sort_classes()
 
     # ---- reading -----------------------------------------------------------
 
@@ -345,10 +347,25 @@ class Admission:
 
     def held_back(self, cls: str) -> int:
         """Unused reservations of the classes other than `cls`."""
-        return sum(max(0, c.policy.reserved_tokens - self.ledger.class_tokens(c.policy.name)) for c in self._order if c.policy.name != cls)
+        by_class = self.ledger.by_class
+        held = 0
+        for c in self._order:  # a loop, not sum(max(...)): blocker asks on every dispatch look
+            policy = c.policy
+            if policy.name != cls:
+                unused = policy.reserved_tokens - by_class.get(policy.name, 0)
+                if unused > 0:
+                    held += unused
+        return held
 
     def _reserved_elsewhere(self, cls: str) -> int:
-        return sum(c.policy.reserved_tokens for c in self._order if c.policy.name != cls)
+        return self._reserved_other[cls]
+
+    def _sort_classes(self) -> None:
+        """The classes by priority, and each one's `_reserved_elsewhere` (both change only with a policy)."""
+        self._order = sorted(self._classes.values(), key=lambda c: -c.policy.priority)
+        self._reserved_other = {
+            c.policy.name: sum(o.policy.reserved_tokens for o in self._order if o.policy.name != c.policy.name) for c in self._order
+        }
 
     def class_reach(self, cls: str, budget: int) -> int:
         """The most tokens `cls` could hold at `budget` with every other class idle."""
@@ -369,6 +386,8 @@ class Admission:
     @property
     def effective_budget(self) -> int:
         """The working budget, or the budget a running stretched request was given if larger (E3)."""
+        if not self._stretched:
+            return self.budget  # the common case, without building the max below
         return max(self.budget, min(self.capacity.ceiling, max(self._stretched.values(), default=0)))
 
     @property
@@ -396,7 +415,8 @@ class Admission:
         if led.slots + request.tasks > self.capacity.slots:
             return Block.SLOTS
         in_class = led.class_tokens(request.cls)
-        if led.in_flight + cost > self.working_budget(request, aged=aged) - self.held_back(request.cls):
+        budget = self.working_budget(request, aged=True) if aged else self.effective_budget
+        if led.in_flight + cost > budget - self.held_back(request.cls):
             return Block.BUDGET
         if own_share_only and not aged and in_class + cost > policy.reserved_tokens:
             return Block.BUDGET
@@ -478,25 +498,33 @@ class Admission:
         expected wait (T2): the waiter is refused when it is expected to miss, not when it has."""
         ahead = 0
         # T1's slot state, once per walk and only if a waiter needs it (the ledger does not
-        # change while the walk runs; per waiter, it was ~1/4 of a replay's time)
+        # change while the walk runs; per waiter, it was ~1/4 of a replay's time), and so are
+        # the prompts prefilling: the walk below is wait_at and _ttft inlined, the same floats.
         mean = None if now is None else self.holds.mean_s
         frees: list[float] | None = None
+        k = 0
+        expected_ttft = self.expected_ttft
+        prefilling = self.ledger.prefilling
         for c in self._order:
             if c.queue.paused:
                 continue
             objective_ms = self.objective_ms(c.policy.name)
+            if not objective_ms:
+                ahead += len(c.queue)  # no objective: each waiter is only someone's wait
+                continue
+            objective_s = objective_ms / 1000.0
             for w in c.queue.in_order():
-                expected = self._ttft(w.request) if objective_ms else None
+                expected = None if expected_ttft is None else expected_ttft(w.request, prefilling)
                 wait = None
-                if mean is not None and objective_ms:
+                if mean is not None:
                     if frees is None:
                         frees = remaining((r.admitted_at for r in self.ledger), mean, now or 0.0, self.capacity.slots, self.holds.longest_s)
-                    wait = wait_at(ahead, frees, mean)
+                        k = len(frees)
+                    wait = frees[ahead % k] + (ahead // k) * mean  # = wait_at(ahead, frees, mean)
                 if expected is None and wait is None:
                     ahead += 1
                     continue
-                assert objective_ms
-                start_by = w.request.arrival + objective_ms / 1000.0 - (expected or 0.0) - (wait or 0.0)
+                start_by = w.request.arrival + objective_s - (expected or 0.0) - (wait or 0.0)
                 if now is None or start_by > now:
                     ahead += 1  # a waiter refused now is nobody's wait
                 yield w, start_by, wait
@@ -740,7 +768,7 @@ class Admission:
         entry.policy = policy
         entry.queue.depth = policy.queue_depth
         entry.queue.timeout_s = policy.queue_timeout_s
-        self._order = sorted(self._classes.values(), key=lambda c: -c.policy.priority)
+        self._sort_classes()
 
     def paused(self, cls: str) -> bool:
         return self._classes[cls].queue.paused

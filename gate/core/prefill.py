@@ -41,6 +41,7 @@ class PrefillModel:
     window: int = WINDOW
     _points: deque[tuple[float, float]] = field(default_factory=deque)
     _fit: tuple[float, float] | None = None  # (base_s, rate tokens/s)
+    _recent: float | None = None  # recent_ttft() of the points as they are (None: not computed)
 
     def observe(self, tokens: int, ttft_s: float) -> None:
         """One first token: `tokens` = its prompt + prompts prefilling at its dispatch."""
@@ -50,6 +51,7 @@ class PrefillModel:
         while len(self._points) > self.window:
             self._points.popleft()
         self._fit = self._solve()
+        self._recent = None
 
     @property
     def points(self) -> int:
@@ -78,7 +80,11 @@ class PrefillModel:
         at the current occupancy and follows it; it ignores the prompt's own size."""
         if not self._points:
             return None
+        if last == RECENT and self._recent is not None:
+            return self._recent  # the points have not changed since (admission asks per waiter)
         ys = sorted(y for _, y in list(self._points)[-last:])
+        if last == RECENT:
+            self._recent = ys[len(ys) // 2]
         return ys[len(ys) // 2]
 
     def expected_or_recent(self, prompt_tokens: int, prefilling: int) -> float | None:
@@ -105,16 +111,22 @@ class PrefillModel:
         n = len(self._points)
         if n < self.min_points:
             return None
-        mx = sum(x for x, _ in self._points) / n
-        my = sum(y for _, y in self._points) / n
-        sxx = sum((x - mx) ** 2 for x, _ in self._points)
+        # Lists and one pass per sum, in the points' order: the same float operations as the
+        # formulas read, so the same fit to the bit (a replay refits on every first token, and
+        # the generator form was ~1/6 of its time; tests/unit/test_replay_golden.py pins it).
+        xs = [x for x, _ in self._points]
+        ys = [y for _, y in self._points]
+        mx = sum(xs) / n
+        my = sum(ys) / n
+        dx = [x - mx for x in xs]
+        sxx = sum([d**2 for d in dx])
         if sxx <= 0:
             return None  # every prompt the same size: no way to tell prefill from the step
-        slope = sum((x - mx) * (y - my) for x, y in self._points) / sxx
+        slope = sum([d * (y - my) for d, y in zip(dx, ys, strict=True)]) / sxx
         if slope <= 0:
             return None
         intercept = my - slope * mx
-        sse = sum((y - intercept - slope * x) ** 2 for x, y in self._points)
+        sse = sum([(y - intercept - slope * x) ** 2 for x, y in zip(xs, ys, strict=True)])
         if sse > 0 and slope < MIN_T * (sse / (n - 2) / sxx) ** 0.5:
             return None  # the prompts' sizes do not explain their TTFTs: no rate to speak of
         # The intercept is kept as fitted, below zero too: when the prompts share a prefix that

@@ -11,7 +11,10 @@ server-context.cpp (`send_partial_response`, `send_final_response`):
   settings, ...), but in stream mode its text, token ids and probabilities are
   empty: they rode on the per-token chunks, so they are gathered from those;
 * a few answers cannot be rebuilt from the stream at all (`stream_loses`): the
-  gate then asks llama-server for a plain answer and relays it as is.
+  gate then asks llama-server for a plain answer and relays it as is;
+* llama-server started with ``--verbose`` adds ``__verbose`` (its native answer, with the
+  prompt it built) to the OpenAI answers, plain or streamed; the stream's is its final's, whose
+  text and probabilities rode on the per-token chunks too: :func:`_verbose` puts them back.
 """
 
 from __future__ import annotations
@@ -148,6 +151,8 @@ def _assemble_chat(chunks: list[dict[str, Any]]) -> dict[str, Any]:
     out = _head(chunks, "chat.completion")
     out["choices"] = [{"index": 0, "message": message, "finish_reason": finish_reason}]
     out.update(_extras(chunks))
+    if (verbose := _verbose(chunks, message["content"])) is not None:
+        out["__verbose"] = verbose
     return out
 
 
@@ -168,6 +173,28 @@ def _assemble_text_completion(chunks: list[dict[str, Any]]) -> dict[str, Any]:
     logprobs_out = {"content": probs} if probs else None
     out["choices"] = [{"text": "".join(text), "index": 0, "logprobs": logprobs_out, "finish_reason": finish_reason}]
     out.update(_extras(chunks))
+    if (verbose := _verbose(chunks, out["choices"][0]["text"])) is not None:
+        out["__verbose"] = verbose
+    return out
+
+
+def _verbose(chunks: list[dict[str, Any]], text: str) -> dict[str, Any] | None:
+    """The plain answer's ``__verbose`` (llama-server ``--verbose``): the stream's last one (its
+    final result's, ``to_json_non_oaicompat``) with the whole text, and the native probabilities
+    that each streamed /v1/completions token's own ``__verbose`` carried; ``tokens`` stays as
+    sent (the plain answer has ids there only with ``return_tokens``). A chat answer's reasoning
+    text is not in it: the raw text is never streamed as such."""
+    found = [c["__verbose"] for c in chunks if isinstance(c.get("__verbose"), Mapping)]
+    if not found:
+        return None
+    out = dict(found[-1])
+    out["content"] = text
+    probs = [p for v in found[:-1] for p in v.get("completion_probabilities") or []]
+    if probs:
+        out["completion_probabilities"] = probs
+    settings = out.get("generation_settings")
+    if isinstance(settings, Mapping) and "stream" in settings:
+        out["generation_settings"] = {**settings, "stream": False}
     return out
 
 

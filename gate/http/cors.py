@@ -7,16 +7,19 @@ list of origins it sends that list as is; with ``localhost`` it echoes localhost
 ``Access-Control-Allow-Credentials``, ``-Methods`` and ``-Headers`` go only on an ``OPTIONS``
 preflight, which the gate forwards (so those come from llama-server itself).
 
-The gate relays llama-server's headers on everything llama-server answers; its own answers
-(a 429 or 503 from admission, a 401, a never-fits 400, ``/health``, ``/metrics``, the merged
-model list) would otherwise carry none, and a browser app would see a CORS error where it
-should see a 429. :class:`CorsMirror` adds the header to a response that lacks it, for a
-request with an ``Origin``, by the rule llama-server was last seen to follow on an answer the
-gate relayed: the origin echoed (llama-server's default, also before anything was relayed),
-or a fixed value. ``--cors-origins localhost`` cannot be told from the default by what it
-sends to a localhost origin; a gate in front of such a server echoes until a relayed answer
-shows a fixed value (a foreign origin then still only reads the gate's refusals, never
-llama-server's answers, which carry nothing for it). A request without ``Origin`` costs nothing.
+The gate relays llama-server's headers on everything llama-server answers, as they are: an
+answer llama-server left without the header (``--cors-origins localhost`` and a foreign origin,
+preflight included) stays without it. The gate's own answers (a 429 or 503 from admission, a
+401, a never-fits 400, ``/health``, ``/metrics``, the merged model list) would otherwise carry
+none, and a browser app would see a CORS error where it should see a 429. :class:`CorsMirror`
+adds the header to those, for a request with an ``Origin``, by the rule llama-server was last
+seen to follow on an answer the gate relayed: the origin echoed (llama-server's default, also
+before anything was relayed), or a fixed value. The code that relays an answer marks its scope
+(:func:`mark_relayed`) before it starts it; the mirror never touches such an answer.
+``--cors-origins localhost`` cannot be told from the default by what it sends to a localhost
+origin; a gate in front of such a server echoes on its own refusals (a foreign origin then reads
+those, never llama-server's answers, which carry nothing for it). A request without ``Origin``
+costs nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +29,15 @@ from collections.abc import Awaitable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 ALLOW_ORIGIN = b"access-control-allow-origin"
+#: as llama-server spells it (clients that keep headers in a plain dict look it up so)
+ALLOW_ORIGIN_SPELLED = b"Access-Control-Allow-Origin"
+#: set in the scope of a request whose answer is llama-server's, relayed
+RELAYED = "tokengate.relayed"
+
+
+def mark_relayed(scope: Scope) -> None:
+    """The answer about to start is llama-server's: its CORS headers are relayed as they are."""
+    scope[RELAYED] = True
 
 
 class CorsMirror:
@@ -41,7 +53,7 @@ class CorsMirror:
         origin = next((v for k, v in scope["headers"] if k == b"origin"), None)
         if origin is None:
             return self.app(scope, receive, send)
-        return self.app(scope, receive, _Send(self, origin, send))
+        return self.app(scope, receive, _Send(self, origin, scope, send))
 
     def learn(self, origin: bytes, sent: bytes) -> None:
         """llama-server answered ``sent`` to ``origin``: follow its rule from now on."""
@@ -52,17 +64,18 @@ class CorsMirror:
 
 
 class _Send:
-    __slots__ = ("mirror", "origin", "send")
+    __slots__ = ("mirror", "origin", "scope", "send")
 
-    def __init__(self, mirror: CorsMirror, origin: bytes, send: Send) -> None:
-        self.mirror, self.origin, self.send = mirror, origin, send
+    def __init__(self, mirror: CorsMirror, origin: bytes, scope: Scope, send: Send) -> None:
+        self.mirror, self.origin, self.scope, self.send = mirror, origin, scope, send
 
     def __call__(self, message: Message) -> Awaitable[None]:
         if message["type"] == "http.response.start":
             headers = list(message.get("headers", ()))
-            sent = next((v for k, v in headers if k.lower() == ALLOW_ORIGIN), None)
-            if sent is not None:
-                self.mirror.learn(self.origin, sent)  # llama-server's own answer, relayed
-            else:
-                message = {**message, "headers": [*headers, (ALLOW_ORIGIN, self.mirror.value(self.origin))]}
+            if self.scope.get(RELAYED):  # llama-server's own answer: as it is, and its rule learned
+                sent = next((v for k, v in headers if k.lower() == ALLOW_ORIGIN), None)
+                if sent is not None:
+                    self.mirror.learn(self.origin, sent)
+            elif not any(k.lower() == ALLOW_ORIGIN for k, _ in headers):
+                message = {**message, "headers": [*headers, (ALLOW_ORIGIN_SPELLED, self.mirror.value(self.origin))]}
         return self.send(message)

@@ -44,6 +44,7 @@ from gate.data.commands import Operator
 from gate.data.endpoints import OTHER_ROUTE, PREFLIGHT, Route, known_path, lookup
 from gate.data.records import DecisionRecord
 from gate.http import model_routes
+from gate.http.cors import mark_relayed
 from gate.http.intake import check_headers
 from gate.http.requestids import RequestIds
 
@@ -114,6 +115,7 @@ class ForwardEndpoint:
 
         response = StreamingResponse(body(), status_code=upstream.status_code)
         response.raw_headers = headers  # as llama-server sent them (its content-length included)
+        mark_relayed(request.scope)  # its CORS headers too, as they are (gate/http/cors.py)
         return response
 
     async def _model_route(

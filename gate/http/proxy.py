@@ -30,6 +30,7 @@ from gate.data.records import DecisionRecord, Outcome
 from gate.http.apis.dispatch import error_shape, event_format, parse_request
 from gate.http.assembly import assemble, plain_body, stream_loses
 from gate.http.clientguard import BodyReader, abort, send_within
+from gate.http.cors import mark_relayed
 from gate.http.intake import Intake
 from gate.http.requestids import HeaderNames, RequestIds
 from gate.http.routing import REROUTABLE, admission_request, fallback_chain, fits_now, measure, routed_name, serving
@@ -326,10 +327,11 @@ class _Flow:
         await self._start(
             200,
             [
-                (b"content-type", b"text/event-stream"),
-                (b"cache-control", b"no-cache"),
+                (b"Content-Type", b"text/event-stream"),  # spelled as llama-server does
+                (b"Cache-Control", b"no-cache"),
                 *relayed_headers(relay.response.headers, rebuilt=True),
             ],
+            relayed=True,
         )
         final = ""  # the terminal event ([DONE], or /completion's stop chunk) and anything after it
         async for now, held in relay.reads():
@@ -355,13 +357,17 @@ class _Flow:
             raise GateError(Reason.UPSTREAM_ERROR, "backend closed the stream before finishing", retry_after_s=1.0)
         payload = json.dumps(assemble(intake.kind, relay.chunks)).encode()
         self._finish_ok()
-        await self._start(200, [(b"content-type", b"application/json"), *relayed_headers(relay.response.headers, rebuilt=True)])
+        await self._start(
+            200, [(b"Content-Type", b"application/json"), *relayed_headers(relay.response.headers, rebuilt=True)], relayed=True
+        )
         await self._last(payload)
 
     async def _relay_plain(self, relay: SseRelay) -> None:
         payload = await relay.whole()
         self._finish_ok()
-        await self._start(200, [(b"content-type", b"application/json"), *relayed_headers(relay.response.headers, rebuilt=True)])
+        await self._start(
+            200, [(b"Content-Type", b"application/json"), *relayed_headers(relay.response.headers, rebuilt=True)], relayed=True
+        )
         await self._last(payload)  # llama-server's own answer, byte for byte
 
     # ---- progress: what decides a shed -----------------------------------------
@@ -494,8 +500,12 @@ class _Flow:
             headers.append((b"x-tokengate-model", self.model_name.encode()))
         return headers
 
-    async def _start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+    async def _start(self, status: int, headers: list[tuple[bytes, bytes]], *, relayed: bool) -> None:
+        """The answer's status and headers; `relayed`: llama-server's answer (its CORS headers as
+        they are), else the gate's own (gate/http/cors.py)."""
         self.started = True
+        if relayed:
+            mark_relayed(self.scope)
         await self._send({"type": "http.response.start", "status": status, "headers": headers + self._gate_headers()})
 
     async def _body(self, data: bytes) -> None:
@@ -525,7 +535,7 @@ class _Flow:
             return
         status, headers, body = render(err, error_shape(self.scope["path"]))
         self.conclude(err.outcome, err.reason, status)
-        await self._guarded_start(status, headers, body)
+        await self._guarded_start(status, headers, body, relayed=err.body is not None)
 
     def _error_event(self, err: GateError) -> bytes:
         """The gate's own error in the stream's format: the API's typed error event, or an OpenAI
@@ -534,9 +544,9 @@ class _Flow:
             return self.events.error_event(err)
         return b"data: " + json.dumps(error_object(err)).encode() + b"\n\n"
 
-    async def _guarded_start(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    async def _guarded_start(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, *, relayed: bool) -> None:
         try:
-            await self._start(status, headers)
+            await self._start(status, headers, relayed=relayed)
             await self._last(body)
         except GateError:  # the client stalled while hearing its error: nothing more to tell it
             await abort(self.scope)
@@ -568,7 +578,7 @@ class _Flow:
                 else:
                     status, headers, body = render(err, error_shape(self.scope["path"]))
                     self.conclude("cancelled", SERVER_CANCELLED, status)
-                    await self._start(status, headers)
+                    await self._start(status, headers, relayed=False)
                     await self._last(body)
         except (TimeoutError, GateError, OSError):
             await abort(self.scope)

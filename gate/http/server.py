@@ -33,7 +33,7 @@ from gate.core.errors import GateError, render
 from gate.core.reasons import Reason
 from gate.http.apis.dispatch import error_shape
 from gate.http.clientguard import BodyReader, abort, guarded_protocol, send_within, too_large
-from gate.http.cors import CorsMirror
+from gate.http.cors import CorsMirror, mark_relayed
 from gate.http.forward import ForwardEndpoint
 from gate.http.intake import ENDPOINTS
 from gate.http.proxy import AdmittedEndpoint
@@ -89,7 +89,9 @@ def build_app(gate: RequestPorts) -> ASGIApp:
         body, content_type = gate.metrics.render()
         # then each backend's llamacpp:* series (gate/observe/backend_metrics.py)
         relayed, start = await backend_series(gate.backends.configured, list(gate.backends))
-        return Response(body + relayed, media_type=content_type, headers={START_HEADER: start})
+        response = Response(body + relayed, media_type=content_type)
+        response.raw_headers.append((START_HEADER.encode(), start.encode()))  # spelled as llama-server does
+        return response
 
     async def inference_metrics(request: Request) -> Response:
         # The endpoint picker's three gauges alone: it scrapes every pod many times a second.
@@ -126,6 +128,8 @@ def build_app(gate: RequestPorts) -> ASGIApp:
     async def gate_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, GateError)
         status, headers, body = render(exc, error_shape(request.url.path))  # count_tokens: Anthropic's
+        if exc.body is not None:  # llama-server's own answer, relayed
+            mark_relayed(request.scope)
         return Response(body, status_code=status, headers={k.decode(): v.decode() for k, v in headers})
 
     async def not_found(request: Request, exc: Exception) -> Response:

@@ -6,7 +6,7 @@ Write side
     holding the row has committed, ``False`` when the row was dropped (buffer full, bad
     row, the write failed, or the journal is closed). One writer task wakes as soon as
     rows are pending, writes everything pending (up to ``max_batch``) in ONE transaction
-    (``executemany`` per table), resolves the futures and loops: under light load a row
+    (``executemany`` per table, all in one call on the connection's thread), resolves the futures and loops: under light load a row
     commits within a millisecond or two, under heavy load the batches grow by themselves.
 
     Faults (disk full, read-only file or directory, database locked past
@@ -117,6 +117,39 @@ def _tighten(path: str) -> None:
 def _describe(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     return f"{type(exc).__name__}: {text}"
+
+
+def _write_groups(db: sqlite3.Connection, groups: dict[str, list[Row]]) -> None:
+    """One transaction of the batch's rows, on the connection's thread; rolled back on any error."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        for table, rows in groups.items():
+            db.executemany(_INSERT[table], map(_TABLE_OF_NAME[table], rows))  # rows become tuples here
+        db.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(Exception):
+            db.execute("ROLLBACK")
+        raise
+
+
+async def _on_thread(conn: aiosqlite.Connection, fn: Callable[..., Any], *args: Any) -> Any:
+    """Run ``fn(sqlite3_connection, *args)`` on aiosqlite's thread for ``conn``, in one call.
+
+    aiosqlite 0.22 (pinned <0.23) queues work for its thread with ``_execute`` and holds the
+    sqlite3 connection in ``_connection``; it has no public way to run several statements in
+    one hop. tests/unit/test_journal.py checks both are still there.
+    """
+
+    def call() -> Any:
+        db = conn._connection
+        if db is None:
+            raise sqlite3.OperationalError("the journal's connection is closed")
+        return fn(db, *args)
+
+    execute = getattr(conn, "_execute", None)
+    if execute is None:  # not a data error: the batch must not be retried row by row and "work"
+        raise JournalError("aiosqlite has no Connection._execute: this aiosqlite is not supported")
+    return await execute(call)
 
 
 class Journal(JournalQueries):
@@ -421,20 +454,15 @@ class Journal(JournalQueries):
             owners.setdefault(table, []).append(fut)
         conn = self._conn
         assert conn is not None
-        await conn.execute("BEGIN IMMEDIATE")
         try:
-            for table, rows in groups.items():
-                # the rows become tuples inside executemany, on the connection's thread
-                await conn.executemany(_INSERT[table], map(_TABLE_OF_NAME[table], rows))
-            await conn.execute("COMMIT")
+            # One hop to the connection's thread for the whole transaction, not one for BEGIN,
+            # one per table and one for COMMIT: each hop is a future, a wake-up of this loop
+            # and a thread switch, paid on the gate's loop for every batch.
+            await _on_thread(conn, _write_groups, groups)
         except _DATA_ERRORS as e:
-            await self._rollback()
             log.warning("journal %s: a row could not be stored (%s); retrying row by row", self.path, _describe(e))
             await self._write_one_by_one(groups, owners)
             return
-        except BaseException:
-            await self._rollback()
-            raise
         self.transactions += 1
         self._written += len(batch)
         for _row, fut in batch:

@@ -507,6 +507,12 @@ class Control:
             settings = controller_settings(config.budget, ceiling, sum(c.reserved_tokens for c in config.classes))
             b.controller.set_slos(settings.slo_ttft_p95_s, settings.slo_tpot_p95_s)
             b.controller.set_bounds(now, settings.min_tokens)  # a clamped budget is pushed to admission
+            # ... and what the core and the gatekeeper read of [budget] themselves (#24: a retune of
+            # slo_ttft_p95_ms moved only the controller's SLO, not the objective of the classes
+            # without their own nor the prefill cap derived from it; aging_s reached nothing)
+            b.admission.aging_s = config.budget.aging_s or None
+            b.admission.default_ttft_objective_ms = config.budget.slo_ttft_p95_ms
+            b.gatekeeper.slo_ttft_s = config.budget.slo_ttft_p95_ms / 1000.0
 
     def _apply_classes(self, config: Config) -> None:
         self.config = config

@@ -83,3 +83,12 @@ def test_a_gate_in_the_consoles_own_session_keeps_its_group_priority():
 def test_nice_0_leaves_the_console_as_it_was():
     got = run_child("other", {"TOKENGATE_CONSOLE_NICE": "0"})
     assert got["main"] == got["early"] == got["later"] == MINE
+
+
+def test_the_console_draws_at_most_30_frames_a_second_unless_told_otherwise():
+    """Textual reads TEXTUAL_FPS once, at its first import: in a fresh process, as a console starts."""
+    probe = "from console.run import limit_frames; limit_frames(); import textual.constants as c; print(c.MAX_FPS)"
+    env = {k: v for k, v in os.environ.items() if k != "TEXTUAL_FPS"}
+    run = lambda e: subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=e, capture_output=True, text=True, check=True)  # noqa: E731
+    assert run(env).stdout.strip() == "30"
+    assert run({**env, "TEXTUAL_FPS": "12"}).stdout.strip() == "12"  # the user's choice stands

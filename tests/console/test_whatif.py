@@ -96,6 +96,9 @@ async def test_w_replays_the_window_under_an_edited_threshold(journal: Path) -> 
         # untrusted figures end in '?' in the replayed and proposal columns alike
         for cells, bad in rows:
             assert (cells[3].endswith("?") and cells[5].endswith("?")) == bad
+        # under the table, each scenario's budget over the window, the replayed over the recorded
+        assert [line.split()[1] for line in screen.curve_lines] == ["recorded", "replayed", "backend.token_budget=512"]
+        assert screen.curve_lines[2].endswith("  512")  # the proposal's budget, as set
         await pilot.press("escape")
         await pilot.pause()
         assert isinstance(app.screen, ReviewScreen)

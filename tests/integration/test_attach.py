@@ -336,6 +336,11 @@ async def test_a_stopped_console_delays_nobody_and_carries_on_when_continued(lla
                     headers={"x-tokengate-class": "interactive"},
                 )
                 assert answer.status_code == 200
+                # The gate's own loop, in its own process, over all that: never near the 0.5 s
+                # it warns at (a gate that waited for the stopped console would stall for good).
+                metrics = (await client.get(f"http://127.0.0.1:{_port(config)}/metrics")).text
+                worst = next(line for line in metrics.splitlines() if line.startswith('tokengate_event_loop_lag_seconds{quantile="1"'))
+                assert float(worst.split()[-1]) < 0.5, worst
             seen = len(console.read())
             console.proc.send_signal(signal.SIGCONT)
             await wait_until(lambda: b"PAUSED" in console.read()[seen:], timeout_s=30)  # it shows the gate as it is now

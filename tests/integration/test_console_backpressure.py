@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 
 import httpx
 
@@ -52,6 +53,7 @@ async def test_a_console_that_never_reads_holds_one_reply_and_the_newest_events_
             assert reply_size > 80_000
 
             link = await SocketLink.connect(sock_path, environ={})
+            slowest = 0.0
             heard: list = []
             link.subscribe(heard.append)
             try:
@@ -59,8 +61,10 @@ async def test_a_console_that_never_reads_holds_one_reply_and_the_newest_events_
                 for i in range(1000):  # 1,000 audit rows, each an event for both consoles
                     results = await link.command(Pause("batch", i % 2 == 0))
                     assert results[0].new_value == str(i % 2 == 0)
-                    if i % 100 == 0:  # the gate answers its clients meanwhile
+                    if i % 100 == 0:  # the gate answers its clients meanwhile, promptly
+                        started = time.monotonic()
                         assert (await http.post(gate.url + "/v1/chat/completions", json=CHAT)).status_code == 503
+                        slowest = max(slowest, time.monotonic() - started)
                 snap = await link.snapshot()
                 assert not next(c for c in snap.classes if c.name == "batch").paused  # the last command's state
                 await wait_until(lambda: len(heard) >= 1000, timeout_s=10, interval_s=0.05)  # the console that reads hears all
@@ -73,6 +77,11 @@ async def test_a_console_that_never_reads_holds_one_reply_and_the_newest_events_
             assert session.writer.transport.get_write_buffer_size() <= 2 * reply_size + 64 * 1024
             # The gate built snapshots for consoles a few times, not once per ask or per event.
             assert server.feed.builds <= 10
+            # Bounded, not merely finished: the gate's loop (this test's, which also runs the
+            # reading console) never stalled near the 0.5 s the gate warns at, and no request
+            # waited a second. A gate that waited for the stuck reader would hang here.
+            assert gate.loop_lag.quantiles()[1.0] < 0.5
+            assert slowest < 1.0
         finally:
             stuck.close()
         await wait_until(lambda: server.sessions == 0, timeout_s=10)  # closing it frees what it held

@@ -9,6 +9,7 @@ CORS preflight, and several listen addresses. Every row checks that nothing is l
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 
 import httpx
@@ -16,6 +17,7 @@ import pytest
 
 from tests.integration.gate_harness import busy_slots, released, running_gate
 from tests.integration.hardening import AUTH, BACKEND_EXTRA, ENV, KEY, MODEL, TENANTS, assert_error, chat, record_of
+from tests.llama.server import LlamaServer
 
 pytestmark = pytest.mark.llama
 
@@ -279,3 +281,73 @@ async def test_llama_servers_own_refusal_keeps_its_cors_headers(llama_unified):
         assert r.status_code == direct.status_code == 400 and r.json() == direct.json()
         assert r.headers["access-control-allow-origin"] == direct.headers["access-control-allow-origin"]
         await released(gate)
+
+
+async def _head(url: str, method: str, path: str, body: bytes = b"", headers: str = "") -> bytes:
+    """The status line and header lines of one answer, as the bytes that came over the socket."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(
+            f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n{headers}"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        await writer.drain()
+        return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+    finally:
+        writer.close()
+
+
+#: written by each server itself (uvicorn's own spelling through the gate)
+FRAMING = (b"content-length", b"transfer-encoding", b"server", b"keep-alive", b"connection")
+
+
+def _names(head: bytes) -> set[bytes]:
+    return {line.split(b":", 1)[0] for line in head.split(b"\r\n")[1:] if b":" in line}
+
+
+async def test_relayed_header_names_keep_llama_servers_spelling_on_the_wire(llama_unified):
+    # llama.cpp's own tests copy the headers into a plain dict: "Access-Control-Allow-Origin" and
+    # "Process-Start-Time-Unix" must be spelled so (uvicorn's httptools writes lower case).
+    origin = "Origin: http://app.example\r\n"
+    chat_body = json.dumps(chat(4)).encode()
+    stream_body = json.dumps(chat(4, stream=True)).encode()
+    async with running_gate(llama_unified.url) as gate:
+        for method, path, body in (
+            ("GET", "/props", b""),
+            ("POST", "/v1/chat/completions", chat_body),
+            ("POST", "/v1/chat/completions", stream_body),
+        ):
+            direct = _names(await _head(llama_unified.url, method, path, body, origin))
+            through = _names(await _head(gate.url, method, path, body, origin))
+            spelled = {n for n in direct if n != n.lower() and n.lower() not in FRAMING}
+            assert b"Access-Control-Allow-Origin" in spelled and spelled <= through, (path, direct, through)
+        assert b"Process-Start-Time-Unix" in _names(await _head(gate.url, "GET", "/metrics"))
+        # the gate's own answers (a 400 here: the body is not JSON) spell the CORS header as llama-server does
+        assert b"Access-Control-Allow-Origin" in _names(await _head(gate.url, "POST", "/v1/chat/completions", b"{", origin))
+        await released(gate)
+
+
+async def test_cors_of_llama_server_is_relayed_as_is_and_the_gates_own_answers_get_the_mirror(llama_bin, tiny_model, tmp_path):
+    # --cors-origins localhost: a foreign origin gets no Access-Control-Allow-Origin from
+    # llama-server, preflight or not; the gate must not add one to what it relays.
+    server = LlamaServer(
+        llama_bin, tiny_model, ctx=512, n_slots=1, extra_args=("--cors-origins", "localhost"), log_path=tmp_path / "llama.log"
+    )
+    preflight = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "Authorization", **CLOSE}
+    with server:
+        async with running_gate(server.url) as gate, httpx.AsyncClient(timeout=30) as client:
+            for origin, allowed in (("http://evil.example", False), ("http://localhost:8080", True)):
+                for method, path in (("OPTIONS", "/completions"), ("GET", "/props")):
+                    headers = {"Origin": origin, **(preflight if method == "OPTIONS" else CLOSE)}
+                    direct = await client.request(method, server.url + path, headers=headers)
+                    r = await client.request(method, gate.url + path, headers=headers)
+                    assert r.status_code == direct.status_code == 200, (path, r.text)
+                    assert r.headers.get("access-control-allow-origin") == direct.headers.get("access-control-allow-origin")
+                    assert ("access-control-allow-origin" in r.headers) is allowed, (origin, path, r.headers)
+            # the gate's own answer (its 400 for a body that is not JSON) gets the mirror's echo: a
+            # browser app reads the refusal
+            r = await client.post(gate.url + "/v1/chat/completions", content=b"{", headers={"Origin": "http://localhost:8080", **CLOSE})
+            assert r.status_code == 400 and r.headers["access-control-allow-origin"] == "http://localhost:8080", r.text
+            await released(gate)

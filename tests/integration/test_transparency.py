@@ -32,6 +32,7 @@ import pytest
 
 from gate.http.assembly import stream_loses
 from tests.integration.gate_harness import released, running_gate
+from tests.llama.server import LlamaServer
 
 pytestmark = pytest.mark.llama
 
@@ -233,4 +234,32 @@ async def test_llama_servers_own_refusal_comes_through_either_path(llama_unified
         assert gated.json() == direct.json()
         record = gate.records.find("t16-bad")
         assert record is not None and (record.outcome, record.http_status) == ("refused", 400), record
+        await released(gate)
+
+
+@pytest.fixture(scope="module")
+def llama_verbose(llama_bin, tiny_model, tmp_path_factory):
+    """llama-server --verbose: its OpenAI answers carry ``__verbose`` (its native answer)."""
+    log = tmp_path_factory.mktemp("llama") / "llama-server-verbose.log"
+    with LlamaServer(llama_bin, tiny_model, ctx=1024, n_slots=2, extra_args=("--verbose",), log_path=log) as server:
+        yield server
+
+
+VERBOSE_CASES = [
+    chat("chat-verbose-server"),
+    completions("completions-verbose-server"),
+    completions("completions-verbose-probs", logprobs=2),
+]
+
+
+@pytest.mark.parametrize("case", VERBOSE_CASES, ids=lambda c: c.id)
+async def test_verbose_servers_debug_object_is_rebuilt_in_an_assembled_answer(llama_verbose, case: Case):
+    assert not stream_loses(KINDS[case.path], case.request)  # the gate assembles these from the stream
+    async with running_gate(llama_verbose.url) as gate, httpx.AsyncClient(timeout=60) as client:
+        await answer(client, llama_verbose.url, case)
+        direct = await answer(client, llama_verbose.url, case)
+        gated = await answer(client, gate.url, case)
+        assert "__verbose" in direct and direct["__verbose"]["prompt"]
+        found = list(differences(direct, gated))
+        assert not found, f"{case.id}: " + "; ".join(found)
         await released(gate)

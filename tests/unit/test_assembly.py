@@ -155,3 +155,35 @@ def test_plain_body_asks_for_a_plain_answer_and_keeps_the_clients_slot():
     body = {"prompt": "x", "stream": False, "id_slot": 1, "n_probs": 2}
     assert plain_body(body) == {"prompt": "x", "stream": False, "id_slot": 1, "n_probs": 2}
     assert body["id_slot"] == 1
+
+
+def test_a_verbose_servers_debug_object_gets_the_text_and_probabilities_the_stream_carried_apart():
+    # llama-server --verbose: each streamed /v1/completions chunk carries its own __verbose, the
+    # final one with content "" and stream: true (server-task.cpp, to_json_non_oaicompat)
+    final = {"content": "", "tokens": [], "stop": True, "prompt": "<s> hi", "generation_settings": {"stream": True, "n_predict": 2}}
+    chunks = [
+        {
+            "id": "c",
+            "choices": [{"text": "Hel", "index": 0}],
+            "__verbose": {"content": "Hel", "stop": False, "completion_probabilities": [1]},
+        },
+        {
+            "id": "c",
+            "choices": [{"text": "lo", "index": 0}],
+            "__verbose": {"content": "lo", "stop": False, "completion_probabilities": [2]},
+        },
+        {"id": "c", "choices": [{"text": "", "index": 0, "finish_reason": "length"}], "__verbose": final},
+    ]
+    verbose = assemble("completions", chunks)["__verbose"]
+    assert verbose == {
+        **final,
+        "content": "Hello",
+        "completion_probabilities": [1, 2],
+        "generation_settings": {"stream": False, "n_predict": 2},
+    }
+    chat = [
+        {"id": "c", "choices": [{"index": 0, "delta": {"content": "Hi"}}]},
+        {"id": "c", "choices": [{"index": 0, "delta": {}}], "__verbose": final},
+    ]
+    assert assemble("chat", chat)["__verbose"]["content"] == "Hi"
+    assert "__verbose" not in assemble("chat", chat[:1])  # a server without --verbose: none

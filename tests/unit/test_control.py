@@ -135,6 +135,21 @@ async def test_slo_and_min_budget_retune_reach_the_controller(gate):
         gate.control.set_budget_settings(operator=ALICE, min_tokens=100)  # below interactive's reservation
 
 
+async def test_slo_and_aging_retune_reach_the_core_and_the_gatekeeper(gate):
+    """#24: the TTFT objective of the classes without their own, the prefill cap's objective and
+    aging_s are the core's and the gatekeeper's copies of [budget]: a retune moves them too."""
+    backend = gate.backends.backends[0]
+    assert backend.admission.objective_ms("batch") == 2000 and backend.admission.aging_s == 5.0
+    gate.control.set_budget_settings(operator=ALICE, slo_ttft_p95_ms=500.0, aging_s=2.0)
+    assert backend.admission.objective_ms("batch") == 500.0 and backend.admission.objective_ms("interactive") == 500.0
+    assert backend.gatekeeper.slo_ttft_s == 0.5
+    assert backend.admission.aging_s == 2.0
+    gate.control.set_budget_settings(operator=ALICE, aging_s=0.0)
+    assert backend.admission.aging_s is None  # 0 is off, as at start
+    gate.control.reload(parse_config(CONFIG.replace("min_tokens = 1024", "min_tokens = 1024\nslo_ttft_p95_ms = 900")), operator=ALICE)
+    assert backend.admission.objective_ms("batch") == 900.0 and backend.gatekeeper.slo_ttft_s == 0.9
+
+
 async def test_reload_audits_each_changed_key_and_refuses_backend_changes(gate):
     changed = parse_config(CONFIG.replace("queue_depth = 8", "queue_depth = 16"))
     results = gate.control.reload(changed, operator=ALICE)

@@ -10,12 +10,14 @@ from gate.core.admission import Admission, Capacity
 from gate.core.errors import GateError, error_object
 from gate.core.ledger import Request
 from gate.core.reasons import Reason
-from gate.http.cors import CorsMirror
+from gate.http.cors import CorsMirror, mark_relayed
 from tests.unit.core_helpers import Cls
 
 
-def _app(headers):
+def _app(headers, *, relayed: bool = False):
     async def app(scope, receive, send):
+        if relayed:
+            mark_relayed(scope)
         await send({"type": "http.response.start", "status": 429, "headers": list(headers)})
         await send({"type": "http.response.body", "body": b"{}"})
 
@@ -34,7 +36,7 @@ def _call(mirror_or_app, origin: bytes | None, headers=()):
     mirror = mirror_or_app if isinstance(mirror_or_app, CorsMirror) else CorsMirror(mirror_or_app)
     scope = {"type": "http", "headers": [] if origin is None else [(b"origin", origin)]}
     asyncio.run(mirror(scope, receive, send))
-    return dict(sent[0]["headers"]) if sent[0].get("headers") is not None else {}
+    return {k.lower(): v for k, v in sent[0]["headers"]} if sent[0].get("headers") is not None else {}
 
 
 def test_the_gates_own_answer_echoes_the_origin_as_llama_server_does_by_default():
@@ -46,7 +48,7 @@ def test_no_origin_no_header():
 
 
 def test_a_relayed_llama_server_header_is_kept_and_its_fixed_value_learned():
-    relayed = CorsMirror(_app([(b"access-control-allow-origin", b"https://ui.example")]))
+    relayed = CorsMirror(_app([(b"Access-Control-Allow-Origin", b"https://ui.example")], relayed=True))
     assert _call(relayed, b"http://a.example")[b"access-control-allow-origin"] == b"https://ui.example"
     assert relayed.fixed == b"https://ui.example"
     own = CorsMirror(_app([]))
@@ -54,6 +56,13 @@ def test_a_relayed_llama_server_header_is_kept_and_its_fixed_value_learned():
     assert _call(own, b"http://other.example")[b"access-control-allow-origin"] == b"https://ui.example"
     relayed.learn(b"http://b.example", b"http://b.example")  # an echo seen again: back to echoing
     assert relayed.fixed is None
+
+
+def test_a_relayed_answer_without_the_header_stays_without_it():
+    # llama-server --cors-origins localhost answers a foreign origin's preflight with no header
+    mirror = CorsMirror(_app([(b"Content-Length", b"0")], relayed=True))
+    assert b"access-control-allow-origin" not in _call(mirror, b"http://evil.example")
+    assert mirror.fixed is None  # nothing learned from what was not sent
 
 
 def test_error_extra_fields_join_the_error_object_but_never_replace_the_gates_code():

@@ -26,6 +26,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import aiosqlite
 import pytest
 
 from gate.data.records import AuditRecord, ClassSample, DecisionRecord, SampleRecord
@@ -273,6 +274,31 @@ async def test_mixed_kinds_share_one_transaction(tmp_path: Path) -> None:
         futures = [j.add(decision(1)), j.add(audit(1)), j.add(sample(1))]
         assert all(await asyncio.gather(*futures))
         assert j.transactions - before == 1
+    finally:
+        await j.close()
+
+
+async def test_a_batch_of_every_kind_is_one_call_on_the_connections_thread(tmp_path: Path, monkeypatch) -> None:
+    """BEGIN, each table's rows and COMMIT go to aiosqlite's thread together: one hop (one
+    future, one wake-up of the gate's loop) per batch, not 2 + one per table. This also
+    fails if an aiosqlite upgrade drops the private ``_execute`` the writer relies on."""
+    j = await Journal.open(tmp_path / "j.db")
+    try:
+        await asyncio.sleep(0.05)  # let the open-time retention run pass
+        calls = 0
+        real = aiosqlite.Connection._execute
+
+        async def counting(self, fn, *args, **kwargs):
+            nonlocal calls
+            calls += 1
+            return await real(self, fn, *args, **kwargs)
+
+        monkeypatch.setattr(aiosqlite.Connection, "_execute", counting)
+        before = j.transactions
+        futures = [j.add(row) for i in range(50) for row in (decision(i), audit(i), sample(i))]
+        assert all(await asyncio.gather(*futures))
+        assert j.transactions - before == calls == 1
+        assert await j.count_decisions() == 50
     finally:
         await j.close()
 

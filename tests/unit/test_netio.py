@@ -114,6 +114,91 @@ async def test_a_refused_connection_is_httpx_connect_error_and_a_cut_answer_is_a
             await client.post(url, content=b"x")  # the server is gone now
 
 
+CLOSE = {"Connection": "close"}
+
+
+async def test_connection_close_requests_get_their_own_connection_closed_with_the_answer_outside_the_pool():
+    """What the gate sends llama-server: 32 at once, each on a connection of its own that the
+    server sees closed once its answer is read; the pool never holds one."""
+    ended = 0
+    all_ended = asyncio.Event()
+    both_in = asyncio.Event()
+    arrived = 0
+    in_flight: list[tuple[int, int]] = []
+
+    async def handler(reader, writer):
+        nonlocal ended, arrived
+        body = await _read_request(reader)
+        if b"connection: keep-alive" in body.lower():
+            writer.write(ANSWER)
+            return
+        assert b"connection: close" in body.lower()
+        arrived += 1
+        if arrived == 32:
+            in_flight.append((len(pool.connections), len(pool._requests)))  # what the pool holds meanwhile
+            both_in.set()
+        await both_in.wait()  # all 32 in flight together
+        writer.write(ANSWER)
+        await writer.drain()
+        assert await reader.read() == b""  # the client closes it: nothing more comes
+        writer.close()
+        ended += 1
+        if ended == 32:
+            all_ended.set()
+
+    server, url = await _server(handler)
+    client, backend = _client()
+    async with server, client:
+        pool = client._transport_for_url(httpx.URL(url))._pool
+        answers = await asyncio.gather(*(client.post(url + "/x", content=b"hello", headers=CLOSE) for _ in range(32)))
+        assert [r.json() for r in answers] == [{"ok": True}] * 32
+        assert backend.connects == 32
+        assert in_flight == [(0, 0)]  # the pool never saw them
+        await asyncio.wait_for(all_ended.wait(), 5)
+        assert pool.connections == [] and pool._requests == []
+        # a kept-alive request still goes through the pool
+        await client.post(url + "/x", content=b"hello")
+        assert len(pool.connections) == 1
+
+
+async def test_a_connection_close_stream_abandoned_midway_closes_its_connection():
+    """A client gone mid-answer: closing the response closes the socket, so llama-server frees the slot."""
+    gone = asyncio.Event()
+
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        writer.write(b"6\r\ndata:1\r\n")
+        await writer.drain()
+        assert await reader.read() == b""  # never answered in full: the client must hang up
+        gone.set()
+
+    server, url = await _server(handler)
+    client, backend = _client()
+    async with server, client:
+        async with client.stream("POST", url, content=b"x", headers=CLOSE) as r:
+            async for chunk in r.aiter_raw():
+                assert chunk == b"data:1"
+                break
+        await asyncio.wait_for(gone.wait(), 5)
+        assert backend.connects == 1
+
+
+async def test_connection_close_requests_map_failures_to_httpx_errors():
+    async def handler(reader, writer):
+        await _read_request(reader)
+        await asyncio.sleep(10)
+
+    server, url = await _server(handler)
+    client, _ = _client(read=0.2)
+    async with client:
+        async with server:
+            with pytest.raises(httpx.ReadTimeout):
+                await client.post(url, content=b"x", headers=CLOSE)
+        with pytest.raises(httpx.ConnectError):
+            await client.post(url, content=b"x", headers=CLOSE)  # the server is gone now
+
+
 async def test_a_large_answer_arrives_whole_while_reading_pauses_and_resumes():
     big = bytes(range(256)) * 8192  # 2 MiB, past the high-water mark many times over
 

@@ -81,7 +81,10 @@ def test_calibration_of_a_model_made_journal_is_close(tmp_path: Path) -> None:
     """A journal recorded by the model itself: the fit recovers it and the replay matches."""
     window = load_window(_journal(tmp_path, n=400, duration=60.0))
     assert window.fit.slots == 4 and window.fit.ceiling == 2048
-    assert abs(window.fit.tpot_alone_s - FIT.tpot_alone_s) < 0.005
+    # Decode time at the occupancy the window had (its slots mostly full): the split between
+    # "alone" and "per busy slot" is loosely determined when few requests ran alone (with the
+    # TTFT objective refusing early, 0.0151 + 0.0022/slot was fitted for 0.010 + 0.004).
+    assert abs(window.fit.tpot_s(4) - FIT.tpot_s(4)) < 0.1 * FIT.tpot_s(4)
     answer = run_replay(window)
     cal = answer["calibration"]
     for cls in ("interactive", "batch"):
@@ -90,7 +93,9 @@ def test_calibration_of_a_model_made_journal_is_close(tmp_path: Path) -> None:
 
 
 def test_a_smaller_budget_moves_the_right_way(tmp_path: Path) -> None:
-    window = load_window(_journal(tmp_path, n=300, duration=30.0))
+    # A load the slots mostly serve (at 10/s most batch requests miss the 2 s objective anyway,
+    # refused early at any budget, and the budget changes little)
+    window = load_window(_journal(tmp_path, n=150, duration=30.0))
     small = proposal_from_set("budget.mode=static,budget.min_tokens=1100,backend.token_budget=1100", window.config)
     answer = run_replay(window, [small])
     rep, prop = answer["scenarios"][1]["classes"], answer["scenarios"][2]["classes"]
@@ -201,3 +206,17 @@ def test_log_aiperf_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         assert line["input_length"] == prompt and line["output_length"] == (done if done is not None else max_tokens)
     assert main(["log", "--journal", path, "--format", "aiperf", "--kind", "audit"]) == 1
     assert "--kind decisions" in capsys.readouterr().err
+
+
+def test_each_scenario_carries_its_budget_curve(tmp_path: Path) -> None:
+    """The recorded budget per sample, and each replay's working budget at its start and each move."""
+    window = load_window(_journal(tmp_path, n=300, duration=30.0))
+    static = proposal_from_set("budget.mode=static,budget.min_tokens=1100,backend.token_budget=1100", window.config)
+    tight = proposal_from_set("budget.slo_ttft_p95_ms=100,budget.min_tokens=1024", window.config)
+    recorded, replayed, proposed, closing = (s["budget_curve"] for s in run_replay(window, [static, tight])["scenarios"])
+    assert [b for _, b in recorded] == [2048]  # the synthetic journal's samples: the ceiling throughout
+    assert replayed == [[0.0, 2048]]  # the adaptive controller starts at the ceiling and met its SLO
+    assert proposed == [[0.0, 1100]]  # a static budget never moves
+    # a 100 ms objective closes the budget, down to its floor, in moves at increasing times
+    assert closing[0] == [0.0, 2048] and len(closing) > 2 and closing[-1][1] == 1024
+    assert all(a[0] < b[0] for a, b in zip(closing, closing[1:], strict=False))

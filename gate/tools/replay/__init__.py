@@ -26,6 +26,7 @@ from gate.tools.replay.engine import Arrival, BackendFit, Change, Outcome, repla
 from gate.tools.replay.report import (
     UNTRUSTED_ABOVE,
     Proposal,
+    budget_lines,
     calibration,
     figures,
     proposal_from_config,
@@ -48,6 +49,7 @@ __all__ = [
     "Proposal",
     "ReplayError",
     "Window",
+    "budget_lines",
     "calibration",
     "figures",
     "fit_backend",

@@ -191,9 +191,11 @@ def replay(
     *,
     until: float,
     pinned: frozenset[str] = frozenset(),
+    budget_curve: list[tuple[float, int]] | None = None,
 ) -> dict[str, Outcome]:
     """Run `arrivals` through the core under `config` and the recorded `changes` (except those
-    touching a key in `pinned`: a proposal's own keys); the outcome of each arrival by id."""
+    touching a key in `pinned`: a proposal's own keys); the outcome of each arrival by id.
+    `budget_curve`, if given, gets (seconds, the working budget) at the start and at each move."""
     ratio = _fill_ratio(arrivals)
     run = _Run(config, fit, arrivals, [c for c in changes if not _pinned(c, pinned)], until, ratio)
     cap = Capacity(
@@ -213,12 +215,16 @@ def replay(
         budget=controller.budget,
         tenant_policy=_policy_for(config),
         aging_s=config.budget.aging_s or None,
-        expected_ttft=lambda r, prefilling: prefill.expected_ttft(r.prompt_tokens, prefilling),
+        # as gate.backend.pool builds the core: the fitted prefill model, else the median
+        # first-token time measured lately, and [budget] slo_ttft_p95_ms as the TTFT objective of
+        # every class without its own (T1-T3; the replay had neither, so it refused nothing on a
+        # TTFT objective that the gate refused on, since #25)
+        expected_ttft=lambda r, prefilling: prefill.expected_or_recent(r.prompt_tokens, prefilling),
+        default_ttft_objective_ms=config.budget.slo_ttft_p95_ms,
         budget_elastic=lambda: controller.elastic,
     )
-    slo_s = config.budget.slo_ttft_p95_ms / 1000.0
     classes = {c.name: c for c in config.classes}
-    state = {"config": config}
+    state: dict[str, Any] = {"config": config, "slo_s": config.budget.slo_ttft_p95_ms / 1000.0}
 
     def dispatch(admit: Admit, now: float) -> None:
         a = by_id[admit.request.id]
@@ -234,6 +240,8 @@ def replay(
         run.out[refusal.request.id] = Outcome(False, refusal.reason.value, None, None, 0)
 
     def advance(now: float) -> None:
+        if not adm.waiting():
+            return  # nothing to expire, age or dispatch: the core's advance would change nothing
         step = adm.advance(now)
         for admit in step.admitted:
             dispatch(admit, now)
@@ -251,10 +259,14 @@ def replay(
 
     def budget_moved(_budget: int) -> None:  # the pool's `controller.on_change(gatekeeper.set_budget)`
         adm.set_budget(controller.budget)
+        if budget_curve is not None:
+            budget_curve.append((current[0], adm.budget))
         advance(current[0])
 
     controller.on_change(budget_moved)
     current = [0.0]
+    if budget_curve is not None:
+        budget_curve.append((0.0, adm.budget))
     by_id = {a.id: a for a in arrivals}
     for a in arrivals:
         if a.through_core and a.cls in classes:
@@ -285,7 +297,7 @@ def replay(
             held = adm.ledger.get(payload)
             if held is not None and held.prefilling:
                 prefill.observe(live.arrival.prompt_tokens + live.ahead, live.ttft_s)
-                adm.prefill_cap_auto = prefill.auto_prefill_cap(slo_s)
+                adm.prefill_cap_auto = prefill.auto_prefill_cap(state["slo_s"])
             run.push(now + max(0, live.tokens - 1) * live.tpot_s, _DONE, payload)
             if adm.first_token(payload):
                 advance(now)
@@ -360,7 +372,9 @@ def _set_budget_settings(values: dict[str, Any], now: float, adm: Admission, con
     settings = controller_settings(budget, controller.ceiling_tokens)
     controller.set_slos(settings.slo_ttft_p95_s, settings.slo_tpot_p95_s)
     controller.set_bounds(now, settings.min_tokens)
-    adm.aging_s = budget.aging_s or None
+    adm.aging_s = budget.aging_s or None  # as gate.ops.control's _apply_budget
+    adm.default_ttft_objective_ms = budget.slo_ttft_p95_ms
+    state["slo_s"] = budget.slo_ttft_p95_ms / 1000.0
 
 
 def _pinned(change: Change, pinned: frozenset[str]) -> bool:

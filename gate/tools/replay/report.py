@@ -192,21 +192,44 @@ def untrusted(cal: Mapping[str, dict[str, Any]], bound: float = UNTRUSTED_ABOVE)
     return sorted(k for k, v in cal.items() if v["error"] is None or v["error"] > bound)
 
 
+def _curve(points: Iterable[tuple[float, int]]) -> list[list[float]]:
+    """[seconds from the window's start, working budget] at each change (the recorded: per sample)."""
+    out: list[list[float]] = []
+    for t, budget in points:
+        if out and out[-1][1] == budget:
+            continue
+        if out and out[-1][0] == round(t, 3):
+            out[-1][1] = budget  # several moves in one instant: the last holds
+            continue
+        out.append([round(t, 3), budget])
+    return out
+
+
 def run_replay(window: Window, proposals: Sequence[Proposal] = ()) -> dict[str, Any]:
     """The whole answer: recorded, replayed at the recorded thresholds, then each proposal."""
     rec = figures(window, recorded_outcomes(window), window.config)
     until = window.duration_s
-    base = replay(window.config, window.fit, window.arrivals, window.changes, until=until)
+    curve: list[tuple[float, int]] = []
+    base = replay(window.config, window.fit, window.arrivals, window.changes, until=until, budget_curve=curve)
     rep = figures(window, base, window.config)
     cal = calibration(rec, rep)
     bad = untrusted(cal)
     scenarios = [
-        {"name": "recorded", "classes": rec, "untrusted": []},
-        {"name": "replayed", "classes": rep, "untrusted": bad},
+        {"name": "recorded", "classes": rec, "untrusted": [], "budget_curve": _curve(window.budget_curve)},
+        {"name": "replayed", "classes": rep, "untrusted": bad, "budget_curve": _curve(curve)},
     ]
     for p in proposals:
-        outs = replay(p.config, window.fit, window.arrivals, window.changes, until=until, pinned=p.pinned)
-        scenarios.append({"name": p.name, "classes": figures(window, outs, p.config), "untrusted": bad, "changes": sorted(p.pinned)})
+        curve = []
+        outs = replay(p.config, window.fit, window.arrivals, window.changes, until=until, pinned=p.pinned, budget_curve=curve)
+        scenarios.append(
+            {
+                "name": p.name,
+                "classes": figures(window, outs, p.config),
+                "untrusted": bad,
+                "changes": sorted(p.pinned),
+                "budget_curve": _curve(curve),
+            }
+        )
     fit = dataclasses.asdict(window.fit)
     fit["notes"] = list(window.fit.notes)
     return {
@@ -301,6 +324,39 @@ def _plain_value(value: Any) -> str:
     return str(value)
 
 
+_BARS = "▁▂▃▄▅▆▇█"
+
+
+def budget_lines(answer: Mapping[str, Any], width: int = 48) -> list[str]:
+    """The working budget of each scenario over the window, one sparkline per scenario on one
+    scale (the lowest and highest budget of all), so the replayed curve reads over the recorded:
+    "budget  recorded  ▇▇▅▃▃▅▇  1024-2048"."""
+    curves = [(s["name"], s.get("budget_curve") or []) for s in answer["scenarios"]]
+    values = [b for _, curve in curves for _, b in curve]
+    if not values:
+        return []
+    lo, hi = min(values), max(values)
+    duration = float(answer["duration_s"])
+    names = [name if len(name) <= 24 else name[:23] + "…" for name, _ in curves]
+    pad = max(len(n) for n in names)
+    out = []
+    for name, (_, curve) in zip(names, curves, strict=True):
+        if not curve:
+            out.append(f"budget  {name.ljust(pad)}  (none recorded)")
+            continue
+        cells, i, current = [], 0, curve[0][1]
+        for col in range(width):
+            t = duration * col / width
+            while i < len(curve) and curve[i][0] <= t:
+                current = curve[i][1]
+                i += 1
+            cells.append(_BARS[-1] if hi == lo else _BARS[round((current - lo) / (hi - lo) * (len(_BARS) - 1))])
+        seen = [b for _, b in curve]
+        span = f"{min(seen)}" if min(seen) == max(seen) else f"{min(seen)}-{max(seen)}"
+        out.append(f"budget  {name.ljust(pad)}  {''.join(cells)}  {span}")
+    return out
+
+
 def to_table(answer: Mapping[str, Any]) -> str:
     """Recorded | replayed | error | each proposal; '?' marks a figure the calibration does not trust."""
     head, rows = table_cells(answer)
@@ -324,4 +380,8 @@ def to_table(answer: Mapping[str, Any]) -> str:
     if bad:
         out.append("")
         out.append(f"? = calibration error over {answer['untrusted_above']:.0%}: not a prediction ({len(bad)} figures)")
+    curves = budget_lines(answer)
+    if curves:
+        out.append("")
+        out += curves
     return "\n".join(out)
