@@ -7,12 +7,9 @@ guidellm send by default: no prefill fit exists, so the fallback estimate is wha
 ``ignore_eos`` so every request generates exactly ``--max-tokens``.
 
 The client is the project's own open-loop driver (bench/overload.py ``drive``: TTFT from the
-SCHEDULED arrival, so the client's lateness counts against the server). The issue asked for
-aiperf (or guidellm), offline with a local tokenizer; neither is used here because (a) both need
-a Hugging Face tokenizer directory, and the tiny GGUF's vocabulary has no tokenizer.json (one
-would have to be generated), and (b) on this 2-core machine shared with other sessions their
-worker processes would compete with llama-server for the same cores. The measurement is the
-same: open-loop Poisson, streamed, TTFT per request.
+SCHEDULED arrival, so the client's lateness counts against the server). The issue's independent
+client, aiperf, offline with a local tokenizer, is bench/aiperf_client.py (light and 3x only:
+one stream, no class header); this script adds the two-class cell and the objective variants.
 
 Steps:
 1. unloaded TTFT p95 (sequential requests, straight at llama-server): objective = 3x it;

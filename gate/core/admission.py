@@ -328,6 +328,10 @@ class Admission:
         waiting waits for capacity, which a release announces, not a timer."""
         deadlines = [d for c in self._order if (d := c.queue.next_deadline()) is not None]
         deadlines.extend(start_by for _, start_by, _ in self._start_bys(now))
+        longest = self.holds.longest_s
+        if longest is not None and now is not None and self.waiting():
+            # a slot held past the longest hold stops being due now (waits.remaining): T2 looks again
+            deadlines.extend(t for r in self.ledger if (t := r.admitted_at + longest + 1e-6) > now)
         if self.aging_s is not None and now is not None:  # the moment a waiter ages is a moment to dispatch
             aging = self.aging_s
             for c in self._order:
@@ -472,7 +476,7 @@ class Admission:
         mean = self.holds.mean_s
         if mean is None:
             return None
-        frees = remaining((r.admitted_at for r in self.ledger), mean, now, self.capacity.slots)
+        frees = remaining((r.admitted_at for r in self.ledger), mean, now, self.capacity.slots, self.holds.longest_s)
         return wait_at(position, frees, mean)
 
     def chance_in_time(self, position: int, within_s: float, now: float) -> float | None:
@@ -514,7 +518,7 @@ class Admission:
                 wait = None
                 if mean is not None:
                     if frees is None:
-                        frees = remaining((r.admitted_at for r in self.ledger), mean, now or 0.0, self.capacity.slots)
+                        frees = remaining((r.admitted_at for r in self.ledger), mean, now or 0.0, self.capacity.slots, self.holds.longest_s)
                         k = len(frees)
                     wait = frees[ahead % k] + (ahead // k) * mean  # = wait_at(ahead, frees, mean)
                 if expected is None and wait is None:

@@ -20,19 +20,22 @@ after a wait (#25: 38 of 44 refusals at 3x came after a wait, p95 1.9 s). `chanc
 reads the spread of the same holds: the chance that enough slots free within the time a
 newcomer has, so that it is refused at arrival unless it is likely to make it. A slot held
 `a` seconds frees within `d` with the chance that a hold longer than `a` is at most `a + d`
-(among the holds measured; one held longer than every hold measured is due now, as with the
-mean; a free slot frees at once); then m - 1 more times with that chance times the chance
+(among the holds measured; a free slot frees at once). One held longer than every hold measured
+(the holds are growing: #25's real runs queued newcomers behind slots "due now" on the mean,
+which then waited out their objective) frees within `d` with 1 - exp(-d / mean hold), once; then m - 1 more times with that chance times the chance
 that one hold is at most what is left after its first free (on average) / (m - 1). The waiter
 at position p needs p + 1 frees:
 
     chance(p, d) = P(N_1 + ... + N_k >= p + 1),  N_i: the frees of slot i within d
 
 (the N_i independent; summed exactly, capped at p + 1). With holds of one length (the
-virtual-time harness) it is 1 when the mean's wait(p) <= d and 0 otherwise: the two agree.
+virtual-time harness) and no slot held past them, it is 1 when the mean's wait(p) <= d and 0
+otherwise: the two agree.
 """
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable
@@ -64,15 +67,24 @@ class HoldTimes:
         return sorted(self._holds)
 
     @property
+    def longest_s(self) -> float | None:
+        return max(self._holds) if len(self._holds) >= self.min_holds else None
+
+    @property
     def mean_s(self) -> float | None:
         if len(self._holds) < self.min_holds:
             return None
         return self._total / len(self._holds)
 
 
-def remaining(held_since: Iterable[float], mean_s: float, now: float, slots: int) -> list[float]:
-    """Expected seconds until each slot frees, soonest first (a free slot: 0)."""
-    left = sorted(max(0.0, mean_s - (now - at)) for at in held_since)
+def remaining(held_since: Iterable[float], mean_s: float, now: float, slots: int, longest_s: float | None = None) -> list[float]:
+    """Expected seconds until each slot frees, soonest first (a free slot: 0). A slot held longer
+    than `longest_s` (the longest hold measured) is not due now: memoryless, one mean hold more
+    (as `chance_in_time` counts it; the holds are growing)."""
+    if longest_s is None:
+        left = sorted(max(0.0, mean_s - (now - at)) for at in held_since)
+    else:
+        left = sorted(mean_s if now - at > longest_s else max(0.0, mean_s - (now - at)) for at in held_since)
     return ([0.0] * max(0, slots - len(left)) + left)[: max(1, slots)]
 
 
@@ -97,7 +109,9 @@ def chance_in_time(position: int, within_s: float, ages: Iterable[float], holds:
         if age is None:
             first, rest = 1.0, within_s
         elif (at := bisect_right(holds, age)) == n:
-            first, rest = 1.0, within_s  # held past every hold measured: due now
+            # held past every hold measured (the holds grow: a slower host, longer answers): when
+            # it ends is unknown; memoryless, at the mean hold's pace, and no second free in time
+            first, rest = 1.0 - math.exp(-within_s / max(1e-9, sum(holds) / n)), 0.0
         else:
             ends = bisect_right(holds, age + within_s) - at
             first = ends / (n - at)

@@ -61,6 +61,9 @@ def brute_start_bys(adm: Admission, now: float | None) -> list[tuple[Waiting, fl
 def brute_next_deadline(adm: Admission, now: float | None) -> float | None:
     deadlines = [d for c in adm._order if (d := c.queue.next_deadline()) is not None]
     deadlines.extend(start_by for _, start_by, _ in brute_start_bys(adm, now))
+    longest = adm.holds.longest_s
+    if longest is not None and now is not None and adm.waiting():  # a slot overruns the longest hold (#25)
+        deadlines.extend(r.admitted_at + longest + 1e-6 for r in adm.ledger if r.admitted_at + longest + 1e-6 > now)
     if adm.aging_s is not None and now is not None:
         aging = adm.aging_s
         deadlines.extend(w.enqueued_at + aging for c in adm._order if not c.queue.paused for w in c.queue if w.enqueued_at + aging > now)

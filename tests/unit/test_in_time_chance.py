@@ -7,6 +7,7 @@ at 3x, p95 1.9 s; the target is p95 under 50 ms)."""
 
 from __future__ import annotations
 
+import math
 from itertools import product
 
 from hypothesis import assume, given
@@ -33,17 +34,25 @@ from tests.unit.test_ttft_guard import CAPACITY_RPS, OBJECTIVE_S, SERVICE_S, SLO
     within=st.floats(0.0, 12.0),
 )
 def test_with_holds_of_one_length_the_chance_is_the_means_wait_met_or_not(hold, n, ages, slots, position, within):
-    ages = ages[:slots]
+    ages = [a for a in ages[:slots] if a < hold]  # held past every hold: see the test below
     frees = remaining((-a for a in ages), hold, 0.0, slots)  # held since -a: held a seconds at 0
     wait = wait_at(position, frees, hold)
     assume(abs(wait - within) > 1e-6)  # not on the boundary, where rounding decides
     assert chance_in_time(position, within, ages, [hold] * n, slots) == (1.0 if wait <= within else 0.0)
 
 
+def test_a_slot_held_past_every_hold_measured_frees_at_the_mean_holds_pace_not_at_once():
+    # the mean calls it due now (remaining 0); the chance does not count on it
+    assert remaining([-3.0], 2.0, 0.0, 1) == [0.0]
+    got = chance_in_time(0, 1.0, [3.0], [1.0, 3.0], 1)
+    assert abs(got - (1 - math.exp(-1.0 / 2.0))) < 1e-12
+    assert chance_in_time(1, 10.0, [3.0], [1.0, 3.0], 1) == 0.0  # and frees only once in time
+
+
 def brute_force(position: int, within: float, ages: list[float], holds: list[float], slots: int) -> float:
     """Every combination of the slots' remaining holds, equally likely per slot (each hold longer
-    than its age; none: due now); `within` shorter than every hold, so a slot frees at most once."""
-    choices = [[h - a for h in holds if h > a] or [0.0] for a in ages] + [[0.0]] * (slots - len(ages))
+    than its age); `within` shorter than every hold, so a slot frees at most once."""
+    choices = [[h - a for h in holds if h > a] for a in ages] + [[0.0]] * (slots - len(ages))
     combos = list(product(*choices))  # each equally likely
     return sum(1 for combo in combos if sum(1 for left in combo if left <= within) >= position + 1) / len(combos)
 
@@ -59,6 +68,7 @@ def brute_force(position: int, within: float, ages: list[float], holds: list[flo
 def test_the_chance_is_exact_when_no_slot_can_free_twice_in_time(holds, ages, slots, position, within):
     holds, ages = sorted(holds), ages[:slots]
     assume(within < holds[0])
+    assume(all(a < holds[-1] for a in ages))  # held past every hold: see the test above
     assume(all(abs(h - a - within) > 1e-9 for h in holds for a in ages))
     got = chance_in_time(position, within, ages, holds, slots)
     assert abs(got - brute_force(position, within, ages, holds, slots)) < 1e-9
@@ -157,3 +167,20 @@ def test_negative_control_on_the_mean_alone_holds_that_spread_refuse_after_a_wai
         adm.in_time_chance = 0.0
         failed += [f for f in targets(spread_overload(adm, seed)) if f.startswith("refused after waiting")]
     assert len(failed) == 3, failed
+
+
+def test_a_waiter_behind_slots_held_past_every_hold_is_refused_when_they_overrun_not_at_its_deadline():
+    """T2 on the mean: a slot held past the longest hold measured is one mean hold from freeing,
+    not due now (#25: on a stalling host waiters waited out their whole deadline behind such slots)."""
+    assert remaining([-3.0], 2.0, 0.0, 1) == [0.0]
+    assert remaining([-3.0], 2.0, 0.0, 1, longest_s=2.5) == [2.0]
+    adm = spread_admission([2.0] * 4)
+    for _ in range(2):
+        assert isinstance(adm.offer(req("chat", 100, at=0.0), 0.0), Admit)
+    w = req("chat", 100, at=1.9)
+    assert isinstance(adm.offer(w, 1.9), Queue)  # the slots free at 2.0: first token by 2.2 < 2.9
+    assert adm.advance(2.0).expired == ()
+    assert adm.next_deadline(2.0) is not None and adm.next_deadline(2.0) < 2.05  # the overrun is a moment to look
+    step = adm.advance(2.05)  # the host stalls: both slots held past every hold measured
+    assert [f.request.id for f in step.expired] == [w.id]  # at 2.05, not at its deadline 2.7
+    check_invariants(adm)
