@@ -479,14 +479,15 @@ class Admission:
         frees = remaining((r.admitted_at for r in self.ledger), mean, now, self.capacity.slots, self.holds.longest_s)
         return wait_at(position, frees, mean)
 
-    def chance_in_time(self, position: int, within_s: float, now: float) -> float | None:
+    def chance_in_time(self, position: int, within_s: float, now: float, enough: float | None = None) -> float | None:
         """T1: the chance that the waiter `position` places from the front gets a slot within
         `within_s`, from the spread of the measured holds (gate/core/waits.py); None while
-        unmeasured."""
+        unmeasured. With `enough`: exact below it, at least it otherwise (waits.chance_in_time)."""
         holds = self.holds.sorted_s()
         if holds is None:
             return None
-        return chance_in_time(position, within_s, (now - r.admitted_at for r in self.ledger), holds, self.capacity.slots)
+        ages = (now - r.admitted_at for r in self.ledger)
+        return chance_in_time(position, within_s, ages, holds, self.capacity.slots, enough)
 
     def _ttft(self, request: Request) -> float | None:
         return None if self.expected_ttft is None else self.expected_ttft(request, self.ledger.prefilling)
@@ -843,7 +844,7 @@ class Admission:
         if expected is None and wait is None:
             return None
         left = request.arrival + objective_ms / 1000.0 - now - (expected or 0.0)  # to get a slot
-        chance = self.chance_in_time(ahead, left, now) if wait is not None and wait <= left else None
+        chance = self.chance_in_time(ahead, left, now, self.in_time_chance) if wait is not None and wait <= left else None
         if (wait or 0.0) <= left and (chance is None or chance >= self.in_time_chance):
             return None
         unlikely = f" (a slot in time: {chance:.0%} likely)" if chance is not None else ""

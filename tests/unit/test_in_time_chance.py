@@ -97,6 +97,27 @@ def test_the_chance_is_a_probability_that_grows_with_the_time_left_and_falls_wit
 # ---- T1 with the chance ---------------------------------------------------------------------
 
 
+@given(
+    holds=st.lists(st.floats(0.05, 5.0), min_size=1, max_size=32),
+    ages=st.lists(st.floats(0.0, 6.0), max_size=8),
+    slots=st.integers(1, 8),
+    position=st.integers(0, 24),
+    within=st.floats(0.0, 12.0),
+    enough=st.floats(0.0, 1.0),
+)
+def test_summed_until_enough_the_chance_decides_as_the_whole_sum(holds, ages, slots, position, within, enough):
+    """T1 stops the sum once the chance reaches IN_TIME_CHANCE: below it the answer is exact,
+    at or above it the answer is at least it, so the decision is the whole sum's."""
+    holds = sorted(holds)
+    whole = chance_in_time(position, within, ages, holds, slots)
+    early = chance_in_time(position, within, ages, holds, slots, enough)
+    assert (early >= enough) == (whole >= enough)
+    if whole < enough:
+        assert early == whole
+    else:
+        assert enough <= early <= whole + 1e-12
+
+
 def spread_admission(holds: list[float]) -> Admission:
     adm = Admission(
         [Cls("chat", 10, queue_depth=50, queue_timeout_s=30.0, ttft_objective_ms=1000.0)],
