@@ -111,6 +111,8 @@ def chance_in_time(
     dist = [1.0] + [0.0] * need
     reach = 0  # dist[j] == 0 for every j > reach
     ages = list(ages)[: max(0, slots)]
+    if need <= slots - len(ages):
+        return 1.0  # a free slot for it (summed, the pieces of 1 can round to 0.9999999999999999)
     for age in ages + [None] * max(0, slots - len(ages)):  # None: a free slot, one free at once
         if age is None:
             first, rest = 1.0, within_s
