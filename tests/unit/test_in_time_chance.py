@@ -19,7 +19,7 @@ from gate.core.waits import chance_in_time, remaining, wait_at
 from gate.tools import overload_sim as sim
 from tests.unit.core_helpers import Cls, req
 from tests.unit.test_admission_levers import EXAMPLES
-from tests.unit.test_ttft_guard import CAPACITY_RPS, OBJECTIVE_S, SERVICE_S, SLOTS, TTFT_S, chat, targets
+from tests.unit.test_ttft_guard import CAPACITY_RPS, OBJECTIVE_S, SLOTS, TTFT_S, chat, overload, targets
 
 # ---- the chance, against oracles ------------------------------------------------------------
 
@@ -161,23 +161,9 @@ def test_a_newcomer_likely_enough_to_make_it_is_queued():
 # ---- sustained overload with holds that spread, with a negative control ----------------------
 
 
-def spread_overload(adm: Admission, seed: int) -> sim.Result:
-    return sim.run(
-        adm,
-        [sim.Stream("chat", 3 * CAPACITY_RPS)],
-        slots=SLOTS,
-        service_s=SERVICE_S,
-        ttft_s=TTFT_S,
-        duration_s=120.0,
-        objective_s={"chat": OBJECTIVE_S},
-        seed=seed,
-        service_spread=0.3,
-    )
-
-
 def test_at_3x_with_holds_that_spread_the_rest_is_still_refused_at_once():
     for seed in (1, 2, 3):
-        result = spread_overload(sim.admission(chat(OBJECTIVE_S * 1000), slots=SLOTS, ttft_s=TTFT_S), seed)
+        result = overload(sim.admission(chat(OBJECTIVE_S * 1000), slots=SLOTS, ttft_s=TTFT_S), seed, spread=0.3)
         assert targets(result) == [], (seed, sim.summary(result, CAPACITY_RPS))
 
 
@@ -186,7 +172,7 @@ def test_negative_control_on_the_mean_alone_holds_that_spread_refuse_after_a_wai
     for seed in (1, 2, 3):
         adm = sim.admission(chat(OBJECTIVE_S * 1000), slots=SLOTS, ttft_s=TTFT_S)
         adm.in_time_chance = 0.0
-        failed += [f for f in targets(spread_overload(adm, seed)) if f.startswith("refused after waiting")]
+        failed += [f for f in targets(overload(adm, seed, spread=0.3)) if f.startswith("refused after waiting")]
     assert len(failed) == 3, failed
 
 

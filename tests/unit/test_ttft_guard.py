@@ -201,7 +201,8 @@ CAPACITY_RPS = SLOTS / SERVICE_S
 OBJECTIVE_S = 3 * TTFT_S + 0.032  # 3x the unloaded TTFT p95, as in the issue (632 ms)
 
 
-def overload(scheduler: sim.Scheduler, seed: int) -> sim.Result:
+def overload(scheduler: sim.Scheduler, seed: int, spread: float = 0.0) -> sim.Result:
+    """3x sustained overload for 120 s; `spread`: holds +-that fraction (sim.run's service_spread)."""
     return sim.run(
         scheduler,
         [sim.Stream("chat", 3 * CAPACITY_RPS)],
@@ -211,6 +212,7 @@ def overload(scheduler: sim.Scheduler, seed: int) -> sim.Result:
         duration_s=120.0,
         objective_s={"chat": OBJECTIVE_S},
         seed=seed,
+        service_spread=spread,
     )
 
 
