@@ -111,11 +111,13 @@ def test_summed_until_enough_the_chance_decides_as_the_whole_sum(holds, ages, sl
     holds = sorted(holds)
     whole = chance_in_time(position, within, ages, holds, slots)
     early = chance_in_time(position, within, ages, holds, slots, enough)
+    # summed in floats the mass can move by an ulp from slot to slot: decided apart from the tie
+    assume(abs(whole - enough) > 1e-9)
     assert (early >= enough) == (whole >= enough)
     if whole < enough:
         assert early == whole
     else:
-        assert enough <= early <= whole + 1e-12
+        assert enough <= early <= whole + 1e-9
 
 
 def spread_admission(holds: list[float]) -> Admission:
