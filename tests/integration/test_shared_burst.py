@@ -97,6 +97,11 @@ def flips(gate: ServeProcess) -> list[str]:
     return [line for line in gate.log_path.read_text().splitlines() if "shared limits:" in line and " -> " in line]
 
 
+def story(gates: Sequence[ServeProcess]) -> list[list[str]]:
+    """What each gate logged of its shared limits (flips, adoptions): a failure's context."""
+    return [[line for line in g.log_path.read_text().splitlines() if "shared limits:" in line] for g in gates]
+
+
 class Burst:
     """`workers` clients per gate, each sending as soon as it is answered (a short pause after
     a 429) until `seconds` have passed or `stop` is set; bounded in count too. Tallies the
@@ -262,7 +267,7 @@ async def test_fail_open_keeps_the_fleet_within_its_bound_while_redis_is_paused_
                         await wait_until(lambda: _all(fallback(client, gates), 0.0), timeout_s=15, interval_s=0.05)
                         fake.reset_most()
                         await fresh_requests(fake, 3)
-                        assert fake.most_in_progress <= QUOTED  # Redis answers again, the policy's leases adopted
+                        assert fake.most_in_progress <= QUOTED, story(gates)  # Redis answers again, the policy's leases adopted
                         fake.reset_most()
                 finally:
                     stop.set()

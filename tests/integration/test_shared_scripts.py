@@ -18,7 +18,7 @@ from gate.core.errors import GateError
 from gate.core.reasons import Reason
 from gate.fleet.sharedlimits.client import SharedLimits
 from gate.fleet.sharedlimits.health import Flip
-from gate.fleet.sharedlimits.scripts import tenant_keys
+from gate.fleet.sharedlimits.scripts import RENEW, RESERVE, tenant_keys
 from tests.integration.gate_harness import wait_until
 
 PREFIX = "t:"
@@ -425,6 +425,54 @@ async def test_a_gate_started_while_redis_is_down_applies_its_policy_and_recover
         await g.shared.stop()
 
 
+async def test_a_late_call_of_a_degraded_gate_does_not_count_it_as_renewed(redis_server, peek) -> None:
+    """#23's fail_open test saw 4 requests of a quota of 3 in progress once Redis, paused with
+    SIGSTOP, went on: the calls a gate had sent before the pause ran then, and counted it as
+    renewed since the other gate's recovery began, although its policy leases were not in
+    Redis; the other went back to Redis alone. Such calls are sent here as Redis receives
+    them: a reservation of the degraded gate, and a renewal it composed before the outage."""
+    one, two = Gate(redis_server.url, "g1", renew_interval_s=30.0), Gate(redis_server.url, "g2", renew_interval_s=30.0)
+    await one.shared.start()
+    await two.shared.start()  # no renewals but the test's own
+    try:
+        assert await one.shared.renew() and await two.shared.renew() and one.shared.health.gates == 2
+        team = tenant(quota=100)
+        composed_before = two.shared._redis_now_ms()  # what a renewal two sent now would carry
+        redis_server.stop()
+        theirs = await two.shared.reserve(team, 50)  # the policy's: Redis has not got it
+        assert theirs is not None and not theirs.charged and two.shared.state == "fail_open"
+        redis_server.start()  # empty
+
+        async def renewed(g: Gate) -> bool:
+            return await g.shared.renew()  # the first may find its pooled connection closed
+
+        await wait_until(lambda: renewed(one), timeout_s=5.0, interval_s=0.05)
+        assert one.shared.health.recovering
+        other = tenant("other", quota=1000)
+        rate, leases, costs, held_key = tenant_keys(PREFIX, other.name)
+        ttl, keep = 600, 10_000
+        await peek.eval(  # two's reservation, sent before the outage, run now
+            RESERVE.text, 5, f"{PREFIX}gates", rate, leases, costs, held_key,
+            two.shared.member, ttl, keep, 1, 0, f"{two.shared.member}#late", 10, -1, -1, 1000,
+        )  # fmt: skip
+        await peek.eval(  # two's renewal, composed before the outage, run now
+            RENEW.text, 2, f"{PREFIX}gates", f"{PREFIX}renewed", two.shared.member, ttl, keep, ttl, 0, -1, composed_before,
+        )  # fmt: skip
+        assert await one.shared.renew()
+        assert one.shared.health.recovering, one.flips  # two has not renewed since: its 50 are not in Redis
+        with pytest.raises(GateError) as info:  # Redis alone (nothing held) would admit it: 110 of 100 in all
+            await one.shared.reserve(team, 60)
+        assert "on this gate" in info.value.message
+        await wait_until(lambda: renewed(two), timeout_s=5.0, interval_s=0.05)  # adopts its 50
+        assert await held(peek) == (50, 50)
+        assert await one.shared.renew() and one.shared.state == "ok"
+        two.shared.release(theirs)
+        await wait_until(lambda: _held_is(peek, 0))
+    finally:
+        await one.shared.stop()
+        await two.shared.stop()
+
+
 async def test_a_gate_back_from_fail_open_waits_until_every_gate_has_renewed(redis_server, peek) -> None:
     """#23: the gate that probed first went back to Redis alone while the other still held
     what it had admitted on its own, which Redis, restarted empty, did not count."""
@@ -458,6 +506,10 @@ async def test_a_gate_back_from_fail_open_waits_until_every_gate_has_renewed(red
         with pytest.raises(GateError) as info:
             await one.shared.reserve(team, 1)
         assert "across the gates" in info.value.message  # Redis counts all of it
+        # A renewal counts from when it was composed, on Redis's clock as far as the gate can
+        # tell (never ahead of it): one's last, sent a millisecond after two's first answer,
+        # may read as before it; the next one cannot.
+        assert await one.shared.renew()
         assert await two.shared.renew() and two.shared.state == "ok"
         for g, lease in ((two, theirs), (one, mine), (one, ours)):
             g.shared.release(lease)

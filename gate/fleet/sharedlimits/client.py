@@ -151,6 +151,7 @@ class SharedLimits:
         self._runner: asyncio.Task[None] | None = None
         self._redis: aioredis.Redis | None = None
         self.adopted = 0  # leases Redis had lost and a renewal put back (a restart, fail_open)
+        self._redis_clock: tuple[float, float] | None = None  # (Redis's ms, monotonic s) at the last renewal answer
 
     # ---- state ---------------------------------------------------------------
 
@@ -344,7 +345,8 @@ class SharedLimits:
         for _ in range(MAX_CATCH_UP):
             sent = tuple(self._held.values())
             drops, self._drops = self._drops, {}
-            call = asyncio.get_running_loop().create_task(self._renew_call(leases=sent, drops=drops))
+            composed = self._redis_now_ms()  # when `sent` was taken, on Redis's clock
+            call = asyncio.get_running_loop().create_task(self._renew_call(leases=sent, drops=drops, composed_ms=composed))
             heard, answered = await self._answer(call)
             try:
                 if not answered or call.cancelled():
@@ -385,7 +387,12 @@ class SharedLimits:
             await self.renew()
 
     async def _renew_call(
-        self, *, leases: Iterable[Lease] = (), drops: dict[str, list[str]] | None = None, leaving: bool = False
+        self,
+        *,
+        leases: Iterable[Lease] = (),
+        drops: dict[str, list[str]] | None = None,
+        leaving: bool = False,
+        composed_ms: int = -1,
     ) -> tuple[int, int, float, int]:
         """(gates counted, leases adopted, Redis's clock in ms, gates renewed since recovering began)."""
         assert self._redis is not None
@@ -395,9 +402,9 @@ class SharedLimits:
         for tenant, ids in (drops or {}).items():
             by_tenant.setdefault(tenant, ([], []))[1].extend(ids)
         prefix = self.config.key_prefix
-        keys: list[str] = [f"{prefix}gates"]
+        keys: list[str] = [f"{prefix}gates", f"{prefix}renewed"]
         since = -1 if self.health.heard_since is None else self.health.heard_since
-        args: list[Any] = [self.member, self._ttl_ms, self._keep_ms, self._ttl_ms, 1 if leaving else 0, since]
+        args: list[Any] = [self.member, self._ttl_ms, self._keep_ms, self._ttl_ms, 1 if leaving else 0, since, composed_ms]
         for tenant, (held, dropped) in by_tenant.items():
             keys.extend(tenant_keys(prefix, tenant)[1:])
             args.append(len(held))
@@ -406,7 +413,18 @@ class SharedLimits:
             args.append(len(dropped))
             args.extend(dropped)
         gates, adopted, redis_ms, fresh = await self._call(RENEW, keys, args)
+        self._redis_clock = (float(redis_ms), time.monotonic())
         return int(gates), int(adopted), float(redis_ms), int(fresh)
+
+    def _redis_now_ms(self) -> int:
+        """Redis's clock now, as this gate can tell (-1 before any renewal answered): the
+        last renewal's ``now`` plus the time since its answer was read. Never ahead of
+        Redis (the answer was read after Redis ran it), so a renewal is never taken for
+        one composed later than it was (the RENEW script's ``renewed``)."""
+        if self._redis_clock is None:
+            return -1
+        redis_ms, read_at = self._redis_clock
+        return int(redis_ms + (time.monotonic() - read_at) * 1000.0)
 
     # ---- internals ---------------------------------------------------------------
 

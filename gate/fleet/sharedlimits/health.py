@@ -19,7 +19,9 @@ Rules (numbered; ``tests/unit/test_shared_health.py`` checks each):
    is back once every gate counted (N) has renewed since, so that Redis again counts all
    the fleet holds (leases made by the policy, leases that expired while Redis was out of
    reach), or once a lease's life (``window_s``) has passed since (a gate silent that long
-   holds nothing Redis counts). Recovering, a fail_open gate asks Redis and keeps to its
+   holds nothing Redis counts). A renewal counts from when it was composed, with every
+   lease the gate then held; a reservation, or a renewal composed before the trouble that
+   Redis ran only as it came back (a paused Redis runs what waited in its socket), does not. Recovering, a fail_open gate asks Redis and keeps to its
    local share as well; a fail_closed gate still refuses. Trouble again ends recovering.
 4. Every change of state is returned once, as a :class:`Flip`, for the audit and the log;
    a call that changes nothing returns None.

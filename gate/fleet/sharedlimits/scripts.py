@@ -225,33 +225,51 @@ RENEW = Script(
     "renew",
     _COMMON
     + """
--- KEYS: gates, then for each tenant: leases, costs, held
+-- KEYS: gates, renewed, then for each tenant: leases, costs, held
 -- ARGV: gate id, lease ttl ms, keep ms, gate window ms, leaving (1|0), since ms (-1: now),
---       then for each tenant: n, n x (lease id, cost), d, d x lease id to drop
+--       composed ms (-1: now), then for each tenant: n, n x (lease id, cost), d, d x lease id to drop
 -- -> {gates seen within the window, leases adopted, now ms, gates renewed since `since`}
 -- Renewing is idempotent and self-healing: a lease this gate holds that Redis lost (a
 -- restart without persistence, an expiry while Redis was out of reach, a reservation made
 -- under fail_open) is adopted with its cost, so the fleet's count is true again. A gate
 -- coming back from its failure policy asks how many gates have renewed since Redis first
--- answered it again: until all have, some may hold leases Redis does not count.
+-- answered it again: until all have, some may hold leases Redis does not count. `renewed`
+-- keeps, for each gate, when its latest renewal was composed (the gate's estimate of this
+-- clock, never later than now): what counts as renewed since is a renewal that carried
+-- every lease the gate held at that moment. Not a reservation (gates: a gate degraded
+-- since holds leases no reservation carries), and not a renewal composed before the outage
+-- that Redis ran only when it came back (SIGSTOP, then SIGCONT: the calls wait in its
+-- socket); either counted a gate as renewed whose policy leases Redis did not have, and the
+-- other gate went back to Redis alone (#23's test saw 4 of a quota of 3 in progress).
 local gate, ttl, keep, window = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
 local since = tonumber(ARGV[6])
 if since < 0 then
   since = now
 end
+local composed = tonumber(ARGV[7])
+if composed < 0 or composed > now then
+  composed = now
+end
 if ARGV[5] == '1' then
   redis.call('ZREM', KEYS[1], gate)
+  redis.call('ZREM', KEYS[2], gate)
 else
   redis.call('ZADD', KEYS[1], now, gate)
+  local last = redis.call('ZSCORE', KEYS[2], gate)
+  if not last or tonumber(last) < composed then
+    redis.call('ZADD', KEYS[2], composed, gate)
+  end
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - keep)
 redis.call('PEXPIRE', KEYS[1], keep)
+redis.call('PEXPIRE', KEYS[2], keep)
 local gates = redis.call('ZCARD', KEYS[1])
-local fresh = redis.call('ZCOUNT', KEYS[1], since, '+inf')
+local fresh = redis.call('ZCOUNT', KEYS[2], since, '+inf')
 local adopted = 0
-local a = 7
-local k = 2
+local a = 8
+local k = 3
 while k <= #KEYS do
   local leases, costs, held = KEYS[k], KEYS[k + 1], KEYS[k + 2]
   purge(leases, costs, held, now)
