@@ -119,6 +119,28 @@ def capacity_warnings(layout: Layout | None, cap: Capacity | None, budget: Budge
             f"class reservations ({each}; {total} in all) exceed the {where}: "
             "a class cannot reach tokens the others reserve; lower reserved_tokens"
         )
+    else:
+        # A class reaches at most what the others leave of the ceiling (F1: they hold back what
+        # they reserve and do not use). #25: the example's interactive 1,024 on a 1,024-token
+        # pool left batch nothing, and batch never started, with no word anywhere.
+        for c in classes:
+            default = getattr(c, "default_max_tokens", None)
+            others = [(name, n) for name, n in reserved if name != c.name]
+            room = cap.ceiling - sum(n for _, n in others)
+            if others and isinstance(default, int) and room <= default:
+                each = ", ".join(f"{name} {n}" for name, n in others)
+                out.append(
+                    f"classes.{c.name}: the other classes reserve {cap.ceiling - room} of the ceiling {cap.ceiling} "
+                    f"({each}); a {c.name} request may hold at most {room} tokens, not its default_max_tokens "
+                    f"{default} and a prompt: it never starts; lower reserved_tokens"
+                )
+    floor = budget_floor(budget, cap.ceiling, total)
+    if getattr(budget, "mode", None) == "adaptive" and floor >= cap.ceiling and not budget.min_tokens > cap.ceiling:
+        why = f"budget.min_tokens {budget.min_tokens}" if budget.min_tokens else f"the classes' reservations, {total}"
+        out.append(
+            f"the adaptive budget has no room: its floor ({why}) is the ceiling {cap.ceiling}, so the "
+            "controller can never lower it; lower min_tokens or reserved_tokens"
+        )
     return tuple(out)
 
 

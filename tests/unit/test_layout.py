@@ -96,7 +96,10 @@ def test_min_tokens_and_reservations_above_the_ceiling_are_said():
     assert any("min_tokens 2048 is above the ceiling 512" in w for w in warnings)
     assert any("interactive 1024" in w and "exceed the ceiling 512" in w for w in warnings)
     fits = capacity_from_props(props(4, 512), BackendConfig(kv="split"), learn_layout(props(4, 512), "split", None))
-    assert capacity_warnings(None, fits, BudgetConfig(min_tokens=2048), classes) == ()
+    # min_tokens at the ceiling: no longer above it, but the adaptive budget cannot move (#25)
+    (warning,) = capacity_warnings(None, fits, BudgetConfig(min_tokens=2048), classes)
+    assert "no room" in warning and "budget.min_tokens 2048" in warning
+    assert capacity_warnings(None, fits, BudgetConfig(min_tokens=1024), classes) == ()
 
 
 def test_a_default_max_tokens_no_request_can_fit_in_a_slot_is_said():
@@ -105,3 +108,30 @@ def test_a_default_max_tokens_no_request_can_fit_in_a_slot_is_said():
     classes = (ClassConfig(name="batch", priority=1, default_max_tokens=512), ClassConfig(name="chat", priority=2, default_max_tokens=256))
     (warning,) = capacity_warnings(layout, cap, BudgetConfig(min_tokens=512), classes)
     assert "classes.batch.default_max_tokens 512" in warning and "refused (400)" in warning
+
+
+def test_reservations_that_leave_a_class_no_room_and_a_controller_without_room_are_said():
+    """#25, tried as a user: `llama-server -np 2 -c 1024` and the example config. interactive's
+    1,024-token reservation is the whole pool: batch can never start, and the adaptive
+    budget's floor (the reservations) is its ceiling, with no word anywhere."""
+    layout = learn_layout(props(2, 1024), "unified", None)
+    cap = capacity_from_props(props(2, 1024), BackendConfig(kv="unified"), layout)
+    assert cap.ceiling == 1024
+    example = (
+        ClassConfig(name="interactive", priority=10, reserved_tokens=1024, default_max_tokens=256),
+        ClassConfig(name="batch", priority=1, default_max_tokens=256),
+    )
+    warnings = capacity_warnings(layout, cap, BudgetConfig(mode="adaptive", min_tokens=0), example)
+    (starved,) = [w for w in warnings if "never start" in w]
+    assert "batch request may hold at most 0 tokens" in starved and "interactive 1024" in starved
+    (stuck,) = [w for w in warnings if "no room" in w]
+    assert "the classes' reservations, 1024" in stuck
+    # Room for a default request of each class and for the controller: nothing to say.
+    roomy = capacity_from_props(props(4, 4096), BackendConfig(kv="unified"), learn_layout(props(4, 4096), "unified", None))
+    assert capacity_warnings(None, roomy, BudgetConfig(mode="adaptive", min_tokens=0), example) == ()
+    # The boundary: the others leave exactly default_max_tokens, which no request with a prompt fits.
+    tight = (ClassConfig(name="interactive", priority=10, reserved_tokens=768, default_max_tokens=256), example[1])
+    (edge,) = capacity_warnings(None, cap, BudgetConfig(mode="static", min_tokens=0), tight)
+    assert "may hold at most 256 tokens" in edge
+    tight = (ClassConfig(name="interactive", priority=10, reserved_tokens=767, default_max_tokens=256), example[1])
+    assert capacity_warnings(None, cap, BudgetConfig(mode="static", min_tokens=0), tight) == ()
