@@ -70,8 +70,10 @@ def fleet_extra(
     policy: str = "fail_open",
     renew_s: float = 0.5,
     wait_ms: float = 250.0,
+    queue_timeout_s: float | None = None,
 ) -> str:
-    """The config before [[backends]]: [shared] (unless redis_url is None), a static budget, the tenants."""
+    """The config before [[backends]]: [shared] (unless redis_url is None), a static budget, the
+    tenants; with `queue_timeout_s`, the default classes with that queue timeout for both."""
     shared = (
         ""
         if redis_url is None
@@ -83,7 +85,15 @@ def fleet_extra(
     # slo_ttft_p95_ms: far out of the way, so the TTFT objective every class takes from it (#25)
     # refuses nothing early: these tests count the tenants' limits, whose refusals they expect.
     budget = '[budget]\nmode = "static"\nmin_tokens = 256\nslo_ttft_p95_ms = 600000\n\n'
-    return shared + budget + "\n".join(t.toml() for t in tenants)
+    classes = (
+        ""
+        if queue_timeout_s is None
+        else (
+            f"[classes.interactive]\npriority = 10\nqueue_timeout_s = {queue_timeout_s}\n\n"
+            f"[classes.batch]\npriority = 1\nqueue_timeout_s = {queue_timeout_s}\n\n"
+        )
+    )
+    return shared + budget + classes + "\n".join(t.toml() for t in tenants)
 
 
 @contextlib.asynccontextmanager
