@@ -69,7 +69,9 @@ times measured at release say when the slots free (gate/core/waits.py):
   T1. a newcomer that must wait is refused at once (429 queue_timeout, Retry-After = its
       expected wait) when its expected wait behind everything served before it (the waiters
       with their turn, G1, then everything of its class and the higher ones; a newcomer with
-      its turn only behind the other waiters with theirs: position 0 when none waits), plus
+      its turn only behind the other waiters with theirs: position 0 when none waits; one more
+      when a lower class's minimum-rate turn comes due before its slot frees and will go to a
+      waiter of that class, or to a newcomer of one offered a request within aging_s), plus
       its expected first-token time, passes its objective, or when the chance that
       a slot frees for it in time (from the spread of the measured holds, waits.chance_in_time)
       is below IN_TIME_CHANCE: it is queued only if it is likely to make it, so that a waiter
@@ -297,6 +299,8 @@ class Admission:
         self._turn_at: dict[str, float] = {}
         # G1: class -> when it last started any request, or its first arrival (b).
         self._started_at: dict[str, float] = {}
+        # T1: class -> when it was last offered a request (a lower class's coming turn, G1 b).
+        self._offered_at: dict[str, float] = {}
         self.drain_rate = DrainRate(drain_window_s)
         # T1: measured slot hold times, for the expected wait of a newcomer or a waiter.
         self.holds = HoldTimes()
@@ -665,6 +669,7 @@ class Admission:
                 self.retry_after(request.cls, request.cost, now),
             )
         self._started_at.setdefault(request.cls, now)  # G1 (b) counts from the first arrival
+        self._offered_at[request.cls] = now
         # No overtaking: with requests of its class waiting, a newcomer waits behind them.
         turn = self._newcomer_turn(entry, now)  # G1 (b)
         if not entry.queue:
@@ -903,6 +908,9 @@ class Admission:
         expected = self._ttft(request)
         ahead = self._ahead_of_newcomer(entry, now, turn)
         wait = self.expected_wait(ahead, now)
+        if wait is not None and not turn and self._turn_coming(entry, now, now + wait):
+            ahead += 1  # a lower class's turn comes before its slot: it will go first (G1 b, G2)
+            wait = self.expected_wait(ahead, now)
         if expected is None and wait is None:
             return None
         left = request.arrival + objective_ms / 1000.0 - now - (expected or 0.0)  # to get a slot
@@ -929,6 +937,24 @@ class Admission:
         priority = entry.policy.priority
         ahead = sum(len(c.queue) for c in self._order if c.policy.priority >= priority and not c.queue.paused)
         return ahead + sum(1 for w in with_turn if self._classes[w.request.cls].policy.priority < priority)
+
+    def _turn_coming(self, entry: _Class, now: float, by: float) -> bool:
+        """T1: will a lower class's minimum-rate turn (G1 b) come by `by` and go to a request that
+        is not counted ahead yet: its oldest waiter, once due, or, when none waits, a newcomer of
+        a class with demand (offered a request within aging_s)?"""
+        aging = self.aging_s
+        if aging is None:
+            return False
+        for c in self._order:
+            name = c.policy.name
+            if c.policy.priority >= entry.policy.priority or c.queue.paused or not self._min_rate_due(name, by):
+                continue
+            if c.queue:
+                if not self._min_rate_due(name, now):
+                    return True  # its oldest waiter will have its turn by then (counted once it has)
+            elif self._min_rate_due(name, math.nextafter(by, -math.inf)) and now - self._offered_at.get(name, -math.inf) < aging:
+                return True  # a newcomer arriving before then would have it
+        return False
 
     def _late_refusal(self, w: Waiting, now: float, wait: float | None = None) -> Refuse:
         cls = w.request.cls

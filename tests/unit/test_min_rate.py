@@ -28,11 +28,11 @@ from tests.unit.test_aging_share import CAPACITY_RPS, SERVICE_S, SLOTS, example_
 # ---- the rule, small ---------------------------------------------------------------------------
 
 
-def one_slot(aging_s: float | None = 5.0) -> Admission:
+def one_slot(aging_s: float | None = 5.0, objective_ms: float = 2000.0) -> Admission:
     """One slot, both classes with a 2 s objective, first token 0.2 s after dispatch."""
     classes = [
-        ObjCls("interactive", 10, queue_timeout_s=10.0, ttft_objective_ms=2000.0),
-        ObjCls("batch", 1, queue_timeout_s=120.0, ttft_objective_ms=2000.0),
+        ObjCls("interactive", 10, queue_timeout_s=10.0, ttft_objective_ms=objective_ms),
+        ObjCls("batch", 1, queue_timeout_s=120.0, ttft_objective_ms=objective_ms),
     ]
     adm = Admission(classes, Capacity(slots=1, slot_context=4000, ceiling=4000), aging_s=aging_s, expected_ttft=lambda r, p: 0.2)
     adm.holds.min_holds = 1  # the waits count from the first hold measured
@@ -41,7 +41,7 @@ def one_slot(aging_s: float | None = 5.0) -> Admission:
 
 class Busy:
     """Interactive keeps the one slot busy: at each whole second the request running (each holds
-    it 1 s) ends, the next starts, and one chat waits behind it. Batch's first request arrives at
+    it 1 s) ends, the next starts, and one chat waits behind it (unless T1 refuses it). Batch's first request arrives at
     1.0 (its minimum rate counts from there) and is refused: behind the chat, 1 s + 1 s + 0.2 s
     passes its 2 s."""
 
@@ -65,7 +65,8 @@ class Busy:
         else:
             (self.running,) = [r.request for r in adm.ledger]
         self.waiter = req("interactive", at=t)
-        assert isinstance(adm.offer(self.waiter, t), Queue)
+        if not isinstance(adm.offer(self.waiter, t), Queue):
+            self.waiter = None
         if t == 1.0:
             refused = adm.offer(req("batch", at=1.0), 1.0)
             assert isinstance(refused, Refuse) and refused.reason is Reason.QUEUE_TIMEOUT
@@ -111,10 +112,40 @@ def test_the_turn_comes_once_per_aging_s():
     busy.until(11.0)
     assert isinstance(adm.offer(req("batch", at=11.0), 11.0), Refuse)  # batch started at 7.0: no turn
     busy.tick()
+    # 12.0: batch's turn comes due and it had a request 1 s ago: the chat, whose slot frees at
+    # 13.0, counts a batch request ahead (T1) and is refused at arrival
+    assert busy.waiter is None
     again = req("batch", at=12.0)  # 5 s since batch's last start: its turn again
     assert isinstance(adm.offer(again, 12.0), Queue)
     assert again.id in busy.tick()
     check_invariants(adm)
+
+
+def test_an_interactive_newcomer_counts_a_lower_class_turn_that_comes_before_its_slot():
+    """T1 looks ahead: batch's minimum rate comes due at 5.0 (it started at 0.0) and a batch
+    request arriving then would take the slot first; an interactive newcomer whose slot frees
+    after that counts it, so that it is refused at arrival rather than after a wait (T2)."""
+
+    def setup(until: float) -> Admission:
+        adm = one_slot(objective_ms=1500.0)
+        batch = req("batch", at=0.0)
+        assert isinstance(adm.offer(batch, 0.0), Admit)  # batch's last start and its last offer
+        adm.release(batch.id, 0.5)
+        t, running = 0.5, None
+        while t <= until:  # interactive back to back from 0.5, 1 s each
+            if running is not None:
+                adm.release(running.id, t)
+            running = req("interactive", at=t)
+            assert isinstance(adm.offer(running, t), Admit)
+            t += 1.0
+        return adm
+
+    # 4.5: the slot frees at ~5.4 (mean hold 0.875 s), after batch's turn comes due: counted,
+    # 0.875 x 2 + 0.2 s passes 1.5 s (alone: 1.075 s, queued)
+    refused = setup(4.5).offer(req("interactive", at=4.5), 4.5)
+    assert isinstance(refused, Refuse) and "for 1 ahead" in refused.detail
+    # 5.5: batch's turn is due, but nothing of batch came for 5 s: no demand to count
+    assert isinstance(setup(5.5).offer(req("interactive", at=5.5), 5.5), Queue)
 
 
 def test_without_aging_there_is_no_turn():
@@ -258,9 +289,19 @@ def run(scheduler: sim.Scheduler, streams: list[sim.Stream], seed: int) -> sim.R
 BOTH = [sim.Stream("interactive", CAPACITY_RPS), sim.Stream("batch", 2 * CAPACITY_RPS)]
 
 
+def longest_gap(result: sim.Result, cls: str) -> float:
+    """The longest time within the run without a start of `cls` (its ends included)."""
+    starts = sorted(
+        o.admitted_at for o in result.outcomes if o.request.cls == cls and o.admitted_at is not None and o.admitted_at < result.duration_s
+    )
+    points = [0.0, *starts, result.duration_s]
+    return max(b - a for a, b in zip(points, points[1:], strict=False))
+
+
 def judged(result: sim.Result, alone: sim.Result) -> list[str]:
     """What the issue asks of two classes: interactive served in time and keeping at least half of
-    what it gets alone within the objective; batch served in every 10 s window."""
+    what it gets alone within the objective; batch served in every 10 s window, the aligned ones
+    and any other (no 10 s without a batch start)."""
     i, b, a = result.classes["interactive"], result.classes["batch"], alone.classes["interactive"]
     failures = []
     if i.within_objective < 0.9 * i.served:
@@ -269,13 +310,15 @@ def judged(result: sim.Result, alone: sim.Result) -> list[str]:
         failures.append(f"interactive starved: {i.within_objective} in time beside batch, {a.within_objective} alone")
     if min(b.served_per_window) < 1:
         failures.append(f"batch starved: a 10 s window served none ({b.served_per_window})")
+    if (gap := longest_gap(result, "batch")) >= 10.0:
+        failures.append(f"batch starved: no start for {gap:.1f} s")
     return failures
 
 
 def test_with_the_examples_objective_batch_is_served_in_every_10_s_window_and_interactive_keeps_its_share():
-    """Measured: batch at least 1 in every window of every seed (gaps between its starts up to
-    ~6.4 s: aging_s and a wait for the next slot), interactive 168-182 in time beside batch
-    against 185-203 alone (seeds 1-3)."""
+    """Measured (seeds 1-8): batch 1-3 in its emptiest 10 s window, its longest time without a
+    start 5.4-6.4 s (aging_s, then a wait for the next slot); interactive 167-179 in time beside
+    batch against 185-203 alone (87-91%); the core without G1 (b): 172-185."""
     for seed in SEEDS:
         alone = run(core(), BOTH[:1], seed)
         result = run(core(), BOTH, seed)
@@ -283,8 +326,9 @@ def test_with_the_examples_objective_batch_is_served_in_every_10_s_window_and_in
 
 
 def test_negative_control_without_the_minimum_rate_for_unaged_waiters_batch_is_starved():
-    """The same harness against the core before G1 (b), and without aging at all: batch has a
-    10 s window with nothing served in most seeds (measured: 5 of 8, seeds 2, 3, 6, 7, 8, both)."""
+    """The same harness against the core before G1 (b), and without aging at all: batch goes
+    10 s or more without a start in most seeds (measured, both: 7 of 8, the longest 8.5-20.2 s;
+    an aligned 10 s window with none in 5 of 8)."""
     for make, aging_s in ((NoMinRate, 5.0), (Admission, None)):
         starved = []
         for seed in SEEDS:
