@@ -54,8 +54,8 @@ a congestion estimate and not a limit) stretches for aged work, so that the
 controller sitting at its floor cannot starve a class of large requests:
   E1. with aging on, a request that the class can reach at the ceiling but not at
       the current budget waits (instead of 429 token_budget_exceeded);
-  E2. the F1 of a waiter with its turn (G1) is checked against max(budget, cost + the other
-      classes' reservations): the smallest budget at which it could run, never above the
+  E2. an aged waiter's F1 is checked against max(budget, cost + the other classes'
+      reservations): the smallest budget at which it could run, never above the
       ceiling. It starts once the others are back within their reservations (they
       may not borrow while it waits), one such request at a time;
   E3. while it runs, that stretched budget is F1's budget for everyone (`effective_budget`),
@@ -423,10 +423,11 @@ class Admission:
         need = request.cost + self._reserved_elsewhere(request.cls)
         return max(budget, min(self.capacity.ceiling, need))
 
-    def blocker(self, request: Request, *, own_share_only: bool = False, aged: bool = False) -> Block | None:
+    def blocker(self, request: Request, *, own_share_only: bool = False, aged: bool = False, stretch: bool | None = None) -> Block | None:
         """The first of F5, F1-F4, F6 that `request` fails now, or None if it fits.
 
-        `aged`: checked as an aged waiter (no yielding: F6 and borrowing do not apply).
+        `aged`: checked as a waiter with its turn (G1: no yielding, F6 and borrowing do not
+        apply); `stretch` (default: `aged`): against E2's stretched budget, for an aged one.
         """
         led = self.ledger
         policy = self._classes[request.cls].policy
@@ -434,7 +435,7 @@ class Admission:
         if led.slots + request.tasks > self.capacity.slots:
             return Block.SLOTS
         in_class = led.class_tokens(request.cls)
-        budget = self.working_budget(request, aged=True) if aged else self.effective_budget
+        budget = self.working_budget(request, aged=True) if (aged if stretch is None else stretch) else self.effective_budget
         if led.in_flight + cost > budget - self.held_back(request.cls):
             return Block.BUDGET
         if own_share_only and not aged and in_class + cost > policy.reserved_tokens:
@@ -507,13 +508,15 @@ class Admission:
         """G1 (b) for a newcomer: none of its class waits and the class's minimum rate is due."""
         return not entry.queue and not entry.queue.paused and self._min_rate_due(entry.policy.name, now)
 
-    def _start(self, request: Request, now: float, *, turn: bool = False) -> Admit:
-        """Reserve for `request` now; `turn`: it starts by its turn (G1), checked as aged."""
+    def _start(self, request: Request, now: float, *, turn: bool = False, aged: bool = False) -> Admit:
+        """Reserve for `request` now; `turn`: it starts by its turn (G1); `aged`: it is aged
+        (E2's stretch)."""
         cls = request.cls
-        if turn:
+        if aged:
             stretch = self.working_budget(request, aged=True)
             if stretch > self.effective_budget:
                 self._stretched[request.id] = stretch  # E3: held until its release
+        if turn:
             if self._beyond_share(request):
                 self._turn_at[cls] = now  # G1: its turn past its share, used
         self._started_at[cls] = now
@@ -675,7 +678,7 @@ class Admission:
         if not entry.queue:
             others = self._aged_waiting(now)
             if turn and not others:  # G2: with its turn and nobody else's, it does not yield
-                block = self.blocker(request, aged=True)
+                block = self.blocker(request, aged=True, stretch=False)  # E2 waits for aging
             else:
                 block = self.blocker(request, own_share_only=self._yield_to_higher(entry) or others)
             if block is None:
@@ -766,14 +769,14 @@ class Admission:
             for w in self._aged(now):
                 if w.request.id in skip:
                     continue
-                block = self.blocker(w.request, aged=True)
+                block = self.blocker(w.request, aged=True, stretch=self.aged(w, now))
                 if block is None and self._misses(w.request, now):
                     self._classes[w.request.cls].queue.remove(w.request.id)
                     expired.append(self._late_refusal(w, now))
                     break
                 if block is None:
                     self._classes[w.request.cls].queue.remove(w.request.id)
-                    admitted.append(self._start(w.request, now, turn=True))
+                    admitted.append(self._start(w.request, now, turn=True, aged=self.aged(w, now)))
                     break
                 if block in _AGED_WAITS:
                     return True, block is Block.SLOTS
@@ -999,7 +1002,7 @@ def check_aged(adm: Admission, now: float) -> None:
     """A3, right after `advance(now)`: no waiter with its turn (G1) of an unpaused class fits,
     aged or by its class's minimum rate."""
     for w in adm._aged(now):
-        block = adm.blocker(w.request, aged=True)
+        block = adm.blocker(w.request, aged=True, stretch=adm.aged(w, now))
         assert block is not None, f"A3 waiter {w.request.id} with its turn left waiting though it fits"
         if block in _AGED_WAITS:
             return  # the oldest waiter with its turn is held by shared capacity: nothing younger may pass it

@@ -22,7 +22,7 @@ from gate.core.ledger import Request
 from gate.core.reasons import Reason
 from gate.tools import overload_sim as sim
 from tests.unit.core_helpers import req
-from tests.unit.test_admission_levers import EXAMPLES, ObjCls
+from tests.unit.test_admission_levers import EXAMPLES, ObjCls, pair
 from tests.unit.test_aging_share import CAPACITY_RPS, SERVICE_S, SLOTS, example_classes, pressure_ops, run_g1
 
 # ---- the rule, small ---------------------------------------------------------------------------
@@ -148,6 +148,28 @@ def test_an_interactive_newcomer_counts_a_lower_class_turn_that_comes_before_its
     assert isinstance(setup(5.5).offer(req("interactive", at=5.5), 5.5), Queue)
 
 
+def test_a_turn_does_not_stretch_the_controllers_budget_before_its_request_has_aged():
+    """E1/E2 are unchanged: a request larger than the controller's budget waits until it has aged,
+    even when it has its class's turn (G1 b: batch started nothing for 10 s); holding the turn, it
+    keeps the others within their reservations while it waits (G2)."""
+    adm = pair(ceiling=4000, aging_s=5.0, interactive_reserved=300, elastic=True)
+    adm.set_budget(600)
+    small = req("batch", 100, at=0.0)
+    assert isinstance(adm.offer(small, 0.0), Admit)
+    adm.release(small.id, 1.0)
+    big = req("batch", 1500, prompt=1000, at=10.0)
+    assert isinstance(adm.offer(big, 10.0), Queue)  # its turn, but 1500 > 600 - 300 held back
+    assert adm.advance(10.0).admitted == ()
+    assert isinstance(adm.offer(req("interactive", 300, at=12.0), 12.0), Admit)  # within its 300
+    assert isinstance(adm.offer(req("interactive", 200, at=12.0), 12.0), Queue)  # no borrowing
+    assert adm.advance(14.9).admitted == ()
+    check_aged(adm, 14.9)
+    assert adm.effective_budget == 600
+    assert [a.request.id for a in adm.advance(15.0).admitted] == [big.id]  # aged: stretched (E2)
+    assert adm.effective_budget == 1800  # 1500 + interactive's 300
+    check_invariants(adm)
+
+
 def test_without_aging_there_is_no_turn():
     adm = one_slot(aging_s=None)
     Busy(adm).until(6.0)
@@ -199,11 +221,10 @@ class Recording(Admission):
         super().__init__(*args, **kwargs)
         self.unaged_turns: list[str] = []
 
-    def _start(self, request: Request, now: float, *, turn: bool = False) -> Admit:
-        assert self.aging_s is not None
-        if turn and now - request.arrival < self.aging_s and self._beyond_share(request):
+    def _start(self, request: Request, now: float, *, turn: bool = False, aged: bool = False) -> Admit:
+        if turn and not aged and self._beyond_share(request):
             self.unaged_turns.append(request.id)
-        return super()._start(request, now, turn=turn)
+        return super()._start(request, now, turn=turn, aged=aged)
 
 
 def test_the_property_exercises_turns_that_need_no_aging():
