@@ -34,7 +34,8 @@ def brute_expected_wait(adm: Admission, position: int, now: float) -> float | No
     mean = adm.holds.mean_s
     if mean is None:
         return None
-    return wait_at(position, remaining((r.admitted_at for r in adm.ledger), mean, now, adm.capacity.slots), mean)
+    # a slot held past the longest hold measured is one mean hold from freeing, not due now (#25)
+    return wait_at(position, remaining((r.admitted_at for r in adm.ledger), mean, now, adm.capacity.slots, adm.holds.longest_s), mean)
 
 
 def brute_start_bys(adm: Admission, now: float | None) -> list[tuple[Waiting, float, float | None]]:
