@@ -13,7 +13,16 @@ arrival (3x an unloaded TTFT p95 of 211 ms, as in the issue). Compared, per seed
 * ``core, TTFT-aware``: the same with T1's chance of a slot in time from the holds' spread
   (queued only when at least 90% likely to make it), T2-T3 as above (waiters refused as soon
   as they are expected to miss);
+* ``core, TTFT-aware, min rate for aged only``: the same without G1 (b), the core before the
+  minimum rate needed no aging (with objectives no waiter ages, so it never applied);
 * for two classes, the same with aging off (strict priority).
+
+The two-class and the alone scenarios run at the 632 ms objective and at the example's own
+2 s (``tokengate config example``: ``[budget] slo_ttft_p95_ms = 2000``, every class's objective),
+where interactive's waiters hold the slots long enough to starve batch without G1 (b).
+
+"longest without a start": per seed, the longest time in the run in which the class started
+nothing (under 10 s: served in every 10 s window, aligned or not).
 
 ``--spread 0.3``: each hold is 2.1 s x a uniform factor in [0.7, 1.3] (llama-server's holds
 vary; with holds all alike the mean is exact and the two TTFT-aware rows agree).
@@ -25,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gate.core.admission import Admission  # noqa: E402
 from gate.tools import overload_sim as sim  # noqa: E402
 
-SLOTS, SERVICE_S, TTFT_S, OBJECTIVE_S = 4, 2.1, 0.2, 0.632
+SLOTS, SERVICE_S, TTFT_S, OBJECTIVE_S, EXAMPLE_OBJECTIVE_S = 4, 2.1, 0.2, 0.632, 2.0
 CAPACITY = SLOTS / SERVICE_S
 
 
@@ -62,29 +72,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spread", type=float, default=0.0, help="holds vary by +- this fraction (default 0)")
     args = ap.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
-    obj = {"interactive": OBJECTIVE_S, "batch": OBJECTIVE_S}
-    scenarios = {
-        "3x, one class": [sim.Stream("interactive", 3 * CAPACITY)],
-        "two classes (interactive 1x, batch 2x)": [sim.Stream("interactive", CAPACITY), sim.Stream("batch", 2 * CAPACITY)],
-        "1x, interactive alone": [sim.Stream("interactive", CAPACITY)],
+    both = [sim.Stream("interactive", CAPACITY), sim.Stream("batch", 2 * CAPACITY)]
+    alone = [sim.Stream("interactive", CAPACITY)]
+    scenarios = {  # name -> (streams, objective in s)
+        "3x, one class": ([sim.Stream("interactive", 3 * CAPACITY)], OBJECTIVE_S),
+        "two classes (interactive 1x, batch 2x)": (both, OBJECTIVE_S),
+        "1x, interactive alone": (alone, OBJECTIVE_S),
+        "two classes, the example's 2 s objective": (both, EXAMPLE_OBJECTIVE_S),
+        "1x, interactive alone, the example's 2 s objective": (alone, EXAMPLE_OBJECTIVE_S),
     }
-    schedulers = {
-        "no control": lambda: sim.NoControl(SLOTS, 10.0),
-        "core, aging off, no objective": lambda: sim.admission(example(None), slots=SLOTS, aging_s=None),
-        "core, no objective": lambda: sim.admission(example(None), slots=SLOTS),
-        "core, TTFT-aware, mean only": lambda: mean_only(sim.admission(example(OBJECTIVE_S * 1000), slots=SLOTS, ttft_s=TTFT_S)),
-        "core, TTFT-aware": lambda: sim.admission(example(OBJECTIVE_S * 1000), slots=SLOTS, ttft_s=TTFT_S),
+    schedulers: dict[str, Callable[[float], sim.Scheduler]] = {
+        "no control": lambda _o: sim.NoControl(SLOTS, 10.0),
+        "core, aging off, no objective": lambda _o: sim.admission(example(None), slots=SLOTS, aging_s=None),
+        "core, no objective": lambda _o: sim.admission(example(None), slots=SLOTS),
+        "core, TTFT-aware, mean only": lambda o: mean_only(sim.admission(example(o * 1000), slots=SLOTS, ttft_s=TTFT_S)),
+        "core, TTFT-aware, min rate for aged only": lambda o: aged_only(sim.admission(example(o * 1000), slots=SLOTS, ttft_s=TTFT_S)),
+        "core, TTFT-aware": lambda o: sim.admission(example(o * 1000), slots=SLOTS, ttft_s=TTFT_S),
     }
     print(
-        "| scenario | discipline | class | sent | served | refused (at once) | TTFT p50 / p95 | within objective: of served / of sent | min served in a 10 s window |"
+        "| scenario | discipline | class | sent | served | refused (at once) | TTFT p50 / p95 | within objective: of served / of sent | min served in a 10 s window | longest without a start |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for scen, streams in scenarios.items():
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for scen, (streams, objective_s) in scenarios.items():
+        obj = {"interactive": objective_s, "batch": objective_s}
         for name, make in schedulers.items():
             rows: dict[str, list] = {}
+            gaps: dict[str, list[float]] = {}
             for seed in seeds:
                 r = sim.run(
-                    make(),
+                    make(objective_s),
                     streams,
                     slots=SLOTS,
                     service_s=SERVICE_S,
@@ -96,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 for cls, c in r.classes.items():
                     rows.setdefault(cls, []).append(c)
+                    gaps.setdefault(cls, []).append(longest_gap(r, cls))
             for cls, cs in sorted(rows.items()):
                 sent = sum(c.sent for c in cs)
                 served = sum(c.served for c in cs)
@@ -105,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"| {scen} | {name} | {cls} | {sent} | {served} | {sum(c.refused for c in cs)} ({sum(c.refused_at_once for c in cs)}) | "
                     f"{_range(p50)} / {_range(p95)} | {within / max(1, served):.0%} / {within / max(1, sent):.0%} | "
-                    f"{min(min(c.served_per_window) for c in cs)} |"
+                    f"{min(min(c.served_per_window) for c in cs)} | {_range(gaps[cls], 1)} |"
                 )
     return 0
 
@@ -115,12 +132,33 @@ def mean_only(adm: Admission) -> Admission:
     return adm
 
 
-def _range(vs: list[float | None]) -> str:
+class _AgedOnly(Admission):
+    """The core without G1 (b): the minimum rate for aged waiters only (before #25's change)."""
+
+    def _min_rate_due(self, cls: str, now: float) -> bool:
+        return False
+
+
+def aged_only(adm: Admission) -> Admission:
+    adm.__class__ = _AgedOnly
+    return adm
+
+
+def longest_gap(result: sim.Result, cls: str) -> float:
+    """The longest time within the run without a start of `cls` (any 10 s window: under 10 s)."""
+    starts = sorted(
+        o.admitted_at for o in result.outcomes if o.request.cls == cls and o.admitted_at is not None and o.admitted_at < result.duration_s
+    )
+    points = [0.0, *starts, result.duration_s]
+    return max(b - a for a, b in zip(points, points[1:], strict=False))
+
+
+def _range(vs: list[float] | list[float | None], digits: int = 2) -> str:
     xs = [v for v in vs if v is not None]
     if not xs:
         return "-"
     lo, hi = min(xs), max(xs)
-    return f"{lo:.2f}s" if abs(hi - lo) < 0.005 else f"{lo:.2f}-{hi:.2f}s"
+    return f"{lo:.{digits}f}s" if abs(hi - lo) < 0.5 * 10**-digits else f"{lo:.{digits}f}-{hi:.{digits}f}s"
 
 
 if __name__ == "__main__":

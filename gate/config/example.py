@@ -128,7 +128,10 @@ decrease = 0.8
 min_samples = 20
 # No starvation: a request that has waited this long (seconds) gets a bounded share ahead of
 # the higher classes: within its class's reserved_tokens, or one request per aging_s (the
-# minimum rate), never more; with its turn it stops yielding its prefill, and no class borrows
+# minimum rate), never more. The minimum rate needs no wait: a class that has started nothing
+# for aging_s has its oldest request (or its next) take the next free slot, so a class whose
+# requests are refused or served before they age (a TTFT objective) is not starved either.
+# With its turn a request stops yielding its prefill, and no class borrows
 # past its reserved_tokens until it has started. An operator's budget (static mode, or the
 # controller frozen) still holds. The adaptive controller's budget is an estimate, not a
 # limit: a request larger than it waits instead of a 429, and once aged it may start above

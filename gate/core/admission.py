@@ -29,14 +29,23 @@ or longer is *aged*. Aging gives a class a bounded share, never precedence over
 a higher class beyond it (#25: under sustained overload every batch waiter had
 aged, aged waiters went first whatever their class, and interactive was starved
 instead; interactive admitted 8 of 94 at 1x saturation beside batch at 2x):
-  G1. an aged waiter of class c *has its turn* when no higher-priority class has
-      an unpaused waiter, or it fits c's share: in_flight_c + cost <= reserved_c,
-      or c has started no request by its turn for `aging_s` (the minimum rate: one
-      request per `aging_s` beyond its reservation, ahead of the higher classes).
-  G2. aged waiters with their turn are served before every other waiter, oldest
-      first, and never yield (F6, borrowing); while one of them waits for the shared
-      budget, the prefill cap or a slot, no other class dispatches past its own
-      reservation. An aged waiter without its turn waits in its class's order.
+  G1. a waiter of class c *has its turn* when
+      (a) it is aged, and no higher-priority class has an unpaused waiter, or it fits c's
+          share: in_flight_c + cost <= reserved_c, or c has started no request by its turn
+          for `aging_s`; or
+      (b) it is c's oldest waiter (a newcomer, when none waits), aged or not, and c has
+          started no request at all for `aging_s` (counted from its first arrival): the
+          minimum rate. It needs no aging, so it holds for a class with a TTFT objective,
+          whose waiters are refused (T1, T2) or served long before they age (#25: with
+          objectives batch got 10, 15, 1, 0 in four 10 s windows on the real host, and
+          none in some 10 s windows in virtual time with the example's 2 s objective).
+      Past c's reservation while a higher class waits, at most one request per `aging_s`
+      starts by a turn (c's turn is used: (a) and (b) wait for the next).
+  G2. waiters with their turn are served before every other waiter, oldest first, and never
+      yield (F6, borrowing); while one of them waits for the shared budget, the prefill cap or
+      a slot, no other class dispatches past its own reservation. A newcomer with its turn
+      starts at once if it fits so and no other waiter has its turn; else it waits with it.
+      An aged waiter without its turn waits in its class's order.
 An operator's budget (static mode, a retune while the controller is frozen) is
 never exceeded.
 
@@ -58,14 +67,19 @@ from arrival. `expected_ttft` (injected: the fitted prefill model, else the firs
 measured lately) says how long a request dispatched now takes to its first token; the hold
 times measured at release say when the slots free (gate/core/waits.py):
   T1. a newcomer that must wait is refused at once (429 queue_timeout, Retry-After = its
-      expected wait) when its expected wait behind everything of its class and the higher
-      ones, plus its expected first-token time, passes its objective, or when the chance that
+      expected wait) when its expected wait behind everything served before it (the waiters
+      with their turn, G1, then everything of its class and the higher ones; a newcomer with
+      its turn only behind the other waiters with theirs: position 0 when none waits; one more
+      when a lower class's minimum-rate turn comes due before its slot frees and will go to a
+      waiter of that class, or to a newcomer of one offered a request within aging_s), plus
+      its expected first-token time, passes its objective, or when the chance that
       a slot frees for it in time (from the spread of the measured holds, waits.chance_in_time)
       is below IN_TIME_CHANCE: it is queued only if it is likely to make it, so that a waiter
       refused after a wait (T2) is the exception, not the rule (#25: on the mean alone 38 of
       44 refusals at 3x came after a wait);
   T2. a waiter is refused as soon as its expected remaining wait plus first-token time passes
-      its objective (not once it has passed): the queue stays short in time, not in count;
+      its objective (not once it has passed): the queue stays short in time, not in count; its
+      place is counted in the order of service (the waiters with their turn first, G2);
   T3. a waiter is never dispatched when, with the prompts prefilling at that moment, its first
       token is expected after its objective.
 A newcomer that fits now is admitted (the backend can start it; refusing on an estimate with
@@ -81,7 +95,7 @@ at the current working budget is 429 token_budget_exceeded.
 Invariants (`check_invariants`): the ledger's L1-L4, the queues' Q1-Q4, and
   A1. no request is both waiting and holding a reservation;
   A2. busy slots (reservations held) <= slots;
-  A3. after `advance(now)`, the oldest aged waiter with its turn (G1) of an unpaused
+  A3. after `advance(now)`, the oldest waiter with its turn (G1) of an unpaused
       class that its own tenant quota or class limit does not hold back does not fit
       (F1, F4, F5): aged work within its share never waits for a higher class, only
       for capacity (checked by `check_aged`; with A2, G1's minimum rate and the
@@ -281,8 +295,12 @@ class Admission:
         self.ledger = Ledger()
         # E3: request id -> the budget it was stretched to, while it holds its reservation.
         self._stretched: dict[str, int] = {}
-        # G1: class -> when it last started a request by its minimum-rate turn.
+        # G1: class -> when it last started a request by its turn past its share (a).
         self._turn_at: dict[str, float] = {}
+        # G1: class -> when it last started any request, or its first arrival (b).
+        self._started_at: dict[str, float] = {}
+        # T1: class -> when it was last offered a request (a lower class's coming turn, G1 b).
+        self._offered_at: dict[str, float] = {}
         self.drain_rate = DrainRate(drain_window_s)
         # T1: measured slot hold times, for the expected wait of a newcomer or a waiter.
         self.holds = HoldTimes()
@@ -341,8 +359,9 @@ class Admission:
                 nxt = next((at for w in c.queue.in_order() if (at := w.enqueued_at + aging) > now), None)
                 if nxt is not None:
                     deadlines.append(nxt)
-            # ... and so is the moment a class's next minimum-rate turn comes (G1)
+            # ... and so is the moment a class's next turn comes (G1 a), or its minimum rate's (G1 b)
             deadlines.extend(t + aging for cls, t in self._turn_at.items() if t + aging > now and self._classes[cls].queue)
+            deadlines.extend(t + aging for cls, t in self._started_at.items() if t + aging > now and self._classes[cls].queue)
         return min(deadlines) if deadlines else None
 
     def held_back(self, cls: str) -> int:
@@ -404,10 +423,11 @@ class Admission:
         need = request.cost + self._reserved_elsewhere(request.cls)
         return max(budget, min(self.capacity.ceiling, need))
 
-    def blocker(self, request: Request, *, own_share_only: bool = False, aged: bool = False) -> Block | None:
+    def blocker(self, request: Request, *, own_share_only: bool = False, aged: bool = False, stretch: bool | None = None) -> Block | None:
         """The first of F5, F1-F4, F6 that `request` fails now, or None if it fits.
 
-        `aged`: checked as an aged waiter (no yielding: F6 and borrowing do not apply).
+        `aged`: checked as a waiter with its turn (G1: no yielding, F6 and borrowing do not
+        apply); `stretch` (default: `aged`): against E2's stretched budget, for an aged one.
         """
         led = self.ledger
         policy = self._classes[request.cls].policy
@@ -415,7 +435,7 @@ class Admission:
         if led.slots + request.tasks > self.capacity.slots:
             return Block.SLOTS
         in_class = led.class_tokens(request.cls)
-        budget = self.working_budget(request, aged=True) if aged else self.effective_budget
+        budget = self.working_budget(request, aged=True) if (aged if stretch is None else stretch) else self.effective_budget
         if led.in_flight + cost > budget - self.held_back(request.cls):
             return Block.BUDGET
         if own_share_only and not aged and in_class + cost > policy.reserved_tokens:
@@ -448,7 +468,7 @@ class Admission:
         return self.aging_s is not None and now - item.enqueued_at >= self.aging_s
 
     def _aged_waiting(self, now: float) -> bool:
-        """Does an aged waiter with its turn (G1) wait?"""
+        """Does a waiter with its turn (G1) wait?"""
         if self.aging_s is None:
             return False
         return bool(self._aged(now))
@@ -464,11 +484,44 @@ class Admission:
         return self.ledger.class_tokens(request.cls) + request.cost > policy.reserved_tokens
 
     def has_turn(self, item: Waiting, now: float) -> bool:
-        """G1: may this aged waiter go ahead of every other waiter now?"""
+        """G1: may this waiter go ahead of every other waiter now?"""
+        cls = item.request.cls
+        if self.aging_s is None or self._classes[cls].queue.paused:
+            return False
+        if self._min_rate_due(cls, now) and next(self._classes[cls].queue.in_order(), None) is item:
+            return True  # (b)
+        if not self.aged(item, now):
+            return False
         if not self._beyond_share(item.request):
             return True
-        last = self._turn_at.get(item.request.cls)
-        return last is None or self.aging_s is None or now - last >= self.aging_s
+        last = self._turn_at.get(cls)
+        return last is None or now - last >= self.aging_s
+
+    def _min_rate_due(self, cls: str, now: float) -> bool:
+        """G1 (b): has `cls` started no request for aging_s (since its first arrival)?"""
+        if self.aging_s is None:
+            return False
+        last = self._started_at.get(cls)
+        return last is not None and now - last >= self.aging_s
+
+    def _newcomer_turn(self, entry: _Class, now: float) -> bool:
+        """G1 (b) for a newcomer: none of its class waits and the class's minimum rate is due."""
+        return not entry.queue and not entry.queue.paused and self._min_rate_due(entry.policy.name, now)
+
+    def _start(self, request: Request, now: float, *, turn: bool = False, aged: bool = False) -> Admit:
+        """Reserve for `request` now; `turn`: it starts by its turn (G1); `aged`: it is aged
+        (E2's stretch)."""
+        cls = request.cls
+        if aged:
+            stretch = self.working_budget(request, aged=True)
+            if stretch > self.effective_budget:
+                self._stretched[request.id] = stretch  # E3: held until its release
+        if turn:
+            if self._beyond_share(request):
+                self._turn_at[cls] = now  # G1: its turn past its share, used
+        self._started_at[cls] = now
+        self.ledger.reserve(request, now)
+        return Admit(request, now)
 
     def expected_wait(self, position: int, now: float) -> float | None:
         """T1: seconds until the waiter `position` places from the front is dispatched, from the
@@ -496,7 +549,12 @@ class Admission:
         """(waiter, the latest moment it can be dispatched and still meet its class's TTFT
         objective, its expected wait) for every waiter of a class with an objective, once the
         first-token time or the hold times are measured. The moment is brought forward by the
-        expected wait (T2): the waiter is refused when it is expected to miss, not when it has."""
+        expected wait (T2): the waiter is refused when it is expected to miss, not when it has.
+        Waiters are walked in the order they are served (G2): those with their turn (G1) first,
+        oldest first, then by priority; so a waiter with its turn waits for the next slot, not
+        behind every higher-class waiter."""
+        if not any(self.objective_ms(c.policy.name) for c in self._order):
+            return
         ahead = 0
         # T1's slot state, once per walk and only if a waiter needs it (the ledger does not
         # change while the walk runs; per waiter, it was ~1/4 of a replay's time), and so are
@@ -506,15 +564,21 @@ class Admission:
         k = 0
         expected_ttft = self.expected_ttft
         prefilling = self.ledger.prefilling
+        # the waiters with their turn, where places matter (a wait is computed only with a mean)
+        first = self._aged(now) if mean is not None and now is not None else []
+        firsts = {w.request.id for w in first}
+        walk: list[tuple[float | None, Iterable[Waiting], int]] = [(self.objective_ms(w.request.cls), (w,), 1) for w in first]
         for c in self._order:
             if c.queue.paused:
                 continue
-            objective_ms = self.objective_ms(c.policy.name)
+            rest = [w for w in c.queue.in_order() if w.request.id not in firsts] if firsts else c.queue.in_order()
+            walk.append((self.objective_ms(c.policy.name), rest, len(c.queue) - sum(1 for w in first if w.request.cls == c.policy.name)))
+        for objective_ms, waiters, count in walk:
             if not objective_ms:
-                ahead += len(c.queue)  # no objective: each waiter is only someone's wait
+                ahead += count  # no objective: each waiter is only someone's wait
                 continue
             objective_s = objective_ms / 1000.0
-            for w in c.queue.in_order():
+            for w in waiters:
                 expected = None if expected_ttft is None else expected_ttft(w.request, prefilling)
                 wait = None
                 if mean is not None:
@@ -539,7 +603,8 @@ class Admission:
         return now + expected > request.arrival + objective_ms / 1000.0
 
     def fits_now(self, request: Request) -> bool:
-        """Would `offer` admit `request` at once? Changes nothing (the fallback's look-ahead)."""
+        """Would `offer` admit `request` at once? Changes nothing (the fallback's look-ahead;
+        it does not count a turn, G1, nor the waiters with theirs)."""
         entry = self._classes.get(request.cls)
         if entry is None or entry.queue.paused or entry.queue or self._never_fits(request) is not None:
             return False
@@ -606,11 +671,19 @@ class Admission:
                 f"{self.class_reach(request.cls, self.budget)} at the current budget of {self.budget}",
                 self.retry_after(request.cls, request.cost, now),
             )
+        self._started_at.setdefault(request.cls, now)  # G1 (b) counts from the first arrival
+        self._offered_at[request.cls] = now
         # No overtaking: with requests of its class waiting, a newcomer waits behind them.
-        if not entry.queue and self.blocker(request, own_share_only=self._yield_to_higher(entry) or self._aged_waiting(now)) is None:
-            self.ledger.reserve(request, now)
-            return Admit(request, now)
-        late = self._unreachable(entry, request, now)
+        turn = self._newcomer_turn(entry, now)  # G1 (b)
+        if not entry.queue:
+            others = self._aged_waiting(now)
+            if turn and not others:  # G2: with its turn and nobody else's, it does not yield
+                block = self.blocker(request, aged=True, stretch=False)  # E2 waits for aging
+            else:
+                block = self.blocker(request, own_share_only=self._yield_to_higher(entry) or others)
+            if block is None:
+                return self._start(request, now, turn=turn and not others)
+        late = self._unreachable(entry, request, now, turn=turn)
         if late is not None:
             return late
         if entry.queue.full:
@@ -648,8 +721,7 @@ class Admission:
                     continue
                 if block is None:
                     queue.pop(item)
-                    self.ledger.reserve(item.request, now)
-                    admitted.append(Admit(item.request, now))
+                    admitted.append(self._start(item.request, now))
                     continue
                 if block is Block.SLOTS:
                     return Step(tuple(admitted), tuple(expired))
@@ -662,24 +734,28 @@ class Admission:
         return Step(tuple(admitted), tuple(expired))
 
     def _aged(self, now: float) -> list[Waiting]:
-        """Every aged waiter of an unpaused class that has its turn (G1), oldest first."""
+        """Every waiter of an unpaused class that has its turn (G1), oldest first: aged ones (a)
+        and each class's oldest when its minimum rate is due (b)."""
         if self.aging_s is None:
             return []
         aging = self.aging_s
         aged: list[Waiting] = []
         for c in self._order:
-            if c.queue.paused:
+            if c.queue.paused or not c.queue:
                 continue
             # has_turn's inputs that are the same for every waiter of the class, once per class
             higher = self._higher_waiting(c.policy.priority)
             in_class = self.ledger.class_tokens(c.policy.name)
             last = self._turn_at.get(c.policy.name)
             turn_due = last is None or now - last >= aging
-            for w in c.queue.in_order():  # aged waiters are a prefix of the enqueue order
+            min_rate = self._min_rate_due(c.policy.name, now)
+            for i, w in enumerate(c.queue.in_order()):  # aged waiters are a prefix of the enqueue order
                 if not now - w.enqueued_at >= aging:
+                    if i == 0 and min_rate:
+                        aged.append(w)  # (b): the oldest, aged or not
                     break
                 # = has_turn(w, now): not beyond its share while a higher class waits, or its turn
-                if turn_due or not higher or in_class + w.request.cost <= c.policy.reserved_tokens:
+                if turn_due or not higher or in_class + w.request.cost <= c.policy.reserved_tokens or (i == 0 and min_rate):
                     aged.append(w)
         return sorted(aged, key=lambda w: (w.enqueued_at, w.request.id))
 
@@ -693,20 +769,14 @@ class Admission:
             for w in self._aged(now):
                 if w.request.id in skip:
                     continue
-                block = self.blocker(w.request, aged=True)
+                block = self.blocker(w.request, aged=True, stretch=self.aged(w, now))
                 if block is None and self._misses(w.request, now):
                     self._classes[w.request.cls].queue.remove(w.request.id)
                     expired.append(self._late_refusal(w, now))
                     break
                 if block is None:
-                    stretch = self.working_budget(w.request, aged=True)
-                    if stretch > self.effective_budget:
-                        self._stretched[w.request.id] = stretch  # E3: held until its release
-                    if self._beyond_share(w.request):
-                        self._turn_at[w.request.cls] = now  # G1: its minimum-rate turn, used
                     self._classes[w.request.cls].queue.remove(w.request.id)
-                    self.ledger.reserve(w.request, now)
-                    admitted.append(Admit(w.request, now))
+                    admitted.append(self._start(w.request, now, turn=True, aged=self.aged(w, now)))
                     break
                 if block in _AGED_WAITS:
                     return True, block is Block.SLOTS
@@ -832,15 +902,18 @@ class Admission:
                 return True
         return False
 
-    def _unreachable(self, entry: _Class, request: Request, now: float) -> Refuse | None:
-        """A newcomer that must wait and already cannot meet its class's TTFT objective."""
+    def _unreachable(self, entry: _Class, request: Request, now: float, *, turn: bool = False) -> Refuse | None:
+        """A newcomer that must wait and already cannot meet its class's TTFT objective;
+        `turn`: it waits with its turn (G1 b)."""
         objective_ms = self.objective_ms(entry.policy.name)
         if not objective_ms:
             return None
         expected = self._ttft(request)
-        # T1: everything waiting in this class and the higher ones goes first
-        ahead = sum(len(c.queue) for c in self._order if c.policy.priority >= entry.policy.priority and not c.queue.paused)
+        ahead = self._ahead_of_newcomer(entry, now, turn)
         wait = self.expected_wait(ahead, now)
+        if wait is not None and not turn and self._turn_coming(entry, now, now + wait):
+            ahead += 1  # a lower class's turn comes before its slot: it will go first (G1 b, G2)
+            wait = self.expected_wait(ahead, now)
         if expected is None and wait is None:
             return None
         left = request.arrival + objective_ms / 1000.0 - now - (expected or 0.0)  # to get a slot
@@ -856,6 +929,35 @@ class Admission:
             f"{objective_ms:g} ms time-to-first-token objective",
             clamp_retry(wait) if wait is not None else self.retry_after(request.cls, request.cost, now),
         )
+
+    def _ahead_of_newcomer(self, entry: _Class, now: float, turn: bool) -> int:
+        """T1: how many waiters are served before a newcomer of `entry` (G2): the waiters with
+        their turn (G1), then, unless it has its turn, everything else of its class and the
+        higher ones."""
+        with_turn = self._aged(now)
+        if turn:
+            return len(with_turn)
+        priority = entry.policy.priority
+        ahead = sum(len(c.queue) for c in self._order if c.policy.priority >= priority and not c.queue.paused)
+        return ahead + sum(1 for w in with_turn if self._classes[w.request.cls].policy.priority < priority)
+
+    def _turn_coming(self, entry: _Class, now: float, by: float) -> bool:
+        """T1: will a lower class's minimum-rate turn (G1 b) come by `by` and go to a request that
+        is not counted ahead yet: its oldest waiter, once due, or, when none waits, a newcomer of
+        a class with demand (offered a request within aging_s)?"""
+        aging = self.aging_s
+        if aging is None:
+            return False
+        for c in self._order:
+            name = c.policy.name
+            if c.policy.priority >= entry.policy.priority or c.queue.paused or not self._min_rate_due(name, by):
+                continue
+            if c.queue:
+                if not self._min_rate_due(name, now):
+                    return True  # its oldest waiter will have its turn by then (counted once it has)
+            elif self._min_rate_due(name, math.nextafter(by, -math.inf)) and now - self._offered_at.get(name, -math.inf) < aging:
+                return True  # a newcomer arriving before then would have it
+        return False
 
     def _late_refusal(self, w: Waiting, now: float, wait: float | None = None) -> Refuse:
         cls = w.request.cls
@@ -897,9 +999,10 @@ def check_invariants(adm: Admission) -> None:
 
 
 def check_aged(adm: Admission, now: float) -> None:
-    """A3, right after `advance(now)`: no aged waiter of an unpaused class fits."""
+    """A3, right after `advance(now)`: no waiter with its turn (G1) of an unpaused class fits,
+    aged or by its class's minimum rate."""
     for w in adm._aged(now):
-        block = adm.blocker(w.request, aged=True)
-        assert block is not None, f"A3 aged waiter {w.request.id} left waiting though it fits"
+        block = adm.blocker(w.request, aged=True, stretch=adm.aged(w, now))
+        assert block is not None, f"A3 waiter {w.request.id} with its turn left waiting though it fits"
         if block in _AGED_WAITS:
-            return  # the oldest aged waiter is held by shared capacity: nothing younger may pass it"
+            return  # the oldest waiter with its turn is held by shared capacity: nothing younger may pass it

@@ -26,7 +26,7 @@ from tests.unit.test_aging_share import pressure_ops, pressure_setups
 def brute_aged(adm: Admission, now: float) -> list[Waiting]:
     if adm.aging_s is None:
         return []
-    aged = [w for c in adm._order if not c.queue.paused for w in c.queue if adm.aged(w, now) and adm.has_turn(w, now)]
+    aged = [w for c in adm._order if not c.queue.paused for w in c.queue if adm.has_turn(w, now)]
     return sorted(aged, key=lambda w: (w.enqueued_at, w.request.id))
 
 
@@ -34,27 +34,36 @@ def brute_expected_wait(adm: Admission, position: int, now: float) -> float | No
     mean = adm.holds.mean_s
     if mean is None:
         return None
-    return wait_at(position, remaining((r.admitted_at for r in adm.ledger), mean, now, adm.capacity.slots), mean)
+    # a slot held past the longest hold measured is one mean hold from freeing, not due now (#25)
+    return wait_at(position, remaining((r.admitted_at for r in adm.ledger), mean, now, adm.capacity.slots, adm.holds.longest_s), mean)
 
 
 def brute_start_bys(adm: Admission, now: float | None) -> list[tuple[Waiting, float, float | None]]:
-    out = []
+    out: list[tuple[Waiting, float, float | None]] = []
+    if not any(adm.objective_ms(c) for c in adm.class_names):
+        return out
     ahead = 0
-    for c in adm._order:
-        if c.queue.paused:
+    # in the order of service (G2): the waiters with their turn first, where places matter
+    first = brute_aged(adm, now) if now is not None and adm.holds.mean_s is not None else []
+    rest = [
+        w
+        for c in adm._order
+        if not c.queue.paused
+        for w in sorted(c.queue, key=lambda w: (w.enqueued_at, w.request.id))
+        if all(w is not f for f in first)
+    ]
+    for w in first + rest:
+        objective_ms = adm.objective_ms(w.request.cls)
+        expected = adm._ttft(w.request) if objective_ms else None
+        wait = None if now is None or not objective_ms else brute_expected_wait(adm, ahead, now)
+        if expected is None and wait is None:
+            ahead += 1
             continue
-        objective_ms = adm.objective_ms(c.policy.name)
-        for w in sorted(c.queue, key=lambda w: (w.enqueued_at, w.request.id)):
-            expected = adm._ttft(w.request) if objective_ms else None
-            wait = None if now is None or not objective_ms else brute_expected_wait(adm, ahead, now)
-            if expected is None and wait is None:
-                ahead += 1
-                continue
-            assert objective_ms
-            start_by = w.request.arrival + objective_ms / 1000.0 - (expected or 0.0) - (wait or 0.0)
-            if now is None or start_by > now:
-                ahead += 1
-            out.append((w, start_by, wait))
+        assert objective_ms
+        start_by = w.request.arrival + objective_ms / 1000.0 - (expected or 0.0) - (wait or 0.0)
+        if now is None or start_by > now:
+            ahead += 1
+        out.append((w, start_by, wait))
     return out
 
 
@@ -68,6 +77,7 @@ def brute_next_deadline(adm: Admission, now: float | None) -> float | None:
         aging = adm.aging_s
         deadlines.extend(w.enqueued_at + aging for c in adm._order if not c.queue.paused for w in c.queue if w.enqueued_at + aging > now)
         deadlines.extend(t + aging for cls, t in adm._turn_at.items() if t + aging > now and adm._classes[cls].queue)
+        deadlines.extend(t + aging for cls, t in adm._started_at.items() if t + aging > now and adm._classes[cls].queue)
     return min(deadlines) if deadlines else None
 
 

@@ -147,8 +147,10 @@ def test_no_request_is_queued_or_dispatched_from_the_queue_expected_to_miss_its_
 ):
     """Under the model (expected_ttft, the hold times): a request queued was expected, at that
     moment, to start and reach its first token within its objective, on the mean and with at
-    least IN_TIME_CHANCE from the holds' spread (T1); a request dispatched from
-    the queue is expected to, given the prompts prefilling at its dispatch."""
+    least IN_TIME_CHANCE from the holds' spread (T1), at its place in the order of service (the
+    waiters with their turn first, G2: a newcomer with its class's minimum-rate turn behind them
+    only, G1 b); a request dispatched from the queue is expected to, given the prompts
+    prefilling at its dispatch."""
     classes = [Cls("hi", 10, reserved_tokens=300, queue_depth=8, queue_timeout_s=60.0), Cls("lo", 1, queue_depth=8, queue_timeout_s=60.0)]
     adm = Admission(
         classes,
@@ -162,16 +164,26 @@ def test_no_request_is_queued_or_dispatched_from_the_queue_expected_to_miss_its_
     objective = objective_ms / 1000.0
     now = 0.0
     queued: set[str] = set()
+    started: dict[str, float] = {}  # class -> its last start, or its first arrival (G1 b)
     for op in seq:
         held = [r.request.id for r in adm.ledger]
         if op[0] == "arrive":
             cls = "hi" if op[1] % 2 else "lo"
             r = Request(f"q{next(_ids)}", cls, "t", op[1], op[2], now)
-            ahead = sum(len(adm.queue(c)) for c in adm.class_names if adm.policy(c).priority >= adm.policy(cls).priority)
+            started.setdefault(cls, now)
+            prio = adm.policy(cls).priority
+            with_turn = [w for c in adm.class_names for w in adm.queue(c) if adm.has_turn(w, now)]
+            if aging is not None and not adm.queue(cls) and now - started[cls] >= aging:
+                ahead = len(with_turn)  # its turn: behind the other waiters with theirs only
+            else:
+                ahead = sum(len(adm.queue(c)) for c in adm.class_names if adm.policy(c).priority >= prio)
+                ahead += sum(1 for w in with_turn if adm.policy(w.request.cls).priority < prio)
             wait = adm.expected_wait(ahead, now)
             expected = base + (r.prompt_tokens + adm.ledger.prefilling) / rate
             chance = adm.chance_in_time(ahead, r.arrival + objective - now - expected, now)
             d = adm.offer(r, now)
+            if isinstance(d, Admit):
+                started[cls] = now
             if isinstance(d, Queue):
                 queued.add(r.id)
                 assert now + (wait or 0.0) + expected <= r.arrival + objective + 1e-9, "queued to miss"
@@ -187,6 +199,7 @@ def test_no_request_is_queued_or_dispatched_from_the_queue_expected_to_miss_its_
         prefilling = adm.ledger.prefilling
         step = adm.advance(now)
         for a in step.admitted:
+            started[a.request.cls] = now
             assert a.request.id in queued
             expected = base + (a.request.prompt_tokens + prefilling) / rate
             assert now + expected <= a.request.arrival + objective + 1e-9, "dispatched to miss"
