@@ -23,7 +23,7 @@ from gate.core.reasons import Reason
 from gate.tools import overload_sim as sim
 from tests.unit.core_helpers import req
 from tests.unit.test_admission_levers import EXAMPLES, ObjCls, pair
-from tests.unit.test_aging_share import CAPACITY_RPS, SERVICE_S, SLOTS, example_classes, pressure_ops, run_g1
+from tests.unit.test_aging_share import CAPACITY_RPS, SERVICE_S, SLOTS, example_classes, pressure_ops, run_g1, two_class_failures
 
 # ---- the rule, small ---------------------------------------------------------------------------
 
@@ -323,14 +323,7 @@ def judged(result: sim.Result, alone: sim.Result) -> list[str]:
     """What the issue asks of two classes: interactive served in time and keeping at least half of
     what it gets alone within the objective; batch served in every 10 s window, the aligned ones
     and any other (no 10 s without a batch start)."""
-    i, b, a = result.classes["interactive"], result.classes["batch"], alone.classes["interactive"]
-    failures = []
-    if i.within_objective < 0.9 * i.served:
-        failures.append(f"interactive served late: {i.within_objective} of {i.served} in time")
-    if i.within_objective < 0.5 * a.within_objective:
-        failures.append(f"interactive starved: {i.within_objective} in time beside batch, {a.within_objective} alone")
-    if min(b.served_per_window) < 1:
-        failures.append(f"batch starved: a 10 s window served none ({b.served_per_window})")
+    failures = two_class_failures(result, alone)
     if (gap := longest_gap(result, "batch")) >= 10.0:
         failures.append(f"batch starved: no start for {gap:.1f} s")
     return failures
