@@ -370,7 +370,9 @@ async def _burst(gate, client, api):
     ended: list[float] = []
 
     async def occupy(max_tokens: int):
-        r = await client.post(gate.url + "/v1/chat/completions", json={"model": MODEL, "messages": PROMPT, "max_tokens": max_tokens, "ignore_eos": True})
+        r = await client.post(
+            gate.url + "/v1/chat/completions", json={"model": MODEL, "messages": PROMPT, "max_tokens": max_tokens, "ignore_eos": True}
+        )
         ended.append(loop.time())
         return r
 
