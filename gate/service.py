@@ -24,6 +24,7 @@ from gate.backend.gatekeeper import Ticket
 from gate.backend.kvsize import learn_kv_sizes
 from gate.backend.netio import upstream_client
 from gate.backend.pool import Backend, BackendPool, controller_moves, observe_upstream, release_when_slot_frees
+from gate.backend.rate_window import RateWindows
 from gate.backend.telemetry import BackendTelemetry, TelemetryPoller, backend_triples
 from gate.backend.tokens import TokenCounter
 from gate.backend.upstream import RelayStats
@@ -133,7 +134,11 @@ class GateService:
         self.drain_grace_s = 30.0
         #: set by whoever runs the gate until told to stop (serve): called with the reason
         self.stop_requested: Callable[[str], None] | None = None
-        self.telemetry_poller = TelemetryPoller(self.client, backend_triples(self.backends.backends), interval_s=probe_interval_s)
+        #: the telemetry's reads of llama-server's /metrics, pieces of a scraper's throughput window
+        self.rate_windows = RateWindows()
+        self.telemetry_poller = TelemetryPoller(
+            self.client, backend_triples(self.backends.backends), interval_s=probe_interval_s, windows=self.rate_windows
+        )
         self.http = HttpServer(
             build_app(
                 RequestPorts(
@@ -154,6 +159,7 @@ class GateService:
                     release_when_slot_frees=self.release_when_slot_frees,
                     refresh_metrics=self.refresh_metrics,
                     refresh_inference_gauges=self.refresh_inference_gauges,
+                    rate_windows=self.rate_windows,
                 )
             ),
             header_timeout_s=config.gate.header_timeout_s,

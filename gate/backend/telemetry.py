@@ -20,6 +20,9 @@ Facts this relies on (llama.cpp 0c1e570, notes/llama-server.md):
   counters when a prompt is processed and to the decode counters when a
   request ENDS, so a rate exists only for a scrape interval in which a request
   finished; the poller keeps the last measured rate until a newer one exists.
+  Each read still resets llama-server's window, so each is handed to
+  :class:`gate.backend.rate_window.RateWindows`, from which a client scraping
+  through the gate gets the gauges over its own window.
 
 Poller behaviour, per backend: a poll every ``interval_s``; while the backend
 is unreachable (connection refused, timeout), polls back off 1 s, 2 s, 4 s ...
@@ -39,6 +42,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
+
+from gate.backend.rate_window import START_HEADER, RateWindows, window_key
 
 __all__ = [
     "BackendTelemetry",
@@ -266,8 +271,11 @@ class TelemetryPoller:
         interval_s: float = 1.0,
         timeout_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        windows: RateWindows | None = None,
     ) -> None:
         self._client = client
+        #: every /metrics read here is a piece of a client's throughput window (rate_window.py)
+        self.windows = windows
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self._clock = clock
@@ -372,6 +380,8 @@ class TelemetryPoller:
             metrics = None if metrics_resp is None else parse_metrics(metrics_resp.text)
         except ValueError as err:  # json.JSONDecodeError is a ValueError too
             raise _HttpError(f"bad payload: {err}") from err
+        if metrics is not None and metrics_resp is not None and self.windows is not None:
+            self.windows.observe(window_key(b.url, b.query), metrics, metrics_resp.headers.get(START_HEADER))
         return slots, metrics
 
     async def _poll(self, b: _Backend, now: float) -> None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from gate.backend.pool import Backend, BackendPool
+from gate.backend.rate_window import RateWindows
 from gate.backend.tokens import TokenCounter
 from gate.backend.upstream import RelayStats
 from gate.config import Config
@@ -50,6 +51,8 @@ class RequestPorts:
     #: gauges from current state, per scrape
     refresh_metrics: Callable[[], None]
     refresh_inference_gauges: Callable[[], None]
+    #: llama-server's throughput gauges over a scraper's window, shared with the telemetry poller
+    rate_windows: RateWindows
 
     @property
     def config(self) -> Config:

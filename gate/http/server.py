@@ -88,7 +88,7 @@ def build_app(gate: RequestPorts) -> ASGIApp:
         gate.refresh_metrics()
         body, content_type = gate.metrics.render()
         # then each backend's llamacpp:* series (gate/observe/backend_metrics.py)
-        relayed, start = await backend_series(gate.backends.configured, list(gate.backends))
+        relayed, start = await backend_series(gate.backends.configured, list(gate.backends), gate.rate_windows)
         response = Response(body + relayed, media_type=content_type)
         response.raw_headers.append((START_HEADER.encode(), start.encode()))  # spelled as llama-server does
         return response

@@ -10,6 +10,11 @@ that llama-server's ``/metrics`` at scrape time (all backends at once, each boun
   router mode, ``model="MODEL"``; only the configured names, so the label set is bounded by the
   config), and each family's ``# HELP``/``# TYPE`` appears once.
 
+``llamacpp:prompt_tokens_seconds`` and ``llamacpp:predicted_tokens_seconds`` are the one change:
+llama-server averages them since the previous read of its /metrics, which the gate's telemetry
+makes every second; they are recomposed over the scraper's own window
+(:mod:`gate.backend.rate_window`).
+
 Only families named ``llamacpp:*`` are relayed (they never collide with the gate's
 ``tokengate_*``), and only samples the parser accepts, so a backend cannot make the answer
 invalid. ``tokengate_backend_metrics_up{backend}`` says per backend whether its series are in this
@@ -34,6 +39,9 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from gate.backend.rate_window import START_HEADER, RateWindows, rewrite, window_key
+from gate.backend.telemetry import parse_metrics
+
 if TYPE_CHECKING:
     from gate.backend.pool import Backend
 
@@ -42,7 +50,6 @@ PREFIX = "llamacpp:"
 #: times out after 10 s by default)
 SCRAPE_TIMEOUT_S = 2.0
 UP = "tokengate_backend_metrics_up"
-START_HEADER = "Process-Start-Time-Unix"
 #: when this gate's counters started (the module is imported once, as the gate starts)
 GATE_START = int(time.time())
 
@@ -176,15 +183,27 @@ class Scraped:
     start: str | None
 
 
-async def _scrape(b: Backend, extra: tuple[tuple[str, str], ...], labels: tuple[tuple[str, str], ...]) -> Scraped:
+async def _scrape(
+    b: Backend, extra: tuple[tuple[str, str], ...], labels: tuple[tuple[str, str], ...], windows: RateWindows | None
+) -> Scraped:
+    routed = b.model is not None
     try:
-        resp = await b.get("/metrics", timeout=SCRAPE_TIMEOUT_S, routed=b.model is not None)
+        resp = await b.get("/metrics", timeout=SCRAPE_TIMEOUT_S, routed=routed)
     except httpx.HTTPError:
         return Scraped(extra, labels, None, None)
     if resp.status_code != 200:
         return Scraped(extra, labels, None, None)
     start = resp.headers.get(START_HEADER, "")
-    return Scraped(extra, labels, resp.text, start if start.isdigit() else None)
+    text = resp.text
+    if windows is not None:  # the throughput gauges over the client's window, not the gate's last second
+        try:
+            metrics = parse_metrics(text)
+        except ValueError:
+            pass  # relayed as sent; merge() drops what is not a valid sample
+        else:
+            key = window_key(b.url, b.query if routed else "")
+            text = rewrite(text, windows.take(key, metrics, resp.headers.get(START_HEADER)))
+    return Scraped(extra, labels, text, start if start.isdigit() else None)
 
 
 def _loaded(b: Backend) -> bool:
@@ -195,8 +214,9 @@ def _loaded(b: Backend) -> bool:
     return info is not None and info.status == "loaded"
 
 
-async def backend_series(configured: Sequence[Backend], units: Sequence[Backend]) -> tuple[bytes, str]:
-    """What follows the gate's own series in ``/metrics``, and its ``Process-Start-Time-Unix``."""
+async def backend_series(configured: Sequence[Backend], units: Sequence[Backend], windows: RateWindows | None = None) -> tuple[bytes, str]:
+    """What follows the gate's own series in ``/metrics``, and its ``Process-Start-Time-Unix``.
+    ``windows``: the throughput gauges recomposed over the scraper's window (rate_window.py)."""
     plain_single = len(configured) == 1 and configured[0].fleet is None
     jobs = []
     up: list[tuple[tuple[tuple[str, str], ...], bool]] = []
@@ -206,7 +226,7 @@ async def backend_series(configured: Sequence[Backend], units: Sequence[Backend]
         else:
             labels = (("backend", b.name),)
         if _loaded(b):
-            jobs.append(_scrape(b, () if plain_single else labels, labels))
+            jobs.append(_scrape(b, () if plain_single else labels, labels, windows))
         else:
             up.append((labels, False))
     scraped = list(await asyncio.gather(*jobs))

@@ -8,11 +8,12 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import time
 
 import httpx
 import pytest
 
-from tests.integration.gate_harness import running_gate
+from tests.integration.gate_harness import running_gate, wait_until
 from tests.llama.server import LlamaServer
 
 pytestmark = pytest.mark.llama
@@ -97,3 +98,22 @@ async def test_a_backend_without_metrics_is_said_and_the_gates_own_series_stay(l
     assert promtool_problems(alone.text) == []  # the gate's own series lint clean
     assert samples(mixed, "tokengate_backend_metrics_up") == {'{backend="b0"}': 0.0, '{backend="b1"}': 1.0}
     assert set(samples(mixed, "llamacpp:tokens_predicted_total")) == {'{backend="b1"}'}
+
+
+async def test_the_throughput_gauges_cover_the_scrapers_window_not_the_gates_last_read(llama_split) -> None:
+    """llama-server resets its throughput gauges at each read of /metrics, and the gate's telemetry
+    reads it every second: the relayed gauges are recomposed over the scraper's own window
+    (gate/backend/rate_window.py; llama.cpp's test_sleep.py::test_server_sleep_metrics_buckets)."""
+    async with running_gate(llama_split.url, kv="split") as gate, httpx.AsyncClient(timeout=30) as client:
+        await client.get(gate.url + "/metrics")  # the scraper's previous scrape
+        r = await client.post(gate.url + "/completion", json={"prompt": "the cat sat on", "n_predict": 8, "cache_prompt": False})
+        assert r.status_code == 200
+        done = time.monotonic()
+        # the gate's own telemetry reads llama-server's /metrics after the generation (and so
+        # resets llama-server's window) before the scraper comes back
+        await wait_until(lambda: "b0" in gate.telemetry_poller.latest and gate.telemetry_poller.latest["b0"].ts > done)
+        first = (await client.get(gate.url + "/metrics")).text
+        second = (await client.get(gate.url + "/metrics")).text
+    assert samples(first, "llamacpp:predicted_tokens_seconds")[""] > 0
+    assert samples(first, "llamacpp:prompt_tokens_seconds")[""] > 0
+    assert samples(second, "llamacpp:predicted_tokens_seconds")[""] == 0  # nothing ran since
