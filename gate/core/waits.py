@@ -22,8 +22,9 @@ newcomer has, so that it is refused at arrival unless it is likely to make it. A
 `a` seconds frees within `d` with the chance that a hold longer than `a` is at most `a + d`
 (among the holds measured; a free slot frees at once). One held longer than every hold measured
 (the holds are growing: #25's real runs queued newcomers behind slots "due now" on the mean,
-which then waited out their objective) frees within `d` with 1 - exp(-d / mean hold), once; then m - 1 more times with that chance times the chance
-that one hold is at most what is left after its first free (on average) / (m - 1). The waiter
+which then waited out their objective) frees within `d` with 1 - exp(-d / mean hold), and what
+is left after it is d less one mean hold; a slot frees m times with the chance of its first free
+times the chance that one hold is at most what is left after its first free (on average) / (m - 1). The waiter
 at position p needs p + 1 frees:
 
     chance(p, d) = P(N_1 + ... + N_k >= p + 1),  N_i: the frees of slot i within d
@@ -118,8 +119,11 @@ def chance_in_time(
             first, rest = 1.0, within_s
         elif (at := bisect_right(holds, age)) == n:
             # held past every hold measured (the holds grow: a slower host, longer answers): when
-            # it ends is unknown; memoryless, at the mean hold's pace, and no second free in time
-            first, rest = 1.0 - math.exp(-within_s / max(1e-9, sum(holds) / n)), 0.0
+            # it ends is unknown; memoryless, at the mean hold's pace, then holds as measured in
+            # what is left after one mean hold (counting no second free made a slot overrunning
+            # its holds free once in 600 s: T1 refused a waiter of a 600 s objective at "0%", CI)
+            mean = sum(holds) / n
+            first, rest = 1.0 - math.exp(-within_s / max(1e-9, mean)), within_s - mean
         else:
             ends = bisect_right(holds, age + within_s) - at
             first = ends / (n - at)

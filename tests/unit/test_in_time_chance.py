@@ -46,7 +46,17 @@ def test_a_slot_held_past_every_hold_measured_frees_at_the_mean_holds_pace_not_a
     assert remaining([-3.0], 2.0, 0.0, 1) == [0.0]
     got = chance_in_time(0, 1.0, [3.0], [1.0, 3.0], 1)
     assert abs(got - (1 - math.exp(-1.0 / 2.0))) < 1e-12
-    assert chance_in_time(1, 10.0, [3.0], [1.0, 3.0], 1) == 0.0  # and frees only once in time
+    # and frees again in what is left after one mean hold (8 s: every hold measured fits)
+    assert abs(chance_in_time(1, 10.0, [3.0], [1.0, 3.0], 1) - (1 - math.exp(-10.0 / 2.0))) < 1e-12
+    # not again when what is left is shorter than every hold
+    assert chance_in_time(1, 2.5, [3.0], [1.0, 3.0], 1) == 0.0
+
+
+def test_a_long_objective_is_reachable_behind_slots_held_past_every_hold() -> None:
+    """CI (test_shared_fleet): every slot overran the holds measured, and a waiter 40 places back
+    of a 600 s objective was refused at "0% likely": the slots were counted to free once."""
+    holds = [1.0, 2.0, 3.0, 4.0]
+    assert chance_in_time(40, 600.0, [5.0, 6.0, 7.0, 8.0], holds, 4) > 0.99
 
 
 def brute_force(position: int, within: float, ages: list[float], holds: list[float], slots: int) -> float:
