@@ -554,10 +554,16 @@ def test_review_screen_snapshot(snap_compare, tmp_path: Path) -> None:
 
     async def run_before(pilot: Pilot) -> None:
         await settle(pilot)
-        # The table sizes its columns to the loaded rows when the app next goes idle: on a busy CI
-        # host the picture was once taken before that (every column its header's width).
-        for _ in range(5):
-            await pilot.pause(0.05)
+        # The table sizes its columns to the loaded rows when the app next goes idle: on CI the
+        # picture was taken before that (twice: a busy host, then an idle one on 2026-12-03 after
+        # five fixed pauses). Wait until two pictures 0.1 s apart agree (at most 3 s).
+        before = None
+        for _ in range(30):
+            await pilot.pause(0.1)
+            now = pilot.app.export_screenshot()
+            if now == before:
+                break
+            before = now
 
     app = ReviewApp(path, slo_ttft_ms=1000)
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
