@@ -14,6 +14,7 @@ Invariants (checked by `check_invariants`):
       splits into several tasks (a list of prompts, n > 1, a list of embedding
       inputs, rerank documents) holds one slot per task, all of them at once, and
       gives them all back with its one release.
+  L6. while `oldest_first`, the reservations iterate by their moment of admission, oldest first.
 """
 
 from __future__ import annotations
@@ -70,6 +71,11 @@ class Ledger:
     by_class: dict[str, int] = field(default_factory=dict)
     by_tenant: dict[str, int] = field(default_factory=dict)
     double_releases: int = 0
+    # Iteration is in admission order; while every reservation's moment is >= the one before
+    # (the shell's clock is monotonic; reset when empty) that is also oldest first, and a look
+    # for the first one held past some age may stop early (#24: the core asks on every deadline)
+    oldest_first: bool = True
+    _last_at: float = 0.0
 
     def __len__(self) -> int:
         return len(self._held)
@@ -94,6 +100,11 @@ class Ledger:
         if request.id in self._held:
             raise ValueError(f"request {request.id!r} already holds a reservation")
         res = Reservation(request, now)
+        if not self._held:
+            self.oldest_first = True
+        elif now < self._last_at:
+            self.oldest_first = False
+        self._last_at = now
         self._held[request.id] = res
         self.in_flight += request.cost
         self.prefilling += request.prompt_tokens
@@ -137,7 +148,7 @@ def _add(sums: dict[str, int], key: str, delta: int) -> None:
 
 
 def check_invariants(ledger: Ledger) -> None:
-    """Raise AssertionError if L1-L3 or L5 do not hold."""
+    """Raise AssertionError if L1-L3, L5 or L6 do not hold."""
     held = list(ledger)
     assert ledger.in_flight == sum(r.cost for r in held), "L1 in_flight"
     by_class: dict[str, int] = {}
@@ -149,3 +160,5 @@ def check_invariants(ledger: Ledger) -> None:
     assert ledger.by_tenant == by_tenant, "L2 by_tenant"
     assert ledger.prefilling == sum(r.request.prompt_tokens for r in held if r.prefilling), "L3"
     assert ledger.slots == sum(r.request.tasks for r in held), "L5 slots"
+    if ledger.oldest_first:
+        assert all(a.admitted_at <= b.admitted_at for a, b in zip(held, held[1:], strict=False)), "L6 oldest first"

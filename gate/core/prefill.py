@@ -91,7 +91,8 @@ class PrefillModel:
         """`expected_ttft` when fitted, else `recent_ttft` (None before any first token)."""
         fit = self._fit
         if fit is not None:  # = expected_ttft, inlined: admission asks per waiter on every walk (T2)
-            return max(0.0, fit[0] + (prompt_tokens + prefilling) / fit[1])
+            ttft = fit[0] + (prompt_tokens + prefilling) / fit[1]
+            return ttft if ttft > 0.0 else 0.0  # = max(0.0, ttft), NaN included, without the call
         return self.recent_ttft()
 
     @property

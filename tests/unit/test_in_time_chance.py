@@ -8,6 +8,7 @@ at 3x, p95 1.9 s; the target is p95 under 50 ms)."""
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from itertools import product
 
 from hypothesis import assume, given
@@ -39,6 +40,63 @@ def test_with_holds_of_one_length_the_chance_is_the_means_wait_met_or_not(hold, 
     wait = wait_at(position, frees, hold)
     assume(abs(wait - within) > 1e-6)  # not on the boundary, where rounding decides
     assert chance_in_time(position, within, ages, [hold] * n, slots) == (1.0 if wait <= within else 0.0)
+
+
+def reference_chance(position, within_s, ages, holds, slots, enough=None):
+    """waits.chance_in_time as first written (#25): the convolution as a loop over (j, m) pairs.
+    The core's list passes must give the same floats (#24 made it ~3x faster)."""
+    if within_s < 0:
+        return 0.0
+    need, n = position + 1, len(holds)
+    dist = [1.0] + [0.0] * need
+    reach = 0
+    ages = list(ages)[: max(0, slots)]
+    if need <= slots - len(ages):
+        return 1.0
+    for age in ages + [None] * max(0, slots - len(ages)):
+        if age is None:
+            first, rest = 1.0, within_s
+        elif (at := bisect_right(holds, age)) == n:
+            mean = sum(holds) / n
+            first, rest = 1.0 - math.exp(-within_s / max(1e-9, mean)), within_s - mean
+        else:
+            ends = bisect_right(holds, age + within_s) - at
+            first = ends / (n - at)
+            rest = within_s - (sum(holds[at : at + ends]) / ends - age) if ends else 0.0
+        at_least = [1.0, first]
+        for m in range(2, need + 1):
+            if at_least[-1] <= 0.0 or rest <= 0.0:
+                break
+            at_least.append(first * bisect_right(holds, rest / (m - 1)) / n)
+        at_least.append(0.0)
+        nxt = [0.0] * (need + 1)
+        for j in range(reach + 1):
+            pj = dist[j]
+            if pj == 0.0:
+                continue
+            for m in range(len(at_least) - 1):
+                q = at_least[m] - at_least[m + 1]
+                if q > 0.0:
+                    nxt[min(need, j + m)] += pj * q
+        dist = nxt
+        reach = min(need, reach + len(at_least) - 2)
+        if dist[need] >= 1.0 or (enough is not None and dist[need] >= enough):
+            break
+    return min(1.0, dist[need])
+
+
+@EXAMPLES
+@given(
+    holds=st.lists(st.floats(0.01, 20.0), min_size=1, max_size=40),
+    ages=st.lists(st.floats(0.0, 30.0), max_size=40),
+    slots=st.integers(1, 40),
+    position=st.integers(0, 80),
+    within=st.floats(-1.0, 60.0),
+    enough=st.sampled_from([None, 0.5, IN_TIME_CHANCE]),
+)
+def test_the_chance_is_the_reference_loops_to_the_bit(holds, ages, slots, position, within, enough):
+    holds = sorted(holds)
+    assert chance_in_time(position, within, ages, holds, slots, enough) == reference_chance(position, within, ages, holds, slots, enough)
 
 
 def test_a_slot_held_past_every_hold_measured_frees_at_the_mean_holds_pace_not_at_once():

@@ -31,7 +31,7 @@ from typing import Any
 from gate.backend.pool import controller_settings
 from gate.config.schema import ClassConfig, Config
 from gate.core.adaptive import controller_for, has_demand
-from gate.core.admission import Admission, Admit, Capacity, Queue, Refuse, TenantPolicy
+from gate.core.admission import Admission, Admit, Capacity, Queue, Refuse, Step, TenantPolicy
 from gate.core.ledger import Request
 from gate.core.prefill import PrefillModel
 from gate.core.reasons import Reason
@@ -247,12 +247,12 @@ def replay(
             dispatch(admit, now)
         for refusal in step.expired:
             refused(refusal)
-        arm(now)
+        arm(now, step)
 
-    def arm(now: float) -> None:
+    def arm(now: float, step: Step | None = None) -> None:
         if not adm.waiting():
             return  # nothing waits: no deadline (the core's next_deadline walks every waiter)
-        deadline = adm.next_deadline(now)
+        deadline = adm.next_deadline(now, after=step)  # nothing changed the core since `step`
         if deadline is not None and deadline < run.timer_at:
             run.timer_at = max(deadline, now)
             run.push(run.timer_at, _TIMER, None)
