@@ -578,8 +578,8 @@ class Admission:
         decisions; the same floats as wait_at and the injected first-token time give)."""
         out: list[tuple[Waiting, float | None]] = []
         earliest: float | None = None
-        if not any(self.objective_ms(c.policy.name) for c in self._order):
-            return out, earliest
+        if not self.waiting() or not any(self.objective_ms(c.policy.name) for c in self._order):
+            return out, earliest  # nothing to walk: no slot state either (a release's advance, idle queues)
         ahead = 0
         mean = None if now is None else self.holds.mean_s
         frees: list[float] = []
