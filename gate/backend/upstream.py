@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from gate.backend.netio import BODY_EXTENSION
 from gate.core.errors import GateError
 from gate.core.reasons import Reason
 from gate.data.endpoints import Kind
@@ -229,6 +230,9 @@ class SseRelay:
     _event: str = ""  # the current event's name (its ``event:`` line)
     #: /completion's stop chunks that end the stream: one per task (a prompt list, n_cmpl > 1)
     stops_left: int = 1
+    #: after the first token, read llama-server at most this often and relay what came as one
+    #: write ([gate] stream_batch_ms; 0: each read as it comes)
+    batch_s: float = 0.0
 
     async def reads(self) -> AsyncIterator[tuple[str, str]]:
         """Per upstream read, the complete events to relay: (now, held back).
@@ -237,12 +241,20 @@ class SseRelay:
         "held back": the caller sends them only once the decision row is committed.
         Everything that arrived in one read goes out in one write, so a fast
         upstream costs one ASGI send per read rather than one per token.
+
+        After the first token (which goes out as soon as it is read), the socket is read
+        at most every `batch_s` and the events already received are joined into one
+        write: llama-server sends each token as a chunk of its own, and one wake-up, h11
+        event, send and write per token was what a stream cost the gate (gate/backend/netio.py).
+        A token waits at most `batch_s` longer than it would have.
         """
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         partial = ""
         event: list[str] = []
         now: list[str] = []
         held: list[str] = []
+        body = self.response.extensions.get(BODY_EXTENSION) if self.batch_s > 0 else None
+        batching = False  # the first token is out and `body` reads in batches
 
         def take(lines: list[str]) -> None:
             nonlocal event
@@ -266,10 +278,15 @@ class SseRelay:
                 take(lines)
                 if self.stats.tokens != seen:
                     self.stats.last_token_at = self.clock()
+                if batching and not held and body is not None and body.pending():
+                    continue  # more of this batch is here already: one write for all of it
                 if now or held:
                     yield "".join(now), "".join(held)
                     now.clear()
                     held.clear()
+                    if body is not None and not batching and self.stats.first_token_at is not None:
+                        batching = True
+                        body.batch_reads(self.batch_s)
         except httpx.TimeoutException as exc:
             raise GateError(Reason.UPSTREAM_TIMEOUT, "backend stalled mid-answer") from exc
         except httpx.HTTPError as exc:

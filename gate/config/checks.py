@@ -194,6 +194,7 @@ def validate_config(config: Config, source: str = "<config>") -> None:
         )
     for key in ("shed_stall_s", "header_timeout_s", "body_timeout_s", "write_stall_s"):
         c.pos_num(key, getattr(g, key))
+    c.check("stream_batch_ms", g.stream_batch_ms, lambda v: 0 <= v <= 1000, "0 (every token as it comes) to 1000 milliseconds")
 
     # [shared]
     sh = config.shared

@@ -50,6 +50,12 @@ header_timeout_s = 10.0
 body_timeout_s = 30.0
 # Default 30.
 write_stall_s = 30.0
+# Streams: the first token is relayed as soon as llama-server sends it; after it, llama-server
+# is read at most every stream_batch_ms milliseconds and the tokens that came meanwhile go to
+# the client in one write, so a token waits at most this much longer. llama-server sends each
+# token on its own, and relayed one by one a fast stream costs the gate a wake-up and a write
+# per token. 0: every token as it comes. Default 10.
+stream_batch_ms = 10.0
 # Unix socket that consoles attach to (`tokengate console --attach`); never TCP.
 # Default "": beside the journal, with .sock for its suffix (tokengate.db -> tokengate.sock).
 control_socket = ""

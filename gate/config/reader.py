@@ -93,6 +93,7 @@ _GATE_KEYS = (
     "header_timeout_s",
     "body_timeout_s",
     "write_stall_s",
+    "stream_batch_ms",
     "control_socket",
     "control_socket_group",
     "unknown_routes",
@@ -262,6 +263,7 @@ def _gate(source: str, data: Any) -> GateConfig:
         header_timeout_s=r.get_float("header_timeout_s", d.header_timeout_s),
         body_timeout_s=r.get_float("body_timeout_s", d.body_timeout_s),
         write_stall_s=r.get_float("write_stall_s", d.write_stall_s),
+        stream_batch_ms=r.get_float("stream_batch_ms", d.stream_batch_ms),
     )
 
 

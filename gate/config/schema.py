@@ -66,6 +66,9 @@ class GateConfig:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     write_stall_s: float = 30.0
+    #: after a stream's first token, llama-server is read at most this often (ms) and what came
+    #: is relayed in one write; 0: every read as it comes (gate/backend/netio.py)
+    stream_batch_ms: float = 10.0
     #: the Unix socket consoles attach to; "" = beside the journal (tokengate.db -> tokengate.sock)
     control_socket: str = ""
     #: "" = mode 0600 (only the gate's user); a group name = mode 0660 and that group

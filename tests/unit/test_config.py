@@ -57,6 +57,7 @@ def test_defaults_without_a_file() -> None:
     assert c.gate.request_timeout_s == 600.0
     assert c.gate.shed_factor == 2.5
     assert (c.gate.shed_stall_s, c.gate.header_timeout_s, c.gate.body_timeout_s, c.gate.write_stall_s) == (60, 10, 30, 30)
+    assert c.gate.stream_batch_ms == 10  # streams batched after the first token unless set to 0
     assert c.backends == (BackendConfig(name="default", url="http://127.0.0.1:8080", kv="auto"),)
     assert c.budget == BudgetConfig(
         mode="adaptive",
@@ -312,6 +313,8 @@ BAD_CONFIGS = [
     ("header-timeout-negative", "[gate]\nheader_timeout_s = -1\n", "gate.header_timeout_s", "positive"),
     ("body-timeout-string", '[gate]\nbody_timeout_s = "30"\n', "gate.body_timeout_s", 'number, got string "30"'),
     ("write-stall-zero", "[gate]\nwrite_stall_s = 0\n", "gate.write_stall_s", "positive"),
+    ("stream-batch-negative", "[gate]\nstream_batch_ms = -1\n", "gate.stream_batch_ms", "0 (every token as it comes) to 1000"),
+    ("stream-batch-a-second", "[gate]\nstream_batch_ms = 1500\n", "gate.stream_batch_ms", "0 (every token as it comes) to 1000"),
     ("port-range", '[gate]\nlisten = "h:70000"\n', "gate.listen", "65535"),
     ("empty-journal", '[gate]\njournal = ""\n', "gate.journal", "empty"),
     ("reserved-neg", "[classes.a]\npriority = 1\nreserved_tokens = -1\n", "classes.a.reserved_tokens", "got -1"),

@@ -226,5 +226,103 @@ def test_the_same_round_trips_and_large_answers_work_on_uvloop():
         await test_requests_go_through_the_asyncio_backend_and_reuse_kept_alive_connections()
         await test_a_large_answer_arrives_whole_while_reading_pauses_and_resumes()
         await test_an_idle_connection_the_server_closed_says_it_is_not_fit_for_reuse()
+        await test_after_the_first_token_a_stream_is_read_in_batches_and_relayed_in_one_write_each()
+        await test_a_chunks_crlf_left_in_h11s_buffer_is_not_more_of_the_stream()
 
     uvloop.run(both())
+
+
+# ---- a stream's reads in batches ([gate] stream_batch_ms) ------------------------------------
+
+
+def _chunk(event: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(event), event)
+
+
+async def _relayed_in_batches(batch_s: float, spacing_s: float) -> tuple[list[str], float]:
+    """A chunked SSE stream, as llama-server writes one: the first token, then (once the relay has
+    yielded it) ten more, each a write of its own `spacing_s` apart, then [DONE]. Returns what
+    SseRelay.reads yielded, one string per write the gate would make, and the seconds between
+    the first two yields."""
+    from gate.backend.upstream import RelayStats, SseRelay
+
+    first_out = asyncio.Event()
+    tokens = [b'data: {"choices":[{"delta":{"content":"t%d"}}]}\n\n' % i for i in range(11)]
+
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n" + _chunk(tokens[0]))
+        await writer.drain()
+        await first_out.wait()
+        for token in tokens[1:]:
+            await asyncio.sleep(spacing_s)
+            writer.write(_chunk(token))
+            await writer.drain()
+        writer.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server, url = await _server(handler)
+    client, _ = _client()
+    loop = asyncio.get_running_loop()
+    async with server, client:
+        request = client.build_request("POST", url + "/v1/chat/completions", content=b"{}", headers={"connection": "close"})
+        response = await client.send(request, stream=True)
+        relay = SseRelay(response, RelayStats(dispatched_at=0.0), loop.time, lambda: None, batch_s=batch_s)
+        writes, at = [], []
+        async for now, held in relay.reads():
+            writes.append(now + held)
+            at.append(loop.time())
+            first_out.set()
+        await response.aclose()
+    assert "".join(writes) == "".join(t.decode() for t in tokens) + "data: [DONE]\n\n"  # every event, in order
+    return writes, at[1] - at[0]
+
+
+async def test_after_the_first_token_a_stream_is_read_in_batches_and_relayed_in_one_write_each():
+    # The first token goes out alone and at once: the server sends nothing more until it did.
+    writes, gap = await _relayed_in_batches(batch_s=0.5, spacing_s=0.002)
+    assert writes[0].count("data:") == 1
+    # The ten tokens sent 2 ms apart (~20 ms) came within one batch: one write, [DONE] with them.
+    assert len(writes) == 2, [w.count("data:") for w in writes]
+    assert gap >= 0.5 - 0.01  # the batch waited its time after the first token's read
+
+
+async def test_without_batches_each_token_is_its_own_write():
+    # The negative control of the test above: the same stream with stream_batch_ms = 0.
+    writes, _ = await _relayed_in_batches(batch_s=0.0, spacing_s=0.005)
+    assert len(writes) >= 6, [w.count("data:") for w in writes]
+
+
+async def test_a_chunks_crlf_left_in_h11s_buffer_is_not_more_of_the_stream():
+    # After a chunk h11 keeps its CRLF until asked for the next event: if that counted as
+    # "more is here", the relay would hold the batch back for one more read (a whole batch late).
+    from gate.backend.netio import BODY_EXTENSION
+
+    done = asyncio.Event()
+
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n" + _chunk(b"data: a\n\n") + _chunk(b"data: b\n\n")
+        )
+        await writer.drain()
+        await done.wait()
+        writer.close()
+
+    server, url = await _server(handler)
+    client, _ = _client()
+    async with server, client:
+        request = client.build_request("POST", url + "/x", content=b"{}", headers={"connection": "close"})
+        response = await client.send(request, stream=True)
+        body = response.extensions[BODY_EXTENSION]
+        parts = response.aiter_raw()
+        first = await parts.__anext__()
+        while first == b"":
+            first = await parts.__anext__()
+        assert first == b"data: a\n\n"
+        assert body.pending() is True  # the second chunk is in h11's buffer
+        assert await parts.__anext__() == b"data: b\n\n"
+        assert body.pending() is False  # only its CRLF is left
+        done.set()
+        await response.aclose()
