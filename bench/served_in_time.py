@@ -25,6 +25,7 @@ served within the objective (count, % of served, % of sent, % of the ideal = sat
 window), refusal latency p95, 5xx, and batch served per 10 s window.
 
     PYTHONPATH=. .venv/bin/python bench/served_in_time.py [--duration 40] [--cells light,over,two]
+        [--rounds 3 --batch-control]   (the light cells as quiet pairs, alternated)
 
 Writes bench/results/served_in_time.json and prints the table.
 """
@@ -71,12 +72,14 @@ def plan(seed: int, streams: list[tuple[str, float]], duration: float, words: in
     return [Planned(i, p.at, p.cls, p.prompt, p.max_tokens) for i, p in enumerate(out)]
 
 
-def gate_toml(upstream: str, slo_ms: float | None) -> str:
+def gate_toml(upstream: str, slo_ms: float | None, batch_ms: float | None = None) -> str:
     toml = EXAMPLE_CONFIG.replace('listen = "127.0.0.1:8081"', 'listen = "@LISTEN@"')
     toml = toml.replace('journal = "tokengate.db"', 'journal = "@JOURNAL@"')
     toml = toml.replace('url = "http://127.0.0.1:8080"', f'url = "{upstream}"', 1)
     if slo_ms is not None:
         toml = toml.replace("slo_ttft_p95_ms = 2000.0", f"slo_ttft_p95_ms = {slo_ms:.1f}")
+    if batch_ms is not None:
+        toml = toml.replace("stream_batch_ms = 10.0", f"stream_batch_ms = {batch_ms:g}")
     return toml
 
 
@@ -164,7 +167,13 @@ def summarise(results: list[Result], duration: float, objective_s: float, satura
 
 
 def run_cell(
-    binary: Path, model: Path, planned: list[Planned], duration: float, gate_slo_ms: float | None, via_gate: bool
+    binary: Path,
+    model: Path,
+    planned: list[Planned],
+    duration: float,
+    gate_slo_ms: float | None,
+    via_gate: bool,
+    batch_ms: float | None = None,
 ) -> tuple[list[Result], dict]:
     srv = start_llama(binary, model)
     gate = None
@@ -173,7 +182,7 @@ def run_cell(
         url = srv.url
         if via_gate:
             workdir = Path(tempfile.mkdtemp(prefix="tokengate-served-in-time-"))
-            gate = Gate(gate_toml(srv.url, gate_slo_ms), workdir).start()
+            gate = Gate(gate_toml(srv.url, gate_slo_ms, batch_ms), workdir).start()
             url = gate.url
         results, _ = asyncio.run(drive(url, planned, duration, drain=30.0, class_header=via_gate))
         if gate is not None:
@@ -215,6 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-size", default="fast", help="tests/llama model size: fast (256x4) or default (640x8)")
     ap.add_argument("--calibrate", type=int, default=10, help="sequential requests for the unloaded TTFT (default 10)")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=1, help="light cells: this many rounds, each in a rotated order (default 1)")
+    ap.add_argument(
+        "--batch-control",
+        action="store_true",
+        help="light cells: also the gate with [gate] stream_batch_ms = 0 (every token its own write)",
+    )
     ap.add_argument("--out", default=str(HERE / "results" / "served_in_time.json"))
     args = ap.parse_args(argv)
 
@@ -247,20 +262,25 @@ def main(argv: list[str] | None = None) -> int:
     cells_wanted = args.cells.split(",")
     if "light" in cells_wanted:
         light = [("interactive", args.light * saturation)]
-        cells += [("light, llama-server alone", light, None, False), ("light, gate (example)", light, None, True)]
+        arms = [("light, llama-server alone", light, None, False, None), ("light, gate (example)", light, None, True, None)]
+        if args.batch_control:
+            arms.append(("light, gate (example, stream_batch_ms = 0)", light, None, True, 0.0))
+        for r in range(args.rounds):  # quiet pairs: each arm once a round, the order rotated
+            for name, streams, slo, via, batch in arms[r % len(arms) :] + arms[: r % len(arms)]:
+                cells.append((name if args.rounds == 1 else f"{name} #{r + 1}", streams, slo, via, batch))
     if "over" in cells_wanted:
         over = [("interactive", args.over * saturation)]
         cells += [
-            ("3x, llama-server alone", over, None, False),
-            ("3x, gate (example)", over, None, True),
-            ("3x, gate (example, slo = objective)", over, slo_ms, True),
+            ("3x, llama-server alone", over, None, False, None),
+            ("3x, gate (example)", over, None, True, None),
+            ("3x, gate (example, slo = objective)", over, slo_ms, True, None),
         ]
     if "two" in cells_wanted:
         two = [("interactive", saturation), ("batch", 2 * saturation)]
-        cells += [("two classes, gate (example, slo = objective)", two, slo_ms, True)]
-    for name, streams, gate_slo, via_gate in cells:
+        cells += [("two classes, gate (example, slo = objective)", two, slo_ms, True, None)]
+    for name, streams, gate_slo, via_gate, batch_ms in cells:
         planned = plan(args.seed, streams, args.duration, args.words, args.max_tokens)
-        results, extra = run_cell(binary, model, planned, args.duration, gate_slo, via_gate)
+        results, extra = run_cell(binary, model, planned, args.duration, gate_slo, via_gate, batch_ms)
         summary = summarise(results, args.duration, objective_s, saturation)
         report["cells"][name] = {"summary": summary, **extra}
         print(f"== {name}: {json.dumps(summary)} {json.dumps(extra)}", flush=True)

@@ -280,11 +280,14 @@ class SseRelay:
                     self.stats.last_token_at = self.clock()
                 if batching and not held and body is not None and body.pending():
                     continue  # more of this batch is here already: one write for all of it
+                if held and batching and body is not None:
+                    batching = False
+                    body.batch_reads(0.0)  # the terminal event is in: its end (and the slot's release) without a wait
                 if now or held:
                     yield "".join(now), "".join(held)
                     now.clear()
                     held.clear()
-                    if body is not None and not batching and self.stats.first_token_at is not None:
+                    if body is not None and not batching and not self.stats.finished and self.stats.first_token_at is not None:
                         batching = True
                         body.batch_reads(self.batch_s)
         except httpx.TimeoutException as exc:

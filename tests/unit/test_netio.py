@@ -294,6 +294,44 @@ async def test_without_batches_each_token_is_its_own_write():
     assert len(writes) >= 6, [w.count("data:") for w in writes]
 
 
+async def test_once_the_terminal_event_is_in_the_streams_end_is_read_without_a_batchs_wait():
+    # The end of the stream is when the gate releases the slot: a batch's wait there would
+    # hold a slot the next request waits for.
+    from gate.backend.upstream import RelayStats, SseRelay
+
+    terminator_after = asyncio.Event()
+
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n" + _chunk(b"data: {}\n\n"))
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(_chunk(b"data: [DONE]\n\n"))
+        await writer.drain()
+        await terminator_after.wait()
+        writer.write(b"0\r\n\r\n")  # the chunked body's end, written apart (a read of its own)
+        await writer.drain()
+        writer.close()
+
+    server, url = await _server(handler)
+    client, _ = _client()
+    loop = asyncio.get_running_loop()
+    async with server, client:
+        request = client.build_request("POST", url + "/v1/chat/completions", content=b"{}", headers={"connection": "close"})
+        response = await client.send(request, stream=True)
+        relay = SseRelay(response, RelayStats(dispatched_at=0.0), loop.time, lambda: None, batch_s=1.0)
+        got = []
+        async for now, held in relay.reads():
+            got.append((now, held))
+            if held:
+                sent_at = loop.time()
+                terminator_after.set()
+        ended = loop.time() - sent_at
+        await response.aclose()
+    assert got[-1] == ("", "data: [DONE]\n\n")
+    assert ended < 0.5  # not a 1 s batch (a few ms here)
+
+
 async def test_a_chunks_crlf_left_in_h11s_buffer_is_not_more_of_the_stream():
     # After a chunk h11 keeps its CRLF until asked for the next event: if that counted as
     # "more is here", the relay would hold the batch back for one more read (a whole batch late).
