@@ -244,8 +244,6 @@ async def _relayed_in_batches(batch_s: float, spacing_s: float) -> tuple[list[st
     yielded it) ten more, each a write of its own `spacing_s` apart, then [DONE]. Returns what
     SseRelay.reads yielded, one string per write the gate would make, and the seconds between
     the first two yields."""
-    from gate.backend.upstream import RelayStats, SseRelay
-
     first_out = asyncio.Event()
     tokens = [b'data: {"choices":[{"delta":{"content":"t%d"}}]}\n\n' % i for i in range(11)]
 
@@ -262,21 +260,32 @@ async def _relayed_in_batches(batch_s: float, spacing_s: float) -> tuple[list[st
         await writer.drain()
         writer.close()
 
+    yields, _ = await _relay(handler, batch_s, lambda now, held: first_out.set())
+    writes = [now + held for now, held, _ in yields]
+    assert "".join(writes) == "".join(t.decode() for t in tokens) + "data: [DONE]\n\n"  # every event, in order
+    return writes, yields[1][2] - yields[0][2]
+
+
+async def _relay(handler, batch_s: float, seen=None) -> tuple[list[tuple[str, str, float]], float]:
+    """`handler` as the upstream, SseRelay.reads over its answer: (now, held, when) per yield,
+    `seen(now, held)` called after each, and when the stream ended."""
+    from gate.backend.upstream import RelayStats, SseRelay
+
     server, url = await _server(handler)
     client, _ = _client()
     loop = asyncio.get_running_loop()
+    yields = []
     async with server, client:
         request = client.build_request("POST", url + "/v1/chat/completions", content=b"{}", headers={"connection": "close"})
         response = await client.send(request, stream=True)
         relay = SseRelay(response, RelayStats(dispatched_at=0.0), loop.time, lambda: None, batch_s=batch_s)
-        writes, at = [], []
         async for now, held in relay.reads():
-            writes.append(now + held)
-            at.append(loop.time())
-            first_out.set()
+            yields.append((now, held, loop.time()))
+            if seen is not None:
+                seen(now, held)
+        ended = loop.time()
         await response.aclose()
-    assert "".join(writes) == "".join(t.decode() for t in tokens) + "data: [DONE]\n\n"  # every event, in order
-    return writes, at[1] - at[0]
+    return yields, ended
 
 
 async def test_after_the_first_token_a_stream_is_read_in_batches_and_relayed_in_one_write_each():
@@ -297,8 +306,6 @@ async def test_without_batches_each_token_is_its_own_write():
 async def test_once_the_terminal_event_is_in_the_streams_end_is_read_without_a_batchs_wait():
     # The end of the stream is when the gate releases the slot: a batch's wait there would
     # hold a slot the next request waits for.
-    from gate.backend.upstream import RelayStats, SseRelay
-
     terminator_after = asyncio.Event()
 
     async def handler(reader, writer):
@@ -313,23 +320,10 @@ async def test_once_the_terminal_event_is_in_the_streams_end_is_read_without_a_b
         await writer.drain()
         writer.close()
 
-    server, url = await _server(handler)
-    client, _ = _client()
-    loop = asyncio.get_running_loop()
-    async with server, client:
-        request = client.build_request("POST", url + "/v1/chat/completions", content=b"{}", headers={"connection": "close"})
-        response = await client.send(request, stream=True)
-        relay = SseRelay(response, RelayStats(dispatched_at=0.0), loop.time, lambda: None, batch_s=1.0)
-        got = []
-        async for now, held in relay.reads():
-            got.append((now, held))
-            if held:
-                sent_at = loop.time()
-                terminator_after.set()
-        ended = loop.time() - sent_at
-        await response.aclose()
-    assert got[-1] == ("", "data: [DONE]\n\n")
-    assert ended < 0.5  # not a 1 s batch (a few ms here)
+    yields, ended = await _relay(handler, 1.0, lambda now, held: held and terminator_after.set())
+    now, held, done_at = yields[-1]
+    assert (now, held) == ("", "data: [DONE]\n\n")
+    assert ended - done_at < 0.5  # not a 1 s batch (a few ms here)
 
 
 async def test_a_chunks_crlf_left_in_h11s_buffer_is_not_more_of_the_stream():
