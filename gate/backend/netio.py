@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Any
 
 import httpcore
@@ -312,7 +313,13 @@ def client_transports(limits: httpx.Limits) -> tuple[httpx.AsyncBaseTransport, d
     return plain, {"https://": httpx.AsyncHTTPTransport(limits=limits)}
 
 
-__all__ = ["AsyncioBackend", "AsyncioStream", "client_transports"]
+def transport_for(client: httpx.AsyncClient, url: httpx.URL) -> httpx.AsyncBaseTransport:
+    """The transport `client` sends `url` through (its mount for the scheme, else its own):
+    what `Upstream.open` hands an admitted request to directly."""
+    return client._transport_for_url(url)  # httpx's own choice; tests/unit/test_netio.py pins it
+
+
+__all__ = ["AsyncioBackend", "AsyncioStream", "client_transports", "transport_for"]
 
 
 def upstream_client(transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
@@ -323,4 +330,11 @@ def upstream_client(transport: httpx.AsyncBaseTransport | None = None) -> httpx.
     mounts: dict[str, httpx.AsyncBaseTransport] = {}
     if transport is None:
         transport, mounts = client_transports(limits)
-    return httpx.AsyncClient(transport=transport, mounts=mounts, timeout=httpx.Timeout(connect=5.0, read=None, write=30.0, pool=30.0))
+    return httpx.AsyncClient(
+        transport=transport,
+        mounts=mounts,
+        timeout=httpx.Timeout(connect=5.0, read=None, write=30.0, pool=30.0),
+        # One client carries every caller's requests: a cookie one answer sets must never go out
+        # with another caller's request (a jar that accepts none).
+        cookies=CookieJar(DefaultCookiePolicy(allowed_domains=[])),
+    )

@@ -358,3 +358,23 @@ async def test_a_chunks_crlf_left_in_h11s_buffer_is_not_more_of_the_stream():
         assert body.pending() is False  # only its CRLF is left
         done.set()
         await response.aclose()
+
+
+async def test_the_upstream_client_keeps_no_cookie_for_the_next_caller():
+    # One client carries every caller's forwarded requests (gate/http/forward.py): a cookie one
+    # answer sets would go out with the next caller's request from a normal jar.
+    from gate.backend.netio import upstream_client
+
+    async def handler(reader, writer):
+        head = await _read_request(reader)
+        cookie = b"yes" if b"\r\ncookie:" in head.lower() else b"no!"
+        writer.write(b"HTTP/1.1 200 OK\r\nSet-Cookie: session=caller-a; Path=/\r\nContent-Length: 3\r\n\r\n" + cookie)
+        await writer.drain()
+        writer.close()
+
+    server, url = await _server(handler)
+    client = upstream_client()
+    async with server, client:
+        assert (await client.get(url + "/props")).content == b"no!"
+        assert (await client.get(url + "/props")).content == b"no!"  # "yes" from a jar that keeps it
+        assert len(client.cookies.jar) == 0

@@ -150,3 +150,38 @@ async def test_a_completion_of_several_tasks_ends_only_with_its_last_stop_chunk(
     # task 1's tokens stream as they come; only the last stop chunk waits for the decision row
     assert '"index":1,"content":"b"' in now and held == 'data: {"index":1,"content":"","stop":true}\n\n'
     assert relay.stats.finished
+
+
+async def test_admitted_requests_share_no_cookies_and_go_through_the_clients_own_transport():
+    """Upstream.open hands the request to the client's transport (gate/backend/netio.py) with the
+    client's timeouts, around the client's cookie jar: a cookie set on one tenant's answer was
+    sent with every later request through `client.send` (this test failed so before)."""
+    import asyncio
+
+    from gate.backend.netio import AsyncioBackend, transport_for, upstream_client
+    from gate.backend.upstream import Upstream
+
+    heads: list[bytes] = []
+
+    async def handler(reader, writer):
+        heads.append(await reader.readuntil(b"\r\n\r\n"))
+        await reader.readexactly(int(heads[-1].lower().split(b"content-length: ")[1].split(b"\r\n")[0]))
+        writer.write(b"HTTP/1.1 200 OK\r\nSet-Cookie: session=tenant-a\r\nContent-Length: 14\r\n\r\ndata: [DONE]\n\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    client = upstream_client()
+    async with server, client:
+        transport = transport_for(client, httpx.URL(url))
+        assert isinstance(transport._pool._network_backend, AsyncioBackend)  # the gate's own, not anyio's
+        assert transport_for(client, httpx.URL("https://llama:8443")) is not transport
+        upstream = Upstream(client, url)
+        for _ in range(2):
+            response = await upstream.open("/v1/chat/completions", {"messages": []}, {"X-Trace": "t"})
+            assert await response.aread() == b"data: [DONE]\n\n" and response.url == httpx.URL(url + "/v1/chat/completions")
+            await response.aclose()
+    assert len(heads) == 2
+    assert b"cookie" not in heads[1].lower().replace(b"set-cookie", b"")
+    assert b"x-trace: t" in heads[1].lower() and b"connection: close" in heads[1].lower()
