@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         "core, no objective": lambda _o: sim.admission(example(None), slots=SLOTS),
         "core, TTFT-aware, mean only": lambda o: mean_only(sim.admission(example(o * 1000), slots=SLOTS, ttft_s=TTFT_S)),
         "core, TTFT-aware, min rate for aged only": lambda o: aged_only(sim.admission(example(o * 1000), slots=SLOTS, ttft_s=TTFT_S)),
+        "core, TTFT-aware, no slots kept (F7 off)": lambda o: no_kept(sim.admission(example(o * 1000), slots=SLOTS, ttft_s=TTFT_S)),
         "core, TTFT-aware": lambda o: sim.admission(example(o * 1000), slots=SLOTS, ttft_s=TTFT_S),
     }
     print(
@@ -125,6 +126,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"{min(min(c.served_per_window) for c in cs)} | {_range(gaps[cls], 1)} |"
                 )
     return 0
+
+
+def no_kept(adm: Admission) -> Admission:
+    adm.keep_slots = False
+    return adm
 
 
 def mean_only(adm: Admission) -> Admission:

@@ -492,7 +492,8 @@ def describe_config(config: Config) -> list[str]:
         slo += f", TPOT p95 {_fmt_num(bu.slo_tpot_p95_ms)} ms"
     aging = f"aging {_fmt_num(bu.aging_s)} s" if bu.aging_s else "aging off"
     floor = f"min {bu.min_tokens} tokens" if bu.min_tokens else "min auto (a quarter of the ceiling)"
-    lines.append(f"budget   {bu.mode}, {floor}, SLO {slo}, {aging}")
+    kept = "free slots kept for higher classes" if bu.keep_slots else "free slots to whoever comes"
+    lines.append(f"budget   {bu.mode}, {floor}, SLO {slo}, {aging}, {kept}")
     for c in config.classes:
         default = "  (default)" if c.name == config.default_class else ""
         lines.append(

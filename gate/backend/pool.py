@@ -457,6 +457,7 @@ class BackendPool:
                 budget=controller.budget,
                 tenant_policy=self._tenant_policy,
                 aging_s=self._budget.aging_s or None,
+                keep_slots=self._budget.keep_slots,
                 # the fitted model, else the median first-token time measured lately (#25: fixed
                 # prompt sizes give no fit, and the protection must not vanish with it)
                 expected_ttft=lambda r, prefilling: prefill.expected_or_recent(r.prompt_tokens, prefilling),

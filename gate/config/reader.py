@@ -302,6 +302,7 @@ def _budget(source: str, data: Any) -> BudgetConfig:
         decrease=r.get_float("decrease", d.decrease),
         min_samples=r.get_int("min_samples", d.min_samples),
         aging_s=r.get_float("aging_s", d.aging_s),
+        keep_slots=r.get_bool("keep_slots", d.keep_slots),
     )
 
 

@@ -139,6 +139,10 @@ class BudgetConfig:
     # time the others take to get back within their reservations, under 10 s, so every class with
     # demand is served in every 10 s window (#13's guarantee; at 10 s a 1x run had a window of 0).
     aging_s: float = 5.0
+    #: F7 (gate/core/admission.py): a lower class leaves free the slots a higher class's recent
+    #: arrivals are expected to need (#25: with TTFT objectives batch at 2x took the slots that
+    #: freed before interactive at 1x arrived, 74 served to 25)
+    keep_slots: bool = True
 
 
 CLASS_QUEUE_TIMEOUT_S = 10.0

@@ -21,6 +21,14 @@ A request r of class c, tenant t fits when all of:
       A5: a request llama-server splits into several tasks holds them all at once)
   F6. a long prompt (> prefill_yield_tokens) does not start while a request of a
       higher-priority class waits or is still prefilling    (prefill yields, if set)
+  F7. the free slots it leaves are at least what the higher-priority classes are expected
+      to need beside what they hold: the nearest whole number to the sum over the unpaused
+      higher classes h of max(0, demand_h x mean hold - slots held by h), demand_h being h's
+      arrival rate lately (its offers, decayed over DEMAND_WINDOW_S) and the hold the mean
+      measured slot hold (nothing kept while unmeasured). A waiter with its turn (G1) is
+      exempt: the lower class keeps its bounded share (#25: with objectives nobody waits,
+      so priority never acted: batch at 2x took the slots that freed before interactive at
+      1x arrived, and served 74 to interactive's 25 on the real host).
 While a higher-priority class waits for the shared budget (F1/F4), a lower
 class may only dispatch within its own reservation: its borrowing yields.
 
@@ -125,6 +133,8 @@ from gate.core.reasons import Reason
 from gate.core.waits import HoldTimes, chance_in_time, remaining, wait_at
 
 RETRY_MIN_S = 1.0
+#: F7: the window (time constant, s) over which a class's arrival rate is measured
+DEMAND_WINDOW_S = 10.0
 RETRY_MAX_S = 120.0
 # T1: a newcomer that must wait is queued only if a slot frees for it in time with at least this
 # chance (the measured holds' spread). Higher refuses more at arrival and fewer after a wait.
@@ -199,13 +209,14 @@ Decision = Admit | Queue | Refuse
 
 
 class Block(Enum):
-    """Why a request does not fit right now (F1-F5)."""
+    """Why a request does not fit right now (F1-F7)."""
 
     BUDGET = "budget"
     CLASS_LIMIT = "class_limit"
     TENANT = "tenant"
     PREFILL = "prefill"
     SLOTS = "slots"
+    KEPT = "kept"  # F7: the free slots are kept for a higher class's expected demand
     YIELD = "yield"  # F6: a long prefill waits for a higher class
 
 
@@ -282,6 +293,7 @@ class Admission:
         expected_ttft: Callable[[Request, int], float | None] | None = None,
         budget_elastic: Callable[[], bool] = lambda: False,
         default_ttft_objective_ms: float | None = None,
+        keep_slots: bool = True,
     ) -> None:
         self.capacity = capacity
         # Is the working budget the adaptive controller's estimate (E1, E2), or an operator's limit?
@@ -305,6 +317,10 @@ class Admission:
         self._started_at: dict[str, float] = {}
         # T1: class -> when it was last offered a request (a lower class's coming turn, G1 b).
         self._offered_at: dict[str, float] = {}
+        # F7: class -> (its arrival rate per second, decayed to that moment, the moment)
+        self._arrivals: dict[str, tuple[float, float]] = {}
+        self.keep_slots = keep_slots  # F7 ([budget] keep_slots)
+        self._now = 0.0  # the latest moment offer() or advance() was given (F7's decay)
         self.drain_rate = DrainRate(drain_window_s)
         # T1: measured slot hold times, for the expected wait of a newcomer or a waiter.
         self.holds = HoldTimes()
@@ -441,7 +457,7 @@ class Admission:
         return max(budget, min(self.capacity.ceiling, need))
 
     def blocker(self, request: Request, *, own_share_only: bool = False, aged: bool = False, stretch: bool | None = None) -> Block | None:
-        """The first of F5, F1-F4, F6 that `request` fails now, or None if it fits.
+        """The first of F5, F7, F1-F4, F6 that `request` fails now, or None if it fits.
 
         `aged`: checked as a waiter with its turn (G1: no yielding, F6 and borrowing do not
         apply); `stretch` (default: `aged`): against E2's stretched budget, for an aged one.
@@ -451,6 +467,8 @@ class Admission:
         cost = request.cost
         if led.slots + request.tasks > self.capacity.slots:
             return Block.SLOTS
+        if not aged and self.keep_slots and led.slots + request.tasks > self.capacity.slots - self.kept_slots(policy.priority):
+            return Block.KEPT
         in_class = led.class_tokens(request.cls)
         budget = self.working_budget(request, aged=True) if (aged if stretch is None else stretch) else self.effective_budget
         if led.in_flight + cost > budget - self.held_back(request.cls):
@@ -471,6 +489,33 @@ class Admission:
         if not aged and long_prompt is not None and request.prompt_tokens > long_prompt and self._higher_busy(policy.priority):
             return Block.YIELD
         return None
+
+    def demand(self, cls: str, now: float | None = None) -> float:
+        """`cls`'s arrival rate lately, per second (F7): offers, decayed over DEMAND_WINDOW_S."""
+        rate, at = self._arrivals.get(cls, (0.0, 0.0))
+        now = self._now if now is None else now
+        return rate * math.exp(-(now - at) / DEMAND_WINDOW_S) if now > at else rate
+
+    def kept_slots(self, priority: int) -> int:
+        """F7: free slots a class of `priority` leaves to the higher classes' expected demand."""
+        hold = self.holds.mean_s
+        if hold is None:
+            return 0
+        want = 0.0
+        for c in self._order:
+            policy = c.policy
+            if policy.priority <= priority:
+                break  # _order is by priority, highest first
+            if c.queue.paused:
+                continue
+            busy = 0
+            for r in self.ledger:
+                if r.request.cls == policy.name:
+                    busy += r.request.tasks
+            left = self.demand(policy.name) * hold - busy
+            if left > 0:
+                want += left
+        return min(self.capacity.slots, math.floor(want + 0.5))
 
     def _higher_busy(self, priority: int) -> bool:
         """Does a higher-priority class wait (unpaused) or still prefill a prompt (F6)?"""
@@ -706,6 +751,8 @@ class Admission:
             )
         self._started_at.setdefault(request.cls, now)  # G1 (b) counts from the first arrival
         self._offered_at[request.cls] = now
+        self._now = max(self._now, now)
+        self._arrivals[request.cls] = (self.demand(request.cls, now) + 1.0 / DEMAND_WINDOW_S, now)
         # No overtaking: with requests of its class waiting, a newcomer waits behind them.
         turn = self._newcomer_turn(entry, now)  # G1 (b)
         if not entry.queue:
@@ -733,6 +780,7 @@ class Admission:
     def advance(self, now: float) -> Step:
         """Expire overdue waiters, serve aged waiters, then dispatch by priority and DRR
         while requests fit."""
+        self._now = max(self._now, now)
         late, start_by = self._start_by_walk(now, late=True)
         expired = list(self._expire(now, late))
         admitted: list[Admit] = []
@@ -762,6 +810,8 @@ class Admission:
                 if block is Block.TENANT:
                     exclude.add(item.request.tenant)
                     continue
+                if block is Block.KEPT:
+                    break  # this class and the lower ones leave the rest to the higher classes
                 if block in _SHARED:
                     shared_blocked = True
                 break
@@ -978,6 +1028,8 @@ class Admission:
             return len(with_turn)
         priority = entry.policy.priority
         ahead = sum(len(c.queue) for c in self._order if c.policy.priority >= priority and not c.queue.paused)
+        if self.keep_slots:
+            ahead += self.kept_slots(priority)  # F7: the slots kept are taken, as far as it is concerned
         return ahead + sum(1 for w in with_turn if self._classes[w.request.cls].policy.priority < priority)
 
     def _turn_coming(self, entry: _Class, now: float, by: float) -> bool:

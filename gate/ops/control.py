@@ -511,6 +511,7 @@ class Control:
             # slo_ttft_p95_ms moved only the controller's SLO, not the objective of the classes
             # without their own nor the prefill cap derived from it; aging_s reached nothing)
             b.admission.aging_s = config.budget.aging_s or None
+            b.admission.keep_slots = config.budget.keep_slots
             b.admission.default_ttft_objective_ms = config.budget.slo_ttft_p95_ms
             b.gatekeeper.slo_ttft_s = config.budget.slo_ttft_p95_ms / 1000.0
 

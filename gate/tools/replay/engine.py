@@ -215,6 +215,7 @@ def replay(
         budget=controller.budget,
         tenant_policy=_policy_for(config),
         aging_s=config.budget.aging_s or None,
+        keep_slots=config.budget.keep_slots,
         # as gate.backend.pool builds the core: the fitted prefill model, else the median
         # first-token time measured lately, and [budget] slo_ttft_p95_ms as the TTFT objective of
         # every class without its own (T1-T3; the replay had neither, so it refused nothing on a
@@ -373,6 +374,7 @@ def _set_budget_settings(values: dict[str, Any], now: float, adm: Admission, con
     controller.set_slos(settings.slo_ttft_p95_s, settings.slo_tpot_p95_s)
     controller.set_bounds(now, settings.min_tokens)
     adm.aging_s = budget.aging_s or None  # as gate.ops.control's _apply_budget
+    adm.keep_slots = budget.keep_slots
     adm.default_ttft_objective_ms = budget.slo_ttft_p95_ms
     state["slo_s"] = budget.slo_ttft_p95_ms / 1000.0
 
