@@ -72,7 +72,7 @@ def plan(seed: int, streams: list[tuple[str, float]], duration: float, words: in
     return [Planned(i, p.at, p.cls, p.prompt, p.max_tokens) for i, p in enumerate(out)]
 
 
-def gate_toml(upstream: str, slo_ms: float | None, batch_ms: float | None = None) -> str:
+def gate_toml(upstream: str, slo_ms: float | None, batch_ms: float | None = None, keep_slots: bool = True) -> str:
     toml = EXAMPLE_CONFIG.replace('listen = "127.0.0.1:8081"', 'listen = "@LISTEN@"')
     toml = toml.replace('journal = "tokengate.db"', 'journal = "@JOURNAL@"')
     toml = toml.replace('url = "http://127.0.0.1:8080"', f'url = "{upstream}"', 1)
@@ -80,6 +80,8 @@ def gate_toml(upstream: str, slo_ms: float | None, batch_ms: float | None = None
         toml = toml.replace("slo_ttft_p95_ms = 2000.0", f"slo_ttft_p95_ms = {slo_ms:.1f}")
     if batch_ms is not None:
         toml = toml.replace("stream_batch_ms = 10.0", f"stream_batch_ms = {batch_ms:g}")
+    if not keep_slots:
+        toml = toml.replace("keep_slots = true", "keep_slots = false")
     return toml
 
 
@@ -174,6 +176,7 @@ def run_cell(
     gate_slo_ms: float | None,
     via_gate: bool,
     batch_ms: float | None = None,
+    keep_slots: bool = True,
 ) -> tuple[list[Result], dict]:
     srv = start_llama(binary, model)
     gate = None
@@ -182,7 +185,7 @@ def run_cell(
         url = srv.url
         if via_gate:
             workdir = Path(tempfile.mkdtemp(prefix="tokengate-served-in-time-"))
-            gate = Gate(gate_toml(srv.url, gate_slo_ms, batch_ms), workdir).start()
+            gate = Gate(gate_toml(srv.url, gate_slo_ms, batch_ms, keep_slots), workdir).start()
             url = gate.url
         results, _ = asyncio.run(drive(url, planned, duration, drain=30.0, class_header=via_gate))
         if gate is not None:
@@ -229,6 +232,11 @@ def main(argv: list[str] | None = None) -> int:
         "--batch-control",
         action="store_true",
         help="light cells: also the gate with [gate] stream_batch_ms = 0 (every token its own write)",
+    )
+    ap.add_argument(
+        "--keep-slots-control",
+        action="store_true",
+        help="two classes: also the gate with [budget] keep_slots = false (the first to come takes a free slot)",
     )
     ap.add_argument("--out", default=str(HERE / "results" / "served_in_time.json"))
     args = ap.parse_args(argv)
@@ -278,9 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     if "two" in cells_wanted:
         two = [("interactive", saturation), ("batch", 2 * saturation)]
         cells += [("two classes, gate (example, slo = objective)", two, slo_ms, True, None)]
-    for name, streams, gate_slo, via_gate, batch_ms in cells:
+        if args.keep_slots_control:
+            cells += [("two classes, gate (example, slo = objective, keep_slots = false)", two, slo_ms, True, "no-keep")]
+    for name, streams, gate_slo, via_gate, option in cells:
         planned = plan(args.seed, streams, args.duration, args.words, args.max_tokens)
-        results, extra = run_cell(binary, model, planned, args.duration, gate_slo, via_gate, batch_ms)
+        batch_ms = option if isinstance(option, float) else None
+        results, extra = run_cell(binary, model, planned, args.duration, gate_slo, via_gate, batch_ms, keep_slots=option != "no-keep")
         summary = summarise(results, args.duration, objective_s, saturation)
         report["cells"][name] = {"summary": summary, **extra}
         print(f"== {name}: {json.dumps(summary)} {json.dumps(extra)}", flush=True)
