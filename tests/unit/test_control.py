@@ -190,3 +190,12 @@ async def test_snapshot_reflects_operator_state_and_is_immutable(gate):
     assert [a.action for a in snap.audit][-2:] == ["pause_class", "set_budget"]
     with pytest.raises(dataclasses.FrozenInstanceError):
         snap.label = "REVIEW"
+
+
+async def test_keep_slots_starts_from_the_config_and_a_retune_reaches_the_core(gate):
+    backend = gate.backends.backends[0]
+    assert backend.admission.keep_slots is True  # [budget] keep_slots defaults on (F7)
+    gate.control.set_budget_settings(operator=ALICE, keep_slots=False)
+    assert backend.admission.keep_slots is False
+    gate.control.reload(parse_config(CONFIG.replace("min_tokens = 1024", "min_tokens = 1024\nkeep_slots = true")), operator=ALICE)
+    assert backend.admission.keep_slots is True

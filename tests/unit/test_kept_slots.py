@@ -96,3 +96,12 @@ def test_a_batch_waiter_with_its_turn_is_not_held_by_f7():
     assert adm.advance(104.9).admitted == ()
     assert [a.request.id for a in adm.advance(105.0).admitted] == [waiter.id]  # its minimum-rate turn
     check_invariants(adm)
+
+
+def test_keep_slots_false_in_a_replay_proposal_reaches_the_core():
+    # The replay builds its core from the config as the gate does: the proposal must change decisions.
+    from tests.unit.test_replay_golden import _case
+
+    on, off = _case("example", ""), _case("example", "budget.keep_slots=false")
+    moved = sum(1 for k in on if (on[k].admitted, on[k].reason) != (off[k].admitted, off[k].reason))
+    assert moved > 0
