@@ -145,7 +145,7 @@ min_samples = 20
 # requests. 0 = off. Default 5.
 aging_s = 5.0
 # Priority when nobody waits: a lower class does not take the free slots that the higher
-# classes' recent arrivals (their rate over the last ~10 s x the mean slot hold) say they will
+# classes' recent arrivals (their rate over the last ~10 s x their mean slot hold) say they will
 # need beside what they hold, so a chat arriving finds a slot free instead of a batch job in
 # it. The lower class keeps its bounded share (aging_s above). false: the first to arrive
 # takes a free slot, whatever its class. Default true.

@@ -24,8 +24,9 @@ A request r of class c, tenant t fits when all of:
   F7. the free slots it leaves are at least what the higher-priority classes are expected
       to need beside what they hold: the nearest whole number to the sum over the unpaused
       higher classes h of max(0, demand_h x mean hold - slots held by h), demand_h being h's
-      arrival rate lately (its offers, decayed over DEMAND_WINDOW_S) and the hold the mean
-      measured slot hold (nothing kept while unmeasured). A waiter with its turn (G1) is
+      arrival rate lately (its offers, decayed over DEMAND_WINDOW_S) and the hold h's own mean
+      measured slot hold (the mean of every class's until h has its own; nothing kept while
+      no hold is measured). A waiter with its turn (G1) is
       exempt: the lower class keeps its bounded share (#25: with objectives nobody waits,
       so priority never acted: batch at 2x took the slots that freed before interactive at
       1x arrived, and served 74 to interactive's 25 on the real host).
@@ -319,6 +320,9 @@ class Admission:
         self._offered_at: dict[str, float] = {}
         # F7: class -> (its arrival rate per second, decayed to that moment, the moment)
         self._arrivals: dict[str, tuple[float, float]] = {}
+        # F7: class -> its own slot holds (a class of long generations must not make another's
+        # short ones look long, and so keep every slot from the lower classes)
+        self._class_holds: dict[str, HoldTimes] = {}
         self.keep_slots = keep_slots  # F7 ([budget] keep_slots)
         self._now = 0.0  # the latest moment offer() or advance() was given (F7's decay)
         self.drain_rate = DrainRate(drain_window_s)
@@ -498,8 +502,8 @@ class Admission:
 
     def kept_slots(self, priority: int) -> int:
         """F7: free slots a class of `priority` leaves to the higher classes' expected demand."""
-        hold = self.holds.mean_s
-        if hold is None:
+        shared = self.holds.mean_s
+        if shared is None:
             return 0
         want = 0.0
         for c in self._order:
@@ -508,6 +512,10 @@ class Admission:
                 break  # _order is by priority, highest first
             if c.queue.paused:
                 continue
+            own = self._class_holds.get(policy.name)
+            hold = own.mean_s if own is not None else None
+            if hold is None:
+                hold = shared  # until its own holds are measured
             busy = 0
             for r in self.ledger:
                 if r.request.cls == policy.name:
@@ -891,6 +899,10 @@ class Admission:
         if res is not None:
             self.drain_rate.record(now, res.cost)
             self.holds.record(now - res.admitted_at)
+            own = self._class_holds.get(res.request.cls)
+            if own is None:
+                own = self._class_holds[res.request.cls] = HoldTimes()
+            own.record(now - res.admitted_at)
         return res
 
     def drain(self, cls: str, now: float) -> list[Refuse]:

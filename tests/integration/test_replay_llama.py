@@ -119,15 +119,22 @@ async def _run(url: str, journal: str, which: str, spacing_s: float) -> None:
 async def _warm(url: str) -> float:
     """A fresh llama-server's first requests are slow (a first run fitted a 4.7 s TTFT from them,
     against ~0.25 s after): warm every slot before recording, straight at llama-server. Returns
-    the arrival spacing that loads the 4 slots OVERLOAD times over, from the last round's time."""
+    the arrival spacing that loads the 4 slots OVERLOAD times over, from the faster of the last two rounds."""
     async with httpx.AsyncClient(timeout=60) as client:
         body = {"messages": [{"role": "user", "content": words(PROMPT_WORDS)}], "max_tokens": GEN, "ignore_eos": True}
-        took = 0.0
+        took = []
         for _ in range(3):
             start = time.monotonic()
             await asyncio.gather(*(client.post(url + CHAT, json=body) for _ in range(4)))
-            took = time.monotonic() - start
-    return min(0.2, max(0.005, took / 4 / OVERLOAD))
+            took.append(time.monotonic() - start)
+    # the faster of the last two rounds: a round slowed by the host says nothing of the slots' speed
+    return min(0.2, max(0.005, min(took[1:]) / 4 / OVERLOAD))
+
+
+def _refusals_in(journal: str) -> int:
+    with sqlite3.connect(journal) as conn:
+        (n,) = conn.execute("SELECT count(*) FROM decisions WHERE outcome = 'refused'").fetchone()
+    return n
 
 
 def _decode_ms(journal: str) -> float:
@@ -160,9 +167,17 @@ def _errors(real: dict, model: dict) -> dict:
 
 
 async def test_a_real_journal_replays_and_predicts_b(llama_unified, tmp_path: Path) -> None:
-    ja, jb = str(tmp_path / "a.db"), str(tmp_path / "b.db")
+    jb = str(tmp_path / "b.db")
     spacing_s = await _warm(llama_unified.url)
-    await _run(llama_unified.url, ja, "A", spacing_s)
+    for attempt in range(3):
+        # The burst must queue and refuse at A or the test proves nothing; the warm-up's speed
+        # is one moment of a shared host's (CI once had all 43 admitted, none waiting): a burst
+        # that did not overload is sent again, twice as dense. B gets the same arrivals as A.
+        ja = str(tmp_path / f"a{attempt}.db")
+        await _run(llama_unified.url, ja, "A", spacing_s)
+        if _refusals_in(ja) >= 4:
+            break
+        spacing_s /= 2
     await _run(llama_unified.url, jb, "B", spacing_s)
     window = load_window(ja)
     # Schema v4 as the gate writes it: the first token from arrival and from dispatch, apart by

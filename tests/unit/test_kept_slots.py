@@ -27,9 +27,8 @@ def _with_demand(adm, *, rate: float, until: float, hold_s: float = 1.0) -> None
         r = req("interactive", 100, at=t)
         assert isinstance(adm.offer(r, t), Admit)
         adm.release(r.id, t)
-    adm.holds._holds.clear()
-    adm.holds._total = 0.0
-    adm.holds._sorted = None
+    adm.holds = HoldTimes()
+    adm._class_holds.clear()  # interactive's own holds unmeasured: the mean of all, `hold_s`
     for _ in range(8):
         adm.holds.record(hold_s)
 
@@ -105,3 +104,28 @@ def test_keep_slots_false_in_a_replay_proposal_reaches_the_core():
     on, off = _case("example", ""), _case("example", "budget.keep_slots=false")
     moved = sum(1 for k in on if (on[k].admitted, on[k].reason) != (off[k].admitted, off[k].reason))
     assert moved > 0
+
+
+def test_the_higher_class_is_sized_by_its_own_holds_not_by_the_lower_class_long_ones():
+    # batch's long generations (30 s) must not make interactive's 1 s chats look like 30 s ones:
+    # at 1 chat/s that would keep all 4 slots from batch instead of the 1 interactive needs.
+    adm = pair(slots=4)
+    _with_demand(adm, rate=1.0, until=100.0)
+    for _ in range(24):
+        adm.holds.record(30.0)  # every class's mean: batch's long holds weigh in
+    own = adm._class_holds["interactive"] = HoldTimes()
+    for _ in range(8):
+        own.record(1.0)
+    assert adm.holds.mean_s > 10
+    assert adm.kept_slots(1) == 1  # interactive's own ~1 s holds x ~1/s
+    adm._class_holds.clear()  # the negative control: sized by every class's mean
+    assert adm.kept_slots(1) == 4
+
+
+def test_a_release_records_the_hold_for_its_class():
+    adm = pair(slots=4)
+    for i in range(4):
+        r = req("interactive", 100, at=float(i))
+        adm.offer(r, float(i))
+        adm.release(r.id, i + 2.0)
+    assert adm._class_holds["interactive"].mean_s == 2.0 and "batch" not in adm._class_holds
