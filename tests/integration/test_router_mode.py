@@ -267,13 +267,16 @@ async def test_models_max_1_never_evicts_a_model_with_requests_in_flight(llama_r
     ):
         first = await client.post(gate.url + CHAT, json=chat("tiny"))
         assert first.status_code == 200
-        long = await Stream(client, gate.url, chat("tiny", max_tokens=120, stream=True)).open()
+        long = await Stream(client, gate.url, chat("tiny", max_tokens=200, stream=True)).open()
         other = asyncio.create_task(client.post(gate.url + CHAT, json=chat("tiny2"), headers={"X-Request-Id": "for-tiny2"}))
         await wait_until(lambda: unit(gate, "tiny2").admission.waiting() == 1)
         await long.read(10)  # tiny keeps streaming while tiny2's request waits in the gate
         still_streaming = time.time()
         assert await listed(client, router) == {"tiny": "loaded", "tiny2": "unloaded"}
         fleet = unit(gate, "tiny").fleet
+        # the fleet's loop plans after the queue changed, once its own GET /models is answered:
+        # on a busy CI host that came after the lines above (blocked was still "")
+        await wait_until(lambda: fleet.blocked != "")
         assert fleet.blocked == "models_max 1: tiny busy (1 in flight)"
         view = next(m for m in gate.snapshot().models if m.name == "tiny2")
         assert view.queued == 1 and view.detail == "waits: models_max 1: tiny busy (1 in flight)"
