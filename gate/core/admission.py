@@ -134,9 +134,9 @@ from gate.core.reasons import Reason
 from gate.core.waits import HoldTimes, chance_in_time, remaining, wait_at
 
 RETRY_MIN_S = 1.0
+RETRY_MAX_S = 120.0
 #: F7: the window (time constant, s) over which a class's arrival rate is measured
 DEMAND_WINDOW_S = 10.0
-RETRY_MAX_S = 120.0
 # T1: a newcomer that must wait is queued only if a slot frees for it in time with at least this
 # chance (the measured holds' spread). Higher refuses more at arrival and fewer after a wait.
 IN_TIME_CHANCE = 0.9
