@@ -91,6 +91,12 @@ times measured at release say when the slots free (gate/core/waits.py):
       place is counted in the order of service (the waiters with their turn first, G2);
   T3. a waiter is never dispatched when, with the prompts prefilling at that moment, its first
       token is expected after its objective.
+  T4. T1 and T2 estimate a waiter's first-token time with the prompt tokens it will meet
+      prefilling at its dispatch: the mean of what the last MET_KEPT waiters met at theirs
+      (`prefill_met`), or what prefills now when that is more (a dispatch within one prefill).
+      With the prompts prefilling at arrival instead, a waiter queued on a quiet moment was
+      dispatched into a busier one and refused there by T3 (#25: 17 of 36 refusals over 50 ms
+      at 3x were T3's, 40-66 ms after T1 queued them).
 A newcomer that fits now is admitted (the backend can start it; refusing on an estimate with
 nothing running would stop the measurements too). Unmeasured parts count as zero; with nothing
 measured there is no early refusal, and the waiter waits up to queue_timeout_s.
@@ -140,6 +146,8 @@ DEMAND_WINDOW_S = 10.0
 # T1: a newcomer that must wait is queued only if a slot frees for it in time with at least this
 # chance (the measured holds' spread). Higher refuses more at arrival and fewer after a wait.
 IN_TIME_CHANCE = 0.9
+#: T4: the dispatches of waiters whose prefilling met is averaged
+MET_KEPT = 16
 
 
 class ClassPolicy(Protocol):
@@ -329,6 +337,8 @@ class Admission:
         # T1: measured slot hold times, for the expected wait of a newcomer or a waiter.
         self.holds = HoldTimes()
         self.in_time_chance = IN_TIME_CHANCE  # T1 (0: the mean's wait alone)
+        # T4: the prompt tokens prefilling when each of the last MET_KEPT waiters was dispatched
+        self._met: deque[int] = deque(maxlen=MET_KEPT)
         self._tenant_policy = tenant_policy
         self._classes: dict[str, _Class] = {}
         for policy in classes:
@@ -613,7 +623,18 @@ class Admission:
         return chance_in_time(position, within_s, ages, holds, self.capacity.slots, enough)
 
     def _ttft(self, request: Request) -> float | None:
+        """T3: the first-token time of `request` dispatched now."""
         return None if self.expected_ttft is None else self.expected_ttft(request, self.ledger.prefilling)
+
+    def prefill_met(self) -> int:
+        """T4: the prompt tokens a waiter is expected to meet prefilling at its dispatch: the
+        mean of what the last MET_KEPT waiters met, or what prefills now when that is more."""
+        now = self.ledger.prefilling
+        met = self._met
+        if not met:
+            return now
+        mean = sum(met) // len(met)
+        return mean if mean > now else now
 
     def _start_by_walk(self, now: float | None = None, *, late: bool = False) -> tuple[list[tuple[Waiting, float | None]], float | None]:
         """T2's walk: (with `late`, every waiter that must be dispatched by `now` to meet its
@@ -641,7 +662,7 @@ class Admission:
             frees = remaining((r.admitted_at for r in self.ledger), mean, now or 0.0, self.capacity.slots, self.holds.longest_s)
             k = len(frees)
         expected_ttft = self.expected_ttft
-        prefilling = self.ledger.prefilling
+        prefilling = self.prefill_met()  # T4
         # the waiters with their turn, where places matter (a wait is computed only with a mean)
         first = self._aged(now) if mean is not None and now is not None else []
         firsts = {w.request.id for w in first}
@@ -680,13 +701,14 @@ class Admission:
                     out.append((w, wait))
         return out, earliest
 
-    def _misses(self, request: Request, now: float) -> bool:
-        """T3: dispatched now, would `request` be expected to miss its objective?"""
+    def _misses(self, request: Request, now: float) -> float | None:
+        """T3: dispatched now, `request`'s expected first-token time when that misses its
+        objective, else None."""
         objective_ms = self.objective_ms(request.cls)
         expected = self._ttft(request)
         if not objective_ms or expected is None:
-            return False
-        return now + expected > request.arrival + objective_ms / 1000.0
+            return None
+        return expected if now + expected > request.arrival + objective_ms / 1000.0 else None
 
     def fits_now(self, request: Request) -> bool:
         """Would `offer` admit `request` at once? Changes nothing (the fallback's look-ahead;
@@ -805,12 +827,14 @@ class Admission:
                 if item is None:
                     break
                 block = self.blocker(item.request, own_share_only=shared_blocked)
-                if block is None and self._misses(item.request, now):
+                miss = None if block is not None else self._misses(item.request, now)
+                if miss is not None:
                     queue.remove(item.request.id)
-                    expired.append(self._late_refusal(item, now))
+                    expired.append(self._late_refusal(item, now, first_s=miss))
                     continue
                 if block is None:
                     queue.pop(item)
+                    self._met.append(self.ledger.prefilling)  # T4
                     admitted.append(self._start(item.request, now))
                     continue
                 if block is Block.SLOTS:
@@ -867,12 +891,14 @@ class Admission:
                 if w.request.id in skip:
                     continue
                 block = self.blocker(w.request, aged=True, stretch=self.aged(w, now))
-                if block is None and self._misses(w.request, now):
+                miss = None if block is not None else self._misses(w.request, now)
+                if miss is not None:
                     self._classes[w.request.cls].queue.remove(w.request.id)
-                    expired.append(self._late_refusal(w, now))
+                    expired.append(self._late_refusal(w, now, first_s=miss))
                     break
                 if block is None:
                     self._classes[w.request.cls].queue.remove(w.request.id)
+                    self._met.append(self.ledger.prefilling)  # T4
                     admitted.append(self._start(w.request, now, turn=True, aged=self.aged(w, now)))
                     break
                 if block in _AGED_WAITS:
@@ -1009,7 +1035,7 @@ class Admission:
         objective_ms = self.objective_ms(entry.policy.name)
         if not objective_ms:
             return None
-        expected = self._ttft(request)
+        expected = None if self.expected_ttft is None else self.expected_ttft(request, self.prefill_met())  # T4
         ahead = self._ahead_of_newcomer(entry, now, turn)
         wait = self.expected_wait(ahead, now)
         if wait is not None and not turn and self._turn_coming(entry, now, now + wait):
@@ -1062,10 +1088,13 @@ class Admission:
                 return True  # a newcomer arriving before then would have it
         return False
 
-    def _late_refusal(self, w: Waiting, now: float, wait: float | None = None) -> Refuse:
+    def _late_refusal(self, w: Waiting, now: float, wait: float | None = None, first_s: float | None = None) -> Refuse:
+        """T2 (`wait`: its expected wait left) or T3 (`first_s`: its first-token time now)."""
         cls = w.request.cls
         objective_ms = self.objective_ms(cls) or 0.0
         expecting = f" after an expected {wait:.2f}s more" if wait else ""
+        if first_s is not None:
+            expecting = f" now, its first token expected in {first_s * 1000:.0f} ms"
         return Refuse(
             w.request,
             Reason.QUEUE_TIMEOUT,

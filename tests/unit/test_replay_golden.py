@@ -122,18 +122,21 @@ CASES = [("example", p) for p in PROPOSALS[:2]] + [("busy", p) for p in PROPOSAL
 #: then F7, batch leaves free the slots interactive's arrivals are expected to need: 71 of the
 #: example's 400 decisions moved (admitted 175 -> 170), busy's none, busy with aging off 57 of
 #: 1,600 (admitted 1,082 -> 1,025: strict priority, batch has no minimum rate then); then F7 sized
-#: by each class's own holds: busy's moved (admitted 1,090 either way; with aging off 1,014))
+#: by each class's own holds: busy's moved (admitted 1,090 either way; with aging off 1,014); then
+#: T4, a waiter's first token judged with the prefill waiters met at their dispatch: 109 of the
+#: example's 400 decisions moved (admitted 170 -> 175), busy's 2 of 1,600 (1,090 either way))
 GOLDEN: dict[tuple[str, str], str] = {
-    ("example", ""): "2f1237532853e0d8",
-    ("example", "budget.mode=static,budget.min_tokens=6000,backend.token_budget=6000"): "2f1237532853e0d8",
-    ("busy", ""): "c553c5d539186028",
-    ("busy", "budget.mode=static,budget.min_tokens=6000,backend.token_budget=6000"): "beb808fef30e426a",
-    ("busy", "classes.batch.limit_tokens=2048"): "845b90f08dd9280a",
-    ("busy", "budget.aging_s=0"): "7af73fd3892442a2",
+    ("example", ""): "85ea7246043ea41a",
+    ("example", "budget.mode=static,budget.min_tokens=6000,backend.token_budget=6000"): "85ea7246043ea41a",
+    ("busy", ""): "f011eb0b1e9a37eb",
+    ("busy", "budget.mode=static,budget.min_tokens=6000,backend.token_budget=6000"): "1acb572f75565762",
+    ("busy", "classes.batch.limit_tokens=2048"): "9b94381b55f54b69",
+    ("busy", "budget.aging_s=0"): "7bf6fc563b34abaf",
 }
 # since each scenario carries its budget curve; then [gate] stream_batch_ms joined the example
-# config: its config_digest moved, nothing else in the answer did; then [budget] keep_slots (F7)
-GOLDEN_ANSWER = "ab0fc09bbba12f57"
+# config: its config_digest moved, nothing else in the answer did; then [budget] keep_slots (F7);
+# then T4
+GOLDEN_ANSWER = "c096404adc1347da"
 
 
 @pytest.mark.parametrize(("which", "proposal"), CASES)

@@ -110,6 +110,75 @@ def test_a_request_is_not_dispatched_when_the_prefill_it_joins_makes_it_miss():
     check_invariants(adm)
 
 
+def _met_prefill(adm: Admission, met: int) -> None:
+    """Waiters dispatched from the queue, each meeting `met` tokens prefilling (judged without a
+    first-token estimate meanwhile: only what they met is of interest)."""
+    estimate, adm.expected_ttft = adm.expected_ttft, None
+    t = 0.0
+    for _ in range(4):
+        t += 10.0
+        blocker = req("chat", 600, prompt=met, at=t)
+        other = req("chat", 600, prompt=10, at=t)
+        assert isinstance(adm.offer(blocker, t), Admit) and isinstance(adm.offer(other, t), Admit)
+        adm.first_token(other.id)
+        w = req("chat", 600, prompt=10, at=t)
+        assert isinstance(adm.offer(w, t), Queue)
+        adm.release(other.id, t + 0.05)
+        assert [a.request.id for a in adm.advance(t + 0.05).admitted] == [w.id]  # meets `blocker`'s prompt
+        for r in (blocker, w):
+            adm.release(r.id, t + 0.1)
+    adm.expected_ttft = estimate
+    adm.holds = HoldTimes()  # slots held 1 s from here on
+    for _ in range(4):
+        adm.holds.record(1.0)
+
+
+def test_a_newcomer_is_judged_with_the_prefill_a_waiter_meets_at_dispatch_not_the_moment_it_arrives():
+    """T4: the waiters dispatched lately met 800 prompt tokens prefilling; a newcomer arriving
+    while nothing prefills is judged with them (0.1 + 0.81 s + its wait > 1 s: refused at
+    arrival), where the moment's 0 tokens would have queued it to be refused after its wait
+    (the negative control)."""
+    for met, queued in ((800, False), (0, True)):
+        adm = Admission(
+            [Cls("chat", 10, queue_depth=10, queue_timeout_s=30.0, ttft_objective_ms=1000.0)],
+            Capacity(slots=2, slot_context=4000, ceiling=4000),
+            expected_ttft=lambda r, prefilling: 0.1 + (r.prompt_tokens + prefilling) / 1000.0,
+        )
+        adm.in_time_chance = 0.0  # the mean's wait alone: this is about the first-token time
+        _met_prefill(adm, met)
+        assert adm.prefill_met() == met
+        running = [req("chat", 600, prompt=10, at=100.0), req("chat", 600, prompt=10, at=100.0)]
+        for r in running:
+            assert isinstance(adm.offer(r, 100.0), Admit)
+            adm.first_token(r.id)
+        assert adm.ledger.prefilling == 0
+        newcomer = req("chat", 600, prompt=10, at=100.5)  # a slot frees in 0.5 s
+        decision = adm.offer(newcomer, 100.5)
+        assert isinstance(decision, Queue) is queued, (met, decision)
+        if not queued:
+            assert isinstance(decision, Refuse) and "first token 910 ms" in decision.detail
+        check_invariants(adm)
+
+
+def test_a_waiter_refused_at_dispatch_is_told_its_expected_first_token_time():
+    adm = Admission(
+        [Cls("chat", 10, queue_depth=10, queue_timeout_s=30.0, ttft_objective_ms=1000.0)],
+        Capacity(slots=2, slot_context=4000, ceiling=4000),
+        expected_ttft=lambda r, prefilling: 0.1 + (r.prompt_tokens + prefilling) / 1000.0,
+    )
+    running = [req("chat", 600, prompt=500), req("chat", 600, prompt=500)]
+    for r in running:
+        adm.offer(r, 0.0)
+        adm.first_token(r.id)
+    c, d = req("chat", 600, prompt=500), req("chat", 600, prompt=500)
+    adm.offer(c, 0.0)
+    adm.offer(d, 0.0)
+    for r in running:
+        adm.release(r.id, 0.05)
+    (refusal,) = adm.advance(0.05).expired
+    assert "first token expected in 1100 ms" in refusal.detail  # 0.1 + (500 + 500) / 1000
+
+
 def test_without_a_fit_the_prefill_model_falls_back_to_the_measured_first_token_time():
     model = PrefillModel()
     assert model.expected_or_recent(50, 0) is None and model.source == ""
