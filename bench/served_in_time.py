@@ -26,6 +26,15 @@ window), refusal latency p95, 5xx, and batch served per 10 s window.
 
     PYTHONPATH=. .venv/bin/python bench/served_in_time.py [--duration 40] [--cells light,over,two]
         [--rounds 3 --batch-control]   (the light cells as quiet pairs, alternated)
+        [--shield 10]                  (root: the gate and the client ahead of llama-server)
+
+``--shield N`` (root): the gate's session group and this process's (the client) get autogroup
+nice -N, as deploy/tokengate.service gives the gate ``CPUWeight=1000`` (ten times a default
+service's) and as a client on another host would be: on this 2-core host llama-server's two
+decode threads (``-t 2``) otherwise hold both cores, and the gate waited to run longer than it
+ran (/proc schedstat at 3x: 11% of a core on the CPU, 15% runnable and waiting; its loop lag p99
+57-77 ms, max 0.1-0.24 s; the client's max 0.1-0.2 s). llama-server keeps nice 0 in every arm,
+alone and behind the gate. Say so when you quote figures measured with it.
 
 Writes bench/results/served_in_time.json and prints the table.
 """
@@ -186,6 +195,8 @@ def run_cell(
         if via_gate:
             workdir = Path(tempfile.mkdtemp(prefix="tokengate-served-in-time-"))
             gate = Gate(gate_toml(srv.url, gate_slo_ms, batch_ms, keep_slots), workdir).start()
+            if SHIELD[0] and gate.proc is not None:
+                shield(gate.proc.pid, SHIELD[0])
             url = gate.url
         results, _ = asyncio.run(drive(url, planned, duration, drain=30.0, class_header=via_gate))
         if gate is not None:
@@ -196,6 +207,14 @@ def run_cell(
             gate.stop()
         srv.stop()
     return results, extra
+
+
+SHIELD = [0]  # --shield N: autogroup nice -N for the gate and this process
+
+
+def shield(pid: int | str, n: int) -> None:
+    """The session group of `pid` ("self": this process) at autogroup nice -n (root)."""
+    Path(f"/proc/{pid}/autogroup").write_text(str(-n))
 
 
 def _cpu_s(pid: int) -> float | None:
@@ -238,8 +257,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="two classes: also the gate with [budget] keep_slots = false (the first to come takes a free slot)",
     )
+    ap.add_argument("--shield", type=int, default=0, metavar="N", help="root: autogroup nice -N for the gate and the client (see above)")
     ap.add_argument("--out", default=str(HERE / "results" / "served_in_time.json"))
     args = ap.parse_args(argv)
+    if args.shield:
+        SHIELD[0] = args.shield
+        shield("self", args.shield)  # the client: this process's session group
 
     binary, model = find_llama_server(), cached_model(args.model_size)
     report_load = round(os.getloadavg()[0], 2)
@@ -259,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     report: dict = {
         "loadavg_1m_before": report_load,
+        "shield": args.shield,
         "unloaded_ttft_p95_s": p95,
         "objective_s": objective_s,
         "saturation_rps": saturation,

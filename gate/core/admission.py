@@ -83,7 +83,9 @@ times measured at release say when the slots free (gate/core/waits.py):
       waiter of that class, or to a newcomer of one offered a request within aging_s), plus
       its expected first-token time, passes its objective, or when the chance that
       a slot frees for it in time (from the spread of the measured holds, waits.chance_in_time)
-      is below IN_TIME_CHANCE: it is queued only if it is likely to make it, so that a waiter
+      is below IN_TIME_CHANCE (before any hold is measured, a start under load: from how long
+      the slots have run without a release, waits.chance_before_any_hold): it is queued only
+      if it is likely to make it, so that a waiter
       refused after a wait (T2) is the exception, not the rule (#25: on the mean alone 38 of
       44 refusals at 3x came after a wait);
   T2. a waiter is refused as soon as its expected remaining wait plus first-token time passes
@@ -137,7 +139,7 @@ from gate.core import queueing
 from gate.core.ledger import Ledger, Request, Reservation
 from gate.core.queueing import ClassQueue, Waiting
 from gate.core.reasons import Reason
-from gate.core.waits import HoldTimes, chance_in_time, remaining, wait_at
+from gate.core.waits import HoldTimes, chance_before_any_hold, chance_in_time, remaining, wait_at
 
 RETRY_MIN_S = 1.0
 RETRY_MAX_S = 120.0
@@ -1045,9 +1047,12 @@ class Admission:
             return None
         left = request.arrival + objective_ms / 1000.0 - now - (expected or 0.0)  # to get a slot
         chance = self.chance_in_time(ahead, left, now, self.in_time_chance) if wait is not None and wait <= left else None
+        unmeasured = wait is None and self.in_time_chance > 0.0 and self.holds.sorted_s() is None
+        if unmeasured:  # T1 before any hold is measured: how long the slots have run without a release
+            chance = chance_before_any_hold(ahead, left, (now - r.admitted_at for r in self.ledger), self.capacity.slots)
         if (wait or 0.0) <= left and (chance is None or chance >= self.in_time_chance):
             return None
-        unlikely = f" (a slot in time: {chance:.0%} likely)" if chance is not None else ""
+        unlikely = f" (a slot in time: {chance:.0%} likely{'; no slot has freed yet' if unmeasured else ''})" if chance is not None else ""
         return Refuse(
             request,
             Reason.QUEUE_TIMEOUT,

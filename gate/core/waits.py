@@ -107,6 +107,35 @@ def wait_at(position: int, frees: list[float], mean_s: float) -> float:
     return frees[position % k] + (position // k) * mean_s
 
 
+def chance_before_any_hold(position: int, within_s: float, ages: Iterable[float], slots: int) -> float:
+    """`chance_in_time` before any hold is measured (a start under load): the busy slots free
+    memorylessly, each at the pace of h, the longest any of them has been held so far (none has
+    freed in that time), so their frees within `within_s` are Poisson with mean busy x within_s / h;
+    a free slot frees at once. The waiter at `position` needs position + 1 frees. Not a bound: a
+    guess that queues a newcomer while the slots are young (h small: likely) and refuses it at
+    arrival once they have run long without a release, where it would have waited only to be
+    refused (#25: a cold gate at 3x queued 15 newcomers in its first second, each refused ~105 ms
+    later by T2)."""
+    ages = list(ages)[: max(0, slots)]
+    want = position + 1 - max(0, slots - len(ages))
+    if want <= 0:
+        return 1.0
+    longest = max(ages, default=0.0)
+    if within_s <= 0.0:
+        return 0.0
+    if longest <= 0.0:
+        return 1.0  # the slots have just started: nothing says they are slow
+    mean = len(ages) * within_s / longest
+    if not mean < 700.0:
+        return 1.0  # e^-mean underflows (0 x inf below): the slots free at once by comparison
+    term = math.exp(-mean)  # P(0 frees)
+    below = term
+    for j in range(1, want):
+        term *= mean / j
+        below += term
+    return max(0.0, 1.0 - below)
+
+
 def chance_in_time(
     position: int, within_s: float, ages: Iterable[float], holds: list[float], slots: int, enough: float | None = None
 ) -> float:

@@ -179,6 +179,45 @@ def test_a_waiter_refused_at_dispatch_is_told_its_expected_first_token_time():
     assert "first token expected in 1100 ms" in refusal.detail  # 0.1 + (500 + 500) / 1000
 
 
+def test_before_any_release_a_newcomer_is_queued_while_the_slots_are_young_and_refused_once_they_ran_long():
+    """T1 before any hold is measured (a gate started under load): with the first-token time
+    known, a newcomer that must wait is judged by how long the slots have run without a release
+    (waits.chance_before_any_hold). Negative control: on the old rule (no chance, in_time_chance
+    0) it is queued however long they ran, to be refused by T2 after its wait."""
+    for chance_rule, run_for, queued in ((True, 0.1, True), (True, 1.0, False), (False, 1.0, True)):
+        adm = one_class(objective_ms=1000.0)  # first token 0.2 s: 0.8 s left for a slot
+        if not chance_rule:
+            adm.in_time_chance = 0.0
+        for r in (req("chat", 100, at=0.0), req("chat", 100, at=0.0)):
+            assert isinstance(adm.offer(r, 0.0), Admit)
+        assert adm.holds.mean_s is None  # nothing released yet
+        newcomer = req("chat", 100, at=run_for)
+        decision = adm.offer(newcomer, run_for)
+        assert isinstance(decision, Queue) is queued, (chance_rule, run_for, decision)
+        if not queued:
+            assert isinstance(decision, Refuse) and decision.reason is Reason.QUEUE_TIMEOUT
+            assert "80% likely; no slot has freed yet" in decision.detail  # P(Poisson(2 x 0.8 / 1) >= 1)
+        check_invariants(adm)
+
+
+@given(
+    position=st.integers(0, 6),
+    within=st.floats(0.0, 5.0),
+    ages=st.lists(st.floats(0.0, 10.0), max_size=6),
+    slots=st.integers(1, 6),
+)
+def test_the_chance_before_any_hold_is_a_probability_that_grows_with_time_and_falls_with_the_place(position, within, ages, slots):
+    from gate.core.waits import chance_before_any_hold
+
+    c = chance_before_any_hold(position, within, ages, slots)
+    assert 0.0 <= c <= 1.0
+    assert chance_before_any_hold(position, within + 0.5, ages, slots) >= c - 1e-12
+    assert chance_before_any_hold(position + 1, within, ages, slots) <= c + 1e-12
+    busy = min(len(ages), slots)
+    if position + 1 <= slots - busy:
+        assert c == 1.0  # a free slot for it
+
+
 def test_without_a_fit_the_prefill_model_falls_back_to_the_measured_first_token_time():
     model = PrefillModel()
     assert model.expected_or_recent(50, 0) is None and model.source == ""
