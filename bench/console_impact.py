@@ -68,6 +68,7 @@ import re
 import shutil
 import signal
 import socket
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -242,7 +243,7 @@ def measured_run(arm: Arm, rate: float, duration: float, seed: int) -> dict:
     shield(gen.pid)
     watched = {**pids, "fake": FAKE_PID[0]}
     before = {name: sched(pid) for name, pid in watched.items()}
-    busy_before, t0 = machine_busy(), time.monotonic()
+    busy_before, t0, wall0 = machine_busy(), time.monotonic(), time.time()
     out, _ = gen.communicate(timeout=duration + 180)
     after = {name: sched(pid) for name, pid in watched.items()}
     wall, busy = time.monotonic() - t0, machine_busy() - busy_before
@@ -257,8 +258,30 @@ def measured_run(arm: Arm, rate: float, duration: float, seed: int) -> dict:
         loop_lag_ms=loop_lag(arm.port),
         load_avg=[round(x, 2) for x in load_avg_before],
         load_avg_after=[round(x, 2) for x in os.getloadavg()],
+        gate_ms=gate_durations(arm.workdir / "gate.db", wall0),
     )
     return cell
+
+
+def gate_durations(db: Path, since: float) -> dict:
+    """What the gate's own journal says the run's requests took, arrival to the answer's end
+    (`duration_ms`): a slow request the gate answered fast spent its time outside the gate (the
+    kernel, the load generator), one it answered slow inside it. The journal commits in batches:
+    read once it has the run's last second."""
+    time.sleep(1.5)
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+            ms = sorted(r[0] for r in conn.execute("SELECT duration_ms FROM decisions WHERE ts >= ?", (since,)))
+    except sqlite3.Error as exc:
+        return {"error": str(exc)}
+    if not ms:
+        return {"n": 0}
+    return {
+        "n": len(ms),
+        "p99": round(ms[min(len(ms) - 1, int(0.99 * len(ms)))], 1),
+        "max": round(ms[-1], 1),
+        "over_100": sum(1 for x in ms if x > 100.0),
+    }
 
 
 FAKE_PID: list[int | None] = [None]
@@ -585,7 +608,10 @@ def print_run(kind: str, rate: float, round_: int, cell: dict) -> None:
         f"{kind:9s} {rate:5.0f} req/s round {round_}: p50 {cell['p50_ms']:7.1f} ms  p99 {cell['p99_ms']:8.1f} ms  "
         f"max {cell['max_ms']:8.1f}  non-200 {cell['non_200']}  loop lag p99/max {lag.get('0.99', -1):.1f}/{lag.get('1', -1):.1f} ms  "
         f"CPU% gate {cpu['gate']:.0f} (waited {cpu['gate_waited']:.0f}) console {cpu['console']:.0f} tmux {cpu['tmux']:.0f} "
-        f"fake {cpu['fake']:.0f} others+load {cpu['others_and_load']:.0f}  load {cell['load_avg'][0]:.2f}",
+        f"fake {cpu['fake']:.0f} others+load {cpu['others_and_load']:.0f}  load {cell['load_avg'][0]:.2f}  "
+        f"generator late max {cell.get('generator_lag_max_ms') or 0:.0f} ms ({cell.get('generator_late_50ms', 0)} over 50)  "
+        f"connect p99/max {cell.get('connect_p99_ms') or 0:.1f}/{cell.get('connect_max_ms') or 0:.1f} ms  "
+        f"gate's journal p99/max {cell.get('gate_ms', {}).get('p99', -1)}/{cell.get('gate_ms', {}).get('max', -1)} ms",
         flush=True,
     )
 

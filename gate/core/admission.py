@@ -96,9 +96,9 @@ times measured at release say when the slots free (gate/core/waits.py):
   T4. T1 and T2 estimate a waiter's first-token time with the prompt tokens it will meet
       prefilling at its dispatch: the mean of what the last MET_KEPT waiters met at theirs
       (`prefill_met`), or what prefills now when that is more (a dispatch within one prefill).
-      With the prompts prefilling at arrival instead, a waiter queued on a quiet moment was
-      dispatched into a busier one and refused there by T3 (#25: 17 of 36 refusals over 50 ms
-      at 3x were T3's, 40-66 ms after T1 queued them).
+      With the prompts prefilling at arrival instead, a newcomer arriving on a quiet moment
+      was judged with none, queued, and met the prompts dispatched just before it: refused
+      after its wait (T2, T3) instead of at arrival.
 A newcomer that fits now is admitted (the backend can start it; refusing on an estimate with
 nothing running would stop the measurements too). Unmeasured parts count as zero; with nothing
 measured there is no early refusal, and the waiter waits up to queue_timeout_s.

@@ -136,6 +136,31 @@ def chance_before_any_hold(position: int, within_s: float, ages: Iterable[float]
     return max(0.0, 1.0 - below)
 
 
+def _first_frees_bound(need: int, within_s: float, ages: list[float], holds: list[float], slots: int) -> float:
+    """A lower bound of `chance_in_time` from each slot's first free alone (Hoeffding): with S
+    the number of slots that free at least once within `within_s` (independent, each with the
+    chance `first` that chance_in_time computes), mu = E[S] over the k slots,
+    P(S >= need) >= 1 - exp(-2 (mu - need + 1)^2 / k) when mu > need - 1, and every free counts
+    at least that. One bisect pair per slot, no convolution: a newcomer that is very likely to
+    make it is told so at once (#24: T1's exact sum was 28% of a replay, and every one of a
+    10,000-decision run's 4,416 calls ended "likely")."""
+    n = len(holds)
+    mu = float(slots - len(ages))  # free slots: one free each, at once
+    mean = None
+    for age in ages:
+        at = bisect_right(holds, age)
+        if at == n:
+            if mean is None:
+                mean = sum(holds) / n
+            mu += 1.0 - math.exp(-within_s / max(1e-9, mean))
+        else:
+            mu += (bisect_right(holds, age + within_s) - at) / (n - at)
+    slack = mu - (need - 1)
+    if slack <= 0.0:
+        return 0.0
+    return 1.0 - math.exp(-2.0 * slack * slack / max(1, slots))
+
+
 def chance_in_time(
     position: int, within_s: float, ages: Iterable[float], holds: list[float], slots: int, enough: float | None = None
 ) -> float:
@@ -155,6 +180,10 @@ def chance_in_time(
     ages = list(ages)[: max(0, slots)]
     if need <= slots - len(ages):
         return 1.0  # a free slot for it (summed, the pieces of 1 can round to 0.9999999999999999)
+    if enough is not None:
+        bound = _first_frees_bound(need, within_s, ages, holds, slots)
+        if bound >= enough:
+            return bound  # at least `enough`: all T1 asks (#24: most newcomers that queue)
     for age in ages + [None] * max(0, slots - len(ages)):  # None: a free slot, one free at once
         if age is None:
             first, rest = 1.0, within_s

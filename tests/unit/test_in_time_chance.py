@@ -95,8 +95,47 @@ def reference_chance(position, within_s, ages, holds, slots, enough=None):
     enough=st.sampled_from([None, 0.5, IN_TIME_CHANCE]),
 )
 def test_the_chance_is_the_reference_loops_to_the_bit(holds, ages, slots, position, within, enough):
+    """Exact to the bit; with `enough`, exact below it and at least it otherwise (the reference
+    stops summing there, the core may answer from its first-frees bound before summing)."""
     holds = sorted(holds)
-    assert chance_in_time(position, within, ages, holds, slots, enough) == reference_chance(position, within, ages, holds, slots, enough)
+    got = chance_in_time(position, within, ages, holds, slots, enough)
+    ref = reference_chance(position, within, ages, holds, slots, enough)
+    if enough is None or ref < enough:
+        assert got == ref
+    else:
+        assert enough <= got <= reference_chance(position, within, ages, holds, slots) + 1e-12
+
+
+@EXAMPLES
+@given(
+    holds=st.lists(st.floats(0.01, 20.0), min_size=1, max_size=40),
+    ages=st.lists(st.floats(0.0, 30.0), max_size=40),
+    slots=st.integers(1, 40),
+    position=st.integers(0, 80),
+    within=st.floats(0.0, 60.0),
+)
+def test_the_first_frees_bound_never_exceeds_the_chance(holds, ages, slots, position, within):
+    """The shortcut T1 takes (#24) is a lower bound: never more likely than the exact sum."""
+    from gate.core.waits import _first_frees_bound
+
+    holds = sorted(holds)
+    ages = ages[:slots]
+    if position + 1 <= slots - len(ages):
+        return  # a free slot: answered before the bound
+    bound = _first_frees_bound(position + 1, within, ages, holds, slots)
+    assert 0.0 <= bound <= reference_chance(position, within, ages, holds, slots) + 1e-12
+
+
+def test_a_newcomer_very_likely_to_make_it_is_answered_from_the_bound():
+    from gate.core.waits import _first_frees_bound
+
+    holds = [1.0 + i / 100 for i in range(64)]  # holds of 1.00-1.63 s
+    ages = [1.2] * 32  # each slot frees within 0.3 s with 30 / 43: 4 of 32 are needed
+    got = chance_in_time(3, 0.3, ages, holds, 32, IN_TIME_CHANCE)
+    assert got == _first_frees_bound(4, 0.3, ages, holds, 32)  # answered from the bound
+    assert IN_TIME_CHANCE <= got <= chance_in_time(3, 0.3, ages, holds, 32)
+    # too few likely frees for the bound: the exact sum answers (4 of 4 slots must free)
+    assert chance_in_time(3, 0.3, ages[:4], holds, 4, IN_TIME_CHANCE) == chance_in_time(3, 0.3, ages[:4], holds, 4)
 
 
 def test_a_slot_held_past_every_hold_measured_frees_at_the_mean_holds_pace_not_at_once():
