@@ -161,6 +161,18 @@ def loop_lag(port: int) -> dict[str, float]:
     return {q: round(float(v) * 1000, 1) for q, v in re.findall(r'tokengate_event_loop_lag_seconds\{quantile="([^"]+)"\} (\S+)', body)}
 
 
+def commit_waits(port: int) -> dict:
+    """The gate's tokengate_journal_commit_wait_seconds: answers that waited over 20 / 100 ms for
+    their decision row's commit (cumulative since the gate started: each arm starts a fresh gate)."""
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    except OSError:
+        return {}
+    buckets = {le: float(v) for le, v in re.findall(r'tokengate_journal_commit_wait_seconds_bucket\{le="([^"]+)"\} (\S+)', body)}
+    total = buckets.get("+Inf", 0.0)
+    return {"n": int(total), "over_20ms": int(total - buckets.get("0.02", total)), "over_100ms": int(total - buckets.get("0.1", total))}
+
+
 class Arm:
     """One way of running the gate: started, loaded, stopped."""
 
@@ -259,6 +271,7 @@ def measured_run(arm: Arm, rate: float, duration: float, seed: int) -> dict:
         load_avg=[round(x, 2) for x in load_avg_before],
         load_avg_after=[round(x, 2) for x in os.getloadavg()],
         gate_ms=gate_durations(arm.workdir / "gate.db", wall0),
+        commit_wait=commit_waits(arm.port),
     )
     return cell
 
@@ -611,7 +624,8 @@ def print_run(kind: str, rate: float, round_: int, cell: dict) -> None:
         f"fake {cpu['fake']:.0f} others+load {cpu['others_and_load']:.0f}  load {cell['load_avg'][0]:.2f}  "
         f"generator late max {cell.get('generator_lag_max_ms') or 0:.0f} ms ({cell.get('generator_late_50ms', 0)} over 50)  "
         f"connect p99/max {cell.get('connect_p99_ms') or 0:.1f}/{cell.get('connect_max_ms') or 0:.1f} ms  "
-        f"gate's journal p99/max {cell.get('gate_ms', {}).get('p99', -1)}/{cell.get('gate_ms', {}).get('max', -1)} ms",
+        f"gate's journal p99/max {cell.get('gate_ms', {}).get('p99', -1)}/{cell.get('gate_ms', {}).get('max', -1)} ms  "
+        f"slowest 1% (connect, to status, to EOF) {cell.get('slowest_split_ms')}  commit waits {cell.get('commit_wait')}",
         flush=True,
     )
 

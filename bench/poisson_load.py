@@ -32,20 +32,24 @@ def pct(values: list[float], q: float) -> float | None:
     return s[min(len(s) - 1, max(0, round(q / 100 * len(s) + 0.5) - 1))]
 
 
-async def one(host: str, port: int, path: str, cls: str, timeout: float, connects: list[float] | None = None) -> int:
+async def one(host: str, port: int, path: str, cls: str, timeout: float, split: list[float] | None = None) -> int:
+    """One request on its own connection; `split` gets the ms to connect, then to the status
+    line, then to the answer's end (EOF)."""
+    began = time.monotonic()
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    connected = time.monotonic()
     request = (
         f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n"
         f"x-tokengate-class: {cls}\r\nconnection: close\r\ncontent-length: {len(BODY)}\r\n\r\n"
     ).encode() + BODY
-    began = time.monotonic()
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-    if connects is not None:
-        connects.append((time.monotonic() - began) * 1000)
     try:
         writer.write(request)
         status_line = await asyncio.wait_for(reader.readline(), timeout)
+        headed = time.monotonic()
         status = int(status_line.split()[1])
         await asyncio.wait_for(reader.read(), timeout)  # to EOF: the whole answer
+        if split is not None:
+            split.extend(((connected - began) * 1000, (headed - connected) * 1000, (time.monotonic() - headed) * 1000))
         return status
     finally:
         writer.close()
@@ -66,17 +70,20 @@ async def run(url: str, rate: float, duration: float, seed: int, cls: str, timeo
     start = loop.time() + 0.2
     latencies: list[float] = []
     lags: list[float] = []
-    connects: list[float] = []
+    splits: dict[float, list[float]] = {}  # scheduled moment -> connect, to status, to EOF (ms)
     statuses: dict[str, int] = {}
 
     async def fire(at: float) -> None:
         lags.append((loop.time() - at) * 1000)
+        split: list[float] = []
+        splits[at] = split
         try:
-            status = str(await one(host, port, path, cls, timeout, connects))
+            status = str(await one(host, port, path, cls, timeout, split))
         except (TimeoutError, OSError, ValueError, IndexError) as exc:
             status = f"error:{type(exc).__name__}"
         statuses[status] = statuses.get(status, 0) + 1
         latencies.append((loop.time() - at) * 1000)
+        split.append(latencies[-1])
 
     tasks = []
     for offset in arrivals:
@@ -104,9 +111,19 @@ async def run(url: str, rate: float, duration: float, seed: int, cls: str, timeo
         # connect (the gate's accept queue), beside the rest (the gate's answer)
         "generator_lag_max_ms": max(lags) if lags else None,
         "generator_late_50ms": sum(1 for x in lags if x > 50.0),
-        "connect_p99_ms": pct(connects, 99),
-        "connect_max_ms": max(connects) if connects else None,
+        "connect_p99_ms": pct([v[0] for v in splits.values() if len(v) == 4], 99),
+        "connect_max_ms": max((v[0] for v in splits.values() if len(v) == 4), default=None),
+        # the slowest 1%: where their time went (medians): connect, then the status line, then EOF
+        "slowest_split_ms": slowest_split(list(splits.values())),
     }
+
+
+def slowest_split(splits: list[list[float]]) -> dict | None:
+    done = sorted((v for v in splits if len(v) == 4), key=lambda v: v[3])
+    top = done[-max(1, len(done) // 100) :] if done else []
+    if not top:
+        return None
+    return {name: round(sorted(v[i] for v in top)[len(top) // 2], 1) for i, name in enumerate(("connect", "to_status", "to_eof", "total"))}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -59,6 +59,10 @@ SHARED_WAIT_BUCKETS = (
     0.0001, 0.0002, 0.0003, 0.0005, 0.00075, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1,
 )  # fmt: skip
 
+# 0.5 ms .. 1 s (the wait is bounded at 1 s): a row commits in a millisecond or two when the
+# writer thread gets the CPU
+COMMIT_WAIT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
+
 # 1 ms .. 120 s
 QUEUE_WAIT_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -247,6 +251,13 @@ class GateMetrics:
             buckets=SHARED_WAIT_BUCKETS,
             registry=r,
         )
+        self._commit_wait = Histogram(
+            "tokengate_journal_commit_wait_seconds",
+            "Time an answer's last bytes waited for its decision row's commit (DESIGN.md 5; bounded at 1 s): "
+            "the journal's writer thread short of CPU or the disk slow shows here, not in the loop lag.",
+            buckets=COMMIT_WAIT_BUCKETS,
+            registry=r,
+        )
         self._info = Info("tokengate", "tokengate build information.", registry=r)
         self._info.info({"version": version})
         for source in TOKEN_COUNT_SOURCES:
@@ -344,6 +355,10 @@ class GateMetrics:
 
     def reaped(self, n: int = 1) -> None:
         self._reaped.inc(n)
+
+    def commit_wait(self, seconds: float) -> None:
+        """How long one answer's last bytes waited for the journal's commit."""
+        self._commit_wait.observe(max(0.0, seconds))
 
     def shared_wait(self, seconds: float) -> None:
         """How long one admission waited on Redis."""

@@ -265,13 +265,18 @@ class Recorder:
 
     async def committed(self, fut: asyncio.Future[bool] | None, timeout_s: float = 1.0) -> None:
         """Wait for a decision row's commit before the client's last bytes (bounded; never while failing)."""
-        if fut is None or fut.done() or self.journal is None or not self.journal.health.ok:
+        if fut is None or self.journal is None or not self.journal.health.ok:
             return
+        if fut.done():
+            self.metrics.commit_wait(0.0)
+            return
+        began = time.monotonic()
         try:
             async with asyncio.timeout(timeout_s):
                 await asyncio.shield(fut)  # a timeout must not cancel the journal's future
         except TimeoutError:
             log.warning("journal commit took over %.1fs; answering the client anyway", timeout_s)
+        self.metrics.commit_wait(time.monotonic() - began)  # #26: a slow answer the loop lag did not show
 
     # ---- once a second --------------------------------------------------------
 

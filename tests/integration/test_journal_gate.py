@@ -19,6 +19,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -269,6 +270,14 @@ async def test_answer_ends_only_after_its_decision_row_commits(llama, tmp_path, 
             assert row is not None and row["outcome"] == "admitted" and row["completion_tokens"] == 8
             health = gate.journal.health
             assert health.ok and health.dropped == 0, health  # a short lock is no fault
+            # /metrics says the answer waited on the journal (#26: it does not show in the loop lag)
+            waits = {
+                le: float(v)
+                for le, v in re.findall(
+                    r'tokengate_journal_commit_wait_seconds_bucket\{le="([^"]+)"\} (\S+)', (await client.get("/metrics")).text
+                )
+            }
+            assert waits["+Inf"] - waits["0.1"] >= 1, waits  # held at least min_hold_s (0.2 s)
             print(
                 f"\n[measured] answer held {((finished_at - released_at) * 1000):.0f} ms past the lock's release"
                 + (f"; [DONE] reached the client before the commit: {done_while_locked}" if stream else "")
