@@ -27,6 +27,15 @@ def one_class(*, slots=2, objective_ms=None, default_ms=None, ttft=0.2) -> Admis
     )
 
 
+def prefill_core() -> Admission:
+    """Two slots, a 1 s objective, first token 0.1 s + 1 ms per prompt token prefilling."""
+    return Admission(
+        [Cls("chat", 10, queue_depth=10, queue_timeout_s=30.0, ttft_objective_ms=1000.0)],
+        Capacity(slots=2, slot_context=4000, ceiling=4000),
+        expected_ttft=lambda r, prefilling: 0.1 + (r.prompt_tokens + prefilling) / 1000.0,
+    )
+
+
 def measure_holds(adm: Admission, seconds: float, n: int = 4) -> None:
     for _ in range(n):
         r = req("chat", 100, at=0.0)
@@ -88,11 +97,7 @@ def test_a_waiter_is_refused_as_soon_as_it_is_expected_to_miss_not_once_it_has()
 
 def test_a_request_is_not_dispatched_when_the_prefill_it_joins_makes_it_miss():
     """T3: the estimate at dispatch sees the prompts dispatched before it in the same step."""
-    adm = Admission(
-        [Cls("chat", 10, queue_depth=10, queue_timeout_s=30.0, ttft_objective_ms=1000.0)],
-        Capacity(slots=2, slot_context=4000, ceiling=4000),
-        expected_ttft=lambda r, prefilling: 0.1 + (r.prompt_tokens + prefilling) / 1000.0,
-    )
+    adm = prefill_core()
     running = [req("chat", 600, prompt=500), req("chat", 600, prompt=500)]
     for r in running:
         assert isinstance(adm.offer(r, 0.0), Admit)
@@ -107,6 +112,7 @@ def test_a_request_is_not_dispatched_when_the_prefill_it_joins_makes_it_miss():
     # `d` would join c's 500 prefilling tokens: 0.05 + 0.1 + 1.0 s > 1 s: refused, not admitted to miss
     assert [f.request.id for f in step.expired] == [d.id]
     assert step.expired[0].reason is Reason.QUEUE_TIMEOUT
+    assert "first token expected in 1100 ms" in step.expired[0].detail  # 0.1 + (500 + 500) / 1000
     check_invariants(adm)
 
 
@@ -139,11 +145,7 @@ def test_a_newcomer_is_judged_with_the_prefill_a_waiter_meets_at_dispatch_not_th
     arrival), where the moment's 0 tokens would have queued it to be refused after its wait
     (the negative control)."""
     for met, queued in ((800, False), (0, True)):
-        adm = Admission(
-            [Cls("chat", 10, queue_depth=10, queue_timeout_s=30.0, ttft_objective_ms=1000.0)],
-            Capacity(slots=2, slot_context=4000, ceiling=4000),
-            expected_ttft=lambda r, prefilling: 0.1 + (r.prompt_tokens + prefilling) / 1000.0,
-        )
+        adm = prefill_core()
         adm.in_time_chance = 0.0  # the mean's wait alone: this is about the first-token time
         _met_prefill(adm, met)
         assert adm.prefill_met() == met
@@ -158,25 +160,6 @@ def test_a_newcomer_is_judged_with_the_prefill_a_waiter_meets_at_dispatch_not_th
         if not queued:
             assert isinstance(decision, Refuse) and "first token 910 ms" in decision.detail
         check_invariants(adm)
-
-
-def test_a_waiter_refused_at_dispatch_is_told_its_expected_first_token_time():
-    adm = Admission(
-        [Cls("chat", 10, queue_depth=10, queue_timeout_s=30.0, ttft_objective_ms=1000.0)],
-        Capacity(slots=2, slot_context=4000, ceiling=4000),
-        expected_ttft=lambda r, prefilling: 0.1 + (r.prompt_tokens + prefilling) / 1000.0,
-    )
-    running = [req("chat", 600, prompt=500), req("chat", 600, prompt=500)]
-    for r in running:
-        adm.offer(r, 0.0)
-        adm.first_token(r.id)
-    c, d = req("chat", 600, prompt=500), req("chat", 600, prompt=500)
-    adm.offer(c, 0.0)
-    adm.offer(d, 0.0)
-    for r in running:
-        adm.release(r.id, 0.05)
-    (refusal,) = adm.advance(0.05).expired
-    assert "first token expected in 1100 ms" in refusal.detail  # 0.1 + (500 + 500) / 1000
 
 
 def test_before_any_release_a_newcomer_is_queued_while_the_slots_are_young_and_refused_once_they_ran_long():
