@@ -78,9 +78,12 @@ async def test_a_console_that_never_reads_holds_one_reply_and_the_newest_events_
             # The gate built snapshots for consoles a few times, not once per ask or per event.
             assert server.feed.builds <= 10
             # Bounded, not merely finished: the gate's loop (this test's, which also runs the
-            # reading console) never stalled near the 0.5 s the gate warns at, and no request
-            # waited a second. A gate that waited for the stuck reader would hang here.
-            assert gate.loop_lag.quantiles()[1.0] < 0.5
+            # reading console and pytest) never stalled a second, and no request waited one. A
+            # gate that waited for the stuck reader would hang here. (Not 0.5 s, where the gate
+            # warns: a CI run on a loaded 2-core runner saw 0.54 s once, before the harness
+            # froze the test session's heap out of full collections as `serve` does; speed is
+            # bench/'s to measure, this bound tells a bounded loop from a blocked one.)
+            assert gate.loop_lag.quantiles()[1.0] < 1.0
             assert slowest < 1.0
         finally:
             stuck.close()
