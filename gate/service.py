@@ -41,6 +41,7 @@ from gate.http.ports import RequestPorts
 from gate.http.server import HttpServer, build_app
 from gate.http.tenants import TenantDirectory, TenantQuotas
 from gate.journal import Journal
+from gate.observe.gcpause import GcPauses
 from gate.observe.gpu import GpuMonitor, GpuSource, read_gpu
 from gate.observe.looplag import LoopLagMonitor, cpu_seconds
 from gate.observe.metrics import GateMetrics
@@ -84,9 +85,14 @@ class GateService:
         self.metrics.register_models(m for b in config.backends for m in b.models)
         self.recorder = Recorder(self.metrics, gate_id=self.gate_id, clock=clock)
         #: the gate's own event-loop delay (tokengate_event_loop_lag_seconds): a stall shows, whatever its cause
-        self.loop_lag = LoopLagMonitor()
+        #: and the collector's pauses (tokengate_gc_pause_seconds), which that delay's warning quotes
+        self.gc_pauses = GcPauses()
+        self.loop_lag = LoopLagMonitor(gc_pauses=self.gc_pauses)
         self.metrics.register_loop_lag(
-            self.loop_lag.quantiles, lambda: (self.loop_lag.window.count, self.loop_lag.window.total_s), cpu_seconds
+            self.loop_lag.quantiles,
+            lambda: (self.loop_lag.window.count, self.loop_lag.window.total_s),
+            cpu_seconds,
+            self.gc_pauses,
         )
         self.operator = Operator.from_environ(environ)
         #: tenant limits shared through Redis ([shared]); None when off. Under its fail_open
@@ -229,6 +235,7 @@ class GateService:
             asyncio.create_task(self._gpu_loop(), name="tokengate-gpu"),
             asyncio.create_task(self.loop_lag.run(), name="tokengate-looplag"),
         ]
+        self.gc_pauses.install()
         # `port` (tests: 0) replaces the first address's port; the other addresses keep theirs.
         self.port = await self.http.start(
             self.host, self.config.gate.listen_port if port is None else port, also=self.config.gate.listen_addresses[1:]
@@ -265,6 +272,7 @@ class GateService:
         for bg in self._background:
             bg.cancel()  # each releases its ticket in `finally`
         await asyncio.gather(*self._tasks, *self._background, return_exceptions=True)
+        self.gc_pauses.uninstall()
         while self._background:  # releases started by requests the server cut meanwhile
             await asyncio.gather(*tuple(self._background), return_exceptions=True)
         for backend in self.backends:

@@ -35,6 +35,8 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+from gate.observe.gcpause import GcPauses
+
 log = logging.getLogger("tokengate.observe.looplag")
 
 INTERVAL_S = 0.025
@@ -96,9 +98,12 @@ class LoopLagMonitor:
         window_s: float = WINDOW_S,
         *,
         clock: Callable[[], float] = time.monotonic,
+        gc_pauses: GcPauses | None = None,
     ) -> None:
         self.window = LagWindow(interval_s, window_s)
         self.clock = clock
+        #: the collector's pauses (same clock): a stall's warning says how much of it they were
+        self.gc_pauses = gc_pauses
         self._warned_at = -math.inf
 
     def quantiles(self) -> dict[float, float]:
@@ -114,7 +119,16 @@ class LoopLagMonitor:
             self.window.record(now, lag)
             if lag >= STALL_WARN_S and now - self._warned_at >= 60.0:
                 self._warned_at = now
-                log.warning("the gate's event loop stalled %.2f s (every request waited as long)", lag)
+                log.warning("the gate's event loop stalled %.2f s (every request waited as long)%s", lag, self._cause(due, now))
+
+    def _cause(self, due: float, now: float) -> str:
+        """What the collector's pauses account for of a stall from ``due`` to ``now``."""
+        if self.gc_pauses is None:
+            return ""
+        seconds, generation = self.gc_pauses.within(due, now)
+        if generation < 0:
+            return "; no garbage collection ran meanwhile"
+        return f"; {seconds:.2f} s of it in garbage collection (generation {generation})"
 
 
 def cpu_seconds() -> tuple[float, float] | None:

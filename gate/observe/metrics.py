@@ -43,6 +43,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from gate import __version__
 from gate.core.reasons import CLIENT_DISCONNECT, SERVER_CANCELLED, Reason
 from gate.data.endpoints import PREFLIGHT, ROUTES, UI_ASSET
+from gate.observe.gcpause import GENERATIONS, GcPauses
 
 OUTCOMES = ("admitted", "refused", "shed", "cancelled", "failed", "forwarded")
 OK_REASON = "ok"
@@ -284,11 +285,13 @@ class GateMetrics:
         quantiles: Callable[[], dict[float, float]],
         totals: Callable[[], tuple[int, float]],
         cpu: Callable[[], tuple[float, float] | None] | None = None,
+        gc_pauses: GcPauses | None = None,
     ) -> None:
         """`tokengate_event_loop_lag_seconds`, a summary read at each scrape: `quantiles()` gives
         {q: seconds} over the last minute (gate/observe/looplag.py), `totals()` (count, sum) since start;
-        and `tokengate_cpu_seconds_total{state}` from `cpu()`: (running, waiting) seconds."""
-        self.registry.register(_LoopLagCollector(quantiles, totals, cpu))
+        `tokengate_cpu_seconds_total{state}` from `cpu()`: (running, waiting) seconds; and
+        `tokengate_gc_pause_seconds{generation}` from `gc_pauses` (gate/observe/gcpause.py)."""
+        self.registry.register(_LoopLagCollector(quantiles, totals, cpu, gc_pauses))
 
     def register_models(self, names: Iterable[str]) -> None:
         """The model names (from the config) that may appear as the `model` label."""
@@ -434,18 +437,30 @@ class _LoopLagCollector:
         "(waiting: starved by other work on the host), from the kernel's schedstat."
     )
 
+    GC = "tokengate_gc_pause_seconds"
+    GC_DOC = (
+        "The garbage collector's pauses of the gate's loop, per generation: count and seconds since start, "
+        "quantile 1 the longest within the last minute (a generation-2 pause of seconds stalls every request)."
+    )
+
     def __init__(
         self,
         quantiles: Callable[[], dict[float, float]],
         totals: Callable[[], tuple[int, float]],
         cpu: Callable[[], tuple[float, float] | None] | None,
+        gc_pauses: GcPauses | None = None,
     ) -> None:
         self._quantiles = quantiles
         self._totals = totals
         self._cpu = cpu
+        self._gc = gc_pauses
 
     def describe(self) -> list[Metric]:
-        return [Metric(self.NAME, self._doc(), "summary"), Metric(self.CPU, self.CPU_DOC, "counter")]
+        return [
+            Metric(self.NAME, self._doc(), "summary"),
+            Metric(self.CPU, self.CPU_DOC, "counter"),
+            Metric(self.GC, self.GC_DOC, "summary"),
+        ]
 
     @staticmethod
     def _doc() -> str:
@@ -468,6 +483,15 @@ class _LoopLagCollector:
             for state, value in zip(("running", "waiting"), cpu_s):
                 cpu.add_sample(self.CPU + "_total", {"state": state}, value)
             yield cpu
+        if self._gc is not None:
+            pauses = Metric(self.GC, self.GC_DOC, "summary")
+            now = self._gc.clock()
+            for g in GENERATIONS:
+                labels = {"generation": str(g)}
+                pauses.add_sample(self.GC, {**labels, "quantile": "1"}, self._gc.longest(g, now))
+                pauses.add_sample(self.GC + "_count", labels, self._gc.count[g])
+                pauses.add_sample(self.GC + "_sum", labels, self._gc.total_s[g])
+            yield pauses
 
 
 def _outcome(outcome: str) -> str:

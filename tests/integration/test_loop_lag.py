@@ -47,3 +47,27 @@ async def test_blocking_the_gates_event_loop_raises_the_loop_lag_gauge():
         cpu = next(f for f in text_string_to_metric_families(body) if f.name == "tokengate_cpu_seconds")
         assert {s.labels["state"] for s in cpu.samples} == {"running", "waiting"}
         assert all(s.value >= 0 for s in cpu.samples) and cpu.type == "counter"
+
+
+async def test_a_full_garbage_collection_in_the_gate_shows_as_its_own_pause():
+    """The collector stops the gate's loop as a block does; /metrics says it was the collector."""
+    import gc
+
+    async with running_gate(NOTHING_LISTENS) as gate, httpx.AsyncClient(timeout=30) as client:
+
+        def pauses(body: str) -> dict[tuple[str, str], float]:
+            family = next(f for f in text_string_to_metric_families(body) if f.name == "tokengate_gc_pause_seconds")
+            assert family.type == "summary"
+            return {(s.labels["generation"], s.labels.get("quantile", s.name.rsplit("_", 1)[-1])): s.value for s in family.samples}
+
+        before = pauses((await client.get(gate.url + "/metrics")).text)
+        assert {g for g, _ in before} == {"0", "1", "2"}
+        garbage = [[i] for i in range(200_000)]  # tracked objects a full collection walks
+        started = time.perf_counter()
+        gc.collect(2)
+        took = time.perf_counter() - started
+        del garbage
+        after = pauses((await client.get(gate.url + "/metrics")).text)
+        assert after[("2", "count")] >= before[("2", "count")] + 1
+        assert after[("2", "sum")] - before[("2", "sum")] >= took / 2
+        assert took / 2 <= after[("2", "1")]
