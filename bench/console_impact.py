@@ -173,6 +173,21 @@ def commit_waits(port: int) -> dict:
     return {"n": int(total), "over_20ms": int(total - buckets.get("0.02", total)), "over_100ms": int(total - buckets.get("0.1", total))}
 
 
+def gc_pauses(port: int) -> dict:
+    """The gate's tokengate_gc_pause_seconds per generation: collections and their ms since the
+    gate started, and the longest within the last minute (ms)."""
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    except OSError:
+        return {}
+    found = re.findall(r'tokengate_gc_pause_seconds(_count|_sum|)\{generation="(\d)"(?:,quantile="1")?\} (\S+)', body)
+    out: dict = {}
+    for suffix, generation, value in found:
+        name = {"": "longest_ms", "_count": "n", "_sum": "total_ms"}[suffix]
+        out.setdefault(f"gen{generation}", {})[name] = int(float(value)) if name == "n" else round(float(value) * 1000, 1)
+    return out
+
+
 class Arm:
     """One way of running the gate: started, loaded, stopped."""
 
@@ -272,6 +287,7 @@ def measured_run(arm: Arm, rate: float, duration: float, seed: int) -> dict:
         load_avg_after=[round(x, 2) for x in os.getloadavg()],
         gate_ms=gate_durations(arm.workdir / "gate.db", wall0),
         commit_wait=commit_waits(arm.port),
+        gc=gc_pauses(arm.port),
     )
     return cell
 
@@ -625,7 +641,8 @@ def print_run(kind: str, rate: float, round_: int, cell: dict) -> None:
         f"generator late max {cell.get('generator_lag_max_ms') or 0:.0f} ms ({cell.get('generator_late_50ms', 0)} over 50)  "
         f"connect p99/max {cell.get('connect_p99_ms') or 0:.1f}/{cell.get('connect_max_ms') or 0:.1f} ms  "
         f"gate's journal p99/max {cell.get('gate_ms', {}).get('p99', -1)}/{cell.get('gate_ms', {}).get('max', -1)} ms  "
-        f"slowest 1% (connect, to status, to EOF) {cell.get('slowest_split_ms')}  commit waits {cell.get('commit_wait')}",
+        f"slowest 1% (connect, to status, to EOF) {cell.get('slowest_split_ms')}  commit waits {cell.get('commit_wait')}  "
+        f"gc {cell.get('gc')}",
         flush=True,
     )
 
