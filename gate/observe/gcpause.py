@@ -38,8 +38,9 @@ class GcPauses:
         #: per generation, since install: collections and their seconds
         self.count = [0, 0, 0]
         self.total_s = [0.0, 0.0, 0.0]
-        #: (ended at, seconds, generation), the newest last; bounded (gen-0 runs often)
-        self.recent: deque[tuple[float, float, int]] = deque(maxlen=keep)
+        #: per generation, (ended at, seconds) of its latest pauses, the newest last; bounded
+        #: each on its own, so the many young collections never push out a full one
+        self.recent: tuple[deque[tuple[float, float]], ...] = tuple(deque(maxlen=keep) for _ in GENERATIONS)
         self._started: float | None = None
 
     def install(self) -> None:
@@ -62,21 +63,22 @@ class GcPauses:
         generation = min(2, max(0, int(info.get("generation", 0))))
         self.count[generation] += 1
         self.total_s[generation] += seconds
-        self.recent.append((now, seconds, generation))
+        self.recent[generation].append((now, seconds))
 
     def longest(self, generation: int, now: float | None = None) -> float:
         """The longest pause of ``generation`` that ended within the last window (0.0: none)."""
         cutoff = (self.clock() if now is None else now) - self.window_s
-        return max((s for end, s, g in self.recent if g == generation and end >= cutoff), default=0.0)
+        return max((s for end, s in self.recent[generation] if end >= cutoff), default=0.0)
 
     def within(self, start: float, end: float) -> tuple[float, int]:
         """(seconds of collection between ``start`` and ``end``, the deepest generation among them;
         -1 when none): how much of a stall of the loop the collector was."""
         seconds, deepest = 0.0, -1
-        for ended, s, g in reversed(self.recent):
-            if ended < start:
-                break
-            if ended <= end:
-                seconds += min(s, ended - start)
-                deepest = max(deepest, g)
+        for generation in GENERATIONS:
+            for ended, s in reversed(self.recent[generation]):
+                if ended < start:
+                    break
+                if ended <= end:
+                    seconds += min(s, ended - start)
+                    deepest = generation
         return seconds, deepest
