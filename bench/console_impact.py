@@ -151,35 +151,33 @@ def machine_busy() -> float:
     return (sum(fields) - fields[3] - fields[4]) / CLK
 
 
-def loop_lag(port: int) -> dict[str, float]:
-    """The gate's own tokengate_event_loop_lag_seconds quantiles (ms)."""
+def scrape(port: int) -> str:
+    """The gate's /metrics text ("" when it does not answer): read once at a run's end."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-            body = r.read().decode()
+            return r.read().decode()
     except OSError:
-        return {}
+        return ""
+
+
+def loop_lag(body: str) -> dict[str, float]:
+    """The gate's own tokengate_event_loop_lag_seconds quantiles (ms)."""
     return {q: round(float(v) * 1000, 1) for q, v in re.findall(r'tokengate_event_loop_lag_seconds\{quantile="([^"]+)"\} (\S+)', body)}
 
 
-def commit_waits(port: int) -> dict:
+def commit_waits(body: str) -> dict:
     """The gate's tokengate_journal_commit_wait_seconds: answers that waited over 20 / 100 ms for
     their decision row's commit (cumulative since the gate started: each arm starts a fresh gate)."""
-    try:
-        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    except OSError:
+    if not body:
         return {}
     buckets = {le: float(v) for le, v in re.findall(r'tokengate_journal_commit_wait_seconds_bucket\{le="([^"]+)"\} (\S+)', body)}
     total = buckets.get("+Inf", 0.0)
     return {"n": int(total), "over_20ms": int(total - buckets.get("0.02", total)), "over_100ms": int(total - buckets.get("0.1", total))}
 
 
-def gc_pauses(port: int) -> dict:
+def gc_pauses(body: str) -> dict:
     """The gate's tokengate_gc_pause_seconds per generation: collections and their ms since the
     gate started, and the longest within the last minute (ms)."""
-    try:
-        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    except OSError:
-        return {}
     found = re.findall(r'tokengate_gc_pause_seconds(_count|_sum|)\{generation="(\d)"(?:,quantile="1")?\} (\S+)', body)
     out: dict = {}
     for suffix, generation, value in found:
@@ -280,14 +278,15 @@ def measured_run(arm: Arm, rate: float, duration: float, seed: int) -> dict:
     ours = sum(after[name][0] - before[name][0] for name in watched)
     # the load generator's own CPU is counted with the others': it has exited when this reads
     cpu["others_and_load"] = round(100 * (busy - ours) / wall, 1)
+    metrics = scrape(arm.port)
     cell.update(
         cpu_pct=cpu,
-        loop_lag_ms=loop_lag(arm.port),
+        loop_lag_ms=loop_lag(metrics),
         load_avg=[round(x, 2) for x in load_avg_before],
         load_avg_after=[round(x, 2) for x in os.getloadavg()],
         gate_ms=gate_durations(arm.workdir / "gate.db", wall0),
-        commit_wait=commit_waits(arm.port),
-        gc=gc_pauses(arm.port),
+        commit_wait=commit_waits(metrics),
+        gc=gc_pauses(metrics),
     )
     return cell
 
@@ -394,7 +393,7 @@ def idle_run(arm: Arm, duration: float) -> dict:
     cpu = {name: round(100 * (after[name][0] - before[name][0]) / wall, 1) for name in watched}
     cpu["gate_waited"] = round(100 * (after["gate"][1] - before["gate"][1]) / wall, 1)
     cpu["others_and_load"] = round(100 * (busy - sum(after[n][0] - before[n][0] for n in watched)) / wall, 1)
-    return {"cpu_pct": cpu, "loop_lag_ms": loop_lag(arm.port), "load_avg": [round(x, 2) for x in load_avg_before], "non_200": 0}
+    return {"cpu_pct": cpu, "loop_lag_ms": loop_lag(scrape(arm.port)), "load_avg": [round(x, 2) for x in load_avg_before], "non_200": 0}
 
 
 def headless_capacity(arm: Arm, rates: list[float], duration: float) -> tuple[float, list[dict]]:
