@@ -36,6 +36,15 @@ from typing import Any
 import httpcore
 import httpx
 
+# A chunked body's last chunk (no trailers: llama-server sends none), behind the CRLF that ends
+# the chunk before it. Inside a chunk it cannot occur in an SSE stream (JSON escapes CR and LF).
+_LAST_CHUNK = b"\r\n0\r\n\r\n"
+
+
+def _ends_body(buffer: bytearray) -> bool:
+    return buffer.endswith(_LAST_CHUNK) or buffer == _LAST_CHUNK[2:]
+
+
 # Stop reading from the socket while this much is buffered and unread: a client
 # that reads slowly must not make the gate hold a whole answer in memory.
 _HIGH_WATER = 256 * 1024
@@ -57,6 +66,7 @@ class _Connection(asyncio.Protocol):
         self.writing_paused = False
         self._read_waiter: asyncio.Future[None] | None = None
         self._drain_waiter: asyncio.Future[None] | None = None
+        self._end_waiter: asyncio.Future[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # uvloop's is not an asyncio.Transport subclass, but quacks like one
@@ -67,10 +77,13 @@ class _Connection(asyncio.Protocol):
             self.reading_paused = True
             self.transport.pause_reading()
         _wake(self._read_waiter)
+        if self._end_waiter is not None and _ends_body(self.buffer):
+            _wake(self._end_waiter)
 
     def eof_received(self) -> bool:
         self.eof = True
         _wake(self._read_waiter)
+        _wake(self._end_waiter)
         return False  # close our side too: HTTP/1.1 has no use for a half-open connection
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -78,6 +91,7 @@ class _Connection(asyncio.Protocol):
         self.error = exc
         _wake(self._read_waiter)
         _wake(self._drain_waiter)
+        _wake(self._end_waiter)
 
     def pause_writing(self) -> None:
         self.writing_paused = True
@@ -92,6 +106,18 @@ class _Connection(asyncio.Protocol):
             await self._read_waiter
         finally:
             self._read_waiter = None
+
+    async def wait_batch(self, seconds: float) -> None:
+        """`seconds`, or less when the body's end comes meanwhile (or the peer goes): nothing
+        more can join the batch then."""
+        loop = asyncio.get_running_loop()
+        self._end_waiter = loop.create_future()
+        timer = loop.call_later(seconds, _wake, self._end_waiter)
+        try:
+            await self._end_waiter
+        finally:
+            timer.cancel()
+            self._end_waiter = None
 
     async def wait_drained(self) -> None:
         self._drain_waiter = asyncio.get_running_loop().create_future()
@@ -116,7 +142,12 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
 
     def batch_reads(self, seconds: float) -> None:
         """From now on, a read that finds data waits until `seconds` after the previous read
-        returned, and returns all that came by then (0: at once, as before)."""
+        returned, and returns all that came by then (0: at once, as before); but no longer than
+        until the body's end (the last chunk, or the peer gone) is here: nothing can join it.
+        llama-server writes its final event, [DONE] and the last chunk right behind the last
+        token (0.06 ms apart, one read): waited out, they ended every answer a batch late,
+        a plain answer (streamed from llama-server, gate/http/assembly.py) 10 ms slower and
+        every slot released 10 ms after llama-server had freed it."""
         self._batch_s = max(0.0, seconds)
         self._next_read_at = asyncio.get_running_loop().time() + self._batch_s
 
@@ -132,11 +163,11 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
                     await conn.wait_readable()
             except TimeoutError:
                 raise httpcore.ReadTimeout(f"no data within {timeout} s") from None
-        if self._batch_s and conn.buffer and not conn.eof:
+        if self._batch_s and conn.buffer and not conn.eof and not _ends_body(conn.buffer):
             loop = asyncio.get_running_loop()
             delay = self._next_read_at - loop.time()
             if delay > 0:
-                await asyncio.sleep(delay)  # data is here: what follows within the batch joins it
+                await conn.wait_batch(delay)  # data is here: what follows within the batch joins it
             self._next_read_at = loop.time() + self._batch_s
         if conn.buffer:
             data = bytes(conn.buffer[:max_bytes])

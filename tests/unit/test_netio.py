@@ -294,7 +294,9 @@ async def test_after_the_first_token_a_stream_is_read_in_batches_and_relayed_in_
     assert writes[0].count("data:") == 1
     # The ten tokens sent 2 ms apart (~20 ms) came within one batch: one write, [DONE] with them.
     assert len(writes) == 2, [w.count("data:") for w in writes]
-    assert gap >= 0.5 - 0.01  # the batch waited its time after the first token's read
+    # The batch waited for them (~20 ms), and went out when the body's end came with [DONE], not
+    # the rest of its 0.5 s later: nothing could join it any more.
+    assert 0.015 <= gap < 0.4
 
 
 async def test_without_batches_each_token_is_its_own_write():
@@ -324,6 +326,36 @@ async def test_once_the_terminal_event_is_in_the_streams_end_is_read_without_a_b
     now, held, done_at = yields[-1]
     assert (now, held) == ("", "data: [DONE]\n\n")
     assert ended - done_at < 0.5  # not a 1 s batch (a few ms here)
+
+
+async def test_the_end_written_right_behind_the_last_token_is_read_without_a_batchs_wait():
+    # llama-server writes its final event, [DONE] and the last chunk 0.06 ms after the last token
+    # (one read): a batch's wait there ended every answer a batch late (a plain answer, which the
+    # gate streams from llama-server, and the slot's release with it).
+    keep_open = asyncio.Event()
+    written: list[float] = []
+    loop = asyncio.get_running_loop()
+
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + _chunk(b'data: {"t":1}\n\n'))
+        await writer.drain()
+        await asyncio.sleep(0.05)  # the relay has yielded the first token: batches from here
+        writer.write(_chunk(b'data: {"t":2}\n\n'))
+        await writer.drain()
+        await asyncio.sleep(0.01)
+        written.append(loop.time())
+        writer.write(_chunk(b'data: {"finish_reason":"length"}\n\n') + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        await writer.drain()
+        await keep_open.wait()  # the connection stays open (keep-alive): no EOF to end the wait
+        writer.close()
+
+    try:
+        yields, ended = await _relay(handler, 1.0)
+    finally:
+        keep_open.set()
+    assert "".join(now + held for now, held, _ in yields).endswith("data: [DONE]\n\n")
+    assert ended - written[0] < 0.5  # not the rest of a 1 s batch (a few ms here)
 
 
 async def test_a_chunks_crlf_left_in_h11s_buffer_is_not_more_of_the_stream():
