@@ -173,7 +173,9 @@ def summarise(results: list[Result], duration: float, objective_s: float, satura
             # T2 before it ("dispatched after an expected ..."), or the queue's own timeout
             "refused_after_wait": {
                 "T3 at dispatch": sum(1 for r in refused if r.detail.startswith("waited") and "dispatched now" in r.detail),
-                "T2 expected wait": sum(1 for r in refused if r.detail.startswith("waited") and "dispatched" in r.detail and "dispatched now" not in r.detail),
+                "T2 expected wait": sum(
+                    1 for r in refused if r.detail.startswith("waited") and "dispatched" in r.detail and "dispatched now" not in r.detail
+                ),
                 "other": sum(1 for r in refused if r.detail.startswith("waited") and "dispatched" not in r.detail),
             },
             "retry_after_valid": sum(1 for r in refused if r.retry_after_valid),

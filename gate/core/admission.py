@@ -90,7 +90,10 @@ times measured at release say when the slots free (gate/core/waits.py):
       44 refusals at 3x came after a wait);
   T2. a waiter is refused as soon as its expected remaining wait plus first-token time passes
       its objective (not once it has passed): the queue stays short in time, not in count; its
-      place is counted in the order of service (the waiters with their turn first, G2);
+      place is counted in the order of service (the waiters with their turn first, G2); a slot
+      held past the longest hold measured is expected to run as long again as its overrun
+      (waits.remaining), so the waiter is refused once the overrun leaves it no time, not the
+      moment the slot passes the longest (when it most often frees);
   T3. a waiter is never dispatched when, with the prompts prefilling at that moment, its first
       token is expected after its objective.
   T4. T1 and T2 estimate a waiter's first-token time with the prompt tokens it will meet
@@ -148,6 +151,8 @@ DEMAND_WINDOW_S = 10.0
 # T1: a newcomer that must wait is queued only if a slot frees for it in time with at least this
 # chance (the measured holds' spread). Higher refuses more at arrival and fewer after a wait.
 IN_TIME_CHANCE = 0.9
+#: T2 looks again at most this often while a slot's overrun moves the start-by moments back
+RECHECK_S = 0.001
 #: T4: the dispatches of waiters whose prefilling met is averaged
 MET_KEPT = 16
 
@@ -399,6 +404,11 @@ class Admission:
                 deadlines.extend(next(((t,) for r in self.ledger if (t := r.admitted_at + longest + 1e-6) > now), ()))
             else:
                 deadlines.extend(t for r in self.ledger if (t := r.admitted_at + longest + 1e-6) > now)
+            if earliest is not None and earliest > now and self._overrunning(now, longest):
+                # ... and while one is, its expected wait grows as fast as time goes (its overrun),
+                # so a start-by moment comes back as fast as time goes on: it is reached halfway
+                # (or later, a waiter not behind that slot; looked at again then)
+                deadlines.append(max(now + RECHECK_S, (earliest + now) / 2.0))
         if self.aging_s is not None and now is not None:  # the moment a waiter ages is a moment to dispatch
             aging = self.aging_s
             for c in self._order:
@@ -412,6 +422,12 @@ class Admission:
             deadlines.extend(t + aging for cls, t in self._turn_at.items() if t + aging > now and self._classes[cls].queue)
             deadlines.extend(t + aging for cls, t in self._started_at.items() if t + aging > now and self._classes[cls].queue)
         return min(deadlines) if deadlines else None
+
+    def _overrunning(self, now: float, longest: float) -> bool:
+        """Is a slot held past the longest hold measured (waits.remaining: its wait grows)?"""
+        if self.ledger.oldest_first:
+            return next((now - r.admitted_at > longest for r in self.ledger), False)
+        return any(now - r.admitted_at > longest for r in self.ledger)
 
     def held_back(self, cls: str) -> int:
         """Unused reservations of the classes other than `cls`."""

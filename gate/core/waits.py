@@ -4,7 +4,7 @@ A slot frees when a running request ends. Every release gives one hold time (dis
 release); their mean over the last WINDOW releases is what a slot is held now, at the
 current occupancy (a busier backend decodes each stream slower, and the holds grow with it).
 A running request that has held its slot `e` seconds is expected to free it in
-max(0, mean - e); the waiter at position p (0: next to be dispatched) gets the (p mod k)-th
+max(0, mean - e) (past the longest hold measured, in e - longest: `remaining`); the waiter at position p (0: next to be dispatched) gets the (p mod k)-th
 slot to free of the k slots, p div k rounds of one mean hold later:
 
     wait(p) = sorted(remaining)[p mod k] + (p div k) x mean          (k = slots)
@@ -87,8 +87,16 @@ class HoldTimes:
 
 def remaining(held_since: Iterable[float], mean_s: float, now: float, slots: int, longest_s: float | None = None) -> list[float]:
     """Expected seconds until each slot frees, soonest first (a free slot: 0). A slot held longer
-    than `longest_s` (the longest hold measured) is not due now: memoryless, one mean hold more
-    (as `chance_in_time` counts it; the holds are growing)."""
+    than `longest_s` (the longest hold measured) is not due now: it is expected to run as much
+    longer as it has run past the longest (its overrun; a run that outlives every one measured
+    is expected to go on the longer, the longer it has gone on), so a waiter behind it is refused
+    once the overrun leaves it no time (before its deadline: #25's stalling host) and not the
+    moment the slot passes the longest. That moment is when it most often frees: against
+    llama-server, whose 64-token holds were all alike (~1 s at 3x), 9 of 14 refusals after a wait
+    in one run came when a slot passed the longest hold and its wait jumped from 0 to one mean
+    hold, as it was counted then (2026-12-05). T1 stays wary of such a slot (`chance_in_time`:
+    memoryless at the mean hold's pace): a newcomer is not queued on it, a waiter is not dropped
+    for it at once."""
     # a list and `x if x > 0.0 else 0.0` (= max(0.0, x), NaN included), not sorted(generator of
     # max()): asked once per walk of the waiters (T2) and per newcomer (T1), it was ~1/8 of a
     # replay's time (#24); the ledger is in admission order, so the sort meets one or two runs
@@ -96,7 +104,7 @@ def remaining(held_since: Iterable[float], mean_s: float, now: float, slots: int
     if longest_s is None:
         left = [r if (r := mean_s - age) > 0.0 else 0.0 for age in ages]
     else:
-        left = [mean_s if age > longest_s else (r if (r := mean_s - age) > 0.0 else 0.0) for age in ages]
+        left = [age - longest_s if age > longest_s else (r if (r := mean_s - age) > 0.0 else 0.0) for age in ages]
     left.sort()
     return ([0.0] * max(0, slots - len(left)) + left)[: max(1, slots)]
 

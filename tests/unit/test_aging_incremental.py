@@ -13,7 +13,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gate.core.admission import Admission, Waiting
+from gate.core.admission import RECHECK_S, Admission, Waiting
 from gate.core.ledger import Request
 from gate.core.queueing import ClassQueue
 from gate.core.waits import remaining, wait_at
@@ -69,10 +69,14 @@ def brute_start_bys(adm: Admission, now: float | None) -> list[tuple[Waiting, fl
 
 def brute_next_deadline(adm: Admission, now: float | None) -> float | None:
     deadlines = [d for c in adm._order if (d := c.queue.next_deadline()) is not None]
-    deadlines.extend(start_by for _, start_by, _ in brute_start_bys(adm, now))
+    start_bys = [start_by for _, start_by, _ in brute_start_bys(adm, now)]
+    deadlines.extend(start_bys)
     longest = adm.holds.longest_s
     if longest is not None and now is not None and adm.waiting():  # a slot overruns the longest hold (#25)
         deadlines.extend(r.admitted_at + longest + 1e-6 for r in adm.ledger if r.admitted_at + longest + 1e-6 > now)
+        earliest = min(start_bys, default=None)
+        if earliest is not None and earliest > now and any(now - r.admitted_at > longest for r in adm.ledger):
+            deadlines.append(max(now + RECHECK_S, (earliest + now) / 2.0))  # its wait grows: halfway
     if adm.aging_s is not None and now is not None:
         aging = adm.aging_s
         deadlines.extend(w.enqueued_at + aging for c in adm._order if not c.queue.paused for w in c.queue if w.enqueued_at + aging > now)
