@@ -13,7 +13,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gate.core.admission import RECHECK_S, Admission, Waiting
+from gate.core.admission import RECHECK_S, Admission, Capacity, Waiting, check_invariants
 from gate.core.ledger import Request
 from gate.core.queueing import ClassQueue
 from gate.core.waits import remaining, wait_at
@@ -187,3 +187,43 @@ def test_a_class_queue_walks_its_waiters_by_enqueue_time_and_id_whatever_the_pus
         else:
             q.expire(op[1])
         assert list(q.in_order()) == sorted(q, key=lambda w: (w.enqueued_at, w.request.id))
+
+
+@EXAMPLES
+@given(
+    holds=st.lists(st.floats(0.2, 3.0), min_size=4, max_size=8),
+    starts=st.lists(st.floats(0.0, 2.0), min_size=1, max_size=3),
+    arrivals=st.lists(st.floats(0.0, 4.0), min_size=1, max_size=4),
+    objective_ms=st.floats(100.0, 3000.0),
+    ticks=st.lists(st.floats(0.001, 0.5), min_size=1, max_size=30),
+)
+def test_behind_slots_held_past_every_hold_the_walks_and_deadlines_equal_the_brute_force(holds, starts, arrivals, objective_ms, ticks):
+    """Slots held past the longest hold measured (T2: their overrun is their wait, and
+    next_deadline looks again halfway to the earliest start-by): the core's walks and deadlines
+    equal the brute-force ones at every step, and a waiter is refused exactly when its start-by
+    moment, as the brute force computes it, has come."""
+    from tests.unit.core_helpers import Cls
+
+    adm = Admission(
+        [Cls("chat", 10, queue_depth=8, queue_timeout_s=30.0, ttft_objective_ms=objective_ms)],
+        Capacity(slots=len(starts), slot_context=4000, ceiling=4000),
+        expected_ttft=lambda _r, _p: 0.05,
+    )
+    for h in holds:
+        adm.holds.record(h)
+    events = sorted([(t, "slot") for t in starts] + [(t, "waiter") for t in arrivals])
+    ids = iter(range(100))
+    now = 0.0
+    for at, _ in events:  # the slots are taken first (a start at the same moment as an arrival too)
+        now = at
+        adm.offer(Request(f"r{next(ids)}", "chat", "t", 10, 10, at), at)
+        same_answers(adm, now)
+    for dt in ticks:
+        now += dt
+        late = {w.request.id for w, start_by, _ in brute_start_bys(adm, now) if start_by <= now}
+        same_answers(adm, now)
+        step = adm.advance(now)
+        assert {f.request.id for f in step.expired} >= late
+        same_answers(adm, now)
+        assert adm.next_deadline(now, after=step) == brute_next_deadline(adm, now)
+    check_invariants(adm)
