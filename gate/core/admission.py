@@ -142,7 +142,7 @@ from gate.core import queueing
 from gate.core.ledger import Ledger, Request, Reservation
 from gate.core.queueing import ClassQueue, Waiting
 from gate.core.reasons import Reason
-from gate.core.waits import HoldTimes, chance_before_any_hold, chance_in_time, remaining, wait_at
+from gate.core.waits import HoldTimes, chance_before_any_hold, chance_in_time, crossing, growing_frees, remaining, wait_at
 
 RETRY_MIN_S = 1.0
 RETRY_MAX_S = 120.0
@@ -151,8 +151,9 @@ DEMAND_WINDOW_S = 10.0
 # T1: a newcomer that must wait is queued only if a slot frees for it in time with at least this
 # chance (the measured holds' spread). Higher refuses more at arrival and fewer after a wait.
 IN_TIME_CHANCE = 0.9
-#: T2 looks again at most this often while a slot's overrun moves the start-by moments back
-RECHECK_S = 0.001
+#: T2 looks again no sooner than this behind a slot held past every hold measured (its start-by moment
+#: comes back as time goes on; without a floor, rounding could ask for the same moment again)
+RECHECK_S = 1e-6
 #: T4: the dispatches of waiters whose prefilling met is averaged
 MET_KEPT = 16
 
@@ -246,10 +247,10 @@ class Step:
 
     admitted: tuple[Admit, ...] = ()
     expired: tuple[Refuse, ...] = ()
-    # A step that changed nothing: the moment `advance` ran and the earliest start-by moment its
-    # walk found (T2), still true while nothing changes (`next_deadline(now, after=step)`).
+    # A step that changed nothing: the moment `advance` ran and the earliest moment its walk found
+    # that a waiter may be late (T2), still true while nothing changes (`next_deadline(now, after=step)`).
     unchanged_at: float | None = field(default=None, compare=False)
-    start_by: float | None = field(default=None, compare=False)
+    late_at: float | None = field(default=None, compare=False)
 
 
 @dataclass(slots=True)
@@ -382,7 +383,8 @@ class Admission:
         return sum(len(c.queue) for c in self._order)
 
     def next_deadline(self, now: float | None = None, *, after: Step | None = None) -> float | None:
-        """The earliest moment a waiter times out, must start to meet its TTFT objective or ages
+        """The earliest moment a waiter times out, may be late for its TTFT objective (T2: see
+        `_start_by_walk`; a slot passing the longest hold measured is such a moment too) or ages
         (for the shell's one timer). Aging moments count only after `now`: an aged waiter still
         waiting waits for capacity, which a release announces, not a timer.
 
@@ -392,7 +394,7 @@ class Admission:
         nothing, and the walk is O(waiters))."""
         deadlines = [d for c in self._order if (d := c.queue.next_deadline()) is not None]
         if after is not None and now is not None and after.unchanged_at == now:
-            earliest = after.start_by
+            earliest = after.late_at
         else:
             earliest = self._start_by_walk(now)[1]
         if earliest is not None:
@@ -404,11 +406,6 @@ class Admission:
                 deadlines.extend(next(((t,) for r in self.ledger if (t := r.admitted_at + longest + 1e-6) > now), ()))
             else:
                 deadlines.extend(t for r in self.ledger if (t := r.admitted_at + longest + 1e-6) > now)
-            if earliest is not None and earliest > now and self._overrunning(now, longest):
-                # ... and while one is, its expected wait grows as fast as time goes (its overrun),
-                # so a start-by moment comes back as fast as time goes on: it is reached halfway
-                # (or later, a waiter not behind that slot; looked at again then)
-                deadlines.append(max(now + RECHECK_S, (earliest + now) / 2.0))
         if self.aging_s is not None and now is not None:  # the moment a waiter ages is a moment to dispatch
             aging = self.aging_s
             for c in self._order:
@@ -424,7 +421,8 @@ class Admission:
         return min(deadlines) if deadlines else None
 
     def _overrunning(self, now: float, longest: float) -> bool:
-        """Is a slot held past the longest hold measured (waits.remaining: its wait grows)?"""
+        """Is a slot held past the longest hold measured? (The oldest, when the ledger is in
+        admission order: asked on every walk of the waiters, T2.)"""
         if self.ledger.oldest_first:
             return next((now - r.admitted_at > longest for r in self.ledger), False)
         return any(now - r.admitted_at > longest for r in self.ledger)
@@ -656,9 +654,16 @@ class Admission:
 
     def _start_by_walk(self, now: float | None = None, *, late: bool = False) -> tuple[list[tuple[Waiting, float | None]], float | None]:
         """T2's walk: (with `late`, every waiter that must be dispatched by `now` to meet its
-        class's TTFT objective and cannot be, with its expected wait; the earliest start-by
-        moment of all of them, or None). A waiter's start-by moment is the latest moment it can
-        be dispatched and still meet its class's objective, brought forward by its expected wait:
+        class's TTFT objective and cannot be, with its expected wait; the first moment after `now`
+        that one of them may be, or None). That moment, for a waiter not late now: its start-by
+        moment when its wait stays as it is (nothing measured, its slot due); once its slot is
+        due when its wait shrinks as time goes on (a slot not due yet: its start-by moment moves
+        on as fast as time, so looking at it found the waiter as far from late each time, every
+        few ms for up to a hold: 87 looks in a review's case, 2 now); halfway to its start-by
+        moment when its wait grows (behind a slot held past every hold measured: the moment comes
+        back as fast as time goes on); and, while a slot is held past every hold, the first moment
+        the order the slots free in changes (waits.crossing), which changes whose wait grows.
+        A waiter's start-by moment is the latest moment it can be dispatched and still meet its class's objective, brought forward by its expected wait:
         it is refused when it is expected to miss, not when it has; known once the first-token
         time or the hold times are measured. Waiters are walked in the order they are served
         (G2): those with their turn (G1) first, oldest first, then by priority; so a waiter with
@@ -675,9 +680,18 @@ class Admission:
         ahead = 0
         mean = None if now is None else self.holds.mean_s
         frees: list[float] = []
+        grows: list[bool] | None = None  # which of `frees` grow as time goes on (None: none does)
+        behind: int | None = None
         k = 0
         if mean is not None:  # the slot state once per walk: the ledger does not change while it runs
-            frees = remaining((r.admitted_at for r in self.ledger), mean, now or 0.0, self.capacity.slots, self.holds.longest_s)
+            longest = self.holds.longest_s
+            at = now or 0.0
+            if longest is not None and self._overrunning(at, longest):
+                # marked for the places the waiters wait at, and the one above (waits.crossing)
+                places = self.waiting() + 1
+                frees, grows = growing_frees((r.admitted_at for r in self.ledger), mean, at, self.capacity.slots, longest, places)
+            else:
+                frees = remaining((r.admitted_at for r in self.ledger), mean, at, self.capacity.slots, longest)
             k = len(frees)
         expected_ttft = self.expected_ttft
         prefilling = self.prefill_met()  # T4
@@ -709,14 +723,38 @@ class Admission:
                     wait = None
                     start_by = request.arrival + objective_s - expected
                 else:
-                    wait = frees[ahead % k] + (ahead // k) * mean  # = wait_at(ahead, frees, mean)
+                    free = frees[ahead % k]
+                    wait = free + (ahead // k) * mean  # = wait_at(ahead, frees, mean)
                     start_by = request.arrival + objective_s - (expected or 0.0) - wait
+                    if start_by > horizon:
+                        behind = ahead  # the last place a waiter waits at (for the crossings below)
+                        if grows is not None and grows[ahead % k]:
+                            # behind a slot held past every hold: its wait grows as time goes on,
+                            # the start-by moment comes back as fast and is reached halfway
+                            late_at = (start_by + horizon) / 2.0
+                            late_at = late_at if late_at > horizon + RECHECK_S else horizon + RECHECK_S
+                        else:
+                            # its wait shrinks as time goes on (until its slot is due): the start-by
+                            # moment moves on as fast, and is reached once the slot is due
+                            late_at = start_by + free
+                        if earliest is None or late_at < earliest:
+                            earliest = late_at
+                        ahead += 1
+                        continue
                 if earliest is None or start_by < earliest:
                     earliest = start_by
                 if start_by > horizon or now is None:
                     ahead += 1
                 elif late:
                     out.append((w, wait))
+        if grows is not None and behind is not None:
+            # the first moment a waiter's wait stops shrinking and grows: a slot held past every
+            # hold meets the slot the waiter waits for, from below (waits.crossing)
+            met = crossing(frees, grows, horizon, min(behind, k - 1))
+            if met is not None:
+                met = met if met > horizon + RECHECK_S else horizon + RECHECK_S  # rounding: never `now` itself
+                if earliest is None or met < earliest:
+                    earliest = met
         return out, earliest
 
     def _misses(self, request: Request, now: float) -> float | None:
@@ -829,12 +867,12 @@ class Admission:
         """Expire overdue waiters, serve aged waiters, then dispatch by priority and DRR
         while requests fit."""
         self._now = max(self._now, now)
-        late, start_by = self._start_by_walk(now, late=True)
+        late, late_at = self._start_by_walk(now, late=True)
         expired = list(self._expire(now, late))
         admitted: list[Admit] = []
         shared_blocked, slots_full = self._serve_aged(now, admitted, expired)
         if slots_full:
-            return self._step(now, admitted, expired, start_by)
+            return self._step(now, admitted, expired, late_at)
         for entry in self._order:
             queue = entry.queue
             if queue.paused or not queue:
@@ -856,7 +894,7 @@ class Admission:
                     admitted.append(self._start(item.request, now))
                     continue
                 if block is Block.SLOTS:
-                    return self._step(now, admitted, expired, start_by)
+                    return self._step(now, admitted, expired, late_at)
                 if block is Block.TENANT:
                     exclude.add(item.request.tenant)
                     continue
@@ -865,12 +903,12 @@ class Admission:
                 if block in _SHARED:
                     shared_blocked = True
                 break
-        return self._step(now, admitted, expired, start_by)
+        return self._step(now, admitted, expired, late_at)
 
-    def _step(self, now: float, admitted: list[Admit], expired: list[Refuse], start_by: float | None) -> Step:
+    def _step(self, now: float, admitted: list[Admit], expired: list[Refuse], late_at: float | None) -> Step:
         if admitted or expired:
             return Step(tuple(admitted), tuple(expired))
-        return Step(unchanged_at=now, start_by=start_by)  # selecting (DRR) moves no start-by moment
+        return Step(unchanged_at=now, late_at=late_at)  # selecting (DRR) moves no start-by moment
 
     def _aged(self, now: float) -> list[Waiting]:
         """Every waiter of an unpaused class that has its turn (G1), oldest first: aged ones (a)

@@ -24,7 +24,7 @@ newcomer has, so that it is refused at arrival unless it is likely to make it. A
 (the holds are growing: #25's real runs queued newcomers behind slots "due now" on the mean,
 which then waited out their objective) frees within `d` with 1 - exp(-d / mean hold), and what
 is left after it is d less one mean hold; a slot frees m times with the chance of its first free
-times the chance that one hold is at most what is left after its first free (on average) / (m - 1). The waiter
+times the chance that one hold is at most what is left after its expected first free / (m - 1). The waiter
 at position p needs p + 1 frees:
 
     chance(p, d) = P(N_1 + ... + N_k >= p + 1),  N_i: the frees of slot i within d
@@ -107,6 +107,55 @@ def remaining(held_since: Iterable[float], mean_s: float, now: float, slots: int
         left = [age - longest_s if age > longest_s else (r if (r := mean_s - age) > 0.0 else 0.0) for age in ages]
     left.sort()
     return ([0.0] * max(0, slots - len(left)) + left)[: max(1, slots)]
+
+
+def growing_frees(
+    held_since: Iterable[float], mean_s: float, now: float, slots: int, longest_s: float, places: int
+) -> tuple[list[float], list[bool]]:
+    """`remaining` (the same floats, in the same order) and, for the first `places` of them,
+    whether each grows as time goes on: a slot held past `longest_s` (its overrun; the others stay
+    or shrink). Of equal values the one that does not grow comes first, as the order after any
+    moment more would have it. Asked on every walk of the waiters while a slot overruns (T2), for
+    the places they wait at: marking every slot in Python was the most of a replay's time (#24)."""
+    left: list[float] = []
+    over: list[float] = []
+    for at in held_since:
+        age = now - at
+        if age > longest_s:
+            over.append(age - longest_s)
+        else:
+            left.append(r if (r := mean_s - age) > 0.0 else 0.0)
+    left.sort()
+    over.sort()
+    left = [0.0] * max(0, slots - len(left) - len(over)) + left
+    frees = sorted(left + over)[: max(1, slots)]
+    grows: list[bool] = []
+    i = j = 0
+    for _ in range(min(places, len(frees))):  # the two merged, a tie: the one that does not grow first
+        if j < len(over) and (i >= len(left) or over[j] < left[i]):
+            grows.append(True)
+            j += 1
+        else:
+            grows.append(False)
+            i += 1
+    return frees, grows
+
+
+def crossing(frees: list[float], grows: list[bool], now: float, upto: int) -> float | None:
+    """The first moment after `now` that a growing free (a slot held past every hold measured)
+    meets the shrinking one just above it (a slot not due yet) at the places 0..`upto` + 1: the
+    order the slots free in changes there, and a waiter at the upper place may wait behind a slot
+    that overruns from then on (T2 looks again). Frees move by one second a second, up or down,
+    so the first to meet are neighbours in `frees` (in order) now; meetings further up are not
+    looked for (a waiter is still refused by its deadline: its start-by once its slot is due).
+    None when none will."""
+    closest: float | None = None
+    for i in range(min(upto + 1, len(grows) - 1)):
+        if grows[i] and not grows[i + 1]:
+            gap = frees[i + 1] - frees[i]
+            if gap > 0.0 and (closest is None or gap < closest):
+                closest = gap
+    return None if closest is None else now + closest / 2.0
 
 
 def wait_at(position: int, frees: list[float], mean_s: float) -> float:
@@ -205,8 +254,12 @@ def chance_in_time(
         else:
             ends = bisect_right(holds, age + within_s) - at
             first = ends / (n - at)
-            # what is left after the first free, on average over the frees in time
-            rest = within_s - (sum(holds[at : at + ends]) / ends - age) if ends else 0.0
+            # what is left after its expected first free (the mean of the holds longer than its
+            # age, less the age): averaged over the frees in time only, it shrank as the time
+            # grew (a longer hold ending in time raised the mean) and the chance fell with more
+            # time: 0.094 at 2.5 s and 0 at 3.0 s for 6 frees behind holds of 1.25 and 3 s
+            # (hypothesis). This way it grows with the time, and with it the chance.
+            rest = within_s - (sum(holds[at:]) / (n - at) - age) if ends else 0.0
         # at_least[m]: the chance of m or more frees of this slot within `within_s`
         at_least = [1.0, first]
         for m in range(2, need + 1):

@@ -38,8 +38,38 @@ def brute_expected_wait(adm: Admission, position: int, now: float) -> float | No
     return wait_at(position, remaining((r.admitted_at for r in adm.ledger), mean, now, adm.capacity.slots, adm.holds.longest_s), mean)
 
 
-def brute_start_bys(adm: Admission, now: float | None) -> list[tuple[Waiting, float, float | None]]:
-    out: list[tuple[Waiting, float, float | None]] = []
+def brute_slots(adm: Admission, now: float) -> list[tuple[float, bool]]:
+    """Each slot's expected time to free and whether it grows as time goes on (held past every
+    hold measured: its overrun), in the order they are expected to free (a tie: the one that does
+    not grow first)."""
+    mean, longest = adm.holds.mean_s, adm.holds.longest_s
+    assert mean is not None
+    slots = []
+    for r in adm.ledger:
+        age = now - r.admitted_at
+        slots.append((age - longest, True) if longest is not None and age > longest else (max(0.0, mean - age), False))
+    return sorted([(0.0, False)] * max(0, adm.capacity.slots - len(slots)) + slots)[: max(1, adm.capacity.slots)]
+
+
+def brute_crossing(adm: Admission, now: float, upto: int) -> float | None:
+    """The first moment a growing free meets the shrinking one just above it, at places 0..upto + 1."""
+    slots = brute_slots(adm, now)
+    meets = [
+        (slots[i + 1][0] - slots[i][0]) / 2.0
+        for i in range(len(slots) - 1)
+        if i <= upto and slots[i][1] and not slots[i + 1][1] and slots[i + 1][0] > slots[i][0]
+    ]
+    return max(now + RECHECK_S, now + min(meets)) if meets else None
+
+
+def brute_start_bys(
+    adm: Admission, now: float | None, places: list[int] | None = None
+) -> list[tuple[Waiting, float, float | None, float | None]]:
+    """(waiter, start-by moment, expected wait, the first moment it may be late: its start-by if it
+    is late now or its wait stays as it is; halfway there if its wait grows as time goes on, behind
+    a slot held past every hold; once its slot is due if its wait shrinks); `places`, if given,
+    gets each one's place (how many are served before it)"""
+    out: list[tuple[Waiting, float, float | None, float | None]] = []
     if not any(adm.objective_ms(c) for c in adm.class_names):
         return out
     ahead = 0
@@ -54,29 +84,51 @@ def brute_start_bys(adm: Admission, now: float | None) -> list[tuple[Waiting, fl
     ]
     for w in first + rest:
         objective_ms = adm.objective_ms(w.request.cls)
-        expected = adm._ttft(w.request) if objective_ms else None
+        # T4: with the prompt tokens a waiter is expected to meet prefilling at its dispatch
+        expected = (None if adm.expected_ttft is None else adm.expected_ttft(w.request, adm.prefill_met())) if objective_ms else None
         wait = None if now is None or not objective_ms else brute_expected_wait(adm, ahead, now)
         if expected is None and wait is None:
             ahead += 1
             continue
         assert objective_ms
         start_by = w.request.arrival + objective_ms / 1000.0 - (expected or 0.0) - (wait or 0.0)
+        late_at = start_by
+        if wait is not None and now is not None and start_by > now:
+            slots = brute_slots(adm, now)
+            free, grows = slots[ahead % len(slots)]
+            late_at = max(now + RECHECK_S, (start_by + now) / 2.0) if grows else start_by + free
+        if places is not None:
+            places.append(ahead)
         if now is None or start_by > now:
             ahead += 1
-        out.append((w, start_by, wait))
+        out.append((w, start_by, wait, late_at))
     return out
+
+
+def brute_late_at(adm: Admission, now: float | None) -> float | None:
+    """The first moment a waiter may be late, or the order the slots free in change (T2's walk)."""
+    places: list[int] = []
+    walked = brute_start_bys(adm, now, places)
+    moments = [late_at for _, _, _, late_at in walked if late_at is not None]
+    waiting_at = [
+        p for p, (_, start_by, wait, _) in zip(places, walked, strict=True) if now is not None and wait is not None and start_by > now
+    ]
+    if waiting_at and adm.holds.mean_s is not None:
+        # up to the last place a waiter waits at (a waiter late now is nobody's wait)
+        cross = brute_crossing(adm, now, min(max(waiting_at), adm.capacity.slots - 1))
+        if cross is not None:
+            moments.append(cross)
+    return min(moments, default=None)
 
 
 def brute_next_deadline(adm: Admission, now: float | None) -> float | None:
     deadlines = [d for c in adm._order if (d := c.queue.next_deadline()) is not None]
-    start_bys = [start_by for _, start_by, _ in brute_start_bys(adm, now)]
-    deadlines.extend(start_bys)
+    walked_at = brute_late_at(adm, now)
+    if walked_at is not None:
+        deadlines.append(walked_at)
     longest = adm.holds.longest_s
     if longest is not None and now is not None and adm.waiting():  # a slot overruns the longest hold (#25)
         deadlines.extend(r.admitted_at + longest + 1e-6 for r in adm.ledger if r.admitted_at + longest + 1e-6 > now)
-        earliest = min(start_bys, default=None)
-        if earliest is not None and earliest > now and any(now - r.admitted_at > longest for r in adm.ledger):
-            deadlines.append(max(now + RECHECK_S, (earliest + now) / 2.0))  # its wait grows: halfway
     if adm.aging_s is not None and now is not None:
         aging = adm.aging_s
         deadlines.extend(w.enqueued_at + aging for c in adm._order if not c.queue.paused for w in c.queue if w.enqueued_at + aging > now)
@@ -89,8 +141,8 @@ def same_answers(adm: Admission, now: float) -> None:
     assert adm._aged(now) == brute_aged(adm, now)
     for at in (now, None):
         walked = brute_start_bys(adm, at)
-        late = [(w, wait) for w, start_by, wait in walked if at is not None and start_by <= at]
-        assert adm._start_by_walk(at, late=True) == (late, min((start_by for _, start_by, _ in walked), default=None))
+        late = [(w, wait) for w, start_by, wait, _ in walked if at is not None and start_by <= at]
+        assert adm._start_by_walk(at, late=True) == (late, brute_late_at(adm, at))
     assert adm.next_deadline(now) == brute_next_deadline(adm, now)
     assert adm.next_deadline() == brute_next_deadline(adm, None)
     for cls in adm.class_names:
@@ -220,10 +272,15 @@ def test_behind_slots_held_past_every_hold_the_walks_and_deadlines_equal_the_bru
         same_answers(adm, now)
     for dt in ticks:
         now += dt
-        late = {w.request.id for w, start_by, _ in brute_start_bys(adm, now) if start_by <= now}
+        late = {w.request.id for w, start_by, _, _ in brute_start_bys(adm, now) if start_by <= now}
         same_answers(adm, now)
         step = adm.advance(now)
         assert {f.request.id for f in step.expired} >= late
         same_answers(adm, now)
-        assert adm.next_deadline(now, after=step) == brute_next_deadline(adm, now)
+        nxt = adm.next_deadline(now, after=step)
+        assert nxt == brute_next_deadline(adm, now)
+        if nxt is not None:  # sound: nobody becomes late before the moment T2 looks again
+            for u in (0.25, 0.5, 0.75, 0.999):
+                moment = now + u * (nxt - now)
+                assert all(start_by > moment - 1e-6 for _, start_by, _, _ in brute_start_bys(adm, moment))
     check_invariants(adm)

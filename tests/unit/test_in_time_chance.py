@@ -44,7 +44,8 @@ def test_with_holds_of_one_length_the_chance_is_the_means_wait_met_or_not(hold, 
 
 def reference_chance(position, within_s, ages, holds, slots, enough=None):
     """waits.chance_in_time as first written (#25): the convolution as a loop over (j, m) pairs.
-    The core's list passes must give the same floats (#24 made it ~3x faster)."""
+    The core's list passes must give the same floats (#24 made it ~3x faster). (What is left
+    after a slot's first free: since 2026-12-05 after its expected first free, as the core.)"""
     if within_s < 0:
         return 0.0
     need, n = position + 1, len(holds)
@@ -62,7 +63,7 @@ def reference_chance(position, within_s, ages, holds, slots, enough=None):
         else:
             ends = bisect_right(holds, age + within_s) - at
             first = ends / (n - at)
-            rest = within_s - (sum(holds[at : at + ends]) / ends - age) if ends else 0.0
+            rest = within_s - (sum(holds[at:]) / (n - at) - age) if ends else 0.0
         at_least = [1.0, first]
         for m in range(2, need + 1):
             if at_least[-1] <= 0.0 or rest <= 0.0:
@@ -201,6 +202,14 @@ def test_the_chance_is_a_probability_that_grows_with_the_time_left_and_falls_wit
         assert c_lo == 1.0  # a free slot for it
 
 
+def test_more_time_never_makes_the_chance_smaller_when_a_long_hold_ends_in_time():
+    """hypothesis found it: behind holds of 1.25 and 3 s, 6 frees within 2.5 s were 9% likely and
+    within 3 s 0%, because what was left after a first free was averaged over the holds that end
+    in time, and the 3 s hold ending in time raised that average."""
+    holds, ages = [1.25, 3.0], [0.0, 0.0]
+    assert chance_in_time(5, 2.5, ages, holds, 3) <= chance_in_time(5, 3.0, ages, holds, 3)
+
+
 # ---- T1 with the chance ---------------------------------------------------------------------
 
 
@@ -298,6 +307,29 @@ def _behind_two_slots_about_to_free() -> tuple[Admission, object]:
     return adm, w
 
 
+@EXAMPLES
+@given(
+    held_since=st.lists(st.floats(-10.0, 0.0), max_size=12),
+    mean=st.floats(0.01, 5.0),
+    longest=st.floats(0.01, 8.0),
+    slots=st.integers(0, 12),
+    places=st.integers(0, 14),
+)
+def test_the_growing_frees_are_the_remaining_ones_marked(held_since, mean, longest, slots, places):
+    """growing_frees: the same floats as remaining, in the same order, each marked growing when
+    it is a slot's overrun (past the longest hold), a tie with one that does not grow after it."""
+    from gate.core.waits import growing_frees
+
+    frees, grows = growing_frees(held_since, mean, 0.0, slots, longest, places)
+    assert frees == remaining(held_since, mean, 0.0, slots, longest)
+    assert len(grows) == min(places, len(frees))
+    frees = frees[: len(grows)]
+    overruns = sorted(-at - longest for at in held_since if -at > longest)
+    assert sorted(f for f, g in zip(frees, grows, strict=True) if g) == overruns[: sum(grows)]
+    for (a, ga), (b, gb) in zip(zip(frees, grows, strict=True), zip(frees[1:], grows[1:], strict=True), strict=False):
+        assert a < b or (a == b and not (ga and not gb))
+
+
 def test_a_slot_held_past_every_hold_is_expected_to_run_as_long_again_as_its_overrun():
     assert remaining([-3.0], 2.0, 0.0, 1) == [0.0]  # on the mean alone: due now, for ever
     assert remaining([-3.0], 2.0, 0.0, 1, longest_s=2.5) == [0.5]  # 0.5 s past the longest
@@ -325,13 +357,44 @@ def test_a_waiter_behind_slots_that_keep_overrunning_is_refused_before_its_deadl
     assert adm.advance(2.05).expired == ()
     at = adm.next_deadline(2.05)
     assert at is not None and 2.05 < at <= 2.35 + 1e-9
-    while True:  # the moments T2 looks at, as the shell's one timer would
-        step = adm.advance(at)
-        if step.expired:
-            break
-        nxt = adm.next_deadline(at, after=step)
-        assert nxt is not None and nxt > at
-        at = nxt
+    step, looks, at = _looks(adm, at)
     assert [f.request.id for f in step.expired] == [w.id]
-    assert 2.35 - 1e-6 <= at < 2.7
+    assert looks <= 2  # the halfway moment is the moment itself (rounding: a microsecond after it)
+    assert 2.35 - 1e-9 <= at <= 2.35 + 1e-5
+    check_invariants(adm)
+
+
+def _looks(adm: Admission, at: float, until: float = 10.0):
+    """Advance at the moments T2 asks for (as the shell's one timer would) until a step changes
+    something: that step, how many moments it took and the last."""
+    looks = 0
+    while True:
+        looks += 1
+        step = adm.advance(at)
+        if step.admitted or step.expired:
+            return step, looks, at
+        nxt = adm.next_deadline(at, after=step)
+        assert nxt is not None and at < nxt < until
+        at = nxt
+
+
+def test_t2_looks_at_a_waiter_behind_a_slot_not_yet_due_once_when_the_slot_is_due():
+    """A waiter behind a slot not yet due waits less as time goes on, so its start-by moment moves
+    on as fast as time: looked at there, it was always the same few ms ahead (a review's case:
+    87 looks in 0.8 s, 5 ms apart). It can be late only once its slot is due."""
+    adm = Admission(
+        [Cls("chat", 10, queue_depth=50, queue_timeout_s=30.0, ttft_objective_ms=805.0)],
+        Capacity(slots=2, slot_context=4000, ceiling=4000),
+        expected_ttft=lambda _r, _p: 0.0,
+    )
+    adm.in_time_chance = 0.0  # the mean's wait alone: this is about T2's moments
+    for h in (1.0, 1.0, 1.0, 1.2):  # mean 1.05, longest 1.2
+        adm.holds.record(h)
+    assert isinstance(adm.offer(req("chat", 100, at=0.0), 0.0), Admit)  # held past 1.2 from 1.2 on
+    assert isinstance(adm.offer(req("chat", 100, at=1.0), 1.0), Admit)  # due at 2.05
+    w = req("chat", 100, at=1.25)  # must start by 2.055
+    assert isinstance(adm.offer(w, 1.25), Queue)
+    step, looks, at = _looks(adm, adm.next_deadline(1.25))
+    assert [f.request.id for f in step.expired] == [w.id]
+    assert looks <= 2 and abs(at - 2.055) < 1e-5  # when its slot is due, it has no time left
     check_invariants(adm)
