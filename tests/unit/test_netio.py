@@ -328,6 +328,13 @@ async def test_once_the_terminal_event_is_in_the_streams_end_is_read_without_a_b
     assert ended - done_at < 0.5  # not a 1 s batch (a few ms here)
 
 
+async def _first_token(reader, writer) -> None:
+    """The request read, and a chunked stream begun with its first token (no Connection: close)."""
+    await _read_request(reader)
+    writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + _chunk(b'data: {"t":1}\n\n'))
+    await writer.drain()
+
+
 async def test_the_end_written_right_behind_the_last_token_is_read_without_a_batchs_wait():
     # llama-server writes its final event, [DONE] and the last chunk 0.06 ms after the last token
     # (one read): a batch's wait there ended every answer a batch late (a plain answer, which the
@@ -337,9 +344,7 @@ async def test_the_end_written_right_behind_the_last_token_is_read_without_a_bat
     loop = asyncio.get_running_loop()
 
     async def handler(reader, writer):
-        await _read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + _chunk(b'data: {"t":1}\n\n'))
-        await writer.drain()
+        await _first_token(reader, writer)
         await asyncio.sleep(0.05)  # the relay has yielded the first token: batches from here
         writer.write(_chunk(b'data: {"t":2}\n\n'))
         await writer.drain()
@@ -368,9 +373,7 @@ async def test_a_peer_that_goes_mid_batch_ends_the_batchs_wait():
     loop = asyncio.get_running_loop()
 
     async def handler(reader, writer):
-        await _read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + _chunk(b'data: {"t":1}\n\n'))
-        await writer.drain()
+        await _first_token(reader, writer)
         await first_out.wait()
         writer.write(_chunk(b'data: {"t":2}\n\n'))  # read within the batch: it waits for more
         await writer.drain()
