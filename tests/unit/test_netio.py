@@ -386,6 +386,64 @@ async def test_a_peer_that_goes_mid_batch_ends_the_batchs_wait():
     assert loop.time() - closed[0] < 0.5  # not the rest of a 1 s batch
 
 
+async def _role_then_content(role: bytes) -> tuple[float, float, float]:
+    """llama-server's chat stream: `role` (its role-only opening chunk), then the first token's
+    text 50 ms later, on a kept-open connection, relayed with a 1 s batch. Returns when the text
+    was written, when the relay yielded it, and the relay's first-token time."""
+    from gate.backend.upstream import RelayStats, SseRelay
+
+    keep_open = asyncio.Event()
+    content = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'
+    written: list[float] = []
+    loop = asyncio.get_running_loop()
+
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + _chunk(role))
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        written.append(loop.time())
+        writer.write(_chunk(content))
+        await writer.drain()
+        await keep_open.wait()
+        writer.close()
+
+    server, url = await _server(handler)
+    client, _ = _client()
+    stats = RelayStats(dispatched_at=0.0)
+    async with server, client:
+        request = client.build_request("POST", url + "/v1/chat/completions", content=b"{}", headers={"connection": "close"})
+        response = await client.send(request, stream=True)
+        relay = SseRelay(response, stats, loop.time, lambda: None, batch_s=1.0)
+        try:
+            async for now, _held in relay.reads():
+                if "Hi" in now:
+                    out = loop.time()
+                    break
+        finally:
+            keep_open.set()
+            await response.aclose()
+    return written[0], out, stats.first_token_at
+
+
+async def test_a_chat_streams_role_chunk_is_not_its_first_token():
+    # The first token is the first text: a client's TTFT (aiperf's, the OpenAI SDK's). Batching
+    # from the role chunk on held that text back by up to a batch (+7 ms at p50 with 10 ms batches).
+    role = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":null}}],"object":"chat.completion.chunk"}\n\n'
+    written, out, first_token_at = await _role_then_content(role)
+    assert out - written < 0.5  # not the rest of a 1 s batch (a few ms here)
+    assert first_token_at >= written  # measured at the text, not 50 ms early at the role
+
+
+async def test_a_role_chunk_that_carries_text_is_the_first_token():
+    # The negative control: the same stream whose opening chunk has text too (the role and the
+    # first token in one chunk) is batched from there, so the second text waits for the batch.
+    role = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":"Oh"}}]}\n\n'
+    written, out, first_token_at = await _role_then_content(role)
+    assert first_token_at < written
+    assert out - written >= 0.5  # in the 1 s batch that began at the first token
+
+
 async def test_a_chunks_crlf_left_in_h11s_buffer_is_not_more_of_the_stream():
     # After a chunk h11 keeps its CRLF until asked for the next event: if that counted as
     # "more is here", the relay would hold the batch back for one more read (a whole batch late).
