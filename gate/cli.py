@@ -267,6 +267,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="only rows from this long ago (30s, 15m, 2h, 7d) or since an ISO-8601 timestamp (UTC unless it says otherwise); default: all",
     )
     log_cmd.add_argument(
+        "--class",
+        metavar="NAME",
+        dest="cls",
+        default=None,
+        help="only the decisions of this class (an aiperf trace keeps the times of every class: one trace per class, "
+        "each replayed with its X-Tokengate-Class header, stay in step)",
+    )
+    log_cmd.add_argument(
         "--format",
         choices=("table", "json", "csv", "aiperf"),
         default="table",
@@ -440,6 +448,8 @@ def _cmd_config_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
         )
     )
     out.write(f"ok: {source} ({counts})\n")
+    for w in fixed_budget_warnings(config):
+        out.write(f"warning: {w}\n")  # what `serve` would warn at start (a warning: the exit status stays 0)
     if args.verbose:
         for line in describe_config(config):
             out.write(line + "\n")
@@ -458,6 +468,24 @@ def _cmd_config_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
                 out.write(f"warning: backend {b.name}: {w}\n")
         return rc
     return EXIT_OK
+
+
+def fixed_budget_warnings(config: Config) -> list[str]:
+    """What `capacity_warnings` says of a backend whose ceiling the file fixes (token_budget),
+    known without asking llama-server: reservations or min_tokens above it, a class left no
+    room (one slot's context is unknown here: `config check --backends` asks)."""
+    from gate.backend.pool import capacity_warnings
+    from gate.core.admission import Capacity
+
+    out = []
+    for b in config.backends:
+        if b.token_budget is not None:
+            cap = Capacity(slots=1, slot_context=sys.maxsize, ceiling=b.token_budget)
+            out += [
+                f"backend {b.name} (token_budget {b.token_budget}): {w}"
+                for w in capacity_warnings(None, cap, config.budget, config.classes)
+            ]
+    return out
 
 
 def _fmt_tokens(n: int | None, none: str) -> str:
@@ -558,7 +586,7 @@ def _cmd_log(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if note:
         err.write(f"tokengate log: {note}\n")
     try:
-        export(journal, out, kind=args.kind, fmt=args.format, since_ts=args.since)
+        export(journal, out, kind=args.kind, fmt=args.format, since_ts=args.since, cls=args.cls)
     except ExportError as e:
         err.write(f"tokengate log: error: {e}\n")
         return EXIT_RUNTIME

@@ -124,6 +124,13 @@ class GateService:
         )
         self.backends.on_units = self._units_changed
         self.backends.on_state = lambda b, old, new: self.recorder.backend_changed(b.name, old, new, b.detail, self.operator)
+        self.backends.on_capacity = lambda b: self.recorder.capacity_learned(
+            b.name,
+            b.capacity,
+            b.layout.kv if b.layout else None,
+            f"{b.layout.source}: {b.layout.detail}" if b.layout else "no layout",
+            self.operator,
+        )
         self.model_metrics = ModelMetrics(
             self.metrics.registry, lambda: self.backends.fleets, (m for b in config.backends for m in b.models)
         )

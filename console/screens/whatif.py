@@ -212,7 +212,8 @@ class WhatIfScreen(ModalScreen[None]):
             self.recorded = dict(pairs)
             self.query_one("#whatif-form", TextArea).text = "\n".join(f"{k}={v}" for k, v in pairs)
             self.query_one("#whatif-replay", Button).disabled = False
-            self._status(f"{len(window.arrivals):,} arrivals, backend {window.backend}; edit a threshold, then ctrl+r")
+            notes = "".join(f" · note: {n}" for n in window.notes)
+            self._status(f"{len(window.arrivals):,} arrivals, backend {window.backend}; edit a threshold, then ctrl+r{notes}")
             self.query_one("#whatif-form", TextArea).focus()
         elif event.state == WorkerState.SUCCESS and worker.group == "whatif-replay":
             result = worker.result

@@ -44,7 +44,7 @@ def context_error_fields(admission: Admission, request: Request) -> dict[str, ob
     cap = admission.capacity
     limit = cap.slot_context if request.largest_task > cap.slot_context else admission.class_reach(request.cls, cap.ceiling)
     prompt = request.prompt_tokens if request.tasks == 1 else request.largest_task - request.max_tokens
-    return {"type": "exceed_context_size_error", "n_prompt_tokens": prompt, "n_ctx": limit}
+    return {"type": "exceed_context_size_error", "n_prompt_tokens": prompt, "n_ctx": max(0, limit)}
 
 
 @dataclass(slots=True, eq=False)

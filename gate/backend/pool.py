@@ -272,6 +272,10 @@ class BackendPool:
         #: called with (backend, old state, new state) when a backend goes ready or stops being
         #: ready: the service audits it, so a llama-server crash leaves its mark on the review
         self.on_state: Callable[[Backend, str, str], None] | None = None
+        #: called with the backend when a ready backend's capacity is learned or changes (its
+        #: first probe included): the service journals it, so that `tokengate replay` models the
+        #: KV layout the gate learned, not the configured `kv = "auto"`
+        self.on_capacity: Callable[[Backend], None] | None = None
         #: finds a local llama-server's command line (a seam for tests)
         self._args_finder: Callable[[str], ServerArgs | None] = local_server_args
 
@@ -399,6 +403,8 @@ class BackendPool:
                 backend.gatekeeper.advance()
             if self._on_change is not None:
                 self._on_change()
+            if self.on_capacity is not None and backend.state == "ready" and backend.capacity is not None and backend.capacity != before[1]:
+                self.on_capacity(backend)
 
     def _server_args(self, backend: Backend) -> ServerArgs | None:
         return self._args_finder(backend.url)

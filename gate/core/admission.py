@@ -1059,11 +1059,15 @@ class Admission:
             return Refuse(request, Reason.CONTEXT_LENGTH_EXCEEDED, detail)
         reach = self.class_reach(request.cls, self.capacity.ceiling)
         if cost > reach:
-            return Refuse(
-                request,
-                Reason.CONTEXT_LENGTH_EXCEEDED,
-                f"request needs {cost} tokens; class {request.cls!r} can never hold more than {reach}",
-            )
+            if reach <= 0:  # a misconfiguration (the gate warns at start), said as one, not "-424"
+                others = self._reserved_elsewhere(request.cls)
+                detail = (
+                    f"request needs {cost} tokens; class {request.cls!r} can hold nothing: the other classes reserve "
+                    f"{others} of the {self.capacity.ceiling}-token ceiling"
+                )
+            else:
+                detail = f"request needs {cost} tokens; class {request.cls!r} can never hold more than {reach}"
+            return Refuse(request, Reason.CONTEXT_LENGTH_EXCEEDED, detail)
         quota = self._tenant_policy(request.tenant).max_tokens_in_flight
         if quota is not None and cost > quota:
             return Refuse(

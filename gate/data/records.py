@@ -81,6 +81,11 @@ class RecentDecisions:
 AuditSource = Literal["console", "config", "controller", "signal", "api", "gate"]
 
 
+#: the audit action of a ready backend's capacity, learned or changed (its value: JSON with
+#: slots, kv, slot_context, ceiling): `tokengate replay` models the layout the gate learned
+CAPACITY_LEARNED = "capacity_learned"
+
+
 @dataclass(frozen=True, slots=True)
 class AuditRecord:
     """One change to the gate's settings: who, from where, what, old and new value."""

@@ -124,13 +124,21 @@ def check_version(path: str, version: int, verb: str) -> str | None:
     return None
 
 
-def _rows(conn: sqlite3.Connection, kind: str, since_ts: float | None, path: str) -> tuple[list[str], Iterator[tuple[Any, ...]]]:
+def _rows(
+    conn: sqlite3.Connection, kind: str, since_ts: float | None, path: str, cls: str | None = None
+) -> tuple[list[str], Iterator[tuple[Any, ...]]]:
     columns = ["id", *COLUMNS[kind]]
     sql = "SELECT " + ", ".join(f'"{c}"' for c in columns) + f" FROM {kind}"
     params: list[Any] = []
+    where = []
     if since_ts is not None:
-        sql += " WHERE ts >= ?"
+        where.append("ts >= ?")
         params.append(since_ts)
+    if cls is not None:
+        where.append('"class" = ?')
+        params.append(cls)
+    if where:
+        sql += " WHERE " + " AND ".join(where)
     # By the time the rows are about (a decision's ts is its arrival; rows are written as
     # requests end, so id order is end order): `--since 10m` reads in the order of its ts.
     sql += " ORDER BY ts, id"
@@ -161,19 +169,27 @@ def export(
     kind: str = "decisions",
     fmt: str = "table",
     since_ts: float | None = None,
+    cls: str | None = None,
 ) -> int:
-    """Write the ``kind`` rows of the journal at ``path`` to ``out``; returns the row count."""
+    """Write the ``kind`` rows of the journal at ``path`` to ``out``; returns the row count.
+    `cls`: only the decisions of that class (an aiperf trace keeps the times of the whole
+    selection: one trace per class, each replayed with its class's header, stay in step)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if cls is not None and kind != "decisions":
+        raise ExportError("--class selects decisions: use it with --kind decisions")
+    if fmt == "aiperf" and kind != "decisions":
+        raise ExportError("--format aiperf is a trace of requests: use it with --kind decisions")
     conn = open_read_only(path)
     rows: Iterator[tuple[Any, ...]] | None = None
     try:
-        columns, rows = _rows(conn, kind, since_ts, path)
-        if fmt == "aiperf" and kind != "decisions":
-            raise ExportError("--format aiperf is a trace of requests: use it with --kind decisions")
-        writer = {"json": _write_json, "csv": write_csv, "table": _write_table, "aiperf": _write_aiperf}[fmt]
+        columns, rows = _rows(conn, kind, since_ts, path, cls)
+        if fmt == "aiperf":
+            origin = _first_counted(conn, since_ts, path)
+            return _write_aiperf(columns, rows, out, origin)
+        writer = {"json": _write_json, "csv": write_csv, "table": _write_table}[fmt]
         return writer(columns, rows, out)
     finally:
         # A reader that went away (`| head`) leaves the row stream half read: close it (and
@@ -188,10 +204,23 @@ def export(
 # Formats
 
 
-def _write_aiperf(columns: Sequence[str], rows: Iterator[tuple[Any, ...]], out: TextIO) -> int:
+def _first_counted(conn: sqlite3.Connection, since_ts: float | None, path: str) -> float | None:
+    """The first arrival a trace of the selection (every class) carries: its time zero."""
+    try:
+        (first,) = conn.execute(
+            "SELECT min(ts) FROM decisions WHERE ts >= ? AND prompt_tokens IS NOT NULL AND "
+            "(completion_tokens IS NOT NULL OR max_tokens IS NOT NULL)",
+            (since_ts if since_ts is not None else float("-inf"),),
+        ).fetchone()
+    except sqlite3.Error as e:
+        raise ExportError(f"{path}: cannot read decisions: {e}") from e
+    return first
+
+
+def _write_aiperf(columns: Sequence[str], rows: Iterator[tuple[Any, ...]], out: TextIO, origin: float | None = None) -> int:
     at = {name: i for i, name in enumerate(columns)}
     ts, prompt, max_tokens, done = at["ts"], at["prompt_tokens"], at["max_tokens"], at["completion_tokens"]
-    first: float | None = None
+    first: float | None = origin
     n = 0
     for row in rows:
         if row[prompt] is None or (row[done] is None and row[max_tokens] is None):

@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from gate.backend.pool import Backend, BackendPool
 from gate.core.adaptive import Move
 from gate.core.rollup import Rollup
 from gate.data.commands import Operator
-from gate.data.records import AuditRecord, AuditSource, ClassSample, DecisionRecord, RecentDecisions, SampleRecord
+from gate.data.records import CAPACITY_LEARNED, AuditRecord, AuditSource, ClassSample, DecisionRecord, RecentDecisions, SampleRecord
 from gate.data.snapshot import GpuReading
 from gate.fleet.sharedlimits import Flip
 from gate.journal import Journal
@@ -103,6 +105,28 @@ class Recorder:
             old_value=old,
             new_value=new,
         )
+
+    def capacity_learned(self, backend: str, capacity: Any, kv: str | None, how: str, operator: Operator) -> None:
+        """A ready backend's capacity, learned or changed: an audit row in the journal (not in
+        the console's list of changes: nobody changed anything) whose value `tokengate replay`
+        reads for its backend model (slots, KV layout, context per slot)."""
+        value = {"slots": capacity.slots, "kv": kv, "slot_context": capacity.slot_context, "ceiling": capacity.ceiling}
+        note = f"{capacity.slots} slots of {capacity.slot_context} tokens, {kv or 'unknown'} KV ({how}), ceiling {capacity.ceiling}"
+        if self.journal is not None:
+            self.journal.add(
+                AuditRecord(
+                    ts=time.time(),
+                    operator=operator.name,
+                    origin=operator.origin,
+                    source="gate",
+                    action=CAPACITY_LEARNED,
+                    target=f"backend:{backend}",
+                    old_value=None,
+                    new_value=json.dumps(value, sort_keys=True),
+                    note=note,
+                    gate_id=self.gate_id,
+                )
+            )
 
     async def seed_from_journal(self, window_s: float = 900.0, *, limit: int = 20_000) -> int:
         """Start the live view from the journal's recent history, not empty: the decisions of

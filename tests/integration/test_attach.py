@@ -273,9 +273,13 @@ async def test_hangup_of_an_embedded_console_drains_the_gate_and_exits_zero(llam
         console.proc.send_signal(signal.SIGHUP)
         rc = await asyncio.to_thread(console.proc.wait, 60)
         assert rc == 0, console.read().decode(errors="replace")[-2000:]
-        actions = [(r["action"], r["note"]) for r in audit_rows(tmp_path)]
-        # The thresholds in force come first (what `tokengate replay` starts from), then started.
-        assert [a for a, _ in actions[:2]] == ["config_in_force", "started"]
+        rows = audit_rows(tmp_path)
+        actions = [(r["action"], r["note"]) for r in rows]
+        # The thresholds in force come first (what `tokengate replay` starts from), then the
+        # capacity learned from llama-server (the layout replay models: split here), then started.
+        assert [a for a, _ in actions[:3]] == ["config_in_force", "capacity_learned", "started"]
+        learned = json.loads(rows[1]["new_value"])
+        assert learned["kv"] == "split" and learned["slots"] >= 1 and rows[1]["target"] == "backend:llama"
         assert actions[-2][0] == "stopping" and "hang-up" in actions[-2][1]
         assert actions[-1][0] == "stopped"
         assert not Path(sock_of(tmp_path)).exists()  # the gate process is gone and tidied up
@@ -462,8 +466,9 @@ async def test_audit_rows_for_start_reload_applied_and_refused_and_stop(llama_sp
     rows = audit_rows(tmp_path)
     by_action = {r["action"]: r for r in rows}
     assert rows[0]["action"] == "config_in_force" and "budget" in json.loads(rows[0]["new_value"])  # the thresholds
-    assert rows[1]["action"] == "started" and rows[1]["new_value"]  # the version
-    assert "config sha256:" in rows[1]["note"]
+    assert rows[1]["action"] == "capacity_learned"  # what the gate learned from llama-server's /props
+    assert rows[2]["action"] == "started" and rows[2]["new_value"]  # the version
+    assert "config sha256:" in rows[2]["note"]
     assert by_action["reload"]["target"] == "budget.min_tokens"
     assert (by_action["reload"]["old_value"], by_action["reload"]["new_value"]) == ("1024", "1536")
     assert "min_tokens" in by_action["reload_refused"]["note"]

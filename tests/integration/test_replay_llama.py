@@ -186,6 +186,9 @@ async def test_a_real_journal_replays_and_predicts_b(llama_unified, tmp_path: Pa
         rows = conn.execute("SELECT queue_ms, ttft_ms, ttft_arrival_ms FROM decisions WHERE outcome = 'admitted'").fetchall()
         (in_force,) = conn.execute("SELECT count(*) FROM audit WHERE action = 'config_in_force'").fetchone()
     assert rows and in_force == 1
+    # the layout the gate learned from llama-server (its capacity_learned row), not the config's
+    assert (window.fit.kv, window.fit.slots) == ("unified", 4)
+    assert not any("KV layout" in n for n in window.fit.notes), window.fit.notes
     for queue_ms, ttft_ms, ttft_arrival_ms in rows:
         assert ttft_arrival_ms >= queue_ms + ttft_ms - 1.0, (queue_ms, ttft_ms, ttft_arrival_ms)
     b = proposal_from_set("backend.token_budget=200", window.config)

@@ -326,3 +326,17 @@ def test_waiting_on_names_what_binds_the_oldest_waiter():
     adm.offer(req("batch", 400, tenant="acme"), 0.0)
     adm.offer(req("batch", 200, tenant="acme"), 0.0)
     assert adm.waiting_on("batch") == "tenant quota"
+
+
+def test_a_class_the_others_leave_nothing_is_told_so_not_a_negative_limit():
+    # token_budget 600 under interactive's 1,024 reservation (a misconfiguration the gate warns
+    # of at start): batch can hold nothing, and its 400 said "can never hold more than -424".
+    from gate.backend.gatekeeper import context_error_fields
+
+    adm = two_classes(budget=600, interactive={"reserved_tokens": 1024})
+    request = req("batch", 100)
+    decision = adm.offer(request, 0.0)
+    assert isinstance(decision, Refuse) and decision.reason is Reason.CONTEXT_LENGTH_EXCEEDED
+    assert "can hold nothing: the other classes reserve 1024 of the 600-token ceiling" in decision.detail
+    assert "-424" not in decision.detail
+    assert context_error_fields(adm, request)["n_ctx"] == 0

@@ -205,3 +205,16 @@ def test_installed_script_in_a_real_shell_pipe(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("ok: <stdin>")
+
+
+def test_check_warns_of_reservations_over_a_fixed_token_budget(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # What `serve` warns of at start, known from the file alone: the exit status stays 0.
+    p = tmp_path / "tokengate.toml"
+    p.write_text(EXAMPLE_CONFIG.replace("# token_budget = 16384", "token_budget = 600"))
+    assert "token_budget = 600" in p.read_text()
+    code, out, err = run(capsys, "config", "check", str(p))
+    assert code == 0, err
+    assert "warning: backend default (token_budget 600): class reservations (interactive 1024; 1024 in all) exceed the ceiling 600" in out
+    # the example as it is (no token_budget: the ceiling is llama-server's) has nothing to warn of
+    p.write_text(EXAMPLE_CONFIG)
+    assert run(capsys, "config", "check", str(p))[1] == f"ok: {p} (1 backend, 2 classes, 0 tenants)\n"

@@ -220,3 +220,150 @@ def test_each_scenario_carries_its_budget_curve(tmp_path: Path) -> None:
     # a 100 ms objective closes the budget, down to its floor, in moves at increasing times
     assert closing[0] == [0.0, 2048] and len(closing) > 2 and closing[-1][1] == 1024
     assert all(a[0] < b[0] for a, b in zip(closing, closing[1:], strict=False))
+
+
+# ---- the window as an engineer asks for it (a user's trial, 2026-12-05) -------------------
+
+
+def _shift_config_row(path: str, to: float) -> None:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("UPDATE audit SET ts = ? WHERE action = 'config_in_force'", (to,))
+    conn.close()
+
+
+def test_a_window_from_before_the_gate_started_starts_when_it_did(tmp_path: Path) -> None:
+    # `--since 15m` on a journal younger than 15 minutes: the window starts at the gate's start
+    # (its config_in_force row) and says so; the decisions before it are left out and counted.
+    path = _journal(tmp_path, n=80, duration=10.0)
+    first = sqlite3.connect(path).execute("SELECT min(ts) FROM decisions").fetchone()[0]
+    _shift_config_row(path, first + 2.0)
+    (before,) = sqlite3.connect(path).execute("SELECT count(*) FROM decisions WHERE ts < ?", (first + 2.0,)).fetchone()
+    window = load_window(path, since=first - 600.0)
+    assert window.since == first + 2.0
+    assert min(a.at for a in window.arrivals) >= 0.0
+    assert any(f"{before} decisions before it are left out" in n for n in window.notes)
+    assert "when the gate that wrote the journal started" in to_table(run_replay(window))
+    # a window that starts after the row has no such note
+    assert not any("gate that wrote" in n for n in load_window(path, since=first + 3.0).notes)
+
+
+def test_what_is_not_a_journal_is_said_plainly(tmp_path: Path) -> None:
+    other = tmp_path / "other.db"
+    sqlite3.connect(other).execute("CREATE TABLE foo (x)").connection.commit()
+    (tmp_path / "empty.db").write_bytes(b"")
+    for path in (other, tmp_path / "empty.db"):
+        with pytest.raises(ReplayError, match="not a tokengate journal") as info:
+            load_window(str(path))
+        assert "migrate" not in str(info.value)  # never advice to write into someone else's file
+    (tmp_path / "adir.db").mkdir()
+    with pytest.raises(ReplayError, match="not a file"):
+        load_window(str(tmp_path / "adir.db"))
+
+
+def test_a_window_outside_the_journal_says_which_end(tmp_path: Path) -> None:
+    path = _journal(tmp_path, n=40, duration=10.0)
+    lo, hi = sqlite3.connect(path).execute("SELECT min(ts), max(ts) FROM decisions").fetchone()
+    with pytest.raises(ReplayError, match="no decisions after --since 2027-.*the journal's last is at 2027-"):
+        load_window(path, since=hi + 60.0)
+    with pytest.raises(ReplayError, match="no decisions before --until .*the journal's first is at"):
+        load_window(path, until=lo - 60.0)
+    with pytest.raises(ReplayError, match=r"--until \(.*Z\) must be after --since \(.*Z\)"):
+        load_window(path, since=lo + 5.0, until=lo + 1.0)
+
+
+def test_work_queued_or_running_at_the_windows_start_is_noted(tmp_path: Path) -> None:
+    path = _journal(tmp_path, n=200, duration=20.0)
+    conn = sqlite3.connect(path)
+    conn.row_factory = sqlite3.Row
+    ran = conn.execute("SELECT ts, duration_ms FROM decisions WHERE outcome = 'admitted' ORDER BY ts LIMIT 1 OFFSET 50").fetchone()
+    cut = ran["ts"] + ran["duration_ms"] / 2000.0  # halfway through that request
+    (running,) = conn.execute(
+        "SELECT count(*) FROM decisions WHERE ts < ? AND outcome = 'admitted' AND ts + duration_ms / 1000.0 > ?", (cut, cut)
+    ).fetchone()
+    assert running >= 1
+    notes = load_window(path, since=cut).notes
+    assert any(n.startswith(f"{running} requests that arrived before the window") for n in notes), notes
+    assert not any("arrived before the window" in n for n in load_window(path).notes)  # from the first decision: none
+
+
+def test_a_journal_a_gate_is_writing_is_noted(tmp_path: Path) -> None:
+    from gate.ops.lock import JournalLock
+
+    path = _journal(tmp_path, n=40, duration=10.0)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("UPDATE decisions SET ts = ts - ? ", (1_800_000_000.0 - __import__("time").time() + 5.0,))
+    conn.execute("UPDATE audit SET ts = ts - ? ", (1_800_000_000.0 - __import__("time").time() + 5.0,))
+    conn.close()
+    assert not any("is writing this journal" in n for n in load_window(path).notes)  # a file nobody writes
+    lock = JournalLock(path)
+    lock.acquire("host:1:test")
+    try:
+        notes = load_window(path).notes
+    finally:
+        lock.release()
+    assert any("a gate is writing this journal (pid" in n and "--until" in n for n in notes), notes
+
+
+def test_proposals_the_replay_cannot_honour_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for text, said in (
+        ("budget.min_tokens=1024,,budget.mode=static", "an empty item"),
+        ("classes.batch.queue_depth=1,classes.batch.queue_depth=200", "given twice"),
+        ("default_class=batch", "keeps the class it was given"),
+        ("backend.url=http://x", "backend model reads backend.token_budget"),
+        ("nope.key=1", "give budget.KEY"),
+    ):
+        with pytest.raises(ValueError, match=said):
+            proposal_from_set(text, CONFIG)
+    assert proposal_from_set("backends.token_budget=4096", CONFIG).pinned == {"backends.token_budget"}  # as `changes` names it
+    path = _journal(tmp_path, n=40, duration=10.0)
+    assert main(["replay", "--journal", path, "--set", "budget.mode=static", "--set", "budget.mode=static"]) == 2
+    assert "proposal given twice: budget.mode=static" in capsys.readouterr().err
+    renamed = tmp_path / "renamed.toml"
+    renamed.write_text(EXAMPLE_CONFIG.replace("[classes.batch]", "[classes.bulk]"))
+    assert main(["replay", "--journal", path, "--config", str(renamed)]) == 2
+    assert "has no class 'batch'" in capsys.readouterr().err
+    assert main(["replay", "--journal", path, "--config", str(tmp_path / "nope.toml")]) == 2
+    assert capsys.readouterr().err.startswith("tokengate replay: error: ")
+    for moment in ("nan", "inf", "-5"):
+        assert main(["replay", "--journal", path, f"--since={moment}"]) == 2
+        assert "is not a moment" in capsys.readouterr().err
+
+
+def test_the_fit_models_the_layout_the_gate_learned(tmp_path: Path) -> None:
+    from gate.data.records import CAPACITY_LEARNED
+
+    path = _journal(tmp_path, n=40, duration=10.0)
+    assert CONFIG.backends[0].kv == "auto"
+    window = load_window(path)
+    assert window.fit.kv == "unified" and any("KV layout the gate learned is not in the journal" in n for n in window.fit.notes)
+    conn = sqlite3.connect(path, isolation_level=None)
+    value = json.dumps({"slots": 4, "kv": "split", "slot_context": 512, "ceiling": 2048})
+    conn.execute(
+        "INSERT INTO audit (ts, operator, origin, source, action, target, old_value, new_value, note) VALUES (?, 'g', 'local', 'gate', ?, "
+        "'backend:default', NULL, ?, '')",
+        (1_800_000_000.0 - 1.0, CAPACITY_LEARNED, value),
+    )
+    conn.close()
+    fit = load_window(path).fit
+    assert (fit.kv, fit.slots, fit.slot_context) == ("split", 4, 512)
+    assert not any("KV layout" in n for n in fit.notes)
+
+
+def test_log_aiperf_trace_per_class_stays_in_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # aiperf sends one set of headers to every request: one trace per class, replayed each with
+    # its X-Tokengate-Class, must share one time zero (the first arrival of every class).
+    path = _journal(tmp_path, n=60, duration=5.0)
+    conn = sqlite3.connect(path)
+    first = conn.execute("SELECT min(ts) FROM decisions").fetchone()[0]
+    traces = {}
+    for cls in ("interactive", "batch"):
+        assert main(["log", "--journal", path, "--format", "aiperf", "--class", cls]) == 0
+        traces[cls] = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+        rows = conn.execute('SELECT ts FROM decisions WHERE "class" = ? ORDER BY ts, id', (cls,)).fetchall()
+        assert [t["timestamp"] for t in traces[cls]] == [round((ts - first) * 1000) for (ts,) in rows]
+    assert len(traces["interactive"]) + len(traces["batch"]) == 60
+    assert min(traces["interactive"][0]["timestamp"], traces["batch"][0]["timestamp"]) == 0
+    assert main(["log", "--journal", path, "--class", "batch", "--format", "csv"]) == 0
+    assert {r.split(",")[4] for r in capsys.readouterr().out.splitlines()[1:]} == {"batch"}
+    assert main(["log", "--journal", path, "--class", "batch", "--kind", "audit"]) == 1
+    assert "--class selects decisions" in capsys.readouterr().err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from typing import Any, TextIO
 
@@ -23,7 +24,12 @@ every column (and listed in `untrusted` in JSON): it is not a prediction.
 
 A window cannot be replayed when the journal predates schema v4, when its rows were
 written before that migration, when the writer dropped rows in it, or when no
-config_in_force row precedes it: replay says which and exits 1.
+config_in_force row precedes it: replay says which and exits 1. A window that starts
+before the gate that wrote the journal did starts at that gate's start instead (a note
+says so).
+
+--set and --config are proposals; the journal is --journal (default tokengate.db here),
+not the --config file's [gate] journal.
 
 Examples:
   tokengate replay --journal tokengate.db --since 2026-12-02T03:00Z --until 2026-12-02T03:10Z
@@ -37,15 +43,21 @@ JSON answer (--format json): {"scenarios": [{"name": "recorded", ...}, {"name": 
 {"name": "<--set text or --config file>", ...}], "calibration": {...}, "fit": {...}}; each scenario
 has "classes": {NAME: {"admitted", "refused": {REASON: N}, "queue_wait_p50_ms", "queue_wait_p95_ms",
 "ttft_p50_ms", "ttft_p95_ms", "slo_attainment" (0..1), "tokens_per_s", "arrivals"}} and "untrusted"
-(the figures, as CLASS.FIGURE or CLASS.refused.REASON, whose calibration error is over 25%).
+(the figures, as CLASS.FIGURE or CLASS.refused.REASON, whose calibration error is over 25%);
+"notes": what the window does not show (its start moved to the gate's start, work queued or
+running at its start, requests still running in a journal a gate is writing).
 """
 
 
 def _when(text: str) -> float:
     try:
-        return float(text)  # epoch seconds, as `tokengate log --format json` prints them
+        value = float(text)  # epoch seconds, as `tokengate log --format json` prints them
     except ValueError:
         pass
+    else:
+        if not math.isfinite(value) or value < 0:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a moment (epoch seconds, 15m, or an ISO-8601 time)")
+        return value
     from gate.journal.export import parse_since
 
     try:
@@ -96,7 +108,7 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter], epilog: s
 
 
 def cmd_replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from gate.config import load_config
+    from gate.config import ConfigError, load_config
     from gate.journal.export import find_journal
     from gate.tools.replay import ReplayError, load_window, proposal_from_config, proposal_from_set, run_replay, to_json, to_table
 
@@ -111,8 +123,13 @@ def cmd_replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         proposals = [proposal_from_set(text, window.config) for text in args.proposals]
         proposals += [proposal_from_config(path, load_config(path), window.config, window.backend) for path in args.configs]
-    except ValueError as e:
+    except (ValueError, ConfigError) as e:
         err.write(f"tokengate replay: error: {e}\n")
+        return 2
+    names = [p.name for p in proposals]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        err.write(f"tokengate replay: error: proposal given twice: {', '.join(twice)}\n")
         return 2
     answer = run_replay(window, proposals)
     out.write((to_json(answer) if args.format == "json" else to_table(answer)) + "\n")

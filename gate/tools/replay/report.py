@@ -64,16 +64,26 @@ def _proposal(name: str, recorded: Config, data: dict[str, Any]) -> Proposal:
     return Proposal(name, config, pinned)
 
 
+#: the backend keys a proposal may set: the ones the replay's model reads (not its address)
+BACKEND_KEYS = ("token_budget", "max_prefill_tokens", "prefill_yield_tokens", "kv")
+
+
 def proposal_from_set(text: str, recorded: Config) -> Proposal:
     """``KEY=VALUE[,KEY=VALUE...]`` over the recorded thresholds. Keys: ``budget.K``,
     ``classes.NAME.K``, ``backend.K`` (the replayed backend: token_budget, max_prefill_tokens,
-    prefill_yield_tokens, kv), ``default_class``; ``KEY=none`` removes an optional key."""
+    prefill_yield_tokens, kv; ``backends.K``, as ``changes`` names it, too); ``KEY=none``
+    removes an optional key. A key given twice, an empty item, or a key the replay cannot honour
+    (``default_class``: each arrival keeps its recorded class; a backend's address) is an error."""
     data = thresholds_of(recorded)
-    for part in [p.strip() for p in text.split(",") if p.strip()]:
+    seen: set[str] = set()
+    for part in [p.strip() for p in text.split(",")]:
         key, sep, raw = part.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise ValueError(f"--set {part!r}: give KEY=VALUE, e.g. budget.min_tokens=1024")
+            raise ValueError(f"--set {part!r}: give KEY=VALUE, e.g. budget.min_tokens=1024" if part else f"--set {text!r}: an empty item")
+        if key in seen:
+            raise ValueError(f"--set {key}: given twice in one proposal")
+        seen.add(key)
         value = None if raw.strip().lower() == "none" else parse_value(raw.strip())
         head, _, rest = key.partition(".")
         if head == "budget" and rest:
@@ -84,10 +94,11 @@ def proposal_from_set(text: str, recorded: Config) -> Proposal:
                 raise ValueError(f"--set {key}: no class {cls!r} in the recorded config (classes: {', '.join(data['classes'])})")
             table = data["classes"][cls]
         elif head in ("backend", "backends") and rest:
+            if rest not in BACKEND_KEYS:
+                raise ValueError(f"--set {key}: the replay's backend model reads {', '.join('backend.' + k for k in BACKEND_KEYS)}")
             table = data["backends"][0]
         elif key == "default_class":
-            data["default_class"] = value
-            continue
+            raise ValueError("--set default_class: each recorded arrival keeps the class it was given, so it changes nothing in a replay")
         else:
             raise ValueError(f"--set {key}: give budget.KEY, classes.NAME.KEY or backend.KEY")
         if value is None:
@@ -98,7 +109,15 @@ def proposal_from_set(text: str, recorded: Config) -> Proposal:
 
 
 def proposal_from_config(name: str, other: Config, recorded: Config, backend: str) -> Proposal:
-    """Another config file's thresholds (its backend of the same name, else its first)."""
+    """Another config file's thresholds (its backend of the same name, else its first). It must
+    keep every recorded class: the recorded arrivals name them, and a gate refuses a class it
+    does not know (400), so what the replay would do with them is not the file's answer."""
+    missing = [c.name for c in recorded.classes if c.name not in {k.name for k in other.classes}]
+    if missing:
+        raise ValueError(
+            f"{name}: has no class {', '.join(repr(m) for m in missing)}, which the recorded thresholds have and the "
+            "recorded arrivals may name: keep the class (e.g. with queue_depth = 0 to refuse it) to replay this file"
+        )
     data = thresholds_of(other)
     match = [b for b in data["backends"] if b.get("name") == backend] or data["backends"][:1]
     data["backends"] = match
@@ -241,6 +260,7 @@ def run_replay(window: Window, proposals: Sequence[Proposal] = ()) -> dict[str, 
         "config_digest": window.config_digest,
         "recorded_changes": len(window.changes),
         "untrusted_above": UNTRUSTED_ABOVE,
+        "notes": list(window.notes),
         "fit": fit,
         "calibration": cal,
         "scenarios": scenarios,
@@ -373,7 +393,7 @@ def to_table(answer: Mapping[str, Any]) -> str:
         f"+ {fit['ttft_per_busy_s'] * 1000:.0f} ms per busy slot + prompt / {fit['prefill_tps']:.3g} tok/s, decode "
         f"{fit['tpot_alone_s'] * 1000:.1f} ms/token + {fit['tpot_per_busy_s'] * 1000:.1f} per busy slot ({fit['points']} requests)"
     )
-    out += [f"note: {n}" for n in fit["notes"]]
+    out += [f"note: {n}" for n in [*answer.get("notes", ()), *fit["notes"]]]
     out.append("")
     for row in lines:
         out.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))

@@ -10,13 +10,18 @@ wrote it), or no decisions at all.
 from __future__ import annotations
 
 import heapq
+import json
 import sqlite3
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gate.config.schema import Config
 from gate.config.thresholds import CONFIG_IN_FORCE, config_from_thresholds
+from gate.data.records import CAPACITY_LEARNED
 from gate.journal.schema import JournalError
+from gate.ops.lock import holder
 from gate.tools.replay.engine import CORE_REASONS, Arrival, BackendFit, Change
 
 #: the schema version whose columns replay reads (decisions.ttft_arrival_ms, samples.journal_dropped)
@@ -40,6 +45,9 @@ class Window:
     changes: tuple[Change, ...]
     fit: BackendFit
     budget_curve: tuple[tuple[float, int], ...]  # (seconds from since, recorded budget) per sample
+    #: what the reader of the answer must know about the window (its start moved, work in
+    #: flight at its start, a journal still being written): said above the table and in JSON
+    notes: tuple[str, ...] = ()
 
     @property
     def duration_s(self) -> float:
@@ -47,20 +55,27 @@ class Window:
 
 
 def _connect(path: str) -> sqlite3.Connection:
+    from gate.journal.export import check_version
+
     if not Path(path).exists():
         raise ReplayError(f"{path}: no such journal file")
+    if not Path(path).is_file():
+        raise ReplayError(f"{path}: not a file")
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        conn = sqlite3.connect(Path(path).absolute().as_uri() + "?mode=ro", uri=True)
         conn.row_factory = sqlite3.Row
         (version,) = conn.execute("PRAGMA user_version").fetchone()
     except sqlite3.Error as exc:
         raise ReplayError(f"{path}: not a readable journal ({exc})") from None
-    if version < REPLAY_SCHEMA:
-        conn.close()
-        raise ReplayError(
+    problem = check_version(path, version, "replay")  # one rule for every reader: not a journal, or too new
+    if problem is None and version < REPLAY_SCHEMA:
+        problem = (
             f"{path}: journal schema v{version} predates replay (v{REPLAY_SCHEMA} added decisions.ttft_arrival_ms and "
             "samples.journal_dropped); open it once with this tokengate to migrate it, and replay windows recorded after that"
         )
+    if problem is not None:
+        conn.close()
+        raise ReplayError(problem)
     return conn
 
 
@@ -73,24 +88,43 @@ def load_window(path: str, since: float | None = None, until: float | None = Non
 
 
 def _load(conn: sqlite3.Connection, path: str, since: float | None, until: float | None, backend: str | None) -> Window:
+    from gate.journal.export import iso
+
     lo, hi = conn.execute("SELECT min(ts), max(ts) FROM decisions").fetchone()
     if lo is None:
         raise ReplayError(f"{path}: the journal holds no decisions")
+    if since is not None and until is not None and until <= since:
+        raise ReplayError(f"{path}: --until ({iso(until)}) must be after --since ({iso(since)})")
+    if since is not None and since > hi:
+        raise ReplayError(f"{path}: no decisions after --since {iso(since)}: the journal's last is at {iso(hi)}")
+    if until is not None and until <= lo:
+        raise ReplayError(f"{path}: no decisions before --until {iso(until)}: the journal's first is at {iso(lo)}")
     since = lo if since is None else since
     until = hi + 1e-6 if until is None else until
-    if until <= since:
-        raise ReplayError(f"{path}: --until must be after --since")
+    notes: list[str] = []
     if backend is None:
         row = conn.execute(
             "SELECT backend, count(*) n FROM decisions WHERE ts >= ? AND ts < ? AND backend != '' GROUP BY backend ORDER BY n DESC LIMIT 1",
             (since, until),
         ).fetchone()
         if row is None:
-            raise ReplayError(f"{path}: no decisions reached a backend between {since:.3f} and {until:.3f}")
+            raise ReplayError(f"{path}: no decisions reached a backend between {iso(since)} and {iso(until)}")
         backend = str(row["backend"])
     cfg_row = conn.execute(
         "SELECT ts, note, new_value FROM audit WHERE action = ? AND ts <= ? ORDER BY ts DESC LIMIT 1", (CONFIG_IN_FORCE, since + 5.0)
     ).fetchone()
+    if cfg_row is None:
+        # The window starts before the gate that wrote the journal did (`--since 15m` on a
+        # younger journal): it starts with that gate's first config_in_force row instead.
+        cfg_row = conn.execute(
+            "SELECT ts, note, new_value FROM audit WHERE action = ? AND ts > ? AND ts < ? ORDER BY ts LIMIT 1",
+            (CONFIG_IN_FORCE, since, until),
+        ).fetchone()
+        if cfg_row is not None:
+            (before,) = conn.execute("SELECT count(*) FROM decisions WHERE ts >= ? AND ts < ?", (since, cfg_row["ts"])).fetchone()
+            left_out = f"; {before} decisions before it are left out (the thresholds then are unknown)" if before else ""
+            notes.append(f"the window starts at {iso(cfg_row['ts'])}, when the gate that wrote the journal started{left_out}")
+            since = float(cfg_row["ts"])
     if cfg_row is None:
         raise ReplayError(
             f"{path}: no {CONFIG_IN_FORCE} audit row before the window: the gate that wrote it predates replay, "
@@ -127,9 +161,42 @@ def _load(conn: sqlite3.Connection, path: str, since: float | None, until: float
         )
     )
     arrivals = tuple(_arrival(r, since, names) for r in rows if r["class"])
-    fit = fit_backend(rows, samples, config, since)
+    learned = conn.execute(
+        "SELECT new_value FROM audit WHERE action = ? AND target = ? AND ts <= ? ORDER BY ts <= ? DESC, "
+        "CASE WHEN ts <= ? THEN -ts ELSE ts END LIMIT 1",
+        (CAPACITY_LEARNED, f"backend:{backend}", until, since, since),
+    ).fetchone()  # the last learned at the window's start, else the first learned in it
+    fit = fit_backend(rows, samples, config, since, _learned(learned["new_value"]) if learned else None)
     curve = tuple((s["ts"] - since, s["budget"]) for s in samples if s["budget"] is not None and since <= s["ts"] < until)
-    return Window(path, since, until, backend, config, str(cfg_row["note"]), arrivals, changes, fit, curve)
+    notes += _open_ends(conn, path, backend, since, until)
+    return Window(path, since, until, backend, config, str(cfg_row["note"]), arrivals, changes, fit, curve, tuple(notes))
+
+
+def _open_ends(conn: sqlite3.Connection, path: str, backend: str, since: float, until: float) -> list[str]:
+    """Work the window's arrivals do not show: requests that arrived before it and were queued
+    or running at its start (the replay starts from idle slots and an empty queue), and, in a
+    journal a gate is writing now (it holds the journal's lock), requests still running (a
+    decision is journaled when its request ends)."""
+    notes = []
+    (carried,) = conn.execute(
+        "SELECT count(*) FROM decisions WHERE backend = ? AND ts < ? AND ts >= ? AND outcome IN (?, ?, ?) "
+        "AND ts + duration_ms / 1000.0 > ?",
+        (backend, since, since - 3600.0, *_DISPATCHED, since),
+    ).fetchone()
+    if carried:
+        notes.append(
+            f"{carried} requests that arrived before the window were still queued or running at its start: the replay starts "
+            "with idle slots and an empty queue, so it may admit more at the start than the gate could (start the window earlier)"
+        )
+    writer = holder(path)
+    (longest,) = conn.execute("SELECT max(duration_ms) FROM decisions WHERE backend = ? AND ts >= ?", (backend, since - 3600.0)).fetchone()
+    longest_s = (longest or 0.0) / 1000.0
+    if writer is not None and until > time.time() - longest_s - 1.0:
+        notes.append(
+            f"a gate is writing this journal ({writer}) and journals a request when it ends: requests still running are not "
+            f"in the window yet; for a complete window give --until a moment at least the longest request ago ({longest_s:.0f} s)"
+        )
+    return notes
 
 
 def _arrival(r: sqlite3.Row, since: float, classes: set[str]) -> Arrival:
@@ -219,21 +286,43 @@ def _median(values: list[float]) -> float:
     return ordered[len(ordered) // 2] if ordered else 0.0
 
 
-def fit_backend(rows: list[sqlite3.Row], samples: list[sqlite3.Row], config: Config, since: float) -> BackendFit:
-    """Slots, pool layout, prefill rate and decode rate vs occupancy from the recorded requests."""
+def _learned(text: str | None) -> dict[str, Any] | None:
+    """A capacity_learned row's value (None when it does not parse as one)."""
+    try:
+        value = json.loads(text or "")
+    except ValueError:
+        return None
+    ok = isinstance(value, dict) and value.get("kv") in ("unified", "split")
+    return value if ok and all(isinstance(value.get(k), int) and value[k] > 0 for k in ("slots", "slot_context")) else None
+
+
+def fit_backend(
+    rows: list[sqlite3.Row], samples: list[sqlite3.Row], config: Config, since: float, learned: dict[str, Any] | None = None
+) -> BackendFit:
+    """Slots, pool layout, prefill rate and decode rate vs occupancy from the recorded requests;
+    `learned`: the capacity the gate learned from llama-server (its capacity_learned row)."""
     notes: list[str] = []
     bcfg = config.backends[0]
     slots = max((s["slots_total"] for s in samples if s["slots_total"]), default=None)
+    if learned is not None:
+        slots = learned["slots"]
     if slots is None:
         slots = 4
         notes.append("slots not in the samples: assumed 4")
     budgets = [s["budget"] for s in samples if s["budget"]]
     ceiling = bcfg.token_budget or (max(budgets) if budgets else None)
+    if ceiling is None and learned is not None and isinstance(learned.get("ceiling"), int):
+        ceiling = learned["ceiling"]
     if ceiling is None:
         ceiling = max((r["reserved_tokens"] for r in rows), default=2048) or 2048
         notes.append("pool size not in the samples: the largest reservation")
-    kv = "split" if bcfg.kv == "split" else "unified"
-    slot_context = ceiling // slots if kv == "split" else ceiling
+    if learned is not None:
+        kv, slot_context = learned["kv"], learned["slot_context"]  # what the gate learned from llama-server
+    else:
+        kv = "split" if bcfg.kv == "split" else "unified"
+        slot_context = ceiling // slots if kv == "split" else ceiling
+        if bcfg.kv == "auto":
+            notes.append(f"the KV layout the gate learned is not in the journal (a gate older than this one wrote it): taken as {kv}")
     ran = [
         r
         for r in rows
