@@ -26,7 +26,7 @@ from gate.config.reader import config_from_dict
 from gate.config.schema import Config, ConfigError
 from gate.config.thresholds import thresholds_of
 from gate.core.adaptive import percentile_nearest_rank
-from gate.tools.replay.engine import Outcome, replay
+from gate.tools.replay.engine import Arrival, Change, Outcome, replay
 from gate.tools.replay.window import Window
 
 UNTRUSTED_ABOVE = 0.25
@@ -224,12 +224,36 @@ def _curve(points: Iterable[tuple[float, int]]) -> list[list[float]]:
     return out
 
 
+def _from_lead(window: Window) -> tuple[list[Arrival], list[Change], float, float]:
+    """The engine's input: the window's lead (the warm-up before it) and its arrivals, its
+    changes and its end, on one clock from the lead's first arrival; and that clock's offset."""
+    lead = window.lead_s
+    if not lead:
+        return list(window.arrivals), list(window.changes), window.duration_s, 0.0
+    arrivals = [dataclasses.replace(a, at=a.at + lead) for a in (*window.lead, *window.arrivals)]
+    changes = [dataclasses.replace(c, at=c.at + lead) for c in window.changes]
+    return arrivals, changes, window.duration_s + lead, lead
+
+
+def _window_curve(curve: list[tuple[float, int]], lead: float) -> list[tuple[float, int]]:
+    """An engine run's budget curve on the window's clock: the budget at its start, then its moves."""
+    if not lead:
+        return curve
+    before = [b for t, b in curve if t - lead <= 0.0]
+    return [(0.0, before[-1])] * bool(before) + [(t - lead, b) for t, b in curve if t - lead > 0.0]
+
+
+def _run(window: Window, config: Config, pinned: frozenset[str] = frozenset()) -> tuple[dict[str, Outcome], list[tuple[float, int]]]:
+    arrivals, changes, until, lead = _from_lead(window)
+    curve: list[tuple[float, int]] = []
+    outs = replay(config, window.fit, arrivals, changes, until=until, pinned=pinned, budget_curve=curve)
+    return outs, _window_curve(curve, lead)
+
+
 def run_replay(window: Window, proposals: Sequence[Proposal] = ()) -> dict[str, Any]:
     """The whole answer: recorded, replayed at the recorded thresholds, then each proposal."""
     rec = figures(window, recorded_outcomes(window), window.config)
-    until = window.duration_s
-    curve: list[tuple[float, int]] = []
-    base = replay(window.config, window.fit, window.arrivals, window.changes, until=until, budget_curve=curve)
+    base, curve = _run(window, window.config)
     rep = figures(window, base, window.config)
     cal = calibration(rec, rep)
     bad = untrusted(cal)
@@ -238,8 +262,7 @@ def run_replay(window: Window, proposals: Sequence[Proposal] = ()) -> dict[str, 
         {"name": "replayed", "classes": rep, "untrusted": bad, "budget_curve": _curve(curve)},
     ]
     for p in proposals:
-        curve = []
-        outs = replay(p.config, window.fit, window.arrivals, window.changes, until=until, pinned=p.pinned, budget_curve=curve)
+        outs, curve = _run(window, p.config, p.pinned)
         scenarios.append(
             {
                 "name": p.name,

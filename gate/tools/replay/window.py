@@ -48,6 +48,15 @@ class Window:
     #: what the reader of the answer must know about the window (its start moved, work in
     #: flight at its start, a journal still being written): said above the table and in JSON
     notes: tuple[str, ...] = ()
+    #: the arrivals before the window (``at`` < 0) replayed first and not counted: the work
+    #: queued or running at its start, and what arrived beside it (a warm-up), so that the
+    #: replay meets the window's first arrivals with the slots and queue the gate had
+    lead: tuple[Arrival, ...] = ()
+
+    @property
+    def lead_s(self) -> float:
+        """Seconds replayed before the window (0: none)."""
+        return -min((a.at for a in self.lead), default=0.0)
 
     @property
     def duration_s(self) -> float:
@@ -168,25 +177,50 @@ def _load(conn: sqlite3.Connection, path: str, since: float | None, until: float
     ).fetchone()  # the last learned at the window's start, else the first learned in it
     fit = fit_backend(rows, samples, config, since, _learned(learned["new_value"]) if learned else None)
     curve = tuple((s["ts"] - since, s["budget"]) for s in samples if s["budget"] is not None and since <= s["ts"] < until)
-    notes += _open_ends(conn, path, backend, since, until)
-    return Window(path, since, until, backend, config, str(cfg_row["note"]), arrivals, changes, fit, curve, tuple(notes))
+    lead = _lead(conn, backend, since, float(cfg_row["ts"]), names)
+    notes += _open_ends(conn, path, backend, since, until, lead)
+    return Window(path, since, until, backend, config, str(cfg_row["note"]), arrivals, changes, fit, curve, tuple(notes), lead)
 
 
-def _open_ends(conn: sqlite3.Connection, path: str, backend: str, since: float, until: float) -> list[str]:
+#: the longest warm-up replayed before a window (its requests were queued or running at its start)
+LEAD_MAX_S = 600.0
+
+
+def _carried(conn: sqlite3.Connection, backend: str, since: float) -> list[sqlite3.Row]:
+    """The requests that arrived before `since` (within LEAD_MAX_S) and were queued or running then."""
+    return conn.execute(
+        "SELECT ts FROM decisions WHERE backend = ? AND ts < ? AND ts >= ? AND outcome IN (?, ?, ?) "
+        "AND ts + duration_ms / 1000.0 > ? ORDER BY ts",
+        (backend, since, since - LEAD_MAX_S, *_DISPATCHED, since),
+    ).fetchall()
+
+
+def _lead(conn: sqlite3.Connection, backend: str, since: float, config_ts: float, classes: set[str]) -> tuple[Arrival, ...]:
+    """Every arrival from the first one still queued or running at `since` (not before the
+    thresholds in force were recorded) up to `since`: replayed first, not counted."""
+    carried = _carried(conn, backend, since)
+    if not carried:
+        return ()
+    start = max(float(carried[0]["ts"]), config_ts)
+    rows = conn.execute(
+        'SELECT * FROM decisions WHERE ts >= ? AND ts < ? AND (backend = ? OR backend = "") ORDER BY ts, id', (start, since, backend)
+    ).fetchall()
+    return tuple(_arrival(r, since, classes) for r in rows if r["class"])
+
+
+def _open_ends(conn: sqlite3.Connection, path: str, backend: str, since: float, until: float, lead: tuple[Arrival, ...]) -> list[str]:
     """Work the window's arrivals do not show: requests that arrived before it and were queued
-    or running at its start (the replay starts from idle slots and an empty queue), and, in a
+    or running at its start (replayed first, from the earliest of them: `lead`), and, in a
     journal a gate is writing now (it holds the journal's lock), requests still running (a
     decision is journaled when its request ends)."""
     notes = []
-    (carried,) = conn.execute(
-        "SELECT count(*) FROM decisions WHERE backend = ? AND ts < ? AND ts >= ? AND outcome IN (?, ?, ?) "
-        "AND ts + duration_ms / 1000.0 > ?",
-        (backend, since, since - 3600.0, *_DISPATCHED, since),
-    ).fetchone()
+    carried = len(_carried(conn, backend, since))
     if carried:
+        lead_s = -min((a.at for a in lead), default=0.0)
         notes.append(
-            f"{carried} requests that arrived before the window were still queued or running at its start: the replay starts "
-            "with idle slots and an empty queue, so it may admit more at the start than the gate could (start the window earlier)"
+            f"{carried} requests that arrived before the window were still queued or running at its start: the replay "
+            f"starts {lead_s:.1f} s earlier (with the {len(lead)} arrivals since then, not counted in the figures) so that "
+            "they hold their slots at the window's start"
         )
     writer = holder(path)
     (longest,) = conn.execute("SELECT max(duration_ms) FROM decisions WHERE backend = ? AND ts >= ?", (backend, since - 3600.0)).fetchone()
