@@ -4,7 +4,10 @@
 window that cannot be replayed: a journal older than schema v4 (no arrival-measured TTFT, no
 drop counts), a window with rows written before the v4 migration, a window in which the
 writer dropped rows, no ``config_in_force`` row before the window (a gate older than replay
-wrote it), or no decisions at all.
+wrote it), or no decisions at all. What a window does not show becomes a note (`Window.notes`):
+its start moved to the gate's start, the work queued or running at its start (replayed first
+as its uncounted `lead`), a journal a gate is still writing. The backend model takes the
+capacity the gate learned (its ``capacity_learned`` audit row) over the config's ``kv``.
 """
 
 from __future__ import annotations
