@@ -391,3 +391,14 @@ def test_a_window_cut_mid_burst_replays_its_lead_first(tmp_path: Path) -> None:
         with_lead, without = off(window), off(dataclasses.replace(window, lead=()))
         assert with_lead < without, (frac, with_lead, without)
         assert any(f"the replay starts {window.lead_s:.1f} s earlier" in n for n in window.notes)
+
+
+def test_a_journal_missing_a_column_it_claims_is_refused_plainly(tmp_path: Path) -> None:
+    # user_version says v4 but a column replay reads is gone (a hand-made or damaged file): a
+    # one-line refusal, not a traceback from SQLite.
+    path = _journal(tmp_path, n=20, duration=5.0)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("ALTER TABLE samples DROP COLUMN journal_dropped")
+    conn.close()
+    with pytest.raises(ReplayError, match="cannot read the window .*journal_dropped"):
+        load_window(path)

@@ -95,6 +95,8 @@ def load_window(path: str, since: float | None = None, until: float | None = Non
     conn = _connect(path)
     try:
         return _load(conn, path, since, until, backend)
+    except sqlite3.Error as exc:  # a table or column missing in a file that claims the schema, a damaged page
+        raise ReplayError(f"{path}: cannot read the window ({exc}): the journal is damaged or not one tokengate wrote") from None
     finally:
         conn.close()
 
