@@ -39,6 +39,9 @@ class ReviewApp(App[int]):
     1 when the journal could not be opened, else 0."""
 
     TITLE = "tokengate review"
+    #: the console's stylesheet: the review's dialogs (the what-if, the export's) drawn as in
+    #: the console, not unstyled over the screen behind them
+    CSS_PATH = "app.tcss"
 
     def __init__(
         self,

@@ -638,11 +638,10 @@ class ReviewScreen(Screen[str | None]):
             self.notify("the journal is not open", severity="warning", timeout=3)
             return
         since, until = self._range_bounds()
-        if since is not None and self.oldest is not None and since <= self.oldest:
-            # a range reaching back past the journal's start (15m over a 1-minute journal)
-            # starts at its first decision: the config_in_force row the replay needs is
-            # written just before it, not before the range's blank start
-            since = None
+        # A range reaching back past the gate's start (15m over a 1-minute journal) is passed
+        # as it is: the replay starts it at the gate's start, as `tokengate replay --since`
+        # does, and the title then shows the window replayed (it once began at the first
+        # decision instead, a few seconds later than both said: tokens/s disagreed).
         fmt = "%Y-%m-%d %H:%M:%S"
         start = since if since is not None else self.oldest
         text = f"{Path(self.journal_path).name}, {_utc(start, fmt)} → {_utc(until, fmt)} UTC"

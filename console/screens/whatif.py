@@ -23,8 +23,10 @@ review`` has no gate: there the what-if only replays.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from rich.text import Text
@@ -107,6 +109,10 @@ def retune_of(proposal: str, note: str = "") -> Retune:
 _RETUNE_KEYS = ("backend.token_budget", *(f"budget.{k}" for k in _SETTINGS), *(f"classes.NAME.{k}" for k in _CLASS_KEYS))
 
 
+def _utc(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts))
+
+
 class WhatIfScreen(ModalScreen[None]):
     """See the module docstring. ``since``/``until``: the window (epoch seconds; None = the
     journal's first/last decision)."""
@@ -172,7 +178,7 @@ class WhatIfScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="whatif-dialog", classes="dialog"):
-            yield Static(f"What if: replay {self.window_text}", classes="dialog-title", markup=False)
+            yield Static(f"What if: replay {self.window_text}", id="whatif-title", classes="dialog-title", markup=False)
             yield TextArea("", id="whatif-form", soft_wrap=False, show_line_numbers=False)
             yield Static("loading the window…", id="whatif-status", markup=False)
             table: DataTable[Text] = DataTable(id="whatif-table", zebra_stripes=True, cursor_type="row")
@@ -208,6 +214,10 @@ class WhatIfScreen(ModalScreen[None]):
             window = worker.result
             assert isinstance(window, Window)
             self.window = window
+            if window.since != self.since or (self.until is not None and window.until != self.until):
+                # the window replayed is not the one asked for (it starts at the gate's start): say which
+                self.window_text = f"{Path(window.path).name}, {_utc(window.since)} → {_utc(window.until)} UTC"  # as the review titles it
+                self.query_one("#whatif-title", Static).update(f"What if: replay {self.window_text}")
             pairs = settable(window.config, window.fit.ceiling)
             self.recorded = dict(pairs)
             self.query_one("#whatif-form", TextArea).text = "\n".join(f"{k}={v}" for k, v in pairs)
@@ -318,8 +328,11 @@ class WhatIfScreen(ModalScreen[None]):
         except (CommandError, LinkLost) as e:
             self._status(f"not applied: {e}", error=True)
             return
+        if not self.applied:
+            self._status("nothing applied: the gate already runs these values (no audit row)")
+            return
         self._status("applied: " + "; ".join(self.applied))
-        self.notify("\n".join(self.applied) or "nothing changed", title="what-if applied", markup=False)
+        self.notify("\n".join(self.applied), title="what-if applied", markup=False)
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()

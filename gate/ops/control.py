@@ -145,6 +145,16 @@ class Control:
             classes = tuple(updated if c.name == change.cls else c for c in new.classes)
             new = dataclasses.replace(new, classes=tuple(sorted(classes, key=lambda c: (-c.priority, c.name))))
         self._validated(new)
+        floor = change.settings.get("min_tokens") if change.settings else None
+        ceilings = [b.controller.ceiling_tokens for b in self.backends if b.controller is not None]
+        if isinstance(floor, int) and ceilings and floor > max(ceilings):
+            # as the retune form refuses it: a floor no backend can reach is clamped everywhere
+            raise CommandError(f"budget.min_tokens {floor} is above every backend's ceiling (at most {max(ceilings)})")
+        # What already holds is not a change: no audit row for it (a what-if applied twice
+        # wrote "queue_depth=2 -> queue_depth=2"). A budget by hand stays: it pins the value.
+        settings = {k: v for k, v in change.settings.items() if getattr(old.budget, k) != v} if change.settings else {}
+        class_changes = {k: v for k, v in change.class_changes.items() if getattr(current, k) != v} if change.class_changes else {}
+        change = dataclasses.replace(change, settings=settings, class_changes=class_changes)
         targets = self._backends(None) if change.budget is not None else []
         for b in targets:
             reserved = sum(c.reserved_tokens for c in new.classes)
@@ -228,7 +238,7 @@ class Control:
     def set_budget_settings(self, *, operator: Operator, note: str = "", source: AuditSource = "console", **changes: Any) -> ActionResult:
         """Retune [budget]: min_tokens, slo_ttft_p95_ms, slo_tpot_p95_ms, window_s, cooldown_s..."""
         results = self.retune(Retune(settings=changes, note=note), operator=operator, source=source)
-        return results[0]
+        return results[0] if results else _unchanged("set_budget_settings", "budget", changes)
 
     # ---- classes -----------------------------------------------------------
 
@@ -236,7 +246,7 @@ class Control:
         """Retune one class's shares and queue bounds."""
         self._class(cls)
         results = self.retune(Retune(cls=cls, class_changes=changes, note=note), operator=operator, source=source)
-        return results[0]
+        return results[0] if results else _unchanged("set_class", f"class:{cls}", changes)
 
     def pause(self, cls: str, paused: bool, *, operator: Operator, note: str = "", source: AuditSource = "console") -> ActionResult:
         """Pause (refuse newcomers with 503 class_paused, hold the queue) or resume a class."""
@@ -572,6 +582,12 @@ def _replaced(obj: Any, changes: Mapping[str, Any]) -> Any:
         return dataclasses.replace(obj, **changes)
     except TypeError as exc:
         raise CommandError(str(exc)) from None
+
+
+def _unchanged(action: str, target: str, changes: Mapping[str, Any]) -> ActionResult:
+    """What a retune that changed nothing answers (and audits nothing)."""
+    value = _diff_new(changes)
+    return ActionResult(action, target, value, value, f"{target}: {value} already in force, nothing changed")
 
 
 def _diff_old(obj: Any, changes: Mapping[str, Any]) -> str:

@@ -157,6 +157,7 @@ async def test_apply_from_the_what_if_sends_exactly_one_retune(gate, journal: Pa
         await pilot.press("r")
         screen = await open_whatif(pilot)
         assert screen.apply is not None
+        assert screen.query_one("#whatif-dialog").region.width >= 130  # 96%, not `.dialog`'s 76 columns
         form = screen.query_one("#whatif-form", TextArea)
         form.text = form.text.replace("classes.batch.queue_depth=256", "classes.batch.queue_depth=3")
         await pilot.press("ctrl+t")  # nothing replayed yet: says so, sends nothing
@@ -180,6 +181,14 @@ async def test_apply_from_the_what_if_sends_exactly_one_retune(gate, journal: Pa
         assert [(a.action, a.target) for a in new] == [("set_class", "class:batch")]
         assert new[0].new_value == "queue_depth=3"
         assert gate.backends.backends[0].admission.queue("batch").depth == 3
+        # applied again: the gate already runs it, so nothing is audited and the screen says so
+        await pilot.press("ctrl+t")
+        await pilot.pause()
+        await pilot.press("y")
+        await settle(pilot)
+        assert len(sent) == 2 and len(gate.recent_audit) == before + 1
+        status = str(screen.query_one("#whatif-status").render())
+        assert "nothing applied: the gate already runs these values" in status
 
 
 async def test_read_only_console_offers_no_apply(gate, journal: Path) -> None:
@@ -228,3 +237,23 @@ async def test_the_replay_runs_off_the_ui_thread(journal: Path, monkeypatch) -> 
         release.set()
         await settle(pilot)
         assert screen.answer is not None
+
+
+async def test_tokengate_reviews_what_if_is_the_wide_dialog_and_names_the_window_replayed(journal: Path) -> None:
+    # `tokengate review` had no stylesheet: the dialog was drawn unbordered over the review
+    # (and in the console `.dialog`'s 76 columns cut the proposal column). And a range reaching
+    # back before the gate's start replays from that start (as `tokengate replay --since`): the
+    # title says so, not the range's blank start.
+    app = ReviewApp(journal)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await pilot.press("5")  # all: the range ends at the newest row and starts before the first
+        screen = await open_whatif(pilot)
+        dialog = screen.query_one("#whatif-dialog")
+        assert dialog.region.width >= 180, dialog.region
+        assert dialog.styles.border.top[0] != ""  # bordered, as the console draws its dialogs
+        title = str(screen.query_one("#whatif-title").render())
+        window = screen.window
+        assert window is not None
+        import time as _time
+
+        assert _time.strftime("%H:%M:%S", _time.gmtime(window.since)) in title

@@ -152,6 +152,27 @@ async def test_execute_applies_a_retune_whole_or_not_at_all(gate):
     assert [a.gate_id for a in gate.recent_audit] == [gate.gate_id] * 3
 
 
+async def test_a_retune_of_what_already_holds_audits_nothing_and_a_floor_over_every_ceiling_is_refused(gate):
+    # A user's trial: a what-if applied twice wrote "queue_depth=2 -> queue_depth=2"; and
+    # min_tokens 99999 went through (the retune form refuses it) to be clamped with a warning.
+    control, op = gate.control, Operator("alice", "local")
+    assert control.execute(Retune(cls="batch", class_changes={"queue_depth": 3}), operator=op)
+    assert len(gate.recent_audit) == 1
+    assert control.execute(Retune(cls="batch", class_changes={"queue_depth": 3}), operator=op) == []
+    same = gate.config.budget.slo_ttft_p95_ms
+    result = control.set_budget_settings(operator=op, slo_ttft_p95_ms=same)
+    assert "already in force, nothing changed" in result.message
+    assert len(gate.recent_audit) == 1  # neither audited
+    # a retune where one key changes audits that key only
+    old_timeout = gate.config.class_by_name("batch").queue_timeout_s
+    (r,) = control.execute(Retune(cls="batch", class_changes={"queue_depth": 3, "queue_timeout_s": 7.0}), operator=op)
+    assert (r.old_value, r.new_value) == (f"queue_timeout_s={old_timeout:g}", "queue_timeout_s=7")
+    ceiling = gate.backends.backends[0].controller.ceiling_tokens
+    with pytest.raises(CommandError, match=rf"above every backend's ceiling \(at most {ceiling}\)"):
+        control.execute(Retune(settings={"min_tokens": ceiling + 1}), operator=op)
+    assert gate.config.budget.min_tokens <= ceiling and len(gate.recent_audit) == 2
+
+
 async def test_a_new_budget_reaches_admission_once_through_the_controller(gate):
     b = gate.backends.backends[0]
     b.controller.set_budget(0.0, 3000)

@@ -116,7 +116,7 @@ def proposal_from_config(name: str, other: Config, recorded: Config, backend: st
     if missing:
         raise ValueError(
             f"{name}: has no class {', '.join(repr(m) for m in missing)}, which the recorded thresholds have and the "
-            "recorded arrivals may name: keep the class (e.g. with queue_depth = 0 to refuse it) to replay this file"
+            "recorded arrivals may name: keep the class (with the thresholds you propose for it) to replay this file"
         )
     data = thresholds_of(other)
     match = [b for b in data["backends"] if b.get("name") == backend] or data["backends"][:1]
