@@ -139,27 +139,27 @@ def test_refuses_a_journal_before_v4(tmp_path: Path) -> None:
         load_window(str(path))
 
 
-def test_refuses_rows_from_before_the_migration_and_dropped_rows(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("tamper", "said"),
+    [
+        # rows written before the v4 migration (no arrival-measured TTFT)
+        (
+            "UPDATE decisions SET ttft_arrival_ms = NULL WHERE id = (SELECT min(id) FROM decisions WHERE ttft_ms IS NOT NULL)",
+            "before the v4 migration",
+        ),
+        ("UPDATE samples SET journal_dropped = 3 WHERE id > 5", "dropped 3 rows"),  # the writer dropped rows
+        ("DELETE FROM audit", "config_in_force"),  # no thresholds in force
+        # user_version says v4 but a column replay reads is gone (a hand-made or damaged file):
+        # a one-line refusal, not a traceback from SQLite
+        ("ALTER TABLE samples DROP COLUMN journal_dropped", "cannot read the window .*journal_dropped"),
+    ],
+)
+def test_refuses_a_window_it_cannot_replay_and_says_why(tmp_path: Path, tamper: str, said: str) -> None:
     path = _journal(tmp_path, n=50, duration=10.0)
     conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("UPDATE decisions SET ttft_arrival_ms = NULL WHERE id = (SELECT min(id) FROM decisions WHERE ttft_ms IS NOT NULL)")
+    conn.execute(tamper)
     conn.close()
-    with pytest.raises(ReplayError, match="before the v4 migration"):
-        load_window(path)
-    path = _journal(tmp_path, n=50, duration=10.0, seed=2)
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("UPDATE samples SET journal_dropped = 3 WHERE id > 5")
-    conn.close()
-    with pytest.raises(ReplayError, match="dropped 3 rows"):
-        load_window(path)
-
-
-def test_refuses_without_config_in_force(tmp_path: Path) -> None:
-    path = _journal(tmp_path, n=20, duration=5.0)
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("DELETE FROM audit")
-    conn.close()
-    with pytest.raises(ReplayError, match="config_in_force"):
+    with pytest.raises(ReplayError, match=said):
         load_window(path)
 
 
@@ -391,14 +391,3 @@ def test_a_window_cut_mid_burst_replays_its_lead_first(tmp_path: Path) -> None:
         with_lead, without = off(window), off(dataclasses.replace(window, lead=()))
         assert with_lead < without, (frac, with_lead, without)
         assert any(f"the replay starts {window.lead_s:.1f} s earlier" in n for n in window.notes)
-
-
-def test_a_journal_missing_a_column_it_claims_is_refused_plainly(tmp_path: Path) -> None:
-    # user_version says v4 but a column replay reads is gone (a hand-made or damaged file): a
-    # one-line refusal, not a traceback from SQLite.
-    path = _journal(tmp_path, n=20, duration=5.0)
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("ALTER TABLE samples DROP COLUMN journal_dropped")
-    conn.close()
-    with pytest.raises(ReplayError, match="cannot read the window .*journal_dropped"):
-        load_window(path)
