@@ -632,7 +632,7 @@ class ReviewScreen(Screen[str | None]):
 
     def action_whatif(self) -> None:
         """``w``: the what-if over the window shown (console/screens/whatif.py)."""
-        from console.screens.whatif import WhatIfScreen
+        from console.screens.whatif import WhatIfScreen, window_text
 
         if self.reader is None or self.now is None:
             self.notify("the journal is not open", severity="warning", timeout=3)
@@ -642,9 +642,7 @@ class ReviewScreen(Screen[str | None]):
         # as it is: the replay starts it at the gate's start, as `tokengate replay --since`
         # does, and the title then shows the window replayed (it once began at the first
         # decision instead, a few seconds later than both said: tokens/s disagreed).
-        fmt = "%Y-%m-%d %H:%M:%S"
-        start = since if since is not None else self.oldest
-        text = f"{Path(self.journal_path).name}, {_utc(start, fmt)} → {_utc(until, fmt)} UTC"
+        text = window_text(self.journal_path, since if since is not None else self.oldest, until)
         self.app.push_screen(WhatIfScreen(self.journal_path, since, until, window_text=text, apply=self.apply))
 
     def action_export(self) -> None:

@@ -109,8 +109,13 @@ def retune_of(proposal: str, note: str = "") -> Retune:
 _RETUNE_KEYS = ("backend.token_budget", *(f"budget.{k}" for k in _SETTINGS), *(f"classes.NAME.{k}" for k in _CLASS_KEYS))
 
 
-def _utc(ts: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts))
+def window_text(journal_path: str, since: float | None, until: float | None) -> str:
+    """The window as the what-if's title names it: "incident.db, 2026-12-05 11:03:38 → ... UTC"."""
+
+    def utc(ts: float | None) -> str:
+        return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts))
+
+    return f"{Path(journal_path).name}, {utc(since)} → {utc(until)} UTC"
 
 
 class WhatIfScreen(ModalScreen[None]):
@@ -216,7 +221,7 @@ class WhatIfScreen(ModalScreen[None]):
             self.window = window
             if window.since != self.since or (self.until is not None and window.until != self.until):
                 # the window replayed is not the one asked for (it starts at the gate's start): say which
-                self.window_text = f"{Path(window.path).name}, {_utc(window.since)} → {_utc(window.until)} UTC"  # as the review titles it
+                self.window_text = window_text(window.path, window.since, window.until)
                 self.query_one("#whatif-title", Static).update(f"What if: replay {self.window_text}")
             pairs = settable(window.config, window.fit.ceiling)
             self.recorded = dict(pairs)
