@@ -25,7 +25,7 @@ served within the objective (count, % of served, % of sent, % of the ideal = sat
 window), refusal latency p95, 5xx, and batch served per 10 s window.
 
     PYTHONPATH=. .venv/bin/python bench/served_in_time.py [--duration 40] [--cells light,over,two]
-        [--rounds 3 --batch-control]   (the light cells as quiet pairs, alternated)
+        [--rounds 3 --batch-control --count-control]   (the light cells as quiet pairs, alternated)
         [--shield 10]                  (root: the gate and the client ahead of llama-server)
 
 ``--shield N`` (root): the gate's session group and this process's (the client) get autogroup
@@ -81,7 +81,7 @@ def plan(seed: int, streams: list[tuple[str, float]], duration: float, words: in
     return [Planned(i, p.at, p.cls, p.prompt, p.max_tokens) for i, p in enumerate(out)]
 
 
-def gate_toml(upstream: str, slo_ms: float | None, batch_ms: float | None = None, keep_slots: bool = True) -> str:
+def gate_toml(upstream: str, slo_ms: float | None, batch_ms: float | None = None, keep_slots: bool = True, beside: bool = True) -> str:
     toml = EXAMPLE_CONFIG.replace('listen = "127.0.0.1:8081"', 'listen = "@LISTEN@"')
     toml = toml.replace('journal = "tokengate.db"', 'journal = "@JOURNAL@"')
     toml = toml.replace('url = "http://127.0.0.1:8080"', f'url = "{upstream}"', 1)
@@ -91,6 +91,8 @@ def gate_toml(upstream: str, slo_ms: float | None, batch_ms: float | None = None
         toml = toml.replace("stream_batch_ms = 10.0", f"stream_batch_ms = {batch_ms:g}")
     if not keep_slots:
         toml = toml.replace("keep_slots = true", "keep_slots = false")
+    if not beside:
+        toml = toml.replace("forward_beside_count = true", "forward_beside_count = false")
     return toml
 
 
@@ -202,6 +204,7 @@ def run_cell(
     via_gate: bool,
     batch_ms: float | None = None,
     keep_slots: bool = True,
+    beside: bool = True,
 ) -> tuple[list[Result], dict]:
     srv = start_llama(binary, model)
     gate = None
@@ -210,7 +213,7 @@ def run_cell(
         url = srv.url
         if via_gate:
             workdir = Path(tempfile.mkdtemp(prefix="tokengate-served-in-time-"))
-            gate = Gate(gate_toml(srv.url, gate_slo_ms, batch_ms, keep_slots), workdir).start()
+            gate = Gate(gate_toml(srv.url, gate_slo_ms, batch_ms, keep_slots, beside), workdir).start()
             if SHIELD[0] and gate.proc is not None:
                 shield(gate.proc.pid, SHIELD[0])
             url = gate.url
@@ -269,6 +272,11 @@ def main(argv: list[str] | None = None) -> int:
         help="light cells: also the gate with [gate] stream_batch_ms = 0 (every token its own write)",
     )
     ap.add_argument(
+        "--count-control",
+        action="store_true",
+        help="light cells: also the gate with [gate] forward_beside_count = false (count, then forward)",
+    )
+    ap.add_argument(
         "--keep-slots-control",
         action="store_true",
         help="two classes: also the gate with [budget] keep_slots = false (the first to come takes a free slot)",
@@ -313,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         arms = [("light, llama-server alone", light, None, False, None), ("light, gate (example)", light, None, True, None)]
         if args.batch_control:
             arms.append(("light, gate (example, stream_batch_ms = 0)", light, None, True, 0.0))
+        if args.count_control:
+            arms.append(("light, gate (example, forward_beside_count = false)", light, None, True, "count-after"))
         for r in range(args.rounds):  # quiet pairs: each arm once a round, the order rotated
             for name, streams, slo, via, batch in arms[r % len(arms) :] + arms[: r % len(arms)]:
                 cells.append((name if args.rounds == 1 else f"{name} #{r + 1}", streams, slo, via, batch))
@@ -331,7 +341,17 @@ def main(argv: list[str] | None = None) -> int:
     for name, streams, gate_slo, via_gate, option in cells:
         planned = plan(args.seed, streams, args.duration, args.words, args.max_tokens)
         batch_ms = option if isinstance(option, float) else None
-        results, extra = run_cell(binary, model, planned, args.duration, gate_slo, via_gate, batch_ms, keep_slots=option != "no-keep")
+        results, extra = run_cell(
+            binary,
+            model,
+            planned,
+            args.duration,
+            gate_slo,
+            via_gate,
+            batch_ms,
+            keep_slots=option != "no-keep",
+            beside=option != "count-after",
+        )
         summary = summarise(results, args.duration, objective_s, saturation)
         report["cells"][name] = {"summary": summary, **extra}
         print(f"== {name}: {json.dumps(summary)} {json.dumps(extra)}", flush=True)

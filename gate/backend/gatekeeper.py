@@ -114,6 +114,47 @@ class Gatekeeper:
             self._abandon(request.id, fut)
             raise
 
+    def admit_now(self, request: Request) -> Ticket | None:
+        """A ticket for `request` if the core admits it at once with nobody waiting anywhere
+        (`Admission.fits_now`, then `offer`), else None and nothing changed: the forward beside
+        the count (`[gate] forward_beside_count`) holds `request`, an upper bound of the real
+        one, while llama-server counts; `settle` or `withdraw` follows, exactly one of them."""
+        admission = self.admission
+        if admission.waiting() or not admission.fits_now(request):
+            return None
+        decision = admission.offer(request, self.clock())
+        if not isinstance(decision, Admit):  # fits_now with nobody waiting says it admits; be sure
+            if isinstance(decision, Queue):
+                admission.cancel(request.id)
+            return None
+        self._changed()
+        return self._ticket(decision, _current_task())
+
+    def settle(self, ticket: Ticket, request: Request) -> bool:
+        """`ticket` (from `admit_now`) now holds `request`, counted, if no larger (the tokens of
+        the bound over it come back at once); else it is withdrawn and False."""
+        if ticket.released:
+            return False
+        if self.admission.settle(request):
+            ticket.request = request
+            self.advance()  # the bound's tokens over the count may let a waiter go
+            return True
+        ticket.released = True
+        self._tickets.pop(ticket.request.id, None)
+        self.advance()
+        return False
+
+    def withdraw(self, ticket: Ticket) -> bool:
+        """Give back a ticket whose request never ran as admitted (`Admission.withdraw`: no hold
+        measured from it); False if it was already given back."""
+        if ticket.released:
+            return False
+        ticket.released = True
+        self._tickets.pop(ticket.request.id, None)
+        self.admission.withdraw(ticket.request.id)
+        self.advance()
+        return True
+
     def release(self, ticket: Ticket) -> bool:
         """Give the ticket's tokens back; False if it was already released."""
         if ticket.released:

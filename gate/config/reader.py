@@ -94,6 +94,7 @@ _GATE_KEYS = (
     "body_timeout_s",
     "write_stall_s",
     "stream_batch_ms",
+    "forward_beside_count",
     "control_socket",
     "control_socket_group",
     "unknown_routes",
@@ -264,6 +265,7 @@ def _gate(source: str, data: Any) -> GateConfig:
         body_timeout_s=r.get_float("body_timeout_s", d.body_timeout_s),
         write_stall_s=r.get_float("write_stall_s", d.write_stall_s),
         stream_batch_ms=r.get_float("stream_batch_ms", d.stream_batch_ms),
+        forward_beside_count=r.get_bool("forward_beside_count", d.forward_beside_count),
     )
 
 

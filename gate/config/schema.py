@@ -69,6 +69,10 @@ class GateConfig:
     #: after a stream's first token, llama-server is read at most this often (ms) and what came
     #: is relayed in one write; 0: every read as it comes (gate/backend/netio.py)
     stream_batch_ms: float = 10.0
+    #: a request that fits at once on an upper bound of its prompt goes to llama-server while
+    #: llama-server counts it, not after: the count's round trip leaves the first token's path
+    #: (gate/http/proxy.py); False: count, then admit, then forward
+    forward_beside_count: bool = True
     #: the Unix socket consoles attach to; "" = beside the journal (tokengate.db -> tokengate.sock)
     control_socket: str = ""
     #: "" = mode 0600 (only the gate's user); a group name = mode 0660 and that group

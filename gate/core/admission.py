@@ -987,6 +987,26 @@ class Admission:
             own.record(now - res.admitted_at)
         return res
 
+    def settle(self, request: Request) -> bool:
+        """The request held under `request.id` was admitted on an upper bound of its prompt
+        (its count not back yet: the shell forwards it beside the count); now it holds `request`,
+        counted. True when `request` is no larger (L7): every rule it passed with the bound
+        (F1-F7, T3, never-fits) it passes with less, so it stays admitted from that moment.
+        False when it is larger or not held: it no longer holds anything (`withdraw`) and the
+        caller offers it afresh."""
+        if self.ledger.resize(request) is not None:
+            return True
+        if request.id in self.ledger:
+            self.withdraw(request.id)
+        return False
+
+    def withdraw(self, request_id: str) -> Reservation | None:
+        """Undo an admission whose request never ran as admitted (a bound its count exceeded,
+        a count or rate limit that failed, the client gone before it): its tokens come back, and
+        no hold, drain rate or turn is measured from it, as from a request that ran."""
+        self._stretched.pop(request_id, None)
+        return self.ledger.release(request_id)
+
     def drain(self, cls: str, now: float) -> list[Refuse]:
         """Refuse everything waiting in `cls` (operator action)."""
         queue = self._classes[cls].queue

@@ -237,6 +237,10 @@ class RateLimiter:
         limit: Limit = "requests" if wait_requests >= wait_tokens else "tokens"
         return RateVerdict(allowed=False, wait_s=wait, limit=limit, never=math.isinf(wait))
 
+    def limited(self, tenant: str) -> bool:
+        """Does `tenant` have a request or token limit? (Changes nothing.)"""
+        return not self._limits_for(tenant).unlimited
+
     def refund(self, tenant: str, tokens: int, now: float, *, requests: int = 0) -> None:
         """Return tokens reserved but not used; ``requests`` undoes whole admissions."""
         _check_amount(tokens)

@@ -6,7 +6,9 @@ the gate to consider it a ready backend:
 
 * ``GET /health`` -> 200 ``{"status": "ok"}``
 * ``GET /props`` -> ``total_slots`` 4, ``default_generation_settings.n_ctx`` 2048
-* ``POST /v1/chat/completions/input_tokens`` -> ``{"input_tokens": 12}``
+* ``POST /v1/chat/completions/input_tokens`` -> ``{"input_tokens": 12}`` (``count_tokens``; with
+  ``count_hold`` an Event, answered once it is set; ``count_asked`` is set when one comes and
+  ``count_answered_at`` says when it was answered)
 
 and then, on ``POST /v1/chat/completions``:
 
@@ -66,6 +68,11 @@ class FakeUpstream:
         self.held = asyncio.Event()  # a completion request is being held
         self.released = asyncio.Event()  # the gate closed a held connection
         self.completions = 0
+        self.completion_at: list[float] = []  # monotonic time each completion request came
+        self.count_tokens = 12
+        self.count_hold: asyncio.Event | None = None
+        self.count_asked = asyncio.Event()
+        self.count_answered_at: float | None = None
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
 
@@ -107,7 +114,11 @@ class FakeUpstream:
                     self._reply(writer, 200, PROPS)
                 elif method == "POST" and path == "/v1/chat/completions/input_tokens":
                     json.loads(body)
-                    self._reply(writer, 200, {"input_tokens": 12})
+                    self.count_asked.set()
+                    if self.count_hold is not None:
+                        await self.count_hold.wait()
+                    self.count_answered_at = time.monotonic()
+                    self._reply(writer, 200, {"input_tokens": self.count_tokens})
                 else:
                     self._reply(writer, 404, {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}})
                 await writer.drain()
@@ -119,6 +130,7 @@ class FakeUpstream:
 
     async def _hold(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.completions += 1
+        self.completion_at.append(time.monotonic())
         if self.mode == "stall":
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
             event = b"data: " + json.dumps(_CHUNK).encode() + b"\n\n"
@@ -142,6 +154,7 @@ class FakeUpstream:
         self.completions += 1
         seq = self.completions
         now = time.monotonic()
+        self.completion_at.append(now)
         messages = body.get("messages") or [{}]
         self.arrivals.append((now, str(messages[0].get("content", ""))))
         self._since[seq] = now

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gate.core.admission import Admit, Capacity, Queue, Refuse, TenantPolicy, check_invariants, clamp_retry
+from gate.core.ledger import Request
 from gate.core.reasons import Reason
 from tests.unit.core_helpers import req, state_of, two_classes
 
@@ -340,3 +341,37 @@ def test_a_class_the_others_leave_nothing_is_told_so_not_a_negative_limit():
     assert "can hold nothing: the other classes reserve 1024 of the 600-token ceiling" in decision.detail
     assert "-424" not in decision.detail
     assert context_error_fields(adm, request)["n_ctx"] == 0
+
+
+# ---- admitted on a bound of the prompt, settled to its count (L7) -----------------------------
+
+
+def test_a_bound_settled_to_a_smaller_count_holds_what_the_count_would_have_held_from_the_same_moment():
+    bounded, direct = two_classes(), two_classes()
+    bound = Request("x", "interactive", "t", 400, 100, 0.0)
+    counted = Request("x", "interactive", "t", 150, 100, 0.0)
+    assert isinstance(bounded.offer(bound, now=0.0), Admit)
+    assert isinstance(direct.offer(counted, now=0.0), Admit)
+    assert bounded.settle(counted) is True
+    assert state_of(bounded) == state_of(direct)
+    assert bounded.ledger.get("x").admitted_at == 0.0 and bounded.ledger.get("x").request == counted
+    check_invariants(bounded)
+
+
+def test_a_count_over_its_bound_takes_the_admission_back_and_measures_no_hold():
+    adm = two_classes()
+    empty = state_of(adm)
+    assert isinstance(adm.offer(Request("x", "interactive", "t", 100, 100, 0.0), now=0.0), Admit)
+    assert adm.settle(Request("x", "interactive", "t", 101, 100, 0.0)) is False
+    assert state_of(adm) == empty
+    # withdrawn, not released: nothing ran, so no hold time or drain rate comes from it
+    for i in range(20):
+        assert isinstance(adm.offer(Request(f"w{i}", "interactive", "t", 10, 10, 1.0), now=1.0), Admit)
+        assert adm.withdraw(f"w{i}") is not None
+    assert adm.holds.mean_s is None and adm.drain_rate.rate(2.0) == 0
+    # the negative control: the same admissions released are measured
+    for i in range(20):
+        assert isinstance(adm.offer(Request(f"r{i}", "interactive", "t", 10, 10, 1.0), now=1.0), Admit)
+        adm.release(f"r{i}", 2.0)
+    assert adm.holds.mean_s == pytest.approx(1.0) and adm.drain_rate.rate(2.0) > 0
+    assert adm.ledger.double_releases == 0

@@ -40,6 +40,10 @@ ops = st.one_of(
     st.tuples(st.just("drain"), st.sampled_from(CLASSES)),
     st.tuples(st.just("cancel"), st.integers(0, 50)),
     st.tuples(st.just("tick"), st.floats(0.0, 8.0)),
+    # a request admitted on a bound of its prompt, settled to its count (gate: forward beside
+    # the count): smaller keeps it (L7), larger takes it back; or taken back outright
+    st.tuples(st.just("settle"), st.integers(0, 50), st.integers(-300, 300)),
+    st.tuples(st.just("withdraw"), st.integers(0, 50)),
 )
 
 
@@ -145,6 +149,28 @@ class Run:
             rid = self.waiting()[op[1] % len(self.waiting())]
             assert adm.cancel(rid) is not None
             self.fates[rid] += 1
+        elif kind == "settle" and self.held():
+            res = list(adm.ledger)[op[1] % len(self.held())]
+            old = res.request
+            counted = Request(old.id, old.cls, old.tenant, max(0, old.prompt_tokens + op[2]), old.max_tokens, old.arrival)
+            before = (adm.ledger.in_flight, adm.ledger.slots)
+            kept = adm.settle(counted)
+            assert kept == (counted.prompt_tokens <= old.prompt_tokens)
+            if kept:
+                now_held = adm.ledger.get(old.id)
+                assert now_held is not None and now_held.request == counted and now_held.admitted_at == res.admitted_at
+                assert adm.ledger.in_flight == before[0] - (old.cost - counted.cost) and adm.ledger.slots == before[1]
+            else:
+                assert old.id not in adm.ledger
+                self.released[old.id] += 1
+                self.fates[old.id] += 1
+            self.on_admit(list(adm.advance(self.now).admitted), from_queue=True)
+        elif kind == "withdraw" and self.held():
+            rid = self.held()[op[1] % len(self.held())]
+            assert adm.withdraw(rid) is not None
+            self.released[rid] += 1
+            self.fates[rid] += 1
+            self.on_admit(list(adm.advance(self.now).admitted), from_queue=True)
         elif kind == "tick":
             self.now += op[1]
             step = adm.advance(self.now)

@@ -119,3 +119,36 @@ async def test_immediate_refusal_raises_without_waiting():
     with pytest.raises(Refused) as exc:
         await gk.acquire(req("batch", 101))
     assert exc.value.refusal.reason is Reason.CONTEXT_LENGTH_EXCEEDED
+
+
+# ---- the forward beside the count: admit_now, then settle or withdraw ---------------------------
+
+
+async def test_a_bound_admitted_now_is_settled_or_withdrawn_exactly_once_and_frees_its_excess_for_a_waiter():
+    from gate.core.ledger import Request
+
+    gk = gatekeeper(budget=400)
+    bound = gk.admit_now(Request("b", "batch", "t", 300, 100, 0.0))
+    assert bound is not None and gk.admission.ledger.in_flight == 400
+    waiter = asyncio.create_task(gk.acquire(req("batch", 200)))
+    await asyncio.sleep(0)  # let the waiter enqueue
+    assert gk.admit_now(req("interactive", 10)) is None  # somebody waits: count first, as before
+    assert gk.admission.ledger.in_flight == 400 and len(gk.admission.queue("interactive")) == 0
+    # the count: 100 prompt tokens, not 300; the 200 over it come back and the waiter goes
+    assert gk.settle(bound, Request("b", "batch", "t", 100, 100, 0.0)) is True
+    ticket = await waiter
+    assert gk.admission.ledger.in_flight == 400 and bound.request.cost == 200
+    assert gk.withdraw(bound) is True and gk.withdraw(bound) is False and gk.release(bound) is False
+    gk.release(ticket)
+    assert gk.admission.ledger.in_flight == 0 and gk.admission.ledger.double_releases == 0
+
+
+async def test_a_count_over_its_bound_withdraws_the_ticket():
+    from gate.core.ledger import Request
+
+    gk = gatekeeper()
+    bound = gk.admit_now(Request("b", "batch", "t", 50, 50, 0.0))
+    assert bound is not None
+    assert gk.settle(bound, Request("b", "batch", "t", 51, 50, 0.0)) is False
+    assert bound.released and gk.tickets == () and gk.admission.ledger.in_flight == 0
+    assert gk.release(bound) is False and gk.admission.ledger.double_releases == 0

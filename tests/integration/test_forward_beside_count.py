@@ -1,0 +1,113 @@
+"""The forward beside the count ([gate] forward_beside_count, gate/http/proxy.py).
+
+A request that fits at once on an upper bound of its prompt goes to llama-server while
+llama-server counts it; the count then settles its reservation, or, over the bound, takes it
+back (llama-server's connection closed) and the request is admitted, queued or refused as
+counted. These tests hold the count open on a FAKE upstream (tests/integration/fake_upstream.py:
+only a fake can answer a count late on purpose) and look at the order llama-server's side saw
+things in; after each the ledger is back to zero and the journal has the counted request.
+The real llama-server's side of it (the count settled, exact reservations) is
+tests/integration/test_apis_llama.py, which runs with the default (on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from tests.integration.fake_upstream import fake_upstream
+from tests.integration.gate_harness import ledger_total, released, running_gate, wait_until
+
+CHAT = "/v1/chat/completions"
+BODY = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 16, "stream": True}
+
+
+def backend_of(gate):
+    return next(iter(gate.backends))
+
+
+async def record_of(gate, request_id: str):
+    await wait_until(lambda: gate.records.find(request_id) is not None)
+    return gate.records.find(request_id)
+
+
+@pytest.mark.parametrize("beside", [True, False], ids=["beside", "off-negative-control"])
+async def test_the_forward_goes_while_the_count_is_out_and_the_count_settles_the_reservation(beside: bool):
+    async with fake_upstream("slow", delay_s=0.01) as fake:
+        fake.count_hold = asyncio.Event()
+        extra = "" if beside else "[gate]\nforward_beside_count = false\n"
+        async with running_gate(fake.url, extra) as gate, httpx.AsyncClient(base_url=gate.url, timeout=10) as client:
+            answer = asyncio.create_task(client.post(CHAT, json=BODY, headers={"X-Request-Id": "early"}))
+            await fake.count_asked.wait()
+            if beside:
+                # llama-server has the request before its count is answered: the round trip is off the path
+                await wait_until(lambda: fake.completions == 1)
+                assert ledger_total(gate) > 12 + 16  # held on the bound meanwhile, never less
+            fake.count_hold.set()
+            response = await answer
+            assert response.status_code == 200
+            assert fake.completions == 1
+            assert fake.count_answered_at is not None
+            # the order llama-server saw: the completion before the count's answer, or after it when off
+            assert (fake.completion_at[0] < fake.count_answered_at) is beside
+            record = await record_of(gate, "early")
+            assert record.outcome == "admitted" and record.prompt_tokens == 12
+            assert record.reserved_tokens == 12 + 16  # the count, not the bound
+            assert record.queue_ms < 1.0  # no wait: the decision's microseconds
+            await released(gate)
+
+
+async def test_a_count_that_never_fits_closes_the_forward_sent_beside_it_and_answers_400():
+    async with fake_upstream("hang") as fake:
+        fake.count_hold = asyncio.Event()
+        fake.count_tokens = 5000  # over the fake's 2048-token slot: never fits
+        async with running_gate(fake.url) as gate, httpx.AsyncClient(base_url=gate.url, timeout=10) as client:
+            answer = asyncio.create_task(client.post(CHAT, json=BODY, headers={"X-Request-Id": "big"}))
+            await fake.held.wait()  # the forward went beside the count
+            fake.count_hold.set()
+            response = await answer
+            assert response.status_code == 400
+            assert response.json()["error"]["type"] == "exceed_context_size_error"
+            await fake.released.wait()  # the gate closed llama-server's request
+            record = await record_of(gate, "big")
+            assert record.outcome == "refused" and record.reason == "context_length_exceeded"
+            assert record.reserved_tokens == 0
+            await released(gate)
+            assert backend_of(gate).admission.ledger.double_releases == 0
+
+
+async def test_a_count_over_the_bound_that_fits_is_sent_again_as_counted():
+    async with fake_upstream("slow", delay_s=0.05) as fake:
+        fake.count_hold = asyncio.Event()
+        fake.count_tokens = 1500  # far over the bound of a 60-byte prompt, within the 2048 slot
+        async with running_gate(fake.url) as gate, httpx.AsyncClient(base_url=gate.url, timeout=10) as client:
+            answer = asyncio.create_task(client.post(CHAT, json=BODY, headers={"X-Request-Id": "over"}))
+            await wait_until(lambda: fake.completions == 1)  # the forward beside the count
+            fake.count_hold.set()
+            response = await answer
+            assert response.status_code == 200
+            assert fake.completions == 2  # the first taken back, the second admitted as counted
+            record = await record_of(gate, "over")
+            assert record.outcome == "admitted" and record.reserved_tokens == 1500 + 16
+            await released(gate)
+            assert backend_of(gate).admission.ledger.double_releases == 0
+
+
+async def test_a_client_gone_during_the_count_closes_the_forward_and_gives_the_bound_back():
+    async with fake_upstream("hang") as fake:
+        fake.count_hold = asyncio.Event()
+        async with running_gate(fake.url) as gate, httpx.AsyncClient(base_url=gate.url, timeout=10) as client:
+            answer = asyncio.create_task(client.post(CHAT, json=BODY, headers={"X-Request-Id": "gone"}))
+            await fake.held.wait()
+            assert ledger_total(gate) > 0
+            answer.cancel()  # the client hangs up while the count is out
+            await fake.released.wait()
+            await released(gate)
+            record = await record_of(gate, "gone")
+            assert record.outcome == "cancelled" and record.http_status == 499
+            assert record.reserved_tokens == 0
+            fake.count_hold.set()
+            assert backend_of(gate).admission.ledger.double_releases == 0
+            assert backend_of(gate).admission.holds.mean_s is None  # nothing ran: no hold measured
