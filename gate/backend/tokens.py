@@ -145,6 +145,18 @@ def cache_key(base_url: str, kind: str, canonical: bytes) -> bytes:
     return h.digest()
 
 
+#: a prompt forwarded beside its count (gate/http/proxy.py) holds its estimate x its backend's
+#: ratio, plus this many tokens for what a chat template adds (roles, turn markers, a default
+#: system text), until the count settles it
+BOUND_MARGIN = 64
+#: the most the ratio grows to: 3 x (bytes / 3) is a token per byte, the most a byte-level
+#: tokenizer makes of text (its specials aside)
+_RATIO_MAX = 3.0
+#: each exact count eases the ratio this much of the way back to 1 (a burst of one script does
+#: not inflate every bound after it for long)
+_RATIO_EASE = 0.01
+
+
 def estimate_tokens(canonical: bytes) -> int:
     """Conservative stand-in for an exact count: one token per 3 bytes of JSON, at least 1."""
     return max(1, math.ceil(len(canonical) / _ESTIMATE_BYTES_PER_TOKEN))
@@ -215,6 +227,9 @@ class TokenCounter:
         self._input_tokens: dict[str, bool] = {}
         self._reprobe_at: dict[str, float] = {}
         self._healthy: dict[str, bool] = {}
+        # Per backend (and model): the most tokens per estimated token its counts gave lately,
+        # the margin aside; at least 1 (see `bound`).
+        self._ratio: dict[str, float] = {}
         self._stats = {"hits": 0, "misses": 0, "exact": 0, "estimate": 0, "errors": 0, "coalesced": 0}
 
     def stats(self) -> dict[str, int]:
@@ -282,7 +297,28 @@ class TokenCounter:
         if tokens is None:
             return self._estimate(canonical)
         self._stats["exact"] += 1
+        self._learn(base_url, model, canonical, tokens)
         return TokenCount(tokens, "exact", False)
+
+    def bound(self, base_url: str, kind: TokenKind, body: Mapping[str, Any], *, model: str | None = None) -> int:
+        """An upper bound of `count`'s answer, without asking the backend: the estimate (JSON
+        bytes / 3) x the most tokens per estimated token its exact counts gave lately (1 until a
+        count needed more: text whose tokens are shorter than 3 bytes, as some non-Latin scripts
+        make; at most 3, a token per byte) + BOUND_MARGIN. What a request forwarded beside its
+        count holds until the count comes back; a count above it takes the request back."""
+        est = estimate_tokens(canonical_json(prompt_fields(kind, body)))
+        return math.ceil(est * self._ratio.get(_ratio_key(base_url, model), 1.0)) + BOUND_MARGIN
+
+    def _learn(self, base_url: str, model: str | None, canonical: bytes, tokens: int) -> None:
+        """An exact count: the bound's ratio grows to cover it, or eases back toward 1."""
+        key = _ratio_key(base_url, model)
+        old = self._ratio.get(key, 1.0)
+        need = (tokens - BOUND_MARGIN) / estimate_tokens(canonical)
+        ratio = min(_RATIO_MAX, max(need, old - (old - 1.0) * _RATIO_EASE))
+        if ratio > 1.0:
+            self._ratio[key] = ratio
+        else:
+            self._ratio.pop(key, None)
 
     async def count_text(
         self,
@@ -489,3 +525,8 @@ def _count_field(data: dict[str, Any], name: str) -> int:
     if not _is_token(value) or value < 0:
         raise _CountFailed(f"answer has no valid {name!r}", backend_fault=True)
     return value
+
+
+def _ratio_key(base_url: str, model: str | None) -> str:
+    base_url = base_url.rstrip("/")
+    return base_url if model is None else f"{base_url}#{model}"

@@ -21,7 +21,7 @@ from starlette.types import Receive, Scope, Send
 
 from gate.backend.gatekeeper import Ticket
 from gate.backend.pool import Backend
-from gate.backend.tokens import TokenCount, canonical_json, estimate_tokens, prompt_fields
+from gate.backend.tokens import TokenCount
 from gate.backend.upstream import EventFormat, RelayStats, SseRelay, forward_headers, relayed_headers, upstream_body
 from gate.core.errors import GateError, Who, error_object, render
 from gate.core.ledger import Request
@@ -43,10 +43,6 @@ _REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 CLIENT_CLOSED = 499  # nginx's convention for "client closed the request"
 #: the prompts one count answers whole (gate.backend.tokens.TokenKind): what may go beside it
 _COUNTED_WHOLE = frozenset({"chat", "completions", "completion", "messages", "responses"})
-#: tokens over the estimate (the prompt's JSON bytes / 3) that the bound of a prompt forwarded
-#: beside its count adds: the chat template's own tokens (roles, turn markers, a default system
-#: text), which the JSON does not hold
-_BOUND_MARGIN = 64
 
 
 class ClientGone(Exception):
@@ -238,8 +234,10 @@ class _Flow:
             # come back), or, larger than the bound, takes it back and it is offered as counted.
             counted = admission_request(self.request_id, intake, measured, bound.request.arrival)
             if backend.gatekeeper.settle(bound, counted):
+                self.gate.metrics.beside("settled")
                 self.ticket = bound
                 return
+            self.gate.metrics.beside("over_bound")
             self._drop_early()
         # Arrival is now: queue time is time spent waiting for admission, not counting tokens.
         request = admission_request(self.request_id, intake, measured, self.gate.clock())
@@ -260,8 +258,8 @@ class _Flow:
 
     def _forward_early(self, backend: Backend, intake: Intake) -> Ticket | None:
         """Forward beside the count ([gate] forward_beside_count): when `backend` admits at once,
-        with nobody waiting, a request as large as an upper bound of this one (its prompt's JSON
-        bytes / 3 + `_BOUND_MARGIN` tokens: llama-server's tokens are rarely under 3 bytes), the
+        with nobody waiting, a request as large as an upper bound of this one (`TokenCounter.bound`:
+        its prompt's JSON bytes / 3, x what the backend's counts needed lately, + 64), the
         request goes to llama-server now, holding that bound, and the count runs beside it: the
         count's round trip (2.4-2.7 ms of the +6 to +9 ms the gate added to TTFT p50 at light
         load, 2026-12-05) leaves the first token's path. The ticket, or None (nothing changed: count,
@@ -273,6 +271,7 @@ class _Flow:
         if (
             keeper is None
             or not gate.config.gate.forward_beside_count
+            or keeper.admission.waiting()  # it would wait: count first, as before
             or intake.kind not in _COUNTED_WHOLE
             or intake.plans is not None
             or intake.copies != 1
@@ -280,7 +279,7 @@ class _Flow:
             or (gate.shared is not None and caller.tenant_config is not None)
         ):
             return None
-        prompt = estimate_tokens(canonical_json(prompt_fields(intake.kind, intake.body))) + _BOUND_MARGIN  # type: ignore[arg-type]
+        prompt = gate.tokens.bound(backend.url, intake.kind, intake.body, model=backend.model)  # type: ignore[arg-type]
         ticket = keeper.admit_now(Request(self.request_id, caller.cls, caller.tenant, prompt, intake.max_tokens, gate.clock()))
         if ticket is not None:
             self._early = asyncio.ensure_future(backend.upstream.open(*self._upstream_call(backend, intake)))
@@ -290,6 +289,7 @@ class _Flow:
     def _take_back(self, backend: Backend, ticket: Ticket) -> None:
         """The count (or what follows it) failed, or the client left, while the request went
         beside its count: close llama-server's request and give the bound back, unmeasured."""
+        self.gate.metrics.beside("taken_back")
         self._drop_early()
         if backend.gatekeeper is not None:
             backend.gatekeeper.withdraw(ticket)

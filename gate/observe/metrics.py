@@ -50,6 +50,8 @@ OK_REASON = "ok"
 OTHER = "other"  # every label value that is not a configured name
 _REASONS = frozenset({*(r.value for r in Reason), OK_REASON, CLIENT_DISCONNECT, SERVER_CANCELLED})
 TOKEN_COUNT_SOURCES = ("exact", "estimate")
+#: what became of a request forwarded beside its count ([gate] forward_beside_count)
+BESIDE_RESULTS = ("settled", "over_bound", "taken_back")
 #: the only route labels: llama-server's routes (gate/data/endpoints.py), its UI assets, preflights
 ROUTE_NAMES = frozenset({*(r.name for r in ROUTES), UI_ASSET.name, PREFLIGHT.name})
 #: what an endpoint picker routes on: GET /metrics/inference serves only these (it scrapes often)
@@ -197,6 +199,14 @@ class GateMetrics:
             registry=r,
         )
         self._reaped = Counter("tokengate_reaped", "Reservations reclaimed by the reaper.", registry=r)
+        self._beside = Counter(
+            "tokengate_forward_beside_count",
+            "Requests forwarded while llama-server counted them, by what the count did: settled (the "
+            "reservation shrank to it), over_bound (taken back, then admitted, queued or refused as "
+            "counted: llama-server prefilled for nothing), taken_back (count failed or client gone).",
+            ["result"],
+            registry=r,
+        )
         self._token_count = Counter(
             "tokengate_token_count",
             "Prompt token counts by source (exact|estimate).",
@@ -263,6 +273,8 @@ class GateMetrics:
         self._info.info({"version": version})
         for source in TOKEN_COUNT_SOURCES:
             self._token_count.labels(source=source)
+        for result in BESIDE_RESULTS:
+            self._beside.labels(result=result)
 
     # -- setup ---------------------------------------------------------------
 
@@ -352,6 +364,12 @@ class GateMetrics:
         if source not in TOKEN_COUNT_SOURCES:
             raise ValueError(f"unknown token count source {source!r}")
         self._series(self._token_count, source).inc()
+
+    def beside(self, result: str) -> None:
+        """One request forwarded beside its count, and what the count did (BESIDE_RESULTS)."""
+        if result not in BESIDE_RESULTS:
+            raise ValueError(f"unknown forward-beside-count result {result!r}")
+        self._series(self._beside, result).inc()
 
     def journal_dropped(self, n: int = 1) -> None:
         self._journal_dropped.inc(n)

@@ -16,6 +16,7 @@ import asyncio
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.fake_upstream import fake_upstream
 from tests.integration.gate_harness import ledger_total, released, running_gate, wait_until
@@ -26,6 +27,16 @@ BODY = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 
 
 def backend_of(gate):
     return next(iter(gate.backends))
+
+
+def sample(gate, name: str, **labels: str) -> float | None:
+    """One series of the gate's own Prometheus text."""
+    body, _ = gate.metrics.render()
+    for family in text_string_to_metric_families(body.decode()):
+        for s in family.samples:
+            if s.name == name and dict(s.labels) == labels:
+                return s.value
+    return None
 
 
 async def record_of(gate, request_id: str):
@@ -57,6 +68,8 @@ async def test_the_forward_goes_while_the_count_is_out_and_the_count_settles_the
             assert record.reserved_tokens == 12 + 16  # the count, not the bound
             assert record.queue_ms < 1.0  # no wait: the decision's microseconds
             await released(gate)
+            settled = sample(gate, "tokengate_forward_beside_count_total", result="settled")
+            assert settled == (1 if beside else 0)
 
 
 async def test_a_count_that_never_fits_closes_the_forward_sent_beside_it_and_answers_400():
@@ -76,12 +89,14 @@ async def test_a_count_that_never_fits_closes_the_forward_sent_beside_it_and_ans
             assert record.reserved_tokens == 0
             await released(gate)
             assert backend_of(gate).admission.ledger.double_releases == 0
+            assert sample(gate, "tokengate_forward_beside_count_total", result="over_bound") == 1
 
 
 async def test_a_count_over_the_bound_that_fits_is_sent_again_as_counted():
     async with fake_upstream("slow", delay_s=0.05) as fake:
         fake.count_hold = asyncio.Event()
-        fake.count_tokens = 1500  # far over the bound of a 60-byte prompt, within the 2048 slot
+        # over the bound of a 54-byte prompt (18 estimated + 64), within a token per byte
+        fake.count_tokens = 110
         async with running_gate(fake.url) as gate, httpx.AsyncClient(base_url=gate.url, timeout=10) as client:
             answer = asyncio.create_task(client.post(CHAT, json=BODY, headers={"X-Request-Id": "over"}))
             await wait_until(lambda: fake.completions == 1)  # the forward beside the count
@@ -90,9 +105,16 @@ async def test_a_count_over_the_bound_that_fits_is_sent_again_as_counted():
             assert response.status_code == 200
             assert fake.completions == 2  # the first taken back, the second admitted as counted
             record = await record_of(gate, "over")
-            assert record.outcome == "admitted" and record.reserved_tokens == 1500 + 16
+            assert record.outcome == "admitted" and record.reserved_tokens == 110 + 16
             await released(gate)
             assert backend_of(gate).admission.ledger.double_releases == 0
+            # the backend's counts taught the bound: the next such prompt settles, sent once
+            body = {**BODY, "messages": [{"role": "user", "content": "hello again"}]}
+            response = await client.post(CHAT, json=body, headers={"X-Request-Id": "learned"})
+            assert response.status_code == 200 and fake.completions == 3
+            assert sample(gate, "tokengate_forward_beside_count_total", result="settled") == 1
+            assert sample(gate, "tokengate_forward_beside_count_total", result="over_bound") == 1
+            await released(gate)
 
 
 async def test_a_client_gone_during_the_count_closes_the_forward_and_gives_the_bound_back():
@@ -109,5 +131,6 @@ async def test_a_client_gone_during_the_count_closes_the_forward_and_gives_the_b
             assert record.outcome == "cancelled" and record.http_status == 499
             assert record.reserved_tokens == 0
             fake.count_hold.set()
+            assert sample(gate, "tokengate_forward_beside_count_total", result="taken_back") == 1
             assert backend_of(gate).admission.ledger.double_releases == 0
             assert backend_of(gate).admission.holds.mean_s is None  # nothing ran: no hold measured

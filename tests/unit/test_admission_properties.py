@@ -5,6 +5,7 @@ Each property runs at least 500 examples (DESIGN.md section 7; issue 2).
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from itertools import count
 
@@ -152,7 +153,7 @@ class Run:
         elif kind == "settle" and self.held():
             res = list(adm.ledger)[op[1] % len(self.held())]
             old = res.request
-            counted = Request(old.id, old.cls, old.tenant, max(0, old.prompt_tokens + op[2]), old.max_tokens, old.arrival)
+            counted = dataclasses.replace(old, prompt_tokens=max(0, old.prompt_tokens + op[2]))
             before = (adm.ledger.in_flight, adm.ledger.slots)
             kept = adm.settle(counted)
             assert kept == (counted.prompt_tokens <= old.prompt_tokens)

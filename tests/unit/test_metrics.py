@@ -26,6 +26,7 @@ DESIGN_SERIES = {
     "tokengate_journal_dropped_total",
     "tokengate_reaped_total",
     "tokengate_token_count_total",
+    "tokengate_forward_beside_count_total",
     "tokengate_info",
 }
 
@@ -91,6 +92,8 @@ def test_register_classes_creates_zero_series() -> None:
     assert value(m, "tokengate_token_count_total", source="estimate") == 0
     assert value(m, "tokengate_journal_dropped_total") == 0
     assert value(m, "tokengate_reaped_total") == 0
+    for result in ("settled", "over_bound", "taken_back"):
+        assert value(m, "tokengate_forward_beside_count_total", result=result) == 0
 
 
 def test_refused_counts_denial_admitted_does_not() -> None:

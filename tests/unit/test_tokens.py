@@ -464,3 +464,31 @@ async def test_aclose_cancels_lookups_and_their_callers_get_estimates(counter, u
     result = await waiter
     assert result.source == "estimate"
     assert counter._inflight == {}
+
+
+# --- the bound of a prompt forwarded beside its count --------------------------------------------
+
+
+async def test_the_bound_covers_the_counts_of_a_backend_whose_tokens_are_short_and_eases_back(counter, upstream):
+    from gate.backend.tokens import BOUND_MARGIN
+
+    dense = chat([{"role": "user", "content": "a " * 900}])  # one token per 2 bytes: under 3
+    est = estimate_tokens(canonical_json(prompt_fields("chat", dense)))
+    assert counter.bound(URL, "chat", dense) == est + BOUND_MARGIN  # nothing learned yet: the estimate
+    exact = (await counter.count(URL, "chat", dense)).tokens
+    assert exact > est + BOUND_MARGIN  # the negative control: the plain estimate was not a bound
+    assert counter.bound(URL, "chat", dense) >= exact  # learned: now it is
+    assert counter.bound("http://other:8080", "chat", dense) == est + BOUND_MARGIN  # per backend
+    # English-like text eases it back toward the estimate, never under it
+    for i in range(400):
+        await counter.count(URL, "chat", chat([{"role": "user", "content": f"word{i} " * 20}]))
+    assert est + BOUND_MARGIN <= counter.bound(URL, "chat", dense) < exact
+
+
+async def test_the_bound_grows_no_further_than_a_token_per_byte(counter, upstream):
+    from gate.backend.tokens import BOUND_MARGIN
+
+    upstream.raw_body = json.dumps({"input_tokens": 10**6}).encode()  # a count far over any bound
+    body = chat([{"role": "user", "content": "hello"}])
+    await counter.count(URL, "chat", body)
+    assert counter.bound(URL, "chat", body) == math.ceil(estimate_tokens(canonical_json(prompt_fields("chat", body))) * 3.0) + BOUND_MARGIN
