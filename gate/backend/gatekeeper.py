@@ -139,9 +139,7 @@ class Gatekeeper:
             ticket.request = request
             self.advance()  # the bound's tokens over the count may let a waiter go
             return True
-        ticket.released = True
-        self._tickets.pop(ticket.request.id, None)
-        self.advance()
+        self.withdraw(ticket)
         return False
 
     def withdraw(self, ticket: Ticket) -> bool:

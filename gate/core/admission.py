@@ -992,13 +992,9 @@ class Admission:
         (its count not back yet: the shell forwards it beside the count); now it holds `request`,
         counted. True when `request` is no larger (L7): every rule it passed with the bound
         (F1-F7, T3, never-fits) it passes with less, so it stays admitted from that moment.
-        False when it is larger or not held: it no longer holds anything (`withdraw`) and the
-        caller offers it afresh."""
-        if self.ledger.resize(request) is not None:
-            return True
-        if request.id in self.ledger:
-            self.withdraw(request.id)
-        return False
+        False, changing nothing, when it is larger or not held: the caller withdraws the bound
+        and offers the request afresh."""
+        return self.ledger.resize(request) is not None
 
     def withdraw(self, request_id: str) -> Reservation | None:
         """Undo an admission whose request never ran as admitted (a bound its count exceeded,

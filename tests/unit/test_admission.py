@@ -358,11 +358,14 @@ def test_a_bound_settled_to_a_smaller_count_holds_what_the_count_would_have_held
     check_invariants(bounded)
 
 
-def test_a_count_over_its_bound_takes_the_admission_back_and_measures_no_hold():
+def test_a_count_over_its_bound_is_not_settled_and_its_withdrawal_measures_no_hold():
     adm = two_classes()
     empty = state_of(adm)
     assert isinstance(adm.offer(Request("x", "interactive", "t", 100, 100, 0.0), now=0.0), Admit)
+    held = state_of(adm)
     assert adm.settle(Request("x", "interactive", "t", 101, 100, 0.0)) is False
+    assert state_of(adm) == held  # nothing changed: the shell withdraws it
+    assert adm.withdraw("x") is not None
     assert state_of(adm) == empty
     # withdrawn, not released: nothing ran, so no hold time or drain rate comes from it
     for i in range(20):

@@ -162,7 +162,8 @@ class Run:
                 assert now_held is not None and now_held.request == counted and now_held.admitted_at == res.admitted_at
                 assert adm.ledger.in_flight == before[0] - (old.cost - counted.cost) and adm.ledger.slots == before[1]
             else:
-                assert old.id not in adm.ledger
+                assert adm.ledger.get(old.id) == res  # nothing changed: the shell withdraws it
+                assert adm.withdraw(old.id) is not None and old.id not in adm.ledger
                 self.released[old.id] += 1
                 self.fates[old.id] += 1
             self.on_admit(list(adm.advance(self.now).admitted), from_queue=True)
