@@ -349,11 +349,12 @@ class GateService:
         return self.backends.requests_in_flight()
 
     def release_when_slot_frees(
-        self, backend: Backend, ticket: Ticket, timeout_s: float = 3.0, *, then: Callable[[], None] | None = None
+        self, backend: Backend, ticket: Ticket, timeout_s: float = 3.0, *, then: Callable[[], None] | None = None, ran: bool = True
     ) -> None:
-        """Release `ticket` once llama-server shows its slot free (a background task the stop waits for)."""
+        """Release `ticket` once llama-server shows its slot free (a background task the stop waits
+        for); `ran` False: withdraw it then (gate.backend.pool.release_when_slot_frees)."""
         task = asyncio.get_running_loop().create_task(
-            release_when_slot_frees(backend, ticket, timeout_s=timeout_s, clock=self.clock, then=then)
+            release_when_slot_frees(backend, ticket, timeout_s=timeout_s, clock=self.clock, then=then, ran=ran)
         )
         self._background.add(task)
         task.add_done_callback(self._background.discard)

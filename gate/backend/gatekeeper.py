@@ -131,16 +131,14 @@ class Gatekeeper:
         return self._ticket(decision, _current_task())
 
     def settle(self, ticket: Ticket, request: Request) -> bool:
-        """`ticket` (from `admit_now`) now holds `request`, counted, if no larger (the tokens of
-        the bound over it come back at once); else it is withdrawn and False."""
-        if ticket.released:
+        """`ticket` (from `admit_now`) now holds `request`, counted (`Admission.settle`: no larger,
+        or larger and admitted at once in its place); False, nothing changed, otherwise: the
+        caller takes the ticket back (`withdraw`, once llama-server has let go of it)."""
+        if ticket.released or not self.admission.settle(request):
             return False
-        if self.admission.settle(request):
-            ticket.request = request
-            self.advance()  # the bound's tokens over the count may let a waiter go
-            return True
-        self.withdraw(ticket)
-        return False
+        ticket.request = request
+        self.advance()  # the bound's tokens over the count may let a waiter go
+        return True
 
     def withdraw(self, ticket: Ticket) -> bool:
         """Give back a ticket whose request never ran as admitted (`Admission.withdraw`: no hold

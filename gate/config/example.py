@@ -60,8 +60,9 @@ stream_batch_ms = 10.0
 # it (its JSON's bytes / 3, plus 64) is sent to llama-server while llama-server counts its
 # tokens, instead of after: the count's round trip (1-3 ms) leaves the first token's path. The
 # count then settles its reservation to the real size; a request whose count exceeds the bound
-# is taken back (llama-server's connection closed) and admitted, queued or refused as counted.
-# false: count, then admit, then forward. Default true.
+# and no longer fits is taken back (llama-server's connection closed; its bound held until the
+# slot is free) and admitted, queued or refused as counted. false: count, then admit, then
+# forward. Default true.
 forward_beside_count = true
 # Unix socket that consoles attach to (`tokengate console --attach`); never TCP.
 # Default "": beside the journal, with .sock for its suffix (tokengate.db -> tokengate.sock).

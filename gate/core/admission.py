@@ -988,13 +988,29 @@ class Admission:
         return res
 
     def settle(self, request: Request) -> bool:
-        """The request held under `request.id` was admitted on an upper bound of its prompt
-        (its count not back yet: the shell forwards it beside the count); now it holds `request`,
-        counted. True when `request` is no larger (L7): every rule it passed with the bound
-        (F1-F7, T3, never-fits) it passes with less, so it stays admitted from that moment.
-        False, changing nothing, when it is larger or not held: the caller withdraws the bound
-        and offers the request afresh."""
-        return self.ledger.resize(request) is not None
+        """The reservation held under `request.id` was admitted on an upper bound of a request's
+        prompt (its count not back yet: the shell forwards it beside the count); now it holds
+        `request`, counted (L7), when that is no larger: every rule the bound passed (F1-F7,
+        never-fits; a newcomer that fits is not judged by T3) it passes with less, so it stays
+        admitted from that moment. A larger one stays admitted when it would be admitted at once
+        in the bound's place (never-fits, the budget it can reach, F1-F7 with the bound set
+        aside): llama-server already runs it. False, changing nothing, otherwise: the caller
+        takes the bound back and offers the request afresh."""
+        held = self.ledger.get(request.id)
+        if held is None:
+            return False
+        bound = held.request
+        if request.prompt_tokens <= bound.prompt_tokens and request.cost <= bound.cost and request.tasks == bound.tasks:
+            self.ledger.swap(request)
+            return True
+        entry = self._classes.get(request.cls)
+        if entry is None or request.cls != bound.cls or self._never_fits(request) is not None or self._beyond_budget(request):
+            return False
+        # the bound set aside in place (no slot, no tokens), to judge the count where it stands
+        self.ledger.swap(Request(request.id, bound.cls, bound.tenant, 0, 0, bound.arrival, tasks=0))
+        fits = self.blocker(request, own_share_only=self._yield_to_higher(entry)) is None
+        self.ledger.swap(request if fits else bound)
+        return fits
 
     def withdraw(self, request_id: str) -> Reservation | None:
         """Undo an admission whose request never ran as admitted (a bound its count exceeded,

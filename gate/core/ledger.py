@@ -15,8 +15,8 @@ Invariants (checked by `check_invariants`):
       inputs, rerank documents) holds one slot per task, all of them at once, and
       gives them all back with its one release.
   L6. while `oldest_first`, the reservations iterate by their moment of admission, oldest first.
-  L7. `resize` only shrinks a reservation, in place (same moment, place and prefilling state):
-      L1-L3 and L5-L6 hold after it as if the smaller request had been reserved then.
+  L7. `swap` replaces a reservation's request in place (same id, moment, place and prefilling
+      state): L1-L3 and L5-L6 hold after it as if the new request had been reserved then.
 """
 
 from __future__ import annotations
@@ -124,31 +124,25 @@ class Ledger:
         self.prefilling -= res.request.prompt_tokens
         return True
 
-    def resize(self, request: Request) -> Reservation | None:
-        """L7: the reservation of `request.id` now holds `request` (same class, tenant and tasks,
-        no more prompt tokens nor cost); None, changing nothing, when it is not held or would
-        grow. A request reserved on an upper bound of its prompt before its count came back
-        (gate/http/proxy.py, `[gate] forward_beside_count`) keeps its moment and its place."""
+    def swap(self, request: Request) -> Reservation | None:
+        """L7: the reservation of `request.id` now holds `request`, in place (its moment, its
+        place and whether it prefills stay); None, changing nothing, when it is not held. A
+        request reserved on an upper bound of its prompt before its count came back
+        (gate/http/proxy.py, `[gate] forward_beside_count`) is settled to its count so."""
         res = self._held.get(request.id)
         if res is None:
             return None
         old = res.request
-        if (
-            request.cls != old.cls
-            or request.tenant != old.tenant
-            or request.tasks != old.tasks
-            or request.prompt_tokens > old.prompt_tokens
-            or request.cost > old.cost
-        ):
-            return None
         new = Reservation(request, res.admitted_at, res.prefilling)
         self._held[request.id] = new  # an existing key keeps its place: L6 holds
-        less = old.cost - request.cost
-        self.in_flight -= less
+        self.in_flight += request.cost - old.cost
+        self.slots += request.tasks - old.tasks
         if res.prefilling:
-            self.prefilling -= old.prompt_tokens - request.prompt_tokens
-        _add(self.by_class, request.cls, -less)
-        _add(self.by_tenant, request.tenant, -less)
+            self.prefilling += request.prompt_tokens - old.prompt_tokens
+        _add(self.by_class, old.cls, -old.cost)
+        _add(self.by_class, request.cls, request.cost)
+        _add(self.by_tenant, old.tenant, -old.cost)
+        _add(self.by_tenant, request.tenant, request.cost)
         return new
 
     def release(self, request_id: str) -> Reservation | None:

@@ -51,7 +51,7 @@ OTHER = "other"  # every label value that is not a configured name
 _REASONS = frozenset({*(r.value for r in Reason), OK_REASON, CLIENT_DISCONNECT, SERVER_CANCELLED})
 TOKEN_COUNT_SOURCES = ("exact", "estimate")
 #: what became of a request forwarded beside its count ([gate] forward_beside_count)
-BESIDE_RESULTS = ("settled", "over_bound", "taken_back")
+BESIDE_RESULTS = ("settled", "grown", "over_bound", "taken_back")
 #: the only route labels: llama-server's routes (gate/data/endpoints.py), its UI assets, preflights
 ROUTE_NAMES = frozenset({*(r.name for r in ROUTES), UI_ASSET.name, PREFLIGHT.name})
 #: what an endpoint picker routes on: GET /metrics/inference serves only these (it scrapes often)
@@ -202,8 +202,9 @@ class GateMetrics:
         self._beside = Counter(
             "tokengate_forward_beside_count",
             "Requests forwarded while llama-server counted them, by what the count did: settled (the "
-            "reservation shrank to it), over_bound (taken back, then admitted, queued or refused as "
-            "counted: llama-server prefilled for nothing), taken_back (count failed or client gone).",
+            "reservation shrank to it), grown (over the bound, and admitted where the bound stood), "
+            "over_bound (taken back, then admitted, queued or refused as counted: llama-server "
+            "prefilled for nothing), taken_back (count failed or client gone).",
             ["result"],
             registry=r,
         )

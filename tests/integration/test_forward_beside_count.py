@@ -92,7 +92,7 @@ async def test_a_count_that_never_fits_closes_the_forward_sent_beside_it_and_ans
             assert sample(gate, "tokengate_forward_beside_count_total", result="over_bound") == 1
 
 
-async def test_a_count_over_the_bound_that_fits_is_sent_again_as_counted():
+async def test_a_count_over_the_bound_that_fits_where_it_stood_keeps_the_forward():
     async with fake_upstream("slow", delay_s=0.05) as fake:
         fake.count_hold = asyncio.Event()
         # over the bound of a 54-byte prompt (18 estimated + 64), within a token per byte
@@ -103,18 +103,39 @@ async def test_a_count_over_the_bound_that_fits_is_sent_again_as_counted():
             fake.count_hold.set()
             response = await answer
             assert response.status_code == 200
-            assert fake.completions == 2  # the first taken back, the second admitted as counted
+            assert fake.completions == 1  # grown where the bound stood: llama-server's work kept
             record = await record_of(gate, "over")
             assert record.outcome == "admitted" and record.reserved_tokens == 110 + 16
             await released(gate)
-            assert backend_of(gate).admission.ledger.double_releases == 0
-            # the backend's counts taught the bound: the next such prompt settles, sent once
+            assert sample(gate, "tokengate_forward_beside_count_total", result="grown") == 1
+            # the backend's counts taught the bound: the next such prompt settles
             body = {**BODY, "messages": [{"role": "user", "content": "hello again"}]}
             response = await client.post(CHAT, json=body, headers={"X-Request-Id": "learned"})
-            assert response.status_code == 200 and fake.completions == 3
+            assert response.status_code == 200 and fake.completions == 2
             assert sample(gate, "tokengate_forward_beside_count_total", result="settled") == 1
+            await released(gate)
+            assert backend_of(gate).admission.ledger.double_releases == 0
+
+
+async def test_a_count_that_does_not_fit_where_its_bound_stood_is_taken_back_and_waits_as_counted():
+    async with fake_upstream("slow", delay_s=0.5) as fake:
+        async with running_gate(fake.url) as gate, httpx.AsyncClient(base_url=gate.url, timeout=10) as client:
+            # 12 + 1500 of the fake's 2,048 tokens held for half a second
+            held = asyncio.create_task(client.post(CHAT, json={**BODY, "max_tokens": 1500}, headers={"X-Request-Id": "held"}))
+            await wait_until(lambda: fake.completions == 1)
+            fake.count_hold, fake.count_tokens = asyncio.Event(), 600  # 600 + 16 does not fit beside it
+            other = {**BODY, "messages": [{"role": "user", "content": "hello later"}]}  # not in the count cache
+            answer = asyncio.create_task(client.post(CHAT, json=other, headers={"X-Request-Id": "later"}))
+            await wait_until(lambda: fake.completions == 2)  # its bound (82 + 16) fit: sent beside the count
+            fake.count_hold.set()
+            response = await answer
+            assert response.status_code == 200 and (await held).status_code == 200
+            assert fake.completions == 3  # taken back, then sent again once the held one ended
+            record = await record_of(gate, "later")
+            assert record.outcome == "admitted" and record.reserved_tokens == 600 + 16 and record.queue_ms > 100
             assert sample(gate, "tokengate_forward_beside_count_total", result="over_bound") == 1
             await released(gate)
+            assert backend_of(gate).admission.ledger.double_releases == 0
 
 
 async def test_a_client_gone_during_the_count_closes_the_forward_and_gives_the_bound_back():

@@ -358,13 +358,25 @@ def test_a_bound_settled_to_a_smaller_count_holds_what_the_count_would_have_held
     check_invariants(bounded)
 
 
-def test_a_count_over_its_bound_is_not_settled_and_its_withdrawal_measures_no_hold():
+def test_a_count_over_its_bound_stays_admitted_only_where_it_would_be_admitted_at_once():
+    adm = two_classes(budget=1000)
+    assert isinstance(adm.offer(Request("x", "interactive", "t", 100, 100, 0.0), now=0.0), Admit)
+    assert isinstance(adm.offer(Request("o", "batch", "t", 300, 300, 0.0), now=0.0), Admit)
+    # 250 + 100 beside the other's 600: fits where the bound (200) stood, in its place
+    assert adm.settle(Request("x", "interactive", "t", 250, 100, 0.0)) is True
+    assert adm.ledger.in_flight == 950 and adm.ledger.get("x").admitted_at == 0.0
+    check_invariants(adm)
+    # 400 + 100 does not fit beside 600 in a budget of 1000: nothing changes
+    held = state_of(adm)
+    assert adm.settle(Request("x", "interactive", "t", 400, 100, 0.0)) is False
+    assert state_of(adm) == held
+    check_invariants(adm)
+
+
+def test_a_withdrawal_measures_no_hold():
     adm = two_classes()
     empty = state_of(adm)
     assert isinstance(adm.offer(Request("x", "interactive", "t", 100, 100, 0.0), now=0.0), Admit)
-    held = state_of(adm)
-    assert adm.settle(Request("x", "interactive", "t", 101, 100, 0.0)) is False
-    assert state_of(adm) == held  # nothing changed: the shell withdraws it
     assert adm.withdraw("x") is not None
     assert state_of(adm) == empty
     # withdrawn, not released: nothing ran, so no hold time or drain rate comes from it

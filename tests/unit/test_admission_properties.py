@@ -156,11 +156,14 @@ class Run:
             counted = dataclasses.replace(old, prompt_tokens=max(0, old.prompt_tokens + op[2]))
             before = (adm.ledger.in_flight, adm.ledger.slots)
             kept = adm.settle(counted)
-            assert kept == (counted.prompt_tokens <= old.prompt_tokens)
+            if counted.prompt_tokens <= old.prompt_tokens:
+                assert kept  # no larger: always settled
             if kept:
                 now_held = adm.ledger.get(old.id)
                 assert now_held is not None and now_held.request == counted and now_held.admitted_at == res.admitted_at
-                assert adm.ledger.in_flight == before[0] - (old.cost - counted.cost) and adm.ledger.slots == before[1]
+                assert adm.ledger.in_flight == before[0] + (counted.cost - old.cost) and adm.ledger.slots == before[1]
+                if counted.cost > old.cost:  # grown where it stood: only if it fit there
+                    assert adm.ledger.in_flight <= adm.effective_budget and adm.ledger.slots <= adm.capacity.slots
             else:
                 assert adm.ledger.get(old.id) == res  # nothing changed: the shell withdraws it
                 assert adm.withdraw(old.id) is not None and old.id not in adm.ledger

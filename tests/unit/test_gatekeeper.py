@@ -143,12 +143,13 @@ async def test_a_bound_admitted_now_is_settled_or_withdrawn_exactly_once_and_fre
     assert gk.admission.ledger.in_flight == 0 and gk.admission.ledger.double_releases == 0
 
 
-async def test_a_count_over_its_bound_withdraws_the_ticket():
+async def test_a_count_that_does_not_fit_where_its_bound_stood_changes_nothing_until_withdrawn():
     from gate.core.ledger import Request
 
-    gk = gatekeeper()
+    gk = gatekeeper(budget=200)
     bound = gk.admit_now(Request("b", "batch", "t", 50, 50, 0.0))
     assert bound is not None
-    assert gk.settle(bound, Request("b", "batch", "t", 51, 50, 0.0)) is False
-    assert bound.released and gk.tickets == () and gk.admission.ledger.in_flight == 0
+    assert gk.settle(bound, Request("b", "batch", "t", 151, 50, 0.0)) is False  # 201 > 200
+    assert not bound.released and gk.admission.ledger.in_flight == 100 and bound.request.cost == 100
+    assert gk.withdraw(bound) is True and gk.tickets == () and gk.admission.ledger.in_flight == 0
     assert gk.release(bound) is False and gk.admission.ledger.double_releases == 0
