@@ -118,7 +118,7 @@ class Gatekeeper:
         """A ticket for `request` if the core admits it at once with nobody waiting anywhere
         (`Admission.fits_now`, then `offer`), else None and nothing changed: the forward beside
         the count (`[gate] forward_beside_count`) holds `request`, an upper bound of the real
-        one, while llama-server counts; `settle` or `withdraw` follows, exactly one of them."""
+        one, while llama-server counts; `settle` or `release(ran=False)` follows."""
         admission = self.admission
         if admission.waiting() or not admission.fits_now(request):
             return None
@@ -133,31 +133,24 @@ class Gatekeeper:
     def settle(self, ticket: Ticket, request: Request) -> bool:
         """`ticket` (from `admit_now`) now holds `request`, counted (`Admission.settle`: no larger,
         or larger and admitted at once in its place); False, nothing changed, otherwise: the
-        caller takes the ticket back (`withdraw`, once llama-server has let go of it)."""
+        caller takes the ticket back (`release(ran=False)`, once llama-server has let go of it)."""
         if ticket.released or not self.admission.settle(request):
             return False
         ticket.request = request
         self.advance()  # the bound's tokens over the count may let a waiter go
         return True
 
-    def withdraw(self, ticket: Ticket) -> bool:
-        """Give back a ticket whose request never ran as admitted (`Admission.withdraw`: no hold
-        measured from it); False if it was already given back."""
+    def release(self, ticket: Ticket, *, ran: bool = True) -> bool:
+        """Give the ticket's tokens back; False if it was already released. `ran` False: its
+        request never ran as admitted (a bound taken back: `Admission.withdraw`, no hold measured)."""
         if ticket.released:
             return False
         ticket.released = True
         self._tickets.pop(ticket.request.id, None)
-        self.admission.withdraw(ticket.request.id)
-        self.advance()
-        return True
-
-    def release(self, ticket: Ticket) -> bool:
-        """Give the ticket's tokens back; False if it was already released."""
-        if ticket.released:
-            return False
-        ticket.released = True
-        self._tickets.pop(ticket.request.id, None)
-        self.admission.release(ticket.request.id, self.clock())
+        if ran:
+            self.admission.release(ticket.request.id, self.clock())
+        else:
+            self.admission.withdraw(ticket.request.id)
         self.advance()
         return True
 

@@ -550,7 +550,7 @@ async def release_when_slot_frees(
             await asyncio.sleep(0.05)
     finally:
         if backend.gatekeeper is not None:
-            backend.gatekeeper.release(ticket) if ran else backend.gatekeeper.withdraw(ticket)
+            backend.gatekeeper.release(ticket, ran=ran)
         if then is not None:
             then()
 

@@ -65,8 +65,8 @@ class ModelGatekeeper(Gatekeeper):
         super().__init__(admission, clock=clock, on_change=on_change, **kwargs)
         self._on_release = on_release
 
-    def release(self, ticket: Any) -> bool:
-        done = super().release(ticket)
+    def release(self, ticket: Any, *, ran: bool = True) -> bool:
+        done = super().release(ticket, ran=ran)
         if done:
             self._on_release()
         return done

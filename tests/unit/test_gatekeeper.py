@@ -138,7 +138,7 @@ async def test_a_bound_admitted_now_is_settled_or_withdrawn_exactly_once_and_fre
     assert gk.settle(bound, Request("b", "batch", "t", 100, 100, 0.0)) is True
     ticket = await waiter
     assert gk.admission.ledger.in_flight == 400 and bound.request.cost == 200
-    assert gk.withdraw(bound) is True and gk.withdraw(bound) is False and gk.release(bound) is False
+    assert gk.release(bound, ran=False) is True and gk.release(bound, ran=False) is False and gk.release(bound) is False
     gk.release(ticket)
     assert gk.admission.ledger.in_flight == 0 and gk.admission.ledger.double_releases == 0
 
@@ -151,5 +151,5 @@ async def test_a_count_that_does_not_fit_where_its_bound_stood_changes_nothing_u
     assert bound is not None
     assert gk.settle(bound, Request("b", "batch", "t", 151, 50, 0.0)) is False  # 201 > 200
     assert not bound.released and gk.admission.ledger.in_flight == 100 and bound.request.cost == 100
-    assert gk.withdraw(bound) is True and gk.tickets == () and gk.admission.ledger.in_flight == 0
+    assert gk.release(bound, ran=False) is True and gk.tickets == () and gk.admission.ledger.in_flight == 0
     assert gk.release(bound) is False and gk.admission.ledger.double_releases == 0
