@@ -167,6 +167,12 @@ async def test_client_disconnect_non_stream_under_load_frees_slot(llama):
         await wait_until(lambda: ledger_total(gate) == 0 and gate.in_flight_requests() == 0, timeout_s=5)
 
 
+def counted(gate) -> int:
+    """Counts the gate has had answered (exact or estimated); each is settled in the same step."""
+    stats = gate.tokens.stats()
+    return stats["exact"] + stats["estimate"]
+
+
 async def busy_slots_eq(client: httpx.AsyncClient, llama_url: str, n: int) -> bool:
     return await busy_slots(client, llama_url) == n
 
@@ -185,7 +191,9 @@ async def test_client_disconnect_while_queued(llama):
         admission = gate.backends.backends[0].admission
         runners = [asyncio.create_task(client.post(gate.url + CHAT, json=chat(300, False), headers=rid(f"run-{i}"))) for i in range(4)]
         try:
-            await wait_until(lambda: len(admission.ledger) == 4, timeout_s=10)
+            # four held, each with its count back: forwarded beside its count ([gate]
+            # forward_beside_count), a request holds its bound until the count settles it
+            await wait_until(lambda: len(admission.ledger) == 4 and counted(gate) >= 4, timeout_s=10)
             held = ledger_total(gate)
             # Tokens would fit; the slots are all taken: it waits in the gate's queue.
             queued = asyncio.create_task(client.post(gate.url + CHAT, json=chat(queued_n, False), headers=rid("gone-queued")))
