@@ -170,7 +170,8 @@ def _subprompt_plan(prompt: Any) -> tuple[list[tuple[str, bool]], int]:
     """One prompt as (texts to tokenize with their add_special flag, literal token count)."""
     if isinstance(prompt, str):
         return [(prompt, True)], 0
-    if isinstance(prompt, list) and prompt and all(isinstance(p, str) or _is_token(p) for p in prompt):
+    if isinstance(prompt, list) and all(isinstance(p, str) or _is_token(p) for p in prompt):
+        # (empty: one entry of a prompt list with no tokens; the whole prompt never is, intake refuses it)
         # Mixed strings and ids: llama-server adds BOS only to a string in first place.
         texts = [(p, i == 0) for i, p in enumerate(prompt) if isinstance(p, str)]
         return texts, sum(1 for p in prompt if _is_token(p))
@@ -191,6 +192,8 @@ def _prompt_plan(prompt: Any) -> tuple[list[tuple[str, bool]], int]:
             texts.extend(sub_texts)
             literal += sub_literal
         return texts, literal
+    if prompt == []:
+        raise ValueError("an empty prompt list")  # llama-server refuses it (400)
     return _subprompt_plan(prompt)
 
 
@@ -510,7 +513,7 @@ class TokenCounter:
 def _answer(resp: httpx.Response, path: str) -> dict[str, Any]:
     """The JSON object of a 200 answer, else a failure saying whose fault it was."""
     if resp.status_code != 200:
-        raise _CountFailed(f"{path} answered HTTP {resp.status_code}", backend_fault=resp.status_code >= 500)
+        raise _CountFailed(f"{path} answered HTTP {resp.status_code}", backend_fault=_backend_fault(resp))
     try:
         data = resp.json()
     except ValueError:
@@ -518,6 +521,23 @@ def _answer(resp: httpx.Response, path: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise _CountFailed(f"{path} answered {type(data).__name__}, not an object", backend_fault=True)
     return data
+
+
+def _backend_fault(resp: httpx.Response) -> bool:
+    """Whether a refused count says something about the backend's health: not a 4xx, and not
+    the 500 that llama-server answers, with its error object, for an exception thrown while it
+    read this body (server-http.cpp: an image without an mmproj, a message it cannot parse;
+    the same request straight gets the same 500). One client's body must not mark the backend's
+    counting as failing for everyone; a 502-504, or a 500 without the object, still does."""
+    if resp.status_code < 500:
+        return False
+    if resp.status_code != 500:
+        return True
+    try:
+        error = resp.json().get("error")
+    except (ValueError, AttributeError):
+        return True
+    return not (isinstance(error, dict) and isinstance(error.get("message"), str))
 
 
 def _count_field(data: dict[str, Any], name: str) -> int:

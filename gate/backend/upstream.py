@@ -168,7 +168,8 @@ def upstream_body(kind: Kind, body: Mapping[str, Any]) -> dict[str, Any]:
     # it). The gate admits by free slots, not by which one: a pinned slot that is busy while
     # others are free makes llama-server defer the request in its own queue (README "Clients").
     if kind in ("chat", "completions"):
-        options = dict(out.get("stream_options") or {})
+        given = out.get("stream_options")  # llama-server ignores one that is not an object
+        options = dict(given) if isinstance(given, dict) else {}
         options["include_usage"] = True
         out["stream_options"] = options
     return out

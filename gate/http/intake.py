@@ -26,7 +26,8 @@ values) and the OpenAI API (which declares these fields nullable).
 Max tokens. llama-server (tools/server/server-schema.cpp at the pinned commit 0c1e570) reads
 the generation limit on EVERY endpoint from ``n_predict``, else ``max_completion_tokens``, else
 ``max_tokens``. So the gate reads all three on every endpoint, whatever the endpoint's own name
-for it: each one present must be an integer in [1, class cap], and when several are present they
+for it: each one present must be an integer in [0, class cap] (0 still decodes one token, and
+is reserved as 1), and when several are present they
 must agree; otherwise a client could send a small ``max_tokens`` for the gate and an unbounded
 ``n_predict`` for llama-server. When none is present, the class's ``default_max_tokens`` is
 injected into the forwarded body as ``max_tokens`` (``n_predict`` for ``/completion``).
@@ -76,6 +77,7 @@ __all__ = [
 ]
 
 
+#: the roles chat templates know; only named in errors (llama-server accepts any role name)
 MESSAGE_ROLES = ("system", "user", "assistant", "tool", "developer")
 
 #: kinds whose tasks only read their input: no generation limit, nothing injected
@@ -193,8 +195,7 @@ def build_intake(kind: Kind, path: str, body: Mapping[str, Any], caller: Caller,
     if kind in ("messages", "responses"):
         raise ValueError(f"{kind} requests are built by gate.http.apis.dispatch (its parse_request)")
     cls = config.class_by_name(caller.cls)
-    model = _optional(body, "model", str, "a string")
-    _optional(body, "user", str, "a string")
+    model = _lenient(body, "model", str)
     stream = _optional(body, "stream", bool, "a boolean (true or false)") or False
     if kind == "predict":
         operator = not config.tenants or (caller.tenant_config is not None and caller.tenant_config.operator)
@@ -248,7 +249,9 @@ def limited_intake(
         body=forwarded,
         model=model,
         stream=stream,
-        max_tokens=cls.default_max_tokens if given is None else given,
+        # 0: llama-server still decodes one token (server-context.cpp stops on the budget only
+        # once a token is generated), so the worst case holds one
+        max_tokens=cls.default_max_tokens if given is None else max(given, 1),
         max_tokens_injected=given is None,
         caller=caller,
         include_usage=include_usage,
@@ -284,14 +287,20 @@ def _optional(body: Mapping[str, Any], name: str, typ: type, what: str) -> Any:
     return value
 
 
+def _lenient(body: Mapping[str, Any], name: str, typ: type) -> Any:
+    """A field the gate reads but llama-server ignores when it is malformed (``model`` outside
+    router mode, ``user``): the value when it has the type, else absent, and llama-server
+    answers the request as it would have without the gate."""
+    value = body.get(name)
+    return value if isinstance(value, typ) else None
+
+
 def _stream_options(body: Mapping[str, Any], stream: bool) -> bool:
+    # llama-server reads stream_options only when streaming, and only as an object; it refuses
+    # a non-boolean include_usage (400) and so does the gate.
     options = body.get("stream_options")
-    if options is None:
+    if not stream or not isinstance(options, dict):
         return False
-    if not stream:
-        raise _invalid("stream_options", "is only allowed when 'stream' is true")
-    if not isinstance(options, dict):
-        raise _invalid("stream_options", f"must be an object, got {describe(options)}")
     usage = options.get("include_usage")
     if usage is not None and not isinstance(usage, bool):
         raise _invalid("stream_options.include_usage", f"must be a boolean (true or false), got {describe(usage)}")
@@ -316,38 +325,33 @@ def _check_count(body: Mapping[str, Any], name: str) -> int | None:
 
 
 def _check_messages(body: Mapping[str, Any]) -> None:
+    """What llama-server refuses in ``messages`` (server-common.cpp ``oaicompat_chat_params_parse``,
+    common/chat.cpp ``common_chat_msgs_parse_oaicompat``), refused here with the field named;
+    what it accepts passes: an empty list, any role name, a ``null`` content. Where llama-server
+    answers 500 for the caller's mistake (a role missing or not a string, a content part
+    without its type or text), the gate answers 400 instead."""
     messages = body.get("messages")
     if messages is None:
         raise _invalid("messages", "is required")
     if not isinstance(messages, list):
         raise _invalid("messages", f"must be an array of message objects, got {describe(messages)}")
-    if not messages:
-        raise _invalid("messages", "must not be empty")
-    roles = ", ".join(MESSAGE_ROLES)
     for i, msg in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(msg, dict):
             raise _invalid(where, f"must be a message object, got {describe(msg)}")
         role = msg.get("role")
-        if role is None:
-            raise _invalid(f"{where}.role", f"is required (one of {roles})")
         if not isinstance(role, str):
-            raise _invalid(f"{where}.role", f"must be a string (one of {roles}), got {describe(role)}")
-        if role not in MESSAGE_ROLES:
-            raise _invalid(f"{where}.role", f"must be one of {roles}, got {describe(role)}")
-        content = msg.get("content")
-        if isinstance(content, str):
+            problem = "is required" if role is None else f"must be a string, got {describe(role)}"
+            raise _invalid(f"{where}.role", f"{problem} (such as {', '.join(MESSAGE_ROLES)})")
+        if "content" not in msg:
+            if role != "assistant":
+                raise _invalid(f"{where}.content", f"is required for a {role} message (null is accepted)")
+            if "tool_calls" not in msg:
+                raise _invalid(f"{where}.content", "is required unless the assistant message has tool_calls")
             continue
-        if content is None:
-            calls = msg.get("tool_calls") is not None or msg.get("function_call") is not None
-            if role == "assistant" and calls:
-                continue
-            if role == "assistant":
-                raise _invalid(
-                    f"{where}.content",
-                    "is required unless the assistant message has tool_calls",
-                )
-            raise _invalid(f"{where}.content", f"is required for a {role} message")
+        content = msg["content"]
+        if content is None or isinstance(content, str):
+            continue
         if not isinstance(content, list):
             raise _invalid(
                 f"{where}.content",
@@ -400,7 +404,7 @@ def _given_max_tokens(body: Mapping[str, Any], cls: ClassConfig, fields: tuple[s
     """The generation limit the client set (validated), or None when it set none; `fields`:
     every name llama-server may read it from on this route."""
     cap = cls.max_tokens_cap
-    limit = f"1 to {cap}, the cap of class {cls.name!r}"
+    limit = f"0 to {cap}, the cap of class {cls.name!r}"
     chosen: tuple[str, int] | None = None
     for name in fields:
         value = body.get(name)
@@ -410,8 +414,8 @@ def _given_max_tokens(body: Mapping[str, Any], cls: ClassConfig, fields: tuple[s
             raise _invalid(name, f"must be an integer ({limit}), got {describe(value)}")
         if value == -1:  # llama-server reads -1 as "until the context is full"
             raise _invalid(name, f"-1 (unlimited) is not accepted: the gate needs a bound ({limit})")
-        if value < 1:
-            raise _invalid(name, f"must be at least 1 ({limit}), got {value}")
+        if value < 0:
+            raise _invalid(name, f"must be at least 0 ({limit}), got {value}")
         if value > cap:
             raise _invalid(name, f"must be at most {cap} (the cap of class {cls.name!r}), got {describe(value)}")
         if chosen is not None and value != chosen[1]:

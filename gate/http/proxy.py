@@ -237,9 +237,15 @@ class _Flow:
         if bound is not None:
             # Admitted at arrival on the bound: the count settles it (or, larger, where it stands
             # if it fits there), else the bound is taken back and the request offered as counted.
-            counted = admission_request(bound.request.id, intake, measured, bound.request.arrival)
-            grew = counted.cost > bound.request.cost
-            if backend.gatekeeper.settle(bound, counted):
+            try:
+                counted = admission_request(bound.request.id, intake, measured, bound.request.arrival)
+                grew = counted.cost > bound.request.cost
+                settled = backend.gatekeeper.settle(bound, counted)
+            except BaseException:
+                self.gate.metrics.beside("taken_back")
+                self._take_back(backend, bound)
+                raise
+            if settled:
                 self.gate.metrics.beside("grown" if grew else "settled")
                 self.ticket = bound
                 return
@@ -291,7 +297,12 @@ class _Flow:
         bound = Request(self.request_id + _BOUND_ID, caller.cls, caller.tenant, prompt, intake.max_tokens, gate.clock())
         ticket = keeper.admit_now(bound)
         if ticket is not None:
-            self._early = asyncio.ensure_future(backend.upstream.open(*self._upstream_call(backend, intake)))
+            try:
+                call = self._upstream_call(backend, intake)
+            except BaseException:
+                keeper.release(ticket, ran=False)  # nothing was sent: the bound goes back now
+                raise
+            self._early = asyncio.ensure_future(backend.upstream.open(*call))
             self._early_at = ticket.admitted_at
         return ticket
 

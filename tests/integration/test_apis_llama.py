@@ -248,7 +248,7 @@ async def test_refusals_on_messages_are_anthropic_shaped_and_on_responses_openai
             with pytest.raises(anthropic.AuthenticationError):
                 await sdk.messages.create(model=MODEL, max_tokens=4, messages=PROMPT)
         # Responses: the OpenAI shape, the gate's code
-        r = await client.post(gate.url + "/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 0}, headers=AUTH)
+        r = await client.post(gate.url + "/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": -3}, headers=AUTH)
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
         assert r.json()["error"]["param"] == "max_output_tokens"
         await released(gate)
@@ -485,6 +485,30 @@ SHAPES = [
     ("/responses", {"input": words(6), "max_output_tokens": 8, "instructions": "terse", "stream": True}),
     ("/v1/responses", {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}], "max_output_tokens": 8}),
     ("/v1/responses/input_tokens", {"input": words(6), "instructions": "terse"}),
+    # What llama-server accepts, however odd, the gate forwards (it refuses only what llama-server
+    # refuses, or answers 500 for); each row here was once the gate's own 400.
+    ("/v1/chat/completions", {"max_tokens": 8, "messages": []}),
+    ("/v1/chat/completions", {"max_tokens": 8, "messages": [{"role": "wizard", "content": "hi"}]}),
+    ("/v1/chat/completions", {"max_tokens": 8, "messages": [{"role": "user", "content": None}]}),
+    ("/v1/chat/completions", {"max_tokens": 8, "messages": [*PROMPT, {"role": "assistant", "content": None}]}),
+    ("/v1/chat/completions", {"max_tokens": 8, "messages": [*PROMPT, {"role": "assistant", "tool_calls": None}]}),
+    ("/v1/chat/completions", {"max_tokens": 8, "messages": PROMPT, "stream_options": {"include_usage": True}}),
+    ("/v1/chat/completions", {"max_tokens": 8, "messages": PROMPT, "stream": True, "stream_options": 5}),
+    ("/v1/chat/completions", {"max_tokens": 8, "messages": PROMPT, "model": 7, "user": ["u"]}),
+    ("/v1/chat/completions", {"max_tokens": 0, "messages": PROMPT}),
+    ("/completion", {"n_predict": 0, "prompt": words(6)}),
+    ("/completion", {"n_predict": 8, "prompt": [[], words(3)]}),
+    ("/v1/messages", {"max_tokens": 0, "messages": PROMPT}),
+    ("/v1/messages", {"max_tokens": 8, "messages": PROMPT, "system": 5, "metadata": 5}),
+    ("/v1/messages", {"max_tokens": 8, "messages": [{"role": "user", "content": [5, {"type": 3}, {"type": "text", "text": "hi"}]}]}),
+    ("/v1/messages", {"max_tokens": 8, "messages": [{"role": "user", "content": None}], "metadata": {"user_id": 5}}),
+    ("/v1/responses", {"input": words(6), "max_output_tokens": 0}),
+    ("/v1/responses", {"input": words(6), "max_output_tokens": 8, "instructions": 5, "user": ["u"], "model": 7}),
+    # ... and what it refuses, the gate refuses too (400 both ways)
+    ("/v1/chat/completions", {"max_tokens": 8, "messages": [{"role": "user"}]}),
+    ("/v1/chat/completions", {"max_tokens": 8, "messages": [*PROMPT, {"role": "assistant"}]}),
+    ("/v1/chat/completions", {"max_tokens": -5, "messages": PROMPT}),
+    ("/completion", {"n_predict": 8, "prompt": []}),
 ]
 
 

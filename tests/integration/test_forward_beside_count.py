@@ -155,3 +155,25 @@ async def test_a_client_gone_during_the_count_closes_the_forward_and_gives_the_b
             assert sample(gate, "tokengate_forward_beside_count_total", result="taken_back") == 1
             assert backend_of(gate).admission.ledger.double_releases == 0
             assert backend_of(gate).admission.holds.mean_s is None  # nothing ran: no hold measured
+
+
+async def test_a_failure_before_the_forward_is_sent_gives_the_bound_back_at_once(monkeypatch):
+    # Whatever breaks between the bound's admission and the forward (it was a client's
+    # `stream_options: 5` once), the bound goes back then, not when the reaper finds it.
+    import gate.http.proxy as proxy
+
+    def broken(kind, body):
+        raise RuntimeError("a bug building the upstream body")
+
+    monkeypatch.setattr(proxy, "upstream_body", broken)
+    async with fake_upstream("slow", delay_s=0.01) as fake:
+        async with running_gate(fake.url) as gate, httpx.AsyncClient(base_url=gate.url, timeout=10) as client:
+            response = await client.post(CHAT, json=BODY, headers={"X-Request-Id": "broken"})
+            assert response.status_code == 500 and "internal error in the gate" in response.text
+            assert fake.completions == 0
+            await released(gate)
+            gatekeeper = backend_of(gate).gatekeeper
+            assert gatekeeper.reaped == 0  # given back on the path, not reclaimed
+            assert gatekeeper.admission.ledger.double_releases == 0
+            record = await record_of(gate, "broken")
+            assert record.http_status == 500 and record.reserved_tokens == 0

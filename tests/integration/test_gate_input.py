@@ -123,11 +123,10 @@ CASES: list[Case] = [
     ),
     Case("nested-too-deep", 400, "invalid_request", _nested(70), param=None),
     # --- wrong types --------------------------------------------------------------------------
-    Case("model-not-string", 400, "invalid_request", chat(model=7), param="model"),
-    Case("user-not-string", 400, "invalid_request", chat(user=["bob"]), param="user"),
     Case("messages-string", 400, "invalid_request", chat(messages="hi"), param="messages"),
+    # (what llama-server answers 200, the gate forwards: a model or user of another type, stream
+    # options without streaming, max_tokens 0, an empty list, any role: test_apis_llama.py SHAPES)
     Case("stream-yes", 400, "invalid_request", chat(stream="yes"), param="stream"),
-    Case("stream-options-without-stream", 400, "invalid_request", chat(stream_options={"include_usage": True}), param="stream_options"),
     Case(
         "include-usage-not-bool",
         400,
@@ -146,7 +145,6 @@ CASES: list[Case] = [
     ),
     Case("n-predict-negative", 400, "invalid_request", chat(max_tokens=None, n_predict=-5), param="n_predict"),
     Case("n-predict-unlimited", 400, "invalid_request", chat(max_tokens=None, n_predict=-1), param="n_predict"),
-    Case("max-tokens-zero", 400, "invalid_request", chat(max_tokens=0), param="max_tokens"),
     Case("max-tokens-float", 400, "invalid_request", chat(max_tokens=10.5), param="max_tokens"),
     Case("max-tokens-string", 400, "invalid_request", chat(max_tokens="10"), param="max_tokens"),
     Case("max-tokens-bool", 400, "invalid_request", chat(max_tokens=True), param="max_tokens"),
@@ -162,11 +160,9 @@ CASES: list[Case] = [
     ),
     # --- messages -----------------------------------------------------------------------------
     Case("messages-missing", 400, "invalid_request", chat(messages=None), param="messages"),
-    Case("messages-empty", 400, "invalid_request", chat(messages=[]), param="messages"),
     Case("message-not-object", 400, "invalid_request", chat(messages=["hi"]), param="messages[0]"),
     Case("message-without-content", 400, "invalid_request", chat(messages=[{"role": "user"}]), param="messages[0].content"),
     Case("message-without-role", 400, "invalid_request", chat(messages=[{"content": "hi"}]), param="messages[0].role"),
-    Case("message-unknown-role", 400, "invalid_request", chat(messages=[{"role": "wizard", "content": "hi"}]), param="messages[0].role"),
     Case(
         "content-part-without-text",
         400,

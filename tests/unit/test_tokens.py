@@ -41,6 +41,7 @@ class FakeLlamaServer:
         self.down = False
         self.status: int | None = None  # forced status for every endpoint
         self.raw_body: bytes | None = None  # forced 200 body for every endpoint
+        self.raw_status: tuple[int, bytes] | None = None  # forced status and body for every endpoint
         self.gate: asyncio.Event | None = None  # when set, answers wait for it
 
     def paths(self) -> list[str]:
@@ -66,6 +67,8 @@ class FakeLlamaServer:
             return httpx.Response(self.status, json={"error": {"code": self.status, "message": "Loading model"}})
         if self.raw_body is not None:
             return httpx.Response(200, content=self.raw_body)
+        if self.raw_status is not None:
+            return httpx.Response(self.raw_status[0], content=self.raw_status[1])
         path = request.url.path
         if path == "/v1/chat/completions/input_tokens":
             if not self.has_input_tokens:
@@ -356,6 +359,25 @@ async def test_a_refused_body_gives_an_estimate_without_a_health_warning(counter
     assert caplog.records == []
 
 
+@pytest.mark.parametrize(
+    ("status", "body", "warned"),
+    [
+        # llama-server's own 500 for an exception while it read this body (an image without an
+        # mmproj): the same request straight gets the same answer; the backend is fine
+        (500, {"error": {"code": 500, "message": "image input is not supported", "type": "server_error"}}, False),
+        (500, None, True),  # a 500 without llama-server's error object: something else broke
+        (502, {"error": {"code": 502, "message": "bad gateway"}}, True),
+        (503, {"error": {"code": 503, "message": "Loading model"}}, True),
+    ],
+)
+async def test_a_500_for_the_body_is_not_a_health_warning(counter, upstream, caplog, status, body, warned):
+    caplog.set_level(logging.WARNING, logger="tokengate.tokens")
+    upstream.raw_status = (status, b"<html>oops</html>" if body is None else json.dumps(body).encode())
+    result = await counter.count(URL, "chat", chat())
+    assert result.source == "estimate"
+    assert any("failing" in r.getMessage() for r in caplog.records) is warned
+
+
 def test_estimate_is_bytes_of_the_canonical_json_over_three_and_at_least_one():
     assert estimate_tokens(b"") == 1
     assert estimate_tokens(b"abc") == 1
@@ -395,7 +417,13 @@ async def test_a_list_of_prompts_counts_the_sum_of_its_prompts(counter, upstream
     assert [body["add_special"] for _, body in upstream.calls] == [True, True]
 
 
-@pytest.mark.parametrize("prompt", [[], None, 42, {"prompt_string": "x"}, ["a", None], [[]]])
+async def test_an_empty_entry_of_a_prompt_list_counts_no_tokens(counter, upstream):
+    # llama-server runs it (200) as a prompt of no tokens; only [] as the whole prompt is refused
+    assert (await counter.count(URL, "completions", {"prompt": [[]]})).tokens == 0
+    assert (await counter.count(URL, "completions", {"prompt": [[], "a b"]})).tokens == 3
+
+
+@pytest.mark.parametrize("prompt", [[], None, 42, {"prompt_string": "x"}, ["a", None]])
 async def test_prompts_of_unknown_shape_are_estimated_without_http(counter, upstream, prompt):
     result = await counter.count(URL, "completion", {"prompt": prompt})
     assert result.source == "estimate"

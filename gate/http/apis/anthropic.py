@@ -33,7 +33,7 @@ from typing import Any
 from gate.backend.upstream import RelayStats
 from gate.config import Config
 from gate.core.errors import GateError, anthropic_error_object
-from gate.http.intake import MAX_TOKENS_FIELDS, Intake, _copies, _invalid, _optional, limited_intake
+from gate.http.intake import MAX_TOKENS_FIELDS, Intake, _copies, _invalid, _lenient, _optional, limited_intake
 from gate.http.jsonbody import describe
 from gate.http.tenants import Caller
 
@@ -51,37 +51,19 @@ def open_user(body: Mapping[str, Any]) -> str | None:
 def build(path: str, body: Mapping[str, Any], caller: Caller, config: Config) -> Intake:
     """Validate a Messages body for `caller` (400 ``invalid_request`` naming the field)."""
     cls = config.class_by_name(caller.cls)
-    model = _optional(body, "model", str, "a string")
+    model = _lenient(body, "model", str)
     stream = _optional(body, "stream", bool, "a boolean (true or false)") or False
-    metadata = _optional(body, "metadata", dict, "an object")
-    if metadata is not None:
-        _optional(metadata, "user_id", str, "a string")
-    _check_system(body.get("system"))
+    # `system` and `metadata` are llama-server's to read: it skips what it cannot use
+    # (server-chat.cpp server_chat_convert_anthropic_to_oai), so the gate refuses neither.
     _check_messages(body)
     copies = _copies(body)  # llama-server reads n / n_cmpl on this route too
     return limited_intake("messages", path, body, caller, cls, model, stream, False, copies, "max_tokens", LIMIT_FIELDS)
 
 
-def _check_system(system: Any) -> None:
-    if system is None or isinstance(system, str):
-        return
-    if not isinstance(system, list):
-        raise _invalid("system", f"must be a string or an array of text blocks, got {describe(system)}")
-    for i, block in enumerate(system):
-        _check_block(block, f"system[{i}]")
-
-
-def _check_block(block: Any, where: str) -> None:
-    if not isinstance(block, dict):
-        raise _invalid(where, f"must be a content block object, got {describe(block)}")
-    kind = block.get("type")
-    if not isinstance(kind, str):
-        raise _invalid(f"{where}.type", f'must be a string such as "text", got {describe(kind)}')
-    if kind == "text" and not isinstance(block.get("text"), str):
-        raise _invalid(f"{where}.text", f"must be a string in a text block, got {describe(block.get('text'))}")
-
-
 def _check_messages(body: Mapping[str, Any]) -> None:
+    """What llama-server refuses (400), or answers 500 for (a role that is not a string, a text
+    block without its text), refused here with the field named; the rest passes as llama-server
+    reads it: a block it cannot use is skipped, a missing assistant content is dropped."""
     messages = body.get("messages")
     if messages is None:
         raise _invalid("messages", "is required")
@@ -95,17 +77,18 @@ def _check_messages(body: Mapping[str, Any]) -> None:
         role = msg.get("role")
         if not isinstance(role, str):
             raise _invalid(f"{where}.role", f'must be a string ("user" or "assistant"), got {describe(role)}')
-        content = msg.get("content")
-        if content is None:
+        if "content" not in msg:
             if role == "assistant":
                 continue  # llama-server skips it
             raise _invalid(f"{where}.content", f"is required for a {role} message")
-        if isinstance(content, str):
+        content = msg["content"]
+        if content is None or isinstance(content, str):
             continue
         if not isinstance(content, list):
             raise _invalid(f"{where}.content", f"must be a string or an array of content blocks, got {describe(content)}")
         for j, block in enumerate(content):
-            _check_block(block, f"{where}.content[{j}]")
+            if isinstance(block, dict) and block.get("type") == "text" and not isinstance(block.get("text"), str):
+                raise _invalid(f"{where}.content[{j}].text", f"must be a string in a text block, got {describe(block.get('text'))}")
 
 
 # ---- the stream ----------------------------------------------------------------------

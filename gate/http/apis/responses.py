@@ -34,7 +34,7 @@ from typing import Any
 from gate.backend.upstream import RelayStats
 from gate.config import Config
 from gate.core.errors import GateError
-from gate.http.intake import MAX_TOKENS_FIELDS, Intake, _copies, _invalid, _optional, _stream_options, limited_intake
+from gate.http.intake import MAX_TOKENS_FIELDS, Intake, _copies, _invalid, _lenient, _optional, _stream_options, limited_intake
 from gate.http.jsonbody import describe
 from gate.http.tenants import Caller
 
@@ -47,12 +47,10 @@ _FINAL_EVENTS = frozenset({"response.completed", "response.incomplete"})
 def build(path: str, body: Mapping[str, Any], caller: Caller, config: Config) -> Intake:
     """Validate a Responses body for `caller` (400 ``invalid_request`` naming the field)."""
     cls = config.class_by_name(caller.cls)
-    model = _optional(body, "model", str, "a string")
-    _optional(body, "user", str, "a string")
+    model = _lenient(body, "model", str)
     stream = _optional(body, "stream", bool, "a boolean (true or false)") or False
     include_usage = _stream_options(body, stream)
     copies = _copies(body)
-    _optional(body, "instructions", str, "a string")
     previous = _optional(body, "previous_response_id", str, "a string")
     if previous:
         raise _invalid("previous_response_id", "is not supported: llama-server keeps no responses; send the whole conversation as 'input'")

@@ -112,7 +112,9 @@ def prompt_plans(prompt: Any, param: str = "prompt") -> tuple[TaskPlan, ...]:
                 if not (isinstance(x, str) or _is_token(x)):
                     raise _invalid(f"{param}[{k}]", f"must be a string or a token id, got {describe(x)}")
             return (_subprompt(param, prompt),)  # ids, or strings mixed with ids: one prompt
-        return tuple(_subprompt(f"{param}[{k}]", x) for k, x in enumerate(prompt))
+        # An empty entry is a prompt of no tokens: llama-server runs it (200), as it refuses (400)
+        # only an empty list as the whole prompt.
+        return tuple(TaskPlan() if x == [] else _subprompt(f"{param}[{k}]", x) for k, x in enumerate(prompt))
     return (_subprompt(param, prompt),)
 
 
