@@ -254,3 +254,37 @@ async def test_predict_admits_every_instance_and_answers_as_llama_server(llama_p
         messages = await client.post(gate.url + "/predict", json={"instances": [{"@requestFormat": "messages", "messages": []}]})
         assert messages.status_code == 400 and "POST /v1/messages" in messages.json()["error"]["message"]
         await released(gate)
+
+
+# What llama-server answers 200, the gate forwards; what it refuses, the gate refuses (each row
+# compared with llama-server straight; the two 200s here were once the gate's own 400).
+SAME_STATUS = [
+    ("/infill", {"input_prefix": "def f(", "input_suffix": ")", "prompt": [1, 2], "n_predict": 4}),
+    ("/infill", {"input_prefix": "a", "input_suffix": "b", "input_extra": [{"filename": "f"}], "n_predict": 4}),
+    ("/infill", {"input_prefix": "a", "input_suffix": "b", "n_predict": 0}),
+    ("/v1/embeddings", {"input": [[1, 2], [3]], "model": 5, "user": 5}),
+    ("/v1/embeddings", {"input": []}),
+    ("/embedding", {}),
+]
+SAME_STATUS_RERANK = [
+    ("/v1/rerank", {"query": "q", "documents": ["a", "b"], "top_n": "2"}),
+    ("/v1/rerank", {"query": "q", "documents": []}),
+    ("/v1/rerank", {"query": "q", "documents": [5]}),
+]
+
+
+async def _same_status(server, rows) -> None:
+    async with running_gate(server.url, EXTRA) as gate, httpx.AsyncClient(timeout=60) as client:
+        for path, body in rows:
+            straight = await client.post(server.url + path, json=body)
+            through = await client.post(gate.url + path, json=body)
+            assert through.status_code == straight.status_code, (path, body, straight.text[:200], through.text[:200])
+        await released(gate)
+
+
+async def test_infill_and_embeddings_answer_as_llama_server_does(llama_embed):
+    await _same_status(llama_embed, SAME_STATUS)
+
+
+async def test_rerank_answers_as_llama_server_does(llama_rerank):
+    await _same_status(llama_rerank, SAME_STATUS_RERANK)

@@ -88,7 +88,6 @@ def test_infill_counts_prefix_suffix_prompt_extra_and_the_tokens_the_server_adds
     [
         ({"input_suffix": "s"}, "input_prefix"),
         ({"input_prefix": "p"}, "input_suffix"),
-        ({"input_prefix": "p", "input_suffix": "s", "prompt": ["x"]}, "prompt"),
         ({"input_prefix": "p", "input_suffix": "s", "input_extra": {"text": "x"}}, "input_extra"),
         ({"input_prefix": "p", "input_suffix": "s", "input_extra": [{"filename": "f"}]}, "input_extra[0].text"),
         ({"input_prefix": "p", "input_suffix": "s", "input_extra": [{"text": "t", "filename": 3}]}, "input_extra[0].filename"),
@@ -98,6 +97,14 @@ def test_infill_bodies_llama_server_refuses_are_400_naming_the_field(body, param
     with pytest.raises(GateError) as caught:
         infill_plan(body)
     assert caught.value.status == 400 and caught.value.param == param
+
+
+def test_what_llama_server_ignores_on_infill_and_rerank_is_not_refused():
+    # llama-server runs /infill with a prompt that is not a string as if it had none (its error
+    # is not returned), and reads a rerank top_n that is not an integer as absent: both 200
+    with_ids = infill_plan({"input_prefix": "p", "input_suffix": "s", "prompt": [1, 2]})
+    assert with_ids == infill_plan({"input_prefix": "p", "input_suffix": "s"})
+    assert len(rerank_plans({"query": "q", "documents": ["a", "b"], "top_n": "2"})) == 2
 
 
 def test_infill_intake_injects_n_predict_and_counts_as_one_task():

@@ -136,9 +136,9 @@ def infill_plan(body: Mapping[str, Any]) -> TaskPlan:
     suffix, suffix_ids = _text_or_mixed(body, "input_suffix")
     pieces = [*prefix, *suffix]
     prompt = body.get("prompt")
-    if prompt is not None:
-        if not isinstance(prompt, str):
-            raise _invalid("prompt", f"must be a string on /infill, got {describe(prompt)}")
+    if isinstance(prompt, str):
+        # (llama-server reads any other prompt as none: its "must be a string" error is not
+        # returned, server-context.cpp post_infill, and the request runs without it: 200)
         pieces.append(Piece(prompt, False, True))
     extra = body.get("input_extra")
     literal = prefix_ids + suffix_ids + _INFILL_SPECIALS
@@ -213,8 +213,6 @@ def rerank_plans(body: Mapping[str, Any]) -> tuple[TaskPlan, ...]:
     for k, d in enumerate(docs):
         if not isinstance(d, str):
             raise _invalid(f"{name}[{k}]", f"must be a string, got {describe(d)}")
-    top_n = body.get("top_n")
-    if top_n is not None and not _is_token(top_n):
-        raise _invalid("top_n", f"must be an integer, got {describe(top_n)}")
+    # (`top_n` is llama-server's to read: it ignores one that is not an integer, 200)
     q = Piece(query, False, False)
     return tuple(TaskPlan((q, Piece(d, False, False)), _RERANK_SPECIALS) for d in docs)
