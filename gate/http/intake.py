@@ -26,8 +26,10 @@ values) and the OpenAI API (which declares these fields nullable).
 Max tokens. llama-server (tools/server/server-schema.cpp at the pinned commit 0c1e570) reads
 the generation limit on EVERY endpoint from ``n_predict``, else ``max_completion_tokens``, else
 ``max_tokens``. So the gate reads all three on every endpoint, whatever the endpoint's own name
-for it: each one present must be an integer in [0, class cap] (0 still decodes one token, and
-is reserved as 1), and when several are present they
+for it: each one present must be an integer in [0, class cap], read as llama-server reads it
+(a number truncated toward zero: 2.7 is 2; 0 still decodes one token, and is reserved as 1;
+a boolean or a string, which llama-server would read as "unlimited", is refused), and when
+several are present they
 must agree; otherwise a client could send a small ``max_tokens`` for the gate and an unbounded
 ``n_predict`` for llama-server. When none is present, the class's ``default_max_tokens`` is
 injected into the forwarded body as ``max_tokens`` (``n_predict`` for ``/completion``).
@@ -48,6 +50,7 @@ three.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -276,6 +279,17 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _llama_int(value: Any) -> int | None:
+    """An integer field as llama-server reads it (nlohmann's get<int>): an integer, or a number
+    truncated toward zero (2.0 and 2.7 are 2: it answers 200 with two); None for anything else,
+    which llama-server reads as absent (a boolean, a string) and the gate refuses."""
+    if _is_int(value):
+        return int(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return int(value)
+    return None
+
+
 # --------------------------------------------------------------------------------------------
 # Field checks
 
@@ -314,11 +328,12 @@ def _copies(body: Mapping[str, Any]) -> int:
 
 
 def _check_count(body: Mapping[str, Any], name: str) -> int | None:
-    value = body.get(name)
-    if value is None:
+    given = body.get(name)
+    if given is None:
         return None
-    if not _is_int(value):
-        raise _invalid(name, f"must be an integer, got {describe(value)}")
+    value = _llama_int(given)
+    if value is None:
+        raise _invalid(name, f"must be an integer, got {describe(given)}")
     if value < 1:
         raise _invalid(name, f"must be at least 1 (completions per prompt), got {describe(value)}")
     return int(value)
@@ -407,11 +422,12 @@ def _given_max_tokens(body: Mapping[str, Any], cls: ClassConfig, fields: tuple[s
     limit = f"0 to {cap}, the cap of class {cls.name!r}"
     chosen: tuple[str, int] | None = None
     for name in fields:
-        value = body.get(name)
-        if value is None:
+        given = body.get(name)
+        if given is None:
             continue
-        if not _is_int(value):
-            raise _invalid(name, f"must be an integer ({limit}), got {describe(value)}")
+        value = _llama_int(given)
+        if value is None:
+            raise _invalid(name, f"must be an integer ({limit}), got {describe(given)}")
         if value == -1:  # llama-server reads -1 as "until the context is full"
             raise _invalid(name, f"-1 (unlimited) is not accepted: the gate needs a bound ({limit})")
         if value < 0:

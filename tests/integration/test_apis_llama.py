@@ -496,6 +496,7 @@ SHAPES = [
     ("/v1/chat/completions", {"max_tokens": 8, "messages": PROMPT, "stream": True, "stream_options": 5}),
     ("/v1/chat/completions", {"max_tokens": 8, "messages": PROMPT, "model": 7, "user": ["u"]}),
     ("/v1/chat/completions", {"max_tokens": 0, "messages": PROMPT}),
+    ("/v1/chat/completions", {"max_tokens": 2.7, "n": 2.0, "messages": PROMPT}),
     ("/completion", {"n_predict": 0, "prompt": words(6)}),
     ("/completion", {"n_predict": 8, "prompt": [[], words(3)]}),
     ("/v1/messages", {"max_tokens": 0, "messages": PROMPT}),

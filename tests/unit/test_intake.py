@@ -123,7 +123,6 @@ BAD = [
         id="include-usage-string",
     ),
     pytest.param(CHAT, {"messages": MSG, "n": 0}, "n", "at least 1", id="n-0"),
-    pytest.param(CHAT, {"messages": MSG, "n": 1.0}, "n", "integer", id="n-float"),
     pytest.param(CMPL, {"prompt": "p", "n_cmpl": -1}, "n_cmpl", "at least 1", id="n-cmpl-negative"),
     # chat messages
     pytest.param(CHAT, {"model": "m"}, "messages", "required", id="messages-missing"),
@@ -184,8 +183,6 @@ BAD = [
     pytest.param(CHAT, {"messages": MSG, "max_tokens": 10**30}, "max_tokens", "out of range", id="max-tokens-huge"),
     pytest.param(CHAT, {"messages": MSG, "max_tokens": -5}, "max_tokens", "at least 0", id="max-tokens-negative"),
     pytest.param(CHAT, {"messages": [*MSG, {"role": "assistant"}]}, "messages[1].content", "tool_calls", id="assistant-neither"),
-    pytest.param(CHAT, {"messages": MSG, "max_tokens": 1.5}, "max_tokens", "integer", id="max-tokens-float"),
-    pytest.param(CHAT, {"messages": MSG, "max_tokens": 3.0}, "max_tokens", "integer", id="max-tokens-float-whole"),
     pytest.param(CHAT, {"messages": MSG, "max_tokens": "64"}, "max_tokens", "integer", id="max-tokens-string"),
     pytest.param(CHAT, {"messages": MSG, "max_tokens": True}, "max_tokens", "got true", id="max-tokens-bool"),
     pytest.param(
@@ -204,6 +201,8 @@ BAD = [
     ),
     pytest.param(NATIVE, {"prompt": "p", "n_predict": -1}, "n_predict", "unlimited", id="n-predict-unlimited"),
     pytest.param(NATIVE, {"prompt": "p", "n_predict": -7}, "n_predict", "at least 0", id="n-predict-negative"),
+    pytest.param(NATIVE, {"prompt": "p", "n_predict": -1.0}, "n_predict", "unlimited", id="n-predict-unlimited-float"),
+    pytest.param(CHAT, {"messages": MSG, "n": 0.5}, "n", "at least 1", id="n-half"),
     pytest.param(NATIVE, {"prompt": "p", "n_predict": 2048}, "n_predict", "at most 1024", id="n-predict-over-cap"),
     pytest.param(CMPL, {"prompt": "p", "max_tokens": -1}, "max_tokens", "unlimited", id="max-tokens-minus-one"),
     # llama-server reads n_predict on every endpoint, before max_tokens: no way around the cap
@@ -368,6 +367,15 @@ def test_a_zero_limit_is_forwarded_and_reserved_as_the_one_token_llama_server_de
     it = parse(path, {**body, field: 0})
     assert it.body[field] == 0 and not it.max_tokens_injected
     assert it.max_tokens == 1
+
+
+@pytest.mark.parametrize(("given", "read"), [(3.0, 3), (2.7, 2), (0.5, 0), (1e1, 10)])
+def test_a_number_limit_is_read_as_llama_server_reads_it(given, read) -> None:
+    # nlohmann's get<int> truncates toward zero: llama-server decodes 2 tokens for 2.7 (200), so
+    # the gate reserves what it will decode, and forwards the number as sent
+    it = parse(CHAT, {"messages": MSG, "max_tokens": given, "n": 2.0})
+    assert it.body["max_tokens"] == given
+    assert it.max_tokens == max(read, 1) and it.copies == 2
 
 
 def test_utf8_bom_and_unicode_are_fine() -> None:
