@@ -273,6 +273,10 @@ class SseRelay:
     _event: str = ""  # the current event's name (its ``event:`` line)
     #: /completion's stop chunks that end the stream: one per task (a prompt list, n_cmpl > 1)
     stops_left: int = 1
+    #: the tasks llama-server runs for the request; with several, each ends with its own count
+    #: (a usage chunk, or /completion's stop chunk) and the request's is their sum
+    tasks: int = 1
+    _counted: int = 0  # completion tokens of the tasks ended so far (tasks > 1)
     #: after the first token, read llama-server at most this often and relay what came as one
     #: write ([gate] stream_batch_ms; 0: each read as it comes)
     batch_s: float = 0.0
@@ -430,7 +434,15 @@ class SseRelay:
             return True
         if "error" in chunk and isinstance(chunk["error"], dict):
             self.error = chunk["error"]
-        self.stats.read_final(chunk)
+        if self.tasks > 1 and (chunk.get("stop") is True or (chunk.get("choices") == [] and isinstance(chunk.get("usage"), dict))):
+            # One task's end, with that task's own count (llama-server's chat usage for n = 2 is
+            # each task's, not the request's): the request generated their sum.
+            self.stats.completion_tokens = None
+            self.stats.read_final(chunk)
+            self._counted += self.stats.completion_tokens or 0
+            self.stats.completion_tokens = self._counted
+        else:
+            self.stats.read_final(chunk)
         if chunk.get("stop") is True:
             self.stops_left -= 1
             if self.stops_left <= 0:

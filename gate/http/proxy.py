@@ -394,6 +394,7 @@ class _Flow:
                 collect=not intake.stream,
                 events=event_format(intake.kind),
                 stops_left=ticket.request.tasks,
+                tasks=ticket.request.tasks,
                 batch_s=gate.config.gate.stream_batch_ms / 1000.0,
             )
             self.events = relay.events

@@ -163,15 +163,28 @@ async def test_prompt_lists_and_n_are_admitted_for_every_task(llama_embed):
         single = await client.post(gate.url + "/v1/completions", json={"prompt": "the quick", "max_tokens": 5})
         one = record(gate, single.headers["x-request-id"])
         assert rec.prompt_tokens >= 2 * one.prompt_tokens
-        native = await client.post(gate.url + "/completion", json={"prompt": ["the quick", "lazy dog"], "n_predict": 4, "stream": True})
+        native = await client.post(
+            gate.url + "/completion", json={"prompt": ["the quick", "lazy dog"], "n_predict": 4, "stream": True, "ignore_eos": True}
+        )
         chunks = [json.loads(line[6:]) for line in native.text.splitlines() if line.startswith("data: {")]
         # /completion ends without [DONE]: the stream is over only after every task's stop chunk
         assert sorted(c["index"] for c in chunks if c.get("stop")) == [0, 1]
-        assert record(gate, native.headers["x-request-id"]).outcome == "admitted"
+        native_rec = record(gate, native.headers["x-request-id"])
+        # the journal counts what every task generated: 2 x 4 (each stop chunk has its own 4)
+        assert native_rec.outcome == "admitted" and native_rec.completion_tokens == 8
         chat = await client.post(
-            gate.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "n": 3, "max_tokens": 4}
+            gate.url + "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}], "n": 3, "max_tokens": 4, "ignore_eos": True},
         )
         assert chat.status_code == 200 and len(chat.json()["choices"]) == 3
+        streamed_chat = await client.post(
+            gate.url + "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}], "n": 3, "max_tokens": 4, "ignore_eos": True, "stream": True},
+        )
+        # llama-server's usage chunks are each task's own (4 each); the journal's is the
+        # request's: 3 x 4. (A plain answer carries only its first task's usage, server-context.cpp
+        # handle_completions_impl: the journal can read no more than that one.)
+        assert record(gate, streamed_chat.headers["x-request-id"]).completion_tokens == 12
         # More tasks than slots: llama-server runs them in waves; the request holds every slot
         waves = await client.post(gate.url + "/completion", json={"prompt": ["a", "b", "c"], "n_cmpl": 2, "n_predict": 4})
         assert waves.status_code == 200 and len(waves.json()) == 6, waves.text

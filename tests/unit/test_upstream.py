@@ -152,6 +152,50 @@ async def test_a_completion_of_several_tasks_ends_only_with_its_last_stop_chunk(
     assert relay.stats.finished
 
 
+@pytest.mark.parametrize(
+    ("stream", "tasks", "generated"),
+    [
+        # chat, n = 2: llama-server ends each task with a usage chunk of that task's own count
+        (
+            b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
+            b'data: {"choices":[],"usage":{"completion_tokens":3,"prompt_tokens":9}}\n\n'
+            b'data: {"choices":[{"index":1,"delta":{"content":"b"}}]}\n\n'
+            b'data: {"choices":[],"usage":{"completion_tokens":5,"prompt_tokens":9}}\n\n'
+            b"data: [DONE]\n\n",
+            2,
+            8,
+        ),
+        # /completion, two prompts: each task's stop chunk carries its tokens_predicted
+        (
+            b'data: {"index":0,"content":"a","stop":false}\n\n'
+            b'data: {"index":0,"content":"","stop":true,"tokens_predicted":4,"timings":{"predicted_n":4}}\n\n'
+            b'data: {"index":1,"content":"b","stop":false,"timings":{"predicted_n":1}}\n\n'
+            b'data: {"index":1,"content":"","stop":true,"tokens_predicted":6,"timings":{"predicted_n":6}}\n\n',
+            2,
+            10,
+        ),
+        # one task: its count, as before (a negative control for the sum)
+        (
+            b'data: {"choices":[{"delta":{"content":"a"}}]}\n\ndata: {"choices":[],"usage":{"completion_tokens":3}}\n\ndata: [DONE]\n\n',
+            1,
+            3,
+        ),
+    ],
+    ids=["chat-n2", "completion-two-prompts", "one-task"],
+)
+async def test_the_completion_tokens_of_several_tasks_are_their_sum(stream, tasks, generated):
+    relay = SseRelay(
+        httpx.Response(200, stream=_Pieces([stream])),
+        RelayStats(dispatched_at=1.0),
+        lambda: 5.0,
+        lambda: None,
+        stops_left=tasks,
+        tasks=tasks,
+    )
+    _ = [read async for read in relay.reads()]
+    assert relay.stats.completion_tokens == generated
+
+
 async def test_admitted_requests_share_no_cookies_and_go_through_the_clients_own_transport():
     """Upstream.open hands the request to the client's transport (gate/backend/netio.py) with the
     client's timeouts, around the client's cookie jar: a cookie set on one tenant's answer was
