@@ -26,13 +26,15 @@ values) and the OpenAI API (which declares these fields nullable).
 Max tokens. llama-server (tools/server/server-schema.cpp at the pinned commit 0c1e570) reads
 the generation limit on EVERY endpoint from ``n_predict``, else ``max_completion_tokens``, else
 ``max_tokens``. So the gate reads all three on every endpoint, whatever the endpoint's own name
-for it: each one present must be an integer in [0, class cap], read as llama-server reads it
-(a number truncated toward zero: 2.7 is 2; 0 still decodes one token, and is reserved as 1;
-a boolean or a string, which llama-server would read as "unlimited", is refused), and when
-several are present they
-must agree; otherwise a client could send a small ``max_tokens`` for the gate and an unbounded
-``n_predict`` for llama-server. When none is present, the class's ``default_max_tokens`` is
-injected into the forwarded body as ``max_tokens`` (``n_predict`` for ``/completion``).
+for it, as llama-server does: the first one present and not null, as nlohmann reads an integer
+(a number truncated toward zero: 2.7 is 2; a boolean 1 or 0; 0 still decodes one token, and is
+reserved as 1), in [0, class cap] (-1, "until the context is full", is refused: the gate needs a
+bound); a string there is llama-server's 400 and the gate's. The names after it llama-server
+does not read, and a value there that is not a number is ignored as llama-server ignores it; but
+a number there counts (the gate reserves the most of them, and refuses -1 or over the cap there
+too), so that no spelling, in this llama.cpp or one that read another name first, runs past the
+reservation. When none is present, the class's ``default_max_tokens`` is injected into the
+forwarded body as ``max_tokens`` (``n_predict`` for ``/completion``).
 
 
 Several tasks per request: llama-server runs ``n`` (llama's ``n_cmpl``, read first) copies of
@@ -238,14 +240,17 @@ def limited_intake(
     inject_as: str,
     fields: tuple[str, ...] = MAX_TOKENS_FIELDS,
     plans: tuple[TaskPlan, ...] | None = None,
+    unread: tuple[str, ...] = (),
 ) -> Intake:
     """The intake of a generating request once its own fields are checked: its generation limit
-    read from every name llama-server reads on the route (`fields`), else the class default
-    injected into the forwarded body as `inject_as`."""
-    given = _given_max_tokens(body, cls, fields)
+    as llama-server reads it on the route (`fields`, in its order; `unread`: names it drops
+    here), else the class default injected into the forwarded body as `inject_as`; reserved as
+    the most any of them asks (`_given_max_tokens`)."""
+    given, most = _given_max_tokens(body, cls, fields, unread)
     forwarded = dict(body)
     if given is None:
         forwarded[inject_as] = cls.default_max_tokens
+    most = max(most, cls.default_max_tokens if given is None else given)
     return Intake(
         kind=kind,
         path=path,
@@ -254,7 +259,7 @@ def limited_intake(
         stream=stream,
         # 0: llama-server still decodes one token (server-context.cpp stops on the budget only
         # once a token is generated), so the worst case holds one
-        max_tokens=cls.default_max_tokens if given is None else max(given, 1),
+        max_tokens=max(most, 1),
         max_tokens_injected=given is None,
         caller=caller,
         include_usage=include_usage,
@@ -280,10 +285,10 @@ def _is_int(value: Any) -> bool:
 
 
 def _llama_int(value: Any) -> int | None:
-    """An integer field as llama-server reads it (nlohmann's get<int>): an integer, or a number
-    truncated toward zero (2.0 and 2.7 are 2: it answers 200 with two); None for anything else,
-    which llama-server reads as absent (a boolean, a string) and the gate refuses."""
-    if _is_int(value):
+    """An integer field as llama-server reads it (nlohmann's get<int>): an integer, a number
+    truncated toward zero (2.0 and 2.7 are 2: it answers 200 with two), a boolean as 1 or 0;
+    None for anything else (a string, an array: llama-server's 400 on a field it reads)."""
+    if isinstance(value, int):  # bool included: true is 1
         return int(value)
     if isinstance(value, float) and math.isfinite(value):
         return int(value)
@@ -321,22 +326,28 @@ def _stream_options(body: Mapping[str, Any], stream: bool) -> bool:
     return bool(usage)
 
 
-def _copies(body: Mapping[str, Any]) -> int:
-    """How many completions llama-server runs per prompt: ``n_cmpl`` first, ``n`` its alias."""
-    counts = [_check_count(body, name) for name in COUNT_FIELDS]
-    return next((c for c in reversed(counts) if c is not None), 1)
-
-
-def _check_count(body: Mapping[str, Any], name: str) -> int | None:
-    given = body.get(name)
-    if given is None:
-        return None
-    value = _llama_int(given)
-    if value is None:
-        raise _invalid(name, f"must be an integer, got {describe(given)}")
-    if value < 1:
-        raise _invalid(name, f"must be at least 1 (completions per prompt), got {describe(value)}")
-    return int(value)
+def _copies(body: Mapping[str, Any], *, read: bool = True) -> int:
+    """How many completions llama-server runs per prompt: ``n_cmpl``, else its alias ``n``
+    (server-schema.cpp: the first present and not null), read as an integer is (`_llama_int`);
+    refused (400) where llama-server refuses it, under 1 or not a number. The alias it does not
+    read counts too when it is a number, as the generation limit's names do (`_given_max_tokens`):
+    the gate admits the most of them. `read` False: a route where llama-server reads neither
+    (/v1/messages builds a new body without them), so neither is refused."""
+    first: int | None = None
+    most = 1
+    for name in reversed(COUNT_FIELDS):
+        given = body.get(name)
+        if given is None:
+            continue
+        value = _llama_int(given)
+        if value is None or value < 1:
+            if read and first is None:
+                problem = "must be an integer" if value is None else "must be at least 1 (completions per prompt)"
+                raise _invalid(name, f"{problem}, got {describe(given)}")
+            continue
+        first = value if first is None else first
+        most = max(most, value)
+    return most
 
 
 def _check_messages(body: Mapping[str, Any]) -> None:
@@ -415,30 +426,43 @@ def _check_prompt(body: Mapping[str, Any]) -> None:
             raise _invalid(f"prompt[{k}]", f"must be a token id (0 to {_TOKEN_ID_MAX}), got {p}")
 
 
-def _given_max_tokens(body: Mapping[str, Any], cls: ClassConfig, fields: tuple[str, ...] = MAX_TOKENS_FIELDS) -> int | None:
-    """The generation limit the client set (validated), or None when it set none; `fields`:
-    every name llama-server may read it from on this route."""
+def _given_max_tokens(
+    body: Mapping[str, Any], cls: ClassConfig, fields: tuple[str, ...] = MAX_TOKENS_FIELDS, unread: tuple[str, ...] = ()
+) -> tuple[int | None, int]:
+    """(The generation limit llama-server reads, or None when the client set none; the most any
+    limit field of the body asks for, the one read included.)
+
+    `fields`: the names llama-server reads it from on this route, in its order (server-schema.cpp:
+    the first present and not null wins); `unread`: names it drops on this route. llama-server
+    refuses (400) the one it reads when that is not a number, or under -1, and so does the gate;
+    a name it does not read it ignores, whatever it holds, and so does the gate, but a number
+    there counts: the gate reserves the most of them, and -1 or a number over the class cap is
+    refused wherever it is sent (a llama.cpp that read another name first would run past the
+    reservation otherwise), so no spelling gets more than the gate reserved."""
     cap = cls.max_tokens_cap
     limit = f"0 to {cap}, the cap of class {cls.name!r}"
-    chosen: tuple[str, int] | None = None
-    for name in fields:
+    read: int | None = None
+    most = 0
+    for name in (*fields, *unread):
         given = body.get(name)
         if given is None:
             continue
         value = _llama_int(given)
-        if value is None:
-            raise _invalid(name, f"must be an integer ({limit}), got {describe(given)}")
+        first = read is None and name in fields
+        if value is None or value < -1:
+            if first:
+                problem = (
+                    f"must be an integer ({limit}), got {describe(given)}"
+                    if value is None
+                    else f"must be at least 0 ({limit}), got {value}"
+                )
+                raise _invalid(name, problem)
+            continue  # a name llama-server does not read here: it ignores it, as would one that read it (400)
         if value == -1:  # llama-server reads -1 as "until the context is full"
             raise _invalid(name, f"-1 (unlimited) is not accepted: the gate needs a bound ({limit})")
-        if value < 0:
-            raise _invalid(name, f"must be at least 0 ({limit}), got {value}")
         if value > cap:
             raise _invalid(name, f"must be at most {cap} (the cap of class {cls.name!r}), got {describe(value)}")
-        if chosen is not None and value != chosen[1]:
-            raise _invalid(
-                name,
-                f"is {value} but '{chosen[0]}' is {chosen[1]}: both set the generation limit, send one (or the same value)",
-            )
-        if chosen is None:
-            chosen = (name, value)
-    return None if chosen is None else chosen[1]
+        if first:
+            read = value
+        most = max(most, value)
+    return read, most

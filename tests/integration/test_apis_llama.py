@@ -230,7 +230,7 @@ async def test_refusals_on_messages_are_anthropic_shaped_and_on_responses_openai
             ({}, msg, 401, "authentication_error", "invalid_api_key"),
             ({"X-Api-Key": KEY, "X-Tokengate-Class": "secret"}, msg, 403, "permission_error", "class_not_allowed"),
             ({"X-Api-Key": KEY}, {**msg, "max_tokens": 10**6}, 400, "invalid_request_error", "invalid_request"),
-            ({"X-Api-Key": KEY}, {**msg, "max_tokens": 4, "n_predict": 400}, 400, "invalid_request_error", "invalid_request"),
+            ({"X-Api-Key": KEY}, {**msg, "max_tokens": 4, "n_predict": -1}, 400, "invalid_request_error", "invalid_request"),
             ({"X-Api-Key": KEY}, {"model": MODEL, "max_tokens": 4}, 400, "invalid_request_error", "invalid_request"),
         ]
         for headers, body, status, kind, code in cases:
@@ -497,6 +497,11 @@ SHAPES = [
     ("/v1/chat/completions", {"max_tokens": 8, "messages": PROMPT, "model": 7, "user": ["u"]}),
     ("/v1/chat/completions", {"max_tokens": 0, "messages": PROMPT}),
     ("/v1/chat/completions", {"max_tokens": 2.7, "n": 2.0, "messages": PROMPT}),
+    ("/v1/chat/completions", {"max_tokens": True, "n": True, "messages": PROMPT}),
+    ("/v1/chat/completions", {"max_tokens": 8, "max_completion_tokens": 4, "n_cmpl": 1, "n": "x", "messages": PROMPT}),
+    ("/v1/completions", {"max_tokens": "lots", "n_predict": 4, "prompt": words(6)}),
+    ("/v1/messages", {"max_tokens": 8, "n": "x", "n_cmpl": 0, "n_predict": "x", "messages": "not a list"}),
+    ("/v1/responses", {"input": words(6), "max_output_tokens": 8, "max_tokens": 4, "previous_response_id": 5}),
     ("/completion", {"n_predict": 0, "prompt": words(6)}),
     ("/completion", {"n_predict": 8, "prompt": [[], words(3)]}),
     ("/v1/messages", {"max_tokens": 0, "messages": PROMPT}),
@@ -528,4 +533,18 @@ async def test_llama_cpps_own_request_shapes_answer_the_same_through_the_gate(ll
             direct = await client.post(llama_unified.url + path, json=request, headers=CLOSE)
             through = await client.post(gate.url + path, json=request)
             assert _shape(through) == _shape(direct), (path, body, direct.text[:300], through.text[:300])
+        await released(gate)
+
+
+async def test_a_limit_llama_server_drops_on_messages_never_runs_past_the_reservation(llama_unified):
+    # llama-server builds a new body for /v1/messages and keeps max_tokens alone (4096 when it is
+    # absent): an n_predict there once reserved 5 tokens while llama-server ran 471
+    body = {"model": MODEL, "messages": PROMPT, "n_predict": 2}
+    async with running_gate(llama_unified.url, CLASSES) as gate, httpx.AsyncClient(timeout=60) as client:
+        r = await client.post(gate.url + "/v1/messages", json=body, headers={"X-Request-Id": "dropped-limit"})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["output_tokens"] <= 6  # the class default, injected as max_tokens
+        await wait_until(lambda: gate.records.find("dropped-limit") is not None)
+        rec = gate.records.find("dropped-limit")
+        assert rec.max_tokens == 6 and rec.completion_tokens is not None and rec.completion_tokens <= rec.max_tokens
         await released(gate)

@@ -66,12 +66,8 @@ def test_messages_without_max_tokens_get_the_class_default_not_llama_servers_409
         ({"messages": MSG, "max_tokens": 1025}, "max_tokens"),  # over the class cap
         ({"messages": MSG, "max_tokens": -1}, "max_tokens"),
         ({"messages": MSG, "max_tokens": "8"}, "max_tokens"),
-        # bypass attempts: a small max_tokens for the gate, a large limit under another name
-        ({"messages": MSG, "max_tokens": 8, "n_predict": 1000}, "n_predict"),
-        ({"messages": MSG, "max_tokens": 8, "max_completion_tokens": 1000}, "max_completion_tokens"),
         ({"messages": MSG, "n_predict": 5000}, "n_predict"),
         ({"max_tokens": 8}, "messages"),
-        ({"messages": "hi", "max_tokens": 8}, "messages"),
         ({"messages": [{"content": "hi"}], "max_tokens": 8}, "messages[0].role"),
         ({"messages": [{"role": "user"}], "max_tokens": 8}, "messages[0].content"),
         ({"messages": [{"role": "user", "content": [{"type": "text", "text": 3}]}], "max_tokens": 8}, "messages[0].content[0].text"),
@@ -116,6 +112,26 @@ def test_a_zero_limit_reserves_the_one_token_llama_server_decodes(path, field) -
     assert it.body[field] == 0 and it.max_tokens == 1
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "reserved"),
+    [
+        # llama-server drops n_predict on /v1/messages and runs max_tokens, else 4096: the gate
+        # injects max_tokens beside it (471 tokens ran on a reservation of 5 before)
+        ("/v1/messages", {"messages": MSG, "n_predict": 5}, 256),
+        ("/v1/messages", {"messages": MSG, "max_tokens": 8, "n_predict": 1000}, 1000),
+        ("/v1/messages", {"messages": MSG, "max_tokens": 8, "max_completion_tokens": 900}, 900),
+        ("/v1/responses", {"input": "hi", "max_output_tokens": 8, "n_predict": 900}, 900),
+        ("/v1/responses", {"input": "hi", "max_output_tokens": 8, "max_tokens": 900}, 900),
+        ("/v1/responses", {"input": "hi", "max_output_tokens": 8, "max_tokens": "x"}, 8),
+    ],
+)
+def test_a_limit_under_another_name_is_reserved_never_bypassed(path, body, reserved) -> None:
+    it = parse(path, body)
+    assert it.max_tokens == reserved
+    if path == "/v1/messages" and "max_tokens" not in body:
+        assert it.body["max_tokens"] == 256 and it.max_tokens_injected  # what llama-server reads here
+
+
 def test_empty_lists_are_llama_servers_to_answer() -> None:
     # llama-server answers an empty Messages list 200 (its own test_anthropic_empty_messages)
     assert parse("/v1/messages", {"messages": [], "max_tokens": 8}).max_tokens == 8
@@ -152,9 +168,6 @@ def test_responses_without_a_limit_get_the_class_default_as_max_output_tokens() 
     [
         ({"input": "hi", "max_output_tokens": 2000}, "max_output_tokens"),
         # llama-server reads n_predict before the max_tokens that max_output_tokens becomes
-        ({"input": "hi", "max_output_tokens": 8, "n_predict": 900}, "n_predict"),
-        ({"input": "hi", "max_output_tokens": 8, "max_completion_tokens": 900}, "max_completion_tokens"),
-        ({"input": "hi", "max_output_tokens": 8, "max_tokens": 900}, "max_tokens"),
         ({"input": "hi", "n_predict": -1}, "n_predict"),
         ({"input": "hi", "n": 0}, "n"),
         ({}, "input"),
@@ -169,11 +182,16 @@ def test_responses_bad_input_is_a_400_naming_the_field(body, param) -> None:
 
 @pytest.mark.parametrize(("path", "body"), [("/v1/responses", {"input": "hi"}), ("/v1/messages", {"messages": MSG, "max_tokens": 8})])
 def test_messages_and_responses_are_admitted_for_every_copy_llama_server_runs(path, body) -> None:
-    # llama-server reads n_cmpl (else n) on these routes too: the gate reserves a task for each.
+    # llama-server reads n_cmpl (else n) on Responses (its chat body keeps them) and drops both on
+    # Messages (a new body: one task); a number there still counts: the gate reserves the most.
     assert parse(path, body).copies == 1
     assert parse(path, {**body, "n": 3}).copies == 3
-    assert parse(path, {**body, "n": 3, "n_cmpl": 2}).copies == 2
-    assert refused(path, {**body, "n_cmpl": 0}).param == "n_cmpl"
+    assert parse(path, {**body, "n": 3, "n_cmpl": 2}).copies == 3  # n_cmpl read, n counted too: the most
+    assert parse(path, {**body, "n": "x", "n_cmpl": 2}).copies == 2  # an alias llama-server ignores
+    if path == "/v1/responses":
+        assert refused(path, {**body, "n_cmpl": 0}).param == "n_cmpl"  # read: llama-server's 400 too
+    else:
+        assert parse(path, {**body, "n_cmpl": 0, "n": "x"}).copies == 1  # dropped: llama-server's 200
 
 
 def test_the_openai_routes_still_go_through_intake() -> None:
@@ -384,3 +402,9 @@ async def test_ttft_is_the_first_content_event_not_the_first_event(stream, event
         pass
     first_delta = next(i for i, p in enumerate(parts) if "delta" in p.split("\n")[0] and "message_delta" not in p)
     assert r.stats.first_token_at == float(first_delta + 1) > 1.0
+
+
+def test_a_messages_field_that_is_not_a_list_is_llama_servers_to_answer() -> None:
+    # server-chat.cpp converts only an array: anything else is no messages, and it answers 200
+    assert parse("/v1/messages", {"messages": "hi", "max_tokens": 8}).max_tokens == 8
+    assert refused("/v1/messages", {"max_tokens": 8}).param == "messages"  # absent: its 500, the gate's 400

@@ -10,10 +10,11 @@ Cost: the prompt, counted by llama-server's own ``POST /v1/messages/count_tokens
 conversion and template), plus ``max_tokens``. Anthropic requires ``max_tokens``; llama-server
 does not (4096), so neither does the gate: when it is absent the class's ``default_max_tokens``
 is injected, as on the OpenAI routes, so the worst case is the class's, not llama-server's.
-The anti-bypass rule of gate/http/intake.py holds here too: ``n_predict`` and
-``max_completion_tokens``, which llama-server reads on every other route but drops here, must
-agree with ``max_tokens`` when sent (a llama.cpp that passed them through would otherwise run
-past what the gate reserved).
+The anti-bypass rule of gate/http/intake.py holds here too: llama-server reads ``max_tokens``
+alone here, so the gate injects it whenever it is absent, even beside an ``n_predict`` (which
+this llama-server drops: 471 tokens ran on a reservation of 5 before), and ``n_predict`` or
+``max_completion_tokens`` given as numbers count toward the reservation (a llama.cpp that
+passed them through would otherwise run past it).
 
 Stream (server-task.cpp ``to_json_anthropic*``): ``event:`` + ``data:`` pairs, relayed as sent;
 ``content_block_delta`` events are the tokens (the first one is the first token), the last
@@ -38,7 +39,10 @@ from gate.http.jsonbody import describe
 from gate.http.tenants import Caller
 
 #: the generation limit's fields, the API's own first
-LIMIT_FIELDS = ("max_tokens",) + tuple(f for f in MAX_TOKENS_FIELDS if f != "max_tokens")
+LIMIT_FIELDS = ("max_tokens",)
+#: the names llama-server reads on every other route and drops here (server-chat.cpp builds a new
+#: body): a number there still counts (intake._given_max_tokens), a llama.cpp may pass them on
+UNREAD_FIELDS = tuple(f for f in MAX_TOKENS_FIELDS if f != "max_tokens")
 
 
 def open_user(body: Mapping[str, Any]) -> str | None:
@@ -56,8 +60,11 @@ def build(path: str, body: Mapping[str, Any], caller: Caller, config: Config) ->
     # `system` and `metadata` are llama-server's to read: it skips what it cannot use
     # (server-chat.cpp server_chat_convert_anthropic_to_oai), so the gate refuses neither.
     _check_messages(body)
-    copies = _copies(body)  # llama-server reads n / n_cmpl on this route too
-    return limited_intake("messages", path, body, caller, cls, model, stream, False, copies, "max_tokens", LIMIT_FIELDS)
+    # llama-server's new body has no n / n_cmpl: one task; a number there still counts (_copies)
+    copies = _copies(body, read=False)
+    return limited_intake(
+        "messages", path, body, caller, cls, model, stream, False, copies, "max_tokens", LIMIT_FIELDS, unread=UNREAD_FIELDS
+    )
 
 
 def _check_messages(body: Mapping[str, Any]) -> None:
@@ -68,7 +75,7 @@ def _check_messages(body: Mapping[str, Any]) -> None:
     if messages is None:
         raise _invalid("messages", "is required")
     if not isinstance(messages, list):
-        raise _invalid("messages", f"must be an array of message objects, got {describe(messages)}")
+        return  # llama-server reads it as no messages (server-chat.cpp: only an array is converted): 200
     # An empty list is llama-server's to answer (it does, 200: its own test_anthropic_empty_messages).
     for i, msg in enumerate(messages):
         where = f"messages[{i}]"

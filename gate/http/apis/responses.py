@@ -9,13 +9,13 @@ read as on every route (server-schema.cpp: ``n_predict``, else ``max_completion_
 ``max_tokens``), and ``n`` as well.
 
 Cost: the prompt, counted by llama-server's own ``POST /v1/responses/input_tokens`` (the same
-conversion and template), plus the generation limit. The gate's anti-bypass rule
-(gate/http/intake.py) covers the API's own field too: each of ``max_output_tokens``,
-``n_predict``, ``max_completion_tokens`` and ``max_tokens`` that is present must be an integer
-in [1, class cap], and they must agree. When none is present, the class's
-``default_max_tokens`` is injected as ``max_output_tokens``. ``n``/``n_cmpl`` must be 1.
-``previous_response_id`` is refused at once (llama-server has no stored responses and would
-refuse it after the gate had reserved a slot for it).
+conversion and template), plus the generation limit. The gate's rule (gate/http/intake.py
+``_given_max_tokens``) covers the API's own field too, in llama-server's order: ``n_predict``,
+``max_completion_tokens``, ``max_output_tokens`` (as ``max_tokens``), ``max_tokens``; the gate
+reserves the most of those given as numbers. When none is present, the class's
+``default_max_tokens`` is injected as ``max_output_tokens``. A ``previous_response_id`` string is
+refused at once (llama-server has no stored responses and would refuse it after the gate had
+reserved a slot for it); one that is not a string llama-server ignores, and so does the gate.
 
 Stream (server-task.cpp ``to_json_oaicompat_resp*``): typed events (``event:`` + ``data:``),
 relayed as sent; the ``*.delta`` events are the tokens (the first one is the first token),
@@ -34,12 +34,15 @@ from typing import Any
 from gate.backend.upstream import RelayStats
 from gate.config import Config
 from gate.core.errors import GateError
-from gate.http.intake import MAX_TOKENS_FIELDS, Intake, _copies, _invalid, _lenient, _optional, _stream_options, limited_intake
+from gate.http.intake import Intake, _copies, _invalid, _lenient, _optional, _stream_options, limited_intake
 from gate.http.jsonbody import describe
 from gate.http.tenants import Caller
 
 #: the generation limit's fields, the API's own first
-LIMIT_FIELDS = ("max_output_tokens",) + MAX_TOKENS_FIELDS
+#: llama-server's order: the chat body it builds keeps the other names and turns
+#: max_output_tokens into max_tokens (server-chat.cpp), read after n_predict and
+#: max_completion_tokens (server-schema.cpp)
+LIMIT_FIELDS = ("n_predict", "max_completion_tokens", "max_output_tokens", "max_tokens")
 
 _FINAL_EVENTS = frozenset({"response.completed", "response.incomplete"})
 
@@ -51,7 +54,7 @@ def build(path: str, body: Mapping[str, Any], caller: Caller, config: Config) ->
     stream = _optional(body, "stream", bool, "a boolean (true or false)") or False
     include_usage = _stream_options(body, stream)
     copies = _copies(body)
-    previous = _optional(body, "previous_response_id", str, "a string")
+    previous = _lenient(body, "previous_response_id", str)  # llama-server: json_value, else ""
     if previous:
         raise _invalid("previous_response_id", "is not supported: llama-server keeps no responses; send the whole conversation as 'input'")
     _check_input(body)
