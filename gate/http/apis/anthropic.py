@@ -71,9 +71,9 @@ def _check_messages(body: Mapping[str, Any]) -> None:
     """What llama-server refuses (400), or answers 500 for (a role that is not a string, a text
     block without its text), refused here with the field named; the rest passes as llama-server
     reads it: a block it cannot use is skipped, a missing assistant content is dropped."""
-    messages = body.get("messages")
-    if messages is None:
+    if "messages" not in body:  # (a null is there: llama-server reads it as no messages, 200)
         raise _invalid("messages", "is required")
+    messages = body["messages"]
     if not isinstance(messages, list):
         return  # llama-server reads it as no messages (server-chat.cpp: only an array is converted): 200
     # An empty list is llama-server's to answer (it does, 200: its own test_anthropic_empty_messages).
