@@ -579,6 +579,13 @@ def _cmd_console(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def _cmd_log(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from gate.journal.export import ExportError, export, find_journal
 
+    # flags that do not go together are a usage error (2, as the help says), before any file is read
+    if args.cls is not None and args.kind != "decisions":
+        err.write("tokengate log: error: --class selects decisions: use it with --kind decisions\n")
+        return EXIT_USAGE
+    if args.format == "aiperf" and args.kind != "decisions":
+        err.write("tokengate log: error: --format aiperf is a trace of requests: use it with --kind decisions\n")
+        return EXIT_USAGE
     given = args.journal
     if given is None and getattr(args, "config", None):
         given = load_config(args.config).gate.journal

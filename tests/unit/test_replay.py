@@ -204,7 +204,7 @@ def test_log_aiperf_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         assert set(line) == {"timestamp", "input_length", "output_length"}
         assert line["timestamp"] == round((ts - rows[0][0]) * 1000)
         assert line["input_length"] == prompt and line["output_length"] == (done if done is not None else max_tokens)
-    assert main(["log", "--journal", path, "--format", "aiperf", "--kind", "audit"]) == 1
+    assert main(["log", "--journal", path, "--format", "aiperf", "--kind", "audit"]) == 2  # a usage error
     assert "--kind decisions" in capsys.readouterr().err
 
 
@@ -347,6 +347,13 @@ def test_the_fit_models_the_layout_the_gate_learned(tmp_path: Path) -> None:
     fit = load_window(path).fit
     assert (fit.kv, fit.slots, fit.slot_context) == ("split", 4, 512)
     assert not any("KV layout" in n for n in fit.notes)
+    # the pool is the learned one, not the highest working budget sampled (an operator's cut to
+    # 600, the controller at 660: the window replayed a 2,048-token pool as 660 before)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("UPDATE samples SET budget = 660")
+    conn.close()
+    fit = load_window(path).fit
+    assert fit.ceiling == 2048 and not any("pool size" in n for n in fit.notes)
 
 
 def test_log_aiperf_trace_per_class_stays_in_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -365,7 +372,7 @@ def test_log_aiperf_trace_per_class_stays_in_step(tmp_path: Path, capsys: pytest
     assert min(traces["interactive"][0]["timestamp"], traces["batch"][0]["timestamp"]) == 0
     assert main(["log", "--journal", path, "--class", "batch", "--format", "csv"]) == 0
     assert {r.split(",")[4] for r in capsys.readouterr().out.splitlines()[1:]} == {"batch"}
-    assert main(["log", "--journal", path, "--class", "batch", "--kind", "audit"]) == 1
+    assert main(["log", "--journal", path, "--class", "batch", "--kind", "audit"]) == 2  # a usage error
     assert "--class selects decisions" in capsys.readouterr().err
 
 
@@ -391,3 +398,76 @@ def test_a_window_cut_mid_burst_replays_its_lead_first(tmp_path: Path) -> None:
         with_lead, without = off(window), off(dataclasses.replace(window, lead=()))
         assert with_lead < without, (frac, with_lead, without)
         assert any(f"the replay starts {window.lead_s:.1f} s earlier" in n for n in window.notes)
+
+
+# ---- a proposal keeps the operator's other moves (a user's trial, 2026-12-05) ---------------
+
+
+def test_a_proposal_replays_every_recorded_change_but_its_own_keys() -> None:
+    from gate.tools.replay.engine import Change
+
+    arrivals = synthetic_arrivals(200, 20.0, seed=5)
+    changes = [
+        Change(5.0, "set_budget", "backend:default", "1500"),  # the operator's hand cut
+        Change(8.0, "set_budget_settings", "budget", "min_tokens=1024, slo_ttft_p95_ms=1500"),
+        Change(9.0, "set_class", "class:batch", "queue_depth=4, reserved_tokens=0"),
+    ]
+
+    def curve(pinned: frozenset[str]) -> list[tuple[float, int]]:
+        out: list[tuple[float, int]] = []
+        replay(CONFIG, FIT, arrivals, changes, until=21.0, pinned=pinned, budget_curve=out)
+        return out
+
+    recorded = curve(frozenset())
+    assert (5.0, 1500) in recorded
+    # proposing the objective, or batch's reservation, keeps the hand cut (it was dropped before)
+    assert (5.0, 1500) in curve(frozenset({"budget.slo_ttft_p95_ms"}))
+    assert (5.0, 1500) in curve(frozenset({"classes.batch.reserved_tokens"}))
+    # proposing the ceiling replaces it
+    assert all(at != 5.0 for at, _ in curve(frozenset({"backends.token_budget"})))
+
+
+def test_a_recorded_retune_loses_only_the_proposed_keys() -> None:
+    from gate.tools.replay.engine import Change, _unpinned
+
+    retune = Change(9.0, "set_class", "class:batch", "queue_depth=4, reserved_tokens=0")
+    assert _unpinned(retune, frozenset({"classes.batch.reserved_tokens"})) == dataclasses.replace(retune, new_value="queue_depth=4")
+    assert _unpinned(retune, frozenset({"classes.batch.reserved_tokens", "classes.batch.queue_depth"})) is None
+    assert _unpinned(retune, frozenset({"classes.interactive.queue_depth"})) == retune
+    budget = Change(8.0, "set_budget_settings", "budget", "min_tokens=1024, slo_ttft_p95_ms=1500")
+    assert _unpinned(budget, frozenset({"budget.min_tokens"})) == dataclasses.replace(budget, new_value="slo_ttft_p95_ms=1500")
+
+
+def test_tokens_per_s_is_over_the_time_the_requests_ran_not_a_sliver_of_it(tmp_path: Path) -> None:
+    # One request whose window is a single instant (a journal of one decision) read
+    # 33,554,432 tokens/s; a 30 ms window around a request that ran at 150 tokens/s read 2,133.
+    path = _journal(tmp_path, n=1, duration=1.0)
+    window = load_window(path)
+    (a,) = window.arrivals
+    assert a.completion_tokens and a.duration_ms
+    answer = run_replay(window, [])
+    recorded = answer["scenarios"][0]["classes"][a.cls]["tokens_per_s"]
+    assert recorded == pytest.approx(a.completion_tokens / (a.at + a.duration_ms / 1000.0), rel=0.01)
+
+
+def test_recorded_changes_counts_the_operators_moves_in_the_window_only(tmp_path: Path) -> None:
+    # a gate's start, its learned capacity and what was in force before the window are not
+    # changes the engineer made in it (a window with none read "8 recorded changes")
+    path = _journal(tmp_path, n=60, duration=10.0)
+    conn = sqlite3.connect(path, isolation_level=None)
+    first = conn.execute("SELECT min(ts) FROM decisions").fetchone()[0]
+    row = "INSERT INTO audit (ts, operator, origin, source, action, target, old_value, new_value, note) VALUES (?, 'op', 'local', ?, ?, ?, NULL, ?, '')"
+    conn.execute(row, (first + 1.0, "gate", "started", "gate", ""))
+    conn.execute(row, (first + 1.5, "gate", "capacity_learned", "backend:default", '{"slots": 4}'))
+    conn.execute(row, (first + 2.0, "console", "pause_class", "class:batch", "True"))
+    conn.execute(row, (first + 3.0, "console", "resume_class", "class:batch", "False"))
+    conn.close()
+    answer = run_replay(load_window(path), [])
+    assert answer["recorded_changes"] == 2
+    assert "2 operator changes in the window" in to_table(answer)
+
+
+def test_a_window_that_ends_before_it_starts_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _journal(tmp_path, n=20, duration=5.0)
+    assert main(["replay", "--journal", path, "--since", "2026-12-02T03:10Z", "--until", "2026-12-02T03:00Z"]) == 2
+    assert "--until must be after --since" in capsys.readouterr().err

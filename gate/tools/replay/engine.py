@@ -74,6 +74,7 @@ class Arrival:
     ttft_arrival_ms: float | None = None  # recorded, from arrival
     stream: bool = True
     endpoint: str = ""
+    duration_ms: float | None = None  # recorded, arrival to the last token
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +198,8 @@ def replay(
     touching a key in `pinned`: a proposal's own keys); the outcome of each arrival by id.
     `budget_curve`, if given, gets (seconds, the working budget) at the start and at each move."""
     ratio = _fill_ratio(arrivals)
-    run = _Run(config, fit, arrivals, [c for c in changes if not _pinned(c, pinned)], until, ratio)
+    kept = [u for c in changes if (u := _unpinned(c, pinned)) is not None]
+    run = _Run(config, fit, arrivals, kept, until, ratio)
     cap = Capacity(
         slots=fit.slots,
         slot_context=fit.slot_context,
@@ -325,6 +327,24 @@ def replay(
     return run.out
 
 
+#: the audit actions a replay applies (`_apply`); the others (started, capacity_learned, ...) say
+#: what happened, not what the thresholds were
+REPLAYED_ACTIONS = frozenset(
+    {
+        "pause_class",
+        "resume_class",
+        "drain_class",
+        "freeze",
+        "unfreeze",
+        "set_budget",
+        "restored",
+        "set_class",
+        "set_budget_settings",
+        "reload",
+    }
+)
+
+
 def _apply(
     change: Change, now: float, adm: Admission, controller: Any, classes: dict[str, ClassConfig], state: dict[str, Any], advance: Any
 ) -> None:
@@ -379,24 +399,39 @@ def _set_budget_settings(values: dict[str, Any], now: float, adm: Admission, con
     state["slo_s"] = budget.slo_ttft_p95_ms / 1000.0
 
 
-def _pinned(change: Change, pinned: frozenset[str]) -> bool:
-    """Does the proposal set what this recorded change sets (so the proposal's value stays)?"""
+def _unpinned(change: Change, pinned: frozenset[str]) -> Change | None:
+    """What of a recorded change replays under a proposal: all of it but the keys the proposal
+    sets (`pinned`), which keep their proposed value; None when nothing is left. A proposal of
+    one key must not undo the operator's other moves in the window (until 2026-12-05 any
+    `budget.*` key dropped every recorded hand-set budget, and any `classes.C.*` key every
+    retune of C: a trial's proposal column mixed the change with an undone cut)."""
     if not pinned:
-        return False
+        return change
     action, target = change.action, change.target
-    if action in ("set_budget", "set_budget_settings") or (action in ("restored",) and target.startswith("backend:")):
-        return any(k.startswith(("budget.", "backends.")) for k in pinned)
+    if action == "set_budget" or (action == "restored" and target.startswith("backend:")):
+        # a hand-set working budget: a proposed ceiling is what replaces it
+        return None if "backends.token_budget" in pinned else change
+    if action == "set_budget_settings":
+        return _without(change, {k for k in _pairs(change.new_value) if f"budget.{k}" in pinned})
     if action in ("reload", "restored") and (target.startswith("budget.") or target.startswith("classes.")):
-        return target in pinned
+        return None if target in pinned else change
     if action == "set_class":
-        prefix = f"classes.{target.partition(':')[2]}."
-        return any(k.startswith(prefix) for k in pinned)
-    return False
+        cls = target.partition(":")[2]
+        return _without(change, {k for k in _pairs(change.new_value) if f"classes.{cls}.{k}" in pinned})
+    return change
+
+
+def _without(change: Change, keys: set[str]) -> Change | None:
+    """`change` (a `k=v, k=v` audit value) without `keys`; None when none is left."""
+    if not keys:
+        return change
+    left = [part for part in (change.new_value or "").split(", ") if part.partition("=")[0].strip() not in keys]
+    return dataclasses.replace(change, new_value=", ".join(left)) if left else None
 
 
 def _as_recorded(a: Arrival) -> Outcome:
     admitted = a.outcome not in ("refused", "shed")
-    return Outcome(admitted, "ok" if admitted else a.reason, a.queue_ms, a.ttft_arrival_ms, a.completion_tokens or 0)
+    return Outcome(admitted, "ok" if admitted else a.reason, a.queue_ms, a.ttft_arrival_ms, a.completion_tokens or 0, a.duration_ms)
 
 
 def _fill_ratio(arrivals: Sequence[Arrival]) -> dict[str, float]:

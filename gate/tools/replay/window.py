@@ -261,6 +261,7 @@ def _arrival(r: sqlite3.Row, since: float, classes: set[str]) -> Arrival:
         ttft_arrival_ms=r["ttft_arrival_ms"],
         stream=bool(r["stream"]),
         endpoint=r["endpoint"],
+        duration_ms=r["duration_ms"] if ran else None,
     )
 
 
@@ -348,10 +349,16 @@ def fit_backend(
     if slots is None:
         slots = 4
         notes.append("slots not in the samples: assumed 4")
+    # The pool: configured, else what the gate learned from llama-server, else the highest
+    # working budget sampled (the controller's budget, not the pool: a window after an operator's
+    # cut to 600 replayed a 2,048-token pool as 660, a user's trial, 2026-12-05).
     budgets = [s["budget"] for s in samples if s["budget"]]
-    ceiling = bcfg.token_budget or (max(budgets) if budgets else None)
+    ceiling = bcfg.token_budget
     if ceiling is None and learned is not None and isinstance(learned.get("ceiling"), int):
         ceiling = learned["ceiling"]
+    if ceiling is None and budgets:
+        ceiling = max(budgets)
+        notes.append("pool size not in the journal (a gate older than this one wrote it): the highest working budget sampled")
     if ceiling is None:
         ceiling = max((r["reserved_tokens"] for r in rows), default=2048) or 2048
         notes.append("pool size not in the samples: the largest reservation")
