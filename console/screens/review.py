@@ -284,6 +284,7 @@ class ReviewScreen(Screen[str | None]):
         #: "now": the end of every range (epoch seconds)
         self.now: float | None = None
         self.oldest: float | None = None
+        self.newest: float | None = None  # the journal's last decision
         self.filter_fields: dict[str, tuple[str, ...]] = {}
         self.filters = DecisionFilters()
         self.page_rows: list[dict[str, Any]] = []
@@ -372,7 +373,7 @@ class ReviewScreen(Screen[str | None]):
     async def _load_bounds(self) -> None:
         assert self.reader is not None
         lo, hi = await self.reader.bounds()
-        self.oldest = lo
+        self.oldest, self.newest = lo, hi
         if self.clock is not None:
             self.now = float(self.clock())
         else:
@@ -638,6 +639,12 @@ class ReviewScreen(Screen[str | None]):
             self.notify("the journal is not open", severity="warning", timeout=3)
             return
         since, until = self._range_bounds()
+        if self.newest is not None and until is not None and until > self.newest + 1e-6:
+            # A range reaching past the last decision (a live gate's "now", minutes after the
+            # incident) ends where `tokengate replay` ends it by default: just after that
+            # decision (the idle tail diluted tokens/s: 7.9 here against 69.4 from the CLI, a
+            # user's trial, 2026-12-05).
+            until = self.newest + 1e-6
         # A range reaching back past the gate's start (15m over a 1-minute journal) is passed
         # as it is: the replay starts it at the gate's start, as `tokengate replay --since`
         # does, and the title then shows the window replayed (it once began at the first

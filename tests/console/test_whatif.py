@@ -257,3 +257,21 @@ async def test_tokengate_reviews_what_if_is_the_wide_dialog_and_names_the_window
         import time as _time
 
         assert _time.strftime("%H:%M:%S", _time.gmtime(window.since)) in title
+
+
+async def test_a_live_range_past_the_last_decision_replays_the_clis_default_window(journal: Path) -> None:
+    # attached to a live gate, "now" is minutes after the incident: the what-if ends where
+    # `tokengate replay` ends by default, just after the last decision, and so agrees with it
+    window = load_window(str(journal))
+    app = ReviewApp(journal, clock=lambda: window.until + 300.0)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("5")  # everything in the journal
+        screen = await open_whatif(pilot)
+        assert screen.until == pytest.approx(window.until)
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert screen.answer is not None
+        ours = screen.answer["scenarios"][0]["classes"]
+        cli = run_replay(window, [])["scenarios"][0]["classes"]
+        assert {c: v["tokens_per_s"] for c, v in ours.items()} == {c: v["tokens_per_s"] for c, v in cli.items()}
