@@ -14,7 +14,8 @@ calibration does not trust (error over 25%) ending in '?' and dimmed in every co
 
 From the live console (``r`` then ``w``, not ``--read-only``) the proposal replayed can be
 applied to the running gate: ctrl+t (or Apply) asks, then sends it as ONE Retune command
-through the link (:func:`retune_of`: ``backend.token_budget`` -> the budget,
+through the link (:func:`retune_of`: ``backend.token_budget`` -> the budget, the controller
+frozen there as the replay held it,
 ``budget.min_tokens``/``budget.slo_ttft_p95_ms`` -> settings, one class's retune keys), audited
 like ``t`` with a note naming the window. A proposal the live retune cannot express (other
 keys, two classes) is replayable but not appliable, and the form says why. ``tokengate
@@ -100,7 +101,10 @@ def retune_of(proposal: str, note: str = "") -> Retune:
             changes[setting] = _number(key, value)
         else:
             raise ValueError(f"{key}: the live retune does not set it (replay only); it sets {', '.join(_RETUNE_KEYS)}")
-    cmd = Retune(budget=budget, settings=settings, cls=cls, class_changes=changes, note=note)
+    # The replay modelled backend.token_budget as the pool (its controller could not go above it);
+    # live it is the working budget, which an adaptive controller would move again within seconds
+    # (600 became 660 in a user's trial): applied frozen, it stays what was replayed, until `f`.
+    cmd = Retune(budget=budget, settings=settings, cls=cls, class_changes=changes, note=note, freeze=True if budget is not None else None)
     if not cmd:
         raise ValueError("no change from the recorded thresholds: nothing to apply")
     return cmd
@@ -322,7 +326,9 @@ class WhatIfScreen(ModalScreen[None]):
                 "Apply the what-if",
                 f"Retune the running gate: {self.proposal.replace(',', ', ')}"
                 + (
-                    "\nA budget set by hand: an adaptive controller may move it again (f freezes it)." if command.budget is not None else ""
+                    "\nThe budget is set by hand and the adaptive controller frozen there, as the replay held it (f unfreezes it)."
+                    if command.budget is not None
+                    else ""
                 ),
                 yes_label="Apply",
             )

@@ -133,6 +133,10 @@ def test_retune_of_maps_the_retunes_keys_and_refuses_what_it_cannot_send() -> No
     cmd = retune_of("backend.token_budget=4096,budget.slo_ttft_p95_ms=1500,classes.batch.queue_depth=3,classes.batch.limit_tokens=none")
     assert (cmd.budget, cmd.settings, cmd.cls) == (4096, {"slo_ttft_p95_ms": 1500.0}, "batch")
     assert cmd.class_changes == {"queue_depth": 3, "limit_tokens": None}
+    # the replay held the proposed budget as the pool: applied, the controller is frozen there
+    # (not frozen, an adaptive controller moved 600 to 660 within 20 s in a user's trial)
+    assert cmd.freeze is True
+    assert retune_of("classes.batch.queue_depth=3").freeze is None  # no budget: the controller as it is
     with pytest.raises(ValueError, match="one class"):
         retune_of("classes.batch.queue_depth=3,classes.interactive.queue_depth=3")
     with pytest.raises(ValueError, match="does not set it"):
