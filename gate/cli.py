@@ -213,7 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="the operator's runtime changes a restart restores: show, drop, or write into the config",
         description=(
             "Retunes, hand budgets, paused classes and the controller's freeze made at runtime are\n"
-            "kept beside the journal (<journal>.overrides.json) and restored when the gate starts.\n"
+            "kept beside the journal (<journal>.overrides.json) and restored when the gate starts\n"
+            "(a hand budget while the controller is frozen or static: an adaptive one moves it).\n"
             "  show   list them (default)\n"
             "  drop   back to the config file (on the running gate, audited; else the kept file goes)\n"
             "  write  write the retuned settings into --config (validated), so the file holds them;\n"
