@@ -81,15 +81,14 @@ def capacity_from_props(props: Mapping[str, Any], config: BackendConfig, layout:
         raise ValueError(f"/props lacks total_slots/default_generation_settings.n_ctx: {slots!r}, {n_ctx!r}")
     kv = layout.kv if layout is not None else learn_layout(props, config.kv, None).kv
     # Unified: every slot reports the whole shared pool. Split: each slot owns n_ctx.
-    ceiling = n_ctx if kv == "unified" else slots * n_ctx
-    if config.token_budget is not None:
-        ceiling = config.token_budget
+    pool = n_ctx if kv == "unified" else slots * n_ctx
     return Capacity(
         slots=slots,
         slot_context=n_ctx,
-        ceiling=ceiling,
+        ceiling=pool if config.token_budget is None else config.token_budget,
         max_prefill_tokens=config.max_prefill_tokens,
         prefill_yield_tokens=config.prefill_yield_tokens or None,
+        pool=None if config.token_budget is None else pool,
     )
 
 
@@ -100,6 +99,12 @@ def capacity_warnings(layout: Layout | None, cap: Capacity | None, budget: Budge
     out = list(layout.warnings if layout is not None else ())
     if cap is None:
         return tuple(out)
+    if cap.pool is not None and cap.ceiling > cap.pool:
+        out.append(
+            f"token_budget {cap.ceiling} is above llama-server's KV pool of {cap.pool} tokens: the gate may admit more "
+            "than the cache holds, and llama-server then fails requests (context size exceeded); the cache is no longer "
+            "kept from overcommitting"
+        )
     where = f"ceiling {cap.ceiling}" + (f" ({layout.kv} KV, {cap.slots} slots of {cap.slot_context})" if layout else "")
     if budget.min_tokens and budget.min_tokens > cap.ceiling:
         out.append(f"budget.min_tokens {budget.min_tokens} is above the {where}: the floor is clamped to {cap.ceiling}")

@@ -192,6 +192,7 @@ class Capacity:
     ceiling: int  # the most KV tokens in flight (pool size, or slots x slot_context)
     max_prefill_tokens: int | None = None  # F4; None: the measured `prefill_cap_auto`; 0: no cap
     prefill_yield_tokens: int | None = None  # F6: longer prompts yield to higher classes
+    pool: int | None = None  # the KV pool llama-server reported, when `ceiling` is a configured token_budget
 
 
 @dataclass(frozen=True, slots=True)

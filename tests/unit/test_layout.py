@@ -102,6 +102,18 @@ def test_min_tokens_and_reservations_above_the_ceiling_are_said():
     assert capacity_warnings(None, fits, BudgetConfig(min_tokens=1024), classes) == ()
 
 
+def test_a_token_budget_above_the_pool_is_said():
+    # `config check` printed "ceiling 99999999" against a 2,048-token pool and nothing else
+    layout = learn_layout(props(4, 512), "split", None)
+    classes = (ClassConfig(name="batch", priority=1, default_max_tokens=64),)
+    over = capacity_from_props(props(4, 512), BackendConfig(kv="split", token_budget=99_999_999), layout)
+    assert (over.ceiling, over.pool) == (99_999_999, 2048)
+    (warning,) = capacity_warnings(layout, over, BudgetConfig(min_tokens=0), classes)
+    assert "token_budget 99999999 is above llama-server's KV pool of 2048" in warning
+    under = capacity_from_props(props(4, 512), BackendConfig(kv="split", token_budget=1024), layout)
+    assert capacity_warnings(layout, under, BudgetConfig(min_tokens=0), classes) == ()  # below the pool: a choice
+
+
 def test_a_default_max_tokens_no_request_can_fit_in_a_slot_is_said():
     layout = learn_layout(props(4, 512), "split", None)
     cap = capacity_from_props(props(4, 512), BackendConfig(kv="split"), layout)
