@@ -268,6 +268,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="only rows from this long ago (30s, 15m, 2h, 7d) or since an ISO-8601 timestamp (UTC unless it says otherwise); default: all",
     )
     log_cmd.add_argument(
+        "--until",
+        metavar="WHEN",
+        type=_since_arg,
+        default=None,
+        help="only rows before this moment (the same forms as --since): an incident's window, with --since; default: all",
+    )
+    log_cmd.add_argument(
         "--class",
         metavar="NAME",
         dest="cls",
@@ -587,6 +594,9 @@ def _cmd_log(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.format == "aiperf" and args.kind != "decisions":
         err.write("tokengate log: error: --format aiperf is a trace of requests: use it with --kind decisions\n")
         return EXIT_USAGE
+    if args.since is not None and args.until is not None and args.until <= args.since:
+        err.write("tokengate log: error: --until must be after --since\n")
+        return EXIT_USAGE
     given = args.journal
     if given is None and getattr(args, "config", None):
         given = load_config(args.config).gate.journal
@@ -594,7 +604,7 @@ def _cmd_log(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if note:
         err.write(f"tokengate log: {note}\n")
     try:
-        export(journal, out, kind=args.kind, fmt=args.format, since_ts=args.since, cls=args.cls)
+        export(journal, out, kind=args.kind, fmt=args.format, since_ts=args.since, cls=args.cls, until_ts=args.until)
     except ExportError as e:
         err.write(f"tokengate log: error: {e}\n")
         return EXIT_RUNTIME

@@ -125,7 +125,7 @@ def check_version(path: str, version: int, verb: str) -> str | None:
 
 
 def _rows(
-    conn: sqlite3.Connection, kind: str, since_ts: float | None, path: str, cls: str | None = None
+    conn: sqlite3.Connection, kind: str, since_ts: float | None, path: str, cls: str | None = None, until_ts: float | None = None
 ) -> tuple[list[str], Iterator[tuple[Any, ...]]]:
     columns = ["id", *COLUMNS[kind]]
     sql = "SELECT " + ", ".join(f'"{c}"' for c in columns) + f" FROM {kind}"
@@ -134,6 +134,9 @@ def _rows(
     if since_ts is not None:
         where.append("ts >= ?")
         params.append(since_ts)
+    if until_ts is not None:
+        where.append("ts < ?")
+        params.append(until_ts)
     if cls is not None:
         where.append('"class" = ?')
         params.append(cls)
@@ -170,6 +173,7 @@ def export(
     fmt: str = "table",
     since_ts: float | None = None,
     cls: str | None = None,
+    until_ts: float | None = None,
 ) -> int:
     """Write the ``kind`` rows of the journal at ``path`` to ``out``; returns the row count.
     `cls`: only the decisions of that class (an aiperf trace keeps the times of the whole
@@ -185,7 +189,7 @@ def export(
     conn = open_read_only(path)
     rows: Iterator[tuple[Any, ...]] | None = None
     try:
-        columns, rows = _rows(conn, kind, since_ts, path, cls)
+        columns, rows = _rows(conn, kind, since_ts, path, cls, until_ts)
         if fmt == "aiperf":
             origin = _first_counted(conn, since_ts, path)
             return _write_aiperf(columns, rows, out, origin)

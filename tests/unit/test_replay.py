@@ -471,3 +471,18 @@ def test_a_window_that_ends_before_it_starts_is_a_usage_error(tmp_path: Path, ca
     path = _journal(tmp_path, n=20, duration=5.0)
     assert main(["replay", "--journal", path, "--since", "2026-12-02T03:10Z", "--until", "2026-12-02T03:00Z"]) == 2
     assert "--until must be after --since" in capsys.readouterr().err
+
+
+def test_log_until_bounds_an_incidents_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gate.journal.export import iso
+
+    path = _journal(tmp_path, n=60, duration=6.0)
+    conn = sqlite3.connect(path)
+    stamps = [ts for (ts,) in conn.execute("SELECT ts FROM decisions ORDER BY ts")]
+    since, until = stamps[10], stamps[40]
+    inside = sum(1 for ts in stamps if since <= ts < until)
+    assert main(["log", "--journal", path, "--format", "aiperf", "--since", iso(since), "--until", iso(until)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == inside and 0 < inside < len(stamps)
+    assert main(["log", "--journal", path, "--since", iso(until), "--until", iso(since)]) == 2
+    assert "--until must be after --since" in capsys.readouterr().err
