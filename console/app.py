@@ -61,7 +61,7 @@ __all__ = ["CHART_POINTS", "CHART_WINDOW_S", "TOASTED_SOURCES", "TokengateApp", 
 INTERVALS: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
 MIN_INTERVAL_S, MAX_INTERVAL_S = INTERVALS[0], INTERVALS[-1]
 #: audit sources whose rows are toasted when another console (or a signal) made them
-TOASTED_SOURCES = frozenset({"console", "signal", "config", "gate", "api"})
+TOASTED_SOURCES = frozenset({"console", "cli", "signal", "config", "gate", "api"})
 
 
 def mark_label(a: AuditRecord) -> str:

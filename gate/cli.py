@@ -410,7 +410,7 @@ def _cmd_overrides(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if live:
 
             async def drop() -> str:
-                link = await SocketLink.connect(socket_path)
+                link = await SocketLink.connect(socket_path, client="cli")
                 try:
                     (result,) = await link.command(DropOverrides(note="tokengate overrides drop"))
                     return result.message
@@ -604,10 +604,13 @@ def _cmd_log(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if note:
         err.write(f"tokengate log: {note}\n")
     try:
-        export(journal, out, kind=args.kind, fmt=args.format, since_ts=args.since, cls=args.cls, until_ts=args.until)
+        n = export(journal, out, kind=args.kind, fmt=args.format, since_ts=args.since, cls=args.cls, until_ts=args.until)
     except ExportError as e:
         err.write(f"tokengate log: error: {e}\n")
         return EXIT_RUNTIME
+    if n == 0 and args.cls is not None:
+        # empty is an answer, but a mistyped class should not look like a quiet incident
+        err.write(f"tokengate log: no decisions of class {args.cls!r} in the selection\n")
     return EXIT_OK
 
 

@@ -49,6 +49,7 @@ def proposal_text(lines: str, recorded: dict[str, str]) -> str:
     """The ``--set`` text of the form: its ``KEY=VALUE`` lines (blank and ``#`` lines skipped)
     whose value differs from the recorded one, comma-joined; "" when nothing changed."""
     changed = []
+    seen: set[str] = set()
     for raw in lines.splitlines():
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -56,6 +57,10 @@ def proposal_text(lines: str, recorded: dict[str, str]) -> str:
         key, sep, value = line.partition("=")
         if not sep:
             raise ValueError(f"{line!r}: give KEY=VALUE, e.g. budget.min_tokens=1024")
+        if key.strip() in seen:
+            # which line would win is a guess: refused, as `tokengate replay --set` refuses it
+            raise ValueError(f"{key.strip()} is given twice: keep one line for it")
+        seen.add(key.strip())
         if recorded.get(key.strip()) != value.strip():
             changed.append(f"{key.strip()}={value.strip()}")
     return ",".join(changed)

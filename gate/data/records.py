@@ -78,7 +78,7 @@ class RecentDecisions:
         return next((r for r in reversed(self._rows) if r.request_id == request_id), None)
 
 
-AuditSource = Literal["console", "config", "controller", "signal", "api", "gate"]
+AuditSource = Literal["console", "cli", "config", "controller", "signal", "api", "gate"]  # cli: a one-shot command (overrides drop)
 
 
 #: the audit action of a ready backend's capacity, learned or changed (its value: JSON with

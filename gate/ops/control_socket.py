@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from gate import __version__
 from gate.data.commands import CommandError, from_wire
-from gate.data.records import AuditRecord
+from gate.data.records import AuditRecord, AuditSource
 from gate.data.wire import encode
 from gate.ops.console_feed import SnapshotFeed
 from gate.ops.control import Operator
@@ -127,7 +127,20 @@ def claim_path(path: str) -> None:
 
 
 class _Session:
-    __slots__ = ("operator", "read_only", "writer", "events", "missed", "wake", "pusher", "uid", "pid", "name", "next_snapshot_at")
+    __slots__ = (
+        "operator",
+        "read_only",
+        "writer",
+        "events",
+        "missed",
+        "wake",
+        "pusher",
+        "uid",
+        "pid",
+        "name",
+        "next_snapshot_at",
+        "source",
+    )
 
     def __init__(self, pid: int, uid: int, name: str, writer: asyncio.StreamWriter) -> None:
         self.pid = pid
@@ -135,6 +148,7 @@ class _Session:
         self.name = name
         self.operator = Operator(name, "local")
         self.read_only = True  # until hello says otherwise
+        self.source: AuditSource = "console"  # the audit's source for its commands ("cli": a one-shot command)
         self.writer = writer
         #: audit lines not yet written (subscribed sessions only): the newest OUTBOX of them
         self.events: collections.deque[bytes] | None = None
@@ -278,6 +292,7 @@ class ControlServer:
             if request.get("v") != PROTOCOL_VERSION:
                 raise CommandError(f"protocol version {request.get('v')!r} is not {PROTOCOL_VERSION}: upgrade the console")
             session.read_only = bool(request.get("read_only", False))
+            session.source = "cli" if request.get("client") == "cli" else "console"
             origin = request.get("origin")
             name = session.name
             sudo = request.get("sudo_user")
@@ -289,7 +304,7 @@ class ControlServer:
         if op == "command":
             if session.read_only:
                 raise CommandError("this console attached read-only: the gate refuses its commands")
-            results = gate.control.execute(from_wire(request.get("command")), operator=session.operator, source="console")
+            results = gate.control.execute(from_wire(request.get("command")), operator=session.operator, source=session.source)
             self.feed.invalidate()  # the console's next snapshot shows what it just did
             return {"ok": True, "results": [encode(r) for r in results]}
         if op == "stop":

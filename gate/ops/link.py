@@ -189,11 +189,18 @@ class SocketLink:
 
     @classmethod
     async def connect(
-        cls, path: str, *, read_only: bool = False, embedded: bool = False, environ: dict[str, str] | None = None
+        cls,
+        path: str,
+        *,
+        read_only: bool = False,
+        embedded: bool = False,
+        environ: dict[str, str] | None = None,
+        client: str = "console",
     ) -> SocketLink:
         """Attach to the gate listening on `path`; LinkLost when nothing answers there.
 
-        `embedded`: this console started the gate (quitting it stops the gate)."""
+        `embedded`: this console started the gate (quitting it stops the gate). `client`: what
+        the audit names as the commands' source ("console", or "cli" for a one-shot command)."""
         env = os.environ if environ is None else environ
         wrong = not_a_socket(path)
         if wrong:
@@ -215,6 +222,7 @@ class SocketLink:
                     "read_only": read_only,
                     "origin": ssh_origin(env),
                     "sudo_user": env.get("SUDO_USER", ""),
+                    "client": client,
                 }
             )
             info = reply["info"]

@@ -62,6 +62,9 @@ def test_proposal_text_keeps_only_the_changed_lines() -> None:
     assert proposal_text("budget.min_tokens=256", recorded) == ""
     with pytest.raises(ValueError, match="KEY=VALUE"):
         proposal_text("budget.min_tokens 1024", recorded)
+    # a key given twice (a trial added a line above the prefilled one): refused, as the CLI does
+    with pytest.raises(ValueError, match="given twice"):
+        proposal_text("classes.batch.reserved_tokens=6\nclasses.batch.reserved_tokens=0", recorded)
 
 
 async def test_w_replays_the_window_under_an_edited_threshold(journal: Path) -> None:

@@ -201,6 +201,17 @@ async def test_attach_snapshot_atomic_retune_two_consoles_read_only_and_operator
             assert {r["operator"] for r in rows} == {a.info.operator}
             assert {r["origin"] for r in rows} == {"10.9.8.7"}
             assert {r["gate_id"] for r in rows} == {snap.gate_id}
+            assert {r["source"] for r in rows} == {"console"}
+
+            # a one-shot command (`tokengate overrides drop`) is audited as the CLI's, not a console's
+            cli = await SocketLink.connect(sock_of(tmp_path), environ={}, client="cli")
+            try:
+                before = len(audit_rows(tmp_path))
+                await cli.command(Pause("batch", True))
+                await wait_until(lambda: _flushed(tmp_path, before + 1), timeout_s=5)
+                assert [r["source"] for r in audit_rows(tmp_path) if r["action"] == "pause_class"] == ["cli"]
+            finally:
+                await cli.close()
         finally:
             await a.close()
             await b.close()

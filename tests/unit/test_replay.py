@@ -486,3 +486,35 @@ def test_log_until_bounds_an_incidents_trace(tmp_path: Path, capsys: pytest.Capt
     assert len(lines) == inside and 0 < inside < len(stamps)
     assert main(["log", "--journal", path, "--since", iso(until), "--until", iso(since)]) == 2
     assert "--until must be after --since" in capsys.readouterr().err
+
+
+def test_log_of_a_class_with_no_decisions_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _journal(tmp_path, n=20, duration=5.0)
+    assert main(["log", "--journal", path, "--class", "nosuch", "--format", "aiperf"]) == 0
+    out = capsys.readouterr()
+    assert out.out == "" and "no decisions of class 'nosuch'" in out.err
+
+
+def test_the_proposals_columns_follow_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # --config scenarios were listed after every --set one, whatever the order given
+    path = _journal(tmp_path, n=40, duration=10.0)
+    other = tmp_path / "other.toml"
+    other.write_text(EXAMPLE_CONFIG.replace("queue_depth = 64", "queue_depth = 8", 1))
+    args = ["replay", "--journal", path, "--format", "json", "--config", str(other), "--set", "budget.min_tokens=1024"]
+    assert main(args) == 0
+    names = [s["name"] for s in json.loads(capsys.readouterr().out)["scenarios"]]
+    assert names[:2] == ["recorded", "replayed"] and names[3] == "budget.min_tokens=1024" and "other.toml" in names[2]
+
+
+def test_a_proposal_config_check_would_warn_about_says_so(tmp_path: Path) -> None:
+    # a reservation above the pool replays as every batch arrival refused: said, not presented
+    # as a prediction alone (a trial's classes.interactive.reserved_tokens=5000 on 2,048)
+    window = load_window(_journal(tmp_path, n=60, duration=10.0))
+    over = proposal_from_set(f"classes.interactive.reserved_tokens={window.fit.ceiling + 1000}", window.config)
+    fine = proposal_from_set("classes.batch.queue_depth=3", window.config)
+    answer = run_replay(window, [over, fine])
+    warned, quiet = answer["scenarios"][2], answer["scenarios"][3]
+    assert warned["warnings"] and all("reserved" in w or "exceed" in w or "reserv" in w for w in warned["warnings"]), warned["warnings"]
+    assert quiet["warnings"] == []
+    assert any(n.startswith(over.name + ": ") for n in answer["notes"])
+    assert over.name + ": " in to_table(answer)

@@ -89,7 +89,7 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter], epilog: s
     p.add_argument(
         "--set",
         metavar="KEY=VALUE[,KEY=VALUE]",
-        action="append",
+        action=_InOrder,
         default=[],
         dest="proposals",
         help="one proposal over the recorded thresholds (repeat for several): budget.KEY, classes.NAME.KEY, backend.KEY; "
@@ -98,13 +98,26 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter], epilog: s
     p.add_argument(
         "--config",
         metavar="FILE",
-        action="append",
+        action=_InOrder,
         default=[],
         dest="configs",
         help="one proposal: another config file's thresholds (repeatable)",
     )
     p.add_argument("--format", choices=("table", "json"), default="table", help="table (default) or json (stable, for scripts)")
     p.set_defaults(func=cmd_replay)
+
+
+class _InOrder(argparse.Action):
+    """Appends to its own list, and (option, value) to `scenario_order`: the proposals' columns
+    follow the command line, --set and --config mixed (they came --set first before)."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None
+    ) -> None:
+        mine = getattr(namespace, self.dest, None) or []
+        setattr(namespace, self.dest, [*mine, values])
+        order = getattr(namespace, "scenario_order", None) or []
+        namespace.scenario_order = [*order, (option_string, values)]
 
 
 def cmd_replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -124,8 +137,13 @@ def cmd_replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         err.write(f"tokengate replay: cannot replay: {e}\n")
         return 1
     try:
-        proposals = [proposal_from_set(text, window.config) for text in args.proposals]
-        proposals += [proposal_from_config(path, load_config(path), window.config, window.backend) for path in args.configs]
+        # in the order given on the command line, --set and --config mixed (the table's columns)
+        proposals = [
+            proposal_from_set(value, window.config)
+            if option == "--set"
+            else proposal_from_config(value, load_config(value), window.config, window.backend)
+            for option, value in getattr(args, "scenario_order", [])
+        ]
     except (ValueError, ConfigError) as e:
         err.write(f"tokengate replay: error: {e}\n")
         return 2

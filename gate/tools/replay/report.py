@@ -260,6 +260,17 @@ def _run(window: Window, config: Config, pinned: frozenset[str] = frozenset()) -
     return outs, _window_curve(curve, lead)
 
 
+def _warnings(window: Window, config: Config) -> list[str]:
+    """`config check`'s capacity warnings for `config` on the fitted backend."""
+    from gate.backend.pool import capacity_warnings
+    from gate.core.admission import Capacity
+
+    fit, backend = window.fit, config.backends[0]
+    pool = None if backend.token_budget is None else fit.ceiling
+    cap = Capacity(fit.slots, fit.slot_context, backend.token_budget or fit.ceiling, pool=pool)
+    return list(capacity_warnings(None, cap, config.budget, config.classes))
+
+
 def run_replay(window: Window, proposals: Sequence[Proposal] = ()) -> dict[str, Any]:
     """The whole answer: recorded, replayed at the recorded thresholds, then each proposal."""
     rec = figures(window, recorded_outcomes(window), window.config)
@@ -271,8 +282,15 @@ def run_replay(window: Window, proposals: Sequence[Proposal] = ()) -> dict[str, 
         {"name": "recorded", "classes": rec, "untrusted": [], "budget_curve": _curve(window.budget_curve)},
         {"name": "replayed", "classes": rep, "untrusted": bad, "budget_curve": _curve(curve)},
     ]
+    notes = list(window.notes)
+    already = set(_warnings(window, window.config))
     for p in proposals:
         outs, curve = _run(window, p.config, p.pinned)
+        # what `config check` would say of the proposal on this backend, beyond what it says of
+        # the recorded config: a reservation above the pool replays as every arrival of a class
+        # refused, which a trial read as a prediction
+        said = [w for w in _warnings(window, p.config) if w not in already]
+        notes += [f"{p.name}: {w}" for w in said]
         scenarios.append(
             {
                 "name": p.name,
@@ -280,6 +298,7 @@ def run_replay(window: Window, proposals: Sequence[Proposal] = ()) -> dict[str, 
                 "untrusted": bad,
                 "changes": sorted(p.pinned),
                 "budget_curve": _curve(curve),
+                "warnings": said,
             }
         )
     fit = dataclasses.asdict(window.fit)
@@ -295,7 +314,7 @@ def run_replay(window: Window, proposals: Sequence[Proposal] = ()) -> dict[str, 
         # its learned capacity, not what was in force before: a window with none read "8")
         "recorded_changes": sum(1 for c in window.changes if c.at > 0 and c.action in REPLAYED_ACTIONS),
         "untrusted_above": UNTRUSTED_ABOVE,
-        "notes": list(window.notes),
+        "notes": notes,
         "fit": fit,
         "calibration": cal,
         "scenarios": scenarios,
