@@ -285,6 +285,9 @@ class ReviewScreen(Screen[str | None]):
         self.now: float | None = None
         self.oldest: float | None = None
         self.newest: float | None = None  # the journal's last decision
+        #: the what-if form as it was left (its KEY=VALUE lines hold for any window: a live
+        #: range moves with the clock)
+        self._whatif_draft: str | None = None
         self.filter_fields: dict[str, tuple[str, ...]] = {}
         self.filters = DecisionFilters()
         self.page_rows: list[dict[str, Any]] = []
@@ -650,7 +653,20 @@ class ReviewScreen(Screen[str | None]):
         # does, and the title then shows the window replayed (it once began at the first
         # decision instead, a few seconds later than both said: tokens/s disagreed).
         text = window_text(self.journal_path, since if since is not None else self.oldest, until)
-        self.app.push_screen(WhatIfScreen(self.journal_path, since, until, window_text=text, apply=self.apply))
+        self.app.push_screen(
+            WhatIfScreen(
+                self.journal_path,
+                since,
+                until,
+                window_text=text,
+                apply=self.apply,
+                draft=self._whatif_draft,
+                keep_draft=self._keep_whatif_draft,
+            )
+        )
+
+    def _keep_whatif_draft(self, form: str) -> None:
+        self._whatif_draft = form
 
     def action_export(self) -> None:
         if self.reader is None:

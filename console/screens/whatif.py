@@ -168,11 +168,17 @@ class WhatIfScreen(ModalScreen[None]):
         *,
         window_text: str = "",
         apply: Callable[[Retune], Awaitable[list[str]]] | None = None,
+        draft: str | None = None,
+        keep_draft: Callable[[str], None] | None = None,
     ) -> None:
         """``apply``: sends one command to the attached gate (the live console's); None:
-        replay only (``tokengate review``, ``--read-only``)."""
+        replay only (``tokengate review``, ``--read-only``). ``draft``: the form as it was left
+        for this window (closing the what-if once threw the edits away); ``keep_draft`` gets
+        the form's text when it closes."""
         super().__init__(classes="dialog-screen")
         self.apply = apply
+        self.draft = draft
+        self.keep_draft = keep_draft
         #: the messages of the command applied from here, if one was
         self.applied: list[str] | None = None
         self.journal_path = journal_path
@@ -234,7 +240,8 @@ class WhatIfScreen(ModalScreen[None]):
                 self.query_one("#whatif-title", Static).update(f"What if: replay {self.window_text}")
             pairs = settable(window.config, window.fit.ceiling)
             self.recorded = dict(pairs)
-            self.query_one("#whatif-form", TextArea).text = "\n".join(f"{k}={v}" for k, v in pairs)
+            prefilled = "\n".join(f"{k}={v}" for k, v in pairs)
+            self.query_one("#whatif-form", TextArea).text = prefilled if self.draft is None else self.draft
             self.query_one("#whatif-replay", Button).disabled = False
             notes = "".join(f" · note: {n}" for n in window.notes)
             self._status(f"{len(window.arrivals):,} arrivals, backend {window.backend}; edit a threshold, then ctrl+r{notes}")
@@ -360,4 +367,6 @@ class WhatIfScreen(ModalScreen[None]):
             self.action_cancel()
 
     def action_cancel(self) -> None:
+        if self.keep_draft is not None and self.window is not None:
+            self.keep_draft(self.query_one("#whatif-form", TextArea).text)
         self.dismiss(None)

@@ -282,3 +282,17 @@ async def test_a_live_range_past_the_last_decision_replays_the_clis_default_wind
         ours = screen.answer["scenarios"][0]["classes"]
         cli = run_replay(window, [])["scenarios"][0]["classes"]
         assert {c: v["tokens_per_s"] for c, v in ours.items()} == {c: v["tokens_per_s"] for c, v in cli.items()}
+
+
+async def test_closing_the_what_if_keeps_the_edits_for_the_next_time(journal: Path) -> None:
+    # closing and reopening (esc, w) threw the edits away (a user's trial)
+    app = ReviewApp(journal)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_whatif(pilot)
+        form = screen.query_one("#whatif-form", TextArea)
+        old = next(line for line in form.text.splitlines() if line.startswith("classes.batch.queue_depth="))
+        form.text = form.text.replace(old, "classes.batch.queue_depth=3")
+        await pilot.press("escape")
+        await settle(pilot)
+        again = await open_whatif(pilot)
+        assert "classes.batch.queue_depth=3" in again.query_one("#whatif-form", TextArea).text.splitlines()
