@@ -42,6 +42,9 @@ log = logging.getLogger("tokengate.service")
 
 CLASS_FIELDS = ("reserved_tokens", "limit_tokens", "queue_depth", "queue_timeout_s", "default_max_tokens", "max_tokens_cap", "priority")
 
+#: what a reload applies to a class: all of its table but its name
+_RELOADED_CLASS_FIELDS = tuple(f.name for f in dataclasses.fields(ClassConfig) if f.name != "name")
+
 #: the name older code and tests use for a refused action
 ControlError = CommandError
 
@@ -607,7 +610,9 @@ def _config_diff(old: Config, new: Config) -> list[tuple[str, str | None, str | 
             out.append((f"budget.{f.name}", _fmt(a), _fmt(b)))
     new_classes = {c.name: c for c in new.classes}
     for c in old.classes:
-        for name in CLASS_FIELDS:
+        # every setting a reload applies, not only those a live retune may set (CLASS_FIELDS):
+        # ttft_objective_ms and fallback took effect unaudited (a user's trial, 2026-12-05)
+        for name in _RELOADED_CLASS_FIELDS:
             a, b = getattr(c, name), getattr(new_classes[c.name], name)
             if a != b:
                 out.append((f"classes.{c.name}.{name}", _fmt(a), _fmt(b)))

@@ -161,6 +161,17 @@ async def test_reload_audits_each_changed_key_and_refuses_backend_changes(gate):
     assert "backends[0].url (http://llama:8080 -> http://llama:9090)" in str(refused.value)
 
 
+async def test_reload_audits_every_class_setting_it_applies_not_only_the_retunable_ones(gate):
+    """A class's TTFT objective took effect on SIGHUP with no audit row (CLASS_FIELDS, the
+    retunable settings, was all the reload's diff looked at)."""
+    text = CONFIG.replace("queue_depth = 8", "queue_depth = 8\nttft_objective_ms = 5000")
+    results = gate.control.reload(parse_config(text), operator=ALICE)
+    assert [(r.target, r.old_value, r.new_value) for r in results] == [("classes.batch.ttft_objective_ms", None, "5000")]
+    assert gate.backends.backends[0].admission.objective_ms("batch") == 5000.0
+    back = gate.control.reload(parse_config(CONFIG), operator=ALICE)  # and removing it is audited too
+    assert [(r.target, r.old_value, r.new_value) for r in back] == [("classes.batch.ttft_objective_ms", "5000", None)]
+
+
 async def test_controller_tick_shrinks_budget_on_slow_upstream_and_audits_it(gate):
     backend = gate.backends.backends[0]
     now = gate.clock()
