@@ -42,3 +42,17 @@ def test_met_share_counts_refusals_as_misses_and_leaves_client_errors_and_cancel
     assert r.met_share(101.0, "interactive") == (1, 3)
     assert r.p95_queue_ms(101.0, "interactive") == 10_000.0
     assert r.met_share(101.0, "batch") == (0, 0)
+
+
+def test_an_admitted_request_without_a_first_token_time_is_not_judged_a_miss():
+    """Embeddings, rerank and plain Messages / Responses answers have no first-token time: five
+    plain /v1/messages answered in 70-110 ms read "met 0%" in a user's trial (2026-12-05)."""
+    from gate.observe.recorder import judge
+    from tests.unit.test_journal import decision
+
+    admitted = decision(0, outcome="admitted", http_status=200)
+    assert judge(admitted, None, 2000.0) is None
+    assert judge(admitted, 0.5, 2000.0) is True
+    assert judge(admitted, 2.5, 2000.0) is False
+    assert judge(decision(0, outcome="refused", reason="queue_timeout", http_status=429), None, 2000.0) is False
+    assert judge(decision(0, outcome="refused", reason="invalid_request", http_status=400), None, 2000.0) is None
