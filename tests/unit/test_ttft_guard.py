@@ -179,7 +179,12 @@ def test_before_any_release_a_newcomer_is_queued_while_the_slots_are_young_and_r
         assert isinstance(decision, Queue) is queued, (chance_rule, run_for, decision)
         if not queued:
             assert isinstance(decision, Refuse) and decision.reason is Reason.QUEUE_TIMEOUT
-            assert "80% likely; no slot has freed yet" in decision.detail  # P(Poisson(2 x 0.8 / 1) >= 1)
+            # the message names the rule (the chance, P(Poisson(2 x 0.8 / 1) >= 1)), not a sum that
+            # does not miss, nor a wait of "0 ms" nobody measured
+            assert "only 80% likely to free within the 800 ms" in decision.detail, decision.detail
+            assert "no slot has freed yet" in decision.detail and "expected wait" not in decision.detail
+            # nothing has drained yet: Retry-After is the class's 1 s objective, not its queue_timeout_s
+            assert decision.retry_after_s == 1.0
         check_invariants(adm)
 
 
