@@ -114,6 +114,13 @@ class Gatekeeper:
             self._abandon(request.id, fut)
             raise
 
+    def refuses_before_count(self, request: Request) -> Refused | None:
+        """The refusal `acquire` would raise for `request` however large its uncounted prompt
+        (`request.prompt_tokens`, a lower bound) turns out (`Admission.refuses_before_count`),
+        else None; nothing changes either way."""
+        refusal = self.admission.refuses_before_count(request, self.clock())
+        return None if refusal is None else Refused(refusal)
+
     def admit_now(self, request: Request) -> Ticket | None:
         """A ticket for `request` if the core admits it at once with nobody waiting anywhere
         (`Admission.fits_now`, then `offer`), else None and nothing changed: the forward beside

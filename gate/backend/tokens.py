@@ -309,8 +309,13 @@ class TokenCounter:
         count needed more: text whose tokens are shorter than 3 bytes, as some non-Latin scripts
         make; at most 3, a token per byte) + BOUND_MARGIN. What a request forwarded beside its
         count holds until the count comes back; a count above it takes the request back."""
-        est = estimate_tokens(canonical_json(prompt_fields(kind, body)))
+        est = self.estimate(kind, body).tokens
         return math.ceil(est * self._ratio.get(_ratio_key(base_url, model), 1.0)) + BOUND_MARGIN
+
+    @staticmethod
+    def estimate(kind: TokenKind, body: Mapping[str, Any]) -> TokenCount:
+        """The estimate `count` falls back on (JSON bytes / 3), without asking the backend."""
+        return TokenCount(estimate_tokens(canonical_json(prompt_fields(kind, body))), "estimate", False)
 
     def _learn(self, base_url: str, model: str | None, canonical: bytes, tokens: int) -> None:
         """An exact count: the bound's ratio grows to cover it, or eases back toward 1."""

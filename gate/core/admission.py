@@ -822,12 +822,7 @@ class Admission:
         if never is not None:
             return never
         if entry.queue.paused:
-            return Refuse(
-                request,
-                Reason.CLASS_PAUSED,
-                f"class {request.cls!r} is paused by the operator",
-                self.retry_after(request.cls, request.cost, now),
-            )
+            return self._paused(request, now)
         if self._beyond_budget(request) and not self._stretches():
             return Refuse(
                 request,
@@ -842,14 +837,46 @@ class Admission:
         self._arrivals[request.cls] = (self.demand(request.cls, now) + 1.0 / DEMAND_WINDOW_S, now)
         # No overtaking: with requests of its class waiting, a newcomer waits behind them.
         turn = self._newcomer_turn(entry, now)  # G1 (b)
-        if not entry.queue:
-            others = self._aged_waiting(now)
-            if turn and not others:  # G2: with its turn and nobody else's, it does not yield
-                block = self.blocker(request, aged=True, stretch=False)  # E2 waits for aging
-            else:
-                block = self.blocker(request, own_share_only=self._yield_to_higher(entry) or others)
-            if block is None:
-                return self._start(request, now, turn=turn and not others)
+        if not entry.queue and self._newcomer_block(entry, request, now, turn) is None:
+            return self._start(request, now, turn=turn and not self._aged_waiting(now))
+        refusal = self._refused_to_wait(entry, request, now, turn)
+        if refusal is not None:
+            return refusal
+        item = entry.queue.push(request, now)
+        assert item is not None
+        return Queue(request, item.deadline)
+
+    def refuses_before_count(self, request: Request, now: float) -> Refuse | None:
+        """Would `offer` refuse `request` at once however large its prompt is beyond
+        `request.prompt_tokens` (a lower bound: the prompt not counted yet)? Changes nothing.
+        Only the refusals that need no size (a paused class) or that a larger prompt can only
+        confirm: it must wait (its class has waiters, or even the bound does not fit: F1-F7 only
+        tighten as a request grows) and T1 says it cannot make its objective (its first-token time
+        only grows with the prompt) or its queue is full. Anything else (it may fit, never fits,
+        over the budget) waits for the count. The shell asks before counting: under overload a
+        count waited up to 2 s on llama-server's busy HTTP threads (a user's trial, 2026-12-05:
+        refusals decided "at arrival" took 2.0 s on average while counts timed out)."""
+        entry = self._classes.get(request.cls)
+        if entry is None or self._never_fits(request) is not None:
+            return None
+        if entry.queue.paused:
+            return self._paused(request, now)
+        if self._beyond_budget(request) and not self._stretches():
+            return None
+        turn = self._newcomer_turn(entry, now)
+        if not entry.queue and self._newcomer_block(entry, request, now, turn) is None:
+            return None
+        return self._refused_to_wait(entry, request, now, turn)
+
+    def _newcomer_block(self, entry: _Class, request: Request, now: float, turn: bool) -> Block | None:
+        """What keeps a newcomer of a class with no waiters from starting now (None: it starts)."""
+        others = self._aged_waiting(now)
+        if turn and not others:  # G2: with its turn and nobody else's, it does not yield
+            return self.blocker(request, aged=True, stretch=False)  # E2 waits for aging
+        return self.blocker(request, own_share_only=self._yield_to_higher(entry) or others)
+
+    def _refused_to_wait(self, entry: _Class, request: Request, now: float, turn: bool) -> Refuse | None:
+        """A newcomer that must wait: refused (T1, or its queue is full), else None (it queues)."""
         late = self._unreachable(entry, request, now, turn=turn)
         if late is not None:
             return late
@@ -860,9 +887,15 @@ class Admission:
                 f"class {request.cls!r} queue is full ({entry.queue.depth} waiting)",
                 self.retry_after(request.cls, request.cost, now),
             )
-        item = entry.queue.push(request, now)
-        assert item is not None
-        return Queue(request, item.deadline)
+        return None
+
+    def _paused(self, request: Request, now: float) -> Refuse:
+        return Refuse(
+            request,
+            Reason.CLASS_PAUSED,
+            f"class {request.cls!r} is paused by the operator",
+            self.retry_after(request.cls, request.cost, now),
+        )
 
     def advance(self, now: float) -> Step:
         """Expire overdue waiters, serve aged waiters, then dispatch by priority and DRR

@@ -219,6 +219,8 @@ class _Flow:
             # The detail (it may hold the backend's address) stays in the log and the console.
             raise GateError(Reason.NO_BACKEND, f"backend {backend.name!r} is {backend.state}", retry_after_s=5.0)
         bound = self._forward_early(backend, intake) if early else None
+        if early and bound is None:
+            self._refuse_before_count(backend, intake)
         try:
             measured = await measure(self.gate, backend, intake)
             self.count = measured.count
@@ -280,17 +282,8 @@ class _Flow:
         gate = self.gate
         caller = intake.caller
         keeper = backend.gatekeeper
-        if (
-            keeper is None
-            or not gate.config.gate.forward_beside_count
-            or keeper.admission.waiting()  # it would wait: count first, as before
-            or intake.kind not in _COUNTED_WHOLE
-            or intake.plans is not None
-            or intake.copies != 1
-            or gate.ratelimit.limited(caller.tenant)
-            or (gate.shared is not None and caller.tenant_config is not None)
-        ):
-            return None
+        if keeper is None or not gate.config.gate.forward_beside_count or keeper.admission.waiting() or not self._one_count(intake):
+            return None  # (with waiters it would wait: count first, as before)
         prompt = gate.tokens.bound(backend.url, intake.kind, intake.body, model=backend.model)  # type: ignore[arg-type]
         # its own id: taken back, it may be held until llama-server lets go while the request
         # is offered again as counted
@@ -305,6 +298,35 @@ class _Flow:
             self._early = asyncio.ensure_future(backend.upstream.open(*call))
             self._early_at = ticket.admitted_at
         return ticket
+
+    def _one_count(self, intake: Intake) -> bool:
+        """Does one count of the whole prompt decide this request (not what a count answers in
+        pieces: tasks, copies, /predict), with nothing charged on the count (a tenant's rate
+        limits, fleet-wide limits)? Then the gate may act before the count comes back."""
+        gate, caller = self.gate, intake.caller
+        return (
+            intake.kind in _COUNTED_WHOLE
+            and intake.plans is None
+            and intake.copies == 1
+            and not gate.ratelimit.limited(caller.tenant)
+            and not (gate.shared is not None and caller.tenant_config is not None)
+        )
+
+    def _refuse_before_count(self, backend: Backend, intake: Intake) -> None:
+        """Raise the refusal the count could only confirm (`Gatekeeper.refuses_before_count`, the
+        prompt taken as 0 tokens): under overload llama-server's count waited on its busy HTTP
+        threads, up to the 2 s the gate allows it, before a refusal "at arrival" (a user's trial,
+        2026-12-05: 2.0 s on average where counts timed out, 257 ms where they answered). Its
+        journal row carries the estimate (JSON bytes / 3) as its prompt."""
+        keeper = backend.gatekeeper
+        if keeper is None or not self._one_count(intake):
+            return
+        caller = intake.caller
+        refused = keeper.refuses_before_count(Request(self.request_id, caller.cls, caller.tenant, 0, intake.max_tokens, self.gate.clock()))
+        if refused is not None:
+            self.count = self.gate.tokens.estimate(intake.kind, intake.body)  # type: ignore[arg-type]
+            self.waited_s = 0.0  # refused at once
+            raise refused
 
     def _take_back(self, backend: Backend, ticket: Ticket) -> None:
         """The count exceeded the bound where it stands, failed, or the client left, while the

@@ -7,8 +7,8 @@ the gate to consider it a ready backend:
 * ``GET /health`` -> 200 ``{"status": "ok"}``
 * ``GET /props`` -> ``total_slots`` 4, ``default_generation_settings.n_ctx`` 2048
 * ``POST /v1/chat/completions/input_tokens`` -> ``{"input_tokens": 12}`` (``count_tokens``; with
-  ``count_hold`` an Event, answered once it is set; ``count_asked`` is set when one comes and
-  ``count_answered_at`` says when it was answered)
+  ``count_hold`` an Event, answered once it is set; ``count_asked`` is set when one comes,
+  ``counts`` counts them and ``count_answered_at`` says when the last was answered)
 
 and then, on ``POST /v1/chat/completions``:
 
@@ -72,6 +72,7 @@ class FakeUpstream:
         self.count_tokens = 12
         self.count_hold: asyncio.Event | None = None
         self.count_asked = asyncio.Event()
+        self.counts = 0  # count requests received
         self.count_answered_at: float | None = None
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -114,6 +115,7 @@ class FakeUpstream:
                     self._reply(writer, 200, PROPS)
                 elif method == "POST" and path == "/v1/chat/completions/input_tokens":
                     json.loads(body)
+                    self.counts += 1
                     self.count_asked.set()
                     if self.count_hold is not None:
                         await self.count_hold.wait()

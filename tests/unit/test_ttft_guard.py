@@ -303,6 +303,85 @@ def test_no_request_is_queued_or_dispatched_from_the_queue_expected_to_miss_its_
         check_invariants(adm)
 
 
+def _state(adm: Admission) -> tuple:
+    """What a decision may change: the waiters, the reservations, G1's and F7's bookkeeping."""
+    waiters = tuple((c, tuple(w.request.id for w in adm.queue(c))) for c in adm.class_names)
+    return waiters, tuple(r.request.id for r in adm.ledger), dict(adm._started_at), dict(adm._offered_at), dict(adm._arrivals)
+
+
+@EXAMPLES
+@given(
+    slots=st.integers(1, 4),
+    objective_ms=st.floats(100.0, 3000.0),
+    base=st.floats(0.0, 0.5),
+    rate=st.floats(200.0, 5000.0),
+    holds=st.lists(st.floats(0.05, 5.0), min_size=0, max_size=6),
+    aging=st.one_of(st.none(), st.floats(0.5, 5.0)),
+    paused=st.booleans(),
+    seq=st.lists(st.tuples(ops, st.floats(0.0, 1.0)), max_size=60),
+)
+def test_a_refusal_before_the_count_is_one_the_counted_request_would_get_and_changes_nothing(
+    slots, objective_ms, base, rate, holds, aging, paused, seq
+):
+    """`refuses_before_count` on a lower bound of the prompt (its share `frac` of the real one,
+    0 included) refuses only what `offer` of the counted request, at the same moment, refuses
+    too (the shell refuses it without waiting on llama-server's count), and changes nothing."""
+    classes = [Cls("hi", 10, reserved_tokens=300, queue_depth=3, queue_timeout_s=60.0), Cls("lo", 1, queue_depth=3, queue_timeout_s=60.0)]
+    adm = Admission(
+        classes,
+        Capacity(slots=slots, slot_context=2000, ceiling=2000),
+        aging_s=aging,
+        expected_ttft=lambda r, p: base + (r.prompt_tokens + p) / rate,
+        default_ttft_objective_ms=objective_ms,
+    )
+    for h in holds:
+        adm.holds.record(h)
+    if paused:
+        adm.pause("lo")
+    now = 0.0
+    for op, frac in seq:
+        held = [r.request.id for r in adm.ledger]
+        if op[0] == "arrive":
+            cls = "hi" if op[1] % 2 else "lo"
+            r = Request(f"b{next(_ids)}", cls, "t", op[1], op[2], now)
+            bound = Request(r.id, cls, "t", int(op[1] * frac), op[2], now)
+            before = _state(adm)
+            early = adm.refuses_before_count(bound, now)
+            assert _state(adm) == before, "the look before the count changed the core"
+            d = adm.offer(r, now)
+            if early is not None:
+                assert isinstance(d, Refuse), (early.detail, d)
+            check_invariants(adm)
+            continue
+        if op[0] == "release" and held:
+            adm.release(held[op[1] % len(held)], now)
+        elif op[0] == "first_token" and held:
+            adm.first_token(held[op[1] % len(held)])
+        elif op[0] == "tick":
+            now += op[1]
+        adm.advance(now)
+
+
+def test_before_the_count_a_newcomer_behind_waiters_that_cannot_make_it_is_refused_and_one_that_may_fit_is_not():
+    """The cases the shell refuses on without a count, and the ones it must count first."""
+    adm = one_class(slots=1, objective_ms=1000.0)  # first token 0.2 s
+    measure_holds(adm, 2.0)  # holds of 2 s: a newcomer behind a busy slot waits ~2 s
+
+    def bound(at: float) -> Request:
+        return req("chat", 100, prompt=0, at=at)  # a prompt not counted yet: 0 tokens at least
+
+    assert adm.refuses_before_count(bound(10.0), 10.0) is None  # the slot is free: it may fit
+    assert isinstance(adm.offer(req("chat", 100, at=10.0), 10.0), Admit)
+    early = adm.refuses_before_count(bound(10.1), 10.1)  # the slot is busy for ~2 s more
+    assert isinstance(early, Refuse) and early.reason is Reason.QUEUE_TIMEOUT
+    assert isinstance(adm.offer(req("chat", 100, at=10.1), 10.1), Refuse)
+    adm.pause("chat")
+    paused = adm.refuses_before_count(bound(10.2), 10.2)
+    assert paused is not None and paused.reason is Reason.CLASS_PAUSED
+    too_big = Request("big", "chat", "t", 5000, 50, 10.2)  # never fits: the offer says so (400), not a pause
+    assert adm.refuses_before_count(too_big, 10.2) is None
+
+
 # ---- sustained overload: the discipline, with a negative control ---------------------------
 
 SLOTS, SERVICE_S, TTFT_S = 4, 2.1, 0.2
