@@ -167,8 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="validate a config file",
         description=(
             "Parse and validate FILE. On success print `ok: FILE (...)` and exit 0; on the first\n"
-            "problem print `FILE: key.path: problem` to stderr and exit 2. Nothing is contacted:\n"
-            "environment variables named by api_key_env are not read."
+            "problem print `FILE: key.path: problem` to stderr and exit 2. Without --backends nothing\n"
+            "is contacted; environment variables named by api_key_env are never read."
         ),
         epilog=_EXIT_CODES,
         formatter_class=_Formatter,

@@ -117,7 +117,9 @@ def prefill_line(b: BackendView) -> Text:
     rate = "" if b.prefill_tok_s is None else f"{b.prefill_tok_s:,.0f} tok/s measured"
     if b.prefill_cap_auto:
         if not rate:  # until first tokens of prompts of different sizes show a prefill rate
-            rate = "prefill rate not measured yet"
+            # ("not measured yet" read wrong once a rate had shown and the fit then failed its
+            # test: the prompts' sizes no longer explained their first-token times)
+            rate = "no prefill rate fits the first tokens yet"
         elif b.prefill_cap is None:
             rate += "; one decode step alone is over the TTFT objective"
         line.append(f" (auto: {rate})", "dim")

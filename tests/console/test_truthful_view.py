@@ -444,7 +444,7 @@ def test_the_prefill_line_says_what_is_prefilling_the_cap_and_where_the_cap_come
     off = prefill_line(_backend(prefilling=0)).plain
     assert off == "  prefill 0 now / no cap"  # max_prefill_tokens = 0, nothing measured
     unmeasured = prefill_line(_backend(prefilling=0, prefill_cap_auto=True)).plain
-    assert unmeasured == "  prefill 0 now / no cap (auto: prefill rate not measured yet)"
+    assert unmeasured == "  prefill 0 now / no cap (auto: no prefill rate fits the first tokens yet)"
     too_slow = prefill_line(_backend(prefill_tok_s=900.0, prefill_cap_auto=True)).plain
     assert too_slow == "  prefill 700 now / no cap (auto: 900 tok/s measured; one decode step alone is over the TTFT objective)"
 
