@@ -103,6 +103,13 @@ class RelayStats:
         return None if self.first_token_at is None else self.first_token_at - self.dispatched_at
 
     @property
+    def generated(self) -> int | None:
+        """The completion tokens llama-server reported, else the tokens relayed (a stream cut short
+        never gets its usage: a broken stream of ~1,200 tokens was journaled with none, a user's
+        trial 2026-12-05); None when nothing was."""
+        return self.completion_tokens if self.completion_tokens is not None else (self.tokens or None)
+
+    @property
     def tpot_s(self) -> float | None:
         """Seconds per output token after the first (None with fewer than two tokens)."""
         n = self.completion_tokens if self.completion_tokens is not None else self.tokens

@@ -781,7 +781,7 @@ class _Flow:
             queue_ms=None if queued_s is None else queued_s * 1000,
             ttft_ms=None if stats is None or stats.ttft_s is None else stats.ttft_s * 1000,
             duration_ms=(now - self.t0) * 1000,
-            completion_tokens=stats.completion_tokens if stats is not None else None,
+            completion_tokens=stats.generated if stats is not None else None,
             budget_at_decision=self.budget_at,
             in_flight_at_decision=self.in_flight_at,
             model=self.model_name or "",

@@ -271,6 +271,8 @@ async def test_backend_killed_mid_stream(own_llama):
         assert "[DONE]" not in events
         record = await record_of(gate, "killed")
         assert (record.outcome, record.reason, record.http_status) == ("failed", "upstream_error", 200)
+        # no usage came: the journal has the tokens relayed before the break, not nothing
+        assert record.completion_tokens is not None and 1 <= record.completion_tokens <= len(events) - 1, (record, len(events))
         # A request cut short after dispatch is released once llama-server frees its slot.
         await wait_until(lambda: ledger_total(gate) == 0 and gate.in_flight_requests() == 0, timeout_s=5)
         # The probe notices the dead backend.
