@@ -121,6 +121,10 @@ def build_app(gate: RequestPorts) -> ASGIApp:
             for name in backend.config.models:
                 if name not in listed:
                     data.append({"id": name, "object": "model", "owned_by": backend.name})
+        if not data and all(r is None for r in results):
+            # An empty list read as "this server has no model" (a user's trial, backend down): a
+            # client retries a 503 instead. The detail names no backend address.
+            raise GateError(Reason.NO_BACKEND, "no backend answered the model list", retry_after_s=5.0)
         # llama-server's order: "models" (its Ollama-style list) first, then the OpenAI list.
         answer: dict[str, Any] = ({"models": listing} if listing else {}) | {"object": "list", "data": data}
         return JSONResponse(answer)

@@ -243,6 +243,10 @@ async def test_backend_down_at_start(stream):
         assert r.headers["x-request-id"] == "no-backend"
         health = await client.get(gate.url + "/health")
         assert health.status_code == 503
+        # the model list says so too, instead of 200 with no model ("this server serves none")
+        models = await client.get(gate.url + "/v1/models")
+        assert models.status_code == 503 and models.json()["error"]["code"] == "no_backend", models.text
+        assert "127.0.0.1" not in models.text and int(models.headers["retry-after"]) >= 1
         assert health.json()["backends"]["b0"]["state"] == "down"
         record = gate.records.find("no-backend")
         assert (record.outcome, record.reason, record.http_status) == ("refused", "no_backend", 503)
