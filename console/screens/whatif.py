@@ -11,6 +11,9 @@ replay at the recorded thresholds + 1 proposal 0.19 s; 5,000 arrivals / 300 s: 0
 10.9 s); a newer run supersedes the view of an older one (the older thread runs out, unseen). The answer is the same table as
 ``tokengate replay``: recorded | replayed | error | proposal per class, a figure the
 calibration does not trust (error over 25%) ending in '?' and dimmed in every column.
+Under the table, the notes the command prints above its own (:func:`notes_of`): what the
+window does not show, what the backend model assumed, and each proposal's config-check
+warnings (a trial's status line replaced the window's notes, and no warning was shown).
 
 From the live console (``r`` then ``w``, not ``--read-only``) the proposal replayed can be
 applied to the running gate: ctrl+t (or Apply) asks, then sends it as ONE Retune command
@@ -25,7 +28,7 @@ review`` has no gate: there the what-if only replays.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -34,7 +37,7 @@ from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Static, TextArea
 from textual.worker import Worker, WorkerState
@@ -118,6 +121,16 @@ def retune_of(proposal: str, note: str = "") -> Retune:
 _RETUNE_KEYS = ("backend.token_budget", *(f"budget.{k}" for k in _SETTINGS), *(f"classes.NAME.{k}" for k in _CLASS_KEYS))
 
 
+def notes_of(window: Window, answer: Mapping[str, Any] | None) -> list[tuple[str, bool]]:
+    """The notes ``tokengate replay`` prints above its table (its "note: " lines), in its
+    order: the window's, each proposal's config-check warnings ("NAME: ..."), then the backend
+    model's; True marks a proposal's warning. Before any replay: the window's and the model's."""
+    if answer is None:
+        return [(n, False) for n in (*window.notes, *window.fit.notes)]
+    warned = {f"{s['name']}: {w}" for s in answer["scenarios"] for w in s.get("warnings", ())}
+    return [(n, n in warned) for n in (*answer.get("notes", ()), *answer["fit"]["notes"])]
+
+
 def window_text(journal_path: str, since: float | None, until: float | None) -> str:
     """The window as the what-if's title names it: "incident.db, 2026-12-05 11:03:38 → ... UTC"."""
 
@@ -144,6 +157,16 @@ class WhatIfScreen(ModalScreen[None]):
     }
     WhatIfScreen #whatif-curve {
         height: auto;
+    }
+    WhatIfScreen #whatif-notes {
+        height: auto;
+        max-height: 8;
+    }
+    WhatIfScreen #whatif-notes Static {
+        color: $text-muted;
+    }
+    WhatIfScreen #whatif-notes Static.warning {
+        color: $warning;
     }
     WhatIfScreen #whatif-status {
         height: auto;
@@ -194,6 +217,8 @@ class WhatIfScreen(ModalScreen[None]):
         self.error: str | None = None
         #: the budget curves shown under the table (gate.tools.replay.budget_lines of the answer)
         self.curve_lines: list[str] = []
+        #: the notes shown under the table, as ``notes_of`` gives them (True: a proposal's warning)
+        self.notes: list[tuple[str, bool]] = []
         self._run = 0
 
     def compose(self) -> ComposeResult:
@@ -203,6 +228,9 @@ class WhatIfScreen(ModalScreen[None]):
             yield Static("loading the window…", id="whatif-status", markup=False)
             table: DataTable[Text] = DataTable(id="whatif-table", zebra_stripes=True, cursor_type="row")
             yield table
+            # the notes `tokengate replay` prints (the window's, the model's, the proposal's
+            # warnings): their own area, which scrolls, not the status line a replay overwrites
+            yield VerticalScroll(id="whatif-notes")
             # each scenario's working budget over the window, on one scale: the replayed over the recorded
             yield Static("", id="whatif-curve", markup=False)
             yield Static(
@@ -243,8 +271,9 @@ class WhatIfScreen(ModalScreen[None]):
             prefilled = "\n".join(f"{k}={v}" for k, v in pairs)
             self.query_one("#whatif-form", TextArea).text = prefilled if self.draft is None else self.draft
             self.query_one("#whatif-replay", Button).disabled = False
-            notes = "".join(f" · note: {n}" for n in window.notes)
-            self._status(f"{len(window.arrivals):,} arrivals, backend {window.backend}; edit a threshold, then ctrl+r{notes}")
+            self._show_notes(notes_of(window, None))
+            below = f" · {len(self.notes)} note{'' if len(self.notes) == 1 else 's'} below" if self.notes else ""
+            self._status(f"{len(window.arrivals):,} arrivals, backend {window.backend}; edit a threshold, then ctrl+r{below}")
             self.query_one("#whatif-form", TextArea).focus()
         elif event.state == WorkerState.SUCCESS and worker.group == "whatif-replay":
             result = worker.result
@@ -254,11 +283,15 @@ class WhatIfScreen(ModalScreen[None]):
                 return  # an older run's answer: a newer one is on its way
             self.answer, self.proposal = answer, text
             self._fill(answer)
+            assert self.window is not None
+            self._show_notes(notes_of(self.window, answer))
             if self.apply is not None:
                 self.query_one("#whatif-apply", Button).disabled = not text
             untrusted = len(answer["scenarios"][1]["untrusted"])
             what = f"proposal {text}" if text else "no change from the recorded thresholds (calibration only)"
-            self._status(f"{what} · {untrusted} figures not trusted ('?': calibration error over 25%)")
+            warnings = sum(1 for _, warning in self.notes if warning)
+            warned = f" · {warnings} config-check warning{'' if warnings == 1 else 's'} below" if warnings else ""
+            self._status(f"{what} · {untrusted} figures not trusted ('?': calibration error over 25%){warned}")
         elif event.state == WorkerState.ERROR:
             error = worker.error
             message = str(error) if isinstance(error, ReplayError | ValueError) else f"{type(error).__name__}: {error}"
@@ -272,6 +305,16 @@ class WhatIfScreen(ModalScreen[None]):
         self.error = text if error else None
         status.set_class(error, "error")
         status.update(text)
+
+    def _show_notes(self, notes: list[tuple[str, bool]]) -> None:
+        """One line per note, as the command words it; a proposal's warning in the warning colour."""
+        self.notes = notes
+        box = self.query_one("#whatif-notes", VerticalScroll)
+        box.remove_children()
+        box.mount_all(
+            Static(f"{'warning' if warning else 'note'}: {text}", classes="warning" if warning else "", markup=False)
+            for text, warning in notes
+        )
 
     def _fill(self, answer: dict[str, Any]) -> None:
         head, rows = table_cells(answer)

@@ -161,7 +161,8 @@ class Control:
         targets = self._backends(None) if change.budget is not None else []
         for b in targets:
             reserved = sum(c.reserved_tokens for c in new.classes)
-            self._check_budget(b, change.budget, budget_floor(new.budget, b.controller.ceiling_tokens, reserved))  # type: ignore[arg-type, union-attr]
+            floor = budget_floor(new.budget, b.controller.ceiling_tokens, reserved)  # type: ignore[union-attr]
+            self._check_budget(b, change.budget, floor, new.budget.min_tokens, reserved)  # type: ignore[arg-type]
         # Validated whole: nothing below refuses.
         results = []
         if change.settings:
@@ -202,18 +203,24 @@ class Control:
     ) -> list[ActionResult]:
         """Set the working budget by hand (one backend or all)."""
         targets = self._backends(backend)
+        reserved = sum(c.reserved_tokens for c in self.config.classes)
         for b in targets:
-            self._check_budget(b, tokens, b.controller.min_tokens if b.controller else 0)
+            self._check_budget(b, tokens, b.controller.min_tokens if b.controller else 0, self.config.budget.min_tokens, reserved)
         return self._set_budget(targets, tokens, operator, source, note)
 
-    def _check_budget(self, b: Backend, tokens: int, min_tokens: int) -> None:
+    def _check_budget(self, b: Backend, tokens: int, floor: int, min_tokens: int, reserved: int) -> None:
+        """Refuse a budget outside [floor, ceiling], saying what sets the side it crossed (one
+        piece of advice for both sides told a budget above the ceiling to lower min_tokens).
+        ``min_tokens``: [budget] min_tokens (0: auto); ``reserved``: the classes' reservations."""
         if b.controller is None or b.admission is None:
             raise CommandError(f"backend {b.name!r} is {b.state}: its capacity is not known yet")
-        if not min_tokens <= tokens <= b.controller.ceiling_tokens:
-            raise CommandError(
-                f"budget {tokens} is outside [{min_tokens}, {b.controller.ceiling_tokens}] "
-                f"for backend {b.name!r} (lower budget.min_tokens first to go below it)"
-            )
+        ceiling = b.controller.ceiling_tokens
+        if floor <= tokens <= ceiling:
+            return
+        where = f"budget {tokens} is outside [{floor}, {ceiling}] for backend {b.name!r}"
+        if tokens > ceiling:
+            raise CommandError(f"{where}: {_ceiling_advice(b, ceiling)}")
+        raise CommandError(f"{where}: {_floor_advice(tokens, floor, min_tokens, reserved)}")
 
     def _set_budget(self, targets: list[Backend], tokens: int, operator: Operator, source: AuditSource, note: str) -> list[ActionResult]:
         now = self.clock()
@@ -569,6 +576,38 @@ class Control:
         if note and action.startswith("model_"):
             message += f" ({note})"  # what a model action does: "evicts tiny"
         return ActionResult(action, target, record.old_value, record.new_value, message)
+
+
+def _ceiling_advice(b: Backend, ceiling: int) -> str:
+    """What sets a backend's ceiling, and what raises it: the config's token_budget (a restart),
+    or the KV pool the gate learned from llama-server (a larger context there)."""
+    cap, configured = b.capacity, b.config.token_budget
+    if configured is not None and configured == ceiling:
+        said = f"the ceiling is this backend's token_budget = {configured} in the config ([[backends]]); a larger one raises it on a restart of tokengate (a reload does not change [[backends]])"
+        if cap is not None and cap.pool is not None and cap.pool <= configured:
+            said += f"; llama-server's KV pool is {cap.pool} tokens, so above that it also takes a llama-server with a larger context (-c)"
+        return said
+    if cap is not None and cap.ceiling == ceiling:
+        kv = f"{b.layout.kv} KV, " if b.layout is not None else ""
+        return (
+            f"the ceiling is llama-server's KV pool as the gate learned it ({kv}{cap.slots} slots of {cap.slot_context} tokens): "
+            "a budget above it would admit more than the cache holds; a llama-server restarted with a larger context (-c) "
+            "raises it (the gate learns it on its next probe)"
+        )
+    return "the ceiling is provisional until the backend reports its capacity (a router's model: when it loads)"
+
+
+def _floor_advice(tokens: int, floor: int, min_tokens: int, reserved: int) -> str:
+    """What sets the budget's floor, and what lowers it."""
+    if tokens < reserved:
+        then = ", then budget.min_tokens" if min_tokens else ""
+        return f"the classes reserve {reserved} tokens in all: lower their reserved_tokens first{then}"
+    if min_tokens:
+        clamped = "" if floor == min_tokens else f" (clamped to the ceiling {floor})"
+        return f"the floor is budget.min_tokens {min_tokens}{clamped}: lower budget.min_tokens first to go below it"
+    return (
+        f"budget.min_tokens is 0 (auto), so the floor {floor} is a quarter of the ceiling: set budget.min_tokens to {tokens} or lower first"
+    )
 
 
 def _changed_keys(prefix: str, old: Any, new: Any) -> list[str]:

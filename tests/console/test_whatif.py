@@ -16,7 +16,7 @@ from console.screens.review import ReviewScreen
 from console.screens.whatif import WhatIfScreen, proposal_text, retune_of
 from gate.config import EXAMPLE_CONFIG, parse_config
 from gate.data.commands import Retune
-from gate.tools.replay import BackendFit, load_window, proposal_from_set, run_replay, table_cells
+from gate.tools.replay import BackendFit, load_window, proposal_from_set, run_replay, table_cells, to_table
 from gate.tools.replay.synthetic import SMALL_FIT, recorded_by_model, synthetic_arrivals, write_journal
 from tests.console.conftest import make_app
 
@@ -296,3 +296,63 @@ async def test_closing_the_what_if_keeps_the_edits_for_the_next_time(journal: Pa
         await settle(pilot)
         again = await open_whatif(pilot)
         assert "classes.batch.queue_depth=3" in again.query_one("#whatif-form", TextArea).text.splitlines()
+
+
+def drawn(app, selector: str) -> str:
+    """What the terminal shows inside one widget's region, its lines joined and spaces
+    collapsed (a note wraps at word boundaries: joined, it reads whole)."""
+    region = app.screen.query_one(selector).region
+    strips = app.screen._compositor.render_strips()[region.y : region.bottom]
+    return " ".join(" ".join(strip.crop(region.x, region.right).text.split()) for strip in strips)
+
+
+async def test_the_window_notes_and_the_proposals_warnings_are_on_screen_after_a_replay(journal: Path, monkeypatch) -> None:
+    # A user's trial: `tokengate replay` printed the window's notes and the proposal's
+    # config-check warnings; the what-if showed the notes in its status line until ctrl+r
+    # replaced them, and never showed the warnings.
+    import dataclasses
+
+    import console.screens.whatif as whatif
+
+    said = "a gate is writing to this journal: requests still running at its end are not in it"
+    real = whatif.load_window
+    monkeypatch.setattr(whatif, "load_window", lambda *a: dataclasses.replace(real(*a), notes=(said,)))
+    app = ReviewApp(journal)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_whatif(pilot)
+        window = screen.window
+        assert window is not None and window.fit.notes  # the synthetic journal has no pool size: the model says so
+        # before any replay: the window's notes and the model's, under the table
+        assert [n for n, _ in screen.notes] == [said, *window.fit.notes]
+        assert f"note: {said}" in drawn(app, "#whatif-notes")
+        form = screen.query_one("#whatif-form", TextArea)
+        old = next(line for line in form.text.splitlines() if line.startswith("backend.token_budget="))
+        form.text = form.text.replace(old, "backend.token_budget=300")
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert screen.error is None and screen.proposal == "backend.token_budget=300"
+        # the notes are the command line's, in its order: its "note: " lines
+        answer = run_replay(window, [proposal_from_set("backend.token_budget=300", window.config)])
+        cli = [line.removeprefix("note: ") for line in to_table(answer).splitlines() if line.startswith("note: ")]
+        assert [n for n, _ in screen.notes] == cli
+        warnings = answer["scenarios"][2]["warnings"]
+        assert warnings and any("exceed the ceiling 300" in w for w in warnings)
+        assert [n for n, warning in screen.notes if warning] == [f"backend.token_budget=300: {w}" for w in warnings]
+        # ... and on screen, whole, beside the status line (which counts the warnings)
+        shown = drawn(app, "#whatif-notes")
+        for w in warnings:
+            assert f"warning: backend.token_budget=300: {w}" in shown, shown
+        assert f"note: {said}" in shown and all(f"note: {n}" in shown for n in window.fit.notes)
+        assert f"{len(warnings)} config-check warnings below" in drawn(app, "#whatif-status")
+        # the figures are still the command line's
+        assert screen.table_rows == [cells for cells, _ in table_cells(answer)[1]]
+        # a proposal without warnings: the warnings go, the window's notes stay
+        form.text = form.text.replace("backend.token_budget=300", old).replace(
+            "classes.batch.queue_depth=256", "classes.batch.queue_depth=3"
+        )
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert screen.proposal == "classes.batch.queue_depth=3"
+        assert not any(warning for _, warning in screen.notes)
+        shown = drawn(app, "#whatif-notes")
+        assert "warning:" not in shown and f"note: {said}" in shown

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from gate.config import parse_config
+from gate.data.commands import Retune
 from gate.ops.control import Control, ControlError, Operator
 from gate.service import GateService
 from tests.fakes import GATE_CONFIG, fake_llama_transport
@@ -58,6 +59,55 @@ async def test_budget_outside_bounds_is_refused_and_changes_nothing(gate, tokens
         gate.control.set_budget(tokens, operator=ALICE)
     assert gate.backends.backends[0].admission.budget == 8192
     assert len(gate.recent_audit) == before
+
+
+async def test_a_budget_above_the_ceiling_names_the_kv_pool_the_gate_learned(gate):
+    # one piece of advice for both sides told a budget above the ceiling to "lower
+    # budget.min_tokens first" (a user's what-if applied backend.token_budget=2000)
+    with pytest.raises(ControlError) as above:
+        gate.control.set_budget(100_000, operator=ALICE)
+    said = str(above.value)
+    assert "outside [1024, 8192]" in said and "min_tokens" not in said
+    assert "llama-server's KV pool as the gate learned it (split KV, 4 slots of 2048 tokens)" in said
+    assert "larger context (-c)" in said
+    # the same through a retune (the what-if's apply sends one)
+    with pytest.raises(ControlError, match="KV pool as the gate learned it"):
+        gate.control.execute(Retune(budget=9000, freeze=True), operator=ALICE)
+
+
+async def test_a_budget_above_a_configured_token_budget_names_it_and_the_restart():
+    config = CONFIG.replace('kv = "split"', 'kv = "split"\ntoken_budget = 1400')
+    g = GateService(parse_config(config), environ={}, transport=fake_llama_transport())
+    await g.backends.probe_all()
+    try:
+        before = len(g.recent_audit)
+        with pytest.raises(ControlError) as above:
+            g.control.execute(Retune(budget=2000, freeze=True), operator=ALICE)
+        said = str(above.value)
+        assert "outside [1024, 1400]" in said and "min_tokens" not in said
+        assert "token_budget = 1400 in the config ([[backends]])" in said and "restart of tokengate" in said
+        assert "-c" not in said  # the pool (8192) holds more: the config is what limits it
+        assert g.backends.backends[0].admission.budget == 1400 and len(g.recent_audit) == before
+    finally:
+        await g.client.aclose()
+
+
+async def test_a_budget_below_the_floor_names_what_sets_the_floor(gate):
+    with pytest.raises(ControlError) as below:
+        gate.control.set_budget(800, operator=ALICE)
+    assert "outside [1024, 8192]" in str(below.value)
+    assert "the floor is budget.min_tokens 1024: lower budget.min_tokens first" in str(below.value)
+    # under the classes' reservations (interactive holds 512) min_tokens alone cannot reach it
+    with pytest.raises(
+        ControlError, match=r"the classes reserve 512 tokens in all: lower their reserved_tokens first, then budget.min_tokens"
+    ):
+        gate.control.set_budget(10, operator=ALICE)
+    # with min_tokens 0 (auto) the floor is a quarter of the ceiling: set min_tokens to go under it
+    with pytest.raises(
+        ControlError, match=r"outside \[2048, 8192\].*budget.min_tokens is 0 \(auto\).*set budget.min_tokens to 1000 or lower"
+    ):
+        gate.control.execute(Retune(budget=1000, settings={"min_tokens": 0}), operator=ALICE)
+    assert gate.backends.backends[0].admission.budget == 8192
 
 
 async def test_set_class_retunes_shares_and_queue_bounds(gate):
