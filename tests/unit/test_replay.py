@@ -151,7 +151,11 @@ def test_refuses_a_journal_before_v4(tmp_path: Path) -> None:
         ("DELETE FROM audit", "config_in_force"),  # no thresholds in force
         # user_version says v4 but a column replay reads is gone (a hand-made or damaged file):
         # a one-line refusal, not a traceback from SQLite
-        ("ALTER TABLE samples DROP COLUMN journal_dropped", "cannot read the window .*journal_dropped"),
+        ("ALTER TABLE samples DROP COLUMN journal_dropped", "samples table lacks journal_dropped: not a journal this version wrote"),
+        # a decisions column gone read "IndexError: No item with that key" (exit 1, a user's trial)
+        ("ALTER TABLE decisions DROP COLUMN ttft_arrival_ms", "decisions table lacks ttft_arrival_ms: not a journal this version wrote"),
+        ("ALTER TABLE decisions DROP COLUMN completion_tokens", "decisions table lacks completion_tokens: .* or damaged"),
+        ("DROP TABLE samples", "has no samples table"),
     ],
 )
 def test_refuses_a_window_it_cannot_replay_and_says_why(tmp_path: Path, tamper: str, said: str) -> None:
@@ -161,6 +165,18 @@ def test_refuses_a_window_it_cannot_replay_and_says_why(tmp_path: Path, tamper: 
     conn.close()
     with pytest.raises(ReplayError, match=said):
         load_window(path)
+
+
+def test_a_journal_without_a_column_replay_reads_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _journal(tmp_path, n=20, duration=5.0)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("ALTER TABLE decisions DROP COLUMN ttft_arrival_ms")
+    conn.execute("ALTER TABLE decisions DROP COLUMN completion_tokens")
+    conn.close()
+    assert main(["replay", "--journal", path]) == 1  # as every other journal replay cannot read
+    err = capsys.readouterr().err
+    assert err.startswith("tokengate replay: cannot replay: ") and err.count("\n") == 1
+    assert "decisions table lacks completion_tokens, ttft_arrival_ms" in err and "IndexError" not in err
 
 
 def test_cli_json_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

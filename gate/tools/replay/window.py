@@ -2,7 +2,7 @@
 
 `load_window` opens the journal read-only and refuses, with a message that says why, a
 window that cannot be replayed: a journal older than schema v4 (no arrival-measured TTFT, no
-drop counts), a window with rows written before the v4 migration, a window in which the
+drop counts), a file without a table or column replay reads (`READS`), a window with rows written before the v4 migration, a window in which the
 writer dropped rows, no ``config_in_force`` row before the window (a gate older than replay
 wrote it), or no decisions at all. What a window does not show becomes a note (`Window.notes`):
 its start moved to the gate's start, the work queued or running at its start (replayed first
@@ -85,10 +85,39 @@ def _connect(path: str) -> sqlite3.Connection:
             f"{path}: journal schema v{version} predates replay (v{REPLAY_SCHEMA} added decisions.ttft_arrival_ms and "
             "samples.journal_dropped); open it once with this tokengate to migrate it, and replay windows recorded after that"
         )
+    if problem is None:
+        problem = _missing_columns(conn, path)
     if problem is not None:
         conn.close()
         raise ReplayError(problem)
     return conn
+
+
+#: the columns replay reads, per table (a journal of schema v4 has them all)
+READS: dict[str, tuple[str, ...]] = {
+    "decisions": (
+        "id", "ts", "request_id", "tenant", "class", "backend", "endpoint", "stream", "prompt_tokens", "max_tokens",
+        "reserved_tokens", "outcome", "reason", "queue_ms", "ttft_ms", "duration_ms", "completion_tokens", "ttft_arrival_ms",
+    ),
+    "audit": ("id", "ts", "action", "target", "new_value", "note"),
+    "samples": ("ts", "backend", "budget", "slots_total", "journal_dropped", "gate_id"),
+}  # fmt: skip
+
+
+def _missing_columns(conn: sqlite3.Connection, path: str) -> str | None:
+    """Why a file that claims the schema lacks what replay reads (a table, columns): said up front,
+    naming them (a decisions table without ttft_arrival_ms read "IndexError: No item with that key")."""
+    try:
+        for table, wanted in READS.items():
+            have = {str(r[1]) for r in conn.execute(f"PRAGMA table_info({table})")}
+            if not have:
+                return f"{path}: this journal has no {table} table: not a journal this version wrote, or damaged"
+            missing = [c for c in wanted if c not in have]
+            if missing:
+                return f"{path}: this journal's {table} table lacks {', '.join(missing)}: not a journal this version wrote, or damaged"
+    except sqlite3.Error as exc:
+        return f"{path}: not a readable journal ({exc})"
+    return None
 
 
 def load_window(path: str, since: float | None = None, until: float | None = None, backend: str | None = None) -> Window:
