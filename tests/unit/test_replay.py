@@ -534,3 +534,48 @@ def test_a_proposal_config_check_would_warn_about_says_so(tmp_path: Path) -> Non
     assert quiet["warnings"] == []
     assert any(n.startswith(over.name + ": ") for n in answer["notes"])
     assert over.name + ": " in to_table(answer)
+
+
+# ---- a window across a gate restart (a user's trial: a real gate restarted, SIGKILLed) -------
+
+
+def _decision_times(path: str) -> list[float]:
+    return [ts for (ts,) in sqlite3.connect(path).execute("SELECT ts FROM decisions ORDER BY ts")]
+
+
+def _two_processes(path: str, at: float, first: tuple[str, int], second: tuple[str, int]) -> None:
+    """The samples before `at` written by one gate process, the rest by another, each with its
+    own `journal_dropped` counter (a per-process count: a restart starts it at 0 again)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("UPDATE samples SET gate_id = ?, journal_dropped = ? WHERE ts < ?", (*first, at))
+    conn.execute("UPDATE samples SET gate_id = ?, journal_dropped = ? WHERE ts >= ?", (*second, at))
+    conn.close()
+
+
+def test_dropped_rows_are_counted_within_each_gate_process(tmp_path: Path) -> None:
+    path = _journal(tmp_path, n=80, duration=10.0)
+    stamps = _decision_times(path)
+    mid = stamps[len(stamps) // 2]
+    # the first gate had dropped 5 rows before the window; the second starts its count at 0:
+    # no row was dropped in the window (it was refused as "dropped 5 rows" across the restart)
+    _two_processes(path, mid, ("host:1:a", 5), ("host:2:b", 0))
+    assert load_window(path).arrivals
+    # a rise within the second process is a drop in the window
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("UPDATE samples SET journal_dropped = 2 WHERE gate_id = 'host:2:b' AND ts >= ?", (mid + 2.0,))
+    conn.close()
+    with pytest.raises(ReplayError, match="dropped 2 rows during the window"):
+        load_window(path)
+    # a process that started in the window (its config_in_force row) counts from 0: 4 dropped
+    # before its first sample
+    _two_processes(path, mid, ("host:1:a", 5), ("host:2:b", 4))
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(
+        "INSERT INTO audit (ts, operator, origin, source, action, target, old_value, new_value, note, gate_id) "
+        "SELECT ?, operator, origin, source, action, target, old_value, new_value, note, 'host:2:b' FROM audit WHERE action = 'config_in_force'",
+        (mid - 0.5,),
+    )
+    conn.close()
+    with pytest.raises(ReplayError, match="dropped 4 rows during the window"):
+        load_window(path)
+    assert load_window(path, since=mid + 3.0).arrivals  # a window after its start: its 4 came before

@@ -187,13 +187,13 @@ def _load(conn: sqlite3.Connection, path: str, since: float | None, until: float
             "choose a window recorded after it (--since)"
         )
     samples = conn.execute(
-        "SELECT ts, budget, slots_total, journal_dropped FROM samples WHERE backend = ? AND ts >= ? AND ts <= ? ORDER BY ts",
+        "SELECT ts, budget, slots_total, journal_dropped, gate_id FROM samples WHERE backend = ? AND ts >= ? AND ts <= ? ORDER BY ts, id",
         (backend, since - 2.0, until + 2.0),
     ).fetchall()
-    drops = [s["journal_dropped"] for s in samples]
-    if drops and max(drops) > min(drops):
+    dropped = _dropped(conn, samples, since - 2.0)
+    if dropped:
         raise ReplayError(
-            f"{path}: the journal writer dropped {max(drops) - min(drops)} rows during the window (full buffer or failing disk): "
+            f"{path}: the journal writer dropped {dropped} rows during the window (full buffer or failing disk): "
             "its decisions are incomplete, a replay would undercount the load"
         )
     changes = tuple(
@@ -214,6 +214,26 @@ def _load(conn: sqlite3.Connection, path: str, since: float | None, until: float
     lead = _lead(conn, backend, since, float(cfg_row["ts"]), names)
     notes += _open_ends(conn, path, backend, since, until, lead)
     return Window(path, since, until, backend, config, str(cfg_row["note"]), arrivals, changes, fit, curve, tuple(notes), lead)
+
+
+def _dropped(conn: sqlite3.Connection, samples: list[sqlite3.Row], first: float) -> int:
+    """The rows the writer dropped in the samples' stretch: `journal_dropped` counts per gate
+    process from 0 (a restart starts it again), so the rises within each process (its gate_id),
+    from 0 for a process that started in the stretch (its config_in_force row). Across processes a window after a restart
+    read as "dropped 5 rows" when the first gate had dropped 5 before it (a user's trial)."""
+    total = 0
+    by_gate: dict[str, list[int]] = {}
+    for s in samples:
+        by_gate.setdefault(str(s["gate_id"]), []).append(int(s["journal_dropped"] or 0))
+    for gate, counts in by_gate.items():
+        (started,) = conn.execute(
+            "SELECT count(*) FROM audit WHERE action = ? AND gate_id = ? AND gate_id != '' AND ts >= ?", (CONFIG_IN_FORCE, gate, first)
+        ).fetchone()
+        previous = 0 if started else counts[0]  # a process that started in the stretch counted from 0
+        for n in counts:
+            total += max(0, n - previous)  # a fall: another process under the same (empty) id
+            previous = n
+    return total
 
 
 #: the longest warm-up replayed before a window (its requests were queued or running at its start)
