@@ -579,3 +579,78 @@ def test_dropped_rows_are_counted_within_each_gate_process(tmp_path: Path) -> No
     with pytest.raises(ReplayError, match="dropped 4 rows during the window"):
         load_window(path)
     assert load_window(path, since=mid + 3.0).arrivals  # a window after its start: its 4 came before
+
+
+def _learned_row(path: str, value: dict[str, object], at: float = 1_800_000_000.0 - 0.5) -> None:
+    from gate.data.records import CAPACITY_LEARNED
+
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(
+        "INSERT INTO audit (ts, operator, origin, source, action, target, old_value, new_value, note) VALUES (?, 'g', 'local', 'gate', ?, "
+        "'backend:default', NULL, ?, '')",
+        (at, CAPACITY_LEARNED, json.dumps(value)),
+    )
+    conn.close()
+
+
+def test_the_pool_is_llama_servers_not_the_configured_token_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A user's trial: token_budget = 1400 on llama-server -c 2048 -np 4 -kvu. Replay said "unified
+    # pool of 1400 tokens", warned a proposal of 2000 was above that pool, and replayed a --config
+    # without token_budget at 1,400 where a gate would have used the pool, 2,048.
+    config = parse_config(EXAMPLE_CONFIG.replace('kv = "auto"', 'kv = "auto"\ntoken_budget = 1400'))
+    arrivals = synthetic_arrivals(60, 10.0, seed=2)
+    _, outcomes = recorded_by_model(config, FIT, arrivals)
+    path = str(tmp_path / "budget1400.db")
+    write_journal(path, config, FIT, arrivals, outcomes)
+    # without a capacity_learned row the pool is unknown: said, and nothing warned against it
+    window = load_window(path)
+    assert window.pool is None and window.fit.ceiling == 1400
+    assert any("KV pool is not in the journal" in n for n in window.fit.notes)
+    answer = run_replay(window, [proposal_from_set("backend.token_budget=2000", window.config)])
+    assert answer["scenarios"][2]["warnings"] == []
+    # a gate before this one wrote the learned capacity without the pool: it follows from the layout
+    for value in (
+        {"slots": 4, "kv": "unified", "slot_context": 2048, "ceiling": 1400},
+        {"slots": 4, "kv": "unified", "slot_context": 2048, "ceiling": 1400, "pool": 2048},  # as the gate writes it now
+    ):
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("DELETE FROM audit WHERE action = 'capacity_learned'")
+        conn.close()
+        _learned_row(path, value)
+        window = load_window(path)
+        assert window.pool == 2048 and window.fit.ceiling == 2048, value
+        assert not any("pool" in n for n in window.fit.notes)
+        under, over = (proposal_from_set(f"backend.token_budget={n}", window.config) for n in (2000, 3000))
+        answer = run_replay(window, [under, over])
+        assert "unified pool of 2048 tokens" in to_table(answer)
+        assert answer["scenarios"][2]["warnings"] == []  # 2,000 fits the 2,048-token pool
+        assert any("above llama-server's KV pool of 2048" in w for w in answer["scenarios"][3]["warnings"])
+        # the recorded thresholds replay at their 1,400; a config without token_budget at the pool
+        assert answer["scenarios"][1]["budget_curve"][0] == [0.0, 1400]
+        other = tmp_path / "no-budget.toml"
+        other.write_text(EXAMPLE_CONFIG)
+        assert main(["replay", "--journal", path, "--config", str(other), "--format", "json"]) == 0
+        assert json.loads(capsys.readouterr().out)["scenarios"][2]["budget_curve"][0] == [0.0, 2048]
+
+
+async def test_the_gate_records_llama_servers_pool_beside_its_ceiling(tmp_path: Path) -> None:
+    # the capacity_learned row's `ceiling` is the configured token_budget when there is one: the
+    # gate now records the pool too, which replay models (a real journal, read back by replay)
+    from gate.core.admission import Capacity
+    from gate.data.commands import Operator
+    from gate.journal import Journal
+    from gate.observe.metrics import GateMetrics
+    from gate.observe.recorder import Recorder
+
+    path = tmp_path / "gate.db"
+    recorder = Recorder(GateMetrics(), gate_id="host:1:t", clock=lambda: 0.0)
+    recorder.journal = await Journal.open(path)
+    try:
+        recorder.capacity_learned("default", Capacity(4, 2048, 1400, pool=2048), "unified", "props", Operator("t", "local"))
+        recorder.capacity_learned("default", Capacity(4, 512, 2048), "split", "props", Operator("t", "local"))
+    finally:
+        await recorder.journal.close()
+    rows = sqlite3.connect(path).execute("SELECT new_value, note FROM audit WHERE action = 'capacity_learned' ORDER BY id").fetchall()
+    (first, note), (second, _) = ((json.loads(v), n) for v, n in rows)
+    assert (first["ceiling"], first["pool"]) == (1400, 2048) and note.endswith("ceiling 1400, pool 2048")
+    assert (second["ceiling"], second["pool"]) == (2048, 2048)

@@ -266,7 +266,9 @@ def _warnings(window: Window, config: Config) -> list[str]:
     from gate.core.admission import Capacity
 
     fit, backend = window.fit, config.backends[0]
-    pool = None if backend.token_budget is None else fit.ceiling
+    # llama-server's pool when the journal records it: a token_budget above it is said (a pool
+    # taken from the configured token_budget warned a trial's 2,000 "above the pool of 1400")
+    pool = None if backend.token_budget is None else window.pool
     cap = Capacity(fit.slots, fit.slot_context, backend.token_budget or fit.ceiling, pool=pool)
     return list(capacity_warnings(None, cap, config.budget, config.classes))
 

@@ -7,7 +7,8 @@ writer dropped rows, no ``config_in_force`` row before the window (a gate older 
 wrote it), or no decisions at all. What a window does not show becomes a note (`Window.notes`):
 its start moved to the gate's start, the work queued or running at its start (replayed first
 as its uncounted `lead`), a journal a gate is still writing. The backend model takes the
-capacity the gate learned (its ``capacity_learned`` audit row) over the config's ``kv``.
+capacity the gate learned (its ``capacity_learned`` audit row: slots, layout, llama-server's
+KV pool) over the config's ``kv`` and ``token_budget``.
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ class Window:
     #: queued or running at its start, and what arrived beside it (a warm-up), so that the
     #: replay meets the window's first arrivals with the slots and queue the gate had
     lead: tuple[Arrival, ...] = ()
+    #: llama-server's KV pool as the journal records it (its capacity_learned row); None: not
+    #: recorded (then `fit.ceiling` is an estimate, and no proposal is warned against it)
+    pool: int | None = None
 
     @property
     def lead_s(self) -> float:
@@ -209,11 +213,26 @@ def _load(conn: sqlite3.Connection, path: str, since: float | None, until: float
         "CASE WHEN ts <= ? THEN -ts ELSE ts END LIMIT 1",
         (CAPACITY_LEARNED, f"backend:{backend}", until, since, since),
     ).fetchone()  # the last learned at the window's start, else the first learned in it
-    fit = fit_backend(rows, samples, config, since, _learned(learned["new_value"]) if learned else None)
+    learned_value = _learned(learned["new_value"]) if learned else None
+    fit = fit_backend(rows, samples, config, since, learned_value)
     curve = tuple((s["ts"] - since, s["budget"]) for s in samples if s["budget"] is not None and since <= s["ts"] < until)
     lead = _lead(conn, backend, since, float(cfg_row["ts"]), names)
     notes += _open_ends(conn, path, backend, since, until, lead)
-    return Window(path, since, until, backend, config, str(cfg_row["note"]), arrivals, changes, fit, curve, tuple(notes), lead)
+    return Window(
+        path,
+        since,
+        until,
+        backend,
+        config,
+        str(cfg_row["note"]),
+        arrivals,
+        changes,
+        fit,
+        curve,
+        tuple(notes),
+        lead,
+        learned_pool(learned_value),
+    )
 
 
 def _dropped(conn: sqlite3.Connection, samples: list[sqlite3.Row], first: float) -> int:
@@ -385,6 +404,19 @@ def _learned(text: str | None) -> dict[str, Any] | None:
     return value if ok and all(isinstance(value.get(k), int) and value[k] > 0 for k in ("slots", "slot_context")) else None
 
 
+def learned_pool(learned: dict[str, Any] | None) -> int | None:
+    """llama-server's KV pool from a capacity_learned value: its ``pool`` (written since the gate
+    recorded it), else from the layout as `gate.backend.pool.capacity_from_props` sizes it (unified:
+    every slot reports the whole pool; split: slots x each slot's context). Not its ``ceiling``:
+    that is the configured token_budget when there is one. None: no learned capacity."""
+    if learned is None:
+        return None
+    pool = learned.get("pool")
+    if isinstance(pool, int) and pool > 0:
+        return pool
+    return int(learned["slot_context"]) if learned["kv"] == "unified" else int(learned["slots"] * learned["slot_context"])
+
+
 def fit_backend(
     rows: list[sqlite3.Row], samples: list[sqlite3.Row], config: Config, since: float, learned: dict[str, Any] | None = None
 ) -> BackendFit:
@@ -398,13 +430,20 @@ def fit_backend(
     if slots is None:
         slots = 4
         notes.append("slots not in the samples: assumed 4")
-    # The pool: configured, else what the gate learned from llama-server, else the highest
-    # working budget sampled (the controller's budget, not the pool: a window after an operator's
-    # cut to 600 replayed a 2,048-token pool as 660, a user's trial, 2026-12-05).
+    # The pool: what the gate learned from llama-server (`learned_pool`), else the configured
+    # token_budget, else the highest working budget sampled (the controller's budget, not the
+    # pool: a window after an operator's cut to 600 replayed a 2,048-token pool as 660, a user's
+    # trial, 2026-12-05). The configured token_budget went first until a trial's token_budget 1400
+    # on a 2,048-token pool read "unified pool of 1400 tokens", and replayed a --config without
+    # token_budget at 1,400 where a gate would have used 2,048.
     budgets = [s["budget"] for s in samples if s["budget"]]
-    ceiling = bcfg.token_budget
-    if ceiling is None and learned is not None and isinstance(learned.get("ceiling"), int):
-        ceiling = learned["ceiling"]
+    ceiling = learned_pool(learned)
+    if ceiling is None and bcfg.token_budget is not None:
+        ceiling = bcfg.token_budget
+        notes.append(
+            f"llama-server's KV pool is not in the journal (no capacity_learned row): taken as the configured token_budget "
+            f"{ceiling}; a proposal without token_budget, or above it, is replayed on that pool, which may not be the real one"
+        )
     if ceiling is None and budgets:
         ceiling = max(budgets)
         notes.append("pool size not in the journal (a gate older than this one wrote it): the highest working budget sampled")
