@@ -654,3 +654,77 @@ async def test_the_gate_records_llama_servers_pool_beside_its_ceiling(tmp_path: 
     (first, note), (second, _) = ((json.loads(v), n) for v, n in rows)
     assert (first["ceiling"], first["pool"]) == (1400, 2048) and note.endswith("ceiling 1400, pool 2048")
     assert (second["ceiling"], second["pool"]) == (2048, 2048)
+
+
+def _restart_row(path: str, ts: float, config: object, gate_id: str = "host:2:b") -> None:
+    from gate.config import config_digest
+
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(
+        "INSERT INTO audit (ts, operator, origin, source, action, target, old_value, new_value, note, gate_id) "
+        "VALUES (?, 'tokengate', 'local', 'gate', 'config_in_force', 'gate', NULL, ?, ?, ?)",
+        (ts, thresholds_json(config), config_digest(config), gate_id),  # type: ignore[arg-type]
+    )
+    conn.close()
+
+
+#: what a second gate started with in the restart tests: a static budget of 300 tokens
+SMALL = parse_config(
+    EXAMPLE_CONFIG.replace('kv = "auto"', 'kv = "auto"\ntoken_budget = 300').replace('mode = "adaptive"', 'mode = "static"')
+)
+
+
+def test_a_window_across_a_gate_restart_replays_each_part_under_its_gate(tmp_path: Path) -> None:
+    # A user's trial: a window spanning a restart was replayed whole under the first gate's
+    # thresholds, and nothing said so. The second gate here runs a static budget of 300 tokens.
+    from gate.config import config_digest
+    from gate.config.thresholds import CONFIG_IN_FORCE
+    from gate.tools.replay import Change
+
+    start = 1_800_000_000.0
+    arrivals = synthetic_arrivals(240, 20.0, seed=4)
+    restart = Change(10.0, CONFIG_IN_FORCE, "gate", thresholds_json(SMALL))
+    outcomes = replay(CONFIG, FIT, arrivals, [restart], until=21.0)
+    path = str(tmp_path / "restart.db")
+    write_journal(path, CONFIG, FIT, arrivals, outcomes, start=start)
+    _restart_row(path, start + 10.0, SMALL)
+    window = load_window(path)
+    hms = __import__("time").strftime("%H:%M:%S", __import__("time").gmtime(start + 10.0))
+    said = [n for n in window.notes if n.startswith(f"the window spans a gate restart at {hms} ")]
+    assert said and f"(config {config_digest(CONFIG)} -> {config_digest(SMALL)})" in said[0], window.notes
+    answer = run_replay(window)
+    assert f"note: the window spans a gate restart at {hms}" in to_table(answer)
+    replayed = answer["scenarios"][1]["budget_curve"]
+    assert replayed == [[0.0, 2048], [round(start + 10.0 - window.since, 3), 300]]  # each gate's budget
+
+    def off(w: object) -> int:
+        a = run_replay(w)  # type: ignore[arg-type]
+        rec, rep = a["scenarios"][0]["classes"], a["scenarios"][1]["classes"]
+        return sum(abs(rec[c]["admitted"] - rep[c]["admitted"]) for c in rec)
+
+    # replayed under the first gate's thresholds throughout (as before), the second half is far off
+    # (5 admissions off with the restart, 23 without it)
+    assert off(window) * 3 < off(dataclasses.replace(window, changes=())), (off(window), off(dataclasses.replace(window, changes=())))
+    # a proposal's own key keeps its proposed value across the restart; the rest is the new gate's
+    roomy = proposal_from_set("backend.token_budget=2048", window.config)
+    curve = run_replay(window, [roomy])["scenarios"][2]["budget_curve"]
+    assert all(b == 2048 for _, b in curve), curve
+
+
+def test_a_restart_ends_the_old_gates_pauses_unless_the_new_one_restored_them() -> None:
+    from gate.config.thresholds import CONFIG_IN_FORCE
+    from gate.tools.replay import Change
+
+    arrivals = [a for a in synthetic_arrivals(200, 20.0, seed=6) if a.cls == "batch"]
+    later = {a.id for a in arrivals if a.at > 10.5}
+    paused = Change(2.0, "pause_class", "class:batch", "True")
+    restart = Change(10.0, CONFIG_IN_FORCE, "gate", thresholds_json(CONFIG))
+    restored = Change(10.2, "restored", "class:batch", "paused")
+    ended = replay(CONFIG, FIT, arrivals, [paused, restart], until=21.0)
+    assert later and all(ended[i].reason != "class_paused" for i in later)
+    kept = replay(CONFIG, FIT, arrivals, [paused, restart, restored], until=21.0)
+    assert all(kept[i].reason == "class_paused" for i in later)
+    # a restart's budget starts again at what its config says (an operator's hand cut ends)
+    curve: list[tuple[float, int]] = []
+    replay(CONFIG, FIT, arrivals, [Change(2.0, "set_budget", "backend:default", "1500"), restart], until=21.0, budget_curve=curve)
+    assert (2.0, 1500) in curve and curve[-1] == (10.0, 2048)

@@ -200,13 +200,18 @@ def _load(conn: sqlite3.Connection, path: str, since: float | None, until: float
             f"{path}: the journal writer dropped {dropped} rows during the window (full buffer or failing disk): "
             "its decisions are incomplete, a replay would undercount the load"
         )
-    changes = tuple(
-        Change(r["ts"] - since, r["action"], r["target"], r["new_value"])
-        for r in conn.execute(
-            "SELECT ts, action, target, new_value FROM audit WHERE ts > ? AND ts < ? AND action != ? ORDER BY ts, id",
-            (cfg_row["ts"], until, CONFIG_IN_FORCE),
-        )
-    )
+    changes: list[Change] = []
+    digest = str(cfg_row["note"])
+    for r in conn.execute(
+        "SELECT ts, action, target, new_value, note FROM audit WHERE ts > ? AND ts < ? ORDER BY ts, id", (cfg_row["ts"], until)
+    ):
+        value = r["new_value"]
+        if r["action"] == CONFIG_IN_FORCE:
+            # A gate restarted in the window: from then on its thresholds (a user's trial replayed
+            # a window across a restart under the first gate's, and said nothing)
+            value, note, digest = _restart(path, r, backend, names, digest)
+            notes.append(note)
+        changes.append(Change(r["ts"] - since, r["action"], r["target"], value))
     arrivals = tuple(_arrival(r, since, names) for r in rows if r["class"])
     learned = conn.execute(
         "SELECT new_value FROM audit WHERE action = ? AND target = ? AND ts <= ? ORDER BY ts <= ? DESC, "
@@ -226,13 +231,38 @@ def _load(conn: sqlite3.Connection, path: str, since: float | None, until: float
         config,
         str(cfg_row["note"]),
         arrivals,
-        changes,
+        tuple(changes),
         fit,
         curve,
         tuple(notes),
         lead,
         learned_pool(learned_value),
     )
+
+
+def _restart(path: str, row: sqlite3.Row, backend: str, classes: set[str], before: str) -> tuple[str, str, str]:
+    """A config_in_force row inside the window (a gate restarted): its thresholds with the
+    replayed backend first (the one the engine reads), the note that says so, its digest."""
+    from gate.config.schema import ConfigError
+
+    when = time.strftime("%H:%M:%S", time.gmtime(row["ts"]))
+    try:
+        data = json.loads(row["new_value"] or "")
+        data["backends"] = [b for b in data.get("backends", []) if b.get("name") == backend] or data.get("backends", [])[:1]
+        config_from_thresholds(json.dumps(data))
+    except (ValueError, TypeError, AttributeError, ConfigError) as exc:
+        raise ReplayError(f"{path}: the {CONFIG_IN_FORCE} row of the gate restart at {when} does not read as thresholds ({exc})") from None
+    digest = str(row["note"])
+    change = f"config {before} -> {digest}" if digest != before else f"config {digest}, unchanged"
+    note = (
+        f"the window spans a gate restart at {when} ({change}): from then on the replay applies the new gate's thresholds "
+        "(its file's, then each override it restored), its budget starts again at what that config says, and the old "
+        "gate's pauses, drains and freeze end; requests queued or running then carry over"
+    )
+    added = sorted(set(data.get("classes", {})) - classes)
+    if added:
+        note += f"; the arrivals of {', '.join(added)} (classes it added) keep their recorded outcome"
+    return json.dumps(data, sort_keys=True, separators=(",", ":")), note, digest
 
 
 def _dropped(conn: sqlite3.Connection, samples: list[sqlite3.Row], first: float) -> int:
