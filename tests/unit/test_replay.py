@@ -728,3 +728,49 @@ def test_a_restart_ends_the_old_gates_pauses_unless_the_new_one_restored_them() 
     curve: list[tuple[float, int]] = []
     replay(CONFIG, FIT, arrivals, [Change(2.0, "set_budget", "backend:default", "1500"), restart], until=21.0, budget_curve=curve)
     assert (2.0, 1500) in curve and curve[-1] == (10.0, 2048)
+
+
+def test_a_window_with_a_killed_gate_says_requests_in_flight_then_are_missing(tmp_path: Path) -> None:
+    # After a SIGKILL the next gate writes `unclean_end`; the requests in flight at the kill
+    # are in no decision row. A user's trial: the replay said nothing of it.
+    path = _journal(tmp_path, n=80, duration=10.0)
+    lo, hi = sqlite3.connect(path).execute("SELECT min(ts), max(ts) FROM decisions").fetchone()
+    (last,) = (
+        sqlite3.connect(path)
+        .execute(  # the killed gate's last row: a sample, or a request's end
+            "SELECT max((SELECT max(ts) FROM samples), (SELECT max(ts + duration_ms / 1000.0) FROM decisions))"
+        )
+        .fetchone()
+    )
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(
+        "INSERT INTO audit (ts, operator, origin, source, action, target, old_value, new_value, note) "
+        "VALUES (?, 'tokengate', 'local', 'gate', 'unclean_end', 'gate', NULL, NULL, 'the previous gate ended without stopped')",
+        (last + 30.0,),
+    )
+    conn.close()
+    hms = __import__("time").strftime("%H:%M:%S", __import__("time").gmtime(last))
+    for window in (load_window(path), load_window(path, since=lo + 2.0, until=hi - 1.0)):  # holds it, or ends seconds before
+        said = [n for n in window.notes if n.startswith(f"the gate was killed at/after {hms} ")]
+        assert said and "requests in flight then were never journaled; counts may be short" in said[0], window.notes
+    assert not any("killed" in n for n in load_window(path, until=lo + 1.0).notes)  # long before it: nothing lost
+
+
+def test_decisions_without_a_class_are_counted_out_loud(tmp_path: Path) -> None:
+    # A SIGTERM's 38 `shutting_down` 503s have no class: left out of every figure, and now said so.
+    path = _journal(tmp_path, n=60, duration=10.0)
+    lo, hi = sqlite3.connect(path).execute("SELECT min(ts), max(ts) FROM decisions").fetchone()
+    conn = sqlite3.connect(path, isolation_level=None)
+    row = (
+        "INSERT INTO decisions (ts, request_id, tenant, class, backend, endpoint, stream, reserved_tokens, outcome, reason, "
+        "http_status, duration_ms) VALUES (?, ?, '', '', '', '/v1/chat/completions', 1, 0, 'refused', ?, ?, 0.1)"
+    )
+    for i in range(38):
+        conn.execute(row, (hi - 0.5 + i / 100.0, f"s{i}", "shutting_down", 503))
+    conn.execute(row, (lo + 1.0, "k1", "invalid_api_key", 401))
+    conn.close()
+    window = load_window(path)
+    assert "39 decisions without a class (shutting_down 38, invalid_api_key 1) are left out of every figure" in " ".join(window.notes)
+    answer = run_replay(window)
+    assert sum(f["arrivals"] for f in answer["scenarios"][0]["classes"].values()) == 60
+    assert not any("without a class" in n for n in load_window(path, until=lo + 0.5).notes)

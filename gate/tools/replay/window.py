@@ -223,6 +223,7 @@ def _load(conn: sqlite3.Connection, path: str, since: float | None, until: float
     curve = tuple((s["ts"] - since, s["budget"]) for s in samples if s["budget"] is not None and since <= s["ts"] < until)
     lead = _lead(conn, backend, since, float(cfg_row["ts"]), names)
     notes += _open_ends(conn, path, backend, since, until, lead)
+    notes += _losses(conn, backend, since, until, rows)
     return Window(
         path,
         since,
@@ -245,7 +246,7 @@ def _restart(path: str, row: sqlite3.Row, backend: str, classes: set[str], befor
     replayed backend first (the one the engine reads), the note that says so, its digest."""
     from gate.config.schema import ConfigError
 
-    when = time.strftime("%H:%M:%S", time.gmtime(row["ts"]))
+    when = _hms(row["ts"])
     try:
         data = json.loads(row["new_value"] or "")
         data["backends"] = [b for b in data.get("backends", []) if b.get("name") == backend] or data.get("backends", [])[:1]
@@ -334,6 +335,54 @@ def _open_ends(conn: sqlite3.Connection, path: str, backend: str, since: float, 
             f"in the window yet; for a complete window give --until a moment at least the longest request ago ({longest_s:.0f} s)"
         )
     return notes
+
+
+#: the audit row a gate writes at start when the gate before it on the journal never wrote
+#: `stopped` (killed or crashed: gate/observe/recorder.py)
+UNCLEAN_END = "unclean_end"
+#: "a few seconds": a window that ends this close before a kill still loses requests to it
+KILL_SLACK_S = 5.0
+
+
+def _losses(conn: sqlite3.Connection, backend: str, since: float, until: float, rows: list[sqlite3.Row]) -> list[str]:
+    """What the window's figures leave out: the requests in flight when a gate was killed (a
+    request is journaled when it ends: those never were), and the decisions without a class
+    (refused before the gate classified them: a stopping gate's 503s, a bad key). A user's
+    trial SIGKILLed a gate and SIGTERMed another, and the replay flagged neither."""
+    from collections import Counter
+
+    notes = []
+    (longest,) = conn.execute(
+        "SELECT max(duration_ms) FROM decisions WHERE backend = ? AND ts >= ? AND ts < ?", (backend, since - 3600.0, until)
+    ).fetchone()
+    slack = max(KILL_SLACK_S, (longest or 0.0) / 1000.0)
+    for (ended,) in conn.execute("SELECT ts FROM audit WHERE action = ? AND ts > ? ORDER BY ts", (UNCLEAN_END, since)).fetchall():
+        # the kill: after the killed gate's last row (a sample a second, an audit row, a request's end)
+        (last,) = conn.execute(
+            "SELECT max(t) FROM (SELECT max(ts) t FROM samples WHERE ts < ? UNION ALL SELECT max(ts) FROM audit WHERE ts < ? "
+            "UNION ALL SELECT max(ts + duration_ms / 1000.0) FROM decisions WHERE ts < ?)",
+            (ended, ended, ended),
+        ).fetchone()
+        killed = float(last if last is not None else ended)
+        if since <= killed < until + slack:
+            notes.append(
+                f"the gate was killed at/after {_hms(killed)} (its last journaled row; the next gate, started at {_hms(ended)}, "
+                "found no 'stopped'): requests in flight then were never journaled; counts may be short"
+            )
+            break
+    unclassed = Counter(str(r["reason"]) for r in rows if not r["class"])
+    if unclassed:
+        n = sum(unclassed.values())
+        each = ", ".join(f"{reason} {k}" for reason, k in sorted(unclassed.items(), key=lambda x: (-x[1], x[0])))
+        notes.append(
+            f"{n} decision{'' if n == 1 else 's'} without a class ({each}) {'is' if n == 1 else 'are'} left out of every figure: "
+            "the gate refused them before it classified them (a stopping gate's shutting_down, a bad key, a bad body)"
+        )
+    return notes
+
+
+def _hms(ts: float) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(ts))
 
 
 def _arrival(r: sqlite3.Row, since: float, classes: set[str]) -> Arrival:
