@@ -774,3 +774,45 @@ def test_decisions_without_a_class_are_counted_out_loud(tmp_path: Path) -> None:
     answer = run_replay(window)
     assert sum(f["arrivals"] for f in answer["scenarios"][0]["classes"].values()) == 60
     assert not any("without a class" in n for n in load_window(path, until=lo + 0.5).notes)
+
+
+def test_a_proposed_max_tokens_cap_refuses_the_arrivals_over_it_as_the_gate_does(tmp_path: Path) -> None:
+    # A user's trial: classes.batch.max_tokens_cap=40 changed nothing in the replay, where the
+    # gate answers a request over its class's cap 400 (gate/http/intake.py: invalid_request).
+    config = parse_config(EXAMPLE_CONFIG.replace("default_max_tokens = 512", "default_max_tokens = 32"))
+    arrivals = synthetic_arrivals(120, 15.0, seed=1)
+    _, outcomes = recorded_by_model(config, FIT, arrivals)
+    path = str(tmp_path / "cap.db")
+    write_journal(path, config, FIT, arrivals, outcomes)
+    window = load_window(path)
+    over = sum(1 for a in window.arrivals if a.cls == "batch" and a.max_tokens > 40)
+    assert over > 0
+    answer = run_replay(window, [proposal_from_set("classes.batch.max_tokens_cap=40", window.config)])
+    refused = answer["scenarios"][2]["classes"]["batch"]["refused"]
+    assert refused.get("invalid_request") == over, refused
+    assert "invalid_request" not in answer["scenarios"][1]["classes"]["batch"]["refused"]  # the recorded cap: none over it
+    # a cap below the recorded default needs another default: refused, and said why
+    with pytest.raises(ValueError, match="default_max_tokens cannot be replayed.*a max_tokens_cap below it cannot be replayed either"):
+        proposal_from_set("classes.batch.max_tokens_cap=20,classes.batch.default_max_tokens=20", window.config)
+
+
+def test_default_max_tokens_cannot_be_replayed_and_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The journal holds each request's max_tokens as the gate reserved it, not whether the
+    # client sent one: a proposed default changed nothing, silently (a user's trial).
+    with pytest.raises(
+        ValueError,
+        match=r"classes.batch.default_max_tokens cannot be replayed: .*keep it as recorded \(classes.batch.default_max_tokens=512\)",
+    ):
+        proposal_from_set("classes.batch.default_max_tokens=40", CONFIG)
+    assert proposal_from_set("classes.batch.default_max_tokens=512", CONFIG).pinned == frozenset()  # as recorded: fine
+    path = _journal(tmp_path, n=30, duration=5.0)
+    assert main(["replay", "--journal", path, "--set", "classes.batch.default_max_tokens=40"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "tokengate replay: error: classes.batch.default_max_tokens=40: classes.batch.default_max_tokens cannot be replayed"
+    )
+    assert err.count("\n") == 1
+    other = tmp_path / "other.toml"
+    other.write_text(EXAMPLE_CONFIG.replace("default_max_tokens = 512", "default_max_tokens = 40"))
+    assert main(["replay", "--journal", path, "--config", str(other)]) == 2
+    assert "classes.batch.default_max_tokens cannot be replayed" in capsys.readouterr().err

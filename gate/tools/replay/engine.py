@@ -10,6 +10,8 @@ of a request-level model of llama-server fitted from the same journal (`BackendF
   ``ttft_base_s + ttft_per_busy_s * (k - 1) + (prompt + ahead) / prefill_tps`` after dispatch;
 * its other ``n - 1`` tokens take ``tpot_alone_s + tpot_per_busy_s * (k - 1)`` each (decode
   slows as occupancy grows: llama-server batches every slot's next token into one step);
+* an arrival whose max_tokens is over its class's ``max_tokens_cap`` is refused at intake
+  (``invalid_request``), as the gate answers it 400, before the core sees it;
 * ``n`` is the completion tokens it really generated (recorded), or, for a request the
   recording refused, its class's median ratio of generated to max_tokens times its max_tokens.
 
@@ -318,6 +320,10 @@ def replay(
         current[0] = now
         if kind == _ARRIVE:
             a = payload
+            if a.max_tokens > classes[a.cls].max_tokens_cap:
+                # refused at intake, before the core, as gate/http/intake.py refuses it (400)
+                run.out[a.id] = Outcome(False, Reason.INVALID_REQUEST.value, None, None, 0)
+                continue
             req = Request(a.id, a.cls, a.tenant, a.prompt_tokens, a.max_tokens, now)
             decision = adm.offer(req, now)
             if isinstance(decision, Admit):

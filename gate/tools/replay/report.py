@@ -62,6 +62,16 @@ def _proposal(name: str, recorded: Config, data: dict[str, Any]) -> Proposal:
         raise ValueError(str(exc)) from None
     old, new = _flat(thresholds_of(recorded)), _flat(thresholds_of(config))
     pinned = frozenset(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    unreplayable = sorted(k for k in pinned if k.startswith("classes.") and k.endswith(".default_max_tokens"))
+    if unreplayable:
+        # (a trial's classes.batch.default_max_tokens=40 changed nothing, silently)
+        recorded_values = ", ".join(f"{k}={old.get(k)}" for k in unreplayable)
+        capped = any(k.replace(".default_max_tokens", ".max_tokens_cap") in pinned for k in unreplayable)
+        raise ValueError(
+            f"{name}: {', '.join(unreplayable)} cannot be replayed: the journal records the max_tokens each request was given, "
+            f"not whether its client sent one (the default applies only then); keep it as recorded ({recorded_values})"
+            + ("; a max_tokens_cap below it cannot be replayed either" if capped else "")
+        )
     return Proposal(name, config, pinned)
 
 
