@@ -816,3 +816,25 @@ def test_default_max_tokens_cannot_be_replayed_and_is_refused(tmp_path: Path, ca
     other.write_text(EXAMPLE_CONFIG.replace("default_max_tokens = 512", "default_max_tokens = 40"))
     assert main(["replay", "--journal", path, "--config", str(other)]) == 2
     assert "classes.batch.default_max_tokens cannot be replayed" in capsys.readouterr().err
+
+
+def test_the_table_reads_as_english(tmp_path: Path) -> None:
+    # A user's trial read "not a prediction (1 figures)", "only 0 completed requests", and an
+    # error of "0%" beside two "-" (here every arrival was rate-limited: kept as recorded, nothing ran).
+    path = _journal(tmp_path, n=12, duration=5.0)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(
+        "UPDATE decisions SET outcome = 'refused', reason = 'rate_limited', http_status = 429, completion_tokens = NULL, "
+        "ttft_ms = NULL, queue_ms = NULL, ttft_arrival_ms = NULL"
+    )
+    conn.close()
+    window = load_window(path)
+    assert "no completed requests: the backend model uses defaults" in window.fit.notes
+    answer = run_replay(window)
+    table = to_table(answer)
+    line = next(ln for ln in table.splitlines() if ln.startswith("batch") and "ttft_p95_ms" in ln)
+    assert line.split()[2:] == ["-", "-", "-"], line
+    answer["scenarios"][1]["untrusted"] = ["batch.admitted"]
+    assert "not a prediction (1 figure)" in to_table(answer)
+    answer["scenarios"][1]["untrusted"] = ["batch.admitted", "interactive.admitted"]
+    assert "not a prediction (2 figures)" in to_table(answer)

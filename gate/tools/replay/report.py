@@ -375,7 +375,9 @@ def table_cells(answer: Mapping[str, Any]) -> tuple[list[str], list[tuple[list[s
         key = f"{cls}.{fig.replace('refused ', 'refused.')}"
         mark = "?" if key in bad else ""
         err = cal.get(key, {}).get("error")
-        cells = [cls, fig, _cell(values[0]), _cell(values[1]) + mark, "-" if err is None else f"{err:.0%}"]
+        # no figure on either side (no request admitted): no error to show either, not "0%"
+        none = err is None or (values[0] is None and values[1] is None)
+        cells = [cls, fig, _cell(values[0]), _cell(values[1]) + mark, "-" if none else f"{err:.0%}"]
         cells += [_cell(v) + mark for v in values[2:]]
         rows.append((cells, key in bad))
     return head, rows
@@ -465,7 +467,10 @@ def to_table(answer: Mapping[str, Any]) -> str:
         out.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
     if bad:
         out.append("")
-        out.append(f"? = calibration error over {answer['untrusted_above']:.0%}: not a prediction ({len(bad)} figures)")
+        out.append(
+            f"? = calibration error over {answer['untrusted_above']:.0%}: not a prediction "
+            f"({len(bad)} figure{'' if len(bad) == 1 else 's'})"
+        )
     curves = budget_lines(answer)
     if curves:
         out.append("")

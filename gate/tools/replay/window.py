@@ -546,7 +546,8 @@ def fit_backend(
         and r["prompt_tokens"] is not None
     ]
     if len(ran) < 3:
-        notes.append(f"only {len(ran)} completed request{'' if len(ran) == 1 else 's'}: the backend model uses defaults")
+        done = "no completed requests" if not ran else f"only {len(ran)} completed request{'' if len(ran) == 1 else 's'}"
+        notes.append(f"{done}: the backend model uses defaults")
         return BackendFit(slots, slot_context, ceiling, kv, notes=tuple(notes), points=len(ran))
     ttft = [r["ttft_ms"] / 1000.0 for r in ran]
     # As the gate's PrefillModel: x = the prompt plus the prompt tokens still prefilling when it was
