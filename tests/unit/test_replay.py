@@ -838,3 +838,37 @@ def test_the_table_reads_as_english(tmp_path: Path) -> None:
     assert "not a prediction (1 figure)" in to_table(answer)
     answer["scenarios"][1]["untrusted"] = ["batch.admitted", "interactive.admitted"]
     assert "not a prediction (2 figures)" in to_table(answer)
+
+
+def test_log_and_replay_read_a_moment_alike(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `tokengate log` refused the epoch seconds `replay` accepts and prints in its JSON
+    path = _journal(tmp_path, n=40, duration=6.0)
+    stamps = _decision_times(path)
+    since, until = stamps[10], stamps[30]
+    assert main(["replay", "--journal", path, "--format", "json", "--since", repr(since), "--until", repr(until)]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert main(["log", "--journal", path, "--format", "aiperf", "--since", repr(answer["since"]), "--until", repr(answer["until"])]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 20
+    for command in ("log", "replay"):
+        assert main([command, "--journal", path, "--since", "yesterday"]) == 2
+        err = capsys.readouterr().err
+        assert "'yesterday' is not a moment: give a duration ago (30s, 15m, 2h, 7d), an ISO-8601 time" in err and "epoch seconds" in err
+
+
+def test_log_aiperf_says_what_it_leaves_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # decisions without token counts (refused before the prompt was counted) were dropped from
+    # the trace silently: a window of only those printed nothing, exit 0
+    path = _journal(tmp_path, n=20, duration=5.0)
+    stamps = _decision_times(path)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("UPDATE decisions SET prompt_tokens = NULL, max_tokens = NULL, completion_tokens = NULL WHERE ts >= ?", (stamps[15],))
+    conn.close()
+    assert main(["log", "--journal", path, "--format", "aiperf", "--since", repr(stamps[15])]) == 0
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.count("\n") == 1
+    assert "tokengate log: 5 decisions without a prompt token count (or any output length) are left out of the trace" in out.err
+    assert main(["log", "--journal", path, "--format", "aiperf"]) == 0
+    out = capsys.readouterr()
+    assert len(out.out.splitlines()) == 15 and "5 decisions without a prompt token count" in out.err
+    assert main(["log", "--journal", path, "--format", "aiperf", "--until", repr(stamps[15])]) == 0
+    assert capsys.readouterr().err == ""  # nothing left out: nothing said

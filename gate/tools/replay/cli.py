@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
-import time
 from typing import Any, TextIO
 
 DESCRIPTION = """\
@@ -50,20 +48,9 @@ running at its start, requests still running in a journal a gate is writing).
 
 
 def _when(text: str) -> float:
-    try:
-        value = float(text)  # epoch seconds, as `tokengate log --format json` prints them
-    except ValueError:
-        pass
-    else:
-        if not math.isfinite(value) or value < 0:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a moment (epoch seconds, 15m, or an ISO-8601 time)")
-        return value
-    from gate.journal.export import parse_since
+    from gate.journal.export import moment_arg  # the one reading of a moment, `tokengate log`'s too
 
-    try:
-        return parse_since(text, time.time())
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+    return moment_arg(text)
 
 
 def add_parser(commands: Any, formatter: type[argparse.HelpFormatter], epilog: str) -> None:
