@@ -265,7 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="WHEN",
         type=_since_arg,
         default=None,
-        help="only rows from this long ago (30s, 15m, 2h, 7d) or since an ISO-8601 timestamp (UTC unless it says otherwise); default: all",
+        help="only rows from this long ago (30s, 15m, 2h, 7d), since an ISO-8601 timestamp (UTC unless it says otherwise) "
+        "or since epoch seconds (as --format json prints ts); default: all",
     )
     log_cmd.add_argument(
         "--until",
@@ -326,14 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _since_arg(text: str) -> float:
-    import time
+    from gate.journal.export import moment_arg  # the one reading of a moment, replay's too
 
-    from gate.journal.export import parse_since
-
-    try:
-        return parse_since(text, time.time())
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+    return moment_arg(text)
 
 
 # ------------------------------------------------------------------------------------------
@@ -603,11 +599,14 @@ def _cmd_log(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     journal, note = find_journal(given)
     if note:
         err.write(f"tokengate log: {note}\n")
+    notes: list[str] = []
     try:
-        n = export(journal, out, kind=args.kind, fmt=args.format, since_ts=args.since, cls=args.cls, until_ts=args.until)
+        n = export(journal, out, kind=args.kind, fmt=args.format, since_ts=args.since, cls=args.cls, until_ts=args.until, notes=notes)
     except ExportError as e:
         err.write(f"tokengate log: error: {e}\n")
         return EXIT_RUNTIME
+    for line in notes:
+        err.write(f"tokengate log: {line}\n")
     if n == 0 and args.cls is not None:
         # empty is an answer, but a mistyped class should not look like a quiet incident
         err.write(f"tokengate log: no decisions of class {args.cls!r} in the selection\n")

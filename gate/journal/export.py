@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import re
 import sqlite3
@@ -47,18 +48,41 @@ class ExportError(Exception):
 
 
 def parse_since(text: str, now: float) -> float:
-    """``30s``, ``15m``, ``2h``, ``7d`` (before ``now``) or an ISO-8601 timestamp (naive = UTC)
-    -> seconds since the epoch. Raises ``ValueError`` with a readable message."""
+    """``30s``, ``15m``, ``2h``, ``7d`` (before ``now``), an ISO-8601 timestamp (naive = UTC) or
+    epoch seconds (as ``--format json`` and replay's JSON print them) -> seconds since the epoch.
+    The one reading of a moment for `tokengate log`, `tokengate replay` and the review's
+    ``since=`` (log refused the epoch seconds that replay accepted and printed). Raises
+    ``ValueError`` with a readable message."""
+    forms = "give a duration ago (30s, 15m, 2h, 7d), an ISO-8601 time (2025-01-31T14:00:00Z) or epoch seconds (1738332000.5)"
+    try:
+        value = float(text)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{text!r} is not a moment: {forms}")
+        return value
     m = _RELATIVE.match(text)
     if m:
         return now - float(m.group(1)) * _UNIT_S[m.group(2).lower()]
     try:
         dt = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
-        raise ValueError(f"{text!r} is neither a duration (30s, 15m, 2h, 7d) nor an ISO-8601 timestamp (2025-01-31T14:00:00Z)") from None
+        raise ValueError(f"{text!r} is not a moment: {forms}") from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
     return dt.timestamp()
+
+
+def moment_arg(text: str) -> float:
+    """`parse_since` as an argparse ``type`` (--since, --until of log and replay), from now."""
+    import argparse
+    import time
+
+    try:
+        return parse_since(text, time.time())
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def iso(ts: float | None) -> str:
@@ -174,10 +198,12 @@ def export(
     since_ts: float | None = None,
     cls: str | None = None,
     until_ts: float | None = None,
+    notes: list[str] | None = None,
 ) -> int:
     """Write the ``kind`` rows of the journal at ``path`` to ``out``; returns the row count.
     `cls`: only the decisions of that class (an aiperf trace keeps the times of the whole
-    selection: one trace per class, each replayed with its class's header, stay in step)."""
+    selection: one trace per class, each replayed with its class's header, stay in step).
+    `notes` gets what the reader should know beside the rows (decisions an aiperf trace leaves out)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     if fmt not in FORMATS:
@@ -192,7 +218,16 @@ def export(
         columns, rows = _rows(conn, kind, since_ts, path, cls, until_ts)
         if fmt == "aiperf":
             origin = _first_counted(conn, since_ts, path)
-            return _write_aiperf(columns, rows, out, origin)
+            left_out: list[int] = []
+            n = _write_aiperf(columns, rows, out, origin, left_out)
+            if left_out and notes is not None:
+                k = left_out[0]
+                notes.append(
+                    f"{k} decision{'' if k == 1 else 's'} without a prompt token count (or any output length) "
+                    f"{'is' if k == 1 else 'are'} left out of the trace: refused before the gate counted the prompt "
+                    "(a bad key, a bad body, a stopping gate), so nothing to send again"
+                )
+            return n
         writer = {"json": _write_json, "csv": write_csv, "table": _write_table}[fmt]
         return writer(columns, rows, out)
     finally:
@@ -221,19 +256,25 @@ def _first_counted(conn: sqlite3.Connection, since_ts: float | None, path: str) 
     return first
 
 
-def _write_aiperf(columns: Sequence[str], rows: Iterator[tuple[Any, ...]], out: TextIO, origin: float | None = None) -> int:
+def _write_aiperf(
+    columns: Sequence[str], rows: Iterator[tuple[Any, ...]], out: TextIO, origin: float | None = None, left_out: list[int] | None = None
+) -> int:
+    """The trace lines; `left_out` gets the count of decisions without token counts (none: not appended)."""
     at = {name: i for i, name in enumerate(columns)}
     ts, prompt, max_tokens, done = at["ts"], at["prompt_tokens"], at["max_tokens"], at["completion_tokens"]
     first: float | None = origin
-    n = 0
+    n = skipped = 0
     for row in rows:
         if row[prompt] is None or (row[done] is None and row[max_tokens] is None):
-            continue  # refused before its prompt was counted: nothing to send again
+            skipped += 1  # refused before its prompt was counted: nothing to send again (said, not silently)
+            continue
         first = row[ts] if first is None else first
         output = row[done] if row[done] is not None else row[max_tokens]
         line = {"timestamp": round((row[ts] - first) * 1000), "input_length": max(1, row[prompt]), "output_length": max(1, output)}
         out.write(json.dumps(line, separators=(",", ":")) + "\n")
         n += 1
+    if skipped and left_out is not None:
+        left_out.append(skipped)
     return n
 
 

@@ -112,9 +112,13 @@ class Recorder:
     def capacity_learned(self, backend: str, capacity: Any, kv: str | None, how: str, operator: Operator) -> None:
         """A ready backend's capacity, learned or changed: an audit row in the journal (not in
         the console's list of changes: nobody changed anything) whose value `tokengate replay`
-        reads for its backend model (slots, KV layout, context per slot)."""
-        value = {"slots": capacity.slots, "kv": kv, "slot_context": capacity.slot_context, "ceiling": capacity.ceiling}
-        note = f"{capacity.slots} slots of {capacity.slot_context} tokens, {kv or 'unknown'} KV ({how}), ceiling {capacity.ceiling}"
+        reads for its backend model (slots, KV layout, context per slot, llama-server's KV pool:
+        `ceiling` is the configured token_budget when there is one, `pool` what the server holds)."""
+        pool = capacity.ceiling if getattr(capacity, "pool", None) is None else capacity.pool
+        value = {"slots": capacity.slots, "kv": kv, "slot_context": capacity.slot_context, "ceiling": capacity.ceiling, "pool": pool}
+        note = f"{capacity.slots} slots of {capacity.slot_context} tokens, {kv or 'unknown'} KV ({how}), ceiling {capacity.ceiling}" + (
+            "" if pool == capacity.ceiling else f", pool {pool}"
+        )
         if self.journal is not None:
             self.journal.add(
                 AuditRecord(

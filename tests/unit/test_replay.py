@@ -151,7 +151,11 @@ def test_refuses_a_journal_before_v4(tmp_path: Path) -> None:
         ("DELETE FROM audit", "config_in_force"),  # no thresholds in force
         # user_version says v4 but a column replay reads is gone (a hand-made or damaged file):
         # a one-line refusal, not a traceback from SQLite
-        ("ALTER TABLE samples DROP COLUMN journal_dropped", "cannot read the window .*journal_dropped"),
+        ("ALTER TABLE samples DROP COLUMN journal_dropped", "samples table lacks journal_dropped: not a journal this version wrote"),
+        # a decisions column gone read "IndexError: No item with that key" (exit 1, a user's trial)
+        ("ALTER TABLE decisions DROP COLUMN ttft_arrival_ms", "decisions table lacks ttft_arrival_ms: not a journal this version wrote"),
+        ("ALTER TABLE decisions DROP COLUMN completion_tokens", "decisions table lacks completion_tokens: .* or damaged"),
+        ("DROP TABLE samples", "has no samples table"),
     ],
 )
 def test_refuses_a_window_it_cannot_replay_and_says_why(tmp_path: Path, tamper: str, said: str) -> None:
@@ -161,6 +165,18 @@ def test_refuses_a_window_it_cannot_replay_and_says_why(tmp_path: Path, tamper: 
     conn.close()
     with pytest.raises(ReplayError, match=said):
         load_window(path)
+
+
+def test_a_journal_without_a_column_replay_reads_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _journal(tmp_path, n=20, duration=5.0)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("ALTER TABLE decisions DROP COLUMN ttft_arrival_ms")
+    conn.execute("ALTER TABLE decisions DROP COLUMN completion_tokens")
+    conn.close()
+    assert main(["replay", "--journal", path]) == 1  # as every other journal replay cannot read
+    err = capsys.readouterr().err
+    assert err.startswith("tokengate replay: cannot replay: ") and err.count("\n") == 1
+    assert "decisions table lacks completion_tokens, ttft_arrival_ms" in err and "IndexError" not in err
 
 
 def test_cli_json_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -518,3 +534,341 @@ def test_a_proposal_config_check_would_warn_about_says_so(tmp_path: Path) -> Non
     assert quiet["warnings"] == []
     assert any(n.startswith(over.name + ": ") for n in answer["notes"])
     assert over.name + ": " in to_table(answer)
+
+
+# ---- a window across a gate restart (a user's trial: a real gate restarted, SIGKILLed) -------
+
+
+def _decision_times(path: str) -> list[float]:
+    return [ts for (ts,) in sqlite3.connect(path).execute("SELECT ts FROM decisions ORDER BY ts")]
+
+
+def _two_processes(path: str, at: float, first: tuple[str, int], second: tuple[str, int]) -> None:
+    """The samples before `at` written by one gate process, the rest by another, each with its
+    own `journal_dropped` counter (a per-process count: a restart starts it at 0 again)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("UPDATE samples SET gate_id = ?, journal_dropped = ? WHERE ts < ?", (*first, at))
+    conn.execute("UPDATE samples SET gate_id = ?, journal_dropped = ? WHERE ts >= ?", (*second, at))
+    conn.close()
+
+
+def test_dropped_rows_are_counted_within_each_gate_process(tmp_path: Path) -> None:
+    path = _journal(tmp_path, n=80, duration=10.0)
+    stamps = _decision_times(path)
+    mid = stamps[len(stamps) // 2]
+    # the first gate had dropped 5 rows before the window; the second starts its count at 0:
+    # no row was dropped in the window (it was refused as "dropped 5 rows" across the restart)
+    _two_processes(path, mid, ("host:1:a", 5), ("host:2:b", 0))
+    assert load_window(path).arrivals
+    # a rise within the second process is a drop in the window
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("UPDATE samples SET journal_dropped = 2 WHERE gate_id = 'host:2:b' AND ts >= ?", (mid + 2.0,))
+    conn.close()
+    with pytest.raises(ReplayError, match="dropped 2 rows during the window"):
+        load_window(path)
+    # a process that started in the window (its config_in_force row) counts from 0: 4 dropped
+    # before its first sample
+    _two_processes(path, mid, ("host:1:a", 5), ("host:2:b", 4))
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(
+        "INSERT INTO audit (ts, operator, origin, source, action, target, old_value, new_value, note, gate_id) "
+        "SELECT ?, operator, origin, source, action, target, old_value, new_value, note, 'host:2:b' FROM audit WHERE action = 'config_in_force'",
+        (mid - 0.5,),
+    )
+    conn.close()
+    with pytest.raises(ReplayError, match="dropped 4 rows during the window"):
+        load_window(path)
+    assert load_window(path, since=mid + 3.0).arrivals  # a window after its start: its 4 came before
+
+
+def _learned_row(path: str, value: dict[str, object], at: float = 1_800_000_000.0 - 0.5) -> None:
+    from gate.data.records import CAPACITY_LEARNED
+
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(
+        "INSERT INTO audit (ts, operator, origin, source, action, target, old_value, new_value, note) VALUES (?, 'g', 'local', 'gate', ?, "
+        "'backend:default', NULL, ?, '')",
+        (at, CAPACITY_LEARNED, json.dumps(value)),
+    )
+    conn.close()
+
+
+def test_the_pool_is_llama_servers_not_the_configured_token_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A user's trial: token_budget = 1400 on llama-server -c 2048 -np 4 -kvu. Replay said "unified
+    # pool of 1400 tokens", warned a proposal of 2000 was above that pool, and replayed a --config
+    # without token_budget at 1,400 where a gate would have used the pool, 2,048.
+    config = parse_config(EXAMPLE_CONFIG.replace('kv = "auto"', 'kv = "auto"\ntoken_budget = 1400'))
+    arrivals = synthetic_arrivals(60, 10.0, seed=2)
+    _, outcomes = recorded_by_model(config, FIT, arrivals)
+    path = str(tmp_path / "budget1400.db")
+    write_journal(path, config, FIT, arrivals, outcomes)
+    # without a capacity_learned row the pool is unknown: said, and nothing warned against it
+    window = load_window(path)
+    assert window.pool is None and window.fit.ceiling == 1400
+    assert any("KV pool is not in the journal" in n for n in window.fit.notes)
+    answer = run_replay(window, [proposal_from_set("backend.token_budget=2000", window.config)])
+    assert answer["scenarios"][2]["warnings"] == []
+    # a gate before this one wrote the learned capacity without the pool: it follows from the layout
+    for value in (
+        {"slots": 4, "kv": "unified", "slot_context": 2048, "ceiling": 1400},
+        {"slots": 4, "kv": "unified", "slot_context": 2048, "ceiling": 1400, "pool": 2048},  # as the gate writes it now
+    ):
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("DELETE FROM audit WHERE action = 'capacity_learned'")
+        conn.close()
+        _learned_row(path, value)
+        window = load_window(path)
+        assert window.pool == 2048 and window.fit.ceiling == 2048, value
+        assert not any("pool" in n for n in window.fit.notes)
+        under, over = (proposal_from_set(f"backend.token_budget={n}", window.config) for n in (2000, 3000))
+        answer = run_replay(window, [under, over])
+        assert "unified pool of 2048 tokens" in to_table(answer)
+        assert answer["scenarios"][2]["warnings"] == []  # 2,000 fits the 2,048-token pool
+        assert any("above llama-server's KV pool of 2048" in w for w in answer["scenarios"][3]["warnings"])
+        # the recorded thresholds replay at their 1,400; a config without token_budget at the pool
+        assert answer["scenarios"][1]["budget_curve"][0] == [0.0, 1400]
+        other = tmp_path / "no-budget.toml"
+        other.write_text(EXAMPLE_CONFIG)
+        assert main(["replay", "--journal", path, "--config", str(other), "--format", "json"]) == 0
+        assert json.loads(capsys.readouterr().out)["scenarios"][2]["budget_curve"][0] == [0.0, 2048]
+
+
+async def test_the_gate_records_llama_servers_pool_beside_its_ceiling(tmp_path: Path) -> None:
+    # the capacity_learned row's `ceiling` is the configured token_budget when there is one: the
+    # gate now records the pool too, which replay models (a real journal, read back by replay)
+    from gate.core.admission import Capacity
+    from gate.data.commands import Operator
+    from gate.journal import Journal
+    from gate.observe.metrics import GateMetrics
+    from gate.observe.recorder import Recorder
+
+    path = tmp_path / "gate.db"
+    recorder = Recorder(GateMetrics(), gate_id="host:1:t", clock=lambda: 0.0)
+    recorder.journal = await Journal.open(path)
+    try:
+        recorder.capacity_learned("default", Capacity(4, 2048, 1400, pool=2048), "unified", "props", Operator("t", "local"))
+        recorder.capacity_learned("default", Capacity(4, 512, 2048), "split", "props", Operator("t", "local"))
+    finally:
+        await recorder.journal.close()
+    rows = sqlite3.connect(path).execute("SELECT new_value, note FROM audit WHERE action = 'capacity_learned' ORDER BY id").fetchall()
+    (first, note), (second, _) = ((json.loads(v), n) for v, n in rows)
+    assert (first["ceiling"], first["pool"]) == (1400, 2048) and note.endswith("ceiling 1400, pool 2048")
+    assert (second["ceiling"], second["pool"]) == (2048, 2048)
+
+
+def _restart_row(path: str, ts: float, config: object, gate_id: str = "host:2:b") -> None:
+    from gate.config import config_digest
+
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(
+        "INSERT INTO audit (ts, operator, origin, source, action, target, old_value, new_value, note, gate_id) "
+        "VALUES (?, 'tokengate', 'local', 'gate', 'config_in_force', 'gate', NULL, ?, ?, ?)",
+        (ts, thresholds_json(config), config_digest(config), gate_id),  # type: ignore[arg-type]
+    )
+    conn.close()
+
+
+#: what a second gate started with in the restart tests: a static budget of 300 tokens
+SMALL = parse_config(
+    EXAMPLE_CONFIG.replace('kv = "auto"', 'kv = "auto"\ntoken_budget = 300').replace('mode = "adaptive"', 'mode = "static"')
+)
+
+
+def test_a_window_across_a_gate_restart_replays_each_part_under_its_gate(tmp_path: Path) -> None:
+    # A user's trial: a window spanning a restart was replayed whole under the first gate's
+    # thresholds, and nothing said so. The second gate here runs a static budget of 300 tokens.
+    from gate.config import config_digest
+    from gate.config.thresholds import CONFIG_IN_FORCE
+    from gate.tools.replay import Change
+
+    start = 1_800_000_000.0
+    arrivals = synthetic_arrivals(240, 20.0, seed=4)
+    restart = Change(10.0, CONFIG_IN_FORCE, "gate", thresholds_json(SMALL))
+    outcomes = replay(CONFIG, FIT, arrivals, [restart], until=21.0)
+    path = str(tmp_path / "restart.db")
+    write_journal(path, CONFIG, FIT, arrivals, outcomes, start=start)
+    _restart_row(path, start + 10.0, SMALL)
+    window = load_window(path)
+    hms = __import__("time").strftime("%H:%M:%S", __import__("time").gmtime(start + 10.0))
+    said = [n for n in window.notes if n.startswith(f"the window spans a gate restart at {hms} ")]
+    assert said and f"(config {config_digest(CONFIG)} -> {config_digest(SMALL)})" in said[0], window.notes
+    answer = run_replay(window)
+    assert f"note: the window spans a gate restart at {hms}" in to_table(answer)
+    replayed = answer["scenarios"][1]["budget_curve"]
+    assert replayed == [[0.0, 2048], [round(start + 10.0 - window.since, 3), 300]]  # each gate's budget
+
+    def off(w: object) -> int:
+        a = run_replay(w)  # type: ignore[arg-type]
+        rec, rep = a["scenarios"][0]["classes"], a["scenarios"][1]["classes"]
+        return sum(abs(rec[c]["admitted"] - rep[c]["admitted"]) for c in rec)
+
+    # replayed under the first gate's thresholds throughout (as before), the second half is far off
+    # (5 admissions off with the restart, 23 without it)
+    assert off(window) * 3 < off(dataclasses.replace(window, changes=())), (off(window), off(dataclasses.replace(window, changes=())))
+    # a proposal's own key keeps its proposed value across the restart; the rest is the new gate's
+    roomy = proposal_from_set("backend.token_budget=2048", window.config)
+    curve = run_replay(window, [roomy])["scenarios"][2]["budget_curve"]
+    assert all(b == 2048 for _, b in curve), curve
+
+
+def test_a_restart_ends_the_old_gates_pauses_unless_the_new_one_restored_them() -> None:
+    from gate.config.thresholds import CONFIG_IN_FORCE
+    from gate.tools.replay import Change
+
+    arrivals = [a for a in synthetic_arrivals(200, 20.0, seed=6) if a.cls == "batch"]
+    later = {a.id for a in arrivals if a.at > 10.5}
+    paused = Change(2.0, "pause_class", "class:batch", "True")
+    restart = Change(10.0, CONFIG_IN_FORCE, "gate", thresholds_json(CONFIG))
+    restored = Change(10.2, "restored", "class:batch", "paused")
+    ended = replay(CONFIG, FIT, arrivals, [paused, restart], until=21.0)
+    assert later and all(ended[i].reason != "class_paused" for i in later)
+    kept = replay(CONFIG, FIT, arrivals, [paused, restart, restored], until=21.0)
+    assert all(kept[i].reason == "class_paused" for i in later)
+    # a restart's budget starts again at what its config says (an operator's hand cut ends)
+    curve: list[tuple[float, int]] = []
+    replay(CONFIG, FIT, arrivals, [Change(2.0, "set_budget", "backend:default", "1500"), restart], until=21.0, budget_curve=curve)
+    assert (2.0, 1500) in curve and curve[-1] == (10.0, 2048)
+
+
+def test_a_window_with_a_killed_gate_says_requests_in_flight_then_are_missing(tmp_path: Path) -> None:
+    # After a SIGKILL the next gate writes `unclean_end`; the requests in flight at the kill
+    # are in no decision row. A user's trial: the replay said nothing of it.
+    path = _journal(tmp_path, n=80, duration=10.0)
+    lo, hi = sqlite3.connect(path).execute("SELECT min(ts), max(ts) FROM decisions").fetchone()
+    (last,) = (
+        sqlite3.connect(path)
+        .execute(  # the killed gate's last row: a sample, or a request's end
+            "SELECT max((SELECT max(ts) FROM samples), (SELECT max(ts + duration_ms / 1000.0) FROM decisions))"
+        )
+        .fetchone()
+    )
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(
+        "INSERT INTO audit (ts, operator, origin, source, action, target, old_value, new_value, note) "
+        "VALUES (?, 'tokengate', 'local', 'gate', 'unclean_end', 'gate', NULL, NULL, 'the previous gate ended without stopped')",
+        (last + 30.0,),
+    )
+    conn.close()
+    hms = __import__("time").strftime("%H:%M:%S", __import__("time").gmtime(last))
+    for window in (load_window(path), load_window(path, since=lo + 2.0, until=hi - 1.0)):  # holds it, or ends seconds before
+        said = [n for n in window.notes if n.startswith(f"the gate was killed at/after {hms} ")]
+        assert said and "requests in flight then were never journaled; counts may be short" in said[0], window.notes
+    assert not any("killed" in n for n in load_window(path, until=lo + 1.0).notes)  # long before it: nothing lost
+
+
+def test_decisions_without_a_class_are_counted_out_loud(tmp_path: Path) -> None:
+    # A SIGTERM's 38 `shutting_down` 503s have no class: left out of every figure, and now said so.
+    path = _journal(tmp_path, n=60, duration=10.0)
+    lo, hi = sqlite3.connect(path).execute("SELECT min(ts), max(ts) FROM decisions").fetchone()
+    conn = sqlite3.connect(path, isolation_level=None)
+    row = (
+        "INSERT INTO decisions (ts, request_id, tenant, class, backend, endpoint, stream, reserved_tokens, outcome, reason, "
+        "http_status, duration_ms) VALUES (?, ?, '', '', '', '/v1/chat/completions', 1, 0, 'refused', ?, ?, 0.1)"
+    )
+    for i in range(38):
+        conn.execute(row, (hi - 0.5 + i / 100.0, f"s{i}", "shutting_down", 503))
+    conn.execute(row, (lo + 1.0, "k1", "invalid_api_key", 401))
+    conn.close()
+    window = load_window(path)
+    assert "39 decisions without a class (shutting_down 38, invalid_api_key 1) are left out of every figure" in " ".join(window.notes)
+    answer = run_replay(window)
+    assert sum(f["arrivals"] for f in answer["scenarios"][0]["classes"].values()) == 60
+    assert not any("without a class" in n for n in load_window(path, until=lo + 0.5).notes)
+
+
+def test_a_proposed_max_tokens_cap_refuses_the_arrivals_over_it_as_the_gate_does(tmp_path: Path) -> None:
+    # A user's trial: classes.batch.max_tokens_cap=40 changed nothing in the replay, where the
+    # gate answers a request over its class's cap 400 (gate/http/intake.py: invalid_request).
+    config = parse_config(EXAMPLE_CONFIG.replace("default_max_tokens = 512", "default_max_tokens = 32"))
+    arrivals = synthetic_arrivals(120, 15.0, seed=1)
+    _, outcomes = recorded_by_model(config, FIT, arrivals)
+    path = str(tmp_path / "cap.db")
+    write_journal(path, config, FIT, arrivals, outcomes)
+    window = load_window(path)
+    over = sum(1 for a in window.arrivals if a.cls == "batch" and a.max_tokens > 40)
+    assert over > 0
+    answer = run_replay(window, [proposal_from_set("classes.batch.max_tokens_cap=40", window.config)])
+    refused = answer["scenarios"][2]["classes"]["batch"]["refused"]
+    assert refused.get("invalid_request") == over, refused
+    assert "invalid_request" not in answer["scenarios"][1]["classes"]["batch"]["refused"]  # the recorded cap: none over it
+    # a cap below the recorded default needs another default: refused, and said why
+    with pytest.raises(ValueError, match="default_max_tokens cannot be replayed.*a max_tokens_cap below it cannot be replayed either"):
+        proposal_from_set("classes.batch.max_tokens_cap=20,classes.batch.default_max_tokens=20", window.config)
+
+
+def test_default_max_tokens_cannot_be_replayed_and_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The journal holds each request's max_tokens as the gate reserved it, not whether the
+    # client sent one: a proposed default changed nothing, silently (a user's trial).
+    with pytest.raises(
+        ValueError,
+        match=r"classes.batch.default_max_tokens cannot be replayed: .*keep it as recorded \(classes.batch.default_max_tokens=512\)",
+    ):
+        proposal_from_set("classes.batch.default_max_tokens=40", CONFIG)
+    assert proposal_from_set("classes.batch.default_max_tokens=512", CONFIG).pinned == frozenset()  # as recorded: fine
+    path = _journal(tmp_path, n=30, duration=5.0)
+    assert main(["replay", "--journal", path, "--set", "classes.batch.default_max_tokens=40"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "tokengate replay: error: classes.batch.default_max_tokens=40: classes.batch.default_max_tokens cannot be replayed"
+    )
+    assert err.count("\n") == 1
+    other = tmp_path / "other.toml"
+    other.write_text(EXAMPLE_CONFIG.replace("default_max_tokens = 512", "default_max_tokens = 40"))
+    assert main(["replay", "--journal", path, "--config", str(other)]) == 2
+    assert "classes.batch.default_max_tokens cannot be replayed" in capsys.readouterr().err
+
+
+def test_the_table_reads_as_english(tmp_path: Path) -> None:
+    # A user's trial read "not a prediction (1 figures)", "only 0 completed requests", and an
+    # error of "0%" beside two "-" (here every arrival was rate-limited: kept as recorded, nothing ran).
+    path = _journal(tmp_path, n=12, duration=5.0)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(
+        "UPDATE decisions SET outcome = 'refused', reason = 'rate_limited', http_status = 429, completion_tokens = NULL, "
+        "ttft_ms = NULL, queue_ms = NULL, ttft_arrival_ms = NULL"
+    )
+    conn.close()
+    window = load_window(path)
+    assert "no completed requests: the backend model uses defaults" in window.fit.notes
+    answer = run_replay(window)
+    table = to_table(answer)
+    line = next(ln for ln in table.splitlines() if ln.startswith("batch") and "ttft_p95_ms" in ln)
+    assert line.split()[2:] == ["-", "-", "-"], line
+    answer["scenarios"][1]["untrusted"] = ["batch.admitted"]
+    assert "not a prediction (1 figure)" in to_table(answer)
+    answer["scenarios"][1]["untrusted"] = ["batch.admitted", "interactive.admitted"]
+    assert "not a prediction (2 figures)" in to_table(answer)
+
+
+def test_log_and_replay_read_a_moment_alike(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `tokengate log` refused the epoch seconds `replay` accepts and prints in its JSON
+    path = _journal(tmp_path, n=40, duration=6.0)
+    stamps = _decision_times(path)
+    since, until = stamps[10], stamps[30]
+    assert main(["replay", "--journal", path, "--format", "json", "--since", repr(since), "--until", repr(until)]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert main(["log", "--journal", path, "--format", "aiperf", "--since", repr(answer["since"]), "--until", repr(answer["until"])]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 20
+    for command in ("log", "replay"):
+        assert main([command, "--journal", path, "--since", "yesterday"]) == 2
+        err = capsys.readouterr().err
+        assert "'yesterday' is not a moment: give a duration ago (30s, 15m, 2h, 7d), an ISO-8601 time" in err and "epoch seconds" in err
+
+
+def test_log_aiperf_says_what_it_leaves_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # decisions without token counts (refused before the prompt was counted) were dropped from
+    # the trace silently: a window of only those printed nothing, exit 0
+    path = _journal(tmp_path, n=20, duration=5.0)
+    stamps = _decision_times(path)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("UPDATE decisions SET prompt_tokens = NULL, max_tokens = NULL, completion_tokens = NULL WHERE ts >= ?", (stamps[15],))
+    conn.close()
+    assert main(["log", "--journal", path, "--format", "aiperf", "--since", repr(stamps[15])]) == 0
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.count("\n") == 1
+    assert "tokengate log: 5 decisions without a prompt token count (or any output length) are left out of the trace" in out.err
+    assert main(["log", "--journal", path, "--format", "aiperf"]) == 0
+    out = capsys.readouterr()
+    assert len(out.out.splitlines()) == 15 and "5 decisions without a prompt token count" in out.err
+    assert main(["log", "--journal", path, "--format", "aiperf", "--until", repr(stamps[15])]) == 0
+    assert capsys.readouterr().err == ""  # nothing left out: nothing said

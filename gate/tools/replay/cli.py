@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
-import time
 from typing import Any, TextIO
 
 DESCRIPTION = """\
@@ -25,8 +23,8 @@ every column (and listed in `untrusted` in JSON): it is not a prediction.
 A window cannot be replayed when the journal predates schema v4, when its rows were
 written before that migration, when the writer dropped rows in it, or when no
 config_in_force row precedes it: replay says which and exits 1. A window that starts
-before the gate that wrote the journal did starts at that gate's start instead (a note
-says so).
+before the gate that wrote the journal did starts at that gate's start instead, and one
+that spans a gate restart replays each part under its gate's thresholds (a note says so).
 
 --set and --config are proposals; the journal is --journal (default tokengate.db here),
 not the --config file's [gate] journal.
@@ -45,25 +43,15 @@ has "classes": {NAME: {"admitted", "refused": {REASON: N}, "queue_wait_p50_ms", 
 "ttft_p50_ms", "ttft_p95_ms", "slo_attainment" (0..1), "tokens_per_s", "arrivals"}} and "untrusted"
 (the figures, as CLASS.FIGURE or CLASS.refused.REASON, whose calibration error is over 25%);
 "notes": what the window does not show (its start moved to the gate's start, work queued or
-running at its start, requests still running in a journal a gate is writing).
+running at its start, requests still running in a journal a gate is writing, a gate restart
+or kill in it, decisions without a class).
 """
 
 
 def _when(text: str) -> float:
-    try:
-        value = float(text)  # epoch seconds, as `tokengate log --format json` prints them
-    except ValueError:
-        pass
-    else:
-        if not math.isfinite(value) or value < 0:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a moment (epoch seconds, 15m, or an ISO-8601 time)")
-        return value
-    from gate.journal.export import parse_since
+    from gate.journal.export import moment_arg  # the one reading of a moment, `tokengate log`'s too
 
-    try:
-        return parse_since(text, time.time())
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+    return moment_arg(text)
 
 
 def add_parser(commands: Any, formatter: type[argparse.HelpFormatter], epilog: str) -> None:

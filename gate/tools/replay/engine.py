@@ -10,11 +10,20 @@ of a request-level model of llama-server fitted from the same journal (`BackendF
   ``ttft_base_s + ttft_per_busy_s * (k - 1) + (prompt + ahead) / prefill_tps`` after dispatch;
 * its other ``n - 1`` tokens take ``tpot_alone_s + tpot_per_busy_s * (k - 1)`` each (decode
   slows as occupancy grows: llama-server batches every slot's next token into one step);
+* an arrival whose max_tokens is over its class's ``max_tokens_cap`` is refused at intake
+  (``invalid_request``), as the gate answers it 400, before the core sees it;
 * ``n`` is the completion tokens it really generated (recorded), or, for a request the
   recording refused, its class's median ratio of generated to max_tokens times its max_tokens.
 
 Events at one instant run in a fixed order (audit changes, completions, first tokens,
 arrivals, timers, controller ticks; then by sequence), so a replay is deterministic.
+
+A gate restart inside the window (a ``config_in_force`` change: the new gate's thresholds)
+applies as the new gate starts: its classes' settings and ``[budget]``, its ceiling, a budget
+controller and prefill model started afresh at what its config says, every pause and the
+freeze ended (a ``restored`` change after it puts back what the new gate restored). A
+proposal's own keys keep their proposed value across it. The core's queue, ledger and
+measured holds carry over (llama-server's slots are the same).
 Arrivals the core never saw (refused before admission: rate limits, bad input, no backend)
 keep their recorded outcome in every scenario.
 """
@@ -23,13 +32,16 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from gate.backend.pool import controller_settings
-from gate.config.schema import ClassConfig, Config
+from gate.config.reader import config_from_dict
+from gate.config.schema import ClassConfig, Config, ConfigError
+from gate.config.thresholds import CONFIG_IN_FORCE, thresholds_of
 from gate.core.adaptive import controller_for, has_demand
 from gate.core.admission import Admission, Admit, Capacity, Queue, Refuse, Step, TenantPolicy
 from gate.core.ledger import Request
@@ -200,14 +212,7 @@ def replay(
     ratio = _fill_ratio(arrivals)
     kept = [u for c in changes if (u := _unpinned(c, pinned)) is not None]
     run = _Run(config, fit, arrivals, kept, until, ratio)
-    cap = Capacity(
-        slots=fit.slots,
-        slot_context=fit.slot_context,
-        # A configured token_budget replaces the pool as the ceiling, as `capacity_from_props` does.
-        ceiling=config.backends[0].token_budget or fit.ceiling,
-        max_prefill_tokens=config.backends[0].max_prefill_tokens,
-        prefill_yield_tokens=config.backends[0].prefill_yield_tokens or None,
-    )
+    cap = _capacity(config, fit)
     settings = controller_settings(config.budget, cap.ceiling)
     controller = controller_for(config.budget.mode, settings)
     prefill = PrefillModel()
@@ -266,6 +271,34 @@ def replay(
             budget_curve.append((current[0], adm.budget))
         advance(current[0])
 
+    def restart(change: Change, now: float) -> None:
+        """A new gate started with the thresholds of `change` (a config_in_force row): as
+        `gate.backend.pool.apply_capacity` builds its core's settings, over the same core."""
+        nonlocal controller, prefill
+        new = restarted_config(change.new_value, config, pinned)
+        if new is None:
+            return
+        for c in new.classes:
+            if c.name in classes:
+                classes[c.name] = c
+                adm.set_policy(c)
+        for name in adm.class_names:
+            adm.resume(name)  # the old gate's pauses end with it (a `restored` row puts one back)
+        state["config"] = dataclasses.replace(state["config"], budget=new.budget)
+        adm.aging_s = new.budget.aging_s or None
+        adm.keep_slots = new.budget.keep_slots
+        adm.default_ttft_objective_ms = new.budget.slo_ttft_p95_ms
+        state["slo_s"] = new.budget.slo_ttft_p95_ms / 1000.0
+        adm.set_capacity(_capacity(new, fit))
+        controller = controller_for(new.budget.mode, controller_settings(new.budget, adm.capacity.ceiling))
+        controller.on_change(budget_moved)
+        prefill = PrefillModel()
+        adm.prefill_cap_auto = None
+        adm.set_budget(controller.budget)
+        if budget_curve is not None:
+            budget_curve.append((now, adm.budget))
+        advance(now)
+
     controller.on_change(budget_moved)
     current = [0.0]
     if budget_curve is not None:
@@ -287,6 +320,10 @@ def replay(
         current[0] = now
         if kind == _ARRIVE:
             a = payload
+            if a.max_tokens > classes[a.cls].max_tokens_cap:
+                # refused at intake, before the core, as gate/http/intake.py refuses it (400)
+                run.out[a.id] = Outcome(False, Reason.INVALID_REQUEST.value, None, None, 0)
+                continue
             req = Request(a.id, a.cls, a.tenant, a.prompt_tokens, a.max_tokens, now)
             decision = adm.offer(req, now)
             if isinstance(decision, Admit):
@@ -318,6 +355,8 @@ def replay(
             advance(now)
         elif kind == _TICK:
             controller.tick(now, has_demand(adm.waiting(), adm.ledger.in_flight, adm.budget))
+        elif payload.action == CONFIG_IN_FORCE:
+            restart(payload, now)
         else:
             _apply(payload, now, adm, controller, classes, state, advance)
     # Still waiting when everything else ended: the window closed on them (counted as refused).
@@ -327,8 +366,51 @@ def replay(
     return run.out
 
 
-#: the audit actions a replay applies (`_apply`); the others (started, capacity_learned, ...) say
-#: what happened, not what the thresholds were
+def _capacity(config: Config, fit: BackendFit) -> Capacity:
+    return Capacity(
+        slots=fit.slots,
+        slot_context=fit.slot_context,
+        # A configured token_budget replaces the pool as the ceiling, as `capacity_from_props` does.
+        ceiling=config.backends[0].token_budget or fit.ceiling,
+        max_prefill_tokens=config.backends[0].max_prefill_tokens,
+        prefill_yield_tokens=config.backends[0].prefill_yield_tokens or None,
+    )
+
+
+def restarted_config(text: str | None, scenario: Config, pinned: frozenset[str] = frozenset()) -> Config | None:
+    """The thresholds a restarted gate runs with (a config_in_force value), but the keys a
+    proposal sets (`pinned`, as `backends.K`, `budget.K`, `classes.C.K`) at their value in the
+    proposal's `scenario`; None when the value does not read as thresholds."""
+    try:
+        data = json.loads(text or "")
+        ours = thresholds_of(scenario)
+        for key in pinned:
+            head, _, rest = key.partition(".")
+            if head == "budget":
+                src, dst, name = ours["budget"], data.setdefault("budget", {}), rest
+            elif head == "classes":
+                cls, _, name = rest.partition(".")
+                if cls not in ours["classes"] or cls not in data.get("classes", {}):
+                    continue
+                src, dst = ours["classes"][cls], data["classes"][cls]
+            elif head == "backends" and ours["backends"] and data.get("backends"):
+                src, dst, name = ours["backends"][0], data["backends"][0], rest
+            else:
+                continue
+            if name in src:
+                dst[name] = src[name]
+            else:
+                dst.pop(name, None)
+        if not data.get("tenants"):
+            data.pop("tenants", None)
+        return config_from_dict(data, "<config_in_force>")
+    except (ValueError, TypeError, AttributeError, KeyError, ConfigError):
+        return None
+
+
+#: the audit actions a replay applies (`_apply`; a gate restart, ``config_in_force``, is applied
+#: too but is no operator's move); the others (started, capacity_learned, ...) say what
+#: happened, not what the thresholds were
 REPLAYED_ACTIONS = frozenset(
     {
         "pause_class",

@@ -62,6 +62,16 @@ def _proposal(name: str, recorded: Config, data: dict[str, Any]) -> Proposal:
         raise ValueError(str(exc)) from None
     old, new = _flat(thresholds_of(recorded)), _flat(thresholds_of(config))
     pinned = frozenset(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    unreplayable = sorted(k for k in pinned if k.startswith("classes.") and k.endswith(".default_max_tokens"))
+    if unreplayable:
+        # (a trial's classes.batch.default_max_tokens=40 changed nothing, silently)
+        recorded_values = ", ".join(f"{k}={old.get(k)}" for k in unreplayable)
+        capped = any(k.replace(".default_max_tokens", ".max_tokens_cap") in pinned for k in unreplayable)
+        raise ValueError(
+            f"{name}: {', '.join(unreplayable)} cannot be replayed: the journal records the max_tokens each request was given, "
+            f"not whether its client sent one (the default applies only then); keep it as recorded ({recorded_values})"
+            + ("; a max_tokens_cap below it cannot be replayed either" if capped else "")
+        )
     return Proposal(name, config, pinned)
 
 
@@ -266,7 +276,9 @@ def _warnings(window: Window, config: Config) -> list[str]:
     from gate.core.admission import Capacity
 
     fit, backend = window.fit, config.backends[0]
-    pool = None if backend.token_budget is None else fit.ceiling
+    # llama-server's pool when the journal records it: a token_budget above it is said (a pool
+    # taken from the configured token_budget warned a trial's 2,000 "above the pool of 1400")
+    pool = None if backend.token_budget is None else window.pool
     cap = Capacity(fit.slots, fit.slot_context, backend.token_budget or fit.ceiling, pool=pool)
     return list(capacity_warnings(None, cap, config.budget, config.classes))
 
@@ -363,7 +375,9 @@ def table_cells(answer: Mapping[str, Any]) -> tuple[list[str], list[tuple[list[s
         key = f"{cls}.{fig.replace('refused ', 'refused.')}"
         mark = "?" if key in bad else ""
         err = cal.get(key, {}).get("error")
-        cells = [cls, fig, _cell(values[0]), _cell(values[1]) + mark, "-" if err is None else f"{err:.0%}"]
+        # no figure on either side (no request admitted): no error to show either, not "0%"
+        none = err is None or (values[0] is None and values[1] is None)
+        cells = [cls, fig, _cell(values[0]), _cell(values[1]) + mark, "-" if none else f"{err:.0%}"]
         cells += [_cell(v) + mark for v in values[2:]]
         rows.append((cells, key in bad))
     return head, rows
@@ -453,7 +467,10 @@ def to_table(answer: Mapping[str, Any]) -> str:
         out.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
     if bad:
         out.append("")
-        out.append(f"? = calibration error over {answer['untrusted_above']:.0%}: not a prediction ({len(bad)} figures)")
+        out.append(
+            f"? = calibration error over {answer['untrusted_above']:.0%}: not a prediction "
+            f"({len(bad)} figure{'' if len(bad) == 1 else 's'})"
+        )
     curves = budget_lines(answer)
     if curves:
         out.append("")

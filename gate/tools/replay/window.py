@@ -2,12 +2,13 @@
 
 `load_window` opens the journal read-only and refuses, with a message that says why, a
 window that cannot be replayed: a journal older than schema v4 (no arrival-measured TTFT, no
-drop counts), a window with rows written before the v4 migration, a window in which the
+drop counts), a file without a table or column replay reads (`READS`), a window with rows written before the v4 migration, a window in which the
 writer dropped rows, no ``config_in_force`` row before the window (a gate older than replay
 wrote it), or no decisions at all. What a window does not show becomes a note (`Window.notes`):
 its start moved to the gate's start, the work queued or running at its start (replayed first
 as its uncounted `lead`), a journal a gate is still writing. The backend model takes the
-capacity the gate learned (its ``capacity_learned`` audit row) over the config's ``kv``.
+capacity the gate learned (its ``capacity_learned`` audit row: slots, layout, llama-server's
+KV pool) over the config's ``kv`` and ``token_budget``.
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ class Window:
     #: queued or running at its start, and what arrived beside it (a warm-up), so that the
     #: replay meets the window's first arrivals with the slots and queue the gate had
     lead: tuple[Arrival, ...] = ()
+    #: llama-server's KV pool as the journal records it (its capacity_learned row); None: not
+    #: recorded (then `fit.ceiling` is an estimate, and no proposal is warned against it)
+    pool: int | None = None
 
     @property
     def lead_s(self) -> float:
@@ -85,10 +89,39 @@ def _connect(path: str) -> sqlite3.Connection:
             f"{path}: journal schema v{version} predates replay (v{REPLAY_SCHEMA} added decisions.ttft_arrival_ms and "
             "samples.journal_dropped); open it once with this tokengate to migrate it, and replay windows recorded after that"
         )
+    if problem is None:
+        problem = _missing_columns(conn, path)
     if problem is not None:
         conn.close()
         raise ReplayError(problem)
     return conn
+
+
+#: the columns replay reads, per table (a journal of schema v4 has them all)
+READS: dict[str, tuple[str, ...]] = {
+    "decisions": (
+        "id", "ts", "request_id", "tenant", "class", "backend", "endpoint", "stream", "prompt_tokens", "max_tokens",
+        "reserved_tokens", "outcome", "reason", "queue_ms", "ttft_ms", "duration_ms", "completion_tokens", "ttft_arrival_ms",
+    ),
+    "audit": ("id", "ts", "action", "target", "new_value", "note"),
+    "samples": ("ts", "backend", "budget", "slots_total", "journal_dropped", "gate_id"),
+}  # fmt: skip
+
+
+def _missing_columns(conn: sqlite3.Connection, path: str) -> str | None:
+    """Why a file that claims the schema lacks what replay reads (a table, columns): said up front,
+    naming them (a decisions table without ttft_arrival_ms read "IndexError: No item with that key")."""
+    try:
+        for table, wanted in READS.items():
+            have = {str(r[1]) for r in conn.execute(f"PRAGMA table_info({table})")}
+            if not have:
+                return f"{path}: this journal has no {table} table: not a journal this version wrote, or damaged"
+            missing = [c for c in wanted if c not in have]
+            if missing:
+                return f"{path}: this journal's {table} table lacks {', '.join(missing)}: not a journal this version wrote, or damaged"
+    except sqlite3.Error as exc:
+        return f"{path}: not a readable journal ({exc})"
+    return None
 
 
 def load_window(path: str, since: float | None = None, until: float | None = None, backend: str | None = None) -> Window:
@@ -158,33 +191,99 @@ def _load(conn: sqlite3.Connection, path: str, since: float | None, until: float
             "choose a window recorded after it (--since)"
         )
     samples = conn.execute(
-        "SELECT ts, budget, slots_total, journal_dropped FROM samples WHERE backend = ? AND ts >= ? AND ts <= ? ORDER BY ts",
+        "SELECT ts, budget, slots_total, journal_dropped, gate_id FROM samples WHERE backend = ? AND ts >= ? AND ts <= ? ORDER BY ts, id",
         (backend, since - 2.0, until + 2.0),
     ).fetchall()
-    drops = [s["journal_dropped"] for s in samples]
-    if drops and max(drops) > min(drops):
+    dropped = _dropped(conn, samples, since - 2.0)
+    if dropped:
         raise ReplayError(
-            f"{path}: the journal writer dropped {max(drops) - min(drops)} rows during the window (full buffer or failing disk): "
+            f"{path}: the journal writer dropped {dropped} rows during the window (full buffer or failing disk): "
             "its decisions are incomplete, a replay would undercount the load"
         )
-    changes = tuple(
-        Change(r["ts"] - since, r["action"], r["target"], r["new_value"])
-        for r in conn.execute(
-            "SELECT ts, action, target, new_value FROM audit WHERE ts > ? AND ts < ? AND action != ? ORDER BY ts, id",
-            (cfg_row["ts"], until, CONFIG_IN_FORCE),
-        )
-    )
+    changes: list[Change] = []
+    digest = str(cfg_row["note"])
+    for r in conn.execute(
+        "SELECT ts, action, target, new_value, note FROM audit WHERE ts > ? AND ts < ? ORDER BY ts, id", (cfg_row["ts"], until)
+    ):
+        value = r["new_value"]
+        if r["action"] == CONFIG_IN_FORCE:
+            # A gate restarted in the window: from then on its thresholds (a user's trial replayed
+            # a window across a restart under the first gate's, and said nothing)
+            value, note, digest = _restart(path, r, backend, names, digest)
+            notes.append(note)
+        changes.append(Change(r["ts"] - since, r["action"], r["target"], value))
     arrivals = tuple(_arrival(r, since, names) for r in rows if r["class"])
     learned = conn.execute(
         "SELECT new_value FROM audit WHERE action = ? AND target = ? AND ts <= ? ORDER BY ts <= ? DESC, "
         "CASE WHEN ts <= ? THEN -ts ELSE ts END LIMIT 1",
         (CAPACITY_LEARNED, f"backend:{backend}", until, since, since),
     ).fetchone()  # the last learned at the window's start, else the first learned in it
-    fit = fit_backend(rows, samples, config, since, _learned(learned["new_value"]) if learned else None)
+    learned_value = _learned(learned["new_value"]) if learned else None
+    fit = fit_backend(rows, samples, config, since, learned_value)
     curve = tuple((s["ts"] - since, s["budget"]) for s in samples if s["budget"] is not None and since <= s["ts"] < until)
     lead = _lead(conn, backend, since, float(cfg_row["ts"]), names)
     notes += _open_ends(conn, path, backend, since, until, lead)
-    return Window(path, since, until, backend, config, str(cfg_row["note"]), arrivals, changes, fit, curve, tuple(notes), lead)
+    notes += _losses(conn, backend, since, until, rows)
+    return Window(
+        path,
+        since,
+        until,
+        backend,
+        config,
+        str(cfg_row["note"]),
+        arrivals,
+        tuple(changes),
+        fit,
+        curve,
+        tuple(notes),
+        lead,
+        learned_pool(learned_value),
+    )
+
+
+def _restart(path: str, row: sqlite3.Row, backend: str, classes: set[str], before: str) -> tuple[str, str, str]:
+    """A config_in_force row inside the window (a gate restarted): its thresholds with the
+    replayed backend first (the one the engine reads), the note that says so, its digest."""
+    from gate.config.schema import ConfigError
+
+    when = _hms(row["ts"])
+    try:
+        data = json.loads(row["new_value"] or "")
+        data["backends"] = [b for b in data.get("backends", []) if b.get("name") == backend] or data.get("backends", [])[:1]
+        config_from_thresholds(json.dumps(data))
+    except (ValueError, TypeError, AttributeError, ConfigError) as exc:
+        raise ReplayError(f"{path}: the {CONFIG_IN_FORCE} row of the gate restart at {when} does not read as thresholds ({exc})") from None
+    digest = str(row["note"])
+    change = f"config {before} -> {digest}" if digest != before else f"config {digest}, unchanged"
+    note = (
+        f"the window spans a gate restart at {when} ({change}): from then on the replay applies the new gate's thresholds "
+        "(its file's, then each override it restored), its budget starts again at what that config says, and the old "
+        "gate's pauses, drains and freeze end; requests queued or running then carry over"
+    )
+    added = sorted(set(data.get("classes", {})) - classes)
+    if added:
+        note += f"; the arrivals of {', '.join(added)} (classes it added) keep their recorded outcome"
+    return json.dumps(data, sort_keys=True, separators=(",", ":")), note, digest
+
+
+def _dropped(conn: sqlite3.Connection, samples: list[sqlite3.Row], first: float) -> int:
+    """The rows the writer dropped in the samples' stretch: `journal_dropped` counts per gate
+    process from 0 (a restart starts it again), so the rises within each process (its gate_id),
+    from 0 for a process that started in the stretch (its config_in_force row). Across processes a window after a restart
+    read as "dropped 5 rows" when the first gate had dropped 5 before it (a user's trial)."""
+    total = 0
+    by_gate: dict[str, list[int]] = {}
+    for s in samples:
+        by_gate.setdefault(str(s["gate_id"]), []).append(int(s["journal_dropped"] or 0))
+    for gate, counts in by_gate.items():
+        (started,) = conn.execute(
+            "SELECT count(*) FROM audit WHERE action = ? AND gate_id = ? AND gate_id != '' AND ts >= ?", (CONFIG_IN_FORCE, gate, first)
+        ).fetchone()
+        previous = 0 if started else counts[0]  # a process that started in the stretch counted from 0
+        for n in counts:
+            total += max(0, n - previous)  # a fall: another process under the same (empty) id
+            previous = n
+    return total
 
 
 #: the longest warm-up replayed before a window (its requests were queued or running at its start)
@@ -236,6 +335,54 @@ def _open_ends(conn: sqlite3.Connection, path: str, backend: str, since: float, 
             f"in the window yet; for a complete window give --until a moment at least the longest request ago ({longest_s:.0f} s)"
         )
     return notes
+
+
+#: the audit row a gate writes at start when the gate before it on the journal never wrote
+#: `stopped` (killed or crashed: gate/observe/recorder.py)
+UNCLEAN_END = "unclean_end"
+#: "a few seconds": a window that ends this close before a kill still loses requests to it
+KILL_SLACK_S = 5.0
+
+
+def _losses(conn: sqlite3.Connection, backend: str, since: float, until: float, rows: list[sqlite3.Row]) -> list[str]:
+    """What the window's figures leave out: the requests in flight when a gate was killed (a
+    request is journaled when it ends: those never were), and the decisions without a class
+    (refused before the gate classified them: a stopping gate's 503s, a bad key). A user's
+    trial SIGKILLed a gate and SIGTERMed another, and the replay flagged neither."""
+    from collections import Counter
+
+    notes = []
+    (longest,) = conn.execute(
+        "SELECT max(duration_ms) FROM decisions WHERE backend = ? AND ts >= ? AND ts < ?", (backend, since - 3600.0, until)
+    ).fetchone()
+    slack = max(KILL_SLACK_S, (longest or 0.0) / 1000.0)
+    for (ended,) in conn.execute("SELECT ts FROM audit WHERE action = ? AND ts > ? ORDER BY ts", (UNCLEAN_END, since)).fetchall():
+        # the kill: after the killed gate's last row (a sample a second, an audit row, a request's end)
+        (last,) = conn.execute(
+            "SELECT max(t) FROM (SELECT max(ts) t FROM samples WHERE ts < ? UNION ALL SELECT max(ts) FROM audit WHERE ts < ? "
+            "UNION ALL SELECT max(ts + duration_ms / 1000.0) FROM decisions WHERE ts < ?)",
+            (ended, ended, ended),
+        ).fetchone()
+        killed = float(last if last is not None else ended)
+        if since <= killed < until + slack:
+            notes.append(
+                f"the gate was killed at/after {_hms(killed)} (its last journaled row; the next gate, started at {_hms(ended)}, "
+                "found no 'stopped'): requests in flight then were never journaled; counts may be short"
+            )
+            break
+    unclassed = Counter(str(r["reason"]) for r in rows if not r["class"])
+    if unclassed:
+        n = sum(unclassed.values())
+        each = ", ".join(f"{reason} {k}" for reason, k in sorted(unclassed.items(), key=lambda x: (-x[1], x[0])))
+        notes.append(
+            f"{n} decision{'' if n == 1 else 's'} without a class ({each}) {'is' if n == 1 else 'are'} left out of every figure: "
+            "the gate refused them before it classified them (a stopping gate's shutting_down, a bad key, a bad body)"
+        )
+    return notes
+
+
+def _hms(ts: float) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(ts))
 
 
 def _arrival(r: sqlite3.Row, since: float, classes: set[str]) -> Arrival:
@@ -336,6 +483,19 @@ def _learned(text: str | None) -> dict[str, Any] | None:
     return value if ok and all(isinstance(value.get(k), int) and value[k] > 0 for k in ("slots", "slot_context")) else None
 
 
+def learned_pool(learned: dict[str, Any] | None) -> int | None:
+    """llama-server's KV pool from a capacity_learned value: its ``pool`` (written since the gate
+    recorded it), else from the layout as `gate.backend.pool.capacity_from_props` sizes it (unified:
+    every slot reports the whole pool; split: slots x each slot's context). Not its ``ceiling``:
+    that is the configured token_budget when there is one. None: no learned capacity."""
+    if learned is None:
+        return None
+    pool = learned.get("pool")
+    if isinstance(pool, int) and pool > 0:
+        return pool
+    return int(learned["slot_context"]) if learned["kv"] == "unified" else int(learned["slots"] * learned["slot_context"])
+
+
 def fit_backend(
     rows: list[sqlite3.Row], samples: list[sqlite3.Row], config: Config, since: float, learned: dict[str, Any] | None = None
 ) -> BackendFit:
@@ -349,13 +509,20 @@ def fit_backend(
     if slots is None:
         slots = 4
         notes.append("slots not in the samples: assumed 4")
-    # The pool: configured, else what the gate learned from llama-server, else the highest
-    # working budget sampled (the controller's budget, not the pool: a window after an operator's
-    # cut to 600 replayed a 2,048-token pool as 660, a user's trial, 2026-12-05).
+    # The pool: what the gate learned from llama-server (`learned_pool`), else the configured
+    # token_budget, else the highest working budget sampled (the controller's budget, not the
+    # pool: a window after an operator's cut to 600 replayed a 2,048-token pool as 660, a user's
+    # trial, 2026-12-05). The configured token_budget went first until a trial's token_budget 1400
+    # on a 2,048-token pool read "unified pool of 1400 tokens", and replayed a --config without
+    # token_budget at 1,400 where a gate would have used 2,048.
     budgets = [s["budget"] for s in samples if s["budget"]]
-    ceiling = bcfg.token_budget
-    if ceiling is None and learned is not None and isinstance(learned.get("ceiling"), int):
-        ceiling = learned["ceiling"]
+    ceiling = learned_pool(learned)
+    if ceiling is None and bcfg.token_budget is not None:
+        ceiling = bcfg.token_budget
+        notes.append(
+            f"llama-server's KV pool is not in the journal (no capacity_learned row): taken as the configured token_budget "
+            f"{ceiling}; a proposal without token_budget, or above it, is replayed on that pool, which may not be the real one"
+        )
     if ceiling is None and budgets:
         ceiling = max(budgets)
         notes.append("pool size not in the journal (a gate older than this one wrote it): the highest working budget sampled")
@@ -379,7 +546,8 @@ def fit_backend(
         and r["prompt_tokens"] is not None
     ]
     if len(ran) < 3:
-        notes.append(f"only {len(ran)} completed request{'' if len(ran) == 1 else 's'}: the backend model uses defaults")
+        done = "no completed requests" if not ran else f"only {len(ran)} completed request{'' if len(ran) == 1 else 's'}"
+        notes.append(f"{done}: the backend model uses defaults")
         return BackendFit(slots, slot_context, ceiling, kv, notes=tuple(notes), points=len(ran))
     ttft = [r["ttft_ms"] / 1000.0 for r in ran]
     # As the gate's PrefillModel: x = the prompt plus the prompt tokens still prefilling when it was
