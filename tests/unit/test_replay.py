@@ -872,3 +872,17 @@ def test_log_aiperf_says_what_it_leaves_out(tmp_path: Path, capsys: pytest.Captu
     assert len(out.out.splitlines()) == 15 and "5 decisions without a prompt token count" in out.err
     assert main(["log", "--journal", path, "--format", "aiperf", "--until", repr(stamps[15])]) == 0
     assert capsys.readouterr().err == ""  # nothing left out: nothing said
+
+
+def test_the_replayed_controller_never_goes_below_the_classes_reservations_as_the_gate_s():
+    """With min_tokens 0 (auto) the gate's floor is a quarter of the ceiling and never below the
+    classes' reservations (gate.backend.pool passes them); the replay passed none, and its
+    controller went down to 512 of a 2,048 pool where the gate stops at the reservations."""
+    text = EXAMPLE_CONFIG.replace("slo_ttft_p95_ms = 2000.0", "slo_ttft_p95_ms = 1.0")  # always over: the budget falls
+    config = parse_config(text)
+    config = dataclasses.replace(config, budget=dataclasses.replace(config.budget, min_tokens=0, mode="adaptive", cooldown_s=0.0))
+    reserved = sum(c.reserved_tokens for c in config.classes)
+    assert FIT.ceiling // 4 < reserved < FIT.ceiling  # the case: the reservations are the floor
+    curve: list[tuple[float, int]] = []
+    replay(config, FIT, synthetic_arrivals(300, 30.0, seed=3), until=31.0, budget_curve=curve)
+    assert min(b for _, b in curve) == reserved, curve

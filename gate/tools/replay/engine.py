@@ -213,7 +213,9 @@ def replay(
     kept = [u for c in changes if (u := _unpinned(c, pinned)) is not None]
     run = _Run(config, fit, arrivals, kept, until, ratio)
     cap = _capacity(config, fit)
-    settings = controller_settings(config.budget, cap.ceiling)
+    # the classes' reservations raise the floor, as the gate's pool passes them (with min_tokens
+    # 0 the replay's floor was a quarter of the ceiling where the gate's was the reservations)
+    settings = controller_settings(config.budget, cap.ceiling, sum(c.reserved_tokens for c in config.classes))
     controller = controller_for(config.budget.mode, settings)
     prefill = PrefillModel()
     adm = Admission(
@@ -290,7 +292,7 @@ def replay(
         adm.default_ttft_objective_ms = new.budget.slo_ttft_p95_ms
         state["slo_s"] = new.budget.slo_ttft_p95_ms / 1000.0
         adm.set_capacity(_capacity(new, fit))
-        controller = controller_for(new.budget.mode, controller_settings(new.budget, adm.capacity.ceiling))
+        controller = controller_for(new.budget.mode, controller_settings(new.budget, adm.capacity.ceiling, _reserved(adm)))
         controller.on_change(budget_moved)
         prefill = PrefillModel()
         adm.prefill_cap_auto = None
@@ -467,12 +469,17 @@ def _set_class(cls: str, values: dict[str, Any], adm: Admission, classes: dict[s
     adm.set_policy(updated)
 
 
+def _reserved(adm: Admission) -> int:
+    """The classes' reservations now (the floor under the controller's budget)."""
+    return sum(adm.policy(c).reserved_tokens for c in adm.class_names)
+
+
 def _set_budget_settings(values: dict[str, Any], now: float, adm: Admission, controller: Any, state: dict[str, Any]) -> None:
     config: Config = state["config"]
     known = {f.name for f in dataclasses.fields(config.budget)}
     budget = dataclasses.replace(config.budget, **{k: v for k, v in values.items() if k in known and k != "mode"})
     state["config"] = dataclasses.replace(config, budget=budget)
-    settings = controller_settings(budget, controller.ceiling_tokens)
+    settings = controller_settings(budget, controller.ceiling_tokens, _reserved(adm))
     controller.set_slos(settings.slo_ttft_p95_s, settings.slo_tpot_p95_s)
     controller.set_bounds(now, settings.min_tokens)
     adm.aging_s = budget.aging_s or None  # as gate.ops.control's _apply_budget
