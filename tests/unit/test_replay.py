@@ -886,3 +886,9 @@ def test_the_replayed_controller_never_goes_below_the_classes_reservations_as_th
     curve: list[tuple[float, int]] = []
     replay(config, FIT, synthetic_arrivals(300, 30.0, seed=3), until=31.0, budget_curve=curve)
     assert min(b for _, b in curve) == reserved, curve
+
+
+def test_a_backend_with_no_decisions_is_refused_naming_the_ones_the_window_has(tmp_path: Path) -> None:
+    path = _journal(tmp_path, n=20, duration=5.0)
+    with pytest.raises(ReplayError, match=r"no decisions for backend 'nope' in the window \(the window's backends: default\)"):
+        load_window(path, backend="nope")

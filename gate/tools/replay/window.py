@@ -183,7 +183,14 @@ def _load(conn: sqlite3.Connection, path: str, since: float | None, until: float
         'SELECT * FROM decisions WHERE ts >= ? AND ts < ? AND (backend = ? OR backend = "") ORDER BY ts, id', (since, until, backend)
     ).fetchall()
     if not rows:
-        raise ReplayError(f"{path}: no decisions for backend {backend!r} in the window")
+        there = [
+            r[0]
+            for r in conn.execute(
+                "SELECT DISTINCT backend FROM decisions WHERE ts >= ? AND ts < ? AND backend != '' ORDER BY 1", (since, until)
+            )
+        ]
+        seen = f" (the window's backends: {', '.join(there)})" if there else ""
+        raise ReplayError(f"{path}: no decisions for backend {backend!r} in the window{seen}")
     old = sum(1 for r in rows if r["ttft_ms"] is not None and r["ttft_arrival_ms"] is None)
     if old:
         raise ReplayError(
