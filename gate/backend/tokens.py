@@ -155,6 +155,8 @@ _RATIO_MAX = 3.0
 #: each exact count eases the ratio this much of the way back to 1 (a burst of one script does
 #: not inflate every bound after it for long)
 _RATIO_EASE = 0.01
+#: how far one exact count moves the typical tokens per estimated token (`TokenCounter.likely`)
+_TYPICAL_WEIGHT = 0.1
 
 
 def estimate_tokens(canonical: bytes) -> int:
@@ -233,6 +235,7 @@ class TokenCounter:
         # Per backend (and model): the most tokens per estimated token its counts gave lately,
         # the margin aside; at least 1 (see `bound`).
         self._ratio: dict[str, float] = {}
+        self._typical: dict[str, float] = {}  # mean exact tokens per estimated token, lately (`likely`)
         self._stats = {"hits": 0, "misses": 0, "exact": 0, "estimate": 0, "errors": 0, "coalesced": 0}
 
     def stats(self) -> dict[str, int]:
@@ -309,17 +312,24 @@ class TokenCounter:
         count needed more: text whose tokens are shorter than 3 bytes, as some non-Latin scripts
         make; at most 3, a token per byte) + BOUND_MARGIN. What a request forwarded beside its
         count holds until the count comes back; a count above it takes the request back."""
-        est = self.estimate(kind, body).tokens
+        est = estimate_tokens(canonical_json(prompt_fields(kind, body)))
         return math.ceil(est * self._ratio.get(_ratio_key(base_url, model), 1.0)) + BOUND_MARGIN
 
-    @staticmethod
-    def estimate(kind: TokenKind, body: Mapping[str, Any]) -> TokenCount:
-        """The estimate `count` falls back on (JSON bytes / 3), without asking the backend."""
-        return TokenCount(estimate_tokens(canonical_json(prompt_fields(kind, body))), "estimate", False)
+    def likely(self, base_url: str, kind: TokenKind, body: Mapping[str, Any], *, model: str | None = None) -> TokenCount:
+        """A count without asking the backend, for the journal of a request refused before its
+        count: the estimate (JSON bytes / 3) x the tokens per estimated token the backend's exact
+        counts gave on average lately (1 before any: the plain estimate, which runs 1.5-3x over
+        English text; a replay reads these prompts as the requests' sizes)."""
+        est = estimate_tokens(canonical_json(prompt_fields(kind, body)))
+        return TokenCount(max(1, round(est * self._typical.get(_ratio_key(base_url, model), 1.0))), "estimate", False)
 
     def _learn(self, base_url: str, model: str | None, canonical: bytes, tokens: int) -> None:
-        """An exact count: the bound's ratio grows to cover it, or eases back toward 1."""
+        """An exact count: the bound's ratio grows to cover it, or eases back toward 1; the
+        typical ratio (`likely`) moves a tenth of the way to it."""
         key = _ratio_key(base_url, model)
+        seen = tokens / estimate_tokens(canonical)
+        typical = self._typical.get(key)
+        self._typical[key] = seen if typical is None else typical + (seen - typical) * _TYPICAL_WEIGHT
         old = self._ratio.get(key, 1.0)
         need = (tokens - BOUND_MARGIN) / estimate_tokens(canonical)
         ratio = min(_RATIO_MAX, max(need, old - (old - 1.0) * _RATIO_EASE))

@@ -317,14 +317,14 @@ class _Flow:
         prompt taken as 0 tokens): under overload llama-server's count waited on its busy HTTP
         threads, up to the 2 s the gate allows it, before a refusal "at arrival" (a user's trial,
         2026-12-05: 2.0 s on average where counts timed out, 257 ms where they answered). Its
-        journal row carries the estimate (JSON bytes / 3) as its prompt."""
+        journal row carries a likely count (`TokenCounter.likely`), marked "estimate"."""
         keeper = backend.gatekeeper
         if keeper is None or not self._one_count(intake):
             return
         caller = intake.caller
         refused = keeper.refuses_before_count(Request(self.request_id, caller.cls, caller.tenant, 0, intake.max_tokens, self.gate.clock()))
         if refused is not None:
-            self.count = self.gate.tokens.estimate(intake.kind, intake.body)  # type: ignore[arg-type]
+            self.count = self.gate.tokens.likely(backend.url, intake.kind, intake.body, model=backend.model)  # type: ignore[arg-type]
             self.waited_s = 0.0  # refused at once
             raise refused
 

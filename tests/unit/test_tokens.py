@@ -520,3 +520,16 @@ async def test_the_bound_grows_no_further_than_a_token_per_byte(counter, upstrea
     body = chat([{"role": "user", "content": "hello"}])
     await counter.count(URL, "chat", body)
     assert counter.bound(URL, "chat", body) == math.ceil(estimate_tokens(canonical_json(prompt_fields("chat", body))) * 3.0) + BOUND_MARGIN
+
+
+async def test_a_likely_count_follows_what_the_backends_exact_counts_gave_per_estimated_token(counter, upstream):
+    """The journal of a request refused before its count: the plain estimate (bytes / 3) at
+    first, then scaled by the typical exact tokens per estimated token of that backend."""
+    body = chat([{"role": "user", "content": "a " * 300}])
+    est = estimate_tokens(canonical_json(prompt_fields("chat", body)))
+    first = counter.likely(URL, "chat", body)
+    assert (first.tokens, first.source) == (est, "estimate")  # nothing learned yet
+    exact = (await counter.count(URL, "chat", body)).tokens
+    assert exact != est  # the negative control: the plain estimate was off
+    assert counter.likely(URL, "chat", body).tokens == exact  # one exact count: its ratio
+    assert counter.likely("http://other:8080", "chat", body).tokens == est  # per backend
