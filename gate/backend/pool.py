@@ -149,6 +149,11 @@ def capacity_warnings(layout: Layout | None, cap: Capacity | None, budget: Budge
     return tuple(out)
 
 
+#: prompt counts of one backend out at once when a request may have to wait (llama-server
+#: answers them on the HTTP threads its streams leave free: n_parallel + 2 at its default)
+COUNTS_AT_ONCE = 4
+
+
 @dataclass(slots=True)
 class Backend:
     """One llama-server: its state, capacity and the gatekeeper guarding it."""
@@ -172,6 +177,10 @@ class Backend:
     model: str | None = None
     fleet: Fleet | None = None
     query: str = ""
+    #: the prompt counts a request may wait for its turn on (`gate.http.proxy`: at most
+    #: COUNTS_AT_ONCE at a time, each request looking again whether it must be refused once its
+    #: turn comes), so that a burst is judged as it queues, not all of it against an empty queue
+    counting: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(COUNTS_AT_ONCE))
 
     @property
     def name(self) -> str:

@@ -289,6 +289,12 @@ class DrainRate:
             self._total -= self._events.popleft()[1]
 
 
+def _floor_pct(share: float) -> str:
+    """A share as a percentage rounded down to a tenth: "only 90% likely ... it queues at 90%"
+    read as a contradiction for 89.6% (a trial's message)."""
+    return f"{math.floor(share * 1000) / 10:g}%"
+
+
 def clamp_retry(seconds: float) -> float:
     """Retry-After is always within [1, 120] s."""
     if math.isnan(seconds):
@@ -1185,7 +1191,7 @@ class Admission:
             why = f"{waiting} + {first} would miss its {objective_ms:g} ms time-to-first-token objective"
         else:
             why = (
-                f"a slot is only {chance or 0.0:.0%} likely to free within the {max(0.0, left) * 1000:.0f} ms its "
+                f"a slot is only {_floor_pct(chance or 0.0)} likely to free within the {max(0.0, left) * 1000:.0f} ms its "
                 f"{objective_ms:g} ms time-to-first-token objective leaves ({waiting}; {first}); "
                 f"it queues at {self.in_time_chance:.0%}"
             )

@@ -34,7 +34,7 @@ from gate.http.clientguard import BodyReader, abort, send_within
 from gate.http.cors import mark_relayed
 from gate.http.intake import Intake
 from gate.http.requestids import HeaderNames, RequestIds
-from gate.http.routing import REROUTABLE, admission_request, fallback_chain, fits_now, measure, routed_name, serving
+from gate.http.routing import REROUTABLE, Measured, admission_request, fallback_chain, fits_now, measure, routed_name, serving
 
 if TYPE_CHECKING:
     from gate.http.ports import RequestPorts
@@ -219,10 +219,11 @@ class _Flow:
             # The detail (it may hold the backend's address) stays in the log and the console.
             raise GateError(Reason.NO_BACKEND, f"backend {backend.name!r} is {backend.state}", retry_after_s=5.0)
         bound = self._forward_early(backend, intake) if early else None
-        if early and bound is None:
-            self._refuse_before_count(backend, intake)
         try:
-            measured = await measure(self.gate, backend, intake)
+            if early and bound is None and self._one_count(intake):
+                measured = await self._count_in_turn(backend, intake)
+            else:
+                measured = await measure(self.gate, backend, intake)
             self.count = measured.count
             cost = measured.count.tokens + measured.tasks * intake.max_tokens  # Request.cost: every task's prompt and limit
             if not self.rate_charged:  # once, even when a fallback model is tried next
@@ -312,6 +313,16 @@ class _Flow:
             and not (gate.shared is not None and caller.tenant_config is not None)
         )
 
+    async def _count_in_turn(self, backend: Backend, intake: Intake) -> Measured:
+        """Refuse what the count could only confirm (`_refuse_before_count`), else count, at most
+        COUNTS_AT_ONCE of the backend's at a time, looking again when its turn comes: a burst of
+        60 arrived together, each found an empty queue, and all of them waited on llama-server's
+        counts (up to the 2 s the gate allows one) before 53 were refused (a trial, 2026-12-05)."""
+        self._refuse_before_count(backend, intake)
+        async with backend.counting:
+            self._refuse_before_count(backend, intake)  # the ones counted before it may have queued
+            return await measure(self.gate, backend, intake)
+
     def _refuse_before_count(self, backend: Backend, intake: Intake) -> None:
         """Raise the refusal the count could only confirm (`Gatekeeper.refuses_before_count`, the
         prompt taken as 0 tokens): under overload llama-server's count waited on its busy HTTP
@@ -319,7 +330,7 @@ class _Flow:
         2026-12-05: 2.0 s on average where counts timed out, 257 ms where they answered). Its
         journal row carries a likely count (`TokenCounter.likely`), marked "estimate"."""
         keeper = backend.gatekeeper
-        if keeper is None or not self._one_count(intake):
+        if keeper is None:
             return
         caller = intake.caller
         refused = keeper.refuses_before_count(Request(self.request_id, caller.cls, caller.tenant, 0, intake.max_tokens, self.gate.clock()))

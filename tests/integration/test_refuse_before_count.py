@@ -57,3 +57,33 @@ async def test_a_newcomer_behind_a_full_queue_is_refused_without_waiting_on_its_
             await asyncio.gather(*held, waiter, return_exceptions=True)
             await released(gate)
             assert admission.ledger.double_releases == 0
+
+
+async def test_a_burst_is_counted_a_few_at_a_time_and_the_rest_refused_once_the_first_queue():
+    """A burst arriving together found an empty queue each, so every request waited on its
+    count before most were refused (a trial: 60 at once, 53 refused after up to 2 s). Counted a
+    few at a time, each looking again when its turn comes, the rest are refused without one."""
+    from gate.backend.pool import COUNTS_AT_ONCE
+
+    async with fake_upstream("hang") as fake:
+        async with running_gate(fake.url, CONFIG) as gate, httpx.AsyncClient(base_url=gate.url, timeout=30) as client:
+            admission = next(iter(gate.backends)).admission
+            held = [asyncio.create_task(client.post(CHAT, json=body(f"hold {i}"))) for i in range(4)]
+            await wait_until(lambda: fake.completions == 4)  # every slot held: newcomers must wait
+            fake.count_hold = asyncio.Event()  # counts are answered late
+            asked = fake.counts
+            burst = [asyncio.create_task(client.post(CHAT, json=body(f"burst {i}"))) for i in range(12)]
+            await wait_until(lambda: fake.counts - asked == COUNTS_AT_ONCE)
+            await asyncio.sleep(0.2)  # the others wait for their turn, not on llama-server
+            assert fake.counts - asked == COUNTS_AT_ONCE
+            fake.count_hold.set()
+            await wait_until(lambda: sum(t.done() for t in burst) == 11)  # all but the one queued
+            assert admission.waiting() == 1  # the class's one place
+            assert sorted(t.result().status_code for t in burst if t.done()) == [429] * 11
+            # the ones that waited for their turn found the queue full and were refused uncounted
+            assert fake.counts - asked == COUNTS_AT_ONCE
+            for task in (*held, *burst):
+                task.cancel()
+            await asyncio.gather(*held, *burst, return_exceptions=True)
+            await released(gate)
+            assert admission.ledger.double_releases == 0

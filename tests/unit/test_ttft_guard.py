@@ -181,7 +181,7 @@ def test_before_any_release_a_newcomer_is_queued_while_the_slots_are_young_and_r
             assert isinstance(decision, Refuse) and decision.reason is Reason.QUEUE_TIMEOUT
             # the message names the rule (the chance, P(Poisson(2 x 0.8 / 1) >= 1)), not a sum that
             # does not miss, nor a wait of "0 ms" nobody measured
-            assert "only 80% likely to free within the 800 ms" in decision.detail, decision.detail
+            assert "only 79.8% likely to free within the 800 ms" in decision.detail, decision.detail
             assert "no slot has freed yet" in decision.detail and "expected wait" not in decision.detail
             # nothing has drained yet: Retry-After is the class's 1 s objective, not its queue_timeout_s
             assert decision.retry_after_s == 1.0
@@ -448,3 +448,10 @@ def test_the_snapshot_says_when_the_protection_is_partial_or_off():
     for tokens in (50, 100, 200, 400, 800, 1600, 3200, 6400):
         model.observe(tokens, 0.05 + tokens / 2000)
     assert ttft_guard(gk) == ""  # in force, on the fitted model
+
+
+def test_a_chance_just_under_the_threshold_is_not_shown_as_the_threshold():
+    """ "only 90% likely ... it queues at 90%" read as a contradiction for 89.6%."""
+    from gate.core.admission import _floor_pct
+
+    assert [_floor_pct(x) for x in (0.896, 0.8999999, 0.8, 0.0, 1.0)] == ["89.6%", "89.9%", "80%", "0%", "100%"]
