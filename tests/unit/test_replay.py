@@ -40,11 +40,11 @@ CONFIG = parse_config(EXAMPLE_CONFIG)
 FIT = SMALL_FIT
 
 
-def _journal(tmp: Path, n: int = 300, duration: float = 60.0, seed: int = 1) -> str:
+def _journal(tmp: Path, n: int = 300, duration: float = 60.0, seed: int = 1, config=CONFIG, name: str = "") -> str:
     arrivals = synthetic_arrivals(n, duration, seed=seed)
-    _, outcomes = recorded_by_model(CONFIG, FIT, arrivals)
-    path = str(tmp / f"j{seed}.db")
-    write_journal(path, CONFIG, FIT, arrivals, outcomes)
+    _, outcomes = recorded_by_model(config, FIT, arrivals)
+    path = str(tmp / f"{name or 'j'}{seed}.db")
+    write_journal(path, config, FIT, arrivals, outcomes)
     return path
 
 
@@ -598,10 +598,7 @@ def test_the_pool_is_llama_servers_not_the_configured_token_budget(tmp_path: Pat
     # pool of 1400 tokens", warned a proposal of 2000 was above that pool, and replayed a --config
     # without token_budget at 1,400 where a gate would have used the pool, 2,048.
     config = parse_config(EXAMPLE_CONFIG.replace('kv = "auto"', 'kv = "auto"\ntoken_budget = 1400'))
-    arrivals = synthetic_arrivals(60, 10.0, seed=2)
-    _, outcomes = recorded_by_model(config, FIT, arrivals)
-    path = str(tmp_path / "budget1400.db")
-    write_journal(path, config, FIT, arrivals, outcomes)
+    path = _journal(tmp_path, 60, 10.0, seed=2, config=config, name="budget1400-")
     # without a capacity_learned row the pool is unknown: said, and nothing warned against it
     window = load_window(path)
     assert window.pool is None and window.fit.ceiling == 1400
@@ -780,10 +777,7 @@ def test_a_proposed_max_tokens_cap_refuses_the_arrivals_over_it_as_the_gate_does
     # A user's trial: classes.batch.max_tokens_cap=40 changed nothing in the replay, where the
     # gate answers a request over its class's cap 400 (gate/http/intake.py: invalid_request).
     config = parse_config(EXAMPLE_CONFIG.replace("default_max_tokens = 512", "default_max_tokens = 32"))
-    arrivals = synthetic_arrivals(120, 15.0, seed=1)
-    _, outcomes = recorded_by_model(config, FIT, arrivals)
-    path = str(tmp_path / "cap.db")
-    write_journal(path, config, FIT, arrivals, outcomes)
+    path = _journal(tmp_path, 120, 15.0, seed=1, config=config, name="cap-")
     window = load_window(path)
     over = sum(1 for a in window.arrivals if a.cls == "batch" and a.max_tokens > 40)
     assert over > 0

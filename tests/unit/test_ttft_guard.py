@@ -228,6 +228,25 @@ ops = st.one_of(
 _ids = count()
 
 
+def two_class_core(slots, objective_ms, base, rate, holds, aging, *, queue_depth: int) -> Admission:
+    """The properties' core: "hi" (priority 10, 300 reserved) and "lo", a linear first-token time
+    (`base` + prompt tokens met / `rate`), the default objective, `holds` measured."""
+    classes = [
+        Cls("hi", 10, reserved_tokens=300, queue_depth=queue_depth, queue_timeout_s=60.0),
+        Cls("lo", 1, queue_depth=queue_depth, queue_timeout_s=60.0),
+    ]
+    adm = Admission(
+        classes,
+        Capacity(slots=slots, slot_context=2000, ceiling=2000),
+        aging_s=aging,
+        expected_ttft=lambda r, p: base + (r.prompt_tokens + p) / rate,
+        default_ttft_objective_ms=objective_ms,
+    )
+    for h in holds:
+        adm.holds.record(h)
+    return adm
+
+
 @EXAMPLES
 @given(
     slots=st.integers(1, 4),
@@ -247,16 +266,7 @@ def test_no_request_is_queued_or_dispatched_from_the_queue_expected_to_miss_its_
     waiters with their turn first, G2: a newcomer with its class's minimum-rate turn behind them
     only, G1 b); a request dispatched from the queue is expected to, given the prompts
     prefilling at its dispatch."""
-    classes = [Cls("hi", 10, reserved_tokens=300, queue_depth=8, queue_timeout_s=60.0), Cls("lo", 1, queue_depth=8, queue_timeout_s=60.0)]
-    adm = Admission(
-        classes,
-        Capacity(slots=slots, slot_context=2000, ceiling=2000),
-        aging_s=aging,
-        expected_ttft=lambda r, p: base + (r.prompt_tokens + p) / rate,
-        default_ttft_objective_ms=objective_ms,
-    )
-    for h in holds:
-        adm.holds.record(h)
+    adm = two_class_core(slots, objective_ms, base, rate, holds, aging, queue_depth=8)
     objective = objective_ms / 1000.0
     now = 0.0
     queued: set[str] = set()
@@ -326,16 +336,7 @@ def test_a_refusal_before_the_count_is_one_the_counted_request_would_get_and_cha
     """`refuses_before_count` on a lower bound of the prompt (its share `frac` of the real one,
     0 included) refuses only what `offer` of the counted request, at the same moment, refuses
     too (the shell refuses it without waiting on llama-server's count), and changes nothing."""
-    classes = [Cls("hi", 10, reserved_tokens=300, queue_depth=3, queue_timeout_s=60.0), Cls("lo", 1, queue_depth=3, queue_timeout_s=60.0)]
-    adm = Admission(
-        classes,
-        Capacity(slots=slots, slot_context=2000, ceiling=2000),
-        aging_s=aging,
-        expected_ttft=lambda r, p: base + (r.prompt_tokens + p) / rate,
-        default_ttft_objective_ms=objective_ms,
-    )
-    for h in holds:
-        adm.holds.record(h)
+    adm = two_class_core(slots, objective_ms, base, rate, holds, aging, queue_depth=3)
     if paused:
         adm.pause("lo")
     now = 0.0
