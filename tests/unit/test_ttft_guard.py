@@ -228,6 +228,28 @@ ops = st.one_of(
 _ids = count()
 
 
+def _step_op(adm: Admission, op: tuple, held: list[str], now: float) -> float:
+    """A property's op that is not an arrival (a release, a first token, time passing); the time after it."""
+    if op[0] == "release" and held:
+        adm.release(held[op[1] % len(held)], now)
+    elif op[0] == "first_token" and held:
+        adm.first_token(held[op[1] % len(held)])
+    elif op[0] == "tick":
+        now += op[1]
+    return now
+
+
+#: the strategies of `two_class_core`'s arguments
+CORE = dict(
+    slots=st.integers(1, 4),
+    objective_ms=st.floats(100.0, 3000.0),
+    base=st.floats(0.0, 0.5),
+    rate=st.floats(200.0, 5000.0),
+    holds=st.lists(st.floats(0.05, 5.0), min_size=0, max_size=6),
+    aging=st.one_of(st.none(), st.floats(0.5, 5.0)),
+)
+
+
 def two_class_core(slots, objective_ms, base, rate, holds, aging, *, queue_depth: int) -> Admission:
     """The properties' core: "hi" (priority 10, 300 reserved) and "lo", a linear first-token time
     (`base` + prompt tokens met / `rate`), the default objective, `holds` measured."""
@@ -249,12 +271,7 @@ def two_class_core(slots, objective_ms, base, rate, holds, aging, *, queue_depth
 
 @EXAMPLES
 @given(
-    slots=st.integers(1, 4),
-    objective_ms=st.floats(100.0, 3000.0),
-    base=st.floats(0.0, 0.5),
-    rate=st.floats(200.0, 5000.0),
-    holds=st.lists(st.floats(0.05, 5.0), min_size=0, max_size=6),
-    aging=st.one_of(st.none(), st.floats(0.5, 5.0)),
+    **CORE,
     seq=st.lists(ops, max_size=60),
 )
 def test_no_request_is_queued_or_dispatched_from_the_queue_expected_to_miss_its_objective(
@@ -296,12 +313,7 @@ def test_no_request_is_queued_or_dispatched_from_the_queue_expected_to_miss_its_
                 assert chance is None or chance >= adm.in_time_chance, "queued unlikely to make it"
             check_invariants(adm)
             continue
-        if op[0] == "release" and held:
-            adm.release(held[op[1] % len(held)], now)
-        elif op[0] == "first_token" and held:
-            adm.first_token(held[op[1] % len(held)])
-        elif op[0] == "tick":
-            now += op[1]
+        now = _step_op(adm, op, held, now)
         prefilling = adm.ledger.prefilling
         step = adm.advance(now)
         for a in step.admitted:
@@ -321,12 +333,7 @@ def _state(adm: Admission) -> tuple:
 
 @EXAMPLES
 @given(
-    slots=st.integers(1, 4),
-    objective_ms=st.floats(100.0, 3000.0),
-    base=st.floats(0.0, 0.5),
-    rate=st.floats(200.0, 5000.0),
-    holds=st.lists(st.floats(0.05, 5.0), min_size=0, max_size=6),
-    aging=st.one_of(st.none(), st.floats(0.5, 5.0)),
+    **CORE,
     paused=st.booleans(),
     seq=st.lists(st.tuples(ops, st.floats(0.0, 1.0)), max_size=60),
 )
@@ -354,12 +361,7 @@ def test_a_refusal_before_the_count_is_one_the_counted_request_would_get_and_cha
                 assert isinstance(d, Refuse), (early.detail, d)
             check_invariants(adm)
             continue
-        if op[0] == "release" and held:
-            adm.release(held[op[1] % len(held)], now)
-        elif op[0] == "first_token" and held:
-            adm.first_token(held[op[1] % len(held)])
-        elif op[0] == "tick":
-            now += op[1]
+        now = _step_op(adm, op, held, now)
         adm.advance(now)
 
 
