@@ -728,11 +728,11 @@ class Admission:
                         ahead += 1
                         continue
                     wait = None
-                    start_by = request.arrival + objective_s - expected
+                    start_by = request.objective_from + objective_s - expected
                 else:
                     free = frees[ahead % k]
                     wait = free + (ahead // k) * mean  # = wait_at(ahead, frees, mean)
-                    start_by = request.arrival + objective_s - (expected or 0.0) - wait
+                    start_by = request.objective_from + objective_s - (expected or 0.0) - wait
                     if start_by > horizon:
                         behind = ahead  # the last place a waiter waits at (for the crossings below)
                         if grows is not None and grows[ahead % k]:
@@ -771,7 +771,7 @@ class Admission:
         expected = self._ttft(request)
         if not objective_ms or expected is None:
             return None
-        return expected if now + expected > request.arrival + objective_ms / 1000.0 else None
+        return expected if now + expected > request.objective_from + objective_ms / 1000.0 else None
 
     def fits_now(self, request: Request) -> bool:
         """Would `offer` admit `request` at once? Changes nothing (the fallback's look-ahead;
@@ -1175,7 +1175,7 @@ class Admission:
             wait = self.expected_wait(ahead, now)
         if expected is None and wait is None:
             return None
-        left = request.arrival + objective_ms / 1000.0 - now - (expected or 0.0)  # to get a slot
+        left = request.objective_from + objective_ms / 1000.0 - now - (expected or 0.0)  # to get a slot
         chance = self.chance_in_time(ahead, left, now, self.in_time_chance) if wait is not None and wait <= left else None
         unmeasured = wait is None and self.in_time_chance > 0.0 and self.holds.sorted_s() is None
         if unmeasured:  # T1 before any hold is measured: how long the slots have run without a release

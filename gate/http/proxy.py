@@ -241,7 +241,7 @@ class _Flow:
             # Admitted at arrival on the bound: the count settles it (or, larger, where it stands
             # if it fits there), else the bound is taken back and the request offered as counted.
             try:
-                counted = admission_request(bound.request.id, intake, measured, bound.request.arrival)
+                counted = admission_request(bound.request.id, intake, measured, bound.request.arrival, self.t0)
                 grew = counted.cost > bound.request.cost
                 settled = backend.gatekeeper.settle(bound, counted)
             except BaseException:
@@ -255,7 +255,7 @@ class _Flow:
             self.gate.metrics.beside("over_bound")
             self._take_back(backend, bound)
         # Arrival is now: queue time is time spent waiting for admission, not counting tokens.
-        request = admission_request(self.request_id, intake, measured, self.gate.clock())
+        request = admission_request(self.request_id, intake, measured, self.gate.clock(), self.t0)
         queued = True  # until the core says it refused at once
         try:
             self.ticket = await backend.gatekeeper.acquire(request)
@@ -288,7 +288,7 @@ class _Flow:
         prompt = gate.tokens.bound(backend.url, intake.kind, intake.body, model=backend.model)  # type: ignore[arg-type]
         # its own id: taken back, it may be held until llama-server lets go while the request
         # is offered again as counted
-        bound = Request(self.request_id + _BOUND_ID, caller.cls, caller.tenant, prompt, intake.max_tokens, gate.clock())
+        bound = Request(self.request_id + _BOUND_ID, caller.cls, caller.tenant, prompt, intake.max_tokens, gate.clock(), came=self.t0)
         ticket = keeper.admit_now(bound)
         if ticket is not None:
             try:
@@ -333,7 +333,9 @@ class _Flow:
         if keeper is None:
             return
         caller = intake.caller
-        refused = keeper.refuses_before_count(Request(self.request_id, caller.cls, caller.tenant, 0, intake.max_tokens, self.gate.clock()))
+        refused = keeper.refuses_before_count(
+            Request(self.request_id, caller.cls, caller.tenant, 0, intake.max_tokens, self.gate.clock(), came=self.t0)
+        )
         if refused is not None:
             self.count = self.gate.tokens.likely(backend.url, intake.kind, intake.body, model=backend.model)  # type: ignore[arg-type]
             self.waited_s = 0.0  # refused at once

@@ -133,8 +133,9 @@ async def _measure_parts(gate: RequestPorts, b: Backend, intake: Intake) -> Meas
     return Measured(TokenCount(prompt, source, False), tasks, None if tasks == 1 else largest + intake.max_tokens)
 
 
-def admission_request(request_id: str, intake: Intake, measured: Measured, now: float) -> Request:
-    """The core's view of the request: all of its tasks, their prompts and generation limits."""
+def admission_request(request_id: str, intake: Intake, measured: Measured, now: float, came: float | None = None) -> Request:
+    """The core's view of the request: all of its tasks, their prompts and generation limits;
+    `came`: when it reached the gate (its TTFT objective counts from there)."""
     caller = intake.caller
     return Request(
         request_id,
@@ -145,6 +146,7 @@ def admission_request(request_id: str, intake: Intake, measured: Measured, now: 
         now,
         tasks=measured.tasks,
         slot_tokens=measured.slot_tokens,
+        came=came,
     )
 
 

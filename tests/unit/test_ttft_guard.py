@@ -3,6 +3,7 @@ check at dispatch; the prefill model's fallback; the discipline under sustained 
 
 from __future__ import annotations
 
+import dataclasses
 from itertools import count
 
 from hypothesis import given
@@ -68,6 +69,21 @@ def test_a_newcomer_expected_to_wait_past_its_objective_is_refused_at_once_with_
     assert refusal.retry_after_s == 1.5
     assert "1000 ms" in refusal.detail
     check_invariants(adm)
+
+
+def test_the_objective_counts_from_when_the_request_came_not_from_when_its_count_came_back():
+    """The journal and the console judge a first token from the request's arrival at the gate;
+    the core judged it from after the count (up to the 2 s the gate allows one, under load), so
+    it queued requests whose clients were already late."""
+    for came, queued in ((None, True), (11.0, False)):
+        adm = one_class(default_ms=1000.0)
+        measure_holds(adm, 2.0)
+        for at in (10.0, 11.0):
+            assert isinstance(adm.offer(req("chat", 100, at=at), at), Admit)
+        counted = dataclasses.replace(req("chat", 100, at=11.5), came=came)  # counted from 11.0 to 11.5
+        decision = adm.offer(counted, 11.5)  # a slot frees in 0.5 s, + 0.2 s TTFT: 1.2 s from 11.0
+        assert isinstance(decision, Queue) is queued, (came, decision)
+        check_invariants(adm)
 
 
 def test_nothing_measured_means_no_early_refusal():
