@@ -843,8 +843,10 @@ class Admission:
         self._arrivals[request.cls] = (self.demand(request.cls, now) + 1.0 / DEMAND_WINDOW_S, now)
         # No overtaking: with requests of its class waiting, a newcomer waits behind them.
         turn = self._newcomer_turn(entry, now)  # G1 (b)
-        if not entry.queue and self._newcomer_block(entry, request, now, turn) is None:
-            return self._start(request, now, turn=turn and not self._aged_waiting(now))
+        if not entry.queue:
+            others = self._aged_waiting(now)
+            if self._newcomer_block(entry, request, turn, others) is None:
+                return self._start(request, now, turn=turn and not others)
         refusal = self._refused_to_wait(entry, request, now, turn)
         if refusal is not None:
             return refusal
@@ -870,13 +872,13 @@ class Admission:
         if self._beyond_budget(request) and not self._stretches():
             return None
         turn = self._newcomer_turn(entry, now)
-        if not entry.queue and self._newcomer_block(entry, request, now, turn) is None:
+        if not entry.queue and self._newcomer_block(entry, request, turn, self._aged_waiting(now)) is None:
             return None
         return self._refused_to_wait(entry, request, now, turn)
 
-    def _newcomer_block(self, entry: _Class, request: Request, now: float, turn: bool) -> Block | None:
-        """What keeps a newcomer of a class with no waiters from starting now (None: it starts)."""
-        others = self._aged_waiting(now)
+    def _newcomer_block(self, entry: _Class, request: Request, turn: bool, others: bool) -> Block | None:
+        """What keeps a newcomer of a class with no waiters from starting now (None: it starts);
+        `others`: a waiter of another class has its turn (`_aged_waiting`)."""
         if turn and not others:  # G2: with its turn and nobody else's, it does not yield
             return self.blocker(request, aged=True, stretch=False)  # E2 waits for aging
         return self.blocker(request, own_share_only=self._yield_to_higher(entry) or others)
