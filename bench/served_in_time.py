@@ -36,6 +36,12 @@ ran (/proc schedstat at 3x: 11% of a core on the CPU, 15% runnable and waiting; 
 57-77 ms, max 0.1-0.24 s; the client's max 0.1-0.2 s). llama-server keeps nice 0 in every arm,
 alone and behind the gate. Say so when you quote figures measured with it.
 
+``--pin``: llama-server alone on the second CPU with one decode thread, the client and the gate
+on the first: on this 2-core host the gate's CPU otherwise runs beside llama-server's decode
+threads, and what it adds to a first token is partly the time it takes from llama-server (a
+GPU host's llama-server leaves the CPUs to the gate). Both arms, alone and through the gate, run
+pinned alike; say so when you quote figures measured with it.
+
 Writes bench/results/served_in_time.json and prints the table.
 """
 
@@ -56,10 +62,11 @@ import httpx
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from bench import overload  # noqa: E402
 from bench.overload import CHAT, Gate, Planned, Result, drive, pct, start_llama  # noqa: E402
 from gate.config.example import EXAMPLE_CONFIG  # noqa: E402
 from tests.llama.make_model import cached_model  # noqa: E402
-from tests.llama.server import find_llama_server  # noqa: E402
+from tests.llama.server import LlamaServer, find_llama_server  # noqa: E402
 
 WORDS = "the quick brown fox jumps over lazy dog and then some more words follow here about time".split()
 
@@ -195,6 +202,24 @@ def summarise(results: list[Result], duration: float, objective_s: float, satura
     return out
 
 
+PIN = [False]  # --pin: llama-server alone on the second core, everything else on the first
+
+
+def llama(binary: Path, model: Path) -> LlamaServer:
+    """llama-server as the cells run it: as bench/overload.py starts it, or with --pin on CPU 1
+    with one decode thread (a GPU host's llama-server, whose inference leaves the gate's cores
+    alone), this process (the client) and every process it starts after (the gate) on CPU 0."""
+    if not PIN[0]:
+        return start_llama(binary, model)
+    os.sched_setaffinity(0, {1})
+    try:
+        return LlamaServer(
+            binary, model, mode="unified", ctx=overload.CTX, n_slots=overload.N_SLOTS, threads=1, extra_args=overload.LLAMA_ARGS
+        ).start()
+    finally:
+        os.sched_setaffinity(0, {0})
+
+
 def run_cell(
     binary: Path,
     model: Path,
@@ -206,7 +231,7 @@ def run_cell(
     keep_slots: bool = True,
     beside: bool = True,
 ) -> tuple[list[Result], dict]:
-    srv = start_llama(binary, model)
+    srv = llama(binary, model)
     gate = None
     extra: dict = {}
     try:
@@ -282,15 +307,24 @@ def main(argv: list[str] | None = None) -> int:
         help="two classes: also the gate with [budget] keep_slots = false (the first to come takes a free slot)",
     )
     ap.add_argument("--shield", type=int, default=0, metavar="N", help="root: autogroup nice -N for the gate and the client (see above)")
+    ap.add_argument(
+        "--pin",
+        action="store_true",
+        help="llama-server alone on CPU 1 (-t 1), the client and the gate on CPU 0: the gate's own cost, "
+        "without a CPU llama-server's decode threads beside it (a GPU host's case; see above)",
+    )
     ap.add_argument("--out", default=str(HERE / "results" / "served_in_time.json"))
     args = ap.parse_args(argv)
+    PIN[0] = args.pin
+    if args.pin and len(os.sched_getaffinity(0)) < 2:
+        ap.error("--pin needs two CPUs")
     if args.shield:
         SHIELD[0] = args.shield
         shield("self", args.shield)  # the client: this process's session group
 
     binary, model = find_llama_server(), cached_model(args.model_size)
     report_load = round(os.getloadavg()[0], 2)
-    srv = start_llama(binary, model)
+    srv = llama(binary, model)
     try:
         print("calibrating: unloaded TTFT, then saturation", flush=True)
         unloaded = asyncio.run(sequential_ttfts(srv.url, args.calibrate, args.words, 4))  # TTFT only
