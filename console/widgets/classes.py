@@ -7,7 +7,8 @@ than TINY_BELOW the rates too, so that load, waiting and latency stay visible.
 "wait p95" is the time in the gate's own queue, every outcome (a refusal after waiting
 included; TTFT is measured from dispatch and does not include it); "met" is the share
 of the last minute's arrivals whose first token came within their objective from arrival
-(the class's ttft_objective_ms, else the SLO), refusals counted as misses ("met"); "waits on" says
+(the class's ttft_objective_ms, else the SLO, shown after it: "82%/2s"), refusals counted as
+misses; "waits on" says
 what keeps the oldest waiter waiting.
 """
 
@@ -37,7 +38,7 @@ LABELS: dict[str, str] = {
     "adm": "adm/m",
     "ref": "ref/m",
     "p95": "TTFT p95/SLO",
-    "met": "met",
+    "met": "met/obj",
     "binds": "waits on",
 }
 FULL = tuple(LABELS)
@@ -96,18 +97,25 @@ def class_cells(c: ClassView, slo_ms: float) -> dict[str, Any]:
         "ref": Text(str(c.refused_per_min), style="bold red" if c.refused_per_min else ""),
         "p95": Text(f"{p95}/{slo_ms:,.0f}", style=ttft_style(c.p95_ttft_ms, slo_ms)),
         "wait": _wait_ms(c.p95_queue_ms, c.queue_timeout_s),
-        "met": _met(c.met, c.judged),
+        "met": _met(c.met, c.judged, c.ttft_objective_ms),
         # What binds now: PAUSED whatever else (the queue is held), else why the oldest waits.
         "binds": Text("PAUSED", style=WARN_BADGE) if c.paused else Text(c.waiting_on, style="yellow"),
     }
 
 
-def _met(met: int, judged: int) -> Text:
-    """The share of last minute's arrivals that met their objective, refusals counted as misses."""
+def _met(met: int, judged: int, objective_ms: float | None = None) -> Text:
+    """The share of last minute's arrivals that met their objective, refusals counted as misses,
+    and the objective ("82%/2s"): which one a class is judged by is not otherwise shown."""
+    objective = "" if objective_ms is None else f"/{_seconds(objective_ms)}"
     if not judged:
-        return Text("-", style="dim")
+        return Text(f"-{objective}", style="dim")
     share = met / judged
-    return Text(f"{100 * share:.0f}%", style="green" if share >= 0.95 else "yellow" if share >= 0.8 else "bold red")
+    return Text(f"{100 * share:.0f}%{objective}", style="green" if share >= 0.95 else "yellow" if share >= 0.8 else "bold red")
+
+
+def _seconds(ms: float) -> str:
+    """An objective as it is read: 632ms, 2s, 2.5s."""
+    return f"{ms:.0f}ms" if ms < 1000 else f"{ms / 1000:g}s"
 
 
 def _wait_ms(ms: float | None, timeout_s: float) -> Text:

@@ -143,6 +143,8 @@ class ClassView:
     #: included), and those judged: refusals count as misses, client errors and cancels not at all
     met: int = 0
     judged: int = 0
+    #: what "met" is judged by: the class's ttft_objective_ms, else [budget] slo_ttft_p95_ms
+    ttft_objective_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -242,6 +242,26 @@ async def test_classes_say_how_long_requests_wait_and_what_binds(gate):
             assert str(table.get_cell("batch", "binds")) == "PAUSED"
 
 
+async def test_met_says_which_objective_each_class_is_judged_by(gate):
+    """ "met" is judged against the class's own ttft_objective_ms, else the SLO; a trial's SRE
+    read "met 62%" without knowing against what (the table showed only the SLO)."""
+    import dataclasses
+
+    from console.widgets.classes import class_cells
+    from gate.data.snapshot import ClassView
+
+    app = make_app(gate)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await app.tick()
+        await pilot.pause()
+        # nothing judged yet: the objective all the same (the example's SLO, 2 s)
+        assert str(app.class_table.get_cell("interactive", "met")) == "-/2s"
+    view = ClassView("interactive", 10, False, 0, None, 8, 10.0, 256, 4096, 0, 0, None, 0, 0, None)
+    own = dataclasses.replace(view, met=31, judged=50, ttft_objective_ms=632.0)
+    assert str(class_cells(own, 2000.0)["met"]) == "62%/632ms"
+    assert str(class_cells(dataclasses.replace(own, ttft_objective_ms=2500.0), 2000.0)["met"]) == "62%/2.5s"
+
+
 def test_waiting_on_names_each_limit():
     from gate.data.snapshot import ClassView
 
