@@ -532,7 +532,12 @@ def describe_config(config: Config) -> list[str]:
             f"class    {c.name}  priority {c.priority}  reserved {c.reserved_tokens}  "
             f"limit {_fmt_tokens(c.limit_tokens, 'budget')}  depth {c.queue_depth}  "
             f"timeout {_fmt_num(c.queue_timeout_s)} s"
-            + (f"  TTFT objective {_fmt_num(c.ttft_objective_ms)} ms" if c.ttft_objective_ms else "")
+            # the objective it is refused by and judged against, in force whether set or not
+            + (
+                f"  TTFT objective {_fmt_num(c.ttft_objective_ms)} ms"
+                if c.ttft_objective_ms
+                else f"  TTFT objective {_fmt_num(bu.slo_ttft_p95_ms)} ms (the SLO's)"
+            )
             + default
         )
     if config.tenants:

@@ -270,7 +270,12 @@ class DrainRate:
     _since: float | None = None
 
     def record(self, now: float, tokens: int) -> None:
-        if self._since is None:
+        self._trim(now)
+        if self._since is None or not self._events:
+            # The first release, or the first after a window with none (an idle night): the
+            # rate is counted from here. Counted from the first release ever, an idle gap
+            # spread the first releases of the next busy spell over the whole window (a
+            # trial's gate, idle 40 s, told interactive clients Retry-After 120 s).
             self._since = now
         self._events.append((now, tokens))
         self._total += tokens

@@ -238,6 +238,13 @@ class GateMetrics:
             "The p95 time-to-first-token objective ([budget] slo_ttft_p95_ms), for alerts.",
             registry=r,
         )
+        self._objective = Gauge(
+            "tokengate_ttft_objective_seconds",
+            "Each class's time-to-first-token objective from arrival, the one the gate refuses by and "
+            "`met` is judged against: its ttft_objective_ms, else [budget] slo_ttft_p95_ms.",
+            ["class"],
+            registry=r,
+        )
         # [shared]: tenant limits across gates through Redis (gate/fleet/sharedlimits/).
         self._shared_fallback = Gauge(
             "tokengate_shared_limit_fallback",
@@ -420,6 +427,9 @@ class GateMetrics:
 
     def set_slo_ttft(self, seconds: float) -> None:
         self._slo_ttft.set(seconds)
+
+    def set_ttft_objective(self, cls: str, seconds: float) -> None:
+        self._objective.labels(self._cls(str(cls))).set(seconds)
 
     def set_shared(self, *, fallback: bool, gates: int) -> None:
         self._shared_fallback.set(1 if fallback else 0)

@@ -367,11 +367,23 @@ class Recorder:
             rate = adm.drain_rate.rate(now)
             if queued_tokens:
                 drain_s = max(drain_s, queued_tokens / rate if rate > 0 else float("inf"))
-        for cls, t in class_totals(backends, classes).items():
+        totals = class_totals(backends, classes)
+        for cls, t in totals.items():
             m.set_class_state(cls, in_flight=t.in_flight, queued=t.queued)
         m.set_budget(budget, effective)
         m.set_drain_seconds(drain_s if drain_s != float("inf") else 3600.0)
         m.set_slo_ttft(slo_ttft_s)
+        # The objective each class is refused by and judged against (its own, else the SLO):
+        # tokengate_slo_ttft_seconds alone named the SLO, not a class's own objective.
+        objectives = {cls: slo_ttft_s for cls in totals}
+        for b in backends:
+            if b.admission is not None:
+                for cls in b.admission.class_names:
+                    ms = b.admission.objective_ms(cls)
+                    if ms:
+                        objectives[cls] = ms / 1000
+        for cls, seconds in objectives.items():
+            m.set_ttft_objective(cls, seconds)
 
     def refresh_inference_gauge(self, b: Backend) -> None:
         """The inference-gateway protocol's three gauges for one backend, from the gate's own state:

@@ -134,6 +134,21 @@ def test_verbose_check_summarises_the_defaults(capsys: pytest.CaptureFixture[str
     batch = next(line for line in lines if line.startswith("class    batch"))
     assert "priority 1 " in batch and "depth 256" in batch and "timeout 120 s" in batch
     assert lines.index(interactive) < lines.index(batch)  # highest priority first
+    # the objective in force and where it comes from, though the file sets none: the built-in
+    # classes refuse by the SLO's 2000 ms, and the summary said nothing of it
+    assert "TTFT objective 2000 ms (the SLO's)" in interactive
+    assert "TTFT objective 2000 ms (the SLO's)" in batch
+
+
+def test_verbose_check_names_a_class_s_own_objective(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    p = tmp_path / "c.toml"
+    p.write_text("[budget]\nslo_ttft_p95_ms = 1500\n[classes.chat]\npriority = 5\nttft_objective_ms = 800\n[classes.bulk]\npriority = 1\n")
+    code, out, err = run(capsys, "config", "check", "-v", str(p))
+    assert code == 0, err
+    chat = next(line for line in out.splitlines() if line.startswith("class    chat"))
+    bulk = next(line for line in out.splitlines() if line.startswith("class    bulk"))
+    assert "TTFT objective 800 ms" in chat and "SLO" not in chat
+    assert "TTFT objective 1500 ms (the SLO's)" in bulk
 
 
 def test_verbose_check_reads_the_config(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

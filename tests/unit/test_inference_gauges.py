@@ -92,6 +92,18 @@ async def test_slo_gauge_follows_the_config_and_the_fallback_gauge_starts_at_zer
     assert scrape(gate)[("tokengate_shared_limit_fallback", ())] == 1
 
 
+async def test_each_class_s_ttft_objective_is_a_gauge_its_own_else_the_slo():
+    """The objective a class is refused by and judged against ("met"): tokengate_slo_ttft_seconds
+    named only [budget] slo_ttft_p95_ms, so an alert on a class with its own objective had to
+    copy it from the config by hand."""
+    config = GATE_CONFIG.replace("reserved_tokens = 512", "reserved_tokens = 512\nttft_objective_ms = 500")
+    async with gate_on_fake_llama(config) as g:
+        values = scrape(g)
+    assert values[("tokengate_ttft_objective_seconds", (("class", "interactive"),))] == 0.5
+    assert values[("tokengate_ttft_objective_seconds", (("class", "batch"),))] == 2.0  # the SLO's
+    assert values[("tokengate_slo_ttft_seconds", ())] == 2.0
+
+
 def test_kv_usage_is_clamped_to_zero_one():
     m = GateMetrics()
     m.set_inference("b", "", waiting=0, running=0, kv_usage=1.7)
