@@ -114,7 +114,8 @@ def capacity_warnings(layout: Layout | None, cap: Capacity | None, budget: Budge
         if isinstance(default, int) and default >= cap.slot_context:
             out.append(
                 f"classes.{c.name}.default_max_tokens {default} is not below one slot's context "
-                f"{cap.slot_context}: every {c.name} request without max_tokens is refused (400); lower it"
+                f"{cap.slot_context}: a {c.name} request without max_tokens gets what its slot holds after its prompt "
+                f"instead, and reserves that much; lower it"
             )
     reserved = [(c.name, c.reserved_tokens) for c in classes if c.reserved_tokens]
     total = sum(n for _, n in reserved)

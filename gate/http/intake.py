@@ -34,7 +34,8 @@ does not read, and a value there that is not a number is ignored as llama-server
 a number there counts (the gate reserves the most of them, and refuses -1 or over the cap there
 too), so that no spelling, in this llama.cpp or one that read another name first, runs past the
 reservation. When none is present, the class's ``default_max_tokens`` is injected into the
-forwarded body as ``max_tokens`` (``n_predict`` for ``/completion``).
+forwarded body as ``max_tokens`` (``n_predict`` for ``/completion``), lowered once the prompt
+is counted to what one slot holds after it when the default does not fit (`fit_injected`).
 
 
 Several tasks per request: llama-server runs ``n`` (llama's ``n_cmpl``, read first) copies of
@@ -55,7 +56,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from gate.config import ClassConfig, Config
@@ -123,6 +124,8 @@ class Intake:
     plans: tuple[TaskPlan, ...] | None = None
     #: /predict: the admitted instances, each its own route's intake (held all at once)
     parts: tuple[Intake, ...] = ()
+    #: the body's field the class default went in as (``max_tokens_injected``): `fit_injected`
+    injected_as: str | None = None
 
     @property
     def unstreamed(self) -> bool:
@@ -265,7 +268,21 @@ def limited_intake(
         include_usage=include_usage,
         copies=copies,
         plans=plans,
+        injected_as=inject_as if given is None else None,
     )
+
+
+def fit_injected(intake: Intake, prompt_tokens: int, slot_context: int) -> Intake:
+    """`intake` with the limit the gate injected (the client gave none) lowered to what one slot
+    holds after the prompt, when the class default does not fit: llama-server, asked without a
+    limit, generates until the slot's context is full, so straight at it such a request is
+    served, and the gate refused it 400 for a max_tokens the client never sent (a trial: the
+    built-in batch default, 512, on `-np 4 -c 2048` without `-kvu`, slots of 512). One task
+    only; a prompt that fills the slot alone is left to be refused as it is."""
+    room = slot_context - prompt_tokens
+    if intake.injected_as is None or intake.several or intake.parts or not 1 <= room < intake.max_tokens:
+        return intake
+    return replace(intake, body={**intake.body, intake.injected_as: room}, max_tokens=room)
 
 
 def _has_object(prompt: Any) -> bool:

@@ -32,7 +32,7 @@ from gate.http.apis.dispatch import error_shape, event_format, parse_request
 from gate.http.assembly import assemble, plain_body, stream_loses
 from gate.http.clientguard import BodyReader, abort, send_within
 from gate.http.cors import mark_relayed
-from gate.http.intake import Intake
+from gate.http.intake import Intake, fit_injected
 from gate.http.requestids import HeaderNames, RequestIds
 from gate.http.routing import REROUTABLE, Measured, admission_request, fallback_chain, fits_now, measure, routed_name, serving
 
@@ -206,7 +206,8 @@ class _Flow:
         self.budget_at, self.in_flight_at = admission.budget, admission.ledger.in_flight
         assert self.ticket is not None  # acquired just above, or it raised
         self.ticket.expected_s = self.gate.config.gate.request_timeout_s  # the longest it may run
-        await self._relay(backend, intake)
+        assert self.intake is not None
+        await self._relay(backend, self.intake)  # as admitted: an injected limit may be fitted (fit_injected)
 
     async def _admit(self, backend: Backend, intake: Intake, *, early: bool = False) -> None:
         """Count, charge the tenant (once) and hold a ticket on `backend`, or raise why not.
@@ -224,6 +225,10 @@ class _Flow:
                 measured = await self._count_in_turn(backend, intake)
             else:
                 measured = await measure(self.gate, backend, intake)
+            if bound is None and backend.capacity is not None and measured.tasks == 1:
+                # a class default that does not fit the slot after this prompt: what fits (a bound
+                # forwarded beside the count already fitted the default)
+                self.intake = intake = fit_injected(intake, measured.count.tokens, backend.capacity.slot_context)
             self.count = measured.count
             cost = measured.count.tokens + measured.tasks * intake.max_tokens  # Request.cost: every task's prompt and limit
             if not self.rate_charged:  # once, even when a fallback model is tried next

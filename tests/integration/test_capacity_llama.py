@@ -100,3 +100,25 @@ def test_config_check_against_the_running_backend_says_what_contradicts_it(llama
     f.write_text(CLASSES + f'\n[[backends]]\nname = "b0"\nurl = "{llama_split.url}"\n')
     out = io.StringIO()
     assert _cmd_config_check(Namespace(file=str(f), verbose=False, backends=True), out, err) == 0, out.getvalue()
+
+
+async def test_a_class_default_that_does_not_fit_a_slot_is_lowered_to_what_fits(llama_split):
+    # Slots of 512 and batch's default_max_tokens 512: straight at llama-server a request with no
+    # limit is served (it generates until the slot is full); the gate refused it 400 for a
+    # max_tokens the client never sent (a trial of the built-in defaults on the README's server).
+    # Now the default it injects is what fits after the prompt; a limit the client gave is its own.
+    classes = CLASSES.replace("priority = 1\ndefault_max_tokens = 256", "priority = 1\ndefault_max_tokens = 512")
+    async with running_gate(llama_split.url, classes, kv="auto") as gate:
+        await gate.backends.probe_all()
+        body = {"messages": [{"role": "user", "content": "hello there"}], "ignore_eos": True}
+        async with httpx.AsyncClient(timeout=60) as client:
+            r = await client.post(gate.url + "/v1/chat/completions", json=body, headers={"X-Tokengate-Class": "batch"})
+            assert r.status_code == 200, r.text
+            usage = r.json()["usage"]
+            assert usage["prompt_tokens"] + usage["completion_tokens"] <= 512
+            r = await client.post(
+                gate.url + "/v1/chat/completions", json={**body, "max_tokens": 512}, headers={"X-Tokengate-Class": "batch"}
+            )
+            assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+        (b,) = gate.backends
+        assert b.gatekeeper.admission.ledger.in_flight == 0

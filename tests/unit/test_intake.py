@@ -17,6 +17,7 @@ from gate.http.intake import (
     MAX_JSON_DEPTH,
     Intake,
     build_intake,
+    fit_injected,
     parse_request,
 )
 from gate.http.tenants import Caller, TenantDirectory
@@ -273,6 +274,26 @@ def test_null_limit_counts_as_absent_and_is_replaced() -> None:
     it = parse(CHAT, {"messages": MSG, "max_tokens": None, "n": None, "stream": None})
     assert it.max_tokens_injected and it.body["max_tokens"] == 256
     assert it.stream is False
+
+
+def test_an_injected_default_that_does_not_fit_the_slot_is_lowered_to_what_does() -> None:
+    # llama-server asked without a limit generates until the slot is full: straight at it such a
+    # request is served, and the gate refused it 400 naming a max_tokens the client never sent
+    # (a trial: batch's default 512 on slots of 512)
+    native = parse(NATIVE, {"prompt": "once upon"}, headers={"x-tokengate-class": "batch"})
+    fitted = fit_injected(native, 41, 512)
+    assert fitted.max_tokens == 471 and fitted.body == {"prompt": "once upon", "n_predict": 471}
+    assert native.body["n_predict"] == 512  # the intake itself is left as it was
+    chat = parse(CHAT, {"messages": MSG})
+    assert fit_injected(chat, 41, 2048) is chat  # 256 fits: nothing changes
+    assert fit_injected(chat, 200, 300).body["max_tokens"] == 100
+    # what the client asked for is its own: refused as it is when it does not fit
+    given = parse(CHAT, {"messages": MSG, "max_tokens": 512})
+    assert fit_injected(given, 41, 512) is given
+    # a prompt that fills the slot alone is left to be refused; several tasks are not fitted
+    assert fit_injected(chat, 300, 300) is chat
+    several = parse(CHAT, {"messages": MSG, "n": 2})
+    assert fit_injected(several, 200, 300) is several
 
 
 def test_given_max_tokens_is_kept_and_not_injected() -> None:

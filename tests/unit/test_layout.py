@@ -114,12 +114,12 @@ def test_a_token_budget_above_the_pool_is_said():
     assert capacity_warnings(layout, under, BudgetConfig(min_tokens=0), classes) == ()  # below the pool: a choice
 
 
-def test_a_default_max_tokens_no_request_can_fit_in_a_slot_is_said():
+def test_a_default_max_tokens_no_request_can_fit_in_a_slot_is_said_with_what_the_gate_does():
     layout = learn_layout(props(4, 512), "split", None)
     cap = capacity_from_props(props(4, 512), BackendConfig(kv="split"), layout)
     classes = (ClassConfig(name="batch", priority=1, default_max_tokens=512), ClassConfig(name="chat", priority=2, default_max_tokens=256))
     (warning,) = capacity_warnings(layout, cap, BudgetConfig(min_tokens=512), classes)
-    assert "classes.batch.default_max_tokens 512" in warning and "refused (400)" in warning
+    assert "classes.batch.default_max_tokens 512" in warning and "what its slot holds after its prompt" in warning
 
 
 def test_reservations_that_leave_a_class_no_room_and_a_controller_without_room_are_said():
