@@ -275,12 +275,47 @@ async def test_a_live_range_past_the_last_decision_replays_the_clis_default_wind
         await settle(pilot)
         await pilot.press("5")  # everything in the journal
         screen = await open_whatif(pilot)
-        assert screen.until == pytest.approx(window.until)
+        assert screen.until == pytest.approx(window.until, abs=1e-3)  # not rel: 1e-6 of an epoch is 30 min
         await pilot.press("ctrl+r")
         await settle(pilot)
         assert screen.answer is not None
         ours = screen.answer["scenarios"][0]["classes"]
         cli = run_replay(window, [])["scenarios"][0]["classes"]
+        assert {c: v["tokens_per_s"] for c, v in ours.items()} == {c: v["tokens_per_s"] for c, v in cli.items()}
+
+
+async def test_rows_after_the_last_decision_do_not_stretch_the_what_ifs_window(journal: Path) -> None:
+    # A gate keeps writing samples (one a second) and audit rows (its `stopped`) after the
+    # last decision: the review's "now" is the newest row of any table, and the what-if ended
+    # there, not at the last decision as `tokengate replay` does by default (a user's trial,
+    # a gate stopped 5 s after its last request: tokens/s 104 in the what-if, 112 from the CLI)
+    import sqlite3
+
+    window = load_window(str(journal))
+    conn = sqlite3.connect(journal)
+    with conn:
+        later = window.until + 30.0
+        conn.execute(
+            "INSERT INTO samples (ts, backend, budget, in_flight, queued, slots_busy, slots_total, admitted, refused)"
+            " VALUES (?, 'default', 2048, 0, 0, 0, 4, 0, 0)",
+            (later,),
+        )
+        conn.execute(
+            "INSERT INTO audit (ts, operator, origin, source, action, target) VALUES (?, 'tokengate', 'local', 'gate', 'stopped', 'gate')",
+            (later + 0.1,),
+        )
+    conn.close()
+    app = ReviewApp(journal)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("5")
+        screen = await open_whatif(pilot)
+        assert screen.until == pytest.approx(window.until, abs=1e-3)
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert screen.answer is not None
+        ours = screen.answer["scenarios"][0]["classes"]
+        cli = run_replay(load_window(str(journal), screen.since), [])["scenarios"][0]["classes"]
         assert {c: v["tokens_per_s"] for c, v in ours.items()} == {c: v["tokens_per_s"] for c, v in cli.items()}
 
 
