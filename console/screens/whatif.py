@@ -148,12 +148,14 @@ class WhatIfScreen(ModalScreen[None]):
     WhatIfScreen #whatif-dialog {
         width: 96%;
         height: 94%;
+        overflow-y: auto;
     }
     WhatIfScreen #whatif-form {
         height: 12;
     }
     WhatIfScreen #whatif-table {
         height: 1fr;
+        min-height: 10;
     }
     WhatIfScreen #whatif-curve {
         height: auto;

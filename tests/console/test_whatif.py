@@ -319,6 +319,28 @@ async def test_rows_after_the_last_decision_do_not_stretch_the_what_ifs_window(j
         assert {c: v["tokens_per_s"] for c, v in ours.items()} == {c: v["tokens_per_s"] for c, v in cli.items()}
 
 
+async def test_at_80x24_the_answer_and_the_buttons_can_be_reached(journal: Path) -> None:
+    # At 80x24 the dialog (94% high) held the 12-line form, the status and the notes: the
+    # table after a replay was its header alone, and the curves, hint and buttons were drawn
+    # below the dialog's edge, out of reach (a user's trial). Now the table keeps 10 rows and
+    # the dialog scrolls to whatever takes the focus.
+    app = ReviewApp(journal)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await open_whatif(pilot)
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert screen.answer is not None
+        dialog = screen.query_one("#whatif-dialog")
+        table = screen.query_one("#whatif-table")
+        assert table.size.height >= 10, table.size
+        for widget in (table, screen.query_one("#whatif-replay", Button), screen.query_one("#whatif-close", Button)):
+            widget.focus()
+            await pilot.pause()
+            await pilot.pause()
+            visible = dialog.content_region
+            assert visible.y <= widget.region.y and widget.region.bottom <= visible.bottom, (widget, widget.region, visible)
+
+
 async def test_closing_the_what_if_keeps_the_edits_for_the_next_time(journal: Path) -> None:
     # closing and reopening (esc, w) threw the edits away (a user's trial)
     app = ReviewApp(journal)
