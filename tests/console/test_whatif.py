@@ -4,6 +4,7 @@ backend model, written with the writer's own schema; NOT a recording of a real g
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -413,3 +414,23 @@ async def test_the_window_notes_and_the_proposals_warnings_are_on_screen_after_a
         assert not any(warning for _, warning in screen.notes)
         shown = drawn(app, "#whatif-notes")
         assert "warning:" not in shown and f"note: {said}" in shown
+
+
+async def test_the_what_if_says_what_the_backend_model_assumed(journal: Path) -> None:
+    # `tokengate replay` prints the fitted llama-server model above its table (slots, pool, TTFT
+    # and decode per token); the what-if showed the model's notes but never the model, so a
+    # trial could not see that its replay decoded at a fifth of the recorded time per token.
+    from gate.tools.replay import model_line
+
+    app = ReviewApp(journal)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_whatif(pilot)
+        assert screen.window is not None
+        line = model_line(dataclasses.asdict(screen.window.fit))
+        assert line.startswith("backend model: 4 slots")
+        assert line in to_table(run_replay(screen.window, [])).splitlines()  # the command line's own words
+        assert line in drawn(app, "#whatif-notes")
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert screen.answer is not None
+        assert line in drawn(app, "#whatif-notes")

@@ -466,6 +466,16 @@ def budget_lines(answer: Mapping[str, Any], width: int = 48) -> list[str]:
     return out
 
 
+def model_line(fit: Mapping[str, Any]) -> str:
+    """The fitted llama-server, in one line (the answer's ``fit``, or ``dataclasses.asdict`` of a
+    ``BackendFit``): what the replay assumed, above the table and in the review's what-if."""
+    return (
+        f"backend model: {fit['slots']} slots, {fit['kv']} pool of {fit['ceiling']} tokens, TTFT {fit['ttft_base_s'] * 1000:.0f} ms "
+        f"+ {fit['ttft_per_busy_s'] * 1000:.0f} ms per busy slot + prompt / {fit['prefill_tps']:.3g} tok/s, decode "
+        f"{fit['tpot_alone_s'] * 1000:.1f} ms/token + {fit['tpot_per_busy_s'] * 1000:.1f} per busy slot ({fit['points']} requests)"
+    )
+
+
 def to_table(answer: Mapping[str, Any]) -> str:
     """Recorded | replayed | error | each proposal; '?' marks a figure the calibration does not trust."""
     head, rows = table_cells(answer)
@@ -477,11 +487,7 @@ def to_table(answer: Mapping[str, Any]) -> str:
         f"config {answer['config_digest']}, {answer['recorded_changes']} operator changes in the window"
     ]
     fit = answer["fit"]
-    out.append(
-        f"backend model: {fit['slots']} slots, {fit['kv']} pool of {fit['ceiling']} tokens, TTFT {fit['ttft_base_s'] * 1000:.0f} ms "
-        f"+ {fit['ttft_per_busy_s'] * 1000:.0f} ms per busy slot + prompt / {fit['prefill_tps']:.3g} tok/s, decode "
-        f"{fit['tpot_alone_s'] * 1000:.1f} ms/token + {fit['tpot_per_busy_s'] * 1000:.1f} per busy slot ({fit['points']} requests)"
-    )
+    out.append(model_line(fit))
     out += [f"note: {n}" for n in [*answer.get("notes", ()), *fit["notes"]]]
     out.append("")
     for row in lines:
