@@ -301,7 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
             "budget curve with audit events marked, the audit rows, and the decisions paged\n"
             "from SQLite with filters (/) and CSV export of the filtered view (e). Keys 1-5\n"
             "pick the range (15m, 1h, 6h, 24h, all), ending at the journal's newest row.\n"
-            "Times are UTC."
+            "What-if (w): the window shown replayed under thresholds you edit, as\n"
+            "`tokengate replay` does (ctrl+r replays, esc closes). Times are UTC."
         ),
         epilog=_EXIT_CODES,
         formatter_class=_Formatter,

@@ -376,7 +376,10 @@ class ReviewScreen(Screen[str | None]):
     async def _load_bounds(self) -> None:
         assert self.reader is not None
         lo, hi = await self.reader.bounds()
-        self.oldest, self.newest = lo, hi
+        self.oldest = lo
+        # the what-if's end, as `tokengate replay`'s default: the last DECISION, not hi (the
+        # newest row of any table: the samples and audit rows a gate writes after it)
+        self.newest = await self.reader.last_decision_ts()
         if self.clock is not None:
             self.now = float(self.clock())
         else:

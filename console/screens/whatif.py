@@ -27,6 +27,7 @@ review`` has no gate: there the what-if only replays.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
@@ -45,7 +46,17 @@ from textual.worker import Worker, WorkerState
 from console.screens.confirm import ConfirmScreen
 from gate.data.commands import CommandError, Retune
 from gate.ops.link import LinkLost
-from gate.tools.replay import ReplayError, Window, budget_lines, load_window, proposal_from_set, run_replay, settable, table_cells
+from gate.tools.replay import (
+    ReplayError,
+    Window,
+    budget_lines,
+    load_window,
+    model_line,
+    proposal_from_set,
+    run_replay,
+    settable,
+    table_cells,
+)
 
 
 def proposal_text(lines: str, recorded: dict[str, str]) -> str:
@@ -148,19 +159,21 @@ class WhatIfScreen(ModalScreen[None]):
     WhatIfScreen #whatif-dialog {
         width: 96%;
         height: 94%;
+        overflow-y: auto;
     }
     WhatIfScreen #whatif-form {
         height: 12;
     }
     WhatIfScreen #whatif-table {
         height: 1fr;
+        min-height: 10;
     }
     WhatIfScreen #whatif-curve {
         height: auto;
     }
     WhatIfScreen #whatif-notes {
         height: auto;
-        max-height: 8;
+        max-height: 10;
     }
     WhatIfScreen #whatif-notes Static {
         color: $text-muted;
@@ -311,9 +324,16 @@ class WhatIfScreen(ModalScreen[None]):
         self.notes = notes
         box = self.query_one("#whatif-notes", VerticalScroll)
         box.remove_children()
+        # first, what the replay assumed of llama-server: the line `tokengate replay` prints above its notes
+        model = [Static(model_line(dataclasses.asdict(self.window.fit)), markup=False)] if self.window is not None else []
         box.mount_all(
-            Static(f"{'warning' if warning else 'note'}: {text}", classes="warning" if warning else "", markup=False)
-            for text, warning in notes
+            [
+                *model,
+                *(
+                    Static(f"{'warning' if warning else 'note'}: {text}", classes="warning" if warning else "", markup=False)
+                    for text, warning in notes
+                ),
+            ]
         )
 
     def _fill(self, answer: dict[str, Any]) -> None:

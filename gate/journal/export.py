@@ -41,6 +41,7 @@ TABLE_PAGE = 200  # rows buffered to size the table's columns
 
 _RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$", re.IGNORECASE)
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_LAST_EPOCH_S = 253402300799.0  # 9999-12-31T23:59:59Z, the last moment a datetime holds
 
 
 class ExportError(Exception):
@@ -61,6 +62,13 @@ def parse_since(text: str, now: float) -> float:
     else:
         if not math.isfinite(value) or value < 0:
             raise ValueError(f"{text!r} is not a moment: {forms}")
+        if value > _LAST_EPOCH_S:
+            # past the year 9999: milliseconds (or finer), as many tools print a time; read as
+            # seconds it crashed the ISO formatting of replay's messages and selected no rows in log
+            raise ValueError(
+                f"{text!r} is not a moment: epoch seconds past the year 9999 (milliseconds? "
+                f"{text.strip()} ms is {value / 1000:.10g} s); {forms}"
+            )
         return value
     m = _RELATIVE.match(text)
     if m:

@@ -142,6 +142,12 @@ class JournalReader(JournalQueries):
                 hi = mx if hi is None else max(hi, mx)
         return lo, hi
 
+    async def last_decision_ts(self) -> float | None:
+        """The newest decision's ts (its arrival); None without decisions. Not ``bounds()``'s
+        newest: a gate writes samples (one a second) and audit rows after its last request."""
+        (mx,) = (await self._fetch("SELECT MAX(ts) FROM decisions"))[0]
+        return None if mx is None else float(mx)
+
     async def count_audit(self, since_ts: float | None = None, until_ts: float | None = None) -> int:
         clauses, params = time_where(since_ts, until_ts)
         sql = "SELECT COUNT(*) FROM audit" + (" WHERE " + " AND ".join(clauses) if clauses else "")

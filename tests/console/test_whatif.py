@@ -4,6 +4,7 @@ backend model, written with the writer's own schema; NOT a recording of a real g
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -275,13 +276,70 @@ async def test_a_live_range_past_the_last_decision_replays_the_clis_default_wind
         await settle(pilot)
         await pilot.press("5")  # everything in the journal
         screen = await open_whatif(pilot)
-        assert screen.until == pytest.approx(window.until)
+        assert screen.until == pytest.approx(window.until, abs=1e-3)  # not rel: 1e-6 of an epoch is 30 min
         await pilot.press("ctrl+r")
         await settle(pilot)
         assert screen.answer is not None
         ours = screen.answer["scenarios"][0]["classes"]
         cli = run_replay(window, [])["scenarios"][0]["classes"]
         assert {c: v["tokens_per_s"] for c, v in ours.items()} == {c: v["tokens_per_s"] for c, v in cli.items()}
+
+
+async def test_rows_after_the_last_decision_do_not_stretch_the_what_ifs_window(journal: Path) -> None:
+    # A gate keeps writing samples (one a second) and audit rows (its `stopped`) after the
+    # last decision: the review's "now" is the newest row of any table, and the what-if ended
+    # there, not at the last decision as `tokengate replay` does by default (a user's trial,
+    # a gate stopped 5 s after its last request: tokens/s 104 in the what-if, 112 from the CLI)
+    import sqlite3
+
+    window = load_window(str(journal))
+    conn = sqlite3.connect(journal)
+    with conn:
+        later = window.until + 30.0
+        conn.execute(
+            "INSERT INTO samples (ts, backend, budget, in_flight, queued, slots_busy, slots_total, admitted, refused)"
+            " VALUES (?, 'default', 2048, 0, 0, 0, 4, 0, 0)",
+            (later,),
+        )
+        conn.execute(
+            "INSERT INTO audit (ts, operator, origin, source, action, target) VALUES (?, 'tokengate', 'local', 'gate', 'stopped', 'gate')",
+            (later + 0.1,),
+        )
+    conn.close()
+    app = ReviewApp(journal)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("5")
+        screen = await open_whatif(pilot)
+        assert screen.until == pytest.approx(window.until, abs=1e-3)
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert screen.answer is not None
+        ours = screen.answer["scenarios"][0]["classes"]
+        cli = run_replay(load_window(str(journal), screen.since), [])["scenarios"][0]["classes"]
+        assert {c: v["tokens_per_s"] for c, v in ours.items()} == {c: v["tokens_per_s"] for c, v in cli.items()}
+
+
+async def test_at_80x24_the_answer_and_the_buttons_can_be_reached(journal: Path) -> None:
+    # At 80x24 the dialog (94% high) held the 12-line form, the status and the notes: the
+    # table after a replay was its header alone, and the curves, hint and buttons were drawn
+    # below the dialog's edge, out of reach (a user's trial). Now the table keeps 10 rows and
+    # the dialog scrolls to whatever takes the focus.
+    app = ReviewApp(journal)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await open_whatif(pilot)
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert screen.answer is not None
+        dialog = screen.query_one("#whatif-dialog")
+        table = screen.query_one("#whatif-table")
+        assert table.size.height >= 10, table.size
+        for widget in (table, screen.query_one("#whatif-replay", Button), screen.query_one("#whatif-close", Button)):
+            widget.focus()
+            await pilot.pause()
+            await pilot.pause()
+            visible = dialog.content_region
+            assert visible.y <= widget.region.y and widget.region.bottom <= visible.bottom, (widget, widget.region, visible)
 
 
 async def test_closing_the_what_if_keeps_the_edits_for_the_next_time(journal: Path) -> None:
@@ -356,3 +414,23 @@ async def test_the_window_notes_and_the_proposals_warnings_are_on_screen_after_a
         assert not any(warning for _, warning in screen.notes)
         shown = drawn(app, "#whatif-notes")
         assert "warning:" not in shown and f"note: {said}" in shown
+
+
+async def test_the_what_if_says_what_the_backend_model_assumed(journal: Path) -> None:
+    # `tokengate replay` prints the fitted llama-server model above its table (slots, pool, TTFT
+    # and decode per token); the what-if showed the model's notes but never the model, so a
+    # trial could not see that its replay decoded at a fifth of the recorded time per token.
+    from gate.tools.replay import model_line
+
+    app = ReviewApp(journal)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_whatif(pilot)
+        assert screen.window is not None
+        line = model_line(dataclasses.asdict(screen.window.fit))
+        assert line.startswith("backend model: 4 slots")
+        assert line in to_table(run_replay(screen.window, [])).splitlines()  # the command line's own words
+        assert line in drawn(app, "#whatif-notes")
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert screen.answer is not None
+        assert line in drawn(app, "#whatif-notes")

@@ -110,6 +110,8 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
         ([], ["console", "config", "exit codes", "2  usage or config error"]),
         (["console"], ["--config", "--demo", "SIMULATED", "--read-only"]),
         (["config", "check"], ["FILE", "standard input", "exit codes"]),
+        # the review's what-if (w) was in the README only: at 80 columns the footer cuts it off too
+        (["review"], ["What-if (w)", "tokengate replay"]),
     ],
 )
 def test_help_texts(capsys: pytest.CaptureFixture[str], argv: list[str], expect: list[str]) -> None:

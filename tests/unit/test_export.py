@@ -140,6 +140,29 @@ def test_parse_since() -> None:
         parse_since("yesterday", 0)
 
 
+def test_epoch_milliseconds_are_refused_with_a_hint() -> None:
+    # 1796501645000 (milliseconds, as many tools print a time) read as seconds is the year
+    # 58898: `tokengate replay --since` crashed on it ("tokengate: error: ValueError: year 58898
+    # is out of range", exit 1) and `tokengate log` printed "(no rows)", exit 0 (a user's trial)
+    assert parse_since("1796501645", 0) == 1796501645.0
+    assert parse_since("1796501645.5", 0) == 1796501645.5
+    with pytest.raises(ValueError, match=r"milliseconds\? 1796501645000 ms is 1796501645 s"):
+        parse_since("1796501645000", 0)
+    with pytest.raises(ValueError, match="milliseconds"):
+        parse_since("1796501645000000", 0)  # microseconds: the same answer, not a crash
+
+
+@pytest.mark.parametrize("command", ["log", "replay"])
+def test_log_and_replay_refuse_epoch_milliseconds_as_a_usage_error(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gate.cli import main
+
+    assert main([command, "--journal", str(tmp_path / "any.db"), "--since", "1796501645000"]) == 2
+    err = capsys.readouterr().err
+    assert "milliseconds" in err and "Traceback" not in err and "ValueError" not in err
+
+
 def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     missing = tmp_path / "nope.db"
     with pytest.raises(ExportError, match="nope.db: journal file not found"):

@@ -886,3 +886,26 @@ def test_a_backend_with_no_decisions_is_refused_naming_the_ones_the_window_has(t
     path = _journal(tmp_path, n=20, duration=5.0)
     with pytest.raises(ReplayError, match=r"no decisions for backend 'nope' in the window \(the window's backends: default\)"):
         load_window(path, backend="nope")
+
+
+def test_a_set_key_at_its_recorded_value_says_the_operators_change_of_it_still_replays(tmp_path: Path) -> None:
+    # A proposal pins only the keys whose value differs from the recorded config, so after an
+    # operator's retune of interactive's queue from 8 to 12, `--set classes.interactive.queue_depth=8`
+    # ("what if I had kept 8?") replayed the retune to 12 and printed the replayed column again
+    # with nothing said (a user's trial): it is documented, and now it is said.
+    from gate.tools.replay.engine import Change
+
+    window = load_window(_journal(tmp_path, n=120, duration=20.0))
+    depth = next(c.queue_depth for c in window.config.classes if c.name == "interactive")
+    retune = Change(5.0, "set_class", "class:interactive", f"queue_depth={depth + 4}")
+    window = dataclasses.replace(window, changes=(*window.changes, retune))
+    same = proposal_from_set(f"classes.interactive.queue_depth={depth}", window.config)
+    other = proposal_from_set(f"classes.interactive.queue_depth={depth + 1}", window.config)
+    untouched = proposal_from_set(f"classes.batch.queue_depth={depth}", window.config)
+    answer = run_replay(window, [same, other, untouched])
+    replayed, *columns = answer["scenarios"][1:]
+    assert columns[0]["classes"] == replayed["classes"]  # as documented: the replayed column
+    said = [n for n in answer["notes"] if "recorded value" in n]
+    assert len(said) == 1, answer["notes"]
+    assert said[0].startswith(f"classes.interactive.queue_depth={depth}: ")
+    assert "+5.0 s" in said[0] and "replayed as recorded" in said[0]

@@ -27,7 +27,7 @@ from gate.config.reader import config_from_dict
 from gate.config.schema import Config, ConfigError
 from gate.config.thresholds import thresholds_of
 from gate.core.adaptive import percentile_nearest_rank
-from gate.tools.replay.engine import REPLAYED_ACTIONS, Arrival, Change, Outcome, replay
+from gate.tools.replay.engine import REPLAYED_ACTIONS, Arrival, Change, Outcome, _unpinned, replay
 from gate.tools.replay.window import Window
 
 UNTRUSTED_ABOVE = 0.25
@@ -40,6 +40,7 @@ class Proposal:
     name: str
     config: Config
     pinned: frozenset[str]  # the keys whose value differs from the recorded thresholds
+    given: frozenset[str] = frozenset()  # the keys a --set names (as pinned names them), changed or not
 
 
 def _flat(thresholds: Mapping[str, Any]) -> dict[str, Any]:
@@ -87,6 +88,7 @@ def proposal_from_set(text: str, recorded: Config) -> Proposal:
     (``default_class``: each arrival keeps its recorded class; a backend's address) is an error."""
     data = thresholds_of(recorded)
     seen: set[str] = set()
+    given: set[str] = set()
     for part in [p.strip() for p in text.split(",")]:
         key, sep, raw = part.partition("=")
         key = key.strip()
@@ -116,7 +118,8 @@ def proposal_from_set(text: str, recorded: Config) -> Proposal:
             table.pop(rest, None)
         else:
             table[rest] = value
-    return _proposal(text, recorded, data)
+        given.add(f"backends.{rest}" if head == "backend" else key)
+    return dataclasses.replace(_proposal(text, recorded, data), given=frozenset(given))
 
 
 def proposal_from_config(name: str, other: Config, recorded: Config, backend: str) -> Proposal:
@@ -283,6 +286,23 @@ def _warnings(window: Window, config: Config) -> list[str]:
     return list(capacity_warnings(None, cap, config.budget, config.classes))
 
 
+def _unpinned_notes(window: Window, p: Proposal) -> list[str]:
+    """A key the --set names at its recorded value pins nothing (a proposal equal to the
+    recorded config is the replayed column): when an operator's change in the window moves
+    that key, say that it is replayed (a trial's "queue_depth=8, as before my retune to 12"
+    showed the replayed column again, and nothing said why)."""
+    out = []
+    for key in sorted(p.given - p.pinned):
+        moved = [c for c in window.changes if c.at > 0 and c.action in REPLAYED_ACTIONS and _unpinned(c, frozenset({key})) != c]
+        if moved:
+            at = ", ".join(f"+{c.at:.1f} s" for c in moved)
+            out.append(
+                f"{p.name}: {key} is the recorded value, so it pins nothing: the operator's change of it in the window "
+                f"(at {at}) is replayed as recorded, as in the replayed column (a proposal holds only a value other than the recorded one)"
+            )
+    return out
+
+
 def run_replay(window: Window, proposals: Sequence[Proposal] = ()) -> dict[str, Any]:
     """The whole answer: recorded, replayed at the recorded thresholds, then each proposal."""
     rec = figures(window, recorded_outcomes(window), window.config)
@@ -303,6 +323,7 @@ def run_replay(window: Window, proposals: Sequence[Proposal] = ()) -> dict[str, 
         # refused, which a trial read as a prediction
         said = [w for w in _warnings(window, p.config) if w not in already]
         notes += [f"{p.name}: {w}" for w in said]
+        notes += _unpinned_notes(window, p)
         scenarios.append(
             {
                 "name": p.name,
@@ -445,6 +466,16 @@ def budget_lines(answer: Mapping[str, Any], width: int = 48) -> list[str]:
     return out
 
 
+def model_line(fit: Mapping[str, Any]) -> str:
+    """The fitted llama-server, in one line (the answer's ``fit``, or ``dataclasses.asdict`` of a
+    ``BackendFit``): what the replay assumed, above the table and in the review's what-if."""
+    return (
+        f"backend model: {fit['slots']} slots, {fit['kv']} pool of {fit['ceiling']} tokens, TTFT {fit['ttft_base_s'] * 1000:.0f} ms "
+        f"+ {fit['ttft_per_busy_s'] * 1000:.0f} ms per busy slot + prompt / {fit['prefill_tps']:.3g} tok/s, decode "
+        f"{fit['tpot_alone_s'] * 1000:.1f} ms/token + {fit['tpot_per_busy_s'] * 1000:.1f} per busy slot ({fit['points']} requests)"
+    )
+
+
 def to_table(answer: Mapping[str, Any]) -> str:
     """Recorded | replayed | error | each proposal; '?' marks a figure the calibration does not trust."""
     head, rows = table_cells(answer)
@@ -456,11 +487,7 @@ def to_table(answer: Mapping[str, Any]) -> str:
         f"config {answer['config_digest']}, {answer['recorded_changes']} operator changes in the window"
     ]
     fit = answer["fit"]
-    out.append(
-        f"backend model: {fit['slots']} slots, {fit['kv']} pool of {fit['ceiling']} tokens, TTFT {fit['ttft_base_s'] * 1000:.0f} ms "
-        f"+ {fit['ttft_per_busy_s'] * 1000:.0f} ms per busy slot + prompt / {fit['prefill_tps']:.3g} tok/s, decode "
-        f"{fit['tpot_alone_s'] * 1000:.1f} ms/token + {fit['tpot_per_busy_s'] * 1000:.1f} per busy slot ({fit['points']} requests)"
-    )
+    out.append(model_line(fit))
     out += [f"note: {n}" for n in [*answer.get("notes", ()), *fit["notes"]]]
     out.append("")
     for row in lines:
