@@ -616,6 +616,10 @@ def _cmd_log(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if n == 0 and args.cls is not None:
         # empty is an answer, but a mistyped class should not look like a quiet incident
         err.write(f"tokengate log: no decisions of class {args.cls!r} in the selection\n")
+    elif n == 0 and args.format != "table" and not notes:
+        # the table says "(no rows)"; an empty trace or file said nothing (a trial's aiperf trace
+        # of a window after the journal's end: exit 0, empty, no word)
+        err.write(f"tokengate log: no {args.kind} rows in the selection: nothing written\n")
     return EXIT_OK
 
 

@@ -511,6 +511,13 @@ def test_log_of_a_class_with_no_decisions_says_so(tmp_path: Path, capsys: pytest
     assert out.out == "" and "no decisions of class 'nosuch'" in out.err
 
 
+def test_log_of_an_empty_window_as_a_trace_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _journal(tmp_path, n=20, duration=5.0)
+    assert main(["log", "--journal", path, "--since", "2090-01-01T00:00Z", "--format", "aiperf"]) == 0
+    out = capsys.readouterr()
+    assert out.out == "" and "no decisions rows in the selection" in out.err
+
+
 def test_the_proposals_columns_follow_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # --config scenarios were listed after every --set one, whatever the order given
     path = _journal(tmp_path, n=40, duration=10.0)
