@@ -80,7 +80,9 @@ times measured at release say when the slots free (gate/core/waits.py):
       with their turn, G1, then everything of its class and the higher ones; a newcomer with
       its turn only behind the other waiters with theirs: position 0 when none waits; one more
       when a lower class's minimum-rate turn comes due before its slot frees and will go to a
-      waiter of that class, or to a newcomer of one offered a request within aging_s), plus
+      waiter of that class, or to a newcomer of one offered a request within aging_s; without
+      its turn, as many more as the higher classes are expected to offer within its wait,
+      beyond the slots F7 keeps for them: each will pass it), plus
       its expected first-token time, passes its objective, or when the chance that
       a slot frees for it in time (from the spread of the measured holds, waits.chance_in_time)
       is below IN_TIME_CHANCE (before any hold is measured, a start under load: from how long
@@ -1180,6 +1182,11 @@ class Admission:
         if wait is not None and not turn and self._turn_coming(entry, now, now + wait):
             ahead += 1  # a lower class's turn comes before its slot: it will go first (G1 b, G2)
             wait = self.expected_wait(ahead, now)
+        if wait is not None and not turn:
+            coming = self._higher_coming(entry.policy.priority, wait)
+            if coming:
+                ahead += coming
+                wait = self.expected_wait(ahead, now)
         if expected is None and wait is None:
             return None
         left = request.objective_from + objective_ms / 1000.0 - now - (expected or 0.0)  # to get a slot
@@ -1208,6 +1215,18 @@ class Admission:
             f"class {request.cls!r} cannot start now: {why}",
             clamp_retry(wait) if wait is not None else self._retry_unmeasured(request.cls, request.cost, now),
         )
+
+    def _higher_coming(self, priority: int, within_s: float) -> int:
+        """T1: the higher classes' requests expected to arrive within `within_s` (their demand),
+        beyond the slots F7 already keeps for them: each goes ahead of a waiter of `priority`."""
+        rate = 0.0
+        for c in self._order:
+            if c.policy.priority <= priority:
+                break
+            if not c.queue.paused:
+                rate += self.demand(c.policy.name)
+        kept = self.kept_slots(priority) if self.keep_slots else 0
+        return max(0, math.floor(rate * within_s + 0.5) - kept)
 
     def _retry_unmeasured(self, cls: str, cost: int, now: float) -> float:
         """Retry-After of a refusal for a TTFT objective with no wait measured: the drain rate's,
