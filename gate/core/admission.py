@@ -844,10 +844,7 @@ class Admission:
                 f"{self.class_reach(request.cls, self.budget)} at the current budget of {self.budget}",
                 self.retry_after(request.cls, request.cost, now),
             )
-        self._started_at.setdefault(request.cls, now)  # G1 (b) counts from the first arrival
-        self._offered_at[request.cls] = now
-        self._now = max(self._now, now)
-        self._arrivals[request.cls] = (self.demand(request.cls, now) + 1.0 / DEMAND_WINDOW_S, now)
+        self._count_arrival(request, now)
         # No overtaking: with requests of its class waiting, a newcomer waits behind them.
         turn = self._newcomer_turn(entry, now)  # G1 (b)
         if not entry.queue:
@@ -863,7 +860,8 @@ class Admission:
 
     def refuses_before_count(self, request: Request, now: float) -> Refuse | None:
         """Would `offer` refuse `request` at once however large its prompt is beyond
-        `request.prompt_tokens` (a lower bound: the prompt not counted yet)? Changes nothing.
+        `request.prompt_tokens` (a lower bound: the prompt not counted yet)?
+        A refusal counts the arrival as `offer`'s does (F7's demand, G1 b); nothing else changes.
         Only the refusals that need no size (a paused class) or that a larger prompt can only
         confirm: it must wait (its class has waiters, or even the bound does not fit: F1-F7 only
         tighten as a request grows) and T1 says it cannot make its objective (its first-token time
@@ -881,7 +879,22 @@ class Admission:
         turn = self._newcomer_turn(entry, now)
         if not entry.queue and self._newcomer_block(entry, request, turn, self._aged_waiting(now)) is None:
             return None
-        return self._refused_to_wait(entry, request, now, turn)
+        refusal = self._refused_to_wait(entry, request, now, turn)
+        if refusal is not None:
+            # counted as `offer` counts an arrival it refuses to wait: uncounted, a class refused
+            # before its count looked idle to F7 and G1 b (a two-class run at 1x + 2x: interactive's
+            # demand undercounted, its kept slots went to batch, interactive served 76-96 of ~200
+            # against 106-111 before refusals came before the count)
+            self._count_arrival(request, now)
+        return refusal
+
+    def _count_arrival(self, request: Request, now: float) -> None:
+        """An arrival offered (or refused before its count as `offer` would refuse it): G1 b's
+        first and last offer, F7's demand."""
+        self._started_at.setdefault(request.cls, now)  # G1 (b) counts from the first arrival
+        self._offered_at[request.cls] = now
+        self._now = max(self._now, now)
+        self._arrivals[request.cls] = (self.demand(request.cls, now) + 1.0 / DEMAND_WINDOW_S, now)
 
     def _newcomer_block(self, entry: _Class, request: Request, turn: bool, others: bool) -> Block | None:
         """What keeps a newcomer of a class with no waiters from starting now (None: it starts);

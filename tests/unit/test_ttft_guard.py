@@ -3,6 +3,7 @@ check at dispatch; the prefill model's fallback; the discipline under sustained 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from itertools import count
 
@@ -353,12 +354,13 @@ def _state(adm: Admission) -> tuple:
     paused=st.booleans(),
     seq=st.lists(st.tuples(ops, st.floats(0.0, 1.0)), max_size=60),
 )
-def test_a_refusal_before_the_count_is_one_the_counted_request_would_get_and_changes_nothing(
+def test_a_refusal_before_the_count_is_one_the_counted_request_would_get_and_changes_what_it_would(
     slots, objective_ms, base, rate, holds, aging, paused, seq
 ):
     """`refuses_before_count` on a lower bound of the prompt (its share `frac` of the real one,
     0 included) refuses only what `offer` of the counted request, at the same moment, refuses
-    too (the shell refuses it without waiting on llama-server's count), and changes nothing."""
+    too (the shell refuses it without waiting on llama-server's count), and changes what that
+    refusal changes (the arrival counted), nothing when it does not refuse."""
     adm = two_class_core(slots, objective_ms, base, rate, holds, aging, queue_depth=3)
     if paused:
         adm.pause("lo")
@@ -370,11 +372,17 @@ def test_a_refusal_before_the_count_is_one_the_counted_request_would_get_and_cha
             r = Request(f"b{next(_ids)}", cls, "t", op[1], op[2], now)
             bound = Request(r.id, cls, "t", int(op[1] * frac), op[2], now)
             before = _state(adm)
+            shadow = copy.deepcopy(adm)
             early = adm.refuses_before_count(bound, now)
-            assert _state(adm) == before, "the look before the count changed the core"
-            d = adm.offer(r, now)
-            if early is not None:
+            if early is None:
+                assert _state(adm) == before, "the look before the count changed the core"
+                adm.offer(r, now)
+            else:
+                d = shadow.offer(r, now)
                 assert isinstance(d, Refuse), (early.detail, d)
+                # counted as offer's refusal counts the arrival: F7's demand, G1 b (a refusal
+                # before the count left a class looking idle, and its kept slots went to batch)
+                assert _state(adm) == _state(shadow), "a refusal before the count is not counted as offer's"
             check_invariants(adm)
             continue
         now = _step_op(adm, op, held, now)
