@@ -524,7 +524,12 @@ def describe_config(config: Config) -> list[str]:
     if bu.slo_tpot_p95_ms is not None:
         slo += f", TPOT p95 {_fmt_num(bu.slo_tpot_p95_ms)} ms"
     aging = f"aging {_fmt_num(bu.aging_s)} s" if bu.aging_s else "aging off"
-    floor = f"min {bu.min_tokens} tokens" if bu.min_tokens else "min auto (a quarter of the ceiling)"
+    reserved = sum(c.reserved_tokens for c in config.classes)
+    floor = (
+        f"min {bu.min_tokens} tokens"
+        if bu.min_tokens
+        else "min auto (a quarter of the ceiling" + (f", at least the classes' reservations, {reserved})" if reserved else ")")
+    )
     kept = "free slots kept for higher classes" if bu.keep_slots else "free slots to whoever comes"
     lines.append(f"budget   {bu.mode}, {floor}, SLO {slo}, {aging}, {kept}")
     for c in config.classes:

@@ -96,6 +96,7 @@ def test_config_check_against_the_running_backend_says_what_contradicts_it(llama
     text = out.getvalue()
     assert rc == 1, text
     assert "4 slots of 512 tokens, kv split" in text and "ceiling 2048" in text
+    assert "the adaptive budget moves within 1024..2048" in text  # min_tokens 1024: the floor as a number
     assert 'warning: backend b0: config says kv = "unified"' in text
     f.write_text(CLASSES + f'\n[[backends]]\nname = "b0"\nurl = "{llama_split.url}"\n')
     out = io.StringIO()

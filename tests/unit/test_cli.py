@@ -142,6 +142,16 @@ def test_verbose_check_summarises_the_defaults(capsys: pytest.CaptureFixture[str
     assert "TTFT objective 2000 ms (the SLO's)" in batch
 
 
+def test_verbose_check_says_the_auto_floor_is_at_least_the_reservations(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # the auto floor is a quarter of the ceiling and never below the classes' reservations
+    # (gate.backend.pool.budget_floor); the summary said only "a quarter of the ceiling"
+    p = tmp_path / "c.toml"
+    p.write_text("[classes.chat]\npriority = 5\nreserved_tokens = 1024\n[classes.bulk]\npriority = 1\nreserved_tokens = 256\n")
+    code, out, err = run(capsys, "config", "check", "-v", str(p))
+    assert code == 0, err
+    assert "min auto (a quarter of the ceiling, at least the classes' reservations, 1280)" in out
+
+
 def test_verbose_check_names_a_class_s_own_objective(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     p = tmp_path / "c.toml"
     p.write_text("[budget]\nslo_ttft_p95_ms = 1500\n[classes.chat]\npriority = 5\nttft_objective_ms = 800\n[classes.bulk]\npriority = 1\n")
