@@ -142,21 +142,30 @@ def test_verbose_check_summarises_the_defaults(capsys: pytest.CaptureFixture[str
     assert "TTFT objective 2000 ms (the SLO's)" in batch
 
 
+def verbose_check(capsys: pytest.CaptureFixture[str], tmp_path: Path, toml: str) -> str:
+    """`tokengate config check -v` of a file holding `toml`: its summary (the check passes)."""
+    p = tmp_path / "c.toml"
+    p.write_text(toml)
+    code, out, err = run(capsys, "config", "check", "-v", str(p))
+    assert code == 0, err
+    return out
+
+
 def test_verbose_check_says_the_auto_floor_is_at_least_the_reservations(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     # the auto floor is a quarter of the ceiling and never below the classes' reservations
     # (gate.backend.pool.budget_floor); the summary said only "a quarter of the ceiling"
-    p = tmp_path / "c.toml"
-    p.write_text("[classes.chat]\npriority = 5\nreserved_tokens = 1024\n[classes.bulk]\npriority = 1\nreserved_tokens = 256\n")
-    code, out, err = run(capsys, "config", "check", "-v", str(p))
-    assert code == 0, err
+    out = verbose_check(
+        capsys, tmp_path, "[classes.chat]\npriority = 5\nreserved_tokens = 1024\n[classes.bulk]\npriority = 1\nreserved_tokens = 256\n"
+    )
     assert "min auto (a quarter of the ceiling, at least the classes' reservations, 1280)" in out
 
 
 def test_verbose_check_names_a_class_s_own_objective(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    p = tmp_path / "c.toml"
-    p.write_text("[budget]\nslo_ttft_p95_ms = 1500\n[classes.chat]\npriority = 5\nttft_objective_ms = 800\n[classes.bulk]\npriority = 1\n")
-    code, out, err = run(capsys, "config", "check", "-v", str(p))
-    assert code == 0, err
+    out = verbose_check(
+        capsys,
+        tmp_path,
+        "[budget]\nslo_ttft_p95_ms = 1500\n[classes.chat]\npriority = 5\nttft_objective_ms = 800\n[classes.bulk]\npriority = 1\n",
+    )
     chat = next(line for line in out.splitlines() if line.startswith("class    chat"))
     bulk = next(line for line in out.splitlines() if line.startswith("class    bulk"))
     assert "TTFT objective 800 ms" in chat and "SLO" not in chat

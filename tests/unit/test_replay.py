@@ -444,14 +444,14 @@ def test_a_proposal_replays_every_recorded_change_but_its_own_keys() -> None:
 
 
 def test_a_recorded_retune_loses_only_the_proposed_keys() -> None:
-    from gate.tools.replay.engine import Change, _unpinned
+    from gate.tools.replay.engine import Change, unpinned
 
     retune = Change(9.0, "set_class", "class:batch", "queue_depth=4, reserved_tokens=0")
-    assert _unpinned(retune, frozenset({"classes.batch.reserved_tokens"})) == dataclasses.replace(retune, new_value="queue_depth=4")
-    assert _unpinned(retune, frozenset({"classes.batch.reserved_tokens", "classes.batch.queue_depth"})) is None
-    assert _unpinned(retune, frozenset({"classes.interactive.queue_depth"})) == retune
+    assert unpinned(retune, frozenset({"classes.batch.reserved_tokens"})) == dataclasses.replace(retune, new_value="queue_depth=4")
+    assert unpinned(retune, frozenset({"classes.batch.reserved_tokens", "classes.batch.queue_depth"})) is None
+    assert unpinned(retune, frozenset({"classes.interactive.queue_depth"})) == retune
     budget = Change(8.0, "set_budget_settings", "budget", "min_tokens=1024, slo_ttft_p95_ms=1500")
-    assert _unpinned(budget, frozenset({"budget.min_tokens"})) == dataclasses.replace(budget, new_value="slo_ttft_p95_ms=1500")
+    assert unpinned(budget, frozenset({"budget.min_tokens"})) == dataclasses.replace(budget, new_value="slo_ttft_p95_ms=1500")
 
 
 def test_tokens_per_s_is_over_the_time_the_requests_ran_not_a_sliver_of_it(tmp_path: Path) -> None:

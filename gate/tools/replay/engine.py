@@ -210,7 +210,7 @@ def replay(
     touching a key in `pinned`: a proposal's own keys); the outcome of each arrival by id.
     `budget_curve`, if given, gets (seconds, the working budget) at the start and at each move."""
     ratio = _fill_ratio(arrivals)
-    kept = [u for c in changes if (u := _unpinned(c, pinned)) is not None]
+    kept = [u for c in changes if (u := unpinned(c, pinned)) is not None]
     run = _Run(config, fit, arrivals, kept, until, ratio)
     cap = _capacity(config, fit)
     # the classes' reservations raise the floor, as the gate's pool passes them (with min_tokens
@@ -488,7 +488,7 @@ def _set_budget_settings(values: dict[str, Any], now: float, adm: Admission, con
     state["slo_s"] = budget.slo_ttft_p95_ms / 1000.0
 
 
-def _unpinned(change: Change, pinned: frozenset[str]) -> Change | None:
+def unpinned(change: Change, pinned: frozenset[str]) -> Change | None:
     """What of a recorded change replays under a proposal: all of it but the keys the proposal
     sets (`pinned`), which keep their proposed value; None when nothing is left. A proposal of
     one key must not undo the operator's other moves in the window (until 2026-12-05 any

@@ -27,7 +27,7 @@ from gate.config.reader import config_from_dict
 from gate.config.schema import Config, ConfigError
 from gate.config.thresholds import thresholds_of
 from gate.core.adaptive import percentile_nearest_rank
-from gate.tools.replay.engine import REPLAYED_ACTIONS, Arrival, Change, Outcome, _unpinned, replay
+from gate.tools.replay.engine import REPLAYED_ACTIONS, Arrival, Change, Outcome, replay, unpinned
 from gate.tools.replay.window import Window
 
 UNTRUSTED_ABOVE = 0.25
@@ -293,7 +293,7 @@ def _unpinned_notes(window: Window, p: Proposal) -> list[str]:
     showed the replayed column again, and nothing said why)."""
     out = []
     for key in sorted(p.given - p.pinned):
-        moved = [c for c in window.changes if c.at > 0 and c.action in REPLAYED_ACTIONS and _unpinned(c, frozenset({key})) != c]
+        moved = [c for c in window.changes if c.at > 0 and c.action in REPLAYED_ACTIONS and unpinned(c, frozenset({key})) != c]
         if moved:
             at = ", ".join(f"+{c.at:.1f} s" for c in moved)
             out.append(
