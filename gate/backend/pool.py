@@ -613,10 +613,10 @@ def check_backend(
         return str(exc), ()
     line = f"{cap.slots} slots of {cap.slot_context} tokens, kv {layout.kv} ({layout.source}: {layout.detail}), ceiling {cap.ceiling}"
     classes = tuple(classes)
-    if getattr(budget, "mode", None) == "adaptive":
+    if budget.mode == "adaptive":
         # the floor in force (auto: a quarter of the ceiling, at least the reservations), which
         # the summary can only describe without the ceiling (a trial read "min auto" and no number)
-        reserved = sum(getattr(c, "reserved_tokens", 0) for c in classes)
+        reserved = sum(c.reserved_tokens for c in classes)
         line += f"; the adaptive budget moves within {budget_floor(budget, cap.ceiling, reserved)}..{cap.ceiling}"
     return line, capacity_warnings(layout, cap, budget, classes)
 

@@ -273,6 +273,12 @@ class Config:
                 return c
         raise KeyError(name)
 
+    def objective_ms(self, cls: str) -> float | None:
+        """The TTFT objective (from arrival) class ``cls`` is refused by and judged against: its
+        ``ttft_objective_ms``, else ``[budget] slo_ttft_p95_ms``; None for an unknown class."""
+        policy = next((c for c in self.classes if c.name == cls), None)
+        return None if policy is None else policy.ttft_objective_ms or self.budget.slo_ttft_p95_ms
+
     def backend_by_name(self, name: str) -> BackendConfig:
         """The backend called ``name``; KeyError if there is none."""
         for b in self.backends:

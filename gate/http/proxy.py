@@ -621,11 +621,7 @@ class _Flow:
 
     def _objective_ms(self, cls: str) -> float | None:
         """The class's first-token objective, else the gate's TTFT SLO: what "met" is judged by."""
-        config = self.gate.config
-        policy = next((c for c in config.classes if c.name == cls), None)
-        if policy is None:
-            return None
-        return policy.ttft_objective_ms or config.budget.slo_ttft_p95_ms
+        return self.gate.config.objective_ms(cls)
 
     @property
     def queued_s(self) -> float | None:

@@ -87,7 +87,7 @@ def build_snapshot(
                 p95_queue_ms=rollup.p95_queue_ms(now, c.name),
                 waiting_on=waiting_on,
                 **dict(zip(("met", "judged"), rollup.met_share(now, c.name))),
-                ttft_objective_ms=c.ttft_objective_ms or config.budget.slo_ttft_p95_ms,
+                ttft_objective_ms=config.objective_ms(c.name),
             )
         )
     journal = None

@@ -160,10 +160,7 @@ def figures(window: Window, outcomes: Mapping[str, Outcome], config: Config) -> 
             span = max(span, a.at + o.duration_ms / 1000.0)
     for cls in sorted(by_class):
         outs = by_class[cls]
-        try:
-            objective = config.class_by_name(cls).ttft_objective_ms or config.budget.slo_ttft_p95_ms
-        except KeyError:
-            objective = config.budget.slo_ttft_p95_ms
+        objective = config.objective_ms(cls) or config.budget.slo_ttft_p95_ms  # a class it lacks: the SLO
         ran = [o for o in outs if o.admitted]
         waits = [o.queue_ms for o in ran if o.queue_ms is not None]
         ttfts = [o.ttft_arrival_ms for o in ran if o.ttft_arrival_ms is not None]
