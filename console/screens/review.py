@@ -333,6 +333,7 @@ class ReviewScreen(Screen[str | None]):
                 ("queue ms", "queue_ms"),
                 ("ttft ms", "ttft_ms"),
                 ("dur ms", "duration_ms"),
+                ("why", "detail"),  # the refusal's message: queue_timeout names three different ones
             ):
                 table.add_column(label, key=key)
             yield table
@@ -507,12 +508,13 @@ class ReviewScreen(Screen[str | None]):
                     Text(_num(r["queue_ms"]), justify="right"),
                     Text(_num(r["ttft_ms"]), justify="right"),
                     Text(_num(r["duration_ms"]), justify="right"),
+                    Text(r.get("detail") or ""),
                 )
                 for r in self.page_rows
             ),
         )
         # Cells are rich Text, never str: a str cell is parsed as markup (a tenant named
-        # "[b]x" would be mangled) and measuring it costs ~3x more (200 rows x 11 cells).
+        # "[b]x" would be mangled) and measuring it costs ~3x more (200 rows x 12 cells).
         self._refresh_status()
 
     @property

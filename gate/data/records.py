@@ -42,6 +42,11 @@ class DecisionRecord:
     #: first token, measured from ARRIVAL at the gate (what the client saw: queue wait included);
     #: None before schema v4 and for requests that never got a first token
     ttft_arrival_ms: float | None = None
+    #: why the gate ended it, in the words its client got (a refusal's message: "cannot start
+    #: now: expected wait ...", "waited 4.2s ...; would miss the 2000 ms objective", "waited
+    #: 10.0s ..., its limit is 10s" tell apart what one reason code, queue_timeout, names);
+    #: "" for a completed request, a relayed backend error, and rows before schema v5
+    detail: str = ""
 
 
 class RecentDecisions:

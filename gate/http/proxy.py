@@ -668,7 +668,7 @@ class _Flow:
         """Answer `err` (a status and body, or an SSE error event once streaming) and record it."""
         if self.started:
             # The status line is out: the client got 200, and the journal says so.
-            self.conclude(err.outcome, err.reason, 200)
+            self.conclude(err.outcome, err.reason, 200, _detail(err))
             if err.reason is Reason.CLIENT_STALLED:
                 await abort(self.scope)  # it reads nothing: drop the connection and its unsent bytes
                 return
@@ -676,7 +676,7 @@ class _Flow:
                 await self._guarded_end(self._error_event(err))
             return
         status, headers, body = render(err, error_shape(self.scope["path"]))
-        self.conclude(err.outcome, err.reason, status)
+        self.conclude(err.outcome, err.reason, status, _detail(err))
         await self._guarded_start(status, headers, body, relayed=err.body is not None)
 
     def _error_event(self, err: GateError) -> bytes:
@@ -742,8 +742,9 @@ class _Flow:
             generated = min(stats.completion_tokens, intake.max_tokens)
         return 0, intake.max_tokens - generated
 
-    def conclude(self, outcome: Outcome, reason: str, status: int) -> None:
-        """Release, refund, count and record; the first call wins, later ones do nothing."""
+    def conclude(self, outcome: Outcome, reason: str, status: int, detail: str = "") -> None:
+        """Release, refund, count and record; the first call wins, later ones do nothing.
+        `detail`: the gate's own message to the client (the journal's `detail`)."""
         if self.concluded:
             return
         self.concluded = True
@@ -801,6 +802,7 @@ class _Flow:
             model=self.model_name or "",
             rerouted_from=self.rerouted_from or "",
             ttft_arrival_ms=None if stats is None or stats.first_token_at is None else (stats.first_token_at - self.t0) * 1000,
+            detail=detail,
         )
         model = self.model_name or (intake.model if intake is not None else None)
         self.committed = gate.recorder.record(
@@ -812,6 +814,12 @@ class _Flow:
             tpot_s=stats.tpot_s if stats is not None else None,
             objective_ms=self._objective_ms(cls),
         )
+
+
+def _detail(err: GateError) -> str:
+    """The journal's `detail` of `err`: the gate's own message (a backend's error body relayed
+    as is is the backend's to say, and not kept)."""
+    return "" if err.body is not None else err.message
 
 
 _CLOSING: set[asyncio.Future[Any]] = set()  # the loop keeps only weak references to tasks

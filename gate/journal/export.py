@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gate.journal import COLUMNS, SCHEMA_VERSION
+from gate.journal.schema import present_columns, select_list
 
 KINDS = ("decisions", "audit", "samples")
 FORMATS = ("table", "json", "csv", "aiperf")
@@ -160,7 +161,10 @@ def _rows(
     conn: sqlite3.Connection, kind: str, since_ts: float | None, path: str, cls: str | None = None, until_ts: float | None = None
 ) -> tuple[list[str], Iterator[tuple[Any, ...]]]:
     columns = ["id", *COLUMNS[kind]]
-    sql = "SELECT " + ", ".join(f'"{c}"' for c in columns) + f" FROM {kind}"
+    try:
+        sql = "SELECT " + select_list(kind, present_columns(conn, kind)) + f" FROM {kind}"
+    except sqlite3.Error as e:
+        raise ExportError(f"{path}: cannot read {kind}: {e}") from e
     params: list[Any] = []
     where = []
     if since_ts is not None:

@@ -15,19 +15,25 @@ review screen builds its counts and exports on it.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gate.journal.rows import _decision_dict, _sample_dict
-from gate.journal.schema import COLUMNS
+from gate.journal.schema import COLUMNS, select_list
 
 #: the decision fields a filter may name, and their columns
 _FIELD_FILTERS = {"cls": '"class"', "reason": "reason", "tenant": "tenant", "outcome": "outcome"}
 FILTER_FIELDS = tuple(_FIELD_FILTERS)
-_DECISION_SELECT = "SELECT id, " + ", ".join('"class" AS cls' if c == "class" else c for c in COLUMNS["decisions"]) + " FROM decisions"
-_AUDIT_SELECT = "SELECT id, " + ", ".join(COLUMNS["audit"]) + " FROM audit"
-_SAMPLE_SELECT = "SELECT id, " + ", ".join(COLUMNS["samples"]) + " FROM samples"
+
+
+def selects(present: Mapping[str, Collection[str]] | None = None) -> dict[str, str]:
+    """Each table's SELECT (decisions with ``cls`` for ``"class"``) on a journal whose tables
+    have the columns `present` (None: this schema's; schema.select_list)."""
+    return {
+        kind: f"SELECT {select_list(kind, None if present is None else present[kind], alias_class=kind == 'decisions')} FROM {kind}"
+        for kind in COLUMNS
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +92,9 @@ class JournalQueries:
     so reads never wait behind the writer.
     """
 
+    #: the SELECT of each table (a read-only reader of an older journal sets its own)
+    _selects: dict[str, str] = selects()
+
     async def _fetch(self, sql: str, params: Sequence[Any]) -> list[sqlite3.Row]:
         raise NotImplementedError
 
@@ -124,7 +133,7 @@ class JournalQueries:
             clauses.append("(ts, id) < ((SELECT ts FROM decisions WHERE id = ?), ?)")
             params += [before_id, before_id]
         ascending = after_id is not None and before_id is None
-        sql = _DECISION_SELECT
+        sql = self._selects["decisions"]
         if clauses:
             sql += " WHERE " + " AND ".join(clauses)
         direction = "ASC" if ascending else "DESC"
@@ -147,9 +156,9 @@ class JournalQueries:
         clauses, params = time_where(since_ts, until_ts)
         where = " WHERE " + " AND ".join(clauses) if clauses else ""
         if limit is None:
-            sql = _AUDIT_SELECT + where + " ORDER BY ts, id"
+            sql = self._selects["audit"] + where + " ORDER BY ts, id"
         else:
-            sql = f"SELECT * FROM ({_AUDIT_SELECT}{where} ORDER BY ts DESC, id DESC LIMIT ?) ORDER BY ts, id"
+            sql = f"SELECT * FROM ({self._selects['audit']}{where} ORDER BY ts DESC, id DESC LIMIT ?) ORDER BY ts, id"
             params.append(max(0, int(limit)))
         return [dict(r) for r in await self._fetch(sql, params)]
 
@@ -168,8 +177,8 @@ class JournalQueries:
             params.append(backend)
         where = " WHERE " + " AND ".join(clauses) if clauses else ""
         if limit is None:
-            sql = _SAMPLE_SELECT + where + " ORDER BY ts, id"
+            sql = self._selects["samples"] + where + " ORDER BY ts, id"
         else:
-            sql = f"SELECT * FROM ({_SAMPLE_SELECT}{where} ORDER BY ts DESC, id DESC LIMIT ?) ORDER BY ts, id"
+            sql = f"SELECT * FROM ({self._selects['samples']}{where} ORDER BY ts DESC, id DESC LIMIT ?) ORDER BY ts, id"
             params.append(max(0, int(limit)))
         return [_sample_dict(r) for r in await self._fetch(sql, params)]

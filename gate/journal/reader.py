@@ -30,7 +30,8 @@ import aiosqlite
 
 from gate.journal import COLUMNS, DecisionFilters, JournalQueries, time_where
 from gate.journal.export import FETCH, ExportError, check_version, open_read_only, parse_since, write_csv
-from gate.journal.queries import FILTER_FIELDS
+from gate.journal.queries import FILTER_FIELDS, selects
+from gate.journal.schema import present_columns, select_list
 
 __all__ = [
     "FILTER_FIELDS",
@@ -105,8 +106,10 @@ class JournalReader(JournalQueries):
             problem = check_version(path, version, "review")
             if problem is not None:
                 raise ReviewError(problem)
+            present: dict[str, set[str]] = {}
             for table in ("decisions", "audit", "samples"):
                 await conn.execute_fetchall(f"SELECT 1 FROM {table} LIMIT 0")
+                present[table] = {row[1] for row in await conn.execute_fetchall(f"PRAGMA table_info({table})")}
         except ReviewError:
             await _close_quietly(conn)
             raise
@@ -116,7 +119,9 @@ class JournalReader(JournalQueries):
         except BaseException:
             await _close_quietly(conn)
             raise
-        return cls(path, conn)
+        reader = cls(path, conn)
+        reader._selects = selects(present)  # an older journal (a gate of an older tokengate writes it): its columns
+        return reader
 
     async def close(self) -> None:
         await _close_quietly(self._conn)
@@ -218,7 +223,7 @@ def export_decisions_csv(
     try:
         columns = ["id", *COLUMNS["decisions"]]
         clauses, params = filters.where()
-        sql = "SELECT " + ", ".join(f'"{c}"' for c in columns) + " FROM decisions"
+        sql = "SELECT " + select_list("decisions", present_columns(conn, "decisions")) + " FROM decisions"
         if clauses:
             sql += " WHERE " + " AND ".join(clauses)
         sql += " ORDER BY ts, id"

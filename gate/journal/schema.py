@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sqlite3
+from collections.abc import Collection
 
 from gate.data.records import AuditRecord, DecisionRecord, SampleRecord
 
@@ -31,6 +32,38 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "samples": tuple(_column(f) for f in SAMPLE_FIELDS),
 }
 TABLES: tuple[str, ...] = ("decisions", "audit", "samples")
+_RECORDS = {"decisions": DecisionRecord, "audit": AuditRecord, "samples": SampleRecord}
+
+
+def _literal(value: object) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    return repr(value)
+
+
+def select_list(kind: str, present: Collection[str] | None = None, *, alias_class: bool = False) -> str:
+    """The SELECT list of `kind`'s columns (``id`` first) on a journal whose table has the
+    columns `present` (None: all): a reader never migrates, so a journal of an older schema
+    (one an older gate still writes) reads a column added since as its record's default
+    instead of failing with "no such column". `alias_class`: ``"class" AS cls``."""
+    defaults = {_column(f.name): f.default for f in dataclasses.fields(_RECORDS[kind])}
+    out = ["id"]
+    for c in COLUMNS[kind]:
+        name = "cls" if alias_class and c == "class" else c
+        if present is None or c in present:
+            out.append(f'"{c}" AS {name}' if name != c else f'"{c}"')
+        else:
+            default = defaults[c]
+            out.append(f"{_literal(None if default is dataclasses.MISSING else default)} AS {name}")
+    return ", ".join(out)
+
+
+def present_columns(conn: sqlite3.Connection, kind: str) -> set[str]:
+    """The columns `kind` has in this journal (PRAGMA table_info)."""
+    return {row[1] for row in conn.execute(f"PRAGMA table_info({kind})")}
+
 
 _V1 = (
     """CREATE TABLE decisions (
@@ -114,8 +147,12 @@ _V4 = (
     "ALTER TABLE samples ADD COLUMN journal_dropped INTEGER NOT NULL DEFAULT 0",
 )
 
+# v5: why the gate refused or ended a request, as its client was told (one reason code covers
+# a refusal at arrival for the TTFT objective, one while waiting, and queue_timeout_s itself).
+_V5 = ("ALTER TABLE decisions ADD COLUMN detail TEXT NOT NULL DEFAULT ''",)
+
 #: ``MIGRATIONS[i]`` takes a journal from schema version ``i`` to ``i + 1``. Append only.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

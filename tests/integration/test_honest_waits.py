@@ -10,10 +10,13 @@ as misses.
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 
 import httpx
 
 from gate.data.commands import Operator
+from gate.journal.export import export
 from tests.integration.fake_upstream import fake_upstream
 from tests.integration.gate_harness import running_gate, wait_until
 
@@ -94,3 +97,34 @@ async def test_a_restarted_gate_starts_its_live_view_from_the_journal(tmp_path):
             denials = {(d.reason, d.cls): d.last_15m for d in snap.denials}
             assert denials.get(("class_paused", "batch")) == 3, snap.denials
             assert any(a.action == "pause_class" for a in snap.audit)
+
+
+async def test_the_journal_keeps_why_each_refusal_happened_in_the_words_its_client_got(tmp_path):
+    """One reason code, queue_timeout, names a refusal at arrival for the TTFT objective, one
+    while waiting, and queue_timeout_s itself: the journal's `detail` tells them apart, as the
+    client's message did; a served request has none."""
+    journal = str(tmp_path / "journal.db")
+    async with fake_upstream("hang") as fake, httpx.AsyncClient(timeout=30) as client:
+        async with running_gate(fake.url, CONFIG, kv="split", journal_path=journal) as gate:
+            await gate.backends.probe_all()
+            (backend,) = gate.backends
+            adm = backend.admission
+            holders = [
+                asyncio.create_task(client.post(gate.url + CHAT, json=body(f"hold-{i}"), headers={"X-Tokengate-Class": "batch"}))
+                for i in range(4)
+            ]
+            await wait_until(lambda: len(adm.ledger) == 4)
+            late = await client.post(gate.url + CHAT, json=body("late"), headers={"X-Tokengate-Class": "interactive"})
+            gate.control.pause("batch", True, operator=Operator("ops", "local"))
+            paused = await client.post(gate.url + CHAT, json=body("paused"), headers={"X-Tokengate-Class": "batch"})
+            told = {"late": late.json()["error"]["message"], "paused": paused.json()["error"]["message"]}
+            for t in holders:
+                t.cancel()
+            await asyncio.gather(*holders, return_exceptions=True)
+        out = io.StringIO()
+        export(journal, out, fmt="json")
+        rows = {r["tenant"]: r for r in map(json.loads, out.getvalue().splitlines())}
+    assert rows["late"]["reason"] == "queue_timeout" and "its limit is 0.6s" in rows["late"]["detail"]
+    assert rows["late"]["detail"] == told["late"]
+    assert rows["paused"]["reason"] == "class_paused" and rows["paused"]["detail"] == told["paused"]
+    assert all(r["detail"] == "" for r in rows.values() if r["reason"] in ("ok", "client_disconnect", "server_cancelled"))

@@ -16,6 +16,8 @@ import pytest
 from gate.cli import main
 from gate.journal import SCHEMA_VERSION, Journal
 from gate.journal.export import ExportError, export, iso, parse_since
+from gate.journal.queries import DecisionFilters
+from gate.journal.reader import JournalReader, export_decisions_csv
 from tests.unit.test_journal import audit, decision, sample
 
 NOW = float(int(time.time()))
@@ -332,3 +334,31 @@ def test_the_reviews_csv_export_is_as_private_as_the_journal(journal: Path, tmp_
 
     export_decisions_csv(str(journal), str(out), DecisionFilters())
     assert stat.S_IMODE(os.stat(out).st_mode) == 0o600
+
+
+def test_a_journal_an_older_gate_still_writes_reads_its_new_columns_as_their_defaults(
+    journal: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Readers never migrate: a v4 journal (a gate of the previous tokengate still writing it
+    after an upgrade) reads `detail` as "" in `log`, the review screen and its CSV export,
+    instead of "no such column"."""
+    conn = sqlite3.connect(journal, isolation_level=None)
+    conn.execute("ALTER TABLE decisions DROP COLUMN detail")
+    conn.execute("PRAGMA user_version = 4")
+    conn.close()
+    code, out, err = run(capsys, "log", "--journal", str(journal), "--format", "json")
+    assert code == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert len(rows) == 3 and all(r["detail"] == "" for r in rows)
+
+    async def review() -> list[dict[str, object]]:
+        reader = await JournalReader.open(journal)
+        try:
+            return await reader.decisions_page(limit=10)
+        finally:
+            await reader.close()
+
+    assert [r["detail"] for r in asyncio.run(review())] == ["", "", ""]
+    target = journal.parent / "out.csv"
+    assert export_decisions_csv(journal, target, DecisionFilters()) == 3
+    assert "detail" in target.read_text().splitlines()[0]
