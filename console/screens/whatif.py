@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.text import Text
-from textual import work
+from textual import events, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -345,8 +345,18 @@ class WhatIfScreen(ModalScreen[None]):
         for cells, untrusted in rows:
             style = "dim" if untrusted else ""
             table.add_row(*(Text(c, style=style if i >= 2 else "", justify="right" if i >= 2 else "left") for i, c in enumerate(cells)))
-        self.curve_lines = budget_lines(answer)
-        self.query_one("#whatif-curve", Static).update("\n".join(self.curve_lines))
+        self._draw_curves()
+
+    def _draw_curves(self) -> None:
+        """The budget curves under the table, each one line at the width shown (again on a resize)."""
+        if self.answer is None:
+            return
+        curve = self.query_one("#whatif-curve", Static)
+        self.curve_lines = budget_lines(self.answer, columns=curve.content_region.width or None)
+        curve.update("\n".join(self.curve_lines))
+
+    def on_resize(self, event: events.Resize) -> None:
+        self._draw_curves()
 
     @property
     def table_rows(self) -> list[list[str]]:

@@ -331,6 +331,12 @@ async def test_at_80x24_the_answer_and_the_buttons_can_be_reached(journal: Path)
         await pilot.press("ctrl+r")
         await settle(pilot)
         assert screen.answer is not None
+        # each budget curve is one line: at 80 columns they were ~90 wide and wrapped onto two
+        curve = screen.query_one("#whatif-curve")
+        assert screen.curve_lines and all(len(line) <= curve.content_region.width for line in screen.curve_lines), (
+            curve.content_region.width,
+            screen.curve_lines,
+        )
         dialog = screen.query_one("#whatif-dialog")
         table = screen.query_one("#whatif-table")
         assert table.size.height >= 10, table.size

@@ -433,10 +433,11 @@ def _plain_value(value: Any) -> str:
 _BARS = "▁▂▃▄▅▆▇█"
 
 
-def budget_lines(answer: Mapping[str, Any], width: int = 48) -> list[str]:
+def budget_lines(answer: Mapping[str, Any], width: int = 48, columns: int | None = None) -> list[str]:
     """The working budget of each scenario over the window, one sparkline per scenario on one
     scale (the lowest and highest budget of all), so the replayed curve reads over the recorded:
-    "budget  recorded  ▇▇▅▃▃▅▇  1024-2048"."""
+    "budget  recorded  ▇▇▅▃▃▅▇  1024-2048". `columns`: each line fits in that many (the curve
+    narrows, to 12 cells at least; an 80-column what-if wrapped every line onto two)."""
     curves = [(s["name"], s.get("budget_curve") or []) for s in answer["scenarios"]]
     values = [b for _, curve in curves for _, b in curve]
     if not values:
@@ -445,6 +446,10 @@ def budget_lines(answer: Mapping[str, Any], width: int = 48) -> list[str]:
     duration = float(answer["duration_s"])
     names = [name if len(name) <= 24 else name[:23] + "…" for name, _ in curves]
     pad = max(len(n) for n in names)
+    spans = [f"{min(b for _, b in c)}-{max(b for _, b in c)}" for _, c in curves if c]
+    if columns is not None:
+        room = columns - len("budget  ") - pad - 4 - max((len(x) for x in spans), default=0)
+        width = max(12, min(width, room))
     out = []
     for name, (_, curve) in zip(names, curves, strict=True):
         if not curve:
