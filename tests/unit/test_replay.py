@@ -529,6 +529,23 @@ def test_the_proposals_columns_follow_the_command_line(tmp_path: Path, capsys: p
     assert names[:2] == ["recorded", "replayed"] and names[3] == "budget.min_tokens=1024" and "other.toml" in names[2]
 
 
+def test_a_config_whose_backend_has_another_name_says_which_one_stands_for_the_replayed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # its first backend was taken, silently (a trial's file named it "gpu0")
+    path = _journal(tmp_path, n=40, duration=10.0)
+    recorded = load_window(path).backend
+    other = tmp_path / "other.toml"
+    other.write_text(EXAMPLE_CONFIG.replace(f'name = "{recorded}"', 'name = "gpu0"', 1))
+    assert main(["replay", "--journal", path, "--format", "json", "--config", str(other)]) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert any(f"has no backend {recorded!r}" in n and "'gpu0'" in n for n in notes), notes
+    same = tmp_path / "same.toml"
+    same.write_text(EXAMPLE_CONFIG)
+    assert main(["replay", "--journal", path, "--format", "json", "--config", str(same)]) == 0
+    assert not any("has no backend" in n for n in json.loads(capsys.readouterr().out)["notes"])
+
+
 def test_a_proposal_config_check_would_warn_about_says_so(tmp_path: Path) -> None:
     # a reservation above the pool replays as every batch arrival refused: said, not presented
     # as a prediction alone (a trial's classes.interactive.reserved_tokens=5000 on 2,048)

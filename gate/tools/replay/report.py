@@ -41,6 +41,7 @@ class Proposal:
     config: Config
     pinned: frozenset[str]  # the keys whose value differs from the recorded thresholds
     given: frozenset[str] = frozenset()  # the keys a --set names (as pinned names them), changed or not
+    notes: tuple[str, ...] = ()  # what the reader should know of how the proposal was read
 
 
 def _flat(thresholds: Mapping[str, Any]) -> dict[str, Any]:
@@ -133,9 +134,17 @@ def proposal_from_config(name: str, other: Config, recorded: Config, backend: st
             "recorded arrivals may name: keep the class (with the thresholds you propose for it) to replay this file"
         )
     data = thresholds_of(other)
-    match = [b for b in data["backends"] if b.get("name") == backend] or data["backends"][:1]
+    match = [b for b in data["backends"] if b.get("name") == backend]
+    notes: tuple[str, ...] = ()
+    if not match and data["backends"]:
+        match = data["backends"][:1]
+        # (a trial's file named its backend "gpu0", the journal's was "default": silently the first)
+        notes = (
+            f"{name}: has no backend {backend!r} (the replayed one); its first, {match[0].get('name')!r}, stands for it "
+            f"(its {', '.join(k for k in BACKEND_KEYS if k in match[0]) or 'backend keys: none set'})",
+        )
     data["backends"] = match
-    return _proposal(name, recorded, data)
+    return dataclasses.replace(_proposal(name, recorded, data), notes=notes)
 
 
 # ---- figures ----------------------------------------------------------------------------
@@ -320,6 +329,7 @@ def run_replay(window: Window, proposals: Sequence[Proposal] = ()) -> dict[str, 
         # refused, which a trial read as a prediction
         said = [w for w in _warnings(window, p.config) if w not in already]
         notes += [f"{p.name}: {w}" for w in said]
+        notes += list(p.notes)
         notes += _unpinned_notes(window, p)
         scenarios.append(
             {
