@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -254,3 +255,15 @@ def test_check_warns_of_reservations_over_a_fixed_token_budget(capsys: pytest.Ca
     # the example as it is (no token_budget: the ceiling is llama-server's) has nothing to warn of
     p.write_text(EXAMPLE_CONFIG)
     assert run(capsys, "config", "check", str(p))[1] == f"ok: {p} (1 backend, 2 classes, 0 tenants)\n"
+
+
+def test_python_dash_m_gate_is_the_tokengate_command(tmp_path: Path) -> None:
+    # a checkout run without installing it: `python -m gate` said "cannot be directly executed"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    example = subprocess.run(
+        [sys.executable, "-m", "gate", "config", "example"], capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env
+    )
+    assert example.returncode == 0, example.stderr
+    assert example.stdout == EXAMPLE_CONFIG
+    bad = subprocess.run([sys.executable, "-m", "gate", "log", "--nope"], capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
+    assert bad.returncode == 2 and "usage: tokengate" in bad.stderr
