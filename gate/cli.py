@@ -585,6 +585,8 @@ def _cmd_console(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 return asyncio.run(attach_fleet(gates, read_only=args.read_only))
             path = (given[0][1] if given else "") or config.gate.control_socket_path() or "tokengate.sock"
             return asyncio.run(attach_console(path, read_only=args.read_only))
+        if not args.demo:
+            _check_directories(config, args.config or "the default config")
         return asyncio.run(run_console(config, config_path=args.config, demo=args.demo, read_only=args.read_only))
     except ConsoleExit as exc:
         err.write(f"tokengate console: {exc}\n")
@@ -655,8 +657,22 @@ def _cmd_review(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return app.return_code or EXIT_OK
 
 
+def _check_directories(config: Config, source: str) -> None:
+    """The journal's and the control socket's directories must exist: a typo'd directory made
+    the gate start, probe its backends and then die with a bare FileNotFoundError (exit 1,
+    no path, no key). Raises ConfigError (exit 2) naming the key and the directory."""
+    socket_key = "gate.control_socket" if config.gate.control_socket else "gate.journal"
+    for key, path in (("gate.journal", config.gate.journal), (socket_key, config.gate.control_socket_path())):
+        if not path or path == ":memory:":
+            continue
+        directory = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(directory):
+            raise ConfigError(source, key, f"{path}: the directory {directory} does not exist (create it, or correct the path)")
+
+
 def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     config = load_config(args.config)
+    _check_directories(config, args.config or "the default config")
     logging.basicConfig(level=args.log_level.upper(), stream=err, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # One line per upstream call drowns what matters; the gate logs its own decisions.
     logging.getLogger("httpx").setLevel(logging.WARNING)
