@@ -397,6 +397,14 @@ def _cmd_overrides(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     current = kept.load(path)
     socket_path = config.gate.control_socket_path() or ""
     live = bool(socket_path) and is_live(socket_path)
+    if not live and not current and not os.path.exists(journal) and not os.path.exists(path):
+        # The wrong directory, or no --config: "no runtime overrides" (exit 0) about a journal
+        # that is not there read as "the gate runs on its file" (a trial, at its incident).
+        err.write(
+            f"tokengate overrides: {journal}: journal file not found (and no {path}): no gate has run on it here; "
+            "a gate keeps its overrides beside its [gate] journal: pass --config FILE (the gate's) or --journal FILE\n"
+        )
+        return EXIT_RUNTIME
     if args.action == "show":
         if not current:
             out.write(f"no runtime overrides ({path} absent): the gate runs on its config file\n")

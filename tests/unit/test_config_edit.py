@@ -86,3 +86,16 @@ def test_config_set_names_what_it_needs(tmp_path, bad):
     f.write_text("")
     rc, _, err = run("config", "set", str(f), bad)
     assert rc == 2 and "TABLE.KEY" in err
+
+
+@pytest.mark.parametrize("action", [[], ["drop"], ["write"]])
+def test_overrides_on_a_journal_that_is_not_there_say_so(tmp_path, monkeypatch, action):
+    """A trial ran `tokengate overrides` (and `overrides drop`) in the wrong directory, without
+    --config: "no runtime overrides ... the gate runs on its config file" and "dropped 0 kept
+    overrides", exit 0, about a journal that did not exist."""
+    monkeypatch.chdir(tmp_path)
+    f = tmp_path / "t.toml"
+    f.write_text("")
+    rc, out, err = run("overrides", *action, *(["--config", str(f)] if action == ["write"] else []))
+    assert rc == 1 and "tokengate.db" in err and "not found" in err and "--config" in err
+    assert not list(tmp_path.glob("*.json"))
