@@ -503,7 +503,9 @@ class Control:
             results = self.reload(new_config, operator=operator, source=source, note=f"{config_path} {config_digest(new_config)}")
         except (ConfigError, CommandError) as exc:
             log.error("reload refused, nothing changed: %s", exc)
-            self._audit(operator, source, "reload_refused", "gate", None, None, f"{config_path}: {exc}")
+            # a config error starts with the file's name already ("tg.toml: tg.toml: ..." otherwise)
+            note = str(exc) if str(exc).startswith(f"{config_path}:") else f"{config_path}: {exc}"
+            self._audit(operator, source, "reload_refused", "gate", None, None, note)
             return False
         log.info("reloaded %s (%d changes audited)", config_path, len(results))
         return True

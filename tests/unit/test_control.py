@@ -222,6 +222,17 @@ async def test_reload_audits_every_class_setting_it_applies_not_only_the_retunab
     assert [(r.target, r.old_value, r.new_value) for r in back] == [("classes.batch.ttft_objective_ms", "5000", None)]
 
 
+async def test_a_refused_reload_names_the_file_once(gate, tmp_path):
+    """A trial's refused SIGHUP was audited (and toasted) as "tg.toml: tg.toml: classes....":
+    the config error already starts with the file's name."""
+    f = tmp_path / "tg.toml"
+    f.write_text(CONFIG.replace("queue_depth = 8", "queue_depth = -1"))
+    assert not gate.control.reload_file(str(f), operator=ALICE)
+    row = last_audit(gate)
+    assert row.action == "reload_refused"
+    assert row.note.count(str(f)) == 1 and "queue_depth" in row.note
+
+
 async def test_controller_tick_shrinks_budget_on_slow_upstream_and_audits_it(gate):
     backend = gate.backends.backends[0]
     now = gate.clock()
