@@ -342,6 +342,26 @@ def _cmd_config_example(args: argparse.Namespace, out: TextIO, err: TextIO) -> i
     return EXIT_OK
 
 
+def _new_class_hint(exc: ConfigError, old_text: str, edits: list[tuple[str, Any]], path: str) -> ConfigError:
+    """An edit of a class the file does not have made a new class, and the error was about
+    that (a trial's `classes.interactve.queue_depth=32`: "classes.interactve.priority:
+    missing"): say it is not one of the file's classes, and which one was likely meant."""
+    import difflib
+
+    try:
+        known = parse_config(old_text, path).class_names
+    except ConfigError:
+        return exc
+    for dotted, _value in edits:
+        parts = dotted.split(".")
+        if len(parts) == 3 and parts[0] == "classes" and parts[1] not in known and exc.key.startswith(f"classes.{parts[1]}"):
+            close = difflib.get_close_matches(parts[1], known, n=1)
+            meant = f"did you mean {close[0]!r}?" if close else "a new class needs its priority"
+            hint = f" (classes.{parts[1]} is not one of the file's classes, {', '.join(known)}: {meant})"
+            return ConfigError(exc.source, exc.key, exc.problem + hint)
+    return exc
+
+
 def _write_config(path: str, edits: list[tuple[str, Any]]) -> None:
     """Apply `edits` to the file at `path`, validated whole first (ConfigError: nothing written)."""
     import os
@@ -351,7 +371,10 @@ def _write_config(path: str, edits: list[tuple[str, Any]]) -> None:
     with open(path, encoding="utf-8") as f:
         text = f.read()
     new = set_keys(text, edits)
-    parse_config(new, path)  # raises ConfigError naming the key: the file is untouched
+    try:
+        parse_config(new, path)  # raises ConfigError naming the key: the file is untouched
+    except ConfigError as exc:
+        raise _new_class_hint(exc, text, edits, path) from None
     tmp = path + ".tokengate-new"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(new)

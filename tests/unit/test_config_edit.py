@@ -99,3 +99,18 @@ def test_overrides_on_a_journal_that_is_not_there_say_so(tmp_path, monkeypatch, 
     rc, out, err = run("overrides", *action, *(["--config", str(f)] if action == ["write"] else []))
     assert rc == 1 and "tokengate.db" in err and "not found" in err and "--config" in err
     assert not list(tmp_path.glob("*.json"))
+
+
+def test_config_set_with_a_typo_in_a_class_name_says_which_class_was_meant(tmp_path):
+    """A trial typed `config set F classes.interactve.queue_depth=32` and was told
+    "classes.interactve.priority: missing; every class needs a priority": true of a new class,
+    but what was wrong was the class's name."""
+    f = tmp_path / "tokengate.toml"
+    f.write_text(EXAMPLE_CONFIG)
+    rc, _, err = run("config", "set", str(f), "classes.interactve.queue_depth=32")
+    assert rc == 2 and "classes.interactve" in err and "did you mean 'interactive'" in err
+    assert f.read_text() == EXAMPLE_CONFIG
+    # a new class given whole is still a new class
+    rc, _, err = run("config", "set", str(f), "classes.bulk.priority=0", "classes.bulk.queue_depth=4")
+    assert rc == 0, err
+    assert parse_config(f.read_text(), "f").class_by_name("bulk").queue_depth == 4
