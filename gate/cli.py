@@ -653,12 +653,27 @@ def _cmd_log(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         err.write(f"tokengate log: {line}\n")
     if n == 0 and args.cls is not None:
         # empty is an answer, but a mistyped class should not look like a quiet incident
-        err.write(f"tokengate log: no decisions of class {args.cls!r} in the selection\n")
+        err.write(f"tokengate log: no decisions of class {args.cls!r} in the selection{_unknown_class(journal, args.cls)}\n")
     elif n == 0 and args.format != "table" and not notes:
         # the table says "(no rows)"; an empty trace or file said nothing (a trial's aiperf trace
         # of a window after the journal's end: exit 0, empty, no word)
         err.write(f"tokengate log: no {args.kind} rows in the selection: nothing written\n")
     return EXIT_OK
+
+
+def _unknown_class(journal: str, cls: str) -> str:
+    """': the journal has no class X (its classes: ...)' when no decision ever had that class."""
+    from gate.journal.export import ExportError, open_read_only
+
+    try:
+        conn = open_read_only(journal)
+    except ExportError:
+        return ""
+    try:
+        classes = sorted(c for (c,) in conn.execute("SELECT DISTINCT class FROM decisions") if c)
+    finally:
+        conn.close()
+    return "" if cls in classes else f": the journal has no class {cls!r} (its classes: {', '.join(classes) or 'none'})"
 
 
 def _cmd_review(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

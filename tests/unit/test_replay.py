@@ -509,6 +509,9 @@ def test_log_of_a_class_with_no_decisions_says_so(tmp_path: Path, capsys: pytest
     assert main(["log", "--journal", path, "--class", "nosuch", "--format", "aiperf"]) == 0
     out = capsys.readouterr()
     assert out.out == "" and "no decisions of class 'nosuch'" in out.err
+    # a class the journal has never seen is named as such, with the ones it has (a typo at 3 a.m.)
+    classes = sorted({c for (c,) in sqlite3.connect(path).execute("SELECT DISTINCT class FROM decisions") if c})
+    assert f"the journal has no class 'nosuch' (its classes: {', '.join(classes)})" in out.err
 
 
 def test_log_of_an_empty_window_as_a_trace_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
