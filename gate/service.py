@@ -278,7 +278,7 @@ class GateService:
             self.log.warning("stopping with %d requests still in flight after %.0fs grace", left, grace_s)
         if self.control_server is not None:
             await self.control_server.close()
-        self.http.stop()
+        self.http.stop(cut=bool(left))
         for task in self._tasks:
             if task.get_name() != "tokengate-http":
                 task.cancel()
