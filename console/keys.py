@@ -40,6 +40,9 @@ MAIN_BINDINGS: tuple[Binding, ...] = (
     Binding("2", "show_pane('chart')", "budget", key_display="2", group=TABS, tooltip=_TABS_HELP),
     Binding("3", "show_pane('decisions')", "decisions", key_display="3", group=TABS, tooltip=_TABS_HELP),
     Binding("question_mark", "help", "help", key_display="?", tooltip="this help"),
+    # esc clears a kept filter from wherever the focus is (it went back to the classes table on
+    # enter, and esc did nothing there); `?` lists it with the dialogs' esc, below
+    Binding("escape", "clear_filter", "clear filter", show=False),
 )
 
 #: keys every screen answers to (TokengateApp's); a screen's own q (a dialog's, the review's) comes first

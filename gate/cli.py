@@ -342,6 +342,26 @@ def _cmd_config_example(args: argparse.Namespace, out: TextIO, err: TextIO) -> i
     return EXIT_OK
 
 
+def _new_class_hint(exc: ConfigError, old_text: str, edits: list[tuple[str, Any]], path: str) -> ConfigError:
+    """An edit of a class the file does not have made a new class, and the error was about
+    that (a trial's `classes.interactve.queue_depth=32`: "classes.interactve.priority:
+    missing"): say it is not one of the file's classes, and which one was likely meant."""
+    import difflib
+
+    try:
+        known = parse_config(old_text, path).class_names
+    except ConfigError:
+        return exc
+    for dotted, _value in edits:
+        parts = dotted.split(".")
+        if len(parts) == 3 and parts[0] == "classes" and parts[1] not in known and exc.key.startswith(f"classes.{parts[1]}"):
+            close = difflib.get_close_matches(parts[1], known, n=1)
+            meant = f"did you mean {close[0]!r}?" if close else "a new class needs its priority"
+            hint = f" (classes.{parts[1]} is not one of the file's classes, {', '.join(known)}: {meant})"
+            return ConfigError(exc.source, exc.key, exc.problem + hint)
+    return exc
+
+
 def _write_config(path: str, edits: list[tuple[str, Any]]) -> None:
     """Apply `edits` to the file at `path`, validated whole first (ConfigError: nothing written)."""
     import os
@@ -351,7 +371,10 @@ def _write_config(path: str, edits: list[tuple[str, Any]]) -> None:
     with open(path, encoding="utf-8") as f:
         text = f.read()
     new = set_keys(text, edits)
-    parse_config(new, path)  # raises ConfigError naming the key: the file is untouched
+    try:
+        parse_config(new, path)  # raises ConfigError naming the key: the file is untouched
+    except ConfigError as exc:
+        raise _new_class_hint(exc, text, edits, path) from None
     tmp = path + ".tokengate-new"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(new)
@@ -397,6 +420,14 @@ def _cmd_overrides(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     current = kept.load(path)
     socket_path = config.gate.control_socket_path() or ""
     live = bool(socket_path) and is_live(socket_path)
+    if not live and not current and not os.path.exists(journal) and not os.path.exists(path):
+        # The wrong directory, or no --config: "no runtime overrides" (exit 0) about a journal
+        # that is not there read as "the gate runs on its file" (a trial, at its incident).
+        err.write(
+            f"tokengate overrides: {journal}: journal file not found (and no {path}): no gate has run on it here; "
+            "a gate keeps its overrides beside its [gate] journal: pass --config FILE (the gate's) or --journal FILE\n"
+        )
+        return EXIT_RUNTIME
     if args.action == "show":
         if not current:
             out.write(f"no runtime overrides ({path} absent): the gate runs on its config file\n")
@@ -585,6 +616,8 @@ def _cmd_console(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 return asyncio.run(attach_fleet(gates, read_only=args.read_only))
             path = (given[0][1] if given else "") or config.gate.control_socket_path() or "tokengate.sock"
             return asyncio.run(attach_console(path, read_only=args.read_only))
+        if not args.demo:
+            _check_directories(config, args.config or "the default config")
         return asyncio.run(run_console(config, config_path=args.config, demo=args.demo, read_only=args.read_only))
     except ConsoleExit as exc:
         err.write(f"tokengate console: {exc}\n")
@@ -620,12 +653,27 @@ def _cmd_log(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         err.write(f"tokengate log: {line}\n")
     if n == 0 and args.cls is not None:
         # empty is an answer, but a mistyped class should not look like a quiet incident
-        err.write(f"tokengate log: no decisions of class {args.cls!r} in the selection\n")
+        err.write(f"tokengate log: no decisions of class {args.cls!r} in the selection{_unknown_class(journal, args.cls)}\n")
     elif n == 0 and args.format != "table" and not notes:
         # the table says "(no rows)"; an empty trace or file said nothing (a trial's aiperf trace
         # of a window after the journal's end: exit 0, empty, no word)
         err.write(f"tokengate log: no {args.kind} rows in the selection: nothing written\n")
     return EXIT_OK
+
+
+def _unknown_class(journal: str, cls: str) -> str:
+    """': the journal has no class X (its classes: ...)' when no decision ever had that class."""
+    from gate.journal.export import ExportError, open_read_only
+
+    try:
+        conn = open_read_only(journal)
+    except ExportError:
+        return ""
+    try:
+        classes = sorted(c for (c,) in conn.execute("SELECT DISTINCT class FROM decisions") if c)
+    finally:
+        conn.close()
+    return "" if cls in classes else f": the journal has no class {cls!r} (its classes: {', '.join(classes) or 'none'})"
 
 
 def _cmd_review(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -655,8 +703,22 @@ def _cmd_review(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return app.return_code or EXIT_OK
 
 
+def _check_directories(config: Config, source: str) -> None:
+    """The journal's and the control socket's directories must exist: a typo'd directory made
+    the gate start, probe its backends and then die with a bare FileNotFoundError (exit 1,
+    no path, no key). Raises ConfigError (exit 2) naming the key and the directory."""
+    socket_key = "gate.control_socket" if config.gate.control_socket else "gate.journal"
+    for key, path in (("gate.journal", config.gate.journal), (socket_key, config.gate.control_socket_path())):
+        if not path or path == ":memory:":
+            continue
+        directory = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(directory):
+            raise ConfigError(source, key, f"{path}: the directory {directory} does not exist (create it, or correct the path)")
+
+
 def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     config = load_config(args.config)
+    _check_directories(config, args.config or "the default config")
     logging.basicConfig(level=args.log_level.upper(), stream=err, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # One line per upstream call drowns what matters; the gate logs its own decisions.
     logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -180,6 +180,7 @@ class GateService:
         self._tasks: list[asyncio.Task[Any]] = []
         self._background: set[asyncio.Task[None]] = set()
         self.port: int | None = None
+        self._file_digest = config_digest(config)  # the config file's, before any override is restored
         self.host = config.gate.listen_host
 
     # What the recorder and the control own, under the names consoles, tests and tools read.
@@ -216,9 +217,13 @@ class GateService:
             self._tasks = []
             await self._close_resources()
             raise
+        # The file's digest, as config_in_force says; the restored retunes' digest beside it (a
+        # trial read two digests for one unchanged file, across a restart that restored them)
+        in_force = config_digest(self.config)
+        config = self._file_digest if in_force == self._file_digest else f"{self._file_digest} with restored overrides ({in_force})"
         self.audit_gate(
             "started",
-            f"listen {self.url}; config {config_digest(self.config)}; journal {self.journal_path}; "
+            f"listen {self.url}; config {config}; journal {self.journal_path}; "
             f"control socket {self.control_server.path if self.control_server else 'none'}",
             new_value=__version__,
         )
@@ -230,7 +235,8 @@ class GateService:
         await self.recorder.resume(self.operator)  # the last 15 minutes, and how the last gate ended
         # What `tokengate replay` starts from: the file's thresholds, before any override is restored
         # (each restored override is its own audit row after this one).
-        self.audit_gate(CONFIG_IN_FORCE, config_digest(self.config), new_value=thresholds_json(self.config))
+        self._file_digest = config_digest(self.config)
+        self.audit_gate(CONFIG_IN_FORCE, self._file_digest, new_value=thresholds_json(self.config))
         if self.shared is not None:
             await self.shared.start()  # Redis out of reach is not fatal: the failure policy applies
         await self.backends.probe_all()
@@ -272,7 +278,7 @@ class GateService:
             self.log.warning("stopping with %d requests still in flight after %.0fs grace", left, grace_s)
         if self.control_server is not None:
             await self.control_server.close()
-        self.http.stop()
+        self.http.stop(cut=bool(left))
         for task in self._tasks:
             if task.get_name() != "tokengate-http":
                 task.cancel()

@@ -327,6 +327,10 @@ class MainScreen(Screen[None]):
         self._show_pane("decisions")
         self.decisions.follow()
 
+    def action_clear_filter(self) -> None:
+        if self.decisions.filter_text or self.decisions.input.display:
+            self.decisions.action_clear_filter()
+
     @on(FilterClosed)
     def _filter_closed(self) -> None:
         self.class_table.focus()

@@ -28,9 +28,14 @@ MAX_QUEUE_DEPTH = 100_000
 MAX_QUEUE_TIMEOUT_S = 3600.0
 
 
-class StateCheckbox(Checkbox):
+class StateCheckbox(Checkbox, inherit_bindings=False):
     """A checkbox that says its state in characters, `[x]` on and `[ ]` off: the compact stock
-    one draws an X either way, told apart by colour only, and looked ticked when off (#22)."""
+    one draws an X either way, told apart by colour only, and looked ticked when off (#22).
+
+    Only space toggles it: enter saves the form, as its hint says (the stock box toggled on
+    enter too, so a trial's "space, enter" un-ticked the freeze and saved nothing)."""
+
+    BINDINGS = [Binding("space", "toggle_button", "toggle", show=False)]
 
     @property
     def _button(self) -> Content:
@@ -134,7 +139,7 @@ CLASS_SETTINGS = ("reserved_tokens", "limit_tokens", "queue_depth", "queue_timeo
 class RetuneScreen(ModalScreen[list[str] | None]):
     """Dismisses with the applied actions' messages, or None when cancelled."""
 
-    BINDINGS = [Binding("escape", "cancel", "cancel")]
+    BINDINGS = [Binding("escape", "cancel", "cancel"), Binding("enter", "save", "save", show=False)]
 
     def __init__(
         self,
@@ -330,6 +335,10 @@ class RetuneScreen(ModalScreen[list[str] | None]):
             self.action_cancel()
 
     # ---- actions ---------------------------------------------------------------------
+
+    async def action_save(self) -> None:
+        """enter where no field takes it (the freeze box): save, as the hint says."""
+        await self.save()
 
     async def save(self) -> None:
         if not self.validate_all():

@@ -8,13 +8,22 @@ from rich.text import Text
 from textual.widgets import Static
 
 
+def _rows(widget: Static, text: Text) -> int:
+    """The lines `text` takes in `widget`, its wrapping included (a header that wraps onto a
+    second line needs a second row: counting only its newlines left the header's overrides
+    cut off at 120 columns until the terminal was resized)."""
+    width = widget.size.width
+    if text.no_wrap or width <= 0:
+        return text.plain.count("\n") + 1
+    return len(text.wrap(widget.app.console, width))
+
+
 def show_text(widget: Static, text: Text) -> None:
     """Update a Static only when its text changed, and re-lay out only when its line count did."""
     old = widget.content
     if isinstance(old, Text) and old == text:
         return
-    lines = text.plain.count("\n")
-    layout = not isinstance(old, Text) or old.plain.count("\n") != lines
+    layout = not isinstance(old, Text) or _rows(widget, old) != _rows(widget, text)
     widget.update(text, layout=layout)
 
 

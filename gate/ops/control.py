@@ -239,6 +239,12 @@ class Control:
         self.frozen = frozen
         if not frozen and self.config.budget.mode != "static":
             self._budgets.clear()  # the controller moves the budget again: a hand budget no longer holds
+        elif frozen and self.config.budget.mode != "static":
+            # Frozen, the budget stays where the controller left it: kept with the freeze, so a
+            # restart restores both (a trial's freeze came back at the start's budget, not its own)
+            for b in self.backends:
+                if b.controller is not None and b.capacity is not None:
+                    self._budgets.setdefault(b.name, b.controller.budget)
         for b in self.backends:
             self.adopt(b)
         result = self._audit(operator, source, "freeze" if frozen else "unfreeze", "controller", old, frozen, note)
@@ -503,7 +509,9 @@ class Control:
             results = self.reload(new_config, operator=operator, source=source, note=f"{config_path} {config_digest(new_config)}")
         except (ConfigError, CommandError) as exc:
             log.error("reload refused, nothing changed: %s", exc)
-            self._audit(operator, source, "reload_refused", "gate", None, None, f"{config_path}: {exc}")
+            # a config error starts with the file's name already ("tg.toml: tg.toml: ..." otherwise)
+            note = str(exc) if str(exc).startswith(f"{config_path}:") else f"{config_path}: {exc}"
+            self._audit(operator, source, "reload_refused", "gate", None, None, note)
             return False
         log.info("reloaded %s (%d changes audited)", config_path, len(results))
         return True

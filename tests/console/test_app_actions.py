@@ -584,6 +584,25 @@ async def test_slash_filters_the_decision_tail_and_escape_clears(gate):
         assert app.decisions.visible_request_ids == [r.request_id for r in gate.records if r.reason == "queue_full"]
 
 
+async def test_escape_clears_a_kept_filter_from_the_live_view(gate):
+    """A trial kept a filter (enter), saw "filter 'interactive'" in the status line and pressed
+    esc, as `?` says ("esc: clear the filter"): nothing happened, the focus being back on the
+    classes table; only `/` then esc cleared it."""
+    app = make_app(gate)
+    async with app.run_test(size=SIZE) as pilot:
+        for i in range(4):
+            record(gate, decision("batch", tenant="acme" if i % 2 else "globex"))
+        await app.tick()
+        await pilot.press("slash", *"acme", "enter")
+        assert app.focused is app.class_table and app.decisions.filter_text == "acme"
+        assert app.decisions.table.row_count == 2
+        await pilot.press("escape")
+        assert app.decisions.filter_text == "" and app.decisions.table.row_count == 4
+        assert "filter" not in str(app.status.content)
+        await pilot.press("escape")  # nothing to clear: nothing happens
+        assert len(app.screen_stack) == 1
+
+
 # ---- responsiveness ------------------------------------------------------------------------------
 
 

@@ -363,3 +363,24 @@ async def test_a_chart_behind_its_tab_is_not_drawn_until_shown(gate):
         await pilot.pause()
         await app.tick()
         assert len(draws) == 1 and draws[-1]["budget"][-1] == 4096
+
+
+async def test_the_header_grows_and_shrinks_with_the_overrides_it_lists(gate):
+    """A trial at 120x40: the header said "OVERRIDES 2:" and the list itself (which budget,
+    the freeze) was on a second line the header had no room for, until the terminal was
+    resized; after `overrides drop` a blank line stayed instead."""
+    from console.widgets.header import GateHeader
+
+    app = make_app(gate)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.tick()
+        await pilot.pause()
+        header = app.query_one(GateHeader)
+        assert header.size.height == 1
+        listed = ("budget.slo_ttft_p95_ms=60000", "budget 1536 on default", "interactive paused", "controller frozen")
+        header.update_snapshot(dataclasses.replace(gate.snapshot(), overrides=listed))
+        await pilot.pause()
+        assert header.size.height >= 2
+        header.update_snapshot(gate.snapshot())
+        await pilot.pause()
+        assert header.size.height == 1

@@ -197,3 +197,27 @@ async def test_a_hand_set_budget_shows_beside_the_controllers():
         chart.set_series(**data, slo_ttft_ms=1500, hand_set=(data["times"][100], 6144.0))
         await pilot.pause()
         assert "set by hand" in text_of(chart)
+
+
+@pytest.mark.parametrize("height", [11, 12, 14, 16, 22, 29, 40])
+@pytest.mark.parametrize("budget", [2048.0, 8000.0])
+async def test_the_slo_line_is_labelled_with_the_slo(height, budget):
+    """A trial's review chart (a 2,048-token budget, p95 up to 4.4 s) drew a 3,000 ms SLO line
+    labelled "2k" on the right axis: the 2k tick landed on the SLO's row, over its label."""
+    from console.widgets.budget_chart import _compact
+
+    for slo, peak in ((3000, 4377.0), (3000, 2925.0), (2000, 5000.0), (3000, 60000.0), (1500, 900.0), (60000, 5077.0)):
+        app = ChartApp()
+        async with app.run_test(size=(118, height)) as pilot:
+            chart = app.query_one(BudgetChart)
+            data = series()
+            data["budget"] = [budget] * len(data["budget"])
+            data["p95_ttft_ms"] = [peak * (0.5 + 0.5 * math.sin(i / 20)) for i in range(len(data["p95_ttft_ms"]))]
+            chart.set_series(**data, slo_ttft_ms=slo)
+            await pilot.pause()
+            rows = [line for line in text_of(chart).splitlines() if "-----" in line]
+            assert rows, (height, slo)
+            right = re.split("[├┤│]", rows[0].rstrip())[-1].strip()
+            assert right in ("", _compact(slo)), (height, slo, peak, rows[0][-12:])
+            labelled = [line for line in text_of(chart).splitlines() if line.rstrip().endswith(_compact(slo))]
+            assert labelled, (height, slo, peak)

@@ -574,3 +574,30 @@ async def test_denials_put_the_current_problem_first(gate):
         await app.tick()
         await pilot.pause()
         assert app.denials.row_keys == ["queue_timeout|interactive", "queue_full|batch"]
+
+
+async def test_enter_on_the_freeze_box_saves_the_form_as_the_hint_says(gate):
+    """A trial ticked "freeze" with space and pressed enter, as the form's hint says ("enter
+    saves"): the box un-ticked itself and nothing was saved."""
+    from textual.widgets import Checkbox, Input
+
+    from console.screens.retune import RetuneScreen
+
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await pilot.press("t")
+        await pilot.pause()
+        assert isinstance(app.screen, RetuneScreen)
+        app.screen.query_one("#field-budget", Input).value = "6144"
+        box = app.screen.query_one("#retune-freeze", Checkbox)
+        box.focus()
+        await pilot.press("space")
+        await pilot.pause()
+        assert box.value
+        await pilot.press("enter")
+        for _ in range(50):
+            if len(app.screen_stack) == 1:
+                break
+            await pilot.pause(0.01)
+        assert len(app.screen_stack) == 1  # saved and closed
+        assert gate.control.frozen and gate.backends.backends[0].admission.budget == 6144

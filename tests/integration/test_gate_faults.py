@@ -340,6 +340,28 @@ async def test_backend_hanging_times_out(mode, stream):
             await wait_until(lambda: ledger_total(gate) == 0 and gate.in_flight_requests() == 0, timeout_s=5)
 
 
+async def test_stop_cuts_what_is_left_when_the_grace_ends_not_5_s_later():
+    """A trial's `serve --grace 3` took 8.3 s to exit after SIGTERM (the console's quit, "up to
+    10 s", took 16 s): past the grace, uvicorn's own graceful shutdown waited another 5 s for
+    the connections the gate had already given up on."""
+    async with fake_upstream("stall") as fake:
+        async with running_gate(fake.url) as gate, httpx.AsyncClient(timeout=30) as client:
+
+            async def call() -> list[str]:
+                async with client.stream("POST", gate.url + CHAT, json=chat(64, True), headers=rid("cut")) as r:
+                    return [line async for line in r.aiter_lines()]
+
+            task = asyncio.create_task(call())
+            await asyncio.wait_for(fake.held.wait(), 10)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            await gate.stop(grace_s=0.3)
+            elapsed = loop.time() - started
+            lines = await asyncio.wait_for(task, 10)
+            assert elapsed < 2.0, elapsed
+            assert json.loads(data_events(lines)[-1])["error"]["code"] == "shutting_down"
+
+
 # ---- 8. `tokengate serve` and SIGTERM ------------------------------------------------------------
 
 

@@ -86,6 +86,12 @@ async def test_retune_pause_and_freeze_survive_sigkill_and_sigterm_then_drop_in_
                 ("controller", "frozen"),
                 ("backend:llama", "1536"),
             } <= restored, (how, restored)
+            # `started` names the file's digest, as config_in_force does, and says the restored
+            # retunes changed what is in force (a trial read two digests for one unchanged file)
+            rows = since_last_start(tmp_path)
+            (in_force,) = [r["note"] for r in rows if r["action"] == "config_in_force"]
+            (started,) = [r["note"] for r in rows if r["action"] == "started"]
+            assert f"config {in_force} " in started and "with restored overrides" in started, (in_force, started)
 
         # one command back to the file; the next start restores nothing
         async with serve(tmp_path, config) as proc:

@@ -267,3 +267,21 @@ def test_python_dash_m_gate_is_the_tokengate_command(tmp_path: Path) -> None:
     assert example.stdout == EXAMPLE_CONFIG
     bad = subprocess.run([sys.executable, "-m", "gate", "log", "--nope"], capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
     assert bad.returncode == 2 and "usage: tokengate" in bad.stderr
+
+
+@pytest.mark.parametrize("key", ["journal", "control_socket"])
+def test_serve_with_a_path_in_a_missing_directory_exits_2_naming_the_key(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, key: str
+) -> None:
+    """A trial's typo'd journal directory: the gate started, probed the backend, then died
+    with `tokengate: error: FileNotFoundError: [Errno 2] No such file or directory` (exit 1),
+    naming neither the path nor the key."""
+    p = tmp_path / "c.toml"
+    missing = tmp_path / "nodir" / "tg.db"
+    journal = missing if key == "journal" else tmp_path / "tg.db"
+    socket = f'control_socket = "{tmp_path / "nodir" / "tg.sock"}"\n' if key == "control_socket" else ""
+    p.write_text(f'[gate]\nlisten = "127.0.0.1:19110"\njournal = "{journal}"\n{socket}')
+    code, out, err = run(capsys, "serve", "--config", str(p))
+    assert code == 2
+    assert f"gate.{key}" in err and str(tmp_path / "nodir") in err and "does not exist" in err
+    assert not (tmp_path / "nodir").exists()

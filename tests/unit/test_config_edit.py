@@ -86,3 +86,31 @@ def test_config_set_names_what_it_needs(tmp_path, bad):
     f.write_text("")
     rc, _, err = run("config", "set", str(f), bad)
     assert rc == 2 and "TABLE.KEY" in err
+
+
+@pytest.mark.parametrize("action", [[], ["drop"], ["write"]])
+def test_overrides_on_a_journal_that_is_not_there_say_so(tmp_path, monkeypatch, action):
+    """A trial ran `tokengate overrides` (and `overrides drop`) in the wrong directory, without
+    --config: "no runtime overrides ... the gate runs on its config file" and "dropped 0 kept
+    overrides", exit 0, about a journal that did not exist."""
+    monkeypatch.chdir(tmp_path)
+    f = tmp_path / "t.toml"
+    f.write_text("")
+    rc, out, err = run("overrides", *action, *(["--config", str(f)] if action == ["write"] else []))
+    assert rc == 1 and "tokengate.db" in err and "not found" in err and "--config" in err
+    assert not list(tmp_path.glob("*.json"))
+
+
+def test_config_set_with_a_typo_in_a_class_name_says_which_class_was_meant(tmp_path):
+    """A trial typed `config set F classes.interactve.queue_depth=32` and was told
+    "classes.interactve.priority: missing; every class needs a priority": true of a new class,
+    but what was wrong was the class's name."""
+    f = tmp_path / "tokengate.toml"
+    f.write_text(EXAMPLE_CONFIG)
+    rc, _, err = run("config", "set", str(f), "classes.interactve.queue_depth=32")
+    assert rc == 2 and "classes.interactve" in err and "did you mean 'interactive'" in err
+    assert f.read_text() == EXAMPLE_CONFIG
+    # a new class given whole is still a new class
+    rc, _, err = run("config", "set", str(f), "classes.bulk.priority=0", "classes.bulk.queue_depth=4")
+    assert rc == 0, err
+    assert parse_config(f.read_text(), "f").class_by_name("bulk").queue_depth == 4

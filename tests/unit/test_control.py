@@ -222,6 +222,46 @@ async def test_reload_audits_every_class_setting_it_applies_not_only_the_retunab
     assert [(r.target, r.old_value, r.new_value) for r in back] == [("classes.batch.ttft_objective_ms", "5000", None)]
 
 
+async def test_a_refused_reload_names_the_file_once(gate, tmp_path):
+    """A trial's refused SIGHUP was audited (and toasted) as "tg.toml: tg.toml: classes....":
+    the config error already starts with the file's name."""
+    f = tmp_path / "tg.toml"
+    f.write_text(CONFIG.replace("queue_depth = 8", "queue_depth = -1"))
+    assert not gate.control.reload_file(str(f), operator=ALICE)
+    row = last_audit(gate)
+    assert row.action == "reload_refused"
+    assert row.note.count(str(f)) == 1 and "queue_depth" in row.note
+
+
+async def test_a_freeze_is_kept_with_the_budget_it_froze(gate, tmp_path):
+    """A trial froze the controller with the budget at 1,536 (not set by hand: where the
+    controller had left it); after a restart the freeze was restored, announced and shown,
+    but at the start's 2,048: "the budget stays where it is" did not survive the restart."""
+    backend = gate.backends.backends[0]
+    now = gate.clock()
+    for _ in range(30):
+        backend.controller.observe(now, 10.0, None)  # 10 s TTFT against a 2 s SLO
+    gate.tick_controllers()  # the controller closes the budget: 8192 -> 6553
+    assert backend.admission.budget == 6553
+    gate.control.freeze(True, operator=ALICE)
+    assert gate.control.overrides.budgets == {backend.name: 6553} and gate.control.overrides.frozen
+    # the next gate, from what this one kept
+    gate.control.overrides_path = str(tmp_path / "j.db.overrides.json")
+    gate.control.freeze(True, operator=ALICE)  # written where a journal's gate keeps it
+    after = GateService(parse_config(CONFIG), environ={}, transport=fake_llama_transport())
+    try:
+        after.control.keep_beside(str(tmp_path / "j.db"), operator=ALICE)
+        await after.backends.probe_all()
+        for b in after.backends:
+            after.control.adopt(b)
+        assert after.control.frozen and after.backends.backends[0].admission.budget == 6553
+    finally:
+        await after.client.aclose()
+    # unfrozen, the controller moves the budget again: nothing of it is kept
+    gate.control.freeze(False, operator=ALICE)
+    assert gate.control.overrides.budgets == {} and not gate.control.overrides.frozen
+
+
 async def test_controller_tick_shrinks_budget_on_slow_upstream_and_audits_it(gate):
     backend = gate.backends.backends[0]
     now = gate.clock()

@@ -483,6 +483,26 @@ def test_recorded_changes_counts_the_operators_moves_in_the_window_only(tmp_path
     assert "2 operator changes in the window" in to_table(answer)
 
 
+def test_changes_between_the_gate_s_start_and_the_window_are_named_in_a_note(tmp_path: Path) -> None:
+    """A trial's window came after a SIGHUP reload (SLO 2000 -> 3000, a queue 64 -> 32): the
+    replay's header said "config sha256:..., 0 operator changes in the window" and the what-if
+    form's lines the gate's start values, as if they had been in force; nothing said the
+    thresholds at the window's start were others."""
+    path = _journal(tmp_path, n=60, duration=10.0)
+    conn = sqlite3.connect(path, isolation_level=None)
+    first = conn.execute("SELECT min(ts) FROM decisions").fetchone()[0]
+    row = "INSERT INTO audit (ts, operator, origin, source, action, target, old_value, new_value, note) VALUES (?, 'op', 'local', ?, ?, ?, NULL, ?, '')"
+    conn.execute(row, (first + 1.0, "signal", "reload", "classes.batch.queue_depth", "16"))
+    conn.execute(row, (first + 1.5, "console", "pause_class", "class:batch", "True"))
+    conn.execute(row, (first + 6.0, "console", "resume_class", "class:batch", "False"))
+    conn.close()
+    window = load_window(path, since=first + 3.0)
+    (said,) = [n for n in window.notes if "between the gate's start" in n]
+    assert "2 changes" in said and "reload classes.batch.queue_depth" in said and "pause_class class:batch" in said
+    assert "resume_class" not in said  # in the window: counted as an operator change in it
+    assert not [n for n in load_window(path).notes if "between the gate's start" in n]  # from the gate's start: none
+
+
 def test_a_window_that_ends_before_it_starts_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = _journal(tmp_path, n=20, duration=5.0)
     assert main(["replay", "--journal", path, "--since", "2026-12-02T03:10Z", "--until", "2026-12-02T03:00Z"]) == 2
@@ -509,6 +529,9 @@ def test_log_of_a_class_with_no_decisions_says_so(tmp_path: Path, capsys: pytest
     assert main(["log", "--journal", path, "--class", "nosuch", "--format", "aiperf"]) == 0
     out = capsys.readouterr()
     assert out.out == "" and "no decisions of class 'nosuch'" in out.err
+    # a class the journal has never seen is named as such, with the ones it has (a typo at 3 a.m.)
+    classes = sorted({c for (c,) in sqlite3.connect(path).execute("SELECT DISTINCT class FROM decisions") if c})
+    assert f"the journal has no class 'nosuch' (its classes: {', '.join(classes)})" in out.err
 
 
 def test_log_of_an_empty_window_as_a_trace_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

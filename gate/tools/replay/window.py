@@ -26,7 +26,7 @@ from gate.config.thresholds import CONFIG_IN_FORCE, config_from_thresholds
 from gate.data.records import CAPACITY_LEARNED
 from gate.journal.schema import JournalError
 from gate.ops.lock import holder
-from gate.tools.replay.engine import CORE_REASONS, Arrival, BackendFit, Change
+from gate.tools.replay.engine import CORE_REASONS, REPLAYED_ACTIONS, Arrival, BackendFit, Change
 
 #: the schema version whose columns replay reads (decisions.ttft_arrival_ms, samples.journal_dropped)
 REPLAY_SCHEMA = 4
@@ -228,6 +228,7 @@ def _load(conn: sqlite3.Connection, path: str, since: float | None, until: float
     learned_value = _learned(learned["new_value"]) if learned else None
     fit = fit_backend(rows, samples, config, since, learned_value)
     curve = tuple((s["ts"] - since, s["budget"]) for s in samples if s["budget"] is not None and since <= s["ts"] < until)
+    notes += _changed_before(changes, since, float(cfg_row["ts"]), str(cfg_row["note"]))
     lead = _lead(conn, backend, since, float(cfg_row["ts"]), names)
     notes += _open_ends(conn, path, backend, since, until, lead)
     notes += _losses(conn, backend, since, until, rows)
@@ -386,6 +387,23 @@ def _losses(conn: sqlite3.Connection, backend: str, since: float, until: float, 
             "the gate refused them before it classified them (a stopping gate's shutting_down, a bad key, a bad body)"
         )
     return notes
+
+
+def _changed_before(changes: list[Change], since: float, started: float, digest: str) -> list[str]:
+    """What moved the thresholds between the gate's start (its config_in_force row) and the
+    window: in force at the window's start, replayed before it, and not "in the window" (a
+    trial's window after a SIGHUP reload read "0 operator changes in the window", and the
+    what-if's lines, the gate's start values, as if they had been in force)."""
+    before = [c for c in changes if c.at <= 0 and c.action in REPLAYED_ACTIONS]
+    if not before:
+        return []
+    listed = ", ".join(f"{_hms(since + c.at)} {c.action} {c.target}" for c in before[:6])
+    more = f" and {len(before) - 6} more" if len(before) > 6 else ""
+    return [
+        f"{len(before)} change{'' if len(before) == 1 else 's'} between the gate's start ({_hms(started)}, config {digest}) "
+        f"and the window are in force at its start (replayed before it): {listed}{more}; --set keys and the what-if's lines "
+        "are compared with the gate's start"
+    ]
 
 
 def _hms(ts: float) -> str:
