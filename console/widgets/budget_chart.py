@@ -461,8 +461,8 @@ class BudgetChart(PlotextPlot):
         if slo_ttft_ms is not None and slo_ttft_ms > 0:
             # the SLO gets its own tick on the right axis; a tick within a row of it gives way (a
             # trial's 3,000 ms SLO line was labelled "2k": that tick landed on the SLO's row)
-            row = top_right / max(self._plot_rows() - 1, 1)
-            keep = [(t, label) for t, label in zip(right_ticks, right_labels) if abs(t - slo_ttft_ms) > max(0.08 * top_right, row)]
+            row_span = top_right / max(self._plot_rows() - 1, 1)
+            keep = [(t, label) for t, label in zip(right_ticks, right_labels) if abs(t - slo_ttft_ms) > max(0.08 * top_right, row_span)]
             right_ticks = [t for t, _ in keep] + [slo_ttft_ms]
             right_labels = [label for _, label in keep] + [_compact(round(slo_ttft_ms, 10))]
         plt.yticks(right_ticks, right_labels, yside="right")  # type: ignore[arg-type]  # plotext types yside as a number; it takes "left" or "right"

@@ -309,5 +309,6 @@ class HttpServer:
         after uvicorn's own graceful wait (5 s more: a trial's `serve --grace 3` took 8.3 s)."""
         if self._server is not None:
             if cut:
-                self._server.config.timeout_graceful_shutdown = CUT_WAIT_S
+                # typed int | None; uvicorn passes it to asyncio.wait_for, which takes a float
+                self._server.config.timeout_graceful_shutdown = CUT_WAIT_S  # type: ignore[assignment]
             self._server.should_exit = True
