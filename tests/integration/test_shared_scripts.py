@@ -521,3 +521,34 @@ async def test_a_gate_back_from_fail_open_waits_until_every_gate_has_renewed(red
     finally:
         await one.shared.stop()
         await two.shared.stop()
+
+
+async def test_a_burst_right_after_start_opens_no_connection(redis_server, peek) -> None:
+    """A trial (two gates, 40 requests at once on a busy 2-core host) flipped both gates at
+    the first burst after each start, three starts in three, and never at the second: each
+    loop turn's reservations are one script call holding a connection until Redis answers,
+    and the pool had only the renewal's one, so the burst opened a dozen, each with two more
+    round trips (CLIENT SETNAME, CLIENT SETINFO) counted inside the wait bound. The pool is
+    opened at start: a burst of calls in flight together finds its connections there."""
+    g = Gate(redis_server.url, "g1", renew_interval_s=30.0)  # no renewal during the test
+    await g.shared.start()
+    try:
+
+        async def ours() -> int:
+            return sum(1 for c in await peek.client_list() if c.get("name", "").startswith("tokengate-"))
+
+        before = await ours()
+        team = tenant(quota=10_000)
+        loop = asyncio.get_running_loop()
+        pending = []
+        for _ in range(8):  # one reservation per turn: eight script calls out at once
+            pending.append(loop.create_task(g.shared.reserve(team, 10)))
+            await asyncio.sleep(0)
+        leases = await asyncio.gather(*pending)
+        assert all(lease is not None and lease.charged for lease in leases)
+        assert await ours() == before  # the burst found every connection it used open
+        for lease in leases:
+            g.shared.release(lease)
+        await wait_until(lambda: _held_is(peek, 0))
+    finally:
+        await g.shared.stop()

@@ -66,6 +66,11 @@ MAX_BATCH = 256
 #: recovery: renewals in a row that may find leases the policy made while they were on
 #: their way, before the gate goes back to Redis anyway (the next renewal adopts the rest)
 MAX_CATCH_UP = 3
+#: connections opened at start. Every loop turn with reservations is one script call that holds
+#: a connection until Redis answers, so a burst has several out at once; a connection opened
+#: then costs two more round trips (CLIENT SETNAME, CLIENT SETINFO) inside the wait bound, and
+#: on a busy host the first burst after each start flipped the gate while Redis was fine
+WARM_CONNECTIONS = 16
 
 #: what a reservation's answer is when Redis did not decide it
 _BY_POLICY = "by_policy"  # Redis is out of reach or had the whole bound: the failure policy
@@ -192,7 +197,22 @@ class SharedLimits:
                     await self._redis.script_load(script.text)
             except (RedisError, OSError) as exc:
                 log.warning("shared limits: cannot load the scripts (%s); EVAL will", exc)
+            await self._warm(WARM_CONNECTIONS)
         self._runner = asyncio.get_running_loop().create_task(self._run(), name="tokengate-shared-renew")
+
+    async def _warm(self, count: int) -> None:
+        """Open ``count`` connections now, so that a burst's calls find them in the pool."""
+        assert self._redis is not None
+        pool = self._redis.connection_pool
+        opened: list[Any] = []
+        try:
+            for _ in range(count):
+                opened.append(await pool.get_connection())
+        except (RedisError, OSError) as exc:
+            log.warning("shared limits: opened %d of %d connections to Redis (%s); the rest open when needed", len(opened), count, exc)
+        finally:
+            for connection in opened:
+                await pool.release(connection)
 
     async def stop(self) -> None:
         """Stop renewing, hand back what is still held and leave the gate count; bounded."""
