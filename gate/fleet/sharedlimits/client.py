@@ -480,11 +480,12 @@ class SharedLimits:
     def _check_local_share(self, tenant: str, cost: int, quota: int | None, pending: int) -> None:
         """fail_open's in-flight rule: all the gate holds for ``tenant``, the reservations it
         is still waiting on included, plus ``cost`` must fit 1/N of the quota."""
-        held, divisor = self._held_tokens.get(tenant, 0) + pending, self.divisor
-        if not fits_local_share(held, cost, quota, divisor):
+        held, divisor = self._held_tokens.get(tenant, 0), self.divisor
+        if not fits_local_share(held + pending, cost, quota, divisor):
+            waiting = f", {pending} more awaiting Redis's answer," if pending else ""
             raise GateError(
                 Reason.TENANT_QUOTA,
-                f"tenant {tenant!r} holds {held} of its {local_share(quota, divisor)} in-flight tokens on this gate "
+                f"tenant {tenant!r} holds {held} of its {local_share(quota, divisor)} in-flight tokens on this gate{waiting} "
                 f"while its limits cannot be checked across the gates (1/{divisor} of {quota}); this request needs {cost}",
                 retry_after_s=1.0,
             )
