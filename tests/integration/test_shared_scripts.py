@@ -552,3 +552,22 @@ async def test_a_burst_right_after_start_opens_no_connection(redis_server, peek)
         await wait_until(lambda: _held_is(peek, 0))
     finally:
         await g.shared.stop()
+
+
+async def test_start_says_in_the_log_where_the_limits_are_shared_without_the_password(redis_server, caplog) -> None:
+    """A trial's gates started with [shared] set and logged nothing about it: an operator could
+    not tell from the start-up lines that limits were shared, through which Redis, under which
+    policy, with how many gates. The password in the URL never reaches the log."""
+    url = redis_server.url.replace("redis://", "redis://:s3cret@")
+    await aioredis.Redis.from_url(redis_server.url).config_set("requirepass", "s3cret")
+    g = Gate(url, "g1", renew_interval_s=30.0, failure_policy="fail_closed")
+    caplog.set_level("INFO", logger="tokengate.shared")
+    await g.shared.start()
+    try:
+        lines = [r.getMessage() for r in caplog.records if r.name == "tokengate.shared"]
+        said = [line for line in lines if f"127.0.0.1:{redis_server.port}" in line]
+        assert said, lines
+        assert "fail_closed" in said[0] and f"key prefix {PREFIX!r}" in said[0] and "1 gate" in said[0]
+        assert all("s3cret" not in line for line in lines)
+    finally:
+        await g.shared.stop()

@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -112,6 +113,19 @@ class _Reservation:
     quota: int | None
     #: the script's reply for it, or _BY_POLICY / _UNHEARD; cancelled if the request left
     answer: asyncio.Future[Any]
+
+
+def _where(url: str) -> str:
+    """The Redis URL for the log: scheme, host, port and database, never a user or password."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return f"unix://{parts.path}"
+    try:
+        host = parts.hostname or "?"
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return f"{parts.scheme}://?"
+    return f"{parts.scheme}://{host}{port}{parts.path}"
 
 
 def _arg(limit: int | None) -> int:
@@ -192,6 +206,18 @@ class SharedLimits:
         )
         self._redis = aioredis.Redis.from_pool(pool)
         if await self.renew():
+            gates = self.health.gates
+            log.info(
+                "shared limits: tenant limits shared through Redis %s (key prefix %r, %s, renewal every %g s, "
+                "wait bound %g ms); %d gate%s seen",
+                _where(self.config.redis_url),
+                self.config.key_prefix,
+                self.config.failure_policy,
+                self.config.renew_interval_s,
+                self.config.wait_ms,
+                gates,
+                "" if gates == 1 else "s",
+            )
             try:  # so that the first requests do not pay for NOSCRIPT
                 for script in (RESERVE, RELEASE, RENEW):
                     await self._redis.script_load(script.text)
