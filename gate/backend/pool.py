@@ -406,14 +406,7 @@ class BackendPool:
         if self.on_state is not None and not first and (before[0] == "ready") != (backend.state == "ready"):
             self.on_state(backend, before[0], backend.state)
         if (backend.state, backend.capacity) != before:
-            log.info(
-                "backend %s: %s (%s) capacity=%s kv=%s",
-                backend.name,
-                backend.state,
-                backend.detail,
-                backend.capacity,
-                None if backend.layout is None else f"{backend.layout.kv} ({backend.layout.source}: {backend.layout.detail})",
-            )
+            log.info("backend %s: %s (%s) %s", backend.name, backend.state, backend.detail, describe_capacity(backend))
             if backend.gatekeeper is not None:
                 backend.gatekeeper.advance()
             if self._on_change is not None:
@@ -577,6 +570,22 @@ def observe_upstream(backend: Backend, stats: RelayStats, now: float) -> None:
         tpot = (now - stats.first_token_at) / (stats.completion_tokens - 1)
     if backend.controller is not None:
         backend.controller.observe(now, stats.ttft_s, tpot)
+
+
+def describe_capacity(backend: Backend) -> str:
+    """The start-up line's words for what the gate admits against (as `config check --backends`)."""
+    cap, layout = backend.capacity, backend.layout
+    if cap is None:
+        text = "capacity per model, as each loads" if backend.fleet is not None else "capacity not known yet"
+    else:
+        text = f"{cap.slots} slot{'' if cap.slots == 1 else 's'} of {cap.slot_context} tokens, ceiling {cap.ceiling}"
+        if cap.pool is not None:
+            text += f" (token_budget; llama-server's pool {cap.pool})"
+        if cap.max_prefill_tokens is not None:
+            text += f", max_prefill_tokens {cap.max_prefill_tokens}"
+    if layout is not None:
+        text += f", kv {layout.kv} ({layout.source}: {layout.detail})"
+    return text
 
 
 def check_backend(
