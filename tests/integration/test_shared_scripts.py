@@ -554,6 +554,38 @@ async def test_a_burst_right_after_start_opens_no_connection(redis_server, peek)
         await g.shared.stop()
 
 
+async def test_a_burst_right_after_a_redis_restart_opens_no_connection(redis_server, peek) -> None:
+    """The same trial, after a Redis restart: the pool's connections were all dead, the gate
+    came back on one, and the first burst flipped both gates again. Back from a failure, the
+    gate opens its pool again."""
+    g = Gate(redis_server.url, "g1", renew_interval_s=0.2, wait_ms=20.0)
+    await g.shared.start()
+    try:
+
+        async def ours() -> int:
+            return sum(1 for c in await peek.client_list() if c.get("name", "").startswith("tokengate-"))
+
+        redis_server.stop()
+        await wait_until(lambda: g.shared.state == "fail_open", timeout_s=5.0)
+        redis_server.start()
+        await wait_until(lambda: g.shared.state == "ok", timeout_s=5.0)
+        await asyncio.sleep(0.3)  # the pool opens beside the renewals
+        before = await ours()
+        team = tenant(quota=10_000)
+        loop = asyncio.get_running_loop()
+        pending = []
+        for _ in range(8):
+            pending.append(loop.create_task(g.shared.reserve(team, 10)))
+            await asyncio.sleep(0)
+        leases = await asyncio.gather(*pending)
+        assert all(lease is not None and lease.charged for lease in leases)
+        assert await ours() == before
+        for lease in leases:
+            g.shared.release(lease)
+    finally:
+        await g.shared.stop()
+
+
 async def test_start_says_in_the_log_where_the_limits_are_shared_without_the_password(redis_server, caplog) -> None:
     """A trial's gates started with [shared] set and logged nothing about it: an operator could
     not tell from the start-up lines that limits were shared, through which Redis, under which

@@ -171,6 +171,7 @@ class SharedLimits:
         self._redis: aioredis.Redis | None = None
         self.adopted = 0  # leases Redis had lost and a renewal put back (a restart, fail_open)
         self._redis_clock: tuple[float, float] | None = None  # (Redis's ms, monotonic s) at the last renewal answer
+        self._cold = False  # the pool's connections may be dead (a failure): open them again once Redis answers
 
     # ---- state ---------------------------------------------------------------
 
@@ -421,6 +422,11 @@ class SharedLimits:
                 break
             self.health.seen(gates, time.monotonic())
         self._flip(self.health.probed(gates, in_time, now=time.monotonic(), redis_ms=redis_ms, fresh=fresh))
+        if self._cold and in_time:
+            # Back from a failure (a Redis restart leaves every pooled connection dead): the
+            # pool is opened again now, not by the next burst inside its wait bound.
+            self._cold = False
+            self._spawn(self._warm(WARM_CONNECTIONS))
         return True
 
     async def _run(self) -> None:
@@ -719,5 +725,7 @@ class SharedLimits:
     def _flip(self, flip: Flip | None) -> None:
         if flip is None:
             return
+        if flip.new != "ok":
+            self._cold = True
         log.warning("shared limits: %s -> %s (%s; %d gates seen)", flip.old, flip.new, flip.why, flip.gates)
         self._on_flip(flip)
