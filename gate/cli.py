@@ -375,13 +375,20 @@ def _write_config(path: str, edits: list[tuple[str, Any]]) -> None:
         parse_config(new, path)  # raises ConfigError naming the key: the file is untouched
     except ConfigError as exc:
         raise _new_class_hint(exc, text, edits, path) from None
+    # The new file takes the old one's owner, group and mode (a root-owned file the service's
+    # group reads, 0640, stays so after `sudo tokengate config set`) and is created 0600, so
+    # the text (a Redis password, perhaps) is never readable by more than the old file was.
+    st = os.stat(path)
     tmp = path + ".tokengate-new"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)  # a leftover of an interrupted edit
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(new)
-    try:
-        os.chmod(tmp, os.stat(path).st_mode & 0o7777)
-    except OSError:
-        pass
+        with contextlib.suppress(OSError):  # not ours to give away (not root): ours, then
+            os.fchown(f.fileno(), st.st_uid, st.st_gid)
+        with contextlib.suppress(OSError):
+            os.fchmod(f.fileno(), st.st_mode & 0o7777)
     os.replace(tmp, path)
 
 

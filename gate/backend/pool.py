@@ -406,14 +406,7 @@ class BackendPool:
         if self.on_state is not None and not first and (before[0] == "ready") != (backend.state == "ready"):
             self.on_state(backend, before[0], backend.state)
         if (backend.state, backend.capacity) != before:
-            log.info(
-                "backend %s: %s (%s) capacity=%s kv=%s",
-                backend.name,
-                backend.state,
-                backend.detail,
-                backend.capacity,
-                None if backend.layout is None else f"{backend.layout.kv} ({backend.layout.source}: {backend.layout.detail})",
-            )
+            log.info("backend %s: %s (%s) %s", backend.name, backend.state, backend.detail, describe_capacity(backend))
             if backend.gatekeeper is not None:
                 backend.gatekeeper.advance()
             if self._on_change is not None:
@@ -579,6 +572,22 @@ def observe_upstream(backend: Backend, stats: RelayStats, now: float) -> None:
         backend.controller.observe(now, stats.ttft_s, tpot)
 
 
+def describe_capacity(backend: Backend) -> str:
+    """The start-up line's words for what the gate admits against (as `config check --backends`)."""
+    cap, layout = backend.capacity, backend.layout
+    if cap is None:
+        text = "capacity per model, as each loads" if backend.fleet is not None else "capacity not known yet"
+    else:
+        text = f"{cap.slots} slot{'' if cap.slots == 1 else 's'} of {cap.slot_context} tokens, ceiling {cap.ceiling}"
+        if cap.pool is not None:
+            text += f" (token_budget; llama-server's pool {cap.pool})"
+        if cap.max_prefill_tokens is not None:
+            text += f", max_prefill_tokens {cap.max_prefill_tokens}"
+    if layout is not None:
+        text += f", kv {layout.kv} ({layout.source}: {layout.detail})"
+    return text
+
+
 def check_backend(
     config: BackendConfig,
     budget: BudgetConfig,
@@ -599,7 +608,7 @@ def check_backend(
                 return f"not ready (/health answered {health.status_code})", ()
             props = client.get(config.url + "/props").json()
             if props.get("role") == "router":
-                return "router mode: capacity per model, checked when each loads", ()
+                return _check_router(client, config)
             try:
                 n_ctx_train = client.get(config.url + "/v1/models").json()["data"][0]["meta"]["n_ctx_train"]
             except (httpx.HTTPError, ValueError, LookupError, TypeError):
@@ -619,6 +628,33 @@ def check_backend(
         reserved = sum(c.reserved_tokens for c in classes)
         line += f"; the adaptive budget moves within {budget_floor(budget, cap.ceiling, reserved)}..{cap.ceiling}"
     return line, capacity_warnings(layout, cap, budget, classes)
+
+
+def _check_router(client: httpx.Client, config: BackendConfig) -> tuple[str, tuple[str, ...]]:
+    """A router: each configured model's status in its /models list, and those it does not list
+    (every request for one is refused 503 model_unavailable)."""
+    line = "router mode: capacity per model, checked when each loads"
+    try:
+        data = client.get(config.url + "/models").json()["data"]
+        listed: dict[str, str] = {}
+        for entry in data:
+            status = entry.get("status")
+            value = str(status.get("value")) if isinstance(status, dict) else "?"
+            if isinstance(status, dict) and status.get("failed"):
+                value = f"failed, exit code {status.get('exit_code')}"
+            for name in (entry["id"], *(entry.get("aliases") or ())):
+                listed.setdefault(str(name), value)
+    except (httpx.HTTPError, ValueError, LookupError, TypeError, AttributeError) as exc:
+        return f"{line}; its model list could not be read ({type(exc).__name__})", ()
+    found = [f"{m} ({listed[m]})" for m in config.models if m in listed]
+    if found:
+        line += "; models: " + ", ".join(found)
+    have = ", ".join(sorted(listed)) or "none"
+    return line, tuple(
+        f"model {m!r} is not in llama-server's model list ({have}): every request for it would be refused"
+        for m in config.models
+        if m not in listed
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,18 @@ async def test_default_config_learns_the_split_pool_of_the_readme_server(llama_s
         assert "warnings" not in h
 
 
+async def test_the_start_up_line_says_the_capacity_in_words(llama_split, caplog):
+    """A trial read `capacity=Capacity(slots=4, slot_context=1024, ceiling=4096, ...,
+    pool=None)` in the log of a gate whose pool was 4,096: a dataclass's repr, where
+    `pool=None` read as "no pool". The line now says it as `config check --backends` does."""
+    caplog.set_level("INFO", logger="tokengate.backends")
+    async with running_gate(llama_split.url, CLASSES, kv="auto") as gate:
+        await gate.backends.probe_all()
+    lines = [r.getMessage() for r in caplog.records if r.name == "tokengate.backends" and "ready" in r.getMessage()]
+    assert any("4 slots of 512 tokens, ceiling 2048, kv split (process:" in line for line in lines), lines
+    assert not any("Capacity(" in line for line in lines)
+
+
 async def test_an_operator_unified_on_a_split_server_is_overridden_and_said(llama_split):
     async with running_gate(llama_split.url, CLASSES, kv="unified") as gate:
         await gate.backends.probe_all()

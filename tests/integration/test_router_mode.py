@@ -451,3 +451,27 @@ async def test_router_without_autoload_and_nothing_loaded_is_ready_and_says_so(l
         assert health["status"] == "ok" and health["loaded"] == {"b0": []}
         assert {b["model_status"] for b in health["backends"].values()} == {"unloaded"}
         assert await listed(client, router) == {"tiny": "unloaded", "tiny2": "unloaded"}  # nothing was loaded
+
+
+def test_config_check_backends_names_a_configured_model_the_router_does_not_list(llama_router, tmp_path: Path) -> None:
+    """A trial's `config check --backends` said ok (exit 0) for a router backend whose
+    `models` held a typo ("tyni3"), which `serve` then refused every request for with 503
+    model_unavailable. The check asks the router's /models and says which it does not list."""
+    from argparse import Namespace
+    from io import StringIO
+
+    from gate.cli import _cmd_config_check
+
+    router = llama_router()
+    f = tmp_path / "g.toml"
+    f.write_text(f'[[backends]]\nname = "r"\nurl = "{router.url}"\nmodels = ["tiny", "tyni3"]\nkv = "split"\n')
+    out, err = StringIO(), StringIO()
+    rc = _cmd_config_check(Namespace(file=str(f), verbose=False, backends=True), out, err)
+    text = out.getvalue()
+    assert rc == 1, text
+    assert "'tyni3'" in text and "tiny2" in text  # names the missing one and what the router has
+    assert "'tiny'" not in text.split("warning:", 1)[1]  # the listed one is not warned about
+    f.write_text(f'[[backends]]\nname = "r"\nurl = "{router.url}"\nmodels = ["tiny", "tiny2"]\nkv = "split"\n')
+    out = StringIO()
+    assert _cmd_config_check(Namespace(file=str(f), verbose=False, backends=True), out, err) == 0, out.getvalue()
+    assert "tiny (unloaded)" in out.getvalue()

@@ -521,3 +521,85 @@ async def test_a_gate_back_from_fail_open_waits_until_every_gate_has_renewed(red
     finally:
         await one.shared.stop()
         await two.shared.stop()
+
+
+async def test_a_burst_right_after_start_opens_no_connection(redis_server, peek) -> None:
+    """A trial (two gates, 40 requests at once on a busy 2-core host) flipped both gates at
+    the first burst after each start, three starts in three, and never at the second: each
+    loop turn's reservations are one script call holding a connection until Redis answers,
+    and the pool had only the renewal's one, so the burst opened a dozen, each with two more
+    round trips (CLIENT SETNAME, CLIENT SETINFO) counted inside the wait bound. The pool is
+    opened at start: a burst of calls in flight together finds its connections there."""
+    g = Gate(redis_server.url, "g1", renew_interval_s=30.0)  # no renewal during the test
+    await g.shared.start()
+    try:
+
+        async def ours() -> int:
+            return sum(1 for c in await peek.client_list() if c.get("name", "").startswith("tokengate-"))
+
+        before = await ours()
+        team = tenant(quota=10_000)
+        loop = asyncio.get_running_loop()
+        pending = []
+        for _ in range(8):  # one reservation per turn: eight script calls out at once
+            pending.append(loop.create_task(g.shared.reserve(team, 10)))
+            await asyncio.sleep(0)
+        leases = await asyncio.gather(*pending)
+        assert all(lease is not None and lease.charged for lease in leases)
+        assert await ours() == before  # the burst found every connection it used open
+        for lease in leases:
+            g.shared.release(lease)
+        await wait_until(lambda: _held_is(peek, 0))
+    finally:
+        await g.shared.stop()
+
+
+async def test_a_burst_right_after_a_redis_restart_opens_no_connection(redis_server, peek) -> None:
+    """The same trial, after a Redis restart: the pool's connections were all dead, the gate
+    came back on one, and the first burst flipped both gates again. Back from a failure, the
+    gate opens its pool again."""
+    g = Gate(redis_server.url, "g1", renew_interval_s=0.2, wait_ms=20.0)
+    await g.shared.start()
+    try:
+
+        async def ours() -> int:
+            return sum(1 for c in await peek.client_list() if c.get("name", "").startswith("tokengate-"))
+
+        redis_server.stop()
+        await wait_until(lambda: g.shared.state == "fail_open", timeout_s=5.0)
+        redis_server.start()
+        await wait_until(lambda: g.shared.state == "ok", timeout_s=5.0)
+        await asyncio.sleep(0.3)  # the pool opens beside the renewals
+        before = await ours()
+        team = tenant(quota=10_000)
+        loop = asyncio.get_running_loop()
+        pending = []
+        for _ in range(8):
+            pending.append(loop.create_task(g.shared.reserve(team, 10)))
+            await asyncio.sleep(0)
+        leases = await asyncio.gather(*pending)
+        assert all(lease is not None and lease.charged for lease in leases)
+        assert await ours() == before
+        for lease in leases:
+            g.shared.release(lease)
+    finally:
+        await g.shared.stop()
+
+
+async def test_start_says_in_the_log_where_the_limits_are_shared_without_the_password(redis_server, caplog) -> None:
+    """A trial's gates started with [shared] set and logged nothing about it: an operator could
+    not tell from the start-up lines that limits were shared, through which Redis, under which
+    policy, with how many gates. The password in the URL never reaches the log."""
+    url = redis_server.url.replace("redis://", "redis://:s3cret@")
+    await aioredis.Redis.from_url(redis_server.url).config_set("requirepass", "s3cret")
+    g = Gate(url, "g1", renew_interval_s=30.0, failure_policy="fail_closed")
+    caplog.set_level("INFO", logger="tokengate.shared")
+    await g.shared.start()
+    try:
+        lines = [r.getMessage() for r in caplog.records if r.name == "tokengate.shared"]
+        said = [line for line in lines if f"127.0.0.1:{redis_server.port}" in line]
+        assert said, lines
+        assert "fail_closed" in said[0] and f"key prefix {PREFIX!r}" in said[0] and "1 gate" in said[0]
+        assert all("s3cret" not in line for line in lines)
+    finally:
+        await g.shared.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 
 import pytest
 
@@ -114,3 +115,30 @@ def test_config_set_with_a_typo_in_a_class_name_says_which_class_was_meant(tmp_p
     rc, _, err = run("config", "set", str(f), "classes.bulk.priority=0", "classes.bulk.queue_depth=4")
     assert rc == 0, err
     assert parse_config(f.read_text(), "f").class_by_name("bulk").queue_depth == 4
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's group to one we are not in needs root")
+def test_config_set_keeps_the_files_owner_group_and_mode(tmp_path) -> None:
+    """The README's systemd setup keeps the config root-owned and readable by the service's
+    group only (0640: it may hold the Redis password). A trial's `sudo tokengate config set`
+    on such a file left it root:root: the service could no longer read its own config, and
+    the next reload or restart failed. The new file never exists with wider permissions either."""
+    f = tmp_path / "tokengate.toml"
+    f.write_text(EXAMPLE_CONFIG)
+    os.chown(f, 0, 65534)
+    os.chmod(f, 0o640)
+    seen: list[int] = []
+    real_replace = os.replace
+
+    def spy(src, dst):
+        seen.append(os.stat(src).st_mode & 0o777)
+        return real_replace(src, dst)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(os, "replace", spy)
+        rc, out, err = run("config", "set", str(f), "budget.min_tokens=1024")
+    assert rc == 0, err
+    st = f.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, 65534, 0o640)
+    assert seen == [0o640]
+    assert "min_tokens = 1024" in f.read_text()

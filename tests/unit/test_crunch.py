@@ -3,6 +3,7 @@ runner against a scripted llama-server (httpx.MockTransport, a fake clock)."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import re
@@ -588,3 +589,23 @@ def test_progress_moves_inside_a_cell_with_its_tokens() -> None:
         p._drawn_at = 0.0  # as if 0.2 s went by between tokens
     assert "25% of its 400 tokens" in out.getvalue().rsplit("\r", 1)[-1]
     assert p.done == 0  # no request finished: the bar still moved
+
+
+def test_a_budget_below_one_slot_says_it_refuses_what_llama_server_serves() -> None:
+    """A trial's crunch (4 slots x 1,024) recommended token_budget = 544; merged, the gate
+    answered a 640-token request (340 prompt + 300 max_tokens) with 400
+    context_length_exceeded, "can never hold more than 544", which llama-server served alone.
+    Nothing in the report said so: the budget is a cap on one request's size too."""
+    cells = [cell(512, 1, 100), cell(512, 4, 500), cell(512, 8, 3000)]
+    report = make_report(cells)  # 4 slots x 4,096 tokens
+    rec = report.recommendation
+    assert rec is not None and rec.token_budget == 1152 < report.server.slot_ctx
+    text = format_report(report)
+    assert (
+        "note: this budget is also the largest request the gate admits: it refuses (400 context_length_exceeded) "
+        "every request over 1,152 tokens (prompt + max_tokens), which llama-server serves up to 4,096 in one slot"
+    ) in " ".join(text.split())
+    snippet = config_snippet(report, rec)
+    assert "# the largest request it admits: over 1,152 tokens is a 400 (one slot holds 4,096)" in snippet
+    wide = dataclasses.replace(report, server=ServerInfo("http://127.0.0.1:8080", 4, 1152, model="m.gguf"))
+    assert "largest request the gate admits" not in format_report(wide)  # a slot holds no more than the budget

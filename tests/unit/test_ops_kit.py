@@ -132,10 +132,28 @@ def exposed() -> set[str]:
     text = scrape("/metrics")
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",), "info": ("_info",)}
     names = set()
-    for fam in text_string_to_metric_families(text):
+    for fam in text_string_to_metric_families(text + router_mode_text()):
         names.update(s.name for s in fam.samples)
         names.update(fam.name + suffix for suffix in suffixes.get(fam.type, ()))
     return names
+
+
+def router_mode_text() -> str:
+    """The router-mode families (gate/fleet/model_metrics.py, on /metrics only with a router
+    backend), from their collector holding one model, as a scrape would render them."""
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from gate.fleet.model_metrics import ModelMetrics
+
+    view = SimpleNamespace(
+        backend="local", name="tiny", status="loaded", last_load_s=0.5, loads=1, failures=0, evictions=0, slots_busy=0, queued=0
+    )
+    fleet = SimpleNamespace(views=lambda _: [view])
+    registry = CollectorRegistry()
+    ModelMetrics(registry, lambda: [fleet], ["tiny"]).rerouted("tiny", "tiny", "saturated")
+    return generate_latest(registry).decode()
 
 
 def test_the_inference_gateway_gauges_are_on_metrics(exposed):

@@ -55,6 +55,27 @@ def test_thresholds_round_trip_and_carry_no_secrets() -> None:
     assert back.budget == CONFIG.budget and back.classes == CONFIG.classes
 
 
+def test_thresholds_of_a_gate_with_tenants_read_back(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A trial's fleet gates had [[tenants]] with api_key_env; `tokengate replay --journal` on
+    their journal answered only "<config_in_force>: tenants[0]: a tenant needs exactly one of
+    api_key_sha256 or api_key_env": the row keeps no credential (rightly), and reading it back
+    validated it as a file. The tenants come back with a key nobody holds."""
+    config = parse_config(
+        EXAMPLE_CONFIG
+        + '\n[[tenants]]\nname = "team-a"\napi_key_env = "KEY_A"\nmax_tokens_in_flight = 600\n'
+        + '\n[[tenants]]\nname = "team-b"\napi_key_sha256 = "'
+        + "ab" * 32
+        + '"\nweight = 2.0\n'
+    )
+    text = thresholds_json(config)
+    assert "api_key" not in text and "KEY_A" not in text and "ab" * 32 not in text
+    back = config_from_thresholds(text)
+    assert [(t.name, t.max_tokens_in_flight, t.weight) for t in back.tenants] == [("team-a", 600, 1.0), ("team-b", None, 2.0)]
+    assert all(t.api_key_env is None and t.api_key_sha256 for t in back.tenants)
+    path = _journal(tmp_path, n=40, duration=10.0, config=config)
+    assert main(["replay", "--journal", path, "--set", "budget.min_tokens=1024"]) == 0, capsys.readouterr().err
+
+
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 10_000), n=st.integers(1, 150), rate=st.floats(0.5, 20.0))
 def test_r1_r3_deterministic_and_complete(seed: int, n: int, rate: float) -> None:

@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -66,6 +67,11 @@ MAX_BATCH = 256
 #: recovery: renewals in a row that may find leases the policy made while they were on
 #: their way, before the gate goes back to Redis anyway (the next renewal adopts the rest)
 MAX_CATCH_UP = 3
+#: connections opened at start. Every loop turn with reservations is one script call that holds
+#: a connection until Redis answers, so a burst has several out at once; a connection opened
+#: then costs two more round trips (CLIENT SETNAME, CLIENT SETINFO) inside the wait bound, and
+#: on a busy host the first burst after each start flipped the gate while Redis was fine
+WARM_CONNECTIONS = 16
 
 #: what a reservation's answer is when Redis did not decide it
 _BY_POLICY = "by_policy"  # Redis is out of reach or had the whole bound: the failure policy
@@ -107,6 +113,19 @@ class _Reservation:
     quota: int | None
     #: the script's reply for it, or _BY_POLICY / _UNHEARD; cancelled if the request left
     answer: asyncio.Future[Any]
+
+
+def _where(url: str) -> str:
+    """The Redis URL for the log: scheme, host, port and database, never a user or password."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return f"unix://{parts.path}"
+    try:
+        host = parts.hostname or "?"
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return f"{parts.scheme}://?"
+    return f"{parts.scheme}://{host}{port}{parts.path}"
 
 
 def _arg(limit: int | None) -> int:
@@ -152,6 +171,7 @@ class SharedLimits:
         self._redis: aioredis.Redis | None = None
         self.adopted = 0  # leases Redis had lost and a renewal put back (a restart, fail_open)
         self._redis_clock: tuple[float, float] | None = None  # (Redis's ms, monotonic s) at the last renewal answer
+        self._cold = False  # the pool's connections may be dead (a failure): open them again once Redis answers
 
     # ---- state ---------------------------------------------------------------
 
@@ -187,12 +207,39 @@ class SharedLimits:
         )
         self._redis = aioredis.Redis.from_pool(pool)
         if await self.renew():
+            gates = self.health.gates
+            log.info(
+                "shared limits: tenant limits shared through Redis %s (key prefix %r, %s, renewal every %g s, "
+                "wait bound %g ms); %d gate%s seen",
+                _where(self.config.redis_url),
+                self.config.key_prefix,
+                self.config.failure_policy,
+                self.config.renew_interval_s,
+                self.config.wait_ms,
+                gates,
+                "" if gates == 1 else "s",
+            )
             try:  # so that the first requests do not pay for NOSCRIPT
                 for script in (RESERVE, RELEASE, RENEW):
                     await self._redis.script_load(script.text)
             except (RedisError, OSError) as exc:
                 log.warning("shared limits: cannot load the scripts (%s); EVAL will", exc)
+            await self._warm(WARM_CONNECTIONS)
         self._runner = asyncio.get_running_loop().create_task(self._run(), name="tokengate-shared-renew")
+
+    async def _warm(self, count: int) -> None:
+        """Open ``count`` connections now, so that a burst's calls find them in the pool."""
+        assert self._redis is not None
+        pool = self._redis.connection_pool
+        opened: list[Any] = []
+        try:
+            for _ in range(count):
+                opened.append(await pool.get_connection())
+        except (RedisError, OSError) as exc:
+            log.warning("shared limits: opened %d of %d connections to Redis (%s); the rest open when needed", len(opened), count, exc)
+        finally:
+            for connection in opened:
+                await pool.release(connection)
 
     async def stop(self) -> None:
         """Stop renewing, hand back what is still held and leave the gate count; bounded."""
@@ -375,6 +422,11 @@ class SharedLimits:
                 break
             self.health.seen(gates, time.monotonic())
         self._flip(self.health.probed(gates, in_time, now=time.monotonic(), redis_ms=redis_ms, fresh=fresh))
+        if self._cold and in_time:
+            # Back from a failure (a Redis restart leaves every pooled connection dead): the
+            # pool is opened again now, not by the next burst inside its wait bound.
+            self._cold = False
+            self._spawn(self._warm(WARM_CONNECTIONS))
         return True
 
     async def _run(self) -> None:
@@ -460,11 +512,12 @@ class SharedLimits:
     def _check_local_share(self, tenant: str, cost: int, quota: int | None, pending: int) -> None:
         """fail_open's in-flight rule: all the gate holds for ``tenant``, the reservations it
         is still waiting on included, plus ``cost`` must fit 1/N of the quota."""
-        held, divisor = self._held_tokens.get(tenant, 0) + pending, self.divisor
-        if not fits_local_share(held, cost, quota, divisor):
+        held, divisor = self._held_tokens.get(tenant, 0), self.divisor
+        if not fits_local_share(held + pending, cost, quota, divisor):
+            waiting = f", {pending} more awaiting Redis's answer," if pending else ""
             raise GateError(
                 Reason.TENANT_QUOTA,
-                f"tenant {tenant!r} holds {held} of its {local_share(quota, divisor)} in-flight tokens on this gate "
+                f"tenant {tenant!r} holds {held} of its {local_share(quota, divisor)} in-flight tokens on this gate{waiting} "
                 f"while its limits cannot be checked across the gates (1/{divisor} of {quota}); this request needs {cost}",
                 retry_after_s=1.0,
             )
@@ -672,5 +725,7 @@ class SharedLimits:
     def _flip(self, flip: Flip | None) -> None:
         if flip is None:
             return
+        if flip.new != "ok":
+            self._cold = True
         log.warning("shared limits: %s -> %s (%s; %d gates seen)", flip.old, flip.new, flip.why, flip.gates)
         self._on_flip(flip)

@@ -86,6 +86,11 @@ def config_snippet(report: CrunchReport, rec: Recommendation) -> str:
         f" ({best.prompt_tokens:,} prompt + {best.max_tokens:,} max_tokens) at concurrency {best.concurrency},"
         f" ctx {ctx_label(best.ctx)}),",
         f"# the largest load with {report.slo.describe()} and no failed request.",
+        *(
+            [f"# the largest request it admits: over {rec.token_budget:,} tokens is a 400 (one slot holds {report.server.slot_ctx:,})"]
+            if rec.token_budget < report.server.slot_ctx
+            else []
+        ),
         f"token_budget = {rec.token_budget}",
     ]
     return "\n".join(lines) + "\n"
@@ -215,6 +220,15 @@ def format_report(report: CrunchReport, *, config_text: str | None = None, confi
         out.append(
             f"note: requests of {sizes} tokens (prompt + max_tokens) were measured but exceed this "
             "budget: the gate would refuse them; lower their max_tokens or keep their context shorter"
+        )
+    if rec.token_budget < report.server.slot_ctx:
+        # The gate refuses at once what can never fit its ceiling (400): the budget caps one
+        # request's size too, below what llama-server serves (a trial's 640-token request).
+        out.append(
+            f"note: this budget is also the largest request the gate admits: it refuses (400 context_length_exceeded) "
+            f"every request over {rec.token_budget:,} tokens (prompt + max_tokens), which llama-server serves up to "
+            f"{report.server.slot_ctx:,} in one slot; if your clients send larger ones, keep token_budget at "
+            f"{report.server.slot_ctx:,} or more and let min_tokens ({rec.min_tokens:,}) and the adaptive controller hold the load"
         )
     target = config_file or "tokengate.toml"
     try:

@@ -41,7 +41,7 @@ from typing import Any
 from gate.backend.pool import controller_settings
 from gate.config.reader import config_from_dict
 from gate.config.schema import ClassConfig, Config, ConfigError
-from gate.config.thresholds import CONFIG_IN_FORCE, thresholds_of
+from gate.config.thresholds import CONFIG_IN_FORCE, thresholds_of, without_credentials
 from gate.core.adaptive import controller_for, has_demand
 from gate.core.admission import Admission, Admit, Capacity, Queue, Refuse, Step, TenantPolicy
 from gate.core.ledger import Request
@@ -403,9 +403,7 @@ def restarted_config(text: str | None, scenario: Config, pinned: frozenset[str] 
                 dst[name] = src[name]
             else:
                 dst.pop(name, None)
-        if not data.get("tenants"):
-            data.pop("tenants", None)
-        return config_from_dict(data, "<config_in_force>")
+        return config_from_dict(without_credentials(data), "<config_in_force>")
     except (ValueError, TypeError, AttributeError, KeyError, ConfigError):
         return None
 

@@ -25,7 +25,7 @@ from typing import Any
 from gate.config.edit import parse_value
 from gate.config.reader import config_from_dict
 from gate.config.schema import Config, ConfigError
-from gate.config.thresholds import thresholds_of
+from gate.config.thresholds import thresholds_of, without_credentials
 from gate.core.adaptive import percentile_nearest_rank
 from gate.tools.replay.engine import REPLAYED_ACTIONS, Arrival, Change, Outcome, replay, unpinned
 from gate.tools.replay.window import Window
@@ -56,10 +56,8 @@ def _flat(thresholds: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _proposal(name: str, recorded: Config, data: dict[str, Any]) -> Proposal:
-    if not data.get("tenants"):
-        data.pop("tenants", None)
     try:
-        config = config_from_dict(data, f"proposal {name!r}")
+        config = config_from_dict(without_credentials(data), f"proposal {name!r}")
     except ConfigError as exc:
         raise ValueError(str(exc)) from None
     old, new = _flat(thresholds_of(recorded)), _flat(thresholds_of(config))
