@@ -742,6 +742,19 @@ class _Flow:
             generated = min(stats.completion_tokens, intake.max_tokens)
         return 0, intake.max_tokens - generated
 
+    def _slot_hold_s(self, now: float) -> float:
+        """How long a request cut short after dispatch may keep its llama-server slot: a stream
+        lets go a moment after the gate closes it; a plain call only when llama-server notices,
+        which while it decodes is when it has finished (a user's trial, 2026-12-05: a plain
+        Messages call ran on 10 s after its client left, and the gate, which gave its slot back
+        after 3 s, dispatched 4 chats onto 4 slots: llama-server deferred one). The hold ends as
+        soon as llama-server shows the slot free; this is its bound: the rest of
+        request_timeout_s (the reaper allows twice that)."""
+        if not self._plain or self.stats is None:
+            return _TAKE_BACK_S
+        left = self.gate.config.gate.request_timeout_s - (now - self.stats.dispatched_at)
+        return max(_TAKE_BACK_S, left)
+
     def conclude(self, outcome: Outcome, reason: str, status: int) -> None:
         """Release, refund, count and record; the first call wins, later ones do nothing."""
         if self.concluded:
@@ -765,7 +778,7 @@ class _Flow:
                 # Cut short after dispatch: llama-server frees the slot a moment after
                 # the stream closes. Releasing now would let the next request find every
                 # slot busy and wait in llama-server's own queue.
-                gate.release_when_slot_frees(self.backend, self.ticket, then=end_lease)
+                gate.release_when_slot_frees(self.backend, self.ticket, self._slot_hold_s(now), then=end_lease)
                 end_lease = None
             else:
                 self.backend.gatekeeper.release(self.ticket)
