@@ -47,6 +47,8 @@ _COUNTED_WHOLE = frozenset({"chat", "completions", "completion", "messages", "re
 _BOUND_ID = "/beside-count"
 #: the longest a bound taken back waits for llama-server to let go of its slot
 _TAKE_BACK_S = 3.0
+#: llama-server's Content-Type for its JSON answers (server-http.cpp), spelled as it does
+_JSON = b"application/json; charset=utf-8"
 
 
 class ClientGone(Exception):
@@ -503,16 +505,22 @@ class _Flow:
             raise GateError(Reason.UPSTREAM_ERROR, "backend closed the stream before finishing", retry_after_s=1.0)
         payload = json.dumps(assemble(intake.kind, relay.chunks)).encode()
         self._finish_ok()
-        await self._start(
-            200, [(b"Content-Type", b"application/json"), *relayed_headers(relay.response.headers, rebuilt=True)], relayed=True
-        )
+        # The head of llama-server's plain answer: its JSON type, without its stream's X-Accel-Buffering.
+        own = [(k, v) for k, v in relayed_headers(relay.response.headers, rebuilt=True) if k.lower() != b"x-accel-buffering"]
+        await self._start(200, [(b"Content-Type", _JSON), *own], relayed=True)
         await self._last(payload)
 
     async def _relay_plain(self, relay: SseRelay) -> None:
         payload = await relay.whole()
         self._finish_ok()
+        content_type = relay.response.headers.get("content-type")
         await self._start(
-            200, [(b"Content-Type", b"application/json"), *relayed_headers(relay.response.headers, rebuilt=True)], relayed=True
+            200,
+            [
+                (b"Content-Type", content_type.encode("latin-1") if content_type else _JSON),
+                *relayed_headers(relay.response.headers, rebuilt=True),
+            ],
+            relayed=True,
         )
         await self._last(payload)  # llama-server's own answer, byte for byte
 
