@@ -543,6 +543,7 @@ async def release_when_slot_frees(
     on the test VM, 2026-12-05).
     """
     deadline = clock() + timeout_s
+    pause = 0.05
     try:
         while clock() < deadline and backend.admission is not None:
             try:
@@ -555,7 +556,11 @@ async def release_when_slot_frees(
             busy = sum(1 for s in slots if isinstance(s, dict) and s.get("is_processing"))
             if busy + ticket.request.tasks <= backend.admission.ledger.slots:  # the ledger still counts this ticket's slots
                 break
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(pause)
+            # a stream's slot frees within a decode step; a plain call's may take its whole answer
+            # (up to request_timeout_s): asked every 50 ms at first, then at most every 0.5 s, so a
+            # burst of cut plain calls does not poll llama-server's /slots at 20 Hz each for minutes
+            pause = min(pause * 1.5, 0.5)
     finally:
         if backend.gatekeeper is not None:
             backend.gatekeeper.release(ticket, ran=ran)

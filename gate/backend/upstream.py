@@ -237,7 +237,8 @@ class Upstream:
             err = GateError(
                 Reason.UPSTREAM_ERROR,
                 f"backend answered {response.status_code}",
-                retry_after_s=RETRY_DOWN_S if response.status_code >= 500 else None,
+                # 501 is llama-server's not_supported_error (a route it was not started for): no wait helps
+                retry_after_s=RETRY_DOWN_S if response.status_code >= 500 and response.status_code != 501 else None,
                 status=response.status_code,
                 body=raw[:65536] or None,
             )

@@ -204,6 +204,9 @@ def build_intake(kind: Kind, path: str, body: Mapping[str, Any], caller: Caller,
         raise ValueError(f"{kind} requests are built by gate.http.apis.dispatch (its parse_request)")
     cls = config.class_by_name(caller.cls)
     model = _lenient(body, "model", str)
+    if kind in NO_DECODE:  # no stream there: llama-server never reads `stream`, so it goes as sent
+        inputs = embedding_plans(body) if kind == "embeddings" else rerank_plans(body)
+        return Intake(kind, path, dict(body), model, False, 0, False, caller, False, 1, inputs)
     stream = _optional(body, "stream", bool, "a boolean (true or false)") or False
     if kind == "predict":
         operator = not config.tenants or (caller.tenant_config is not None and caller.tenant_config.operator)
@@ -211,9 +214,6 @@ def build_intake(kind: Kind, path: str, body: Mapping[str, Any], caller: Caller,
         limit = max((p.max_tokens for p in parts), default=0)
         injected = any(p.max_tokens_injected for p in parts)
         return Intake(kind, path, sent, model, False, limit, injected, caller, False, 1, None, parts)
-    if kind in NO_DECODE:
-        inputs = embedding_plans(body) if kind == "embeddings" else rerank_plans(body)
-        return Intake(kind, path, dict(body), model, False, 0, False, caller, False, 1, inputs)
     include_usage = _stream_options(body, stream)
     copies = _copies(body)
     plans: tuple[TaskPlan, ...] | None = None

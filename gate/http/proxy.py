@@ -47,6 +47,8 @@ _COUNTED_WHOLE = frozenset({"chat", "completions", "completion", "messages", "re
 _BOUND_ID = "/beside-count"
 #: the longest a bound taken back waits for llama-server to let go of its slot
 _TAKE_BACK_S = 3.0
+#: llama-server's Content-Type for its JSON answers (server-http.cpp), spelled as it does
+_JSON = b"application/json; charset=utf-8"
 
 
 class ClientGone(Exception):
@@ -503,16 +505,22 @@ class _Flow:
             raise GateError(Reason.UPSTREAM_ERROR, "backend closed the stream before finishing", retry_after_s=1.0)
         payload = json.dumps(assemble(intake.kind, relay.chunks)).encode()
         self._finish_ok()
-        await self._start(
-            200, [(b"Content-Type", b"application/json"), *relayed_headers(relay.response.headers, rebuilt=True)], relayed=True
-        )
+        # The head of llama-server's plain answer: its JSON type, without its stream's X-Accel-Buffering.
+        own = [(k, v) for k, v in relayed_headers(relay.response.headers, rebuilt=True) if k.lower() != b"x-accel-buffering"]
+        await self._start(200, [(b"Content-Type", _JSON), *own], relayed=True)
         await self._last(payload)
 
     async def _relay_plain(self, relay: SseRelay) -> None:
         payload = await relay.whole()
         self._finish_ok()
+        content_type = relay.response.headers.get("content-type")
         await self._start(
-            200, [(b"Content-Type", b"application/json"), *relayed_headers(relay.response.headers, rebuilt=True)], relayed=True
+            200,
+            [
+                (b"Content-Type", content_type.encode("latin-1") if content_type else _JSON),
+                *relayed_headers(relay.response.headers, rebuilt=True),
+            ],
+            relayed=True,
         )
         await self._last(payload)  # llama-server's own answer, byte for byte
 
@@ -742,6 +750,19 @@ class _Flow:
             generated = min(stats.completion_tokens, intake.max_tokens)
         return 0, intake.max_tokens - generated
 
+    def _slot_hold_s(self, now: float) -> float:
+        """How long a request cut short after dispatch may keep its llama-server slot: a stream
+        lets go a moment after the gate closes it; a plain call only when llama-server notices,
+        which while it decodes is when it has finished (a user's trial, 2026-12-05: a plain
+        Messages call ran on 10 s after its client left, and the gate, which gave its slot back
+        after 3 s, dispatched 4 chats onto 4 slots: llama-server deferred one). The hold ends as
+        soon as llama-server shows the slot free; this is its bound: the rest of
+        request_timeout_s (the reaper allows twice that)."""
+        if not self._plain or self.stats is None:
+            return _TAKE_BACK_S
+        left = self.gate.config.gate.request_timeout_s - (now - self.stats.dispatched_at)
+        return max(_TAKE_BACK_S, left)
+
     def conclude(self, outcome: Outcome, reason: str, status: int, detail: str = "") -> None:
         """Release, refund, count and record; the first call wins, later ones do nothing.
         `detail`: the gate's own message to the client (the journal's `detail`)."""
@@ -766,7 +787,7 @@ class _Flow:
                 # Cut short after dispatch: llama-server frees the slot a moment after
                 # the stream closes. Releasing now would let the next request find every
                 # slot busy and wait in llama-server's own queue.
-                gate.release_when_slot_frees(self.backend, self.ticket, then=end_lease)
+                gate.release_when_slot_frees(self.backend, self.ticket, self._slot_hold_s(now), then=end_lease)
                 end_lease = None
             else:
                 self.backend.gatekeeper.release(self.ticket)

@@ -181,6 +181,35 @@ async def not_running_with(client: httpx.AsyncClient, llama_url: str, n_predict:
     return not await running_with(client, llama_url, n_predict)
 
 
+@pytest.mark.llama
+async def test_client_leaving_a_plain_upstream_call_keeps_its_reservation_while_llama_runs_it(llama):
+    """A non-streaming Messages request goes to llama-server as a plain call, and llama-server
+    misses such a client's disconnect: it generates to the end. The gate held the reservation
+    for 3 s only and then dispatched into the slot llama-server still ran (a user's trial,
+    2026-12-05: 4 chats admitted on 4 slots, llamacpp:requests_deferred 1, and the abandoned
+    tokens counted nowhere in the unified pool). It must hold it until the slot is free."""
+    async with httpx.AsyncClient(timeout=60) as client:
+        # Enough tokens to run ~10 s at the rate measured now, so that llama-server still runs it
+        # well past 3 s after the client left (a busy host runs it longer: the wait below allows it).
+        probe = await client.post(llama.url + "/completion", json={"prompt": words(8), "n_predict": 32, "ignore_eos": True})
+        rate = probe.json()["timings"]["predicted_per_second"]
+        victim_n = max(100, min(1900, int(rate * 10)))
+    async with running_gate(llama.url) as gate, httpx.AsyncClient(timeout=60) as client:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": words(8)}], "max_tokens": victim_n, "ignore_eos": True}
+        victim = asyncio.create_task(client.post(gate.url + "/v1/messages", json=body, headers=rid("gone-plain-messages")))
+        await wait_until(lambda: running_with(client, llama.url, victim_n), timeout_s=10)
+        victim.cancel()
+        await asyncio.gather(victim, return_exceptions=True)
+        record = await record_of(gate, "gone-plain-messages")
+        assert (record.outcome, record.reason) == ("cancelled", "client_disconnect")
+        await asyncio.sleep(4.0)  # past the 3 s a cut stream's slot gets
+        assert await running_with(client, llama.url, victim_n), "llama-server stopped the plain call: nothing to check"
+        assert ledger_total(gate) >= victim_n, "the reservation went back while llama-server still ran the request"
+        await wait_until(lambda: not_running_with(client, llama.url, victim_n), timeout_s=120)
+        await wait_until(lambda: ledger_total(gate) == 0 and gate.in_flight_requests() == 0, timeout_s=3)
+        assert gate.backends.reap() == 0
+
+
 # ---- 3. client disconnect while queued ---------------------------------------------------------
 
 

@@ -222,6 +222,40 @@ async def test_answer_through_the_gate_is_llama_servers(llama_unified, case: Cas
         await released(gate)
 
 
+#: response headers that are the hop's or the server's own, not llama-server's answer
+_HOP = frozenset({"date", "server", "content-length", "transfer-encoding", "connection", "keep-alive"})
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (CHAT, {"messages": MESSAGES, "max_tokens": 4}),
+        (COMPLETION, {"prompt": PROMPT, "n_predict": 4, "return_tokens": True}),
+        ("/v1/messages", {"model": "tiny", "messages": MESSAGES, "max_tokens": 4}),
+    ],
+    ids=["assembled", "plain", "messages-plain"],
+)
+async def test_a_non_streaming_answers_head_is_llama_servers(llama_unified, path, body):
+    """A client trial (2026-12-05): every non-streaming answer came with `Content-Type:
+    application/json` where llama-server says `application/json; charset=utf-8`, and one rebuilt
+    from the stream also with the stream's `X-Accel-Buffering: no`."""
+    async with running_gate(llama_unified.url) as gate, httpx.AsyncClient(timeout=60) as client:
+        headers = {"Connection": "close"}
+        direct = await client.post(llama_unified.url + path, json=body, headers=headers)
+        gated = await client.post(gate.url + path, json=body, headers=headers)
+        assert direct.status_code == gated.status_code == 200, gated.text
+
+        def own(response: httpx.Response) -> list[tuple[str, str]]:
+            return sorted(
+                (k.lower(), v)
+                for k, v in response.headers.multi_items()
+                if k.lower() not in _HOP and not k.lower().startswith("x-tokengate") and k.lower() != "x-request-id"
+            )
+
+        assert own(gated) == own(direct)
+        await released(gate)
+
+
 @pytest.mark.parametrize("fields", [{}, {"return_tokens": True}], ids=["assembled", "plain"])
 async def test_llama_servers_own_refusal_comes_through_either_path(llama_unified, fields):
     """Token ids the model does not have pass the gate's checks; llama-server's 400 is relayed as is."""

@@ -125,6 +125,16 @@ def test_embeddings_one_task_per_input_no_decode_nothing_injected():
     assert ids == (TaskPlan((), 3),)
 
 
+@pytest.mark.parametrize(
+    ("kind", "path", "body"), [("embeddings", "/v1/embeddings", {"input": "hi"}), ("rerank", "/rerank", {"query": "q", "documents": ["d"]})]
+)
+def test_no_decode_routes_forward_a_stream_field_they_never_read(kind, path, body):
+    """llama-server's embeddings and rerank never read `stream` (they answer 200 with it set to
+    "yes"); the gate answered 400 "'stream' must be a boolean" (a client trial, 2026-12-05)."""
+    it = build_intake(kind, path, {**body, "stream": "yes"}, CALLER, CONFIG)
+    assert not it.stream and it.body["stream"] == "yes"
+
+
 def test_embeddings_openai_content_parts_count_text_and_estimate_media():
     (plan,) = embedding_plans({"input": [{"content": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {}}]}]})
     assert plan.pieces == (Piece("hi", True, True),) and plan.estimate

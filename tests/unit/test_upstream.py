@@ -52,6 +52,26 @@ async def test_generation_requests_ask_upstream_to_close_the_connection():
     assert seen["connection"] == "close"
 
 
+@pytest.mark.parametrize(("status", "retry_after_s"), [(500, 5.0), (503, 5.0), (501, None), (400, None)])
+async def test_only_a_backend_error_that_may_pass_is_relayed_with_retry_after(status, retry_after_s):
+    """llama-server's 501 (`not_supported_error`: "This server does not support embeddings. Start
+    it with `--embeddings`") never passes: with the gate's Retry-After: 5 on it, the SDKs waited
+    5 s before each retry of it (a user's trial, 2026-12-05), where llama-server straight, without
+    one, failed within a second."""
+    from gate.backend.upstream import Upstream
+    from gate.core.errors import GateError
+
+    body = b'{"error":{"code":%d,"message":"m","type":"t"}}' % status
+
+    def fake_llama(request: httpx.Request) -> httpx.Response:  # a fake upstream (unit test only)
+        return httpx.Response(status, content=body, headers={"Content-Type": "application/json; charset=utf-8"})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(fake_llama)) as client:
+        with pytest.raises(GateError) as caught:
+            await Upstream(client, "http://llama:8080").open("/v1/embeddings", {"input": "x"}, {})
+    assert (caught.value.status, caught.value.body, caught.value.retry_after_s) == (status, body, retry_after_s)
+
+
 class _Pieces(httpx.AsyncByteStream):
     def __init__(self, pieces: list[bytes]) -> None:
         self.pieces = pieces
