@@ -1286,7 +1286,9 @@ class Admission:
         """T2 (`wait`: its expected wait left) or T3 (`first_s`: its first-token time now)."""
         cls = w.request.cls
         objective_ms = self.objective_ms(cls) or 0.0
-        expecting = f" after an expected {wait:.2f}s more" if wait else ""
+        expecting = (
+            f" after an expected {wait:.2f}s more" if wait else " now"
+        )  # its slot is due: "dispatched, it would miss" read as a past
         if first_s is not None:
             expecting = f" now, its first token expected in {first_s * 1000:.0f} ms"
         return Refuse(
