@@ -103,6 +103,13 @@ async def _held_is(peek: aioredis.Redis, n: int) -> bool:
     return counter == n
 
 
+async def _release_all(g, leases, peek, timeout_s: float = 5.0) -> None:
+    """Give every lease back and wait until Redis holds nothing for the tenants."""
+    for lease in leases:
+        g.shared.release(lease)
+    await wait_until(lambda: _held_is(peek, 0), timeout_s=timeout_s)
+
+
 async def test_a_request_larger_than_the_quota_or_the_minute_is_refused_without_redis(redis_server, peek) -> None:
     g = Gate(redis_server.url, "g1")
     await g.shared.start()
@@ -226,9 +233,7 @@ async def test_a_burst_in_one_turn_is_one_script_call_and_holds_the_quota(redis_
         stats = await peek.info("commandstats")
         calls = sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("evalsha", "eval"))
         assert calls == 1  # fifty reservations, one round trip
-        for lease in leases:
-            g.shared.release(lease)
-        await wait_until(lambda: _held_is(peek, 0))
+        await _release_all(g, leases, peek)
         assert g.flips == [] and g.shared.held == ()
     finally:
         await g.shared.stop()
@@ -252,9 +257,7 @@ async def test_a_busy_loop_is_not_taken_for_a_slow_redis(redis_server, peek) -> 
         assert all(lease is not None and lease.charged for lease in leases)  # Redis decided
         assert g.flips == [] and g.policy == [] and g.shared.state == "ok"
         assert await held(peek) == (200, 200)
-        for lease in leases:
-            g.shared.release(lease)
-        await wait_until(lambda: _held_is(peek, 0))
+        await _release_all(g, leases, peek)
     finally:
         await g.shared.stop()
 
@@ -398,9 +401,7 @@ async def test_a_paused_redis_costs_admission_the_wait_bound_then_fail_open_appl
         # The reservation that landed late was handed back; the four fail_open leases were
         # adopted by the renewal: Redis counts exactly what runs.
         await wait_until(lambda: _held_is(peek, 40), timeout_s=5.0)
-        for lease in leases:
-            g.shared.release(lease)
-        await wait_until(lambda: _held_is(peek, 0), timeout_s=5.0)
+        await _release_all(g, leases, peek)
         bucket = await peek.hget(tenant_keys(PREFIX, "team-a")[0], "r")
         assert bucket is None or float(bucket) > 999.0  # the late charges were refunded
     finally:
@@ -547,9 +548,7 @@ async def test_a_burst_right_after_start_opens_no_connection(redis_server, peek)
         leases = await asyncio.gather(*pending)
         assert all(lease is not None and lease.charged for lease in leases)
         assert await ours() == before  # the burst found every connection it used open
-        for lease in leases:
-            g.shared.release(lease)
-        await wait_until(lambda: _held_is(peek, 0))
+        await _release_all(g, leases, peek)
     finally:
         await g.shared.stop()
 

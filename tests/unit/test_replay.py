@@ -487,17 +487,27 @@ def test_tokens_per_s_is_over_the_time_the_requests_ran_not_a_sliver_of_it(tmp_p
     assert recorded == pytest.approx(a.completion_tokens / (a.at + a.duration_ms / 1000.0), rel=0.01)
 
 
+def _audit(conn: sqlite3.Connection, *rows: tuple[float, str, str, str, str]) -> None:
+    """Audit rows (ts, source, action, target, new_value) by operator 'op'."""
+    for r in rows:
+        conn.execute(
+            "INSERT INTO audit (ts, operator, origin, source, action, target, old_value, new_value, note) VALUES (?, 'op', 'local', ?, ?, ?, NULL, ?, '')",
+            r,
+        )
+
+
 def test_recorded_changes_counts_the_operators_moves_in_the_window_only(tmp_path: Path) -> None:
     # a gate's start, its learned capacity and what was in force before the window are not
     # changes the engineer made in it (a window with none read "8 recorded changes")
     path = _journal(tmp_path, n=60, duration=10.0)
     conn = sqlite3.connect(path, isolation_level=None)
     first = conn.execute("SELECT min(ts) FROM decisions").fetchone()[0]
-    row = "INSERT INTO audit (ts, operator, origin, source, action, target, old_value, new_value, note) VALUES (?, 'op', 'local', ?, ?, ?, NULL, ?, '')"
-    conn.execute(row, (first + 1.0, "gate", "started", "gate", ""))
-    conn.execute(row, (first + 1.5, "gate", "capacity_learned", "backend:default", '{"slots": 4}'))
-    conn.execute(row, (first + 2.0, "console", "pause_class", "class:batch", "True"))
-    conn.execute(row, (first + 3.0, "console", "resume_class", "class:batch", "False"))
+    _audit(conn, (first + 1.0, "gate", "started", "gate", ""), (first + 1.5, "gate", "capacity_learned", "backend:default", '{"slots": 4}'))
+    _audit(
+        conn,
+        (first + 2.0, "console", "pause_class", "class:batch", "True"),
+        (first + 3.0, "console", "resume_class", "class:batch", "False"),
+    )
     conn.close()
     answer = run_replay(load_window(path), [])
     assert answer["recorded_changes"] == 2
@@ -512,10 +522,12 @@ def test_changes_between_the_gate_s_start_and_the_window_are_named_in_a_note(tmp
     path = _journal(tmp_path, n=60, duration=10.0)
     conn = sqlite3.connect(path, isolation_level=None)
     first = conn.execute("SELECT min(ts) FROM decisions").fetchone()[0]
-    row = "INSERT INTO audit (ts, operator, origin, source, action, target, old_value, new_value, note) VALUES (?, 'op', 'local', ?, ?, ?, NULL, ?, '')"
-    conn.execute(row, (first + 1.0, "signal", "reload", "classes.batch.queue_depth", "16"))
-    conn.execute(row, (first + 1.5, "console", "pause_class", "class:batch", "True"))
-    conn.execute(row, (first + 6.0, "console", "resume_class", "class:batch", "False"))
+    _audit(
+        conn,
+        (first + 1.0, "signal", "reload", "classes.batch.queue_depth", "16"),
+        (first + 1.5, "console", "pause_class", "class:batch", "True"),
+    )
+    _audit(conn, (first + 6.0, "console", "resume_class", "class:batch", "False"))
     conn.close()
     window = load_window(path, since=first + 3.0)
     (said,) = [n for n in window.notes if "between the gate's start" in n]
