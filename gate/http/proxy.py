@@ -770,6 +770,11 @@ class _Flow:
             return
         self.concluded = True
         self._drop_early()  # a forward beside the count that nothing relays (none, on every path known)
+        if self.budget_at is None and self.backend is not None and self.backend.gatekeeper is not None:
+            # refused (at arrival or after a wait) or ended before admission: the budget and the
+            # tokens in flight it was refused against (a trial's journal had neither for them)
+            admission = self.backend.gatekeeper.admission
+            self.budget_at, self.in_flight_at = admission.budget, admission.ledger.in_flight
         gate = self.gate
         now = gate.clock()
         stats = self.stats

@@ -115,6 +115,7 @@ async def test_the_journal_keeps_why_each_refusal_happened_in_the_words_its_clie
             ]
             await wait_until(lambda: len(adm.ledger) == 4)
             late = await client.post(gate.url + CHAT, json=body("late"), headers={"X-Tokengate-Class": "interactive"})
+            budget = adm.budget
             gate.control.pause("batch", True, operator=Operator("ops", "local"))
             paused = await client.post(gate.url + CHAT, json=body("paused"), headers={"X-Tokengate-Class": "batch"})
             told = {"late": late.json()["error"]["message"], "paused": paused.json()["error"]["message"]}
@@ -126,5 +127,7 @@ async def test_the_journal_keeps_why_each_refusal_happened_in_the_words_its_clie
         rows = {r["tenant"]: r for r in map(json.loads, out.getvalue().splitlines())}
     assert rows["late"]["reason"] == "queue_timeout" and "its limit is 0.6s" in rows["late"]["detail"]
     assert rows["late"]["detail"] == told["late"]
+    # and what it was refused against: the budget and the tokens the four holders had in flight
+    assert rows["late"]["budget_at_decision"] == budget and rows["late"]["in_flight_at_decision"] == rows["hold-0"]["reserved_tokens"] * 4
     assert rows["paused"]["reason"] == "class_paused" and rows["paused"]["detail"] == told["paused"]
     assert all(r["detail"] == "" for r in rows.values() if r["reason"] in ("ok", "client_disconnect", "server_cancelled"))
