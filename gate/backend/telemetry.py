@@ -431,7 +431,16 @@ class TelemetryPoller:
     def _missed(self, b: _Backend, now: float, reason: str) -> None:
         b.misses += 1
         if not b.down_logged:
-            log.warning("backend %s: telemetry failed: %s", b.name, reason)
+            # a router's model at rest answers its /metrics "model is not loaded": not a failure
+            # (a trial's start-up logged a WARNING for every idle model)
+            resting = "model is not loaded" in reason
+            log.log(
+                logging.INFO if resting else logging.WARNING,
+                "backend %s: telemetry %s: %s",
+                b.name,
+                "waits for its model" if resting else "failed",
+                reason,
+            )
             b.down_logged = True
         stale = b.misses >= STALE_AFTER_MISSES
         if b.last is None:

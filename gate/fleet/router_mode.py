@@ -479,6 +479,8 @@ class ModelFleet:
         ]
 
     def _event(self, action: str, model: str, old: str | None, new: str | None, note: str) -> None:
-        log.info("router %s: %s %s (%s)", self.parent.name, action, model, note)
+        # a model that failed to load is news to whoever reads the log (it was at INFO, with loads)
+        level = logging.WARNING if action == "model_failed" else logging.INFO
+        log.log(level, "router %s: %s %s (%s)", self.parent.name, action, model, note)
         if self.on_event is not None:
             self.on_event(action, f"model:{self.parent.name}/{model}", old, new, note)

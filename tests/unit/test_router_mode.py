@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 import httpx
@@ -155,7 +156,7 @@ async def test_queued_requests_load_the_model_and_one_that_never_fits_its_contex
         await close(gate)
 
 
-async def test_a_failed_model_is_refused_with_retry_after_and_retried_with_growing_back_off() -> None:
+async def test_a_failed_model_is_refused_with_retry_after_and_retried_with_growing_back_off(caplog: pytest.LogCaptureFixture) -> None:
     router = FakeRouter()
     gate, clock = await gate_on(router)
     try:
@@ -190,6 +191,8 @@ async def test_a_failed_model_is_refused_with_retry_after_and_retried_with_growi
         with pytest.raises(Refused):
             await queued
         assert [x.action for x in gate.recent_audit].count("model_failed") == 2
+        # a failed load is a WARNING in the log (it was INFO, among the loads)
+        assert [r.levelno for r in caplog.records if "model_failed" in r.getMessage()] == [logging.WARNING] * 2
     finally:
         await close(gate)
 

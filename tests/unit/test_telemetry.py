@@ -649,3 +649,26 @@ def test_header_without_head_count_gives_a_reason(tmp_path):
     size = kv_size(path)
     assert size.bytes_per_token is None
     assert size.reason == "GGUF header lacks llama.attention.head_count"
+
+
+async def test_a_router_model_at_rest_is_not_logged_as_a_telemetry_failure(upstream, clock, caplog):
+    # a router's idle model answers its /metrics 400 "model is not loaded": a trial's start-up
+    # logged "telemetry failed" at WARNING for every idle model; a real failure still warns
+    async def resting(request):
+        if request.url.path == "/metrics":
+            return httpx.Response(400, json={"error": {"code": 400, "message": "model is not loaded", "type": "invalid_request_error"}})
+        return await upstream.handler(request)
+
+    with caplog.at_level(logging.INFO, logger="tokengate.telemetry"):
+        async with httpx.AsyncClient(transport=httpx.MockTransport(resting)) as c:
+            await make_poller(c, clock).poll_once()
+    assert caplog.records and all(r.levelno == logging.INFO for r in caplog.records), [
+        (r.levelname, r.getMessage()) for r in caplog.records
+    ]
+    assert "waits for its model" in caplog.records[0].getMessage()
+    caplog.clear()
+    upstream.mode = "down"
+    with caplog.at_level(logging.INFO, logger="tokengate.telemetry"):
+        async with httpx.AsyncClient(transport=httpx.MockTransport(upstream.handler)) as c:
+            await make_poller(c, clock).poll_once()
+    assert any(r.levelno == logging.WARNING and "telemetry failed" in r.getMessage() for r in caplog.records)
