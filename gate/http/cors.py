@@ -20,6 +20,12 @@ before anything was relayed), or a fixed value. The code that relays an answer m
 origin; a gate in front of such a server echoes on its own refusals (a foreign origin then reads
 those, never llama-server's answers, which carry nothing for it). A request without ``Origin``
 costs nothing.
+
+An answer a browser may read (one with ``Access-Control-Allow-Origin``, a preflight's aside) also
+gets ``Access-Control-Expose-Headers`` naming the gate's headers (:data:`EXPOSED`): without it a
+browser app's script reads none of them, ``Retry-After`` included (not a CORS-safelisted
+header), and a web UI behind the gate could not tell when to come back after a 429. A list
+llama-server sent is kept, with the gate's names added.
 """
 
 from __future__ import annotations
@@ -33,6 +39,10 @@ ALLOW_ORIGIN = b"access-control-allow-origin"
 ALLOW_ORIGIN_SPELLED = b"Access-Control-Allow-Origin"
 #: set in the scope of a request whose answer is llama-server's, relayed
 RELAYED = "tokengate.relayed"
+EXPOSE = b"access-control-expose-headers"
+EXPOSE_SPELLED = b"Access-Control-Expose-Headers"
+#: the headers the gate adds to an answer (gate/http/proxy.py, gate/core/errors.py render)
+EXPOSED = b"Retry-After, Retry-After-Ms, X-Request-Id, X-Tokengate-Class, X-Tokengate-Queue-Ms, X-Tokengate-Model"
 
 
 def mark_relayed(scope: Scope) -> None:
@@ -77,5 +87,20 @@ class _Send:
                 if sent is not None:
                     self.mirror.learn(self.origin, sent)
             elif not any(k.lower() == ALLOW_ORIGIN for k, _ in headers):
-                message = {**message, "headers": [*headers, (ALLOW_ORIGIN_SPELLED, self.mirror.value(self.origin))]}
+                headers.append((ALLOW_ORIGIN_SPELLED, self.mirror.value(self.origin)))
+            if self.scope.get("method") != "OPTIONS" and any(k.lower() == ALLOW_ORIGIN for k, _ in headers):
+                message = {**message, "headers": _exposed(headers)}
+            else:
+                message = {**message, "headers": headers}
         return self.send(message)
+
+
+def _exposed(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """`headers` with the gate's own names exposed to a browser's script (module docstring)."""
+    for i, (name, value) in enumerate(headers):
+        if name.lower() == EXPOSE:
+            if value.strip() != b"*":  # `*` exposes every header already
+                headers[i] = (name, value + b", " + EXPOSED if value.strip() else EXPOSED)
+            return headers
+    headers.append((EXPOSE_SPELLED, EXPOSED))
+    return headers

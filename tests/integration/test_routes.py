@@ -125,6 +125,8 @@ async def test_cors_preflight_and_headers_come_from_llama_server(llama_unified):
             r = await client.post(gate.url + "/v1/chat/completions", json=body, headers={**AUTH, **origin})
             assert r.status_code == 200, r.text
             assert r.headers["access-control-allow-origin"] == "http://app.example"
+            # the gate's headers readable by a browser's script (Retry-After on a 429 above all)
+            assert "retry-after" in r.headers["access-control-expose-headers"].lower()
         r = await client.get(gate.url + "/props", headers={**AUTH, **origin})
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://app.example"
         await released(gate)

@@ -107,3 +107,24 @@ def test_never_fits_carries_llama_servers_context_fields():
 def test_too_many_tasks_is_invalid_request_not_the_context_shape():
     err = _refusal(Request("x", "c", "t", 50, 5, 0.0, tasks=5, slot_tokens=15))
     assert err.reason is Reason.INVALID_REQUEST and err.extra == {}
+
+
+def test_a_browser_may_read_retry_after_and_the_gates_headers_on_an_answer_it_may_read():
+    # Retry-After is not CORS-safelisted: unexposed, a web UI's script reads null after a 429
+    exposed = _call(_app([(b"retry-after", b"3")]), b"http://a.example")[b"access-control-expose-headers"]
+    assert {n.strip().lower() for n in exposed.split(b",")} >= {b"retry-after", b"retry-after-ms", b"x-request-id", b"x-tokengate-queue-ms"}
+    # llama-server's own list is kept, the gate's names added; `*` already exposes all
+    kept = _call(
+        _app([(b"Access-Control-Allow-Origin", b"*"), (b"Access-Control-Expose-Headers", b"X-Own")], relayed=True), b"http://a.example"
+    )
+    assert kept[b"access-control-expose-headers"].startswith(b"X-Own, Retry-After")
+    star = _call(
+        _app([(b"Access-Control-Allow-Origin", b"*"), (b"Access-Control-Expose-Headers", b"*")], relayed=True), b"http://a.example"
+    )
+    assert star[b"access-control-expose-headers"] == b"*"
+
+
+def test_nothing_exposed_where_a_browser_may_not_read_the_answer():
+    assert b"access-control-expose-headers" not in _call(_app([]), None)  # no Origin
+    relayed_without = _app([(b"Content-Length", b"0")], relayed=True)  # llama-server refused the origin
+    assert b"access-control-expose-headers" not in _call(relayed_without, b"http://evil.example")
