@@ -313,7 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--journal",
         metavar="FILE",
         default=None,
-        help="the SQLite journal (default: the config's gate.journal, else tokengate.db)",
+        help="the SQLite journal (default: the config's gate.journal, else tokengate.db, or the demo's "
+        "tokengate-demo.db when only that one is here)",
     )
     review.add_argument(
         "--config",
