@@ -753,3 +753,13 @@ def test_every_default_the_example_states_is_the_built_in_default() -> None:
         elif not line.strip():
             continue
     assert checked >= 50  # every documented key of every table was compared
+
+
+def test_the_example_names_both_tenant_key_headers_and_the_open_probe_routes() -> None:
+    """The example said "With tenants, every request needs a tenant's API key (Authorization:
+    Bearer)": the gate also takes X-Api-Key (the Anthropic SDK's header; a real gate answered
+    200 to it) and leaves /health and /metrics open for probes (200 without a key), as the
+    README says. An operator wiring a probe or an Anthropic client read the opposite."""
+    block = " ".join(EXAMPLE_CONFIG.split("# One [[tenants]] table per client.")[1].split("[[tenants]]")[0].replace("#", " ").split())
+    assert "Authorization: Bearer" in block and "X-Api-Key" in block
+    assert "/health and /metrics stay open" in block
