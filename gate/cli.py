@@ -198,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="change keys of a config file in place (validated first; comments kept)",
         description=(
             "Set TABLE.KEY=VALUE in FILE, e.g. budget.min_tokens=1024 classes.batch.reserved_tokens=0.\n"
+            "A key of a [[backends]] (or [[tenants]], [[fleet]]) table names the table by its place,\n"
+            "from 0: backends[0].url=http://127.0.0.1:8080 is the first backend's url.\n"
             "The edited file is validated whole before it is written: a bad edit changes nothing.\n"
             "A running gate applies the file on SIGHUP (systemctl reload tokengate)."
         ),
@@ -311,7 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--journal",
         metavar="FILE",
         default=None,
-        help="the SQLite journal (default: the config's gate.journal, else tokengate.db)",
+        help="the SQLite journal (default: the config's gate.journal, else tokengate.db, or the demo's "
+        "tokengate-demo.db when only that one is here)",
     )
     review.add_argument(
         "--config",
@@ -407,7 +410,11 @@ def _cmd_config_set(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             err.write(f"tokengate config set: {exc}\n")
             return EXIT_USAGE
         edits.append((key.strip(), parse_value(value.strip())))
-    _write_config(args.file, edits)
+    try:
+        _write_config(args.file, edits)
+    except ValueError as exc:  # a key set_keys cannot place (backends.url): nothing written
+        err.write(f"tokengate config set: {exc}\n")
+        return EXIT_USAGE
     for key, value in edits:
         out.write(f"set {key} = {value!r} in {args.file}\n")
     return EXIT_OK

@@ -8,7 +8,9 @@ table's last key line, a table not in the file is appended. The result is parsed
 validated before it is written (`config_check`), so a bad edit changes nothing.
 
 Only plain `[table]` headers are edited: a table written inline or as dotted keys under
-another header is refused with the key's name (edit that by hand).
+another header is refused with the key's name (edit that by hand). A list of tables
+(`[[backends]]`, `[[tenants]]`, `[[fleet]]`) is named by its place: `backends[0].url` is the
+first `[[backends]]` table's `url`; `backends.url` is refused with that hint (ValueError).
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ def set_keys(text: str, edits: Iterable[tuple[str, Any]]) -> str:
 
 _ARRAY = re.compile(r"^\s*\[\[([^\[\]]+)\]\]\s*(#.*)?$")
 _INDEXED = re.compile(r"^(\w+)\[(\d+)\]$")
+#: the config's lists of tables: a key in one is named by the table's place, backends[0].url
+LIST_TABLES = ("backends", "tenants", "fleet")
 
 
 def _set(lines: list[str], table: str, key: str, value: str) -> list[str]:
@@ -67,8 +71,10 @@ def _set(lines: list[str], table: str, key: str, value: str) -> list[str]:
         name, want = indexed.group(1), int(indexed.group(2))
         found = [i for i, line in enumerate(lines) if (m := _ARRAY.match(line)) and m.group(1).strip() == name]
         if want >= len(found):
-            raise ValueError(f"{table}.{key}: the file has {len(found)} [[{name}]] table(s)")
+            raise ValueError(f"{table}.{key}: the file has {len(found)} [[{name}]] table(s), counted from 0 (add a new one by hand)")
         start: int | None = found[want]
+    elif table in LIST_TABLES or any((m := _ARRAY.match(line)) and m.group(1).strip() == table for line in lines):
+        raise ValueError(f"{table}.{key}: [[{table}]] is a list of tables: name one by its place, {table}[0].{key} for the first")
     else:
         start = next((i for i, line in enumerate(lines) if (m := _HEADER.match(line)) and m.group(1).strip() == table), None)
     if start is None:

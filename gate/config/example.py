@@ -232,8 +232,9 @@ wait_ms = 20.0
 
 # One [[tenants]] table per client. With no tenants the gate is open: the class comes from the
 # X-Tokengate-Class header or default_class, the tenant from the request's "user" field or the
-# client address. With tenants, every request needs a tenant's API key (Authorization: Bearer).
-# Uncomment to use:
+# client address. With tenants, every request that reaches llama-server needs a tenant's API key
+# (Authorization: Bearer KEY, or X-Api-Key: KEY as the Anthropic SDK sends it); /health and
+# /metrics stay open for probes and scrapers. Uncomment to use:
 #
 # [[tenants]]
 # # Unique name, shown in the console and journal.

@@ -639,7 +639,9 @@ class _Flow:
         return (self.waited_s or 0.0) + self.ticket.queued_s
 
     def _gate_headers(self) -> list[tuple[bytes, bytes]]:
-        cls = self.intake.caller.cls if self.intake is not None else ""
+        # the caller an intake refusal carries too, as the journal row reads it (conclude)
+        caller = self.intake.caller if self.intake is not None else self.caller
+        cls = caller.cls if caller is not None else ""
         queue_ms = (self.queued_s or 0.0) * 1000
         headers = [
             (b"x-request-id", self.request_id.encode()),

@@ -233,11 +233,16 @@ def export(
             left_out: list[int] = []
             n = _write_aiperf(columns, rows, out, origin, left_out)
             if left_out and notes is not None:
-                k = left_out[0]
+                refused, forwarded = left_out
+                k = refused + forwarded
+                why = "refused before the gate counted the prompt (a bad key, a bad body, a stopping gate)"
+                if forwarded:  # GET /props and the like: journaled, never admitted, nothing refused
+                    why = f"{forwarded} forwarded outside admission (/props, /slots, the web UI, ...)" + (
+                        f", {refused} {why}" if refused else ""
+                    )
                 notes.append(
                     f"{k} decision{'' if k == 1 else 's'} without a prompt token count (or any output length) "
-                    f"{'is' if k == 1 else 'are'} left out of the trace: refused before the gate counted the prompt "
-                    "(a bad key, a bad body, a stopping gate), so nothing to send again"
+                    f"{'is' if k == 1 else 'are'} left out of the trace: {why}, so nothing to send again"
                 )
             return n
         writer = {"json": _write_json, "csv": write_csv, "table": _write_table}[fmt]
@@ -271,22 +276,29 @@ def _first_counted(conn: sqlite3.Connection, since_ts: float | None, path: str) 
 def _write_aiperf(
     columns: Sequence[str], rows: Iterator[tuple[Any, ...]], out: TextIO, origin: float | None = None, left_out: list[int] | None = None
 ) -> int:
-    """The trace lines; `left_out` gets the count of decisions without token counts (none: not appended)."""
+    """The trace lines; `left_out` gets the counts of decisions without token counts, refused and
+    forwarded (none: not appended)."""
     at = {name: i for i, name in enumerate(columns)}
     ts, prompt, max_tokens, done = at["ts"], at["prompt_tokens"], at["max_tokens"], at["completion_tokens"]
+    outcome = at["outcome"]
     first: float | None = origin
-    n = skipped = 0
+    n = skipped = forwarded = 0
     for row in rows:
         if row[prompt] is None or (row[done] is None and row[max_tokens] is None):
-            skipped += 1  # refused before its prompt was counted: nothing to send again (said, not silently)
+            # refused before its prompt was counted, or forwarded outside admission (GET /props):
+            # nothing to send again (said, not silently)
+            if row[outcome] == "forwarded":
+                forwarded += 1
+            else:
+                skipped += 1
             continue
         first = row[ts] if first is None else first
         output = row[done] if row[done] is not None else row[max_tokens]
         line = {"timestamp": round((row[ts] - first) * 1000), "input_length": max(1, row[prompt]), "output_length": max(1, output)}
         out.write(json.dumps(line, separators=(",", ":")) + "\n")
         n += 1
-    if skipped and left_out is not None:
-        left_out.append(skipped)
+    if (skipped or forwarded) and left_out is not None:
+        left_out.extend((skipped, forwarded))
     return n
 
 

@@ -285,3 +285,14 @@ def test_serve_with_a_path_in_a_missing_directory_exits_2_naming_the_key(
     assert code == 2
     assert f"gate.{key}" in err and str(tmp_path / "nodir") in err and "does not exist" in err
     assert not (tmp_path / "nodir").exists()
+
+
+@pytest.mark.parametrize("command", ["log", "review", "replay"])
+def test_journal_help_says_the_demo_journal_is_read_when_it_is_the_only_one(command, capsys):
+    """`tokengate review` and `tokengate replay` without --journal read tokengate-demo.db when
+    only the demo's journal is here (find_journal, as the README says of log and review), but
+    their --help said "default: ... tokengate.db" alone: an engineer who had just run the demo
+    read that their journal was not the one opened."""
+    assert main([command, "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "tokengate-demo.db" in help_text

@@ -675,3 +675,91 @@ def test_router_keys_read_pin_cold_start_and_fallbacks() -> None:
 def test_router_keys_are_checked_with_file_and_key(text: str, key: str, problem: str) -> None:
     err = error_of(text)
     assert err.key == key and problem in err.problem, str(err)
+
+
+# Keys the example explains without a "Default" (required, or one of two that must be given).
+_NO_DEFAULT = {("classes", "priority"), ("tenants", "name"), ("tenants", "api_key_env"), ("tenants", "api_key_sha256"), ("fleet", "socket")}
+_EXAMPLE_SECTIONS = {
+    "gate": GateConfig,
+    "backends": BackendConfig,
+    "budget": BudgetConfig,
+    "classes": ClassConfig,
+    "tenants": TenantConfig,
+    "fleet": FleetGateConfig,
+    "shared": SharedConfig,
+}
+
+
+def _documented_default(comment: str) -> object:
+    """The value a comment's last "Default" names: a string, number, bool, [] or unset (None);
+    the text itself when it is a phrase ("the socket file's name ...")."""
+    m = re.match(r'Default:? ("[^"]*"|\[\]|true|false|unset|-?[0-9][0-9.]*[0-9]|[0-9])?(.*)$', comment[comment.rindex("Default") :])
+    assert m, comment
+    token = m.group(1)
+    if token is None:
+        return m.group(2).strip()
+    if token.startswith('"'):
+        return token.strip('"')
+    return {"[]": (), "true": True, "false": False, "unset": None}.get(
+        token, float(token) if token[0].isdigit() or token[0] == "-" else token
+    )
+
+
+def test_every_default_the_example_states_is_the_built_in_default() -> None:
+    """`tokengate config example` says each key's default in words ("Default 10."): an on-call
+    engineer deletes the lines they do not need and trusts the comment. Every stated default
+    must be what the gate uses when the key is left out (no test held them together: a default
+    changed in gate/config/schema.py left the example's word behind)."""
+    section, comment, seen, checked = "", "", set(), 0
+    for line in uncommented_example().splitlines():
+        header = re.match(r"^\[\[?([a-z_]+)", line)
+        key = re.match(r"^([a-z0-9_]+) = ", line)
+        if header:
+            section, comment = header.group(1), ""
+        elif line.startswith("#"):
+            comment += " " + line.lstrip("# ")
+        elif key:
+            name = key.group(1)
+            if (section, name) not in seen:
+                seen.add((section, name))
+                if (section, name) in _NO_DEFAULT or (section == "tenants" and name == "tokens_per_minute"):
+                    pass  # explained with requests_per_minute, one comment for both
+                elif not section:
+                    assert name == "default_class" and 'Default: "interactive"' in comment
+                    assert Config().default_class == "interactive"
+                else:
+                    assert "Default" in comment, f"{section}.{name}: its comment states no default"
+                    stated = _documented_default(comment)
+                    cls = _EXAMPLE_SECTIONS[section]
+                    if (section, name) == ("gate", "listen"):
+                        real: object = GateConfig().listen
+                    else:
+                        field_name = {"class": "class_name"}.get(name, name)
+                        real = next(f.default for f in dataclasses.fields(cls) if f.name == field_name)
+                    if (
+                        isinstance(stated, str)
+                        and isinstance(real, str | type(None))
+                        and (section, name)
+                        in {
+                            ("tenants", "class"),
+                            ("fleet", "name"),
+                        }
+                    ):
+                        assert real in (None, ""), f"{section}.{name}"  # a phrase: the class's, the socket's name
+                    else:
+                        assert stated == real, f"{section}.{name}: the example says Default {stated!r}, the gate uses {real!r}"
+                    checked += 1
+            comment = ""
+        elif not line.strip():
+            continue
+    assert checked >= 50  # every documented key of every table was compared
+
+
+def test_the_example_names_both_tenant_key_headers_and_the_open_probe_routes() -> None:
+    """The example said "With tenants, every request needs a tenant's API key (Authorization:
+    Bearer)": the gate also takes X-Api-Key (the Anthropic SDK's header; a real gate answered
+    200 to it) and leaves /health and /metrics open for probes (200 without a key), as the
+    README says. An operator wiring a probe or an Anthropic client read the opposite."""
+    block = " ".join(EXAMPLE_CONFIG.split("# One [[tenants]] table per client.")[1].split("[[tenants]]")[0].replace("#", " ").split())
+    assert "Authorization: Bearer" in block and "X-Api-Key" in block
+    assert "/health and /metrics stay open" in block

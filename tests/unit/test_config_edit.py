@@ -142,3 +142,33 @@ def test_config_set_keeps_the_files_owner_group_and_mode(tmp_path) -> None:
     assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, 65534, 0o640)
     assert seen == [0o640]
     assert "min_tokens = 1024" in f.read_text()
+
+
+@pytest.mark.parametrize(
+    ("edit", "hint"),
+    [
+        ("backends.url=http://127.0.0.1:9000", "backends[0].url"),
+        ("tenants.weight=2", "tenants[0].weight"),
+        ("backends[3].url=http://127.0.0.1:9000", "1 [[backends]]"),
+    ],
+)
+def test_config_set_of_a_list_table_names_the_indexed_form(tmp_path, edit, hint):
+    """A user ran `config set F backends.url=...` on the example and got "F: line 284, column 10:
+    invalid TOML: Cannot declare ('backends',) twice" (the file has 282 lines: the line is in
+    the edit's own text), and `backends[3].url=...` crashed: "tokengate: error: ValueError:",
+    exit 1. [[backends]], [[tenants]] and [[fleet]] are lists: name one, `backends[0].url`
+    (what `tokengate crunch` prints); a usage error exits 2 and changes nothing."""
+    f = tmp_path / "tokengate.toml"
+    f.write_text(EXAMPLE_CONFIG)
+    rc, out, err = run("config", "set", str(f), edit)
+    assert rc == 2, err
+    assert hint in err and "ValueError" not in err and "line " not in err
+    assert f.read_text() == EXAMPLE_CONFIG
+    rc, _, err = run("config", "set", str(f), "backends[0].url=http://127.0.0.1:9000")
+    assert rc == 0, err
+    assert parse_config(f.read_text(), "f").backends[0].url == "http://127.0.0.1:9000"
+
+
+def test_config_set_help_shows_how_to_name_a_backend():
+    rc, out, _ = run("config", "set", "--help")
+    assert rc == 0 and "backends[0].url" in out

@@ -989,3 +989,30 @@ def test_a_set_key_at_its_recorded_value_says_the_operators_change_of_it_still_r
     assert len(said) == 1, answer["notes"]
     assert said[0].startswith(f"classes.interactive.queue_depth={depth}: ")
     assert "+5.0 s" in said[0] and "replayed as recorded" in said[0]
+
+
+def test_forwarded_requests_are_not_called_refusals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A user's journal (3 chat requests, a GET /props, a GET of an unknown path, both forwarded
+    outside admission) replayed with "2 decisions without a class (ok 2) are left out of every
+    figure: the gate refused them before it classified them", and `log --format aiperf` said
+    "3 decisions ... left out of the trace: refused before the gate counted the prompt": nothing
+    was refused. Forwarded rows (outcome forwarded, no class, nothing counted) are named as such."""
+    path = _journal(tmp_path, n=20, duration=5.0)
+    lo, hi = sqlite3.connect(path).execute("SELECT min(ts), max(ts) FROM decisions").fetchone()
+    conn = sqlite3.connect(path, isolation_level=None)
+    row = (
+        "INSERT INTO decisions (ts, request_id, tenant, class, backend, endpoint, stream, reserved_tokens, outcome, reason, "
+        "http_status, duration_ms) VALUES (?, ?, '', '', 'default', ?, 0, 0, ?, ?, ?, 0.1)"
+    )
+    conn.execute(row, (lo + 1.0, "f1", "GET /props", "forwarded", "ok", 200))
+    conn.execute(row, (lo + 1.5, "f2", "GET /nonexistent", "forwarded", "ok", 404))
+    conn.execute(row, (lo + 2.0, "r1", "/v1/chat/completions", "refused", "shutting_down", 503))
+    conn.close()
+    notes = " ".join(load_window(path).notes)
+    assert "2 forwarded requests (routes outside admission" in notes, notes
+    assert "1 decision without a class (shutting_down 1) is left out of every figure" in notes, notes
+    assert "ok 2" not in notes
+    assert main(["log", "--journal", path, "--format", "aiperf"]) == 0
+    err = capsys.readouterr().err
+    assert "3 decisions without a prompt token count (or any output length) are left out of the trace" in err, err
+    assert "2 forwarded outside admission" in err and "1 refused before the gate counted the prompt" in err, err

@@ -62,7 +62,12 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter], epilog: s
         epilog=JSON_NOTE + "\n" + epilog,
         formatter_class=formatter,
     )
-    p.add_argument("--journal", metavar="FILE", default=None, help="the SQLite journal (default: tokengate.db)")
+    p.add_argument(
+        "--journal",
+        metavar="FILE",
+        default=None,
+        help="the SQLite journal (default: tokengate.db, or the demo's tokengate-demo.db when only that one is here)",
+    )
     p.add_argument(
         "--since",
         metavar="WHEN",

@@ -378,7 +378,13 @@ def _losses(conn: sqlite3.Connection, backend: str, since: float, until: float, 
                 "found no 'stopped'): requests in flight then were never journaled; counts may be short"
             )
             break
-    unclassed = Counter(str(r["reason"]) for r in rows if not r["class"])
+    forwarded = sum(1 for r in rows if not r["class"] and r["outcome"] == "forwarded")
+    if forwarded:  # /props, /slots, the web UI...: journaled, never admitted, nothing refused
+        notes.append(
+            f"{forwarded} forwarded request{'' if forwarded == 1 else 's'} (routes outside admission: /props, /slots, "
+            "the web UI, ...) left out of every figure"
+        )
+    unclassed = Counter(str(r["reason"]) for r in rows if not r["class"] and r["outcome"] != "forwarded")
     if unclassed:
         n = sum(unclassed.values())
         each = ", ".join(f"{reason} {k}" for reason, k in sorted(unclassed.items(), key=lambda x: (-x[1], x[0])))
