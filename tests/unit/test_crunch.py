@@ -572,6 +572,11 @@ def test_the_recommendation_merges_into_the_example_config_and_admits_its_larges
     text = format_report(report)
     assert "Paste into tokengate.toml" not in text
     assert edit_command(edits) in text and "'backends[0].token_budget=" in text
+    # by hand: each line says which table the key goes in, never a dotted key that is not TOML
+    by_hand = text.split("or by hand:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert f"  in [budget]: min_tokens = {rec.min_tokens}" in by_hand
+    assert f"  in the [[backends]] table number 1: token_budget = {rec.token_budget}" in by_hand
+    assert not any("[0]" in line or "budget.min" in line for line in by_hand)
 
 
 def test_progress_moves_inside_a_cell_with_its_tokens() -> None:

@@ -245,7 +245,7 @@ def format_report(report: CrunchReport, *, config_text: str | None = None, confi
             "  " + edit_command(edits, target),
             "",
             "or by hand:",
-            *(f"  {k} = {_toml(v)}" for k, v in edits),
+            *(f"  {_by_hand(k)}{_toml(v)}" for k, v in edits),
         ]
     out += [
         "",
@@ -254,6 +254,20 @@ def format_report(report: CrunchReport, *, config_text: str | None = None, confi
         config_snippet(report, rec).rstrip("\n"),
     ]
     return "\n".join(out) + "\n"
+
+
+def _by_hand(key: str) -> str:
+    """`budget.min_tokens` as a line to write by hand: "in [budget]: min_tokens = " (a dotted or
+    indexed key pasted as is, `backends[0].token_budget = 216`, is not TOML: a user's trial)."""
+    import re
+
+    table, _, name = key.rpartition(".")
+    indexed = re.fullmatch(r"(\w+)\[(\d+)\]", table)
+    if indexed is not None:
+        where = f"the [[{indexed.group(1)}]] table number {int(indexed.group(2)) + 1}"
+    else:
+        where = f"[{table}]"
+    return f"in {where}: {name} = "
 
 
 def _toml(v: Any) -> str:
