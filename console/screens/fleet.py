@@ -1,7 +1,9 @@
 """The fleet screen: one row per attached gate; Enter opens that gate's full console.
 
 Rows come from `console.fleet.FleetRow` (the fleet polls each gate's snapshot); the screen
-only draws them. A gate that cannot be reached keeps its row and says why.
+only draws them. A gate that cannot be reached keeps its row and says why: in the row's last
+column, and whole, wrapped, under the table for the row the cursor is on (at 120 columns the
+column cut "no control socket here (is `tokengate serve` running ...)" to "no control so…").
 """
 
 from __future__ import annotations
@@ -68,10 +70,12 @@ class FleetTable(DataTable):
     def __init__(self, **kwargs) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
         self._cells: dict[str, dict[str, Any]] = {}
+        self.notes: dict[str, str] = {}  # each gate's note, whole
         for key, label in COLUMNS.items():
             self.add_column(label, key=key)
 
     def show(self, rows: Sequence[FleetRow]) -> None:
+        self.notes = {row.name: row.note for row in rows}
         for row in rows:
             sync_row(self, self._cells, row.name, row_cells(row), tuple(COLUMNS))
         drop_stale(self, self._cells, {r.name for r in rows})
@@ -89,6 +93,10 @@ class FleetTable(DataTable):
 class FleetScreen(Screen[None]):
     """The fleet's rows; Enter (or a click) opens the selected gate's full console."""
 
+    DEFAULT_CSS = """
+    #fleet-table { height: 1fr; }
+    #fleet-note { height: auto; color: $error; }
+    """
     BINDINGS = [
         Binding("enter", "open", "open gate"),
         Binding("q", "quit_fleet", "quit"),
@@ -103,6 +111,8 @@ class FleetScreen(Screen[None]):
         yield Static(self.title_text, id="fleet-title")
         self.table = FleetTable(id="fleet-table")
         yield self.table
+        self.note = Static("", id="fleet-note", markup=False)
+        yield self.note
         yield Static("enter: open the gate's console (q there comes back here)  q: quit", id="fleet-hint")
         yield Footer(compact=True)
 
@@ -111,6 +121,17 @@ class FleetScreen(Screen[None]):
 
     def show(self, rows: Sequence[FleetRow]) -> None:
         self.table.show(rows)
+        self._show_note()
+
+    def _show_note(self) -> None:
+        """The note of the gate under the cursor, whole (the table's column cuts it)."""
+        gate = self.table.selected_gate
+        note = self.table.notes.get(gate, "") if gate is not None else ""
+        self.note.update(f"{gate}: {note}" if note else "")
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        event.stop()
+        self._show_note()
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         event.stop()
