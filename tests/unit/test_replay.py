@@ -968,6 +968,24 @@ def test_a_backend_with_no_decisions_is_refused_naming_the_ones_the_window_has(t
         load_window(path, backend="nope")
 
 
+def test_a_backend_with_no_decisions_is_refused_also_beside_decisions_without_a_backend(tmp_path: Path) -> None:
+    """A trial's window held 23 `shutting_down` 503s of a gate restart (refused before they
+    reached a backend: backend ''): `--backend nope` then replayed those alone, and printed an
+    empty table (exit 0) with "no completed requests" and "a gate older than this one wrote it"."""
+    path = _journal(tmp_path, n=20, duration=5.0)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(
+        "INSERT INTO decisions (ts, request_id, tenant, class, backend, endpoint, stream, reserved_tokens, outcome, reason, "
+        "http_status, duration_ms) SELECT ts + 0.001, request_id || 'x', tenant, '', '', endpoint, stream, 0, 'refused', "
+        "'shutting_down', 503, 0.1 "
+        "FROM decisions ORDER BY ts LIMIT 3"
+    )
+    conn.close()
+    with pytest.raises(ReplayError, match=r"no decisions for backend 'nope' in the window \(the window's backends: default\)"):
+        load_window(path, backend="nope")
+    assert load_window(path, backend="default").backend == "default"
+
+
 def test_a_set_key_at_its_recorded_value_says_the_operators_change_of_it_still_replays(tmp_path: Path) -> None:
     # A proposal pins only the keys whose value differs from the recorded config, so after an
     # operator's retune of interactive's queue from 8 to 12, `--set classes.interactive.queue_depth=8`

@@ -182,7 +182,9 @@ def _load(conn: sqlite3.Connection, path: str, since: float | None, until: float
     rows = conn.execute(
         'SELECT * FROM decisions WHERE ts >= ? AND ts < ? AND (backend = ? OR backend = "") ORDER BY ts, id', (since, until, backend)
     ).fetchall()
-    if not rows:
+    # (decisions without a backend, a restart's shutting_down 503s, are no sign of this one: a
+    # trial's `--backend nope` replayed them alone, an empty table with exit 0)
+    if not any(r["backend"] == backend for r in rows):
         there = [
             r[0]
             for r in conn.execute(
