@@ -1007,3 +1007,25 @@ def test_a_set_key_at_its_recorded_value_says_the_operators_change_of_it_still_r
     assert len(said) == 1, answer["notes"]
     assert said[0].startswith(f"classes.interactive.queue_depth={depth}: ")
     assert "+5.0 s" in said[0] and "replayed as recorded" in said[0]
+
+
+def test_a_proposed_kv_layout_is_refused_or_said_not_replayed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--set backend.kv=split` was accepted as a key "the replay's backend model reads", and its
+    column equalled the replayed one: the model runs on the layout the gate learned from
+    llama-server (a gate does too: a learned layout overrides the file's kv), and never reads a
+    proposal's kv (a trial's what-if of a split cache changed nothing, and nothing said so)."""
+    path = _journal(tmp_path, n=40, duration=10.0)
+    window = load_window(path)
+    with pytest.raises(ValueError, match=r"backend\.kv.*not replayed.*layout"):
+        proposal_from_set("backend.kv=split", window.config)
+    with pytest.raises(ValueError, match=r"reads backend\.token_budget, backend\.max_prefill_tokens, backend\.prefill_yield_tokens$"):
+        proposal_from_set("backend.url=http://x", window.config)
+    other = tmp_path / "split.toml"
+    other.write_text(EXAMPLE_CONFIG.replace('kv = "auto"', 'kv = "split"', 1))
+    assert main(["replay", "--journal", path, "--format", "json", "--config", str(other)]) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert any("split.toml" in n and 'kv = "split" is not replayed' in n for n in notes), notes
+    same = tmp_path / "same.toml"
+    same.write_text(EXAMPLE_CONFIG)
+    assert main(["replay", "--journal", path, "--format", "json", "--config", str(same)]) == 0
+    assert not any("is not replayed" in n for n in json.loads(capsys.readouterr().out)["notes"])

@@ -75,14 +75,19 @@ def _proposal(name: str, recorded: Config, data: dict[str, Any]) -> Proposal:
     return Proposal(name, config, pinned)
 
 
-#: the backend keys a proposal may set: the ones the replay's model reads (not its address)
-BACKEND_KEYS = ("token_budget", "max_prefill_tokens", "prefill_yield_tokens", "kv")
+#: the backend keys a proposal may set: the ones the replay's model reads (not its address, nor
+#: its kv: the model runs on the layout llama-server has, as a gate lets a learned layout override kv)
+BACKEND_KEYS = ("token_budget", "max_prefill_tokens", "prefill_yield_tokens")
+_KV_NOT_REPLAYED = (
+    "is not replayed: the backend model runs on the KV layout llama-server has (the `backend model:` line; "
+    "a gate, too, lets the layout it learns from llama-server override kv), so it would change nothing"
+)
 
 
 def proposal_from_set(text: str, recorded: Config) -> Proposal:
     """``KEY=VALUE[,KEY=VALUE...]`` over the recorded thresholds. Keys: ``budget.K``,
     ``classes.NAME.K``, ``backend.K`` (the replayed backend: token_budget, max_prefill_tokens,
-    prefill_yield_tokens, kv; ``backends.K``, as ``changes`` names it, too); ``KEY=none``
+    prefill_yield_tokens; ``backends.K``, as ``changes`` names it, too); ``KEY=none``
     removes an optional key. A key given twice, an empty item, or a key the replay cannot honour
     (``default_class``: each arrival keeps its recorded class; a backend's address) is an error."""
     data = thresholds_of(recorded)
@@ -106,6 +111,8 @@ def proposal_from_set(text: str, recorded: Config) -> Proposal:
                 raise ValueError(f"--set {key}: no class {cls!r} in the recorded config (classes: {', '.join(data['classes'])})")
             table = data["classes"][cls]
         elif head in ("backend", "backends") and rest:
+            if rest == "kv":
+                raise ValueError(f"--set {key}: the KV layout {_KV_NOT_REPLAYED}")
             if rest not in BACKEND_KEYS:
                 raise ValueError(f"--set {key}: the replay's backend model reads {', '.join('backend.' + k for k in BACKEND_KEYS)}")
             table = data["backends"][0]
@@ -142,6 +149,9 @@ def proposal_from_config(name: str, other: Config, recorded: Config, backend: st
             f"(its {', '.join(k for k in BACKEND_KEYS if k in match[0]) or 'backend keys: none set'})",
         )
     data["backends"] = match
+    recorded_kv = [b.get("kv") for b in thresholds_of(recorded)["backends"] if b.get("name") == backend][:1]
+    if match and recorded_kv and match[0].get("kv") != recorded_kv[0]:
+        notes += (f'{name}: its kv = "{match[0].get("kv")}" {_KV_NOT_REPLAYED}',)
     return dataclasses.replace(_proposal(name, recorded, data), notes=notes)
 
 
