@@ -231,7 +231,14 @@ def export(
         if fmt == "aiperf":
             origin = _first_counted(conn, since_ts, path)
             left_out: list[int] = []
-            n = _write_aiperf(columns, rows, out, origin, left_out)
+            estimated: list[int] = []
+            n = _write_aiperf(columns, rows, out, origin, left_out, estimated)
+            if estimated and notes is not None:
+                notes.append(
+                    f"{estimated[0]} of the {n} input_length values are the gate's estimates, not counts (token_count_source = "
+                    "estimate: refused at arrival before llama-server counted the prompt, sized from its JSON's bytes and the "
+                    "backend's recent counts)"
+                )
             if left_out and notes is not None:
                 k = left_out[0]
                 notes.append(
@@ -269,13 +276,20 @@ def _first_counted(conn: sqlite3.Connection, since_ts: float | None, path: str) 
 
 
 def _write_aiperf(
-    columns: Sequence[str], rows: Iterator[tuple[Any, ...]], out: TextIO, origin: float | None = None, left_out: list[int] | None = None
+    columns: Sequence[str],
+    rows: Iterator[tuple[Any, ...]],
+    out: TextIO,
+    origin: float | None = None,
+    left_out: list[int] | None = None,
+    estimated: list[int] | None = None,
 ) -> int:
-    """The trace lines; `left_out` gets the count of decisions without token counts (none: not appended)."""
+    """The trace lines; `left_out` gets the count of decisions without token counts, `estimated`
+    the count of lines whose prompt size is the gate's estimate (none: not appended)."""
     at = {name: i for i, name in enumerate(columns)}
     ts, prompt, max_tokens, done = at["ts"], at["prompt_tokens"], at["max_tokens"], at["completion_tokens"]
+    source = at.get("token_count_source")
     first: float | None = origin
-    n = skipped = 0
+    n = skipped = guessed = 0
     for row in rows:
         if row[prompt] is None or (row[done] is None and row[max_tokens] is None):
             skipped += 1  # refused before its prompt was counted: nothing to send again (said, not silently)
@@ -285,8 +299,11 @@ def _write_aiperf(
         line = {"timestamp": round((row[ts] - first) * 1000), "input_length": max(1, row[prompt]), "output_length": max(1, output)}
         out.write(json.dumps(line, separators=(",", ":")) + "\n")
         n += 1
+        guessed += source is not None and row[source] == "estimate"
     if skipped and left_out is not None:
         left_out.append(skipped)
+    if guessed and estimated is not None:
+        estimated.append(guessed)
     return n
 
 

@@ -1029,3 +1029,20 @@ def test_a_proposed_kv_layout_is_refused_or_said_not_replayed(tmp_path: Path, ca
     same.write_text(EXAMPLE_CONFIG)
     assert main(["replay", "--journal", path, "--format", "json", "--config", str(same)]) == 0
     assert not any("is not replayed" in n for n in json.loads(capsys.readouterr().out)["notes"])
+
+
+def test_log_aiperf_says_how_many_input_lengths_are_the_gates_estimates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A trial's incident trace: 745 of its 872 lines carried the prompt size of a request refused
+    at arrival before llama-server counted it (token_count_source = estimate: its bytes / 3,
+    scaled), as `input_length`, and nothing said so: the performance team took them as counts."""
+    path = _journal(tmp_path, n=20, duration=5.0)
+    stamps = _decision_times(path)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("UPDATE decisions SET token_count_source = 'estimate' WHERE ts >= ?", (stamps[14],))
+    conn.close()
+    assert main(["log", "--journal", path, "--format", "aiperf"]) == 0
+    out = capsys.readouterr()
+    assert len(out.out.splitlines()) == 20 and out.err.count("\n") == 1
+    assert "tokengate log: 6 of the 20 input_length values are the gate's estimates" in out.err
+    assert main(["log", "--journal", path, "--format", "aiperf", "--until", repr(stamps[14])]) == 0
+    assert capsys.readouterr().err == ""  # every one counted: nothing said
