@@ -547,10 +547,13 @@ class ReviewScreen(Screen[str | None]):
             text.append(f"{i + 1} {label}", style=style)
             text.append(" ")
         if self.now is not None:
-            since, _until = self._range_bounds()
+            since, until = self._range_bounds()
             start = since if since is not None else self.oldest
+            # an until= filter ends the window before "now" (a trial's header read "now" while
+            # the rows and the what-if ended at the filter's until)
+            end = min(self.now, until) if until is not None else self.now
             fmt = "%Y-%m-%d %H:%M:%S"
-            text.append(f"  {_utc(start, fmt)} → {_utc(self.now, fmt)} UTC")
+            text.append(f"  {_utc(start, fmt)} → {_utc(end, fmt)} UTC")
         return text
 
     def _refresh_header(self) -> None:

@@ -635,6 +635,10 @@ async def test_since_and_until_zoom_to_an_incident_window_in_utc(journal_1000: P
         await settle(pilot)
         assert not screen.query_one("#review-filter-error", Static).display
         assert screen.total == 300
+        # the header names the window shown, its end too: it read "... 22:20:00 → 2023-11-14
+        # 22:29:59 UTC" (the journal's last decision) for a window the what-if titled "→ 22:25:00"
+        header = str(screen.query_one("#review-header", Static).render())
+        assert "2023-11-14 22:20:00 → 2023-11-14 22:25:00 UTC" in header, header
         screen = await apply_filter(pilot, "since=22:20 until=22:25 outcome=refused")
         await settle(pilot)
         assert screen.total == sum(1 for i in range(400, 700) if i % 4 == 0)
