@@ -1046,3 +1046,23 @@ def test_log_aiperf_says_how_many_input_lengths_are_the_gates_estimates(tmp_path
     assert "tokengate log: 6 of the 20 input_length values are the gate's estimates" in out.err
     assert main(["log", "--journal", path, "--format", "aiperf", "--until", repr(stamps[14])]) == 0
     assert capsys.readouterr().err == ""  # every one counted: nothing said
+
+
+def test_a_window_starting_just_before_a_gate_start_does_not_claim_a_lead_it_cannot_replay(tmp_path: Path) -> None:
+    """A trial's window began 4.7 s before its gate's restart (the old gate draining): the
+    thresholds in force are the new gate's (a config_in_force row up to 5 s after --since), and
+    the old gate's 3 requests still running at --since arrived before it, so the lead (which
+    starts no earlier than the thresholds) held none of them. The note read "3 requests ... were
+    still queued or running at its start: the replay starts -0.0 s earlier (with the 0 arrivals
+    since then ...) so that they hold their slots"."""
+    start = 1_800_000_000.0
+    arrivals = synthetic_arrivals(240, 20.0, seed=4)
+    outcomes = replay(CONFIG, FIT, arrivals, until=21.0)
+    path = str(tmp_path / "restart.db")
+    write_journal(path, CONFIG, FIT, arrivals, outcomes, start=start)
+    _restart_row(path, start + 10.0, CONFIG)
+    window = load_window(path, since=start + 7.0)
+    assert not window.lead
+    assert not any("s earlier" in n for n in window.notes), window.notes
+    said = [n for n in window.notes if "before the gate whose thresholds it replays started" in n]
+    assert said and said[0].startswith("the window starts 3.0 s before") and "not replayed" in said[0], window.notes
