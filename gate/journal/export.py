@@ -214,7 +214,8 @@ def export(
 ) -> int:
     """Write the ``kind`` rows of the journal at ``path`` to ``out``; returns the row count.
     `cls`: only the decisions of that class (an aiperf trace keeps the times of the whole
-    selection: one trace per class, each replayed with its class's header, stay in step).
+    selection: one trace per class, each replayed with its class's header and aiperf's
+    ``--fixed-schedule-start-offset 0``, which keeps aiperf from shifting it to its first arrival, stay in step).
     `notes` gets what the reader should know beside the rows (decisions an aiperf trace leaves out)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")

@@ -1066,3 +1066,14 @@ def test_a_window_starting_just_before_a_gate_start_does_not_claim_a_lead_it_can
     assert not any("s earlier" in n for n in window.notes), window.notes
     said = [n for n in window.notes if "before the gate whose thresholds it replays started" in n]
     assert said and said[0].startswith("the window starts 3.0 s before") and "not replayed" in said[0], window.notes
+
+
+def test_the_aiperf_commands_given_keep_each_traces_time_zero() -> None:
+    """A trial replayed two per-class traces with the README's command: aiperf 0.13 shifts a
+    fixed schedule to start at its first timestamp unless told a start offset (its log:
+    "zero_ms=166, auto_offset=True"), so the interactive trace, 166 ms into the window, started
+    at aiperf's 0 and the classes were not in step as the README said."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    commands = [line for line in readme.splitlines() if "--custom-dataset-type mooncake_trace --fixed-schedule" in line]
+    assert commands and all("--fixed-schedule-start-offset 0" in line for line in commands), commands
+    assert "--fixed-schedule-start-offset 0" in " ".join(readme[readme.index("one trace per class (`tokengate log") :].split()[:80])
