@@ -1077,3 +1077,20 @@ def test_the_aiperf_commands_given_keep_each_traces_time_zero() -> None:
     commands = [line for line in readme.splitlines() if "--custom-dataset-type mooncake_trace --fixed-schedule" in line]
     assert commands and all("--fixed-schedule-start-offset 0" in line for line in commands), commands
     assert "--fixed-schedule-start-offset 0" in " ".join(readme[readme.index("one trace per class (`tokengate log") :].split()[:80])
+
+
+def test_an_error_too_large_to_mean_a_percentage_reads_over_999_percent(tmp_path: Path) -> None:
+    """A trial's gate never queued (every request started or was refused at arrival: a queue
+    wait of 0.1 ms each), the replay queued some: its table read "queue_wait_p95_ms  0.100
+    1129?  112930%", a number that looks like a bug. The table says ">999%"; the JSON keeps the
+    ratio (and the figure stays untrusted)."""
+    path = _journal(tmp_path, n=200, duration=20.0)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("UPDATE decisions SET queue_ms = 0.1 WHERE class = 'interactive' AND outcome = 'admitted'")
+    conn.close()
+    answer = run_replay(load_window(path))
+    cal = answer["calibration"]["interactive.queue_wait_p95_ms"]
+    assert cal["recorded"] == 0.1 and cal["error"] > 9.995, cal
+    line = next(ln for ln in to_table(answer).splitlines() if "interactive" in ln and "queue_wait_p95_ms" in ln)
+    assert line.split()[-1] == ">999%", line
+    assert "interactive.queue_wait_p95_ms" in answer["scenarios"][1]["untrusted"]
