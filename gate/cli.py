@@ -283,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="cls",
         default=None,
         help="only the decisions of this class (an aiperf trace keeps the times of every class: one trace per class, "
-        "each replayed with its X-Tokengate-Class header, stay in step)",
+        "each replayed with its X-Tokengate-Class header and aiperf's --fixed-schedule-start-offset 0, stay in step)",
     )
     log_cmd.add_argument(
         "--format",

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.text import Text
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -537,21 +537,43 @@ class ReviewScreen(Screen[str | None]):
         self.query_one("#review-status", Static).update(Text(" " + text))
 
     def _header_text(self) -> Text:
+        window = ""
+        if self.now is not None:
+            since, until = self._range_bounds()
+            start = since if since is not None else self.oldest
+            # an until= filter ends the window before "now" (a trial's header read "now" while
+            # the rows and the what-if ended at the filter's until)
+            end = min(self.now, until) if until is not None else self.now
+            fmt = "%Y-%m-%d %H:%M:%S"
+            window = f"{_utc(start, fmt)} → {_utc(end, fmt)} UTC"
+        text = self._header(window, narrow=False)
+        if window and text.cell_len > self.size.width > 0:
+            # narrow (80 columns cut it after the range keys and the window's date): the window
+            # first, its date once, then the keys (the footer lists "1-5 Range" too)
+            if window[:10] == window[22:32]:
+                window = window[:22] + window[33:]
+            text = self._header(window, narrow=True)
+        return text
+
+    def _header(self, window: str, *, narrow: bool) -> Text:
         text = Text()
         text.append(" REVIEW ", style="bold black on dark_orange")
         text.append(f" {Path(self.journal_path).name} ", style="bold")
+        if narrow:
+            text.append(f" {window} ")
         text.append(" read-only ", style="dim")
         text.append("  range ")
         for i, (label, _s) in enumerate(RANGES):
             style = "bold reverse" if i == self.range_index else "dim"
             text.append(f"{i + 1} {label}", style=style)
             text.append(" ")
-        if self.now is not None:
-            since, _until = self._range_bounds()
-            start = since if since is not None else self.oldest
-            fmt = "%Y-%m-%d %H:%M:%S"
-            text.append(f"  {_utc(start, fmt)} → {_utc(self.now, fmt)} UTC")
+        if window and not narrow:
+            text.append(f"  {window}")
         return text
+
+    def on_resize(self, event: events.Resize) -> None:
+        if self.now is not None:
+            self._refresh_header()
 
     def _refresh_header(self) -> None:
         self.query_one("#review-header", Static).update(self._header_text())

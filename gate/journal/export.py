@@ -214,7 +214,8 @@ def export(
 ) -> int:
     """Write the ``kind`` rows of the journal at ``path`` to ``out``; returns the row count.
     `cls`: only the decisions of that class (an aiperf trace keeps the times of the whole
-    selection: one trace per class, each replayed with its class's header, stay in step).
+    selection: one trace per class, each replayed with its class's header and aiperf's
+    ``--fixed-schedule-start-offset 0``, which keeps aiperf from shifting it to its first arrival, stay in step).
     `notes` gets what the reader should know beside the rows (decisions an aiperf trace leaves out)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
@@ -231,7 +232,14 @@ def export(
         if fmt == "aiperf":
             origin = _first_counted(conn, since_ts, path)
             left_out: list[int] = []
-            n = _write_aiperf(columns, rows, out, origin, left_out)
+            estimated: list[int] = []
+            n = _write_aiperf(columns, rows, out, origin, left_out, estimated)
+            if estimated and notes is not None:
+                notes.append(
+                    f"{estimated[0]} of the {n} input_length values are the gate's estimates, not counts (token_count_source = "
+                    "estimate: refused at arrival before llama-server counted the prompt, sized from its JSON's bytes and the "
+                    "backend's recent counts)"
+                )
             if left_out and notes is not None:
                 refused, forwarded = left_out
                 k = refused + forwarded
@@ -274,15 +282,22 @@ def _first_counted(conn: sqlite3.Connection, since_ts: float | None, path: str) 
 
 
 def _write_aiperf(
-    columns: Sequence[str], rows: Iterator[tuple[Any, ...]], out: TextIO, origin: float | None = None, left_out: list[int] | None = None
+    columns: Sequence[str],
+    rows: Iterator[tuple[Any, ...]],
+    out: TextIO,
+    origin: float | None = None,
+    left_out: list[int] | None = None,
+    estimated: list[int] | None = None,
 ) -> int:
     """The trace lines; `left_out` gets the counts of decisions without token counts, refused and
-    forwarded (none: not appended)."""
+    forwarded, `estimated` the count of lines whose prompt size is the gate's estimate (none: not
+    appended)."""
     at = {name: i for i, name in enumerate(columns)}
     ts, prompt, max_tokens, done = at["ts"], at["prompt_tokens"], at["max_tokens"], at["completion_tokens"]
     outcome = at["outcome"]
+    source = at.get("token_count_source")
     first: float | None = origin
-    n = skipped = forwarded = 0
+    n = skipped = forwarded = guessed = 0
     for row in rows:
         if row[prompt] is None or (row[done] is None and row[max_tokens] is None):
             # refused before its prompt was counted, or forwarded outside admission (GET /props):
@@ -297,8 +312,11 @@ def _write_aiperf(
         line = {"timestamp": round((row[ts] - first) * 1000), "input_length": max(1, row[prompt]), "output_length": max(1, output)}
         out.write(json.dumps(line, separators=(",", ":")) + "\n")
         n += 1
+        guessed += source is not None and row[source] == "estimate"
     if (skipped or forwarded) and left_out is not None:
         left_out.extend((skipped, forwarded))
+    if guessed and estimated is not None:
+        estimated.append(guessed)
     return n
 
 

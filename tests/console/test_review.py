@@ -635,9 +635,30 @@ async def test_since_and_until_zoom_to_an_incident_window_in_utc(journal_1000: P
         await settle(pilot)
         assert not screen.query_one("#review-filter-error", Static).display
         assert screen.total == 300
+        # the header names the window shown, its end too: it read "... 22:20:00 → 2023-11-14
+        # 22:29:59 UTC" (the journal's last decision) for a window the what-if titled "→ 22:25:00"
+        header = str(screen.query_one("#review-header", Static).render())
+        assert "2023-11-14 22:20:00 → 2023-11-14 22:25:00 UTC" in header, header
         screen = await apply_filter(pilot, "since=22:20 until=22:25 outcome=refused")
         await settle(pilot)
         assert screen.total == sum(1 for i in range(400, 700) if i % 4 == 0)
+
+
+async def test_at_80_columns_the_header_still_names_the_window(journal_1000: Path) -> None:
+    """At 80x24 the header was cut after "range 1 15m 2 1h 3 6h 4 24h 5 all   2023-11-14": the
+    window reviewed (and replayed by `w`) was not on screen. Narrow, it comes before the range
+    keys (the footer lists "1-5 Range"), with its date once."""
+    app = ReviewApp(journal_1000)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        screen = await apply_filter(pilot, "since=22:20 until=22:25")
+        await settle(pilot)
+        header = str(screen.query_one("#review-header", Static).render())
+        assert "2023-11-14 22:20:00 → 22:25:00 UTC" in header[:80], header
+        await pilot.resize_terminal(160, 40)
+        await settle(pilot)
+        header = str(screen.query_one("#review-header", Static).render())
+        assert "5 all   2023-11-14 22:20:00 → 2023-11-14 22:25:00 UTC" in header, header  # wide: as before
 
 
 async def test_escape_clears_a_filter_before_it_leaves_the_review(journal_1000: Path) -> None:

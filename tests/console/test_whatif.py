@@ -91,7 +91,7 @@ async def test_w_replays_the_window_under_an_edited_threshold(journal: Path) -> 
         window = load_window(str(journal), screen.since, screen.until)
         expected = table_cells(run_replay(window, [proposal_from_set("backend.token_budget=512", window.config)]))
         head, rows = expected
-        assert [str(c.label) for c in screen.query_one("#whatif-table").columns.values()] == head
+        assert [str(c.label) for c in screen.query_one("#whatif-table").columns.values()] == [*head[:5], "proposal"]
         assert screen.table_rows == [cells for cells, _ in rows]
         assert {r[0] for r in screen.table_rows} == {"interactive", "batch"}
         # a quarter of the budget changes what the gate admits: the proposal column moves
@@ -440,3 +440,23 @@ async def test_the_what_if_says_what_the_backend_model_assumed(journal: Path) ->
         await settle(pilot)
         assert screen.answer is not None
         assert line in drawn(app, "#whatif-notes")
+
+
+async def test_a_proposal_of_several_keys_shows_its_figures_without_scrolling(journal: Path) -> None:
+    """A trial at 160x48 replayed three keys: the proposal's column was headed by the whole
+    --set text (94 characters), so its figures sat past the table's right edge, out of view
+    beside the recorded and replayed ones. The column is "proposal"; the status line above the
+    table names it whole, as before."""
+    app = ReviewApp(journal)
+    async with app.run_test(size=(160, 48)) as pilot:
+        screen = await open_whatif(pilot)
+        text = "backend.token_budget=1500\nclasses.interactive.queue_depth=8\nclasses.batch.queue_depth=2"
+        screen.query_one("#whatif-form", TextArea).text = text
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert screen.error is None and screen.proposal == text.replace("\n", ",")
+        table = screen.query_one("#whatif-table")
+        assert [str(c.label) for c in table.columns.values()][-1] == "proposal"
+        assert table.virtual_size.width <= table.scrollable_content_region.width, (table.virtual_size, table.region)
+        status = str(screen.query_one("#whatif-status").render())
+        assert f"proposal {screen.proposal}" in status

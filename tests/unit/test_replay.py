@@ -968,6 +968,24 @@ def test_a_backend_with_no_decisions_is_refused_naming_the_ones_the_window_has(t
         load_window(path, backend="nope")
 
 
+def test_a_backend_with_no_decisions_is_refused_also_beside_decisions_without_a_backend(tmp_path: Path) -> None:
+    """A trial's window held 23 `shutting_down` 503s of a gate restart (refused before they
+    reached a backend: backend ''): `--backend nope` then replayed those alone, and printed an
+    empty table (exit 0) with "no completed requests" and "a gate older than this one wrote it"."""
+    path = _journal(tmp_path, n=20, duration=5.0)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(
+        "INSERT INTO decisions (ts, request_id, tenant, class, backend, endpoint, stream, reserved_tokens, outcome, reason, "
+        "http_status, duration_ms) SELECT ts + 0.001, request_id || 'x', tenant, '', '', endpoint, stream, 0, 'refused', "
+        "'shutting_down', 503, 0.1 "
+        "FROM decisions ORDER BY ts LIMIT 3"
+    )
+    conn.close()
+    with pytest.raises(ReplayError, match=r"no decisions for backend 'nope' in the window \(the window's backends: default\)"):
+        load_window(path, backend="nope")
+    assert load_window(path, backend="default").backend == "default"
+
+
 def test_a_set_key_at_its_recorded_value_says_the_operators_change_of_it_still_replays(tmp_path: Path) -> None:
     # A proposal pins only the keys whose value differs from the recorded config, so after an
     # operator's retune of interactive's queue from 8 to 12, `--set classes.interactive.queue_depth=8`
@@ -1016,3 +1034,104 @@ def test_forwarded_requests_are_not_called_refusals(tmp_path: Path, capsys: pyte
     err = capsys.readouterr().err
     assert "3 decisions without a prompt token count (or any output length) are left out of the trace" in err, err
     assert "2 forwarded outside admission" in err and "1 refused before the gate counted the prompt" in err, err
+
+
+def test_a_proposed_kv_layout_is_refused_or_said_not_replayed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--set backend.kv=split` was accepted as a key "the replay's backend model reads", and its
+    column equalled the replayed one: the model runs on the layout the gate learned from
+    llama-server (a gate does too: a learned layout overrides the file's kv), and never reads a
+    proposal's kv (a trial's what-if of a split cache changed nothing, and nothing said so)."""
+    path = _journal(tmp_path, n=40, duration=10.0)
+    window = load_window(path)
+    with pytest.raises(ValueError, match=r"backend\.kv.*not replayed.*layout"):
+        proposal_from_set("backend.kv=split", window.config)
+    with pytest.raises(ValueError, match=r"reads backend\.token_budget, backend\.max_prefill_tokens, backend\.prefill_yield_tokens$"):
+        proposal_from_set("backend.url=http://x", window.config)
+    other = tmp_path / "split.toml"
+    other.write_text(EXAMPLE_CONFIG.replace('kv = "auto"', 'kv = "split"', 1))
+    assert main(["replay", "--journal", path, "--format", "json", "--config", str(other)]) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert any("split.toml" in n and 'kv = "split" is not replayed' in n for n in notes), notes
+    same = tmp_path / "same.toml"
+    same.write_text(EXAMPLE_CONFIG)
+    assert main(["replay", "--journal", path, "--format", "json", "--config", str(same)]) == 0
+    assert not any("is not replayed" in n for n in json.loads(capsys.readouterr().out)["notes"])
+
+
+def test_log_aiperf_says_how_many_input_lengths_are_the_gates_estimates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A trial's incident trace: 745 of its 872 lines carried the prompt size of a request refused
+    at arrival before llama-server counted it (token_count_source = estimate: its bytes / 3,
+    scaled), as `input_length`, and nothing said so: the performance team took them as counts."""
+    path = _journal(tmp_path, n=20, duration=5.0)
+    stamps = _decision_times(path)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("UPDATE decisions SET token_count_source = 'estimate' WHERE ts >= ?", (stamps[14],))
+    conn.close()
+    assert main(["log", "--journal", path, "--format", "aiperf"]) == 0
+    out = capsys.readouterr()
+    assert len(out.out.splitlines()) == 20 and out.err.count("\n") == 1
+    assert "tokengate log: 6 of the 20 input_length values are the gate's estimates" in out.err
+    assert main(["log", "--journal", path, "--format", "aiperf", "--until", repr(stamps[14])]) == 0
+    assert capsys.readouterr().err == ""  # every one counted: nothing said
+
+
+def test_a_window_starting_just_before_a_gate_start_does_not_claim_a_lead_it_cannot_replay(tmp_path: Path) -> None:
+    """A trial's window began 4.7 s before its gate's restart (the old gate draining): the
+    thresholds in force are the new gate's (a config_in_force row up to 5 s after --since), and
+    the old gate's 3 requests still running at --since arrived before it, so the lead (which
+    starts no earlier than the thresholds) held none of them. The note read "3 requests ... were
+    still queued or running at its start: the replay starts -0.0 s earlier (with the 0 arrivals
+    since then ...) so that they hold their slots"."""
+    start = 1_800_000_000.0
+    arrivals = synthetic_arrivals(240, 20.0, seed=4)
+    outcomes = replay(CONFIG, FIT, arrivals, until=21.0)
+    path = str(tmp_path / "restart.db")
+    write_journal(path, CONFIG, FIT, arrivals, outcomes, start=start)
+    _restart_row(path, start + 10.0, CONFIG)
+    window = load_window(path, since=start + 7.0)
+    assert not window.lead
+    assert not any("s earlier" in n for n in window.notes), window.notes
+    said = [n for n in window.notes if "before the gate whose thresholds it replays started" in n]
+    assert said and said[0].startswith("the window starts 3.0 s before") and "not replayed" in said[0], window.notes
+
+
+def test_the_aiperf_commands_given_keep_each_traces_time_zero() -> None:
+    """A trial replayed two per-class traces with the README's command: aiperf 0.13 shifts a
+    fixed schedule to start at its first timestamp unless told a start offset (its log:
+    "zero_ms=166, auto_offset=True"), so the interactive trace, 166 ms into the window, started
+    at aiperf's 0 and the classes were not in step as the README said."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    commands = [line for line in readme.splitlines() if "--custom-dataset-type mooncake_trace --fixed-schedule" in line]
+    assert commands and all("--fixed-schedule-start-offset 0" in line for line in commands), commands
+    assert "--fixed-schedule-start-offset 0" in " ".join(readme[readme.index("one trace per class (`tokengate log") :].split()[:80])
+
+
+def test_an_error_too_large_to_mean_a_percentage_reads_over_999_percent(tmp_path: Path) -> None:
+    """A trial's gate never queued (every request started or was refused at arrival: a queue
+    wait of 0.1 ms each), the replay queued some: its table read "queue_wait_p95_ms  0.100
+    1129?  112930%", a number that looks like a bug. The table says ">999%"; the JSON keeps the
+    ratio (and the figure stays untrusted)."""
+    path = _journal(tmp_path, n=200, duration=20.0)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("UPDATE decisions SET queue_ms = 0.1 WHERE class = 'interactive' AND outcome = 'admitted'")
+    conn.close()
+    answer = run_replay(load_window(path))
+    cal = answer["calibration"]["interactive.queue_wait_p95_ms"]
+    assert cal["recorded"] == 0.1 and cal["error"] > 9.995, cal
+    line = next(ln for ln in to_table(answer).splitlines() if "interactive" in ln and "queue_wait_p95_ms" in ln)
+    assert line.split()[-1] == ">999%", line
+    assert "interactive.queue_wait_p95_ms" in answer["scenarios"][1]["untrusted"]
+
+
+def test_a_proposal_that_moves_the_objective_says_its_attainment_has_another_yardstick(tmp_path: Path) -> None:
+    """slo_attainment is judged against each scenario's own objective: a trial's what-if of
+    budget.slo_ttft_p95_ms=3000 read interactive attainment 0.731 -> 0.864, partly because the
+    bar moved from 2 s to 3 s, and nothing beside the table said the columns used two bars."""
+    window = load_window(_journal(tmp_path, n=100, duration=20.0))
+    moved = proposal_from_set("budget.slo_ttft_p95_ms=3000", window.config)
+    same = proposal_from_set("classes.batch.queue_depth=4", window.config)
+    answer = run_replay(window, [moved, same])
+    said = [n for n in answer["notes"] if "slo_attainment" in n]
+    assert len(said) == 1 and said[0].startswith("budget.slo_ttft_p95_ms=3000: its slo_attainment is judged against"), said
+    assert "3000 ms" in said[0] and "2000 ms" in said[0]
+    assert answer["scenarios"][2]["classes"]["interactive"]["slo_objective_ms"] == 3000.0

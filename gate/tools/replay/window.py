@@ -182,7 +182,9 @@ def _load(conn: sqlite3.Connection, path: str, since: float | None, until: float
     rows = conn.execute(
         'SELECT * FROM decisions WHERE ts >= ? AND ts < ? AND (backend = ? OR backend = "") ORDER BY ts, id', (since, until, backend)
     ).fetchall()
-    if not rows:
+    # (decisions without a backend, a restart's shutting_down 503s, are no sign of this one: a
+    # trial's `--backend nope` replayed them alone, an empty table with exit 0)
+    if not any(r["backend"] == backend for r in rows):
         there = [
             r[0]
             for r in conn.execute(
@@ -230,7 +232,7 @@ def _load(conn: sqlite3.Connection, path: str, since: float | None, until: float
     curve = tuple((s["ts"] - since, s["budget"]) for s in samples if s["budget"] is not None and since <= s["ts"] < until)
     notes += _changed_before(changes, since, float(cfg_row["ts"]), str(cfg_row["note"]))
     lead = _lead(conn, backend, since, float(cfg_row["ts"]), names)
-    notes += _open_ends(conn, path, backend, since, until, lead)
+    notes += _open_ends(conn, path, backend, since, until, lead, float(cfg_row["ts"]))
     notes += _losses(conn, backend, since, until, rows)
     return Window(
         path,
@@ -320,13 +322,29 @@ def _lead(conn: sqlite3.Connection, backend: str, since: float, config_ts: float
     return tuple(_arrival(r, since, classes) for r in rows if r["class"])
 
 
-def _open_ends(conn: sqlite3.Connection, path: str, backend: str, since: float, until: float, lead: tuple[Arrival, ...]) -> list[str]:
+def _open_ends(
+    conn: sqlite3.Connection, path: str, backend: str, since: float, until: float, lead: tuple[Arrival, ...], config_ts: float
+) -> list[str]:
     """Work the window's arrivals do not show: requests that arrived before it and were queued
-    or running at its start (replayed first, from the earliest of them: `lead`), and, in a
-    journal a gate is writing now (it holds the journal's lock), requests still running (a
+    or running at its start (replayed first, from the earliest of them: `lead`; not those that
+    arrived before the thresholds in force were, `config_ts`: a gate before it ran them), and,
+    in a journal a gate is writing now (it holds the journal's lock), requests still running (a
     decision is journaled when its request ends)."""
+    from gate.journal.export import iso
+
     notes = []
-    carried = len(_carried(conn, backend, since))
+    running = _carried(conn, backend, since)
+    carried = sum(1 for r in running if r["ts"] >= config_ts)
+    if len(running) > carried:
+        # a window starting up to 5 s before a gate's start replays that gate's thresholds; the
+        # gate before it still ran these (a trial's note read "the replay starts -0.0 s earlier
+        # (with the 0 arrivals since then ...) so that they hold their slots")
+        gone = len(running) - carried
+        notes.append(
+            f"the window starts {config_ts - since:.1f} s before the gate whose thresholds it replays started "
+            f"({iso(config_ts)}): {gone} request{'' if gone == 1 else 's'} the gate before it still ran then "
+            f"{'is' if gone == 1 else 'are'} not replayed"
+        )
     if carried:
         lead_s = -min((a.at for a in lead), default=0.0)
         notes.append(
