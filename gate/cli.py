@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
@@ -1048,11 +1049,27 @@ def _cmd_crunch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 # Entry point
 
 
+#: "-15m", as a user writes "15 minutes ago" after --since (argparse takes it for an option)
+_MINUS_DURATION = re.compile(r"^-\d+(\.\d+)?[smhd]$", re.IGNORECASE)
+
+
+def _glued_moments(argv: Sequence[str]) -> list[str]:
+    """`--since -15m` as `--since=-15m`: argparse read the value as an unknown option ("expected
+    one argument", a trial's guess); the moment's reader takes the minus as "ago" too."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1] in ("--since", "--until") and _MINUS_DURATION.match(arg):
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``tokengate`` entry point; returns the exit code."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(_glued_moments(sys.argv[1:] if argv is None else argv))
     except SystemExit as e:  # --help, --version, usage errors
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     if args.command is None:

@@ -409,6 +409,7 @@ class WhatIfScreen(ModalScreen[None]):
         except ValueError as e:
             self._status(f"not applied: {e}", error=True)
             return
+        untrusted = len(self.answer["scenarios"][1]["untrusted"])
         if not await self.app.push_screen_wait(
             ConfirmScreen(
                 "Apply the what-if",
@@ -416,6 +417,14 @@ class WhatIfScreen(ModalScreen[None]):
                 + (
                     "\nThe budget is set by hand and the adaptive controller frozen there, as the replay held it (f unfreezes it)."
                     if command.budget is not None
+                    else ""
+                )
+                # the figures behind the decision, as trusted as the calibration says (a trial
+                # applied a proposal whose 15 of 17 figures were marked '?', with nothing said here)
+                + (
+                    f"\n{untrusted} of the table's figures are not trusted (calibration error over 25%): "
+                    "the replay predicts them poorly for this window."
+                    if untrusted
                     else ""
                 ),
                 yes_label="Apply",

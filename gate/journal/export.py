@@ -40,7 +40,7 @@ FORMATS = ("table", "json", "csv", "aiperf")
 FETCH = 1000  # rows per fetchmany
 TABLE_PAGE = 200  # rows buffered to size the table's columns
 
-_RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$", re.IGNORECASE)
+_RELATIVE = re.compile(r"^\s*-?\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$", re.IGNORECASE)  # "-15m" is 15m ago too
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _LAST_EPOCH_S = 253402300799.0  # 9999-12-31T23:59:59Z, the last moment a datetime holds
 

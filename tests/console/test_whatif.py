@@ -177,6 +177,9 @@ async def test_apply_from_the_what_if_sends_exactly_one_retune(gate, journal: Pa
         await pilot.press("ctrl+t")
         await pilot.pause()
         assert isinstance(app.screen, ConfirmScreen)
+        # the confirmation says how many of the figures behind it the calibration trusts not
+        untrusted = len(screen.answer["scenarios"][1]["untrusted"])
+        assert (f"{untrusted} of the table's figures are not trusted" in app.screen.message) == (untrusted > 0)
         await pilot.press("y")
         await settle(pilot)
         assert screen.error is None and screen.applied

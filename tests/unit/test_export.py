@@ -165,6 +165,18 @@ def test_log_and_replay_refuse_epoch_milliseconds_as_a_usage_error(
     assert "milliseconds" in err and "Traceback" not in err and "ValueError" not in err
 
 
+@pytest.mark.parametrize("command", ["log", "replay"])
+def test_a_minus_duration_after_since_reads_as_ago_not_as_an_option(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], journal: Path
+) -> None:
+    # `--since -5m` (a trial's guess) was argparse's "expected one argument", exit 2
+    from gate.cli import main
+
+    assert parse_since("-15m", 10_000.0) == parse_since("15m", 10_000.0)
+    assert main([command, "--journal", str(journal), "--since", "-5m", "--until", "-1s"]) in (0, 1)
+    assert "expected one argument" not in capsys.readouterr().err
+
+
 def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     missing = tmp_path / "nope.db"
     with pytest.raises(ExportError, match="nope.db: journal file not found"):

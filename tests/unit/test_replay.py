@@ -512,6 +512,7 @@ def test_recorded_changes_counts_the_operators_moves_in_the_window_only(tmp_path
     answer = run_replay(load_window(path), [])
     assert answer["recorded_changes"] == 2
     assert "2 operator changes in the window" in to_table(answer)
+    assert "1 operator change in the window" in to_table({**answer, "recorded_changes": 1})
 
 
 def test_changes_between_the_gate_s_start_and_the_window_are_named_in_a_note(tmp_path: Path) -> None:

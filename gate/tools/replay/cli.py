@@ -73,7 +73,8 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter], epilog: s
         metavar="WHEN",
         type=_when,
         default=None,
-        help="window start: 15m (ago), an ISO-8601 time or epoch seconds; default: the first decision",
+        help="window start: 15m (ago; -15m too), an ISO-8601 time (UTC unless it says otherwise) or epoch seconds; "
+        "default: the first decision",
     )
     p.add_argument("--until", metavar="WHEN", type=_when, default=None, help="window end, same forms; default: the last decision")
     p.add_argument(

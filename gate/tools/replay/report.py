@@ -527,7 +527,8 @@ def to_table(answer: Mapping[str, Any]) -> str:
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
     out = [
         f"replay of {answer['journal']} backend {answer['backend']}, {answer['duration_s']:g} s, "
-        f"config {answer['config_digest']}, {answer['recorded_changes']} operator changes in the window"
+        f"config {answer['config_digest']}, {answer['recorded_changes']} operator "
+        f"change{'' if answer['recorded_changes'] == 1 else 's'} in the window"
     ]
     fit = answer["fit"]
     out.append(model_line(fit))

@@ -425,7 +425,7 @@ def _changed_before(changes: list[Change], since: float, started: float, digest:
     more = f" and {len(before) - 6} more" if len(before) > 6 else ""
     return [
         f"{len(before)} change{'' if len(before) == 1 else 's'} between the gate's start ({_hms(started)}, config {digest}) "
-        f"and the window are in force at its start (replayed before it): {listed}{more}; --set keys and the what-if's lines "
+        f"and the window {'is' if len(before) == 1 else 'are'} in force at its start (replayed before it): {listed}{more}; --set keys and the what-if's lines "
         "are compared with the gate's start"
     ]
 
