@@ -515,6 +515,23 @@ def test_recorded_changes_counts_the_operators_moves_in_the_window_only(tmp_path
     assert "1 operator change in the window" in to_table({**answer, "recorded_changes": 1})
 
 
+def test_an_objective_moved_in_the_window_is_said_with_the_bar_attainment_keeps(tmp_path: Path) -> None:
+    # a trial's operator moved the SLO from 2 s to 3 s mid-incident; every column judged
+    # attainment against the 2 s in force at the start, and nothing said so
+    path = _journal(tmp_path, n=60, duration=10.0)
+    conn = sqlite3.connect(path, isolation_level=None)
+    first = conn.execute("SELECT min(ts) FROM decisions").fetchone()[0]
+    _audit(conn, (first + 2.0, "console", "pause_class", "class:batch", "True"))
+    conn.close()
+    assert not any("TTFT objective moved" in n for n in run_replay(load_window(path), [])["notes"])
+    conn = sqlite3.connect(path, isolation_level=None)
+    _audit(conn, (first + 3.0, "console", "set_budget_settings", "budget", "slo_ttft_p95_ms=3000"))
+    conn.close()
+    window = load_window(path)
+    (note,) = [n for n in run_replay(window, [])["notes"] if "TTFT objective moved" in n]
+    assert "set_budget_settings budget" in note and f"{window.config.budget.slo_ttft_p95_ms:.0f} ms" in note
+
+
 def test_changes_between_the_gate_s_start_and_the_window_are_named_in_a_note(tmp_path: Path) -> None:
     """A trial's window came after a SIGHUP reload (SLO 2000 -> 3000, a queue 64 -> 32): the
     replay's header said "config sha256:..., 0 operator changes in the window" and the what-if

@@ -336,6 +336,23 @@ def _yardstick_notes(window: Window, p: Proposal) -> list[str]:
     return [f"{p.name}: its slo_attainment is judged against its own TTFT objectives, {', '.join(moved)}: not one bar across the columns"]
 
 
+def _moved_bar_notes(window: Window) -> list[str]:
+    """An operator's change in the window that moves a TTFT objective: slo_attainment is judged
+    against the objective in force at the window's start in every column (one bar to compare
+    the columns by; a trial's retune from 2 s to 3 s mid-incident went unsaid)."""
+    classes = sorted({a.cls for a in window.arrivals})
+    keys = frozenset({"budget.slo_ttft_p95_ms", *(f"classes.{c}.ttft_objective_ms" for c in classes)})
+    moved = [c for c in window.changes if c.at > 0 and c.action in REPLAYED_ACTIONS and unpinned(c, keys) != c]
+    if not moved:
+        return []
+    at = ", ".join(f"+{c.at:.1f} s {c.action} {c.target}" for c in moved[:4]) + (" ..." if len(moved) > 4 else "")
+    bars = ", ".join(f"{c} {window.config.objective_ms(c) or window.config.budget.slo_ttft_p95_ms:.0f} ms" for c in classes)
+    return [
+        f"a TTFT objective moved in the window ({at}): slo_attainment is judged against the objectives in force at "
+        f"its start ({bars}) for every arrival in every column, not the moved ones"
+    ]
+
+
 def run_replay(window: Window, proposals: Sequence[Proposal] = ()) -> dict[str, Any]:
     """The whole answer: recorded, replayed at the recorded thresholds, then each proposal."""
     rec = figures(window, recorded_outcomes(window), window.config)
@@ -347,7 +364,7 @@ def run_replay(window: Window, proposals: Sequence[Proposal] = ()) -> dict[str, 
         {"name": "recorded", "classes": rec, "untrusted": [], "budget_curve": _curve(window.budget_curve)},
         {"name": "replayed", "classes": rep, "untrusted": bad, "budget_curve": _curve(curve)},
     ]
-    notes = list(window.notes)
+    notes = list(window.notes) + _moved_bar_notes(window)
     already = set(_warnings(window, window.config))
     for p in proposals:
         outs, curve = _run(window, p.config, p.pinned)
