@@ -1244,7 +1244,12 @@ class Admission:
         first = f"first token {(expected or 0.0) * 1000:.0f} ms"
         waiting = f"expected wait {wait * 1000:.0f} ms for {ahead} ahead" if wait is not None else f"{ahead} ahead, no slot has freed yet"
         if (wait or 0.0) > left:
-            why = f"{waiting} + {first} would miss its {objective_ms:g} ms time-to-first-token objective"
+            # The objective counts from when the request came (before its body and count were
+            # in): a sum without that time did not miss ("expected wait 614 ms + first token
+            # 745 ms would miss its 2000 ms", for a client whose body took 2.2 s).
+            spent_ms = (now - request.objective_from) * 1000
+            since = f"{spent_ms:.0f} ms since it came + " if spent_ms >= 0.5 else ""
+            why = f"{since}{waiting} + {first} would miss its {objective_ms:g} ms time-to-first-token objective"
         else:
             why = (
                 f"a slot is only {_floor_pct(chance or 0.0)} likely to free within the {max(0.0, left) * 1000:.0f} ms its "
