@@ -542,8 +542,10 @@ async def release_when_slot_frees(
     of up to a batch is prefilled whole before llama-server sees the cancel: 1.1 s for 352 tokens
     on the test VM, 2026-12-05).
     """
-    deadline = clock() + timeout_s
+    cut_at = clock()
+    deadline = cut_at + timeout_s
     pause = 0.05
+    last_task: int | None = None  # llama-server's newest task at the first look: later ones started after the cut
     try:
         while clock() < deadline and backend.admission is not None:
             try:
@@ -553,8 +555,18 @@ async def release_when_slot_frees(
                 slots = None
             if not isinstance(slots, list):
                 break  # /slots is off or the backend is gone: nothing to wait for
-            busy = sum(1 for s in slots if isinstance(s, dict) and s.get("is_processing"))
-            if busy + ticket.request.tasks <= backend.admission.ledger.slots:  # the ledger still counts this ticket's slots
+            slots = [s for s in slots if isinstance(s, dict)]
+            if last_task is None:
+                last_task = max((t for s in slots if isinstance(t := s.get("id_task"), int)), default=-1)
+            # Compare like with like: the slots busy with tasks llama-server had started by the
+            # cut, against the slots of requests the gate had dispatched by then (this one's
+            # included). Against every slot the gate holds, a request dispatched after the cut
+            # and not started yet made a slot look free: a trial's gate let go of a cut 1,600-
+            # token prefill at once, dispatched one request more than llama-server had slots,
+            # and all of them waited 2.3 s for the prefill (llama-server does not stop a batch).
+            busy = sum(1 for s in slots if s.get("is_processing") and not (isinstance(t := s.get("id_task"), int) and t > last_task))
+            held = sum(r.request.tasks for r in backend.admission.ledger if r.admitted_at <= cut_at)
+            if busy + ticket.request.tasks <= held:  # the ledger still counts this ticket's slots
                 break
             await asyncio.sleep(pause)
             # a stream's slot frees within a decode step; a plain call's may take its whole answer

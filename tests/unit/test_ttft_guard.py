@@ -87,6 +87,24 @@ def test_the_objective_counts_from_when_the_request_came_not_from_when_its_count
         check_invariants(adm)
 
 
+def test_a_refusal_counting_the_time_since_the_request_came_says_so():
+    """The sum the refusal states must miss: a trial's client whose body took 2.2 s to arrive
+    read "expected wait 614 ms for 1 ahead + first token 745 ms would miss its 2000 ms
+    time-to-first-token objective" (1,359 ms), the time it had already spent left unsaid."""
+    adm = one_class(default_ms=1000.0)
+    measure_holds(adm, 2.0)
+    for at in (10.0, 11.0):
+        assert isinstance(adm.offer(req("chat", 100, at=at), at), Admit)
+    came = dataclasses.replace(req("chat", 100, at=11.5), came=11.0)  # 0.5 s since it came
+    refusal = adm.offer(came, 11.5)  # a slot frees in 0.5 s, + 0.2 s TTFT: 1.2 s from 11.0
+    assert isinstance(refusal, Refuse) and refusal.reason is Reason.QUEUE_TIMEOUT
+    assert "500 ms since it came + expected wait 500 ms for 0 ahead + first token 200 ms" in refusal.detail, refusal.detail
+    fresh = adm.offer(req("chat", 100, at=11.5), 11.5)  # nothing spent before: no such term
+    assert isinstance(fresh, Queue)
+    late = adm.offer(req("chat", 100, at=11.5), 11.5)
+    assert isinstance(late, Refuse) and "since it came" not in late.detail, late.detail
+
+
 def test_nothing_measured_means_no_early_refusal():
     adm = one_class(default_ms=1000.0, ttft=None)
     for r in (req("chat", 100), req("chat", 100)):
