@@ -117,7 +117,7 @@ class Gatekeeper:
     def refuses_before_count(self, request: Request) -> Refused | None:
         """The refusal `acquire` would raise for `request` however large its uncounted prompt
         (`request.prompt_tokens`, a lower bound) turns out (`Admission.refuses_before_count`),
-        else None; nothing changes either way."""
+        else None; nothing changes but what a refusal counts (`Admission.refuses_before_count`)."""
         refusal = self.admission.refuses_before_count(request, self.clock())
         return None if refusal is None else Refused(refusal)
 
