@@ -112,6 +112,9 @@ Retry-After of a refusal to wait (T1, a full queue, T2/T3, a timeout, a drain):
       as one herd (a trial: 38 refusals in one instant all told 5 s for 4 slots; of 203
       clients that obeyed, 15 took 5 or more tries). Clamped to [1, 120] s like every
       Retry-After; no decision reads it.
+  R2. a refusal that only an operator's action ends (a paused class; a budget the operator set,
+      static or frozen, that the class's share cannot reach) is told its class's queue_timeout_s
+      at the least, not the drain's estimate: no drain ends it.
 A newcomer that fits now is admitted (the backend can start it; refusing on an estimate with
 nothing running would stop the measurements too). Unmeasured parts count as zero; with nothing
 measured there is no early refusal, and the waiter waits up to queue_timeout_s.
@@ -880,7 +883,8 @@ class Admission:
                 Reason.TOKEN_BUDGET_EXCEEDED,
                 f"request needs {request.cost} tokens; class {request.cls!r} can reach "
                 f"{self.class_reach(request.cls, self.budget)} at the current budget of {self.budget}",
-                self.retry_after(request.cls, request.cost, now),
+                # R2: an operator's budget (static, frozen) moves only by the operator's hand
+                self.retry_after(request.cls, request.cost, now) if self.budget_elastic() else self._retry_operator(request, now),
             )
         self._count_arrival(request, now)
         # No overtaking: with requests of its class waiting, a newcomer waits behind them.
@@ -986,8 +990,16 @@ class Admission:
             request,
             Reason.CLASS_PAUSED,
             f"class {request.cls!r} is paused by the operator",
-            self.retry_after(request.cls, request.cost, now),
+            self._retry_operator(request, now),
         )
+
+    def _retry_operator(self, request: Request, now: float) -> float:
+        """R2: Retry-After of a refusal that only an operator's action ends (a paused class, a
+        budget set by hand): no drain ends it, so not the drain's estimate (a trial's clients
+        of a paused class were told 1 s, again and again), but the class's own wait bound, its
+        queue_timeout_s, at the least."""
+        timeout_s = self._classes[request.cls].queue.timeout_s
+        return clamp_retry(max(self.retry_after(request.cls, request.cost, now), timeout_s))
 
     def advance(self, now: float) -> Step:
         """Expire overdue waiters, serve aged waiters, then dispatch by priority and DRR

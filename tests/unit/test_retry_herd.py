@@ -1,4 +1,5 @@
-"""R1: Retry-After of refusals to wait is staggered behind the herd refused with them.
+"""R1: Retry-After of refusals to wait is staggered behind the herd refused with them; R2: a
+refusal only an operator ends (a pause, a budget set by hand) is not told the drain's estimate.
 
 A trial's 38 refusals in one instant were all told 5 s for 4 slots; of 203 clients that obeyed,
 15 took 5 or more tries. These tests pin that the k-th refusal of a herd is told k spacings of
@@ -156,3 +157,31 @@ def test_negative_control_without_the_stagger_an_obeying_herd_is_refused_again_a
     # the slots' worth get in: tries pile up. Staggered, they come back as slots free.
     assert sum(without) > sum(with_r1), (without, with_r1)
     assert max(without) > max(with_r1), (without, with_r1)
+
+
+def test_r2_only_an_operator_ends_a_pause_or_a_budget_set_by_hand_so_no_drain_estimate_is_told():
+    # a trial's clients of a paused class were told Retry-After 1 s, again and again; those
+    # refused over a budget frozen at 1,024 ("class 'batch' can reach 0") too
+    def core(elastic: bool) -> Admission:
+        adm = Admission(
+            [Cls("interactive", 10, reserved_tokens=900, queue_timeout_s=10.0), Cls("batch", 1, queue_timeout_s=60.0)],
+            Capacity(slots=4, slot_context=4000, ceiling=4000),
+            budget=1000,
+            budget_elastic=lambda: elastic,
+        )
+        r = req("interactive", 100, at=0.0)
+        assert isinstance(adm.offer(r, 0.0), Admit)
+        adm.release(r.id, 1.0)  # a drain measured: its estimate is ~1 s
+        return adm
+
+    adm = core(elastic=False)
+    adm.pause("batch")
+    paused = adm.offer(req("batch", 50, at=2.0), 2.0)
+    assert isinstance(paused, Refuse) and paused.reason is Reason.CLASS_PAUSED and paused.retry_after_s == 60.0
+    adm.resume("batch")
+    over = adm.offer(req("batch", 200, at=2.0), 2.0)  # batch reaches 100 of the frozen 1,000
+    assert isinstance(over, Refuse) and over.reason is Reason.TOKEN_BUDGET_EXCEEDED and over.retry_after_s == 60.0
+    # the adaptive controller's budget may move on its own: the drain's estimate stands
+    elastic = core(elastic=True).offer(req("batch", 200, at=2.0), 2.0)
+    assert isinstance(elastic, Refuse) and elastic.reason is Reason.TOKEN_BUDGET_EXCEEDED
+    assert elastic.retry_after_s is not None and elastic.retry_after_s < 60.0
