@@ -149,6 +149,12 @@ class ForwardEndpoint:
 
     def _route(self, request: Request) -> Route:
         method, path = request.method, request.url.path
+        if any(part in (".", "..") for part in path.split("/")):
+            # httpx resolves dot segments when it builds the backend's URL ("/x/../props" is sent
+            # as "/props", "%2e%2e" too, once decoded): the route checked here would not be the one
+            # llama-server runs (a generation never admitted, an operator-only call by a tenant).
+            # llama-server has no route with such a segment.
+            raise GateError(Reason.INVALID_REQUEST, f"{method} {shown_path(path)}: a path with '.' or '..' segments is not forwarded")
         if method == "OPTIONS":
             return PREFLIGHT
         route = lookup("GET" if method == "HEAD" else method, path)

@@ -220,6 +220,26 @@ async def test_unknown_routes_refused_when_configured(llama_unified):
         assert (await client.get(gate.url + "/props")).status_code == 200
 
 
+async def test_dot_segments_never_reach_llama_server_as_another_route(llama_unified):
+    # httpx resolves "/x/../props" to "/props" when it builds the backend's URL ("%2e%2e" is
+    # decoded to ".." first): a tenant reached POST /props (operator-only) and ran generations
+    # the gate never admitted. The client's path goes as raw bytes: httpx would resolve it here too.
+    chat_body = json.dumps(chat(4)).encode()
+    auth = f"Authorization: Bearer {KEY}\r\n"
+    async with running_gate(llama_unified.url, WITH_OPERATOR, environ=OPS_ENV, backend_extra=BACKEND_EXTRA) as gate:
+        for method, path, body in (
+            ("POST", "/x/../props", b"{}"),
+            ("POST", "/x/%2e%2e/slots/0?action=erase", b""),
+            ("POST", "/x/..%2fv1/chat/completions", chat_body),
+            ("POST", "/%2E%2E/v1/chat/completions", chat_body),
+            ("GET", "/./props", b""),
+        ):
+            head = await _head(gate.url, method, path, body, auth)
+            assert head.startswith(b"HTTP/1.1 400 "), (path, head)
+        assert not [a for a in gate.recent_audit if a.source == "api"]
+        await released(gate)
+
+
 async def test_bad_input_on_forwarded_routes_is_a_4xx_without_backend_addresses(llama_unified):
     async with running_gate(llama_unified.url, "[gate]\nmax_body_bytes = 1024\n") as gate, httpx.AsyncClient(timeout=30) as client:
         r = await client.post(gate.url + "/tokenize", content=b"x" * 4096, headers={"content-type": "application/json"})
