@@ -40,7 +40,7 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from gate.backend.upstream import RETRY_DOWN_S, forward_headers, relayed_headers
+from gate.backend.upstream import RETRY_DOWN_S, forward_headers, is_redirect, redirect_error, relayed_headers
 from gate.core.errors import GateError
 from gate.core.reasons import Outcome, Reason
 from gate.data.commands import Operator
@@ -228,12 +228,16 @@ class ForwardEndpoint:
             timeout=httpx.Timeout(30.0, read=limits.request_timeout_s),
         )
         try:
-            return await client.send(upstream_request, stream=True)
+            response = await client.send(upstream_request, stream=True)
         except httpx.TimeoutException:
             raise GateError(Reason.UPSTREAM_TIMEOUT, f"backend {backend.name!r} did not answer", retry_after_s=RETRY_DOWN_S) from None
         except httpx.HTTPError as exc:
             self.gate.log.warning("backend %s at %s unreachable: %s: %s", backend.name, backend.url, type(exc).__name__, exc)
             raise GateError(Reason.NO_BACKEND, f"backend {backend.name!r} is unreachable", retry_after_s=RETRY_DOWN_S) from None
+        if is_redirect(response.status_code):
+            await response.aclose()
+            raise redirect_error(response, f"{backend.name} at {backend.url}")
+        return response
 
     def _record(
         self,
