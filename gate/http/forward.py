@@ -98,7 +98,7 @@ class ForwardEndpoint:
                 raise GateError(Reason.MODEL_NOT_FOUND, "no backend serves that model", "model")
             if route.access == "operator":
                 self._operator_call(request, route, caller, backend)
-            upstream = await self._open(request, backend)
+            upstream = await self._open(request, backend, credential=route is not PREFLIGHT)
         except GateError as err:
             label = route.name if route is not None else OTHER_ROUTE
             self._record(request, request_id, label, caller, backend, err.outcome, err.reason.value, err.status, t0, wall0)
@@ -201,7 +201,9 @@ class ForwardEndpoint:
             source="api",
         )
 
-    async def _open(self, request: Request, backend: Backend) -> httpx.Response:
+    async def _open(self, request: Request, backend: Backend, *, credential: bool = True) -> httpx.Response:
+        """The backend's answer; `credential`: send the gate's own key (never for a preflight, which
+        came without a tenant's key and which llama-server answers without one)."""
         content_type = request.headers.get("content-type")
         check_headers(request.headers)
         body = await request.body()  # through the BodyReader: limited before reading
@@ -214,6 +216,8 @@ class ForwardEndpoint:
         headers = forward_headers(dict(request.headers), None)
         headers.pop("accept-encoding", None)
         headers.update(backend.auth_headers())
+        if not credential:
+            headers.pop("Authorization", None)
         if content_type is not None:
             headers["content-type"] = content_type
         limits = self.gate.config.gate

@@ -80,6 +80,8 @@ class FakeUpstream:
         self.count_asked = asyncio.Event()
         self.counts = 0  # count requests received
         self.count_answered_at: float | None = None
+        #: (method, path, the Authorization header or None) of every request, in order
+        self.heard: list[tuple[str, str, str | None]] = []
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
 
@@ -109,6 +111,7 @@ class FakeUpstream:
                 method, path, _ = lines[0].split(" ", 2)
                 headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:] if ":" in line)}
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
+                self.heard.append((method, path, headers.get("authorization")))
                 if self.mode == "redirect" and path.split("?")[0] not in ("/health", "/props", "/v1/chat/completions/input_tokens"):
                     moved = f'<a href="{REDIRECT_TO}{path}">Found</a>'.encode()
                     writer.write(

@@ -387,6 +387,24 @@ async def test_a_backend_redirect_is_a_502_that_names_no_address(stream):
             await wait_until(lambda: ledger_total(gate) == 0 and gate.in_flight_requests() == 0, timeout_s=5)
 
 
+async def test_a_preflight_without_a_tenant_key_never_carries_the_gates_upstream_key():
+    """OPTIONS passes without a credential (browsers send none with a preflight): it went to the
+    backend with the gate's own `api_key_env` key attached, on any path, for anyone."""
+    tenants = '[[tenants]]\nname = "alice"\napi_key_env = "ALICE_KEY"\n'
+    environ = {"ALICE_KEY": "sk-alice-1", "UP_KEY": "sk-upstream-9"}
+    async with fake_upstream("slow") as fake:
+        async with (
+            running_gate(fake.url, tenants, backend_extra='api_key_env = "UP_KEY"', environ=environ) as gate,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
+            fake.heard.clear()
+            await client.options(gate.url + "/slots", headers={"Origin": "http://app.example", "Access-Control-Request-Method": "GET"})
+            await client.get(gate.url + "/slots", headers={"Authorization": "Bearer sk-alice-1"})
+            heard = {(m, p): auth for m, p, auth in fake.heard if p == "/slots"}
+            assert heard[("OPTIONS", "/slots")] is None, fake.heard
+            assert heard[("GET", "/slots")] == "Bearer sk-upstream-9", fake.heard  # an authenticated call still carries it
+
+
 async def test_stop_cuts_what_is_left_when_the_grace_ends_not_5_s_later():
     """A trial's `serve --grace 3` took 8.3 s to exit after SIGTERM (the console's quit, "up to
     10 s", took 16 s): past the grace, uvicorn's own graceful shutdown waited another 5 s for
