@@ -37,18 +37,19 @@ from typing import TYPE_CHECKING
 import anyio
 import httpx
 from starlette.datastructures import Headers
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gate.backend.upstream import RETRY_DOWN_S, forward_headers, is_redirect, redirect_error, relayed_headers
 from gate.core.errors import GateError
-from gate.core.reasons import Outcome, Reason
+from gate.core.reasons import CLIENT_DISCONNECT, Outcome, Reason
 from gate.data.commands import Operator
 from gate.data.endpoints import OTHER_ROUTE, PREFLIGHT, Route, known_path, lookup
 from gate.data.records import DecisionRecord
 from gate.http import model_routes
 from gate.http.cors import mark_relayed
 from gate.http.intake import check_headers
+from gate.http.proxy import CLIENT_CLOSED
 from gate.http.requestids import RequestIds
 
 if TYPE_CHECKING:
@@ -103,6 +104,12 @@ class ForwardEndpoint:
             label = route.name if route is not None else OTHER_ROUTE
             self._record(request, request_id, label, caller, backend, err.outcome, err.reason.value, err.status, t0, wall0)
             raise
+        except ClientDisconnect:
+            # Gone before its body was in: nobody reads an answer (uvicorn logged each as an
+            # "Exception in ASGI application" with a 45-line traceback, at a caller's will).
+            label = route.name if route is not None else OTHER_ROUTE
+            self._record(request, request_id, label, caller, backend, "cancelled", CLIENT_DISCONNECT, CLIENT_CLOSED, t0, wall0)
+            return Response(status_code=CLIENT_CLOSED)
         label = route.name if route is not None else OTHER_ROUTE
         headers = relayed_headers(upstream.headers) + [(b"x-request-id", request_id.encode())]
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 
 import httpx
 import pytest
 
-from tests.integration.gate_harness import busy_slots, released, running_gate
+from tests.integration.gate_harness import busy_slots, released, running_gate, wait_until
 from tests.integration.hardening import AUTH, BACKEND_EXTRA, ENV, KEY, MODEL, TENANTS, assert_error, chat, record_of
 from tests.llama.server import LlamaServer
 
@@ -238,6 +239,22 @@ async def test_dot_segments_never_reach_llama_server_as_another_route(llama_unif
             assert head.startswith(b"HTTP/1.1 400 "), (path, head)
         assert not [a for a in gate.recent_audit if a.source == "api"]
         await released(gate)
+
+
+async def test_a_client_leaving_mid_body_on_a_forwarded_route_is_cancelled_not_a_traceback(llama_unified, caplog):
+    # uvicorn logged "Exception in ASGI application" and starlette's ClientDisconnect traceback
+    # for each: any caller could fill the gate's log at 45 lines a request.
+    async with running_gate(llama_unified.url) as gate:
+        host, port = gate.url.removeprefix("http://").rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nX-Request-Id: t-gone\r\nContent-Length: 100\r\n\r\n{")
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        writer.close()
+        await wait_until(lambda: gate.records.find("t-gone") is not None, timeout_s=5)
+        record = gate.records.find("t-gone")
+        assert (record.outcome, record.reason, record.http_status) == ("cancelled", "client_disconnect", 499)
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]
 
 
 async def test_bad_input_on_forwarded_routes_is_a_4xx_without_backend_addresses(llama_unified):
