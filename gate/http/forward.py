@@ -245,7 +245,7 @@ class ForwardEndpoint:
         except httpx.HTTPError as exc:
             self.gate.log.warning("backend %s at %s unreachable: %s: %s", backend.name, backend.url, type(exc).__name__, exc)
             raise GateError(Reason.NO_BACKEND, f"backend {backend.name!r} is unreachable", retry_after_s=RETRY_DOWN_S) from None
-        if is_redirect(response.status_code):
+        if is_redirect(response.status_code) or response.status_code == 401:
             await response.aclose()
             raise redirect_error(response, f"{backend.name} at {backend.url}")
         return response
