@@ -72,11 +72,31 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
         b"date",
         b"server",
+        b"via",  # a proxy between the gate and llama-server (which never sends one): its host and port
     }
 )
 # On an admitted answer the gate writes the body (a relayed stream, or an assembled answer):
 # llama-server's framing headers describe another body.
 _REBUILT = frozenset({b"content-length", b"content-encoding", b"content-type", b"cache-control"})
+
+
+def is_redirect(status: int) -> bool:
+    return 300 <= status < 400
+
+
+def redirect_error(response: httpx.Response, where: str) -> GateError:
+    """A 3xx or a 401 from the backend, as the client's 502 ``upstream_error``; the detail goes to
+    the log only.
+
+    3xx: llama-server never sends one (something in between did: a proxy, a wrong scheme), and
+    its Location and body name the backend's side. 401: the gate sends its own key (api_key_env)
+    in place of the client's, so a 401 says the backend refused the GATE's key; relayed, it told
+    a client whose key is valid that its key was invalid."""
+    if response.status_code == 401:
+        log.warning("backend %s refused the gate's credentials (401): check [[backends]] api_key_env against its --api-key", where)
+        return GateError(Reason.UPSTREAM_ERROR, "the backend refused the gate's own credentials; see the gate's log")
+    log.warning("backend %s answered %s with Location %r: not relayed", where, response.status_code, response.headers.get("location"))
+    return GateError(Reason.UPSTREAM_ERROR, f"the backend answered a redirect ({response.status_code}); see the gate's log")
 
 
 def relayed_headers(upstream: httpx.Headers, *, rebuilt: bool = False) -> list[tuple[bytes, bytes]]:
@@ -227,6 +247,9 @@ class Upstream:
         except httpx.HTTPError as exc:
             log.warning("backend %s failed: %s: %s", self.base_url, type(exc).__name__, exc)
             raise GateError(Reason.UPSTREAM_ERROR, f"backend failed: {type(exc).__name__}", retry_after_s=RETRY_DOWN_S) from exc
+        if is_redirect(response.status_code) or response.status_code == 401:
+            await response.aclose()
+            raise redirect_error(response, self.base_url)
         if response.status_code != 200:
             try:
                 raw = await response.aread()

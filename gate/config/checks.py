@@ -82,18 +82,33 @@ def _check_types(source: str, path: str, obj: Any) -> None:
                 raise ConfigError(source, key, f"must be a string, got {_got(v)}")
 
 
+#: in place of a value that may be a secret: these messages reach the log and, on a refused
+#: reload, the journal's audit row
+NOT_SHOWN = "(the value is not shown: it may be the key itself)"
+
+
 def _check_env_name(c: _Check, key: str, value: str | None) -> None:
-    c.check(
-        key,
-        value,
-        lambda v: ENV_NAME_RE.fullmatch(v) is not None,
-        "an environment variable name (letters, digits, _; not starting with a digit)",
-    )
+    if value is not None and ENV_NAME_RE.fullmatch(value) is None:
+        # A key pasted here instead of its variable's name is a common slip: never echo it.
+        raise c.fail(key, f"must be an environment variable name (letters, digits, _; not starting with a digit) {NOT_SHOWN}")
+
+
+def _url_for_messages(url: str) -> str:
+    """`url` without what may be a secret (a user and password, a query, a fragment)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "(not shown)"
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    shown = f"{parts.scheme}://{netloc}{parts.path}" if parts.scheme else netloc + parts.path
+    return shown + ("?***" if parts.query or url.endswith("?") else "") + ("#***" if parts.fragment or url.endswith("#") else "")
 
 
 def _check_url(c: _Check, key: str, url: str) -> None:
     def bad(problem: str) -> ConfigError:
-        return c.fail(key, f"{problem}, got {_show(url)}")
+        return c.fail(key, f"{problem}, got {_show(_url_for_messages(url))}")
 
     try:
         parts = urllib.parse.urlsplit(url)
@@ -348,8 +363,7 @@ def validate_config(config: Config, source: str = "<config>") -> None:
             if not SHA256_RE.fullmatch(t.api_key_sha256):
                 raise c.fail(
                     "api_key_sha256",
-                    "must be 64 lowercase hex characters (sha256 of the key, e.g. from "
-                    f"`printf %s KEY | sha256sum`), got {_show(t.api_key_sha256)}",
+                    f"must be 64 lowercase hex characters (sha256 of the key, e.g. from `printf %s KEY | sha256sum`) {NOT_SHOWN}",
                 )
             if t.api_key_sha256 in sha_owner:
                 k = sha_owner[t.api_key_sha256]

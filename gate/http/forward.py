@@ -37,18 +37,19 @@ from typing import TYPE_CHECKING
 import anyio
 import httpx
 from starlette.datastructures import Headers
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from gate.backend.upstream import RETRY_DOWN_S, forward_headers, relayed_headers
+from gate.backend.upstream import RETRY_DOWN_S, forward_headers, is_redirect, redirect_error, relayed_headers
 from gate.core.errors import GateError
-from gate.core.reasons import Outcome, Reason
+from gate.core.reasons import CLIENT_DISCONNECT, Outcome, Reason
 from gate.data.commands import Operator
 from gate.data.endpoints import OTHER_ROUTE, PREFLIGHT, Route, known_path, lookup
 from gate.data.records import DecisionRecord
 from gate.http import model_routes
 from gate.http.cors import mark_relayed
 from gate.http.intake import check_headers
+from gate.http.proxy import CLIENT_CLOSED
 from gate.http.requestids import RequestIds
 
 if TYPE_CHECKING:
@@ -98,11 +99,17 @@ class ForwardEndpoint:
                 raise GateError(Reason.MODEL_NOT_FOUND, "no backend serves that model", "model")
             if route.access == "operator":
                 self._operator_call(request, route, caller, backend)
-            upstream = await self._open(request, backend)
+            upstream = await self._open(request, backend, credential=route is not PREFLIGHT)
         except GateError as err:
             label = route.name if route is not None else OTHER_ROUTE
             self._record(request, request_id, label, caller, backend, err.outcome, err.reason.value, err.status, t0, wall0)
             raise
+        except ClientDisconnect:
+            # Gone before its body was in: nobody reads an answer (uvicorn logged each as an
+            # "Exception in ASGI application" with a 45-line traceback, at a caller's will).
+            label = route.name if route is not None else OTHER_ROUTE
+            self._record(request, request_id, label, caller, backend, "cancelled", CLIENT_DISCONNECT, CLIENT_CLOSED, t0, wall0)
+            return Response(status_code=CLIENT_CLOSED)
         label = route.name if route is not None else OTHER_ROUTE
         headers = relayed_headers(upstream.headers) + [(b"x-request-id", request_id.encode())]
 
@@ -149,6 +156,12 @@ class ForwardEndpoint:
 
     def _route(self, request: Request) -> Route:
         method, path = request.method, request.url.path
+        if any(part in (".", "..") for part in path.split("/")):
+            # httpx resolves dot segments when it builds the backend's URL ("/x/../props" is sent
+            # as "/props", "%2e%2e" too, once decoded): the route checked here would not be the one
+            # llama-server runs (a generation never admitted, an operator-only call by a tenant).
+            # llama-server has no route with such a segment.
+            raise GateError(Reason.INVALID_REQUEST, f"{method} {shown_path(path)}: a path with '.' or '..' segments is not forwarded")
         if method == "OPTIONS":
             return PREFLIGHT
         route = lookup("GET" if method == "HEAD" else method, path)
@@ -195,7 +208,9 @@ class ForwardEndpoint:
             source="api",
         )
 
-    async def _open(self, request: Request, backend: Backend) -> httpx.Response:
+    async def _open(self, request: Request, backend: Backend, *, credential: bool = True) -> httpx.Response:
+        """The backend's answer; `credential`: send the gate's own key (never for a preflight, which
+        came without a tenant's key and which llama-server answers without one)."""
         content_type = request.headers.get("content-type")
         check_headers(request.headers)
         body = await request.body()  # through the BodyReader: limited before reading
@@ -208,6 +223,8 @@ class ForwardEndpoint:
         headers = forward_headers(dict(request.headers), None)
         headers.pop("accept-encoding", None)
         headers.update(backend.auth_headers())
+        if not credential:
+            headers.pop("Authorization", None)
         if content_type is not None:
             headers["content-type"] = content_type
         limits = self.gate.config.gate
@@ -222,12 +239,16 @@ class ForwardEndpoint:
             timeout=httpx.Timeout(30.0, read=limits.request_timeout_s),
         )
         try:
-            return await client.send(upstream_request, stream=True)
+            response = await client.send(upstream_request, stream=True)
         except httpx.TimeoutException:
             raise GateError(Reason.UPSTREAM_TIMEOUT, f"backend {backend.name!r} did not answer", retry_after_s=RETRY_DOWN_S) from None
         except httpx.HTTPError as exc:
             self.gate.log.warning("backend %s at %s unreachable: %s: %s", backend.name, backend.url, type(exc).__name__, exc)
             raise GateError(Reason.NO_BACKEND, f"backend {backend.name!r} is unreachable", retry_after_s=RETRY_DOWN_S) from None
+        if is_redirect(response.status_code) or response.status_code == 401:
+            await response.aclose()
+            raise redirect_error(response, f"{backend.name} at {backend.url}")
+        return response
 
     def _record(
         self,

@@ -140,6 +140,7 @@ class _Session:
         "name",
         "next_snapshot_at",
         "source",
+        "greeted",
     )
 
     def __init__(self, pid: int, uid: int, name: str, writer: asyncio.StreamWriter) -> None:
@@ -148,6 +149,7 @@ class _Session:
         self.name = name
         self.operator = Operator(name, "local")
         self.read_only = True  # until hello says otherwise
+        self.greeted = False  # hello is said once: a read-only session stays read-only
         self.source: AuditSource = "console"  # the audit's source for its commands ("cli": a one-shot command)
         self.writer = writer
         #: audit lines not yet written (subscribed sessions only): the newest OUTBOX of them
@@ -291,6 +293,10 @@ class ControlServer:
         if op == "hello":
             if request.get("v") != PROTOCOL_VERSION:
                 raise CommandError(f"protocol version {request.get('v')!r} is not {PROTOCOL_VERSION}: upgrade the console")
+            if session.greeted:
+                # A second hello with read_only false turned a read-only session into a full one.
+                raise CommandError("hello was already said on this connection; connect again to change how you attach")
+            session.greeted = True
             session.read_only = bool(request.get("read_only", False))
             session.source = "cli" if request.get("client") == "cli" else "console"
             origin = request.get("origin")

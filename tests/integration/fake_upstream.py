@@ -15,6 +15,8 @@ and then, on ``POST /v1/chat/completions``:
 * ``mode="hang"``: accept the request and never send a byte (a stuck backend).
 * ``mode="stall"``: send the 200 status line, SSE headers and one token chunk, then
   never send another byte (a backend that stalls mid-stream).
+* ``mode="redirect"``: answer every other route 302 to an internal address (a proxy between
+  the gate and llama-server), with a ``Via`` header and the address in the body.
 * ``mode="slow"``: answer a completion of ``max_tokens`` tokens (a short SSE stream) after
   ``delay_s`` (a slow backend), counting the requests in progress: ``in_progress`` now,
   ``most_in_progress`` the largest it has been. A request leaves the count before its
@@ -35,7 +37,11 @@ import time
 from collections.abc import AsyncIterator
 from typing import Literal
 
-Mode = Literal["hang", "stall", "slow"]
+Mode = Literal["hang", "stall", "slow", "redirect"]
+
+#: what ``mode="redirect"`` answers every route but the probes' and the count's with (a proxy in
+#: front of llama-server naming its own side)
+REDIRECT_TO = "http://10.9.8.7:8080/internal"
 
 PROPS = {
     "total_slots": 4,
@@ -74,6 +80,8 @@ class FakeUpstream:
         self.count_asked = asyncio.Event()
         self.counts = 0  # count requests received
         self.count_answered_at: float | None = None
+        #: (method, path, the Authorization header or None) of every request, in order
+        self.heard: list[tuple[str, str, str | None]] = []
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
 
@@ -103,6 +111,16 @@ class FakeUpstream:
                 method, path, _ = lines[0].split(" ", 2)
                 headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:] if ":" in line)}
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
+                self.heard.append((method, path, headers.get("authorization")))
+                if self.mode == "redirect" and path.split("?")[0] not in ("/health", "/props", "/v1/chat/completions/input_tokens"):
+                    moved = f'<a href="{REDIRECT_TO}{path}">Found</a>'.encode()
+                    writer.write(
+                        f"HTTP/1.1 302 Found\r\nLocation: {REDIRECT_TO}{path}\r\nVia: 1.1 proxy.internal:3128\r\n"
+                        f"Content-Type: text/html\r\nContent-Length: {len(moved)}\r\n\r\n".encode()
+                        + moved
+                    )
+                    await writer.drain()
+                    continue
                 if method == "POST" and path == "/v1/chat/completions" and self.mode == "slow":
                     await self._slow(writer, json.loads(body))
                     continue

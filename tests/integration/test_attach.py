@@ -217,6 +217,29 @@ async def test_attach_snapshot_atomic_retune_two_consoles_read_only_and_operator
             await b.close()
 
 
+async def test_a_read_only_session_stays_read_only_whatever_it_says_later(llama_split, tmp_path):
+    # A second hello with read_only false made the session a full one: its commands then ran.
+    config = write_config(tmp_path, llama_split.url)
+    async with serve(tmp_path, config):
+        reader, writer = await asyncio.open_unix_connection(sock_of(tmp_path))
+        try:
+
+            async def call(request: dict) -> dict:
+                writer.write(json.dumps(request).encode() + b"\n")
+                await writer.drain()
+                return json.loads(await asyncio.wait_for(reader.readline(), 10))
+
+            pause = {"op": "command", "command": {"v": 1, "op": "pause", "cls": "batch", "paused": True}}
+            assert (await call({"id": 1, "op": "hello", "v": 1, "read_only": True}))["ok"]
+            assert not (await call({"id": 2, **pause}))["ok"]
+            again = await call({"id": 3, "op": "hello", "v": 1, "read_only": False})
+            assert not again["ok"] and "already" in again["error"]
+            refused = await call({"id": 4, **pause})
+            assert not refused["ok"] and "read-only" in refused["error"], refused
+        finally:
+            writer.close()
+
+
 async def _flushed(tmp_path: Path, n: int) -> bool:
     return len(audit_rows(tmp_path)) >= n
 

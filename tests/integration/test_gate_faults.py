@@ -369,6 +369,42 @@ async def test_backend_hanging_times_out(mode, stream):
             await wait_until(lambda: ledger_total(gate) == 0 and gate.in_flight_requests() == 0, timeout_s=5)
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["non-stream", "stream"])
+async def test_a_backend_redirect_is_a_502_that_names_no_address(stream):
+    """A FAKE upstream (a proxy in front of llama-server) answering 302 to an internal address:
+    the gate relayed the 302 with its Location, Via and body, naming the backend's side."""
+    async with fake_upstream("redirect") as fake:
+        async with running_gate(fake.url) as gate, httpx.AsyncClient(timeout=30) as client:
+            routes = (("POST", CHAT, chat(8, stream)), ("GET", "/slots", None), ("GET", "/no/such/route", None))
+            for i, (method, path, body) in enumerate(routes):
+                r = await client.request(method, gate.url + path, json=body, headers=rid(f"moved-{i}"))
+                assert r.status_code == 502, (path, r.status_code, r.headers, r.text)
+                assert r.json()["error"]["code"] == "upstream_error", r.text
+                assert "location" not in r.headers and "via" not in r.headers, r.headers
+                assert "10.9.8.7" not in r.text and "internal" not in r.text, r.text
+                record = await record_of(gate, f"moved-{i}")
+                assert (record.outcome, record.reason, record.http_status) == ("failed", "upstream_error", 502)
+            await wait_until(lambda: ledger_total(gate) == 0 and gate.in_flight_requests() == 0, timeout_s=5)
+
+
+async def test_a_preflight_without_a_tenant_key_never_carries_the_gates_upstream_key():
+    """OPTIONS passes without a credential (browsers send none with a preflight): it went to the
+    backend with the gate's own `api_key_env` key attached, on any path, for anyone."""
+    tenants = '[[tenants]]\nname = "alice"\napi_key_env = "ALICE_KEY"\n'
+    environ = {"ALICE_KEY": "sk-alice-1", "UP_KEY": "sk-upstream-9"}
+    async with fake_upstream("slow") as fake:
+        async with (
+            running_gate(fake.url, tenants, backend_extra='api_key_env = "UP_KEY"', environ=environ) as gate,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
+            fake.heard.clear()
+            await client.options(gate.url + "/slots", headers={"Origin": "http://app.example", "Access-Control-Request-Method": "GET"})
+            await client.get(gate.url + "/slots", headers={"Authorization": "Bearer sk-alice-1"})
+            heard = {(m, p): auth for m, p, auth in fake.heard if p == "/slots"}
+            assert heard[("OPTIONS", "/slots")] is None, fake.heard
+            assert heard[("GET", "/slots")] == "Bearer sk-upstream-9", fake.heard  # an authenticated call still carries it
+
+
 async def test_stop_cuts_what_is_left_when_the_grace_ends_not_5_s_later():
     """A trial's `serve --grace 3` took 8.3 s to exit after SIGTERM (the console's quit, "up to
     10 s", took 16 s): past the grace, uvicorn's own graceful shutdown waited another 5 s for

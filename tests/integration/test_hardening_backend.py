@@ -66,3 +66,41 @@ async def test_backend_down_every_answer_has_retry_after_and_no_address(llama_bi
             await still_serves(gate, client)
         finally:
             server.stop()
+
+
+async def test_llama_server_refusing_the_gates_key_is_a_502_not_the_clients_401(llama_bin, tiny_model, tmp_path):
+    # The gate sends its own key (api_key_env) in place of the client's: when llama-server's
+    # --api-key changed under it, its 401 "Invalid API Key" was relayed, telling a client whose
+    # tenant key is valid that its key was invalid (an SDK raises AuthenticationError, no retry).
+    server = LlamaServer(
+        llama_bin, tiny_model, mode="split", ctx=1024, n_slots=2, extra_args=("--api-key", "key-a"), log_path=tmp_path / "a.log"
+    )
+    server.start()
+    port = server.port
+    environ = {**ENV, "UP_KEY": "key-a"}
+    extra = BACKEND_EXTRA + '\napi_key_env = "UP_KEY"'
+    async with (
+        running_gate(server.url, TENANTS, environ=environ, kv="split", backend_extra=extra, probe_interval_s=30.0) as gate,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
+        try:
+            await still_serves(gate, client)
+            server.stop()  # back on the same port with another key; the probe has not looked yet
+            server = LlamaServer(
+                llama_bin,
+                tiny_model,
+                mode="split",
+                ctx=1024,
+                n_slots=2,
+                extra_args=("--api-key", "key-b"),
+                log_path=tmp_path / "b.log",
+                port=port,
+            )
+            server.start()
+            for method, path, body in (("POST", CHAT, chat(4)), ("POST", CHAT, chat(4, stream=True)), ("GET", "/props", None)):
+                r = await client.request(method, gate.url + path, json=body, headers=AUTH)
+                assert r.status_code == 502, (path, r.status_code, r.text)
+                assert r.json()["error"]["code"] == "upstream_error" and "Invalid API Key" not in r.text, r.text
+            await released(gate)
+        finally:
+            server.stop()

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 
 import httpx
 import pytest
 
-from tests.integration.gate_harness import busy_slots, released, running_gate
+from tests.integration.gate_harness import busy_slots, released, running_gate, wait_until
 from tests.integration.hardening import AUTH, BACKEND_EXTRA, ENV, KEY, MODEL, TENANTS, assert_error, chat, record_of
 from tests.llama.server import LlamaServer
 
@@ -218,6 +219,42 @@ async def test_unknown_routes_refused_when_configured(llama_unified):
         assert record is not None and (record.outcome, record.http_status) == ("refused", 404)
         # the table's routes still go through
         assert (await client.get(gate.url + "/props")).status_code == 200
+
+
+async def test_dot_segments_never_reach_llama_server_as_another_route(llama_unified):
+    # httpx resolves "/x/../props" to "/props" when it builds the backend's URL ("%2e%2e" is
+    # decoded to ".." first): a tenant reached POST /props (operator-only) and ran generations
+    # the gate never admitted. The client's path goes as raw bytes: httpx would resolve it here too.
+    chat_body = json.dumps(chat(4)).encode()
+    auth = f"Authorization: Bearer {KEY}\r\n"
+    async with running_gate(llama_unified.url, WITH_OPERATOR, environ=OPS_ENV, backend_extra=BACKEND_EXTRA) as gate:
+        for method, path, body in (
+            ("POST", "/x/../props", b"{}"),
+            ("POST", "/x/%2e%2e/slots/0?action=erase", b""),
+            ("POST", "/x/..%2fv1/chat/completions", chat_body),
+            ("POST", "/%2E%2E/v1/chat/completions", chat_body),
+            ("GET", "/./props", b""),
+        ):
+            head = await _head(gate.url, method, path, body, auth)
+            assert head.startswith(b"HTTP/1.1 400 "), (path, head)
+        assert not [a for a in gate.recent_audit if a.source == "api"]
+        await released(gate)
+
+
+async def test_a_client_leaving_mid_body_on_a_forwarded_route_is_cancelled_not_a_traceback(llama_unified, caplog):
+    # uvicorn logged "Exception in ASGI application" and starlette's ClientDisconnect traceback
+    # for each: any caller could fill the gate's log at 45 lines a request.
+    async with running_gate(llama_unified.url) as gate:
+        host, port = gate.url.removeprefix("http://").rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nX-Request-Id: t-gone\r\nContent-Length: 100\r\n\r\n{")
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        writer.close()
+        await wait_until(lambda: gate.records.find("t-gone") is not None, timeout_s=5)
+        record = gate.records.find("t-gone")
+        assert (record.outcome, record.reason, record.http_status) == ("cancelled", "client_disconnect", 499)
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]
 
 
 async def test_bad_input_on_forwarded_routes_is_a_4xx_without_backend_addresses(llama_unified):

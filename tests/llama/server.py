@@ -186,7 +186,9 @@ class LlamaServer:
                 if not (port_clash and attempt == 0):
                     raise
         self.startup_s = time.monotonic() - started
-        props = httpx.get(self.url + "/props", timeout=10).json()
+        args = self.extra_args
+        key = args[args.index("--api-key") + 1] if "--api-key" in args[:-1] else None  # /props needs it then
+        props = httpx.get(self.url + "/props", timeout=10, headers={"Authorization": f"Bearer {key}"} if key else None).json()
         self.n_ctx = props["default_generation_settings"]["n_ctx"]
         return self
 
