@@ -22,6 +22,7 @@ from typing import Any
 
 from console.priority import lower_priority
 from gate.config import Config
+from gate.journal.writer import private_file
 from gate.ops.link import GateLink
 
 
@@ -30,9 +31,13 @@ class ConsoleExit(Exception):
 
 
 def _log_beside(journal: str) -> None:
-    # Logging to the terminal would tear the screen: keep warnings in a file beside the journal.
+    # Logging to the terminal would tear the screen: keep warnings in a file beside the journal,
+    # private as the journal is (0600: it names backends, tenants, refused reloads)
+    path = str(Path(journal).with_suffix(".log")) if journal != ":memory:" else None
+    if path is not None:
+        private_file(path)
     logging.basicConfig(
-        filename=str(Path(journal).with_suffix(".log")) if journal != ":memory:" else None,
+        filename=path,
         level=logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
@@ -316,6 +321,7 @@ class GateProcess:
             args += ["--demo", "--seed", str(seed)]
         env = {**os.environ, "TOKENGATE_PARENT_PID": str(os.getpid())}
         start_at = Path(log_path).stat().st_size if Path(log_path).exists() else 0
+        private_file(log_path)  # 0600, as the journal beside it
         log = open(log_path, "ab")  # noqa: SIM115 - the child's stderr, for as long as it runs
         try:
             proc = await asyncio.create_subprocess_exec(

@@ -95,7 +95,7 @@ class _RetentionJob:
     deleted: dict[str, int]
 
 
-def _private_file(path: str) -> None:
+def private_file(path: str) -> None:
     """Create ``path`` with mode 0600 if it does not exist; tighten it if it does."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
@@ -547,7 +547,7 @@ class Journal(JournalQueries):
 
     async def _connect_writer(self) -> None:
         if not self._memory:
-            _private_file(self.path)
+            private_file(self.path)
         conn = await aiosqlite.connect(
             self._write_target,
             isolation_level=None,
