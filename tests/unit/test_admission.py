@@ -284,27 +284,30 @@ def test_retry_after_comes_from_queued_tokens_over_the_measured_drain_rate():
     assert adm.retry_after("batch", 400, 10.0) == pytest.approx(expected)
 
 
+def _busy_spell(adm, start: float) -> float:
+    """Ten seconds of 200 tokens released per second from `start`, then 1,200 tokens queued:
+    the Retry-After of a 400-token request then."""
+    for t in range(10):
+        r = req("batch", 200)
+        adm.offer(r, start + t)
+        adm.release(r.id, start + t + 0.5)  # 200 tokens released per second
+    adm.offer(req("batch", 1000), start + 10.0)
+    for _ in range(3):
+        adm.offer(req("batch", 400), start + 10.0)  # 1200 tokens queued
+    return adm.retry_after("batch", 400, start + 10.0)
+
+
 def test_retry_after_after_an_idle_spell_counts_the_drain_rate_from_the_spell_s_first_release():
     """An idle gap longer than the drain window must not dilute the next busy spell's rate:
     the same traffic an hour later gets the same Retry-After (it got 3.2x, up to 120 s)."""
 
-    def spell(adm, start: float) -> float:
-        for t in range(10):
-            r = req("batch", 200)
-            adm.offer(r, start + t)
-            adm.release(r.id, start + t + 0.5)  # 200 tokens released per second
-        adm.offer(req("batch", 1000), start + 10.0)
-        for _ in range(3):
-            adm.offer(req("batch", 400), start + 10.0)  # 1200 tokens queued
-        return adm.retry_after("batch", 400, start + 10.0)
-
-    fresh = spell(two_classes(budget=1000, slot_context=1000, slots=1), 0.0)
+    fresh = _busy_spell(two_classes(budget=1000, slot_context=1000, slots=1), 0.0)
     adm = two_classes(budget=1000, slot_context=1000, slots=1)
     r = req("batch", 200)
     adm.offer(r, 0.0)
     adm.release(r.id, 0.5)  # the last release before a quiet hour
     assert adm.drain_rate.rate(3600.0) == 0
-    assert spell(adm, 3600.0) == pytest.approx(fresh)  # was 24 s: 2000 tokens over 30 s, not 9.5
+    assert _busy_spell(adm, 3600.0) == pytest.approx(fresh)  # was 24 s: 2000 tokens over 30 s, not 9.5
     assert fresh == pytest.approx((1200 + 400) / (2000 / 4.5))
 
 
@@ -315,22 +318,12 @@ def test_retry_after_after_a_lone_request_in_a_quiet_spell_counts_from_the_busy_
     and told clients refused after a wait Retry-After 120 s, then 55, 42, 28 s, for 30 s,
     while requests of the same size were admitted every second.)"""
 
-    def spell(adm, start: float) -> float:
-        for t in range(10):
-            r = req("batch", 200)
-            adm.offer(r, start + t)
-            adm.release(r.id, start + t + 0.5)  # 200 tokens released per second
-        adm.offer(req("batch", 1000), start + 10.0)
-        for _ in range(3):
-            adm.offer(req("batch", 400), start + 10.0)  # 1200 tokens queued
-        return adm.retry_after("batch", 400, start + 10.0)
-
-    fresh = spell(two_classes(budget=1000, slot_context=1000, slots=1), 0.0)
+    fresh = _busy_spell(two_classes(budget=1000, slot_context=1000, slots=1), 0.0)
     adm = two_classes(budget=1000, slot_context=1000, slots=1)
     r = req("batch", 200)
     adm.offer(r, 0.0)
     adm.release(r.id, 0.5)  # a lone request; then the gate is idle (nothing in flight or queued)
-    assert spell(adm, 15.0) == pytest.approx(fresh, rel=0.05)  # was 17.8 s: 2,200 tokens over 24.5 s
+    assert _busy_spell(adm, 15.0) == pytest.approx(fresh, rel=0.05)  # was 17.8 s: 2,200 tokens over 24.5 s
 
 
 def test_retry_after_is_clamped_between_1_and_120_seconds():

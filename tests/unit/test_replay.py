@@ -851,19 +851,24 @@ def test_a_window_with_a_killed_gate_says_requests_in_flight_then_are_missing(tm
     assert not any("killed" in n for n in load_window(path, until=lo + 1.0).notes)  # long before it: nothing lost
 
 
+def _unclassed(path: str, *rows: tuple[float, str, str, str, str, str, int]) -> None:
+    """Decision rows without a class: (ts, request_id, backend, endpoint, outcome, reason, status)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.executemany(
+        "INSERT INTO decisions (ts, request_id, tenant, class, backend, endpoint, stream, reserved_tokens, outcome, reason, "
+        "http_status, duration_ms) VALUES (?, ?, '', '', ?, ?, 0, 0, ?, ?, ?, 0.1)",
+        rows,
+    )
+    conn.close()
+
+
 def test_decisions_without_a_class_are_counted_out_loud(tmp_path: Path) -> None:
     # A SIGTERM's 38 `shutting_down` 503s have no class: left out of every figure, and now said so.
     path = _journal(tmp_path, n=60, duration=10.0)
     lo, hi = sqlite3.connect(path).execute("SELECT min(ts), max(ts) FROM decisions").fetchone()
-    conn = sqlite3.connect(path, isolation_level=None)
-    row = (
-        "INSERT INTO decisions (ts, request_id, tenant, class, backend, endpoint, stream, reserved_tokens, outcome, reason, "
-        "http_status, duration_ms) VALUES (?, ?, '', '', '', '/v1/chat/completions', 1, 0, 'refused', ?, ?, 0.1)"
-    )
-    for i in range(38):
-        conn.execute(row, (hi - 0.5 + i / 100.0, f"s{i}", "shutting_down", 503))
-    conn.execute(row, (lo + 1.0, "k1", "invalid_api_key", 401))
-    conn.close()
+    chat = "/v1/chat/completions"
+    _unclassed(path, *((hi - 0.5 + i / 100.0, f"s{i}", "", chat, "refused", "shutting_down", 503) for i in range(38)))
+    _unclassed(path, (lo + 1.0, "k1", "", chat, "refused", "invalid_api_key", 401))
     window = load_window(path)
     assert "39 decisions without a class (shutting_down 38, invalid_api_key 1) are left out of every figure" in " ".join(window.notes)
     answer = run_replay(window)
@@ -1034,16 +1039,13 @@ def test_forwarded_requests_are_not_called_refusals(tmp_path: Path, capsys: pyte
     "3 decisions ... left out of the trace: refused before the gate counted the prompt": nothing
     was refused. Forwarded rows (outcome forwarded, no class, nothing counted) are named as such."""
     path = _journal(tmp_path, n=20, duration=5.0)
-    lo, hi = sqlite3.connect(path).execute("SELECT min(ts), max(ts) FROM decisions").fetchone()
-    conn = sqlite3.connect(path, isolation_level=None)
-    row = (
-        "INSERT INTO decisions (ts, request_id, tenant, class, backend, endpoint, stream, reserved_tokens, outcome, reason, "
-        "http_status, duration_ms) VALUES (?, ?, '', '', 'default', ?, 0, 0, ?, ?, ?, 0.1)"
+    lo = sqlite3.connect(path).execute("SELECT min(ts) FROM decisions").fetchone()[0]
+    _unclassed(
+        path,
+        (lo + 1.0, "f1", "default", "GET /props", "forwarded", "ok", 200),
+        (lo + 1.5, "f2", "default", "GET /nonexistent", "forwarded", "ok", 404),
+        (lo + 2.0, "r1", "default", "/v1/chat/completions", "refused", "shutting_down", 503),
     )
-    conn.execute(row, (lo + 1.0, "f1", "GET /props", "forwarded", "ok", 200))
-    conn.execute(row, (lo + 1.5, "f2", "GET /nonexistent", "forwarded", "ok", 404))
-    conn.execute(row, (lo + 2.0, "r1", "/v1/chat/completions", "refused", "shutting_down", 503))
-    conn.close()
     notes = " ".join(load_window(path).notes)
     assert "2 forwarded requests (routes outside admission" in notes, notes
     assert "1 decision without a class (shutting_down 1) is left out of every figure" in notes, notes
