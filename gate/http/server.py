@@ -291,6 +291,7 @@ class HttpServer:
             log_level="warning",
             lifespan="off",
             access_log=False,
+            server_header=False,  # no "server: uvicorn": the stack behind the gate is nobody's business
             timeout_graceful_shutdown=5,
             http=guarded_protocol(self.header_timeout_s),  # slow clients: gate/http/clientguard.py
         )

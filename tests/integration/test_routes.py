@@ -269,6 +269,9 @@ async def test_bad_input_on_forwarded_routes_is_a_4xx_without_backend_addresses(
         r = await client.get(gate.url + "/props")
         assert_error(r, 503, "no_backend")
         assert ":9" not in r.text
+        # nor the gate's own stack: no "server: uvicorn" on its answers (llama-server's own
+        # Server header is dropped with the hop-by-hop ones)
+        assert "server" not in r.headers, r.headers
 
 
 async def test_several_listen_addresses_ipv6_included(llama_unified):
