@@ -196,6 +196,9 @@ class Journal(JournalQueries):
         self._kick = asyncio.Event()  # interrupts a backoff sleep (close)
         self._conn: aiosqlite.Connection | None = None
         self._rconn: aiosqlite.Connection | None = None
+        #: (st_dev, st_ino) of the file the writer's connection has open: a file deleted or
+        #: replaced under a running gate is noticed before the next batch, not written into the void
+        self._file_id: tuple[int, int] | None = None
         self._rlock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
 
@@ -422,6 +425,9 @@ class Journal(JournalQueries):
         batch = [self._pending.popleft() for _ in range(n)]
         self._inflight = batch
         try:
+            if self._conn is not None and self._file_gone():
+                await self._close_writer_conn()
+                await self._drop_reader()
             if self._conn is None:
                 await self._connect_writer()
             if batch:
@@ -570,7 +576,38 @@ class Journal(JournalQueries):
         if not self._memory:
             for suffix in ("-wal", "-shm"):
                 _tighten(self.path + suffix)
+            st = os.stat(self.path)
+            self._file_id = (st.st_dev, st.st_ino)
         self._conn = conn
+
+    def _file_gone(self) -> bool:
+        """True (and said loudly) when the journal's path no longer names the file the writer
+        has open: deleted (rows would go into an unlinked inode and vanish at exit) or replaced."""
+        if self._memory or self._file_id is None:
+            return False
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            what = "deleted"
+        except OSError:
+            return False  # the write itself will fail and say why
+        else:
+            if (st.st_dev, st.st_ino) == self._file_id:
+                return False
+            what = "replaced by another file"
+        log.error(
+            "journal %s: the file was %s while the gate ran; writing to a new journal at that path from now on "
+            "(the rows the old file held are in it, not in the new one)",
+            self.path,
+            what,
+        )
+        return True
+
+    async def _drop_reader(self) -> None:
+        conn, self._rconn = self._rconn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
 
     async def _migrate(self, conn: aiosqlite.Connection) -> None:
         cursor = await conn.execute("PRAGMA user_version")

@@ -404,6 +404,35 @@ async def test_missing_directory_fails_then_resumes_when_created(tmp_path: Path)
     assert count(path) == 1
 
 
+async def test_journal_file_deleted_while_running_is_written_anew_not_into_the_void(tmp_path: Path, caplog) -> None:
+    """A trial: `rm tokengate.db*` under a running gate; every row after it went into the
+    unlinked inode (no error, dropped 0) and vanished with the process: `tokengate log` on the
+    path showed nothing for the rest of the run. The writer notices and starts a new file."""
+    path = tmp_path / "j.db"
+    j = await Journal.open(path)
+    try:
+        assert await j.add(decision(0)) is True
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{path}{suffix}")
+        with caplog.at_level("ERROR", logger="gate.journal"):
+            assert await j.add(decision(1)) is True
+        assert path.exists(), "the rows after the deletion went into the deleted file"
+        assert count(path) == 1
+        assert "deleted" in caplog.text
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        # replaced by another file (a restore from backup): the new file is written, not the old inode
+        other = tmp_path / "other.db"
+        shutil.copy(path, other)
+        os.replace(other, path)
+        with caplog.at_level("ERROR", logger="gate.journal"):
+            assert await j.add(decision(2)) is True
+        assert count(path) == 2
+        assert "replaced" in caplog.text
+    finally:
+        await j.close()
+
+
 async def test_directory_replaced_by_a_file_fails_then_resumes(tmp_path: Path) -> None:
     directory = tmp_path / "d"
     directory.write_text("not a directory")
