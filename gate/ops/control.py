@@ -74,13 +74,26 @@ class Control:
         #: the operator's runtime changes in force, kept at `overrides_path` (beside the journal)
         self.overrides = Overrides()
         self.overrides_path: str | None = None
+        #: why the last write of the overrides failed (None: kept), for the command's answer
+        self.keep_error: str | None = None
         self._budgets: dict[str, int] = {}  # working budgets set by hand, per backend
         self._pending_budgets: dict[str, int] = {}  # restored for backends whose capacity is not known yet
 
     # ---- the console's entry point -------------------------------------------
 
     def execute(self, command: Command, *, operator: Operator, source: AuditSource = "console") -> list[ActionResult]:
-        """Validate `command` whole, apply it atomically, audit each changed value."""
+        """Validate `command` whole, apply it atomically, audit each changed value. When the
+        overrides could not be written beside the journal, the answer says the change will not
+        survive a restart (the log alone was not seen: a trial's toast said "Paused batch")."""
+        self.keep_error = None
+        results = self._execute(command, operator=operator, source=source)
+        if self.keep_error is not None and results:
+            last = results[-1]
+            warning = f" (NOT kept for a restart: {self.keep_error}; a restart would revert it)"
+            results[-1] = dataclasses.replace(last, message=last.message + warning)
+        return results
+
+    def _execute(self, command: Command, *, operator: Operator, source: AuditSource) -> list[ActionResult]:
         if isinstance(command, Pause):
             return [self.pause(command.cls, command.paused, operator=operator, note=command.note, source=source)]
         if isinstance(command, Drain):
@@ -332,7 +345,10 @@ class Control:
             try:
                 overrides_file.save(self.overrides_path, self.overrides)
             except OSError as exc:
+                self.keep_error = f"{self.overrides_path}: {exc.strerror or exc}"
                 log.error("runtime overrides NOT kept in %s (%s): a restart would revert them", self.overrides_path, exc)
+            else:
+                self.keep_error = None
 
     def keep_beside(self, journal_path: str, *, operator: Operator) -> None:
         """The operator's runtime changes live beside the journal this gate holds (one gate per

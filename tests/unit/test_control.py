@@ -300,3 +300,18 @@ async def test_keep_slots_starts_from_the_config_and_a_retune_reaches_the_core(g
     assert backend.admission.keep_slots is False
     gate.control.reload(parse_config(CONFIG.replace("min_tokens = 1024", "min_tokens = 1024\nkeep_slots = true")), operator=ALICE)
     assert backend.admission.keep_slots is True
+
+
+async def test_a_change_that_cannot_be_kept_for_a_restart_says_so_to_the_operator(gate, tmp_path):
+    """A trial paused a class on a full journal disk: the toast said "Paused batch", the header
+    showed the override, and only the gate's log said it was NOT kept; the next restart
+    quietly ran the class again. The command's own answer now says so."""
+    from gate.data.commands import Pause
+
+    gate.control.overrides_path = str(tmp_path / "gone" / "j.db.overrides.json")  # cannot be written
+    (result,) = gate.control.execute(Pause(cls="batch", paused=True), operator=ALICE)
+    assert "batch" in gate.control.paused
+    assert "NOT kept" in result.message and "restart" in result.message
+    gate.control.overrides_path = str(tmp_path / "j.db.overrides.json")
+    (result,) = gate.control.execute(Pause(cls="batch", paused=False), operator=ALICE)
+    assert "NOT kept" not in result.message
