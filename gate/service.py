@@ -439,3 +439,8 @@ class GateService:
             self.ratelimit.forget_idle(self.clock(), 600.0)
             self.refresh_metrics()
             self.write_samples()
+            if self.control_server is not None:
+                try:
+                    await self.control_server.rebind_if_gone()
+                except Exception:  # noqa: BLE001 - housekeeping must go on
+                    self.log.exception("control socket %s: rebinding failed", self.control_server.path)

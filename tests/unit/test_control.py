@@ -315,3 +315,36 @@ async def test_a_change_that_cannot_be_kept_for_a_restart_says_so_to_the_operato
     gate.control.overrides_path = str(tmp_path / "j.db.overrides.json")
     (result,) = gate.control.execute(Pause(cls="batch", paused=False), operator=ALICE)
     assert "NOT kept" not in result.message
+
+
+async def test_a_control_socket_deleted_under_a_running_gate_is_listened_on_again(gate, tmp_path):
+    """A trial deleted the control socket file under a running gate (a /tmp cleaner, a hand
+    tidying up): the gate served on, said nothing, and every `console --attach` answered "no
+    control socket here (is `tokengate serve` running with this config?)" while it ran. The
+    gate's once-a-second housekeeping now binds it again; consoles attached before keep going."""
+    import os
+
+    from gate.ops.control_socket import ControlServer
+    from gate.ops.link import SocketLink
+
+    server = ControlServer(str(tmp_path / "gate.sock"), gate)
+    await server.start()
+    try:
+        before = await SocketLink.connect(server.path)
+        assert await server.rebind_if_gone() is False  # there: nothing to do
+        os.unlink(server.path)
+        assert await server.rebind_if_gone() is True
+        assert oct(os.stat(server.path).st_mode & 0o777) == "0o600"
+        after = await SocketLink.connect(server.path)
+        await after.snapshot()
+        await before.snapshot()  # the session from before the deletion goes on
+        await after.close()
+        await before.close()
+        # a file put there by someone else is never taken over
+        os.unlink(server.path)
+        (tmp_path / "gate.sock").write_text("not ours")
+        assert await server.rebind_if_gone() is False
+        assert (tmp_path / "gate.sock").read_text() == "not ours"
+        os.unlink(server.path)
+    finally:
+        await server.close()
