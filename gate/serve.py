@@ -60,7 +60,7 @@ async def serve_until_signalled(
         raise
     for b in gate.backends:
         gate.log.info("backend %s at %s: %s (%s)", b.name, b.url, b.state, b.detail)
-    if gate.control_server is not None:
+    if gate.control_server is not None and gate.control_server.listening:
         gate.log.info("control socket %s (attach: tokengate console --attach %s)", gate.control_server.path, gate.control_server.path)
     if demo:
         from gate.tools.demo import demo_traffic

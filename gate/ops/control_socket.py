@@ -169,6 +169,7 @@ class ControlServer:
         self.group = group
         self._server: asyncio.AbstractServer | None = None
         self._gid: int | None = None
+        self._open = False  # between start and close: the socket is kept bound
         self._rebind_error: str | None = None
         self._sessions: set[_Session] = set()
         self._handlers: set[asyncio.Task[Any]] = set()
@@ -186,7 +187,20 @@ class ControlServer:
                 raise SocketInUse(f"[gate] control_socket_group: no group {self.group!r} on this host") from None
         self._gid = gid
         self.claim()
-        self._server = await self._listen()
+        self._open = True
+        try:
+            self._server = await self._listen()
+        except OSError as exc:
+            # A read-only or missing directory (the socket's default place is beside the journal,
+            # and a failing journal disk must not stop the gate): serve on without consoles, say
+            # so naming the file, and bind it once it can be (housekeeping: rebind_if_gone).
+            self._rebind_error = f"{exc.strerror or exc}"
+            log.error(
+                "control socket %s cannot be created (%s): serving without it, consoles cannot attach; "
+                "retrying every second (or set [gate] control_socket to a writable place)",
+                self.path,
+                self._rebind_error,
+            )
         self.gate.audit_listeners.append(self._on_audit)
 
     async def _listen(self) -> asyncio.AbstractServer:
@@ -218,8 +232,9 @@ class ControlServer:
     async def rebind_if_gone(self) -> bool:
         """Listen again when the socket file was deleted under the running gate (a /tmp cleaner,
         a hand tidying up): without it no console can attach, and nothing said why. Sessions
-        attached before go on. A file someone else put there is left alone. True: bound anew."""
-        if self._server is None:
+        attached before go on. A file someone else put there is left alone. True: bound anew.
+        Also binds a socket that could not be created at start."""
+        if not self._open:
             return False
         try:
             os.lstat(self.path)
@@ -237,13 +252,17 @@ class ControlServer:
                 log.error("control socket %s was deleted and cannot be bound again (%s): consoles cannot attach", self.path, message)
             self._rebind_error = message
             return False
-        log.warning("control socket %s was deleted while the gate ran: listening there again", self.path)
-        self._server.close()  # the unlinked one accepts nobody; its sessions go on
+        if self._server is None:
+            log.warning("control socket %s: listening (it could not be created before)", self.path)
+        else:
+            log.warning("control socket %s was deleted while the gate ran: listening there again", self.path)
+            self._server.close()  # the unlinked one accepts nobody; its sessions go on
         self._server = server
         return True
 
     async def close(self) -> None:
         """Stop listening, end every session, remove the socket file."""
+        self._open = False
         if self._on_audit in self.gate.audit_listeners:
             self.gate.audit_listeners.remove(self._on_audit)
         if self._server is None:
@@ -257,6 +276,11 @@ class ControlServer:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
         self._server = None
+
+    @property
+    def listening(self) -> bool:
+        """Bound and accepting consoles (False while the socket could not be created)."""
+        return self._server is not None
 
     @property
     def sessions(self) -> int:

@@ -348,3 +348,31 @@ async def test_a_control_socket_deleted_under_a_running_gate_is_listened_on_agai
         os.unlink(server.path)
     finally:
         await server.close()
+
+
+async def test_a_control_socket_that_cannot_be_created_does_not_stop_the_gate(gate, tmp_path, caplog):
+    """A trial started the gate with its journal (and so its control socket) on a read-only
+    disk: the journal degraded as promised, then the gate exited 1 with "tokengate: error:
+    OSError: [Errno 30] Read-only file system", naming no file, and served nothing. Now the
+    gate serves on without a console, says so naming the socket, and binds it once it can."""
+    import os
+
+    from gate.ops.control_socket import ControlServer
+    from gate.ops.link import SocketLink
+
+    where = tmp_path / "not-yet"
+    server = ControlServer(str(where / "gate.sock"), gate)
+    with caplog.at_level("ERROR", logger="tokengate.control"):
+        await server.start()
+    try:
+        assert str(where / "gate.sock") in caplog.text and "consoles cannot attach" in caplog.text
+        assert await server.rebind_if_gone() is False
+        where.mkdir()
+        assert await server.rebind_if_gone() is True
+        link = await SocketLink.connect(server.path)
+        await link.snapshot()
+        await link.close()
+    finally:
+        await server.close()
+    assert not os.path.exists(server.path)
+    assert await server.rebind_if_gone() is False  # closed: never bound again
