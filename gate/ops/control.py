@@ -358,7 +358,9 @@ class Control:
         if journal_path == ":memory:":
             return
         self.overrides_path = overrides_file.path_for(journal_path)
-        saved = overrides_file.load(self.overrides_path)
+        saved, why = overrides_file.load_or_why(self.overrides_path)
+        if why is not None:  # the operator's pauses, freeze and retunes are not back: say so where they look
+            self._audit(operator, "gate", "restore_refused", "overrides", None, None, why)
         if saved:
             self.restore(saved, operator=operator)
             log.warning("restored runtime overrides from %s: %s", self.overrides_path, "; ".join(saved.lines()))

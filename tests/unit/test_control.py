@@ -376,3 +376,17 @@ async def test_a_control_socket_that_cannot_be_created_does_not_stop_the_gate(ga
         await server.close()
     assert not os.path.exists(server.path)
     assert await server.rebind_if_gone() is False  # closed: never bound again
+
+
+async def test_an_unreadable_overrides_file_at_start_is_audited_not_only_logged(gate, tmp_path):
+    """A trial truncated `<journal>.overrides.json` (a paused class, a frozen budget in it) and
+    restarted: the class ran again and the budget moved, and the journal's audit had no word
+    of it (only the gate's log did): `tokengate log --kind audit`, review and every console
+    showed a clean start. Now a `restore_refused` row names the file, the error and the .bad copy."""
+    kept = tmp_path / "j.db.overrides.json"
+    kept.write_text('{\n "budgets": {\n  "default": 3000\n },\n "classes": {')
+    gate.control.keep_beside(str(tmp_path / "j.db"), operator=ALICE)
+    row = last_audit(gate)
+    assert (row.action, row.target) == ("restore_refused", "overrides")
+    assert str(kept) in row.note and ".bad" in row.note and "config file alone" in row.note
+    assert (tmp_path / "j.db.overrides.json.bad").exists()
