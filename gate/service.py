@@ -439,8 +439,9 @@ class GateService:
             self.ratelimit.forget_idle(self.clock(), 600.0)
             self.refresh_metrics()
             self.write_samples()
-            if self.control_server is not None:
-                try:
+            try:  # their files deleted under the running gate: the lock and the socket again
+                self.lock.keep()
+                if self.control_server is not None:
                     await self.control_server.rebind_if_gone()
-                except Exception:  # noqa: BLE001 - housekeeping must go on
-                    self.log.exception("control socket %s: rebinding failed", self.control_server.path)
+            except Exception:  # noqa: BLE001 - housekeeping must go on
+                self.log.exception("journal lock or control socket: taking it again failed")
