@@ -439,8 +439,9 @@ class GateService:
             self.ratelimit.forget_idle(self.clock(), 600.0)
             self.refresh_metrics()
             self.write_samples()
-            try:  # their files deleted under the running gate: the lock and the socket again
+            try:  # their files deleted under the running gate: the lock, overrides and socket again
                 self.lock.keep()
+                self.control.rewrite_if_gone()
                 if self.control_server is not None:
                     await self.control_server.rebind_if_gone()
             except Exception:  # noqa: BLE001 - housekeeping must go on

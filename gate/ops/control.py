@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -349,6 +350,19 @@ class Control:
                 log.error("runtime overrides NOT kept in %s (%s): a restart would revert them", self.overrides_path, exc)
             else:
                 self.keep_error = None
+
+    def rewrite_if_gone(self) -> bool:
+        """Write the overrides in force again when their file was deleted under the running gate
+        (a trial's `rm tokengate.db*` took it with the journal: the next restart would have
+        reverted them). True: written again. After a failed write (the operator was told, and
+        the log said so) it waits for the next change rather than failing again every second."""
+        if self.overrides_path is None or not self.overrides or self.keep_error is not None:
+            return False
+        if os.path.exists(self.overrides_path):
+            return False
+        log.warning("runtime overrides %s were deleted while the gate ran: writing them again", self.overrides_path)
+        self._keep()
+        return self.keep_error is None
 
     def keep_beside(self, journal_path: str, *, operator: Operator) -> None:
         """The operator's runtime changes live beside the journal this gate holds (one gate per

@@ -390,3 +390,21 @@ async def test_an_unreadable_overrides_file_at_start_is_audited_not_only_logged(
     assert (row.action, row.target) == ("restore_refused", "overrides")
     assert str(kept) in row.note and ".bad" in row.note and "config file alone" in row.note
     assert (tmp_path / "j.db.overrides.json.bad").exists()
+
+
+async def test_overrides_file_deleted_under_a_running_gate_is_written_again(gate, tmp_path, caplog):
+    """A trial's `rm tokengate.db*` under a running gate took `tokengate.db.overrides.json`
+    with it: the batch pause stayed in force and on the header, but the next restart ran the
+    class again. Housekeeping now writes the file again while overrides are in force."""
+    from gate.ops import overrides as overrides_file
+
+    gate.control.overrides_path = str(tmp_path / "j.db.overrides.json")
+    gate.control.pause("batch", True, operator=ALICE)
+    assert gate.control.rewrite_if_gone() is False  # there: nothing to do
+    (tmp_path / "j.db.overrides.json").unlink()
+    with caplog.at_level("WARNING", logger="tokengate.service"):
+        assert gate.control.rewrite_if_gone() is True
+    assert overrides_file.load(gate.control.overrides_path).paused == ["batch"]
+    assert "deleted" in caplog.text
+    gate.control.pause("batch", False, operator=ALICE)  # nothing in force: no file, nothing to write
+    assert gate.control.rewrite_if_gone() is False
