@@ -432,7 +432,7 @@ def _cmd_overrides(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     config = load_config(args.config)
     journal = args.journal or config.gate.journal
     path = kept.path_for(journal)
-    current = kept.load(path)
+    current, damaged = kept.load_or_why(path, set_aside=False)  # a gate may run on it: never moved here
     socket_path = config.gate.control_socket_path() or ""
     live = bool(socket_path) and is_live(socket_path)
     if not live and not current and not os.path.exists(journal) and not os.path.exists(path):
@@ -441,6 +441,12 @@ def _cmd_overrides(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         err.write(
             f"tokengate overrides: {journal}: journal file not found (and no {path}): no gate has run on it here; "
             "a gate keeps its overrides beside its [gate] journal: pass --config FILE (the gate's) or --journal FILE\n"
+        )
+        return EXIT_RUNTIME
+    if damaged and args.action != "drop":
+        err.write(
+            f"tokengate overrides: {damaged}: what it holds cannot be shown or written; a running gate keeps "
+            "its overrides in force and writes the file again at its next change; `overrides drop` removes it\n"
         )
         return EXIT_RUNTIME
     if args.action == "show":

@@ -87,15 +87,18 @@ def load(path: str) -> Overrides:
     return load_or_why(path)[0]
 
 
-def load_or_why(path: str) -> tuple[Overrides, str | None]:
+def load_or_why(path: str, *, set_aside: bool = True) -> tuple[Overrides, str | None]:
     """`load`, and why a file that is there could not be used (None when it could, or when
-    there is none), for the gate to audit: a log line alone went unseen."""
+    there is none), for the gate to audit: a log line alone went unseen. `set_aside` False
+    (a command that only reads, beside a running gate): nothing is logged or renamed."""
     try:
         with open(path, encoding="utf-8") as f:
             return Overrides.from_json(json.load(f)), None
     except FileNotFoundError:
         return Overrides(), None
     except (OSError, ValueError, TypeError) as exc:
+        if not set_aside:
+            return Overrides(), f"{path} unreadable ({exc})"
         log.error("runtime overrides %s unreadable (%s): starting from the config file alone", path, exc)
         why = f"{path} unreadable ({exc}): starting from the config file alone"
         try:
