@@ -232,6 +232,7 @@ class GateService:
         if self.control_server is not None:
             self.control_server.claim()  # before anything listens: a live gate there is a refusal
         self.recorder.journal = await Journal.open(self.journal_path, on_drop=self.metrics.journal_dropped)
+        self.recorder.journal.on_new_file = self._journal_anew
         await self.recorder.resume(self.operator)  # the last 15 minutes, and how the last gate ended
         # What `tokengate replay` starts from: the file's thresholds, before any override is restored
         # (each restored override is its own audit row after this one).
@@ -307,6 +308,17 @@ class GateService:
 
     def audit(self, record: AuditRecord) -> None:
         self.recorder.audit(record)
+
+    def _journal_anew(self) -> None:
+        """The journal file was deleted under the gate and started anew: what it runs under goes
+        there again, or `tokengate replay` refuses every window of the new file (no
+        config_in_force row before it)."""
+        in_force = self.control.config
+        self.audit_gate(
+            CONFIG_IN_FORCE,
+            f"{config_digest(in_force)}; the journal file was deleted and started anew (thresholds in force now)",
+            new_value=thresholds_json(in_force),
+        )
 
     def audit_gate(
         self,

@@ -186,6 +186,9 @@ class Journal(JournalQueries):
         self.busy_timeout_ms = int(busy_timeout_ms)
         self.close_timeout_s = float(close_timeout_s)
         self.on_drop = on_drop
+        #: called after the writer started a new file because the old one was deleted or
+        #: replaced: the gate writes the rows that describe it (config_in_force) there again
+        self.on_new_file: Callable[[], None] | None = None
         self.backoff_min_s, self.backoff_max_s = (float(b) for b in backoff_s)
         self._clock = clock
         self._loop = asyncio.get_running_loop()
@@ -425,11 +428,17 @@ class Journal(JournalQueries):
         batch = [self._pending.popleft() for _ in range(n)]
         self._inflight = batch
         try:
-            if self._conn is not None and self._file_gone():
+            anew = self._conn is not None and self._file_gone()
+            if anew:
                 await self._close_writer_conn()
                 await self._drop_reader()
             if self._conn is None:
                 await self._connect_writer()
+            if anew and self.on_new_file is not None:
+                try:
+                    self.on_new_file()
+                except Exception:  # noqa: BLE001 - a hook must not break the journal
+                    log.exception("journal %s: on_new_file hook failed", self.path)
             if batch:
                 await self._write(batch)
         except asyncio.CancelledError:
