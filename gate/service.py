@@ -302,6 +302,15 @@ class GateService:
             await self.shared.stop()  # hands back what is held, leaves the gate count
         if self.recorder.journal is not None:
             await self.recorder.journal.close()  # flushes every pending row
+            health = self.recorder.journal.health
+            if not health.ok:  # the next gate finds no 'stopped' row: say here that this was a stop
+                self.log.warning(
+                    "journal %s: this run's last rows, 'stopped' among them, could not be written (%s; %d rows dropped "
+                    "this run): the next gate will report an unclean end for this clean stop",
+                    health.path,
+                    health.last_error,
+                    health.dropped,
+                )
         self.lock.release()
 
     # ---- audit and decisions (the recorder's) -----------------------------------------

@@ -408,3 +408,18 @@ async def test_overrides_file_deleted_under_a_running_gate_is_written_again(gate
     assert "deleted" in caplog.text
     gate.control.pause("batch", False, operator=ALICE)  # nothing in force: no file, nothing to write
     assert gate.control.rewrite_if_gone() is False
+
+
+async def test_a_stop_the_journal_could_not_record_says_so_in_the_log(tmp_path, caplog):
+    """A trial stopped a gate cleanly (SIGTERM) with its journal's disk full: the log said
+    "stopped", and the next gate said "ended without 'stopped' (killed or crashed)": an incident
+    review then chases a crash that did not happen. The stopping gate now says, in its log, that
+    its last rows ('stopped' among them) were not written and what the next gate will report."""
+    from gate.journal import Journal
+
+    g = GateService(parse_config(CONFIG), environ={}, transport=fake_llama_transport())
+    g.recorder.journal = await Journal.open(tmp_path / "gone" / "j.db", backoff_s=(0.01, 0.01), close_timeout_s=0.2)
+    g.audit_gate("stopped", "signal SIGTERM")
+    with caplog.at_level("WARNING", logger="tokengate.service"):
+        await g._close_resources()
+    assert "'stopped'" in caplog.text and "unclean end" in caplog.text

@@ -760,3 +760,35 @@ async def test_in_memory_journal(tmp_path: Path) -> None:
         assert await j.count_decisions() == 1
     finally:
         await j.close()
+
+
+async def test_a_previous_gate_whose_journal_was_failing_is_not_called_killed_outright(tmp_path: Path) -> None:
+    """A trial stopped a gate cleanly (SIGTERM) while its journal's disk was full: its
+    `stopping`/`stopped` rows were dropped with the rest, and the next gate logged and audited
+    "ended without 'stopped' (killed or crashed)": at an incident review, a crash that did not
+    happen. The note now says the journal was dropping rows by then, so its end is unknown."""
+    from gate.observe.metrics import GateMetrics
+    from gate.observe.recorder import Recorder
+
+    path = tmp_path / "j.db"
+    j = await Journal.open(path)
+    try:
+        started = AuditRecord(
+            ts=T0,
+            operator="root",
+            origin="local",
+            source="gate",
+            action="started",
+            target="gate",
+            old_value=None,
+            new_value="0.1.0",
+            gate_id="h:1:t",
+        )
+        assert await j.add(started) is True
+        assert await j.add(dataclasses.replace(sample(1), gate_id="h:1:t", journal_dropped=7)) is True
+        rec = Recorder(GateMetrics(), gate_id="h:2:t", clock=time.time)
+        rec.journal = j
+        note = await rec.previous_end()
+        assert note is not None and "h:1:t" in note and "7 rows" in note and "dropping" in note
+    finally:
+        await j.close()
