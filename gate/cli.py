@@ -13,7 +13,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from gate import __version__
@@ -432,7 +432,7 @@ def _cmd_overrides(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     config = load_config(args.config)
     journal = args.journal or config.gate.journal
     path = kept.path_for(journal)
-    current = kept.load(path)
+    current, damaged = kept.load_or_why(path, set_aside=False)  # a gate may run on it: never moved here
     socket_path = config.gate.control_socket_path() or ""
     live = bool(socket_path) and is_live(socket_path)
     if not live and not current and not os.path.exists(journal) and not os.path.exists(path):
@@ -441,6 +441,12 @@ def _cmd_overrides(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         err.write(
             f"tokengate overrides: {journal}: journal file not found (and no {path}): no gate has run on it here; "
             "a gate keeps its overrides beside its [gate] journal: pass --config FILE (the gate's) or --journal FILE\n"
+        )
+        return EXIT_RUNTIME
+    if damaged and args.action != "drop":
+        err.write(
+            f"tokengate overrides: {damaged}: what it holds cannot be shown or written; a running gate keeps "
+            "its overrides in force and writes the file again at its next change; `overrides drop` removes it\n"
         )
         return EXIT_RUNTIME
     if args.action == "show":
@@ -731,7 +737,20 @@ def _check_directories(config: Config, source: str) -> None:
             raise ConfigError(source, key, f"{path}: the directory {directory} does not exist (create it, or correct the path)")
 
 
+def _hold_hangups() -> Callable[[], bool]:
+    """Until the gate's loop takes SIGHUP over, a hang-up is held, not fatal: its default
+    action ends the process (a trial's `systemctl reload` 0.3 s after start killed the gate,
+    and systemd counts death by SIGHUP as clean, so nothing restarted it). The returned
+    function says whether one came, for the gate to reload once it runs."""
+    import signal
+
+    came: list[int] = []
+    signal.signal(signal.SIGHUP, lambda signum, _frame: came.append(signum))
+    return lambda: bool(came)
+
+
 def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    held_hangup = _hold_hangups()
     config = load_config(args.config)
     _check_directories(config, args.config or "the default config")
     logging.basicConfig(level=args.log_level.upper(), stream=err, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -745,7 +764,9 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if not _die_with_parent():
         err.write("tokengate serve: the console that started this gate is gone\n")
         return EXIT_RUNTIME
-    main = serve_until_signalled(config, config_path=args.config, grace_s=args.grace, demo=args.demo, seed=args.seed)
+    main = serve_until_signalled(
+        config, config_path=args.config, grace_s=args.grace, demo=args.demo, seed=args.seed, held_hangup=held_hangup
+    )
     try:
         try:
             import uvloop  # faster event loop for the headless gate

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import signal
+from collections.abc import Callable
 
 from gate.config import Config
 from gate.service import GateService
@@ -22,11 +23,14 @@ async def serve_until_signalled(
     grace_s: float = 30.0,
     demo: bool = False,
     seed: int = 7,
+    held_hangup: Callable[[], bool] | None = None,
 ) -> int:
     """Run a gate until SIGTERM/SIGINT (then drain gracefully); SIGHUP re-reads the config.
 
     `demo`: the gate in front of the built-in simulator with synthetic traffic (what
     `tokengate console --demo` runs in its gate process).
+    `held_hangup`: whether a SIGHUP came before the loop's handler (the CLI holds them while
+    it starts); if so, the file is re-read once the gate runs.
     """
     simulator = traffic = None
     extras = {}
@@ -58,9 +62,12 @@ async def serve_until_signalled(
         if simulator is not None:
             await simulator.stop()
         raise
+    if held_hangup is not None and held_hangup():
+        gate.log.info("SIGHUP while starting: re-reading %s now", config_path)
+        gate.control.reload_file(config_path, operator=gate.operator)
     for b in gate.backends:
         gate.log.info("backend %s at %s: %s (%s)", b.name, b.url, b.state, b.detail)
-    if gate.control_server is not None:
+    if gate.control_server is not None and gate.control_server.listening:
         gate.log.info("control socket %s (attach: tokengate console --attach %s)", gate.control_server.path, gate.control_server.path)
     if demo:
         from gate.tools.demo import demo_traffic

@@ -232,6 +232,7 @@ class GateService:
         if self.control_server is not None:
             self.control_server.claim()  # before anything listens: a live gate there is a refusal
         self.recorder.journal = await Journal.open(self.journal_path, on_drop=self.metrics.journal_dropped)
+        self.recorder.journal.on_new_file = self._journal_anew
         await self.recorder.resume(self.operator)  # the last 15 minutes, and how the last gate ended
         # What `tokengate replay` starts from: the file's thresholds, before any override is restored
         # (each restored override is its own audit row after this one).
@@ -301,12 +302,32 @@ class GateService:
             await self.shared.stop()  # hands back what is held, leaves the gate count
         if self.recorder.journal is not None:
             await self.recorder.journal.close()  # flushes every pending row
+            health = self.recorder.journal.health
+            if not health.ok:  # the next gate finds no 'stopped' row: say here that this was a stop
+                self.log.warning(
+                    "journal %s: this run's last rows, 'stopped' among them, could not be written (%s; %d rows dropped "
+                    "this run): the next gate will report an unclean end for this clean stop",
+                    health.path,
+                    health.last_error,
+                    health.dropped,
+                )
         self.lock.release()
 
     # ---- audit and decisions (the recorder's) -----------------------------------------
 
     def audit(self, record: AuditRecord) -> None:
         self.recorder.audit(record)
+
+    def _journal_anew(self) -> None:
+        """The journal file was deleted under the gate and started anew: what it runs under goes
+        there again, or `tokengate replay` refuses every window of the new file (no
+        config_in_force row before it)."""
+        in_force = self.control.config
+        self.audit_gate(
+            CONFIG_IN_FORCE,
+            f"{config_digest(in_force)}; the journal file was deleted and started anew (thresholds in force now)",
+            new_value=thresholds_json(in_force),
+        )
 
     def audit_gate(
         self,
@@ -439,3 +460,10 @@ class GateService:
             self.ratelimit.forget_idle(self.clock(), 600.0)
             self.refresh_metrics()
             self.write_samples()
+            try:  # their files deleted under the running gate: the lock, overrides and socket again
+                self.lock.keep()
+                self.control.rewrite_if_gone()
+                if self.control_server is not None:
+                    await self.control_server.rebind_if_gone()
+            except Exception:  # noqa: BLE001 - housekeeping must go on
+                self.log.exception("journal lock or control socket: taking it again failed")

@@ -186,6 +186,9 @@ class Journal(JournalQueries):
         self.busy_timeout_ms = int(busy_timeout_ms)
         self.close_timeout_s = float(close_timeout_s)
         self.on_drop = on_drop
+        #: called after the writer started a new file because the old one was deleted or
+        #: replaced: the gate writes the rows that describe it (config_in_force) there again
+        self.on_new_file: Callable[[], None] | None = None
         self.backoff_min_s, self.backoff_max_s = (float(b) for b in backoff_s)
         self._clock = clock
         self._loop = asyncio.get_running_loop()
@@ -196,6 +199,9 @@ class Journal(JournalQueries):
         self._kick = asyncio.Event()  # interrupts a backoff sleep (close)
         self._conn: aiosqlite.Connection | None = None
         self._rconn: aiosqlite.Connection | None = None
+        #: (st_dev, st_ino) of the file the writer's connection has open: a file deleted or
+        #: replaced under a running gate is noticed before the next batch, not written into the void
+        self._file_id: tuple[int, int] | None = None
         self._rlock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
 
@@ -422,8 +428,17 @@ class Journal(JournalQueries):
         batch = [self._pending.popleft() for _ in range(n)]
         self._inflight = batch
         try:
+            anew = self._conn is not None and self._file_gone()
+            if anew:
+                await self._close_writer_conn()
+                await self._drop_reader()
             if self._conn is None:
                 await self._connect_writer()
+            if anew and self.on_new_file is not None:
+                try:
+                    self.on_new_file()
+                except Exception:  # noqa: BLE001 - a hook must not break the journal
+                    log.exception("journal %s: on_new_file hook failed", self.path)
             if batch:
                 await self._write(batch)
         except asyncio.CancelledError:
@@ -570,7 +585,38 @@ class Journal(JournalQueries):
         if not self._memory:
             for suffix in ("-wal", "-shm"):
                 _tighten(self.path + suffix)
+            st = os.stat(self.path)
+            self._file_id = (st.st_dev, st.st_ino)
         self._conn = conn
+
+    def _file_gone(self) -> bool:
+        """True (and said loudly) when the journal's path no longer names the file the writer
+        has open: deleted (rows would go into an unlinked inode and vanish at exit) or replaced."""
+        if self._memory or self._file_id is None:
+            return False
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            what = "deleted"
+        except OSError:
+            return False  # the write itself will fail and say why
+        else:
+            if (st.st_dev, st.st_ino) == self._file_id:
+                return False
+            what = "replaced by another file"
+        log.error(
+            "journal %s: the file was %s while the gate ran; writing to a new journal at that path from now on "
+            "(the rows the old file held are in it, not in the new one)",
+            self.path,
+            what,
+        )
+        return True
+
+    async def _drop_reader(self) -> None:
+        conn, self._rconn = self._rconn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
 
     async def _migrate(self, conn: aiosqlite.Connection) -> None:
         cursor = await conn.execute("PRAGMA user_version")

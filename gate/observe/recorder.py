@@ -10,6 +10,7 @@ computed once here (`class_totals`), for the samples, the gauges and the snapsho
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -174,6 +175,17 @@ class Recorder:
             return None
         last = life[-1]
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(last["ts"]))
+        dropped = 0
+        if last.get("gate_id"):  # its journal failing at the end drops `stopped` with the rest
+            with contextlib.suppress(Exception):
+                mine = [r for r in await self.journal.samples(since_ts=last["ts"], limit=50) if r.get("gate_id") == last["gate_id"]]
+                dropped = max((int(r.get("journal_dropped") or 0) for r in mine), default=0)
+        if dropped:
+            return (
+                f"the previous gate {last.get('gate_id')} left no 'stopped' row, and its journal was dropping rows "
+                f"({dropped} rows by its last sample): it may have stopped cleanly with that row dropped, or been "
+                f"killed; its last life row: {last['action']} at {when}"
+            )
         return (
             f"the previous gate {last.get('gate_id') or '?'} ended without 'stopped' (killed or crashed); "
             f"its last life row: {last['action']} at {when}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -74,13 +75,26 @@ class Control:
         #: the operator's runtime changes in force, kept at `overrides_path` (beside the journal)
         self.overrides = Overrides()
         self.overrides_path: str | None = None
+        #: why the last write of the overrides failed (None: kept), for the command's answer
+        self.keep_error: str | None = None
         self._budgets: dict[str, int] = {}  # working budgets set by hand, per backend
         self._pending_budgets: dict[str, int] = {}  # restored for backends whose capacity is not known yet
 
     # ---- the console's entry point -------------------------------------------
 
     def execute(self, command: Command, *, operator: Operator, source: AuditSource = "console") -> list[ActionResult]:
-        """Validate `command` whole, apply it atomically, audit each changed value."""
+        """Validate `command` whole, apply it atomically, audit each changed value. When the
+        overrides could not be written beside the journal, the answer says the change will not
+        survive a restart (the log alone was not seen: a trial's toast said "Paused batch")."""
+        self.keep_error = None
+        results = self._execute(command, operator=operator, source=source)
+        if self.keep_error is not None and results:
+            last = results[-1]
+            warning = f" (NOT kept for a restart: {self.keep_error}; a restart would revert it)"
+            results[-1] = dataclasses.replace(last, message=last.message + warning)
+        return results
+
+    def _execute(self, command: Command, *, operator: Operator, source: AuditSource) -> list[ActionResult]:
         if isinstance(command, Pause):
             return [self.pause(command.cls, command.paused, operator=operator, note=command.note, source=source)]
         if isinstance(command, Drain):
@@ -332,7 +346,23 @@ class Control:
             try:
                 overrides_file.save(self.overrides_path, self.overrides)
             except OSError as exc:
+                self.keep_error = f"{self.overrides_path}: {exc.strerror or exc}"
                 log.error("runtime overrides NOT kept in %s (%s): a restart would revert them", self.overrides_path, exc)
+            else:
+                self.keep_error = None
+
+    def rewrite_if_gone(self) -> bool:
+        """Write the overrides in force again when their file was deleted under the running gate
+        (a trial's `rm tokengate.db*` took it with the journal: the next restart would have
+        reverted them). True: written again. After a failed write (the operator was told, and
+        the log said so) it waits for the next change rather than failing again every second."""
+        if self.overrides_path is None or not self.overrides or self.keep_error is not None:
+            return False
+        if os.path.exists(self.overrides_path):
+            return False
+        log.warning("runtime overrides %s were deleted while the gate ran: writing them again", self.overrides_path)
+        self._keep()
+        return self.keep_error is None
 
     def keep_beside(self, journal_path: str, *, operator: Operator) -> None:
         """The operator's runtime changes live beside the journal this gate holds (one gate per
@@ -342,7 +372,9 @@ class Control:
         if journal_path == ":memory:":
             return
         self.overrides_path = overrides_file.path_for(journal_path)
-        saved = overrides_file.load(self.overrides_path)
+        saved, why = overrides_file.load_or_why(self.overrides_path)
+        if why is not None:  # the operator's pauses, freeze and retunes are not back: say so where they look
+            self._audit(operator, "gate", "restore_refused", "overrides", None, None, why)
         if saved:
             self.restore(saved, operator=operator)
             log.warning("restored runtime overrides from %s: %s", self.overrides_path, "; ".join(saved.lines()))

@@ -168,6 +168,9 @@ class ControlServer:
         self.gate = gate
         self.group = group
         self._server: asyncio.AbstractServer | None = None
+        self._gid: int | None = None
+        self._open = False  # between start and close: the socket is kept bound
+        self._rebind_error: str | None = None
         self._sessions: set[_Session] = set()
         self._handlers: set[asyncio.Task[Any]] = set()
         self.feed = SnapshotFeed(lambda after, n: gate.snapshot(decisions_after=after, max_decisions=n))
@@ -182,7 +185,25 @@ class ControlServer:
                 gid = grp.getgrnam(self.group).gr_gid
             except KeyError:
                 raise SocketInUse(f"[gate] control_socket_group: no group {self.group!r} on this host") from None
+        self._gid = gid
         self.claim()
+        self._open = True
+        try:
+            self._server = await self._listen()
+        except OSError as exc:
+            # A read-only or missing directory (the socket's default place is beside the journal,
+            # and a failing journal disk must not stop the gate): serve on without consoles, say
+            # so naming the file, and bind it once it can be (housekeeping: rebind_if_gone).
+            self._rebind_error = f"{exc.strerror or exc}"
+            log.error(
+                "control socket %s cannot be created (%s): serving without it, consoles cannot attach; "
+                "retrying every second (or set [gate] control_socket to a writable place)",
+                self.path,
+                self._rebind_error,
+            )
+        self.gate.audit_listeners.append(self._on_audit)
+
+    async def _listen(self) -> asyncio.AbstractServer:
         # Bound 0600 (no window in which others may connect), given its group and mode, and only
         # then listened on: once anyone can connect, the file already has the mode it keeps
         # (listening first let a console, or a test, connect and see 0600 before the chmod).
@@ -195,20 +216,53 @@ class ControlServer:
                 bound = True
             finally:
                 os.umask(old_umask)
-            if gid is not None:
-                os.chown(self.path, -1, gid)
+            if self._gid is not None:
+                os.chown(self.path, -1, self._gid)
                 os.chmod(self.path, 0o660)
-            self._server = await asyncio.start_unix_server(self._serve, sock=sock, limit=MAX_LINE)
+            server = await asyncio.start_unix_server(self._serve, sock=sock, limit=MAX_LINE)
         except BaseException:
             sock.close()
             if bound:  # ours; a file that was there before is not
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.path)
             raise
-        self.gate.audit_listeners.append(self._on_audit)
+        self._rebind_error = None
+        return server
+
+    async def rebind_if_gone(self) -> bool:
+        """Listen again when the socket file was deleted under the running gate (a /tmp cleaner,
+        a hand tidying up): without it no console can attach, and nothing said why. Sessions
+        attached before go on. A file someone else put there is left alone. True: bound anew.
+        Also binds a socket that could not be created at start."""
+        if not self._open:
+            return False
+        try:
+            os.lstat(self.path)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return False
+        else:
+            return False
+        try:
+            server = await self._listen()
+        except OSError as exc:
+            message = f"{exc.strerror or exc}"
+            if message != self._rebind_error:  # once per cause, not once a second
+                log.error("control socket %s was deleted and cannot be bound again (%s): consoles cannot attach", self.path, message)
+            self._rebind_error = message
+            return False
+        if self._server is None:
+            log.warning("control socket %s: listening (it could not be created before)", self.path)
+        else:
+            log.warning("control socket %s was deleted while the gate ran: listening there again", self.path)
+            self._server.close()  # the unlinked one accepts nobody; its sessions go on
+        self._server = server
+        return True
 
     async def close(self) -> None:
         """Stop listening, end every session, remove the socket file."""
+        self._open = False
         if self._on_audit in self.gate.audit_listeners:
             self.gate.audit_listeners.remove(self._on_audit)
         if self._server is None:
@@ -222,6 +276,11 @@ class ControlServer:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
         self._server = None
+
+    @property
+    def listening(self) -> bool:
+        """Bound and accepting consoles (False while the socket could not be created)."""
+        return self._server is not None
 
     @property
     def sessions(self) -> int:

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import socket
 import time
+
+log = logging.getLogger("tokengate.lock")
 
 
 class JournalLocked(Exception):
@@ -31,6 +34,7 @@ class JournalLock:
         self.journal = journal
         self.path = journal + ".lock"
         self._fd: int | None = None
+        self._lost: str | None = None  # said once: another gate holds the lock file now
 
     @property
     def held(self) -> bool:
@@ -68,12 +72,60 @@ class JournalLock:
         os.write(fd, f"pid {os.getpid()}, gate {gate_id}\n".encode())
         self._fd = fd
 
+    def _ours(self) -> bool:
+        """The lock file at `path` is the one this gate holds (not deleted, not replaced)."""
+        assert self._fd is not None
+        try:
+            mine, there = os.fstat(self._fd), os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        return (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
+
+    def keep(self) -> bool:
+        """Hold the lock again if its file was deleted or replaced under the running gate:
+        without it a second gate started on this journal (a trial's did). False (said once)
+        when another gate took it in between, or it cannot be taken again now."""
+        if self._fd is None:
+            return True
+        try:
+            if self._ours():
+                return True
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError:
+            return True  # a failing disk: the journal says so; retried next time
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read(fd) or "holder unknown"
+            os.close(fd)
+            if holder != self._lost:
+                log.error(
+                    "journal lock %s was deleted while this gate ran and another gate took it (%s): two gates write %s; stop one",
+                    self.path,
+                    holder,
+                    self.journal,
+                )
+            self._lost = holder
+            return False
+        except BaseException:
+            os.close(fd)
+            raise
+        line = _read(self._fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{line}\n".encode())
+        os.close(self._fd)
+        self._fd = fd
+        self._lost = None
+        log.warning("journal lock %s was deleted (or replaced) while the gate ran: taken again", self.path)
+        return True
+
     def release(self) -> None:
-        """Remove the lock file while still holding it, then let go."""
+        """Remove the lock file while still holding it (when it is still ours), then let go."""
         if self._fd is None:
             return
         with contextlib.suppress(OSError):
-            os.unlink(self.path)
+            if self._ours():
+                os.unlink(self.path)
         os.close(self._fd)
         self._fd = None
 

@@ -84,18 +84,30 @@ class Overrides:
 def load(path: str) -> Overrides:
     """The overrides kept at `path`; none when the file is absent. A damaged file is logged
     and ignored (it is kept, renamed `.bad`, for a person to look at)."""
+    return load_or_why(path)[0]
+
+
+def load_or_why(path: str, *, set_aside: bool = True) -> tuple[Overrides, str | None]:
+    """`load`, and why a file that is there could not be used (None when it could, or when
+    there is none), for the gate to audit: a log line alone went unseen. `set_aside` False
+    (a command that only reads, beside a running gate): nothing is logged or renamed."""
     try:
         with open(path, encoding="utf-8") as f:
-            return Overrides.from_json(json.load(f))
+            return Overrides.from_json(json.load(f)), None
     except FileNotFoundError:
-        return Overrides()
+        return Overrides(), None
     except (OSError, ValueError, TypeError) as exc:
+        if not set_aside:
+            return Overrides(), f"{path} unreadable ({exc})"
         log.error("runtime overrides %s unreadable (%s): starting from the config file alone", path, exc)
+        why = f"{path} unreadable ({exc}): starting from the config file alone"
         try:
             os.replace(path, path + ".bad")
         except OSError:
             pass
-        return Overrides()
+        else:
+            why += f"; the file is kept as {path}.bad"
+        return Overrides(), why
 
 
 def save(path: str, overrides: Overrides) -> None:

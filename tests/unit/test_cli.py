@@ -14,6 +14,8 @@ from gate import __version__
 from gate.cli import main
 from gate.config import EXAMPLE_CONFIG
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
@@ -296,3 +298,28 @@ def test_journal_help_says_the_demo_journal_is_read_when_it_is_the_only_one(comm
     assert main([command, "--help"]) == 0
     help_text = " ".join(capsys.readouterr().out.split())
     assert "tokengate-demo.db" in help_text
+
+
+def test_a_hang_up_while_serve_starts_does_not_kill_the_gate(tmp_path: Path) -> None:
+    """A trial sent SIGHUP (what `systemctl reload` sends; systemd's Type=exec calls the
+    service started at exec) 0.3 s after `tokengate serve` began: the process died at once,
+    nothing logged, and systemd counts death by SIGHUP as a clean exit, so Restart=on-failure
+    would not bring it back. A hang-up while it starts is now held and honoured once it runs."""
+    script = (
+        "import os, signal, sys\n"
+        "import gate.cli as cli\n"
+        "def load(path):\n"
+        "    os.kill(os.getpid(), signal.SIGHUP)  # a reload asked for while the config is read\n"
+        "    raise cli.ConfigError(path, 'x', 'stop here')\n"
+        "cli.load_config = load\n"
+        "sys.exit(cli.main(['serve', '--config', 'nowhere.toml']))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)

@@ -172,3 +172,20 @@ def test_config_set_of_a_list_table_names_the_indexed_form(tmp_path, edit, hint)
 def test_config_set_help_shows_how_to_name_a_backend():
     rc, out, _ = run("config", "set", "--help")
     assert rc == 0 and "backends[0].url" in out
+
+
+@pytest.mark.parametrize("action", [[], ["write"]])
+def test_overrides_show_on_a_damaged_file_says_so_and_moves_nothing(tmp_path, action):
+    """A trial ran `tokengate overrides --config F` while the kept file was damaged: it renamed
+    the running gate's file to `.bad`, logged "starting from the config file alone" (it starts
+    nothing) and answered "no runtime overrides (... absent): the gate runs on its config file",
+    exit 0, while that gate held a pause and a retune. A listing reads; it says what it found."""
+    f = tmp_path / "tokengate.toml"
+    journal = tmp_path / "tokengate.db"
+    f.write_text(EXAMPLE_CONFIG.replace('journal = "tokengate.db"', f'journal = "{journal}"'))
+    kept = tmp_path / "tokengate.db.overrides.json"
+    kept.write_text('{"v": 1, "paused": [')
+    rc, out, err = run("overrides", *action, "--config", str(f))
+    assert rc == 1 and "unreadable" in err and str(kept) in err
+    assert "absent" not in out and "no retuned settings" not in out
+    assert kept.read_text() == '{"v": 1, "paused": [' and not (tmp_path / "tokengate.db.overrides.json.bad").exists()

@@ -300,3 +300,126 @@ async def test_keep_slots_starts_from_the_config_and_a_retune_reaches_the_core(g
     assert backend.admission.keep_slots is False
     gate.control.reload(parse_config(CONFIG.replace("min_tokens = 1024", "min_tokens = 1024\nkeep_slots = true")), operator=ALICE)
     assert backend.admission.keep_slots is True
+
+
+async def test_a_change_that_cannot_be_kept_for_a_restart_says_so_to_the_operator(gate, tmp_path):
+    """A trial paused a class on a full journal disk: the toast said "Paused batch", the header
+    showed the override, and only the gate's log said it was NOT kept; the next restart
+    quietly ran the class again. The command's own answer now says so."""
+    from gate.data.commands import Pause
+
+    gate.control.overrides_path = str(tmp_path / "gone" / "j.db.overrides.json")  # cannot be written
+    (result,) = gate.control.execute(Pause(cls="batch", paused=True), operator=ALICE)
+    assert "batch" in gate.control.paused
+    assert "NOT kept" in result.message and "restart" in result.message
+    gate.control.overrides_path = str(tmp_path / "j.db.overrides.json")
+    (result,) = gate.control.execute(Pause(cls="batch", paused=False), operator=ALICE)
+    assert "NOT kept" not in result.message
+
+
+async def test_a_control_socket_deleted_under_a_running_gate_is_listened_on_again(gate, tmp_path):
+    """A trial deleted the control socket file under a running gate (a /tmp cleaner, a hand
+    tidying up): the gate served on, said nothing, and every `console --attach` answered "no
+    control socket here (is `tokengate serve` running with this config?)" while it ran. The
+    gate's once-a-second housekeeping now binds it again; consoles attached before keep going."""
+    import os
+
+    from gate.ops.control_socket import ControlServer
+    from gate.ops.link import SocketLink
+
+    server = ControlServer(str(tmp_path / "gate.sock"), gate)
+    await server.start()
+    try:
+        before = await SocketLink.connect(server.path)
+        assert await server.rebind_if_gone() is False  # there: nothing to do
+        os.unlink(server.path)
+        assert await server.rebind_if_gone() is True
+        assert oct(os.stat(server.path).st_mode & 0o777) == "0o600"
+        after = await SocketLink.connect(server.path)
+        await after.snapshot()
+        await before.snapshot()  # the session from before the deletion goes on
+        await after.close()
+        await before.close()
+        # a file put there by someone else is never taken over
+        os.unlink(server.path)
+        (tmp_path / "gate.sock").write_text("not ours")
+        assert await server.rebind_if_gone() is False
+        assert (tmp_path / "gate.sock").read_text() == "not ours"
+        os.unlink(server.path)
+    finally:
+        await server.close()
+
+
+async def test_a_control_socket_that_cannot_be_created_does_not_stop_the_gate(gate, tmp_path, caplog):
+    """A trial started the gate with its journal (and so its control socket) on a read-only
+    disk: the journal degraded as promised, then the gate exited 1 with "tokengate: error:
+    OSError: [Errno 30] Read-only file system", naming no file, and served nothing. Now the
+    gate serves on without a console, says so naming the socket, and binds it once it can."""
+    import os
+
+    from gate.ops.control_socket import ControlServer
+    from gate.ops.link import SocketLink
+
+    where = tmp_path / "not-yet"
+    server = ControlServer(str(where / "gate.sock"), gate)
+    with caplog.at_level("ERROR", logger="tokengate.control"):
+        await server.start()
+    try:
+        assert str(where / "gate.sock") in caplog.text and "consoles cannot attach" in caplog.text
+        assert await server.rebind_if_gone() is False
+        where.mkdir()
+        assert await server.rebind_if_gone() is True
+        link = await SocketLink.connect(server.path)
+        await link.snapshot()
+        await link.close()
+    finally:
+        await server.close()
+    assert not os.path.exists(server.path)
+    assert await server.rebind_if_gone() is False  # closed: never bound again
+
+
+async def test_an_unreadable_overrides_file_at_start_is_audited_not_only_logged(gate, tmp_path):
+    """A trial truncated `<journal>.overrides.json` (a paused class, a frozen budget in it) and
+    restarted: the class ran again and the budget moved, and the journal's audit had no word
+    of it (only the gate's log did): `tokengate log --kind audit`, review and every console
+    showed a clean start. Now a `restore_refused` row names the file, the error and the .bad copy."""
+    kept = tmp_path / "j.db.overrides.json"
+    kept.write_text('{\n "budgets": {\n  "default": 3000\n },\n "classes": {')
+    gate.control.keep_beside(str(tmp_path / "j.db"), operator=ALICE)
+    row = last_audit(gate)
+    assert (row.action, row.target) == ("restore_refused", "overrides")
+    assert str(kept) in row.note and ".bad" in row.note and "config file alone" in row.note
+    assert (tmp_path / "j.db.overrides.json.bad").exists()
+
+
+async def test_overrides_file_deleted_under_a_running_gate_is_written_again(gate, tmp_path, caplog):
+    """A trial's `rm tokengate.db*` under a running gate took `tokengate.db.overrides.json`
+    with it: the batch pause stayed in force and on the header, but the next restart ran the
+    class again. Housekeeping now writes the file again while overrides are in force."""
+    from gate.ops import overrides as overrides_file
+
+    gate.control.overrides_path = str(tmp_path / "j.db.overrides.json")
+    gate.control.pause("batch", True, operator=ALICE)
+    assert gate.control.rewrite_if_gone() is False  # there: nothing to do
+    (tmp_path / "j.db.overrides.json").unlink()
+    with caplog.at_level("WARNING", logger="tokengate.service"):
+        assert gate.control.rewrite_if_gone() is True
+    assert overrides_file.load(gate.control.overrides_path).paused == ["batch"]
+    assert "deleted" in caplog.text
+    gate.control.pause("batch", False, operator=ALICE)  # nothing in force: no file, nothing to write
+    assert gate.control.rewrite_if_gone() is False
+
+
+async def test_a_stop_the_journal_could_not_record_says_so_in_the_log(tmp_path, caplog):
+    """A trial stopped a gate cleanly (SIGTERM) with its journal's disk full: the log said
+    "stopped", and the next gate said "ended without 'stopped' (killed or crashed)": an incident
+    review then chases a crash that did not happen. The stopping gate now says, in its log, that
+    its last rows ('stopped' among them) were not written and what the next gate will report."""
+    from gate.journal import Journal
+
+    g = GateService(parse_config(CONFIG), environ={}, transport=fake_llama_transport())
+    g.recorder.journal = await Journal.open(tmp_path / "gone" / "j.db", backoff_s=(0.01, 0.01), close_timeout_s=0.2)
+    g.audit_gate("stopped", "signal SIGTERM")
+    with caplog.at_level("WARNING", logger="tokengate.service"):
+        await g._close_resources()
+    assert "'stopped'" in caplog.text and "unclean end" in caplog.text

@@ -404,6 +404,37 @@ async def test_missing_directory_fails_then_resumes_when_created(tmp_path: Path)
     assert count(path) == 1
 
 
+async def test_journal_file_deleted_while_running_is_written_anew_not_into_the_void(tmp_path: Path, caplog) -> None:
+    """A trial: `rm tokengate.db*` under a running gate; every row after it went into the
+    unlinked inode (no error, dropped 0) and vanished with the process: `tokengate log` on the
+    path showed nothing for the rest of the run. The writer notices and starts a new file."""
+    path = tmp_path / "j.db"
+    j = await Journal.open(path)
+    anew: list[str] = []
+    j.on_new_file = lambda: anew.append("new")  # the gate writes its config_in_force row there again
+    try:
+        assert await j.add(decision(0)) is True
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{path}{suffix}")
+        with caplog.at_level("ERROR", logger="gate.journal"):
+            assert await j.add(decision(1)) is True
+        assert path.exists(), "the rows after the deletion went into the deleted file"
+        assert count(path) == 1
+        assert "deleted" in caplog.text and anew == ["new"]
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        # replaced by another file (a restore from backup): the new file is written, not the old inode
+        other = tmp_path / "other.db"
+        shutil.copy(path, other)
+        os.replace(other, path)
+        with caplog.at_level("ERROR", logger="gate.journal"):
+            assert await j.add(decision(2)) is True
+        assert count(path) == 2
+        assert "replaced" in caplog.text
+    finally:
+        await j.close()
+
+
 async def test_directory_replaced_by_a_file_fails_then_resumes(tmp_path: Path) -> None:
     directory = tmp_path / "d"
     directory.write_text("not a directory")
@@ -727,5 +758,37 @@ async def test_in_memory_journal(tmp_path: Path) -> None:
     try:
         assert await j.add(decision(1)) is True
         assert await j.count_decisions() == 1
+    finally:
+        await j.close()
+
+
+async def test_a_previous_gate_whose_journal_was_failing_is_not_called_killed_outright(tmp_path: Path) -> None:
+    """A trial stopped a gate cleanly (SIGTERM) while its journal's disk was full: its
+    `stopping`/`stopped` rows were dropped with the rest, and the next gate logged and audited
+    "ended without 'stopped' (killed or crashed)": at an incident review, a crash that did not
+    happen. The note now says the journal was dropping rows by then, so its end is unknown."""
+    from gate.observe.metrics import GateMetrics
+    from gate.observe.recorder import Recorder
+
+    path = tmp_path / "j.db"
+    j = await Journal.open(path)
+    try:
+        started = AuditRecord(
+            ts=T0,
+            operator="root",
+            origin="local",
+            source="gate",
+            action="started",
+            target="gate",
+            old_value=None,
+            new_value="0.1.0",
+            gate_id="h:1:t",
+        )
+        assert await j.add(started) is True
+        assert await j.add(dataclasses.replace(sample(1), gate_id="h:1:t", journal_dropped=7)) is True
+        rec = Recorder(GateMetrics(), gate_id="h:2:t", clock=time.time)
+        rec.journal = j
+        note = await rec.previous_end()
+        assert note is not None and "h:1:t" in note and "7 rows" in note and "dropping" in note
     finally:
         await j.close()

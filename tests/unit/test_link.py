@@ -190,3 +190,24 @@ def test_one_gate_per_journal_and_the_holder_is_named(tmp_path):
     second.acquire("host:2:t")  # free again
     second.release()
     JournalLock(":memory:").acquire("x")  # nothing to lock
+
+
+def test_a_lock_file_deleted_under_a_running_gate_is_taken_again(tmp_path):
+    """A trial deleted `<journal>.lock` under a running gate: a second `tokengate serve` on the
+    same journal then started (other port and socket), both wrote the journal and its
+    overrides, and the second audited `unclean_end` for the first, alive. The holder now
+    notices (housekeeping, every second) and takes the lock again."""
+    journal = str(tmp_path / "j.db")
+    first, second = JournalLock(journal), JournalLock(journal)
+    first.acquire("host:1:t")
+    assert first.keep() is True  # there: nothing to do
+    os.unlink(journal + ".lock")
+    assert first.keep() is True
+    with pytest.raises(JournalLocked, match=rf"pid {os.getpid()}, gate host:1:t"):
+        second.acquire("host:2:t")
+    # someone else got there first: said, not fought over
+    os.unlink(journal + ".lock")
+    second.acquire("host:2:t")
+    assert first.keep() is False
+    second.release()
+    first.release()

@@ -287,3 +287,17 @@ def test_images_are_placeholders_without_a_registry_host():
     for image in images:
         first = image.split("/")[0]
         assert "/" not in image or not ("." in first or ":" in first or first == "localhost"), image
+
+
+def test_the_systemd_unit_matches_what_the_gate_does_on_its_signals():
+    """ExecReload is SIGHUP (a reload), the stop is SIGTERM (a drain) and outlasts the drain, and
+    a gate ended by a SIGHUP is restarted: in a trial a `systemctl reload` in the first instant
+    after start (Type=exec: started at exec) ended the process before Python could hold the
+    signal, and systemd counts death by SIGHUP as clean, so Restart=on-failure left it down."""
+    unit = (DEPLOY / "tokengate.service").read_text()
+    keys = dict(re.findall(r"^(\w+)=(.*)$", unit, re.M))
+    assert keys["ExecReload"] == "/bin/kill -HUP $MAINPID"
+    assert keys["KillSignal"] == "SIGTERM"
+    grace = float(re.search(r"--grace (\d+)", keys["ExecStart"]).group(1))
+    assert float(keys["TimeoutStopSec"]) > grace + 5  # the drain, then the journal's flush (close_timeout_s 5)
+    assert "SIGHUP" in keys.get("RestartForceExitStatus", "").split()
