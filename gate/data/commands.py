@@ -148,6 +148,8 @@ def describe(action: str, target: str, old: str | None, new: str | None, note: s
         return f"Restored {name} from the last run: {old} -> {new}"
     if action == "overrides_dropped":
         return f"Dropped the runtime overrides ({old}): back to the config file" if old else "No runtime overrides were in force"
+    if action == "reload" and target == "config":
+        return "Reloaded the config file: no changes"
     if action == "overrides_replaced":
         return f"The reload replaced runtime overrides with the file's values: {old}"
     what = f"{action} {target}"

@@ -511,8 +511,8 @@ class Control:
         self.file_config = new_config
         self._apply_budget(new_config)
         self._apply_classes(new_config)
-        if not results:
-            results.append(self._audit(operator, source, "reload", "config", None, None, note or "no changes"))
+        if not results:  # said as such (a trial read "config: None -> None (1 changes audited)")
+            results.append(self._audit(operator, source, "reload", "config", None, None, f"no changes: {note}" if note else "no changes"))
         self._keep()
         if replaced:
             kept = "; ".join(self.overrides.lines()) or "none"
@@ -545,7 +545,8 @@ class Control:
             note = str(exc) if str(exc).startswith(f"{config_path}:") else f"{config_path}: {exc}"
             self._audit(operator, source, "reload_refused", "gate", None, None, note)
             return False
-        log.info("reloaded %s (%d changes audited)", config_path, len(results))
+        changed = [r for r in results if (r.action, r.target) != ("reload", "config")]  # that row: no changes
+        log.info("reloaded %s (%s)", config_path, f"{len(changed)} changes audited" if changed else "no changes")
         return True
 
     # ---- internals -----------------------------------------------------------

@@ -222,6 +222,13 @@ async def test_reload_audits_every_class_setting_it_applies_not_only_the_retunab
     assert [(r.target, r.old_value, r.new_value) for r in back] == [("classes.batch.ttft_objective_ms", "5000", None)]
 
 
+async def test_a_reload_of_an_unchanged_file_says_no_changes(gate):
+    # a trial read "config: None -> None (1 changes audited)" for an unchanged file
+    (row,) = gate.control.reload(parse_config(CONFIG), operator=ALICE, note="tg.toml sha256:1234")
+    assert row.message == "Reloaded the config file: no changes"
+    assert list(gate.recent_audit)[-1].note == "no changes: tg.toml sha256:1234"
+
+
 async def test_a_refused_reload_names_the_file_once(gate, tmp_path):
     """A trial's refused SIGHUP was audited (and toasted) as "tg.toml: tg.toml: classes....":
     the config error already starts with the file's name."""
