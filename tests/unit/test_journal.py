@@ -773,16 +773,9 @@ async def test_a_previous_gate_whose_journal_was_failing_is_not_called_killed_ou
     path = tmp_path / "j.db"
     j = await Journal.open(path)
     try:
-        started = AuditRecord(
-            ts=T0,
-            operator="root",
-            origin="local",
-            source="gate",
-            action="started",
-            target="gate",
-            old_value=None,
-            new_value="0.1.0",
-            gate_id="h:1:t",
+        # the previous gate's start: its life row, as the gate writes it
+        started = dataclasses.replace(
+            audit(), source="gate", action="started", target="gate", old_value=None, new_value="0.1.0", gate_id="h:1:t"
         )
         assert await j.add(started) is True
         assert await j.add(dataclasses.replace(sample(1), gate_id="h:1:t", journal_dropped=7)) is True
