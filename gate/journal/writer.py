@@ -79,7 +79,8 @@ _DATA_ERRORS = (
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class JournalHealth:
-    ok: bool  # the last write (or open) attempt succeeded
+    ok: bool  # the last write (or open) attempt succeeded, and the journal is open
+    failing: bool  # the last write (or open) attempt failed (kept after close: did the last rows land?)
     dropped: int  # rows dropped since open (buffer full, failed writes, bad rows, closed)
     written: int  # rows committed since open
     pending: int  # rows accepted but not yet resolved
@@ -352,6 +353,7 @@ class Journal(JournalQueries):
     def health(self) -> JournalHealth:
         return JournalHealth(
             ok=not self._failing and not self._closed,
+            failing=self._failing,
             dropped=self._dropped,
             written=self._written,
             pending=len(self._pending) + len(self._inflight),

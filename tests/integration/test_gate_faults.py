@@ -181,19 +181,34 @@ async def not_running_with(client: httpx.AsyncClient, llama_url: str, n_predict:
     return not await running_with(client, llama_url, n_predict)
 
 
+@pytest.fixture
+def long_llama(llama_bin, tiny_model, tmp_path):
+    """A llama-server of this test's own with one 16k-token slot: room for a request that runs
+    long past 3 s on a fast machine too (CI's ran 1,900 tokens, the most a 2048-token server
+    allows, in under 4 s: the test had nothing to check)."""
+    server = LlamaServer(llama_bin, tiny_model, mode="unified", ctx=16384, n_slots=1, log_path=tmp_path / "long-llama.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.mark.llama
-async def test_client_leaving_a_plain_upstream_call_keeps_its_reservation_while_llama_runs_it(llama):
+async def test_client_leaving_a_plain_upstream_call_keeps_its_reservation_while_llama_runs_it(long_llama):
     """A non-streaming Messages request goes to llama-server as a plain call, and llama-server
     misses such a client's disconnect: it generates to the end. The gate held the reservation
     for 3 s only and then dispatched into the slot llama-server still ran (a user's trial,
     2026-12-05: 4 chats admitted on 4 slots, llamacpp:requests_deferred 1, and the abandoned
     tokens counted nowhere in the unified pool). It must hold it until the slot is free."""
+    llama = long_llama
     async with httpx.AsyncClient(timeout=60) as client:
         # Enough tokens to run ~10 s at the rate measured now, so that llama-server still runs it
-        # well past 3 s after the client left (a busy host runs it longer: the wait below allows it).
-        probe = await client.post(llama.url + "/completion", json={"prompt": words(8), "n_predict": 32, "ignore_eos": True})
+        # well past 3 s after the client left (a busy host runs it longer: the wait below allows it;
+        # a long run slows as its context grows, so a fast host's rate errs long too).
+        probe = await client.post(llama.url + "/completion", json={"prompt": words(8), "n_predict": 64, "ignore_eos": True})
         rate = probe.json()["timings"]["predicted_per_second"]
-        victim_n = max(100, min(1900, int(rate * 10)))
+        victim_n = max(100, min(llama.n_ctx - 200, int(rate * 10)))
     async with running_gate(llama.url) as gate, httpx.AsyncClient(timeout=60) as client:
         body = {"model": "tiny", "messages": [{"role": "user", "content": words(8)}], "max_tokens": victim_n, "ignore_eos": True}
         victim = asyncio.create_task(client.post(gate.url + "/v1/messages", json=body, headers=rid("gone-plain-messages")))

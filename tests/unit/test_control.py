@@ -430,3 +430,18 @@ async def test_a_stop_the_journal_could_not_record_says_so_in_the_log(tmp_path, 
     with caplog.at_level("WARNING", logger="tokengate.service"):
         await g._close_resources()
     assert "'stopped'" in caplog.text and "unclean end" in caplog.text
+
+
+async def test_a_stop_the_journal_recorded_says_nothing_of_an_unclean_end(tmp_path, caplog):
+    """The negative control: a journal closed is no longer `ok`, and the warning above was
+    logged on every clean stop (CI's log, 2026-12-06), telling the operator the next gate would
+    report a crash that it then did not report."""
+    from gate.journal import Journal
+
+    g = GateService(parse_config(CONFIG), environ={}, transport=fake_llama_transport())
+    g.recorder.journal = await Journal.open(tmp_path / "j.db", backoff_s=(0.01, 0.01), close_timeout_s=0.2)
+    g.audit_gate("stopped", "signal SIGTERM")
+    with caplog.at_level("WARNING", logger="tokengate.service"):
+        await g._close_resources()
+    assert "unclean end" not in caplog.text
+    assert g.recorder.journal.health.written >= 1 and not g.recorder.journal.health.failing
