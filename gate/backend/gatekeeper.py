@@ -157,7 +157,7 @@ class Gatekeeper:
         if ran:
             self.admission.release(ticket.request.id, self.clock())
         else:
-            self.admission.withdraw(ticket.request.id)
+            self.admission.withdraw(ticket.request.id, self.clock())
         self.advance()
         return True
 
@@ -256,7 +256,7 @@ class Gatekeeper:
 
     def _abandon(self, request_id: str, fut: asyncio.Future[Ticket]) -> None:
         self._waiters.pop(request_id, None)
-        if self.admission.cancel(request_id) is not None:
+        if self.admission.cancel(request_id, self.clock()) is not None:
             self._arm_timer()
             self._changed()
         elif fut.done() and not fut.cancelled() and fut.exception() is None:

@@ -1044,6 +1044,8 @@ class Admission:
         return self._step(now, admitted, expired, late_at)
 
     def _step(self, now: float, admitted: list[Admit], expired: list[Refuse], late_at: float | None) -> Step:
+        if expired and not admitted:
+            self._idle_if_empty(now)  # the last waiters refused (timed out, late) with nothing in flight
         if admitted or expired:
             return Step(tuple(admitted), tuple(expired))
         return Step(unchanged_at=now, late_at=late_at)  # selecting (DRR) moves no start-by moment
@@ -1101,11 +1103,12 @@ class Admission:
             else:
                 return False, False
 
-    def cancel(self, request_id: str) -> Waiting | None:
+    def cancel(self, request_id: str, now: float | None = None) -> Waiting | None:
         """A waiting request's client went away: forget it (no reservation to release)."""
         for entry in self._order:
             item = entry.queue.remove(request_id)
             if item is not None:
+                self._idle_if_empty(self._now if now is None else now)
                 return item
         return None
 
@@ -1118,8 +1121,7 @@ class Admission:
         self._stretched.pop(request_id, None)
         if res is not None:
             self.drain_rate.record(now, res.cost)
-            if not len(self.ledger) and not any(c.queue for c in self._order):
-                self.drain_rate.idle(now)
+            self._idle_if_empty(now)
             self.holds.record(now - res.admitted_at)
             own = self._class_holds.get(res.request.cls)
             if own is None:
@@ -1152,17 +1154,28 @@ class Admission:
         self.ledger.swap(request if fits else bound)
         return fits
 
-    def withdraw(self, request_id: str) -> Reservation | None:
+    def withdraw(self, request_id: str, now: float | None = None) -> Reservation | None:
         """Undo an admission whose request never ran as admitted (a bound its count exceeded,
         a count or rate limit that failed, the client gone before it): its tokens come back, and
         no hold, drain rate or turn is measured from it, as from a request that ran."""
         self._stretched.pop(request_id, None)
-        return self.ledger.release(request_id)
+        res = self.ledger.release(request_id)
+        self._idle_if_empty(self._now if now is None else now)
+        return res
+
+    def _idle_if_empty(self, now: float) -> None:
+        """Nothing in flight and nothing waiting that may start (a paused class's waiters wait
+        for the operator, not the backend): the drain rate's busy time stops here. Marked at a
+        release only, when nothing waited at all, a quiet spell that began with the last waiter
+        of a paused class timed out, drained or gone counted as busy time, and the next
+        overload's refusals were told a Retry-After that spell's few releases made too long."""
+        if not len(self.ledger) and not any(c.queue for c in self._order if not c.queue.paused):
+            self.drain_rate.idle(now)
 
     def drain(self, cls: str, now: float) -> list[Refuse]:
         """Refuse everything waiting in `cls` (operator action)."""
         queue = self._classes[cls].queue
-        return [
+        refused = [
             self._staggered(
                 Refuse(
                     w.request,
@@ -1174,6 +1187,8 @@ class Admission:
             )
             for w in queue.drain()
         ]
+        self._idle_if_empty(now)
+        return refused
 
     # ---- steering ----------------------------------------------------------
 

@@ -434,3 +434,30 @@ def test_a_withdrawal_measures_no_hold():
         adm.release(f"r{i}", 2.0)
     assert adm.holds.mean_s == pytest.approx(1.0) and adm.drain_rate.rate(2.0) > 0
     assert adm.ledger.double_releases == 0
+
+
+@pytest.mark.parametrize("ends", ["times_out", "drained", "cancelled"])
+def test_retry_after_after_a_quiet_spell_that_began_with_a_paused_class_s_waiter(ends):
+    """The busy time stops when nothing is in flight and nothing waits that may start, however
+    the last waiter leaves: a paused class's waiter waits for the operator, not the backend.
+    Marked at a release with nothing waiting only, the spell with a paused waiter and the quiet
+    one after it (the waiter timed out, drained, gone) counted as busy, and the next overload's
+    Retry-After was told 3.3x too long (12 s for 3.6 s)."""
+    fresh = _busy_spell(two_classes(budget=1000, slot_context=1000, slots=1), 0.0)
+    adm = two_classes(budget=1000, slot_context=1000, slots=1)
+    r = req("batch", 200)
+    adm.offer(r, 0.0)
+    waiter = req("batch", 200)
+    assert isinstance(adm.offer(waiter, 0.1), Queue)
+    adm.pause("batch")
+    adm.release(r.id, 0.5)  # only the paused waiter is left: the backend is idle
+    if ends == "times_out":
+        step = adm.advance(adm.queue("batch").timeout_s + 1.0)
+        assert [x.request.id for x in step.expired] == [waiter.id] and not step.admitted
+    elif ends == "drained":
+        assert [x.request.id for x in adm.drain("batch", 1.0)] == [waiter.id]
+    else:
+        assert adm.cancel(waiter.id, 1.0) is not None
+    adm.resume("batch")
+    assert adm.waiting() == 0 and len(adm.ledger) == 0
+    assert _busy_spell(adm, 12.0) == pytest.approx(fresh, rel=0.05)  # within the drain window
