@@ -52,6 +52,14 @@ def judge(record: DecisionRecord, ttft_total_s: float | None, objective_ms: floa
     return False if record.outcome == "failed" or record.http_status in _MISSED_STATUS else None
 
 
+def audit_change(old: str | None, new: str | None) -> str:
+    """An audit row's change as its log line says it: "old -> new " ("(none)" for a side not
+    set), nothing when neither is (every stop and start read "gate: None -> None signal SIGTERM")."""
+    if old is None and new is None:
+        return ""
+    return f"{'(none)' if old is None else old} -> {'(none)' if new is None else new} "
+
+
 @dataclass(frozen=True, slots=True)
 class ClassTotals:
     """One class over every backend: tokens in flight, requests queued."""
@@ -201,14 +209,13 @@ class Recorder:
         for listener in tuple(self.audit_listeners):
             listener(record)
         log.info(
-            "audit %s@%s %s %s %s: %s -> %s %s",
+            "audit %s@%s %s %s %s: %s%s",
             record.operator,
             record.origin,
             record.source,
             record.action,
             record.target,
-            record.old_value,
-            record.new_value,
+            audit_change(record.old_value, record.new_value),
             record.note,
         )
 

@@ -445,3 +445,16 @@ async def test_a_stop_the_journal_recorded_says_nothing_of_an_unclean_end(tmp_pa
         await g._close_resources()
     assert "unclean end" not in caplog.text
     assert g.recorder.journal.health.written >= 1 and not g.recorder.journal.health.failing
+
+
+async def test_the_log_line_of_an_audit_row_without_values_has_no_none_arrow(caplog):
+    """Every start and stop logged "audit root@local gate stopped gate: None -> None signal
+    SIGTERM": the log says a change only where the row has one."""
+    g = GateService(parse_config(CONFIG), environ={}, transport=fake_llama_transport())
+    with caplog.at_level("INFO", logger="tokengate.service"):
+        g.audit_gate("stopped", "signal SIGTERM")
+        g.audit_gate("started", "listen here", new_value="0.1.0")
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("audit ")]
+    assert lines[0].endswith("gate stopped gate: signal SIGTERM"), lines
+    assert lines[1].endswith("gate started gate: (none) -> 0.1.0 listen here"), lines
+    assert not [line for line in lines if "None" in line]
