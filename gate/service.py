@@ -421,6 +421,12 @@ class GateService:
         self.recorder.refresh_metrics(self.backends, (c.name for c in self.config.classes), self.config.budget.slo_ttft_p95_ms / 1000)
         if self.shared is not None:
             self.metrics.set_shared(fallback=self.shared.health.degraded, gates=self.shared.health.gates)
+        # said in the log only, a console that cannot attach or a retune a restart would revert
+        # went unseen by whoever watches the alerts (a crash trial, 2026-12-06)
+        if self.control_server is not None and self.control_server.opened:
+            self.metrics.set_channel("control_socket", self.control_server.listening)
+        if self.control.overrides_path is not None:
+            self.metrics.set_channel("overrides", self.control.keep_error is None)
 
     def refresh_inference_gauges(self) -> None:
         for b in self.backends:

@@ -270,6 +270,12 @@ class GateMetrics:
             buckets=SHARED_WAIT_BUCKETS,
             registry=r,
         )
+        self._channel = Gauge(
+            "tokengate_operator_channel_up",
+            "0 while consoles cannot attach (control_socket) or retunes are not kept for a restart (overrides).",
+            ["channel"],
+            registry=r,
+        )
         self._commit_wait = Histogram(
             "tokengate_journal_commit_wait_seconds",
             "Time an answer's last bytes waited for its decision row's commit (DESIGN.md 5; bounded at 1 s): "
@@ -434,6 +440,9 @@ class GateMetrics:
     def set_shared(self, *, fallback: bool, gates: int) -> None:
         self._shared_fallback.set(1 if fallback else 0)
         self._shared_gates.set(gates)
+
+    def set_channel(self, channel: str, up: bool) -> None:
+        self._channel.labels(channel=channel).set(1 if up else 0)
 
     def set_gpu(self, gpu: str, *, used: int, total: int) -> None:
         self._gpu_memory.labels(str(gpu), "used").set(used)

@@ -278,6 +278,11 @@ class ControlServer:
         self._server = None
 
     @property
+    def opened(self) -> bool:
+        """Between `start` and `close`: the gate means to listen (whether it can or not)."""
+        return self._open
+
+    @property
     def listening(self) -> bool:
         """Bound and accepting consoles (False while the socket could not be created)."""
         return self._server is not None

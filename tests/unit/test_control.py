@@ -458,3 +458,34 @@ async def test_the_log_line_of_an_audit_row_without_values_has_no_none_arrow(cap
     assert lines[0].endswith("gate stopped gate: signal SIGTERM"), lines
     assert lines[1].endswith("gate started gate: (none) -> 0.1.0 listen here"), lines
     assert not [line for line in lines if "None" in line]
+
+
+def channel_up(gate: GateService, channel: str) -> float | None:
+    text = gate.metrics.render()[0].decode()
+    line = next((x for x in text.splitlines() if x.startswith(f'tokengate_operator_channel_up{{channel="{channel}"}}')), None)
+    return None if line is None else float(line.split()[-1])
+
+
+async def test_an_operator_channel_down_is_a_metric_not_only_a_log_line(gate, tmp_path):
+    """A change not kept for a restart, a control socket that cannot be created: each said once
+    in the log, and nothing an alert could see (deploy/prometheus: TokengateOperatorChannelDown)."""
+    from gate.data.commands import Pause
+    from gate.ops.control_socket import ControlServer
+
+    gate.refresh_metrics()
+    assert channel_up(gate, "overrides") is None and channel_up(gate, "control_socket") is None  # none: no series
+    gate.control.overrides_path = str(tmp_path / "gone" / "j.db.overrides.json")  # cannot be written
+    gate.control.execute(Pause(cls="batch", paused=True), operator=ALICE)
+    gate.control_server = ControlServer(str(tmp_path / "not-yet" / "gate.sock"), gate)
+    await gate.control_server.start()
+    try:
+        gate.refresh_metrics()
+        assert channel_up(gate, "overrides") == 0 and channel_up(gate, "control_socket") == 0
+        gate.control.overrides_path = str(tmp_path / "j.db.overrides.json")
+        gate.control.execute(Pause(cls="batch", paused=False), operator=ALICE)
+        (tmp_path / "not-yet").mkdir()
+        assert await gate.control_server.rebind_if_gone() is True
+        gate.refresh_metrics()
+        assert channel_up(gate, "overrides") == 1 and channel_up(gate, "control_socket") == 1
+    finally:
+        await gate.control_server.close()
