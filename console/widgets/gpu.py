@@ -49,8 +49,9 @@ def render_gpu(reading, *, compact: bool) -> Text:
     return out
 
 
-def kv_line(b: BackendView, *, compact: bool) -> Text:
-    """``KV reserved ██░░░░░░ 0.08/1.00 GiB 660/8,192 tok x 128 KiB/tok`` for one backend."""
+def kv_line(b: BackendView, *, compact: bool, named: bool = False) -> Text:
+    """``KV reserved ██░░░░░░ 0.08/1.00 GiB 660/8,192 tok x 128 KiB/tok`` for one backend;
+    `named` (several backends, or a router's models) puts its name after ``KV reserved``."""
     out = Text()
     pool = b.ceiling
     if not pool:
@@ -59,6 +60,8 @@ def kv_line(b: BackendView, *, compact: bool) -> Text:
     width = 8
     filled = round(frac * width)
     out.append("KV reserved ", "bold")
+    if named:
+        out.append(f"{b.name} ", "bold")
     out.append("█" * filled, fill_style(frac))
     out.append("░" * (width - filled) + " ", BAR_EMPTY)
     per_token = b.kv_bytes_per_token
@@ -75,9 +78,10 @@ def kv_line(b: BackendView, *, compact: bool) -> Text:
 
 def render_panel(snap: GateSnapshot | None, *, compact: bool) -> Text:
     out = render_gpu(snap.gpu if snap is not None else None, compact=compact)
-    for b in snap.backends if snap is not None else ():
+    backends = snap.backends if snap is not None else ()
+    for b in backends:
         out.append("\n")
-        out.append_text(kv_line(b, compact=compact))
+        out.append_text(kv_line(b, compact=compact, named=len(backends) > 1))
     return out
 
 

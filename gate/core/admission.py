@@ -678,8 +678,8 @@ class Admission:
         """T1: seconds until the waiter `position` places from the front is dispatched, from the
         measured hold times and the slots' state (gate/core/waits.py); None while unmeasured."""
         mean = self.holds.mean_s
-        if mean is None:
-            return None
+        if mean is None or not self.capacity.slots:
+            return None  # no slots (a router's model not loaded): its load, not a slot, decides
         frees = remaining((r.admitted_at for r in self.ledger), mean, now, self.capacity.slots, self.holds.longest_s)
         return wait_at(position, frees, mean)
 
@@ -733,7 +733,8 @@ class Admission:
         if not self.waiting() or not any(self.objective_ms(c.policy.name) for c in self._order):
             return out, earliest  # nothing to walk: no slot state either (a release's advance, idle queues)
         ahead = 0
-        mean = None if now is None else self.holds.mean_s
+        # no slots (a router's model not loaded): no slot state says when a waiter starts
+        mean = None if now is None or not self.capacity.slots else self.holds.mean_s
         frees: list[float] = []
         grows: list[bool] | None = None  # which of `frees` grow as time goes on (None: none does)
         behind: int | None = None

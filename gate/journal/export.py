@@ -39,6 +39,9 @@ KINDS = ("decisions", "audit", "samples")
 FORMATS = ("table", "json", "csv", "aiperf")
 FETCH = 1000  # rows per fetchmany
 TABLE_PAGE = 200  # rows buffered to size the table's columns
+#: a longer cell does not size its column: it pushes the rest of its own row right (the audit's
+#: config_in_force value, the whole config as JSON, padded every row ~1,000 columns wide)
+TABLE_CELL_MAX = 60
 
 _RELATIVE = re.compile(r"^\s*-?\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$", re.IGNORECASE)  # "-15m" is 15m ago too
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -382,7 +385,8 @@ def _cell(column: str, value: Any) -> str:
 
 
 def _write_table(columns: Sequence[str], rows: Iterator[tuple[Any, ...]], out: TextIO) -> int:
-    """Aligned columns, sized on the first page of rows (later wider cells just push right)."""
+    """Aligned columns, sized on the first page of rows (later wider cells, and cells longer
+    than TABLE_CELL_MAX, just push right)."""
     page: list[list[str]] = []
     for row in rows:
         page.append([_cell(c, v) for c, v in zip(columns, row)])
@@ -391,7 +395,7 @@ def _write_table(columns: Sequence[str], rows: Iterator[tuple[Any, ...]], out: T
     widths = [len(c) for c in columns]
     for cells in page:
         for i, cell in enumerate(cells):
-            if len(cell) > widths[i]:
+            if widths[i] < len(cell) <= TABLE_CELL_MAX:
                 widths[i] = len(cell)
     numeric = [False] * len(columns)
     for i in range(len(columns)):

@@ -601,3 +601,23 @@ async def test_enter_on_the_freeze_box_saves_the_form_as_the_hint_says(gate):
             await pilot.pause(0.01)
         assert len(app.screen_stack) == 1  # saved and closed
         assert gate.control.frozen and gate.backends.backends[0].admission.budget == 6144
+
+
+def test_each_kv_reserved_line_names_its_backend_when_there_are_several():
+    """Router mode (a unit per model) or several backends: the GPU panel had one `KV reserved`
+    line per unit and no name on any, so an operator could not tell which model held 2,002 of
+    2,048 tokens and which none (seen with tiny and tiny2 behind one router)."""
+    from types import SimpleNamespace
+
+    from console.widgets.gpu import render_panel
+
+    tiny = _backend(name="local/tiny", ceiling=2048, in_flight=2002)
+    tiny2 = _backend(name="local/tiny2", ceiling=2048, in_flight=0)
+    lines = render_panel(SimpleNamespace(gpu=None, backends=(tiny, tiny2)), compact=False).plain.splitlines()
+    kv = [line for line in lines if line.startswith("KV")]
+    assert len(kv) == 2
+    assert "local/tiny " in kv[0] and "2,002/2,048 tok" in kv[0]
+    assert "local/tiny2 " in kv[1] and "0/2,048 tok" in kv[1]
+    # one backend: the line stays as it was (the name is in the header and capacity panel)
+    alone = render_panel(SimpleNamespace(gpu=None, backends=(tiny,)), compact=False).plain
+    assert "KV reserved ███" in alone and "local/tiny" not in alone

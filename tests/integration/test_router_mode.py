@@ -338,6 +338,27 @@ async def test_fallback_answers_for_a_saturated_or_unloaded_model_and_the_journa
         await released(gate)
 
 
+async def test_a_model_unloaded_after_it_served_is_loaded_again_for_its_next_request(llama_router) -> None:
+    """A model that served enough requests for its hold times to be measured, then unloaded by
+    the operator (or evicted), has no slots: its next request made the TTFT guard divide by zero
+    slots, and every request for it got 500 'internal error in the gate' and it never loaded
+    again (seen with the console's `u`). It waits in the gate while the model loads."""
+    router = llama_router()
+    async with (
+        running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate,
+        httpx.AsyncClient(timeout=180, limits=NO_KEEPALIVE) as client,
+    ):
+        while unit(gate, "tiny").admission.holds.mean_s is None:
+            assert (await client.post(gate.url + CHAT, json=chat("tiny"))).status_code == 200
+        gate.control.execute(ModelAction("tiny", "unload"), operator=OPERATOR)
+        await wait_until(lambda: status(gate, "tiny") == "unloaded", timeout_s=30)
+        again = await client.post(gate.url + CHAT, json=chat("tiny"))
+        assert again.status_code == 200, again.text
+        assert again.headers["x-tokengate-model"] == "tiny" and status(gate, "tiny") == "loaded"
+        await released(gate)
+    assert not router_log_has(router, HIDDEN_QUEUE)
+
+
 async def test_a_killed_model_is_refused_with_a_reason_and_recovers_when_llama_server_reloads_it(llama_router) -> None:
     router = llama_router()
     async with (

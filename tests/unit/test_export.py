@@ -374,3 +374,34 @@ def test_a_journal_an_older_gate_still_writes_reads_its_new_columns_as_their_def
     target = journal.parent / "out.csv"
     assert export_decisions_csv(journal, target, DecisionFilters()) == 3
     assert "detail" in target.read_text().splitlines()[0]
+
+
+def test_one_long_audit_value_does_not_pad_every_row_of_the_table(tmp_path: Path) -> None:
+    """Every gate's audit starts with config_in_force, whose new_value is the whole config as
+    JSON (~900 characters for two classes and three tenants). The table sized its columns on
+    it, so `tokengate log --kind audit` printed every row, a pause or a retune, ~1,000 columns
+    wide with its note and gate_id off any screen. A long cell now pushes its own row right."""
+    import dataclasses
+
+    path = tmp_path / "tokengate.db"
+    config = json.dumps({"classes": {f"c{i}": {"priority": i, "queue_depth": 64} for i in range(20)}})
+    assert len(config) > 500
+    start = dataclasses.replace(audit(1, ts=NOW - 60), source="gate", action="config_in_force", old_value=None, new_value=config)
+    pause = dataclasses.replace(
+        audit(2, ts=NOW - 30), action="pause_class", target="class:interactive", old_value="False", new_value="True", note="paused"
+    )
+
+    async def fill() -> None:
+        j = await Journal.open(path)
+        try:
+            assert all(await asyncio.gather(*(j.add(r) for r in (start, pause))))
+        finally:
+            await j.close()
+
+    asyncio.run(fill())
+    buf = io.StringIO()
+    assert export(str(path), buf, kind="audit", fmt="table") == 2
+    header, first, second = buf.getvalue().splitlines()
+    assert config in first
+    assert len(second) < 200 and "paused" in second
+    assert second.index("pause_class") == header.index("action")  # still aligned

@@ -49,3 +49,16 @@ def test_without_reservations_awaiting_redis_the_message_names_only_what_is_held
     text = refusal(limits, 144)
     assert "holds 288 of its 300 in-flight tokens on this gate" in text
     assert "awaiting" not in text
+
+
+def test_fail_closed_names_the_tenant_in_plain_words() -> None:
+    """A fail_closed gate with Redis stopped told every limited client "tenant 'team-a''s limits
+    are shared across gates ...": the possessive after the quoted name read as a stray quote."""
+    limits = SharedLimits(SharedConfig(redis_url="redis://unused", failure_policy="fail_closed"), "gate")
+    assert limits.health.failed("test") is not None
+    with pytest.raises(GateError) as info:
+        limits._by_policy("team-a", 100, None, None, 600)
+    assert info.value.reason is Reason.SHARED_LIMIT_UNAVAILABLE
+    text = str(info.value)
+    assert "''s" not in text
+    assert "the limits of tenant 'team-a' are shared across gates and cannot be checked right now" in text

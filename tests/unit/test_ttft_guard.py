@@ -500,3 +500,28 @@ def test_a_chance_just_under_the_threshold_is_not_shown_as_the_threshold():
     from gate.core.admission import _floor_pct
 
     assert [_floor_pct(x) for x in (0.896, 0.8999999, 0.8, 0.0, 1.0)] == ["89.6%", "89.9%", "80%", "0%", "100%"]
+
+
+def test_a_model_unloaded_after_it_served_queues_its_requests_instead_of_crashing():
+    """Router mode: a model that served requests (hold times measured) and was then unloaded
+    (an operator's `u`, an eviction) has no slots (gate/fleet/model_units.held). Its next
+    request made the T1 wait divide by zero slots (waits.wait_at: ZeroDivisionError), so the
+    client got 500 upstream_error on every request and the model was never loaded again. With
+    no slot, the slots say nothing of the wait (the load decides it, as before the first load):
+    the request queues, and the waiters' walk (T2) does not crash either."""
+    adm = one_class(default_ms=2000.0)
+    measure_holds(adm, 0.5)
+    assert adm.holds.mean_s is not None
+    loaded = adm.capacity
+    adm.set_capacity(dataclasses.replace(loaded, slots=0))  # unloaded: its requests wait
+    first = req("chat", 100, at=20.0)
+    assert isinstance(adm.offer(first, 20.0), Queue)
+    second = req("chat", 100, at=20.1)
+    assert isinstance(adm.offer(second, 20.1), Queue)
+    adm.next_deadline(20.2)
+    adm.advance(20.2)  # nothing to dispatch, nobody refused for the slots
+    assert adm.waiting() == 2
+    adm.set_capacity(loaded)  # loaded again: both start
+    step = adm.advance(20.3)
+    assert {a.request.id for a in step.admitted} == {first.id, second.id}
+    check_invariants(adm)

@@ -328,7 +328,7 @@ class SharedLimits:
         if answer == _UNHEARD:
             raise GateError(
                 Reason.SHARED_LIMIT_UNAVAILABLE,
-                f"tenant {name!r}'s limits are shared across gates and this gate was too busy to hear Redis's "
+                f"the limits of tenant {name!r} are shared across gates and this gate was too busy to hear Redis's "
                 "answer in time; retry shortly",
                 retry_after_s=1.0,
             )
@@ -494,7 +494,7 @@ class SharedLimits:
         if policy == "fail_closed":
             raise GateError(
                 Reason.SHARED_LIMIT_UNAVAILABLE,
-                f"tenant {tenant!r}'s limits are shared across gates and cannot be checked right now; retry shortly",
+                f"the limits of tenant {tenant!r} are shared across gates and cannot be checked right now; retry shortly",
                 retry_after_s=max(1.0, self.config.renew_interval_s),
             )
         # fail_open: the gate's own limits, at 1/N, decide (the service divides them), and
