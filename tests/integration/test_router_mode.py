@@ -39,10 +39,14 @@ CHAT = "/v1/chat/completions"
 OPERATOR = Operator("alice", "10.1.2.3")
 MEASURED: dict[str, Any] = {}
 
+# An objective far beyond any model load: these tests are about where requests wait while a
+# model loads, and with the default 2 s one a load of 2.07 s on a busy host refused a burst's
+# waiters as late (a helper's run, 2026-12-06); the TTFT guard has its own tests.
 CLASSES = """
 [budget]
 mode = "static"
 min_tokens = 256
+slo_ttft_p95_ms = 120000
 
 [classes.interactive]
 priority = 10
