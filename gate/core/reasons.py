@@ -39,6 +39,8 @@ class Reason(StrEnum):
     SHUTTING_DOWN = "shutting_down"
     UPSTREAM_ERROR = "upstream_error"
     UPSTREAM_TIMEOUT = "upstream_timeout"
+    # a fault in the gate itself (a bug): named for what it is, not blamed on llama-server
+    INTERNAL_ERROR = "internal_error"
 
     @property
     def status(self) -> int:
@@ -52,7 +54,7 @@ class Reason(StrEnum):
             return "shed"
         if self is Reason.CLIENT_STALLED:
             return "cancelled"
-        if self in (Reason.UPSTREAM_ERROR, Reason.UPSTREAM_TIMEOUT):
+        if self in (Reason.UPSTREAM_ERROR, Reason.UPSTREAM_TIMEOUT, Reason.INTERNAL_ERROR):
             return "failed"
         return "refused"
 
@@ -80,6 +82,7 @@ _STATUS: dict[Reason, int] = {
     Reason.SHUTTING_DOWN: 503,
     Reason.UPSTREAM_ERROR: 502,
     Reason.UPSTREAM_TIMEOUT: 504,
+    Reason.INTERNAL_ERROR: 500,
 }
 
 # Reasons a request ends with that are not errors answered to the client.

@@ -187,10 +187,12 @@ class _Flow:
             raise
         except Exception:
             self.gate.log.exception("request %s failed inside the gate", self.request_id)
-            await self._failed(GateError(Reason.UPSTREAM_ERROR, "internal error in the gate; the request was not completed", status=500))
+            # internal_error, not upstream_error: a trial's router-mode bug answered 500
+            # upstream_error, and the upstream-5xx alert would have sent the on-call to llama-server
+            await self._failed(GateError(Reason.INTERNAL_ERROR, "internal error in the gate; the request was not completed"))
         finally:
             if not self.concluded:
-                self.conclude("failed", Reason.UPSTREAM_ERROR, 500)
+                self.conclude("failed", Reason.INTERNAL_ERROR, 500)
 
     async def _serve(self) -> None:
         intake = self.intake

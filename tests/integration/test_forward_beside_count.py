@@ -170,6 +170,7 @@ async def test_a_failure_before_the_forward_is_sent_gives_the_bound_back_at_once
         async with running_gate(fake.url) as gate, httpx.AsyncClient(base_url=gate.url, timeout=10) as client:
             response = await client.post(CHAT, json=BODY, headers={"X-Request-Id": "broken"})
             assert response.status_code == 500 and "internal error in the gate" in response.text
+            assert response.json()["error"]["code"] == "internal_error"  # the gate's fault, not llama-server's
             assert fake.completions == 0
             await released(gate)
             gatekeeper = backend_of(gate).gatekeeper
@@ -177,3 +178,4 @@ async def test_a_failure_before_the_forward_is_sent_gives_the_bound_back_at_once
             assert gatekeeper.admission.ledger.double_releases == 0
             record = await record_of(gate, "broken")
             assert record.http_status == 500 and record.reserved_tokens == 0
+            assert (record.outcome, record.reason) == ("failed", "internal_error")
