@@ -121,7 +121,7 @@ def error_object(err: GateError) -> dict[str, object]:
     if err.extra:
         body["error"].update({k: v for k, v in err.extra.items() if k != "code"})  # type: ignore[attr-defined]
     if err.retry_after_s is not None:
-        body["retry_after_s"] = err.retry_after_s
+        body["retry_after_s"] = round(err.retry_after_s, 3)  # not 0.0030000000000001 (a trial's body)
     return body
 
 
@@ -131,7 +131,7 @@ def anthropic_error_object(err: GateError) -> dict[str, object]:
     kind = _ANTHROPIC_TYPES.get(err.status, "invalid_request_error" if err.status < 500 else "api_error")
     body: dict[str, object] = {"type": "error", "error": {"type": kind, "message": err.message, "code": err.reason.value}}
     if err.retry_after_s is not None:
-        body["retry_after_s"] = err.retry_after_s
+        body["retry_after_s"] = round(err.retry_after_s, 3)  # not 0.0030000000000001 (a trial's body)
     return body
 
 

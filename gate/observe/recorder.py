@@ -262,7 +262,7 @@ class Recorder:
         """The shared tenant limits changed state: the gauge, and an audit row (consoles toast it)."""
         self.metrics.set_shared(fallback=flip.new in ("fail_open", "fail_closed"), gates=flip.gates)
         if flip.new == "fail_open":
-            effect = f"each tenant limit runs locally at 1/{flip.gates} (N = {flip.gates} gates seen)"
+            effect = f"each tenant limit runs locally at 1/{flip.gates} (N = {flip.gates} {'gate' if flip.gates == 1 else 'gates'} seen)"
         elif flip.new == "fail_closed":
             effect = "limited tenants get 429 shared_limit_unavailable"
         else:

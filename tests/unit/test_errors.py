@@ -41,6 +41,7 @@ def test_a_backend_error_body_is_relayed_with_its_status():
         (Reason.SHED_OVERRUN, "shed"),
         (Reason.CLIENT_STALLED, "cancelled"),
         (Reason.UPSTREAM_TIMEOUT, "failed"),
+        (Reason.INTERNAL_ERROR, "failed"),
         (Reason.NO_BACKEND, "refused"),
         (Reason.INVALID_REQUEST, "refused"),
     ],
@@ -67,3 +68,15 @@ def test_a_relayed_backend_answer_keeps_its_headers_and_the_gates_own_errors_add
     own = GateError(Reason.QUEUE_FULL, "full")
     own.headers = [(b"x-ignored", b"1")]  # only a backend's own body brings its headers
     assert (b"x-ignored", b"1") not in render(own)[1]
+
+
+def test_retry_after_s_in_the_body_is_rounded_to_the_millisecond():
+    """A fail_closed gate's body said "retry_after_s": 0.0030000000000001 (a fleet trial)."""
+    _, headers, body = render(GateError(Reason.SHARED_LIMIT_UNAVAILABLE, "x", retry_after_s=0.0030000000000001))
+    assert json.loads(body)["retry_after_s"] == 0.003
+    assert dict(headers)[b"retry-after"] == b"1"
+
+
+def test_a_fault_in_the_gate_is_its_own_500_not_the_backend_s():
+    status, _, body = render(GateError(Reason.INTERNAL_ERROR, "internal error in the gate"))
+    assert status == 500 and json.loads(body)["error"]["code"] == "internal_error"

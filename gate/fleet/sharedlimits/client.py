@@ -727,5 +727,7 @@ class SharedLimits:
             return
         if flip.new != "ok":
             self._cold = True
-        log.warning("shared limits: %s -> %s (%s; %d gates seen)", flip.old, flip.new, flip.why, flip.gates)
+        log.warning(
+            "shared limits: %s -> %s (%s; %d %s seen)", flip.old, flip.new, flip.why, flip.gates, "gate" if flip.gates == 1 else "gates"
+        )
         self._on_flip(flip)
