@@ -22,6 +22,7 @@ keys and what each does are in console/keys.py.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections import deque
@@ -114,9 +115,15 @@ class TokengateApp(App[None]):
         read_only: bool = False,
         interval_s: float = 1.0,
         clock: Callable[[], float] = time.time,
+        select: str | None = None,
     ) -> None:
         super().__init__()
         self.link = link
+        #: the class to put the cursor on once the gate's snapshot lists it: the one selected
+        #: before the gate restarted, so `p`/`d`/`t` act on the class the operator chose
+        self._reselect = select
+        #: the class under the cursor when the gate went away (the next console's `select`)
+        self.selected_at_loss: str | None = None
         self.read_only = read_only or link.info.read_only
         self.interval_s = min(max(float(interval_s), MIN_INTERVAL_S), 3600.0)
         self.clock = clock
@@ -225,6 +232,8 @@ class TokengateApp(App[None]):
             return
         if self.lost is None:
             self.lost = message
+            with contextlib.suppress(Exception):  # a view never mounted has no selection
+                self.selected_at_loss = self.main.class_table.selected_class
             self.exit(return_code=1)
 
     def render_snapshot(self, snap: GateSnapshot) -> None:
@@ -234,6 +243,9 @@ class TokengateApp(App[None]):
         with self.batch_update():
             for message in self.main.show_snapshot(snap):
                 self._console_error(message)
+            if self._reselect is not None and any(c.name == self._reselect for c in snap.classes):
+                self.main.class_table.select_class(self._reselect)
+                self._reselect = None
             dialog = self.screen
             if isinstance(dialog, ModelsScreen):  # the models dialog shows the same rows, live
                 dialog.update_snapshot(snap)

@@ -119,11 +119,12 @@ def limit_frames(environ: dict[str, str] | None = None) -> None:
     (os.environ if environ is None else environ).setdefault("TEXTUAL_FPS", str(CONSOLE_FPS))
 
 
-async def _run_app(link: GateLink, *, read_only: bool, on_signal: Callable[[str], None] | None = None):
+async def _run_app(link: GateLink, *, read_only: bool, on_signal: Callable[[str], None] | None = None, **view: Any):
+    """`view`: what a reattached console keeps of the last one (TokengateApp's `select`, `interval_s`)."""
     limit_frames()
     from console.app import TokengateApp  # Textual only when the console runs
 
-    return await _run(TokengateApp(link, read_only=read_only), on_signal, gate_pids=[link.info.pid] if link.info.pid else None)
+    return await _run(TokengateApp(link, read_only=read_only, **view), on_signal, gate_pids=[link.info.pid] if link.info.pid else None)
 
 
 async def _run(app, on_signal: Callable[[str], None] | None = None, *, gate_pids: list[int] | None = None):
@@ -155,13 +156,17 @@ async def attach_console(path: str, *, read_only: bool = False) -> int:
     except LinkLost as exc:
         raise ConsoleExit(str(exc)) from None
     _log_beside(link.info.journal)
+    view: dict[str, Any] = {}
     while True:
         try:
-            app = await _run_app(link, read_only=read_only)
+            app = await _run_app(link, read_only=read_only, **view)
         finally:
             await link.close()
         if not app.lost:
             return 0
+        # The console that comes back keeps the selected class and the refresh rate: after a
+        # restart the cursor went back to the top row, and `p` meant for batch paused interactive.
+        view = {"select": app.selected_at_loss, "interval_s": app.interval_s}
         # The gate went away under us: a restart (systemd's Restart=on-failure, a deploy) is
         # the usual reason, so wait for it to come back on the same socket rather than exit.
         sys.stderr.write(f"tokengate console: {app.lost}\n")

@@ -233,7 +233,7 @@ class GateService:
             self.control_server.claim()  # before anything listens: a live gate there is a refusal
         self.recorder.journal = await Journal.open(self.journal_path, on_drop=self.metrics.journal_dropped)
         self.recorder.journal.on_new_file = self._journal_anew
-        await self.recorder.resume(self.operator)  # the last 15 minutes, and how the last gate ended
+        await self.recorder.resume(self.operator, self.config.objective_ms)  # the last 15 minutes, and how the last gate ended
         # What `tokengate replay` starts from: the file's thresholds, before any override is restored
         # (each restored override is its own audit row after this one).
         self._file_digest = config_digest(self.config)

@@ -169,15 +169,20 @@ def learn_layout(props: Mapping[str, Any], configured: str, args: ServerArgs | N
     elif args is not None:
         total = args.ctx if args.ctx else (n_ctx_train if args.ctx == 0 else None)
         say = f"{args.describe()}; {slots} slots of {per_slot} tokens"
-        if total:
+        # -kvu, or -np auto (llama-server then sets kv_unified), is one shared pool whatever the
+        # figures: a slot's context below the total there is a cap (the model's training context,
+        # --kv-unified-per-slot), and slots x that cap may pass the pool (-c 8192 on a 4096-token
+        # model: 4 x 4096), which counted as split admits twice what the cache holds.
+        if args.kv_unified is True or args.n_parallel in (None, -1):
+            cap = f", each capped at {per_slot} of the {total}" if total and per_slot < total else ""
+            learned = ("unified", "process", f"{say}: unified ({'-kvu' if args.kv_unified else '-np auto'}{cap})")
+        elif total:
             if per_slot >= total:
                 learned = ("unified", "process", f"{say}: each slot sees the whole {total}")
             elif per_slot * slots >= total:
                 learned = ("split", "process", f"{say}: {slots} x {per_slot} = the total {total}")
         if learned is None:
-            if args.kv_unified is True or args.n_parallel in (None, -1):
-                learned = ("unified", "process", f"{say}: unified ({'-kvu' if args.kv_unified else '-np auto'})")
-            elif args.kv_unified is None:
+            if args.kv_unified is None:
                 learned = ("split", "process", f"{say}: split (-np without -kvu)")
             else:
                 learned = ("split", "process", f"{say}: split (-no-kvu)")

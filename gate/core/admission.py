@@ -1174,15 +1174,18 @@ class Admission:
             self.drain_rate.idle(now)
 
     def drain(self, cls: str, now: float) -> list[Refuse]:
-        """Refuse everything waiting in `cls` (operator action)."""
+        """Refuse everything waiting in `cls` (operator action). A paused class's waiters are
+        told what its newcomers are (R2: only the operator ends the pause), not the drain's
+        estimate: told 1 s, they came back to 503 class_paused."""
         queue = self._classes[cls].queue
+        paused = queue.paused
         refused = [
             self._staggered(
                 Refuse(
                     w.request,
                     Reason.DRAINED,
                     f"class {cls!r} queue was drained by the operator",
-                    self.retry_after(cls, w.request.cost, now, ahead=0),
+                    self._retry_operator(w.request, now) if paused else self.retry_after(cls, w.request.cost, now, ahead=0),
                 ),
                 now,
             )

@@ -150,6 +150,10 @@ def describe(action: str, target: str, old: str | None, new: str | None, note: s
         return f"Dropped the runtime overrides ({old}): back to the config file" if old else "No runtime overrides were in force"
     if action == "reload" and target == "config":
         return "Reloaded the config file: no changes"
+    if action == "reload":
+        return f"Reloaded {target} from the config file: {old} -> {new}"
+    if action == "reload_refused":
+        return "Config reload refused: nothing changed, the settings in force stay"
     if action == "overrides_replaced":
         return f"The reload replaced runtime overrides with the file's values: {old}"
     what = f"{action} {target}"

@@ -98,10 +98,11 @@ class Recorder:
 
     # ---- audit ----------------------------------------------------------------
 
-    async def resume(self, operator: Operator) -> None:
+    async def resume(self, operator: Operator, objective_ms: Callable[[str], float | None] | None = None) -> None:
         """At start: the console's view from the journal's last 15 minutes, and an audit row
-        `unclean_end` when the previous gate on this journal never wrote `stopped`."""
-        await self.seed_from_journal()
+        `unclean_end` when the previous gate on this journal never wrote `stopped`.
+        `objective_ms`: each class's first-token objective, to judge the history's arrivals by."""
+        await self.seed_from_journal(objective_ms=objective_ms)
         unclean = await self.previous_end()
         if unclean:
             log.warning("%s", unclean)
@@ -144,10 +145,13 @@ class Recorder:
                 )
             )
 
-    async def seed_from_journal(self, window_s: float = 900.0, *, limit: int = 20_000) -> int:
+    async def seed_from_journal(
+        self, window_s: float = 900.0, *, limit: int = 20_000, objective_ms: Callable[[str], float | None] | None = None
+    ) -> int:
         """Start the live view from the journal's recent history, not empty: the decisions of
-        the last `window_s` (the rollups' horizon: denials, rates, p95s, the tail) and the
-        recent audit rows, as a restarted gate's console should show them. How many decisions."""
+        the last `window_s` (the rollups' horizon: denials, rates, p95s, the tail, and whether
+        each arrival met its class's objective, by `objective_ms`) and the recent audit rows,
+        as a restarted gate's console should show them. How many decisions."""
         from gate.journal.rows import decision_from_row
 
         if self.journal is None:
@@ -163,7 +167,11 @@ class Recorder:
         for r in records:
             ended = r.ts + (r.duration_ms or 0) / 1000
             self.records.add(r)
-            self.rollup.add(mono - max(0.0, wall - ended), r.cls, r.outcome, r.reason, r.ttft_ms, r.queue_ms)
+            # Judged as `record` judges it: without it the restarted console read "met 100%"
+            # (its own few arrivals) beside the last gate's minute of refusals in "ref/m".
+            total_s = None if r.ttft_arrival_ms is None else r.ttft_arrival_ms / 1000
+            met = judge(r, total_s, objective_ms(r.cls)) if objective_ms is not None and r.cls else None
+            self.rollup.add(mono - max(0.0, wall - ended), r.cls, r.outcome, r.reason, r.ttft_ms, r.queue_ms, met=met)
         fields = {f.name for f in dataclasses.fields(AuditRecord)}
         for a in audit:
             self.recent_audit.append(AuditRecord(**{k: v for k, v in a.items() if k in fields}))

@@ -75,6 +75,60 @@ async def test_p_pauses_the_selected_class_then_resumes_it(gate):
         assert messages(app)[-1] == "Resumed batch: admitting its requests again"
 
 
+async def test_a_console_back_after_its_gate_restarted_keeps_the_class_the_operator_selected(gate, monkeypatch):
+    """Batch selected, the gate restarted (SIGTERM + start): the reattached console came back
+    with its cursor on the top row, and the operator's `p` for batch asked to pause interactive
+    (a quiet class is paused without asking). The next console gets the selection and the
+    refresh rate of the last one."""
+    app = make_app(gate)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("down")
+        app.gate_lost("the gate closed the connection (it stopped or restarted)")
+        await pilot.pause()
+    assert (app.lost, app.selected_at_loss) == ("the gate closed the connection (it stopped or restarted)", "batch")
+
+    again = make_app(gate, select=app.selected_at_loss)
+    async with again.run_test(size=SIZE) as pilot:
+        await again.tick()
+        await pilot.pause()
+        assert again.class_table.selected_class == "batch"
+        await pilot.press("p")
+        await until(pilot, lambda: admission(gate).paused("batch"))
+        assert admission(gate).paused("batch") and not admission(gate).paused("interactive")
+
+    # and `tokengate console --attach` hands both to the console it starts after the restart
+    import console.run as run
+    from gate.ops import link as link_mod
+
+    class Link:
+        info = type("Info", (), {"journal": "", "pid": 0, "gate_id": "h:2:t"})()
+
+        async def close(self) -> None:
+            pass
+
+    async def connect(path, read_only=False):
+        return Link()
+
+    started: list[dict] = []
+
+    async def run_app(link, *, read_only, on_signal=None, **view):
+        started.append(view)
+        ended = type("Ended", (), {})()
+        ended.lost = "restarted" if len(started) == 1 else None
+        ended.selected_at_loss, ended.interval_s = "batch", 5.0
+        return ended
+
+    async def reconnect(path, *, read_only, within_s):
+        return Link()
+
+    monkeypatch.setattr(link_mod.SocketLink, "connect", staticmethod(connect))
+    monkeypatch.setattr(run, "_run_app", run_app)
+    monkeypatch.setattr(run, "_reconnect", reconnect)
+    monkeypatch.setattr(run, "_log_beside", lambda journal: None)
+    assert await run.attach_console("/nowhere.sock") == 0
+    assert started == [{}, {"select": "batch", "interval_s": 5.0}]
+
+
 # ---- d: drain --------------------------------------------------------------------------
 
 

@@ -132,6 +132,12 @@ def test_toasts_say_what_changed_for_requests_in_plain_words():
     assert f"{Reason.CLASS_PAUSED.status} class_paused" in text
     assert "False" not in text and "->" not in text
     assert describe("drain_class", "class:batch", "1", "0") == "Drained batch: 1 queued request refused with 503 drained"
+    # a SIGHUP's rows, toasted on every attached console: they read "reload_refused gate (...)"
+    # and "reload classes.batch.queue_depth: 256 -> 128", the audit's own words
+    assert describe("reload_refused", "gate", None, None) == "Config reload refused: nothing changed, the settings in force stay"
+    assert describe("reload", "classes.batch.queue_depth", "256", "128") == (
+        "Reloaded classes.batch.queue_depth from the config file: 256 -> 128"
+    )
 
 
 async def test_status_line_has_no_tick_time_and_help_has_it_with_the_journal(gate):

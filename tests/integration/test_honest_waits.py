@@ -97,6 +97,10 @@ async def test_a_restarted_gate_starts_its_live_view_from_the_journal(tmp_path):
             denials = {(d.reason, d.cls): d.last_15m for d in snap.denials}
             assert denials.get(("class_paused", "batch")) == 3, snap.denials
             assert any(a.action == "pause_class" for a in snap.audit)
+            # the minute's refusals are misses after the restart too: beside "ref/m 3" the
+            # class read "met -" (or a restarted gate's own 100%) until the minute had passed
+            batch = next(c for c in snap.classes if c.name == "batch")
+            assert (batch.refused_per_min, batch.met, batch.judged) == (3, 0, 3)
 
 
 async def test_the_journal_keeps_why_each_refusal_happened_in_the_words_its_client_got(tmp_path):

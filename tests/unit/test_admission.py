@@ -223,6 +223,29 @@ def test_drain_refuses_every_waiter_with_drained():
     assert len(adm.queue("batch")) == 0
 
 
+def test_a_drain_of_a_paused_class_tells_the_pauses_retry_after_not_the_drains():
+    """On call: pause batch, then drain its queue. The drained clients were told Retry-After 1
+    (the drain's estimate, for a queue no longer there); retrying after 1 s they met 503
+    class_paused with Retry-After 90. Only the operator ends a pause (R2): a drained waiter of
+    a paused class is told its queue_timeout_s at the least, as a newcomer is."""
+    adm = two_classes(budget=100, batch={"queue_timeout_s": 90.0})
+    served = req("batch", 50)
+    adm.offer(served, 0.0)
+    adm.release(served.id, 0.5)  # a completed-token rate: the drain's estimate is a few seconds
+    adm.offer(req("batch", 100), 0.5)
+    adm.offer(req("batch", 10), 0.5)
+    adm.pause("batch")
+    newcomer = adm.offer(req("batch", 10), 1.0)
+    (drained,) = adm.drain("batch", 1.0)
+    assert isinstance(newcomer, Refuse) and newcomer.retry_after_s == 90.0
+    assert drained.reason is Reason.DRAINED and drained.retry_after_s >= 90.0
+    # not paused, a drain's refusal keeps the drain's own estimate
+    adm.resume("batch")
+    adm.offer(req("batch", 10), 2.0)
+    (drained,) = adm.drain("batch", 2.0)
+    assert drained.retry_after_s < 90.0
+
+
 def test_release_is_exactly_once():
     adm = two_classes()
     r = req("batch", 100)

@@ -785,3 +785,30 @@ async def test_a_previous_gate_whose_journal_was_failing_is_not_called_killed_ou
         assert note is not None and "h:1:t" in note and "7 rows" in note and "dropping" in note
     finally:
         await j.close()
+
+
+async def test_a_restarted_gate_judges_the_last_minutes_arrivals_as_the_gate_that_served_them(tmp_path: Path) -> None:
+    """After a restart the classes table's adm/m and ref/m came from the journal's last minute,
+    but `met` from the new gate's own arrivals only: "ref/m 26" beside "met 100%" for a
+    minute, just when the on-call looks. Seeded history is judged as it was when served."""
+    from gate.observe.metrics import GateMetrics
+    from gate.observe.recorder import Recorder
+
+    j = await Journal.open(tmp_path / "j.db")
+    try:
+        now = time.time()
+        rows = [
+            decision(1, ts=now - 20, ttft_arrival_ms=300.0),  # in time
+            decision(2, ts=now - 15, ttft_arrival_ms=2500.0),  # late
+            decision(3, ts=now - 10, outcome="refused", reason="queue_timeout", http_status=429, ttft_ms=None, duration_ms=5.0),
+            decision(4, ts=now - 5, outcome="refused", reason="invalid_request", http_status=400, ttft_ms=None, duration_ms=5.0),
+        ]
+        for r in rows:
+            assert await j.add(r) is True
+        rec = Recorder(GateMetrics(), gate_id="h:2:t", clock=time.monotonic)
+        rec.journal = j
+        assert await rec.seed_from_journal(objective_ms=lambda cls: 2000.0) == 4
+        # met: the 300 ms one; judged: both admitted and the 429 (a client's 400 is not judged)
+        assert rec.rollup.met_share(time.monotonic(), "interactive") == (1, 3)
+    finally:
+        await j.close()

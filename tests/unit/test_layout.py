@@ -43,8 +43,24 @@ def test_unified_server_is_learned_by_flags_or_by_every_slot_seeing_the_total():
 
 
 def test_ctx_zero_takes_the_models_training_context_as_the_total():
-    layout = learn_layout(props(2, 2048), "auto", parse_server_args(argv("-np", "2", "-c", "0", "-kvu")), n_ctx_train=4096)
-    assert layout.kv == "split"  # 2 x 2048 = 4096: whatever -kvu says, the slots split the total
+    layout = learn_layout(props(2, 2048), "auto", parse_server_args(argv("-np", "2", "-c", "0")), n_ctx_train=4096)
+    assert layout.kv == "split"  # 2 x 2048 = 4096: the slots split the total
+
+
+def test_a_unified_pool_whose_slots_are_capped_below_it_stays_unified_never_counted_twice():
+    # llama-server -c 8192 (-np auto) on a model trained for 4096 logs "n_ctx_slot = 4096,
+    # kv_unified = 'true'": one pool of 8192. Counted as split (4 x 4096 >= 8192) the gate's
+    # ceiling was 16384, and four 2,600-token requests it admitted together all failed with
+    # "Context size has been exceeded". -kvu with --kv-unified-per-slot capping a slot is the same.
+    cases = [
+        (argv("-c", "8192"), props(4, 4096), 8192),
+        (argv("-np", "4", "-c", "8192", "-kvu"), props(4, 4096), 8192),
+        (argv("-np", "2", "-c", "0", "-kvu"), props(2, 2048), 4096),
+    ]
+    for flags, p, pool in cases:
+        layout = learn_layout(p, "auto", parse_server_args(flags), n_ctx_train=4096)
+        assert (layout.kv, layout.source) == ("unified", "process"), flags
+        assert capacity_from_props(p, BackendConfig(kv="auto"), layout).ceiling <= pool, flags
 
 
 def test_environment_variables_count_like_flags():
