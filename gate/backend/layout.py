@@ -61,6 +61,9 @@ class Layout:
     source: str  # "server" (/props) | "process" (its command line) | "config" | "assumed"
     detail: str  # one line: how it was decided
     warnings: tuple[str, ...] = ()
+    #: a unified pool larger than a slot's context (each slot capped, as at the model's training
+    #: context): its size from the process's -c; None: a unified slot reports the whole pool
+    pool: int | None = None
 
 
 def _int(text: str) -> int | None:
@@ -161,6 +164,7 @@ def learn_layout(props: Mapping[str, Any], configured: str, args: ServerArgs | N
     if not isinstance(slots, int) or not isinstance(per_slot, int):
         return Layout("unified" if configured == "auto" else configured, "config", "no /props figures")
     learned: tuple[str, str, str] | None = None  # kv, source, detail
+    pool: int | None = None
     if isinstance(props.get("kv_unified"), bool):
         kv = "unified" if props["kv_unified"] else "split"
         learned = (kv, "server", f"/props kv_unified={str(props['kv_unified']).lower()}")
@@ -174,7 +178,10 @@ def learn_layout(props: Mapping[str, Any], configured: str, args: ServerArgs | N
         # --kv-unified-per-slot), and slots x that cap may pass the pool (-c 8192 on a 4096-token
         # model: 4 x 4096), which counted as split admits twice what the cache holds.
         if args.kv_unified is True or args.n_parallel in (None, -1):
-            cap = f", each capped at {per_slot} of the {total}" if total and per_slot < total else ""
+            cap = ""
+            if total and per_slot < total:
+                # the pool is the whole -c: a ceiling of one slot's cap left half of it unused
+                cap, pool = f", each slot capped at {per_slot} of the pool of {total}", total
             learned = ("unified", "process", f"{say}: unified ({'-kvu' if args.kv_unified else '-np auto'}{cap})")
         elif total:
             if per_slot >= total:
@@ -193,7 +200,7 @@ def learn_layout(props: Mapping[str, Any], configured: str, args: ServerArgs | N
             warnings = (
                 f'config says kv = "{configured}" but llama-server runs a {kv} KV cache ({detail}): using {kv}; set kv = "{kv}" or "auto"',
             )
-        return Layout(kv, source, detail, warnings)
+        return Layout(kv, source, detail, warnings, pool if kv == "unified" else None)
     if configured != "auto":
         return Layout(configured, "config", f'kv = "{configured}" (not visible over HTTP)')
     return Layout(

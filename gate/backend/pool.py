@@ -80,8 +80,12 @@ def capacity_from_props(props: Mapping[str, Any], config: BackendConfig, layout:
     if not isinstance(slots, int) or slots < 1 or not isinstance(n_ctx, int) or n_ctx < 1:
         raise ValueError(f"/props lacks total_slots/default_generation_settings.n_ctx: {slots!r}, {n_ctx!r}")
     kv = layout.kv if layout is not None else learn_layout(props, config.kv, None).kv
-    # Unified: every slot reports the whole shared pool. Split: each slot owns n_ctx.
-    pool = n_ctx if kv == "unified" else slots * n_ctx
+    # Unified: every slot reports the whole shared pool (unless each is capped below it: the
+    # layout then knows the pool from the process). Split: each slot owns n_ctx.
+    if kv == "unified":
+        pool = layout.pool if layout is not None and layout.pool else n_ctx
+    else:
+        pool = slots * n_ctx
     return Capacity(
         slots=slots,
         slot_context=n_ctx,

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 from argparse import Namespace
 from pathlib import Path
@@ -14,7 +15,7 @@ import httpx
 import pytest
 
 from gate.cli import _cmd_config_check
-from tests.integration.gate_harness import running_gate
+from tests.integration.gate_harness import running_gate, wait_until
 
 pytestmark = pytest.mark.llama
 
@@ -135,3 +136,40 @@ async def test_a_class_default_that_does_not_fit_a_slot_is_lowered_to_what_fits(
             assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
         (b,) = gate.backends
         assert b.gatekeeper.admission.ledger.in_flight == 0
+
+
+@pytest.fixture
+def capped_unified(llama_bin, tiny_model, tmp_path):
+    """`-c 8192 -np 4 -kvu` on the tiny model, trained for 4,096 tokens: llama-server logs
+    "n_ctx_slot = 4096, kv_unified = 'true'": one pool of 8,192 whose slots are each capped at 4,096."""
+    from tests.llama.server import LlamaServer
+
+    server = LlamaServer(llama_bin, tiny_model, mode="unified", ctx=8192, n_slots=4, threads=1, log_path=tmp_path / "capped.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def test_a_unified_pool_with_slots_capped_below_it_is_admitted_to_the_pool_never_beyond(capped_unified):
+    """An on-call trial: counted as split (4 x 4,096 >= 8,192) the ceiling was 16,384, and four
+    2,600-token requests admitted together all failed with llama-server's 'Context size has been
+    exceeded'. The pool is the whole -c, each request at most one slot's 4,096: three run at
+    once (7,800 tokens), the fourth waits in the gate, not in llama-server's overflowing cache."""
+    assert capped_unified.n_ctx == 4096 and capped_unified.kv_unified is True  # the server's own view
+    async with running_gate(capped_unified.url, CLASSES, kv="auto") as gate, httpx.AsyncClient(timeout=60) as client:
+        await gate.backends.probe_all()
+        (b,) = gate.backends
+        assert (b.layout.kv, b.capacity.ceiling, b.capacity.slot_context) == ("unified", 8192, 4096), b.layout.detail
+        adm = b.admission
+        body = {"prompt": " ".join(["hello"] * 40), "n_predict": 2560, "ignore_eos": True, "stream": True}
+        sent = [asyncio.create_task(client.post(gate.url + "/completion", json=body)) for _ in range(4)]
+        try:
+            await wait_until(lambda: len(adm.ledger) == 3 and adm.waiting() == 1, timeout_s=30)
+            assert adm.ledger.in_flight <= 8192
+        finally:
+            for task in sent:
+                task.cancel()
+            await asyncio.gather(*sent, return_exceptions=True)
+        await wait_until(lambda: len(adm.ledger) == 0 and adm.waiting() == 0, timeout_s=30)

@@ -60,7 +60,8 @@ def test_a_unified_pool_whose_slots_are_capped_below_it_stays_unified_never_coun
     for flags, p, pool in cases:
         layout = learn_layout(p, "auto", parse_server_args(flags), n_ctx_train=4096)
         assert (layout.kv, layout.source) == ("unified", "process"), flags
-        assert capacity_from_props(p, BackendConfig(kv="auto"), layout).ceiling <= pool, flags
+        cap = capacity_from_props(p, BackendConfig(kv="auto"), layout)
+        assert cap.ceiling == pool and cap.slot_context == p["default_generation_settings"]["n_ctx"], flags
 
 
 def test_environment_variables_count_like_flags():
