@@ -117,6 +117,13 @@ def parse_limit(text: str) -> int | None:
     return parse_int(text)
 
 
+def parse_objective(text: str) -> float | None:
+    """A class's TTFT objective: milliseconds, or "slo" (or blank): held to [budget] slo_ttft_p95_ms."""
+    if text.strip().lower() in ("", "slo", "none", "-"):
+        return None
+    return parse_num(text)
+
+
 def _g(value: float) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
@@ -131,9 +138,10 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("queue_depth", "queue depth"),
     ("queue_timeout_s", "queue timeout (s)"),
     ("default_max_tokens", "default max_tokens"),
+    ("ttft_objective_ms", "TTFT objective (ms|slo)"),
 )
 BUDGET_SETTINGS = ("min_tokens", "slo_ttft_p95_ms")
-CLASS_SETTINGS = ("reserved_tokens", "limit_tokens", "queue_depth", "queue_timeout_s", "default_max_tokens")
+CLASS_SETTINGS = ("reserved_tokens", "limit_tokens", "queue_depth", "queue_timeout_s", "default_max_tokens", "ttft_objective_ms")
 
 
 class RetuneScreen(ModalScreen[list[str] | None]):
@@ -172,6 +180,7 @@ class RetuneScreen(ModalScreen[list[str] | None]):
                 queue_depth=str(v.queue_depth),
                 queue_timeout_s=_g(v.queue_timeout_s),
                 default_max_tokens=str(v.default_max_tokens),
+                ttft_objective_ms="slo" if v.own_ttft_objective_ms is None else _g(v.own_ttft_objective_ms),
             )
         self.keys = [k for k, _ in FIELDS if k in self.initial]
         #: the controller would move a budget set by hand: the form offers to freeze it
@@ -227,6 +236,7 @@ class RetuneScreen(ModalScreen[list[str] | None]):
             "queue_depth": parse_int,
             "queue_timeout_s": parse_num,
             "default_max_tokens": parse_int,
+            "ttft_objective_ms": parse_objective,
         }
         for key in self.keys:
             text = self._text(key)
@@ -279,6 +289,9 @@ class RetuneScreen(ModalScreen[list[str] | None]):
             default = values.get("default_max_tokens")
             cap = self.cls_view.max_tokens_cap
             check("default_max_tokens", 1 <= (default or 0) <= cap, f"between 1 and max_tokens_cap ({cap:,})")
+            objective = values.get("ttft_objective_ms")
+            if objective is not None:  # None: held to the SLO
+                check("ttft_objective_ms", 0 < objective <= MAX_SLO_MS, f"above 0, at most {MAX_SLO_MS:,.0f} ms, or slo")
         return values, errors
 
     def validate_all(self) -> bool:
@@ -300,6 +313,8 @@ class RetuneScreen(ModalScreen[list[str] | None]):
                 initial[key] = (
                     parse_limit(self.initial[key])
                     if key == "limit_tokens"
+                    else parse_objective(self.initial[key])
+                    if key == "ttft_objective_ms"
                     else (parse_num(self.initial[key]) if key in ("slo_ttft_p95_ms", "queue_timeout_s") else parse_int(self.initial[key]))
                 )
             except Invalid:
@@ -313,7 +328,9 @@ class RetuneScreen(ModalScreen[list[str] | None]):
             elif key in BUDGET_SETTINGS:
                 out.settings[key] = float(values[key]) if key == "slo_ttft_p95_ms" else values[key]
             else:
-                out.class_changes[key] = float(values[key]) if key == "queue_timeout_s" else values[key]
+                out.class_changes[key] = (
+                    float(values[key]) if key in ("queue_timeout_s", "ttft_objective_ms") and values[key] is not None else values[key]
+                )
         if self.offers_freeze and self.query_one("#retune-freeze", Checkbox).value:
             out.freeze = True
         return out

@@ -82,12 +82,12 @@ def proposal_text(lines: str, recorded: dict[str, str]) -> str:
 
 #: the retune's [budget] keys and class keys (console/screens/retune.py's form)
 _SETTINGS = ("min_tokens", "slo_ttft_p95_ms")
-_CLASS_KEYS = ("reserved_tokens", "limit_tokens", "queue_depth", "queue_timeout_s", "default_max_tokens")
-_FLOAT_KEYS = ("slo_ttft_p95_ms", "queue_timeout_s")
+_CLASS_KEYS = ("reserved_tokens", "limit_tokens", "queue_depth", "queue_timeout_s", "default_max_tokens", "ttft_objective_ms")
+_FLOAT_KEYS = ("slo_ttft_p95_ms", "queue_timeout_s", "ttft_objective_ms")
 
 
 def _number(key: str, text: str) -> int | float | None:
-    if text.lower() == "none" and key.rpartition(".")[2] == "limit_tokens":
+    if text.lower() == "none" and key.rpartition(".")[2] in ("limit_tokens", "ttft_objective_ms"):
         return None
     try:
         return float(text) if key.rpartition(".")[2] in _FLOAT_KEYS else int(text)

@@ -145,6 +145,8 @@ class ClassView:
     judged: int = 0
     #: what "met" is judged by: the class's ttft_objective_ms, else [budget] slo_ttft_p95_ms
     ttft_objective_ms: float | None = None
+    #: the class's own ttft_objective_ms (None: it is held to [budget] slo_ttft_p95_ms)
+    own_ttft_objective_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,6 +88,7 @@ def build_snapshot(
                 waiting_on=waiting_on,
                 **dict(zip(("met", "judged"), rollup.met_share(now, c.name))),
                 ttft_objective_ms=config.objective_ms(c.name),
+                own_ttft_objective_ms=c.ttft_objective_ms,
             )
         )
     journal = None

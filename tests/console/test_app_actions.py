@@ -683,3 +683,30 @@ async def test_a_key_press_is_answered_within_100ms(gate):
             latencies.append(answered[-1] - started)
         assert not app.render_paused and len(answered) == 6
         assert min(latencies) < 0.1, latencies
+
+
+async def test_retune_sets_a_class_s_own_ttft_objective_and_slo_gives_it_back(gate):
+    """The class held to the SLO shows "slo"; a number is its own objective, "slo" again undoes it."""
+    app = make_app(gate)
+    async with app.run_test(size=SIZE) as pilot:
+        await select(pilot, app, "batch")
+        await pilot.press("t")
+        assert field(app, "ttft_objective_ms").value == "slo"
+        field(app, "ttft_objective_ms").value = "-3"
+        await pilot.pause()
+        assert save_disabled(app) and "above 0" in error_text(app, "ttft_objective_ms")
+        field(app, "ttft_objective_ms").value = "30000"
+        await pilot.pause()
+        await pilot.click("#save")
+        await pilot.pause()
+        assert not isinstance(app.screen, RetuneScreen)
+        assert admission(gate).objective_ms("batch") == 30000
+        row = audit_rows(gate, "set_class")[-1]
+        assert (row.old_value, row.new_value) == ("ttft_objective_ms=None", "ttft_objective_ms=30000")
+        await pilot.press("t")
+        assert field(app, "ttft_objective_ms").value == "30000"
+        field(app, "ttft_objective_ms").value = "slo"
+        await pilot.pause()
+        await pilot.click("#save")
+        await pilot.pause()
+        assert admission(gate).objective_ms("batch") == gate.config.budget.slo_ttft_p95_ms

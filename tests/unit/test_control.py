@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from gate.config import parse_config
-from gate.data.commands import Retune
+from gate.data.commands import CommandError, Retune
 from gate.ops.control import Control, ControlError, Operator
 from gate.service import GateService
 from tests.fakes import GATE_CONFIG, fake_llama_transport
@@ -489,3 +489,37 @@ async def test_an_operator_channel_down_is_a_metric_not_only_a_log_line(gate, tm
         assert channel_up(gate, "overrides") == 1 and channel_up(gate, "control_socket") == 1
     finally:
         await gate.control_server.close()
+
+
+async def test_a_class_s_ttft_objective_is_retuned_live_kept_and_restored(gate, tmp_path):
+    """An on-call trial: batch was refused "would miss its 2000 ms time-to-first-token
+    objective" (held to the SLO) and the console's only lever was the SLO of every class. Its
+    own objective is now a live retune: the core refuses by it, the audit says it, a restart
+    keeps it, and "slo" (None) hands the class back to the SLO."""
+    adm = gate.backends.backends[0].admission
+    assert adm.objective_ms("batch") == 2000
+    gate.control.overrides_path = str(tmp_path / "j.db.overrides.json")
+    gate.control.execute(Retune(cls="batch", class_changes={"ttft_objective_ms": 30000.0}), operator=ALICE)
+    assert adm.objective_ms("batch") == 30000 and adm.objective_ms("interactive") == 2000
+    row = last_audit(gate)
+    assert (row.action, row.target, row.old_value, row.new_value) == (
+        "set_class",
+        "class:batch",
+        "ttft_objective_ms=None",
+        "ttft_objective_ms=30000",
+    )
+    batch = next(c for c in gate.snapshot().classes if c.name == "batch")
+    assert (batch.ttft_objective_ms, batch.own_ttft_objective_ms) == (30000, 30000)
+    after = GateService(parse_config(CONFIG), environ={}, transport=fake_llama_transport())
+    try:
+        after.control.keep_beside(str(tmp_path / "j.db"), operator=ALICE)
+        await after.backends.probe_all()
+        for b in after.backends:
+            after.control.adopt(b)
+        assert after.backends.backends[0].admission.objective_ms("batch") == 30000
+    finally:
+        await after.client.aclose()
+    gate.control.execute(Retune(cls="batch", class_changes={"ttft_objective_ms": None}), operator=ALICE)
+    assert adm.objective_ms("batch") == 2000
+    with pytest.raises(CommandError):
+        gate.control.execute(Retune(cls="batch", class_changes={"ttft_objective_ms": -5.0}), operator=ALICE)
