@@ -92,6 +92,10 @@ class Cause(StrEnum):
     CEILING_CHANGED = "ceiling_changed"
 
 
+#: the samples the controller's window keeps at most (a config's min_samples must fit in it)
+MAX_SAMPLES = 10_000
+
+
 @dataclass(frozen=True, slots=True)
 class ControllerSettings:
     """Tuning of the controller; SLOs in seconds, bounds in KV tokens."""
@@ -108,7 +112,7 @@ class ControllerSettings:
     open_below: float = 0.7
     close_above: float = 1.2
     smoothing: float = 0.5
-    max_samples: int = 10_000
+    max_samples: int = MAX_SAMPLES
 
     def __post_init__(self) -> None:
         problems: list[str] = []

@@ -110,6 +110,18 @@ async def test_a_budget_below_the_floor_names_what_sets_the_floor(gate):
     assert gate.backends.backends[0].admission.budget == 8192
 
 
+async def test_a_min_samples_over_the_controller_window_is_refused_whole(gate):
+    """A chaos run's retune of min_samples = 2**63 passed validation, then the controller
+    refused it (ValueError) after the config in force had changed: every later retune of
+    [budget] failed the same way until a restart. It is refused before anything changes."""
+    before = gate.config.budget
+    with pytest.raises(ControlError, match=r"budget.min_samples.*at most 10000"):
+        gate.control.execute(Retune(settings={"min_samples": 2**63}), operator=ALICE)
+    assert gate.config.budget == before
+    gate.control.execute(Retune(settings={"min_samples": 10}), operator=ALICE)
+    assert gate.config.budget.min_samples == 10
+
+
 async def test_set_class_retunes_shares_and_queue_bounds(gate):
     gate.control.set_class("batch", operator=ALICE, queue_depth=2, limit_tokens=3000)
     adm = gate.backends.backends[0].admission
