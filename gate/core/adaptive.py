@@ -335,6 +335,20 @@ class BudgetController:
         """The operator retuned the objectives; the next tick judges against them."""
         self._settings = replace(self._settings, slo_ttft_p95_s=slo_ttft_p95_s, slo_tpot_p95_s=slo_tpot_p95_s)
 
+    def set_tuning(self, settings: ControllerSettings) -> None:
+        """The operator retuned [budget]: the objectives, the window, the samples it needs, the
+        cool-down and the factors; the next tick uses them (the bounds: `set_bounds`)."""
+        self._settings = replace(
+            self._settings,
+            slo_ttft_p95_s=settings.slo_ttft_p95_s,
+            slo_tpot_p95_s=settings.slo_tpot_p95_s,
+            window_s=settings.window_s,
+            min_samples=settings.min_samples,
+            cooldown_s=settings.cooldown_s,
+            increase=settings.increase,
+            decrease=settings.decrease,
+        )
+
     def set_bounds(self, now: float, min_tokens: int, ceiling_tokens: int | None = None) -> Move | None:
         """The operator retuned the bounds; clamp the budget into them (cause manual)."""
         if min_tokens < 1:

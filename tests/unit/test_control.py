@@ -501,3 +501,13 @@ async def test_an_operator_channel_down_is_a_metric_not_only_a_log_line(gate, tm
         assert channel_up(gate, "overrides") == 1 and channel_up(gate, "control_socket") == 1
     finally:
         await gate.control_server.close()
+
+
+async def test_a_retune_of_the_controller_tuning_reaches_the_running_controller(gate):
+    """A retune (console or SIGHUP) of window_s, min_samples, cooldown_s, increase or decrease
+    was audited and kept as an override, while the running controller went on with the values
+    it started with until a restart: only the SLOs and min_tokens reached it."""
+    tuning = {"window_s": 12.0, "min_samples": 7, "cooldown_s": 2.0, "increase": 1.5, "decrease": 0.5, "slo_ttft_p95_ms": 900.0}
+    gate.control.execute(Retune(settings=tuning), operator=ALICE)
+    s = gate.backends.backends[0].controller.settings
+    assert (s.window_s, s.min_samples, s.cooldown_s, s.increase, s.decrease, s.slo_ttft_p95_s) == (12.0, 7, 2.0, 1.5, 0.5, 0.9)
