@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
 from gate.config import parse_config
-from gate.data.commands import Retune
+from gate.data.commands import Freeze, Retune
 from gate.ops.control import Control, ControlError, Operator
 from gate.service import GateService
 from tests.fakes import GATE_CONFIG, fake_llama_transport
@@ -511,3 +512,40 @@ async def test_a_retune_of_the_controller_tuning_reaches_the_running_controller(
     gate.control.execute(Retune(settings=tuning), operator=ALICE)
     s = gate.backends.backends[0].controller.settings
     assert (s.window_s, s.min_samples, s.cooldown_s, s.increase, s.decrease, s.slo_ttft_p95_s) == (12.0, 7, 2.0, 1.5, 0.5, 0.9)
+
+
+async def test_a_controller_step_that_raises_does_not_end_housekeeping(gate, monkeypatch):
+    """A retune of `increase = 1e308` (finite, so valid) made the controller's next opening
+    step raise OverflowError inside the once-a-second housekeeping loop, which ended it for
+    good: no more reaping of leaked reservations, no samples, no gauges, and nothing said.
+    The step's failure is logged and the loop goes on."""
+    gate.control.execute(Retune(settings={"increase": 1e308, "cooldown_s": 0.0, "min_samples": 1}), operator=ALICE)
+    b = gate.backends.backends[0]
+    gate.control.set_budget(b.controller.ceiling_tokens // 2, operator=ALICE)  # room to open
+    gate.control.execute(Freeze(frozen=False), operator=ALICE)
+    b.controller.observe(gate.clock(), 0.001, 0.001)  # well under the SLO
+    monkeypatch.setattr("gate.backend.pool.has_demand", lambda *args: True)
+    with pytest.raises(OverflowError):
+        gate.tick_controllers()  # what the loop meets every second
+    reaps = 0
+    real_reap = gate.backends.reap
+
+    def counted_reap() -> int:
+        nonlocal reaps
+        reaps += 1
+        return real_reap()
+
+    monkeypatch.setattr(gate.backends, "reap", counted_reap)
+    task = asyncio.create_task(gate._housekeeping())
+    try:
+        await asyncio.wait_for(_until(lambda: reaps >= 2 or task.done()), timeout=30)
+        assert not task.done(), task.exception()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def _until(predicate) -> None:
+    while not predicate():
+        await asyncio.sleep(0.05)
