@@ -461,7 +461,12 @@ class GateService:
         """Once a second: adapt budgets, reap leaked reservations, forget idle rate buckets, refresh gauges."""
         while True:
             await asyncio.sleep(1.0)
-            self.tick_controllers()
+            try:
+                self.tick_controllers()
+            except Exception:  # noqa: BLE001 - the reaper below must go on
+                # Raised here, it ended this loop for good and silently: no reaping, no samples,
+                # no gauges (a retune of [budget] increase = 1e308 overflowed the controller)
+                self.log.exception("adaptive controller step failed; the budget holds")
             reaped = self.backends.reap()
             if reaped:
                 self.metrics.reaped(reaped)

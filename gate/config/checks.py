@@ -24,6 +24,7 @@ from gate.config.schema import (
     KvMode,
 )
 from gate.config.terms import _got, _key_part, _show, _suggest, _toml_key_of
+from gate.core.adaptive import MAX_SAMPLES
 
 #: sun_path holds 108 bytes on Linux, the last one a NUL
 MAX_SOCKET_PATH = 107
@@ -249,7 +250,15 @@ def validate_config(config: Config, source: str = "<config>") -> None:
         lambda v: 0 < v < 1,
         "between 0 and 1, exclusive (the factor that closes the budget)",
     )
-    c.pos_int("min_samples", b.min_samples)
+    # more than the controller's window keeps (ControllerSettings refuses it): accepted here, a
+    # file passed `config check` and left its backend down for good ("ValueError: max_samples
+    # (10000) must be >= min_samples"), and such a retune was half applied
+    c.check(
+        "min_samples",
+        b.min_samples,
+        lambda v: 0 < v <= MAX_SAMPLES,
+        f"a positive integer, at most {MAX_SAMPLES} (the samples the controller keeps)",
+    )
 
     # [[backends]]
     if not config.backends:

@@ -92,6 +92,10 @@ class Cause(StrEnum):
     CEILING_CHANGED = "ceiling_changed"
 
 
+#: the samples the controller's window keeps at most (a config's min_samples must fit in it)
+MAX_SAMPLES = 10_000
+
+
 @dataclass(frozen=True, slots=True)
 class ControllerSettings:
     """Tuning of the controller; SLOs in seconds, bounds in KV tokens."""
@@ -108,7 +112,7 @@ class ControllerSettings:
     open_below: float = 0.7
     close_above: float = 1.2
     smoothing: float = 0.5
-    max_samples: int = 10_000
+    max_samples: int = MAX_SAMPLES
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -330,6 +334,20 @@ class BudgetController:
     def set_slos(self, slo_ttft_p95_s: float, slo_tpot_p95_s: float | None) -> None:
         """The operator retuned the objectives; the next tick judges against them."""
         self._settings = replace(self._settings, slo_ttft_p95_s=slo_ttft_p95_s, slo_tpot_p95_s=slo_tpot_p95_s)
+
+    def set_tuning(self, settings: ControllerSettings) -> None:
+        """The operator retuned [budget]: the objectives, the window, the samples it needs, the
+        cool-down and the factors; the next tick uses them (the bounds: `set_bounds`)."""
+        self._settings = replace(
+            self._settings,
+            slo_ttft_p95_s=settings.slo_ttft_p95_s,
+            slo_tpot_p95_s=settings.slo_tpot_p95_s,
+            window_s=settings.window_s,
+            min_samples=settings.min_samples,
+            cooldown_s=settings.cooldown_s,
+            increase=settings.increase,
+            decrease=settings.decrease,
+        )
 
     def set_bounds(self, now: float, min_tokens: int, ceiling_tokens: int | None = None) -> Move | None:
         """The operator retuned the bounds; clamp the budget into them (cause manual)."""

@@ -205,6 +205,8 @@ def build_intake(kind: Kind, path: str, body: Mapping[str, Any], caller: Caller,
     cls = config.class_by_name(caller.cls)
     model = _lenient(body, "model", str)
     if kind in NO_DECODE:  # no stream there: llama-server never reads `stream`, so it goes as sent
+        if kind == "embeddings":
+            _check_encoding_format(body)
         inputs = embedding_plans(body) if kind == "embeddings" else rerank_plans(body)
         return Intake(kind, path, dict(body), model, False, 0, False, caller, False, 1, inputs)
     stream = _optional(body, "stream", bool, "a boolean (true or false)") or False
@@ -219,6 +221,7 @@ def build_intake(kind: Kind, path: str, body: Mapping[str, Any], caller: Caller,
     plans: tuple[TaskPlan, ...] | None = None
     if kind == "chat":
         _check_messages(body)
+        _check_tools(body)
     elif kind == "infill":
         plans = (infill_plan(body),)
     else:
@@ -365,6 +368,43 @@ def _copies(body: Mapping[str, Any], *, read: bool = True) -> int:
         first = value if first is None else first
         most = max(most, value)
     return most
+
+
+def _check_tools(body: Mapping[str, Any]) -> None:
+    """What llama-server answers 500 for in a chat's ``tools`` (common/chat.cpp
+    ``common_chat_tools_parse_oaicompat``: "Failed to parse tools: ..."), refused 400 here with
+    the field named: the caller's mistake, not a backend failure (relayed, it was journaled
+    `failed upstream_error` and paged the on-call through TokengateUpstream5xx). What it
+    accepts passes: null, an empty list, any `parameters`."""
+    tools = body.get("tools")
+    if tools is None:
+        return
+    if not isinstance(tools, list):
+        raise _invalid("tools", f"must be an array of tool objects, got {describe(tools)}")
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise _invalid(where, f"must be a tool object, got {describe(tool)}")
+        if "type" not in tool:
+            raise _invalid(f"{where}.type", "is required ('function')")
+        if tool["type"] != "function":
+            raise _invalid(f"{where}.type", f"must be 'function', got {describe(tool['type'])}")
+        function = tool.get("function")
+        if not isinstance(function, dict):
+            problem = "is required" if "function" not in tool else f"must be an object, got {describe(function)}"
+            raise _invalid(f"{where}.function", problem)
+        if not isinstance(function.get("name"), str):
+            problem = "is required" if "name" not in function else f"must be a string, got {describe(function['name'])}"
+            raise _invalid(f"{where}.function.name", problem)
+        if "description" in function and not isinstance(function["description"], str):
+            raise _invalid(f"{where}.function.description", f"must be a string, got {describe(function['description'])}")
+
+
+def _check_encoding_format(body: Mapping[str, Any]) -> None:
+    """An embedding's ``encoding_format`` that is not a string: llama-server answers 500 (a JSON
+    type error), the gate 400 (a string it does not know is its own 400, relayed)."""
+    if "encoding_format" in body and not isinstance(body["encoding_format"], str):
+        raise _invalid("encoding_format", f"must be 'float' or 'base64', got {describe(body['encoding_format'])}")
 
 
 def _check_messages(body: Mapping[str, Any]) -> None:

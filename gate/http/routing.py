@@ -106,15 +106,19 @@ async def measure(gate: RequestPorts, b: Backend, intake: Intake) -> Measured:
         ask = not (b.fleet is not None and not serving(b))
         counted = await count_tasks(gate.tokens, b.url, intake.plans, b.auth_headers(), model=b.model, ask=ask)
         count, per_task = counted.source, counted.per_task
-    every = per_task * intake.copies
     slots = b.admission.capacity.slots if b.admission is not None else 0
-    if 0 < slots < len(every):
+    tasks = len(per_task) * intake.copies
+    if 0 < slots < tasks:
         # More tasks than slots (a RAG batch of 64 inputs on 4 slots): llama-server runs them in
         # waves as its slots free up, so the request holds every slot, for its largest tasks at
         # once. Refused as "never fits" it could never be served by this backend at all.
-        every = tuple(sorted(every, reverse=True)[:slots])
-    tasks = len(every)
-    total = TokenCount(sum(every), count.source, count.cached)
+        # No more than `slots` copies of a prompt can be among them: the copies are never
+        # listed one by one (a client's "n": 2147483648 made the gate allocate 16 GB).
+        every = sorted(per_task * min(intake.copies, slots), reverse=True)[:slots]
+        tasks, tokens = len(every), sum(every)
+    else:
+        tokens = sum(per_task) * intake.copies
+    total = TokenCount(tokens, count.source, count.cached)
     return Measured(total, tasks, None if tasks == 1 else max(per_task) + intake.max_tokens)
 
 

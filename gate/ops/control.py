@@ -577,7 +577,10 @@ class Control:
             # A router's model before its first load has no capacity yet: its core's stands in.
             ceiling = b.capacity.ceiling if b.capacity is not None else b.admission.capacity.ceiling
             settings = controller_settings(config.budget, ceiling, sum(c.reserved_tokens for c in config.classes))
-            b.controller.set_slos(settings.slo_ttft_p95_s, settings.slo_tpot_p95_s)
+            # every [budget] tuning key, not the SLOs alone: a retune (or reload) of window_s,
+            # min_samples, cooldown_s, increase or decrease was audited and kept as an override
+            # while the running controller went on with the values it started with
+            b.controller.set_tuning(settings)
             b.controller.set_bounds(now, settings.min_tokens)  # a clamped budget is pushed to admission
             # ... and what the core and the gatekeeper read of [budget] themselves (#24: a retune of
             # slo_ttft_p95_ms moved only the controller's SLO, not the objective of the classes

@@ -347,6 +347,8 @@ BAD_CONFIGS = [
     ("mode-typo", '[budget]\nmode = "adaptiv"\n', "budget.mode", 'did you mean "adaptive"?'),
     ("tpot-negative", "[budget]\nslo_tpot_p95_ms = -5\n", "budget.slo_tpot_p95_ms", "got -5"),
     ("min-samples-zero", "[budget]\nmin_samples = 0\n", "budget.min_samples", "got 0"),
+    # more than the controller's window keeps: the file passed and its backend stayed down
+    ("min-samples-over-window", "[budget]\nmin_samples = 20000\n", "budget.min_samples", "at most 10000"),
     ("cooldown-negative", "[budget]\ncooldown_s = -1\n", "budget.cooldown_s", "got -1"),
     ("kv-bad", '[[backends]]\nkv = "shared"\n', "backends[0].kv", '"unified" or "split"'),
     (

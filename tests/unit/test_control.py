@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
 from gate.config import parse_config
-from gate.data.commands import CommandError, Retune
+from gate.data.commands import CommandError, Freeze, Retune
 from gate.ops.control import Control, ControlError, Operator
 from gate.service import GateService
 from tests.fakes import GATE_CONFIG, fake_llama_transport
@@ -108,6 +109,18 @@ async def test_a_budget_below_the_floor_names_what_sets_the_floor(gate):
     ):
         gate.control.execute(Retune(budget=1000, settings={"min_tokens": 0}), operator=ALICE)
     assert gate.backends.backends[0].admission.budget == 8192
+
+
+async def test_a_min_samples_over_the_controller_window_is_refused_whole(gate):
+    """A chaos run's retune of min_samples = 2**63 passed validation, then the controller
+    refused it (ValueError) after the config in force had changed: every later retune of
+    [budget] failed the same way until a restart. It is refused before anything changes."""
+    before = gate.config.budget
+    with pytest.raises(ControlError, match=r"budget.min_samples.*at most 10000"):
+        gate.control.execute(Retune(settings={"min_samples": 2**63}), operator=ALICE)
+    assert gate.config.budget == before
+    gate.control.execute(Retune(settings={"min_samples": 10}), operator=ALICE)
+    assert gate.config.budget.min_samples == 10
 
 
 async def test_set_class_retunes_shares_and_queue_bounds(gate):
@@ -523,3 +536,50 @@ async def test_a_class_s_ttft_objective_is_retuned_live_kept_and_restored(gate, 
     assert adm.objective_ms("batch") == 2000
     with pytest.raises(CommandError):
         gate.control.execute(Retune(cls="batch", class_changes={"ttft_objective_ms": -5.0}), operator=ALICE)
+
+
+async def test_a_retune_of_the_controller_tuning_reaches_the_running_controller(gate):
+    """A retune (console or SIGHUP) of window_s, min_samples, cooldown_s, increase or decrease
+    was audited and kept as an override, while the running controller went on with the values
+    it started with until a restart: only the SLOs and min_tokens reached it."""
+    tuning = {"window_s": 12.0, "min_samples": 7, "cooldown_s": 2.0, "increase": 1.5, "decrease": 0.5, "slo_ttft_p95_ms": 900.0}
+    gate.control.execute(Retune(settings=tuning), operator=ALICE)
+    s = gate.backends.backends[0].controller.settings
+    assert (s.window_s, s.min_samples, s.cooldown_s, s.increase, s.decrease, s.slo_ttft_p95_s) == (12.0, 7, 2.0, 1.5, 0.5, 0.9)
+
+
+async def test_a_controller_step_that_raises_does_not_end_housekeeping(gate, monkeypatch):
+    """A retune of `increase = 1e308` (finite, so valid) made the controller's next opening
+    step raise OverflowError inside the once-a-second housekeeping loop, which ended it for
+    good: no more reaping of leaked reservations, no samples, no gauges, and nothing said.
+    The step's failure is logged and the loop goes on."""
+    gate.control.execute(Retune(settings={"increase": 1e308, "cooldown_s": 0.0, "min_samples": 1}), operator=ALICE)
+    b = gate.backends.backends[0]
+    gate.control.set_budget(b.controller.ceiling_tokens // 2, operator=ALICE)  # room to open
+    gate.control.execute(Freeze(frozen=False), operator=ALICE)
+    b.controller.observe(gate.clock(), 0.001, 0.001)  # well under the SLO
+    monkeypatch.setattr("gate.backend.pool.has_demand", lambda *args: True)
+    with pytest.raises(OverflowError):
+        gate.tick_controllers()  # what the loop meets every second
+    reaps = 0
+    real_reap = gate.backends.reap
+
+    def counted_reap() -> int:
+        nonlocal reaps
+        reaps += 1
+        return real_reap()
+
+    monkeypatch.setattr(gate.backends, "reap", counted_reap)
+    task = asyncio.create_task(gate._housekeeping())
+    try:
+        await asyncio.wait_for(_until(lambda: reaps >= 2 or task.done()), timeout=30)
+        assert not task.done(), task.exception()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def _until(predicate) -> None:
+    while not predicate():
+        await asyncio.sleep(0.05)
