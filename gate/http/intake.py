@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -379,12 +379,7 @@ def _check_tools(body: Mapping[str, Any]) -> None:
     tools = body.get("tools")
     if tools is None:
         return
-    if not isinstance(tools, list):
-        raise _invalid("tools", f"must be an array of tool objects, got {describe(tools)}")
-    for i, tool in enumerate(tools):
-        where = f"tools[{i}]"
-        if not isinstance(tool, dict):
-            raise _invalid(where, f"must be a tool object, got {describe(tool)}")
+    for where, tool in _objects(tools, "tools", "tool"):
         if "type" not in tool:
             raise _invalid(f"{where}.type", "is required ('function')")
         if tool["type"] != "function":
@@ -398,6 +393,18 @@ def _check_tools(body: Mapping[str, Any]) -> None:
             raise _invalid(f"{where}.function.name", problem)
         if "description" in function and not isinstance(function["description"], str):
             raise _invalid(f"{where}.function.description", f"must be a string, got {describe(function['description'])}")
+
+
+def _objects(value: Any, field: str, what: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, item) for each item of the array `value` at `field`, each a `what` object: a
+    400 naming the field otherwise (`tools[2]`, `messages[0].content[1]`)."""
+    if not isinstance(value, list):
+        raise _invalid(field, f"must be an array of {what} objects, got {describe(value)}")
+    for i, item in enumerate(value):
+        where = f"{field}[{i}]"
+        if not isinstance(item, dict):
+            raise _invalid(where, f"must be a {what} object, got {describe(item)}")
+        yield where, item
 
 
 def _check_encoding_format(body: Mapping[str, Any]) -> None:
@@ -416,12 +423,7 @@ def _check_messages(body: Mapping[str, Any]) -> None:
     messages = body.get("messages")
     if messages is None:
         raise _invalid("messages", "is required")
-    if not isinstance(messages, list):
-        raise _invalid("messages", f"must be an array of message objects, got {describe(messages)}")
-    for i, msg in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(msg, dict):
-            raise _invalid(where, f"must be a message object, got {describe(msg)}")
+    for where, msg in _objects(messages, "messages", "message"):
         role = msg.get("role")
         if not isinstance(role, str):
             problem = "is required" if role is None else f"must be a string, got {describe(role)}"
@@ -440,10 +442,7 @@ def _check_messages(body: Mapping[str, Any]) -> None:
                 f"{where}.content",
                 f"must be a string or an array of content parts, got {describe(content)}",
             )
-        for j, part in enumerate(content):
-            pwhere = f"{where}.content[{j}]"
-            if not isinstance(part, dict):
-                raise _invalid(pwhere, f"must be a content part object, got {describe(part)}")
+        for pwhere, part in _objects(content, f"{where}.content", "content part"):
             ptype = part.get("type")
             if ptype is None:
                 raise _invalid(f"{pwhere}.type", 'is required (a string such as "text")')

@@ -93,15 +93,19 @@ async def llama(llama_unified):
         await wait_until(lambda: idle(client, llama_unified.url), timeout_s=30)
 
 
-@pytest.fixture
-def own_llama(llama_bin, tiny_model, tmp_path):
-    """A llama-server of this test's own, which it may kill."""
-    server = LlamaServer(llama_bin, tiny_model, mode="unified", ctx=2048, n_slots=4, log_path=tmp_path / "own-llama.log")
+def _own_server(llama_bin, tiny_model, log_path, *, ctx: int, n_slots: int):
+    server = LlamaServer(llama_bin, tiny_model, mode="unified", ctx=ctx, n_slots=n_slots, log_path=log_path)
     server.start()
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def own_llama(llama_bin, tiny_model, tmp_path):
+    """A llama-server of this test's own, which it may kill."""
+    yield from _own_server(llama_bin, tiny_model, tmp_path / "own-llama.log", ctx=2048, n_slots=4)
 
 
 def sigkill(server: LlamaServer) -> None:
@@ -186,12 +190,7 @@ def long_llama(llama_bin, tiny_model, tmp_path):
     """A llama-server of this test's own with one 16k-token slot: room for a request that runs
     long past 3 s on a fast machine too (CI's ran 1,900 tokens, the most a 2048-token server
     allows, in under 4 s: the test had nothing to check)."""
-    server = LlamaServer(llama_bin, tiny_model, mode="unified", ctx=16384, n_slots=1, log_path=tmp_path / "long-llama.log")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from _own_server(llama_bin, tiny_model, tmp_path / "long-llama.log", ctx=16384, n_slots=1)
 
 
 @pytest.mark.llama

@@ -26,6 +26,20 @@ async def gate():
     await g.client.aclose()
 
 
+@contextlib.asynccontextmanager
+async def restarted(tmp_path):
+    """The next gate on the journal `tmp_path / "j.db"`, from the overrides this one kept there."""
+    after = GateService(parse_config(CONFIG), environ={}, transport=fake_llama_transport())
+    try:
+        after.control.keep_beside(str(tmp_path / "j.db"), operator=ALICE)
+        await after.backends.probe_all()
+        for b in after.backends:
+            after.control.adopt(b)
+        yield after
+    finally:
+        await after.client.aclose()
+
+
 def last_audit(gate: GateService):
     return gate.recent_audit[-1]
 
@@ -268,15 +282,8 @@ async def test_a_freeze_is_kept_with_the_budget_it_froze(gate, tmp_path):
     # the next gate, from what this one kept
     gate.control.overrides_path = str(tmp_path / "j.db.overrides.json")
     gate.control.freeze(True, operator=ALICE)  # written where a journal's gate keeps it
-    after = GateService(parse_config(CONFIG), environ={}, transport=fake_llama_transport())
-    try:
-        after.control.keep_beside(str(tmp_path / "j.db"), operator=ALICE)
-        await after.backends.probe_all()
-        for b in after.backends:
-            after.control.adopt(b)
+    async with restarted(tmp_path) as after:
         assert after.control.frozen and after.backends.backends[0].admission.budget == 6553
-    finally:
-        await after.client.aclose()
     # unfrozen, the controller moves the budget again: nothing of it is kept
     gate.control.freeze(False, operator=ALICE)
     assert gate.control.overrides.budgets == {} and not gate.control.overrides.frozen
@@ -523,15 +530,8 @@ async def test_a_class_s_ttft_objective_is_retuned_live_kept_and_restored(gate, 
     )
     batch = next(c for c in gate.snapshot().classes if c.name == "batch")
     assert (batch.ttft_objective_ms, batch.own_ttft_objective_ms) == (30000, 30000)
-    after = GateService(parse_config(CONFIG), environ={}, transport=fake_llama_transport())
-    try:
-        after.control.keep_beside(str(tmp_path / "j.db"), operator=ALICE)
-        await after.backends.probe_all()
-        for b in after.backends:
-            after.control.adopt(b)
+    async with restarted(tmp_path) as after:
         assert after.backends.backends[0].admission.objective_ms("batch") == 30000
-    finally:
-        await after.client.aclose()
     gate.control.execute(Retune(cls="batch", class_changes={"ttft_objective_ms": None}), operator=ALICE)
     assert adm.objective_ms("batch") == 2000
     with pytest.raises(CommandError):
