@@ -181,9 +181,19 @@ async def capture(out: Path, *, speed: float, seconds: float) -> dict[str, str]:
                 _save(app, out, "main-160x48.svg")
                 shots["main-160x48.svg"] = "main screen, wide layout"
 
-                cls, _ = busiest()
-                app.class_table.select_class(cls)
-                await _press(pilot, "d", lambda: isinstance(app.screen, ConfirmScreen), "d did not open the drain dialog")
+                # The queue may empty between the look and the key (the console then toasts
+                # "nothing queued" instead of asking: `make screenshots` failed 4 runs in 4):
+                # the key again at the next queue, a few times.
+                for attempt in range(5):
+                    await _wait_for(pilot, lambda: busiest()[1] >= 2, 10.0)
+                    cls, _ = busiest()
+                    app.class_table.select_class(cls)
+                    app.simulate_key("d")
+                    if await _wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 2.0, 0.02):
+                        break
+                else:
+                    raise RuntimeError("d did not open the drain dialog (the queue emptied first, 5 times)")
+                await pilot.pause(0.05)
                 message = str(app.screen.query_one("#confirm-message", Static).content)
                 _save(app, out, "drain-confirm-160x48.svg")
                 shots["drain-confirm-160x48.svg"] = message

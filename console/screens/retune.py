@@ -138,7 +138,7 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("queue_depth", "queue depth"),
     ("queue_timeout_s", "queue timeout (s)"),
     ("default_max_tokens", "default max_tokens"),
-    ("ttft_objective_ms", "TTFT objective (ms|slo)"),
+    ("ttft_objective_ms", "TTFT obj. (ms|slo)"),
 )
 BUDGET_SETTINGS = ("min_tokens", "slo_ttft_p95_ms")
 CLASS_SETTINGS = ("reserved_tokens", "limit_tokens", "queue_depth", "queue_timeout_s", "default_max_tokens", "ttft_objective_ms")
