@@ -184,7 +184,7 @@ async def capture(out: Path, *, speed: float, seconds: float) -> dict[str, str]:
                 # The queue may empty between the look and the key (the console then toasts
                 # "nothing queued" instead of asking: `make screenshots` failed 4 runs in 4):
                 # the key again at the next queue, a few times.
-                for attempt in range(5):
+                for _attempt in range(5):
                     await _wait_for(pilot, lambda: busiest()[1] >= 2, 10.0)
                     cls, _ = busiest()
                     app.class_table.select_class(cls)
