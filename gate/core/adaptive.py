@@ -331,10 +331,6 @@ class BudgetController:
         self._ceiling = ceiling_tokens
         return self._move_to(now, self._budget, Cause.CEILING_CHANGED)
 
-    def set_slos(self, slo_ttft_p95_s: float, slo_tpot_p95_s: float | None) -> None:
-        """The operator retuned the objectives; the next tick judges against them."""
-        self._settings = replace(self._settings, slo_ttft_p95_s=slo_ttft_p95_s, slo_tpot_p95_s=slo_tpot_p95_s)
-
     def set_tuning(self, settings: ControllerSettings) -> None:
         """The operator retuned [budget]: the objectives, the window, the samples it needs, the
         cool-down and the factors; the next tick uses them (the bounds: `set_bounds`)."""

@@ -1173,3 +1173,20 @@ def test_a_recorded_retune_of_a_class_s_ttft_objective_is_replayed() -> None:
     held = refused_late([])  # batch held to the example's 2 s SLO
     assert refused_late(loose) < held / 2  # 17 of 83 against 79 (seed 7)
     assert refused_late(handed_back) == held
+
+
+def test_a_recorded_retune_of_the_controller_s_tuning_is_replayed() -> None:
+    """The running gate applies every [budget] tuning key at once (its controller took only the
+    SLOs until a restart): the replay does too, or its budget curve parts from the gate's."""
+    from gate.tools.replay.engine import Change
+
+    arrivals = synthetic_arrivals(400, 40.0, seed=5)
+
+    def curve(extra: str) -> list[tuple[float, int]]:
+        out: list[tuple[float, int]] = []
+        changes = [Change(0.5, "set_budget_settings", "budget", f"slo_ttft_p95_ms=10{extra}")]
+        replay(CONFIG, FIT, arrivals, changes, until=41.0, budget_curve=out)
+        return out
+
+    assert curve("")[:3] == [(0.0, 2048), (6.0, 1638), (11.0, 1310)]  # x0.8 a step
+    assert curve(", decrease=0.5") == [(0.0, 2048), (6.0, 1024)]  # x0.5, to the floor at once

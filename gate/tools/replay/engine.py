@@ -478,7 +478,7 @@ def _set_budget_settings(values: dict[str, Any], now: float, adm: Admission, con
     budget = dataclasses.replace(config.budget, **{k: v for k, v in values.items() if k in known and k != "mode"})
     state["config"] = dataclasses.replace(config, budget=budget)
     settings = controller_settings(budget, controller.ceiling_tokens, _reserved(adm))
-    controller.set_slos(settings.slo_ttft_p95_s, settings.slo_tpot_p95_s)
+    controller.set_tuning(settings)  # every [budget] tuning key, as the running gate's since dd2e7a8
     controller.set_bounds(now, settings.min_tokens)
     adm.aging_s = budget.aging_s or None  # as gate.ops.control's _apply_budget
     adm.keep_slots = budget.keep_slots
