@@ -243,7 +243,8 @@ def validate_config(config: Config, source: str = "<config>") -> None:
     c.pos_num("window_s", b.window_s)
     c.check("aging_s", b.aging_s, lambda v: v >= 0, "zero (off) or more seconds")
     c.check("cooldown_s", b.cooldown_s, lambda v: v >= 0, "zero or more seconds")
-    c.check("increase", b.increase, lambda v: v > 1, "greater than 1 (the factor that opens the budget)")
+    # bounded above: 1e308 passed, and the controller's next opening step overflowed
+    c.check("increase", b.increase, lambda v: 1 < v <= 10, "greater than 1, at most 10 (the factor that opens the budget)")
     c.check(
         "decrease",
         b.decrease,

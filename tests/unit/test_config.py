@@ -342,6 +342,7 @@ BAD_CONFIGS = [
         "add up to 1200 (a 600 + b 600), more than budget.min_tokens (1000)",
     ),
     ("increase-le-1", "[budget]\nincrease = 1.0\n", "budget.increase", "greater than 1"),
+    ("increase-overflows", "[budget]\nincrease = 1e308\n", "budget.increase", "at most 10"),
     ("decrease-ge-1", "[budget]\ndecrease = 1\n", "budget.decrease", "between 0 and 1"),
     ("decrease-zero", "[budget]\ndecrease = 0.0\n", "budget.decrease", "between 0 and 1"),
     ("mode-typo", '[budget]\nmode = "adaptiv"\n', "budget.mode", 'did you mean "adaptive"?'),
