@@ -81,6 +81,7 @@ class _Flow:
         "send",
         "headers",
         "request_id",
+        "core_id",
         "t0",
         "wall0",
         "intake",
@@ -127,7 +128,14 @@ class _Flow:
         self.send = send
         self.headers = {header_name(k): v.decode("latin-1") for k, v in scope["headers"]}
         given = self.headers.get("x-request-id", "")
-        self.request_id = given if _REQUEST_ID_RE.fullmatch(given) else new_id()
+        if _REQUEST_ID_RE.fullmatch(given):
+            self.request_id = given  # the client's, in its answer, the journal and the log
+            # the core's id is the gate's own: a client may reuse its id while its first try is
+            # held (an SDK's retry of a cut plain call, whose slot is held until llama-server lets
+            # go), and the core's ids are unique (a second reservation under one id was a 500)
+            self.core_id = f"{given}~{new_id()}"
+        else:
+            self.request_id = self.core_id = new_id()
         self.t0 = gate.clock()
         self.wall0 = time.time()
         self.intake: Intake | None = None
@@ -264,7 +272,7 @@ class _Flow:
             self.gate.metrics.beside("over_bound")
             self._take_back(backend, bound)
         # Arrival is now: queue time is time spent waiting for admission, not counting tokens.
-        request = admission_request(self.request_id, intake, measured, self.gate.clock(), self.t0)
+        request = admission_request(self.core_id, intake, measured, self.gate.clock(), self.t0)
         queued = True  # until the core says it refused at once
         try:
             self.ticket = await backend.gatekeeper.acquire(request)
@@ -297,7 +305,7 @@ class _Flow:
         prompt = gate.tokens.bound(backend.url, intake.kind, intake.body, model=backend.model)  # type: ignore[arg-type]
         # its own id: taken back, it may be held until llama-server lets go while the request
         # is offered again as counted
-        bound = Request(self.request_id + _BOUND_ID, caller.cls, caller.tenant, prompt, intake.max_tokens, gate.clock(), came=self.t0)
+        bound = Request(self.core_id + _BOUND_ID, caller.cls, caller.tenant, prompt, intake.max_tokens, gate.clock(), came=self.t0)
         ticket = keeper.admit_now(bound)
         if ticket is not None:
             try:
@@ -343,7 +351,7 @@ class _Flow:
             return
         caller = intake.caller
         refused = keeper.refuses_before_count(
-            Request(self.request_id, caller.cls, caller.tenant, 0, intake.max_tokens, self.gate.clock(), came=self.t0)
+            Request(self.core_id, caller.cls, caller.tenant, 0, intake.max_tokens, self.gate.clock(), came=self.t0)
         )
         if refused is not None:
             self.count = self.gate.tokens.likely(backend.url, intake.kind, intake.body, model=backend.model)  # type: ignore[arg-type]
