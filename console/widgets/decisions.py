@@ -77,6 +77,13 @@ def decision_cells(r: DecisionRecord) -> dict[str, str]:
     }
 
 
+def _row_key(r: DecisionRecord) -> str:
+    """One decision's row: its request id and when it ended. A client's X-Request-Id names its
+    request, and a client may send one id again (a retry, a fixed header): keyed by the id alone,
+    every decision after the first under it was taken for one already shown and never appeared."""
+    return f"{r.request_id} {r.ts!r}"
+
+
 def _styled(cells: dict[str, str], columns: tuple[str, ...]) -> list[Cell]:
     out: list[Cell] = []
     for c in columns:
@@ -143,19 +150,19 @@ class DecisionTail(Vertical):
     # ---- data ----------------------------------------------------------------
 
     def update_snapshot(self, snap: GateSnapshot) -> None:
-        new = [r for r in snap.decisions if r.request_id not in self._records]
+        new = [(key, r) for r in snap.decisions if (key := _row_key(r)) not in self._records]
         if not new:
             return
         table = self.table  # follows by itself while its newest row is in view
         matching: list[tuple[str, dict[str, str]]] = []
-        for r in new:
+        for key, r in new:
             cells = decision_cells(r)
             haystack = " ".join(cells.values()).lower()
-            self._records[r.request_id] = (cells, haystack)
+            self._records[key] = (cells, haystack)
             if self._matches(haystack):
                 self._matching += 1
-                if r.request_id not in table:
-                    matching.append((r.request_id, cells))
+                if key not in table:
+                    matching.append((key, cells))
         table.add_rows((rid, _styled(cells, self.columns_shown)) for rid, cells in matching[-self.MAX_NEW_ROWS_PER_TICK :])
         while len(self._records) > self.MAX_RECORDS:
             _, (_, haystack) = self._records.popitem(last=False)
@@ -202,6 +209,11 @@ class DecisionTail(Vertical):
 
     @property
     def visible_request_ids(self) -> list[str]:
+        return [key.rpartition(" ")[0] for key in self.table.row_keys]
+
+    @property
+    def visible_rows(self) -> list[str]:
+        """The rows' keys in the table (`_row_key`), oldest first."""
         return self.table.row_keys
 
     # ---- filter ----------------------------------------------------------------

@@ -384,3 +384,19 @@ async def test_the_header_grows_and_shrinks_with_the_overrides_it_lists(gate):
         header.update_snapshot(gate.snapshot())
         await pilot.pause()
         assert header.size.height == 1
+
+
+async def test_decisions_under_one_client_request_id_each_get_a_row(gate):
+    # a client's X-Request-Id names its request; a retry (or a fixed header) sends it again: keyed
+    # by the id alone, every decision after the first under it never appeared
+    app = make_app(gate)
+    async with app.run_test(size=(200, 50)):
+        first = decision("batch")
+        retry = dataclasses.replace(decision("batch", outcome="refused", reason="queue_full", status=429), request_id=first.request_id)
+        record(gate, first)
+        await app.tick()
+        record(gate, dataclasses.replace(retry, ts=first.ts + 1.0))
+        await app.tick()
+        await app.tick()  # the same snapshot twice adds nothing
+        assert app.decisions.visible_request_ids == [first.request_id, first.request_id]
+        assert len(set(app.decisions.visible_rows)) == 2

@@ -42,7 +42,7 @@ async def test_the_tail_is_in_time_order_and_says_which_time(gate):
         record(gate, slow)  # ends last, so it is appended last
         await app.tick()
         table = app.decisions.table
-        times = [str(table.get_cell(rid, "time")) for rid in app.decisions.visible_request_ids]
+        times = [str(table.get_cell(key, "time")) for key in app.decisions.visible_rows]
         assert times == sorted(times)
         assert times[-1] == time.strftime("%H:%M:%S", time.localtime(FIXED_NOW + 7))
         assert "ended" in table.labels
