@@ -1416,7 +1416,10 @@ class Admission:
                         w.request,
                         Reason.QUEUE_TIMEOUT,
                         f"waited {now - w.enqueued_at:.1f}s in class {entry.policy.name!r}, its limit is {entry.queue.timeout_s:g}s",
-                        self.retry_after(entry.policy.name, w.request.cost, now),
+                        # R2: a paused class's waiter is told what its newcomers are, as a drain's
+                        self._retry_operator(w.request, now)
+                        if entry.queue.paused
+                        else self.retry_after(entry.policy.name, w.request.cost, now),
                     ),
                     now,
                 )

@@ -202,9 +202,11 @@ class ClassQueue:
         """Remove and return every request whose deadline is at or before `now`."""
         expired: list[Waiting] = []
         while self._deadlines and self._deadlines[0][0] <= now:
-            _, _, request_id = heapq.heappop(self._deadlines)
-            item = self.remove(request_id)
-            if item is not None:
+            deadline, _, request_id = heapq.heappop(self._deadlines)
+            item = self._by_id.get(request_id)
+            # an entry left by an earlier wait of the same id (dispatched, removed) is not its deadline now
+            if item is not None and item.deadline == deadline:
+                self.remove(request_id)
                 expired.append(item)
         return expired
 
@@ -247,7 +249,8 @@ class ClassQueue:
             self._deficit[t] += max(0, rounds - 1) * self._quantum * self._weight_of(t)
 
     def _prune_deadlines(self) -> None:
-        while self._deadlines and self._deadlines[0][2] not in self._by_id:
+        """Drop the entries of ids no longer waiting, or waiting again since (another deadline)."""
+        while self._deadlines and ((item := self._by_id.get(self._deadlines[0][2])) is None or item.deadline != self._deadlines[0][0]):
             heapq.heappop(self._deadlines)
 
 

@@ -246,6 +246,31 @@ def test_a_drain_of_a_paused_class_tells_the_pauses_retry_after_not_the_drains()
     assert drained.retry_after_s < 90.0
 
 
+def test_a_paused_class_s_waiter_that_times_out_is_told_the_pause_s_retry_after():
+    """R2: a refusal that only an operator's action ends is told the class's queue_timeout_s at
+    the least. A waiter of a paused class that waits out its queue_timeout_s was told the drain's
+    estimate (1 s while another class drains fast) and, back after it, met 503 class_paused."""
+    adm = two_classes(budget=100, batch={"queue_timeout_s": 10.0})
+    for t in range(10):  # interactive drains fast: the drain's estimate is about a second
+        done = req("interactive", 100)
+        adm.offer(done, float(t))
+        adm.release(done.id, t + 0.5)
+    blocker = req("interactive", 100)
+    adm.offer(blocker, 10.0)
+    waiter = req("batch", 10)
+    assert isinstance(adm.offer(waiter, 10.0), Queue)
+    adm.pause("batch")
+    (expired,) = adm.advance(20.0).expired
+    assert expired.request.id == waiter.id and expired.reason is Reason.QUEUE_TIMEOUT
+    assert expired.retry_after_s is not None and expired.retry_after_s >= 10.0
+    # not paused, a timeout keeps the drain's own estimate
+    waiter = req("batch", 10)
+    adm.resume("batch")
+    assert isinstance(adm.offer(waiter, 20.0), Queue)
+    (expired,) = adm.advance(30.0).expired
+    assert expired.retry_after_s is not None and expired.retry_after_s < 10.0
+
+
 def test_release_is_exactly_once():
     adm = two_classes()
     r = req("batch", 100)

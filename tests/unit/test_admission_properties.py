@@ -308,3 +308,30 @@ def test_tenants_token_shares_converge_to_their_weights_within_10_percent(weight
     for name in names:
         expected = w[name] / total_w
         assert abs(shares[name] - expected) <= 0.10 * expected, (name, shares, w)
+
+
+@EXAMPLES
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(["push", "pop", "remove", "expire"]), st.sampled_from(["a", "b", "c"]), st.floats(0.0, 3.0)),
+        max_size=40,
+    )
+)
+def test_a_class_queue_expires_exactly_the_waiters_past_their_own_deadline(ops):
+    """`expire(now)` removes every waiter whose deadline is at or before `now` and no other, and
+    `next_deadline` is the earliest deadline of those waiting, also when an id that waited (and was
+    dispatched, removed or expired) waits again: its old deadline is not its new one."""
+    q = ClassQueue("c", depth=10, timeout_s=5.0)
+    now = 0.0
+    for op, rid, dt in ops:
+        now += dt
+        if op == "push" and rid not in q:
+            q.push(Request(rid, "c", "t", 1, 1, now), now)
+        elif op == "pop" and (item := q.select()) is not None:
+            q.pop(item)
+        elif op == "remove":
+            q.remove(rid)
+        elif op == "expire":
+            due = {w.request.id for w in q if w.deadline <= now}
+            assert {w.request.id for w in q.expire(now)} == due
+        assert q.next_deadline() == min((w.deadline for w in q), default=None)

@@ -1190,3 +1190,24 @@ def test_a_recorded_retune_of_the_controller_s_tuning_is_replayed() -> None:
 
     assert curve("")[:3] == [(0.0, 2048), (6.0, 1638), (11.0, 1310)]  # x0.8 a step
     assert curve(", decrease=0.5") == [(0.0, 2048), (6.0, 1024)]  # x0.5, to the floor at once
+
+
+def test_a_request_id_a_client_reused_is_replayed_as_the_separate_requests_it_was(tmp_path: Path) -> None:
+    """The gate takes a client's X-Request-Id as the request id, so a journal may hold one id on
+    many requests (a client that sends the same header each time, or a retry beside its first
+    try). Each row is its own arrival: keyed by the id, the replay crashed ("already holds a
+    reservation") on two at once, and the recorded column counted one outcome per id."""
+    path = _journal(tmp_path, n=120, duration=20.0, seed=3)
+    fresh = run_replay(load_window(path))
+    conn = sqlite3.connect(path)
+    admitted = dict(conn.execute("SELECT class, count(*) FROM decisions WHERE outcome = 'admitted' GROUP BY class").fetchall())
+    conn.execute("UPDATE decisions SET request_id = 'same-id'")
+    conn.commit()
+    conn.close()
+    window = load_window(path)
+    assert len({a.id for a in window.arrivals}) == len(window.arrivals) == 120
+    answer = run_replay(window)
+    recorded, replayed = answer["scenarios"][0]["classes"], answer["scenarios"][1]["classes"]
+    assert {c: f["admitted"] for c, f in recorded.items() if f["admitted"]} == admitted
+    assert replayed == fresh["scenarios"][1]["classes"]
+    assert recorded == fresh["scenarios"][0]["classes"]

@@ -17,7 +17,7 @@ import heapq
 import json
 import sqlite3
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -231,7 +231,7 @@ def _load(conn: sqlite3.Connection, path: str, since: float | None, until: float
     fit = fit_backend(rows, samples, config, since, learned_value)
     curve = tuple((s["ts"] - since, s["budget"]) for s in samples if s["budget"] is not None and since <= s["ts"] < until)
     notes += _changed_before(changes, since, float(cfg_row["ts"]), str(cfg_row["note"]))
-    lead = _lead(conn, backend, since, float(cfg_row["ts"]), names)
+    lead, arrivals = _distinct_ids(_lead(conn, backend, since, float(cfg_row["ts"]), names), arrivals)
     notes += _open_ends(conn, path, backend, since, until, lead, float(cfg_row["ts"]))
     notes += _losses(conn, backend, since, until, rows)
     return Window(
@@ -459,6 +459,27 @@ def _arrival(r: sqlite3.Row, since: float, classes: set[str]) -> Arrival:
         endpoint=r["endpoint"],
         duration_ms=r["duration_ms"] if ran else None,
     )
+
+
+def _distinct_ids(*groups: tuple[Arrival, ...]) -> tuple[tuple[Arrival, ...], ...]:
+    """`groups` with every arrival's id its own: the gate takes a client's X-Request-Id as the
+    request id, so many rows may carry one (a client sending the same header each time, a retry
+    beside its first try); the replay keys arrivals by id (two at once crashed it, and the
+    recorded column counted one outcome per id). A repeat gets `#2`, `#3`, ... (the first keeps its id)."""
+    seen: set[str] = set()
+    out = []
+    for group in groups:
+        kept = []
+        for a in group:
+            if a.id in seen:
+                n = 2
+                while f"{a.id}#{n}" in seen:
+                    n += 1
+                a = replace(a, id=f"{a.id}#{n}")
+            seen.add(a.id)
+            kept.append(a)
+        out.append(tuple(kept))
+    return tuple(out)
 
 
 def _lstsq(xs: list[list[float]], ys: list[float]) -> list[float] | None:
