@@ -1190,3 +1190,19 @@ def test_a_recorded_retune_of_the_controller_s_tuning_is_replayed() -> None:
 
     assert curve("")[:3] == [(0.0, 2048), (6.0, 1638), (11.0, 1310)]  # x0.8 a step
     assert curve(", decrease=0.5") == [(0.0, 2048), (6.0, 1024)]  # x0.5, to the floor at once
+
+
+# ---- a drain in the window (a post-incident trial, 2026-12-06) -------------------------------
+
+
+def test_a_recorded_drain_refuses_the_replayed_queue_and_each_arrival_keeps_an_outcome() -> None:
+    # A drain replayed over a queue refused its waiters in the core but gave them no outcome:
+    # `tokengate replay` of a journal with a drain mid-burst failed with KeyError: '<request id>'.
+    from gate.tools.replay.engine import Change
+
+    arrivals = synthetic_arrivals(300, 10.0, seed=3)
+    paused = [Change(2.0, "pause_class", "class:interactive", "True"), Change(6.0, "drain_class", "class:interactive", "0")]
+    outs = replay(CONFIG, FIT, arrivals, paused, until=11.0)
+    assert set(outs) == {a.id for a in arrivals}
+    drained = [o for o in outs.values() if o.reason == "drained"]
+    assert drained and not any(o.admitted for o in drained)
