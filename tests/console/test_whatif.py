@@ -68,6 +68,32 @@ def test_proposal_text_keeps_only_the_changed_lines() -> None:
         proposal_text("classes.batch.reserved_tokens=6\nclasses.batch.reserved_tokens=0", recorded)
 
 
+def test_the_form_offers_every_class_key_the_live_retune_edits() -> None:
+    # The retune form edits each class's TTFT objective ('TTFT obj. (ms|slo)') and the apply sends
+    # it, but the what-if's prefilled lines left it out (a post-incident trial had to guess the
+    # key's name): one line per class key of the retune, unset ones as `none`, and the prefilled
+    # form unchanged is no proposal.
+    from console.screens.retune import CLASS_SETTINGS
+    from gate.tools.replay import settable
+
+    config = dataclasses.replace(
+        CONFIG,
+        classes=tuple(dataclasses.replace(c, ttft_objective_ms=1500.0) if c.name == "batch" else c for c in CONFIG.classes),
+    )
+    pairs = dict(settable(config, 2048))
+    for c in config.classes:
+        assert {f"classes.{c.name}.{k}" for k in CLASS_SETTINGS} <= set(pairs), c.name
+    assert pairs["classes.batch.ttft_objective_ms"] == "1500"
+    assert pairs["classes.interactive.ttft_objective_ms"] == "none"
+    form = "\n".join(f"{k}={v}" for k, v in pairs.items())
+    assert proposal_text(form, pairs) == ""
+    edited = form.replace("classes.interactive.ttft_objective_ms=none", "classes.interactive.ttft_objective_ms=800")
+    text = proposal_text(edited, pairs)
+    assert text == "classes.interactive.ttft_objective_ms=800"
+    assert proposal_from_set(text, config).pinned == frozenset({"classes.interactive.ttft_objective_ms"})
+    assert retune_of(text).class_changes == {"ttft_objective_ms": 800.0}
+
+
 async def test_w_replays_the_window_under_an_edited_threshold(journal: Path) -> None:
     app = ReviewApp(journal)
     async with app.run_test(size=SIZE) as pilot:

@@ -1211,3 +1211,39 @@ def test_a_request_id_a_client_reused_is_replayed_as_the_separate_requests_it_wa
     assert {c: f["admitted"] for c, f in recorded.items() if f["admitted"]} == admitted
     assert replayed == fresh["scenarios"][1]["classes"]
     assert recorded == fresh["scenarios"][0]["classes"]
+
+
+# ---- a drain in the window (a post-incident trial, 2026-12-06) -------------------------------
+
+
+def test_a_recorded_drain_refuses_the_replayed_queue_and_each_arrival_keeps_an_outcome() -> None:
+    # A drain replayed over a queue refused its waiters in the core but gave them no outcome:
+    # `tokengate replay` of a journal with a drain mid-burst failed with KeyError: '<request id>'.
+    from gate.tools.replay.engine import Change
+
+    arrivals = synthetic_arrivals(300, 10.0, seed=3)
+    paused = [Change(2.0, "pause_class", "class:interactive", "True"), Change(6.0, "drain_class", "class:interactive", "0")]
+    outs = replay(CONFIG, FIT, arrivals, paused, until=11.0)
+    assert set(outs) == {a.id for a in arrivals}
+    drained = [o for o in outs.values() if o.reason == "drained"]
+    assert drained and not any(o.admitted for o in drained)
+
+
+def test_a_journal_whose_gate_never_stopped_and_nobody_holds_is_noted(tmp_path: Path) -> None:
+    # A copy of a journal a gate was writing (cp tokengate.db, without its -wal), or a gate killed
+    # with none after it: no `stopped` row, no lock holder. A trial's copy lacked the last 52
+    # decisions, and the replay said nothing.
+    path = _journal(tmp_path, n=40, duration=10.0)
+    conn = sqlite3.connect(path, isolation_level=None)
+    (first,) = conn.execute("SELECT min(ts) FROM decisions").fetchone()
+    _audit(conn, (first - 1.0, "gate", "started", "gate", "0.1.0"))
+    conn.close()
+    said = "without its gate's 'stopped' row and no gate holds it"
+    assert any(said in n for n in load_window(path).notes)
+    # a window that ends well before the journal does lost nothing to it
+    assert not any(said in n for n in load_window(path, until=first + 2.0).notes)
+    conn = sqlite3.connect(path, isolation_level=None)
+    (last,) = conn.execute("SELECT max(ts) FROM decisions").fetchone()
+    _audit(conn, (last + 30.0, "gate", "stopped", "gate", ""))
+    conn.close()
+    assert not any(said in n for n in load_window(path).notes)  # it stopped cleanly

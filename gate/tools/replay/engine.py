@@ -360,7 +360,7 @@ def replay(
         elif payload.action == CONFIG_IN_FORCE:
             restart(payload, now)
         else:
-            _apply(payload, now, adm, controller, classes, state, advance)
+            _apply(payload, now, adm, controller, classes, state, advance, refused)
     # Still waiting when everything else ended: the window closed on them (counted as refused).
     for cls in adm.class_names:
         for w in list(adm.queue(cls)):
@@ -428,7 +428,14 @@ REPLAYED_ACTIONS = frozenset(
 
 
 def _apply(
-    change: Change, now: float, adm: Admission, controller: Any, classes: dict[str, ClassConfig], state: dict[str, Any], advance: Any
+    change: Change,
+    now: float,
+    adm: Admission,
+    controller: Any,
+    classes: dict[str, ClassConfig],
+    state: dict[str, Any],
+    advance: Any,
+    refused: Any,
 ) -> None:
     """One recorded operator change, as `gate.ops.control` applied it."""
     action, target = change.action, change.target
@@ -436,7 +443,8 @@ def _apply(
     if action in ("pause_class", "resume_class") and name in classes:
         adm.pause(name) if action == "pause_class" else adm.resume(name)
     elif action == "drain_class" and name in classes:
-        adm.drain(name, now)
+        for refusal in adm.drain(name, now):  # its waiters' outcome: 503 drained
+            refused(refusal)
     elif action in ("freeze", "unfreeze"):
         controller.freeze() if action == "freeze" else controller.unfreeze()
     elif action in ("set_budget", "restored") and target.startswith("backend:"):

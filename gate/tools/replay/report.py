@@ -461,7 +461,7 @@ def table_cells(answer: Mapping[str, Any]) -> tuple[list[str], list[tuple[list[s
 
 #: the retune form's thresholds (console/screens/retune.py), as the what-if offers them
 RETUNE_BUDGET_KEYS = ("min_tokens", "slo_ttft_p95_ms")
-RETUNE_CLASS_KEYS = ("reserved_tokens", "limit_tokens", "queue_depth", "queue_timeout_s", "default_max_tokens")
+RETUNE_CLASS_KEYS = ("reserved_tokens", "limit_tokens", "queue_depth", "queue_timeout_s", "default_max_tokens", "ttft_objective_ms")
 
 
 def settable(config: Config, ceiling: int | None = None) -> list[tuple[str, str]]:

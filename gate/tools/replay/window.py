@@ -360,7 +360,33 @@ def _open_ends(
             f"a gate is writing this journal ({writer}) and journals a request when it ends: requests still running are not "
             f"in the window yet; for a complete window give --until a moment at least the longest request ago ({longest_s:.0f} s)"
         )
+    elif writer is None:
+        notes += _never_stopped(conn, until, longest_s)
     return notes
+
+
+def _never_stopped(conn: sqlite3.Connection, until: float, longest_s: float) -> list[str]:
+    """A journal whose last gate never wrote `stopped` and that no gate holds, read up to its
+    end: that gate was killed with no gate after it (no `unclean_end` row tells), or the file is
+    a copy of a journal a gate was writing. A post-incident trial copied tokengate.db off a
+    running gate without its -wal: the copy lacked the last 52 decisions, and nothing said so."""
+    life = conn.execute(
+        "SELECT action FROM audit WHERE target = 'gate' AND action IN ('started', 'stopping', 'stopped') ORDER BY ts DESC, id DESC LIMIT 1"
+    ).fetchone()
+    if life is None or life["action"] == "stopped":
+        return []
+    (last,) = conn.execute(
+        "SELECT max(t) FROM (SELECT max(ts) t FROM samples UNION ALL SELECT max(ts) FROM audit "
+        "UNION ALL SELECT max(ts + coalesce(duration_ms, 0) / 1000.0) FROM decisions)"
+    ).fetchone()
+    if last is None or until + max(KILL_SLACK_S, longest_s) < last:
+        return []  # the window ends well before the journal does: nothing it holds was cut off
+    return [
+        f"the journal ends at {_hms(last)} without its gate's 'stopped' row and no gate holds it: that gate was killed "
+        "(requests in flight then were never journaled), or this is a copy of a journal a gate was writing (requests "
+        "running then are not in it, and a copy without its -wal file lacks the rows since the last checkpoint: copy "
+        "it with sqlite3's .backup); counts near its end may be short"
+    ]
 
 
 #: the audit row a gate writes at start when the gate before it on the journal never wrote
