@@ -493,14 +493,17 @@ def _distinct_ids(*groups: tuple[Arrival, ...]) -> tuple[tuple[Arrival, ...], ..
     beside its first try); the replay keys arrivals by id (two at once crashed it, and the
     recorded column counted one outcome per id). A repeat gets `#2`, `#3`, ... (the first keeps its id)."""
     seen: set[str] = set()
+    tried: dict[str, int] = {}  # per repeated id, the last suffix given: one id on every row of a
+    # 100,000-decision window is 100,000 renames, not 5e9 looks (counting up from #2 each time)
     out = []
     for group in groups:
         kept = []
         for a in group:
             if a.id in seen:
-                n = 2
+                n = tried.get(a.id, 1) + 1
                 while f"{a.id}#{n}" in seen:
                     n += 1
+                tried[a.id] = n
                 a = replace(a, id=f"{a.id}#{n}")
             seen.add(a.id)
             kept.append(a)
