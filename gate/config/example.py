@@ -160,7 +160,8 @@ aging_s = 5.0
 keep_slots = true
 
 # One [classes.NAME] table per priority class; names use a-z 0-9 _ -. Without any [classes],
-# these two are the defaults. Defining any class replaces both defaults.
+# these two are built in as written here, except that neither reserves nor limits tokens
+# (interactive's reserved_tokens 0, batch's limit_tokens unset). Defining any class replaces both.
 [classes.interactive]
 # Higher is served first. Required for every class you define.
 priority = 10
