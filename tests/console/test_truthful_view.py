@@ -479,7 +479,7 @@ def test_the_backend_line_says_why_in_flight_is_above_the_budget():
     from console.widgets.slots import backend_line
 
     stretched = backend_line(_backend(budget=512, in_flight=1800, stretched_to=1812), compact=False).plain
-    assert "budget 512/2,048 stretched to 1,812 (aged)  in-flight 1,800" in stretched
+    assert "budget 512/2,048 stretched to 1,812 (aged or min rate)  in-flight 1,800" in stretched
     assert "stretched" not in backend_line(_backend(), compact=False).plain
 
 
