@@ -81,7 +81,7 @@ def backend_line(b: BackendView, compact: bool) -> Text:
         line.append(kv, "bold yellow" if b.kv_source == "assumed" else "dim")
         line.append(f"  budget {_n(b.budget)}/{_n(b.ceiling)}")
         if b.stretched_to is not None:  # in-flight above the budget: say why
-            line.append(f" stretched to {b.stretched_to:,} (aged)", "yellow")
+            line.append(f" stretched to {b.stretched_to:,} (aged or min rate)", "yellow")
         line.append(f"  in-flight {b.in_flight:,}")
 
         line.append(f"  queued {b.queued}", "bold yellow" if b.queued else "")

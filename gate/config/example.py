@@ -148,9 +148,10 @@ min_samples = 20
 # With its turn a request stops yielding its prefill, and no class borrows
 # past its reserved_tokens until it has started. An operator's budget (static mode, or the
 # controller frozen) still holds. The adaptive controller's budget is an estimate, not a
-# limit: a request larger than it waits instead of a 429, and once aged it may start above
-# it (never above the ceiling), so the controller at min_tokens cannot starve large
-# requests. 0 = off. Default 5.
+# limit: a request larger than it waits instead of a 429, and once aged (or with its class's
+# minimum-rate turn, when its TTFT objective ends before it could age) it may start above
+# it (never above the ceiling), so the controller at min_tokens cannot starve a class. Off
+# with 0. Default 5.
 aging_s = 5.0
 # Priority when nobody waits: a lower class does not take the free slots that the higher
 # classes' recent arrivals (their rate over the last ~10 s x their mean slot hold) say they will
@@ -160,7 +161,8 @@ aging_s = 5.0
 keep_slots = true
 
 # One [classes.NAME] table per priority class; names use a-z 0-9 _ -. Without any [classes],
-# these two are the defaults. Defining any class replaces both defaults.
+# these two are built in as written here, except that neither reserves nor limits tokens
+# (interactive's reserved_tokens 0, batch's limit_tokens unset). Defining any class replaces both.
 [classes.interactive]
 # Higher is served first. Required for every class you define.
 priority = 10

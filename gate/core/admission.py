@@ -66,7 +66,10 @@ controller sitting at its floor cannot starve a class of large requests:
   E2. an aged waiter's F1 is checked against max(budget, cost + the other classes'
       reservations): the smallest budget at which it could run, never above the
       ceiling. It starts once the others are back within their reservations (they
-      may not borrow while it waits), one such request at a time;
+      may not borrow while it waits), one such request at a time. So is a request with
+      its turn (G1) whose class's TTFT objective ends before it could age (T2 would refuse
+      it first: #25, the controller at its floor, the interactive reservation on a
+      2,048-token pool, left batch nothing, and batch started 0 of 181 with every slot free);
   E3. while it runs, that stretched budget is F1's budget for everyone (`effective_budget`),
       so the other classes keep their reservations beside it; it ends with its release.
 
@@ -617,6 +620,20 @@ class Admission:
     def aged(self, item: Waiting, now: float) -> bool:
         return self.aging_s is not None and now - item.enqueued_at >= self.aging_s
 
+    def _stretched_turn(self, request: Request, since: float, now: float) -> bool:
+        """E2 for a request with its turn (G1) that waits (or would wait) since `since`: it is aged,
+        or its class's TTFT objective ends before it could age: T2 refuses it first, so waiting
+        for aging would starve the class whenever the controller's budget leaves it nothing (#25:
+        the controller at its floor, the interactive reservation, on a 2,048-token pool; batch
+        started 0 of 181 in 60 s with every slot free)."""
+        aging = self.aging_s
+        if aging is None:
+            return False
+        if now - since >= aging:
+            return True
+        objective_ms = self.objective_ms(request.cls)
+        return objective_ms is not None and objective_ms > 0 and request.objective_from + objective_ms / 1000.0 < since + aging
+
     def _aged_waiting(self, now: float) -> bool:
         """Does a waiter with its turn (G1) wait?"""
         if self.aging_s is None:
@@ -892,8 +909,9 @@ class Admission:
         turn = self._newcomer_turn(entry, now)  # G1 (b)
         if not entry.queue:
             others = self._aged_waiting(now)
-            if self._newcomer_block(entry, request, turn, others) is None:
-                return self._start(request, now, turn=turn and not others)
+            if self._newcomer_block(entry, request, turn, others, now) is None:
+                first = turn and not others
+                return self._start(request, now, turn=first, aged=first and self._stretched_turn(request, now, now))
         refusal = self._refused_to_wait(entry, request, now, turn)
         if refusal is not None:
             return refusal
@@ -922,7 +940,7 @@ class Admission:
         if self._beyond_budget(request) and not self._stretches():
             return None
         turn = self._newcomer_turn(entry, now)
-        if not entry.queue and self._newcomer_block(entry, request, turn, self._aged_waiting(now)) is None:
+        if not entry.queue and self._newcomer_block(entry, request, turn, self._aged_waiting(now), now) is None:
             return None
         refusal = self._refused_to_wait(entry, request, now, turn)
         if refusal is not None:
@@ -941,11 +959,12 @@ class Admission:
         self._now = max(self._now, now)
         self._arrivals[request.cls] = (self.demand(request.cls, now) + 1.0 / DEMAND_WINDOW_S, now)
 
-    def _newcomer_block(self, entry: _Class, request: Request, turn: bool, others: bool) -> Block | None:
+    def _newcomer_block(self, entry: _Class, request: Request, turn: bool, others: bool, now: float) -> Block | None:
         """What keeps a newcomer of a class with no waiters from starting now (None: it starts);
         `others`: a waiter of another class has its turn (`_aged_waiting`)."""
         if turn and not others:  # G2: with its turn and nobody else's, it does not yield
-            return self.blocker(request, aged=True, stretch=False)  # E2 waits for aging
+            # E2 waits for aging, unless the objective refuses it first
+            return self.blocker(request, aged=True, stretch=self._stretched_turn(request, now, now))
         return self.blocker(request, own_share_only=self._yield_to_higher(entry) or others)
 
     def _refused_to_wait(self, entry: _Class, request: Request, now: float, turn: bool) -> Refuse | None:
@@ -1087,7 +1106,8 @@ class Admission:
             for w in self._aged(now):
                 if w.request.id in skip:
                     continue
-                block = self.blocker(w.request, aged=True, stretch=self.aged(w, now))
+                stretch = self._stretched_turn(w.request, w.enqueued_at, now)
+                block = self.blocker(w.request, aged=True, stretch=stretch)
                 miss = None if block is not None else self._misses(w.request, now)
                 if miss is not None:
                     self._classes[w.request.cls].queue.remove(w.request.id)
@@ -1096,7 +1116,7 @@ class Admission:
                 if block is None:
                     self._classes[w.request.cls].queue.remove(w.request.id)
                     self._met.append(self.ledger.prefilling)  # T4
-                    admitted.append(self._start(w.request, now, turn=True, aged=self.aged(w, now)))
+                    admitted.append(self._start(w.request, now, turn=True, aged=stretch))
                     break
                 if block in _AGED_WAITS:
                     return True, block is Block.SLOTS
@@ -1441,7 +1461,7 @@ def check_aged(adm: Admission, now: float) -> None:
     """A3, right after `advance(now)`: no waiter with its turn (G1) of an unpaused class fits,
     aged or by its class's minimum rate."""
     for w in adm._aged(now):
-        block = adm.blocker(w.request, aged=True, stretch=adm.aged(w, now))
+        block = adm.blocker(w.request, aged=True, stretch=adm._stretched_turn(w.request, w.enqueued_at, now))
         assert block is not None, f"A3 waiter {w.request.id} with its turn left waiting though it fits"
         if block in _AGED_WAITS:
             return  # the oldest waiter with its turn is held by shared capacity: nothing younger may pass it

@@ -479,7 +479,7 @@ def test_the_backend_line_says_why_in_flight_is_above_the_budget():
     from console.widgets.slots import backend_line
 
     stretched = backend_line(_backend(budget=512, in_flight=1800, stretched_to=1812), compact=False).plain
-    assert "budget 512/2,048 stretched to 1,812 (aged)  in-flight 1,800" in stretched
+    assert "budget 512/2,048 stretched to 1,812 (aged or min rate)  in-flight 1,800" in stretched
     assert "stretched" not in backend_line(_backend(), compact=False).plain
 
 
@@ -627,3 +627,19 @@ def test_each_kv_reserved_line_names_its_backend_when_there_are_several():
     # one backend: the line stays as it was (the name is in the header and capacity panel)
     alone = render_panel(SimpleNamespace(gpu=None, backends=(tiny,)), compact=False).plain
     assert "KV reserved ███" in alone and "local/tiny" not in alone
+
+
+def test_the_decision_tail_shows_the_ttft_the_client_saw_from_arrival():
+    """#25 (a user's overload trial): a request that waited 1,482 ms in the queue and got its
+    first token 1,943 ms after dispatch reached its client after 3,434 ms; the tail showed 1,943
+    (the journal's ttft_ms, from dispatch) under "TTFT ms", beside a "met" judged from arrival, and
+    the narrow table has no queue column to add. The tail shows the arrival figure; a row of a
+    journal older than that column keeps the dispatch one."""
+    import dataclasses
+
+    from console.widgets.decisions import decision_cells
+
+    waited = dataclasses.replace(decision("interactive"), queue_ms=1482.0, ttft_ms=1943.0, ttft_arrival_ms=3434.0)
+    assert decision_cells(waited)["ttft"] == "3,434"
+    assert decision_cells(dataclasses.replace(waited, ttft_arrival_ms=None))["ttft"] == "1,943"
+    assert decision_cells(dataclasses.replace(waited, ttft_ms=None, ttft_arrival_ms=None))["ttft"] == ""

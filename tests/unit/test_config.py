@@ -787,3 +787,19 @@ def test_a_secret_in_the_wrong_place_is_never_echoed(text: str, key: str) -> Non
     err = error_of(text)
     assert err.key == key, str(err)
     assert "s3cret" not in str(err), str(err)
+
+
+def test_the_example_says_how_its_classes_differ_from_the_built_in_ones() -> None:
+    """#25 (a user's evaluation): the example said "Without any [classes], these two are the
+    defaults", but a config with only a backend got interactive without its 1,024 reserved tokens
+    and batch without its 16,384 limit. The comment now names exactly those differences."""
+    from dataclasses import replace
+
+    example = parse_config(EXAMPLE_CONFIG, "example")
+    built_in = parse_config('[[backends]]\nurl = "http://127.0.0.1:8080"\n', "only a backend")
+    comment = EXAMPLE_CONFIG.split("[classes.interactive]")[0]
+    assert "interactive's reserved_tokens 0" in comment and "batch's limit_tokens unset" in comment
+    unreserved = {c.name: replace(c, reserved_tokens=0, limit_tokens=None) for c in example.classes}
+    assert {c.name: c for c in built_in.classes} == unreserved
+    assert example.class_by_name("interactive").reserved_tokens != 0
+    assert example.class_by_name("batch").limit_tokens is not None

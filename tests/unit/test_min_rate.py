@@ -352,3 +352,42 @@ def test_negative_control_without_the_minimum_rate_for_unaged_waiters_batch_is_s
             if any("batch starved" in f for f in failed):
                 starved.append(seed)
         assert len(starved) >= 3, (make.__name__, aging_s, starved)
+
+
+def test_the_minimum_rate_stretches_a_controller_budget_that_leaves_the_class_nothing():
+    """#25, on the real host: the controller closed to its floor, 1,024 tokens on a 2,048-token
+    pool, which is the interactive reservation: batch could reach 0 tokens, its waiters never aged
+    (the 2 s objective refused them first, after ~1.9 s) and so never got E2's stretch; batch
+    started 0 of 181 in 60 s with every slot free. Its minimum-rate turn (G1 b) now stretches the
+    budget as an aged waiter's does, because it could never age: one start per aging_s."""
+    classes = [
+        ObjCls("interactive", 10, reserved_tokens=1024, queue_timeout_s=10.0, ttft_objective_ms=2000.0),
+        ObjCls("batch", 1, queue_depth=256, queue_timeout_s=120.0, ttft_objective_ms=2000.0),
+    ]
+    adm = Admission(
+        classes,
+        Capacity(slots=4, slot_context=2048, ceiling=2048),
+        budget=1024,
+        aging_s=5.0,
+        budget_elastic=lambda: True,
+        expected_ttft=lambda r, p: 0.3,
+    )
+    adm.holds.min_holds = 1
+    warm = req("interactive", 200, at=0.0)
+    assert isinstance(adm.offer(warm, 0.0), Admit)
+    adm.release(warm.id, 1.0)  # one hold measured
+    starts: list[float] = []
+    t = 1.0
+    while t < 61.0:
+        t = round(t + 0.25, 2)
+        decisions = [adm.offer(req("batch", 200, at=t), t), *adm.advance(t).admitted]
+        check_invariants(adm)
+        check_aged(adm, t)
+        for d in decisions:
+            if isinstance(d, Admit):
+                starts.append(t)
+                adm.release(d.request.id, t)  # served at once: only the budget held batch back
+    assert adm.effective_budget == 1024  # every stretch ended with its request
+    windows = [sum(1 for s in starts if w <= s < w + 10.0) for w in range(1, 61, 10)]
+    assert all(n >= 1 for n in windows), windows  # never starved in a 10 s window
+    assert len(starts) <= 60 / 5.0 + 1  # a bounded share: one per aging_s, not a free-for-all
