@@ -3,7 +3,7 @@
 "TTFT ms" is the time to first token from the request's arrival (its queue wait included), as
 the client measures it and as the classes table's "met" judges it.
 
-Rows are keyed by request id and appended as they arrive; the table drops its
+Rows are keyed by request id and end time (`_row_key`) and appended as they arrive; the table drops its
 oldest rows back to MAX_ROWS once it grows SLACK rows past it (a view scrolled
 back keeps its rows in view). A tick adds at most MAX_NEW_ROWS_PER_TICK rows
 (its newest): at hundreds of requests per second nobody reads every row; the
