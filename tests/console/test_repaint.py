@@ -66,7 +66,7 @@ async def test_ticks_with_new_decisions_neither_lay_out_nor_redraw_the_whole_scr
                 record(gate, newest)
             await app.tick()
             await pilot.pause()
-            assert table.scroll_y == table.max_scroll_y and table.row_keys[-1] == newest.request_id, tick
+            assert table.scroll_y == table.max_scroll_y and app.decisions.visible_request_ids[-1] == newest.request_id, tick
         assert layouts.count(False) == 0  # no re-arrangement of the screen
         assert full == []  # the terminal gets the changed lines only
         assert len(dirty) <= 10  # one screen update a tick
