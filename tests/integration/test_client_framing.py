@@ -1,4 +1,4 @@
-"""What real clients send that hand-written tests do not: HTTP/1.0.
+"""What real clients send that hand-written tests do not: HTTP/1.0, compressed request bodies.
 
 Real gate (open mode) in front of the real llama-server, over raw sockets where httpx
 cannot speak the protocol asked for.
@@ -8,17 +8,23 @@ cannot speak the protocol asked for.
   llama-server answers a whole JSON body with Content-Length; the gate, which writes its
   whole answers (assembled, relayed plain, or its own errors) after the journal commit,
   sent them chunked without a length: the client read `2d9\\r\\n{...}\\r\\n0\\r\\n\\r\\n`.
+* `Content-Encoding` on a request body: llama-server reads none (415). The gate ignored the
+  header: a gzip body was a misleading 400 "not valid UTF-8", and a plain body labelled
+  `br` was admitted, reserved and forwarded with its label, to be answered 415 by
+  llama-server ("backend answered 415", journaled as upstream_error).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 
+import httpx
 import pytest
 
-from tests.integration.gate_harness import released, running_gate
-from tests.integration.hardening import CHAT, chat, record_of
+from tests.integration.gate_harness import ledger_total, released, running_gate
+from tests.integration.hardening import CHAT, chat, record_of, still_serves
 
 pytestmark = pytest.mark.llama
 
@@ -73,4 +79,34 @@ async def test_http10_through_the_gate_reads_as_straight_to_llama_server(llama_s
         for _, fields, body in (straight, through):
             assert_unchunked(fields, body)
             assert json.loads(body)["object"] == "chat.completion"
+        await released(gate)
+
+
+ENCODED = [
+    pytest.param(gzip.compress(json.dumps(chat(4)).encode()), "gzip", id="gzip-body"),
+    pytest.param(json.dumps(chat(4)).encode(), "br", id="plain-body-labelled-br"),
+    pytest.param(json.dumps(chat(4)).encode(), "gzip, identity", id="list-of-codings"),
+]
+
+
+@pytest.mark.parametrize(("content", "coding"), ENCODED)
+async def test_encoded_request_body_is_415_before_admission(llama_split, content, coding):
+    async with running_gate(llama_split.url, kv="split") as gate, httpx.AsyncClient(timeout=30) as client:
+        headers = {"Content-Type": "application/json", "Content-Encoding": coding, "X-Request-Id": "squeezed"}
+        r = await client.post(gate.url + CHAT, content=content, headers=headers)
+        assert r.status_code == 415, r.text
+        err = r.json()["error"]
+        assert (err["code"], err["param"]) == ("invalid_request", "content-encoding"), err
+        assert "Content-Encoding" in err["message"] and "127.0.0.1" not in r.text, err
+        record = await record_of(gate, "squeezed")
+        # the client's fault, refused before admission: never forwarded, never "failed"
+        assert (record.outcome, record.reason, record.http_status, record.reserved_tokens) == ("refused", "invalid_request", 415, 0)
+        assert ledger_total(gate) == 0
+        await still_serves(gate, client, headers={})
+
+
+async def test_identity_content_encoding_is_forwarded(llama_split):
+    async with running_gate(llama_split.url, kv="split") as gate, httpx.AsyncClient(timeout=30) as client:
+        r = await client.post(gate.url + CHAT, json=chat(4), headers={"Content-Encoding": "Identity"})
+        assert r.status_code == 200, r.text
         await released(gate)
