@@ -110,3 +110,24 @@ async def test_identity_content_encoding_is_forwarded(llama_split):
         r = await client.post(gate.url + CHAT, json=chat(4), headers={"Content-Encoding": "Identity"})
         assert r.status_code == 200, r.text
         await released(gate)
+
+
+NOT_STARTED_FOR = [
+    pytest.param("/v1/embeddings", {"model": "tiny", "input": ["a", "b"]}, id="embeddings"),
+    pytest.param("/v1/rerank", {"model": "tiny", "query": "a", "documents": ["b"]}, id="rerank"),
+]
+
+
+@pytest.mark.parametrize(("path", "payload"), NOT_STARTED_FOR)
+async def test_llama_servers_own_error_answer_keeps_its_content_type(llama_split, path, payload):
+    """llama-server's refusal of an admitted request (501: a route it was not started for) is
+    relayed as it sent it: status, body and `Content-Type: application/json; charset=utf-8`
+    (the gate wrote its own `application/json` over it)."""
+    async with running_gate(llama_split.url, kv="split") as gate, httpx.AsyncClient(timeout=30) as client:
+        straight = await client.post(llama_split.url + path, json=payload)
+        through = await client.post(gate.url + path, json=payload)
+        assert straight.status_code == through.status_code == 501, (straight.text, through.text)
+        assert through.headers.get_list("content-type") == straight.headers.get_list("content-type"), through.headers
+        assert through.json() == straight.json()
+        assert through.headers["content-length"] == str(len(through.content))
+        await released(gate)
