@@ -78,6 +78,8 @@ HOP_BY_HOP = frozenset(
 # On an admitted answer the gate writes the body (a relayed stream, or an assembled answer):
 # llama-server's framing headers describe another body.
 _REBUILT = frozenset({b"content-length", b"content-encoding", b"content-type", b"cache-control"})
+# llama-server's error answer is relayed whole: only its framing is the gate's to write.
+_FRAMING = frozenset({b"content-length", b"content-encoding"})
 
 
 def is_redirect(status: int) -> bool:
@@ -265,7 +267,8 @@ class Upstream:
                 status=response.status_code,
                 body=raw[:65536] or None,
             )
-            err.headers = relayed_headers(response.headers, rebuilt=True)
+            # its own head, its content type as spelled (application/json; charset=utf-8), not the framing
+            err.headers = [(k, v) for k, v in relayed_headers(response.headers) if k.lower() not in _FRAMING]
             raise err
         return response
 

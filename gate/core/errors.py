@@ -148,5 +148,7 @@ def render(err: GateError, shape: ErrorShape = "openai") -> tuple[int, list[tupl
     shaped = anthropic_error_object(err) if shape == "anthropic" else error_object(err)
     body = err.body if err.body is not None else json.dumps(shaped).encode()
     if err.body is not None:
+        if any(k.lower() == b"content-type" for k, _ in err.headers):
+            headers.pop(0)  # llama-server's own content type, as it sent it
         headers.extend(err.headers)  # llama-server's answer: its headers too (no framing ones)
     return err.status, headers, body

@@ -85,6 +85,7 @@ class ForwardEndpoint:
         gate = self.gate
         given = request.headers.get("x-request-id", "")
         request_id = given if 0 < len(given) <= 64 and given.isascii() and given.isprintable() else self.new_id()
+        request.state.request_id = request_id  # the gate's refusal names it too (server.py gate_error)
         t0, wall0 = gate.clock(), time.time()
         route, caller, backend = None, None, None
         try:

@@ -10,7 +10,8 @@ Order of checks (the first failure is the answer):
    unknown class, 403 ``class_not_allowed``). These come before anything in the body, so a
    caller without a valid key learns nothing about what the gate would accept.
 2. The headers the gate forwards: printable ASCII only (httpx, like any HTTP/1.1 client,
-   cannot send anything else), 400 ``invalid_request`` naming the header.
+   cannot send anything else), 400 ``invalid_request`` naming the header; a ``Content-Encoding``
+   other than identity is 415 (llama-server reads none: its own answer).
 3. The body (:mod:`gate.jsonbody`): UTF-8, JSON llama-server can read back (no NaN/Infinity or
    overflowing numbers, no duplicate keys, no lone surrogates, nesting at most
    :data:`MAX_JSON_DEPTH`), a JSON object. All 400 ``invalid_request``.
@@ -188,6 +189,7 @@ def parse_request(
         caller = tenants.identify(headers, client_host, None)
     try:
         check_headers(headers)
+        _check_content_encoding(headers)
         body = decode_body(raw)
         if caller is None:
             user = body.get("user") if open_user is None else open_user(body)
@@ -294,6 +296,20 @@ def _has_object(prompt: Any) -> bool:
 
 # --------------------------------------------------------------------------------------------
 # Helpers
+
+
+def _check_content_encoding(headers: Mapping[str, str]) -> None:
+    """415 for a compressed body, as llama-server answers it: it reads no Content-Encoding, and the
+    gate reads the body as JSON before admission (a gzip body was a misleading "not valid UTF-8";
+    a plain one labelled br was admitted, then refused by llama-server as "backend answered 415")."""
+    coding = headers.get("content-encoding", "").strip()
+    if coding and coding.lower() != "identity":
+        raise GateError(
+            Reason.INVALID_REQUEST,
+            f"request bodies with Content-Encoding: {coding} are not accepted; send the body uncompressed",
+            "content-encoding",
+            status=415,
+        )
 
 
 def _invalid(param: str, problem: str) -> GateError:

@@ -517,7 +517,7 @@ class _Flow:
         self._finish_ok()
         # The head of llama-server's plain answer: its JSON type, without its stream's X-Accel-Buffering.
         own = [(k, v) for k, v in relayed_headers(relay.response.headers, rebuilt=True) if k.lower() != b"x-accel-buffering"]
-        await self._start(200, [(b"Content-Type", _JSON), *own], relayed=True)
+        await self._start(200, [(b"Content-Type", _JSON), *own, _length(payload)], relayed=True)
         await self._last(payload)
 
     async def _relay_plain(self, relay: SseRelay) -> None:
@@ -529,6 +529,7 @@ class _Flow:
             [
                 (b"Content-Type", content_type.encode("latin-1") if content_type else _JSON),
                 *relayed_headers(relay.response.headers, rebuilt=True),
+                _length(payload),
             ],
             relayed=True,
         )
@@ -708,7 +709,7 @@ class _Flow:
 
     async def _guarded_start(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, *, relayed: bool) -> None:
         try:
-            await self._start(status, headers, relayed=relayed)
+            await self._start(status, [*headers, _length(body)], relayed=relayed)
             await self._last(body)
         except GateError:  # the client stalled while hearing its error: nothing more to tell it
             await abort(self.scope)
@@ -852,6 +853,12 @@ class _Flow:
             tpot_s=stats.tpot_s if stats is not None else None,
             objective_ms=self._objective_ms(cls),
         )
+
+
+def _length(body: bytes) -> tuple[bytes, bytes]:
+    """The Content-Length of an answer written whole, as llama-server frames its own: without it the
+    server chunks the body, which an HTTP/1.0 client (ApacheBench, `curl --http1.0`) cannot read."""
+    return (b"content-length", str(len(body)).encode())
 
 
 def _detail(err: GateError) -> str:

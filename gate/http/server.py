@@ -134,6 +134,9 @@ def build_app(gate: RequestPorts) -> ASGIApp:
         status, headers, body = render(exc, error_shape(request.url.path))  # count_tokens: Anthropic's
         if exc.body is not None:  # llama-server's own answer, relayed
             mark_relayed(request.scope)
+        request_id = getattr(request.state, "request_id", None)  # a forwarded route's: its journal row's id
+        if request_id is not None:
+            headers.append((b"x-request-id", request_id.encode()))
         return Response(body, status_code=status, headers={k.decode(): v.decode() for k, v in headers})
 
     async def not_found(request: Request, exc: Exception) -> Response:
