@@ -69,6 +69,10 @@ FleetFactory = Callable[..., Fleet]
 
 log = logging.getLogger("tokengate.backends")
 
+#: health probes in a row that must time out before a ready backend is marked down (a refused
+#: connection or an error answer marks it down at once)
+PROBE_TIMEOUTS_DOWN = 2
+
 BackendState = Literal["ready", "loading", "down", "unloaded", "sleeping"]  # the last two: router mode
 
 
@@ -186,6 +190,9 @@ class Backend:
     #: COUNTS_AT_ONCE at a time, each request looking again whether it must be refused once its
     #: turn comes), so that a burst is judged as it queues, not all of it against an empty queue
     counting: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(COUNTS_AT_ONCE))
+    #: health probes in a row that timed out (`BackendPool.probe`: a ready backend goes down on
+    #: the PROBE_TIMEOUTS_DOWN-th, not on one)
+    probe_timeouts: int = 0
 
     @property
     def name(self) -> str:
@@ -403,6 +410,17 @@ class BackendPool:
                         )
                     self.apply_capacity(backend, capacity_from_props(backend.props, backend.config, backend.layout))
                     backend.state, backend.detail = "ready", "ok"
+            backend.probe_timeouts = 0
+        except httpx.TimeoutException as exc:
+            backend.probe_timeouts += 1
+            if backend.state == "ready" and backend.probe_timeouts < PROBE_TIMEOUTS_DOWN:
+                # One probe that timed out is no verdict on a ready backend: the timeout counts the
+                # gate's own stalls too (a test run here, 2026-12-06: the loop of three gates stalled 2.28 s, each
+                # marked its healthy llama-server down and answered 503 no_backend until its next
+                # probe). A hung llama-server times out the next probe too, a second later.
+                log.info("backend %s: health probe timed out (%s); still ready until the next probe says so too", backend.name, exc)
+            else:
+                backend.state, backend.detail = "down", f"{type(exc).__name__}: {exc}"[:200]
         except (httpx.HTTPError, ValueError) as exc:
             backend.state, backend.detail = "down", f"{type(exc).__name__}: {exc}"[:200]
         if backend.fleet is not None:

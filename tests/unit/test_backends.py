@@ -100,3 +100,37 @@ async def test_probe_moves_through_loading_ready_and_down_and_builds_the_gatekee
     await p.probe(backend)
     assert backend.state == "down" and "ConnectError" in backend.detail
     assert backend.gatekeeper is not None  # kept: in-flight work still needs its ledger
+
+
+async def test_one_health_probe_that_times_out_leaves_a_ready_backend_ready_and_two_mark_it_down():
+    # A probe's timeout counts the gate's own stalls too: three gates whose loop stalled 2.28 s
+    # each marked a healthy llama-server down (503 no_backend to every caller until the next probe).
+    state = {"health": "ok"}
+
+    def fake_llama(request: httpx.Request) -> httpx.Response:  # a fake upstream (unit test only)
+        if request.url.path == "/health" and state["health"] == "timeout":
+            raise httpx.ReadTimeout("timed out", request=request)
+        if request.url.path == "/health" and state["health"] == "refused":
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(200, json={} if request.url.path == "/health" else PROPS)
+
+    p = pool('[[backends]]\nurl = "http://llama:8080"\nkv = "split"\n', fake_llama)
+    backend = p.backends[0]
+    await p.probe(backend)
+    assert backend.state == "ready"
+    state["health"] = "timeout"
+    await p.probe(backend)
+    assert backend.state == "ready" and backend.detail == "ok"  # one timeout: no verdict
+    state["health"] = "ok"
+    await p.probe(backend)
+    state["health"] = "timeout"
+    await p.probe(backend)
+    assert backend.state == "ready"  # the count starts again after an answer
+    await p.probe(backend)
+    assert backend.state == "down" and "ReadTimeout" in backend.detail  # a hung llama-server: the second in a row
+    state["health"] = "ok"
+    await p.probe(backend)
+    assert backend.state == "ready"
+    state["health"] = "refused"
+    await p.probe(backend)
+    assert backend.state == "down" and "ConnectError" in backend.detail  # a refused connection: at once
