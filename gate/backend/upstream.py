@@ -77,9 +77,9 @@ HOP_BY_HOP = frozenset(
 )
 # On an admitted answer the gate writes the body (a relayed stream, or an assembled answer):
 # llama-server's framing headers describe another body.
-_REBUILT = frozenset({b"content-length", b"content-encoding", b"content-type", b"cache-control"})
 # llama-server's error answer is relayed whole: only its framing is the gate's to write.
-_FRAMING = frozenset({b"content-length", b"content-encoding"})
+FRAMING = frozenset({b"content-length", b"content-encoding"})
+REBUILT = FRAMING | {b"content-type", b"cache-control"}
 
 
 def is_redirect(status: int) -> bool:
@@ -101,12 +101,13 @@ def redirect_error(response: httpx.Response, where: str) -> GateError:
     return GateError(Reason.UPSTREAM_ERROR, f"the backend answered a redirect ({response.status_code}); see the gate's log")
 
 
-def relayed_headers(upstream: httpx.Headers, *, rebuilt: bool = False) -> list[tuple[bytes, bytes]]:
+def relayed_headers(upstream: httpx.Headers, *, drop: frozenset[bytes] = frozenset()) -> list[tuple[bytes, bytes]]:
     """llama-server's response headers for the client (CORS, its own), repeats kept, names spelled
     as it sent them (the gate's transport writes them so: gate/http/clientguard.py); without the
-    hop-by-hop ones, and without the framing ones when the gate writes the body (`rebuilt`)."""
-    drop = HOP_BY_HOP | _REBUILT if rebuilt else HOP_BY_HOP
-    return [(k, v) for k, v in upstream.raw if k.lower() not in drop]
+    hop-by-hop ones, nor those in `drop` (lower case): REBUILT when the gate writes the body,
+    FRAMING when it relays llama-server's body whole but writes its length."""
+    dropped = HOP_BY_HOP | drop
+    return [(k, v) for k, v in upstream.raw if k.lower() not in dropped]
 
 
 @dataclass(slots=True)
@@ -268,7 +269,7 @@ class Upstream:
                 body=raw[:65536] or None,
             )
             # its own head, its content type as spelled (application/json; charset=utf-8), not the framing
-            err.headers = [(k, v) for k, v in relayed_headers(response.headers) if k.lower() not in _FRAMING]
+            err.headers = relayed_headers(response.headers, drop=FRAMING)
             raise err
         return response
 

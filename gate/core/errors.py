@@ -138,7 +138,10 @@ def anthropic_error_object(err: GateError) -> dict[str, object]:
 def render(err: GateError, shape: ErrorShape = "openai") -> tuple[int, list[tuple[bytes, bytes]], bytes]:
     """Status, headers (content type, Retry-After, connection) and body of the error response,
     in the caller's API shape (a backend's own body is relayed as it is, whatever the shape)."""
-    headers = [(b"content-type", b"application/json")]
+    # llama-server's answer relayed whole keeps its own content type, as it sent it
+    relayed = err.headers if err.body is not None else []
+    own_type = any(k.lower() == b"content-type" for k, _ in relayed)
+    headers = [] if own_type else [(b"content-type", b"application/json")]
     if err.retry_after_s is not None:
         headers.append((b"retry-after", str(max(1, math.ceil(err.retry_after_s))).encode()))
         headers.append((b"retry-after-ms", str(max(1, int(err.retry_after_s * 1000))).encode()))
@@ -147,8 +150,5 @@ def render(err: GateError, shape: ErrorShape = "openai") -> tuple[int, list[tupl
         headers.append((b"connection", b"close"))
     shaped = anthropic_error_object(err) if shape == "anthropic" else error_object(err)
     body = err.body if err.body is not None else json.dumps(shaped).encode()
-    if err.body is not None:
-        if any(k.lower() == b"content-type" for k, _ in err.headers):
-            headers.pop(0)  # llama-server's own content type, as it sent it
-        headers.extend(err.headers)  # llama-server's answer: its headers too (no framing ones)
+    headers.extend(relayed)  # llama-server's answer: its headers too (no framing ones)
     return err.status, headers, body

@@ -22,7 +22,7 @@ from starlette.types import Receive, Scope, Send
 from gate.backend.gatekeeper import Ticket
 from gate.backend.pool import Backend
 from gate.backend.tokens import TokenCount
-from gate.backend.upstream import EventFormat, RelayStats, SseRelay, forward_headers, relayed_headers, upstream_body
+from gate.backend.upstream import REBUILT, EventFormat, RelayStats, SseRelay, forward_headers, relayed_headers, upstream_body
 from gate.core.errors import GateError, Who, error_object, render
 from gate.core.ledger import Request
 from gate.core.reasons import CLIENT_DISCONNECT, SERVER_CANCELLED, Reason
@@ -487,7 +487,7 @@ class _Flow:
             [
                 (b"Content-Type", b"text/event-stream"),  # spelled as llama-server does
                 (b"Cache-Control", b"no-cache"),
-                *relayed_headers(relay.response.headers, rebuilt=True),
+                *relayed_headers(relay.response.headers, drop=REBUILT),
             ],
             relayed=True,
         )
@@ -516,7 +516,7 @@ class _Flow:
         payload = json.dumps(assemble(intake.kind, relay.chunks)).encode()
         self._finish_ok()
         # The head of llama-server's plain answer: its JSON type, without its stream's X-Accel-Buffering.
-        own = [(k, v) for k, v in relayed_headers(relay.response.headers, rebuilt=True) if k.lower() != b"x-accel-buffering"]
+        own = [(k, v) for k, v in relayed_headers(relay.response.headers, drop=REBUILT) if k.lower() != b"x-accel-buffering"]
         await self._start(200, [(b"Content-Type", _JSON), *own, _length(payload)], relayed=True)
         await self._last(payload)
 
@@ -528,7 +528,7 @@ class _Flow:
             200,
             [
                 (b"Content-Type", content_type.encode("latin-1") if content_type else _JSON),
-                *relayed_headers(relay.response.headers, rebuilt=True),
+                *relayed_headers(relay.response.headers, drop=REBUILT),
                 _length(payload),
             ],
             relayed=True,

@@ -70,6 +70,18 @@ def test_a_relayed_backend_answer_keeps_its_headers_and_the_gates_own_errors_add
     assert (b"x-ignored", b"1") not in render(own)[1]
 
 
+def test_a_relayed_answer_has_one_content_type_its_own_wherever_it_comes() -> None:
+    """llama-server's Content-Type (as it spelled it) replaces the gate's, in whatever place it
+    came; the gate's Retry-After stays beside it."""
+    relayed = GateError(Reason.UPSTREAM_ERROR, "backend answered 503", status=503, body=b"{}", retry_after_s=2.0)
+    relayed.headers = [(b"x-a", b"1"), (b"Content-Type", b"application/json; charset=utf-8")]
+    _, headers, _ = render(relayed)
+    assert [v for k, v in headers if k.lower() == b"content-type"] == [b"application/json; charset=utf-8"]
+    assert (b"retry-after", b"2") in headers and (b"x-a", b"1") in headers
+    relayed.headers = [(b"x-a", b"1")]  # none of its own: the gate's
+    assert [v for k, v in render(relayed)[1] if k.lower() == b"content-type"] == [b"application/json"]
+
+
 def test_retry_after_s_in_the_body_is_rounded_to_the_millisecond():
     """A fail_closed gate's body said "retry_after_s": 0.0030000000000001 (a fleet trial)."""
     _, headers, body = render(GateError(Reason.SHARED_LIMIT_UNAVAILABLE, "x", retry_after_s=0.0030000000000001))
