@@ -44,8 +44,13 @@ sys.path.insert(0, str(HERE.parent))
 
 from bench.overload import Gate, pct, start_llama  # noqa: E402
 from bench.served_in_time import _cpu_s, closed_loop_rate, gate_toml, sequential_ttfts  # noqa: E402
+from gate.config import parse_config  # noqa: E402
+from gate.config.example import EXAMPLE_CONFIG  # noqa: E402
 from tests.llama.make_model import cached_model  # noqa: E402
 from tests.llama.server import find_llama_server  # noqa: E402
+
+# the example config's slo_ttft_p95_ms: the objective of each of its classes without its own
+EXAMPLE_SLO_S = parse_config(EXAMPLE_CONFIG).budget.slo_ttft_p95_ms / 1000.0
 
 TRAIN = """
 import json, sys
@@ -72,7 +77,9 @@ def local_tokenizer(aiperf: Path, where: Path) -> Path:
     return where
 
 
-def run_aiperf(aiperf: Path, url: str, tokenizer: Path, rate: float, duration: float, out: Path, words: int, max_tokens: int) -> float:
+def run_aiperf(
+    aiperf: Path, url: str, tokenizer: Path, rate: float, duration: float, out: Path, words: int, max_tokens: int, seed: int
+) -> float:
     cmd = [
         str(aiperf),
         "profile",
@@ -108,6 +115,11 @@ def run_aiperf(aiperf: Path, url: str, tokenizer: Path, rate: float, duration: f
         "--no-auto-plot",
         "--artifact-dir",
         str(out),
+        # one seed for every cell: the same Poisson schedule and prompts straight and through the
+        # gate (without it a light cell's pair sent 80 and 59 requests, and one 6-request burst
+        # in 0.2 s, met by the gate's run only, made its TTFT p95 1.5 s against 0.26 s straight)
+        "--random-seed",
+        str(seed),
     ]
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     t = time.monotonic()
@@ -189,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--words", type=int, default=30)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--model-size", default="fast")
+    ap.add_argument("--seed", type=int, default=7, help="aiperf's --random-seed, the same for every cell (default 7)")
     ap.add_argument("--out", default=str(HERE / "results" / "aiperf_client.json"))
     args = ap.parse_args(argv)
     aiperf = Path(args.aiperf)
@@ -214,12 +227,16 @@ def main(argv: list[str] | None = None) -> int:
         "saturation_rps": saturation,
         "cells": {},
     }
-    cells = []
+    cells: list[tuple[str, float, bool | str]] = []
     if "light" in args.cells:
         cells += [("light, llama-server alone", args.light, False), ("light, gate (example)", args.light, True)]
     if "over" in args.cells:
         cells += [("3x, llama-server alone", args.over, False), ("3x, gate (example)", args.over, True)]
+        # the issue's own reading: the user sets the objective the table judges by (3x the
+        # unloaded p95) as the example's slo_ttft_p95_ms, every class's objective
+        cells += [("3x, gate (example, slo = objective)", args.over, "slo")]
     for name, x, via_gate in cells:
+        slo_ms = None
         # The straight cell at 3x left the 2-core host at load 12 (aiperf, 200 streams): the gate
         # cell that followed it ran on a host slower than its calibration, and 8% of its refusals
         # came after a wait, against 1.6-4.7% in four gate-only runs at load 1.4-2.5 (2026-12-05).
@@ -229,11 +246,16 @@ def main(argv: list[str] | None = None) -> int:
         try:
             url = srv.url
             if via_gate:
-                gate = Gate(gate_toml(srv.url, None), Path(tempfile.mkdtemp(prefix="tokengate-aiperf-"))).start()
+                slo_ms = objective_s * 1000 if via_gate == "slo" else None
+                gate = Gate(gate_toml(srv.url, slo_ms), Path(tempfile.mkdtemp(prefix="tokengate-aiperf-"))).start()
                 url = gate.url
             out = Path(tempfile.mkdtemp(prefix="aiperf-cell-"))
-            wall = run_aiperf(aiperf, url, tokenizer, x * saturation, args.duration, out, args.words, args.max_tokens)
+            wall = run_aiperf(aiperf, url, tokenizer, x * saturation, args.duration, out, args.words, args.max_tokens, args.seed)
             summary = summarise(read_records(out), objective_s, saturation, args.duration)
+            # and by the objective the gate itself worked to (the example's 2 s, or the one set)
+            own_s = (slo_ms / 1000 if slo_ms is not None else EXAMPLE_SLO_S) if via_gate else objective_s
+            summary["gate_objective_s"] = own_s
+            summary["within_gate_objective_of_served"] = summarise(read_records(out), own_s, saturation, args.duration)["within_of_served"]
             cell = {"summary": summary, "rate_rps": x * saturation, "aiperf_wall_s": round(wall, 1), "artifacts": str(out)}
             cell["loadavg_1m_before"] = cell_load
             if gate is not None and gate.proc is not None:
@@ -261,9 +283,9 @@ def settle(below: float = 2.0, most_s: float = 90.0) -> float:
 def print_table(report: dict) -> None:
     obj = report["objective_s"] * 1000
     print(
-        f"\n| cell (aiperf) | sent | served | 429 (decided at arrival) | other | TTFT p50 | TTFT p95 | within {obj:.0f} ms: of served / of sent / of ideal | gate's hold of a refusal, p95 | load 1m before / after |"
+        f"\n| cell (aiperf) | sent | served | 429 (decided at arrival) | other | TTFT p50 | TTFT p95 | within {obj:.0f} ms: of served / of sent / of ideal | within the gate's own objective, of served | gate's hold of a refusal, p95 | load 1m before / after |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, cell in report["cells"].items():
         s = cell["summary"]
 
@@ -271,10 +293,12 @@ def print_table(report: dict) -> None:
             return "-" if v is None else (f"{v:.2f} s" if unit == "s" else f"{v:.0%}")
 
         refusal = "-" if s["refusal_wait_p95_ms"] is None else f"{s['refusal_wait_p95_ms']:.0f} ms"
+        own_s = s.get("gate_objective_s")
+        own = "-" if own_s is None or "gate" not in name else f"{f(s.get('within_gate_objective_of_served'), '%')} ({own_s * 1000:.0f} ms)"
         print(
             f"| {name} | {s['sent']} | {s['served']} | {s['refused_429']} ({s['refused_at_arrival']}) | {s['other']} | "
             f"{f(s['ttft_p50_s'])} | {f(s['ttft_p95_s'])} | {f(s['within_of_served'], '%')} / {f(s['within_of_sent'], '%')} / "
-            f"{f(s['within_of_ideal'], '%')} | {refusal} | {cell.get('loadavg_1m_before', '-')} / {cell.get('loadavg_1m_after', '-')} |"
+            f"{f(s['within_of_ideal'], '%')} | {own} | {refusal} | {cell.get('loadavg_1m_before', '-')} / {cell.get('loadavg_1m_after', '-')} |"
         )
 
 
