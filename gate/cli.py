@@ -14,7 +14,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 from gate import __version__
 from gate.config import EXAMPLE_CONFIG, Config, ConfigError, load_config, parse_config
@@ -761,11 +761,18 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from gate.ops.lock import JournalLocked
     from gate.serve import serve_until_signalled  # the HTTP stack only when serving
 
-    if not _die_with_parent():
+    console_pid = _die_with_parent()
+    if console_pid is False:
         err.write("tokengate serve: the console that started this gate is gone\n")
         return EXIT_RUNTIME
     main = serve_until_signalled(
-        config, config_path=args.config, grace_s=args.grace, demo=args.demo, seed=args.seed, held_hangup=held_hangup
+        config,
+        config_path=args.config,
+        grace_s=args.grace,
+        demo=args.demo,
+        seed=args.seed,
+        held_hangup=held_hangup,
+        console_pid=console_pid,
     )
     try:
         try:
@@ -1115,19 +1122,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_RUNTIME
 
 
-def _die_with_parent() -> bool:
-    """A gate started by an embedded console drains (SIGTERM) when that console dies, even by
-    SIGKILL. False when that console is already gone."""
+def _die_with_parent() -> int | None | Literal[False]:
+    """A gate started by an embedded console drains when that console dies, even by SIGKILL:
+    the kernel sends it CONSOLE_GONE (its own signal, so that the audit says the console
+    ended rather than "signal SIGTERM"). The console's pid; None when no console started this
+    gate; False when that console is already gone."""
     parent = os.environ.pop("TOKENGATE_PARENT_PID", "")
     if not parent.isdigit() or not sys.platform.startswith("linux"):
-        return True
+        return None
     import ctypes
-    import signal
+
+    from gate.serve import CONSOLE_GONE
 
     PR_SET_PDEATHSIG = 1
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    return os.getppid() == int(parent)  # else the console died before the line above
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, CONSOLE_GONE)
+    if os.getppid() != int(parent):  # the console died before the line above
+        return False
+    return int(parent)
 
 
 def _silence_stdout() -> None:
