@@ -427,6 +427,10 @@ class GateService:
             self.metrics.set_channel("control_socket", self.control_server.listening)
         if self.control.overrides_path is not None:
             self.metrics.set_channel("overrides", self.control.keep_error is None)
+        control = self.control
+        self.metrics.set_operator_state(
+            (c.name for c in self.config.classes), paused=control.paused, frozen=control.frozen, overrides=len(control.overrides.lines())
+        )
 
     def refresh_inference_gauges(self) -> None:
         for b in self.backends:

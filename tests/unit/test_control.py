@@ -634,3 +634,33 @@ async def test_a_controller_step_that_raises_does_not_end_housekeeping(gate, mon
 async def _until(predicate) -> None:
     while not predicate():
         await asyncio.sleep(0.05)
+
+
+def metric(gate: GateService, series: str) -> float | None:
+    gate.refresh_metrics()
+    text = gate.metrics.render()[0].decode()
+    line = next((x for x in text.splitlines() if x.startswith(series + " ")), None)
+    return None if line is None else float(line.split()[-1])
+
+
+async def test_a_pause_and_a_freeze_are_metrics_a_dashboard_and_an_alert_can_see(gate):
+    """An ops trial paused batch and froze the controller at 3 a.m.; both are kept for restarts,
+    and nothing but the console's header showed them: /metrics had no word of a paused class
+    (its class_paused refusals only while traffic came), so a pause forgotten after the
+    incident held for days. Now each is a gauge (alert TokengateClassPausedLong)."""
+    from gate.data.commands import Pause
+
+    assert metric(gate, 'tokengate_class_paused{class="batch"}') == 0.0
+    assert metric(gate, "tokengate_controller_frozen") == 0.0
+    assert metric(gate, "tokengate_operator_overrides") == 0.0
+    gate.control.execute(Pause(cls="batch", paused=True), operator=ALICE)
+    gate.control.execute(Freeze(frozen=True), operator=ALICE)
+    assert metric(gate, 'tokengate_class_paused{class="batch"}') == 1.0
+    assert metric(gate, 'tokengate_class_paused{class="interactive"}') == 0.0
+    assert metric(gate, "tokengate_controller_frozen") == 1.0
+    assert metric(gate, "tokengate_operator_overrides") == len(gate.control.overrides.lines()) >= 2
+    gate.control.execute(Pause(cls="batch", paused=False), operator=ALICE)
+    gate.control.execute(Freeze(frozen=False), operator=ALICE)
+    assert metric(gate, 'tokengate_class_paused{class="batch"}') == 0.0
+    assert metric(gate, "tokengate_controller_frozen") == 0.0
+    assert metric(gate, "tokengate_operator_overrides") == 0.0
