@@ -218,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
             "Retunes, hand budgets, paused classes and the controller's freeze made at runtime are\n"
             "kept beside the journal (<journal>.overrides.json) and restored when the gate starts\n"
             "(a hand budget while the controller is frozen or static: an adaptive one moves it).\n"
-            "  show   list them (default)\n"
+            "  show   list them (default): the running gate's, and whether a restart would keep them\n"
             "  drop   back to the config file (on the running gate, audited; else the kept file goes)\n"
             "  write  write the retuned settings into --config (validated), so the file holds them;\n"
             "         paused classes, the freeze and hand budgets are runtime state and stay overrides"
@@ -443,6 +443,25 @@ def _cmd_overrides(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             "a gate keeps its overrides beside its [gate] journal: pass --config FILE (the gate's) or --journal FILE\n"
         )
         return EXIT_RUNTIME
+    if args.action == "show" and live:
+        # The running gate's word, not the file's: a write a full disk refused left the file
+        # behind (or absent: "the gate runs on its config file") while a pause and a freeze held.
+        async def ask() -> tuple[tuple[str, ...], str]:
+            link = await SocketLink.connect(socket_path, read_only=True, client="cli")
+            try:
+                snap = await link.snapshot()
+                return snap.overrides, snap.overrides_not_kept
+            finally:
+                await link.close()
+
+        lines, not_kept = asyncio.run(ask())
+        if not lines:
+            out.write(f"no runtime overrides: the gate on {socket_path} runs on its config file\n")
+        for line in lines:
+            out.write(line + "\n")
+        if lines and not_kept:
+            err.write(f"tokengate overrides: NOT kept for a restart ({not_kept}): a restart would revert them\n")
+        return EXIT_OK
     if damaged and args.action != "drop":
         err.write(
             f"tokengate overrides: {damaged}: what it holds cannot be shown or written; a running gate keeps "

@@ -402,6 +402,7 @@ class GateService:
             frozen=self.control.frozen,
             shutting_down=self.shutting_down,
             overrides=self.control.overrides.lines(),
+            overrides_not_kept=self.control.keep_error or "",
             requests_in_flight=self.in_flight_requests(),
             drain_grace_s=self.drain_grace_s,
             shared=self.shared_state,
