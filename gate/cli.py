@@ -418,7 +418,62 @@ def _cmd_config_set(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return EXIT_USAGE
     for key, value in edits:
         out.write(f"set {key} = {value!r} in {args.file}\n")
+    replaced = _retunes_a_reload_replaces(args.file)
+    if replaced:
+        # A trial's morning `config set` + `systemctl reload` quietly undid the night's console
+        # retunes (audited, toasted, but nobody who ran the reload was told before it).
+        err.write(
+            f"tokengate config set: note: the running gate holds runtime retunes that its next reload (SIGHUP) "
+            f"replaces with this file's values: {'; '.join(replaced)}; to keep them, first run "
+            f"`tokengate overrides write --config {args.file}`\n"
+        )
     return EXIT_OK
+
+
+def _retunes_a_reload_replaces(path: str) -> list[str]:
+    """The retunes (not pauses, the freeze or hand budgets, which a reload keeps) the gate running
+    on the config at `path` holds that the file now says otherwise; [] when no gate runs on it."""
+    import asyncio
+
+    from gate.ops.control_socket import is_live
+    from gate.ops.link import SocketLink
+    from gate.ops.overrides import _fmt
+
+    try:
+        config = load_config(path)
+    except ConfigError:
+        return []
+    socket_path = config.gate.control_socket_path()
+    if not socket_path or not is_live(socket_path):
+        return []
+
+    async def ask() -> tuple[str, ...]:
+        link = await SocketLink.connect(socket_path, read_only=True, client="cli")
+        try:
+            return (await link.snapshot()).overrides
+        finally:
+            await link.close()
+
+    try:
+        lines = asyncio.run(ask())
+    except OSError:  # it stopped meanwhile (LinkLost is a ConnectionError)
+        return []
+    classes = {c.name: c for c in config.classes}
+    replaced = []
+    for line in lines:
+        key, eq, value = line.partition("=")
+        parts = key.split(".")
+        if not eq or parts[0] not in ("budget", "classes"):
+            continue  # "batch paused", "controller frozen", "budget 4096 on default": kept by a reload
+        if parts[0] == "budget" and len(parts) == 2:
+            now = getattr(config.budget, parts[1], None)
+        elif len(parts) == 3 and parts[1] in classes:
+            now = getattr(classes[parts[1]], parts[2], None)
+        else:
+            now = None
+        if _fmt(now) != value:
+            replaced.append(line)
+    return replaced
 
 
 def _cmd_overrides(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
