@@ -14,7 +14,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 from gate import __version__
 from gate.config import EXAMPLE_CONFIG, Config, ConfigError, load_config, parse_config
@@ -218,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
             "Retunes, hand budgets, paused classes and the controller's freeze made at runtime are\n"
             "kept beside the journal (<journal>.overrides.json) and restored when the gate starts\n"
             "(a hand budget while the controller is frozen or static: an adaptive one moves it).\n"
-            "  show   list them (default)\n"
+            "  show   list them (default): the running gate's, and whether a restart would keep them\n"
             "  drop   back to the config file (on the running gate, audited; else the kept file goes)\n"
             "  write  write the retuned settings into --config (validated), so the file holds them;\n"
             "         paused classes, the freeze and hand budgets are runtime state and stay overrides"
@@ -418,7 +418,62 @@ def _cmd_config_set(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return EXIT_USAGE
     for key, value in edits:
         out.write(f"set {key} = {value!r} in {args.file}\n")
+    replaced = _retunes_a_reload_replaces(args.file)
+    if replaced:
+        # A trial's morning `config set` + `systemctl reload` quietly undid the night's console
+        # retunes (audited, toasted, but nobody who ran the reload was told before it).
+        err.write(
+            f"tokengate config set: note: the running gate holds runtime retunes that its next reload (SIGHUP) "
+            f"replaces with this file's values: {'; '.join(replaced)}; to keep them, first run "
+            f"`tokengate overrides write --config {args.file}`\n"
+        )
     return EXIT_OK
+
+
+def _retunes_a_reload_replaces(path: str) -> list[str]:
+    """The retunes (not pauses, the freeze or hand budgets, which a reload keeps) the gate running
+    on the config at `path` holds that the file now says otherwise; [] when no gate runs on it."""
+    import asyncio
+
+    from gate.ops.control_socket import is_live
+    from gate.ops.link import SocketLink
+    from gate.ops.overrides import _fmt
+
+    try:
+        config = load_config(path)
+    except ConfigError:
+        return []
+    socket_path = config.gate.control_socket_path()
+    if not socket_path or not is_live(socket_path):
+        return []
+
+    async def ask() -> tuple[str, ...]:
+        link = await SocketLink.connect(socket_path, read_only=True, client="cli")
+        try:
+            return (await link.snapshot()).overrides
+        finally:
+            await link.close()
+
+    try:
+        lines = asyncio.run(ask())
+    except OSError:  # it stopped meanwhile (LinkLost is a ConnectionError)
+        return []
+    classes = {c.name: c for c in config.classes}
+    replaced = []
+    for line in lines:
+        key, eq, value = line.partition("=")
+        parts = key.split(".")
+        if not eq or parts[0] not in ("budget", "classes"):
+            continue  # "batch paused", "controller frozen", "budget 4096 on default": kept by a reload
+        if parts[0] == "budget" and len(parts) == 2:
+            now = getattr(config.budget, parts[1], None)
+        elif len(parts) == 3 and parts[1] in classes:
+            now = getattr(classes[parts[1]], parts[2], None)
+        else:
+            now = None
+        if _fmt(now) != value:
+            replaced.append(line)
+    return replaced
 
 
 def _cmd_overrides(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -443,6 +498,25 @@ def _cmd_overrides(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             "a gate keeps its overrides beside its [gate] journal: pass --config FILE (the gate's) or --journal FILE\n"
         )
         return EXIT_RUNTIME
+    if args.action == "show" and live:
+        # The running gate's word, not the file's: a write a full disk refused left the file
+        # behind (or absent: "the gate runs on its config file") while a pause and a freeze held.
+        async def ask() -> tuple[tuple[str, ...], str]:
+            link = await SocketLink.connect(socket_path, read_only=True, client="cli")
+            try:
+                snap = await link.snapshot()
+                return snap.overrides, snap.overrides_not_kept
+            finally:
+                await link.close()
+
+        lines, not_kept = asyncio.run(ask())
+        if not lines:
+            out.write(f"no runtime overrides: the gate on {socket_path} runs on its config file\n")
+        for line in lines:
+            out.write(line + "\n")
+        if lines and not_kept:
+            err.write(f"tokengate overrides: NOT kept for a restart ({not_kept}): a restart would revert them\n")
+        return EXIT_OK
     if damaged and args.action != "drop":
         err.write(
             f"tokengate overrides: {damaged}: what it holds cannot be shown or written; a running gate keeps "
@@ -761,11 +835,18 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from gate.ops.lock import JournalLocked
     from gate.serve import serve_until_signalled  # the HTTP stack only when serving
 
-    if not _die_with_parent():
+    console_pid = _die_with_parent()
+    if console_pid is False:
         err.write("tokengate serve: the console that started this gate is gone\n")
         return EXIT_RUNTIME
     main = serve_until_signalled(
-        config, config_path=args.config, grace_s=args.grace, demo=args.demo, seed=args.seed, held_hangup=held_hangup
+        config,
+        config_path=args.config,
+        grace_s=args.grace,
+        demo=args.demo,
+        seed=args.seed,
+        held_hangup=held_hangup,
+        console_pid=console_pid,
     )
     try:
         try:
@@ -1115,19 +1196,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_RUNTIME
 
 
-def _die_with_parent() -> bool:
-    """A gate started by an embedded console drains (SIGTERM) when that console dies, even by
-    SIGKILL. False when that console is already gone."""
+def _die_with_parent() -> int | None | Literal[False]:
+    """A gate started by an embedded console drains when that console dies, even by SIGKILL:
+    the kernel sends it CONSOLE_GONE (its own signal, so that the audit says the console
+    ended rather than "signal SIGTERM"). The console's pid; None when no console started this
+    gate; False when that console is already gone."""
     parent = os.environ.pop("TOKENGATE_PARENT_PID", "")
     if not parent.isdigit() or not sys.platform.startswith("linux"):
-        return True
+        return None
     import ctypes
-    import signal
+
+    from gate.serve import CONSOLE_GONE
 
     PR_SET_PDEATHSIG = 1
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    return os.getppid() == int(parent)  # else the console died before the line above
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, CONSOLE_GONE)
+    if os.getppid() != int(parent):  # the console died before the line above
+        return False
+    return int(parent)
 
 
 def _silence_stdout() -> None:

@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import signal
 from collections.abc import Callable
 
 from gate.config import Config
 from gate.service import GateService
+
+#: What the kernel sends a gate whose embedded console died (PR_SET_PDEATHSIG, set by the CLI).
+#: Not SIGTERM: the audit said "signal SIGTERM" and a review went looking for who ran kill.
+CONSOLE_GONE = signal.SIGUSR2
 
 
 async def serve_until_signalled(
@@ -24,6 +29,7 @@ async def serve_until_signalled(
     demo: bool = False,
     seed: int = 7,
     held_hangup: Callable[[], bool] | None = None,
+    console_pid: int | None = None,
 ) -> int:
     """Run a gate until SIGTERM/SIGINT (then drain gracefully); SIGHUP re-reads the config.
 
@@ -31,6 +37,7 @@ async def serve_until_signalled(
     `tokengate console --demo` runs in its gate process).
     `held_hangup`: whether a SIGHUP came before the loop's handler (the CLI holds them while
     it starts); if so, the file is re-read once the gate runs.
+    `console_pid`: the embedded console that started this gate; CONSOLE_GONE drains it.
     """
     simulator = traffic = None
     extras = {}
@@ -56,6 +63,15 @@ async def serve_until_signalled(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop_because, f"signal {sig.name}")
     loop.add_signal_handler(signal.SIGHUP, lambda: gate.control.reload_file(config_path, operator=gate.operator))
+    if console_pid is not None:
+
+        def console_gone() -> None:
+            # The kernel sends it also when only a thread of the console ends (the gate is
+            # handed to another of its threads, the same pid): the console lives on then.
+            if os.getppid() != console_pid:
+                stop_because(f"console gone: the console that started this gate (pid {console_pid}) ended (killed or crashed)")
+
+        loop.add_signal_handler(CONSOLE_GONE, console_gone)
     try:
         await gate.start(port=0 if demo else None)  # the demo never fights a real gate for its port
     except BaseException:

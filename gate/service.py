@@ -402,6 +402,7 @@ class GateService:
             frozen=self.control.frozen,
             shutting_down=self.shutting_down,
             overrides=self.control.overrides.lines(),
+            overrides_not_kept=self.control.keep_error or "",
             requests_in_flight=self.in_flight_requests(),
             drain_grace_s=self.drain_grace_s,
             shared=self.shared_state,
@@ -427,6 +428,10 @@ class GateService:
             self.metrics.set_channel("control_socket", self.control_server.listening)
         if self.control.overrides_path is not None:
             self.metrics.set_channel("overrides", self.control.keep_error is None)
+        control = self.control
+        self.metrics.set_operator_state(
+            (c.name for c in self.config.classes), paused=control.paused, frozen=control.frozen, overrides=len(control.overrides.lines())
+        )
 
     def refresh_inference_gauges(self) -> None:
         for b in self.backends:

@@ -89,6 +89,9 @@ class GateHeader(Static):
             line.append("  ")
             shown = ", ".join(o.removeprefix("budget.").removeprefix("classes.") for o in snap.overrides)
             line.append(f" OVERRIDES {len(snap.overrides)}: {shown} ", "bold black on cyan")
+            if snap.overrides_not_kept:
+                # said once in a toast; the header said "OVERRIDES" as if a restart kept them
+                line.append(" NOT KEPT for a restart ", ALARM_BADGE)
         if snap is not None:
             banner = journal_banner(snap)
             if banner:

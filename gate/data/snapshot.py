@@ -211,6 +211,9 @@ class GateSnapshot:
     #: the operator's runtime changes in force over the config file (restored at a restart;
     #: dropped with the drop_overrides command or `tokengate overrides drop`)
     overrides: tuple[str, ...] = ()
+    #: why the overrides in force are not in their file (a full or read-only disk): a restart
+    #: would revert them; "" when kept (the gate retries the write every second)
+    overrides_not_kept: str = ""
 
     @property
     def budget(self) -> int | None:

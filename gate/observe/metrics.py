@@ -276,6 +276,25 @@ class GateMetrics:
             ["channel"],
             registry=r,
         )
+        # An operator's pause or freeze outlives the incident (kept for restarts): without these
+        # only the console's header showed it, never a dashboard or an alert (an ops trial).
+        self._paused = Gauge(
+            "tokengate_class_paused",
+            "1 while the operator has paused this class (new requests get 503 class_paused).",
+            ["class"],
+            registry=r,
+        )
+        self._frozen = Gauge(
+            "tokengate_controller_frozen",
+            "1 while the operator has frozen the adaptive controller (the budget stays where it was set).",
+            registry=r,
+        )
+        self._overrides = Gauge(
+            "tokengate_operator_overrides",
+            "Runtime changes in force that differ from the config file (retunes, hand budgets, pauses, the freeze): "
+            "`tokengate overrides` lists them.",
+            registry=r,
+        )
         self._commit_wait = Histogram(
             "tokengate_journal_commit_wait_seconds",
             "Time an answer's last bytes waited for its decision row's commit (DESIGN.md 5; bounded at 1 s): "
@@ -443,6 +462,16 @@ class GateMetrics:
 
     def set_channel(self, channel: str, up: bool) -> None:
         self._channel.labels(channel=channel).set(1 if up else 0)
+
+    def set_operator_state(self, classes: Iterable[str], *, paused: Iterable[str], frozen: bool, overrides: int) -> None:
+        """The operator's state in force: each configured class paused or not, the controller's
+        freeze, and how many overrides differ from the file."""
+        held = set(paused)
+        names = {self._cls(str(c)) for c in classes}
+        for name in names:
+            self._paused.labels(name).set(1 if name in held else 0)
+        self._frozen.set(1 if frozen else 0)
+        self._overrides.set(overrides)
 
     def set_gpu(self, gpu: str, *, used: int, total: int) -> None:
         self._gpu_memory.labels(str(gpu), "used").set(used)

@@ -46,6 +46,7 @@ class GateState:
     shared: str
     gpu: GpuReading | None
     overrides: tuple[str, ...] = ()  # the operator's runtime changes in force (gate/ops/overrides.py)
+    overrides_not_kept: str = ""  # why they are not in their file for a restart ("": kept)
 
 
 def build_snapshot(
@@ -119,6 +120,7 @@ def build_snapshot(
         drain_grace_s=state.drain_grace_s,
         shared=state.shared,
         overrides=state.overrides,
+        overrides_not_kept=state.overrides_not_kept,
         models=tuple(v for fleet in backends.fleets for v in fleet.views(dict(telemetry))),
     )
 

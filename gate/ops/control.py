@@ -88,6 +88,7 @@ class Control:
         self.overrides_path: str | None = None
         #: why the last write of the overrides failed (None: kept), for the command's answer
         self.keep_error: str | None = None
+        self._keep_failed_now = False  # the command being executed could not write them
         self._budgets: dict[str, int] = {}  # working budgets set by hand, per backend
         self._pending_budgets: dict[str, int] = {}  # restored for backends whose capacity is not known yet
 
@@ -97,9 +98,12 @@ class Control:
         """Validate `command` whole, apply it atomically, audit each changed value. When the
         overrides could not be written beside the journal, the answer says the change will not
         survive a restart (the log alone was not seen: a trial's toast said "Paused batch")."""
-        self.keep_error = None
+        # Only this command's own write decides the warning; a command that writes nothing (a
+        # drain) leaves an earlier failure standing: clearing it here told the metric the
+        # overrides were kept while the file still held the ones before the failed write.
+        self._keep_failed_now = False
         results = self._execute(command, operator=operator, source=source)
-        if self.keep_error is not None and results:
+        if self._keep_failed_now and results:
             last = results[-1]
             warning = f" (NOT kept for a restart: {self.keep_error}; a restart would revert it)"
             results[-1] = dataclasses.replace(last, message=last.message + warning)
@@ -353,23 +357,38 @@ class Control:
             paused=sorted(self.paused),
             frozen=self.frozen,
         )
-        if self.overrides_path is not None:
-            try:
-                overrides_file.save(self.overrides_path, self.overrides)
-            except OSError as exc:
-                self.keep_error = f"{self.overrides_path}: {exc.strerror or exc}"
+        self._save(quiet=False)
+
+    def _save(self, *, quiet: bool) -> None:
+        if self.overrides_path is None:
+            return
+        try:
+            overrides_file.save(self.overrides_path, self.overrides)
+        except OSError as exc:
+            self._keep_failed_now = True
+            if not quiet:
                 log.error("runtime overrides NOT kept in %s (%s): a restart would revert them", self.overrides_path, exc)
-            else:
-                self.keep_error = None
+            self.keep_error = f"{self.overrides_path}: {exc.strerror or exc}"
+        else:
+            self.keep_error = None
 
     def rewrite_if_gone(self) -> bool:
         """Write the overrides in force again when their file was deleted under the running gate
         (a trial's `rm tokengate.db*` took it with the journal: the next restart would have
-        reverted them). True: written again. After a failed write (the operator was told, and
-        the log said so) it waits for the next change rather than failing again every second."""
-        if self.overrides_path is None or not self.overrides or self.keep_error is not None:
+        reverted them), or when the last write failed (a full or read-only disk: the operator
+        was told once; freeing the disk brought the journal back, but the pause and freeze
+        stayed unwritten until the next change, and a restart reverted them). The retry is
+        quiet until it lands. True: written again."""
+        if self.overrides_path is None:
             return False
-        if os.path.exists(self.overrides_path):
+        if self.keep_error is not None:
+            failed = self.keep_error
+            self._save(quiet=True)
+            if self.keep_error is None:
+                log.warning("runtime overrides kept again in %s (the last write failed: %s)", self.overrides_path, failed)
+                return True
+            return False
+        if not self.overrides or os.path.exists(self.overrides_path):
             return False
         log.warning("runtime overrides %s were deleted while the gate ran: writing them again", self.overrides_path)
         self._keep()

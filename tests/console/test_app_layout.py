@@ -386,6 +386,25 @@ async def test_the_header_grows_and_shrinks_with_the_overrides_it_lists(gate):
         assert header.size.height == 1
 
 
+async def test_the_header_says_when_the_overrides_in_force_are_not_kept_for_a_restart(gate):
+    """An ops trial froze the controller on a full journal disk: the toast said NOT kept once,
+    then the header said "OVERRIDES 2: ..." as if a restart would restore them."""
+    from console.widgets.header import GateHeader
+
+    app = make_app(gate)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await app.tick()
+        header = app.query_one(GateHeader)
+        listed = ("budget 4096 on default", "controller frozen")
+        header.update_snapshot(dataclasses.replace(gate.snapshot(), overrides=listed))
+        await pilot.pause()
+        assert "OVERRIDES 2" in str(header.render()) and "NOT KEPT" not in str(header.render())
+        gone = "/var/lib/tokengate/tokengate.db.overrides.json: No space left on device"
+        header.update_snapshot(dataclasses.replace(gate.snapshot(), overrides=listed, overrides_not_kept=gone))
+        await pilot.pause()
+        assert "NOT KEPT for a restart" in str(header.render())
+
+
 async def test_decisions_under_one_client_request_id_each_get_a_row(gate):
     # a client's X-Request-Id names its request; a retry (or a fixed header) sends it again: keyed
     # by the id alone, every decision after the first under it never appeared

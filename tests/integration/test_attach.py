@@ -322,6 +322,27 @@ async def test_hangup_of_an_embedded_console_drains_the_gate_and_exits_zero(llam
         console.close()
 
 
+async def test_an_embedded_console_killed_drains_its_gate_and_the_audit_says_the_console_ended(llama_split, tmp_path):
+    """An ops trial SIGKILLed an embedded console: the kernel's SIGTERM drained its gate as
+    promised, but the audit's `stopping` and `stopped` said "signal SIGTERM", as if someone
+    had run kill on the gate; the review sent the on-call looking for who did. They now say
+    that the console which started the gate ended."""
+    config = write_config(tmp_path, llama_split.url)
+    console = Pty(str(TOKENGATE), "console", "--config", str(config), cwd=tmp_path)
+    try:
+        await wait_until(lambda: console.shows("classes"), timeout_s=30)
+        console.proc.kill()
+        await wait_until(lambda: not Path(sock_of(tmp_path)).exists(), timeout_s=30)  # drained, tidied up
+        await wait_until(lambda: not (tmp_path / "journal.db.lock").exists(), timeout_s=30)
+        actions = [(r["action"], r["note"]) for r in audit_rows(tmp_path)]
+        assert actions[-2][0] == "stopping" and actions[-1][0] == "stopped", actions
+        for _, note in actions[-2:]:
+            assert f"console that started this gate (pid {console.proc.pid}) ended" in note, actions
+            assert "signal SIGTERM" not in note
+    finally:
+        console.close()
+
+
 async def test_an_embedded_console_whose_terminal_is_gone_still_drains_its_gate_and_exits(llama_split, tmp_path):
     """`tmux kill-server`, a dropped SSH session: the terminal closes, then SIGHUP. Textual's
     output thread dies on the first failed write and its shutdown used to wait for it

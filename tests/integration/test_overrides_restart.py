@@ -129,3 +129,79 @@ async def test_a_sighup_reload_says_which_runtime_overrides_it_replaces(tmp_path
         assert row["old_value"] == "budget.slo_ttft_p95_ms=900"
         assert "still in force: batch paused" in row["note"]
         assert snap.controller.slo_ttft_ms == 2000.0 and snap.overrides == ("batch paused",)
+
+
+async def test_overrides_show_asks_the_running_gate_and_says_when_a_restart_would_revert_them(tmp_path):
+    """An ops trial paused batch and froze the controller on a full journal disk: the file
+    could not be written, and `tokengate overrides` read the file alone: "no runtime overrides
+    (... absent): the gate runs on its config file", while the pause and the freeze held. It
+    now asks the running gate, and says when what it holds is not kept (the console's header
+    says so too)."""
+    import subprocess
+
+    from gate.data.commands import Freeze
+    from tests.integration.test_attach import TOKENGATE
+
+    async with fake_upstream("hang") as fake:
+        config = write_config(tmp_path, fake.url)
+        async with serve(tmp_path, config):
+            link = await SocketLink.connect(sock_of(tmp_path), environ={})
+            try:
+                await wait_until(lambda: _ready(link), timeout_s=10)
+                # a directory where the file goes: every write of it fails, as on a full disk
+                (tmp_path / "journal.db.overrides.json" / "in-the-way").mkdir(parents=True)
+                await link.command(Pause("batch", True))
+                await link.command(Freeze(True))
+                snap = await link.snapshot()
+                assert snap.overrides_not_kept and "journal.db.overrides.json" in snap.overrides_not_kept
+                shown = await asyncio.to_thread(
+                    subprocess.run, [str(TOKENGATE), "overrides", "--config", str(config)], capture_output=True, text=True, timeout=60
+                )
+                assert shown.returncode == 0, shown.stderr
+                assert "batch paused" in shown.stdout and "controller frozen" in shown.stdout, shown
+                assert "NOT kept for a restart" in shown.stderr, shown
+                (tmp_path / "journal.db.overrides.json" / "in-the-way").rmdir()
+                (tmp_path / "journal.db.overrides.json").rmdir()  # the disk takes it again
+                await wait_until(lambda: _kept(link), timeout_s=10)  # housekeeping writes it
+                shown = await asyncio.to_thread(
+                    subprocess.run, [str(TOKENGATE), "overrides", "--config", str(config)], capture_output=True, text=True, timeout=60
+                )
+                assert "batch paused" in shown.stdout and "NOT kept" not in shown.stderr, shown
+            finally:
+                await link.close()
+
+
+async def _kept(link: SocketLink) -> bool:
+    return not (await link.snapshot()).overrides_not_kept
+
+
+async def test_config_set_says_which_runtime_retunes_the_next_reload_would_replace(tmp_path):
+    """An ops trial retuned the SLO and a queue timeout from the console, then edited another key
+    with `tokengate config set` and reloaded: the reload replaced both retunes with the file's
+    values (audited, toasted to consoles), and nothing had told whoever edited the file first.
+    `config set` now names them, unless the file now holds the same value; a pause stays."""
+    import subprocess
+
+    from tests.integration.test_attach import TOKENGATE
+
+    def config_set(*edits: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(TOKENGATE), "config", "set", str(config), *edits], capture_output=True, text=True, timeout=60)
+
+    async with fake_upstream("hang") as fake:
+        config = write_config(tmp_path, fake.url)
+        async with serve(tmp_path, config):
+            link = await SocketLink.connect(sock_of(tmp_path), environ={})
+            try:
+                await wait_until(lambda: _ready(link), timeout_s=10)
+                await link.command(Retune(settings={"slo_ttft_p95_ms": 900.0}, cls="batch", class_changes={"queue_depth": 3}))
+                await link.command(Pause("batch", True))
+            finally:
+                await link.close()
+            done = await asyncio.to_thread(config_set, "classes.interactive.queue_depth=9")
+            assert done.returncode == 0, done.stderr
+            assert "budget.slo_ttft_p95_ms=900" in done.stderr and "classes.batch.queue_depth=3" in done.stderr, done.stderr
+            assert "overrides write" in done.stderr and "batch paused" not in done.stderr
+            done = await asyncio.to_thread(config_set, "budget.slo_ttft_p95_ms=900")  # the file holds it now
+            assert "slo_ttft_p95_ms" not in done.stderr and "classes.batch.queue_depth=3" in done.stderr, done.stderr
+    done = await asyncio.to_thread(config_set, "classes.interactive.queue_depth=7")  # no gate runs: nothing to say
+    assert done.returncode == 0 and done.stderr == "", done.stderr

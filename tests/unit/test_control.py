@@ -344,6 +344,58 @@ async def test_a_change_that_cannot_be_kept_for_a_restart_says_so_to_the_operato
     assert "NOT kept" not in result.message
 
 
+async def test_overrides_a_failed_write_could_not_keep_are_written_once_the_disk_takes_them(gate, tmp_path, caplog):
+    """An ops trial froze the controller on a full journal disk: the toast said NOT kept, and
+    `tokengate_operator_channel_up{channel="overrides"}` went 0. Freeing the disk brought the
+    journal back ("writing again") but never the overrides: the channel stayed down, the file
+    was never written, and the next restart would have unfrozen the controller. Housekeeping
+    now retries the write, quietly, until it lands."""
+    from gate.ops import overrides as overrides_file
+
+    where = tmp_path / "gone"
+    gate.control.overrides_path = str(where / "j.db.overrides.json")  # cannot be written yet
+    gate.control.execute(Freeze(frozen=True), operator=ALICE)
+    assert gate.control.keep_error is not None
+    with caplog.at_level("ERROR", logger="tokengate.service"):
+        caplog.clear()
+        assert gate.control.rewrite_if_gone() is False  # still failing: no file, no log flood
+    assert gate.control.keep_error is not None and "NOT kept" not in caplog.text
+    where.mkdir()  # the disk takes it again
+    with caplog.at_level("WARNING", logger="tokengate.service"):
+        assert gate.control.rewrite_if_gone() is True
+    assert gate.control.keep_error is None and "kept again" in caplog.text
+    assert overrides_file.load(gate.control.overrides_path).frozen is True
+    assert gate.control.rewrite_if_gone() is False  # kept: nothing more to do
+
+
+async def test_a_command_that_writes_no_overrides_leaves_a_failed_write_standing(gate, tmp_path, monkeypatch):
+    """Every command cleared the last write's failure, also one that writes nothing (a drain):
+    after a freeze the full disk could not keep, a drain set the overrides channel back to up
+    while the file still held only the earlier pause; the next restart ran unfrozen and no
+    alert had said so."""
+    from gate.data.commands import Drain, Pause
+    from gate.ops import overrides as overrides_file
+
+    gate.control.overrides_path = str(tmp_path / "j.db.overrides.json")
+    gate.control.execute(Pause(cls="batch", paused=True), operator=ALICE)  # kept
+    real_save = overrides_file.save
+
+    def disk_full(path: str, overrides: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(overrides_file, "save", disk_full)
+    (frozen,) = gate.control.execute(Freeze(frozen=True), operator=ALICE)
+    assert "NOT kept" in frozen.message
+    (drained,) = gate.control.execute(Drain(cls="interactive"), operator=ALICE)
+    assert "NOT kept" not in drained.message  # a drain is no override: nothing of its own to keep
+    assert gate.control.keep_error is not None  # but the freeze is still not kept
+    gate.refresh_metrics()
+    assert 'tokengate_operator_channel_up{channel="overrides"} 0.0' in gate.metrics.render()[0].decode()
+    monkeypatch.setattr(overrides_file, "save", real_save)
+    assert gate.control.rewrite_if_gone() is True
+    assert overrides_file.load(gate.control.overrides_path).frozen is True
+
+
 async def test_a_control_socket_deleted_under_a_running_gate_is_listened_on_again(gate, tmp_path):
     """A trial deleted the control socket file under a running gate (a /tmp cleaner, a hand
     tidying up): the gate served on, said nothing, and every `console --attach` answered "no
@@ -582,3 +634,33 @@ async def test_a_controller_step_that_raises_does_not_end_housekeeping(gate, mon
 async def _until(predicate) -> None:
     while not predicate():
         await asyncio.sleep(0.05)
+
+
+def metric(gate: GateService, series: str) -> float | None:
+    gate.refresh_metrics()
+    text = gate.metrics.render()[0].decode()
+    line = next((x for x in text.splitlines() if x.startswith(series + " ")), None)
+    return None if line is None else float(line.split()[-1])
+
+
+async def test_a_pause_and_a_freeze_are_metrics_a_dashboard_and_an_alert_can_see(gate):
+    """An ops trial paused batch and froze the controller at 3 a.m.; both are kept for restarts,
+    and nothing but the console's header showed them: /metrics had no word of a paused class
+    (its class_paused refusals only while traffic came), so a pause forgotten after the
+    incident held for days. Now each is a gauge (alert TokengateClassPausedLong)."""
+    from gate.data.commands import Pause
+
+    assert metric(gate, 'tokengate_class_paused{class="batch"}') == 0.0
+    assert metric(gate, "tokengate_controller_frozen") == 0.0
+    assert metric(gate, "tokengate_operator_overrides") == 0.0
+    gate.control.execute(Pause(cls="batch", paused=True), operator=ALICE)
+    gate.control.execute(Freeze(frozen=True), operator=ALICE)
+    assert metric(gate, 'tokengate_class_paused{class="batch"}') == 1.0
+    assert metric(gate, 'tokengate_class_paused{class="interactive"}') == 0.0
+    assert metric(gate, "tokengate_controller_frozen") == 1.0
+    assert metric(gate, "tokengate_operator_overrides") == len(gate.control.overrides.lines()) >= 2
+    gate.control.execute(Pause(cls="batch", paused=False), operator=ALICE)
+    gate.control.execute(Freeze(frozen=False), operator=ALICE)
+    assert metric(gate, 'tokengate_class_paused{class="batch"}') == 0.0
+    assert metric(gate, "tokengate_controller_frozen") == 0.0
+    assert metric(gate, "tokengate_operator_overrides") == 0.0

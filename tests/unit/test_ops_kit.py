@@ -40,6 +40,7 @@ ALERTS = {
     "TokengateInteractiveTTFTOverSLO",
     "TokengateSharedLimitFallback",
     "TokengateOperatorChannelDown",
+    "TokengateClassPausedLong",
 }
 
 
