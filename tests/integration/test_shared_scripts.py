@@ -602,3 +602,17 @@ async def test_start_says_in_the_log_where_the_limits_are_shared_without_the_pas
         assert all("s3cret" not in line for line in lines)
     finally:
         await g.shared.stop()
+
+
+async def test_a_goodbye_redis_does_not_answer_says_why_in_the_log(redis_server, caplog) -> None:
+    """A gate stopped while Redis hangs (an on-call restarting gates during a Redis incident)
+    logged 'could not say goodbye to Redis ()': the timeout's message is empty."""
+    g = Gate(redis_server.url, "g1", renew_interval_s=30.0)  # no renewal during the test
+    await g.shared.start()
+    redis_server.pause()
+    try:
+        await g.shared.stop()
+    finally:
+        redis_server.resume()
+    (line,) = [r.getMessage() for r in caplog.records if "goodbye" in r.getMessage()]
+    assert "()" not in line and "no answer within 1 s" in line, line

@@ -270,7 +270,8 @@ class SharedLimits:
             async with asyncio.timeout(1.0):
                 await self._renew_call(drops=drops, leaving=True)
         except (TimeoutError, RedisError, OSError) as exc:
-            log.warning("shared limits: could not say goodbye to Redis (%s); this gate's leases expire by themselves", exc)
+            why = "no answer within 1 s" if isinstance(exc, TimeoutError) else (str(exc) or type(exc).__name__)
+            log.warning("shared limits: could not say goodbye to Redis (%s); this gate's leases expire by themselves", why)
         await self._redis.aclose()
         self._redis = None
 
