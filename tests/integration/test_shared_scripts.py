@@ -8,6 +8,7 @@ changes nothing, a dead holder's leases expire, a restarted Redis gets its lease
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import pytest
@@ -376,7 +377,8 @@ async def test_fail_closed_refuses_while_redis_is_down_and_recovers(redis_server
         await g.shared.stop()
 
 
-async def test_a_paused_redis_costs_admission_the_wait_bound_then_fail_open_applies(redis_server, peek) -> None:
+async def test_a_paused_redis_costs_admission_the_wait_bound_then_fail_open_applies(redis_server, peek, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="tokengate.shared")
     g = Gate(redis_server.url, "g1", wait_ms=50.0)
     await g.shared.start()
     try:
@@ -401,6 +403,11 @@ async def test_a_paused_redis_costs_admission_the_wait_bound_then_fail_open_appl
         # The reservation that landed late was handed back; the four fail_open leases were
         # adopted by the renewal: Redis counts exactly what runs.
         await wait_until(lambda: _held_is(peek, 40), timeout_s=5.0)
+        # A paused Redis lost nothing: the log says the policy's leases were handed over, and
+        # does not send the on-call looking for a restart or an eviction.
+        said = [r.getMessage() for r in caplog.records if r.name == "tokengate.shared"]
+        assert any("handed Redis 4 lease(s) admitted under fail_open" in m for m in said), said
+        assert not any("had lost" in m for m in said), said
         await _release_all(g, leases, peek)
         bucket = await peek.hget(tenant_keys(PREFIX, "team-a")[0], "r")
         assert bucket is None or float(bucket) > 999.0  # the late charges were refunded

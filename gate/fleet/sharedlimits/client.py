@@ -412,7 +412,20 @@ class SharedLimits:
             in_time = heard.heard_s <= self._wait_s
             if adopted:
                 self.adopted += adopted
-                log.info("shared limits: Redis had lost %d of this gate's leases; adopted them again", adopted)
+                # Those the failure policy admitted were never in Redis: handing them over is the
+                # plan, not a loss (a log saying "lost" sent the reader looking for an eviction).
+                ours = min(adopted, sum(1 for lease in sent if lease.leased and not lease.charged))
+                if ours:
+                    log.info(
+                        "shared limits: handed Redis %d lease(s) admitted under %s while it was out of reach",
+                        ours,
+                        self.config.failure_policy,
+                    )
+                if adopted > ours:
+                    log.info(
+                        "shared limits: Redis had lost %d of this gate's leases (a restart, or an eviction); adopted them again",
+                        adopted - ours,
+                    )
             # Released while the renewal was on its way: it may have put them back.
             for lease in sent:
                 if lease.released:
