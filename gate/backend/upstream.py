@@ -375,7 +375,7 @@ class SseRelay:
         except httpx.TimeoutException as exc:
             raise GateError(Reason.UPSTREAM_TIMEOUT, "backend stalled mid-answer") from exc
         except httpx.HTTPError as exc:
-            log.warning("backend %s: stream broke: %s: %s", self.response.url.host, type(exc).__name__, exc)
+            log.warning("backend %s: stream broke: %s: %s", self._where(), type(exc).__name__, exc)
             raise GateError(Reason.UPSTREAM_ERROR, f"backend stream broke: {type(exc).__name__}", retry_after_s=RETRY_DOWN_S) from exc
         take([partial + decoder.decode(b"", final=True), ""])  # a last event without its blank line
         if now or held:
@@ -388,7 +388,7 @@ class SseRelay:
         except httpx.TimeoutException as exc:
             raise GateError(Reason.UPSTREAM_TIMEOUT, "backend stalled mid-answer") from exc
         except httpx.HTTPError as exc:
-            log.warning("backend %s: answer broke: %s: %s", self.response.url.host, type(exc).__name__, exc)
+            log.warning("backend %s: answer broke: %s: %s", self._where(), type(exc).__name__, exc)
             raise GateError(Reason.UPSTREAM_ERROR, f"backend answer broke: {type(exc).__name__}", retry_after_s=RETRY_DOWN_S) from exc
         try:
             answer = json.loads(raw)
@@ -418,6 +418,11 @@ class SseRelay:
         self.stats.last_token_at = now
         self.stats.finished = True
         return raw
+
+    def _where(self) -> str:
+        """The backend's host and port, for the log only: two llama-servers on one host, or a
+        router's models, differ by port alone."""
+        return self.response.url.netloc.decode("ascii", "replace")
 
     def _keep(self, line: str) -> bool:
         """Record what the line says; False drops it (a usage chunk the client did not ask for)."""

@@ -499,11 +499,25 @@ class _Flow:
             final += held
             if now:
                 await self._body(now.encode())
-        if relay.error is not None or not relay.stats.finished:
+        if relay.error is None and not relay.stats.finished:
+            # The stream ended cleanly but before its end ([DONE], the stop chunk, message_stop):
+            # a llama-server router whose model process died ends its chunked answer with a
+            # line "proxy error: ..." that SSE readers ignore, so the client saw an answer cut
+            # short as if it were whole. Say so in the stream's format, as for a broken one.
+            raise self._cut_short(relay)
+        if relay.error is not None:
             self.conclude("failed", Reason.UPSTREAM_ERROR, 200)
         else:
             self._finish_ok()
         await self._last(final.encode())
+
+    def _cut_short(self, relay: SseRelay) -> GateError:
+        """A stream that ended without its end, logged with the backend's name (the journal has the row)."""
+        name = self.backend.name if self.backend is not None else "?"
+        self.gate.log.warning(
+            "request %s: backend %s closed its stream before finishing (%d tokens read)", self.request_id, name, relay.stats.tokens
+        )
+        return GateError(Reason.UPSTREAM_ERROR, "backend closed the stream before finishing", retry_after_s=1.0)
 
     async def _relay_collect(self, relay: SseRelay, intake: Intake) -> None:
         async for _ in relay.reads():
@@ -512,7 +526,7 @@ class _Flow:
             message = str(relay.error.get("message") or "backend reported an error mid-answer")
             raise GateError(Reason.UPSTREAM_ERROR, message)
         if not relay.stats.finished or not relay.chunks:
-            raise GateError(Reason.UPSTREAM_ERROR, "backend closed the stream before finishing", retry_after_s=1.0)
+            raise self._cut_short(relay)
         payload = json.dumps(assemble(intake.kind, relay.chunks)).encode()
         self._finish_ok()
         # The head of llama-server's plain answer: its JSON type, without its stream's X-Accel-Buffering.

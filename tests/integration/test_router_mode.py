@@ -11,6 +11,7 @@ position" / "joined the queue") and never chose an eviction itself ("evicting id
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -363,7 +364,7 @@ async def test_a_model_unloaded_after_it_served_is_loaded_again_for_its_next_req
     assert not router_log_has(router, HIDDEN_QUEUE)
 
 
-async def test_a_killed_model_is_refused_with_a_reason_and_recovers_when_llama_server_reloads_it(llama_router) -> None:
+async def test_a_killed_model_is_refused_with_a_reason_and_recovers_when_llama_server_reloads_it(llama_router, caplog) -> None:
     router = llama_router()
     async with (
         running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate,
@@ -374,6 +375,14 @@ async def test_a_killed_model_is_refused_with_a_reason_and_recovers_when_llama_s
         os.kill(router.children()["tiny"], signal.SIGKILL)
         rest = await cut.finish()
         assert not any(line.strip() == "data: [DONE]" for line in rest)  # cut, never finished as if fine
+        # ... and said so: the router ends its answer cleanly after a "proxy error: ..." line that
+        # SSE readers ignore, so without the gate's error event the cut answer looked whole.
+        errors = [json.loads(line[5:])["error"] for line in rest if line.startswith("data:") and '"error"' in line]
+        assert [e["code"] for e in errors] == ["upstream_error"], rest[-3:]
+        assert router.url not in "".join(rest) and str(router.port) not in "".join(rest)
+        (row,) = journal_rows(gate, "SELECT outcome, reason, http_status FROM decisions WHERE stream = 1")
+        assert row == ("failed", "upstream_error", 200)
+        assert "backend b0/tiny closed its stream before finishing" in caplog.text  # the on-call's log says which
         await wait_until(lambda: status(gate, "tiny") == "failed", timeout_s=10)
 
         r = await client.post(gate.url + CHAT, json=chat("tiny"))

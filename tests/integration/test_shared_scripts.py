@@ -8,6 +8,7 @@ changes nothing, a dead holder's leases expire, a restarted Redis gets its lease
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import pytest
@@ -376,7 +377,8 @@ async def test_fail_closed_refuses_while_redis_is_down_and_recovers(redis_server
         await g.shared.stop()
 
 
-async def test_a_paused_redis_costs_admission_the_wait_bound_then_fail_open_applies(redis_server, peek) -> None:
+async def test_a_paused_redis_costs_admission_the_wait_bound_then_fail_open_applies(redis_server, peek, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="tokengate.shared")
     g = Gate(redis_server.url, "g1", wait_ms=50.0)
     await g.shared.start()
     try:
@@ -401,6 +403,11 @@ async def test_a_paused_redis_costs_admission_the_wait_bound_then_fail_open_appl
         # The reservation that landed late was handed back; the four fail_open leases were
         # adopted by the renewal: Redis counts exactly what runs.
         await wait_until(lambda: _held_is(peek, 40), timeout_s=5.0)
+        # A paused Redis lost nothing: the log says the policy's leases were handed over, and
+        # does not send the on-call looking for a restart or an eviction.
+        said = [r.getMessage() for r in caplog.records if r.name == "tokengate.shared"]
+        assert any("handed Redis 4 lease(s) admitted under fail_open" in m for m in said), said
+        assert not any("had lost" in m for m in said), said
         await _release_all(g, leases, peek)
         bucket = await peek.hget(tenant_keys(PREFIX, "team-a")[0], "r")
         assert bucket is None or float(bucket) > 999.0  # the late charges were refunded
@@ -602,3 +609,17 @@ async def test_start_says_in_the_log_where_the_limits_are_shared_without_the_pas
         assert all("s3cret" not in line for line in lines)
     finally:
         await g.shared.stop()
+
+
+async def test_a_goodbye_redis_does_not_answer_says_why_in_the_log(redis_server, caplog) -> None:
+    """A gate stopped while Redis hangs (an on-call restarting gates during a Redis incident)
+    logged 'could not say goodbye to Redis ()': the timeout's message is empty."""
+    g = Gate(redis_server.url, "g1", renew_interval_s=30.0)  # no renewal during the test
+    await g.shared.start()
+    redis_server.pause()
+    try:
+        await g.shared.stop()
+    finally:
+        redis_server.resume()
+    (line,) = [r.getMessage() for r in caplog.records if "goodbye" in r.getMessage()]
+    assert "()" not in line and "no answer within 1 s" in line, line

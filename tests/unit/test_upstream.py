@@ -6,6 +6,8 @@ import httpx
 import pytest
 
 from gate.backend.upstream import RelayStats, SseRelay, forward_headers, upstream_body
+from gate.core.errors import GateError
+from gate.core.reasons import Reason
 
 
 def test_relay_stats_read_completion_tokens_from_any_endpoint_shape():
@@ -249,3 +251,25 @@ async def test_admitted_requests_share_no_cookies_and_go_through_the_clients_own
     assert len(heads) == 2
     assert b"cookie" not in heads[1].lower().replace(b"set-cookie", b"")
     assert b"x-trace: t" in heads[1].lower() and b"connection: close" in heads[1].lower()
+
+
+class _Broken(httpx.AsyncByteStream):
+    async def __aiter__(self):
+        yield b'data: {"choices":[{"delta":{"content":"h"}}]}\n\n'
+        raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+
+
+@pytest.mark.parametrize("whole", [False, True])
+async def test_a_broken_answer_is_logged_with_the_backends_port(caplog, whole):
+    """Two llama-servers on one host (or a router's models) differ only by port: a log line
+    naming the host alone ("backend 127.0.0.1: stream broke") did not say which one broke."""
+    request = httpx.Request("POST", "http://127.0.0.1:19802/v1/chat/completions")
+    relay = SseRelay(httpx.Response(200, stream=_Broken(), request=request), RelayStats(dispatched_at=1.0), lambda: 5.0, lambda: None)
+    with pytest.raises(GateError) as caught:
+        if whole:
+            await relay.whole()
+        else:
+            _ = [read async for read in relay.reads()]
+    assert caught.value.reason is Reason.UPSTREAM_ERROR
+    assert "127.0.0.1:19802" in caplog.text
+    assert "19802" not in caught.value.message  # the address is the log's, never the client's

@@ -270,7 +270,8 @@ class SharedLimits:
             async with asyncio.timeout(1.0):
                 await self._renew_call(drops=drops, leaving=True)
         except (TimeoutError, RedisError, OSError) as exc:
-            log.warning("shared limits: could not say goodbye to Redis (%s); this gate's leases expire by themselves", exc)
+            why = "no answer within 1 s" if isinstance(exc, TimeoutError) else (str(exc) or type(exc).__name__)
+            log.warning("shared limits: could not say goodbye to Redis (%s); this gate's leases expire by themselves", why)
         await self._redis.aclose()
         self._redis = None
 
@@ -411,7 +412,20 @@ class SharedLimits:
             in_time = heard.heard_s <= self._wait_s
             if adopted:
                 self.adopted += adopted
-                log.info("shared limits: Redis had lost %d of this gate's leases; adopted them again", adopted)
+                # Those the failure policy admitted were never in Redis: handing them over is the
+                # plan, not a loss (a log saying "lost" sent the reader looking for an eviction).
+                ours = min(adopted, sum(1 for lease in sent if lease.leased and not lease.charged))
+                if ours:
+                    log.info(
+                        "shared limits: handed Redis %d lease(s) admitted under %s while it was out of reach",
+                        ours,
+                        self.config.failure_policy,
+                    )
+                if adopted > ours:
+                    log.info(
+                        "shared limits: Redis had lost %d of this gate's leases (a restart, or an eviction); adopted them again",
+                        adopted - ours,
+                    )
             # Released while the renewal was on its way: it may have put them back.
             for lease in sent:
                 if lease.released:
