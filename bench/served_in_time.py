@@ -369,7 +369,10 @@ def main(argv: list[str] | None = None) -> int:
         ]
     if "two" in cells_wanted:
         two = [("interactive", saturation), ("batch", 2 * saturation)]
-        cells += [("two classes, gate (example, slo = objective)", two, slo_ms, True, None)]
+        cells += [
+            ("two classes, gate (example)", two, None, True, None),  # the third target: the example as it is
+            ("two classes, gate (example, slo = objective)", two, slo_ms, True, None),
+        ]
         if args.keep_slots_control:
             cells += [("two classes, gate (example, slo = objective, keep_slots = false)", two, slo_ms, True, "no-keep")]
     for name, streams, gate_slo, via_gate, option in cells:

@@ -9,7 +9,9 @@ force; one command drops them; a SIGHUP reload says which ones it replaces.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from gate.data.commands import DropOverrides, Pause, Retune
@@ -27,14 +29,21 @@ def since_last_start(tmp_path: Path) -> list[dict]:
     return rows[prev + 1 :]
 
 
+@contextlib.asynccontextmanager
+async def attached(tmp_path: Path) -> AsyncIterator[SocketLink]:
+    """A link to the gate serving in `tmp_path`, once it knows its backend's capacity."""
+    link = await SocketLink.connect(sock_of(tmp_path), environ={})
+    try:
+        await wait_until(lambda: _ready(link), timeout_s=10)
+        yield link
+    finally:
+        await link.close()
+
+
 async def restart_and_look(tmp_path: Path, config: Path):
     async with serve(tmp_path, config) as proc:
-        link = await SocketLink.connect(sock_of(tmp_path), environ={})
-        try:
-            await wait_until(lambda: _ready(link), timeout_s=10)
+        async with attached(tmp_path) as link:
             snap = await link.snapshot()
-        finally:
-            await link.close()
         proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(proc.wait(), 30)
     return snap
@@ -49,9 +58,7 @@ async def test_retune_pause_and_freeze_survive_sigkill_and_sigterm_then_drop_in_
     async with fake_upstream("hang") as fake:
         config = write_config(tmp_path, fake.url)
         async with serve(tmp_path, config) as proc:
-            link = await SocketLink.connect(sock_of(tmp_path), environ={})
-            try:
-                await wait_until(lambda: _ready(link), timeout_s=10)
+            async with attached(tmp_path) as link:
                 await link.command(
                     Retune(
                         budget=1536,
@@ -63,8 +70,6 @@ async def test_retune_pause_and_freeze_survive_sigkill_and_sigterm_then_drop_in_
                 )
                 await link.command(Pause("batch", True))
                 before = await link.snapshot()
-            finally:
-                await link.close()
             assert before.overrides
             proc.send_signal(signal.SIGKILL)  # no drain, no goodbye: what systemd restarts after a crash
             await asyncio.wait_for(proc.wait(), 10)
@@ -95,17 +100,13 @@ async def test_retune_pause_and_freeze_survive_sigkill_and_sigterm_then_drop_in_
 
         # one command back to the file; the next start restores nothing
         async with serve(tmp_path, config) as proc:
-            link = await SocketLink.connect(sock_of(tmp_path), environ={})
-            try:
-                await wait_until(lambda: _ready(link), timeout_s=10)
+            async with attached(tmp_path) as link:
                 (result,) = await link.command(DropOverrides())
                 assert result.action == "overrides_dropped" and "controller frozen" in (result.old_value or "")
                 snap = await link.snapshot()
                 assert snap.overrides == () and not snap.controller.frozen
                 assert not next(c for c in snap.classes if c.name == "batch").paused
                 assert snap.controller.slo_ttft_ms == 2000.0
-            finally:
-                await link.close()
         snap = await restart_and_look(tmp_path, config)
         assert snap.overrides == () and not snap.controller.frozen
         assert not [r for r in since_last_start(tmp_path) if r["action"] == "restored"]
@@ -115,16 +116,12 @@ async def test_a_sighup_reload_says_which_runtime_overrides_it_replaces(tmp_path
     async with fake_upstream("hang") as fake:
         config = write_config(tmp_path, fake.url)
         async with serve(tmp_path, config) as proc:
-            link = await SocketLink.connect(sock_of(tmp_path), environ={})
-            try:
-                await wait_until(lambda: _ready(link), timeout_s=10)
+            async with attached(tmp_path) as link:
                 await link.command(Retune(settings={"slo_ttft_p95_ms": 900.0}))
                 await link.command(Pause("batch", True))
                 proc.send_signal(signal.SIGHUP)
                 await wait_until(lambda: any(r["action"] == "overrides_replaced" for r in audit_rows(tmp_path)), timeout_s=10)
                 snap = await link.snapshot()
-            finally:
-                await link.close()
         (row,) = [r for r in audit_rows(tmp_path) if r["action"] == "overrides_replaced"]
         assert row["old_value"] == "budget.slo_ttft_p95_ms=900"
         assert "still in force: batch paused" in row["note"]
@@ -145,9 +142,7 @@ async def test_overrides_show_asks_the_running_gate_and_says_when_a_restart_woul
     async with fake_upstream("hang") as fake:
         config = write_config(tmp_path, fake.url)
         async with serve(tmp_path, config):
-            link = await SocketLink.connect(sock_of(tmp_path), environ={})
-            try:
-                await wait_until(lambda: _ready(link), timeout_s=10)
+            async with attached(tmp_path) as link:
                 # a directory where the file goes: every write of it fails, as on a full disk
                 (tmp_path / "journal.db.overrides.json" / "in-the-way").mkdir(parents=True)
                 await link.command(Pause("batch", True))
@@ -167,8 +162,6 @@ async def test_overrides_show_asks_the_running_gate_and_says_when_a_restart_woul
                     subprocess.run, [str(TOKENGATE), "overrides", "--config", str(config)], capture_output=True, text=True, timeout=60
                 )
                 assert "batch paused" in shown.stdout and "NOT kept" not in shown.stderr, shown
-            finally:
-                await link.close()
 
 
 async def _kept(link: SocketLink) -> bool:
@@ -190,13 +183,9 @@ async def test_config_set_says_which_runtime_retunes_the_next_reload_would_repla
     async with fake_upstream("hang") as fake:
         config = write_config(tmp_path, fake.url)
         async with serve(tmp_path, config):
-            link = await SocketLink.connect(sock_of(tmp_path), environ={})
-            try:
-                await wait_until(lambda: _ready(link), timeout_s=10)
+            async with attached(tmp_path) as link:
                 await link.command(Retune(settings={"slo_ttft_p95_ms": 900.0}, cls="batch", class_changes={"queue_depth": 3}))
                 await link.command(Pause("batch", True))
-            finally:
-                await link.close()
             done = await asyncio.to_thread(config_set, "classes.interactive.queue_depth=9")
             assert done.returncode == 0, done.stderr
             assert "budget.slo_ttft_p95_ms=900" in done.stderr and "classes.batch.queue_depth=3" in done.stderr, done.stderr
