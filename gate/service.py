@@ -107,6 +107,7 @@ class GateService:
                 on_flip=self._shared_flipped,
                 on_policy=self.metrics.shared_policy,
                 on_wait=self.metrics.shared_wait,
+                on_expired=self.metrics.shared_expired,
             )
         self.ratelimit = RateLimiter(quotas.limits)
         self.backends = BackendPool(

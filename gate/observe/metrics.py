@@ -264,6 +264,12 @@ class GateMetrics:
         )
         for policy in SHARED_POLICIES:
             self._shared_policy.labels(policy)
+        self._shared_expired = Counter(
+            "tokengate_shared_leases_expired_held",
+            "Leases that expired on Redis while this gate still held them (its renewals came later than a lease "
+            "lives: a stalled event loop, or Redis out of reach): meanwhile other gates could admit past a tenant's quota.",
+            registry=r,
+        )
         self._shared_wait = Histogram(
             "tokengate_shared_limit_wait_seconds",
             "Time admission waited on Redis for one reservation ([shared] wait_ms bounds Redis's part; the gate's own loop lag adds to it).",
@@ -417,6 +423,10 @@ class GateMetrics:
     def shared_wait(self, seconds: float) -> None:
         """How long one admission waited on Redis."""
         self._shared_wait.observe(max(0.0, seconds))
+
+    def shared_expired(self, count: int) -> None:
+        """`count` leases expired on Redis while this gate held them."""
+        self._shared_expired.inc(count)
 
     def shared_policy(self, policy: str) -> None:
         """One request decided by the [shared] failure policy."""

@@ -158,9 +158,12 @@ async def test_three_gates_hold_a_tenant_to_its_fleet_limits_under_random_traffi
         print(
             f"\nfleet of 3: quota tenant max in flight {sampler.largest} of {QUOTA.quota} over {sampler.samples} samples; "
             f"{sum(1 for e in load.log if e[1] == QUOTA.name and e[2] == 200)} admitted, {len(quota_refusals)} refused tenant_quota; "
-            f"rpm: {rpm_requests} requests in the minute (limit {RPM.rpm}); tpm: {tpm_tokens} tokens in the minute (limit {TPM.tpm})"
+            f"rpm: {rpm_requests} requests in the minute (limit {RPM.rpm}); tpm: {tpm_tokens} tokens in the minute (limit {TPM.tpm}); "
+            f"leases expired while held: {[g.shared.expired_held for g in gates]}"
         )
-        assert sampler.largest <= QUOTA.quota
+        # Past the quota only if a gate's leases expired on Redis while it held them (its
+        # renewals later than a lease lives: a loop stalled on a loaded host), which it counts.
+        assert sampler.largest <= QUOTA.quota, [g.shared.expired_held for g in gates]
         assert sampler.largest >= 0.6 * QUOTA.quota and quota_refusals  # the quota was contended
         assert abs(rpm_requests - RPM.rpm) <= 0.05 * RPM.rpm
         assert abs(tpm_tokens - TPM.tpm) <= 0.05 * TPM.tpm

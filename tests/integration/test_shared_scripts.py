@@ -330,6 +330,74 @@ async def test_leases_of_a_gate_that_stops_renewing_expire_and_free_the_quota(re
         await dead.shared.stop()
 
 
+async def _expired_on_redis(peek: aioredis.Redis, tenant_name: str = "team-a") -> bool:
+    """Every lease of the tenant is past its expiry on Redis's clock (purged by the next script)."""
+    scores = [score for _, score in await peek.zrange(tenant_keys(PREFIX, tenant_name)[1], 0, -1, withscores=True)]
+    return bool(scores) and await _redis_ms(peek) > max(scores)
+
+
+async def test_a_lease_that_expires_while_its_gate_holds_it_is_a_warning_and_counted(redis_server, peek, caplog) -> None:
+    """Renewals later than a lease lives (a stalled loop: here the renewal task stopped) let
+    another gate admit past the quota; the holder's next renewal says so and counts it."""
+    caplog.set_level(logging.INFO, logger="tokengate.shared")
+    expired: list[int] = []
+    late = SharedLimits(config(redis_server.url), "late", on_expired=expired.append)
+    other = Gate(redis_server.url, "other")
+    await late.start()
+    await other.shared.start()
+    try:
+        team = tenant(quota=100)
+        lease = await late.reserve(team, 100)
+        assert lease is not None
+        late._runner.cancel()  # the loop stalls: no renewal for longer than a lease lives
+        await wait_until(lambda: _expired_on_redis(peek), timeout_s=5.0)
+        taken = await other.shared.reserve(team, 100)  # the quota looks free to the other gate
+        assert taken is not None
+        assert await late.renew()  # the loop is back: its renewal adopts what it still holds
+        assert expired == [1] and late.expired_held == 1 and late.adopted == 1
+        warned = [r for r in caplog.records if r.name == "tokengate.shared" and r.levelno == logging.WARNING]
+        assert len(warned) == 1 and "1 lease(s) expired on Redis while this gate held them" in warned[0].getMessage()
+        assert "a lease lives 0.6 s" in warned[0].getMessage()
+        assert await held(peek) == (200, 200)  # past the quota: what the warning is about
+        late.release(lease)
+        other.shared.release(taken)
+        await wait_until(lambda: _held_is(peek, 0))
+    finally:
+        await other.shared.stop()
+        await late.stop()
+
+
+async def test_a_released_lease_a_late_renewal_puts_back_is_not_taken_for_an_expiry(redis_server, peek, caplog) -> None:
+    """A release that reaches Redis before a renewal composed while the lease was still held:
+    the renewal puts it back and the next drops it. Not a loss, and not an expiry, even
+    when that renewal comes later than a lease lives."""
+    caplog.set_level(logging.INFO, logger="tokengate.shared")
+    expired: list[int] = []
+    g = SharedLimits(config(redis_server.url), "g1", on_expired=expired.append)
+    await g.start()
+    try:
+        lease = await g.reserve(tenant(quota=100), 40)
+        assert lease is not None
+        g._runner.cancel()
+        await g.landed(g.release(lease))
+        assert await held(peek) == (0, 0)
+        g._held[lease.id] = lease  # as the renewal composed before the release saw it
+        since_ms = await _redis_ms(peek)
+        await wait_until(lambda: _redis_past(peek, since_ms + 3 * 0.2 * 1000 + 50), timeout_s=5.0)  # past a lease's life
+        assert await g.renew()
+        assert g.adopted == 1 and g.expired_held == 0 and expired == []
+        assert not [r for r in caplog.records if r.name == "tokengate.shared" and r.levelno >= logging.WARNING]
+        g._held.pop(lease.id)
+        assert await g.renew()  # the drop queued for it goes now
+        assert await held(peek) == (0, 0)
+    finally:
+        await g.stop()
+
+
+async def _redis_past(peek: aioredis.Redis, ms: float) -> bool:
+    return await _redis_ms(peek) > ms
+
+
 async def _redis_ms(peek: aioredis.Redis) -> float:
     sec, usec = await peek.time()
     return sec * 1000 + usec / 1000

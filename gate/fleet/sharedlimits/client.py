@@ -36,7 +36,7 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -143,6 +143,7 @@ class SharedLimits:
         on_flip: Callable[[Flip], None] = lambda flip: None,
         on_policy: Callable[[str], None] = lambda policy: None,
         on_wait: Callable[[float], None] = lambda seconds: None,
+        on_expired: Callable[[int], None] = lambda count: None,
     ) -> None:
         self.config = config
         #: this gate on Redis: its gate id (host:pid:start, to the second) and a random tail,
@@ -154,6 +155,7 @@ class SharedLimits:
         self._on_flip = on_flip
         self._on_policy = on_policy
         self._on_wait = on_wait
+        self._on_expired = on_expired
         self._wait_s = config.wait_ms / 1000.0
         self._ttl_ms = int(config.lease_ttl_s * 1000)
         self._keep_ms = max(2 * self._ttl_ms, 10_000)
@@ -170,6 +172,10 @@ class SharedLimits:
         self._runner: asyncio.Task[None] | None = None
         self._redis: aioredis.Redis | None = None
         self.adopted = 0  # leases Redis had lost and a renewal put back (a restart, fail_open)
+        #: leases that expired on Redis while this gate held them: its renewals came too late
+        self.expired_held = 0
+        #: monotonic moment the last renewal Redis answered was composed (None before the first)
+        self._renewed_at: float | None = None
         self._redis_clock: tuple[float, float] | None = None  # (Redis's ms, monotonic s) at the last renewal answer
         self._cold = False  # the pool's connections may be dead (a failure): open them again once Redis answers
 
@@ -394,6 +400,7 @@ class SharedLimits:
             sent = tuple(self._held.values())
             drops, self._drops = self._drops, {}
             composed = self._redis_now_ms()  # when `sent` was taken, on Redis's clock
+            composed_at = time.monotonic()
             call = asyncio.get_running_loop().create_task(self._renew_call(leases=sent, drops=drops, composed_ms=composed))
             heard, answered = await self._answer(call)
             try:
@@ -410,22 +417,11 @@ class SharedLimits:
                 return False
             # Redis's part of it: the gate's own lag does not keep it degraded.
             in_time = heard.heard_s <= self._wait_s
+            since_s = None if self._renewed_at is None else composed_at - self._renewed_at
+            self._renewed_at = composed_at
             if adopted:
                 self.adopted += adopted
-                # Those the failure policy admitted were never in Redis: handing them over is the
-                # plan, not a loss (a log saying "lost" sent the reader looking for an eviction).
-                ours = min(adopted, sum(1 for lease in sent if lease.leased and not lease.charged))
-                if ours:
-                    log.info(
-                        "shared limits: handed Redis %d lease(s) admitted under %s while it was out of reach",
-                        ours,
-                        self.config.failure_policy,
-                    )
-                if adopted > ours:
-                    log.info(
-                        "shared limits: Redis had lost %d of this gate's leases (a restart, or an eviction); adopted them again",
-                        adopted - ours,
-                    )
+                self._adopted(adopted, sent, since_s)
             # Released while the renewal was on its way: it may have put them back.
             for lease in sent:
                 if lease.released:
@@ -443,13 +439,23 @@ class SharedLimits:
             self._spawn(self._warm(WARM_CONNECTIONS))
         return True
 
-    async def _run(self) -> None:
+    async def _run(self, *, clock: Callable[[], float] | None = None, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         # Stopped by cancel(). Every timed wait on this path is `asyncio.timeout`, never
         # `asyncio.wait_for`: on Python 3.11 wait_for returns the answer instead of the
         # cancellation when both come in the same loop turn, and this loop then renewed
         # forever while stop() waited for it (a CI run hung at a gate's shutdown).
+        # At a fixed rate, from one renewal's start to the next: a renewal that waited on a
+        # busy loop (or on Redis) does not push the next one back by as long. Slept after
+        # each renewal instead, the gap between two was the interval plus the renewal's own
+        # time, and on a loaded host (load 8 on 2 cores, three gates in one process) leases
+        # of a gate that held them expired on Redis between two renewals: another gate then
+        # admitted past the tenant's quota (389 in flight of 300, tests/integration/test_shared_fleet.py).
+        now = clock or asyncio.get_running_loop().time
+        interval = self.config.renew_interval_s
+        due = now() + interval
         while True:
-            await asyncio.sleep(self.config.renew_interval_s)
+            await sleep(max(0.0, due - now()))
+            due = now() + interval
             await self.renew()
 
     async def _renew_call(
@@ -481,6 +487,41 @@ class SharedLimits:
         gates, adopted, redis_ms, fresh = await self._call(RENEW, keys, args)
         self._redis_clock = (float(redis_ms), time.monotonic())
         return int(gates), int(adopted), float(redis_ms), int(fresh)
+
+    def _adopted(self, adopted: int, sent: tuple[Lease, ...], since_s: float | None) -> None:
+        """Say what the `adopted` leases of a renewal that carried `sent` were: those the failure
+        policy admitted (handed over: the plan), those released while the renewal was on its
+        way (put back by it, dropped by the next one), and the rest, which Redis had lost: by
+        a restart or an eviction, or because they expired there while this gate held them,
+        its renewals `since_s` apart being later than a lease lives. The last is the one that
+        breaks the quota (another gate may admit what they held), so it is a warning, counted."""
+        # Those the failure policy admitted were never in Redis: handing them over is the
+        # plan, not a loss (a log saying "lost" sent the reader looking for an eviction).
+        ours = min(adopted, sum(1 for lease in sent if lease.leased and not lease.charged))
+        if ours:
+            log.info(
+                "shared limits: handed Redis %d lease(s) admitted under %s while it was out of reach", ours, self.config.failure_policy
+            )
+        # A release that reached Redis before this renewal: the renewal put the lease back.
+        raced = min(adopted - ours, sum(1 for lease in sent if lease.released))
+        lost = adopted - ours - raced
+        if not lost:
+            return
+        ttl_s = self.config.lease_ttl_s
+        if since_s is not None and since_s >= ttl_s:
+            self.expired_held += lost
+            self._on_expired(lost)
+            log.warning(
+                "shared limits: %d lease(s) expired on Redis while this gate held them: its last two renewals Redis "
+                "answered were %.1f s apart and a lease lives %g s (3 renewal intervals). The gate's event loop was too "
+                "busy, or Redis out of reach, to renew in time; meanwhile other gates could admit past those tenants' "
+                "quotas. Adopted them again",
+                lost,
+                since_s,
+                ttl_s,
+            )
+        else:
+            log.info("shared limits: Redis had lost %d of this gate's leases (a restart, or an eviction); adopted them again", lost)
 
     def _redis_now_ms(self) -> int:
         """Redis's clock now, as this gate can tell (-1 before any renewal answered): the
