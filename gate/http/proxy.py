@@ -49,6 +49,7 @@ _BOUND_ID = "/beside-count"
 _TAKE_BACK_S = 3.0
 #: llama-server's Content-Type for its JSON answers (server-http.cpp), spelled as it does
 _JSON = b"application/json; charset=utf-8"
+_STREAM_ONLY = frozenset({b"x-accel-buffering"})  # a stream's header, wrong on an answer assembled whole
 
 
 class ClientGone(Exception):
@@ -530,7 +531,7 @@ class _Flow:
         payload = json.dumps(assemble(intake.kind, relay.chunks)).encode()
         self._finish_ok()
         # The head of llama-server's plain answer: its JSON type, without its stream's X-Accel-Buffering.
-        own = [(k, v) for k, v in relayed_headers(relay.response.headers, drop=REBUILT) if k.lower() != b"x-accel-buffering"]
+        own = relayed_headers(relay.response.headers, drop=REBUILT | _STREAM_ONLY)
         await self._start(200, [(b"Content-Type", _JSON), *own, _length(payload)], relayed=True)
         await self._last(payload)
 

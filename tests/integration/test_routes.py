@@ -128,6 +128,8 @@ async def test_cors_preflight_and_headers_come_from_llama_server(llama_unified):
             assert r.headers["access-control-allow-origin"] == "http://app.example"
             # the gate's headers readable by a browser's script (Retry-After on a 429 above all)
             assert "retry-after" in r.headers["access-control-expose-headers"].lower()
+            if not body.get("stream"):  # assembled from the gate's stream: none of the stream's own headers
+                assert "x-accel-buffering" not in r.headers and r.headers["content-type"].startswith("application/json"), r.headers
         r = await client.get(gate.url + "/props", headers={**AUTH, **origin})
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://app.example"
         await released(gate)
