@@ -174,8 +174,8 @@ class SharedLimits:
         self.adopted = 0  # leases Redis had lost and a renewal put back (a restart, fail_open)
         #: leases that expired on Redis while this gate held them: its renewals came too late
         self.expired_held = 0
-        #: monotonic moment the last renewal Redis answered was composed (None before the first)
-        self._renewed_at: float | None = None
+        #: Redis's clock (ms) when it ran the last renewal that answered (None before the first)
+        self._renewed_ms: float | None = None
         self._redis_clock: tuple[float, float] | None = None  # (Redis's ms, monotonic s) at the last renewal answer
         self._cold = False  # the pool's connections may be dead (a failure): open them again once Redis answers
 
@@ -400,7 +400,6 @@ class SharedLimits:
             sent = tuple(self._held.values())
             drops, self._drops = self._drops, {}
             composed = self._redis_now_ms()  # when `sent` was taken, on Redis's clock
-            composed_at = time.monotonic()
             call = asyncio.get_running_loop().create_task(self._renew_call(leases=sent, drops=drops, composed_ms=composed))
             heard, answered = await self._answer(call)
             try:
@@ -417,8 +416,11 @@ class SharedLimits:
                 return False
             # Redis's part of it: the gate's own lag does not keep it degraded.
             in_time = heard.heard_s <= self._wait_s
-            since_s = None if self._renewed_at is None else composed_at - self._renewed_at
-            self._renewed_at = composed_at
+            # How long Redis went without a renewal from this gate, on Redis's own clock: a
+            # lease lives from the renewal Redis ran, and the gate's clock at composing said
+            # less (a renewal composed on time can wait in a busy loop before it goes out).
+            since_s = None if self._renewed_ms is None else (redis_ms - self._renewed_ms) / 1000.0
+            self._renewed_ms = redis_ms
             if adopted:
                 self.adopted += adopted
                 self._adopted(adopted, sent, since_s)
