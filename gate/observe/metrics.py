@@ -177,7 +177,8 @@ class GateMetrics:
         )
         self._drain = Gauge(
             "tokengate_queue_drain_seconds",
-            "Estimated seconds to drain the current queue (autoscaling signal).",
+            "Estimated seconds to drain the current queue at the rate requests finished lately (autoscaling "
+            "signal); 3600 while requests wait and none finished lately to measure a rate (a stuck backend reads so).",
             registry=r,
         )
         self._backend_up = Gauge("tokengate_backend_up", "1 when the backend is ready, else 0.", ["backend"], registry=r)

@@ -39,6 +39,7 @@ ALERTS = {
     "TokengateReaperFiring",
     "TokengateInteractiveTTFTOverSLO",
     "TokengateSharedLimitFallback",
+    "TokengateSharedLeasesExpired",
     "TokengateOperatorChannelDown",
     "TokengateClassPausedLong",
 }
