@@ -15,7 +15,8 @@ What a route is comes from the table (gate/data/endpoints.py). For each request 
    credentials: the backend's own key goes instead); the answer streamed back byte for byte with
    llama-server's status and headers (CORS, content type and encoding, its own), hop-by-hop
    headers excepted. Server-sent events (``/models/sse``, ``/v1/stream``) stream as they come.
-   The backend: the one serving ``?model=`` when given, else the first; in router mode a model
+   The backend: the one serving ``?model=`` when given, else the one serving the model the JSON
+   body names (several backends: POST /tokenize of the second's model), else the first; in router mode a model
    no unit serves goes to the router (the only one; none with several) with ``autoload=false``,
    as every forwarded call to a router model does, so nothing loads behind the gate's back.
 5. The record: ``tokengate_forwarded_total{route, status}`` and a decision row, outcome
@@ -30,6 +31,7 @@ cannot be reached is a 503 that never names its address.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
@@ -74,6 +76,26 @@ def _only_router(backends: BackendPool) -> Backend | None:
     return routers[0] if len(routers) == 1 else None
 
 
+async def _body_model(request: Request, backends: BackendPool) -> str | None:
+    """The `model` a forwarded call's JSON body names (POST /tokenize, /detokenize,
+    /apply-template ... with several backends), where it can choose among several: with
+    one plain backend it chooses nothing and the body is not parsed. A body that is not a
+    JSON object, or names no model, names none; a model no backend serves goes where a call
+    naming none goes, as llama-server, which ignores it there, would answer it."""
+    if len(backends.configured) == 1 and backends.configured[0].fleet is None:
+        return None
+    check_headers(request.headers)
+    body = await request.body()  # through the BodyReader: limited before reading; _open reads it again from the cache
+    if not body.lstrip().startswith(b"{"):
+        return None
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return None
+    model = parsed.get("model") if isinstance(parsed, dict) else None
+    return model if isinstance(model, str) and model else None
+
+
 class ForwardEndpoint:
     """The Starlette endpoint for everything not admitted and not the gate's own."""
 
@@ -94,8 +116,14 @@ class ForwardEndpoint:
             if model_routes.handled_here(route.name, gate.backends):
                 return await self._model_route(request, request_id, route, caller, t0, wall0)
             model = request.query_params.get("model")
-            # a router with no model listed has no unit: its own reads (GET /props) go to it
-            backend = gate.backends.route(model) or (gate.backends.configured[0] if model is None else _only_router(gate.backends))
+            if model is not None:
+                backend = gate.backends.route(model) or _only_router(gate.backends)
+            else:
+                named = await _body_model(request, gate.backends)
+                # a router with no model listed has no unit: its own reads (GET /props) go to it
+                backend = (
+                    (gate.backends.route(named) if named is not None else None) or gate.backends.route(None) or gate.backends.configured[0]
+                )
             if backend is None:
                 raise GateError(Reason.MODEL_NOT_FOUND, "no backend serves that model", "model")
             if route.access == "operator":

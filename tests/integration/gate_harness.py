@@ -16,9 +16,14 @@ from gate.config import parse_config
 from gate.service import GateService
 
 
-def gate_toml(backend_urls: Sequence[str], extra: str = "", *, kv: str = "unified", backend_extra: str = "") -> str:
-    """A config with one [[backends]] table per URL; `extra` goes first, so top-level keys stay top-level."""
-    tables = "\n".join(f'[[backends]]\nname = "b{i}"\nurl = "{url}"\nkv = "{kv}"\n{backend_extra}\n' for i, url in enumerate(backend_urls))
+def gate_toml(backend_urls: Sequence[str], extra: str = "", *, kv: str = "unified", backend_extra: str | Sequence[str] = "") -> str:
+    """A config with one [[backends]] table per URL; `extra` goes first, so top-level keys stay
+    top-level; `backend_extra` goes in every table, or one each when a sequence."""
+    each = [backend_extra] * len(backend_urls) if isinstance(backend_extra, str) else list(backend_extra)
+    tables = "\n".join(
+        f'[[backends]]\nname = "b{i}"\nurl = "{url}"\nkv = "{kv}"\n{more}\n'
+        for i, (url, more) in enumerate(zip(backend_urls, each, strict=True))
+    )
     return extra + "\n" + tables
 
 
@@ -28,7 +33,7 @@ async def running_gate(
     extra: str = "",
     *,
     kv: str = "unified",
-    backend_extra: str = "",
+    backend_extra: str | Sequence[str] = "",
     environ: Mapping[str, str] | None = None,
     probe_interval_s: float = 0.2,
     journal_path: str | None = None,

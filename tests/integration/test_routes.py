@@ -212,6 +212,34 @@ async def test_unknown_routes_forwarded_by_default_and_counted(llama_unified):
         assert "/no/such/route" not in scraped  # labels are the table's names only
 
 
+async def test_a_forwarded_call_goes_to_the_backend_of_the_model_its_body_names(llama_unified, llama_split):
+    # Two backends, one model each: POST /tokenize names its model in the body, as the admitted
+    # routes do; it went to the first backend whatever it named.
+    models = ('models = ["first"]', 'models = ["second"]')
+    async with running_gate([llama_unified.url, llama_split.url], backend_extra=models) as gate, httpx.AsyncClient(timeout=30) as client:
+        for rid, body, backend in (
+            ("t-body-second", {"model": "second", "content": "hello"}, "b1"),
+            ("t-body-first", {"model": "first", "content": "hello"}, "b0"),
+            ("t-body-none", {"content": "hello"}, "b0"),  # no model: the first, as before
+            ("t-body-unknown", {"model": "nope", "content": "hello"}, "b0"),  # served by none: as with none
+        ):
+            r = await client.post(gate.url + "/tokenize", json=body, headers={"X-Request-Id": rid})
+            assert r.status_code == 200 and r.json()["tokens"], (rid, r.text)
+            record = await record_of(gate, rid)
+            assert record.outcome == "forwarded" and record.backend == backend, (rid, record.backend)
+        # ?model= still decides when given, and a body that is not JSON is relayed as sent
+        r = await client.post(gate.url + "/tokenize?model=second", json={"model": "first", "content": "x"}, headers={"X-Request-Id": "t-q"})
+        assert r.status_code == 200 and (await record_of(gate, "t-q")).backend == "b1"
+        direct = await client.post(
+            llama_unified.url + "/tokenize", content=b"{not json", headers={"Content-Type": "application/json", **CLOSE}
+        )
+        r = await client.post(
+            gate.url + "/tokenize", content=b"{not json", headers={"Content-Type": "application/json", "X-Request-Id": "t-bad"}
+        )
+        assert r.status_code == direct.status_code and (await record_of(gate, "t-bad")).backend == "b0"
+        await released(gate)
+
+
 async def test_unknown_routes_refused_when_configured(llama_unified):
     async with running_gate(llama_unified.url, '[gate]\nunknown_routes = "refuse"\n') as gate, httpx.AsyncClient(timeout=30) as client:
         r = await client.post(gate.url + "/no/such/route", json={}, headers={"X-Request-Id": "t21-refused"})
