@@ -557,7 +557,12 @@ def test_changes_between_the_gate_s_start_and_the_window_are_named_in_a_note(tmp
 def test_a_window_that_ends_before_it_starts_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = _journal(tmp_path, n=20, duration=5.0)
     assert main(["replay", "--journal", path, "--since", "2026-12-02T03:10Z", "--until", "2026-12-02T03:00Z"]) == 2
-    assert "--until must be after --since" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    # the moments as read, so `--since 10m --until 15m` (meant as "15 minutes long") says why
+    assert "--until must be after --since: the window would run from 2026-12-02T03:10:00.000Z to 2026-12-02T03:00:00.000Z" in said
+    assert "a duration is a moment that long ago" in said
+    assert main(["replay", "--journal", path, "--since", "10m", "--until", "15m"]) == 2
+    assert "a duration is a moment that long ago, not the window's length" in capsys.readouterr().err
 
 
 def test_log_until_bounds_an_incidents_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -572,7 +577,7 @@ def test_log_until_bounds_an_incidents_trace(tmp_path: Path, capsys: pytest.Capt
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == inside and 0 < inside < len(stamps)
     assert main(["log", "--journal", path, "--since", iso(until), "--until", iso(since)]) == 2
-    assert "--until must be after --since" in capsys.readouterr().err
+    assert f"--until must be after --since: the window would run from {iso(until)} to {iso(since)}" in capsys.readouterr().err
 
 
 def test_log_of_a_class_with_no_decisions_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -116,11 +116,12 @@ class _InOrder(argparse.Action):
 
 def cmd_replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from gate.config import ConfigError, load_config
-    from gate.journal.export import find_journal
+    from gate.journal.export import find_journal, window_order_error
     from gate.tools.replay import ReplayError, load_window, proposal_from_config, proposal_from_set, run_replay, to_json, to_table
 
-    if args.since is not None and args.until is not None and args.until <= args.since:
-        err.write("tokengate replay: error: --until must be after --since\n")  # a usage error: 2, as the help says
+    wrong_order = window_order_error(args.since, args.until)
+    if wrong_order:
+        err.write(f"tokengate replay: error: {wrong_order}\n")  # a usage error: 2, as the help says
         return 2
     journal, note = find_journal(args.journal)
     if note:
