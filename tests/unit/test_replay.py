@@ -319,8 +319,23 @@ def test_work_queued_or_running_at_the_windows_start_is_noted(tmp_path: Path) ->
     ).fetchone()
     assert running >= 1
     notes = load_window(path, since=cut).notes
-    assert any(n.startswith(f"{running} requests that arrived before the window") for n in notes), notes
+    lead = f"{running} requests that arrived before the window" if running > 1 else "1 request that arrived before the window"
+    assert any(n.startswith(lead) for n in notes), notes
     assert not any("arrived before the window" in n for n in load_window(path).notes)  # from the first decision: none
+
+
+def test_one_request_at_the_windows_start_is_one_request_in_the_note(tmp_path: Path) -> None:
+    """A trial's note read "1 requests that arrived before the window were still queued or
+    running ... (with the 1 arrivals since then ...)"."""
+    path = _journal(tmp_path, n=200, duration=20.0)
+    conn = sqlite3.connect(path)
+    carried = "SELECT count(*) FROM decisions WHERE ts < :cut AND outcome = 'admitted' AND ts + duration_ms / 1000.0 > :cut"
+    cuts = [ts + 1e-4 for (ts,) in conn.execute("SELECT ts FROM decisions WHERE outcome = 'admitted' ORDER BY ts")]
+    cut = next(c for c in cuts if conn.execute(carried, {"cut": c}).fetchone()[0] == 1)
+    notes = load_window(path, since=cut).notes
+    (said,) = [n for n in notes if "before the window" in n]
+    assert said.startswith("1 request that arrived before the window was still queued or running at its start"), said
+    assert "(with the 1 arrival since then, not counted in the figures)" in said, said
 
 
 def test_a_journal_a_gate_is_writing_is_noted(tmp_path: Path) -> None:

@@ -347,10 +347,12 @@ def _open_ends(
         )
     if carried:
         lead_s = -min((a.at for a in lead), default=0.0)
+        one = carried == 1
         notes.append(
-            f"{carried} requests that arrived before the window were still queued or running at its start: the replay "
-            f"starts {lead_s:.1f} s earlier (with the {len(lead)} arrivals since then, not counted in the figures) so that "
-            "they hold their slots at the window's start"
+            f"{carried} request{'' if one else 's'} that arrived before the window {'was' if one else 'were'} still queued "
+            f"or running at its start: the replay starts {lead_s:.1f} s earlier (with the {len(lead)} "
+            f"arrival{'' if len(lead) == 1 else 's'} since then, not counted in the figures) so that "
+            f"{'it holds its slot' if one else 'they hold their slots'} at the window's start"
         )
     writer = holder(path)
     (longest,) = conn.execute("SELECT max(duration_ms) FROM decisions WHERE backend = ? AND ts >= ?", (backend, since - 3600.0)).fetchone()
