@@ -911,6 +911,13 @@ def test_a_proposed_max_tokens_cap_refuses_the_arrivals_over_it_as_the_gate_does
     # a cap below the recorded default needs another default: refused, and said why
     with pytest.raises(ValueError, match="default_max_tokens cannot be replayed.*a max_tokens_cap below it cannot be replayed either"):
         proposal_from_set("classes.batch.max_tokens_cap=20,classes.batch.default_max_tokens=20", window.config)
+    # ... and the cap alone below it says so at once: a trial's first answer was the config
+    # check's "classes.batch.default_max_tokens: must be at most max_tokens_cap (20), got 32",
+    # which sends the engineer to lower the default, which is refused in turn
+    with pytest.raises(
+        ValueError, match=r"max_tokens_cap of 20 for class batch is below its recorded default_max_tokens \(32\).*cannot be replayed"
+    ):
+        proposal_from_set("classes.batch.max_tokens_cap=20", window.config)
 
 
 def test_default_max_tokens_cannot_be_replayed_and_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -56,6 +56,19 @@ def _flat(thresholds: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _proposal(name: str, recorded: Config, data: dict[str, Any]) -> Proposal:
+    recorded_classes = thresholds_of(recorded)["classes"]
+    for cls, body in data["classes"].items():
+        cap, default = body.get("max_tokens_cap"), body.get("default_max_tokens")
+        was = recorded_classes.get(cls, {})
+        if cap is not None and default is not None and cap < default and default == was.get("default_max_tokens"):
+            # said here, before the config check's "default_max_tokens: must be at most
+            # max_tokens_cap", which sends the engineer to lower the default: not replayable either
+            raise ValueError(
+                f"{name}: a max_tokens_cap of {cap} for class {cls} is below its recorded default_max_tokens ({default}), "
+                "which a gate refuses, and another default cannot be replayed (the journal records the max_tokens each "
+                f"request was given, not whether its client sent one): a cap of at least {default} can be replayed "
+                "(it refuses the arrivals whose max_tokens is over it, as the gate answers 400)"
+            )
     try:
         config = config_from_dict(without_credentials(data), f"proposal {name!r}")
     except ConfigError as exc:
