@@ -221,6 +221,9 @@ def test_help_explains() -> None:
         build_parser().parse_args(["replay", "--help"])
     text = out.getvalue()
     assert "calibration" in text and "--set" in text and "untrusted" in text
+    # a trial's batch read queue_wait_p95_ms 0.1 while 15 of its requests waited ~1.5 s and were
+    # refused: the waits are the admitted requests', and the help says so
+    assert "queue wait (of the admitted requests" in " ".join(text.split())
 
 
 def test_fit_dataclass_is_frozen() -> None:

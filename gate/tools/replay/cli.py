@@ -16,7 +16,8 @@ row, and every retune, pause, drain and reload audited in the window) and under 
 proposal. The budget controller runs as in the gate, on the modelled latencies.
 
 First the calibration: the replay at the recorded thresholds against what happened, per
-class (admitted, refused by reason, queue wait and TTFT p50/p95 from arrival, SLO
+class (admitted, refused by reason, queue wait (of the admitted requests, arrival to
+dispatch: a refused request's wait is in no figure) and TTFT p50/p95 from arrival, SLO
 attainment, tokens/s). A figure whose calibration error is over 25% is marked '?' in
 every column (and listed in `untrusted` in JSON): it is not a prediction.
 
