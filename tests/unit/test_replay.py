@@ -1277,3 +1277,12 @@ def test_a_journal_whose_gate_never_stopped_and_nobody_holds_is_noted(tmp_path: 
     _audit(conn, (last + 30.0, "gate", "stopped", "gate", ""))
     conn.close()
     assert not any(said in n for n in load_window(path).notes)  # it stopped cleanly
+
+
+def test_the_backend_model_line_counts_one_request_in_the_singular() -> None:
+    # a trial's window with one completed request read "... per busy slot (1 requests)"
+    from gate.tools.replay.report import model_line
+
+    one = dataclasses.replace(FIT, points=1)
+    assert model_line(dataclasses.asdict(one)).endswith("per busy slot (1 request)")
+    assert model_line(dataclasses.asdict(dataclasses.replace(FIT, points=32))).endswith("per busy slot (32 requests)")

@@ -545,7 +545,8 @@ def model_line(fit: Mapping[str, Any]) -> str:
     return (
         f"backend model: {fit['slots']} slots, {fit['kv']} pool of {fit['ceiling']} tokens, TTFT {fit['ttft_base_s'] * 1000:.0f} ms "
         f"+ {fit['ttft_per_busy_s'] * 1000:.0f} ms per busy slot + prompt / {fit['prefill_tps']:.3g} tok/s, decode "
-        f"{fit['tpot_alone_s'] * 1000:.1f} ms/token + {fit['tpot_per_busy_s'] * 1000:.1f} per busy slot ({fit['points']} requests)"
+        f"{fit['tpot_alone_s'] * 1000:.1f} ms/token + {fit['tpot_per_busy_s'] * 1000:.1f} per busy slot "
+        f"({fit['points']} request{'' if fit['points'] == 1 else 's'})"
     )
 
 
