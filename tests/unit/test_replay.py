@@ -211,6 +211,28 @@ def test_cli_json_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "cannot replay" in capsys.readouterr().err
 
 
+def test_a_config_without_journal_names_the_journal_its_gate_writes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`tokengate log --config F` and `tokengate review --config F` read F's [gate] journal; a
+    trial's `tokengate replay --config F` (a proposal here) answered only "tokengate.db: no such
+    journal file". The error now names F's journal and the command that replays it."""
+    path = _journal(tmp_path, n=40, duration=5.0)
+    config = tmp_path / "gate.toml"
+    config.write_text(f'[gate]\njournal = "{path}"\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["replay", "--config", str(config)]) == 1
+    said = capsys.readouterr().err
+    assert "cannot replay: tokengate.db: no such journal file" in said
+    assert f"--config is a proposal here, not where the journal is: {config}'s gate writes {path}" in said
+    assert f"tokengate replay --journal {path}" in said
+    # given a journal, --config stays a proposal: no hint
+    assert main(["replay", "--journal", str(tmp_path / "missing.db"), "--config", str(config)]) == 1
+    assert "is a proposal here" not in capsys.readouterr().err
+
+
 def test_help_explains() -> None:
     out = io.StringIO()
     from contextlib import redirect_stdout

@@ -115,6 +115,28 @@ class _InOrder(argparse.Action):
         namespace.scenario_order = [*order, (option_string, values)]
 
 
+def _journal_of_config(args: argparse.Namespace, read: str) -> str | None:
+    """When the default journal is not there and a --config is given: the journal that file's
+    gate writes, and the command that replays it (`tokengate log --config F` and `tokengate
+    review --config F` read F's journal; here --config is a proposal, and the engineer who
+    typed it as there got only "tokengate.db: no such journal file")."""
+    import os
+
+    from gate.config import ConfigError, load_config
+
+    for name in args.configs:
+        try:
+            written = load_config(name).gate.journal
+        except (ConfigError, OSError):
+            continue
+        if written and os.path.isfile(written) and os.path.abspath(written) != os.path.abspath(read):
+            return (
+                f"--config is a proposal here, not where the journal is: {name}'s gate writes {written}; to replay that "
+                f"journal: tokengate replay --journal {written} [--config {name}]"
+            )
+    return None
+
+
 def cmd_replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from gate.config import ConfigError, load_config
     from gate.journal.export import find_journal, window_order_error
@@ -131,6 +153,9 @@ def cmd_replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         window = load_window(journal, args.since, args.until, args.backend)
     except ReplayError as e:
         err.write(f"tokengate replay: cannot replay: {e}\n")
+        hint = _journal_of_config(args, journal) if args.journal is None else None
+        if hint:
+            err.write(f"tokengate replay: {hint}\n")
         return 1
     try:
         # in the order given on the command line, --set and --config mixed (the table's columns)
