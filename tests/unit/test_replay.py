@@ -1308,3 +1308,22 @@ def test_the_backend_model_line_counts_one_request_in_the_singular() -> None:
     one = dataclasses.replace(FIT, points=1)
     assert model_line(dataclasses.asdict(one)).endswith("per busy slot (1 request)")
     assert model_line(dataclasses.asdict(dataclasses.replace(FIT, points=32))).endswith("per busy slot (32 requests)")
+
+
+def test_an_until_past_the_journals_last_decision_ends_the_window_just_after_it(tmp_path: Path) -> None:
+    """A trial's `--until 2027-01-01T00:00Z` (a typo'd or future moment) replayed a window of
+    2.2e6 s: tokens_per_s 0.000 recorded and replayed with a 0% error, and the budget curve one
+    column wide. The time after the last decision holds no arrival; it ends the window just after
+    that decision, as the review's what-if does and as no --until does, and a note says so."""
+    path = _journal(tmp_path, n=80, duration=10.0)
+    lo, hi = sqlite3.connect(path).execute("SELECT min(ts), max(ts) FROM decisions").fetchone()
+    plain = load_window(path, since=lo + 1.0)
+    late = load_window(path, since=lo + 1.0, until=hi + 30 * 86400.0)
+    assert late.until == plain.until and late.duration_s == plain.duration_s
+    (said,) = [n for n in late.notes if "after the journal's last decision" in n]
+    assert "the window ends just after it" in said
+    assert not any("after the journal's last decision" in n for n in plain.notes)
+    a, b = run_replay(plain, []), run_replay(late, [])
+    for cls, figs in a["scenarios"][0]["classes"].items():
+        assert figs["tokens_per_s"] > 0
+        assert b["scenarios"][0]["classes"][cls]["tokens_per_s"] == figs["tokens_per_s"]

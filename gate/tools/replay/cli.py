@@ -77,7 +77,13 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter], epilog: s
         help="window start: 15m (ago; -15m too), an ISO-8601 time (UTC unless it says otherwise) or epoch seconds; "
         "default: the first decision",
     )
-    p.add_argument("--until", metavar="WHEN", type=_when, default=None, help="window end, same forms; default: the last decision")
+    p.add_argument(
+        "--until",
+        metavar="WHEN",
+        type=_when,
+        default=None,
+        help="window end, same forms; default: the last decision (a later moment ends there too, with a note)",
+    )
     p.add_argument(
         "--backend", metavar="NAME", default=None, help="the backend to replay (default: the one with most decisions in the window)"
     )
