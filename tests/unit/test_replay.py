@@ -1327,3 +1327,21 @@ def test_an_until_past_the_journals_last_decision_ends_the_window_just_after_it(
     for cls, figs in a["scenarios"][0]["classes"].items():
         assert figs["tokens_per_s"] > 0
         assert b["scenarios"][0]["classes"][cls]["tokens_per_s"] == figs["tokens_per_s"]
+
+
+def test_a_config_with_another_default_class_says_it_is_not_replayed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--set default_class=batch` is refused (each arrival keeps its recorded class); a trial's
+    `--config` whose default_class was batch replayed silently as if it had changed something
+    (its `changes` listed default_class, its column equalled the replayed one)."""
+    path = _journal(tmp_path, n=40, duration=10.0)
+    other = tmp_path / "batch-default.toml"
+    other.write_text(EXAMPLE_CONFIG.replace('default_class = "interactive"', 'default_class = "batch"', 1))
+    assert 'default_class = "batch"' in other.read_text()
+    assert main(["replay", "--journal", path, "--format", "json", "--config", str(other)]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert any("batch-default.toml" in n and "default_class" in n and "keeps the class it was recorded with" in n for n in answer["notes"])
+    assert "default_class" not in answer["scenarios"][2]["changes"]
+    same = tmp_path / "same.toml"
+    same.write_text(EXAMPLE_CONFIG)
+    assert main(["replay", "--journal", path, "--format", "json", "--config", str(same)]) == 0
+    assert not any("default_class" in n for n in json.loads(capsys.readouterr().out)["notes"])

@@ -165,6 +165,14 @@ def proposal_from_config(name: str, other: Config, recorded: Config, backend: st
     recorded_kv = [b.get("kv") for b in thresholds_of(recorded)["backends"] if b.get("name") == backend][:1]
     if match and recorded_kv and match[0].get("kv") != recorded_kv[0]:
         notes += (f'{name}: its kv = "{match[0].get("kv")}" {_KV_NOT_REPLAYED}',)
+    recorded_default = thresholds_of(recorded).get("default_class")
+    if data.get("default_class") != recorded_default:
+        # refused in --set; a file's was replayed silently, listed in `changes` (a trial's)
+        notes += (
+            f"{name}: its default_class = {data.get('default_class')!r} is not replayed: each recorded arrival keeps "
+            f"the class it was recorded with (the recorded default_class is {recorded_default!r})",
+        )
+        data["default_class"] = recorded_default
     return dataclasses.replace(_proposal(name, recorded, data), notes=notes)
 
 
