@@ -720,7 +720,7 @@ def _cmd_console(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def _cmd_log(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from gate.journal.export import ExportError, export, find_journal
+    from gate.journal.export import ExportError, export, find_journal, window_order_error
 
     # flags that do not go together are a usage error (2, as the help says), before any file is read
     if args.cls is not None and args.kind != "decisions":
@@ -729,8 +729,9 @@ def _cmd_log(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.format == "aiperf" and args.kind != "decisions":
         err.write("tokengate log: error: --format aiperf is a trace of requests: use it with --kind decisions\n")
         return EXIT_USAGE
-    if args.since is not None and args.until is not None and args.until <= args.since:
-        err.write("tokengate log: error: --until must be after --since\n")
+    wrong_order = window_order_error(args.since, args.until)
+    if wrong_order:
+        err.write(f"tokengate log: error: {wrong_order}\n")
         return EXIT_USAGE
     given = args.journal
     if given is None and getattr(args, "config", None):

@@ -104,6 +104,19 @@ def iso(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
+def window_order_error(since: float | None, until: float | None) -> str | None:
+    """The usage error of a --since/--until pair whose end is not after its start, with both
+    moments resolved: `--since 10m --until 15m` (read as "15 minutes long") is a window that
+    ends before it starts, and a bare "--until must be after --since" did not say why."""
+    if since is None or until is None or until > since:
+        return None
+    return (
+        f"--until must be after --since: the window would run from {iso(since)} to {iso(until)} "
+        "(a duration is a moment that long ago, not the window's length: --since 20m --until 5m is the "
+        "15 minutes that ended 5 minutes ago)"
+    )
+
+
 DEFAULT_JOURNAL = "tokengate.db"
 DEMO_JOURNAL = "tokengate-demo.db"  # what `tokengate console --demo` writes (gate/tools/demo.py)
 

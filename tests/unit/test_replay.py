@@ -211,6 +211,28 @@ def test_cli_json_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "cannot replay" in capsys.readouterr().err
 
 
+def test_a_config_without_journal_names_the_journal_its_gate_writes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`tokengate log --config F` and `tokengate review --config F` read F's [gate] journal; a
+    trial's `tokengate replay --config F` (a proposal here) answered only "tokengate.db: no such
+    journal file". The error now names F's journal and the command that replays it."""
+    path = _journal(tmp_path, n=40, duration=5.0)
+    config = tmp_path / "gate.toml"
+    config.write_text(f'[gate]\njournal = "{path}"\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["replay", "--config", str(config)]) == 1
+    said = capsys.readouterr().err
+    assert "cannot replay: tokengate.db: no such journal file" in said
+    assert f"--config is a proposal here, not where the journal is: {config}'s gate writes {path}" in said
+    assert f"tokengate replay --journal {path}" in said
+    # given a journal, --config stays a proposal: no hint
+    assert main(["replay", "--journal", str(tmp_path / "missing.db"), "--config", str(config)]) == 1
+    assert "is a proposal here" not in capsys.readouterr().err
+
+
 def test_help_explains() -> None:
     out = io.StringIO()
     from contextlib import redirect_stdout
@@ -221,6 +243,9 @@ def test_help_explains() -> None:
         build_parser().parse_args(["replay", "--help"])
     text = out.getvalue()
     assert "calibration" in text and "--set" in text and "untrusted" in text
+    # a trial's batch read queue_wait_p95_ms 0.1 while 15 of its requests waited ~1.5 s and were
+    # refused: the waits are the admitted requests', and the help says so
+    assert "queue wait (of the admitted requests" in " ".join(text.split())
 
 
 def test_fit_dataclass_is_frozen() -> None:
@@ -319,8 +344,23 @@ def test_work_queued_or_running_at_the_windows_start_is_noted(tmp_path: Path) ->
     ).fetchone()
     assert running >= 1
     notes = load_window(path, since=cut).notes
-    assert any(n.startswith(f"{running} requests that arrived before the window") for n in notes), notes
+    lead = f"{running} requests that arrived before the window" if running > 1 else "1 request that arrived before the window"
+    assert any(n.startswith(lead) for n in notes), notes
     assert not any("arrived before the window" in n for n in load_window(path).notes)  # from the first decision: none
+
+
+def test_one_request_at_the_windows_start_is_one_request_in_the_note(tmp_path: Path) -> None:
+    """A trial's note read "1 requests that arrived before the window were still queued or
+    running ... (with the 1 arrivals since then ...)"."""
+    path = _journal(tmp_path, n=200, duration=20.0)
+    conn = sqlite3.connect(path)
+    carried = "SELECT count(*) FROM decisions WHERE ts < :cut AND outcome = 'admitted' AND ts + duration_ms / 1000.0 > :cut"
+    cuts = [ts + 1e-4 for (ts,) in conn.execute("SELECT ts FROM decisions WHERE outcome = 'admitted' ORDER BY ts")]
+    cut = next(c for c in cuts if conn.execute(carried, {"cut": c}).fetchone()[0] == 1)
+    notes = load_window(path, since=cut).notes
+    (said,) = [n for n in notes if "before the window" in n]
+    assert said.startswith("1 request that arrived before the window was still queued or running at its start"), said
+    assert "(with the 1 arrival since then, not counted in the figures)" in said, said
 
 
 def test_a_journal_a_gate_is_writing_is_noted(tmp_path: Path) -> None:
@@ -557,7 +597,12 @@ def test_changes_between_the_gate_s_start_and_the_window_are_named_in_a_note(tmp
 def test_a_window_that_ends_before_it_starts_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = _journal(tmp_path, n=20, duration=5.0)
     assert main(["replay", "--journal", path, "--since", "2026-12-02T03:10Z", "--until", "2026-12-02T03:00Z"]) == 2
-    assert "--until must be after --since" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    # the moments as read, so `--since 10m --until 15m` (meant as "15 minutes long") says why
+    assert "--until must be after --since: the window would run from 2026-12-02T03:10:00.000Z to 2026-12-02T03:00:00.000Z" in said
+    assert "a duration is a moment that long ago" in said
+    assert main(["replay", "--journal", path, "--since", "10m", "--until", "15m"]) == 2
+    assert "a duration is a moment that long ago, not the window's length" in capsys.readouterr().err
 
 
 def test_log_until_bounds_an_incidents_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -572,7 +617,7 @@ def test_log_until_bounds_an_incidents_trace(tmp_path: Path, capsys: pytest.Capt
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == inside and 0 < inside < len(stamps)
     assert main(["log", "--journal", path, "--since", iso(until), "--until", iso(since)]) == 2
-    assert "--until must be after --since" in capsys.readouterr().err
+    assert f"--until must be after --since: the window would run from {iso(until)} to {iso(since)}" in capsys.readouterr().err
 
 
 def test_log_of_a_class_with_no_decisions_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -891,6 +936,13 @@ def test_a_proposed_max_tokens_cap_refuses_the_arrivals_over_it_as_the_gate_does
     # a cap below the recorded default needs another default: refused, and said why
     with pytest.raises(ValueError, match="default_max_tokens cannot be replayed.*a max_tokens_cap below it cannot be replayed either"):
         proposal_from_set("classes.batch.max_tokens_cap=20,classes.batch.default_max_tokens=20", window.config)
+    # ... and the cap alone below it says so at once: a trial's first answer was the config
+    # check's "classes.batch.default_max_tokens: must be at most max_tokens_cap (20), got 32",
+    # which sends the engineer to lower the default, which is refused in turn
+    with pytest.raises(
+        ValueError, match=r"max_tokens_cap of 20 for class batch is below its recorded default_max_tokens \(32\).*cannot be replayed"
+    ):
+        proposal_from_set("classes.batch.max_tokens_cap=20", window.config)
 
 
 def test_default_max_tokens_cannot_be_replayed_and_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -1247,3 +1299,49 @@ def test_a_journal_whose_gate_never_stopped_and_nobody_holds_is_noted(tmp_path: 
     _audit(conn, (last + 30.0, "gate", "stopped", "gate", ""))
     conn.close()
     assert not any(said in n for n in load_window(path).notes)  # it stopped cleanly
+
+
+def test_the_backend_model_line_counts_one_request_in_the_singular() -> None:
+    # a trial's window with one completed request read "... per busy slot (1 requests)"
+    from gate.tools.replay.report import model_line
+
+    one = dataclasses.replace(FIT, points=1)
+    assert model_line(dataclasses.asdict(one)).endswith("per busy slot (1 request)")
+    assert model_line(dataclasses.asdict(dataclasses.replace(FIT, points=32))).endswith("per busy slot (32 requests)")
+
+
+def test_an_until_past_the_journals_last_decision_ends_the_window_just_after_it(tmp_path: Path) -> None:
+    """A trial's `--until 2027-01-01T00:00Z` (a typo'd or future moment) replayed a window of
+    2.2e6 s: tokens_per_s 0.000 recorded and replayed with a 0% error, and the budget curve one
+    column wide. The time after the last decision holds no arrival; it ends the window just after
+    that decision, as the review's what-if does and as no --until does, and a note says so."""
+    path = _journal(tmp_path, n=80, duration=10.0)
+    lo, hi = sqlite3.connect(path).execute("SELECT min(ts), max(ts) FROM decisions").fetchone()
+    plain = load_window(path, since=lo + 1.0)
+    late = load_window(path, since=lo + 1.0, until=hi + 30 * 86400.0)
+    assert late.until == plain.until and late.duration_s == plain.duration_s
+    (said,) = [n for n in late.notes if "after the journal's last decision" in n]
+    assert "the window ends just after it" in said
+    assert not any("after the journal's last decision" in n for n in plain.notes)
+    a, b = run_replay(plain, []), run_replay(late, [])
+    for cls, figs in a["scenarios"][0]["classes"].items():
+        assert figs["tokens_per_s"] > 0
+        assert b["scenarios"][0]["classes"][cls]["tokens_per_s"] == figs["tokens_per_s"]
+
+
+def test_a_config_with_another_default_class_says_it_is_not_replayed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--set default_class=batch` is refused (each arrival keeps its recorded class); a trial's
+    `--config` whose default_class was batch replayed silently as if it had changed something
+    (its `changes` listed default_class, its column equalled the replayed one)."""
+    path = _journal(tmp_path, n=40, duration=10.0)
+    other = tmp_path / "batch-default.toml"
+    other.write_text(EXAMPLE_CONFIG.replace('default_class = "interactive"', 'default_class = "batch"', 1))
+    assert 'default_class = "batch"' in other.read_text()
+    assert main(["replay", "--journal", path, "--format", "json", "--config", str(other)]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert any("batch-default.toml" in n and "default_class" in n and "keeps the class it was recorded with" in n for n in answer["notes"])
+    assert "default_class" not in answer["scenarios"][2]["changes"]
+    same = tmp_path / "same.toml"
+    same.write_text(EXAMPLE_CONFIG)
+    assert main(["replay", "--journal", path, "--format", "json", "--config", str(same)]) == 0
+    assert not any("default_class" in n for n in json.loads(capsys.readouterr().out)["notes"])

@@ -16,7 +16,8 @@ row, and every retune, pause, drain and reload audited in the window) and under 
 proposal. The budget controller runs as in the gate, on the modelled latencies.
 
 First the calibration: the replay at the recorded thresholds against what happened, per
-class (admitted, refused by reason, queue wait and TTFT p50/p95 from arrival, SLO
+class (admitted, refused by reason, queue wait (of the admitted requests, arrival to
+dispatch: a refused request's wait is in no figure) and TTFT p50/p95 from arrival, SLO
 attainment, tokens/s). A figure whose calibration error is over 25% is marked '?' in
 every column (and listed in `untrusted` in JSON): it is not a prediction.
 
@@ -76,7 +77,13 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter], epilog: s
         help="window start: 15m (ago; -15m too), an ISO-8601 time (UTC unless it says otherwise) or epoch seconds; "
         "default: the first decision",
     )
-    p.add_argument("--until", metavar="WHEN", type=_when, default=None, help="window end, same forms; default: the last decision")
+    p.add_argument(
+        "--until",
+        metavar="WHEN",
+        type=_when,
+        default=None,
+        help="window end, same forms; default: the last decision (a later moment ends there too, with a note)",
+    )
     p.add_argument(
         "--backend", metavar="NAME", default=None, help="the backend to replay (default: the one with most decisions in the window)"
     )
@@ -114,13 +121,36 @@ class _InOrder(argparse.Action):
         namespace.scenario_order = [*order, (option_string, values)]
 
 
+def _journal_of_config(args: argparse.Namespace, read: str) -> str | None:
+    """When the default journal is not there and a --config is given: the journal that file's
+    gate writes, and the command that replays it (`tokengate log --config F` and `tokengate
+    review --config F` read F's journal; here --config is a proposal, and the engineer who
+    typed it as there got only "tokengate.db: no such journal file")."""
+    import os
+
+    from gate.config import ConfigError, load_config
+
+    for name in args.configs:
+        try:
+            written = load_config(name).gate.journal
+        except (ConfigError, OSError):
+            continue
+        if written and os.path.isfile(written) and os.path.abspath(written) != os.path.abspath(read):
+            return (
+                f"--config is a proposal here, not where the journal is: {name}'s gate writes {written}; to replay that "
+                f"journal: tokengate replay --journal {written} [--config {name}]"
+            )
+    return None
+
+
 def cmd_replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from gate.config import ConfigError, load_config
-    from gate.journal.export import find_journal
+    from gate.journal.export import find_journal, window_order_error
     from gate.tools.replay import ReplayError, load_window, proposal_from_config, proposal_from_set, run_replay, to_json, to_table
 
-    if args.since is not None and args.until is not None and args.until <= args.since:
-        err.write("tokengate replay: error: --until must be after --since\n")  # a usage error: 2, as the help says
+    wrong_order = window_order_error(args.since, args.until)
+    if wrong_order:
+        err.write(f"tokengate replay: error: {wrong_order}\n")  # a usage error: 2, as the help says
         return 2
     journal, note = find_journal(args.journal)
     if note:
@@ -129,6 +159,9 @@ def cmd_replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         window = load_window(journal, args.since, args.until, args.backend)
     except ReplayError as e:
         err.write(f"tokengate replay: cannot replay: {e}\n")
+        hint = _journal_of_config(args, journal) if args.journal is None else None
+        if hint:
+            err.write(f"tokengate replay: {hint}\n")
         return 1
     try:
         # in the order given on the command line, --set and --config mixed (the table's columns)

@@ -56,6 +56,19 @@ def _flat(thresholds: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _proposal(name: str, recorded: Config, data: dict[str, Any]) -> Proposal:
+    recorded_classes = thresholds_of(recorded)["classes"]
+    for cls, body in data["classes"].items():
+        cap, default = body.get("max_tokens_cap"), body.get("default_max_tokens")
+        was = recorded_classes.get(cls, {})
+        if cap is not None and default is not None and cap < default and default == was.get("default_max_tokens"):
+            # said here, before the config check's "default_max_tokens: must be at most
+            # max_tokens_cap", which sends the engineer to lower the default: not replayable either
+            raise ValueError(
+                f"{name}: a max_tokens_cap of {cap} for class {cls} is below its recorded default_max_tokens ({default}), "
+                "which a gate refuses, and another default cannot be replayed (the journal records the max_tokens each "
+                f"request was given, not whether its client sent one): a cap of at least {default} can be replayed "
+                "(it refuses the arrivals whose max_tokens is over it, as the gate answers 400)"
+            )
     try:
         config = config_from_dict(without_credentials(data), f"proposal {name!r}")
     except ConfigError as exc:
@@ -152,6 +165,14 @@ def proposal_from_config(name: str, other: Config, recorded: Config, backend: st
     recorded_kv = [b.get("kv") for b in thresholds_of(recorded)["backends"] if b.get("name") == backend][:1]
     if match and recorded_kv and match[0].get("kv") != recorded_kv[0]:
         notes += (f'{name}: its kv = "{match[0].get("kv")}" {_KV_NOT_REPLAYED}',)
+    recorded_default = thresholds_of(recorded).get("default_class")
+    if data.get("default_class") != recorded_default:
+        # refused in --set; a file's was replayed silently, listed in `changes` (a trial's)
+        notes += (
+            f"{name}: its default_class = {data.get('default_class')!r} is not replayed: each recorded arrival keeps "
+            f"the class it was recorded with (the recorded default_class is {recorded_default!r})",
+        )
+        data["default_class"] = recorded_default
     return dataclasses.replace(_proposal(name, recorded, data), notes=notes)
 
 
@@ -532,7 +553,8 @@ def model_line(fit: Mapping[str, Any]) -> str:
     return (
         f"backend model: {fit['slots']} slots, {fit['kv']} pool of {fit['ceiling']} tokens, TTFT {fit['ttft_base_s'] * 1000:.0f} ms "
         f"+ {fit['ttft_per_busy_s'] * 1000:.0f} ms per busy slot + prompt / {fit['prefill_tps']:.3g} tok/s, decode "
-        f"{fit['tpot_alone_s'] * 1000:.1f} ms/token + {fit['tpot_per_busy_s'] * 1000:.1f} per busy slot ({fit['points']} requests)"
+        f"{fit['tpot_alone_s'] * 1000:.1f} ms/token + {fit['tpot_per_busy_s'] * 1000:.1f} per busy slot "
+        f"({fit['points']} request{'' if fit['points'] == 1 else 's'})"
     )
 
 

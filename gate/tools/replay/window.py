@@ -147,8 +147,18 @@ def _load(conn: sqlite3.Connection, path: str, since: float | None, until: float
     if until is not None and until <= lo:
         raise ReplayError(f"{path}: no decisions before --until {iso(until)}: the journal's first is at {iso(lo)}")
     since = lo if since is None else since
-    until = hi + 1e-6 if until is None else until
     notes: list[str] = []
+    asked_until = hi + 1e-6 if until is None else until
+    if until is not None and until > hi + 1e-6:
+        # no arrival after the last decision: the time after it only diluted tokens/s (a trial's
+        # --until 2027-01-01 replayed 2.2e6 s: tokens/s 0.000 in every column); it ends where the
+        # review's what-if ends a range past it, and where no --until ends. The notes on what the
+        # window does not show (a gate killed, requests still running) still look to the moment asked.
+        notes.append(
+            f"--until {iso(until)} is after the journal's last decision ({iso(hi)}): the window ends just after it, "
+            "as without --until (there is no arrival after it to replay; its empty time would only dilute tokens/s)"
+        )
+    until = min(asked_until, hi + 1e-6)
     if backend is None:
         row = conn.execute(
             "SELECT backend, count(*) n FROM decisions WHERE ts >= ? AND ts < ? AND backend != '' GROUP BY backend ORDER BY n DESC LIMIT 1",
@@ -232,8 +242,8 @@ def _load(conn: sqlite3.Connection, path: str, since: float | None, until: float
     curve = tuple((s["ts"] - since, s["budget"]) for s in samples if s["budget"] is not None and since <= s["ts"] < until)
     notes += _changed_before(changes, since, float(cfg_row["ts"]), str(cfg_row["note"]))
     lead, arrivals = _distinct_ids(_lead(conn, backend, since, float(cfg_row["ts"]), names), arrivals)
-    notes += _open_ends(conn, path, backend, since, until, lead, float(cfg_row["ts"]))
-    notes += _losses(conn, backend, since, until, rows)
+    notes += _open_ends(conn, path, backend, since, asked_until, lead, float(cfg_row["ts"]))
+    notes += _losses(conn, backend, since, asked_until, rows)
     return Window(
         path,
         since,
@@ -347,10 +357,12 @@ def _open_ends(
         )
     if carried:
         lead_s = -min((a.at for a in lead), default=0.0)
+        one = carried == 1
         notes.append(
-            f"{carried} requests that arrived before the window were still queued or running at its start: the replay "
-            f"starts {lead_s:.1f} s earlier (with the {len(lead)} arrivals since then, not counted in the figures) so that "
-            "they hold their slots at the window's start"
+            f"{carried} request{'' if one else 's'} that arrived before the window {'was' if one else 'were'} still queued "
+            f"or running at its start: the replay starts {lead_s:.1f} s earlier (with the {len(lead)} "
+            f"arrival{'' if len(lead) == 1 else 's'} since then, not counted in the figures) so that "
+            f"{'it holds its slot' if one else 'they hold their slots'} at the window's start"
         )
     writer = holder(path)
     (longest,) = conn.execute("SELECT max(duration_ms) FROM decisions WHERE backend = ? AND ts >= ?", (backend, since - 3600.0)).fetchone()
