@@ -769,7 +769,7 @@ class Admission:
         expected_ttft = self.expected_ttft
         prefilling = self.prefill_met()  # T4
         # the waiters with their turn, where places matter (a wait is computed only with a mean)
-        first = self._aged(now) if mean is not None and now is not None else []
+        first = self._aged(now, served=True) if mean is not None and now is not None else []
         firsts = {w.request.id for w in first}
         walk: list[tuple[float | None, Iterable[Waiting], int]] = [(self.objective_ms(w.request.cls), (w,), 1) for w in first]
         for c in self._order:
@@ -1070,9 +1070,15 @@ class Admission:
             return Step(tuple(admitted), tuple(expired))
         return Step(unchanged_at=now, late_at=late_at)  # selecting (DRR) moves no start-by moment
 
-    def _aged(self, now: float) -> list[Waiting]:
+    def _aged(self, now: float, *, served: bool = False, waiting_above: int | None = None) -> list[Waiting]:
         """Every waiter of an unpaused class that has its turn (G1), oldest first: aged ones (a)
-        and each class's oldest when its minimum rate is due (b)."""
+        and each class's oldest when its minimum rate is due (b).
+
+        `served`: only those that will be served by it (T1, T2 count places with it): past its
+        share while a higher class waits, a class's turn serves one waiter, and the next has no
+        turn until aging_s later (G1); listed all, a chat queued beside aged batch waiters read
+        them all ahead of it and was refused after its wait. `waiting_above`: as if a waiter of
+        that priority waited (T1: a newcomer, once queued, is that higher class)."""
         if self.aging_s is None:
             return []
         aging = self.aging_s
@@ -1081,19 +1087,23 @@ class Admission:
             if c.queue.paused or not c.queue:
                 continue
             # has_turn's inputs that are the same for every waiter of the class, once per class
-            higher = self._higher_waiting(c.policy.priority)
+            higher = self._higher_waiting(c.policy.priority) or (waiting_above is not None and c.policy.priority < waiting_above)
             in_class = self.ledger.class_tokens(c.policy.name)
             last = self._turn_at.get(c.policy.name)
             turn_due = last is None or now - last >= aging
             min_rate = self._min_rate_due(c.policy.name, now)
+            by_turn = False  # `served`: the class's one turn past its share is taken
             for i, w in enumerate(c.queue.in_order()):  # aged waiters are a prefix of the enqueue order
                 if not now - w.enqueued_at >= aging:
                     if i == 0 and min_rate:
                         aged.append(w)  # (b): the oldest, aged or not
                     break
                 # = has_turn(w, now): not beyond its share while a higher class waits, or its turn
-                if turn_due or not higher or in_class + w.request.cost <= c.policy.reserved_tokens or (i == 0 and min_rate):
+                if not higher or in_class + w.request.cost <= c.policy.reserved_tokens:
                     aged.append(w)
+                elif (turn_due or (i == 0 and min_rate)) and not (served and by_turn):
+                    aged.append(w)
+                    by_turn = True
         return sorted(aged, key=lambda w: (w.enqueued_at, w.request.id))
 
     def _serve_aged(self, now: float, admitted: list[Admit], expired: list[Refuse]) -> tuple[bool, bool]:
@@ -1380,13 +1390,18 @@ class Admission:
         """T1: how many waiters are served before a newcomer of `entry` (G2): the waiters with
         their turn (G1), then, unless it has its turn, everything else of its class and the
         higher ones."""
-        with_turn = self._aged(now)
         if turn:
-            return len(with_turn)
+            return len(self._aged(now))
         priority = entry.policy.priority
         ahead = sum(len(c.queue) for c in self._order if c.policy.priority >= priority and not c.queue.paused)
         if self.keep_slots:
             ahead += self.kept_slots(priority)  # F7: the slots kept are taken, as far as it is concerned
+        # the lower classes' waiters that go first once it waits (their bounded share), not every
+        # aged one: with nobody of its class waiting each had its turn, and counted all, a chat
+        # beside a long-objective batch queue read "expected wait 10761 ms for 19 ahead", was
+        # refused, so none ever waited and aged batch kept every slot (a trial: interactive
+        # served 0 in the last 20 s of 60, batch 45)
+        with_turn = self._aged(now, served=True, waiting_above=priority)
         return ahead + sum(1 for w in with_turn if self._classes[w.request.cls].policy.priority < priority)
 
     def _turn_coming(self, entry: _Class, now: float, by: float) -> bool:
