@@ -1322,13 +1322,16 @@ class Admission:
         expected = None if self.expected_ttft is None else self.expected_ttft(request, self.prefill_met())  # T4
         ahead = self._ahead_of_newcomer(entry, now, turn)
         wait = self.expected_wait(ahead, now)
+        forecast = 0  # of `ahead`, those not here yet (the message says so: "46 ahead" beside a queue of 3 read as a bug)
         if wait is not None and not turn and self._turn_coming(entry, now, now + wait):
             ahead += 1  # a lower class's turn comes before its slot: it will go first (G1 b, G2)
+            forecast += 1
             wait = self.expected_wait(ahead, now)
         if wait is not None and not turn:
             coming = self._higher_coming(entry.policy.priority, wait)
             if coming:
                 ahead += coming
+                forecast += coming
                 wait = self.expected_wait(ahead, now)
         if expected is None and wait is None:
             return None
@@ -1343,7 +1346,8 @@ class Admission:
         # token 693 ms would miss its 2000 ms objective" on 154 of 225 refusals, whose sums did
         # not miss: the chance refused them, and "0 ms" was a wait nobody had measured.
         first = f"first token {(expected or 0.0) * 1000:.0f} ms"
-        waiting = f"expected wait {wait * 1000:.0f} ms for {ahead} ahead" if wait is not None else f"{ahead} ahead, no slot has freed yet"
+        due = f" ({forecast} of them expected to arrive or take a turn first)" if forecast else ""
+        waiting = f"expected wait {wait * 1000:.0f} ms for {ahead} ahead{due}" if wait is not None else f"{ahead} ahead, no slot has freed yet"
         if (wait or 0.0) > left:
             # The objective counts from when the request came (before its body and count were
             # in): a sum without that time did not miss ("expected wait 614 ms + first token
