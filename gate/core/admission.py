@@ -1347,7 +1347,9 @@ class Admission:
         # not miss: the chance refused them, and "0 ms" was a wait nobody had measured.
         first = f"first token {(expected or 0.0) * 1000:.0f} ms"
         due = f" ({forecast} of them expected to arrive or take a turn first)" if forecast else ""
-        waiting = f"expected wait {wait * 1000:.0f} ms for {ahead} ahead{due}" if wait is not None else f"{ahead} ahead, no slot has freed yet"
+        waiting = (
+            f"expected wait {wait * 1000:.0f} ms for {ahead} ahead{due}" if wait is not None else f"{ahead} ahead, no slot has freed yet"
+        )
         if (wait or 0.0) > left:
             # The objective counts from when the request came (before its body and count were
             # in): a sum without that time did not miss ("expected wait 614 ms + first token
