@@ -579,7 +579,7 @@ def _cmd_config_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
         )
     )
     out.write(f"ok: {source} ({counts})\n")
-    for w in fixed_budget_warnings(config):
+    for w in fixed_budget_warnings(config) + objective_warnings(config):
         out.write(f"warning: {w}\n")  # what `serve` would warn at start (a warning: the exit status stays 0)
     if args.verbose:
         for line in describe_config(config):
@@ -616,6 +616,29 @@ def fixed_budget_warnings(config: Config) -> list[str]:
                 f"backend {b.name} (token_budget {b.token_budget}): {w}"
                 for w in capacity_warnings(None, cap, config.budget, config.classes)
             ]
+    return out
+
+
+#: a TTFT objective below this is one no first token meets (llama-server's own HTTP hop and one
+#: decode step already take milliseconds): a typo of seconds for milliseconds, most likely
+OBJECTIVE_FLOOR_MS = 50.0
+
+
+def objective_warnings(config: Config) -> list[str]:
+    """TTFT objectives no first token can meet: each class's own, or [budget] slo_ttft_p95_ms
+    for those without one. Accepted (a warning, not an error): the gate then refuses every
+    request that would wait, and serves late the ones that fit at once."""
+    out = []
+    slo = config.budget.slo_ttft_p95_ms
+    for c in config.classes:
+        own = c.ttft_objective_ms
+        objective, key = (own, f"classes.{c.name}.ttft_objective_ms") if own else (slo, "budget.slo_ttft_p95_ms")
+        if objective < OBJECTIVE_FLOOR_MS:
+            out.append(
+                f"{key} = {objective:g} ms is class {c.name!r}'s time-to-first-token objective, and no first token comes "
+                f"that soon: every {c.name} request that would wait is refused at once, and those that start at once "
+                "miss it (milliseconds, not seconds?)"
+            )
     return out
 
 
@@ -831,6 +854,8 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=err, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # One line per upstream call drowns what matters; the gate logs its own decisions.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    for w in objective_warnings(config):
+        logging.getLogger("tokengate.config").warning("%s", w)
     from gate.http.server import ListenError
     from gate.ops.control_socket import SocketInUse
     from gate.ops.lock import JournalLocked

@@ -259,6 +259,22 @@ def test_check_warns_of_reservations_over_a_fixed_token_budget(capsys: pytest.Ca
     assert run(capsys, "config", "check", str(p))[1] == f"ok: {p} (1 backend, 2 classes, 0 tenants)\n"
 
 
+def test_check_warns_of_a_ttft_objective_no_first_token_meets(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # A trial set 1 (ms): accepted without a word, the gate then refused every request that
+    # would wait and served the others late. A warning (exit 0), naming the key that set it.
+    p = tmp_path / "tokengate.toml"
+    p.write_text(EXAMPLE_CONFIG.replace("slo_ttft_p95_ms = 2000.0", "slo_ttft_p95_ms = 2.0"))
+    code, out, err = run(capsys, "config", "check", str(p))
+    assert code == 0, err
+    said = [line for line in out.splitlines() if line.startswith("warning: ")]
+    assert len(said) == 2, out  # both classes take the SLO as their objective
+    assert said[0].startswith("warning: budget.slo_ttft_p95_ms = 2 ms is class 'interactive'") and "milliseconds, not seconds?" in said[0]
+    # a class's own objective is named as such, and a sane one says nothing
+    p.write_text(EXAMPLE_CONFIG.replace("# ttft_objective_ms = 2000.0", "ttft_objective_ms = 1", 1))
+    code, out, _ = run(capsys, "config", "check", str(p))
+    assert code == 0 and out.count("warning: ") == 1 and "warning: classes.interactive.ttft_objective_ms = 1 ms" in out, out
+
+
 def test_python_dash_m_gate_is_the_tokengate_command(tmp_path: Path) -> None:
     # a checkout run without installing it: `python -m gate` said "cannot be directly executed"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
