@@ -635,8 +635,8 @@ def objective_warnings(config: Config) -> list[str]:
         objective, key = (own, f"classes.{c.name}.ttft_objective_ms") if own else (slo, "budget.slo_ttft_p95_ms")
         if objective < OBJECTIVE_FLOOR_MS:
             out.append(
-                f"{key} = {objective:g} ms is class {c.name!r}'s time-to-first-token objective, and no first token comes "
-                f"that soon: every {c.name} request that would wait is refused at once, and those that start at once "
+                f"{key} = {objective:g} ms, the time-to-first-token objective of class {c.name!r}: no first token comes "
+                f"that soon, so every {c.name} request that would wait is refused at once, and those that start at once "
                 "miss it (milliseconds, not seconds?)"
             )
     return out
