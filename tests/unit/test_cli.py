@@ -268,7 +268,10 @@ def test_check_warns_of_a_ttft_objective_no_first_token_meets(capsys: pytest.Cap
     assert code == 0, err
     said = [line for line in out.splitlines() if line.startswith("warning: ")]
     assert len(said) == 2, out  # both classes take the SLO as their objective
-    assert said[0].startswith("warning: budget.slo_ttft_p95_ms = 2 ms, the time-to-first-token objective of class 'interactive':") and "milliseconds, not seconds?" in said[0]
+    assert (
+        said[0].startswith("warning: budget.slo_ttft_p95_ms = 2 ms, the time-to-first-token objective of class 'interactive':")
+        and "milliseconds, not seconds?" in said[0]
+    )
     # a class's own objective is named as such, and a sane one says nothing
     p.write_text(EXAMPLE_CONFIG.replace("# ttft_objective_ms = 2000.0", "ttft_objective_ms = 1", 1))
     code, out, _ = run(capsys, "config", "check", str(p))
