@@ -158,6 +158,15 @@ def _int(value: Any, default: int | None) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
+def json_object(raw: str | bytes) -> dict[str, Any] | None:
+    """`raw` parsed when it is a JSON object, else None (not JSON, or another JSON value)."""
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
 def _announces_role(payload: str) -> bool:
     """A chat stream's opening chunk that only names the role (llama-server writes
     `"delta":{"role":"assistant","content":null}` before the first token's text, in its own
@@ -167,11 +176,8 @@ def _announces_role(payload: str) -> bool:
     (`stream_batch_ms`: +7 ms at p50 on an idle server, 2026-12-05)."""
     if '"role"' not in payload:
         return False
-    try:
-        chunk = json.loads(payload)
-    except ValueError:
-        return False
-    choices = chunk.get("choices") if isinstance(chunk, dict) else None
+    chunk = json_object(payload)
+    choices = chunk.get("choices") if chunk is not None else None
     if not isinstance(choices, list) or not choices:
         return False
     for choice in choices:

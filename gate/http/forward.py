@@ -31,7 +31,6 @@ cannot be reached is a 503 that never names its address.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
@@ -42,7 +41,7 @@ from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from gate.backend.upstream import RETRY_DOWN_S, forward_headers, is_redirect, redirect_error, relayed_headers
+from gate.backend.upstream import RETRY_DOWN_S, forward_headers, is_redirect, json_object, redirect_error, relayed_headers
 from gate.core.errors import GateError
 from gate.core.reasons import CLIENT_DISCONNECT, Outcome, Reason
 from gate.data.commands import Operator
@@ -86,13 +85,8 @@ async def _body_model(request: Request, backends: BackendPool) -> str | None:
         return None
     check_headers(request.headers)
     body = await request.body()  # through the BodyReader: limited before reading; _open reads it again from the cache
-    if not body.lstrip().startswith(b"{"):
-        return None
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        return None
-    model = parsed.get("model") if isinstance(parsed, dict) else None
+    parsed = json_object(body) if body.lstrip().startswith(b"{") else None
+    model = parsed.get("model") if parsed is not None else None
     return model if isinstance(model, str) and model else None
 
 
