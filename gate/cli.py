@@ -629,10 +629,9 @@ def objective_warnings(config: Config) -> list[str]:
     for those without one. Accepted (a warning, not an error): the gate then refuses every
     request that would wait, and serves late the ones that fit at once."""
     out = []
-    slo = config.budget.slo_ttft_p95_ms
     for c in config.classes:
-        own = c.ttft_objective_ms
-        objective, key = (own, f"classes.{c.name}.ttft_objective_ms") if own else (slo, "budget.slo_ttft_p95_ms")
+        objective = config.objective_ms(c.name) or 0.0
+        key = f"classes.{c.name}.ttft_objective_ms" if c.ttft_objective_ms else "budget.slo_ttft_p95_ms"
         if objective < OBJECTIVE_FLOOR_MS:
             out.append(
                 f"{key} = {objective:g} ms, the time-to-first-token objective of class {c.name!r}: no first token comes "
