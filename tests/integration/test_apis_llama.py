@@ -384,10 +384,14 @@ async def _burst(gate, client, api):
     # The client is built before the slots are taken: only its call runs inside the window.
     http_client = httpx2.AsyncClient(event_hooks={"request": [on_request], "response": [on_response]}, timeout=120)
     headers = {"X-Request-Id": f"t21a-burst-{api}"}
+    # Retries enough to outlast the occupiers on a slow host: each waits the Retry-After it is
+    # told (checked below), and a loaded CI host ran out of 8 while 400-token occupiers still ran
+    # (the SDK raised the 9th 429 queue_full, an anthropic-stream run of 2026-12-06).
+    retries = 30
     if api.startswith("anthropic"):
-        sdk = anthropic_client(gate, max_retries=8, http_client=http_client, default_headers=headers)
+        sdk = anthropic_client(gate, max_retries=retries, http_client=http_client, default_headers=headers)
     else:
-        sdk = openai_client(gate, max_retries=8, http_client=http_client, default_headers=headers)
+        sdk = openai_client(gate, max_retries=retries, http_client=http_client, default_headers=headers)
     ended: list[float] = []
 
     async def occupy(max_tokens: int):
