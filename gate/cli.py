@@ -676,7 +676,8 @@ def describe_config(config: Config) -> list[str]:
     floor = (
         f"min {bu.min_tokens} tokens"
         if bu.min_tokens
-        else "min auto (a quarter of the ceiling" + (f", at least the classes' reservations, {reserved})" if reserved else ")")
+        else "min auto (a quarter of the ceiling"
+        + (f", at least the classes' reservations, {reserved}, or half the ceiling on a pool under {2 * reserved})" if reserved else ")")
     )
     kept = "free slots kept for higher classes" if bu.keep_slots else "free slots to whoever comes"
     lines.append(f"budget   {bu.mode}, {floor}, SLO {slo}, {aging}, {kept}")

@@ -88,7 +88,7 @@ def class_cells(c: ClassView, slo_ms: float) -> dict[str, Any]:
         "name": Text(c.name, style="bold"),
         "prio": c.priority,
         "paused": Text("PAUSED", style=WARN_BADGE) if c.paused else Text(""),
-        "reserved": c.reserved_tokens,
+        "reserved": _reserved(c),
         "limit": "-" if c.limit_tokens is None else c.limit_tokens,
         "in_flight": c.in_flight,
         "queued": Text(f"{c.queued}/{c.queue_depth}", style=queued_style),
@@ -101,6 +101,13 @@ def class_cells(c: ClassView, slo_ms: float) -> dict[str, Any]:
         # What binds now: PAUSED whatever else (the queue is held), else why the oldest waits.
         "binds": Text("PAUSED", style=WARN_BADGE) if c.paused else Text(c.waiting_on, style="yellow"),
     }
+
+
+def _reserved(c: ClassView) -> Text:
+    """reserved_tokens, and what is in force when a small pool scaled it down (R0): "1024→512"."""
+    if c.reserved_in_force is None or c.reserved_in_force == c.reserved_tokens:
+        return Text(str(c.reserved_tokens))
+    return Text(f"{c.reserved_tokens}→{c.reserved_in_force}", style="yellow")
 
 
 def _met(met: int, judged: int, objective_ms: float | None = None) -> Text:

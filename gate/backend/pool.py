@@ -28,7 +28,7 @@ from gate.backend.layout import Layout, ServerArgs, learn_layout, local_server_a
 from gate.backend.upstream import RelayStats, Upstream
 from gate.config import BackendConfig, BudgetConfig
 from gate.core.adaptive import BudgetController, ControllerSettings, Move, controller_for, has_demand
-from gate.core.admission import Admission, Capacity, ClassPolicy, TenantPolicy
+from gate.core.admission import RESERVED_SHARE_MAX, Admission, Capacity, ClassPolicy, TenantPolicy, reservations_in_force
 from gate.core.errors import GateError
 from gate.core.prefill import PrefillModel
 from gate.core.shedding import DecodeMeter
@@ -125,29 +125,34 @@ def capacity_warnings(layout: Layout | None, cap: Capacity | None, budget: Budge
                 f"{cap.slot_context}: a {c.name} request without max_tokens gets what its slot holds after its prompt "
                 f"instead, and reserves that much; lower it"
             )
-    reserved = [(c.name, c.reserved_tokens) for c in classes if c.reserved_tokens]
+    in_force = reservations_in_force(classes, cap.ceiling)
+    wanted = [(c.name, c.reserved_tokens) for c in classes if c.reserved_tokens]
+    reserved = [(name, in_force[name]) for name, _ in wanted]
     total = sum(n for _, n in reserved)
-    if total > cap.ceiling:
-        each = ", ".join(f"{name} {n}" for name, n in reserved)
+    if wanted and reserved != wanted:
+        # R0 (#25): the example's interactive 1,024 on a 1,024-token pool left the controller no
+        # room and batch nothing (400 on every request); scaled, both keep room, and it is said
+        was = ", ".join(f"{name} {n}" for name, n in wanted)
+        now = ", ".join(f"{name} {n}" for name, n in reserved)
         out.append(
-            f"class reservations ({each}; {total} in all) exceed the {where}: "
-            "a class cannot reach tokens the others reserve; lower reserved_tokens"
+            f"class reservations ({was}) are over {RESERVED_SHARE_MAX:.0%} of the {where}: {now} in force here, "
+            "so the other classes and the adaptive budget keep room; lower reserved_tokens to choose yourself"
         )
-    else:
-        # A class reaches at most what the others leave of the ceiling (F1: they hold back what
-        # they reserve and do not use). #25: the example's interactive 1,024 on a 1,024-token
-        # pool left batch nothing, and batch never started, with no word anywhere.
-        for c in classes:
-            default = getattr(c, "default_max_tokens", None)
-            others = [(name, n) for name, n in reserved if name != c.name]
-            room = cap.ceiling - sum(n for _, n in others)
-            if others and isinstance(default, int) and room <= default:
-                each = ", ".join(f"{name} {n}" for name, n in others)
-                out.append(
-                    f"classes.{c.name}: the other classes reserve {cap.ceiling - room} of the ceiling {cap.ceiling} "
-                    f"({each}); a {c.name} request may hold at most {room} tokens, not its default_max_tokens "
-                    f"{default} and a prompt: it never starts; lower reserved_tokens"
-                )
+    # A class reaches at most what the others leave of the ceiling (F1: they hold back what they
+    # reserve and do not use).
+    for c in classes:
+        default = getattr(c, "default_max_tokens", None)
+        others = [(name, n) for name, n in reserved if name != c.name and n]
+        room = cap.ceiling - sum(n for _, n in others)
+        # a default request holds its prompt and default_max_tokens, or (default_max_tokens not
+        # below a slot's context, said above) the whole slot its prompt leaves: it fits a slot
+        if others and isinstance(default, int) and room < min(default + 1, cap.slot_context):
+            each = ", ".join(f"{name} {n}" for name, n in others)
+            out.append(
+                f"classes.{c.name}: the other classes reserve {cap.ceiling - room} of the ceiling {cap.ceiling} "
+                f"({each}); a {c.name} request may hold at most {room} tokens, not its default_max_tokens "
+                f"{default} and a prompt: it never starts; lower reserved_tokens or default_max_tokens"
+            )
     floor = budget_floor(budget, cap.ceiling, total)
     if getattr(budget, "mode", None) == "adaptive" and floor >= cap.ceiling and not budget.min_tokens > cap.ceiling:
         why = f"budget.min_tokens {budget.min_tokens}" if budget.min_tokens else f"the classes' reservations, {total}"
@@ -230,9 +235,15 @@ class Backend:
 AUTO_FLOOR_SHARE = 4  # min_tokens = 0: the floor is a quarter of the ceiling
 
 
+def reserved_total(classes: Iterable[ClassPolicy], ceiling: int) -> int:
+    """The classes' reservations in force on a backend of this ceiling, together (R0: at most
+    half of it), for the controller's floor."""
+    return sum(reservations_in_force(classes, ceiling).values())
+
+
 def budget_floor(budget: BudgetConfig, ceiling: int, reserved: int = 0) -> int:
     """The controller's floor: `min_tokens`, or with 0 (auto) a quarter of the ceiling and never
-    below the classes' reservations; never above the ceiling."""
+    below the classes' reservations in force (`reserved_total`); never above the ceiling."""
     floor = budget.min_tokens or max(reserved, ceiling // AUTO_FLOOR_SHARE, 1)
     return min(floor, ceiling)
 
@@ -482,9 +493,13 @@ class BackendPool:
             return
         backend.state, backend.detail = "ready", f"router: {len(backend.config.models)} models"
 
+    def floor_for(self, ceiling: int) -> int:
+        """The controller's floor on a backend of this ceiling, from [budget] and the classes in force."""
+        return budget_floor(self._budget, ceiling, reserved_total(self._classes, ceiling))
+
     def apply_capacity(self, backend: Backend, capacity: Capacity, *, gatekeeper_factory: Callable[..., Gatekeeper] = Gatekeeper) -> None:
         if backend.gatekeeper is None:
-            reserved = sum(c.reserved_tokens for c in self._classes)
+            reserved = reserved_total(self._classes, capacity.ceiling)
             controller = controller_for(self._budget.mode, controller_settings(self._budget, capacity.ceiling, reserved))
             prefill = PrefillModel()
             admission = Admission(
@@ -511,7 +526,10 @@ class BackendPool:
         elif backend.capacity != capacity:
             backend.gatekeeper.set_capacity(capacity)
             if backend.controller is not None:
-                backend.controller.set_ceiling(self._clock(), capacity.ceiling)  # pushes a clamped budget
+                # the floor follows the ceiling too (auto: a quarter of it, or the reservations in
+                # force, R0): a llama-server restarted with a smaller -c kept the old pool's floor,
+                # clamped to the new ceiling, and the controller had no room
+                backend.controller.set_ceiling(self._clock(), capacity.ceiling, self.floor_for(capacity.ceiling))  # pushes a clamped budget
         backend.capacity = capacity
         self._warn(backend)
 
@@ -664,8 +682,9 @@ def check_backend(
     if budget.mode == "adaptive":
         # the floor in force (auto: a quarter of the ceiling, at least the reservations), which
         # the summary can only describe without the ceiling (a trial read "min auto" and no number)
-        reserved = sum(c.reserved_tokens for c in classes)
-        line += f"; the adaptive budget moves within {budget_floor(budget, cap.ceiling, reserved)}..{cap.ceiling}"
+        line += (
+            f"; the adaptive budget moves within {budget_floor(budget, cap.ceiling, reserved_total(classes, cap.ceiling))}..{cap.ceiling}"
+        )
     return line, capacity_warnings(layout, cap, budget, classes)
 
 

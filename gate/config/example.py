@@ -167,6 +167,9 @@ keep_slots = true
 # Higher is served first. Required for every class you define.
 priority = 10
 # Tokens guaranteed to this class: other classes cannot use them while it has demand.
+# On a backend whose ceiling is under twice the classes' reservations together, each is
+# scaled down in proportion to half that ceiling, so the other classes and the controller keep
+# room on any pool (a warning at start and in /health says what is in force).
 # Default 0.
 reserved_tokens = 1024
 # Most tokens this class may hold in flight, borrowing included; >= reserved_tokens.

@@ -324,10 +324,15 @@ class BudgetController:
         self._last_move_ts = now
         return self._record(now, old, Cause.MANUAL)
 
-    def set_ceiling(self, now: float, ceiling_tokens: int) -> Move | None:
-        """The backend's capacity changed; clamp the budget into the new bounds."""
+    def set_ceiling(self, now: float, ceiling_tokens: int, min_tokens: int | None = None) -> Move | None:
+        """The backend's capacity changed; clamp the budget into the new bounds. `min_tokens`:
+        the floor that follows from the new ceiling (an auto floor is a share of it), if it moved."""
         if ceiling_tokens < 1:
             raise ValueError(f"ceiling_tokens must be >= 1, got {ceiling_tokens}")
+        if min_tokens is not None:
+            if min_tokens < 1:
+                raise ValueError(f"min_tokens must be >= 1, got {min_tokens}")
+            self._min_tokens = min_tokens
         self._ceiling = ceiling_tokens
         return self._move_to(now, self._budget, Cause.CEILING_CHANGED)
 

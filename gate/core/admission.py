@@ -11,6 +11,13 @@ Terms (per class c):
   limit_c     the most c may hold, reserved share plus borrowing.
   held back   sum over the other classes c' of max(0, reserved_c' - in_flight_c').
 
+  R0. The reservations in force add up to at most RESERVED_SHARE_MAX of the ceiling: past
+      it each class's reserved_tokens is scaled down in proportion (rounded down) on that
+      backend (`reservations_in_force`), so that on any pool the gate finds, the other
+      classes and the controller keep room (#25: the example's interactive 1,024 on a
+      1,024-token pool left the controller's floor at the ceiling, and batch could hold
+      nothing: 400 on every request). reserved_c below is the one in force.
+
 A request r of class c, tenant t fits when all of:
   F1. in_flight + cost(r) <= budget - held back            (shared budget; E3 may raise it)
   F2. in_flight_c + cost(r) <= limit_c                      (class limit)
@@ -195,6 +202,21 @@ class ClassPolicy(Protocol):
     def ttft_objective_ms(self) -> float | None: ...
 
 
+#: R0: the most of the ceiling the classes' reservations hold back together
+RESERVED_SHARE_MAX = 0.5
+
+
+def reservations_in_force(policies: Iterable[ClassPolicy], ceiling: int) -> dict[str, int]:
+    """R0: each class's reservation on a backend of this ceiling: its reserved_tokens, or, when
+    they add up to more than RESERVED_SHARE_MAX of the ceiling, its share of that, rounded down."""
+    wanted = {p.name: p.reserved_tokens for p in policies}
+    total = sum(wanted.values())
+    most = int(ceiling * RESERVED_SHARE_MAX)
+    if total <= most:
+        return wanted
+    return {name: n * most // total for name, n in wanted.items()}
+
+
 @dataclass(frozen=True, slots=True)
 class TenantPolicy:
     weight: float = 1.0
@@ -276,6 +298,7 @@ class Step:
 class _Class:
     policy: ClassPolicy
     queue: ClassQueue
+    reserved: int = 0  # its reservation in force (R0: `reservations_in_force`)
 
 
 @dataclass(slots=True)
@@ -491,7 +514,7 @@ class Admission:
         for c in self._order:  # a loop, not sum(max(...)): blocker asks on every dispatch look
             policy = c.policy
             if policy.name != cls:
-                unused = policy.reserved_tokens - by_class.get(policy.name, 0)
+                unused = c.reserved - by_class.get(policy.name, 0)
                 if unused > 0:
                     held += unused
         return held
@@ -500,11 +523,23 @@ class Admission:
         return self._reserved_other[cls]
 
     def _sort_classes(self) -> None:
-        """The classes by priority, and each one's `_reserved_elsewhere` (both change only with a policy)."""
+        """The classes by priority, each one's reservation in force (R0) and `_reserved_elsewhere`
+        (they change only with a policy or the capacity)."""
         self._order = sorted(self._classes.values(), key=lambda c: -c.policy.priority)
-        self._reserved_other = {
-            c.policy.name: sum(o.policy.reserved_tokens for o in self._order if o.policy.name != c.policy.name) for c in self._order
-        }
+        in_force = reservations_in_force((c.policy for c in self._order), self.capacity.ceiling)
+        for c in self._order:
+            c.reserved = in_force[c.policy.name]
+        self._reserved_other = {c.policy.name: sum(o.reserved for o in self._order if o is not c) for c in self._order}
+
+    @property
+    def reserved_total(self) -> int:
+        """The reservations in force, together (R0: at most RESERVED_SHARE_MAX of the ceiling)."""
+        return sum(c.reserved for c in self._order)
+
+    def reserved(self, cls: str) -> int:
+        """The class's reservation in force on this backend (R0: its reserved_tokens, or less on
+        a small pool)."""
+        return self._classes[cls].reserved
 
     def class_reach(self, cls: str, budget: int) -> int:
         """The most tokens `cls` could hold at `budget` with every other class idle."""
@@ -560,7 +595,7 @@ class Admission:
         budget = self.working_budget(request, aged=True) if (aged if stretch is None else stretch) else self.effective_budget
         if led.in_flight + cost > budget - self.held_back(request.cls):
             return Block.BUDGET
-        if own_share_only and not aged and in_class + cost > policy.reserved_tokens:
+        if own_share_only and not aged and in_class + cost > self._classes[request.cls].reserved:
             return Block.BUDGET
         if policy.limit_tokens is not None and in_class + cost > policy.limit_tokens:
             return Block.CLASS_LIMIT
@@ -645,10 +680,10 @@ class Admission:
 
     def _beyond_share(self, request: Request) -> bool:
         """Would `request` take its class past its reservation while a higher class waits (G1)?"""
-        policy = self._classes[request.cls].policy
-        if not self._higher_waiting(policy.priority):
+        entry = self._classes[request.cls]
+        if not self._higher_waiting(entry.policy.priority):
             return False
-        return self.ledger.class_tokens(request.cls) + request.cost > policy.reserved_tokens
+        return self.ledger.class_tokens(request.cls) + request.cost > entry.reserved
 
     def has_turn(self, item: Waiting, now: float) -> bool:
         """G1: may this waiter go ahead of every other waiter now?"""
@@ -1099,7 +1134,7 @@ class Admission:
                         aged.append(w)  # (b): the oldest, aged or not
                     break
                 # = has_turn(w, now): not beyond its share while a higher class waits, or its turn
-                if not higher or in_class + w.request.cost <= c.policy.reserved_tokens:
+                if not higher or in_class + w.request.cost <= c.reserved:
                     aged.append(w)
                 elif (turn_due or (i == 0 and min_rate)) and not (served and by_turn):
                     aged.append(w)
@@ -1235,6 +1270,7 @@ class Admission:
     def set_capacity(self, capacity: Capacity) -> None:
         self.capacity = capacity
         self.budget = min(self.budget, capacity.ceiling)
+        self._sort_classes()  # R0: the reservations in force follow the ceiling
 
     def set_policy(self, policy: ClassPolicy) -> None:
         """Replace a class's shares and queue bounds; waiters keep their deadlines.
@@ -1282,15 +1318,8 @@ class Admission:
                 )
             return Refuse(request, Reason.CONTEXT_LENGTH_EXCEEDED, detail)
         reach = self.class_reach(request.cls, self.capacity.ceiling)
-        if cost > reach:
-            if reach <= 0:  # a misconfiguration (the gate warns at start), said as one, not "-424"
-                others = self._reserved_elsewhere(request.cls)
-                detail = (
-                    f"request needs {cost} tokens; class {request.cls!r} can hold nothing: the other classes reserve "
-                    f"{others} of the {self.capacity.ceiling}-token ceiling"
-                )
-            else:
-                detail = f"request needs {cost} tokens; class {request.cls!r} can never hold more than {reach}"
+        if cost > reach:  # R0: the others leave it at least half the ceiling (a limit_tokens may say less)
+            detail = f"request needs {cost} tokens; class {request.cls!r} can never hold more than {reach}"
             return Refuse(request, Reason.CONTEXT_LENGTH_EXCEEDED, detail)
         quota = self._tenant_policy(request.tenant).max_tokens_in_flight
         if quota is not None and cost > quota:
@@ -1476,6 +1505,11 @@ def check_invariants(adm: Admission) -> None:
     assert len(adm.ledger) <= adm.capacity.slots, "A2 slots"
     assert adm.ledger.slots <= adm.capacity.slots, "A5 task slots"
     assert all(rid in adm.ledger for rid in adm._stretched), "E3 a stretch outlived its reservation"
+    wanted = sum(adm.policy(c).reserved_tokens for c in adm.class_names)
+    in_force = sum(adm.reserved(c) for c in adm.class_names)
+    most = int(adm.capacity.ceiling * RESERVED_SHARE_MAX)
+    assert in_force == wanted if wanted <= most else in_force <= most, "R0 reservations in force"
+    assert all(adm.reserved(c) <= adm.policy(c).reserved_tokens for c in adm.class_names), "R0 above its own"
 
 
 def check_aged(adm: Admission, now: float) -> None:

@@ -147,6 +147,9 @@ class ClassView:
     ttft_objective_ms: float | None = None
     #: the class's own ttft_objective_ms (None: it is held to [budget] slo_ttft_p95_ms)
     own_ttft_objective_ms: float | None = None
+    #: its reservation in force, the smallest of the backends' (R0: reserved_tokens scaled down
+    #: where the reservations add up to more than half a backend's ceiling); None: no core yet
+    reserved_in_force: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

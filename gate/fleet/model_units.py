@@ -83,13 +83,14 @@ def hold(unit: Backend) -> None:
         unit.gatekeeper.set_capacity(held(adm.capacity))
 
 
-def set_capacity(unit: Backend, cap: Capacity, now: float) -> None:
-    """The model is loaded: its own capacity (and the controller's ceiling) in force."""
+def set_capacity(unit: Backend, cap: Capacity, now: float, floor: int | None = None) -> None:
+    """The model is loaded: its own capacity (and the controller's ceiling, and `floor`, the
+    floor that follows from it) in force."""
     assert unit.admission is not None and unit.gatekeeper is not None
     ceiling_changed = unit.admission.capacity.ceiling != cap.ceiling
     unit.gatekeeper.set_capacity(cap)
     if ceiling_changed and unit.controller is not None:
-        unit.controller.set_ceiling(now, cap.ceiling)  # pushes a clamped budget
+        unit.controller.set_ceiling(now, cap.ceiling, floor)  # pushes a clamped budget
 
 
 def refuse_waiting(unit: Backend, reason: Reason, message: str, retry_after_s: float | None) -> None:

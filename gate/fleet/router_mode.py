@@ -363,7 +363,8 @@ class ModelFleet:
         if info.capacity is None:
             refuse_unfit(unit, cap)  # before the capacity lets the queue move
         info.capacity = unit.capacity = cap
-        set_capacity(unit, cap, now)
+        # the floor from the model's own ceiling, not the provisional one its unit was built with
+        set_capacity(unit, cap, now, self.pool.floor_for(cap.ceiling))
         info.status, info.since, info.waking, info.asked, info.demanded = "loaded", now, False, False, False
         info.idle_since = now
         unit.state, unit.detail = "ready", "loaded"

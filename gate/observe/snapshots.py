@@ -90,6 +90,7 @@ def build_snapshot(
                 **dict(zip(("met", "judged"), rollup.met_share(now, c.name))),
                 ttft_objective_ms=config.objective_ms(c.name),
                 own_ttft_objective_ms=c.ttft_objective_ms,
+                reserved_in_force=min((a.reserved(c.name) for b in units if (a := b.admission) is not None), default=None),
             )
         )
     journal = None

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gate.backend.pool import Backend, BackendPool, Core, budget_floor, controller_settings, cores
+from gate.backend.pool import Backend, BackendPool, Core, budget_floor, controller_settings, cores, reserved_total
 from gate.config import ClassConfig, Config, ConfigError, config_digest, load_config, validate_config
 from gate.data.commands import (
     ActionResult,
@@ -189,7 +189,7 @@ class Control:
         change = dataclasses.replace(change, settings=settings, class_changes=class_changes)
         targets = self._backends(None) if change.budget is not None else []
         for b in targets:
-            reserved = sum(c.reserved_tokens for c in new.classes)
+            reserved = reserved_total(new.classes, b.controller.ceiling_tokens)  # type: ignore[union-attr]
             floor = budget_floor(new.budget, b.controller.ceiling_tokens, reserved)  # type: ignore[union-attr]
             self._check_budget(b, change.budget, floor, new.budget.min_tokens, reserved)  # type: ignore[arg-type]
         # Validated whole: nothing below refuses.
@@ -232,8 +232,8 @@ class Control:
     ) -> list[ActionResult]:
         """Set the working budget by hand (one backend or all)."""
         targets = self._backends(backend)
-        reserved = sum(c.reserved_tokens for c in self.config.classes)
         for b in targets:
+            reserved = b.admission.reserved_total if b.admission is not None else 0
             self._check_budget(b, tokens, b.controller.min_tokens if b.controller else 0, self.config.budget.min_tokens, reserved)
         return self._set_budget(targets, tokens, operator, source, note)
 
@@ -595,7 +595,7 @@ class Control:
         for b in self._ready_admissions():
             # A router's model before its first load has no capacity yet: its core's stands in.
             ceiling = b.capacity.ceiling if b.capacity is not None else b.admission.capacity.ceiling
-            settings = controller_settings(config.budget, ceiling, sum(c.reserved_tokens for c in config.classes))
+            settings = controller_settings(config.budget, ceiling, reserved_total(config.classes, ceiling))
             # every [budget] tuning key, not the SLOs alone: a retune (or reload) of window_s,
             # min_samples, cooldown_s, increase or decrease was audited and kept as an override
             # while the running controller went on with the values it started with

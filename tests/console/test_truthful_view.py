@@ -268,6 +268,27 @@ async def test_met_says_which_objective_each_class_is_judged_by(gate):
     assert str(class_cells(dataclasses.replace(own, ttft_objective_ms=2500.0), 2000.0)["met"]) == "62%/2.5s"
 
 
+async def test_a_reservation_a_small_pool_scaled_down_shows_what_is_in_force():
+    """R0 (#25): on a backend whose ceiling is under twice the reservations, they are scaled to
+    half of it; the table shows the configured value and the one in force, not the first alone."""
+    from tests.fakes import GATE_CONFIG, gate_on_fake_llama
+
+    small = GATE_CONFIG.replace('kv = "split"', 'kv = "split"\ntoken_budget = 800').replace("min_tokens = 1024", "min_tokens = 0")
+    async with gate_on_fake_llama(small) as g:
+        (interactive, batch) = g.snapshot().classes
+        assert (interactive.reserved_tokens, interactive.reserved_in_force) == (512, 400)
+        assert (batch.reserved_tokens, batch.reserved_in_force) == (0, 0)
+        app = make_app(g)
+        async with app.run_test(size=(240, 60)) as pilot:
+            await app.tick()
+            await pilot.pause()
+            assert str(app.class_table.get_cell("interactive", "reserved")) == "512→400"
+            assert str(app.class_table.get_cell("batch", "reserved")) == "0"
+        # the operator sees why in the backend's warnings too (the log at start, /health)
+        (b,) = g.backends
+        assert any("interactive 400 in force here" in w for w in b.warnings)
+
+
 def test_waiting_on_names_each_limit():
     from gate.data.snapshot import ClassView
 

@@ -429,7 +429,7 @@ async def test_the_window_notes_and_the_proposals_warnings_are_on_screen_after_a
         cli = [line.removeprefix("note: ") for line in to_table(answer).splitlines() if line.startswith("note: ")]
         assert [n for n, _ in screen.notes] == cli
         warnings = answer["scenarios"][2]["warnings"]
-        assert warnings and any("exceed the ceiling 300" in w for w in warnings)
+        assert warnings and any("of the ceiling 300: interactive 150 in force here" in w for w in warnings)
         assert [n for n, warning in screen.notes if warning] == [f"backend.token_budget=300: {w}" for w in warnings]
         # ... and on screen, whole, beside the status line (which counts the warnings)
         shown = drawn(app, "#whatif-notes")

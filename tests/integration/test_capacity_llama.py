@@ -84,8 +84,9 @@ async def test_where_the_layout_cannot_be_learned_every_contradiction_is_in_heal
         text = "\n".join(h["warnings"])
         assert "assuming unified, ceiling 512" in text and "2048" in text
         assert "min_tokens 1024 is above the ceiling 512" in text
-        assert "interactive 1024" in text
-        assert "default_max_tokens" not in text  # 256 fits a slot of 512
+        assert "class reservations (interactive 1024) are over 50% of the ceiling 512" in text  # 256 in force (R0)
+        assert "a batch request may hold at most 256 tokens, not its default_max_tokens 256" in text
+        assert "default_max_tokens 256 is not below" not in text  # 256 fits a slot of 512
 
 
 async def test_a_default_max_tokens_that_fills_a_slot_is_said_at_start(llama_split):

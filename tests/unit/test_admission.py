@@ -421,18 +421,31 @@ def test_waiting_on_names_what_binds_the_oldest_waiter():
     assert adm.waiting_on("batch") == "tenant quota"
 
 
-def test_a_class_the_others_leave_nothing_is_told_so_not_a_negative_limit():
-    # token_budget 600 under interactive's 1,024 reservation (a misconfiguration the gate warns
-    # of at start): batch can hold nothing, and its 400 said "can never hold more than -424".
+def test_reservations_past_half_the_ceiling_are_scaled_to_it_so_every_class_keeps_room():
+    # R0 (#25): token_budget 600 under interactive's 1,024 reservation left batch nothing: every
+    # batch request got 400 "can hold nothing" (before that, "can never hold more than -424").
     from gate.backend.gatekeeper import context_error_fields
 
     adm = two_classes(budget=600, interactive={"reserved_tokens": 1024})
-    request = req("batch", 100)
-    decision = adm.offer(request, 0.0)
+    assert adm.reserved("interactive") == 300 and adm.reserved("batch") == 0
+    assert isinstance(adm.offer(req("batch", 150), 0.0), Admit)  # 300 is batch's to borrow
+    too_big = req("batch", 320)  # past what interactive's 300 leaves of the ceiling
+    decision = adm.offer(too_big, 0.0)
     assert isinstance(decision, Refuse) and decision.reason is Reason.CONTEXT_LENGTH_EXCEEDED
-    assert "can hold nothing: the other classes reserve 1024 of the 600-token ceiling" in decision.detail
-    assert "-424" not in decision.detail
-    assert context_error_fields(adm, request)["n_ctx"] == 0
+    assert decision.detail == "request needs 320 tokens; class 'batch' can never hold more than 300"
+    assert context_error_fields(adm, too_big)["n_ctx"] == 300
+    assert adm.held_back("batch") == 300  # interactive's scaled reservation is still kept for it
+    assert isinstance(adm.offer(req("interactive", 150), 0.0), Admit)  # interactive reaches the rest
+    check_invariants(adm)
+
+
+def test_reservations_in_force_follow_the_ceiling_both_ways():
+    adm = two_classes(budget=4000, interactive={"reserved_tokens": 1024})
+    assert adm.reserved("interactive") == 1024  # within half of 4,000: as configured
+    adm.set_capacity(Capacity(slots=4, slot_context=1000, ceiling=1000))
+    assert adm.reserved("interactive") == 500
+    adm.set_capacity(Capacity(slots=4, slot_context=1000, ceiling=4000))
+    assert adm.reserved("interactive") == 1024
 
 
 # ---- admitted on a bound of the prompt, settled to its count (L7) -----------------------------

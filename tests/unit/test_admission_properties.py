@@ -12,7 +12,17 @@ from itertools import count
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gate.core.admission import Admission, Admit, Capacity, Queue, Refuse, TenantPolicy, check_invariants
+from gate.core.admission import (
+    RESERVED_SHARE_MAX,
+    Admission,
+    Admit,
+    Capacity,
+    Queue,
+    Refuse,
+    TenantPolicy,
+    check_invariants,
+    reservations_in_force,
+)
 from gate.core.ledger import Request
 from gate.core.queueing import DEFAULT_QUANTUM, ClassQueue
 from tests.unit.core_helpers import Cls
@@ -52,7 +62,7 @@ ops = st.one_of(
 def setups(draw):
     """Random class shares that satisfy config validation (reservations fit the budget)."""
     ceiling = draw(st.integers(1000, 4000))
-    reserved = [draw(st.integers(0, ceiling // 4)) for _ in CLASSES]
+    reserved = [draw(st.integers(0, ceiling // 4)) for _ in CLASSES]  # past half the ceiling in all at times (R0)
     classes = []
     for (name, prio), res in zip(zip(CLASSES, (30, 20, 10)), reserved):
         limit = draw(st.one_of(st.none(), st.integers(max(res, 1), ceiling)))
@@ -223,9 +233,10 @@ def test_class_with_unused_reserved_share_can_always_admit_a_request_that_fits_i
     # Tenant quotas and the prefill limit are separate guarantees; take them out here.
     quotas = {t: TenantPolicy(weight=p.weight) for t, p in quotas.items()}
     capacity = Capacity(capacity.slots, capacity.ceiling, capacity.ceiling, None)
-    reserved = sum(c.reserved_tokens for c in classes)
-    start_budget = max(1, reserved + int(start * (capacity.ceiling - reserved)))
     run = Run(classes, quotas, capacity)
+    in_force = {c.name: run.adm.reserved(c.name) for c in classes}  # R0: at most half the ceiling in all
+    reserved = sum(in_force.values())
+    start_budget = max(1, reserved + int(start * (capacity.ceiling - reserved)))
     run.adm.set_budget(start_budget)
     for op in seq:
         if op[0] == "grow":
@@ -233,12 +244,12 @@ def test_class_with_unused_reserved_share_can_always_admit_a_request_that_fits_i
         else:
             run.apply(op)
         adm = run.adm
-        held = {c.name: max(adm.ledger.class_tokens(c.name), c.reserved_tokens) for c in classes}
+        held = {c.name: max(adm.ledger.class_tokens(c.name), in_force[c.name]) for c in classes}
         assert sum(held.values()) <= adm.budget
         if len(adm.ledger) >= capacity.slots:
             continue
         for c in classes:
-            unused = c.reserved_tokens - adm.ledger.class_tokens(c.name)
+            unused = in_force[c.name] - adm.ledger.class_tokens(c.name)
             queue = adm.queue(c.name)
             if unused < 2 or queue.paused or len(queue):
                 continue
@@ -335,3 +346,25 @@ def test_a_class_queue_expires_exactly_the_waiters_past_their_own_deadline(ops):
             due = {w.request.id for w in q if w.deadline <= now}
             assert {w.request.id for w in q.expire(now)} == due
         assert q.next_deadline() == min((w.deadline for w in q), default=None)
+
+
+@EXAMPLES
+@given(
+    wanted=st.lists(st.integers(0, 10_000), min_size=1, max_size=5),
+    ceiling=st.integers(1, 20_000),
+)
+def test_reservations_in_force_leave_half_the_ceiling_and_keep_what_fits(wanted, ceiling):
+    # R0: on any pool the classes' reservations leave room for the others and the controller
+    policies = [Cls(f"c{i}", i, reserved_tokens=n) for i, n in enumerate(wanted)]
+    in_force = reservations_in_force(policies, ceiling)
+    most = int(ceiling * RESERVED_SHARE_MAX)
+    if sum(wanted) <= most:
+        assert in_force == {p.name: p.reserved_tokens for p in policies}
+    else:
+        assert sum(in_force.values()) <= most
+        assert all(0 <= in_force[p.name] <= p.reserved_tokens for p in policies)
+        # in proportion: a class reserving more never gets less in force
+        for a in policies:
+            for b in policies:
+                if a.reserved_tokens >= b.reserved_tokens:
+                    assert in_force[a.name] >= in_force[b.name]

@@ -134,3 +134,25 @@ async def test_one_health_probe_that_times_out_leaves_a_ready_backend_ready_and_
     state["health"] = "refused"
     await p.probe(backend)
     assert backend.state == "down" and "ConnectError" in backend.detail  # a refused connection: at once
+
+
+def test_the_floor_and_the_reservations_follow_a_backend_whose_pool_changes():
+    # llama-server restarted with a smaller -c: the controller kept the first pool's floor
+    # (a quarter of 8,192), clamped to the new ceiling of 1,024, so it had no room; and the
+    # reservations in force (R0) must follow the new ceiling as well.
+    from gate.core.admission import Capacity
+
+    p = pool(
+        '[[backends]]\nname = "a"\nurl = "http://a:8080"\n'
+        "[classes.interactive]\npriority = 10\nreserved_tokens = 1024\n[classes.batch]\npriority = 1\n"
+    )
+    (b,) = p
+    p.apply_capacity(b, Capacity(slots=4, slot_context=2048, ceiling=8192))
+    assert b.controller is not None and b.admission is not None
+    assert (b.controller.min_tokens, b.controller.ceiling_tokens) == (2048, 8192)
+    assert b.admission.reserved("interactive") == 1024
+    p.apply_capacity(b, Capacity(slots=2, slot_context=512, ceiling=1024))
+    assert b.admission.reserved("interactive") == 512
+    assert (b.controller.min_tokens, b.controller.ceiling_tokens) == (512, 1024)  # room: 512..1024
+    p.apply_capacity(b, Capacity(slots=4, slot_context=2048, ceiling=8192))  # and back
+    assert (b.controller.min_tokens, b.admission.reserved("interactive")) == (2048, 1024)

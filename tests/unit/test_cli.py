@@ -160,7 +160,7 @@ def test_verbose_check_says_the_auto_floor_is_at_least_the_reservations(capsys: 
     out = verbose_check(
         capsys, tmp_path, "[classes.chat]\npriority = 5\nreserved_tokens = 1024\n[classes.bulk]\npriority = 1\nreserved_tokens = 256\n"
     )
-    assert "min auto (a quarter of the ceiling, at least the classes' reservations, 1280)" in out
+    assert "min auto (a quarter of the ceiling, at least the classes' reservations, 1280, or half the ceiling on a pool under 2560)" in out
 
 
 def test_verbose_check_names_a_class_s_own_objective(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -253,7 +253,10 @@ def test_check_warns_of_reservations_over_a_fixed_token_budget(capsys: pytest.Ca
     assert "token_budget = 600" in p.read_text()
     code, out, err = run(capsys, "config", "check", str(p))
     assert code == 0, err
-    assert "warning: backend default (token_budget 600): class reservations (interactive 1024; 1024 in all) exceed the ceiling 600" in out
+    assert (
+        "warning: backend default (token_budget 600): class reservations (interactive 1024) are over 50% "
+        "of the ceiling 600: interactive 300 in force here"
+    ) in out
     # the example as it is (no token_budget: the ceiling is llama-server's) has nothing to warn of
     p.write_text(EXAMPLE_CONFIG)
     assert run(capsys, "config", "check", str(p))[1] == f"ok: {p} (1 backend, 2 classes, 0 tenants)\n"

@@ -100,8 +100,8 @@ def test_never_fits_carries_llama_servers_context_fields():
     many = _refusal(Request("y", "c", "t", 900, 100, 0.0, tasks=3, slot_tokens=550))
     assert many.extra["n_prompt_tokens"] == 450 and many.extra["n_ctx"] == 512  # its largest task
     # fits a slot but not what its class can ever hold (the other class's reservation): that limit
-    reach = _refusal(Request("z", "c", "t", 200, 100, 0.0, tasks=4, slot_tokens=150), reserved_elsewhere=1800)
-    assert reach.extra["n_ctx"] == 4 * 512 - 1800
+    reach = _refusal(Request("z", "c", "t", 800, 100, 0.0, tasks=4, slot_tokens=300), reserved_elsewhere=1000)
+    assert reach.extra["n_ctx"] == 4 * 512 - 1000
 
 
 def test_too_many_tasks_is_invalid_request_not_the_context_shape():

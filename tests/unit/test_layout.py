@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gate.backend.layout import learn_layout, local_server_args, parse_server_args
-from gate.backend.pool import capacity_from_props, capacity_warnings
+from gate.backend.pool import budget_floor, capacity_from_props, capacity_warnings, reserved_total
 from gate.config import BackendConfig, BudgetConfig, ClassConfig
 
 
@@ -111,7 +111,9 @@ def test_min_tokens_and_reservations_above_the_ceiling_are_said():
     )
     warnings = capacity_warnings(layout, cap, BudgetConfig(min_tokens=2048), classes)
     assert any("min_tokens 2048 is above the ceiling 512" in w for w in warnings)
-    assert any("interactive 1024" in w and "exceed the ceiling 512" in w for w in warnings)
+    (scaled,) = [w for w in warnings if "class reservations" in w]
+    assert "(interactive 1024) are over 50% of the ceiling 512" in scaled
+    assert ": interactive 256 in force here" in scaled
     fits = capacity_from_props(props(4, 512), BackendConfig(kv="split"), learn_layout(props(4, 512), "split", None))
     # min_tokens at the ceiling: no longer above it, but the adaptive budget cannot move (#25)
     (warning,) = capacity_warnings(None, fits, BudgetConfig(min_tokens=2048), classes)
@@ -139,10 +141,11 @@ def test_a_default_max_tokens_no_request_can_fit_in_a_slot_is_said_with_what_the
     assert "classes.batch.default_max_tokens 512" in warning and "what its slot holds after its prompt" in warning
 
 
-def test_reservations_that_leave_a_class_no_room_and_a_controller_without_room_are_said():
+def test_reservations_are_scaled_to_a_small_pool_and_said_so_every_class_and_the_controller_keep_room():
     """#25, tried as a user: `llama-server -np 2 -c 1024` and the example config. interactive's
-    1,024-token reservation is the whole pool: batch can never start, and the adaptive
-    budget's floor (the reservations) is its ceiling, with no word anywhere."""
+    1,024-token reservation was the whole pool: batch could never start (400 on every request),
+    and the adaptive budget's floor (the reservations) was its ceiling. R0: at most half the
+    ceiling is reserved, so on that pool interactive reserves 512, and the gate says so."""
     layout = learn_layout(props(2, 1024), "unified", None)
     cap = capacity_from_props(props(2, 1024), BackendConfig(kv="unified"), layout)
     assert cap.ceiling == 1024
@@ -150,17 +153,21 @@ def test_reservations_that_leave_a_class_no_room_and_a_controller_without_room_a
         ClassConfig(name="interactive", priority=10, reserved_tokens=1024, default_max_tokens=256),
         ClassConfig(name="batch", priority=1, default_max_tokens=256),
     )
-    warnings = capacity_warnings(layout, cap, BudgetConfig(mode="adaptive", min_tokens=0), example)
-    (starved,) = [w for w in warnings if "never start" in w]
-    assert "batch request may hold at most 0 tokens" in starved and "interactive 1024" in starved
-    (stuck,) = [w for w in warnings if "no room" in w]
-    assert "the classes' reservations, 1024" in stuck
+    (scaled,) = capacity_warnings(layout, cap, BudgetConfig(mode="adaptive", min_tokens=0), example)
+    assert "interactive 512 in force here" in scaled and "keep room" in scaled
+    assert budget_floor(BudgetConfig(min_tokens=0), cap.ceiling, reserved_total(example, cap.ceiling)) == 512
     # Room for a default request of each class and for the controller: nothing to say.
     roomy = capacity_from_props(props(4, 4096), BackendConfig(kv="unified"), learn_layout(props(4, 4096), "unified", None))
     assert capacity_warnings(None, roomy, BudgetConfig(mode="adaptive", min_tokens=0), example) == ()
-    # The boundary: the others leave exactly default_max_tokens, which no request with a prompt fits.
-    tight = (ClassConfig(name="interactive", priority=10, reserved_tokens=768, default_max_tokens=256), example[1])
+    # Within half the ceiling, a class whose default request cannot fit beside the others'
+    # reservations is still told so; the boundary: the others leave exactly default_max_tokens,
+    # which no request with a prompt fits.
+    long_batch = ClassConfig(name="batch", priority=1, default_max_tokens=512)
+    tight = (ClassConfig(name="interactive", priority=10, reserved_tokens=512, default_max_tokens=256), long_batch)
     (edge,) = capacity_warnings(None, cap, BudgetConfig(mode="static", min_tokens=0), tight)
-    assert "may hold at most 256 tokens" in edge
-    tight = (ClassConfig(name="interactive", priority=10, reserved_tokens=767, default_max_tokens=256), example[1])
+    assert "may hold at most 512 tokens" in edge and "lower reserved_tokens or default_max_tokens" in edge
+    tight = (ClassConfig(name="interactive", priority=10, reserved_tokens=511, default_max_tokens=256), long_batch)
     assert capacity_warnings(None, cap, BudgetConfig(mode="static", min_tokens=0), tight) == ()
+    # An operator's min_tokens at the ceiling still leaves the controller no room, and is said.
+    (stuck,) = capacity_warnings(None, cap, BudgetConfig(mode="adaptive", min_tokens=1024), example[1:])
+    assert "no room" in stuck and "budget.min_tokens 1024" in stuck

@@ -189,7 +189,7 @@ def objective_setups(draw):
         ObjCls(
             "hi",
             30,
-            reserved_tokens=draw(st.integers(300, ceiling // 2)),
+            reserved_tokens=draw(st.integers(300, ceiling // 2 - 200)),  # with lo's, within R0's half
             queue_depth=8,
             queue_timeout_s=60.0,
             ttft_objective_ms=draw(objective),

@@ -746,7 +746,8 @@ def test_the_pool_is_llama_servers_not_the_configured_token_budget(tmp_path: Pat
     window = load_window(path)
     assert window.pool is None and window.fit.ceiling == 1400
     assert any("KV pool is not in the journal" in n for n in window.fit.notes)
-    answer = run_replay(window, [proposal_from_set("backend.token_budget=2000", window.config)])
+    # (2,048: at 2,000 the example's interactive 1,024 is more than half, scaled and warned, R0)
+    answer = run_replay(window, [proposal_from_set("backend.token_budget=2048", window.config)])
     assert answer["scenarios"][2]["warnings"] == []
     # a gate before this one wrote the learned capacity without the pool: it follows from the layout
     for value in (
@@ -760,10 +761,10 @@ def test_the_pool_is_llama_servers_not_the_configured_token_budget(tmp_path: Pat
         window = load_window(path)
         assert window.pool == 2048 and window.fit.ceiling == 2048, value
         assert not any("pool" in n for n in window.fit.notes)
-        under, over = (proposal_from_set(f"backend.token_budget={n}", window.config) for n in (2000, 3000))
+        under, over = (proposal_from_set(f"backend.token_budget={n}", window.config) for n in (2048, 3000))
         answer = run_replay(window, [under, over])
         assert "unified pool of 2048 tokens" in to_table(answer)
-        assert answer["scenarios"][2]["warnings"] == []  # 2,000 fits the 2,048-token pool
+        assert answer["scenarios"][2]["warnings"] == []  # 2,048 fits the 2,048-token pool
         assert any("above llama-server's KV pool of 2048" in w for w in answer["scenarios"][3]["warnings"])
         # the recorded thresholds replay at their 1,400; a config without token_budget at the pool
         assert answer["scenarios"][1]["budget_curve"][0] == [0.0, 1400]

@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gate.backend.pool import controller_settings
+from gate.backend.pool import controller_settings, reserved_total
 from gate.config.reader import config_from_dict
 from gate.config.schema import ClassConfig, Config, ConfigError
 from gate.config.thresholds import CONFIG_IN_FORCE, thresholds_of, without_credentials
@@ -215,7 +215,7 @@ def replay(
     cap = _capacity(config, fit)
     # the classes' reservations raise the floor, as the gate's pool passes them (with min_tokens
     # 0 the replay's floor was a quarter of the ceiling where the gate's was the reservations)
-    settings = controller_settings(config.budget, cap.ceiling, sum(c.reserved_tokens for c in config.classes))
+    settings = controller_settings(config.budget, cap.ceiling, reserved_total(config.classes, cap.ceiling))
     controller = controller_for(config.budget.mode, settings)
     prefill = PrefillModel()
     adm = Admission(
@@ -292,7 +292,7 @@ def replay(
         adm.default_ttft_objective_ms = new.budget.slo_ttft_p95_ms
         state["slo_s"] = new.budget.slo_ttft_p95_ms / 1000.0
         adm.set_capacity(_capacity(new, fit))
-        controller = controller_for(new.budget.mode, controller_settings(new.budget, adm.capacity.ceiling, _reserved(adm)))
+        controller = controller_for(new.budget.mode, controller_settings(new.budget, adm.capacity.ceiling, adm.reserved_total))
         controller.on_change(budget_moved)
         prefill = PrefillModel()
         adm.prefill_cap_auto = None
@@ -475,17 +475,12 @@ def _set_class(cls: str, values: dict[str, Any], adm: Admission, classes: dict[s
     adm.set_policy(updated)
 
 
-def _reserved(adm: Admission) -> int:
-    """The classes' reservations now (the floor under the controller's budget)."""
-    return sum(adm.policy(c).reserved_tokens for c in adm.class_names)
-
-
 def _set_budget_settings(values: dict[str, Any], now: float, adm: Admission, controller: Any, state: dict[str, Any]) -> None:
     config: Config = state["config"]
     known = {f.name for f in dataclasses.fields(config.budget)}
     budget = dataclasses.replace(config.budget, **{k: v for k, v in values.items() if k in known and k != "mode"})
     state["config"] = dataclasses.replace(config, budget=budget)
-    settings = controller_settings(budget, controller.ceiling_tokens, _reserved(adm))
+    settings = controller_settings(budget, controller.ceiling_tokens, adm.reserved_total)
     controller.set_tuning(settings)  # every [budget] tuning key, as the running gate's since dd2e7a8
     controller.set_bounds(now, settings.min_tokens)
     adm.aging_s = budget.aging_s or None  # as gate.ops.control's _apply_budget
