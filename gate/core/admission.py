@@ -158,7 +158,7 @@ from gate.core import queueing
 from gate.core.ledger import Ledger, Request, Reservation
 from gate.core.queueing import ClassQueue, Waiting
 from gate.core.reasons import Reason
-from gate.core.waits import HoldTimes, chance_before_any_hold, chance_in_time, crossing, growing_frees, remaining, wait_at
+from gate.core.waits import HoldTimes, chance_before_any_hold, chance_in_time, crossing, first_frees, growing_frees, remaining, wait_at
 
 RETRY_MIN_S = 1.0
 RETRY_MAX_S = 120.0
@@ -759,13 +759,18 @@ class Admission:
         if mean is not None:  # the slot state once per walk: the ledger does not change while it runs
             longest = self.holds.longest_s
             at = now or 0.0
-            if longest is not None and self._overrunning(at, longest):
+            if self.ledger.oldest_first:  # L6: only the places the waiters wait at (waits.first_frees)
+                led = self.ledger
+                frees, grows = first_frees(
+                    (r.admitted_at for r in led), len(led), mean, at, self.capacity.slots, longest, self.waiting() + 1
+                )
+            elif longest is not None and self._overrunning(at, longest):
                 # marked for the places the waiters wait at, and the one above (waits.crossing)
                 places = self.waiting() + 1
                 frees, grows = growing_frees((r.admitted_at for r in self.ledger), mean, at, self.capacity.slots, longest, places)
             else:
                 frees = remaining((r.admitted_at for r in self.ledger), mean, at, self.capacity.slots, longest)
-            k = len(frees)
+            k = self.capacity.slots  # = len(remaining(...)); `frees` may hold only the first places
         expected_ttft = self.expected_ttft
         prefilling = self.prefill_met()  # T4
         # the waiters with their turn, where places matter (a wait is computed only with a mean)
@@ -796,9 +801,13 @@ class Admission:
                     wait = None
                     start_by = request.objective_from + objective_s - expected
                 else:
-                    free = frees[ahead % k]
-                    wait = free + (ahead // k) * mean  # = wait_at(ahead, frees, mean)
-                    start_by = request.objective_from + objective_s - (expected or 0.0) - wait
+                    if ahead < k:  # the slots' first round: + 0 x mean adds 0.0 to a free >= +0.0
+                        wait = free = frees[ahead]
+                    else:
+                        free = frees[ahead % k]
+                        wait = free + (ahead // k) * mean  # = wait_at(ahead, frees, mean)
+                    # request.objective_from, inlined (a property call per waiter per walk, #24)
+                    start_by = (request.arrival if request.came is None else request.came) + objective_s - (expected or 0.0) - wait
                     if start_by > horizon:
                         behind = ahead  # the last place a waiter waits at (for the crossings below)
                         if grows is not None and grows[ahead % k]:
