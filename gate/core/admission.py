@@ -599,10 +599,7 @@ class Admission:
             hold = own.mean_s if own is not None else None
             if hold is None:
                 hold = shared  # until its own holds are measured
-            busy = 0
-            for r in self.ledger:
-                if r.request.cls == policy.name:
-                    busy += r.request.tasks
+            busy = self.ledger.slots_by_class.get(policy.name, 0)  # L8
             left = self.demand(policy.name) * hold - busy
             if left > 0:
                 want += left
