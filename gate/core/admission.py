@@ -146,6 +146,7 @@ A refusal changes nothing; shrinking the budget revokes nothing already admitted
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -1092,14 +1093,20 @@ class Admission:
         for c in self._order:
             if c.queue.paused or not c.queue:
                 continue
+            min_rate = self._min_rate_due(c.policy.name, now)
+            waiters = c.queue.in_order()
+            oldest = next(waiters)
+            if not now - oldest.enqueued_at >= aging:  # none aged (most looks: #24, before the rest)
+                if min_rate:
+                    aged.append(oldest)  # (b): the oldest, aged or not
+                continue
             # has_turn's inputs that are the same for every waiter of the class, once per class
             higher = self._higher_waiting(c.policy.priority) or (waiting_above is not None and c.policy.priority < waiting_above)
             in_class = self.ledger.class_tokens(c.policy.name)
             last = self._turn_at.get(c.policy.name)
             turn_due = last is None or now - last >= aging
-            min_rate = self._min_rate_due(c.policy.name, now)
             by_turn = False  # `served`: the class's one turn past its share is taken
-            for i, w in enumerate(c.queue.in_order()):  # aged waiters are a prefix of the enqueue order
+            for i, w in enumerate(itertools.chain((oldest,), waiters)):  # aged waiters are a prefix of the enqueue order
                 if not now - w.enqueued_at >= aging:
                     if i == 0 and min_rate:
                         aged.append(w)  # (b): the oldest, aged or not
