@@ -148,6 +148,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -171,6 +172,7 @@ IN_TIME_CHANCE = 0.9
 #: T2 looks again no sooner than this behind a slot held past every hold measured (its start-by moment
 #: comes back as time goes on; without a floor, rounding could ask for the same moment again)
 RECHECK_S = 1e-6
+_ADMITTED_AT = operator.attrgetter("admitted_at")  # a reservation's moment, in C (T2's walk)
 #: T4: the dispatches of waiters whose prefilling met is averaged
 MET_KEPT = 16
 #: R1: refusals within this many seconds of each other are one herd (their Retry-After staggered)
@@ -420,6 +422,7 @@ class Admission:
         self._order: list[_Class] = []
         self._reserved_other: dict[str, int] = {}
         self._sort_classes()
+        self._queues = tuple(c.queue for c in self._classes.values())  # a class keeps its queue
 
     # ---- reading -----------------------------------------------------------
 
@@ -438,7 +441,7 @@ class Admission:
         return self._classes[cls].queue
 
     def waiting(self) -> int:
-        return sum(len(c.queue) for c in self._order)
+        return sum(map(len, self._queues))  # in C: asked on every event, several times (#24)
 
     def next_deadline(self, now: float | None = None, *, after: Step | None = None) -> float | None:
         """The earliest moment a waiter times out, may be late for its TTFT objective (T2: see
@@ -695,7 +698,12 @@ class Admission:
         mean = self.holds.mean_s
         if mean is None or not self.capacity.slots:
             return None  # no slots (a router's model not loaded): its load, not a slot, decides
-        frees = remaining((r.admitted_at for r in self.ledger), mean, now, self.capacity.slots, self.holds.longest_s)
+        led = self.ledger
+        if led.oldest_first:  # L6: the slots up to its place only (waits.first_frees; T1 asks per newcomer)
+            slots = self.capacity.slots
+            frees = first_frees(map(_ADMITTED_AT, led), len(led), mean, now, slots, self.holds.longest_s, position + 1)[0]
+            return frees[position % slots] + (position // slots) * mean  # = wait_at with every slot's frees
+        frees = remaining((r.admitted_at for r in led), mean, now, self.capacity.slots, self.holds.longest_s)
         return wait_at(position, frees, mean)
 
     def chance_in_time(self, position: int, within_s: float, now: float, enough: float | None = None) -> float | None:
@@ -759,9 +767,7 @@ class Admission:
             at = now or 0.0
             if self.ledger.oldest_first:  # L6: only the places the waiters wait at (waits.first_frees)
                 led = self.ledger
-                frees, grows = first_frees(
-                    (r.admitted_at for r in led), len(led), mean, at, self.capacity.slots, longest, self.waiting() + 1
-                )
+                frees, grows = first_frees(map(_ADMITTED_AT, led), len(led), mean, at, self.capacity.slots, longest, self.waiting() + 1)
             elif longest is not None and self._overrunning(at, longest):
                 # marked for the places the waiters wait at, and the one above (waits.crossing)
                 places = self.waiting() + 1

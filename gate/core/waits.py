@@ -36,6 +36,7 @@ otherwise: the two agree.
 
 from __future__ import annotations
 
+import itertools
 import math
 from bisect import bisect_right
 from collections import deque
@@ -156,28 +157,31 @@ def first_frees(
     m = min(places, max(1, slots))
     left: list[float] = [0.0] * max(0, min(m, slots - held))  # the free slots: 0, soonest of all
     over: list[float] = []
-    for at in held_since:
-        if len(left) >= m:
-            break  # after the prefix held past the longest: the rest free later than these
-        age = now - at
-        if longest_s is not None and age > longest_s:
-            over.append(age - longest_s)
-        else:
-            left.append(r if (r := mean_s - age) > 0.0 else 0.0)
+    need = m - len(left)
+    moments = iter(held_since)
+    if need > 0:
+        for at in moments:  # the prefix held past the longest, and the first slot after it
+            age = now - at
+            if longest_s is not None and age > longest_s:
+                over.append(age - longest_s)
+            else:
+                left.append(r if (r := mean_s - age) > 0.0 else 0.0)
+                need -= 1
+                break
+        if need > 0:  # the rest of the places: none past the longest (their ages only fall)
+            left += [r if (r := mean_s - (now - at)) > 0.0 else 0.0 for at in itertools.islice(moments, need)]
     if not over:
         return left[:m], None
     left.sort()  # sorted already (ages fall); as growing_frees reads them
     over.sort()
     frees = sorted(left + over)[:m]
-    grows: list[bool] = []
-    i = j = 0
-    for _ in range(min(places, len(frees))):  # as growing_frees: a tie, the one that does not grow first
-        if j < len(over) and (i >= len(left) or over[j] < left[i]):
-            grows.append(True)
-            j += 1
-        else:
-            grows.append(False)
-            i += 1
+    grows = [False] * min(places, len(frees))
+    for j, o in enumerate(over):
+        # growing_frees's merge: a tie, the one that does not grow first, so each overrun comes
+        # after the frees <= it (those not computed come after the m places: never before it)
+        place = j + bisect_right(left, o)
+        if place < len(grows):
+            grows[place] = True
     return frees, grows
 
 
