@@ -795,6 +795,37 @@ class Admission:
             if expected_ttft is None and mean is None:
                 ahead += count  # nothing measured: no start-by moment
                 continue
+            if expected_ttft is not None and mean is not None and ahead + count <= k:
+                # the common case (#24: ~99% of a replay's waiter steps), the loop below without
+                # the branches it cannot take: every place in the slots' first round
+                for w in waiters:
+                    request = w.request
+                    first_round = frees[ahead]  # its wait (and its slot's free)
+                    start_by = (
+                        (request.arrival if request.came is None else request.came)
+                        + objective_s
+                        - (expected_ttft(request, prefilling) or 0.0)
+                        - first_round
+                    )
+                    if start_by > horizon:
+                        if grows is None:
+                            late_at = start_by + first_round
+                        else:  # as below
+                            behind = ahead
+                            if grows[ahead]:
+                                late_at = (start_by + horizon) / 2.0
+                                late_at = late_at if late_at > horizon + RECHECK_S else horizon + RECHECK_S
+                            else:
+                                late_at = start_by + first_round
+                        if earliest is None or late_at < earliest:
+                            earliest = late_at
+                        ahead += 1
+                    else:
+                        if earliest is None or start_by < earliest:
+                            earliest = start_by
+                        if late:
+                            out.append((w, first_round))
+                continue
             for w in waiters:
                 request = w.request
                 expected = None if expected_ttft is None else expected_ttft(request, prefilling)
