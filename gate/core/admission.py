@@ -153,7 +153,9 @@ A refusal changes nothing; shrinking the budget revokes nothing already admitted
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -165,7 +167,7 @@ from gate.core import queueing
 from gate.core.ledger import Ledger, Request, Reservation
 from gate.core.queueing import ClassQueue, Waiting
 from gate.core.reasons import Reason
-from gate.core.waits import HoldTimes, chance_before_any_hold, chance_in_time, crossing, growing_frees, remaining, wait_at
+from gate.core.waits import HoldTimes, chance_before_any_hold, chance_in_time, crossing, first_frees, growing_frees, remaining, wait_at
 
 RETRY_MIN_S = 1.0
 RETRY_MAX_S = 120.0
@@ -177,6 +179,7 @@ IN_TIME_CHANCE = 0.9
 #: T2 looks again no sooner than this behind a slot held past every hold measured (its start-by moment
 #: comes back as time goes on; without a floor, rounding could ask for the same moment again)
 RECHECK_S = 1e-6
+_ADMITTED_AT = operator.attrgetter("admitted_at")  # a reservation's moment, in C (T2's walk)
 #: T4: the dispatches of waiters whose prefilling met is averaged
 MET_KEPT = 16
 #: R1: refusals within this many seconds of each other are one herd (their Retry-After staggered)
@@ -442,6 +445,7 @@ class Admission:
         self._order: list[_Class] = []
         self._reserved_other: dict[str, int] = {}
         self._sort_classes()
+        self._queues = tuple(c.queue for c in self._classes.values())  # a class keeps its queue
 
     # ---- reading -----------------------------------------------------------
 
@@ -460,7 +464,7 @@ class Admission:
         return self._classes[cls].queue
 
     def waiting(self) -> int:
-        return sum(len(c.queue) for c in self._order)
+        return sum(map(len, self._queues))  # in C: asked on every event, several times (#24)
 
     def next_deadline(self, now: float | None = None, *, after: Step | None = None) -> float | None:
         """The earliest moment a waiter times out, may be late for its TTFT objective (T2: see
@@ -634,10 +638,7 @@ class Admission:
             hold = own.mean_s if own is not None else None
             if hold is None:
                 hold = shared  # until its own holds are measured
-            busy = 0
-            for r in self.ledger:
-                if r.request.cls == policy.name:
-                    busy += r.request.tasks
+            busy = self.ledger.slots_by_class.get(policy.name, 0)  # L8
             left = self.demand(policy.name) * hold - busy
             if left > 0:
                 want += left
@@ -732,7 +733,12 @@ class Admission:
         mean = self.holds.mean_s
         if mean is None or not self.capacity.slots:
             return None  # no slots (a router's model not loaded): its load, not a slot, decides
-        frees = remaining((r.admitted_at for r in self.ledger), mean, now, self.capacity.slots, self.holds.longest_s)
+        led = self.ledger
+        if led.oldest_first:  # L6: the slots up to its place only (waits.first_frees; T1 asks per newcomer)
+            slots = self.capacity.slots
+            frees = first_frees(map(_ADMITTED_AT, led), len(led), mean, now, slots, self.holds.longest_s, position + 1)[0]
+            return frees[position % slots] + (position // slots) * mean  # = wait_at with every slot's frees
+        frees = remaining((r.admitted_at for r in led), mean, now, self.capacity.slots, self.holds.longest_s)
         return wait_at(position, frees, mean)
 
     def chance_in_time(self, position: int, within_s: float, now: float, enough: float | None = None) -> float | None:
@@ -794,13 +800,16 @@ class Admission:
         if mean is not None:  # the slot state once per walk: the ledger does not change while it runs
             longest = self.holds.longest_s
             at = now or 0.0
-            if longest is not None and self._overrunning(at, longest):
+            if self.ledger.oldest_first:  # L6: only the places the waiters wait at (waits.first_frees)
+                led = self.ledger
+                frees, grows = first_frees(map(_ADMITTED_AT, led), len(led), mean, at, self.capacity.slots, longest, self.waiting() + 1)
+            elif longest is not None and self._overrunning(at, longest):
                 # marked for the places the waiters wait at, and the one above (waits.crossing)
                 places = self.waiting() + 1
                 frees, grows = growing_frees((r.admitted_at for r in self.ledger), mean, at, self.capacity.slots, longest, places)
             else:
                 frees = remaining((r.admitted_at for r in self.ledger), mean, at, self.capacity.slots, longest)
-            k = len(frees)
+            k = self.capacity.slots  # = len(remaining(...)); `frees` may hold only the first places
         expected_ttft = self.expected_ttft
         prefilling = self.prefill_met()  # T4
         # the waiters with their turn, where places matter (a wait is computed only with a mean)
@@ -821,6 +830,37 @@ class Admission:
             if expected_ttft is None and mean is None:
                 ahead += count  # nothing measured: no start-by moment
                 continue
+            if expected_ttft is not None and mean is not None and ahead + count <= k:
+                # the common case (#24: ~99% of a replay's waiter steps), the loop below without
+                # the branches it cannot take: every place in the slots' first round
+                for w in waiters:
+                    request = w.request
+                    first_round = frees[ahead]  # its wait (and its slot's free)
+                    start_by = (
+                        (request.arrival if request.came is None else request.came)
+                        + objective_s
+                        - (expected_ttft(request, prefilling) or 0.0)
+                        - first_round
+                    )
+                    if start_by > horizon:
+                        if grows is None:
+                            late_at = start_by + first_round
+                        else:  # as below
+                            behind = ahead
+                            if grows[ahead]:
+                                late_at = (start_by + horizon) / 2.0
+                                late_at = late_at if late_at > horizon + RECHECK_S else horizon + RECHECK_S
+                            else:
+                                late_at = start_by + first_round
+                        if earliest is None or late_at < earliest:
+                            earliest = late_at
+                        ahead += 1
+                    else:
+                        if earliest is None or start_by < earliest:
+                            earliest = start_by
+                        if late:
+                            out.append((w, first_round))
+                continue
             for w in waiters:
                 request = w.request
                 expected = None if expected_ttft is None else expected_ttft(request, prefilling)
@@ -831,9 +871,13 @@ class Admission:
                     wait = None
                     start_by = request.objective_from + objective_s - expected
                 else:
-                    free = frees[ahead % k]
-                    wait = free + (ahead // k) * mean  # = wait_at(ahead, frees, mean)
-                    start_by = request.objective_from + objective_s - (expected or 0.0) - wait
+                    if ahead < k:  # the slots' first round: + 0 x mean adds 0.0 to a free >= +0.0
+                        wait = free = frees[ahead]
+                    else:
+                        free = frees[ahead % k]
+                        wait = free + (ahead // k) * mean  # = wait_at(ahead, frees, mean)
+                    # request.objective_from, inlined (a property call per waiter per walk, #24)
+                    start_by = (request.arrival if request.came is None else request.came) + objective_s - (expected or 0.0) - wait
                     if start_by > horizon:
                         behind = ahead  # the last place a waiter waits at (for the crossings below)
                         if grows is not None and grows[ahead % k]:
@@ -1121,14 +1165,20 @@ class Admission:
         for c in self._order:
             if c.queue.paused or not c.queue:
                 continue
+            min_rate = self._min_rate_due(c.policy.name, now)
+            waiters = c.queue.in_order()
+            oldest = next(waiters)
+            if not now - oldest.enqueued_at >= aging:  # none aged (most looks: #24, before the rest)
+                if min_rate:
+                    aged.append(oldest)  # (b): the oldest, aged or not
+                continue
             # has_turn's inputs that are the same for every waiter of the class, once per class
             higher = self._higher_waiting(c.policy.priority) or (waiting_above is not None and c.policy.priority < waiting_above)
             in_class = self.ledger.class_tokens(c.policy.name)
             last = self._turn_at.get(c.policy.name)
             turn_due = last is None or now - last >= aging
-            min_rate = self._min_rate_due(c.policy.name, now)
             by_turn = False  # `served`: the class's one turn past its share is taken
-            for i, w in enumerate(c.queue.in_order()):  # aged waiters are a prefix of the enqueue order
+            for i, w in enumerate(itertools.chain((oldest,), waiters)):  # aged waiters are a prefix of the enqueue order
                 if not now - w.enqueued_at >= aging:
                     if i == 0 and min_rate:
                         aged.append(w)  # (b): the oldest, aged or not

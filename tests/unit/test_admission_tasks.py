@@ -114,3 +114,18 @@ def test_ledger_l5_counts_slots():
     check_ledger(led)
     led.release("a")
     assert led.slots == 0 and led.in_flight == 0
+
+
+def test_ledger_l8_counts_each_classs_slots_through_a_swap_and_a_release():
+    """L8 (F7 reads it per class): the tasks per class, kept through swap (a class change too)
+    and release, absent at zero as L2's sums."""
+    led = Ledger()
+    led.reserve(Request("a", "chat", "t", 10, 0, 0.0, tasks=3), 0.0)
+    led.reserve(Request("b", "batch", "t", 10, 0, 0.0), 0.0)
+    assert led.slots_by_class == {"chat": 3, "batch": 1}
+    led.swap(Request("a", "batch", "t", 10, 0, 0.0, tasks=2))
+    assert led.slots_by_class == {"batch": 3}
+    check_ledger(led)
+    led.release("b")
+    led.release("a")
+    assert led.slots_by_class == {}

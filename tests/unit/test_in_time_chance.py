@@ -331,6 +331,42 @@ def test_the_growing_frees_are_the_remaining_ones_marked(held_since, mean, longe
         assert a < b or (a == b and not (ga and not gb))
 
 
+@EXAMPLES
+@given(
+    held_since=st.lists(st.floats(-10.0, 0.0), max_size=12),
+    mean=st.floats(0.01, 5.0),
+    longest=st.one_of(st.none(), st.floats(0.01, 8.0)),
+    slots=st.integers(1, 12),
+    places=st.integers(1, 14),
+)
+def test_the_first_frees_are_the_first_places_of_the_whole_walk(held_since, mean, longest, slots, places):
+    """first_frees (T2's walk, the ledger oldest first, L6): the first min(places, slots) floats of
+    remaining, bit for bit, and growing_frees's marks for them (None where none of them grows:
+    the walk reads None and no mark alike). Negative control: the moments in the
+    ledger's order reversed (newest first) give the newest slots' frees, not the soonest."""
+    from gate.core.waits import first_frees, growing_frees
+
+    held_since = sorted(held_since)  # oldest first, as the ledger holds them (L6)
+    frees, grows = first_frees(iter(held_since), len(held_since), mean, 0.0, slots, longest, places)
+    whole = remaining(held_since, mean, 0.0, slots, longest)
+    m = min(places, slots)
+    assert [repr(f) for f in frees] == [repr(f) for f in whole[:m]]
+    if longest is None:
+        assert grows is None
+    else:  # None when no slot overruns or the free slots fill every place: none grows there
+        marks = growing_frees(held_since, mean, 0.0, slots, longest, places)[1][:m]
+        assert (grows if grows is not None else [False] * len(marks)) == marks
+
+
+def test_the_first_frees_need_the_oldest_first():
+    """The negative control of the property above: newest first, the soonest slots are missed."""
+    from gate.core.waits import first_frees
+
+    newest_first = [0.0, -1.0, -2.0]  # held 0, 1 and 2 s; the mean hold 2.5 s: frees 2.5, 1.5, 0.5
+    assert first_frees(iter(newest_first[::-1]), 3, 2.5, 0.0, 3, None, 1)[0] == [0.5]
+    assert first_frees(iter(newest_first), 3, 2.5, 0.0, 3, None, 1)[0] == [2.5]  # wrong: the caller checks L6
+
+
 def test_a_slot_held_past_every_hold_is_expected_to_run_as_long_again_as_its_overrun():
     assert remaining([-3.0], 2.0, 0.0, 1) == [0.0]  # on the mean alone: due now, for ever
     assert remaining([-3.0], 2.0, 0.0, 1, longest_s=2.5) == [0.5]  # 0.5 s past the longest
