@@ -270,7 +270,11 @@ class RetuneScreen(ModalScreen[list[str] | None]):
         if self.cls_view is not None:
             reserved = values.get("reserved_tokens")
             check("reserved_tokens", (reserved if reserved is not None else 0) >= 0, "zero or more")
-            if isinstance(reserved, int) and isinstance(min_tokens, int):
+            # Only a floor set (here or in [budget] min_tokens) binds the reservations: the auto
+            # floor shown may sit below them where a small pool scales them down (R0), and
+            # checking against it refused every save there, a queue depth's too.
+            pinned = str(min_tokens) != self.initial["min_tokens"] or not self.snap.controller.min_tokens_auto
+            if isinstance(reserved, int) and isinstance(min_tokens, int) and pinned:
                 others = sum(c.reserved_tokens for c in self.snap.classes if c.name != self.cls)
                 check(
                     "reserved_tokens",

@@ -186,8 +186,10 @@ def learn_layout(props: Mapping[str, Any], configured: str, args: ServerArgs | N
         elif total:
             if per_slot >= total:
                 learned = ("unified", "process", f"{say}: each slot sees the whole {total}")
-            elif per_slot * slots >= total:
+            elif per_slot * slots == total:
                 learned = ("split", "process", f"{say}: {slots} x {per_slot} = the total {total}")
+            elif per_slot * slots > total:  # llama-server rounds each slot's context up (-np 4 -c 512: 4 x 256)
+                learned = ("split", "process", f"{say}: {slots} x {per_slot} = {slots * per_slot}, -c {total} rounded up per slot")
         if learned is None:
             if args.kv_unified is None:
                 learned = ("split", "process", f"{say}: split (-np without -kvu)")

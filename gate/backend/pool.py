@@ -529,7 +529,8 @@ class BackendPool:
                 # the floor follows the ceiling too (auto: a quarter of it, or the reservations in
                 # force, R0): a llama-server restarted with a smaller -c kept the old pool's floor,
                 # clamped to the new ceiling, and the controller had no room
-                backend.controller.set_ceiling(self._clock(), capacity.ceiling, self.floor_for(capacity.ceiling))  # pushes a clamped budget
+                reseat = backend.capacity is not None and backend.capacity.ceiling != capacity.ceiling
+                backend.controller.set_ceiling(self._clock(), capacity.ceiling, self.floor_for(capacity.ceiling), reseat=reseat)
         backend.capacity = capacity
         self._warn(backend)
 

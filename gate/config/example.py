@@ -166,7 +166,8 @@ keep_slots = true
 [classes.interactive]
 # Higher is served first. Required for every class you define.
 priority = 10
-# Tokens guaranteed to this class: other classes cannot use them while it has demand.
+# Tokens guaranteed to this class: the other classes never use them, even while it is idle
+# (they are held back for it, so its next request starts at once).
 # On a backend whose ceiling is under twice the classes' reservations together, each is
 # scaled down in proportion to half that ceiling, so the other classes and the controller keep
 # room on any pool (a warning at start and in /health says what is in force).

@@ -324,9 +324,13 @@ class BudgetController:
         self._last_move_ts = now
         return self._record(now, old, Cause.MANUAL)
 
-    def set_ceiling(self, now: float, ceiling_tokens: int, min_tokens: int | None = None) -> Move | None:
+    def set_ceiling(self, now: float, ceiling_tokens: int, min_tokens: int | None = None, *, reseat: bool = False) -> Move | None:
         """The backend's capacity changed; clamp the budget into the new bounds. `min_tokens`:
-        the floor that follows from the new ceiling (an auto floor is a share of it), if it moved."""
+        the floor that follows from the new ceiling (an auto floor is a share of it), if it moved.
+        `reseat`: a new llama-server (restarted with another -c, a router's model loaded): the
+        budget starts again at the ceiling, as at the gate's start, unless an operator's budget
+        holds (static, or frozen). A trial: the budget left at the old pool's 1,024, which was the
+        new pool's floor and interactive's reservation, so batch was refused with every slot idle."""
         if ceiling_tokens < 1:
             raise ValueError(f"ceiling_tokens must be >= 1, got {ceiling_tokens}")
         if min_tokens is not None:
@@ -334,7 +338,7 @@ class BudgetController:
                 raise ValueError(f"min_tokens must be >= 1, got {min_tokens}")
             self._min_tokens = min_tokens
         self._ceiling = ceiling_tokens
-        return self._move_to(now, self._budget, Cause.CEILING_CHANGED)
+        return self._move_to(now, ceiling_tokens if reseat and self.elastic else self._budget, Cause.CEILING_CHANGED)
 
     def set_tuning(self, settings: ControllerSettings) -> None:
         """The operator retuned [budget]: the objectives, the window, the samples it needs, the

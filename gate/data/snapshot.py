@@ -167,6 +167,9 @@ class ControllerView:
     p95_ttft_ms_1m: float | None = None
     samples: int = 0  # the controller's samples in its window
     min_samples: int = 0  # what it needs before it moves
+    #: [budget] min_tokens is 0: the floor shown is the auto one (a share of the ceiling, at
+    #: least the reservations in force), which binds no reservation
+    min_tokens_auto: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -90,7 +90,7 @@ def set_capacity(unit: Backend, cap: Capacity, now: float, floor: int | None = N
     ceiling_changed = unit.admission.capacity.ceiling != cap.ceiling
     unit.gatekeeper.set_capacity(cap)
     if ceiling_changed and unit.controller is not None:
-        unit.controller.set_ceiling(now, cap.ceiling, floor)  # pushes a clamped budget
+        unit.controller.set_ceiling(now, cap.ceiling, floor, reseat=True)  # a model just loaded starts at its ceiling
 
 
 def refuse_waiting(unit: Backend, reason: Reason, message: str, retry_after_s: float | None) -> None:

@@ -197,6 +197,7 @@ def _controller_view(units: tuple[Backend, ...], config: Config, frozen: bool) -
         slo_tpot_ms=config.budget.slo_tpot_p95_ms,
         samples=max((c.samples for c in controllers), default=0),
         min_samples=config.budget.min_samples,
+        min_tokens_auto=not config.budget.min_tokens,
     )
 
 

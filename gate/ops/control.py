@@ -615,6 +615,9 @@ class Control:
         for b in self._ready_admissions():
             for c in config.classes:
                 b.gatekeeper.set_policy(c)
+        # the controller's floor follows the reservations in force (an auto floor is at least
+        # them, R0): a retune of reserved_tokens left the floor the old reservations gave
+        self._apply_budget(config)
 
     def _class(self, cls: str) -> ClassConfig:
         try:

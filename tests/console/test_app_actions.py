@@ -282,6 +282,34 @@ async def test_retune_lowering_min_budget_and_a_reservation_together(gate):
         assert gate.config.class_by_name("interactive").reserved_tokens == 256
 
 
+async def test_retune_on_a_pool_that_scales_the_reservations_down_saves_with_the_auto_floor():
+    """A trial of R0 (#25): the example's auto floor on a pool of 800 is interactive's 400 in
+    force, below its configured 512; the form checked 512 against that floor and refused every
+    save, a queue depth's too. Only a floor the operator sets (here or in [budget]) binds."""
+    from tests.fakes import GATE_CONFIG, gate_on_fake_llama
+
+    small = GATE_CONFIG.replace('kv = "split"', 'kv = "split"\ntoken_budget = 800').replace("min_tokens = 1024", "min_tokens = 0")
+    async with gate_on_fake_llama(small) as g:
+        app = make_app(g)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("t")  # interactive: reserved 512, 400 in force; the floor 400
+            assert field(app, "min_tokens").value == "400" and field(app, "reserved_tokens").value == "512"
+            field(app, "queue_depth").value = "3"
+            await pilot.pause()
+            assert not save_disabled(app), app.screen.errors
+            await pilot.click("#save")
+            await pilot.pause()
+            assert g.config.class_by_name("interactive").queue_depth == 3
+            assert g.config.budget.min_tokens == 0  # the floor stays auto: nothing pinned
+        # a floor set here binds the reservations, as [budget] min_tokens does
+        app = make_app(g)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("t")
+            field(app, "min_tokens").value = "450"
+            await pilot.pause()
+            assert save_disabled(app) and "must fit min budget (450)" in error_text(app, "reserved_tokens")
+
+
 @pytest.mark.parametrize(
     ("key", "text", "why"),
     [

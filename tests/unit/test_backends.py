@@ -154,5 +154,16 @@ def test_the_floor_and_the_reservations_follow_a_backend_whose_pool_changes():
     p.apply_capacity(b, Capacity(slots=2, slot_context=512, ceiling=1024))
     assert b.admission.reserved("interactive") == 512
     assert (b.controller.min_tokens, b.controller.ceiling_tokens) == (512, 1024)  # room: 512..1024
+    b.controller.set_budget(0.0, 600)  # the controller had closed to near its floor
     p.apply_capacity(b, Capacity(slots=4, slot_context=2048, ceiling=8192))  # and back
     assert (b.controller.min_tokens, b.admission.reserved("interactive")) == (2048, 1024)
+    # A new llama-server starts at the ceiling, as at the gate's start (a trial: the budget left
+    # at the old pool's 1,024, the new floor and interactive's reservation: batch was refused
+    # with every slot idle)...
+    assert b.controller.budget == b.admission.budget == 8192
+    # ... unless an operator's budget holds (frozen): then it is only clamped
+    b.controller.set_budget(0.0, 3000)
+    b.controller.freeze()
+    p.apply_capacity(b, Capacity(slots=2, slot_context=512, ceiling=1024))
+    p.apply_capacity(b, Capacity(slots=4, slot_context=2048, ceiling=8192))
+    assert b.controller.budget == 2048  # clamped to 1,024, then the new floor: not reseated

@@ -17,6 +17,14 @@ def argv(*flags: str) -> list[str]:
     return ["/opt/llama/bin/llama-server", "-m", "model.gguf", "--port", "8080", *flags]
 
 
+def test_a_context_llama_server_rounded_up_per_slot_is_said_with_true_arithmetic():
+    # -np 4 -c 512: llama-server gives each slot 256 (its rounding up), 1,024 in all; the line read
+    # "4 x 256 = the total 512" beside a ceiling of 1,024 (a trial: "is my pool 512 or 1024?")
+    layout = learn_layout(props(4, 256), "auto", parse_server_args(argv("-np", "4", "-c", "512")))
+    assert layout.kv == "split" and "4 x 256 = 1024, -c 512 rounded up per slot" in layout.detail
+    assert capacity_from_props(props(4, 256), BackendConfig(), layout).ceiling == 1024
+
+
 def test_split_server_per_slot_context_against_its_total_gives_the_whole_pool_even_when_config_says_unified():
     args = parse_server_args(argv("-np", "4", "-c", "2048"))
     for configured in ("auto", "unified"):
