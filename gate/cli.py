@@ -591,12 +591,14 @@ def _cmd_config_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
 
         rc = EXIT_OK
         for b in config.backends:
-            line, warnings = check_backend(b, config.budget, config.classes, environ=os.environ)
+            line, warnings, notes = check_backend(b, config.budget, config.classes, environ=os.environ)
             out.write(f"backend  {b.name}  {b.url}: {line}\n")
             if warnings or "unreachable" in line or line.startswith("not ready"):
                 rc = EXIT_RUNTIME
             for w in warnings:
                 out.write(f"warning: backend {b.name}: {w}\n")
+            for n in notes:
+                out.write(f"note: backend {b.name}: {n}\n")  # handled by the gate itself: the exit status stays
         return rc
     return EXIT_OK
 

@@ -117,14 +117,6 @@ def capacity_warnings(layout: Layout | None, cap: Capacity | None, budget: Budge
     if budget.min_tokens and budget.min_tokens > cap.ceiling:
         out.append(f"budget.min_tokens {budget.min_tokens} is above the {where}: the floor is clamped to {cap.ceiling}")
     classes = tuple(classes)
-    for c in classes:
-        default = getattr(c, "default_max_tokens", None)
-        if isinstance(default, int) and default >= cap.slot_context:
-            out.append(
-                f"classes.{c.name}.default_max_tokens {default} is not below one slot's context "
-                f"{cap.slot_context}: a {c.name} request without max_tokens gets what its slot holds after its prompt "
-                f"instead, and reserves that much; lower it"
-            )
     in_force = reservations_in_force(classes, cap.ceiling)
     wanted = [(c.name, c.reserved_tokens) for c in classes if c.reserved_tokens]
     reserved = [(name, in_force[name]) for name, _ in wanted]
@@ -186,6 +178,7 @@ class Backend:
     layout: Layout | None = None  # the KV layout in force, and how it was learned
     #: what the capacity contradicts (config kv, min_tokens, reservations above the ceiling)
     warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # capacity_notes: logged once, not warnings
     #: router mode: the model this unit serves, its fleet (the router's own entry has the
     #: fleet and no model) and the query its GETs need
     model: str | None = None
@@ -469,6 +462,12 @@ class BackendPool:
                 if w not in backend.warnings:
                     log.warning("backend %s: %s", backend.name, w)
             backend.warnings = warnings
+        notes = capacity_notes(backend.capacity, self._classes)
+        if notes != backend.notes:
+            for n in notes:
+                if n not in backend.notes:
+                    log.info("backend %s: note: %s", backend.name, n)
+            backend.notes = notes
 
     def _router(self, backend: Backend) -> None:
         """Router mode: the backend becomes one unit per configured model (once)."""
@@ -646,6 +645,25 @@ def describe_capacity(backend: Backend) -> str:
     return text
 
 
+def capacity_notes(cap: Capacity | None, classes: Iterable[ClassPolicy]) -> tuple[str, ...]:
+    """What the operator may want to know of a backend's capacity that the gate handles on its
+    own (logged at start and printed by `config check --backends`, never a warning: the exit
+    status, `/health` and the console's backend line stay for contradictions)."""
+    out = []
+    for c in classes if cap is not None else ():
+        default = getattr(c, "default_max_tokens", None)
+        if isinstance(default, int) and cap is not None and default >= cap.slot_context:
+            # a note, not a warning (#25, tried as a user): the example's batch 512 on the
+            # README's own `-np 4 -c 2048` (slots of 512) made `config check --backends` exit 1,
+            # yet such a request starts and is served; its only cost is the budget it reserves
+            out.append(
+                f"classes.{c.name}.default_max_tokens {default} fills one slot's context {cap.slot_context}: a "
+                f"{c.name} request without max_tokens gets what its slot holds after its prompt, and reserves the "
+                f"whole slot ({cap.slot_context} tokens) of the budget; lower it to run more of them at once"
+            )
+    return tuple(out)
+
+
 def check_backend(
     config: BackendConfig,
     budget: BudgetConfig,
@@ -654,16 +672,17 @@ def check_backend(
     environ: Mapping[str, str],
     timeout_s: float = 3.0,
     args_finder: Callable[[str], ServerArgs | None] = local_server_args,
-) -> tuple[str, tuple[str, ...]]:
+) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
     """`tokengate config check --backends`: one line on what the running llama-server reports
-    and the capacity the gate would run with, and what the config contradicts (blocking)."""
+    and the capacity the gate would run with, what the config contradicts (blocking), and
+    notes (`capacity_notes`: not blocking)."""
     token = environ.get(config.api_key_env) if config.api_key_env else None
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         with httpx.Client(timeout=timeout_s, headers=headers) as client:
             health = client.get(config.url + "/health")
             if health.status_code != 200:
-                return f"not ready (/health answered {health.status_code})", ()
+                return f"not ready (/health answered {health.status_code})", (), ()
             props = client.get(config.url + "/props").json()
             if props.get("role") == "router":
                 return _check_router(client, config)
@@ -672,12 +691,12 @@ def check_backend(
             except (httpx.HTTPError, ValueError, LookupError, TypeError):
                 n_ctx_train = None
     except (httpx.HTTPError, ValueError) as exc:
-        return f"unreachable ({type(exc).__name__}: {exc})"[:200], ()
+        return f"unreachable ({type(exc).__name__}: {exc})"[:200], (), ()
     layout = learn_layout(props, config.kv, args_finder(config.url), n_ctx_train if isinstance(n_ctx_train, int) else None)
     try:
         cap = capacity_from_props(props, config, layout)
     except ValueError as exc:
-        return str(exc), ()
+        return str(exc), (), ()
     line = f"{cap.slots} slots of {cap.slot_context} tokens, kv {layout.kv} ({layout.source}: {layout.detail}), ceiling {cap.ceiling}"
     classes = tuple(classes)
     if budget.mode == "adaptive":
@@ -686,10 +705,10 @@ def check_backend(
         line += (
             f"; the adaptive budget moves within {budget_floor(budget, cap.ceiling, reserved_total(classes, cap.ceiling))}..{cap.ceiling}"
         )
-    return line, capacity_warnings(layout, cap, budget, classes)
+    return line, capacity_warnings(layout, cap, budget, classes), capacity_notes(cap, classes)
 
 
-def _check_router(client: httpx.Client, config: BackendConfig) -> tuple[str, tuple[str, ...]]:
+def _check_router(client: httpx.Client, config: BackendConfig) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
     """A router: each configured model's status in its /models list, and those it does not list
     (every request for one is refused 503 model_unavailable)."""
     line = "router mode: capacity per model, checked when each loads"
@@ -704,16 +723,17 @@ def _check_router(client: httpx.Client, config: BackendConfig) -> tuple[str, tup
             for name in (entry["id"], *(entry.get("aliases") or ())):
                 listed.setdefault(str(name), value)
     except (httpx.HTTPError, ValueError, LookupError, TypeError, AttributeError) as exc:
-        return f"{line}; its model list could not be read ({type(exc).__name__})", ()
+        return f"{line}; its model list could not be read ({type(exc).__name__})", (), ()
     found = [f"{m} ({listed[m]})" for m in config.models if m in listed]
     if found:
         line += "; models: " + ", ".join(found)
     have = ", ".join(sorted(listed)) or "none"
-    return line, tuple(
+    missing = tuple(
         f"model {m!r} is not in llama-server's model list ({have}): every request for it would be refused"
         for m in config.models
         if m not in listed
     )
+    return line, missing, ()
 
 
 @dataclass(frozen=True, slots=True)

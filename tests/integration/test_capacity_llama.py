@@ -89,7 +89,10 @@ async def test_where_the_layout_cannot_be_learned_every_contradiction_is_in_heal
         assert "default_max_tokens 256 is not below" not in text  # 256 fits a slot of 512
 
 
-async def test_a_default_max_tokens_that_fills_a_slot_is_said_at_start(llama_split):
+async def test_a_default_max_tokens_that_fills_a_slot_is_noted_at_start_not_warned(llama_split, caplog):
+    """Such a request starts and is served (the gate lowers its limit to what its slot holds
+    after the prompt): a note in the log, not a warning in /health or on the console."""
+    caplog.set_level("INFO", logger="tokengate.backends")
     async with running_gate(
         llama_split.url,
         CLASSES.replace("default_max_tokens = 256\n[classes.batch]", "default_max_tokens = 512\n[classes.batch]"),
@@ -97,9 +100,29 @@ async def test_a_default_max_tokens_that_fills_a_slot_is_said_at_start(llama_spl
     ) as gate:
         await gate.backends.probe_all()
         h = await health(gate)
-        assert any("classes.interactive.default_max_tokens 512" in w for w in h["warnings"])
+        assert not any("default_max_tokens" in w for w in h.get("warnings", ()))
+        (b,) = gate.backends
+        assert any("classes.interactive.default_max_tokens 512 fills one slot's context 512" in n for n in b.notes)
         snap = gate.snapshot()
         assert snap.controller.min_tokens <= snap.controller.ceiling  # the floor in force, never inverted
+    logged = [r.getMessage() for r in caplog.records if "note: classes.interactive.default_max_tokens 512" in r.getMessage()]
+    assert len(logged) == 1, logged  # once, not on every probe
+
+
+def test_config_check_of_the_example_against_the_readme_server_exits_0_with_a_note(llama_split, tmp_path: Path):
+    """#25, tried as a user: `tokengate config example` on the README's `-np 4 -c 2048` exited 1
+    (batch's default_max_tokens 512 fills a slot of 512): the defaults must pass their own check."""
+    from gate.config.example import EXAMPLE_CONFIG
+
+    f = tmp_path / "tokengate.toml"
+    f.write_text(EXAMPLE_CONFIG.replace('url = "http://127.0.0.1:8080"', f'url = "{llama_split.url}"'))
+    assert llama_split.url in f.read_text()
+    out, err = io.StringIO(), io.StringIO()
+    rc = _cmd_config_check(Namespace(file=str(f), verbose=False, backends=True), out, err)
+    text = out.getvalue()
+    assert rc == 0, text
+    assert "warning:" not in text
+    assert "note: backend default: classes.batch.default_max_tokens 512 fills one slot's context 512" in text
 
 
 def test_config_check_against_the_running_backend_says_what_contradicts_it(llama_split, tmp_path: Path):

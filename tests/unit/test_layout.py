@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gate.backend.layout import learn_layout, local_server_args, parse_server_args
-from gate.backend.pool import budget_floor, capacity_from_props, capacity_warnings, reserved_total
+from gate.backend.pool import budget_floor, capacity_from_props, capacity_notes, capacity_warnings, reserved_total
 from gate.config import BackendConfig, BudgetConfig, ClassConfig
 
 
@@ -141,12 +141,14 @@ def test_a_token_budget_above_the_pool_is_said():
     assert capacity_warnings(layout, under, BudgetConfig(min_tokens=0), classes) == ()  # below the pool: a choice
 
 
-def test_a_default_max_tokens_no_request_can_fit_in_a_slot_is_said_with_what_the_gate_does():
+def test_a_default_max_tokens_no_request_can_fit_in_a_slot_is_noted_with_what_the_gate_does():
     layout = learn_layout(props(4, 512), "split", None)
     cap = capacity_from_props(props(4, 512), BackendConfig(kv="split"), layout)
     classes = (ClassConfig(name="batch", priority=1, default_max_tokens=512), ClassConfig(name="chat", priority=2, default_max_tokens=256))
-    (warning,) = capacity_warnings(layout, cap, BudgetConfig(min_tokens=512), classes)
-    assert "classes.batch.default_max_tokens 512" in warning and "what its slot holds after its prompt" in warning
+    assert capacity_warnings(layout, cap, BudgetConfig(min_tokens=512), classes) == ()  # handled: not a warning
+    (note,) = capacity_notes(cap, classes)
+    assert "classes.batch.default_max_tokens 512" in note and "what its slot holds after its prompt" in note
+    assert capacity_notes(cap, (ClassConfig(name="batch", priority=1, default_max_tokens=511),)) == ()
 
 
 def test_reservations_are_scaled_to_a_small_pool_and_said_so_every_class_and_the_controller_keep_room():
