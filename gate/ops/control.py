@@ -195,7 +195,8 @@ class Control:
         # Validated whole: nothing below refuses.
         results = []
         if change.settings:
-            self._apply_budget(new)
+            if not change.class_changes:  # else _apply_classes applies both, below
+                self._apply_budget(new)
             results.append(
                 self._audit(
                     operator,
@@ -445,8 +446,7 @@ class Control:
                     )
                 )
             else:
-                self._apply_budget(new)
-                self._apply_classes(new)
+                self._apply_classes(new)  # the budget too, after the classes (their reservations set its floor)
                 for key, before, after in changes:
                     results.append(self._audit(operator, source, "restored", key, before, after, "kept from the last run"))
         for cls in saved.paused:
@@ -489,8 +489,7 @@ class Control:
     def drop_overrides(self, *, operator: Operator, note: str = "", source: AuditSource = "console") -> ActionResult:
         """Back to the config file: every runtime override dropped, in one audited step."""
         dropped = self.overrides.lines()
-        self._apply_budget(self.file_config)
-        self._apply_classes(self.file_config)
+        self._apply_classes(self.file_config)  # the budget too, after the classes (their reservations set its floor)
         for cls in sorted(self.paused):
             self.paused.discard(cls)
             for b in self._ready_admissions():
@@ -539,8 +538,7 @@ class Control:
             results.append(self._audit(operator, source, "reload", key, before, after, note))
         replaced = [*self.overrides.lines()[: len(self.overrides.settings) + sum(map(len, self.overrides.classes.values()))]]
         self.file_config = new_config
-        self._apply_budget(new_config)
-        self._apply_classes(new_config)
+        self._apply_classes(new_config)  # the budget too, after the classes (their reservations set its floor)
         if not results:  # said as such (a trial read "config: None -> None (1 changes audited)")
             results.append(self._audit(operator, source, "reload", "config", None, None, f"no changes: {note}" if note else "no changes"))
         self._keep()
