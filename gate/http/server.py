@@ -66,6 +66,15 @@ def build_app(gate: RequestPorts) -> ASGIApp:
                 backends[b.name]["ceiling"] = b.capacity.ceiling
             if b.layout is not None:
                 backends[b.name]["kv"] = {"layout": b.layout.kv, "source": b.layout.source}
+            adm = b.admission
+            if adm is not None and adm.reserved_total:
+                # the reservations in force, configured beside them (R0 scales them to a small
+                # pool: a trial found the values in force only inside a warning's text)
+                backends[b.name]["reserved"] = {
+                    c: {"configured": adm.policy(c).reserved_tokens, "in_force": adm.reserved(c)}
+                    for c in adm.class_names
+                    if adm.policy(c).reserved_tokens
+                }
             if b.warnings:  # what the capacity contradicts: loud where probes and people look
                 backends[b.name]["warnings"] = list(b.warnings)
             if b.fleet is not None and b.model is not None:  # router mode: the model's own status

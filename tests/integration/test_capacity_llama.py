@@ -47,6 +47,7 @@ async def test_default_config_learns_the_split_pool_of_the_readme_server(llama_s
         assert b.warnings == ()
         h = await health(gate)
         assert h["ceiling"] == 2048 and h["kv"] == {"layout": "split", "source": "process"}
+        assert h["reserved"] == {"interactive": {"configured": 1024, "in_force": 1024}}  # half: kept whole (R0)
         assert "warnings" not in h
 
 
@@ -85,6 +86,7 @@ async def test_where_the_layout_cannot_be_learned_every_contradiction_is_in_heal
         assert "assuming unified, ceiling 512" in text and "2048" in text
         assert "min_tokens 1024 is above the ceiling 512" in text
         assert "class reservations (interactive 1024) are over 50% of the ceiling 512" in text  # 256 in force (R0)
+        assert h["reserved"] == {"interactive": {"configured": 1024, "in_force": 256}}  # for probes, not only in words
         assert "a batch request may hold at most 256 tokens, not its default_max_tokens 256" in text
         assert "default_max_tokens 256 is not below" not in text  # 256 fits a slot of 512
 
