@@ -298,11 +298,26 @@ class RetuneScreen(ModalScreen[list[str] | None]):
                 check("ttft_objective_ms", 0 < objective <= MAX_SLO_MS, f"above 0, at most {MAX_SLO_MS:,.0f} ms, or slo")
         return values, errors
 
+    def notes(self, values: dict[str, Any]) -> dict[str, str]:
+        """What saving would do that the operator may not expect, said before saving (not an
+        error: the save stays open)."""
+        out: dict[str, str] = {}
+        reserved, most = values.get("reserved_tokens"), self.snap.controller.reserved_max
+        if self.cls_view is not None and isinstance(reserved, int) and reserved > 0 and most is not None:
+            total = reserved + sum(c.reserved_tokens for c in self.snap.classes if c.name != self.cls)
+            if total > most:
+                # R0, as the gate will apply it; a trial saved 1,024 and saw 512 only afterwards
+                out["reserved_tokens"] = f"reservations {total:,} > half the ceiling: {reserved * most // total:,} in force"
+        return out
+
     def validate_all(self) -> bool:
-        _, errors = self.parsed()
+        values, errors = self.parsed()
         self.errors = errors
+        notes = self.notes(values)
         for key in self.keys:
-            self.query_one(f"#error-{key}", Label).update(errors.get(key, ""))
+            label = self.query_one(f"#error-{key}", Label)
+            label.update(errors.get(key) or notes.get(key, ""))
+            label.set_class(key not in errors and key in notes, "-note")
             self.query_one(f"#field-{key}", Input).set_class(key in errors, "-invalid")
         self.query_one("#save", Button).disabled = bool(errors)
         return not errors

@@ -170,6 +170,9 @@ class ControllerView:
     #: [budget] min_tokens is 0: the floor shown is the auto one (a share of the ceiling, at
     #: least the reservations in force), which binds no reservation
     min_tokens_auto: bool = False
+    #: the most the classes' reservations may add up to on the smallest backend (R0: half its
+    #: ceiling); beyond it they are scaled down there, in proportion. None: no capacity known
+    reserved_max: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

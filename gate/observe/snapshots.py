@@ -16,6 +16,7 @@ from typing import Any
 from gate.backend.pool import Backend, BackendPool
 from gate.backend.telemetry import BackendTelemetry
 from gate.config import Config
+from gate.core.admission import RESERVED_SHARE_MAX
 from gate.data.snapshot import (
     BackendView,
     ClassView,
@@ -198,6 +199,7 @@ def _controller_view(units: tuple[Backend, ...], config: Config, frozen: bool) -
         samples=max((c.samples for c in controllers), default=0),
         min_samples=config.budget.min_samples,
         min_tokens_auto=not config.budget.min_tokens,
+        reserved_max=min((int(c * RESERVED_SHARE_MAX) for c in ceilings), default=None),
     )
 
 

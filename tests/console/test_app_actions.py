@@ -294,6 +294,12 @@ async def test_retune_on_a_pool_that_scales_the_reservations_down_saves_with_the
         async with app.run_test(size=SIZE) as pilot:
             await pilot.press("t")  # interactive: reserved 512, 400 in force; the floor 400
             assert field(app, "min_tokens").value == "400" and field(app, "reserved_tokens").value == "512"
+            # said before saving, not refused: what R0 will put in force (800 / 2 = 400)
+            assert error_text(app, "reserved_tokens") == "reservations 512 > half the ceiling: 400 in force"
+            field(app, "reserved_tokens").value = "300"
+            await pilot.pause()
+            assert error_text(app, "reserved_tokens") == ""  # fits half the ceiling: kept whole
+            field(app, "reserved_tokens").value = "512"
             field(app, "queue_depth").value = "3"
             await pilot.pause()
             assert not save_disabled(app), app.screen.errors
