@@ -557,6 +557,17 @@ class Admission:
         """Is `request` larger than its class can reach at the working budget (429, or E1)?"""
         return request.cost > self.class_reach(request.cls, self.budget)
 
+    def _held_back(self, request: Request) -> str:
+        """What a refusal of a waiter beyond its class's reach adds (E1: it waited for its turn):
+        without it, "would miss its time-to-first-token objective" blamed the objective when the
+        budget at its floor was the others' reservations (a user's trial of R0: batch reached 0)."""
+        if not self._beyond_budget(request):
+            return ""
+        return (
+            f"; class {request.cls!r} can reach {max(0, self.class_reach(request.cls, self.budget))} tokens of the "
+            f"current budget of {self.budget} (the rest is reserved for other classes), so it starts only by its turn"
+        )
+
     def _stretches(self) -> bool:
         """E1/E2 apply: the budget is elastic and aged work exists to use the stretch."""
         return self.aging_s is not None and self.budget_elastic()
@@ -1445,7 +1456,7 @@ class Admission:
         return Refuse(
             request,
             Reason.QUEUE_TIMEOUT,
-            f"class {request.cls!r} cannot start now: {why}",
+            f"class {request.cls!r} cannot start now: {why}{self._held_back(request)}",
             clamp_retry(wait) if wait is not None else self._retry_unmeasured(request.cls, request.cost, now),
         )
 
@@ -1520,7 +1531,7 @@ class Admission:
             w.request,
             Reason.QUEUE_TIMEOUT,
             f"waited {now - w.enqueued_at:.2f}s in class {cls!r}; dispatched{expecting}, it would miss "
-            f"the class's {objective_ms:g} ms time-to-first-token objective",
+            f"the class's {objective_ms:g} ms time-to-first-token objective{self._held_back(w.request)}",
             clamp_retry(wait) if wait else self._retry_unmeasured(cls, w.request.cost, now),
         )
         return self._staggered(refusal, now)
@@ -1535,7 +1546,8 @@ class Admission:
                     Refuse(
                         w.request,
                         Reason.QUEUE_TIMEOUT,
-                        f"waited {now - w.enqueued_at:.1f}s in class {entry.policy.name!r}, its limit is {entry.queue.timeout_s:g}s",
+                        f"waited {now - w.enqueued_at:.1f}s in class {entry.policy.name!r}, its limit is "
+                        f"{entry.queue.timeout_s:g}s{self._held_back(w.request)}",
                         # R2: a paused class's waiter is told what its newcomers are, as a drain's
                         self._retry_operator(w.request, now)
                         if entry.queue.paused

@@ -426,3 +426,24 @@ def test_a_low_priority_request_is_never_starved_by_sustained_high_priority_traf
                 break
         cost = hi_costs[i % len(hi_costs)]
         admitted(adm.offer(Request(f"h{i}", "hi", "t", cost // 2, cost - cost // 2, now), now), now)
+
+
+def test_a_refusal_of_a_class_held_back_by_the_others_reservations_says_so_not_only_the_objective():
+    """A user's trial of R0: at the adaptive floor (the reservations in force), batch reaches 0
+    tokens and waits for its turn (E1); its 429 said only "would miss its ... objective"."""
+    adm = pair(ceiling=1000, slots=4, aging_s=5.0, interactive_reserved=500, elastic=True, expected=lambda r, p: 0.1)
+    adm.default_ttft_objective_ms = 300.0
+    adm.set_budget(500)
+    batch = req("batch", 100, prompt=50, at=0.0)
+    assert isinstance(adm.offer(batch, 0.0), Queue)  # beyond its reach: it waits for its turn
+    (refusal,) = adm.advance(0.3).expired
+    assert refusal.reason is Reason.QUEUE_TIMEOUT
+    assert "300 ms time-to-first-token objective" in refusal.detail
+    assert "class 'batch' can reach 0 tokens of the current budget of 500" in refusal.detail
+    # within its reach (the slot is what it waits for), the refusal names the objective alone
+    adm = pair(ceiling=1000, slots=1, aging_s=5.0, interactive_reserved=500, elastic=True, expected=lambda r, p: 0.1)
+    adm.default_ttft_objective_ms = 300.0
+    assert isinstance(adm.offer(req("interactive", 100, prompt=50), 0.0), Admit)  # the only slot
+    assert isinstance(adm.offer(req("batch", 100, prompt=50, at=0.0), 0.0), Queue)
+    (refusal,) = adm.advance(0.3).expired
+    assert "300 ms time-to-first-token objective" in refusal.detail and "can reach" not in refusal.detail
