@@ -210,17 +210,17 @@ class Control:
             )
         if change.class_changes:
             self._apply_classes(new)
-            results.append(
-                self._audit(
-                    operator,
-                    source,
-                    "set_class",
-                    f"class:{change.cls}",
-                    _diff_old(current, change.class_changes),
-                    _diff_new(change.class_changes),
-                    change.note,
-                )
+            scaled = self._scaled(change.cls) if change.cls and "reserved_tokens" in change.class_changes else ""
+            result = self._audit(
+                operator,
+                source,
+                "set_class",
+                f"class:{change.cls}",
+                _diff_old(current, change.class_changes),
+                _diff_new(change.class_changes),
+                "; ".join(n for n in (change.note, scaled) if n),
             )
+            results.append(dataclasses.replace(result, message=f"{result.message}; {scaled}") if scaled else result)
         if change.budget is not None:
             results += self._set_budget(targets, change.budget, operator, source, change.note)
         if change.freeze is not None and change.freeze != self.frozen:
@@ -633,6 +633,13 @@ class Control:
 
     def _ready_admissions(self) -> list[Core]:
         return cores(self.backends)
+
+    def _scaled(self, cls: str) -> str:
+        """Where R0 scales `cls`'s reservation down, what is in force, per backend: the audit row
+        and the toast said only the configured value (a user's trial of R0)."""
+        configured = self.config.class_by_name(cls).reserved_tokens
+        scaled = [f"{b.name} {b.admission.reserved(cls)}" for b in self._ready_admissions() if b.admission.reserved(cls) != configured]
+        return f"in force (R0: half the ceiling): {', '.join(scaled)}" if scaled else ""
 
     def _audit(self, operator: Operator, source: AuditSource, action: str, target: str, old: Any, new: Any, note: str) -> ActionResult:
         record = AuditRecord(
