@@ -774,6 +774,26 @@ def test_the_pool_is_llama_servers_not_the_configured_token_budget(tmp_path: Pat
         assert json.loads(capsys.readouterr().out)["scenarios"][2]["budget_curve"][0] == [0.0, 2048]
 
 
+def test_a_capacity_change_within_the_window_is_said(tmp_path: Path) -> None:
+    # A user's trial of R0 restarted llama-server under the gate with another -c: the replay
+    # models one capacity per window, and said nothing of the rest of the window's pool
+    start = 1_800_000_000.0
+    path = _journal(tmp_path, n=40, duration=10.0)
+    split4 = {"slots": 4, "kv": "split", "slot_context": 512, "ceiling": 2048}
+    _learned_row(path, split4, at=start - 0.5)
+    _learned_row(path, split4, at=start + 2.0)  # the same capacity learned again: nothing to say
+    _learned_row(path, {"slots": 2, "kv": "split", "slot_context": 512, "ceiling": 1024}, at=start + 5.0)
+    window = load_window(path)
+    (note,) = [n for n in window.notes if "capacity changed within the window" in n]
+    assert "at 08:00:05 (to 2 slots of 512, split KV, pool 1024)" in note
+    assert "replayed on 4 slots of 512, split KV, pool 2048" in note
+    assert note.endswith("(--until / --since 2027-01-15T08:00:05Z)")  # a moment replay reads
+    assert "capacity changed" in to_table(run_replay(window, []))
+    # the window after it replays the new capacity and has nothing to say
+    after = load_window(path, since=start + 5.5)
+    assert after.fit.slots == 2 and not any("capacity changed" in n for n in after.notes)
+
+
 async def test_the_gate_records_llama_servers_pool_beside_its_ceiling(tmp_path: Path) -> None:
     # the capacity_learned row's `ceiling` is the configured token_budget when there is one: the
     # gate now records the pool too, which replay models (a real journal, read back by replay)

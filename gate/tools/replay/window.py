@@ -239,6 +239,7 @@ def _load(conn: sqlite3.Connection, path: str, since: float | None, until: float
     ).fetchone()  # the last learned at the window's start, else the first learned in it
     learned_value = _learned(learned["new_value"]) if learned else None
     fit = fit_backend(rows, samples, config, since, learned_value)
+    notes += _capacity_moves(changes, backend, learned_value, since)
     curve = tuple((s["ts"] - since, s["budget"]) for s in samples if s["budget"] is not None and since <= s["ts"] < until)
     notes += _changed_before(changes, since, float(cfg_row["ts"]), str(cfg_row["note"]))
     lead, arrivals = _distinct_ids(_lead(conn, backend, since, float(cfg_row["ts"]), names), arrivals)
@@ -592,6 +593,32 @@ def _learned(text: str | None) -> dict[str, Any] | None:
         return None
     ok = isinstance(value, dict) and value.get("kv") in ("unified", "split")
     return value if ok and all(isinstance(value.get(k), int) and value[k] > 0 for k in ("slots", "slot_context")) else None
+
+
+def _describe_learned(v: dict[str, Any]) -> str:
+    return f"{v['slots']} slots of {v['slot_context']}, {v['kv']} KV, pool {learned_pool(v)}"
+
+
+def _capacity_moves(changes: list[Change], backend: str, used: dict[str, Any] | None, since: float) -> list[str]:
+    """The window's capacity_learned rows that differ from the capacity replayed (llama-server
+    restarted with another -c or -np under the gate): the replay models one capacity per window,
+    and says so instead of replaying the rest of the window on a pool it no longer had."""
+    if used is None:
+        return []
+    keys = ("slots", "slot_context", "kv")
+    out = []
+    for c in changes:
+        if c.action != CAPACITY_LEARNED or c.target != f"backend:{backend}" or c.at <= 0:
+            continue
+        moved = _learned(c.new_value)
+        if moved is None or (all(moved[k] == used[k] for k in keys) and learned_pool(moved) == learned_pool(used)):
+            continue
+        out.append(
+            f"llama-server's capacity changed within the window at {_hms(since + c.at)} (to {_describe_learned(moved)}): "
+            f"the whole window is replayed on {_describe_learned(used)}; replay the windows before and after it apart "
+            f"(--until / --since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(since + c.at))})"
+        )
+    return out
 
 
 def learned_pool(learned: dict[str, Any] | None) -> int | None:
