@@ -35,7 +35,11 @@ KINDS = {
 NOTES = {
     "GET /models": "answered by the gate: the model list merged across backends (llama-server's top-level `models` list kept)",
     "GET /v1/models": "answered by the gate: the model list merged across backends (llama-server's top-level `models` list kept)",
-    "GET /health": "200 when a backend is ready (a router with nothing loaded counts, as llama-server says), `loaded` per router; 503 otherwise",
+    "GET /health": (
+        "200 when a backend is ready (a router with nothing loaded counts, as llama-server says), `loaded` per router; 503 otherwise. "
+        "Per backend: `state`, `slots`, `ceiling`, `kv`, `warnings`, and `reserved` (each reserving class's `configured` and "
+        "`in_force` tokens, R0)"
+    ),
     "GET /metrics": "the gate's series, then each backend's `llamacpp:*` series (see **Metrics**)",
     "POST /models/load": "with a router backend, the gate's own model operation instead (same checks and eviction plan as the console), so its units stay true",
     "POST /models/unload": "with a router backend, the gate's own model operation instead (refused while the model has requests or is pinned)",
