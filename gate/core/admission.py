@@ -557,6 +557,14 @@ class Admission:
         """Is `request` larger than its class can reach at the working budget (429, or E1)?"""
         return request.cost > self.class_reach(request.cls, self.budget)
 
+    def _reach_why(self, cls: str) -> str:
+        """Why `cls` reaches less than the working budget, for a 429 token_budget_exceeded: a trial
+        (R0) saw "class 'batch' can reach 0 at the current budget of 1024" under a frozen budget,
+        with nothing saying that interactive's reservation held all of it. (A class's own
+        limit_tokens below the request is never-fits, 400, before this.)"""
+        held = self._reserved_elsewhere(cls)
+        return f" ({held} of it reserved for other classes)" if held > 0 else ""
+
     def _held_back(self, request: Request) -> str:
         """What a refusal of a waiter beyond its class's reach adds (E1: it waited for its turn):
         without it, "would miss its time-to-first-token objective" blamed the objective when the
@@ -990,7 +998,8 @@ class Admission:
                 request,
                 Reason.TOKEN_BUDGET_EXCEEDED,
                 f"request needs {request.cost} tokens; class {request.cls!r} can reach "
-                f"{self.class_reach(request.cls, self.budget)} at the current budget of {self.budget}",
+                f"{max(0, self.class_reach(request.cls, self.budget))} at the current budget of {self.budget}"
+                f"{self._reach_why(request.cls)}",
                 # R2: an operator's budget (static, frozen) moves only by the operator's hand
                 self.retry_after(request.cls, request.cost, now) if self.budget_elastic() else self._retry_operator(request, now),
             )

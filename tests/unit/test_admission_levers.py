@@ -428,6 +428,21 @@ def test_a_low_priority_request_is_never_starved_by_sustained_high_priority_traf
         admitted(adm.offer(Request(f"h{i}", "hi", "t", cost // 2, cost - cost // 2, now), now), now)
 
 
+def test_a_429_over_a_budget_set_by_hand_says_what_holds_the_rest_of_it():
+    """A trial of R0: under a budget frozen at 1,024, batch's 429 said "class 'batch' can reach 0
+    at the current budget of 1024" and nothing of interactive's reservation holding all of it."""
+    adm = pair(ceiling=1000, slots=4, interactive_reserved=500, elastic=False)
+    adm.set_budget(500)
+    refusal = adm.offer(req("batch", 100, prompt=50), 0.0)
+    assert isinstance(refusal, Refuse) and refusal.reason is Reason.TOKEN_BUDGET_EXCEEDED
+    assert refusal.detail.endswith("class 'batch' can reach 0 at the current budget of 500 (500 of it reserved for other classes)")
+    # nothing held elsewhere: nothing added
+    adm = pair(ceiling=1000, slots=4, elastic=False)
+    adm.set_budget(100)
+    refusal = adm.offer(req("batch", 150, prompt=50), 0.0)
+    assert isinstance(refusal, Refuse) and refusal.detail.endswith("can reach 100 at the current budget of 100")
+
+
 def test_a_refusal_of_a_class_held_back_by_the_others_reservations_says_so_not_only_the_objective():
     """A user's trial of R0: at the adaptive floor (the reservations in force), batch reaches 0
     tokens and waits for its turn (E1); its 429 said only "would miss its ... objective"."""
