@@ -356,6 +356,11 @@ class _Flow:
         )
         if refused is not None:
             self.count = self.gate.tokens.likely(backend.url, intake.kind, intake.body, model=backend.model)  # type: ignore[arg-type]
+            if backend.capacity is not None:
+                # journaled with the limit the gate would have forwarded after that prompt, as a
+                # counted request is: a trial's batch default 512 on slots of 512 was journaled as
+                # 51 + 512, which replay re-ran as never-fits and the aiperf trace sent as 512
+                self.intake = fit_injected(intake, self.count.tokens, backend.capacity.slot_context)
             self.waited_s = 0.0  # refused at once
             raise refused
 

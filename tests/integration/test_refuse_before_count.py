@@ -87,3 +87,32 @@ async def test_a_burst_is_counted_a_few_at_a_time_and_the_rest_refused_once_the_
             await asyncio.gather(*held, *burst, return_exceptions=True)
             await released(gate)
             assert admission.ledger.double_releases == 0
+
+
+async def test_a_request_refused_before_its_count_is_journaled_with_the_limit_the_gate_would_forward():
+    """A trial: the class default (512 on slots of 512) was journaled for a request refused before
+    its count, where a counted one gets what its slot holds after its prompt: replay re-ran it
+    as never-fits, and `log --format aiperf` asked for 512 tokens. Both now read the fitted limit."""
+    fitted = CONFIG + "default_max_tokens = 2048\n"  # the fake's slot: fits only with no prompt
+    async with fake_upstream("hang") as fake:
+        async with running_gate(fake.url, fitted) as gate, httpx.AsyncClient(base_url=gate.url, timeout=30) as client:
+            admission = next(iter(gate.backends)).admission
+            held = [asyncio.create_task(client.post(CHAT, json=body(f"hold {i}"))) for i in range(4)]
+            await wait_until(lambda: fake.completions == 4)
+            waiter = asyncio.create_task(client.post(CHAT, json=body("wait")))
+            await wait_until(lambda: admission.waiting() == 1)
+            fake.count_hold = asyncio.Event()
+            asked = fake.counts
+            unlimited = {"messages": [{"role": "user", "content": "no limit given"}], "stream": True}
+            response = await client.post(CHAT, json=unlimited, headers={"X-Request-Id": "nolimit"})
+            assert response.status_code == 429, response.text
+            await wait_until(lambda: gate.records.find("nolimit") is not None)
+            record = gate.records.find("nolimit")
+            assert record.token_count_source == "estimate" and fake.counts == asked  # refused before its count
+            assert record.max_tokens == 2048 - record.prompt_tokens  # not the class default, 2048
+            fake.count_hold.set()
+            for task in (*held, waiter):
+                task.cancel()
+            await asyncio.gather(*held, waiter, return_exceptions=True)
+            await released(gate)
+            assert admission.ledger.double_releases == 0
