@@ -591,6 +591,8 @@ def test_changes_between_the_gate_s_start_and_the_window_are_named_in_a_note(tmp
     (said,) = [n for n in window.notes if "between the gate's start" in n]
     assert "2 changes" in said and "reload classes.batch.queue_depth" in said and "pause_class class:batch" in said
     assert "resume_class" not in said  # in the window: counted as an operator change in it
+    # a trial: the what-if's unchanged lines and --set with the same lines answered differently
+    assert "a what-if line left as it is keeps what was recorded, these changes included, where --set KEY=VALUE pins KEY" in said
     assert not [n for n in load_window(path).notes if "between the gate's start" in n]  # from the gate's start: none
 
 

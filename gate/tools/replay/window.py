@@ -458,6 +458,8 @@ def _changed_before(changes: list[Change], since: float, started: float, digest:
     trial's window after a SIGHUP reload read "0 operator changes in the window", and the
     what-if's lines, the gate's start values, as if they had been in force)."""
     before = [c for c in changes if c.at <= 0 and c.action in REPLAYED_ACTIONS]
+    # the last clause: a trial's what-if left its prefilled backend.token_budget=2048 as it was and
+    # replayed a budget set by hand to 1,024, where --set with the same line replayed 2,048
     if not before:
         return []
     listed = ", ".join(f"{_hms(since + c.at)} {c.action} {c.target}" for c in before[:6])
@@ -465,7 +467,8 @@ def _changed_before(changes: list[Change], since: float, started: float, digest:
     return [
         f"{len(before)} change{'' if len(before) == 1 else 's'} between the gate's start ({_hms(started)}, config {digest}) "
         f"and the window {'is' if len(before) == 1 else 'are'} in force at its start (replayed before it): {listed}{more}; --set keys and the what-if's lines "
-        "are compared with the gate's start"
+        "are compared with the gate's start: a what-if line left as it is keeps what was recorded, these changes included, where "
+        "--set KEY=VALUE pins KEY over them"
     ]
 
 
