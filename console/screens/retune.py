@@ -147,7 +147,15 @@ CLASS_SETTINGS = ("reserved_tokens", "limit_tokens", "queue_depth", "queue_timeo
 class RetuneScreen(ModalScreen[list[str] | None]):
     """Dismisses with the applied actions' messages, or None when cancelled."""
 
-    BINDINGS = [Binding("escape", "cancel", "cancel"), Binding("enter", "save", "save", show=False)]
+    BINDINGS = [
+        Binding("escape", "cancel", "cancel"),
+        Binding("enter", "save", "save", show=False),
+        # Priority: the focus moves before the next key is delivered. Keys read in one burst (typed
+        # ahead over a laggy SSH link; a trial's `tmux send-keys Tab Tab Tab 7`) were all queued
+        # to the field focused then: the 7 went into the budget and saved a budget change.
+        Binding("tab", "app.focus_next", show=False, priority=True),
+        Binding("shift+tab", "app.focus_previous", show=False, priority=True),
+    ]
 
     def __init__(
         self,

@@ -744,3 +744,24 @@ async def test_retune_sets_a_class_s_own_ttft_objective_and_slo_gives_it_back(ga
         await pilot.click("#save")
         await pilot.pause()
         assert admission(gate).objective_ms("batch") == gate.config.budget.slo_ttft_p95_ms
+
+
+async def test_retune_keys_typed_ahead_in_one_burst_go_to_the_field_the_tabs_reach(gate):
+    """A trial over tmux (`send-keys Tab Tab Tab 7`: one read, as keys typed ahead over a laggy
+    SSH link arrive): every key was queued to the field focused when the burst came, so the 7 went
+    into the budget and the save changed it. Tab moves the focus before the next key now."""
+    from textual import events
+
+    app = make_app(gate)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("t")
+        keys = list(app.screen.keys)
+        assert app.screen.focused is field(app, keys[0])
+        before = {k: field(app, k).value for k in keys}
+        for key, char in (("tab", "\t"), ("tab", "\t"), ("tab", "\t"), ("7", "7")):
+            app.post_message(events.Key(key, char))
+        await pilot.pause()
+        await pilot.pause()
+        assert app.screen.focused is field(app, keys[3])
+        assert "7" in field(app, keys[3]).value
+        assert {k: field(app, k).value for k in keys[:3]} == {k: before[k] for k in keys[:3]}
