@@ -540,7 +540,10 @@ class Control:
         self.file_config = new_config
         self._apply_classes(new_config)  # the budget too, after the classes (their reservations set its floor)
         if not results:  # said as such (a trial read "config: None -> None (1 changes audited)")
-            results.append(self._audit(operator, source, "reload", "config", None, None, f"no changes: {note}" if note else "no changes"))
+            # the file may now say what the runtime overrides said: nothing in force moves, yet
+            # the file changed (a trial read "no changes" beside a new digest)
+            what = "no changes in force: the file now holds the overridden values" if replaced else "no changes"
+            results.append(self._audit(operator, source, "reload", "config", None, None, f"{what}: {note}" if note else what))
         self._keep()
         if replaced:
             kept = "; ".join(self.overrides.lines()) or "none"
@@ -573,8 +576,9 @@ class Control:
             note = str(exc) if str(exc).startswith(f"{config_path}:") else f"{config_path}: {exc}"
             self._audit(operator, source, "reload_refused", "gate", None, None, note)
             return False
-        changed = [r for r in results if (r.action, r.target) != ("reload", "config")]  # that row: no changes
-        log.info("reloaded %s (%s)", config_path, f"{len(changed)} changes audited" if changed else "no changes")
+        changed = [r for r in results if r.action == "reload" and r.target != "config"]  # ("reload", "config"): no changes
+        adopted = "; the runtime overrides are the file's values now" if any(r.action == "overrides_replaced" for r in results) else ""
+        log.info("reloaded %s (%s%s)", config_path, f"{len(changed)} changes audited" if changed else "no changes in force", adopted)
         return True
 
     # ---- internals -----------------------------------------------------------

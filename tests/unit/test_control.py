@@ -664,3 +664,17 @@ async def test_a_pause_and_a_freeze_are_metrics_a_dashboard_and_an_alert_can_see
     assert metric(gate, 'tokengate_class_paused{class="batch"}') == 0.0
     assert metric(gate, "tokengate_controller_frozen") == 0.0
     assert metric(gate, "tokengate_operator_overrides") == 0.0
+
+
+async def test_a_reload_of_a_file_that_now_holds_the_overridden_values_says_so(gate):
+    """A trial: the file was edited to what a runtime retune had set; the reload said "no changes"
+    beside the file's new digest, and the log "1 changes audited" (the overrides_replaced row)."""
+    from gate.data.commands import Retune
+
+    gate.control.execute(Retune(cls="batch", class_changes={"queue_depth": 3}), operator=ALICE)
+    edited = parse_config(CONFIG.replace("queue_depth = 8", "queue_depth = 3", 1))
+    assert edited.class_by_name("batch").queue_depth == 3
+    rows = gate.control.reload(edited, operator=ALICE, note="tg.toml sha256:5678")
+    assert [(r.action, r.target) for r in rows] == [("reload", "config"), ("overrides_replaced", "overrides")]
+    note = [a.note for a in gate.recent_audit if a.action == "reload"][-1]
+    assert note == "no changes in force: the file now holds the overridden values: tg.toml sha256:5678"
