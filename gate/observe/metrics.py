@@ -246,6 +246,13 @@ class GateMetrics:
             ["class"],
             registry=r,
         )
+        self._reserved = Gauge(
+            "tokengate_class_reserved_tokens",
+            "Each class's reservation in force, summed over backends: its reserved_tokens, or less on a "
+            "backend where the reservations add up to more than half the ceiling (scaled down, R0).",
+            ["class"],
+            registry=r,
+        )
         # [shared]: tenant limits across gates through Redis (gate/fleet/sharedlimits/).
         self._shared_fallback = Gauge(
             "tokengate_shared_limit_fallback",
@@ -466,6 +473,9 @@ class GateMetrics:
 
     def set_ttft_objective(self, cls: str, seconds: float) -> None:
         self._objective.labels(self._cls(str(cls))).set(seconds)
+
+    def set_class_reserved(self, cls: str, tokens: int) -> None:
+        self._reserved.labels(self._cls(str(cls))).set(tokens)
 
     def set_shared(self, *, fallback: bool, gates: int) -> None:
         self._shared_fallback.set(1 if fallback else 0)

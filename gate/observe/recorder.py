@@ -411,6 +411,14 @@ class Recorder:
                         objectives[cls] = ms / 1000
         for cls, seconds in objectives.items():
             m.set_ttft_objective(cls, seconds)
+        # the reservations in force: R0's scaling was only in a warning's words (a user's trial)
+        reserved = dict.fromkeys(totals, 0)
+        for b in backends:
+            if b.admission is not None and b.capacity is not None:
+                for cls in b.admission.class_names:
+                    reserved[cls] = reserved.get(cls, 0) + b.admission.reserved(cls)
+        for cls, tokens in reserved.items():
+            m.set_class_reserved(cls, tokens)
 
     def refresh_inference_gauge(self, b: Backend) -> None:
         """The inference-gateway protocol's three gauges for one backend, from the gate's own state:

@@ -104,6 +104,18 @@ async def test_each_class_s_ttft_objective_is_a_gauge_its_own_else_the_slo():
     assert values[("tokengate_slo_ttft_seconds", ())] == 2.0
 
 
+async def test_each_class_s_reservation_in_force_is_a_gauge_scaled_on_a_small_pool():
+    """R0 scaled interactive's 512 to 400 on a pool of 800, said only in a warning's words."""
+    async with gate_on_fake_llama(GATE_CONFIG) as g:
+        values = scrape(g)
+    assert values[("tokengate_class_reserved_tokens", (("class", "interactive"),))] == 512  # kept whole
+    assert values[("tokengate_class_reserved_tokens", (("class", "batch"),))] == 0
+    small = GATE_CONFIG.replace('kv = "split"', 'kv = "split"\ntoken_budget = 800').replace("min_tokens = 1024", "min_tokens = 0")
+    async with gate_on_fake_llama(small) as g:
+        values = scrape(g)
+    assert values[("tokengate_class_reserved_tokens", (("class", "interactive"),))] == 400  # half the ceiling
+
+
 def test_kv_usage_is_clamped_to_zero_one():
     m = GateMetrics()
     m.set_inference("b", "", waiting=0, running=0, kv_usage=1.7)
