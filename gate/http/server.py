@@ -17,7 +17,9 @@ import errno
 import json
 import logging
 import socket
-from collections.abc import Awaitable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from email.utils import formatdate
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -172,7 +174,42 @@ def build_app(gate: RequestPorts) -> ASGIApp:
     # client's Host header (an open redirect).
     app.router.redirect_slashes = False
     # CORS on the gate's own answers as llama-server sets it on its own (gate/http/cors.py).
-    return CorsMirror(_FastPath(admitted, app, gate))
+    return Dated(CorsMirror(_FastPath(admitted, app, gate)))
+
+
+class Dated:
+    """ASGI wrapper: a ``Date`` header of when the answer starts, as llama-server dates its own.
+    uvicorn's is the request's arrival (it takes its default headers when a request comes), so a
+    trial's 502 sent 34 s after its request said a time 34 s old; uvicorn's is turned off."""
+
+    __slots__ = ("app", "clock", "_second", "_text")
+
+    def __init__(self, app: ASGIApp, clock: Callable[[], float] = time.time) -> None:
+        self.app, self.clock = app, clock
+        self._second, self._text = -1, b""
+
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        if scope["type"] != "http":
+            return self.app(scope, receive, send)
+        return self.app(scope, receive, _DatedSend(self, send))
+
+    def now(self) -> bytes:
+        second = int(self.clock())
+        if second != self._second:  # formatted once a second, as uvicorn does
+            self._second, self._text = second, formatdate(second, usegmt=True).encode()
+        return self._text
+
+
+class _DatedSend:
+    __slots__ = ("dated", "send")
+
+    def __init__(self, dated: Dated, send: Send) -> None:
+        self.dated, self.send = dated, send
+
+    def __call__(self, message: Message) -> Awaitable[None]:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [(b"date", self.dated.now()), *message.get("headers", ())]}
+        return self.send(message)
 
 
 class _FastPath:
@@ -304,6 +341,7 @@ class HttpServer:
             lifespan="off",
             access_log=False,
             server_header=False,  # no "server: uvicorn": the stack behind the gate is nobody's business
+            date_header=False,  # the app's own (`Dated`): uvicorn's is the request's arrival
             timeout_graceful_shutdown=5,
             http=guarded_protocol(self.header_timeout_s),  # slow clients: gate/http/clientguard.py
         )

@@ -302,6 +302,7 @@ async def test_bad_input_on_forwarded_routes_is_a_4xx_without_backend_addresses(
         # nor the gate's own stack: no "server: uvicorn" on its answers (llama-server's own
         # Server header is dropped with the hop-by-hop ones)
         assert "server" not in r.headers, r.headers
+        assert len(r.headers.get_list("date")) == 1  # the gate's own (`Dated`), not uvicorn's beside it
 
 
 async def test_several_listen_addresses_ipv6_included(llama_unified):

@@ -128,3 +128,28 @@ def test_nothing_exposed_where_a_browser_may_not_read_the_answer():
     assert b"access-control-expose-headers" not in _call(_app([]), None)  # no Origin
     relayed_without = _app([(b"Content-Length", b"0")], relayed=True)  # llama-server refused the origin
     assert b"access-control-expose-headers" not in _call(relayed_without, b"http://evil.example")
+
+
+def test_the_date_header_is_when_the_answer_starts_not_when_the_request_came():
+    """uvicorn dates an answer at its request's arrival: a trial's 502, sent 34 s after its
+    request (llama-server hung while stopping), said a time 34 s old. `Dated` dates the start."""
+    from email.utils import parsedate_to_datetime
+
+    from gate.http.server import Dated
+
+    now = [1_800_000_000.4]
+    sent: list[dict] = []
+
+    async def slow_app(scope, receive, send):
+        now[0] += 34.0  # the answer starts 34 s after the request came
+        await send({"type": "http.response.start", "status": 502, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b"{}", "more_body": False})
+
+    async def send(message):
+        sent.append(message)
+
+    app = Dated(slow_app, clock=lambda: now[0])
+    asyncio.run(app({"type": "http", "headers": []}, None, send))
+    (date,) = [v for k, v in sent[0]["headers"] if k == b"date"]
+    assert parsedate_to_datetime(date.decode()).timestamp() == 1_800_000_034
+    assert sent[0]["headers"][1:] == [(b"content-type", b"application/json")] and sent[1]["body"] == b"{}"
