@@ -22,7 +22,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from gate.core.ledger import Request
@@ -124,6 +124,12 @@ class ClassQueue:
         if self._in_push_order:
             return iter(self._by_id.values())
         return iter(sorted(self._by_id.values(), key=lambda w: (w.enqueued_at, w.request.id)))
+
+    @property
+    def by_id(self) -> Mapping[str, Waiting]:
+        """The waiters by id, the queue's own index: read it, do not change it (its len in C:
+        admission's `waiting()`, #24; the dict itself, which a deepcopy copies, not a view)."""
+        return self._by_id
 
     @property
     def from_ordered(self) -> bool:
