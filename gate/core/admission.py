@@ -179,6 +179,9 @@ IN_TIME_CHANCE = 0.9
 #: T2 looks again no sooner than this behind a slot held past every hold measured (its start-by moment
 #: comes back as time goes on; without a floor, rounding could ask for the same moment again)
 RECHECK_S = 1e-6
+#: T2's walk stops early only past this much more than the bound needs: the rounding of a
+#: waiter's moments (a few ulps of a clock's seconds, ~1e-6 s even at epoch seconds) is far less
+SKIP_MARGIN_S = 1e-3
 _ADMITTED_AT = operator.attrgetter("admitted_at")  # a reservation's moment, in C (T2's walk)
 #: T4: the dispatches of waiters whose prefilling met is averaged
 MET_KEPT = 16
@@ -392,6 +395,7 @@ class Admission:
         budget_elastic: Callable[[], bool] = lambda: False,
         default_ttft_objective_ms: float | None = None,
         keep_slots: bool = True,
+        ttft_grows_with_prompt: bool = False,
     ) -> None:
         self.capacity = capacity
         # Is the working budget the adaptive controller's estimate (E1, E2), or an operator's limit?
@@ -400,6 +404,11 @@ class Admission:
         # (request, prompt tokens prefilling now) -> seconds to its first token if dispatched
         # now, or None while unmeasured; the shell's measurement, injected to keep this pure.
         self.expected_ttft = expected_ttft
+        # The shell's word that `expected_ttft` never falls as a request's prompt tokens grow, and
+        # reads nothing else of the request (the prefill model's line, a median, a constant): T2's
+        # walk then stops at the first waiter that, with the widest prompt waiting, can be neither
+        # late nor the earliest moment (#24). False: every waiter is walked.
+        self.ttft_grows_with_prompt = ttft_grows_with_prompt
         # The TTFT objective of a class that sets none (the shell: [budget] slo_ttft_p95_ms).
         self.default_ttft_objective_ms = default_ttft_objective_ms
         # F4's cap when the capacity sets none (None there; 0 there means no cap): derived by
@@ -446,6 +455,7 @@ class Admission:
         self._reserved_other: dict[str, int] = {}
         self._sort_classes()
         self._queues = tuple(c.queue for c in self._classes.values())  # a class keeps its queue
+        self._ids = tuple(q.by_id for q in self._queues)  # their indexes: len() without a Python call
 
     # ---- reading -----------------------------------------------------------
 
@@ -464,7 +474,7 @@ class Admission:
         return self._classes[cls].queue
 
     def waiting(self) -> int:
-        return sum(map(len, self._queues))  # in C: asked on every event, several times (#24)
+        return sum(map(len, self._ids))  # in C: asked on every event, several times (#24)
 
     def next_deadline(self, now: float | None = None, *, after: Step | None = None) -> float | None:
         """The earliest moment a waiter times out, may be late for its TTFT objective (T2: see
@@ -834,14 +844,20 @@ class Admission:
         # the waiters with their turn, where places matter (a wait is computed only with a mean)
         first = self._aged(now, served=True) if mean is not None and now is not None else []
         firsts = {w.request.id for w in first}
-        walk: list[tuple[float | None, Iterable[Waiting], int]] = [(self.objective_ms(w.request.cls), (w,), 1) for w in first]
+        walk: list[tuple[float | None, Iterable[Waiting], int, ClassQueue | None]] = [
+            (self.objective_ms(w.request.cls), (w,), 1, None) for w in first
+        ]
+        bounded = self.ttft_grows_with_prompt
         for c in self._order:
             if c.queue.paused:
                 continue
             rest = [w for w in c.queue.in_order() if w.request.id not in firsts] if firsts else c.queue.in_order()
-            walk.append((self.objective_ms(c.policy.name), rest, len(c.queue) - sum(1 for w in first if w.request.cls == c.policy.name)))
+            count = len(c.queue) - sum(1 for w in first if w.request.cls == c.policy.name)
+            walk.append((self.objective_ms(c.policy.name), rest, count, c.queue if bounded and c.queue.from_ordered else None))
         horizon = math.inf if now is None else now
-        for objective_ms, waiters, count in walk:
+        slack: float | None = None
+        floor = last = 0.0
+        for objective_ms, waiters, count, queue in walk:
             if not objective_ms:
                 ahead += count  # no objective: each waiter is only someone's wait
                 continue
@@ -852,15 +868,36 @@ class Admission:
             if expected_ttft is not None and mean is not None and ahead + count <= k:
                 # the common case (#24: ~99% of a replay's waiter steps), the loop below without
                 # the branches it cannot take: every place in the slots' first round
-                for w in waiters:
+                slack = None
+                stop = math.inf  # a waiter whose objective counts from after this: it and the rest are skipped
+                if queue is not None and count > 1:
+                    # #24: with the waiters' moments rising (queue.from_ordered) and no first-token
+                    # estimate above the widest prompt's (ttft_grows_with_prompt), a waiter whose
+                    # moment is past `stop` and every one after it is neither late now (its wait is
+                    # at most `last`, the class's last place's free) nor earlier than `earliest`:
+                    # its late_at is start_by + its free = its moment + objective - its estimate,
+                    # or, behind a slot whose free grows, halfway from now to its start-by moment
+                    # (hence 2 x earliest - now + last), less rounding, which SKIP_MARGIN_S
+                    # covers: the walk stops there, with the same answer
+                    widest = queue.widest
+                    slack = (0.0 if widest is None else (expected_ttft(widest, prefilling) or 0.0)) - objective_s + SKIP_MARGIN_S
+                    last = frees[ahead + count - 1]
+                    floor = horizon + last
+                    if grows is not None:
+                        slack += SKIP_MARGIN_S  # the halfway moment: twice the rounding
+                    if earliest is not None:
+                        bound = earliest if grows is None else 2.0 * earliest - horizon + last
+                        stop = (bound if bound > floor else floor) + slack
+                for i, w in enumerate(waiters):
                     request = w.request
+                    since = request.arrival if request.came is None else request.came
+                    if since > stop:
+                        ahead += count - i  # each a place, none late (see above)
+                        if grows is not None:
+                            behind = ahead - 1  # the last of them
+                        break
                     first_round = frees[ahead]  # its wait (and its slot's free)
-                    start_by = (
-                        (request.arrival if request.came is None else request.came)
-                        + objective_s
-                        - (expected_ttft(request, prefilling) or 0.0)
-                        - first_round
-                    )
+                    start_by = since + objective_s - (expected_ttft(request, prefilling) or 0.0) - first_round
                     if start_by > horizon:
                         if grows is None:
                             late_at = start_by + first_round
@@ -873,6 +910,9 @@ class Admission:
                                 late_at = start_by + first_round
                         if earliest is None or late_at < earliest:
                             earliest = late_at
+                            if slack is not None:
+                                bound = earliest if grows is None else 2.0 * earliest - horizon + last
+                                stop = (bound if bound > floor else floor) + slack
                         ahead += 1
                     else:
                         if earliest is None or start_by < earliest:

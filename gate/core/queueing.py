@@ -22,7 +22,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from gate.core.ledger import Request
@@ -74,6 +74,13 @@ class ClassQueue:
         # decisions spent ~3/4 of its 200 s sorting and scanning every waiter per dispatch pass).
         self._last_key: tuple[float, str] | None = None
         self._in_push_order = True
+        # Since the queue was last empty: do the waiters' `objective_from` moments rise in push
+        # order (a moment never falls behind the one pushed before it), and the request with the
+        # most prompt tokens pushed (an upper bound on those waiting: removals only lower it).
+        # T2's walk stops early with them (`from_ordered`, `widest`; #24).
+        self._from_rising = True
+        self._last_from = -math.inf
+        self._widest: Request | None = None
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -118,6 +125,25 @@ class ClassQueue:
             return iter(self._by_id.values())
         return iter(sorted(self._by_id.values(), key=lambda w: (w.enqueued_at, w.request.id)))
 
+    @property
+    def by_id(self) -> Mapping[str, Waiting]:
+        """The waiters by id, the queue's own index: read it, do not change it (its len in C:
+        admission's `waiting()`, #24; the dict itself, which a deepcopy copies, not a view)."""
+        return self._by_id
+
+    @property
+    def from_ordered(self) -> bool:
+        """Does `in_order` walk the waiters with their `objective_from` moments never falling
+        (each at or after the one before)? True while every push since the queue was last empty
+        came at or after the one before, in the push order `in_order` walks."""
+        return self._in_push_order and self._from_rising
+
+    @property
+    def widest(self) -> Request | None:
+        """A request with at least as many prompt tokens as every waiter (the most pushed since
+        the queue was last empty; it may have left since), or None while nothing waits."""
+        return self._widest if self._by_id else None
+
     def next_deadline(self) -> float | None:
         self._prune_deadlines()
         return self._deadlines[0][0] if self._deadlines else None
@@ -131,6 +157,15 @@ class ClassQueue:
         item = Waiting(request, now, now + self.timeout_s)
         if not self._by_id:
             self._in_push_order = True  # an empty queue is in order whatever came before
+            self._from_rising = True
+            self._last_from = -math.inf
+            self._widest = None
+        since = request.objective_from
+        if since < self._last_from:
+            self._from_rising = False  # until the queue is empty again
+        self._last_from = since
+        if self._widest is None or request.prompt_tokens > self._widest.prompt_tokens:
+            self._widest = request
         key = (now, request.id)
         if self._last_key is not None and key < self._last_key and self._by_id:
             self._in_push_order = False  # a clock that went back: `in_order` sorts until empty

@@ -175,13 +175,15 @@ def first_frees(
     left.sort()  # sorted already (ages fall); as growing_frees reads them
     over.sort()
     frees = sorted(left + over)[:m]
-    grows = [False] * min(places, len(frees))
+    marked = min(places, len(frees))
+    grows = [False] * marked
     for j, o in enumerate(over):
         # growing_frees's merge: a tie, the one that does not grow first, so each overrun comes
         # after the frees <= it (those not computed come after the m places: never before it)
         place = j + bisect_right(left, o)
-        if place < len(grows):
-            grows[place] = True
+        if place >= marked:
+            break  # `over` and `left` sorted: each later overrun's place is further still (#24)
+        grows[place] = True
     return frees, grows
 
 

@@ -160,11 +160,14 @@ def same_answers(adm: Admission, now: float) -> None:
         st.tuples(pressure_setups(), st.lists(pressure_ops, min_size=20, max_size=80)),
     ),
     back=st.lists(st.floats(0.0, 3.0), max_size=3),
+    stops=st.booleans(),
 )
-def test_the_incremental_aging_scan_equals_the_brute_force_walk_after_every_step(setup_seq, back):
+def test_the_incremental_aging_scan_equals_the_brute_force_walk_after_every_step(setup_seq, back, stops):
     """_aged, _start_by_walk and next_deadline (also reusing the step of an advance that changed
     nothing) equal the brute-force walks after every offer and advance; a few arrivals are offered with a clock set back (`back`), which the core does not
-    promise to handle well but must still answer exactly."""
+    promise to handle well but must still answer exactly. `stops`: the walk may stop at the first
+    waiter that the widest prompt's estimate shows can be neither late nor the earliest moment
+    (`ttft_grows_with_prompt`, as the gate and the replay build the core); the same answers."""
     (classes, capacity, rate, base, aging, elastic), seq = setup_seq
     adm = Admission(
         classes,
@@ -172,6 +175,7 @@ def test_the_incremental_aging_scan_equals_the_brute_force_walk_after_every_step
         aging_s=aging,
         budget_elastic=lambda: elastic,
         expected_ttft=lambda r, prefilling: base + (r.prompt_tokens + prefilling) / rate,
+        ttft_grows_with_prompt=stops,
     )
     now = 0.0
     ids = iter(range(10**6))
@@ -239,6 +243,10 @@ def test_a_class_queue_walks_its_waiters_by_enqueue_time_and_id_whatever_the_pus
         else:
             q.expire(op[1])
         assert list(q.in_order()) == sorted(q, key=lambda w: (w.enqueued_at, w.request.id))
+        # what T2's early stop relies on (#24): the moments rise when it says so; no prompt is wider
+        froms = [w.request.objective_from for w in q.in_order()]
+        assert not q.from_ordered or froms == sorted(froms)
+        assert q.widest is None if not len(q) else all(w.request.prompt_tokens <= q.widest.prompt_tokens for w in q)
 
 
 @EXAMPLES
