@@ -187,7 +187,10 @@ class Run:
 
 
 def start(run: Run, archive: Path, model: Path, llama: str, pytest_args: list[str], only: Path | None = None) -> None:
-    suite = extract_suite(archive, run.dir / "suite")
+    # where it lies in llama.cpp's tree: its test_tools_builtin.py greps "the project root", four
+    # levels above its test files, and expects one match. From RUN/suite/unit that was /tmp itself,
+    # which held the straight run's copy (and any kept run's): "Total matches: 2" through the gate
+    suite = extract_suite(archive, run.dir / "llama.cpp" / "tools" / "server" / "tests")
     shim = run.dir / "llama-server"
     shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{HERE / "shim.py"}" {run.mode} "$@"\n')
     shim.chmod(0o755)
