@@ -32,8 +32,12 @@ def body(text: str) -> dict:
 
 
 async def test_a_newcomer_behind_a_full_queue_is_refused_without_waiting_on_its_count():
+    # default_max_tokens 2048: the fake's slot, which a request without max_tokens fits only with no prompt
     async with fake_upstream("hang") as fake:
-        async with running_gate(fake.url, CONFIG) as gate, httpx.AsyncClient(base_url=gate.url, timeout=30) as client:
+        async with (
+            running_gate(fake.url, CONFIG + "default_max_tokens = 2048\n") as gate,
+            httpx.AsyncClient(base_url=gate.url, timeout=30) as client,
+        ):
             admission = next(iter(gate.backends)).admission
             held = [asyncio.create_task(client.post(CHAT, json=body(f"hold {i}"))) for i in range(4)]
             await wait_until(lambda: fake.completions == 4)  # the fake's 4 slots, each held
@@ -51,6 +55,16 @@ async def test_a_newcomer_behind_a_full_queue_is_refused_without_waiting_on_its_
             assert (record.outcome, record.reason, record.queue_ms) == ("refused", "queue_full", 0.0)
             # no count: its prompt is the estimate (the JSON of its prompt fields / 3)
             assert record.token_count_source == "estimate" and record.prompt_tokens is not None
+            # A trial: the class default (512 on slots of 512) was journaled for a request refused
+            # before its count, where a counted one gets what its slot holds after its prompt:
+            # replay re-ran it as never-fits, and `log --format aiperf` asked for 512 tokens.
+            unlimited = {"messages": [{"role": "user", "content": "no limit given"}], "stream": True}
+            response = await client.post(CHAT, json=unlimited, headers={"X-Request-Id": "nolimit"})
+            assert response.status_code == 429, response.text
+            await wait_until(lambda: gate.records.find("nolimit") is not None)
+            record = gate.records.find("nolimit")
+            assert record.token_count_source == "estimate" and fake.counts == asked  # refused before its count
+            assert record.max_tokens == 2048 - record.prompt_tokens  # the limit it would have had, not the default
             fake.count_hold.set()
             for task in (*held, waiter):
                 task.cancel()
@@ -85,34 +99,5 @@ async def test_a_burst_is_counted_a_few_at_a_time_and_the_rest_refused_once_the_
             for task in (*held, *burst):
                 task.cancel()
             await asyncio.gather(*held, *burst, return_exceptions=True)
-            await released(gate)
-            assert admission.ledger.double_releases == 0
-
-
-async def test_a_request_refused_before_its_count_is_journaled_with_the_limit_the_gate_would_forward():
-    """A trial: the class default (512 on slots of 512) was journaled for a request refused before
-    its count, where a counted one gets what its slot holds after its prompt: replay re-ran it
-    as never-fits, and `log --format aiperf` asked for 512 tokens. Both now read the fitted limit."""
-    fitted = CONFIG + "default_max_tokens = 2048\n"  # the fake's slot: fits only with no prompt
-    async with fake_upstream("hang") as fake:
-        async with running_gate(fake.url, fitted) as gate, httpx.AsyncClient(base_url=gate.url, timeout=30) as client:
-            admission = next(iter(gate.backends)).admission
-            held = [asyncio.create_task(client.post(CHAT, json=body(f"hold {i}"))) for i in range(4)]
-            await wait_until(lambda: fake.completions == 4)
-            waiter = asyncio.create_task(client.post(CHAT, json=body("wait")))
-            await wait_until(lambda: admission.waiting() == 1)
-            fake.count_hold = asyncio.Event()
-            asked = fake.counts
-            unlimited = {"messages": [{"role": "user", "content": "no limit given"}], "stream": True}
-            response = await client.post(CHAT, json=unlimited, headers={"X-Request-Id": "nolimit"})
-            assert response.status_code == 429, response.text
-            await wait_until(lambda: gate.records.find("nolimit") is not None)
-            record = gate.records.find("nolimit")
-            assert record.token_count_source == "estimate" and fake.counts == asked  # refused before its count
-            assert record.max_tokens == 2048 - record.prompt_tokens  # not the class default, 2048
-            fake.count_hold.set()
-            for task in (*held, waiter):
-                task.cancel()
-            await asyncio.gather(*held, waiter, return_exceptions=True)
             await released(gate)
             assert admission.ledger.double_releases == 0
