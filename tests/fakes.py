@@ -28,6 +28,10 @@ priority = 1
 queue_depth = 8
 """
 
+# The same on a pool of 800 tokens (token_budget) with the auto floor: interactive's 512 is over
+# half the ceiling, so R0 puts 400 in force (the tests of what is said about it).
+SMALL_POOL_CONFIG = GATE_CONFIG.replace('kv = "split"', 'kv = "split"\ntoken_budget = 800').replace("min_tokens = 1024", "min_tokens = 0")
+
 
 def fake_llama_transport(slots: Sequence[dict[str, Any]] = ()) -> httpx.MockTransport:
     """Healthy, 4 slots x 2048 tokens, `slots` on /slots, /metrics off (501)."""

@@ -286,10 +286,9 @@ async def test_retune_on_a_pool_that_scales_the_reservations_down_saves_with_the
     """A trial of R0 (#25): the example's auto floor on a pool of 800 is interactive's 400 in
     force, below its configured 512; the form checked 512 against that floor and refused every
     save, a queue depth's too. Only a floor the operator sets (here or in [budget]) binds."""
-    from tests.fakes import GATE_CONFIG, gate_on_fake_llama
+    from tests.fakes import SMALL_POOL_CONFIG, gate_on_fake_llama
 
-    small = GATE_CONFIG.replace('kv = "split"', 'kv = "split"\ntoken_budget = 800').replace("min_tokens = 1024", "min_tokens = 0")
-    async with gate_on_fake_llama(small) as g:
+    async with gate_on_fake_llama(SMALL_POOL_CONFIG) as g:
         app = make_app(g)
         async with app.run_test(size=SIZE) as pilot:
             await pilot.press("t")  # interactive: reserved 512, 400 in force; the floor 400

@@ -271,10 +271,9 @@ async def test_met_says_which_objective_each_class_is_judged_by(gate):
 async def test_a_reservation_a_small_pool_scaled_down_shows_what_is_in_force():
     """R0 (#25): on a backend whose ceiling is under twice the reservations, they are scaled to
     half of it; the table shows the configured value and the one in force, not the first alone."""
-    from tests.fakes import GATE_CONFIG, gate_on_fake_llama
+    from tests.fakes import SMALL_POOL_CONFIG, gate_on_fake_llama
 
-    small = GATE_CONFIG.replace('kv = "split"', 'kv = "split"\ntoken_budget = 800').replace("min_tokens = 1024", "min_tokens = 0")
-    async with gate_on_fake_llama(small) as g:
+    async with gate_on_fake_llama(SMALL_POOL_CONFIG) as g:
         (interactive, batch) = g.snapshot().classes
         assert (interactive.reserved_tokens, interactive.reserved_in_force) == (512, 400)
         assert (batch.reserved_tokens, batch.reserved_in_force) == (0, 0)

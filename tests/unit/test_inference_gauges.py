@@ -14,7 +14,7 @@ from gate.config import parse_config
 from gate.core.ledger import Request
 from gate.observe.metrics import GateMetrics
 from gate.service import GateService
-from tests.fakes import GATE_CONFIG, fake_llama_transport, gate_on_fake_llama
+from tests.fakes import GATE_CONFIG, SMALL_POOL_CONFIG, fake_llama_transport, gate_on_fake_llama
 
 CONFIG = GATE_CONFIG.replace('kv = "split"', 'kv = "split"\nname = "gpu0"\nmodels = ["qwen", "qwen-alias"]')
 GAUGES = ("tokengate_num_requests_waiting", "tokengate_num_requests_running", "tokengate_kv_cache_usage_ratio")
@@ -110,8 +110,7 @@ async def test_each_class_s_reservation_in_force_is_a_gauge_scaled_on_a_small_po
         values = scrape(g)
     assert values[("tokengate_class_reserved_tokens", (("class", "interactive"),))] == 512  # kept whole
     assert values[("tokengate_class_reserved_tokens", (("class", "batch"),))] == 0
-    small = GATE_CONFIG.replace('kv = "split"', 'kv = "split"\ntoken_budget = 800').replace("min_tokens = 1024", "min_tokens = 0")
-    async with gate_on_fake_llama(small) as g:
+    async with gate_on_fake_llama(SMALL_POOL_CONFIG) as g:
         values = scrape(g)
     assert values[("tokengate_class_reserved_tokens", (("class", "interactive"),))] == 400  # half the ceiling
 

@@ -216,10 +216,9 @@ def test_a_lock_file_deleted_under_a_running_gate_is_taken_again(tmp_path):
 async def test_a_reservation_retune_that_r0_scales_says_what_is_in_force_in_the_toast_and_the_audit():
     """A user's trial of R0: the audit row and the toast said reserved_tokens 1024 where 512 was
     in force on a small pool."""
-    from tests.fakes import gate_on_fake_llama
+    from tests.fakes import SMALL_POOL_CONFIG, gate_on_fake_llama
 
-    small = GATE_CONFIG.replace('kv = "split"', 'kv = "split"\ntoken_budget = 800').replace("min_tokens = 1024", "min_tokens = 0")
-    async with gate_on_fake_llama(small) as g:
+    async with gate_on_fake_llama(SMALL_POOL_CONFIG) as g:
         op = Operator("alice", "local")
         (result,) = g.control.execute(Retune(cls="batch", class_changes={"reserved_tokens": 200}), operator=op)
         # interactive 512 + batch 200 = 712 > 400: batch 200 * 400 // 712 = 112 in force
