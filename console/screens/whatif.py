@@ -28,6 +28,7 @@ review`` has no gate: there the what-if only replays.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
@@ -140,6 +141,18 @@ def notes_of(window: Window, answer: Mapping[str, Any] | None) -> list[tuple[str
         return [(n, False) for n in (*window.notes, *window.fit.notes)]
     warned = {f"{s['name']}: {w}" for s in answer["scenarios"] for w in s.get("warnings", ())}
     return [(n, n in warned) for n in (*answer.get("notes", ()), *answer["fit"]["notes"])]
+
+
+def console_words(text: str) -> str:
+    """A replay message as the console's user acts on it: the window here is the review's range
+    or its ``since=``/``until=`` filter, not the command's flags (a trial read "--until" in an
+    error about the ``until=`` it had typed): ``--until 2027-01-15T08:00:05Z`` -> ``until=2027-...``,
+    ``give --until a moment`` -> ``give until= a moment``."""
+    return _FLAG.sub(lambda m: f"{m.group(1)}=", _FLAG_AT.sub(lambda m: f"{m.group(1)}=", text))
+
+
+_FLAG_AT = re.compile(r"--(since|until) (?=\d)")  # a flag and its time
+_FLAG = re.compile(r"--(since|until)\b")
 
 
 def window_text(journal_path: str, since: float | None, until: float | None) -> str:
@@ -309,7 +322,7 @@ class WhatIfScreen(ModalScreen[None]):
             error = worker.error
             message = str(error) if isinstance(error, ReplayError | ValueError) else f"{type(error).__name__}: {error}"
             prefix = "cannot replay this window: " if worker.group == "whatif-load" else "replay failed: "
-            self._status(prefix + message, error=True)
+            self._status(prefix + console_words(message), error=True)
 
     # ---- view ---------------------------------------------------------------------
 
@@ -330,7 +343,7 @@ class WhatIfScreen(ModalScreen[None]):
             [
                 *model,
                 *(
-                    Static(f"{'warning' if warning else 'note'}: {text}", classes="warning" if warning else "", markup=False)
+                    Static(f"{'warning' if warning else 'note'}: {console_words(text)}", classes="warning" if warning else "", markup=False)
                     for text, warning in notes
                 ),
             ]

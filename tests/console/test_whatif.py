@@ -489,3 +489,32 @@ async def test_a_proposal_of_several_keys_shows_its_figures_without_scrolling(jo
         assert table.virtual_size.width <= table.scrollable_content_region.width, (table.virtual_size, table.region)
         status = str(screen.query_one("#whatif-status").render())
         assert f"proposal {screen.proposal}" in status
+
+
+def test_console_words_name_the_reviews_filter_keys_not_the_commands_flags() -> None:
+    from console.screens.whatif import console_words
+
+    assert console_words("replay the windows apart (--until / --since 2027-01-15T08:00:05Z)") == (
+        "replay the windows apart (until= / since=2027-01-15T08:00:05Z)"
+    )
+    assert console_words("give --until a moment at least 30 s ago") == "give until= a moment at least 30 s ago"
+    assert console_words("x: --until 2026-12-01T00:00:00Z must be after --since (y)") == (
+        "x: until=2026-12-01T00:00:00Z must be after since= (y)"
+    )
+    assert console_words("--set KEY=VALUE pins KEY") == "--set KEY=VALUE pins KEY"  # only the window's flags
+
+
+async def test_a_window_before_the_journal_says_the_filter_key_the_user_typed(journal: Path) -> None:
+    # The what-if's window comes from the review's range or its since=/until= filter: an error
+    # that named "--until" (the command's flag) sent a console user looking for a flag
+    window = load_window(str(journal))
+    app = ReviewApp(journal)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        app.push_screen(WhatIfScreen(str(journal), window.since - 7200.0, window.since - 3600.0))
+        await settle(pilot)
+        screen = app.screen
+        assert isinstance(screen, WhatIfScreen)
+        assert screen.error is not None
+        assert "no decisions before until=" in screen.error, screen.error
+        assert "--until" not in screen.error
