@@ -85,3 +85,35 @@ def test_in_virtual_time_a_long_batch_objective_no_longer_starves_interactive():
     chat, batch = result.classes["interactive"], result.classes["batch"]
     assert chat.within_objective >= 0.6 * chat.sent, sim.summary(result)
     assert min(batch.served_per_window) >= 1, sim.summary(result)  # its bounded share, never starved
+
+
+def test_a_chat_with_its_minimum_rate_turn_counts_batch_s_bounded_share_not_every_aged_waiter():
+    # A trial (batch given a 60 s objective, interactive 0.5/s beside batch 3/s): a chat that
+    # came aging_s after interactive's last start has its minimum-rate turn (G1 b), and T1
+    # counted every aged batch waiter ahead of it ("expected wait 38791 ms for 66 ahead",
+    # Retry-After 40-44 s, the interactive queue empty): with the chat waiting, batch goes
+    # first only by its one turn, as for a chat without its turn above.
+    adm = pair(slots=4, aging_s=5.0, objective_ms=3000.0, expected=lambda r, p: 0.2)
+    adm.holds.min_holds = 1
+    first = [req("interactive", 100, at=0.0)] + [req("batch", 100, at=0.0) for _ in range(3)]
+    for r in first:
+        assert isinstance(adm.offer(r, 0.0), Admit)
+    waiters = [req("batch", 100, at=0.1 * (i + 1)) for i in range(6)]
+    for r in waiters:
+        assert isinstance(adm.offer(r, r.arrival), Queue)
+    for r in first:
+        adm.release(r.id, 8.0)
+    running = [a.request for a in adm.advance(8.0).admitted]
+    assert len(running) == 4
+    for r in [req("batch", 100, at=8.5) for _ in range(4)]:
+        assert isinstance(adm.offer(r, 8.5), Queue)
+    assert len(adm._aged(14.0)) == 6  # six aged batch waiters, each with its turn while no chat waits
+    chat = req("interactive", 100, at=14.0)
+    assert adm._newcomer_turn(adm._classes["interactive"], 14.0)  # started nothing since 0.0
+    decision = adm.offer(chat, 14.0)
+    assert isinstance(decision, Queue), decision  # 1 ahead (batch's turn): a slot at 16.0, in time
+    for r in running:
+        adm.release(r.id, 16.0)
+    started = [a.request.id for a in adm.advance(16.0).admitted]
+    assert chat.id in started, started
+    check_invariants(adm)
