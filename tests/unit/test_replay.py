@@ -893,6 +893,31 @@ def test_a_restart_ends_the_old_gates_pauses_unless_the_new_one_restored_them() 
     assert (2.0, 1500) in curve and curve[-1] == (10.0, 2048)
 
 
+def test_dropping_the_overrides_ends_a_pause_and_a_retune_and_goes_back_to_the_file() -> None:
+    # `tokengate overrides drop` ends every pause and retune (gate.ops.control.drop_overrides):
+    # the replay kept them in force (a trial: batch admitted 62 replayed as 0, 188 class_paused)
+    from gate.tools.replay import Change
+
+    arrivals = [a for a in synthetic_arrivals(200, 20.0, seed=6) if a.cls == "batch"]
+    later = {a.id for a in arrivals if a.at > 10.5}
+    dropped = Change(10.0, "overrides_dropped", "overrides", None)
+    paused = Change(2.0, "pause_class", "class:batch", "True")
+    kept = replay(CONFIG, FIT, arrivals, [paused], until=21.0)
+    assert later and all(kept[i].reason == "class_paused" for i in later)
+    ended = replay(CONFIG, FIT, arrivals, [paused, dropped], until=21.0)
+    assert all(ended[i].reason != "class_paused" for i in later) and any(ended[i].admitted for i in later)
+    # a retune ends with it: batch's queue as deep as the file says again
+    shallow = Change(2.0, "set_class", "class:batch", "queue_depth=1")
+    full = replay(CONFIG, FIT, arrivals, [shallow], until=21.0)
+    back = replay(CONFIG, FIT, arrivals, [shallow, dropped], until=21.0)
+    assert sum(back[i].reason == "queue_full" for i in later) < sum(full[i].reason == "queue_full" for i in later)
+    # a static budget set by hand goes back to the ceiling, as the live gate's drop sets it
+    static = dataclasses.replace(CONFIG, budget=dataclasses.replace(CONFIG.budget, mode="static"))
+    curve: list[tuple[float, int]] = []
+    replay(static, FIT, arrivals, [Change(2.0, "set_budget", "backend:default", "1500"), dropped], until=21.0, budget_curve=curve)
+    assert (2.0, 1500) in curve and curve[-1] == (10.0, 2048), curve
+
+
 def test_a_window_with_a_killed_gate_says_requests_in_flight_then_are_missing(tmp_path: Path) -> None:
     # After a SIGKILL the next gate writes `unclean_end`; the requests in flight at the kill
     # are in no decision row. A user's trial: the replay said nothing of it.

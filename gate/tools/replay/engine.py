@@ -236,7 +236,9 @@ def replay(
         budget_elastic=lambda: controller.elastic,
     )
     classes = {c.name: c for c in config.classes}
-    state: dict[str, Any] = {"config": config, "slo_s": config.budget.slo_ttft_p95_ms / 1000.0}
+    # "file": the config file's thresholds (the proposal's keys at their value), what dropping
+    # the runtime overrides goes back to; "config": those in force
+    state: dict[str, Any] = {"config": config, "file": config, "slo_s": config.budget.slo_ttft_p95_ms / 1000.0}
 
     def dispatch(admit: Admit, now: float) -> None:
         a = by_id[admit.request.id]
@@ -289,6 +291,7 @@ def replay(
         for name in adm.class_names:
             adm.resume(name)  # the old gate's pauses end with it (a `restored` row puts one back)
         state["config"] = dataclasses.replace(state["config"], budget=new.budget)
+        state["file"] = new  # the new gate's file (its restored overrides come as `restored` rows)
         adm.aging_s = new.budget.aging_s or None
         adm.keep_slots = new.budget.keep_slots
         adm.default_ttft_objective_ms = new.budget.slo_ttft_p95_ms
@@ -425,6 +428,7 @@ REPLAYED_ACTIONS = frozenset(
         "set_class",
         "set_budget_settings",
         "reload",
+        "overrides_dropped",
     }
 )
 
@@ -465,9 +469,52 @@ def _apply(
         _, cls, key = target.split(".", 2)
         if cls in classes:
             _set_class(cls, {key: _parse(change.new_value)}, adm, classes)
+            if action == "reload":  # the file says so from now on (what dropping the overrides goes back to)
+                _set_file(state, cls, {key: _parse(change.new_value)})
     elif action in ("reload", "restored") and target.startswith("budget."):
         _set_budget_settings({target.split(".", 1)[1]: _parse(change.new_value)}, now, adm, controller, state)
+        if action == "reload":
+            _set_file(state, None, {target.split(".", 1)[1]: _parse(change.new_value)})
+    elif action == "overrides_dropped":
+        _drop_overrides(now, adm, controller, classes, state)
     advance(now)
+
+
+def _set_file(state: dict[str, Any], cls: str | None, values: dict[str, Any]) -> None:
+    """A reload's key in the file config the replay keeps beside the one in force (`state["file"]`)."""
+    file: Config = state["file"]
+    if cls is None:
+        known = {f.name for f in dataclasses.fields(file.budget)}
+        state["file"] = dataclasses.replace(
+            file, budget=dataclasses.replace(file.budget, **{k: v for k, v in values.items() if k in known})
+        )
+        return
+    known = {f.name for f in dataclasses.fields(ClassConfig)}
+    state["file"] = dataclasses.replace(
+        file,
+        classes=tuple(
+            dataclasses.replace(c, **{k: v for k, v in values.items() if k in known}) if c.name == cls else c for c in file.classes
+        ),
+    )
+
+
+def _drop_overrides(now: float, adm: Admission, controller: Any, classes: dict[str, ClassConfig], state: dict[str, Any]) -> None:
+    """`tokengate overrides drop` (or the console's), as `gate.ops.control.drop_overrides` does
+    it: every class and [budget] back to the file's (a proposal's keys at their proposed value,
+    which its file config holds), every pause ended, the controller unfrozen, and a static
+    budget set by hand back to the ceiling. Not replayed until 2026-12-06, a dropped pause was
+    replayed as still in force: a trial's batch admitted 62 became 0 with 188 class_paused."""
+    file: Config = state["file"]
+    for c in file.classes:
+        if c.name in classes:
+            classes[c.name] = c
+            adm.set_policy(c)
+    _set_budget_settings({f.name: getattr(file.budget, f.name) for f in dataclasses.fields(file.budget)}, now, adm, controller, state)
+    for name in adm.class_names:
+        adm.resume(name)
+    controller.unfreeze()
+    if file.budget.mode == "static":
+        controller.set_budget(now, adm.capacity.ceiling)
 
 
 def _set_class(cls: str, values: dict[str, Any], adm: Admission, classes: dict[str, ClassConfig]) -> None:
