@@ -525,3 +525,39 @@ def test_a_model_unloaded_after_it_served_queues_its_requests_instead_of_crashin
     step = adm.advance(20.3)
     assert {a.request.id for a in step.admitted} == {first.id, second.id}
     check_invariants(adm)
+
+
+def test_refusal_texts_add_up_and_say_what_is_not_measured():
+    """A trial read "first token 0 ms" beside "first token 2335 ms" a minute later, "expected
+    wait 0 ms for 0 ahead" beside "0% likely", and a T2 refusal whose figures did not reach its
+    objective (the first token's time was left out)."""
+    # T2: waited + the wait left + the first token (+ the time before it queued) pass the objective
+    adm = one_class(objective_ms=1000.0)
+    measure_holds(adm, 2.0)
+    for r in (req("chat", 100, at=10.0), req("chat", 100, at=10.0)):
+        adm.offer(r, 10.0)
+    w = dataclasses.replace(req("chat", 100, at=11.5), came=11.4)
+    assert isinstance(adm.offer(w, 11.5), Queue)
+    adm.holds = HoldTimes()
+    for _ in range(4):
+        adm.holds.record(6.0)
+    (late,) = adm.advance(11.6).expired
+    assert "dispatched after an expected 4.40s more, its first token 200 ms later (100 ms before it queued)" in late.detail, late.detail
+    # T1 with no first-token time measured: said so, not "0 ms"
+    blind = one_class(default_ms=1000.0, ttft=None)
+    measure_holds(blind, 2.0)
+    for at in (10.0, 11.0):
+        assert isinstance(blind.offer(req("chat", 100, at=at), at), Admit)
+    blind.offer(req("chat", 100, at=11.5), 11.5)
+    refusal = blind.offer(req("chat", 100, at=11.5), 11.5)
+    assert isinstance(refusal, Refuse), refusal
+    assert "first token not measured yet" in refusal.detail and "first token 0 ms" not in refusal.detail, refusal.detail
+    # T1 behind slots held past their mean hold: the mean says "now", the spread says unlikely
+    held = one_class(objective_ms=1000.0)
+    for seconds in (1.0, 1.0, 1.0, 10.0):
+        measure_holds(held, seconds, n=1)
+    for r in (req("chat", 100, at=10.0), req("chat", 100, at=10.0)):
+        assert isinstance(held.offer(r, 10.0), Admit)
+    overdue = held.offer(req("chat", 100, at=14.0), 14.0)  # held 4 s, mean 3.25 s: only the 10 s hold is longer
+    assert isinstance(overdue, Refuse), overdue
+    assert "0 ahead, the slots held past their mean hold" in overdue.detail and "expected wait 0 ms" not in overdue.detail, overdue.detail
