@@ -95,3 +95,11 @@ def key_help(bindings: Iterable[tuple[str, Binding]]) -> list[tuple[str, str]]:
     order = list(HELP)
     rows = [(", ".join(sorted(dict.fromkeys(keys[a]), key=len)), HELP[a]) for a in sorted(keys, key=order.index)]
     return rows + list(_MORE_HELP)
+
+
+def action_key(bindings: BindingsMap, action: str) -> str | None:
+    """The key bound to `action` (None where none is: a read-only console's gate actions)."""
+    for key, found in bindings.key_to_bindings.items():
+        if any(_action(b) == action for b in found):
+            return key
+    return None

@@ -33,7 +33,7 @@ from textual.containers import Container
 from textual.screen import Screen
 from textual.widgets import Footer, Static, Tab, Tabs
 
-from console.keys import HELP, MAIN_BINDINGS, without_gate_actions
+from console.keys import HELP, MAIN_BINDINGS, action_key, without_gate_actions
 from console.screens.help import HelpScreen
 from console.widgets.budget_chart import BudgetChart
 from console.widgets.classes import ClassesTable
@@ -121,7 +121,7 @@ class MainScreen(Screen[None]):
             read_only=self.console.read_only,
             attached="" if info.embedded else info.where,
         )
-        self.slots = SlotsPanel(id="slots")
+        self.slots = SlotsPanel(id="slots", unfreeze_key=action_key(self._bindings, "freeze"))
         self.gpu = GpuPanel(id="gpu")
         self.models = ModelsPanel(id="models")  # router mode only; hidden otherwise
         self.class_table = ClassesTable(id="classes")

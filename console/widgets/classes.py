@@ -19,11 +19,15 @@ from typing import Any
 
 from rich.text import Text
 from textual import events
+from textual.markup import escape
 from textual.widgets import DataTable
 from textual.widgets.data_table import CellDoesNotExist, RowDoesNotExist
 
 from console.styles import WARN_BADGE, ttft_style
+from console.widgets.borders import set_border_text
 from gate.data.snapshot import ClassView, GateSnapshot
+
+WARN_MARK = "bold yellow"
 
 LABELS: dict[str, str] = {
     "name": "class",
@@ -97,7 +101,7 @@ def class_cells(c: ClassView, slo_ms: float) -> dict[str, Any]:
         "ref": Text(str(c.refused_per_min), style="bold red" if c.refused_per_min else ""),
         "p95": Text(f"{p95}/{slo_ms:,.0f}", style=ttft_style(c.p95_ttft_ms, slo_ms)),
         "wait": _wait_ms(c.p95_queue_ms, c.queue_timeout_s),
-        "met": _met(c.met, c.judged, c.ttft_objective_ms),
+        "met": _met(c.met, c.judged, c.ttft_objective_ms, c.first_token_ms if c.objective_below_ttft else None),
         # What binds now: PAUSED whatever else (the queue is held), else why the oldest waits.
         "binds": Text("PAUSED", style=WARN_BADGE) if c.paused else Text(c.waiting_on, style="yellow"),
     }
@@ -110,14 +114,20 @@ def _reserved(c: ClassView) -> Text:
     return Text(f"{c.reserved_tokens}→{c.reserved_in_force}", style="yellow")
 
 
-def _met(met: int, judged: int, objective_ms: float | None = None) -> Text:
+def _met(met: int, judged: int, objective_ms: float | None = None, first_token_ms: float | None = None) -> Text:
     """The share of last minute's arrivals that met their objective, refusals counted as misses,
-    and the objective ("82%/2s"): which one a class is judged by is not otherwise shown."""
+    and the objective ("82%/2s"): which one a class is judged by is not otherwise shown.
+    `first_token_ms`: the objective is below the first token llama-server delivers now, shown
+    after it ("13%/1.5s<2.3s"; the capacity panel says what that means)."""
     objective = "" if objective_ms is None else f"/{_seconds(objective_ms)}"
     if not judged:
-        return Text(f"-{objective}", style="dim")
-    share = met / judged
-    return Text(f"{100 * share:.0f}%{objective}", style="green" if share >= 0.95 else "yellow" if share >= 0.8 else "bold red")
+        text = Text(f"-{objective}", style="dim")
+    else:
+        share = met / judged
+        text = Text(f"{100 * share:.0f}%{objective}", style="green" if share >= 0.95 else "yellow" if share >= 0.8 else "bold red")
+    if first_token_ms is not None:
+        text.append(f"<{_seconds(first_token_ms)}", WARN_MARK)
+    return text
 
 
 def _seconds(ms: float) -> str:
@@ -183,3 +193,8 @@ class ClassesTable(DataTable):
         for c in snap.classes:
             sync_row(self, self._cells, c.name, class_cells(c, slo), self.columns_shown)
         drop_stale(self, self._cells, {c.name for c in snap.classes})
+        below = [c.name for c in snap.classes if c.objective_below_ttft]
+        # the met column's "<2.3s", named: the capacity panel has the whole sentence
+        set_border_text(
+            self, "" if not below else f"[bold yellow]! objective < first token now: {escape(', '.join(below))}[/] (see capacity)"
+        )

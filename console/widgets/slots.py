@@ -28,8 +28,9 @@ def _n(value: int | None) -> str:
     return "n/a" if value is None else f"{value:,}"
 
 
-def controller_line(c: ControllerView, in_flight: int, queued: int, *, compact: bool = False) -> Text:
-    """Budget (and its bounds), in-flight tokens against it, queue, p95 TTFT vs SLO."""
+def controller_line(c: ControllerView, in_flight: int, queued: int, *, compact: bool = False, unfreeze_key: str | None = None) -> Text:
+    """Budget (and its bounds), in-flight tokens against it, queue, p95 TTFT vs SLO.
+    `unfreeze_key`: the key that unfreezes a frozen controller here (None: none, read-only)."""
     line = Text()
     line.append("budget ", "bold")
     line.append(_n(c.budget), "bold")
@@ -55,7 +56,11 @@ def controller_line(c: ControllerView, in_flight: int, queued: int, *, compact: 
     line.append(p95, ttft_style(c.p95_ttft_ms_1m, c.slo_ttft_ms))
     line.append(f"/{c.slo_ttft_ms:,.0f} ms")
     if not compact and c.mode == "adaptive":
-        if c.p95_ttft_ms is None:
+        if c.frozen:  # "0/20 samples, not moving yet" read as if it would move once it had them
+            who = f" {c.frozen_by}" if c.frozen_by else ""
+            how = f"; {unfreeze_key} unfreezes" if unfreeze_key else ""
+            line.append(f" (controller frozen{who}: the budget stays where it is{how})", "yellow")
+        elif c.p95_ttft_ms is None:
             line.append(f" (controller: {c.samples}/{c.min_samples} samples, not moving yet)", "dim")
         elif c.p95_ttft_ms_1m is None or abs(c.p95_ttft_ms - c.p95_ttft_ms_1m) >= 1:
             line.append(f" (controller sees {c.p95_ttft_ms:,.0f})", "dim")
@@ -165,8 +170,14 @@ def wrap_chunks(line: Text, width: int) -> Text:
     return out
 
 
-def render_capacity(snap: GateSnapshot, *, compact: bool, width: int = 0) -> Text:
-    out = wrap_chunks(controller_line(snap.controller, snap.in_flight, snap.queued, compact=compact), width)
+def render_capacity(snap: GateSnapshot, *, compact: bool, width: int = 0, unfreeze_key: str | None = None) -> Text:
+    line = controller_line(snap.controller, snap.in_flight, snap.queued, compact=compact, unfreeze_key=unfreeze_key)
+    out = wrap_chunks(line, width)
+    for c in snap.classes:  # an objective no admission can meet: the classes table marks it, this says why
+        if c.objective_below_ttft:
+            note = f"class {c.name}: {c.objective_below_ttft}"
+            out.append("\n  ! ", "bold yellow")
+            out.append(note if not compact else note[: max(20, width - 4)] if width else note, "yellow")
     for b in snap.backends:
         out.append("\n")
         out.append_text(wrap_chunks(backend_line(b, compact), width))
@@ -195,8 +206,9 @@ def render_capacity(snap: GateSnapshot, *, compact: bool, width: int = 0) -> Tex
 class SlotsPanel(Static):
     """Budget, in-flight and per-backend slots; never reaches into the gate."""
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, *, unfreeze_key: str | None = None, **kwargs) -> None:
         super().__init__("", **kwargs)
+        self.unfreeze_key = unfreeze_key  # the screen's freeze key, named beside a frozen controller
         self.compact = False
         self._snap: GateSnapshot | None = None
 
@@ -207,7 +219,7 @@ class SlotsPanel(Static):
 
     def update_snapshot(self, snap: GateSnapshot) -> None:
         self._snap = snap
-        show_text(self, render_capacity(snap, compact=self.compact, width=self.content_size.width))
+        show_text(self, render_capacity(snap, compact=self.compact, width=self.content_size.width, unfreeze_key=self.unfreeze_key))
 
     def on_resize(self) -> None:
         if self._snap is not None:

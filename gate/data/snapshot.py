@@ -150,6 +150,12 @@ class ClassView:
     #: its reservation in force, the smallest of the backends' (R0: reserved_tokens scaled down
     #: where the reservations add up to more than half a backend's ceiling); None: no core yet
     reserved_in_force: int | None = None
+    #: the first-token time from dispatch the class gets now: the median of its own over the last
+    #: minutes, else of llama-server's last first tokens, every class (None: too few to say)
+    first_token_ms: float | None = None
+    #: its objective is below first_token_ms, in plain words ("" when it is not): admitted
+    #: requests miss it even with no wait in the queue, whatever admission does
+    objective_below_ttft: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +179,9 @@ class ControllerView:
     #: the most the classes' reservations may add up to on the smallest backend (R0: half its
     #: ceiling); beyond it they are scaled down there, in proportion. None: no capacity known
     reserved_max: int | None = None
+    #: while frozen, who froze it, as the audit says ("by alice", "kept from the last run");
+    #: "" when not frozen or the row is no longer in the recent audit
+    frozen_by: str = ""
 
 
 @dataclass(frozen=True, slots=True)

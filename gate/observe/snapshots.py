@@ -17,6 +17,7 @@ from gate.backend.pool import Backend, BackendPool
 from gate.backend.telemetry import BackendTelemetry
 from gate.config import Config
 from gate.core.admission import RESERVED_SHARE_MAX
+from gate.core.rollup import Rollup
 from gate.data.snapshot import (
     BackendView,
     ClassView,
@@ -69,6 +70,7 @@ def build_snapshot(
     classes = []
     for c in config.classes:
         oldest, waiting_on = _oldest_wait(units, c.name, now)
+        met, judged = rollup.met_share(now, c.name)
         classes.append(
             ClassView(
                 name=c.name,
@@ -88,10 +90,12 @@ def build_snapshot(
                 p95_ttft_ms=rollup.p95_ttft_ms(now, c.name),
                 p95_queue_ms=rollup.p95_queue_ms(now, c.name),
                 waiting_on=waiting_on,
-                **dict(zip(("met", "judged"), rollup.met_share(now, c.name))),
+                met=met,
+                judged=judged,
                 ttft_objective_ms=config.objective_ms(c.name),
                 own_ttft_objective_ms=c.ttft_objective_ms,
                 reserved_in_force=min((a.reserved(c.name) for b in units if (a := b.admission) is not None), default=None),
+                **_first_token_view(config, units, rollup, c.name, now),
             )
         )
     journal = None
@@ -108,6 +112,7 @@ def build_snapshot(
         controller=dataclasses.replace(
             _controller_view(units, config, state.frozen),
             p95_ttft_ms_1m=max((c.p95_ttft_ms for c in classes if c.p95_ttft_ms is not None), default=None),
+            frozen_by=_frozen_by(recorder) if state.frozen else "",
         ),
         gpu=state.gpu,
         denials=tuple(DenialView(reason, cls, *n) for (reason, cls), n in rollup.denials(now).items()),
@@ -125,6 +130,68 @@ def build_snapshot(
         overrides_not_kept=state.overrides_not_kept,
         models=tuple(v for fleet in backends.fleets for v in fleet.views(dict(telemetry))),
     )
+
+
+#: first tokens a median needs before the gate compares an objective with it
+MIN_FIRST_TOKENS = 5
+#: how far back a class's own first tokens count ("now", and enough of them at a few a minute)
+FIRST_TOKEN_WINDOW_S = 300
+
+
+def first_token_now(rollup: Rollup, units: Iterable[Backend], cls: str, now: float) -> tuple[float | None, str]:
+    """The first-token time from dispatch class `cls` gets now, in ms, and what it is the median
+    of: its own first tokens over FIRST_TOKEN_WINDOW_S when there are MIN_FIRST_TOKENS of them,
+    else the smallest of the backends' medians of their last first tokens, every class (the
+    prefill model's `recent_ttft`). (None, "") when neither has enough. Both exist already: the
+    console's snapshot and /health read them, the request path does nothing more."""
+    median, n = rollup.median_ttft_ms(now, cls, FIRST_TOKEN_WINDOW_S)
+    if median is not None and n >= MIN_FIRST_TOKENS:
+        return median, f"median from dispatch of its last {n} first tokens"
+    recent = [
+        r * 1000
+        for b in units
+        if (gk := b.gatekeeper) is not None and gk.prefill.points >= MIN_FIRST_TOKENS and (r := gk.prefill.recent_ttft()) is not None
+    ]
+    if recent:
+        return min(recent), "median from dispatch, every class"
+    return None, ""
+
+
+def objective_gap(objective_ms: float | None, first_token_ms: float | None, basis: str) -> str:
+    """Why no admission policy can meet the objective, or "" when it is not below the first
+    token llama-server delivers now (a newcomer that fits is admitted and misses it anyway)."""
+    if not objective_ms or first_token_ms is None or objective_ms >= first_token_ms:
+        return ""
+    return (
+        f"objective {_duration(objective_ms)} < llama-server's first token now {_duration(first_token_ms)} ({basis}): "
+        "admitted requests miss it whatever the queue does; raise it or add capacity"
+    )
+
+
+def objective_gaps(config: Config, units: Iterable[Backend], recorder: Recorder) -> dict[str, dict[str, Any]]:
+    """/health's `objective_below_ttft`: per class whose objective is below its first token now."""
+    now = recorder.clock()
+    units = tuple(units)
+    out: dict[str, dict[str, Any]] = {}
+    for c in config.classes:
+        view = _first_token_view(config, units, recorder.rollup, c.name, now)
+        if view["objective_below_ttft"]:
+            out[c.name] = {
+                "objective_ms": config.objective_ms(c.name),
+                "first_token_ms": round(view["first_token_ms"], 1),
+                "note": view["objective_below_ttft"],
+            }
+    return out
+
+
+def _first_token_view(config: Config, units: tuple[Backend, ...], rollup: Rollup, cls: str, now: float) -> dict[str, Any]:
+    first, basis = first_token_now(rollup, units, cls, now)
+    return {"first_token_ms": first, "objective_below_ttft": objective_gap(config.objective_ms(cls), first, basis)}
+
+
+def _duration(ms: float) -> str:
+    """1 ms, 850 ms, 2.3 s: as an operator reads an objective."""
+    return f"{ms:.0f} ms" if ms < 1000 else f"{ms / 1000:.3g} s"
 
 
 def _backend_view(b: Backend, tel: BackendTelemetry | None) -> BackendView:
@@ -201,6 +268,20 @@ def _controller_view(units: tuple[Backend, ...], config: Config, frozen: bool) -
         min_tokens_auto=not config.budget.min_tokens,
         reserved_max=min((int(c * RESERVED_SHARE_MAX) for c in ceilings), default=None),
     )
+
+
+def _frozen_by(recorder: Recorder) -> str:
+    """Who froze the controller: the newest freeze in the recent audit (searched only while frozen)."""
+    for r in reversed(recorder.recent_audit):
+        if r.target != "controller":
+            continue
+        if r.action == "freeze":
+            return f"by {r.operator}"
+        if r.action == "restored" and r.new_value == "frozen":
+            return "kept from the last run"
+        if r.action == "unfreeze":
+            break
+    return ""
 
 
 def _prefill_view(b: Backend) -> dict[str, Any]:

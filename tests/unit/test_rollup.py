@@ -56,3 +56,15 @@ def test_an_admitted_request_without_a_first_token_time_is_not_judged_a_miss():
     assert judge(admitted, 2.5, 2000.0) is False
     assert judge(decision(0, outcome="refused", reason="queue_timeout", http_status=429), None, 2000.0) is False
     assert judge(decision(0, outcome="refused", reason="invalid_request", http_status=400), None, 2000.0) is None
+
+
+def test_median_ttft_is_per_class_over_the_window_with_its_count():
+    r = Rollup()
+    r.add(1000.0, "interactive", "admitted", "ok", ttft_ms=9000.0)  # over 5 minutes before: out
+    for i, ttft in enumerate((1500.0, 4600.0, 2300.0, 3000.0)):
+        r.add(1301.0 + i, "interactive", "admitted", "ok", ttft_ms=ttft)
+    r.add(1302.0, "batch", "admitted", "ok", ttft_ms=50.0)
+    r.add(1302.0, "interactive", "refused", "queue_full")  # no first token: not a sample
+    assert r.median_ttft_ms(1305.0, "interactive", 300) == (3000.0, 4)  # [1500, 2300, 3000, 4600]
+    assert r.median_ttft_ms(1305.0, "batch", 300) == (50.0, 1)
+    assert r.median_ttft_ms(1305.0, "other", 300) == (None, 0)
