@@ -74,7 +74,7 @@ class Rollup:
     def p95_ttft_ms(self, now: float, cls: str, window_s: int = 60) -> float | None:
         return _p95(v for b in self._within(now, window_s) for v in b.ttft_ms.get(cls, ()))
 
-    def median_ttft_ms(self, now: float, cls: str, window_s: int = 300) -> tuple[float | None, int]:
+    def median_ttft_ms(self, now: float, cls: str, window_s: int = 60) -> tuple[float | None, int]:
         """The median first-token time (from dispatch) of `cls` in the window, and how many
         first tokens it is taken over (None with none)."""
         values = sorted(v for b in self._within(now, window_s) for v in b.ttft_ms.get(cls, ()))
