@@ -38,7 +38,10 @@ NOTES = {
     "GET /health": (
         "200 when a backend is ready (a router with nothing loaded counts, as llama-server says), `loaded` per router; 503 otherwise. "
         "Per backend: `state`, `slots`, `ceiling`, `kv`, `warnings`, and `reserved` (each reserving class's `configured` and "
-        "`in_force` tokens, R0)"
+        "`in_force` tokens, R0). `objective_below_ttft`, while a class's TTFT objective is below the first token llama-server "
+        "delivers now (the median from dispatch of the class's first tokens in the last minute, at least 5, else of the "
+        "backends' last first tokens): per class `objective_ms`, `first_token_ms` and a `note` (admitted requests miss it "
+        "whatever the queue does; the console's met/obj column shows `13%/1.5s<2.3s` and the capacity panel the note)"
     ),
     "GET /metrics": "the gate's series, then each backend's `llamacpp:*` series (see **Metrics**)",
     "POST /models/load": "with a router backend, the gate's own model operation instead (same checks and eviction plan as the console), so its units stay true",
