@@ -20,12 +20,15 @@ Invariants (checked by `check_invariants`):
   L8. slots_by_class[c] is the sum of the tasks of c's reservations; keys whose sum is zero
       are absent (F7 asks it per class on every dispatch look: a walk of the ledger was ~4% of
       a replay, #24).
+  L9. `moments()` is the reservations' moments of admission in iteration order (kept until
+      the next reserve, release or swap: T2's walk and the deadline ask on every event, #24).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +76,9 @@ class Reservation:
         return self.request.cost
 
 
+_ADMITTED_AT = attrgetter("admitted_at")
+
+
 @dataclass(slots=True)
 class Ledger:
     """Held reservations with running sums per class and per tenant."""
@@ -90,6 +96,7 @@ class Ledger:
     # for the first one held past some age may stop early (#24: the core asks on every deadline)
     oldest_first: bool = True
     _last_at: float = 0.0
+    _moments: list[float] | None = None  # L9: `moments()`, None until asked since the last change
 
     def __len__(self) -> int:
         return len(self._held)
@@ -102,6 +109,16 @@ class Ledger:
 
     def get(self, request_id: str) -> Reservation | None:
         return self._held.get(request_id)
+
+    def moments(self) -> list[float]:
+        """L9: the moments of admission in iteration order (oldest first while `oldest_first`,
+        L6): read it, do not change it. Built once per change of the ledger, in C: T2's walk and
+        the next deadline look for the slots held past the longest hold by bisection in it, where
+        a Python loop over the ledger was ~1/10 of a replay (#24)."""
+        moments = self._moments
+        if moments is None:
+            moments = self._moments = list(map(_ADMITTED_AT, self._held.values()))
+        return moments
 
     def class_tokens(self, cls: str) -> int:
         return self.by_class.get(cls, 0)
@@ -120,6 +137,7 @@ class Ledger:
             self.oldest_first = False
         self._last_at = now
         self._held[request.id] = res
+        self._moments = None  # L9
         self.in_flight += request.cost
         self.prefilling += request.prompt_tokens
         self.slots += request.tasks
@@ -148,6 +166,7 @@ class Ledger:
         old = res.request
         new = Reservation(request, res.admitted_at, res.prefilling)
         self._held[request.id] = new  # an existing key keeps its place: L6 holds
+        self._moments = None  # L9 (the same moment; kept simple)
         self.in_flight += request.cost - old.cost
         self.slots += request.tasks - old.tasks
         if res.prefilling:
@@ -166,6 +185,7 @@ class Ledger:
         if res is None:
             self.double_releases += 1
             return None
+        self._moments = None  # L9
         req = res.request
         self.in_flight -= req.cost
         self.slots -= req.tasks
@@ -205,3 +225,4 @@ def check_invariants(ledger: Ledger) -> None:
     assert ledger.slots_by_class == slots_by_class, "L8 slots_by_class"
     if ledger.oldest_first:
         assert all(a.admitted_at <= b.admitted_at for a, b in zip(held, held[1:], strict=False)), "L6 oldest first"
+    assert ledger._moments is None or ledger._moments == [r.admitted_at for r in held], "L9 moments"
