@@ -684,12 +684,13 @@ class Admission:
 
     def _higher_busy(self, priority: int) -> bool:
         """Does a higher-priority class wait (unpaused) or still prefill a prompt (F6)?"""
-        higher = {c.policy.name for c in self._order if c.policy.priority > priority}
-        if not higher:
-            return False
-        if any(self._classes[name].queue and not self._classes[name].queue.paused for name in higher):
-            return True
-        return any(res.prefilling and res.request.cls in higher for res in self.ledger)
+        prefilling = self.ledger.prefilling_by_class  # L10: not a walk of the ledger per look (#24)
+        for c in self._order:
+            if c.policy.priority <= priority:
+                return False  # _order is by priority, highest first
+            if (c.queue and not c.queue.paused) or c.policy.name in prefilling:
+                return True
+        return False
 
     def aged(self, item: Waiting, now: float) -> bool:
         return self.aging_s is not None and now - item.enqueued_at >= self.aging_s
@@ -1245,10 +1246,12 @@ class Admission:
             return []
         aging = self.aging_s
         aged: list[Waiting] = []
+        started_at = self._started_at
         for c in self._order:
             if c.queue.paused or not c.queue:
                 continue
-            min_rate = self._min_rate_due(c.policy.name, now)
+            last_start = started_at.get(c.policy.name)
+            min_rate = last_start is not None and now - last_start >= aging  # = _min_rate_due, inlined (#24)
             waiters = c.queue.in_order()
             oldest = next(waiters)
             if not now - oldest.enqueued_at >= aging:  # none aged (most looks: #24, before the rest)
@@ -1272,7 +1275,7 @@ class Admission:
                 elif (turn_due or (i == 0 and min_rate)) and not (served and by_turn):
                     aged.append(w)
                     by_turn = True
-        return sorted(aged, key=lambda w: (w.enqueued_at, w.request.id))
+        return sorted(aged, key=lambda w: (w.enqueued_at, w.request.id)) if len(aged) > 1 else aged
 
     def _serve_aged(self, now: float, admitted: list[Admit], expired: list[Refuse]) -> tuple[bool, bool]:
         """Dispatch aged waiters, oldest first, until the oldest one left needs shared
