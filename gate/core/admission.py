@@ -514,13 +514,17 @@ class Admission:
             for c in self._order:
                 if c.queue.paused:
                     continue
-                # in enqueue order, the first waiter not yet aged is the next to age
-                nxt = next((at for w in c.queue.in_order() if (at := w.enqueued_at + aging) > now), None)
-                if nxt is not None:
-                    deadlines.append(nxt)
+                # in enqueue order, the first waiter not yet aged is the next to age (loops, not
+                # generators: asked on every event, #24)
+                for w in c.queue.in_order():
+                    if (at := w.enqueued_at + aging) > now:
+                        deadlines.append(at)
+                        break
             # ... and so is the moment a class's next turn comes (G1 a), or its minimum rate's (G1 b)
-            deadlines.extend(t + aging for cls, t in self._turn_at.items() if t + aging > now and self._classes[cls].queue)
-            deadlines.extend(t + aging for cls, t in self._started_at.items() if t + aging > now and self._classes[cls].queue)
+            for last_at in (self._turn_at, self._started_at):
+                for cls, t in last_at.items():
+                    if t + aging > now and self._classes[cls].queue:
+                        deadlines.append(t + aging)
         return min(deadlines) if deadlines else None
 
     def _overrunning(self, now: float, longest: float) -> bool:
@@ -827,7 +831,10 @@ class Admission:
         decisions; the same floats as wait_at and the injected first-token time give)."""
         out: list[tuple[Waiting, float | None]] = []
         earliest: float | None = None
-        if not self.waiting() or not any(self.objective_ms(c.policy.name) for c in self._order):
+        waiting = self.waiting()
+        default_ms = self.default_ttft_objective_ms
+        objectives = [c.policy.ttft_objective_ms or default_ms for c in self._order]  # = objective_ms, per class
+        if not waiting or not any(objectives):
             return out, earliest  # nothing to walk: no slot state either (a release's advance, idle queues)
         ahead = 0
         # no slots (a router's model not loaded): no slot state says when a waiter starts
@@ -840,10 +847,10 @@ class Admission:
             longest = self.holds.longest_s
             at = now or 0.0
             if self.ledger.oldest_first:  # L6: only the places the waiters wait at (waits.first_frees)
-                frees, grows = first_frees(self.ledger.moments(), mean, at, self.capacity.slots, longest, self.waiting() + 1)
+                frees, grows = first_frees(self.ledger.moments(), mean, at, self.capacity.slots, longest, waiting + 1)
             elif longest is not None and self._overrunning(at, longest):
                 # marked for the places the waiters wait at, and the one above (waits.crossing)
-                places = self.waiting() + 1
+                places = waiting + 1
                 frees, grows = growing_frees((r.admitted_at for r in self.ledger), mean, at, self.capacity.slots, longest, places)
             else:
                 frees = remaining((r.admitted_at for r in self.ledger), mean, at, self.capacity.slots, longest)
@@ -859,12 +866,16 @@ class Admission:
             (self.objective_ms(w.request.cls), (w,), 1, None) for w in first
         ]
         bounded = self.ttft_grows_with_prompt
-        for c in self._order:
-            if c.queue.paused:
+        for c, objective in zip(self._order, objectives, strict=True):
+            cq = c.queue
+            if cq.paused:
                 continue
-            rest = [w for w in c.queue.in_order() if w.request.id not in firsts] if firsts else c.queue.in_order()
-            count = len(c.queue) - sum(1 for w in first if w.request.cls == c.policy.name)
-            walk.append((self.objective_ms(c.policy.name), rest, count, c.queue if bounded and c.queue.from_ordered else None))
+            if firsts:
+                rest: Iterable[Waiting] = [w for w in cq.in_order() if w.request.id not in firsts]
+                count = len(cq) - sum(1 for w in first if w.request.cls == c.policy.name)
+            else:  # most walks (#24): nobody has a turn
+                rest, count = cq.in_order(), len(cq)
+            walk.append((objective, rest, count, cq if bounded and cq.from_ordered else None))
         horizon = math.inf if now is None else now
         slack: float | None = None
         floor = last = 0.0
@@ -985,7 +996,8 @@ class Admission:
         if grows is not None and behind is not None:
             # the first moment a waiter's wait stops shrinking and grows: a slot held past every
             # hold meets the slot the waiter waits for, from below (waits.crossing)
-            met = crossing(frees, grows, horizon, min(behind, k - 1))
+            # (none past `flat_from`: no free grows there; crossing's loop stops at it, #24)
+            met = crossing(frees, grows, horizon, min(behind, k - 1, flat_from - 1))
             if met is not None:
                 met = met if met > horizon + RECHECK_S else horizon + RECHECK_S  # rounding: never `now` itself
                 if earliest is None or met < earliest:
