@@ -878,7 +878,7 @@ class Admission:
             walk.append((objective, rest, count, cq if bounded and cq.from_ordered else None))
         horizon = math.inf if now is None else now
         slack: float | None = None
-        floor = last = 0.0
+        floor = last = half_last = 0.0
         for objective_ms, waiters, count, queue in walk:
             if not objective_ms:
                 ahead += count  # no objective: each waiter is only someone's wait
@@ -901,29 +901,30 @@ class Admission:
                     # at most `last`, the class's last place's free) nor earlier than `earliest`:
                     # its late_at is start_by + its free = its moment + objective - its estimate,
                     # or, behind a slot whose free grows, halfway from now to its start-by moment
-                    # (hence 2 x earliest - now + last), less rounding, which SKIP_MARGIN_S
-                    # covers: the walk stops there, with the same answer. Past the last place
-                    # behind a free that grows (`flat_from`) there is no halfway moment: the
-                    # bound is the one without (#24: 9 of 10 of a replay's waiter steps were in
-                    # walks behind slots held past every hold, most of them past those places)
+                    # (hence 2 x earliest - now + its free), less rounding, which SKIP_MARGIN_S
+                    # covers: the walk stops there, with the same answer. Only the places before
+                    # `flat_from` are behind a free that grows, so the halfway bound takes the
+                    # largest free among them (`half_last`) and the places past them the bound
+                    # without (#24: 9 of 10 of a replay's waiter steps were in walks behind slots
+                    # held past every hold, bounded by the class's last free, a slot held long)
                     widest = queue.widest
-                    slack = flat_slack = (
-                        (0.0 if widest is None else (expected_ttft(widest, prefilling) or 0.0)) - objective_s + SKIP_MARGIN_S
-                    )
+                    flat_slack = (0.0 if widest is None else (expected_ttft(widest, prefilling) or 0.0)) - objective_s + SKIP_MARGIN_S
+                    slack = flat_slack + SKIP_MARGIN_S  # the halfway moment: twice the rounding
                     last = frees[ahead + count - 1]
                     floor = horizon + last
                     halfway = ahead < flat_from
-                    if halfway:
-                        slack += SKIP_MARGIN_S  # the halfway moment: twice the rounding
+                    half_last = frees[(flat_from if flat_from < ahead + count else ahead + count) - 1] if halfway else 0.0
                     if earliest is not None:
-                        bound = 2.0 * earliest - horizon + last if halfway else earliest
-                        stop = (bound if bound > floor else floor) + slack
+                        stop = (earliest if earliest > floor else floor) + flat_slack
+                        if halfway:
+                            bound = 2.0 * earliest - horizon + half_last
+                            half_stop = (bound if bound > horizon + half_last else horizon + half_last) + slack
+                            stop = half_stop if half_stop > stop else stop
                 for i, w in enumerate(waiters):
                     request = w.request
                     since = request.arrival if request.came is None else request.came
                     if halfway and ahead >= flat_from:  # from here on, no free that grows (above)
                         halfway = False
-                        slack = flat_slack
                         if earliest is not None:
                             stop = (earliest if earliest > floor else floor) + flat_slack
                     if since > stop:
@@ -945,9 +946,12 @@ class Admission:
                                 late_at = start_by + first_round
                         if earliest is None or late_at < earliest:
                             earliest = late_at
-                            if slack is not None:
-                                bound = 2.0 * earliest - horizon + last if halfway else earliest
-                                stop = (bound if bound > floor else floor) + slack
+                            if slack is not None:  # as above
+                                stop = (earliest if earliest > floor else floor) + flat_slack
+                                if halfway:
+                                    bound = 2.0 * earliest - horizon + half_last
+                                    half_stop = (bound if bound > horizon + half_last else horizon + half_last) + slack
+                                    stop = half_stop if half_stop > stop else stop
                         ahead += 1
                     else:
                         if earliest is None or start_by < earliest:
