@@ -791,7 +791,7 @@ class Admission:
         holds = self.holds.sorted_s()
         if holds is None:
             return None
-        ages = (now - r.admitted_at for r in self.ledger)
+        ages = [now - at for at in self.ledger.moments()]  # L9: not a generator over the ledger (#24)
         return chance_in_time(position, within_s, ages, holds, self.capacity.slots, enough)
 
     def _ttft(self, request: Request) -> float | None:
