@@ -1268,12 +1268,10 @@ class Admission:
             return []
         aging = self.aging_s
         aged: list[Waiting] = []
-        started_at = self._started_at
         for c in self._order:
             if c.queue.paused or not c.waiters:
                 continue
-            last_start = started_at.get(c.policy.name)
-            min_rate = last_start is not None and now - last_start >= aging  # = _min_rate_due, inlined (#24)
+            min_rate = self._min_rate_due(c.policy.name, now)  # a method: test_min_rate's negative control overrides it
             waiters = c.queue.in_order()
             oldest = next(waiters)
             if not now - oldest.enqueued_at >= aging:  # none aged (most looks: #24, before the rest)
