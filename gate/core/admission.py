@@ -490,7 +490,8 @@ class Admission:
         injected first-token estimate included): when it changed nothing, its walk of the
         waiters is reused instead of walked again (#24: 93% of a replay's advances change
         nothing, and the walk is O(waiters))."""
-        deadlines = [d for c in self._order if (d := c.queue.next_deadline()) is not None]
+        # an empty queue has no deadline (its stale heap entries wait for its next look, #24)
+        deadlines = [d for c in self._order if c.waiters and (d := c.queue.next_deadline()) is not None]
         if after is not None and now is not None and after.unchanged_at == now:
             earliest = after.late_at
         else:
