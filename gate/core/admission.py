@@ -155,9 +155,8 @@ from __future__ import annotations
 
 import itertools
 import math
-import operator
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
@@ -182,7 +181,6 @@ RECHECK_S = 1e-6
 #: T2's walk stops early only past this much more than the bound needs: the rounding of a
 #: waiter's moments (a few ulps of a clock's seconds, ~1e-6 s even at epoch seconds) is far less
 SKIP_MARGIN_S = 1e-3
-_ADMITTED_AT = operator.attrgetter("admitted_at")  # a reservation's moment, in C (T2's walk)
 #: T4: the dispatches of waiters whose prefilling met is averaged
 MET_KEPT = 16
 #: R1: refusals within this many seconds of each other are one herd (their Retry-After staggered)
@@ -305,6 +303,12 @@ class _Class:
     policy: ClassPolicy
     queue: ClassQueue
     reserved: int = 0  # its reservation in force (R0: `reservations_in_force`)
+    # the queue's own index of its waiters: is anyone waiting, in C (a queue's truth is a Python
+    # __len__ call, ~800k of them per 20,000 decisions replayed, #24)
+    waiters: Mapping[str, Waiting] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.waiters = self.queue.by_id
 
 
 @dataclass(slots=True)
@@ -486,7 +490,8 @@ class Admission:
         injected first-token estimate included): when it changed nothing, its walk of the
         waiters is reused instead of walked again (#24: 93% of a replay's advances change
         nothing, and the walk is O(waiters))."""
-        deadlines = [d for c in self._order if (d := c.queue.next_deadline()) is not None]
+        # an empty queue has no deadline (its stale heap entries wait for its next look, #24)
+        deadlines = [d for c in self._order if c.waiters and (d := c.queue.next_deadline()) is not None]
         if after is not None and now is not None and after.unchanged_at == now:
             earliest = after.late_at
         else:
@@ -497,7 +502,18 @@ class Admission:
         if longest is not None and now is not None and self.waiting():
             # a slot held past the longest hold stops being due now (waits.remaining): T2 looks again
             if self.ledger.oldest_first:  # the first to pass it is the earliest (x + c grows with x)
-                deadlines.extend(next(((t,) for r in self.ledger if (t := r.admitted_at + longest + 1e-6) > now), ()))
+                # by bisection in the moments (L9): `at + longest + 1e-6 > now` only turns true along
+                # them; a generator over the slots held past it was ~1/20 of a replay (#24)
+                moments = self.ledger.moments()
+                lo, hi = 0, len(moments)
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if moments[mid] + longest + 1e-6 > now:
+                        hi = mid
+                    else:
+                        lo = mid + 1
+                if lo < len(moments):
+                    deadlines.append(moments[lo] + longest + 1e-6)
             else:
                 deadlines.extend(t for r in self.ledger if (t := r.admitted_at + longest + 1e-6) > now)
         if self.aging_s is not None and now is not None:  # the moment a waiter ages is a moment to dispatch
@@ -505,13 +521,17 @@ class Admission:
             for c in self._order:
                 if c.queue.paused:
                     continue
-                # in enqueue order, the first waiter not yet aged is the next to age
-                nxt = next((at for w in c.queue.in_order() if (at := w.enqueued_at + aging) > now), None)
-                if nxt is not None:
-                    deadlines.append(nxt)
+                # in enqueue order, the first waiter not yet aged is the next to age (loops, not
+                # generators: asked on every event, #24)
+                for w in c.queue.in_order():
+                    if (at := w.enqueued_at + aging) > now:
+                        deadlines.append(at)
+                        break
             # ... and so is the moment a class's next turn comes (G1 a), or its minimum rate's (G1 b)
-            deadlines.extend(t + aging for cls, t in self._turn_at.items() if t + aging > now and self._classes[cls].queue)
-            deadlines.extend(t + aging for cls, t in self._started_at.items() if t + aging > now and self._classes[cls].queue)
+            for last_at in (self._turn_at, self._started_at):
+                for cls, t in last_at.items():
+                    if t + aging > now and self._classes[cls].waiters:
+                        deadlines.append(t + aging)
         return min(deadlines) if deadlines else None
 
     def _overrunning(self, now: float, longest: float) -> bool:
@@ -675,12 +695,13 @@ class Admission:
 
     def _higher_busy(self, priority: int) -> bool:
         """Does a higher-priority class wait (unpaused) or still prefill a prompt (F6)?"""
-        higher = {c.policy.name for c in self._order if c.policy.priority > priority}
-        if not higher:
-            return False
-        if any(self._classes[name].queue and not self._classes[name].queue.paused for name in higher):
-            return True
-        return any(res.prefilling and res.request.cls in higher for res in self.ledger)
+        prefilling = self.ledger.prefilling_by_class  # L10: not a walk of the ledger per look (#24)
+        for c in self._order:
+            if c.policy.priority <= priority:
+                return False  # _order is by priority, highest first
+            if (c.waiters and not c.queue.paused) or c.policy.name in prefilling:
+                return True
+        return False
 
     def aged(self, item: Waiting, now: float) -> bool:
         return self.aging_s is not None and now - item.enqueued_at >= self.aging_s
@@ -706,7 +727,7 @@ class Admission:
         return bool(self._aged(now))
 
     def _higher_waiting(self, priority: int) -> bool:
-        return any(c.policy.priority > priority and c.queue and not c.queue.paused for c in self._order)
+        return any(c.policy.priority > priority and c.waiters and not c.queue.paused for c in self._order)
 
     def _beyond_share(self, request: Request) -> bool:
         """Would `request` take its class past its reservation while a higher class waits (G1)?"""
@@ -765,7 +786,7 @@ class Admission:
         led = self.ledger
         if led.oldest_first:  # L6: the slots up to its place only (waits.first_frees; T1 asks per newcomer)
             slots = self.capacity.slots
-            frees = first_frees(map(_ADMITTED_AT, led), len(led), mean, now, slots, self.holds.longest_s, position + 1)[0]
+            frees = first_frees(led.moments(), mean, now, slots, self.holds.longest_s, position + 1)[0]
             return frees[position % slots] + (position // slots) * mean  # = wait_at with every slot's frees
         frees = remaining((r.admitted_at for r in led), mean, now, self.capacity.slots, self.holds.longest_s)
         return wait_at(position, frees, mean)
@@ -777,7 +798,7 @@ class Admission:
         holds = self.holds.sorted_s()
         if holds is None:
             return None
-        ages = (now - r.admitted_at for r in self.ledger)
+        ages = [now - at for at in self.ledger.moments()]  # L9: not a generator over the ledger (#24)
         return chance_in_time(position, within_s, ages, holds, self.capacity.slots, enough)
 
     def _ttft(self, request: Request) -> float | None:
@@ -817,7 +838,10 @@ class Admission:
         decisions; the same floats as wait_at and the injected first-token time give)."""
         out: list[tuple[Waiting, float | None]] = []
         earliest: float | None = None
-        if not self.waiting() or not any(self.objective_ms(c.policy.name) for c in self._order):
+        waiting = self.waiting()
+        default_ms = self.default_ttft_objective_ms
+        objectives = [c.policy.ttft_objective_ms or default_ms for c in self._order]  # = objective_ms, per class
+        if not waiting or not any(objectives):
             return out, earliest  # nothing to walk: no slot state either (a release's advance, idle queues)
         ahead = 0
         # no slots (a router's model not loaded): no slot state says when a waiter starts
@@ -830,15 +854,16 @@ class Admission:
             longest = self.holds.longest_s
             at = now or 0.0
             if self.ledger.oldest_first:  # L6: only the places the waiters wait at (waits.first_frees)
-                led = self.ledger
-                frees, grows = first_frees(map(_ADMITTED_AT, led), len(led), mean, at, self.capacity.slots, longest, self.waiting() + 1)
+                frees, grows = first_frees(self.ledger.moments(), mean, at, self.capacity.slots, longest, waiting + 1)
             elif longest is not None and self._overrunning(at, longest):
                 # marked for the places the waiters wait at, and the one above (waits.crossing)
-                places = self.waiting() + 1
+                places = waiting + 1
                 frees, grows = growing_frees((r.admitted_at for r in self.ledger), mean, at, self.capacity.slots, longest, places)
             else:
                 frees = remaining((r.admitted_at for r in self.ledger), mean, at, self.capacity.slots, longest)
             k = self.capacity.slots  # = len(remaining(...)); `frees` may hold only the first places
+        # the place after the last one behind a free that grows (0: none grows)
+        flat_from = 0 if grows is None or True not in grows else len(grows) - grows[::-1].index(True)
         expected_ttft = self.expected_ttft
         prefilling = self.prefill_met()  # T4
         # the waiters with their turn, where places matter (a wait is computed only with a mean)
@@ -848,15 +873,19 @@ class Admission:
             (self.objective_ms(w.request.cls), (w,), 1, None) for w in first
         ]
         bounded = self.ttft_grows_with_prompt
-        for c in self._order:
-            if c.queue.paused:
+        for c, objective in zip(self._order, objectives, strict=True):
+            cq = c.queue
+            if cq.paused:
                 continue
-            rest = [w for w in c.queue.in_order() if w.request.id not in firsts] if firsts else c.queue.in_order()
-            count = len(c.queue) - sum(1 for w in first if w.request.cls == c.policy.name)
-            walk.append((self.objective_ms(c.policy.name), rest, count, c.queue if bounded and c.queue.from_ordered else None))
+            if firsts:
+                rest: Iterable[Waiting] = [w for w in cq.in_order() if w.request.id not in firsts]
+                count = len(cq) - sum(1 for w in first if w.request.cls == c.policy.name)
+            else:  # most walks (#24): nobody has a turn
+                rest, count = cq.in_order(), len(cq)
+            walk.append((objective, rest, count, cq if bounded and cq.from_ordered else None))
         horizon = math.inf if now is None else now
         slack: float | None = None
-        floor = last = 0.0
+        floor = last = half_last = 0.0
         for objective_ms, waiters, count, queue in walk:
             if not objective_ms:
                 ahead += count  # no objective: each waiter is only someone's wait
@@ -869,6 +898,8 @@ class Admission:
                 # the common case (#24: ~99% of a replay's waiter steps), the loop below without
                 # the branches it cannot take: every place in the slots' first round
                 slack = None
+                flat_slack = 0.0
+                halfway = False  # are the places from `ahead` on bounded by the halfway moment?
                 stop = math.inf  # a waiter whose objective counts from after this: it and the rest are skipped
                 if queue is not None and count > 1:
                     # #24: with the waiters' moments rising (queue.from_ordered) and no first-token
@@ -877,20 +908,32 @@ class Admission:
                     # at most `last`, the class's last place's free) nor earlier than `earliest`:
                     # its late_at is start_by + its free = its moment + objective - its estimate,
                     # or, behind a slot whose free grows, halfway from now to its start-by moment
-                    # (hence 2 x earliest - now + last), less rounding, which SKIP_MARGIN_S
-                    # covers: the walk stops there, with the same answer
+                    # (hence 2 x earliest - now + its free), less rounding, which SKIP_MARGIN_S
+                    # covers: the walk stops there, with the same answer. Only the places before
+                    # `flat_from` are behind a free that grows, so the halfway bound takes the
+                    # largest free among them (`half_last`) and the places past them the bound
+                    # without (#24: 9 of 10 of a replay's waiter steps were in walks behind slots
+                    # held past every hold, bounded by the class's last free, a slot held long)
                     widest = queue.widest
-                    slack = (0.0 if widest is None else (expected_ttft(widest, prefilling) or 0.0)) - objective_s + SKIP_MARGIN_S
+                    flat_slack = (0.0 if widest is None else (expected_ttft(widest, prefilling) or 0.0)) - objective_s + SKIP_MARGIN_S
+                    slack = flat_slack + SKIP_MARGIN_S  # the halfway moment: twice the rounding
                     last = frees[ahead + count - 1]
                     floor = horizon + last
-                    if grows is not None:
-                        slack += SKIP_MARGIN_S  # the halfway moment: twice the rounding
+                    halfway = ahead < flat_from
+                    half_last = frees[(flat_from if flat_from < ahead + count else ahead + count) - 1] if halfway else 0.0
                     if earliest is not None:
-                        bound = earliest if grows is None else 2.0 * earliest - horizon + last
-                        stop = (bound if bound > floor else floor) + slack
+                        stop = (earliest if earliest > floor else floor) + flat_slack
+                        if halfway:
+                            bound = 2.0 * earliest - horizon + half_last
+                            half_stop = (bound if bound > horizon + half_last else horizon + half_last) + slack
+                            stop = half_stop if half_stop > stop else stop
                 for i, w in enumerate(waiters):
                     request = w.request
                     since = request.arrival if request.came is None else request.came
+                    if halfway and ahead >= flat_from:  # from here on, no free that grows (above)
+                        halfway = False
+                        if earliest is not None:
+                            stop = (earliest if earliest > floor else floor) + flat_slack
                     if since > stop:
                         ahead += count - i  # each a place, none late (see above)
                         if grows is not None:
@@ -910,9 +953,12 @@ class Admission:
                                 late_at = start_by + first_round
                         if earliest is None or late_at < earliest:
                             earliest = late_at
-                            if slack is not None:
-                                bound = earliest if grows is None else 2.0 * earliest - horizon + last
-                                stop = (bound if bound > floor else floor) + slack
+                            if slack is not None:  # as above
+                                stop = (earliest if earliest > floor else floor) + flat_slack
+                                if halfway:
+                                    bound = 2.0 * earliest - horizon + half_last
+                                    half_stop = (bound if bound > horizon + half_last else horizon + half_last) + slack
+                                    stop = half_stop if half_stop > stop else stop
                         ahead += 1
                     else:
                         if earliest is None or start_by < earliest:
@@ -961,7 +1007,8 @@ class Admission:
         if grows is not None and behind is not None:
             # the first moment a waiter's wait stops shrinking and grows: a slot held past every
             # hold meets the slot the waiter waits for, from below (waits.crossing)
-            met = crossing(frees, grows, horizon, min(behind, k - 1))
+            # (none past `flat_from`: no free grows there; crossing's loop stops at it, #24)
+            met = crossing(frees, grows, horizon, min(behind, k - 1, flat_from - 1))
             if met is not None:
                 met = met if met > horizon + RECHECK_S else horizon + RECHECK_S  # rounding: never `now` itself
                 if earliest is None or met < earliest:
@@ -1172,7 +1219,7 @@ class Admission:
             return self._step(now, admitted, expired, late_at)
         for entry in self._order:
             queue = entry.queue
-            if queue.paused or not queue:
+            if queue.paused or not entry.waiters:
                 continue
             exclude: set[str] = set()
             while True:
@@ -1223,9 +1270,9 @@ class Admission:
         aging = self.aging_s
         aged: list[Waiting] = []
         for c in self._order:
-            if c.queue.paused or not c.queue:
+            if c.queue.paused or not c.waiters:
                 continue
-            min_rate = self._min_rate_due(c.policy.name, now)
+            min_rate = self._min_rate_due(c.policy.name, now)  # a method: test_min_rate's negative control overrides it
             waiters = c.queue.in_order()
             oldest = next(waiters)
             if not now - oldest.enqueued_at >= aging:  # none aged (most looks: #24, before the rest)
@@ -1249,7 +1296,7 @@ class Admission:
                 elif (turn_due or (i == 0 and min_rate)) and not (served and by_turn):
                     aged.append(w)
                     by_turn = True
-        return sorted(aged, key=lambda w: (w.enqueued_at, w.request.id))
+        return sorted(aged, key=lambda w: (w.enqueued_at, w.request.id)) if len(aged) > 1 else aged
 
     def _serve_aged(self, now: float, admitted: list[Admit], expired: list[Refuse]) -> tuple[bool, bool]:
         """Dispatch aged waiters, oldest first, until the oldest one left needs shared
@@ -1445,7 +1492,7 @@ class Admission:
         for other in self._order:
             if other is entry:
                 return False
-            if other.queue.paused or not other.queue:
+            if other.queue.paused or not other.waiters:
                 continue
             item = other.queue.select()
             if item is not None and self.blocker(item.request) in _SHARED:

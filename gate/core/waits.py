@@ -36,11 +36,10 @@ otherwise: the two agree.
 
 from __future__ import annotations
 
-import itertools
 import math
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 WINDOW = 32
@@ -143,33 +142,39 @@ def growing_frees(
 
 
 def first_frees(
-    held_since: Iterable[float], held: int, mean_s: float, now: float, slots: int, longest_s: float | None, places: int
+    held_since: Sequence[float], mean_s: float, now: float, slots: int, longest_s: float | None, places: int
 ) -> tuple[list[float], list[bool] | None]:
     """The first min(`places`, slots) of `remaining`'s frees (the same floats, in the same order)
     and `growing_frees`'s marks for them (None when none of them grows: no slot is held past
     `longest_s`, or the free slots fill every place), from
-    the `held` reservations' moments OLDEST FIRST (the ledger's L6; the caller checks it). Their
+    the reservations' moments OLDEST FIRST (the ledger's L6 and L9; the caller checks L6). Their
     ages then only fall, so the slots held past the longest are a prefix, and after it each
     slot's free only grows: the first `places` of them are the soonest, and the rest are not
     looked at. T2's walk reads only the places its waiters wait at (and the one above,
     `crossing`): ~50 of 128 slots in the bench's replay, where `growing_frees` and `remaining`
     over every slot were ~1/6 of an engine run (#24)."""
     m = min(places, max(1, slots))
+    held = len(held_since)
     left: list[float] = [0.0] * max(0, min(m, slots - held))  # the free slots: 0, soonest of all
-    over: list[float] = []
     need = m - len(left)
-    moments = iter(held_since)
-    if need > 0:
-        for at in moments:  # the prefix held past the longest, and the first slot after it
-            age = now - at
-            if longest_s is not None and age > longest_s:
-                over.append(age - longest_s)
+    if need <= 0:
+        return left[:m], None
+    # the prefix held past the longest, by bisection: `now - at > longest_s` only turns false
+    # along the moments (they rise, and a float difference never rises with them); it was a
+    # Python loop over that prefix, ~40 of 128 slots per walk in the bench's replay (#24)
+    over: list[float] = []
+    over_end = 0
+    if longest_s is not None:
+        hi = held
+        while over_end < hi:
+            mid = (over_end + hi) // 2
+            if now - held_since[mid] > longest_s:
+                over_end = mid + 1
             else:
-                left.append(r if (r := mean_s - age) > 0.0 else 0.0)
-                need -= 1
-                break
-        if need > 0:  # the rest of the places: none past the longest (their ages only fall)
-            left += [r if (r := mean_s - (now - at)) > 0.0 else 0.0 for at in itertools.islice(moments, need)]
+                hi = mid
+        over = [now - at - longest_s for at in held_since[:over_end]]  # age - longest_s
+    # the rest of the places: none past the longest (their ages only fall)
+    left += [r if (r := mean_s - (now - at)) > 0.0 else 0.0 for at in held_since[over_end : over_end + need]]
     if not over:
         return left[:m], None
     left.sort()  # sorted already (ages fall); as growing_frees reads them

@@ -347,7 +347,7 @@ def test_the_first_frees_are_the_first_places_of_the_whole_walk(held_since, mean
     from gate.core.waits import first_frees, growing_frees
 
     held_since = sorted(held_since)  # oldest first, as the ledger holds them (L6)
-    frees, grows = first_frees(iter(held_since), len(held_since), mean, 0.0, slots, longest, places)
+    frees, grows = first_frees(held_since, mean, 0.0, slots, longest, places)
     whole = remaining(held_since, mean, 0.0, slots, longest)
     m = min(places, slots)
     assert [repr(f) for f in frees] == [repr(f) for f in whole[:m]]
@@ -363,8 +363,8 @@ def test_the_first_frees_need_the_oldest_first():
     from gate.core.waits import first_frees
 
     newest_first = [0.0, -1.0, -2.0]  # held 0, 1 and 2 s; the mean hold 2.5 s: frees 2.5, 1.5, 0.5
-    assert first_frees(iter(newest_first[::-1]), 3, 2.5, 0.0, 3, None, 1)[0] == [0.5]
-    assert first_frees(iter(newest_first), 3, 2.5, 0.0, 3, None, 1)[0] == [2.5]  # wrong: the caller checks L6
+    assert first_frees(newest_first[::-1], 2.5, 0.0, 3, None, 1)[0] == [0.5]
+    assert first_frees(newest_first, 2.5, 0.0, 3, None, 1)[0] == [2.5]  # wrong: the caller checks L6
 
 
 def test_a_slot_held_past_every_hold_is_expected_to_run_as_long_again_as_its_overrun():
