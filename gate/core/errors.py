@@ -100,8 +100,10 @@ class GateError(Exception):
 
     @property
     def outcome(self) -> Outcome:
-        if self.reason is Reason.UPSTREAM_ERROR and self.status < 500:
-            return "refused"  # the backend refused it (say, its own context check): nothing failed
+        if self.reason is Reason.UPSTREAM_ERROR and (self.status < 500 or self.status == 501):
+            # the backend refused it (say, its own context check), or cannot do it at all (501,
+            # llama-server's not_supported_error: /v1/embeddings without --embeddings): nothing failed
+            return "refused"
         return self.reason.outcome
 
     def __repr__(self) -> str:

@@ -35,6 +35,15 @@ def test_a_backend_error_body_is_relayed_with_its_status():
     assert GateError(Reason.UPSTREAM_ERROR, "broke").outcome == "failed"
 
 
+@pytest.mark.parametrize(("status", "outcome"), [(501, "refused"), (500, "failed"), (502, "failed"), (503, "failed"), (504, "failed")])
+def test_a_backends_501_is_a_refusal_its_other_5xx_failures(status, outcome):
+    """llama-server's 501 (not_supported_error: /v1/embeddings without --embeddings, /infill
+    without a FIM model) says the backend cannot do that at all: nothing failed, and journaled
+    `failed` it paged the on-call (TokengateUpstream5xx) for a client's wrong route (a trial)."""
+    err = GateError(Reason.UPSTREAM_ERROR, f"backend answered {status}", status=status, body=b"{}")
+    assert err.outcome == outcome
+
+
 @pytest.mark.parametrize(
     ("reason", "outcome"),
     [
