@@ -674,11 +674,10 @@ class _Flow:
         caller = self.intake.caller if self.intake is not None else self.caller
         cls = caller.cls if caller is not None else ""
         queue_ms = (self.queued_s or 0.0) * 1000
-        headers = [
-            (b"x-request-id", self.request_id.encode()),
-            (b"x-tokengate-class", cls.encode()),
-            (b"x-tokengate-queue-ms", f"{queue_ms:.1f}".encode()),
-        ]
+        headers = [(b"x-request-id", self.request_id.encode())]
+        if cls:  # refused before its class was known (an unknown class, a body not JSON): none to name
+            headers.append((b"x-tokengate-class", cls.encode()))
+        headers.append((b"x-tokengate-queue-ms", f"{queue_ms:.1f}".encode()))
         if self.model_name is not None:
             headers.append((b"x-tokengate-model", self.model_name.encode()))
         return headers
@@ -878,7 +877,7 @@ class _Flow:
 def _length(body: bytes) -> tuple[bytes, bytes]:
     """The Content-Length of an answer written whole, as llama-server frames its own: without it the
     server chunks the body, which an HTTP/1.0 client (ApacheBench, `curl --http1.0`) cannot read."""
-    return (b"content-length", str(len(body)).encode())
+    return (b"Content-Length", str(len(body)).encode())  # spelled as llama-server does
 
 
 def _detail(err: GateError) -> str:
