@@ -40,9 +40,10 @@ Examples:
 JSON_NOTE = """\
 JSON answer (--format json): {"scenarios": [{"name": "recorded", ...}, {"name": "replayed", ...},
 {"name": "<--set text or --config file>", ...}], "calibration": {...}, "fit": {...}}; each scenario
-has "classes": {NAME: {"admitted", "refused": {REASON: N}, "queue_wait_p50_ms", "queue_wait_p95_ms",
+has "classes": {NAME: {"admitted", "refused": {REASON: N}, "failed": {REASON: N} (of the admitted: the
+backend failed them; a replay keeps a request's recorded failure where it admits it too), "queue_wait_p50_ms", "queue_wait_p95_ms",
 "ttft_p50_ms", "ttft_p95_ms", "slo_attainment" (0..1), "tokens_per_s", "arrivals"}} and "untrusted"
-(the figures, as CLASS.FIGURE or CLASS.refused.REASON, whose calibration error is over 25%);
+(the figures, as CLASS.FIGURE, CLASS.refused.REASON or CLASS.failed.REASON, whose calibration error is over 25%);
 "notes": what the window does not show (its start moved to the gate's start, work queued or
 running at its start, requests still running in a journal a gate is writing, a gate restart
 or kill in it, decisions without a class).
