@@ -75,8 +75,8 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter], epilog: s
         metavar="WHEN",
         type=_when,
         default=None,
-        help="window start: 15m (ago; -15m too), an ISO-8601 time (UTC unless it says otherwise) or epoch seconds; "
-        "default: the first decision",
+        help="window start: 15m (ago; -15m too), a time of day (21:10 or 21:10:30, UTC: today, or yesterday when later "
+        "than now), an ISO-8601 time (UTC unless it says otherwise) or epoch seconds; default: the first decision",
     )
     p.add_argument(
         "--until",
