@@ -1049,7 +1049,8 @@ def test_log_and_replay_read_a_moment_alike(tmp_path: Path, capsys: pytest.Captu
     for command in ("log", "replay"):
         assert main([command, "--journal", path, "--since", "yesterday"]) == 2
         err = capsys.readouterr().err
-        assert "'yesterday' is not a moment: give a duration ago (30s, 15m, 2h, 7d), an ISO-8601 time" in err and "epoch seconds" in err
+        assert "'yesterday' is not a moment: give a duration ago (30s, 15m, 2h, 7d), a time of day (21:10" in err
+        assert "an ISO-8601 time" in err and "epoch seconds" in err
 
 
 def test_log_aiperf_says_what_it_leaves_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
