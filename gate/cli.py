@@ -268,8 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="WHEN",
         type=_since_arg,
         default=None,
-        help="only rows from this long ago (30s, 15m, 2h, 7d), since an ISO-8601 timestamp (UTC unless it says otherwise) "
-        "or since epoch seconds (as --format json prints ts); default: all",
+        help="only rows from this long ago (30s, 15m, 2h, 7d), since a time of day (21:10 or 21:10:30, UTC: today, or "
+        "yesterday when later than now), an ISO-8601 timestamp (UTC unless it says otherwise) "
+        "or epoch seconds (as --format json prints ts); default: all",
     )
     log_cmd.add_argument(
         "--until",

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import shlex
 import time
 from collections.abc import Awaitable, Callable
@@ -81,21 +80,14 @@ _TIME_KEYS = ("since", "until")
 
 def parse_when(text: str, now: float) -> float:
     """A review time, UTC like the screen: ``23:01``/``23:01:30`` (that day of the journal's newest
-    row, or the day before when later than it), ``2026-12-01T23:01`` (ISO), or ``10m``/``2h`` ago."""
-    from datetime import UTC, datetime
-
+    row, `now` here, or the day before when later than it), ``2026-12-01T23:01`` (ISO), or
+    ``10m``/``2h`` ago: `parse_since`, the reading `tokengate log` and `tokengate replay` share."""
     from gate.journal.reader import parse_since
 
-    m = re.fullmatch(r"(\d{1,2}):(\d{2})(?::(\d{2}))?", text)
-    if m:
-        day = datetime.fromtimestamp(now, UTC)
-        at = day.replace(hour=int(m.group(1)), minute=int(m.group(2)), second=int(m.group(3) or 0), microsecond=0)
-        ts = at.timestamp()
-        return ts - 86400 if ts > now else ts
     try:
         return parse_since(text, now)
     except ValueError as e:
-        raise FilterError(f"{text!r}: {e}; or HH:MM (UTC)") from None
+        raise FilterError(str(e)) from None
 
 
 class FilterError(ValueError):

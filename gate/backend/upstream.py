@@ -34,6 +34,12 @@ _URLS_KEPT = 64
 # about what the probe loop needs to notice a dead backend (probe_interval_s = 1).
 RETRY_DOWN_S = 5.0
 
+# llama-server's own answers the gate adds that Retry-After to: the ones that may pass (a gateway
+# in between failing, a backend still loading). Not its 500, which answers the request's content
+# ("image input is not supported", a template error: waiting cures nothing, and straight
+# llama-server sends no Retry-After), nor its 501 (not_supported_error: a route it was not started for).
+PASSING = frozenset({502, 503, 504})
+
 # Headers that describe one hop, not the message (RFC 9110 7.6.1), plus the ones
 # the gate sets itself. X-Conversation-Id makes llama-server keep generating
 # after a disconnect (resumable streams): never forward it.
@@ -269,8 +275,7 @@ class Upstream:
             err = GateError(
                 Reason.UPSTREAM_ERROR,
                 f"backend answered {response.status_code}",
-                # 501 is llama-server's not_supported_error (a route it was not started for): no wait helps
-                retry_after_s=RETRY_DOWN_S if response.status_code >= 500 and response.status_code != 501 else None,
+                retry_after_s=RETRY_DOWN_S if response.status_code in PASSING else None,
                 status=response.status_code,
                 body=raw[:65536] or None,
             )

@@ -100,8 +100,10 @@ class GateError(Exception):
 
     @property
     def outcome(self) -> Outcome:
-        if self.reason is Reason.UPSTREAM_ERROR and self.status < 500:
-            return "refused"  # the backend refused it (say, its own context check): nothing failed
+        if self.reason is Reason.UPSTREAM_ERROR and (self.status < 500 or self.status == 501):
+            # the backend refused it (say, its own context check), or cannot do it at all (501,
+            # llama-server's not_supported_error: /v1/embeddings without --embeddings): nothing failed
+            return "refused"
         return self.reason.outcome
 
     def __repr__(self) -> str:
@@ -137,17 +139,21 @@ def anthropic_error_object(err: GateError) -> dict[str, object]:
 
 def render(err: GateError, shape: ErrorShape = "openai") -> tuple[int, list[tuple[bytes, bytes]], bytes]:
     """Status, headers (content type, Retry-After, connection) and body of the error response,
-    in the caller's API shape (a backend's own body is relayed as it is, whatever the shape)."""
+    in the caller's API shape (a backend's own body is relayed as it is, whatever the shape).
+
+    Header names are spelled as llama-server spells its own (`Content-Type`, `Connection`), and
+    the gate's Retry-After as RFC 9110 does: the transport writes them so on the wire
+    (gate/http/clientguard.py), for clients that look headers up in a case-sensitive dict."""
     # llama-server's answer relayed whole keeps its own content type, as it sent it
     relayed = err.headers if err.body is not None else []
     own_type = any(k.lower() == b"content-type" for k, _ in relayed)
-    headers = [] if own_type else [(b"content-type", b"application/json")]
+    headers = [] if own_type else [(b"Content-Type", b"application/json")]
     if err.retry_after_s is not None:
-        headers.append((b"retry-after", str(max(1, math.ceil(err.retry_after_s))).encode()))
-        headers.append((b"retry-after-ms", str(max(1, int(err.retry_after_s * 1000))).encode()))
+        headers.append((b"Retry-After", str(max(1, math.ceil(err.retry_after_s))).encode()))
+        headers.append((b"Retry-After-Ms", str(max(1, int(err.retry_after_s * 1000))).encode()))
     if err.reason in (Reason.BODY_TOO_LARGE, Reason.CLIENT_STALLED):
         # The unread rest of the body must not be read (and parsed) as the next request.
-        headers.append((b"connection", b"close"))
+        headers.append((b"Connection", b"close"))
     shaped = anthropic_error_object(err) if shape == "anthropic" else error_object(err)
     body = err.body if err.body is not None else json.dumps(shaped).encode()
     headers.extend(relayed)  # llama-server's answer: its headers too (no framing ones)

@@ -108,6 +108,7 @@ class _Flow:
         "rerouted_from",
         "caller",
         "waited_s",
+        "queued",
         "events",
         "_early",
         "_early_at",
@@ -164,6 +165,9 @@ class _Flow:
         #: time spent in admission queues by tries that ended without a ticket (refused after
         #: waiting, drained, a fallback tried next, the client gone); None: never offered
         self.waited_s: float | None = None
+        #: it went through an admission queue: waited in one (whatever ended it), or was admitted
+        #: (at once too); what tokengate_queue_wait_seconds observes. Not a refusal at once.
+        self.queued = False
         #: the reader of a typed event stream (Messages, Responses: gate/http/apis/), while relaying
         self.events: EventFormat | None = None
         #: the forward sent beside the count ([gate] forward_beside_count), and when it was sent
@@ -269,6 +273,7 @@ class _Flow:
             if settled:
                 self.gate.metrics.beside("grown" if grew else "settled")
                 self.ticket = bound
+                self.queued = True  # admitted at once
                 return
             self.gate.metrics.beside("over_bound")
             self._take_back(backend, bound)
@@ -288,6 +293,9 @@ class _Flow:
                 # Refused at once: it never waited (0, not the microseconds of the decision).
                 waited = max(0.0, self.gate.clock() - request.arrival) if queued else 0.0
                 self.waited_s = (self.waited_s or 0.0) + waited
+                self.queued = self.queued or queued
+            else:
+                self.queued = True  # admitted
 
     def _forward_early(self, backend: Backend, intake: Intake) -> Ticket | None:
         """Forward beside the count ([gate] forward_beside_count): when `backend` admits at once,
@@ -674,11 +682,10 @@ class _Flow:
         caller = self.intake.caller if self.intake is not None else self.caller
         cls = caller.cls if caller is not None else ""
         queue_ms = (self.queued_s or 0.0) * 1000
-        headers = [
-            (b"x-request-id", self.request_id.encode()),
-            (b"x-tokengate-class", cls.encode()),
-            (b"x-tokengate-queue-ms", f"{queue_ms:.1f}".encode()),
-        ]
+        headers = [(b"x-request-id", self.request_id.encode())]
+        if cls:  # refused before its class was known (an unknown class, a body not JSON): none to name
+            headers.append((b"x-tokengate-class", cls.encode()))
+        headers.append((b"x-tokengate-queue-ms", f"{queue_ms:.1f}".encode()))
         if self.model_name is not None:
             headers.append((b"x-tokengate-model", self.model_name.encode()))
         return headers
@@ -867,7 +874,9 @@ class _Flow:
         self.committed = gate.recorder.record(
             record,
             model=model,
-            queued_s=queued_s,
+            # the queue-wait histogram: what went through a queue, not a refusal at once (a
+            # never-fits 400 was observed as a 0 s wait, refused, beside the queue's timeouts)
+            queued_s=queued_s if self.queued else None,
             ttft_s=stats.ttft_s if stats else None,
             ttft_total_s=None if stats is None or stats.first_token_at is None else stats.first_token_at - self.t0,
             tpot_s=stats.tpot_s if stats is not None else None,
@@ -878,7 +887,7 @@ class _Flow:
 def _length(body: bytes) -> tuple[bytes, bytes]:
     """The Content-Length of an answer written whole, as llama-server frames its own: without it the
     server chunks the body, which an HTTP/1.0 client (ApacheBench, `curl --http1.0`) cannot read."""
-    return (b"content-length", str(len(body)).encode())
+    return (b"Content-Length", str(len(body)).encode())  # spelled as llama-server does
 
 
 def _detail(err: GateError) -> str:

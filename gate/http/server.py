@@ -154,7 +154,7 @@ def build_app(gate: RequestPorts) -> ASGIApp:
         request_id = getattr(request.state, "request_id", None)  # a forwarded route's: its journal row's id
         if request_id is not None:
             headers.append((b"x-request-id", request_id.encode()))
-        return Response(body, status_code=status, headers={k.decode(): v.decode() for k, v in headers})
+        return _own(status, headers, body)
 
     async def not_found(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 404)
@@ -163,7 +163,7 @@ def build_app(gate: RequestPorts) -> ASGIApp:
             message = f"{request.method} is not allowed on {request.url.path}"
         code, headers, body = render(GateError(Reason.INVALID_REQUEST, message, status=status))
         allow = getattr(exc, "headers", None) or {}  # Allow on 405
-        return Response(body, status_code=code, headers={**{k.decode(): v.decode() for k, v in headers}, **allow})
+        return _own(code, headers + [(k.encode(), v.encode()) for k, v in allow.items()], body)
 
     routes = [Route(path, admitted, methods=["POST"]) for path in ENDPOINTS]
     routes += [
@@ -254,9 +254,17 @@ class _FastPath:
         return self.app(scope, reader, guarded_send)
 
 
+def _own(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> Response:
+    """An error answer with `headers` as given: names spelled as render() spells them (Starlette's
+    `headers=` writes them in lower case) and a relayed answer's repeated headers kept."""
+    response = Response(body, status_code=status)
+    response.raw_headers = [*headers, (b"Content-Length", str(len(body)).encode())]
+    return response
+
+
 async def _answer(send: Send, err: GateError) -> None:
     status, headers, body = render(err)
-    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.start", "status": status, "headers": [*headers, (b"Content-Length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 

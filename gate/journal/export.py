@@ -44,6 +44,7 @@ TABLE_PAGE = 200  # rows buffered to size the table's columns
 TABLE_CELL_MAX = 60
 
 _RELATIVE = re.compile(r"^\s*-?\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$", re.IGNORECASE)  # "-15m" is 15m ago too
+_TIME_OF_DAY = re.compile(r"^\s*(\d{1,2}):(\d{2})(?::(\d{2}))?\s*$")  # 21:10, 21:10:30 (UTC)
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _LAST_EPOCH_S = 253402300799.0  # 9999-12-31T23:59:59Z, the last moment a datetime holds
 
@@ -53,12 +54,18 @@ class ExportError(Exception):
 
 
 def parse_since(text: str, now: float) -> float:
-    """``30s``, ``15m``, ``2h``, ``7d`` (before ``now``), an ISO-8601 timestamp (naive = UTC) or
-    epoch seconds (as ``--format json`` and replay's JSON print them) -> seconds since the epoch.
-    The one reading of a moment for `tokengate log`, `tokengate replay` and the review's
-    ``since=`` (log refused the epoch seconds that replay accepted and printed). Raises
-    ``ValueError`` with a readable message."""
-    forms = "give a duration ago (30s, 15m, 2h, 7d), an ISO-8601 time (2025-01-31T14:00:00Z) or epoch seconds (1738332000.5)"
+    """``30s``, ``15m``, ``2h``, ``7d`` (before ``now``), a time of day ``21:10`` or ``21:10:30``
+    (UTC: that day of ``now``, or the day before when later than ``now``), an ISO-8601 timestamp
+    (naive = UTC) or epoch seconds (as ``--format json`` and replay's JSON print them) -> seconds
+    since the epoch. The one reading of a moment for `tokengate log`, `tokengate replay` and the
+    review's ``since=``/``until=`` (log refused the epoch seconds that replay accepted and printed;
+    the review read ``23:01`` where both commands refused it, a trial). ``now`` is the present for
+    the commands, the journal's newest row for the review. Raises ``ValueError`` with a readable
+    message."""
+    forms = (
+        "give a duration ago (30s, 15m, 2h, 7d), a time of day (21:10, 21:10:30 UTC), "
+        "an ISO-8601 time (2025-01-31T14:00:00Z) or epoch seconds (1738332000.5)"
+    )
     try:
         value = float(text)
     except ValueError:
@@ -77,6 +84,16 @@ def parse_since(text: str, now: float) -> float:
     m = _RELATIVE.match(text)
     if m:
         return now - float(m.group(1)) * _UNIT_S[m.group(2).lower()]
+    m = _TIME_OF_DAY.match(text)
+    if m:
+        try:
+            at = datetime.fromtimestamp(now, UTC).replace(
+                hour=int(m.group(1)), minute=int(m.group(2)), second=int(m.group(3) or 0), microsecond=0
+            )
+        except ValueError:
+            raise ValueError(f"{text!r} is not a time of day (00:00 to 23:59:59): {forms}") from None
+        ts = at.timestamp()
+        return ts - 86400.0 if ts > now else ts
     try:
         dt = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:

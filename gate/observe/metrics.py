@@ -139,7 +139,10 @@ class GateMetrics:
         self._queue_depth = Gauge("tokengate_queue_depth", "Requests waiting in the queue.", ["class"], registry=r)
         self._queue_wait = Histogram(
             "tokengate_queue_wait_seconds",
-            "Time a request waited in the gate's queue, by class and final outcome.",
+            "Time a request waited in the gate's queue, by class and final outcome: every admitted request "
+            "(0 when admitted at once) and every one that waited in a queue before it ended (queue_timeout, "
+            "drained, cancelled while queued); a refusal at once (never-fits, queue_full, rate limits, "
+            "a paused class) never queued and is not observed (tokengate_decisions_total counts it).",
             ["class", "outcome"],
             buckets=QUEUE_WAIT_BUCKETS,
             registry=r,

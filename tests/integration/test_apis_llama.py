@@ -552,3 +552,33 @@ async def test_a_limit_llama_server_drops_on_messages_never_runs_past_the_reserv
         rec = gate.records.find("dropped-limit")
         assert rec.max_tokens == 6 and rec.completion_tokens is not None and rec.completion_tokens <= rec.max_tokens
         await released(gate)
+
+
+# ---- llama-server's own 5xx: relayed, never made worse -----------------------------------------
+
+
+IMAGE = [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]
+
+
+async def test_llama_servers_own_500_and_501_get_no_retry_after_and_a_501_is_a_refusal(llama_unified):
+    """A user's trial: an image for this text-only model is llama-server's 500 "image input is not
+    supported", relayed with the gate's `retry-after: 5` added (straight llama-server sends none,
+    and waiting cures nothing). Its 501 (not_supported_error: no --embeddings) was journaled
+    `failed`, and either paged the on-call (TokengateUpstream5xx) for one client's request."""
+    image = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": IMAGE}]}
+    embed = {"model": MODEL, "input": ["a", "b"]}
+    async with running_gate(llama_unified.url, CLASSES) as gate, httpx.AsyncClient(timeout=60) as client:
+        for path, body, status, outcome in [
+            ("/v1/messages", image, 500, "failed"),
+            ("/v1/embeddings", embed, 501, "refused"),
+        ]:
+            straight = await client.post(llama_unified.url + path, json=body, headers=CLOSE)
+            through = await client.post(gate.url + path, json=body, headers={"X-Request-Id": f"own-{status}"})
+            assert straight.status_code == through.status_code == status, (straight.text, through.text)
+            assert through.json() == straight.json()
+            # llama-server's own answer has none, nor has the gate's relay of it
+            assert "retry-after" not in straight.headers
+            assert "retry-after" not in through.headers and "retry-after-ms" not in through.headers, through.headers
+            record = await record_of(gate, f"own-{status}")
+            assert (record.outcome, record.reason, record.http_status) == (outcome, "upstream_error", status)
+        await released(gate)

@@ -397,8 +397,11 @@ async def test_relayed_header_names_keep_llama_servers_spelling_on_the_wire(llam
             spelled = {n for n in direct if n != n.lower() and n.lower() not in FRAMING}
             assert b"Access-Control-Allow-Origin" in spelled and spelled <= through, (path, direct, through)
         assert b"Process-Start-Time-Unix" in _names(await _head(gate.url, "GET", "/metrics"))
-        # the gate's own answers (a 400 here: the body is not JSON) spell the CORS header as llama-server does
-        assert b"Access-Control-Allow-Origin" in _names(await _head(gate.url, "POST", "/v1/chat/completions", b"{", origin))
+        # the gate's own answers (a 400 here: the body is not JSON) spell the CORS header and their
+        # Content-Type as llama-server does (a trial: `content-type`), and name no class they never read
+        own = _names(await _head(gate.url, "POST", "/v1/chat/completions", b"{", origin))
+        assert {b"Access-Control-Allow-Origin", b"Content-Type"} <= own and b"content-type" not in own, own
+        assert not any(n.lower() == b"x-tokengate-class" for n in own), own
         await released(gate)
 
 

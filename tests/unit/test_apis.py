@@ -229,7 +229,7 @@ def test_anthropic_shape_by_status_with_the_gates_code_and_retry_after() -> None
         body = anthropic_error_object(GateError(reason, "why"))
         assert body == {"type": "error", "error": {"type": kind, "message": "why", "code": reason.value}}, reason
     status, headers, raw = render(GateError(Reason.QUEUE_FULL, "full", retry_after_s=2.5), "anthropic")
-    assert status == 429 and (b"retry-after", b"3") in headers and (b"retry-after-ms", b"2500") in headers
+    assert status == 429 and (b"Retry-After", b"3") in headers and (b"Retry-After-Ms", b"2500") in headers
     assert json.loads(raw) == {
         "type": "error",
         "error": {"type": "rate_limit_error", "message": "full", "code": "queue_full"},

@@ -177,6 +177,38 @@ def test_a_minus_duration_after_since_reads_as_ago_not_as_an_option(
     assert "expected one argument" not in capsys.readouterr().err
 
 
+def test_a_time_of_day_is_utc_today_or_yesterday_when_later_than_now() -> None:
+    """`--since 21:10` was refused by `tokengate log` and `tokengate replay` while the console's
+    review read `since=23:01` (a trial); now one reading serves all three."""
+    from console.screens.review import FilterError, parse_when
+
+    now = 1796594014.0  # 2026-12-06T21:53:34Z
+    assert parse_since("21:10", now) == 1796591400.0  # 2026-12-06T21:10:00Z
+    assert parse_since("21:10:30", now) == 1796591430.0
+    assert parse_since("9:05", now) == 1796547900.0  # 2026-12-06T09:05:00Z
+    assert parse_since("23:01", now) == 1796598060.0 - 86400  # later than now: yesterday's
+    assert parse_since("21:53:34", now) == now  # now itself is today's
+    for text in ("21:10", "23:01", "00:00:01"):
+        assert parse_when(text, now) == parse_since(text, now)  # the review's reading is the same
+    for bad in ("24:00", "21:60", "21:10:61"):
+        with pytest.raises(ValueError, match="not a time of day"):
+            parse_since(bad, now)
+        with pytest.raises(FilterError, match="not a time of day"):
+            parse_when(bad, now)
+
+
+@pytest.mark.parametrize("command", ["log", "replay"])
+def test_log_and_replay_take_a_time_of_day(command: str, capsys: pytest.CaptureFixture[str], journal: Path) -> None:
+    today = time.strftime("%H:%M:%S", time.gmtime(time.time() - 1))  # a second ago: today
+    code = main([command, "--journal", str(journal), "--since", today])
+    err = capsys.readouterr().err
+    assert code in (0, 1) and "is not a moment" not in err and "invalid" not in err, err  # 1: replay's empty window
+    assert main([command, "--journal", str(journal), "--since", "25:00"]) == 2
+    assert "not a time of day" in capsys.readouterr().err
+    main([command, "--help"])
+    assert "time of day" in " ".join(capsys.readouterr().out.split())  # however the help wraps
+
+
 def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     missing = tmp_path / "nope.db"
     with pytest.raises(ExportError, match="nope.db: journal file not found"):

@@ -215,3 +215,27 @@ def test_labels_come_only_from_configured_names_anything_else_is_other() -> None
     }
     body, _ = m.render()
     assert len(body) - one_each < 100  # 600 unknown names add no series (only longer counts)
+
+
+async def test_queue_wait_observes_what_went_through_a_queue_not_a_refusal_at_once():
+    """A trial: `tokengate_queue_wait_seconds_count{outcome="refused"}` was one more than the
+    queue's timeouts: a never-fits 400, refused at once, was observed as a 0 s wait. A refusal
+    at once (here a paused class's 503) never queued; an admitted request is observed (0 s when
+    admitted at once), whatever its end."""
+    import httpx
+
+    from tests.fakes import GATE_CONFIG, gate_on_fake_llama
+
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    async with gate_on_fake_llama(GATE_CONFIG) as g:
+        g.backends.backends[0].gatekeeper.pause("batch")
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=g.app), base_url="http://gate") as c:
+            paused = await c.post("/v1/chat/completions", json=chat, headers={"X-Tokengate-Class": "batch", "X-Request-Id": "p"})
+            admitted = await c.post("/v1/chat/completions", json=chat, headers={"X-Tokengate-Class": "interactive", "X-Request-Id": "a"})
+        assert paused.status_code == 503 and paused.json()["error"]["code"] == "class_paused"
+        assert g.records.find("p").queue_ms == 0  # the journal still says it waited 0 s
+        assert g.records.find("a").reserved_tokens > 0, admitted.text  # it held a reservation: admitted
+        m = g.metrics
+        assert value(m, "tokengate_queue_wait_seconds_count", **{"class": "batch", "outcome": "refused"}) in (None, 0)
+        waits = [v for n, lab, v in samples(m) if n == "tokengate_queue_wait_seconds_count" and lab["class"] == "interactive"]
+        assert sum(waits) == 1, waits

@@ -33,6 +33,7 @@ POOL = DEPLOY / "kubernetes" / "llama-tokengate.yaml"
 ALERTS = {
     "TokengateBackendDown",
     "TokengateUpstream5xx",
+    "TokengateUpstreamFailure",
     "TokengateDenialsHigh",
     "TokengateQueueDrainSlow",
     "TokengateJournalDropping",

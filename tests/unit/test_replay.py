@@ -1049,7 +1049,8 @@ def test_log_and_replay_read_a_moment_alike(tmp_path: Path, capsys: pytest.Captu
     for command in ("log", "replay"):
         assert main([command, "--journal", path, "--since", "yesterday"]) == 2
         err = capsys.readouterr().err
-        assert "'yesterday' is not a moment: give a duration ago (30s, 15m, 2h, 7d), an ISO-8601 time" in err and "epoch seconds" in err
+        assert "'yesterday' is not a moment: give a duration ago (30s, 15m, 2h, 7d), a time of day (21:10" in err
+        assert "an ISO-8601 time" in err and "epoch seconds" in err
 
 
 def test_log_aiperf_says_what_it_leaves_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -1393,3 +1394,30 @@ def test_a_config_with_another_default_class_says_it_is_not_replayed(tmp_path: P
     same.write_text(EXAMPLE_CONFIG)
     assert main(["replay", "--journal", path, "--format", "json", "--config", str(same)]) == 0
     assert not any("default_class" in n for n in json.loads(capsys.readouterr().out)["notes"])
+
+
+def test_failed_requests_are_labelled_failed_never_refused(tmp_path: Path) -> None:
+    """A user's trial read the table's `refused upstream_error` as requests the gate refused,
+    where the backend had failed them. A request journaled `failed` was admitted, then broke: the
+    table's row is `failed REASON` and the JSON's `failed` map counts it (beside `admitted`, which
+    still does); `refused` keeps its meaning (a backend's own 4xx or 501 is a refusal, as journaled)."""
+    path = _journal(tmp_path, n=60, duration=20.0)
+    with sqlite3.connect(path) as conn:
+        ids = [r[0] for r in conn.execute("SELECT id FROM decisions WHERE outcome = 'admitted' AND class = 'interactive' LIMIT 3")]
+        conn.execute(
+            f"UPDATE decisions SET outcome = 'failed', reason = 'upstream_error', http_status = 500 WHERE id IN ({','.join('?' * len(ids))})",
+            ids,
+        )
+        one = conn.execute("SELECT id FROM decisions WHERE outcome = 'admitted' AND class = 'interactive' LIMIT 1").fetchone()[0]
+        conn.execute("UPDATE decisions SET outcome = 'refused', reason = 'upstream_error', http_status = 501 WHERE id = ?", (one,))
+    window = load_window(path)
+    answer = run_replay(window, [])
+    recorded, replayed = (json.loads(to_json(answer))["scenarios"][i]["classes"]["interactive"] for i in (0, 1))
+    assert recorded["failed"] == replayed["failed"] == {"upstream_error": 3}
+    assert recorded["refused"].get("upstream_error") == 1  # the 501: the backend refused it
+    assert recorded["admitted"] == recorded["arrivals"] - sum(recorded["refused"].values())  # the failed were admitted
+    table = to_table(answer)
+    failed_rows = [line.split() for line in table.splitlines() if line.startswith("interactive") and " failed " in line]
+    assert failed_rows == [["interactive", "failed", "upstream_error", "3", "3", "0%"]], table
+    refused_rows = [line.split() for line in table.splitlines() if line.startswith("interactive") and " refused " in line]
+    assert ["interactive", "refused", "upstream_error", "1", "1", "0%"] in refused_rows, table

@@ -54,12 +54,14 @@ async def test_generation_requests_ask_upstream_to_close_the_connection():
     assert seen["connection"] == "close"
 
 
-@pytest.mark.parametrize(("status", "retry_after_s"), [(500, 5.0), (503, 5.0), (501, None), (400, None)])
+@pytest.mark.parametrize(("status", "retry_after_s"), [(502, 5.0), (503, 5.0), (504, 5.0), (500, None), (501, None), (400, None)])
 async def test_only_a_backend_error_that_may_pass_is_relayed_with_retry_after(status, retry_after_s):
     """llama-server's 501 (`not_supported_error`: "This server does not support embeddings. Start
     it with `--embeddings`") never passes: with the gate's Retry-After: 5 on it, the SDKs waited
     5 s before each retry of it (a user's trial, 2026-12-05), where llama-server straight, without
-    one, failed within a second."""
+    one, failed within a second. Nor does its 500, an answer to the request's content ("image
+    input is not supported" on a text-only model, a trial): straight, llama-server sends no
+    Retry-After. A 502/503/504 (a gateway in between, a backend loading) may pass."""
     from gate.backend.upstream import Upstream
     from gate.core.errors import GateError
 

@@ -40,9 +40,10 @@ Examples:
 JSON_NOTE = """\
 JSON answer (--format json): {"scenarios": [{"name": "recorded", ...}, {"name": "replayed", ...},
 {"name": "<--set text or --config file>", ...}], "calibration": {...}, "fit": {...}}; each scenario
-has "classes": {NAME: {"admitted", "refused": {REASON: N}, "queue_wait_p50_ms", "queue_wait_p95_ms",
+has "classes": {NAME: {"admitted", "refused": {REASON: N}, "failed": {REASON: N} (of the admitted: the
+backend failed them; a replay keeps a request's recorded failure where it admits it too), "queue_wait_p50_ms", "queue_wait_p95_ms",
 "ttft_p50_ms", "ttft_p95_ms", "slo_attainment" (0..1), "tokens_per_s", "arrivals"}} and "untrusted"
-(the figures, as CLASS.FIGURE or CLASS.refused.REASON, whose calibration error is over 25%);
+(the figures, as CLASS.FIGURE, CLASS.refused.REASON or CLASS.failed.REASON, whose calibration error is over 25%);
 "notes": what the window does not show (its start moved to the gate's start, work queued or
 running at its start, requests still running in a journal a gate is writing, a gate restart
 or kill in it, decisions without a class).
@@ -74,8 +75,8 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter], epilog: s
         metavar="WHEN",
         type=_when,
         default=None,
-        help="window start: 15m (ago; -15m too), an ISO-8601 time (UTC unless it says otherwise) or epoch seconds; "
-        "default: the first decision",
+        help="window start: 15m (ago; -15m too), a time of day (21:10 or 21:10:30, UTC: today, or yesterday when later "
+        "than now), an ISO-8601 time (UTC unless it says otherwise) or epoch seconds; default: the first decision",
     )
     p.add_argument(
         "--until",

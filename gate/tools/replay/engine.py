@@ -132,6 +132,9 @@ class Outcome:
     ttft_arrival_ms: float | None
     completion_tokens: int
     duration_ms: float | None = None  # arrival to the last token
+    #: admitted, then failed (the backend broke, timed out, answered 5xx): the recorded reason.
+    #: The replay cannot predict a failure: an arrival it admits keeps the one recorded for it.
+    failed: str | None = None
 
 
 @dataclass(slots=True)
@@ -315,7 +318,7 @@ def replay(
         if a.through_core and a.cls in classes:
             run.push(a.at, _ARRIVE, a)
         else:
-            run.out[a.id] = _as_recorded(a)
+            run.out[a.id] = as_recorded(a)
     for c in run.changes:
         run.push(max(0.0, c.at), _AUDIT, c)
     ticks = int(until // TICK_S)
@@ -352,7 +355,9 @@ def replay(
             live = run.live.pop(payload)
             a = live.arrival
             queue_s = live.dispatched_at - a.at
-            run.out[a.id] = Outcome(True, "ok", queue_s * 1000.0, (queue_s + live.ttft_s) * 1000.0, live.tokens, (now - a.at) * 1000.0)
+            run.out[a.id] = Outcome(
+                True, "ok", queue_s * 1000.0, (queue_s + live.ttft_s) * 1000.0, live.tokens, (now - a.at) * 1000.0, failed_reason(a)
+            )
             adm.release(payload, now)
             controller.observe(now, live.ttft_s, live.tpot_s if live.tokens > 1 else None)
             advance(now)
@@ -568,9 +573,18 @@ def _without(change: Change, keys: set[str]) -> Change | None:
     return dataclasses.replace(change, new_value=", ".join(left)) if left else None
 
 
-def _as_recorded(a: Arrival) -> Outcome:
+def failed_reason(a: Arrival) -> str | None:
+    """The reason of an arrival recorded as admitted and then failed (`failed` outcome), else None."""
+    return a.reason if a.outcome == "failed" else None
+
+
+def as_recorded(a: Arrival) -> Outcome:
+    """What the journal says `a` got: admitted unless refused or shed (a failed request was
+    admitted, then failed: `Outcome.failed`, never a refusal)."""
     admitted = a.outcome not in ("refused", "shed")
-    return Outcome(admitted, "ok" if admitted else a.reason, a.queue_ms, a.ttft_arrival_ms, a.completion_tokens or 0, a.duration_ms)
+    return Outcome(
+        admitted, "ok" if admitted else a.reason, a.queue_ms, a.ttft_arrival_ms, a.completion_tokens or 0, a.duration_ms, failed_reason(a)
+    )
 
 
 def _fill_ratio(arrivals: Sequence[Arrival]) -> dict[str, float]:

@@ -1,6 +1,7 @@
 """Proposals, figures, calibration and the two answers (table, JSON) of ``tokengate replay``.
 
-Figures per class, for every scenario: ``admitted``, ``refused`` (reason -> count),
+Figures per class, for every scenario: ``admitted``, ``refused`` (reason -> count), ``failed``
+(reason -> count: admitted, then failed by the backend; counted in ``admitted`` too),
 ``queue_wait_p50_ms`` / ``queue_wait_p95_ms`` (admitted requests, arrival to dispatch),
 ``ttft_p50_ms`` / ``ttft_p95_ms`` (admitted requests, arrival to first token),
 ``slo_attainment`` (arrivals whose first token came within the class's objective, its
@@ -27,7 +28,7 @@ from gate.config.reader import config_from_dict
 from gate.config.schema import Config, ConfigError
 from gate.config.thresholds import thresholds_of, without_credentials
 from gate.core.adaptive import percentile_nearest_rank
-from gate.tools.replay.engine import REPLAYED_ACTIONS, Arrival, Change, Outcome, replay, unpinned
+from gate.tools.replay.engine import REPLAYED_ACTIONS, Arrival, Change, Outcome, as_recorded, replay, unpinned
 from gate.tools.replay.window import Window
 
 UNTRUSTED_ABOVE = 0.25
@@ -207,6 +208,8 @@ def figures(window: Window, outcomes: Mapping[str, Outcome], config: Config) -> 
             "arrivals": len(outs),
             "admitted": len(ran),
             "refused": dict(sorted(Counter(o.reason for o in outs if not o.admitted).items())),
+            # admitted, then failed by the backend (counted in `admitted` too): never a refusal
+            "failed": dict(sorted(Counter(o.failed for o in ran if o.failed is not None).items())),
             "queue_wait_p50_ms": _pct(waits, 50),
             "queue_wait_p95_ms": _pct(waits, 95),
             "ttft_p50_ms": _pct(ttfts, 50),
@@ -219,13 +222,7 @@ def figures(window: Window, outcomes: Mapping[str, Outcome], config: Config) -> 
 
 
 def recorded_outcomes(window: Window) -> dict[str, Outcome]:
-    out = {}
-    for a in window.arrivals:
-        admitted = a.outcome not in ("refused", "shed")
-        out[a.id] = Outcome(
-            admitted, "ok" if admitted else a.reason, a.queue_ms, a.ttft_arrival_ms, a.completion_tokens or 0, a.duration_ms
-        )
-    return out
+    return {a.id: as_recorded(a) for a in window.arrivals}
 
 
 def _kind(figure: str) -> str:
@@ -254,10 +251,11 @@ def calibration(recorded: Mapping[str, dict[str, Any]], replayed: Mapping[str, d
         for fig in SCALARS:
             rec, rep = a.get(fig), b.get(fig)
             out[f"{cls}.{fig}"] = {"recorded": rec, "replayed": rep, "error": _round(_error(rec, rep, _kind(fig)))}
-        reasons = set(a.get("refused", {})) | set(b.get("refused", {}))
-        for reason in sorted(reasons):
-            rec, rep = a.get("refused", {}).get(reason, 0), b.get("refused", {}).get(reason, 0)
-            out[f"{cls}.refused.{reason}"] = {"recorded": rec, "replayed": rep, "error": _round(_error(rec, rep, "count"))}
+        for key in ("refused", "failed"):
+            reasons = set(a.get(key, {})) | set(b.get(key, {}))
+            for reason in sorted(reasons):
+                rec, rep = a.get(key, {}).get(reason, 0), b.get(key, {}).get(reason, 0)
+                out[f"{cls}.{key}.{reason}"] = {"recorded": rec, "replayed": rep, "error": _round(_error(rec, rep, "count"))}
     return out
 
 
@@ -447,11 +445,12 @@ def _rows(answer: Mapping[str, Any]) -> Iterable[tuple[str, str, list[Any]]]:
     classes = sorted({c for s in scen for c in s["classes"]})
     for cls in classes:
         figs = [f for f in SCALARS]
-        reasons = sorted({r for s in scen for r in s["classes"].get(cls, {}).get("refused", {})})
         for fig in figs[:1]:
             yield cls, fig, [s["classes"].get(cls, {}).get(fig) for s in scen]
-        for reason in reasons:
-            yield cls, f"refused {reason}", [s["classes"].get(cls, {}).get("refused", {}).get(reason, 0) for s in scen]
+        for key in ("failed", "refused"):  # failed: of the admitted (the backend broke); refused: not admitted
+            reasons = sorted({r for s in scen for r in s["classes"].get(cls, {}).get(key, {})})
+            for reason in reasons:
+                yield cls, f"{key} {reason}", [s["classes"].get(cls, {}).get(key, {}).get(reason, 0) for s in scen]
         for fig in figs[1:]:
             yield cls, fig, [s["classes"].get(cls, {}).get(fig) for s in scen]
 
@@ -466,7 +465,7 @@ def table_cells(answer: Mapping[str, Any]) -> tuple[list[str], list[tuple[list[s
     head = ["class", "figure", "recorded", "replayed", "error", *[s["name"] for s in scen[2:]]]
     rows = []
     for cls, fig, values in _rows(answer):
-        key = f"{cls}.{fig.replace('refused ', 'refused.')}"
+        key = f"{cls}.{fig.replace(' ', '.', 1)}" if fig.startswith(("refused ", "failed ")) else f"{cls}.{fig}"
         mark = "?" if key in bad else ""
         err = cal.get(key, {}).get("error")
         # no figure on either side (no request admitted): no error to show either, not "0%"
