@@ -1643,7 +1643,9 @@ class Admission:
         refusal = Refuse(
             w.request,
             Reason.QUEUE_TIMEOUT,
-            f"waited {now - w.enqueued_at:.2f}s in class {cls!r}; dispatched{expecting}, it would miss "
+            # "if": it was refused, not dispatched ("dispatched now, ..., it would miss" read as a
+            # dispatch, a trial)
+            f"waited {now - w.enqueued_at:.2f}s in class {cls!r}; if dispatched{expecting}, it would miss "
             f"the class's {objective_ms:g} ms time-to-first-token objective{self._held_back(w.request)}",
             clamp_retry(wait) if wait else self._retry_unmeasured(cls, w.request.cost, now),
         )

@@ -99,6 +99,10 @@ def build_app(gate: RequestPorts) -> ASGIApp:
         gaps = objective_gaps(gate.config, gate.backends, gate.recorder)
         if gaps:
             answer["objective_below_ttft"] = gaps
+        if gate.shared is not None:
+            # the fleet's tenant limits: a trial's health check read "ok" while fail_closed
+            # answered every limited tenant 429 (the console and /metrics said it, /health not)
+            answer["shared"] = shared_health(gate.shared.state, gate.shared.divisor)
         return JSONResponse(answer, status_code=200 if ready else 503)
 
     async def metrics(request: Request) -> Response:
@@ -266,6 +270,16 @@ async def _answer(send: Send, err: GateError) -> None:
     status, headers, body = render(err)
     await send({"type": "http.response.start", "status": status, "headers": [*headers, (b"Content-Length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def shared_health(state: str, divisor: int) -> dict[str, Any]:
+    """/health's `shared`: the state of the tenant limits shared through Redis, and what it means."""
+    notes = {
+        "ok": "tenant limits are held fleet-wide through Redis",
+        "fail_open": f"Redis unreachable: this gate enforces 1/{divisor} of each tenant's limits on its own (fail_open)",
+        "fail_closed": "Redis unreachable: requests of tenants with limits get 429 shared_limit_unavailable (fail_closed)",
+    }
+    return {"state": state, "note": notes.get(state, "")}
 
 
 async def _get_json(gate: RequestPorts, backend, path: str) -> Any:

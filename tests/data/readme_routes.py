@@ -41,7 +41,9 @@ NOTES = {
         "`in_force` tokens, R0). `objective_below_ttft`, while a class's TTFT objective is below the first token llama-server "
         "delivers now (the median from dispatch of the class's first tokens in the last minute, at least 5, else of the "
         "backends' last first tokens): per class `objective_ms`, `first_token_ms` and a `note` (admitted requests miss it "
-        "whatever the queue does; the console's met/obj column shows `13%/1.5s<2.3s` and the capacity panel the note)"
+        "whatever the queue does; the console's met/obj column shows `13%/1.5s<2.3s` and the capacity panel the note). "
+        "With `[shared]`, `shared`: the `state` of the tenant limits shared through Redis (`ok`, `fail_open`, `fail_closed`) "
+        "and a `note` saying what it means for tenants (still 200: the gate serves)"
     ),
     "GET /metrics": "the gate's series, then each backend's `llamacpp:*` series (see **Metrics**)",
     "POST /models/load": "with a router backend, the gate's own model operation instead (same checks and eviction plan as the console), so its units stay true",

@@ -315,6 +315,10 @@ async def test_redis_slow_or_down_applies_the_policy_and_the_gates_recover(llama
             assert (await complete(client, opened.url, team, 100)).status_code == 200
             for g, state in ((opened, "fail_open"), (closed, "fail_closed")):
                 assert g.snapshot().shared == state
+                # /health says it too, still 200: the gate serves (a trial's probe read a bare "ok")
+                health = await client.get(f"{g.url}/health")
+                assert health.status_code == 200 and health.json()["shared"]["state"] == state, health.text
+                assert ("1/2 of each tenant" if state == "fail_open" else "429 shared_limit_unavailable") in health.json()["shared"]["note"]
                 assert _metric(g, "tokengate_shared_limit_fallback") == 1
                 assert _metric(g, f'tokengate_shared_limit_policy_total{{policy="{state}"}}') >= 1
 
@@ -323,6 +327,7 @@ async def test_redis_slow_or_down_applies_the_policy_and_the_gates_recover(llama
             await wait_until(lambda: opened.shared_state == "ok" and closed.shared_state == "ok", timeout_s=15)
             for g in (opened, closed):
                 assert g.snapshot().shared == "ok" and _metric(g, "tokengate_shared_limit_fallback") == 0
+                assert (await client.get(f"{g.url}/health")).json()["shared"]["state"] == "ok"
                 big = await complete(client, g.url, team, 180)  # the whole quota is shared again
                 assert big.status_code == 200, big.text
 
