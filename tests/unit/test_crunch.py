@@ -681,7 +681,8 @@ def test_the_budget_is_never_below_one_slot_and_says_why(server: ServerInfo) -> 
         assert final.token_budget <= (server.capacity or 0)  # never more than the server holds
     text = " ".join(format_report(report).split())
     assert (
-        "note: the latency objective was met only up to 272 tokens in flight (75% of 272 at concurrency 1, ctx 512); "
+        "note: the latency objective was met only up to 272 tokens in flight (concurrency 1, ctx 512), which suggests "
+        "a budget of 272 (the largest request measured; 75% of it would not hold one); "
         f"a budget below one slot's {server.slot_ctx:,} would refuse (400) requests llama-server can serve"
     ) in text
     assert "budget.mode = adaptive" in text
@@ -771,3 +772,18 @@ async def test_runner_learns_a_unified_pool_from_props() -> None:
     assert "crunch: http://llama: 4 slots sharing a 2,048-token pool;" in err.getvalue()
     rec = report.recommendation
     assert rec is not None and rec.token_budget == 2048 and rec.slot_ctx == 2048
+
+
+def test_a_budget_raised_for_the_classes_says_so_and_not_that_a_request_did_not_fit() -> None:
+    """The trial's split server met the objective at concurrency 4 (1,088 in flight: 816 at 75%,
+    above the slot's 512); the budget was raised to 1,024 for interactive's reservation and the
+    headline blamed "the largest request measured", which was 272."""
+    cells = [cell(512, 1, 100), cell(512, 4, 500)]
+    cells = [dataclasses.replace(c, max_tokens=16) for c in cells]
+    server = ServerInfo("http://127.0.0.1:8080", 4, 512, kv="split")
+    report = CrunchReport(server, "chat", Slo(), 16, tuple(cells), recommend(cells, slot_ctx=512))
+    text = " ".join(format_report(report).split())
+    assert "Recommended token budget: 1,024 tokens (75% of 1,088 in flight at concurrency 4, ctx 512" in text
+    assert "gave 816; raised for the classes, see below)" in text
+    assert "note: token_budget raised from 816 to 1,024 so that every class reaches one slot's 512 tokens" in text
+    assert "the largest request measured" not in text and "would not hold one" not in text

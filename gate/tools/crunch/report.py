@@ -114,6 +114,8 @@ def config_snippet(report: CrunchReport, rec: Recommendation) -> str:
                 f" {rec.latency_tokens:,} tokens in flight (min_tokens above, the adaptive controller's floor):"
             ]
             if rec.raised_to_slot
+            else [f"# raised from {rec.latency_tokens:,} so that every class reaches one slot beside the others' reservations:"]
+            if rec.raised_for_classes
             else ["# raised to the largest request measured; the fraction below would not hold one:"]
             if _raised(rec)
             else []
@@ -262,7 +264,8 @@ def _raised(rec: Recommendation) -> bool:
     """The budget was raised to the largest measured request (the fraction gave less)."""
     import math
 
-    return rec.token_budget > math.floor(rec.from_cell.held_tokens * rec.fraction)
+    # latency_tokens: the figure before the slot and the classes raised it (0: a hand-built one)
+    return (rec.latency_tokens or rec.token_budget) > math.floor(rec.from_cell.held_tokens * rec.fraction)
 
 
 def _running(c: CellResult) -> int:
@@ -331,12 +334,23 @@ def format_report(report: CrunchReport, *, config_text: str | None = None, confi
             + ")"
         )
         out.append(
-            f"note: the latency objective was met only up to {rec.latency_tokens:,} tokens in flight "
-            f"({round(rec.fraction * 100)}% of {best.held_tokens:,} at concurrency {best.concurrency}, ctx {ctx_label(best.ctx)}); "
-            f"a budget below one slot's {report.server.slot_ctx:,} would refuse (400) requests llama-server can serve, "
+            f"note: the latency objective was met only up to {best.held_tokens:,} tokens in flight (concurrency "
+            f"{best.concurrency}, ctx {ctx_label(best.ctx)}), which suggests a budget of {rec.latency_tokens:,} "
+            + (
+                f"(the largest request measured; {round(rec.fraction * 100)}% of it would not hold one); "
+                if _raised(rec)
+                else f"({round(rec.fraction * 100)}% of it); "
+            )
+            + f"a budget below one slot's {report.server.slot_ctx:,} would refuse (400) requests llama-server can serve, "
             f"so the budget is {rec.token_budget:,} and {rec.latency_tokens:,} is budget.min_tokens: the adaptive "
             "controller (budget.mode = adaptive) closes down to it while latency is over the objective; to hold "
             "latency lower for every request, lower the classes' max_tokens_cap or give the server more capacity"
+        )
+    elif rec.raised_for_classes:
+        out.append(
+            f"Recommended token budget: {rec.token_budget:,} tokens ({round(rec.fraction * 100)}% of "
+            f"{best.held_tokens:,} in flight at concurrency {best.concurrency}, ctx {ctx_label(best.ctx)}, "
+            f"the largest load that met the objective, gave {rec.latency_tokens:,}; raised for the classes, see below)"
         )
     elif _raised(rec):
         out.append(
