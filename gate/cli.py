@@ -1031,7 +1031,10 @@ def _add_crunch_parser(commands: argparse._SubParsersAction) -> None:
             "(concurrency x (prompt + max_tokens)); mark the cells that breach the objective or\n"
             "had a failed request. Recommend 75% of the largest in-flight count that did not\n"
             "breach (counting at most SLOTS requests: the rest only wait in llama-server's queue),\n"
-            "as a config snippet to paste. Use a server nobody else is using: other\n"
+            "never below one slot's context (the budget also caps one request: less refuses, 400,\n"
+            "what llama-server serves); a lower figure becomes min_tokens, the adaptive floor.\n"
+            "Edits to the classes (reserved_tokens, default_max_tokens) are printed with why.\n"
+            "As config edits and a snippet. Use a server nobody else is using: other\n"
             "traffic skews the numbers, and this load slows it down.\n"
             "Example: tokengate crunch http://127.0.0.1:8080 --slo-ttft-ms 1500 --slo-tpot-ms 80"
         ),

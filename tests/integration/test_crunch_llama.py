@@ -53,7 +53,15 @@ def test_crunch_json_against_llama_server(llama_split, capsys) -> None:
     best = max(passing, key=lambda c: c["held_tokens"])
     assert (rec["concurrency"], rec["ctx"]) == (best["concurrency"], best["ctx"]) == (4, 256)
     assert rec["in_flight_tokens"] == best["in_flight_tokens"]
-    assert rec["token_budget"] == math.floor(0.75 * best["in_flight_tokens"])
+    largest = max(c["prompt_tokens"] + c["max_tokens"] for c in cells)
+    assert rec["latency_tokens"] == max(math.floor(0.75 * best["in_flight_tokens"]), largest)
+    # crunch learns the split layout from the local server's command line, as the gate does
+    assert data["server"]["kv"] == "split" and data["server"]["layout"] == "4 slots x 512 tokens per slot"
+    # never below one slot: 75% of ~576 in flight is below the slot's 512 (a user's trial)
+    assert rec["token_budget"] >= 512 and rec["raised_to_slot"] is (rec["latency_tokens"] < 512)
+    assert rec["token_budget"] <= 4 * 512
+    assert rec["edits"]["backends[0].token_budget"] == rec["token_budget"]
+    assert all(v >= 1 for k, v in rec["edits"].items() if k.endswith(".reserved_tokens"))
     assert 1 <= rec["min_tokens"] <= rec["token_budget"]
     assert f"token_budget = {rec['token_budget']}" in rec["config"]
     assert f'url = "{llama_split.url}"' in rec["config"]
@@ -83,3 +91,18 @@ def test_crunch_text_against_llama_server(llama_split, capsys) -> None:
     assert "Recommended token budget:" in out
     assert "[budget]" in out and "[[backends]]" in out
     assert re.search(r"^token_budget = \d+$", out, re.M)
+
+
+def test_crunch_says_the_unified_slots_share_one_pool(llama_unified, capsys) -> None:
+    """-kvu: 4 slots share one 2,048-token pool; a user's trial read "4 slots x 2,048 tokens per
+    slot" as 8,192 and was recommended less than one slot."""
+    tiny = ["--ctx", "256", "--concurrency", "1", "--requests", "1", "--max-tokens", "8", "--slo-ttft-ms", "30000"]
+    code = main(["crunch", llama_unified.url, *tiny])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert out.splitlines()[0].startswith(f"tokengate crunch: {llama_unified.url}: 4 slots sharing a 2,048-token pool")
+    assert "tokens per slot" not in out
+    assert "'backends[0].token_budget=2048'" in out  # the pool: one request may fill it
+    # ~144 tokens in flight met the objective: said, and kept as the floor rather than the budget
+    assert "note: the latency objective was met only up to" in " ".join(out.split())
+    assert "a budget below one slot's 2,048 would refuse (400) requests llama-server can serve" in " ".join(out.split())

@@ -146,7 +146,9 @@ def test_a_failed_request_breaches_its_cell() -> None:
     c = cell(512, 4, 10, failures=1)
     assert c.breach
     assert c.failed == 1 and c.requests == 8
-    assert c.breach_reasons == ("1 of 8 requests failed",)
+    assert c.breach_reasons == ("1 of 8 requests overfilled the KV cache (llama-server: context size exceeded)",)
+    other = evaluate_cell(Cell(512, 4), 256, 128, [ok(10)] * 7 + [fail("HTTP 503: busy")], Slo())
+    assert other.breach_reasons == ("1 of 8 requests failed",)
     assert c.errors == (("HTTP 500: Context size has been exceeded.", 1),)
     everything_failed = evaluate_cell(Cell(512, 2), 256, 128, [fail(), fail("HTTP 503: busy"), fail()], Slo())
     assert everything_failed.breach and everything_failed.ttft_p95_ms is None
@@ -233,7 +235,8 @@ def test_cell_line_format() -> None:
     assert "TTFT p95: 7.2 ms | latency p95: 4.9 ms/token | in-flight: 144 tokens" in cell_line(small)
     broken = cell(512, 2, 10, failures=4)
     assert cell_line(broken) == (
-        "Concurrency: 2 | ctx: 512 | TTFT p95: - | latency p95: - | in-flight: 768 tokens  BREACH (4 of 4 requests failed)"
+        "Concurrency: 2 | ctx: 512 | TTFT p95: - | latency p95: - | in-flight: 768 tokens  "
+        "BREACH (4 of 4 requests overfilled the KV cache (llama-server: context size exceeded))"
     )
     slow = cell(512, 2, 2500)
     assert cell_line(slow).endswith("  BREACH (TTFT p95 > 2,000 ms)")
@@ -293,6 +296,10 @@ def test_json_shape() -> None:
         "slot_ctx": 4096,
         "model": "m.gguf",
         "build": None,
+        "kv": None,
+        "pool": None,
+        "capacity_tokens": None,
+        "layout": "4 slots x 4,096 tokens per slot (unified or split: not known; a unified pool is shared, not multiplied)",
     }
     assert data["endpoint"] == "/v1/chat/completions"
     assert data["slo"] == {"ttft_p95_ms": 2000, "tpot_p95_ms": 50}
@@ -418,7 +425,7 @@ class FakeClock:
         return self.t
 
 
-def scripted_server(*, slots=2, n_ctx=512, fail_above: int | None = None, gate=False):
+def scripted_server(*, slots=2, n_ctx=512, fail_above: int | None = None, gate=False, kv_unified: bool | None = None):
     """A llama-server stand-in: /props, /apply-template, /tokenize (one token per word) and a
     streaming chat that answers 500 "Context size has been exceeded" once more than
     ``fail_above`` requests are running at the same time (it never is: MockTransport runs one at
@@ -428,10 +435,10 @@ def scripted_server(*, slots=2, n_ctx=512, fail_above: int | None = None, gate=F
     def handler(request: httpx.Request) -> httpx.Response:
         path = request.url.path
         if path == "/props":
-            return httpx.Response(
-                200,
-                json={"total_slots": slots, "default_generation_settings": {"n_ctx": n_ctx}, "model_path": "/models/tiny.gguf"},
-            )
+            props = {"total_slots": slots, "default_generation_settings": {"n_ctx": n_ctx}, "model_path": "/models/tiny.gguf"}
+            if kv_unified is not None:
+                props["kv_unified"] = kv_unified
+            return httpx.Response(200, json=props)
         body = json.loads(request.content)
         if path == "/apply-template":
             return httpx.Response(200, json={"prompt": "<u> " + body["messages"][0]["content"] + " <a>"})
@@ -486,7 +493,9 @@ async def test_runner_measures_every_cell() -> None:
     rec = report.recommendation
     assert rec is not None
     assert rec.from_cell.cell == Cell(512, 2)
-    assert rec.token_budget == rec.from_cell.held_tokens * 3 // 4
+    # 75% of the pick is below one slot's 512: the budget is the slot, the 75% is the floor.
+    assert rec.latency_tokens == rec.min_tokens == rec.from_cell.held_tokens * 3 // 4 < 512
+    assert rec.token_budget == 512
     # 2 slots: concurrency 4 holds no more than concurrency 2, so the first of them is the pick.
     assert report.cells[-1].held_tokens == report.cells[-2].held_tokens
     assert "Concurrency: 4 | ctx: 512" in err.getvalue()  # per-cell progress when not a terminal
@@ -548,33 +557,36 @@ def test_the_recommendation_merges_into_the_example_config_and_admits_its_larges
     # The issue's numbers: 382-token requests, 75% of 382 would have been 286.
     from gate.config import EXAMPLE_CONFIG
     from gate.config.edit import set_keys
-    from gate.tools.crunch.report import config_edits, edit_command
+    from gate.core.admission import reservations_in_force
+    from gate.tools.crunch.report import config_edits, edit_command, fit_classes
 
     cells = [cell(512, 1, 100), cell(512, 2, 10, failures=1)]
     largest = max(c.request_tokens for c in cells)
     report = CrunchReport(
-        server=ServerInfo("http://127.0.0.1:8080", 4, 512),
+        server=ServerInfo("http://127.0.0.1:8080", 4, 512, kv="split"),
         endpoint="chat",
         slo=Slo(ttft_ms=2000.0),
         max_tokens_cap=512,
         cells=tuple(cells),
-        recommendation=recommend(cells),
+        recommendation=recommend(cells, slot_ctx=512),
     )
-    rec = report.recommendation
-    assert rec is not None and rec.token_budget >= largest
+    assert report.recommendation is not None
+    rec = fit_classes(report, report.recommendation)
+    assert rec.token_budget >= largest
     edits = config_edits(report, rec)
     merged = parse_config(set_keys(EXAMPLE_CONFIG, edits), "merged")  # validates: no second [budget]
-    assert merged.backends[0].token_budget == rec.token_budget and merged.budget.min_tokens == rec.min_tokens
-    for c in merged.classes:  # every class can reach its largest measured request and a default one
-        others = sum(o.reserved_tokens for o in merged.classes if o.name != c.name)
-        assert rec.token_budget - others >= largest
+    assert merged.backends[0].token_budget == rec.token_budget and merged.budget.min_tokens == dict(edits)["budget.min_tokens"]
+    in_force = reservations_in_force(merged.classes, rec.token_budget)
+    for c in merged.classes:  # every class can reach a whole slot and a default request
+        others = sum(n for name, n in in_force.items() if name != c.name)
+        assert rec.token_budget - others >= 512 >= largest
         assert c.default_max_tokens + 64 <= rec.token_budget - others
     text = format_report(report)
     assert "Paste into tokengate.toml" not in text
     assert edit_command(edits) in text and "'backends[0].token_budget=" in text
     # by hand: each line says which table the key goes in, never a dotted key that is not TOML
     by_hand = text.split("or by hand:\n", 1)[1].split("\n\n", 1)[0].splitlines()
-    assert f"  in [budget]: min_tokens = {rec.min_tokens}" in by_hand
+    assert f"  in [budget]: min_tokens = {dict(edits)['budget.min_tokens']}" in by_hand
     assert f"  in the [[backends]] table number 1: token_budget = {rec.token_budget}" in by_hand
     assert not any("[0]" in line or "budget.min" in line for line in by_hand)
 
@@ -614,3 +626,164 @@ def test_a_budget_below_one_slot_says_it_refuses_what_llama_server_serves() -> N
     assert "# the largest request it admits: over 1,152 tokens is a 400 (one slot holds 4,096)" in snippet
     wide = dataclasses.replace(report, server=ServerInfo("http://127.0.0.1:8080", 4, 1152, model="m.gguf"))
     assert "largest request the gate admits" not in format_report(wide)  # a slot holds no more than the budget
+
+
+# --- the budget is never below one slot; reservations never silently changed (a user's trial) ---
+
+
+def trial_report(server: ServerInfo) -> CrunchReport:
+    """The trial: --ctx 512 --concurrency 1,4 --max-tokens 16: 256 prompt + 16 = 272 per request;
+    concurrency 1 met the objective, concurrency 4 did not."""
+    cells = [cell(512, 1, 100), cell(512, 4, 5000)]
+    cells = [dataclasses.replace(c, max_tokens=16) for c in cells]
+    return CrunchReport(
+        server=server,
+        endpoint="chat",
+        slo=Slo(),
+        max_tokens_cap=16,
+        cells=tuple(cells),
+        recommendation=recommend(cells, slot_ctx=server.slot_ctx),
+    )
+
+
+def _merged(report: CrunchReport):
+    from gate.config import EXAMPLE_CONFIG
+    from gate.config.edit import set_keys
+    from gate.tools.crunch.report import config_plan, fit_classes
+
+    assert report.recommendation is not None
+    rec = fit_classes(report, report.recommendation)
+    edits, notes = config_plan(report, rec)
+    return rec, dict(edits), notes, parse_config(set_keys(EXAMPLE_CONFIG, edits), "merged")
+
+
+@pytest.mark.parametrize(
+    "server",
+    [
+        ServerInfo("http://127.0.0.1:8080", 4, 512, kv="split"),  # llama-server -np 4 -c 2048
+        ServerInfo("http://127.0.0.1:8080", 4, 2048, kv="unified"),  # -np 4 -c 2048 -kvu
+        ServerInfo("http://127.0.0.1:8080", 4, 512),  # layout not known
+    ],
+)
+def test_the_budget_is_never_below_one_slot_and_says_why(server: ServerInfo) -> None:
+    """The trial recommended 272 (split) and 432 (unified): pasted, the gate refused (400)
+    every request between 273 tokens and the slot's context, which llama-server serves."""
+    from gate.core.admission import reservations_in_force
+
+    report = trial_report(server)
+    rec = report.recommendation
+    assert rec is not None
+    assert rec.latency_tokens == 272 and rec.min_tokens == 272  # what the objective gave: the floor
+    assert rec.token_budget == server.slot_ctx and rec.raised_to_slot
+    final, edits, _, merged = _merged(report)
+    assert edits["backends[0].token_budget"] == final.token_budget >= server.slot_ctx
+    if server.kv is not None:
+        assert final.token_budget <= (server.capacity or 0)  # never more than the server holds
+    text = " ".join(format_report(report).split())
+    assert (
+        "note: the latency objective was met only up to 272 tokens in flight (concurrency 1, ctx 512), which suggests "
+        "a budget of 272 (the largest request measured; 75% of it would not hold one); "
+        f"a budget below one slot's {server.slot_ctx:,} would refuse (400) requests llama-server can serve"
+    ) in text
+    assert "budget.mode = adaptive" in text
+    assert f"Recommended token budget: {final.token_budget:,} tokens (one slot's context" in text
+    assert "is also the largest request the gate admits" not in text
+    if server.kv == "split":
+        # room beside interactive's reservation: every class reaches a whole slot (4 x 512 = 2,048 held)
+        in_force = reservations_in_force(merged.classes, final.token_budget)
+        for c in merged.classes:
+            assert final.token_budget - sum(n for name, n in in_force.items() if name != c.name) >= 512
+        assert "raised from 512 to 1,024 so that every class reaches one slot's 512 tokens" in text
+    if server.kv == "unified":
+        # one pool of 2,048: interactive's 1,024 leaves batch 1,024, and the report says so
+        assert final.token_budget == 2048
+        assert (
+            "note: class batch reaches at most 1,024 tokens of the budget (reserved for other classes: interactive 1,024): "
+            "the gate refuses (400) its requests over 1,024 tokens, which one slot (2,048) holds"
+        ) in text
+
+
+@pytest.mark.parametrize(
+    "server, slot",
+    [
+        (ServerInfo("http://127.0.0.1:8080", 4, 512, kv="split"), 512),
+        (ServerInfo("http://127.0.0.1:8080", 4, 2048, kv="unified"), 2048),
+        (ServerInfo("http://127.0.0.1:8080", 4, 512), None),  # a Recommendation without the slot: the old path
+    ],
+)
+def test_reservations_are_never_zeroed_nor_changed_silently(server: ServerInfo, slot: int | None) -> None:
+    """The trial's edits set classes.interactive.reserved_tokens=0 (144 in another run) to fit a
+    small budget, without a word: interactive lost its protection."""
+    report = trial_report(server)
+    if slot is None:
+        report = dataclasses.replace(report, recommendation=recommend(report.cells))
+    _, edits, notes, merged = _merged(report)
+    text = format_report(report)
+    interactive = next(c for c in merged.classes if c.name == "interactive")
+    assert interactive.reserved_tokens >= 1
+    for key, value in edits.items():
+        if key.endswith(".reserved_tokens"):
+            assert value >= 1
+            # said, with the old and new value and why, in the report
+            assert any(n.startswith(f"{key} 1,024 -> {value:,}: ") and "not removed" in n for n in notes)
+            assert f"note: {key} 1,024 -> {value:,}: " in text
+    if "classes.interactive.reserved_tokens" not in edits:
+        assert interactive.reserved_tokens == 1024
+    if edits["budget.min_tokens"] != report.recommendation.min_tokens:  # raised to hold the reservations
+        assert any(n.startswith(f"budget.min_tokens {edits['budget.min_tokens']:,} rather than ") for n in notes)
+    if server.kv == "unified":
+        assert "classes.interactive.reserved_tokens" not in edits  # 1,024 fits half the 2,048 pool: kept
+        assert edits["budget.min_tokens"] == 1024
+
+
+def test_unified_header_says_the_slots_share_one_pool() -> None:
+    """The trial's header, "4 slots x 2,048 tokens per slot", read as 8,192 tokens on -kvu."""
+    unified = trial_report(ServerInfo("http://127.0.0.1:8080", 4, 2048, model="m.gguf", kv="unified"))
+    text = format_report(unified)
+    assert text.splitlines()[0] == "tokengate crunch: http://127.0.0.1:8080: 4 slots sharing a 2,048-token pool, model m.gguf"
+    assert "tokens per slot" not in text and "4 slots x 2,048" not in text
+    assert "against 4 slots sharing a 2,048-token pool" in text  # the snippet's comment too
+    capped = ServerInfo("http://x", 4, 4096, kv="unified", pool=8192)
+    assert capped.layout == "4 slots sharing a 8,192-token pool (at most 4,096 per slot)" and capped.capacity == 8192
+    split = format_report(trial_report(ServerInfo("http://127.0.0.1:8080", 4, 512, kv="split")))
+    assert split.splitlines()[0] == "tokengate crunch: http://127.0.0.1:8080: 4 slots x 512 tokens per slot"
+    data = report_to_json(unified)
+    assert data["server"]["kv"] == "unified" and data["server"]["capacity_tokens"] == 2048
+
+
+def test_a_pool_overflow_is_reported_as_such() -> None:
+    """crunch's concurrency-4 sweep at ctx 2K overfilled a unified 2,048 pool: llama-server
+    answered 500 "Context size has been exceeded", which read as a generic failure."""
+    overflow = evaluate_cell(Cell(2048, 4), 1024, 16, [ok(10)] * 4 + [fail()] * 4, Slo())
+    assert overflow.breach_reasons == ("4 of 8 requests overfilled the KV cache (llama-server: context size exceeded)",)
+    mixed = evaluate_cell(Cell(2048, 4), 1024, 16, [ok(10)] * 6 + [fail(), fail("timed out after 60 s")], Slo())
+    assert mixed.breach_reasons == (
+        "1 of 8 requests overfilled the KV cache (llama-server: context size exceeded)",
+        "1 of 8 requests failed",
+    )
+
+
+async def test_runner_learns_a_unified_pool_from_props() -> None:
+    transport, _ = scripted_server(slots=4, n_ctx=2048, kv_unified=True)
+    settings = CrunchSettings(url="http://llama", ctx=(512,), concurrency=(1,), requests=1, max_tokens=8)
+    err = io.StringIO()
+    report = await run_crunch(settings, err=err, clock=FakeClock(), transport=transport)
+    assert report.server.kv == "unified" and report.server.capacity == 2048
+    assert "crunch: http://llama: 4 slots sharing a 2,048-token pool;" in err.getvalue()
+    rec = report.recommendation
+    assert rec is not None and rec.token_budget == 2048 and rec.slot_ctx == 2048
+
+
+def test_a_budget_raised_for_the_classes_says_so_and_not_that_a_request_did_not_fit() -> None:
+    """The trial's split server met the objective at concurrency 4 (1,088 in flight: 816 at 75%,
+    above the slot's 512); the budget was raised to 1,024 for interactive's reservation and the
+    headline blamed "the largest request measured", which was 272."""
+    cells = [cell(512, 1, 100), cell(512, 4, 500)]
+    cells = [dataclasses.replace(c, max_tokens=16) for c in cells]
+    server = ServerInfo("http://127.0.0.1:8080", 4, 512, kv="split")
+    report = CrunchReport(server, "chat", Slo(), 16, tuple(cells), recommend(cells, slot_ctx=512))
+    text = " ".join(format_report(report).split())
+    assert "Recommended token budget: 1,024 tokens (75% of 1,088 in flight at concurrency 4, ctx 512" in text
+    assert "gave 816; raised for the classes, see below)" in text
+    assert "note: token_budget raised from 816 to 1,024 so that every class reaches one slot's 512 tokens" in text
+    assert "the largest request measured" not in text and "would not hold one" not in text

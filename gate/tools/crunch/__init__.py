@@ -14,8 +14,15 @@ gate never lets llama-server queue), so the recommendation counts at most ``slot
 
 A cell breaches when its p95 TTFT or p95 time per token is over the objective, or when any of
 its requests failed (an HTTP error, a 500 "Context size has been exceeded", an error event in
-the stream, a timeout). The recommended budget is 75% of the largest in-flight count among the
-cells that did not breach (in flight counted as above), printed as a config snippet.
+the stream, a timeout; a 500 "Context size has been exceeded" is named as an overfilled KV
+cache). The recommended budget is 75% of the largest in-flight count among the cells that did
+not breach (in flight counted as above), never below one slot's context (split: per slot;
+unified: the pool): token_budget is the gate's ceiling and caps one request, so less refuses
+(400) requests llama-server serves; a lower latency figure becomes ``min_tokens``, the adaptive
+controller's floor, and the report says so. Raised further, within what the server holds, so
+every class of the config reaches a slot beside the others' reservations; a reservation is
+never changed without a note saying why, and never cut to 0. Printed as config edits and a
+snippet.
 
 One module per concept; the flow is inputs -> plan -> runner (I/O) -> report:
 

@@ -187,6 +187,14 @@ class CellResult:
         return bool(self.breach_reasons)
 
 
+def is_overflow(error: str | None) -> bool:
+    """Is this llama-server's answer to a KV cache that cannot hold the request (HTTP 500
+    "Context size has been exceeded", or the `exceed_context_size_error` type)? On a unified
+    pool, concurrent requests that each fit one slot overfill the pool they share."""
+    text = (error or "").lower()
+    return "context size has been exceeded" in text or "exceed_context_size" in text or "context shift is disabled" in text
+
+
 def breach_reasons(
     *,
     requests: int,
@@ -194,11 +202,16 @@ def breach_reasons(
     ttft_p95_ms: float | None,
     tpot_p95_ms: float | None,
     slo: Slo,
+    overflowed: int = 0,
 ) -> tuple[str, ...]:
-    """Why a cell breaches (empty: it met the objective)."""
+    """Why a cell breaches (empty: it met the objective). ``overflowed``: of ``failed``, those
+    llama-server refused because its KV cache was full (named as such: more in flight than the
+    server holds is itself the reason for a budget, not a generic error)."""
     reasons = []
-    if failed:
-        reasons.append(f"{failed} of {requests} requests failed")
+    if overflowed:
+        reasons.append(f"{overflowed} of {requests} requests overfilled the KV cache (llama-server: context size exceeded)")
+    if failed - overflowed:
+        reasons.append(f"{failed - overflowed} of {requests} requests failed")
     if slo.ttft_ms is not None and ttft_p95_ms is not None and ttft_p95_ms > slo.ttft_ms:
         reasons.append(f"TTFT p95 > {_ms(slo.ttft_ms)} ms")
     if slo.tpot_ms is not None and tpot_p95_ms is not None and tpot_p95_ms > slo.tpot_ms:
@@ -241,7 +254,14 @@ def evaluate_cell(
         tpot_p50_ms=percentile(tpots, 50),
         tpot_p95_ms=tpot95,
         errors=tuple(sorted(errors.items(), key=lambda kv: (-kv[1], kv[0]))),
-        breach_reasons=breach_reasons(requests=len(results), failed=len(failed), ttft_p95_ms=ttft95, tpot_p95_ms=tpot95, slo=slo),
+        breach_reasons=breach_reasons(
+            requests=len(results),
+            failed=len(failed),
+            ttft_p95_ms=ttft95,
+            tpot_p95_ms=tpot95,
+            slo=slo,
+            overflowed=sum(1 for r in failed if is_overflow(r.error)),
+        ),
         wall_s=wall_s,
         generated_tokens=sum(r.tokens for r in ok),
         slots=slots,
@@ -258,18 +278,43 @@ class Recommendation:
     breached_below: tuple[CellResult, ...] = ()
     # Measured request sizes (prompt + max_tokens) larger than the budget: those never fit.
     too_large: tuple[int, ...] = ()
+    # What the latency objective alone gave: ``fraction`` of the pick's tokens in flight, at
+    # least one measured request. 0: not computed (a Recommendation built by hand).
+    latency_tokens: int = 0
+    # One slot's context, the floor of ``token_budget`` (None: not known to ``recommend``).
+    slot_ctx: int | None = None
+    # Why ``token_budget`` was raised further for a config's class reservations ("" if not).
+    raised_for_classes: str = ""
+
+    @property
+    def raised_to_slot(self) -> bool:
+        """The budget is one slot's context because the latency figure was below it."""
+        return self.slot_ctx is not None and self.latency_tokens < self.slot_ctx <= self.token_budget
 
 
-def recommend(cells: Sequence[CellResult], fraction: float = RECOMMEND_FRACTION) -> Recommendation | None:
+def recommend(
+    cells: Sequence[CellResult],
+    fraction: float = RECOMMEND_FRACTION,
+    *,
+    slot_ctx: int | None = None,
+) -> Recommendation | None:
     """``fraction`` of the largest in-flight count among the cells that met the objective,
-    never below the largest single request measured (prompt + max_tokens).
+    never below the largest single request measured (prompt + max_tokens), and never below
+    ``slot_ctx``, one slot's context, where it is given.
 
     The count is :attr:`CellResult.held_tokens`: concurrency x (prompt + max_tokens) while the
     concurrency is within the server's slots; above them, the extra requests wait in
     llama-server's queue and hold no KV, so only ``slots`` of them count (a budget measured from
-    queued requests could exceed what the server ever held). None when every cell breached. ``min_tokens`` (the floor for the adaptive controller) is a
-    quarter of the budget, raised to the largest single request measured so that one request
-    of any measured size always fits, and never above the budget.
+    queued requests could exceed what the server ever held). None when every cell breached.
+
+    token_budget is the gate's ceiling, and the gate refuses at once (400) a request larger
+    than its class can reach of the ceiling: a budget below one slot's context refuses requests
+    llama-server serves (a user's trial: 272 on 4 slots of 512; 432 on a unified 2,048). So the
+    budget is at least ``slot_ctx`` (split: the per-slot context; unified: the pool, which one
+    request may fill), and a lower latency figure becomes ``min_tokens``, the adaptive
+    controller's floor: the gate holds the load down to it while latency is over the objective
+    and a larger request still starts by its turn. Otherwise ``min_tokens`` is a quarter of the
+    budget, raised to the largest single request measured, and never above the budget.
     """
     passing = [c for c in cells if not c.breach]
     if not passing:
@@ -278,10 +323,14 @@ def recommend(cells: Sequence[CellResult], fraction: float = RECOMMEND_FRACTION)
     largest_request = max(c.request_tokens for c in cells)
     # Never below the largest request measured: a budget one of its own requests cannot fit
     # in refuses it (400) once merged. The fraction is headroom, not a reason to refuse.
-    budget = max(math.floor(best.held_tokens * fraction), largest_request)
-    if budget < 1:
+    latency = max(math.floor(best.held_tokens * fraction), largest_request)
+    if latency < 1:
         return None
-    min_tokens = min(budget, max(budget // 4, largest_request))
+    budget = max(latency, slot_ctx or 0)
+    if budget > latency:
+        min_tokens = latency  # the load the objective was met at: the controller's floor
+    else:
+        min_tokens = min(budget, max(budget // 4, largest_request))
     # Breaches at no more tokens than the pick, where every request had a slot: a budget cannot
     # fix those. Cells above the slot count breach by waiting in llama-server's queue, which
     # the gate replaces with its own (queue time is not upstream TTFT): not listed.
@@ -294,6 +343,8 @@ def recommend(cells: Sequence[CellResult], fraction: float = RECOMMEND_FRACTION)
         from_cell=best,
         breached_below=below,
         too_large=too_large,
+        latency_tokens=latency,
+        slot_ctx=slot_ctx,
     )
 
 

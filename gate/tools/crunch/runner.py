@@ -107,7 +107,14 @@ class _Runner:
         else:
             model = None
         build = data.get("build_info") if isinstance(data.get("build_info"), str) else None
-        return ServerInfo(url=url, total_slots=slots, slot_ctx=slot_ctx, model=model, build=build)
+        # The layout as the gate learns it (kv = "auto"): /props kv_unified where a build says
+        # it, one slot, or a llama-server on this host by its command line; else not known.
+        from gate.backend.layout import learn_layout, local_server_args
+
+        layout = learn_layout(data, "auto", local_server_args(url))
+        kv = layout.kv if layout.source != "assumed" else None
+        pool = layout.pool if kv == "unified" else None
+        return ServerInfo(url=url, total_slots=slots, slot_ctx=slot_ctx, model=model, build=build, kv=kv, pool=pool)
 
     # --- prompts -------------------------------------------------------------------------
 
@@ -294,9 +301,7 @@ async def run_crunch(
             )
         plan = [(c, requests_for(c.concurrency, settings.requests)) for c in grid]
         progress = Progress(err, sum(n for _, n in plan))
-        progress.note(
-            f"crunch: {server.url}: {server.total_slots} slots x {server.slot_ctx:,} tokens; {len(grid)} cells, {progress.total} requests"
-        )
+        progress.note(f"crunch: {server.url}: {server.layout}; {len(grid)} cells, {progress.total} requests")
         prompts: dict[int, tuple[list[str], int]] = {}
         for x in sorted({c.ctx for c in grid}):
             progress.cell_started(f"sizing a ~{prompt_target(x)}-token prompt for ctx {ctx_label(x)}")
@@ -327,7 +332,7 @@ async def run_crunch(
         slo=settings.slo,
         max_tokens_cap=settings.max_tokens,
         cells=tuple(results),
-        recommendation=recommend(results),
+        recommendation=recommend(results, slot_ctx=server.slot_ctx),
         measured_at=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         skipped_ctx=skipped,
     )
