@@ -17,12 +17,14 @@ from tests.unit.core_helpers import req
 from tests.unit.test_admission_levers import ObjCls, pair
 
 
-def aged_batch_behind_busy_slots(batch_reserved: int = 0) -> tuple[Admission, list, list]:
+def aged_batch_behind_busy_slots(batch_reserved: int = 0, chat_first: bool = False) -> tuple[Admission, list, list]:
     """4 slots held by batch since 8.0 (holds measured: 8 s, due at 16.0); at 14.0 six batch
-    waiters have aged (none within batch's reservation unless `batch_reserved` says so)."""
+    waiters have aged (none within batch's reservation unless `batch_reserved` says so).
+    `chat_first`: an interactive request took one of the first 4 slots at 0.0, interactive's
+    last start (its minimum-rate turn is due from 5.0)."""
     adm = pair(slots=4, aging_s=5.0, objective_ms=3000.0, expected=lambda r, p: 0.2, batch_reserved=batch_reserved)
     adm.holds.min_holds = 1
-    first = [req("batch", 100, at=0.0) for _ in range(4)]
+    first = [req("interactive" if chat_first and i == 0 else "batch", 100, at=0.0) for i in range(4)]
     for r in first:
         assert isinstance(adm.offer(r, 0.0), Admit)
     waiters = [req("batch", 100, at=0.1 * (i + 1)) for i in range(6)]
@@ -93,20 +95,7 @@ def test_a_chat_with_its_minimum_rate_turn_counts_batch_s_bounded_share_not_ever
     # counted every aged batch waiter ahead of it ("expected wait 38791 ms for 66 ahead",
     # Retry-After 40-44 s, the interactive queue empty): with the chat waiting, batch goes
     # first only by its one turn, as for a chat without its turn above.
-    adm = pair(slots=4, aging_s=5.0, objective_ms=3000.0, expected=lambda r, p: 0.2)
-    adm.holds.min_holds = 1
-    first = [req("interactive", 100, at=0.0)] + [req("batch", 100, at=0.0) for _ in range(3)]
-    for r in first:
-        assert isinstance(adm.offer(r, 0.0), Admit)
-    waiters = [req("batch", 100, at=0.1 * (i + 1)) for i in range(6)]
-    for r in waiters:
-        assert isinstance(adm.offer(r, r.arrival), Queue)
-    for r in first:
-        adm.release(r.id, 8.0)
-    running = [a.request for a in adm.advance(8.0).admitted]
-    assert len(running) == 4
-    for r in [req("batch", 100, at=8.5) for _ in range(4)]:
-        assert isinstance(adm.offer(r, 8.5), Queue)
+    adm, running, _ = aged_batch_behind_busy_slots(chat_first=True)
     assert len(adm._aged(14.0)) == 6  # six aged batch waiters, each with its turn while no chat waits
     chat = req("interactive", 100, at=14.0)
     assert adm._newcomer_turn(adm._classes["interactive"], 14.0)  # started nothing since 0.0
