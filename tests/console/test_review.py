@@ -546,6 +546,17 @@ def test_decision_filters_kwargs() -> None:
 # Snapshot
 
 
+def _columns_fit_rows(table: DataTable) -> bool:
+    """Is each auto-width column at least as wide as its widest cell (the table sized to its rows)?"""
+    for column in table.ordered_columns:
+        if not column.auto_width:
+            continue
+        widest = max((getattr(c, "cell_len", None) or len(str(c)) for c in table.get_column(column.key)), default=0)
+        if column.content_width < widest:
+            return False
+    return True
+
+
 def test_review_screen_snapshot(snap_compare, tmp_path: Path) -> None:
     import asyncio
 
@@ -558,15 +569,29 @@ def test_review_screen_snapshot(snap_compare, tmp_path: Path) -> None:
         # picture was taken before that (twice: a busy host, then an idle one on 2026-12-03 after
         # five fixed pauses). Wait until two pictures 0.1 s apart agree (at most 3 s).
         before = None
-        for _ in range(30):
+        for _ in range(100):
             await pilot.pause(0.1)
             now = pilot.app.export_screenshot()
             # and no table still owes its columns their widths (DataTable sizes them when idle: two
-            # narrow pictures agreed on a loaded host, 2026-12-06)
-            sizing = any(t._require_update_dimensions for t in pilot.app.screen.query(DataTable))
-            if now == before and not sizing:
+            # narrow pictures agreed on a loaded host, 2026-12-06), and every auto-width column is
+            # as wide as its widest cell (CI's fresh clone, 2026-12-06 night: columns as wide as
+            # their headers, "inter" for interactive, with neither check above failing)
+            tables = list(pilot.app.screen.query(DataTable))
+            sizing = any(t._require_update_dimensions for t in tables)
+            # the rows are in: two pictures of the screen still loading agreed too (an empty
+            # table fits its rows), and the rows came after them
+            loaded = pilot.app.screen.query_one("#review-decisions", DataTable).row_count > 0
+            if now == before and loaded and not sizing and all(_columns_fit_rows(t) for t in tables):
                 break
             before = now
+        else:
+            raise AssertionError("the review's tables never settled to their rows' widths")
+        # and drawn at those widths: with every check above passing, ~1 picture in 10 on this host
+        # (and CI's, 2026-12-06 night) still showed lines drawn before the columns grew
+        for table in pilot.app.screen.query(DataTable):
+            table._clear_caches()
+            table.refresh()
+        await pilot.pause(0.1)
 
     app = ReviewApp(path, slo_ttft_ms=1000)
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
