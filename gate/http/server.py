@@ -40,7 +40,7 @@ from gate.http.forward import ForwardEndpoint
 from gate.http.intake import ENDPOINTS
 from gate.http.proxy import AdmittedEndpoint
 from gate.observe.backend_metrics import START_HEADER, backend_series
-from gate.observe.snapshots import objective_gaps
+from gate.observe.snapshots import ObjectiveGapsMemo
 
 if TYPE_CHECKING:
     from gate.http.ports import RequestPorts
@@ -53,6 +53,7 @@ log = logging.getLogger("tokengate.server")
 def build_app(gate: RequestPorts) -> ASGIApp:
     """The ASGI app for one gate service: admitted POSTs direct, the rest through Starlette."""
     admitted = AdmittedEndpoint(gate)
+    objective_gaps = ObjectiveGapsMemo()  # /health's objective_below_ttft, once a second at most
 
     def authenticate(request: Request) -> None:
         """With tenants configured, a valid key (sent once) or 401; open mode lets everyone in."""

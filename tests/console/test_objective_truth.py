@@ -21,10 +21,22 @@ def retune_objective(gate, cls: str, ms: float) -> None:
 
 
 async def health(gate) -> dict:
+    """/health a second later than the last call: its objective_below_ttft is worked out at most
+    once a second of the recorder's clock (ObjectiveGapsMemo)."""
+    step_clock(gate)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gate.app), base_url="http://gate") as c:
         r = await c.get("/health")
     assert r.status_code == 200
     return r.json()
+
+
+def step_clock(gate, seconds: float = 1.0) -> None:
+    """The recorder's clock, pinned where it is, then moved on by `seconds`."""
+    now = getattr(gate.recorder.clock, "now", None)
+    now = gate.recorder.clock() if now is None else now
+    clock = lambda: clock.now  # noqa: E731
+    clock.now = now + seconds
+    gate.recorder.clock = clock
 
 
 def interactive(snap):
@@ -85,6 +97,31 @@ async def test_a_class_without_first_tokens_of_its_own_is_held_to_llama_servers_
     batch = next(c for c in gate.snapshot().classes if c.name == "batch")
     assert batch.objective_below_ttft.startswith("objective 1 s < llama-server's first token now 1.4 s (median from dispatch, every class)")
     assert (await health(gate))["objective_below_ttft"]["batch"]["first_token_ms"] == 1400.0
+
+
+async def test_health_works_the_gap_out_once_a_second_and_sees_a_retune_at_once(gate):
+    """A probe every 50 ms must not sort a minute of first tokens each time: within one second
+    of the recorder's clock /health answers what it worked out; a retune is seen by the next."""
+    for _ in range(5):
+        record(gate, decision("interactive", ttft_ms=2300.0))
+    retune_objective(gate, "interactive", 1500)
+    step_clock(gate, 0)
+    gate.recorder.clock.now = int(gate.recorder.clock.now) + 0.2
+    ports = gate.app
+
+    async def probe() -> dict:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=ports), base_url="http://gate") as c:
+            return (await c.get("/health")).json()
+
+    assert (await probe())["objective_below_ttft"]["interactive"]["first_token_ms"] == 2300.0
+    for _ in range(20):  # the median moves to 4.6 s, within the same second
+        record(gate, decision("interactive", ttft_ms=4600.0))
+    step_clock(gate, 0.5)
+    assert (await probe())["objective_below_ttft"]["interactive"]["first_token_ms"] == 2300.0
+    step_clock(gate, 0.5)  # the next second
+    assert (await probe())["objective_below_ttft"]["interactive"]["first_token_ms"] == 4600.0
+    retune_objective(gate, "interactive", 5000)  # the same second: the config changed
+    assert "objective_below_ttft" not in await probe()
 
 
 async def test_a_frozen_controller_says_it_is_frozen_by_whom_and_the_key_not_that_it_will_move(gate):
