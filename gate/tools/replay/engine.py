@@ -40,7 +40,7 @@ from typing import Any
 
 from gate.backend.pool import controller_settings, reserved_total
 from gate.config.reader import config_from_dict
-from gate.config.schema import ClassConfig, Config, ConfigError
+from gate.config.schema import BudgetConfig, ClassConfig, Config, ConfigError
 from gate.config.thresholds import CONFIG_IN_FORCE, thresholds_of, without_credentials
 from gate.core.adaptive import controller_for, has_demand
 from gate.core.admission import Admission, Admit, Capacity, Queue, Refuse, Step, TenantPolicy
@@ -287,18 +287,12 @@ def replay(
         new = restarted_config(change.new_value, config, pinned)
         if new is None:
             return
-        for c in new.classes:
-            if c.name in classes:
-                classes[c.name] = c
-                adm.set_policy(c)
+        _classes_back_to(new, adm, classes)
         for name in adm.class_names:
             adm.resume(name)  # the old gate's pauses end with it (a `restored` row puts one back)
         state["config"] = dataclasses.replace(state["config"], budget=new.budget)
         state["file"] = new  # the new gate's file (its restored overrides come as `restored` rows)
-        adm.aging_s = new.budget.aging_s or None
-        adm.keep_slots = new.budget.keep_slots
-        adm.default_ttft_objective_ms = new.budget.slo_ttft_p95_ms
-        state["slo_s"] = new.budget.slo_ttft_p95_ms / 1000.0
+        _core_budget_keys(new.budget, adm, state)
         adm.set_capacity(_capacity(new, fit))
         controller = controller_for(new.budget.mode, controller_settings(new.budget, adm.capacity.ceiling, adm.reserved_total))
         controller.on_change(budget_moved)
@@ -510,12 +504,9 @@ def _drop_overrides(now: float, adm: Admission, controller: Any, classes: dict[s
     budget set by hand back to the ceiling. Not replayed until 2026-12-06, a dropped pause was
     replayed as still in force: a trial's batch admitted 62 became 0 with 188 class_paused."""
     file: Config = state["file"]
-    for c in file.classes:
-        if c.name in classes:
-            classes[c.name] = c
-            adm.set_policy(c)
+    _classes_back_to(file, adm, classes)  # then [budget]: the reservations set its floor
     _set_budget_settings({f.name: getattr(file.budget, f.name) for f in dataclasses.fields(file.budget)}, now, adm, controller, state)
-    for name in adm.class_names:
+    for name in adm.class_names:  # then the pauses end, as the gate's drop_overrides orders it
         adm.resume(name)
     controller.unfreeze()
     if file.budget.mode == "static":
@@ -537,7 +528,21 @@ def _set_budget_settings(values: dict[str, Any], now: float, adm: Admission, con
     settings = controller_settings(budget, controller.ceiling_tokens, adm.reserved_total)
     controller.set_tuning(settings)  # every [budget] tuning key, as the running gate's since dd2e7a8
     controller.set_bounds(now, settings.min_tokens)
-    adm.aging_s = budget.aging_s or None  # as gate.ops.control's _apply_budget
+    _core_budget_keys(budget, adm, state)
+
+
+def _classes_back_to(config: Config, adm: Admission, classes: dict[str, ClassConfig]) -> None:
+    """Every class to `config`'s thresholds: a restarted gate's (its new config), or the file's
+    when the runtime overrides are dropped."""
+    for c in config.classes:
+        if c.name in classes:
+            classes[c.name] = c
+            adm.set_policy(c)
+
+
+def _core_budget_keys(budget: BudgetConfig, adm: Admission, state: dict[str, Any]) -> None:
+    """The [budget] keys the core itself holds, as gate.ops.control's _apply_budget sets them."""
+    adm.aging_s = budget.aging_s or None
     adm.keep_slots = budget.keep_slots
     adm.default_ttft_objective_ms = budget.slo_ttft_p95_ms
     state["slo_s"] = budget.slo_ttft_p95_ms / 1000.0
