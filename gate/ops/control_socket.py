@@ -45,6 +45,7 @@ import pwd
 import socket
 import stat
 import struct
+import time
 from typing import TYPE_CHECKING, Any
 
 from gate import __version__
@@ -141,6 +142,7 @@ class _Session:
         "next_snapshot_at",
         "source",
         "greeted",
+        "attached_at",
     )
 
     def __init__(self, pid: int, uid: int, name: str, writer: asyncio.StreamWriter) -> None:
@@ -158,6 +160,7 @@ class _Session:
         self.wake = asyncio.Event()
         self.pusher: asyncio.Task[None] | None = None
         self.next_snapshot_at = 0.0
+        self.attached_at = time.monotonic()
 
 
 class ControlServer:
@@ -369,7 +372,17 @@ class ControlServer:
             if session.uid == 0 and isinstance(sudo, str) and sudo and sudo != name:
                 name = f"{sudo} (root)"  # sudo'd: the person, and the identity the kernel vouches for
             session.operator = Operator(name, origin if isinstance(origin, str) and origin else "local")
-            log.info("console attached: %s from %s%s", name, session.operator.origin, " (read-only)" if session.read_only else "")
+            # a console's coming and going is the gate log's to say (INFO); a one-shot command
+            # (`tokengate status`, `overrides drop`) is said by its audit row when it changes
+            # something, and read "console attached" at every poll of a script before 2026-12-07
+            log.log(
+                logging.INFO if session.source == "console" else logging.DEBUG,
+                "%s attached: %s from %s%s",
+                session.source,
+                name,
+                session.operator.origin,
+                " (read-only)" if session.read_only else "",
+            )
             return {"ok": True, "info": self._info(session)}
         if op == "command":
             if session.read_only:
@@ -442,9 +455,30 @@ class ControlServer:
         if session not in self._sessions:
             return
         self._sessions.discard(session)
+        if session.greeted:
+            log.log(
+                logging.INFO if session.source == "console" else logging.DEBUG,
+                "%s detached: %s from %s after %s",
+                session.source,
+                session.operator.name,
+                session.operator.origin,
+                _held(time.monotonic() - session.attached_at),
+            )
         if session.pusher is not None:
             session.pusher.cancel()
         session.writer.close()
+
+
+def _held(seconds: float) -> str:
+    """How long a session was attached: 0.4 s, 12 s, 3 min 5 s, 2 h 4 min."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    s = int(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60} min"
 
 
 def _parse(line: bytes) -> dict[str, Any] | str:

@@ -240,6 +240,32 @@ async def test_a_read_only_session_stays_read_only_whatever_it_says_later(llama_
             writer.close()
 
 
+async def test_the_gate_log_says_a_console_came_and_went_not_each_one_shot_command(llama_split, tmp_path):
+    """journalctl read "console attached" at every `tokengate status` of a script's poll, and
+    never when a console left: now a console's attach and detach (how long it stayed), at INFO;
+    a one-shot command's session at DEBUG only (its audit row says what it changed)."""
+    config = write_config(tmp_path, llama_split.url)
+    log_path = tmp_path / "serve.log"
+    async with serve(tmp_path, config):
+        for _ in range(3):
+            cli = await SocketLink.connect(sock_of(tmp_path), environ={}, client="cli")
+            await cli.snapshot()
+            await cli.close()
+        console = await SocketLink.connect(sock_of(tmp_path), read_only=True, environ={"SSH_CONNECTION": "10.9.8.7 5000 10.0.0.1 22"})
+        await console.snapshot()
+        await console.close()
+        await wait_until(lambda: _logged(log_path, "console detached"), timeout_s=10)
+    text = log_path.read_text()
+    assert text.count("console attached: ") == 1 and "from 10.9.8.7 (read-only)" in text
+    detached = next(line for line in text.splitlines() if "console detached: " in line)
+    assert "from 10.9.8.7 after " in detached and detached.endswith(" s")
+    assert "cli attached" not in text and "cli detached" not in text
+
+
+async def _logged(log_path: Path, what: str) -> bool:
+    return what in log_path.read_text()
+
+
 async def _flushed(tmp_path: Path, n: int) -> bool:
     return len(audit_rows(tmp_path)) >= n
 
