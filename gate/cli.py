@@ -515,6 +515,8 @@ def _cmd_overrides(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             out.write(f"no runtime overrides: the gate on {socket_path} runs on its config file\n")
         for line in lines:
             out.write(line + "\n")
+        if lines:  # where they come from, beside the lines (stdout stays the lines alone)
+            err.write(f"tokengate overrides: in force now on the gate on {socket_path}\n")
         if lines and not_kept:
             err.write(f"tokengate overrides: NOT kept for a restart ({not_kept}): a restart would revert them\n")
         return EXIT_OK
@@ -529,6 +531,11 @@ def _cmd_overrides(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             out.write(f"no runtime overrides ({path} absent): the gate runs on its config file\n")
         for line in current.lines():
             out.write(line + "\n")
+        if current:
+            err.write(
+                f"tokengate overrides: kept in {path}, not in force: no gate runs on {socket_path or 'this config'}; "
+                "the next gate on this journal starts with them (`overrides drop` to start on the file alone)\n"
+            )
         return EXIT_OK
     if args.action == "drop":
         if live:

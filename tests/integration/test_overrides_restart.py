@@ -155,6 +155,7 @@ async def test_overrides_show_asks_the_running_gate_and_says_when_a_restart_woul
                 assert shown.returncode == 0, shown.stderr
                 assert "batch paused" in shown.stdout and "controller frozen" in shown.stdout, shown
                 assert "NOT kept for a restart" in shown.stderr, shown
+                assert f"in force now on the gate on {sock_of(tmp_path)}" in shown.stderr, shown
                 (tmp_path / "journal.db.overrides.json" / "in-the-way").rmdir()
                 (tmp_path / "journal.db.overrides.json").rmdir()  # the disk takes it again
                 await wait_until(lambda: _kept(link), timeout_s=10)  # housekeeping writes it

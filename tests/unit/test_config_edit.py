@@ -69,8 +69,10 @@ def test_overrides_show_write_and_drop_without_a_running_gate(tmp_path):
             }
         )
     )
-    rc, out, _ = run("overrides", "--config", str(f))
+    rc, out, err = run("overrides", "--config", str(f))
     assert rc == 0 and "budget.min_tokens=1024" in out and "batch paused" in out and "controller frozen" in out
+    # where they come from: the file, not a gate (nothing runs on it), and what happens to them
+    assert f"kept in {kept}, not in force: no gate runs on" in err and "the next gate on this journal starts with them" in err
     rc, out, _ = run("overrides", "write", "--config", str(f))
     assert rc == 0
     c = parse_config(f.read_text(), "f")
