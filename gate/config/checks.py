@@ -28,6 +28,7 @@ from gate.core.adaptive import MAX_SAMPLES
 
 #: sun_path holds 108 bytes on Linux, the last one a NUL
 MAX_SOCKET_PATH = 107
+DAY_S = 86_400  # a time threshold longer than a day is a typo (1e308 passed, and overflowed)
 
 
 class _Check:
@@ -56,6 +57,15 @@ class _Check:
 
     def pos_num(self, key: str, value: float | None) -> None:
         self.check(key, value, lambda v: v > 0, "a positive number")
+
+    def duration(self, key: str, value: float | None, unit: str, *, zero: str = "") -> None:
+        """A time in `unit` ("ms" or "s"): positive (or zero, when `zero` says what it means),
+        at most a day. 1e308 passed `config check`, and `tokengate replay` then stopped at
+        `OverflowError: cannot convert float infinity to integer` (the prefill cap from it)."""
+        most = DAY_S * (1000 if unit == "ms" else 1)
+        low = (lambda v: v >= 0) if zero else (lambda v: v > 0)
+        what = f"{zero} or more" if zero else "more than 0"
+        self.check(key, value, lambda v: low(v) and v <= most, f"{what}, at most a day ({most:,} {unit})")
 
 
 def _check_types(source: str, path: str, obj: Any) -> None:
@@ -238,11 +248,11 @@ def validate_config(config: Config, source: str = "<config>") -> None:
     c = _Check(s, "budget")
     c.check("mode", b.mode, lambda v: v in get_args(BudgetMode), '"adaptive" or "static"')
     c.check("min_tokens", b.min_tokens, lambda v: v >= 0, "0 (auto) or a positive integer")
-    c.pos_num("slo_ttft_p95_ms", b.slo_ttft_p95_ms)
-    c.pos_num("slo_tpot_p95_ms", b.slo_tpot_p95_ms)
-    c.pos_num("window_s", b.window_s)
-    c.check("aging_s", b.aging_s, lambda v: v >= 0, "zero (off) or more seconds")
-    c.check("cooldown_s", b.cooldown_s, lambda v: v >= 0, "zero or more seconds")
+    c.duration("slo_ttft_p95_ms", b.slo_ttft_p95_ms, "ms")
+    c.duration("slo_tpot_p95_ms", b.slo_tpot_p95_ms, "ms")
+    c.duration("window_s", b.window_s, "s")
+    c.duration("aging_s", b.aging_s, "s", zero="zero (off)")
+    c.duration("cooldown_s", b.cooldown_s, "s", zero="zero")
     # bounded above: 1e308 passed, and the controller's next opening step overflowed
     c.check("increase", b.increase, lambda v: 1 < v <= 10, "greater than 1, at most 10 (the factor that opens the budget)")
     c.check(
@@ -318,8 +328,8 @@ def validate_config(config: Config, source: str = "<config>") -> None:
                 f"must be at least reserved_tokens ({cl.reserved_tokens}), got {cl.limit_tokens}",
             )
         c.pos_int("queue_depth", cl.queue_depth)
-        c.pos_num("queue_timeout_s", cl.queue_timeout_s)
-        c.pos_num("ttft_objective_ms", cl.ttft_objective_ms)
+        c.duration("queue_timeout_s", cl.queue_timeout_s, "s")
+        c.duration("ttft_objective_ms", cl.ttft_objective_ms, "ms")
         c.pos_int("default_max_tokens", cl.default_max_tokens)
         c.pos_int("max_tokens_cap", cl.max_tokens_cap)
         if cl.default_max_tokens > cl.max_tokens_cap:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 MIN_POINTS = 8
 WINDOW = 64
 MIN_CAP = 64  # tokens: an automatic cap below this would stall even short chats
+MAX_CAP = 2**31 - 1  # tokens: no pool comes near it, so as good as no cap
 #: the slope must be this many standard errors above zero (about 99% one-sided with 8 points)
 MIN_T = 3.0
 #: first tokens whose median is the fallback estimate
@@ -112,7 +113,9 @@ class PrefillModel:
         base, rate = self._fit
         if slo_s <= base:
             return None
-        return max(MIN_CAP, int((slo_s - base) * rate))
+        cap = (slo_s - base) * rate
+        # a near-flat fit (rate ~1e300) or a huge objective gave inf, and int(inf) raised
+        return MAX_CAP if not cap < MAX_CAP else max(MIN_CAP, int(cap))
 
     def _solve(self) -> tuple[float, float] | None:
         n = len(self._xs)

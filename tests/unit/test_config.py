@@ -351,6 +351,11 @@ BAD_CONFIGS = [
     # more than the controller's window keeps: the file passed and its backend stayed down
     ("min-samples-over-window", "[budget]\nmin_samples = 20000\n", "budget.min_samples", "at most 10000"),
     ("cooldown-negative", "[budget]\ncooldown_s = -1\n", "budget.cooldown_s", "got -1"),
+    # 1e308 passed, and `tokengate replay` stopped at OverflowError (the prefill cap from it)
+    ("slo-over-a-day", "[budget]\nslo_ttft_p95_ms = 1e308\n", "budget.slo_ttft_p95_ms", "at most a day (86,400,000 ms)"),
+    ("aging-over-a-day", "[budget]\naging_s = 100000\n", "budget.aging_s", "zero (off) or more, at most a day (86,400 s)"),
+    ("objective-over-a-day", "[classes.a]\npriority = 1\nttft_objective_ms = 1e12\n", "classes.a.ttft_objective_ms", "at most a day"),
+    ("timeout-over-a-day", "[classes.a]\npriority = 1\nqueue_timeout_s = 1e9\n", "classes.a.queue_timeout_s", "at most a day"),
     ("kv-bad", '[[backends]]\nkv = "shared"\n', "backends[0].kv", '"unified" or "split"'),
     (
         "url-path",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gate.core.prefill import MIN_CAP, PrefillModel
+from gate.core.prefill import MAX_CAP, MIN_CAP, PrefillModel
 
 
 def fed(base_s: float, rate: float, sizes=(10, 200, 400, 800, 50, 600, 300, 1000)) -> PrefillModel:
@@ -34,6 +34,9 @@ def test_the_cap_leaves_room_for_the_objective_and_is_off_when_a_step_alone_miss
     assert m.auto_prefill_cap(0.25) in (399, 400)  # (0.25 - 0.05) x 2000, floored
     assert m.auto_prefill_cap(0.051) == MIN_CAP
     assert m.auto_prefill_cap(0.04) is None  # the step is over the objective: no cap helps
+    # an objective of 1e305 s (1e308 ms passed `config check`) gave int(inf): OverflowError
+    # in `tokengate replay`; now as good as no cap
+    assert m.auto_prefill_cap(1e305) == MAX_CAP and m.auto_prefill_cap(float("inf")) == MAX_CAP
 
 
 def test_old_points_fall_out_so_the_model_follows_the_load():
