@@ -61,7 +61,9 @@ def controller_line(c: ControllerView, in_flight: int, queued: int, *, compact: 
             how = f"; {unfreeze_key} unfreezes" if unfreeze_key else ""
             line.append(f" (controller frozen{who}: the budget stays where it is{how})", "yellow")
         elif c.p95_ttft_ms is None:
-            line.append(f" (controller: {c.samples}/{c.min_samples} samples, not moving yet)", "dim")
+            # too few for a p95: it closes on none of them, and reopens only while every one is
+            # fast (gate/core/adaptive.py); "not moving yet" was untrue once that rule came
+            line.append(f" (controller: {c.samples}/{c.min_samples} samples, no p95 yet)", "dim")
         elif c.p95_ttft_ms_1m is None or abs(c.p95_ttft_ms - c.p95_ttft_ms_1m) >= 1:
             line.append(f" (controller sees {c.p95_ttft_ms:,.0f})", "dim")
     return line

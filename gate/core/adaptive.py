@@ -19,6 +19,14 @@ smoothed by an EWMA (``smoothing`` = weight of the newest p95). Then
   smoothed p95 is below ``open_below`` x its SLO, and the caller says there
   is demand (see ``has_demand``), so the budget does not grow while traffic,
   not the budget, is what holds throughput back;
+- reopen on few samples: while no signal is ready, budget x ``increase`` when
+  there is demand, the budget is below the ceiling, and every configured signal
+  has samples in the window, each one of them below ``open_below`` x its SLO
+  (the largest of a few samples stands in for their p95, never below it). A
+  trial's overload closed the budget to its floor; traffic then fell to batch
+  alone, served one request per ``aging_s`` by its turn, 4-6 samples a window:
+  it never reached ``min_samples`` again and the budget stayed at the floor for
+  14 minutes with every slot idle, refusing batch;
 - otherwise hold.
 
 A move changes the integer budget by at least one token (x1.1 of a small
@@ -31,8 +39,10 @@ Invariants (checked by ``check_invariants`` after every step in the tests):
    because the backend's physical capacity wins).
 2. ``tick`` never moves the budget within ``cooldown_s`` of the previous move
    of any kind (open, close, manual, ceiling_changed).
-3. ``tick`` never moves while no signal has ``min_samples`` in the window,
-   and never while frozen.
+3. ``tick`` never moves while frozen, never closes while no signal has
+   ``min_samples`` in the window, and opens with fewer only as "reopen on few
+   samples" says: never blind (no sample), never on one sample at or over
+   ``open_below`` x its SLO.
 4. ``tick`` opens only with demand; every returned ``Move`` changes the
    budget (a move that would be clamped back to the same value is None),
    except ``set_budget``, which always returns its ``Move`` for the audit log.
@@ -165,6 +175,8 @@ class Move:
     p95_tpot_s: float | None
     # Samples in the window at the moment of the move.
     samples: int
+    # A reopen on few samples (no p95 yet): the largest TTFT of the window, below open_below x SLO.
+    largest_ttft_s: float | None = None
 
 
 class BudgetController:
@@ -267,9 +279,17 @@ class BudgetController:
         # Restart smoothing when a signal is not ready (inv. 5).
         self._smoothed_ttft = self._smooth(self._smoothed_ttft, ttft) if ttft_ready else None
         self._smoothed_tpot = self._smooth(self._smoothed_tpot, tpot) if tpot_ready else None
-        if not (ttft_ready or tpot_ready) or not self.elastic:
+        if not self.elastic or now - self._last_move_ts < s.cooldown_s:
             return None
-        if now - self._last_move_ts < s.cooldown_s:
+        if not (ttft_ready or tpot_ready):
+            if (
+                demand
+                and self._budget < self._ceiling
+                and self._all_under(ttft, s.slo_ttft_p95_s)
+                and (s.slo_tpot_p95_s is None or self._all_under(tpot, s.slo_tpot_p95_s))
+            ):
+                target = max(self._budget + 1, math.floor(self._budget * s.increase))
+                return self._move_to(now, target, Cause.OPEN, largest_ttft_s=max(ttft))
             return None
 
         if self._over(self._smoothed_ttft, s.slo_ttft_p95_s) or self._over(self._smoothed_tpot, s.slo_tpot_p95_s):
@@ -294,6 +314,10 @@ class BudgetController:
 
     def _over(self, smoothed: float | None, slo: float | None) -> bool:
         return smoothed is not None and slo is not None and smoothed > self._settings.close_above * slo
+
+    def _all_under(self, values: list[float], slo: float) -> bool:
+        """Reopen on few samples: some, and the largest below open_below x `slo`."""
+        return bool(values) and max(values) < self._settings.open_below * slo
 
     def _under(self, smoothed: float | None, slo: float) -> bool:
         # Not ready counts as "not under": the controller never opens blind.
@@ -370,16 +394,16 @@ class BudgetController:
     def _clamp(self, tokens: int) -> int:
         return max(self.min_tokens, min(self._ceiling, int(tokens)))
 
-    def _move_to(self, now: float, target: int, cause: Cause) -> Move | None:
+    def _move_to(self, now: float, target: int, cause: Cause, *, largest_ttft_s: float | None = None) -> Move | None:
         new = self._clamp(target)
         if new == self._budget:
             return None
         old = self._budget
         self._budget = new
         self._last_move_ts = now
-        return self._record(now, old, cause)
+        return self._record(now, old, cause, largest_ttft_s)
 
-    def _record(self, now: float, old: int, cause: Cause) -> Move:
+    def _record(self, now: float, old: int, cause: Cause, largest_ttft_s: float | None = None) -> Move:
         for listener in self._listeners:
             listener(self._budget)
         return Move(
@@ -390,6 +414,7 @@ class BudgetController:
             p95_ttft_s=self._smoothed_ttft,
             p95_tpot_s=self._smoothed_tpot,
             samples=len(self._window),
+            largest_ttft_s=largest_ttft_s,
         )
 
     def check_invariants(self) -> None:

@@ -256,10 +256,16 @@ class Recorder:
     def budget_moved(self, backend: str, move: Move, slo_ttft_ms: float) -> None:
         """The controller moved a backend's budget: an audit row (source=controller)."""
         ttft = "n/a" if move.p95_ttft_s is None else f"{move.p95_ttft_s * 1000:.0f} ms"
+        why = f"p95 TTFT {ttft} vs SLO {slo_ttft_ms:g} ms over {move.samples} samples"
+        if move.largest_ttft_s is not None:  # reopened on few samples (gate/core/adaptive.py)
+            why = (
+                f"largest TTFT {move.largest_ttft_s * 1000:.0f} ms vs SLO {slo_ttft_ms:g} ms over {move.samples} "
+                "samples, too few for a p95: every one well under it, so the budget reopens"
+            )
         self.audit_event(
             f"budget_{move.cause}",
             f"backend:{backend}",
-            f"p95 TTFT {ttft} vs SLO {slo_ttft_ms:g} ms over {move.samples} samples",
+            why,
             operator=Operator("controller", "local"),
             source="controller",
             old_value=str(move.old_budget),

@@ -129,18 +129,18 @@ async def test_a_frozen_controller_says_it_is_frozen_by_whom_and_the_key_not_tha
     async with app.run_test(size=(200, 50)) as pilot:
         await app.tick()
         await pilot.pause()
-        assert "not moving yet" in app.slots.content.plain  # adaptive, no samples, not frozen
+        assert "no p95 yet" in app.slots.content.plain  # adaptive, no samples, not frozen
         await pilot.press("f")
         await app.tick()
         await pilot.pause()
         line = app.slots.content.plain
         assert gate.control.frozen
         assert "controller frozen by alice: the budget stays where it is; f unfreezes" in line
-        assert "not moving yet" not in line and "samples" not in line
+        assert "no p95 yet" not in line and "samples" not in line
         await pilot.press("f")
         await app.tick()
         await pilot.pause()
-        assert "not moving yet" in app.slots.content.plain and "frozen" not in app.slots.content.plain
+        assert "no p95 yet" in app.slots.content.plain and "frozen" not in app.slots.content.plain
 
 
 async def test_a_read_only_console_names_no_key_to_unfreeze(gate):

@@ -425,8 +425,12 @@ def test_controller_keeps_its_invariants_under_any_sequence(s, fraction, ops) ->
             else:
                 assert now - last_move >= s.cooldown_s  # no move within the cool-down
                 assert not c.frozen  # frozen never moves
-                assert c.samples >= s.min_samples  # enough samples
                 assert move.cause in (Cause.OPEN, Cause.CLOSE)
+                if c.samples < s.min_samples:  # a reopen on few samples: never blind, every one low
+                    assert move.cause is Cause.OPEN and c.samples >= 1 and move.p95_ttft_s is None
+                    assert move.largest_ttft_s is not None and move.largest_ttft_s < s.open_below * s.slo_ttft_p95_s
+                else:
+                    assert move.largest_ttft_s is None
                 if move.cause is Cause.OPEN:
                     assert demand  # never opens without demand
                     assert move.new_budget > move.old_budget
@@ -522,11 +526,48 @@ def close_ttft(s: ControllerSettings) -> float:
 
 @settings(max_examples=500, deadline=None)
 @given(controller_settings(), st.integers(min_value=0, max_value=19), st.booleans())
-def test_no_move_with_fewer_than_min_samples(s, short, demand) -> None:
-    for latency in (0.0, 10.0 * s.slo_ttft_p95_s):
+def test_with_fewer_than_min_samples_it_never_closes_and_opens_only_on_every_sample_low(s, short, demand) -> None:
+    """Never closes on fewer than min_samples; opens on fewer only with demand and at least one
+    sample, every one under open_below x SLO (one sample at it holds the budget)."""
+    n = min(short, s.min_samples - 1)
+    for latency in (0.0, 10.0 * s.slo_ttft_p95_s, s.open_below * s.slo_ttft_p95_s):
         c = BudgetController(s, initial_budget=(s.min_tokens + s.ceiling_tokens) // 2)
         before = c.budget
-        for _ in range(min(short, s.min_samples - 1)):
-            c.observe(0.0, latency, latency)
-        assert c.tick(0.0, demand=demand) is None
-        assert c.budget == before
+        for i in range(n):
+            low = 0.0 if i else latency  # one sample at `latency`, the others 0
+            c.observe(0.0, low, low if s.slo_tpot_p95_s is None else 0.0)
+        move = c.tick(0.0, demand=demand)
+        if latency == 0.0 and demand and n >= 1 and before < s.ceiling_tokens:
+            assert move is not None and move.cause is Cause.OPEN and c.budget > before
+        else:
+            assert move is None and c.budget == before
+
+
+def test_a_budget_closed_to_its_floor_reopens_on_a_trickle_of_fast_first_tokens() -> None:
+    """A trial: an overload closed the budget to its floor, then only batch came, one request
+    per aging_s by its turn, 4-6 first tokens a window: never min_samples again, and the budget
+    stayed at the floor 14 minutes with every slot idle. A trickle of fast ones reopens it, a
+    cool-down apart, up to the ceiling; one slow sample among them holds it; none holds it."""
+    c = make(min_tokens=1000, ceiling_tokens=2000, initial_budget=2000, cooldown_s=5.0, increase=1.25)
+    feed(c, 0.0, HIGH)
+    t = 0.0
+    while c.budget > 1000:
+        move = c.tick(t, demand=True)
+        t += 5.0
+    assert c.budget == 1000 and move is not None and move.cause is Cause.CLOSE
+    t += 60.0  # the overload's samples are out of the window
+    assert c.tick(t, demand=True) is None and c.budget == 1000  # no sample: never opens blind
+    c.observe(t, LOW, None)
+    c.observe(t, HIGH, None)  # one slow one among a few: holds
+    assert c.tick(t, demand=True) is None and c.budget == 1000
+    t += 60.0
+    budgets = []
+    for _ in range(10):
+        c.observe(t, LOW, None)
+        assert c.tick(t, demand=False) is None  # no demand: traffic, not the budget, holds it
+        move = c.tick(t, demand=True)
+        if move is not None:
+            assert move.p95_ttft_s is None and move.largest_ttft_s == LOW and move.samples < 20
+        budgets.append(c.budget)
+        t += 5.0
+    assert budgets[:4] == [1250, 1562, 1952, 2000] and c.budget == 2000
