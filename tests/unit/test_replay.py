@@ -26,6 +26,7 @@ from gate.journal.schema import MIGRATIONS
 from gate.tools.replay import (
     BackendFit,
     ReplayError,
+    budget_lines,
     load_window,
     proposal_from_set,
     replay,
@@ -550,9 +551,22 @@ def test_recorded_changes_counts_the_operators_moves_in_the_window_only(tmp_path
     )
     conn.close()
     answer = run_replay(load_window(path), [])
-    assert answer["recorded_changes"] == 2
-    assert "2 operator changes in the window" in to_table(answer)
+    assert answer["recorded_changes"] == 2 and answer["restored_changes"] == 0
+    assert "2 operator changes in the window" in to_table(answer) and "restored" not in to_table(answer)
     assert "1 operator change in the window" in to_table({**answer, "recorded_changes": 1})
+    # a restarted gate putting its kept overrides back is not an operator's change (a trial's
+    # header counted two restarts' `restored` rows, and a note called them "the operator's")
+    conn = sqlite3.connect(path, isolation_level=None)
+    _audit(conn, (first + 4.0, "gate", "restored", "classes.batch.queue_depth", "3"))
+    conn.close()
+    window = load_window(path)
+    answer = run_replay(
+        window, [proposal_from_set(f"classes.batch.queue_depth={window.config.class_by_name('batch').queue_depth}", window.config)]
+    )
+    assert answer["recorded_changes"] == 2 and answer["restored_changes"] == 1
+    assert "2 operator changes in the window (and 1 kept override restored at a gate's start)" in to_table(answer)
+    (pins,) = [n for n in answer["notes"] if "pins nothing" in n]
+    assert "the recorded change of it in the window (at +" in pins and " s restored at a gate's start)" in pins
 
 
 def test_an_objective_moved_in_the_window_is_said_with_the_bar_attainment_keeps(tmp_path: Path) -> None:
@@ -570,6 +584,71 @@ def test_an_objective_moved_in_the_window_is_said_with_the_bar_attainment_keeps(
     window = load_window(path)
     (note,) = [n for n in run_replay(window, [])["notes"] if "TTFT objective moved" in n]
     assert "set_budget_settings budget" in note and f"{window.config.budget.slo_ttft_p95_ms:.0f} ms" in note
+    # every class with an objective of its own: the SLO is no class's bar, and moving it moves
+    # none (a trial's note fired on such a retune); a class objective's retune still does
+    own = parse_config(
+        EXAMPLE_CONFIG.replace("[classes.batch]", "[classes.batch]\nttft_objective_ms = 15000").replace(
+            "[classes.interactive]", "[classes.interactive]\nttft_objective_ms = 6000"
+        )
+    )
+    path = _journal(tmp_path, n=60, duration=10.0, config=own, name="own")
+    conn = sqlite3.connect(path, isolation_level=None)
+    first = conn.execute("SELECT min(ts) FROM decisions").fetchone()[0]
+    _audit(conn, (first + 3.0, "console", "set_budget_settings", "budget", "slo_ttft_p95_ms=3000"))
+    conn.close()
+    assert not any("TTFT objective moved" in n for n in run_replay(load_window(path), [])["notes"])
+    conn = sqlite3.connect(path, isolation_level=None)
+    _audit(conn, (first + 4.0, "console", "set_class", "class:batch", "ttft_objective_ms=9000"))
+    conn.close()
+    (note,) = [n for n in run_replay(load_window(path), [])["notes"] if "TTFT objective moved" in n]
+    assert "set_class class:batch" in note and "set_budget_settings" not in note and "batch 15000 ms" in note
+
+
+def test_a_replayed_budget_that_parts_from_the_recorded_one_is_said_and_marked(tmp_path: Path) -> None:
+    """A trial's gate closed its budget 2,048 -> 1,310 on a p95 TTFT over the SLO; the replay's
+    backend model (a TTFT line without a tail) never closed it, and every [budget] proposal read
+    "no change" beside figures called trusted. The budget curve is calibrated too: its mean."""
+    path = _journal(tmp_path, n=120, duration=20.0)
+    window = load_window(path)
+    proposals = [
+        proposal_from_set("budget.slo_ttft_p95_ms=4000", window.config),
+        proposal_from_set("classes.batch.queue_depth=3", window.config),
+    ]
+    answer = run_replay(window, proposals)
+    cal = answer["budget_calibration"]
+    assert cal["trusted"] and cal["error"] == 0.0 and cal["recorded_mean"] == cal["replayed_mean"]
+    assert not any("does not follow the recorded one" in n for n in answer["notes"]) and " ?" not in to_table(answer)
+    # the gate's controller closed the budget to ~half for the window's second half (as recorded)
+    conn = sqlite3.connect(path, isolation_level=None)
+    (first, last) = conn.execute("SELECT min(ts), max(ts) FROM decisions").fetchone()
+    conn.execute("UPDATE samples SET budget = budget / 2 WHERE ts > ?", ((first + last) / 2,))
+    conn.close()
+    window = load_window(path)
+    answer = run_replay(window, proposals)
+    cal = answer["budget_calibration"]
+    assert not cal["trusted"] and cal["error"] > 0.2 and cal["recorded_mean"] < cal["replayed_mean"]
+    (said,) = [n for n in answer["notes"] if "does not follow the recorded one" in n]
+    assert f"{cal['recorded_mean']:,.0f} recorded, {cal['replayed_mean']:,.0f} replayed" in said
+    # the proposal on [budget] is said to be no prediction; the one on a queue is not
+    assert "budget.slo_ttft_p95_ms=4000: moves the budget or its controller, which this window's replay does not follow" in " ".join(
+        answer["notes"]
+    )
+    assert not any(n.startswith("classes.batch.queue_depth=3: moves the budget") for n in answer["notes"])
+    curves = budget_lines(answer)
+    assert not curves[0].endswith("?") and all(line.endswith(" ?") for line in curves[1:])
+
+
+def test_budget_lines_tell_two_proposals_on_one_key_apart() -> None:
+    answer = {
+        "duration_s": 10,
+        "scenarios": [
+            {"name": "recorded", "budget_curve": [[0, 1000]]},
+            {"name": "classes.interactive.ttft_objective_ms=1500", "budget_curve": [[0, 1000]]},
+            {"name": "classes.interactive.ttft_objective_ms=2500", "budget_curve": [[0, 1000]]},
+        ],
+    }
+    labels = [line.split()[1] for line in budget_lines(answer)]
+    assert len(set(labels)) == 3 and labels[1].endswith("ms=1500") and labels[2].endswith("ms=2500")
 
 
 def test_changes_between_the_gate_s_start_and_the_window_are_named_in_a_note(tmp_path: Path) -> None:
@@ -1421,3 +1500,18 @@ def test_failed_requests_are_labelled_failed_never_refused(tmp_path: Path) -> No
     assert failed_rows == [["interactive", "failed", "upstream_error", "3", "3", "0%"]], table
     refused_rows = [line.split() for line in table.splitlines() if line.startswith("interactive") and " refused " in line]
     assert ["interactive", "refused", "upstream_error", "1", "1", "0%"] in refused_rows, table
+
+
+def test_a_class_objective_set_to_slo_goes_back_to_the_budget_slo_as_in_the_live_retune_form() -> None:
+    """The live retune form writes `slo` for a class held to [budget] slo_ttft_p95_ms; the
+    what-if and --set wanted `none` ("must be a number, got string", a trial)."""
+    own = parse_config(EXAMPLE_CONFIG.replace("[classes.interactive]", "[classes.interactive]\nttft_objective_ms = 6000"))
+    assert own.class_by_name("interactive").ttft_objective_ms == 6000
+    for word in ("slo", "SLO", "none"):
+        p = proposal_from_set(f"classes.interactive.ttft_objective_ms={word}", own)
+        assert p.config.class_by_name("interactive").ttft_objective_ms is None
+        assert p.config.objective_ms("interactive") == own.budget.slo_ttft_p95_ms
+    with pytest.raises(ValueError, match="at most a day"):
+        proposal_from_set("budget.slo_ttft_p95_ms=1e308", own)  # it stopped at OverflowError in the engine
+    with pytest.raises(ValueError):
+        proposal_from_set("classes.interactive.queue_depth=slo", own)  # `slo` means the SLO for an objective only

@@ -115,7 +115,9 @@ def proposal_from_set(text: str, recorded: Config) -> Proposal:
         if key in seen:
             raise ValueError(f"--set {key}: given twice in one proposal")
         seen.add(key)
-        value = None if raw.strip().lower() == "none" else parse_value(raw.strip())
+        # "slo": a class's objective back to [budget] slo_ttft_p95_ms, as the live retune form writes it
+        unset = raw.strip().lower() == "none" or (key.endswith(".ttft_objective_ms") and raw.strip().lower() == "slo")
+        value = None if unset else parse_value(raw.strip())
         head, _, rest = key.partition(".")
         if head == "budget" and rest:
             table = data["budget"]
@@ -280,6 +282,54 @@ def _curve(points: Iterable[tuple[float, int]]) -> list[list[float]]:
     return out
 
 
+def _mean_budget(curve: Sequence[Sequence[float]], duration: float) -> float | None:
+    """The working budget's time-weighted mean over the window (a step curve as `_curve` gives
+    it: the first value holds from the start); None without a curve."""
+    if not curve:
+        return None
+    if duration <= 0:
+        return float(curve[-1][1])
+    total, (t0, b0) = 0.0, (0.0, curve[0][1])
+    for t, b in curve:
+        t = min(max(t, 0.0), duration)
+        total += (t - t0) * b0
+        t0, b0 = t, b
+    return (total + (duration - t0) * b0) / duration
+
+
+def budget_calibration(recorded: Sequence[Sequence[float]], replayed: Sequence[Sequence[float]], duration: float) -> dict[str, Any] | None:
+    """The budget curve's calibration: its mean over the window, recorded against replayed.
+    A trial's gate closed its budget 2,048 -> 1,310 on a p95 TTFT over the SLO; the replay's
+    backend model has no tail to its first tokens, so its controller never closed, and every
+    proposal on [budget] read "no change" beside figures called trusted. None without a
+    recorded curve (a journal without samples)."""
+    rec, rep = _mean_budget(recorded, duration), _mean_budget(replayed, duration)
+    if rec is None or rep is None:
+        return None
+    error = _round(_error(rec, rep, "count"))
+    return {
+        "recorded_mean": round(rec, 1),
+        "replayed_mean": round(rep, 1),
+        "error": error,
+        "trusted": error is not None and error <= UNTRUSTED_ABOVE,
+    }
+
+
+def _budget_notes(answer_budget: Mapping[str, Any] | None, proposals: Sequence[Proposal]) -> list[str]:
+    """What an untrusted budget curve means, and for which proposals."""
+    if answer_budget is None or answer_budget["trusted"]:
+        return []
+    moved = [p.name for p in proposals if any(k.startswith("budget.") or k == "backends.token_budget" for k in p.given)]
+    notes = [
+        f"the replayed budget does not follow the recorded one (mean over the window {answer_budget['recorded_mean']:,.0f} "
+        f"recorded, {answer_budget['replayed_mean']:,.0f} replayed, error {answer_budget['error']:.0%}): the controller's "
+        "moves come from first tokens the backend model does not reproduce (its TTFT is a fitted line, without the tail "
+        "the p95 closes on); the budget curves below show where they part"
+    ]
+    notes += [f"{name}: moves the budget or its controller, which this window's replay does not follow: not a prediction" for name in moved]
+    return notes
+
+
 def _from_lead(window: Window) -> tuple[list[Arrival], list[Change], float, float]:
     """The engine's input: the window's lead (the warm-up before it) and its arrivals, its
     changes and its end, on one clock from the lead's first arrival; and that clock's offset."""
@@ -328,9 +378,11 @@ def _unpinned_notes(window: Window, p: Proposal) -> list[str]:
     for key in sorted(p.given - p.pinned):
         moved = [c for c in window.changes if c.at > 0 and c.action in REPLAYED_ACTIONS and unpinned(c, frozenset({key})) != c]
         if moved:
-            at = ", ".join(f"+{c.at:.1f} s" for c in moved)
+            # a `restored` row is a restarted gate putting its kept overrides back, not an operator's
+            # move (a trial's note named two restarts "the operator's change")
+            at = ", ".join(f"+{c.at:.1f} s" + (" restored at a gate's start" if c.action == "restored" else "") for c in moved)
             out.append(
-                f"{p.name}: {key} is the recorded value, so it pins nothing: the operator's change of it in the window "
+                f"{p.name}: {key} is the recorded value, so it pins nothing: the recorded change of it in the window "
                 f"(at {at}) is replayed as recorded, as in the replayed column (a proposal holds only a value other than the recorded one)"
             )
     return out
@@ -360,8 +412,12 @@ def _moved_bar_notes(window: Window) -> list[str]:
     against the objective in force at the window's start in every column (one bar to compare
     the columns by; a trial's retune from 2 s to 3 s mid-incident went unsaid)."""
     classes = sorted({a.cls for a in window.arrivals})
-    keys = frozenset({"budget.slo_ttft_p95_ms", *(f"classes.{c}.ttft_objective_ms" for c in classes)})
-    moved = [c for c in window.changes if c.at > 0 and c.action in REPLAYED_ACTIONS and unpinned(c, keys) != c]
+    keys = {f"classes.{c}.ttft_objective_ms" for c in classes}
+    if any(not _own_objective(window.config, c) for c in classes):
+        # the SLO is the bar of a class without its own objective only (a trial's two classes had
+        # their own: the note fired on every slo_ttft_p95_ms retune, and no bar had moved)
+        keys.add("budget.slo_ttft_p95_ms")
+    moved = [c for c in window.changes if c.at > 0 and c.action in REPLAYED_ACTIONS and unpinned(c, frozenset(keys)) != c]
     if not moved:
         return []
     at = ", ".join(f"+{c.at:.1f} s {c.action} {c.target}" for c in moved[:4]) + (" ..." if len(moved) > 4 else "")
@@ -372,6 +428,11 @@ def _moved_bar_notes(window: Window) -> list[str]:
     ]
 
 
+def _own_objective(config: Config, cls: str) -> bool:
+    policy = next((c for c in config.classes if c.name == cls), None)
+    return policy is not None and policy.ttft_objective_ms is not None
+
+
 def run_replay(window: Window, proposals: Sequence[Proposal] = ()) -> dict[str, Any]:
     """The whole answer: recorded, replayed at the recorded thresholds, then each proposal."""
     rec = figures(window, recorded_outcomes(window), window.config)
@@ -379,11 +440,14 @@ def run_replay(window: Window, proposals: Sequence[Proposal] = ()) -> dict[str, 
     rep = figures(window, base, window.config)
     cal = calibration(rec, rep)
     bad = untrusted(cal)
+    recorded_curve, replayed_curve = _curve(window.budget_curve), _curve(curve)
     scenarios = [
-        {"name": "recorded", "classes": rec, "untrusted": [], "budget_curve": _curve(window.budget_curve)},
-        {"name": "replayed", "classes": rep, "untrusted": bad, "budget_curve": _curve(curve)},
+        {"name": "recorded", "classes": rec, "untrusted": [], "budget_curve": recorded_curve},
+        {"name": "replayed", "classes": rep, "untrusted": bad, "budget_curve": replayed_curve},
     ]
     notes = list(window.notes) + _moved_bar_notes(window)
+    budget_cal = budget_calibration(recorded_curve, replayed_curve, window.duration_s)
+    notes += _budget_notes(budget_cal, proposals)
     already = set(_warnings(window, window.config))
     for p in proposals:
         outs, curve = _run(window, p.config, p.pinned)
@@ -416,11 +480,15 @@ def run_replay(window: Window, proposals: Sequence[Proposal] = ()) -> dict[str, 
         "config_digest": window.config_digest,
         # the operator's moves inside the window that the replay applies (not a gate's start or
         # its learned capacity, not what was in force before: a window with none read "8")
-        "recorded_changes": sum(1 for c in window.changes if c.at > 0 and c.action in REPLAYED_ACTIONS),
+        "recorded_changes": sum(1 for c in window.changes if c.at > 0 and c.action in REPLAYED_ACTIONS and c.action != "restored"),
+        # a restarted gate's kept overrides put back (`restored` rows): replayed, not an operator's move
+        "restored_changes": sum(1 for c in window.changes if c.at > 0 and c.action == "restored"),
         "untrusted_above": UNTRUSTED_ABOVE,
         "notes": notes,
         "fit": fit,
         "calibration": cal,
+        # the working budget's mean over the window, recorded and replayed (None without samples)
+        "budget_calibration": budget_cal,
         "scenarios": scenarios,
     }
 
@@ -522,14 +590,18 @@ def budget_lines(answer: Mapping[str, Any], width: int = 48, columns: int | None
         return []
     lo, hi = min(values), max(values)
     duration = float(answer["duration_s"])
-    names = [name if len(name) <= 24 else name[:23] + "…" for name, _ in curves]
+    # cut in the middle: two proposals on one key differ in their values (cut at the end, a
+    # trial's two read "classes.interactive.ttf…" both)
+    names = [name if len(name) <= 24 else name[:11] + "…" + name[-12:] for name, _ in curves]
+    cal = answer.get("budget_calibration")
+    doubt = cal is not None and not cal["trusted"]  # '?': as a figure the calibration does not trust
     pad = max(len(n) for n in names)
     spans = [f"{min(b for _, b in c)}-{max(b for _, b in c)}" for _, c in curves if c]
     if columns is not None:
-        room = columns - len("budget  ") - pad - 4 - max((len(x) for x in spans), default=0)
+        room = columns - len("budget  ") - pad - 4 - max((len(x) for x in spans), default=0) - 2 * doubt
         width = max(12, min(width, room))
     out = []
-    for name, (_, curve) in zip(names, curves, strict=True):
+    for n, (name, (_, curve)) in enumerate(zip(names, curves, strict=True)):
         if not curve:
             out.append(f"budget  {name.ljust(pad)}  (none recorded)")
             continue
@@ -542,7 +614,7 @@ def budget_lines(answer: Mapping[str, Any], width: int = 48, columns: int | None
             cells.append(_BARS[-1] if hi == lo else _BARS[round((current - lo) / (hi - lo) * (len(_BARS) - 1))])
         seen = [b for _, b in curve]
         span = f"{min(seen)}" if min(seen) == max(seen) else f"{min(seen)}-{max(seen)}"
-        out.append(f"budget  {name.ljust(pad)}  {''.join(cells)}  {span}")
+        out.append(f"budget  {name.ljust(pad)}  {''.join(cells)}  {span}{' ?' if doubt and n > 0 else ''}")
     return out
 
 
@@ -567,6 +639,11 @@ def to_table(answer: Mapping[str, Any]) -> str:
         f"replay of {answer['journal']} backend {answer['backend']}, {answer['duration_s']:g} s, "
         f"config {answer['config_digest']}, {answer['recorded_changes']} operator "
         f"change{'' if answer['recorded_changes'] == 1 else 's'} in the window"
+        + (
+            f" (and {answer['restored_changes']} kept override{'' if answer['restored_changes'] == 1 else 's'} restored at a gate's start)"
+            if answer.get("restored_changes")
+            else ""
+        )
     ]
     fit = answer["fit"]
     out.append(model_line(fit))
