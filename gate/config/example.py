@@ -138,7 +138,9 @@ cooldown_s = 5.0
 increase = 1.1
 # Factor applied when latency is over the SLO. Must be between 0 and 1. Default 0.8.
 decrease = 0.8
-# Fewest upstream samples in the window before the controller moves at all. Default 20.
+# Fewest upstream samples in the window for a p95, before the controller closes the budget.
+# With fewer (a quiet hour after an overload) it only reopens, and only while every sample is
+# well under the SLO and requests wait. Default 20.
 min_samples = 20
 # No starvation: a request that has waited this long (seconds) gets a bounded share ahead of
 # the higher classes: within its class's reserved_tokens, or one request per aging_s (the
