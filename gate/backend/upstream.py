@@ -173,6 +173,15 @@ def json_object(raw: str | bytes) -> dict[str, Any] | None:
     return parsed if isinstance(parsed, dict) else None
 
 
+def _with_timings(event: str, timings: str) -> str:
+    """A held finish chunk's SSE event with `"timings":{...}` as its last key, where a stream
+    without include_usage has it (the chunk's JSON object ends the event's one data line)."""
+    end = event.rstrip("\n")
+    if not end.endswith("}"):
+        return event
+    return end[:-1] + "," + timings + "}" + event[len(end) :]
+
+
 def _announces_role(payload: str) -> bool:
     """A chat stream's opening chunk that only names the role (llama-server writes
     `"delta":{"role":"assistant","content":null}` before the first token's text, in its own
@@ -326,6 +335,13 @@ class SseRelay:
     #: after the first token, read llama-server at most this often and relay what came as one
     #: write ([gate] stream_batch_ms; 0: each read as it comes)
     batch_s: float = 0.0
+    #: a chat stream's finish chunk, held until the next event: llama-server moves the chunk's
+    #: `timings` into the usage chunk the gate asked for (include_usage) and the client did not,
+    #: so the gate puts them back where a straight stream has them (a trial: a stream through
+    #: the gate had no `timings`, which tokens/s readouts such as llama.cpp's web UI read)
+    _finish: str | None = None
+    _finish_is_token: bool = False
+    _timings: str | None = None  # the dropped usage chunk's `"timings":{...}`, as llama-server wrote it
 
     async def reads(self) -> AsyncIterator[tuple[str, str]]:
         """Per upstream read, the complete events to relay: (now, held back).
@@ -349,6 +365,9 @@ class SseRelay:
         body = self.response.extensions.get(BODY_EXTENSION) if self.batch_s > 0 else None
         batching = False  # the first token is out and `body` reads in batches
 
+        def emit(text: str) -> None:
+            (held if self.stats.finished else now).append(text)
+
         def take(lines: list[str]) -> None:
             nonlocal event
             for line in lines:
@@ -359,9 +378,19 @@ class SseRelay:
                         event.append(line)
                     continue
                 self._event = ""
+                finish = self._finish
+                if finish is not None and (event or self._timings is not None):
+                    # the event after a held finish chunk: the dropped usage chunk gives its timings back
+                    self._finish = None
+                    emit(finish if self._timings is None else _with_timings(finish, self._timings))
+                    self._timings = None
                 if event:  # an SSE event ends at a blank line
-                    (held if self.stats.finished else now).append("\n".join(event) + "\n\n")
+                    text = "\n".join(event) + "\n\n"
                     event = []
+                    if self._finish_is_token:
+                        self._finish, self._finish_is_token = text, False
+                    else:
+                        emit(text)
 
         try:
             async for raw in self.response.aiter_bytes():
@@ -389,6 +418,9 @@ class SseRelay:
             log.warning("backend %s: stream broke: %s: %s", self._where(), type(exc).__name__, exc)
             raise GateError(Reason.UPSTREAM_ERROR, f"backend stream broke: {type(exc).__name__}", retry_after_s=RETRY_DOWN_S) from exc
         take([partial + decoder.decode(b"", final=True), ""])  # a last event without its blank line
+        if self._finish is not None:  # the stream ended after it: as it came
+            emit(self._finish)
+            self._finish = None
         if now or held:
             yield "".join(now), "".join(held)
 
@@ -451,6 +483,8 @@ class SseRelay:
             self.stats.first_token_at = self.clock()
             self.on_first_token()
         self.stats.tokens += 1
+        if not self.keep_usage_chunk and self.tasks == 1 and '"finish_reason":"' in payload and '"timings"' not in payload:
+            self._finish_is_token = True  # held until the next event (`reads`): its timings may follow
         return self._inspect(payload)
 
     def _typed(self, events: EventFormat, line: str) -> bool:
@@ -501,5 +535,8 @@ class SseRelay:
         if self.collect:
             self.chunks.append(chunk)
         if not self.keep_usage_chunk and chunk.get("choices") == [] and "usage" in chunk:
+            at = payload.rfind(',"timings":{')
+            if at >= 0 and payload.endswith("}}") and "timings" in chunk:  # its last key, as llama-server writes it
+                self._timings = payload[at + 1 : -1]
             return False
         return True
