@@ -39,7 +39,7 @@ import anyio
 import httpx
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from gate.backend.upstream import RETRY_DOWN_S, forward_headers, is_redirect, json_object, redirect_error, relayed_headers
 from gate.core.errors import GateError
@@ -50,7 +50,7 @@ from gate.data.records import DecisionRecord
 from gate.http import model_routes
 from gate.http.cors import mark_relayed
 from gate.http.intake import check_headers
-from gate.http.proxy import CLIENT_CLOSED
+from gate.http.proxy import CLIENT_CLOSED, json_answer
 from gate.http.requestids import RequestIds
 
 if TYPE_CHECKING:
@@ -173,7 +173,7 @@ class ForwardEndpoint:
             raise
         self.gate.metrics.forwarded(route.name, 200)
         self._record(request, request_id, route.name, caller, backend, "forwarded", "ok", 200, t0, wall0)
-        return JSONResponse(answer, headers={"x-request-id": request_id})
+        return json_answer(answer, headers={"x-request-id": request_id})
 
     # ---- the steps --------------------------------------------------------------------
 

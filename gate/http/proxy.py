@@ -13,10 +13,11 @@ import functools
 import json
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from starlette.datastructures import Headers
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gate.backend.gatekeeper import Ticket
@@ -499,8 +500,9 @@ class _Flow:
         await self._start(
             200,
             [
-                (b"Content-Type", b"text/event-stream"),  # spelled as llama-server does
-                (b"Cache-Control", b"no-cache"),
+                # spelled as llama-server does, and without a Cache-Control it does not send (its
+                # X-Accel-Buffering, relayed, is what keeps a proxy from holding the stream)
+                (b"Content-Type", b"text/event-stream"),
                 *relayed_headers(relay.response.headers, drop=REBUILT),
             ],
             relayed=True,
@@ -882,6 +884,18 @@ class _Flow:
             tpot_s=stats.tpot_s if stats is not None else None,
             objective_ms=self._objective_ms(cls),
         )
+
+
+def json_answer(answer: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    """The gate's own JSON answer (/health, the merged model list, a router's model operation),
+    framed and spelled as llama-server's own: `Content-Type: application/json; charset=utf-8`
+    and `Content-Length`, where Starlette's JSONResponse wrote `content-type: application/json`
+    (a trial's header comparison)."""
+    body = json.dumps(answer, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+    response = Response(body, status_code=status)
+    extra = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
+    response.raw_headers = [(b"Content-Type", _JSON), _length(body), *extra]
+    return response
 
 
 def _length(body: bytes) -> tuple[bytes, bytes]:

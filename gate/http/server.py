@@ -27,7 +27,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -38,7 +38,7 @@ from gate.http.clientguard import BodyReader, abort, guarded_protocol, send_with
 from gate.http.cors import CorsMirror, mark_relayed
 from gate.http.forward import ForwardEndpoint
 from gate.http.intake import ENDPOINTS
-from gate.http.proxy import AdmittedEndpoint
+from gate.http.proxy import AdmittedEndpoint, json_answer
 from gate.observe.backend_metrics import START_HEADER, backend_series
 from gate.observe.snapshots import ObjectiveGapsMemo
 
@@ -104,7 +104,7 @@ def build_app(gate: RequestPorts) -> ASGIApp:
             # the fleet's tenant limits: a trial's health check read "ok" while fail_closed
             # answered every limited tenant 429 (the console and /metrics said it, /health not)
             answer["shared"] = shared_health(gate.shared.state, gate.shared.divisor)
-        return JSONResponse(answer, status_code=200 if ready else 503)
+        return json_answer(answer, 200 if ready else 503)
 
     async def metrics(request: Request) -> Response:
         gate.refresh_metrics()
@@ -149,7 +149,7 @@ def build_app(gate: RequestPorts) -> ASGIApp:
             raise GateError(Reason.NO_BACKEND, "no backend answered the model list", retry_after_s=5.0)
         # llama-server's order: "models" (its Ollama-style list) first, then the OpenAI list.
         answer: dict[str, Any] = ({"models": listing} if listing else {}) | {"object": "list", "data": data}
-        return JSONResponse(answer)
+        return json_answer(answer)
 
     async def gate_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, GateError)

@@ -52,3 +52,29 @@ async def test_a_refusal_on_the_gates_other_routes_is_spelled_so_too():
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", r.text
         assert {b"Content-Type", b"Content-Length"} <= set(names(r)), names(r)
         assert int(r.headers["content-length"]) == len(r.content)
+
+
+async def test_the_gates_own_json_answers_are_framed_as_llama_servers():
+    """/health and the merged model list came from Starlette's JSONResponse:
+    `content-type: application/json` and `content-length`, where llama-server sends
+    `Content-Type: application/json; charset=utf-8` and `Content-Length` (a trial's comparison)."""
+    async with gate_on_fake_llama(GATE_CONFIG) as g:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=g.app), base_url="http://gate") as c:
+            health = await c.get("/health")
+            models = await c.get("/v1/models")
+    for r in (health, models):
+        assert r.status_code == 200, r.text
+        assert [n for n in names(r) if n.lower() in (b"content-type", b"content-length")] == [b"Content-Type", b"Content-Length"]
+        assert r.headers["content-type"] == "application/json; charset=utf-8"
+        assert int(r.headers["content-length"]) == len(r.content)
+    assert health.json()["status"] == "ok" and models.json()["object"] == "list"
+    assert b'": ' not in health.content  # compact, as llama-server writes its JSON
+
+
+async def test_a_stream_carries_no_header_llama_server_does_not_send():
+    """The gate added `Cache-Control: no-cache` to every stream; llama-server sends none."""
+    async with gate_on_fake_llama(GATE_CONFIG) as g:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=g.app), base_url="http://gate") as c:
+            r = await c.post(CHAT, json={"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 4})
+    assert r.status_code == 200 and r.headers["content-type"] == "text/event-stream"
+    assert b"cache-control" not in [n.lower() for n in names(r)]
