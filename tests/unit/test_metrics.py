@@ -239,3 +239,14 @@ async def test_queue_wait_observes_what_went_through_a_queue_not_a_refusal_at_on
         assert value(m, "tokengate_queue_wait_seconds_count", **{"class": "batch", "outcome": "refused"}) in (None, 0)
         waits = [v for n, lab, v in samples(m) if n == "tokengate_queue_wait_seconds_count" and lab["class"] == "interactive"]
         assert sum(waits) == 1, waits
+
+
+def test_the_default_objective_has_a_bucket_of_its_own() -> None:
+    """The share within the default 2 s objective is `le="2.0"` over the count: vLLM's buckets
+    alone had 1.0 and 2.5, so the README's recipe could not read it (a trial)."""
+    m = GateMetrics()
+    m.register_classes(["interactive"])
+    for s in (0.4, 1.9, 2.2, 3.0):
+        m.ttft_total("interactive", s, "admitted")
+    within = value(m, "tokengate_ttft_seconds_bucket", **{"class": "interactive", "outcome": "admitted", "le": "2.0"})
+    assert within == 2 and value(m, "tokengate_ttft_seconds_count", **{"class": "interactive", "outcome": "admitted"}) == 4
