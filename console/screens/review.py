@@ -3,8 +3,10 @@
 Self-contained, so the live console can ``push_screen(ReviewScreen(journal_path))`` (key
 ``r``) and ``tokengate review`` can run it alone (:class:`console.review_app.ReviewApp`):
 it opens its own read-only connection (:class:`gate.journal.reader.JournalReader`) and
-closes it on unmount. ``escape``/``q`` dismisses it with ``None`` (or the open error's
-message when the journal could not be read).
+closes it on unmount. ``q`` dismisses it with ``None`` (or the open error's message when the
+journal could not be read). ``escape`` never does: it clears the filter (or leaves the filter
+field); with nothing to clear it says that ``q`` closes (a second esc meant for a filter quit
+``tokengate review`` at once, and the what-if's edits with it).
 
 Shows: the budget curve for the range (samples bucketed in SQL to at most
 ``CHART_POINTS`` points) with audit events as marks; the audit rows; the decisions, one
@@ -224,7 +226,7 @@ class ReviewScreen(Screen[str | None]):
     """
 
     BINDINGS = [
-        Binding("escape", "escape", "Clear filter / back"),
+        Binding("escape", "escape", "Clear filter"),
         Binding("q", "close", "Close"),
         Binding("1", "set_range(0)", "Range", key_display="1-5"),
         Binding("2", "set_range(1)", "1h", show=False),
@@ -588,13 +590,17 @@ class ReviewScreen(Screen[str | None]):
         self.dismiss(self.error)
 
     def action_escape(self) -> None:
-        """Esc clears a filter first, as in the live console; with none, it goes back."""
+        """Esc clears a filter, as in the live console, or leaves the filter field; it never
+        closes the review (q does): with nothing to clear, it says so."""
         filt = self.query_one("#review-filter", Input)
         if self.filter_fields or filt.value:
             filt.value = ""
             self._filter_submitted(Input.Submitted(filt, ""))
             return
-        self.action_close()
+        if self.focused is filt:
+            self.query_one("#review-decisions", DataTable).focus()
+            return
+        self.notify("nothing to clear: q closes the review (esc never does)", timeout=3, markup=False)
 
     def action_set_range(self, index: int) -> None:
         if not 0 <= index < len(RANGES):
