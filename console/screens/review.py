@@ -255,6 +255,8 @@ class ReviewScreen(Screen[str | None]):
         export_dir: str | os.PathLike[str] | None = None,
         range_index: int | None = None,
         apply: Callable[[Any], Awaitable[list[str]]] | None = None,
+        live: Callable[[], Awaitable[Any]] | None = None,
+        no_apply: str = "",
         name: str | None = None,
         id: str | None = None,  # noqa: A002 - Textual's name
         classes: str | None = None,
@@ -263,7 +265,9 @@ class ReviewScreen(Screen[str | None]):
         ``slo_ttft_ms``: draws the SLO line (the journal does not record it).
         ``export_dir``: where ``e`` writes its CSV (default: the working directory).
         ``range_index``: into RANGES; default: the shortest range that holds the whole journal.
-        ``apply``: the live console's sender of one command (the what-if's apply); None: replay only."""
+        ``apply``: the live console's sender of one command (the what-if's apply); None: replay
+        only, ``no_apply`` saying why (default: review has no gate). ``live``: the gate's latest
+        snapshot (what the what-if's confirmation compares with the thresholds replayed)."""
         super().__init__(name=name, id=id, classes=classes)
         self.journal_path = os.fspath(journal_path)
         self.slo_ttft_ms = slo_ttft_ms
@@ -271,6 +275,8 @@ class ReviewScreen(Screen[str | None]):
         self.export_dir = Path(export_dir) if export_dir is not None else None
         self.range_index = DEFAULT_RANGE if range_index is None else range_index
         self.apply = apply
+        self.live = live
+        self.no_apply = no_apply
         self._fit_range = range_index is None
         self.reader: JournalReader | None = None
         #: the open error (shown instead of the review), if any
@@ -685,6 +691,8 @@ class ReviewScreen(Screen[str | None]):
                 until,
                 window_text=text,
                 apply=self.apply,
+                live=self.live,
+                no_apply=self.no_apply,
                 draft=self._whatif_draft,
                 keep_draft=self._keep_whatif_draft,
             )
