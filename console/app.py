@@ -514,10 +514,18 @@ class TokengateApp(App[None]):
 
     def action_review(self) -> None:
         from console.screens.review import ReviewScreen
+        from console.screens.whatif import READ_ONLY
 
         slo = self.last_snapshot.controller.slo_ttft_ms if self.last_snapshot is not None else None
         apply = None if self.read_only else self.apply_command
-        self.push_screen(ReviewScreen(self.link.info.journal, slo_ttft_ms=slo, apply=apply), lambda _error: self._after_review())
+        screen = ReviewScreen(
+            self.link.info.journal,
+            slo_ttft_ms=slo,
+            apply=apply,
+            live=self._fetch,
+            no_apply=READ_ONLY if self.read_only else "",
+        )
+        self.push_screen(screen, lambda _error: self._after_review())
 
     async def apply_command(self, command: Command) -> list[str]:
         """The review's what-if applies its proposal here: one command, audited as any."""

@@ -219,7 +219,7 @@ async def capture(out: Path, *, speed: float, seconds: float) -> dict[str, str]:
                 await _review_loaded(pilot)
                 _save(app, out, "review-160x48.svg")
                 shots["review-160x48.svg"] = "review screen over the demo's journal"
-                await _press(pilot, "escape", app._main_active, "escape did not close the review screen")
+                await _press(pilot, "q", app._main_active, "q did not close the review screen")
                 stats = dict(traffic.status_counts())
                 records = len(gate.records)
             print(f"demo: {lapse.demo_seconds():.0f} s of demo time; traffic {stats}; {records} decisions")

@@ -3,8 +3,10 @@
 Self-contained, so the live console can ``push_screen(ReviewScreen(journal_path))`` (key
 ``r``) and ``tokengate review`` can run it alone (:class:`console.review_app.ReviewApp`):
 it opens its own read-only connection (:class:`gate.journal.reader.JournalReader`) and
-closes it on unmount. ``escape``/``q`` dismisses it with ``None`` (or the open error's
-message when the journal could not be read).
+closes it on unmount. ``q`` dismisses it with ``None`` (or the open error's message when the
+journal could not be read). ``escape`` never does: it clears the filter (or leaves the filter
+field); with nothing to clear it says that ``q`` closes (a second esc meant for a filter quit
+``tokengate review`` at once, and the what-if's edits with it).
 
 Shows: the budget curve for the range (samples bucketed in SQL to at most
 ``CHART_POINTS`` points) with audit events as marks; the audit rows; the decisions, one
@@ -224,7 +226,7 @@ class ReviewScreen(Screen[str | None]):
     """
 
     BINDINGS = [
-        Binding("escape", "escape", "Clear filter / back"),
+        Binding("escape", "escape", "Clear filter"),
         Binding("q", "close", "Close"),
         Binding("1", "set_range(0)", "Range", key_display="1-5"),
         Binding("2", "set_range(1)", "1h", show=False),
@@ -253,6 +255,8 @@ class ReviewScreen(Screen[str | None]):
         export_dir: str | os.PathLike[str] | None = None,
         range_index: int | None = None,
         apply: Callable[[Any], Awaitable[list[str]]] | None = None,
+        live: Callable[[], Awaitable[Any]] | None = None,
+        no_apply: str = "",
         name: str | None = None,
         id: str | None = None,  # noqa: A002 - Textual's name
         classes: str | None = None,
@@ -261,7 +265,9 @@ class ReviewScreen(Screen[str | None]):
         ``slo_ttft_ms``: draws the SLO line (the journal does not record it).
         ``export_dir``: where ``e`` writes its CSV (default: the working directory).
         ``range_index``: into RANGES; default: the shortest range that holds the whole journal.
-        ``apply``: the live console's sender of one command (the what-if's apply); None: replay only."""
+        ``apply``: the live console's sender of one command (the what-if's apply); None: replay
+        only, ``no_apply`` saying why (default: review has no gate). ``live``: the gate's latest
+        snapshot (what the what-if's confirmation compares with the thresholds replayed)."""
         super().__init__(name=name, id=id, classes=classes)
         self.journal_path = os.fspath(journal_path)
         self.slo_ttft_ms = slo_ttft_ms
@@ -269,6 +275,8 @@ class ReviewScreen(Screen[str | None]):
         self.export_dir = Path(export_dir) if export_dir is not None else None
         self.range_index = DEFAULT_RANGE if range_index is None else range_index
         self.apply = apply
+        self.live = live
+        self.no_apply = no_apply
         self._fit_range = range_index is None
         self.reader: JournalReader | None = None
         #: the open error (shown instead of the review), if any
@@ -588,13 +596,17 @@ class ReviewScreen(Screen[str | None]):
         self.dismiss(self.error)
 
     def action_escape(self) -> None:
-        """Esc clears a filter first, as in the live console; with none, it goes back."""
+        """Esc clears a filter, as in the live console, or leaves the filter field; it never
+        closes the review (q does): with nothing to clear, it says so."""
         filt = self.query_one("#review-filter", Input)
         if self.filter_fields or filt.value:
             filt.value = ""
             self._filter_submitted(Input.Submitted(filt, ""))
             return
-        self.action_close()
+        if self.focused is filt:
+            self.query_one("#review-decisions", DataTable).focus()
+            return
+        self.notify("nothing to clear: q closes the review (esc never does)", timeout=3, markup=False)
 
     def action_set_range(self, index: int) -> None:
         if not 0 <= index < len(RANGES):
@@ -679,6 +691,8 @@ class ReviewScreen(Screen[str | None]):
                 until,
                 window_text=text,
                 apply=self.apply,
+                live=self.live,
+                no_apply=self.no_apply,
                 draft=self._whatif_draft,
                 keep_draft=self._keep_whatif_draft,
             )

@@ -17,12 +17,24 @@ warnings (a trial's status line replaced the window's notes, and no warning was 
 
 From the live console (``r`` then ``w``, not ``--read-only``) the proposal replayed can be
 applied to the running gate: ctrl+t (or Apply) asks, then sends it as ONE Retune command
-through the link (:func:`retune_of`: ``backend.token_budget`` -> the budget, the controller
-frozen there as the replay held it,
-``budget.min_tokens``/``budget.slo_ttft_p95_ms`` -> settings, one class's retune keys), audited
-like ``t`` with a note naming the window. A proposal the live retune cannot express (other
-keys, two classes) is replayable but not appliable, and the form says why. ``tokengate
-review`` has no gate: there the what-if only replays.
+through the link (:func:`retune_of`: ``backend.token_budget`` -> the budget, set by hand and
+the controller frozen there (``f`` unfreezes), ``budget.min_tokens``/``budget.slo_ttft_p95_ms``
+-> settings, one class's retune keys), audited like ``t`` with a note naming the window. The
+budget applied is what was replayed only in static mode: in adaptive mode the replay took the
+proposed ``backend.token_budget`` as the pool's ceiling and its controller moved the budget
+under it (a trial's curve: 1500, then 1200, then 960), so the confirmation says so, and that a
+replay with ``budget.mode=static`` added shows what the apply does. The confirmation also lists
+the form's keys the proposal leaves alone whose value on the running gate now (its latest
+snapshot) differs from the one the replay ran with (a hand retune since the window): applying
+leaves them as they are (:func:`live_differences`). A proposal the live retune cannot express
+(other keys, two classes) is replayable but not appliable, and the form says why. After a
+failed replay (a typo in the form, an error in the worker) the previous answer is cleared, not
+left under the error, and nothing can be applied until a replay succeeds. ``tokengate review``
+has no gate, nor has a ``--read-only`` console: there the what-if only replays, and ctrl+t
+says why.
+
+At 80x24 the form, the table, the notes and the curves share one scrolling area; the title,
+the status line, the key hints and the buttons stay on screen.
 """
 
 from __future__ import annotations
@@ -38,7 +50,7 @@ from typing import Any
 from rich.text import Text
 from textual import events, work
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingsMap
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Static, TextArea
@@ -46,6 +58,7 @@ from textual.worker import Worker, WorkerState
 
 from console.screens.confirm import ConfirmScreen
 from gate.data.commands import CommandError, Retune
+from gate.data.snapshot import GateSnapshot
 from gate.ops.link import LinkLost
 from gate.tools.replay import (
     ReplayError,
@@ -121,9 +134,10 @@ def retune_of(proposal: str, note: str = "") -> Retune:
             changes[setting] = _number(key, value)
         else:
             raise ValueError(f"{key}: the live retune does not set it (replay only); it sets {', '.join(_RETUNE_KEYS)}")
-    # The replay modelled backend.token_budget as the pool (its controller could not go above it);
-    # live it is the working budget, which an adaptive controller would move again within seconds
-    # (600 became 660 in a user's trial): applied frozen, it stays what was replayed, until `f`.
+    # Live, backend.token_budget is the working budget, which an adaptive controller would move
+    # again within seconds (600 became 660 in a user's trial): it is applied frozen, and stays
+    # until `f`. That is what a static-mode replay ran; an adaptive one took it as the pool's
+    # ceiling and moved under it (budget_note says which, in the confirmation).
     cmd = Retune(budget=budget, settings=settings, cls=cls, class_changes=changes, note=note, freeze=True if budget is not None else None)
     if not cmd:
         raise ValueError("no change from the recorded thresholds: nothing to apply")
@@ -131,6 +145,85 @@ def retune_of(proposal: str, note: str = "") -> Retune:
 
 
 _RETUNE_KEYS = ("backend.token_budget", *(f"budget.{k}" for k in _SETTINGS), *(f"classes.NAME.{k}" for k in _CLASS_KEYS))
+
+
+def _plain(value: Any) -> str:
+    """A value as the form writes it (gate.tools.replay.settable's): ``none``, ``30`` for 30.0."""
+    if value is None:
+        return "none"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _same(a: str, b: str) -> bool:
+    try:
+        return float(a) == float(b)
+    except ValueError:
+        return a == b
+
+
+def live_values(snap: GateSnapshot) -> dict[str, str]:
+    """The running gate's values of the form's keys, in ``--set`` form, from one snapshot:
+    ``budget.min_tokens`` (0 when the floor is the automatic one) and ``slo_ttft_p95_ms``, each
+    class's retune keys (its own ``ttft_objective_ms``, ``none`` when it has none) and, when one
+    backend's budget is set by hand (frozen, or static mode), ``backend.token_budget``: an
+    adaptive controller's moving budget is no threshold to compare."""
+    c = snap.controller
+    out = {"budget.min_tokens": "0" if c.min_tokens_auto else _plain(c.min_tokens), "budget.slo_ttft_p95_ms": _plain(c.slo_ttft_ms)}
+    if (c.frozen or c.mode == "static") and c.budget is not None and len(snap.backends) == 1:
+        out["backend.token_budget"] = _plain(c.budget)
+    for v in snap.classes:
+        values = {
+            "reserved_tokens": v.reserved_tokens,
+            "limit_tokens": v.limit_tokens,
+            "queue_depth": v.queue_depth,
+            "queue_timeout_s": v.queue_timeout_s,
+            "default_max_tokens": v.default_max_tokens,
+            "ttft_objective_ms": v.own_ttft_objective_ms,
+        }
+        out.update({f"classes.{v.name}.{k}": _plain(value) for k, value in values.items()})
+    return out
+
+
+def live_differences(recorded: Mapping[str, str], proposal: str, live: Mapping[str, str]) -> list[str]:
+    """The form's keys the proposal leaves alone whose value on the running gate (`live`,
+    :func:`live_values`) is not the one the replay ran with (`recorded`): "KEY LIVE (replayed
+    with RECORDED)", in the form's order. Applying leaves them as they are."""
+    proposed = {part.partition("=")[0].strip() for part in proposal.split(",") if part.strip()}
+    if proposed & {"backend.token_budget", "backends.token_budget"}:
+        proposed |= {"backend.token_budget", "backends.token_budget"}
+    return [
+        f"{key} {live[key]} (replayed with {value})"
+        for key, value in recorded.items()
+        if key not in proposed and key in live and not _same(live[key], value)
+    ]
+
+
+def budget_note(mode: str, budget: int, curve: list[list[float]] | None) -> str:
+    """What the confirmation says of a proposed ``backend.token_budget``, true to the replay's
+    budget ``mode``: static, the replay held it as the apply will; adaptive, the replay took
+    it as the pool's ceiling and its controller moved under it (``curve``: the proposal's
+    ``budget_curve``, [[t, budget], ...]), while the apply sets it by hand and freezes it."""
+    if mode != "adaptive":
+        return "The budget is set by hand and the adaptive controller frozen there, as the replay held it (f unfreezes it)."
+    seen = [int(b) for _, b in curve or ()]
+    moved = f" ({min(seen)}-{max(seen)})" if seen and min(seen) != max(seen) else ""
+    return (
+        f"The replay (budget.mode=adaptive) took backend.token_budget={budget} as the pool's ceiling and moved the budget under it"
+        f"{moved}; applied, the budget is set to {budget} by hand and the controller frozen there (f unfreezes it): "
+        "not what was replayed. Replay with budget.mode=static added to see what this apply does."
+    )
+
+
+def curve_label(name: str, room: int = 24) -> str:
+    """A scenario's name as the budget curves label it, in `room` characters: cut in the
+    middle, keeping the value at its end (two proposals on one key were both
+    ``classes.interactive.ttf…`` when cut at the end)."""
+    if len(name) <= room:
+        return name
+    tail = min(max(len(name) - name.rfind("=") + 8, room // 2), room - 5)
+    return name[: room - 1 - tail] + "…" + name[-tail:]
 
 
 def notes_of(window: Window, answer: Mapping[str, Any] | None) -> list[tuple[str, bool]]:
@@ -141,6 +234,12 @@ def notes_of(window: Window, answer: Mapping[str, Any] | None) -> list[tuple[str
         return [(n, False) for n in (*window.notes, *window.fit.notes)]
     warned = {f"{s['name']}: {w}" for s in answer["scenarios"] for w in s.get("warnings", ())}
     return [(n, n in warned) for n in (*answer.get("notes", ()), *answer["fit"]["notes"])]
+
+
+#: ctrl+t in `tokengate review`: why nothing is applied
+NO_GATE = "review has no gate: the what-if only replays; apply from `tokengate console --attach`"
+#: ... and in a read-only console
+READ_ONLY = "read-only console: the gate refuses commands; the what-if only replays (attach without --read-only to apply)"
 
 
 def console_words(text: str) -> str:
@@ -172,7 +271,12 @@ class WhatIfScreen(ModalScreen[None]):
     WhatIfScreen #whatif-dialog {
         width: 96%;
         height: 94%;
-        overflow-y: auto;
+    }
+    /* the form, the table, the notes and the curves scroll together; the title, the status
+       line, the hints and the buttons around them stay on screen (at 80x24 the hints and
+       the buttons were drawn below the dialog's edge) */
+    WhatIfScreen #whatif-body {
+        height: 1fr;
     }
     WhatIfScreen #whatif-form {
         height: 12;
@@ -198,6 +302,9 @@ class WhatIfScreen(ModalScreen[None]):
         height: auto;
         color: $text-muted;
     }
+    WhatIfScreen #whatif-hint {
+        height: auto;
+    }
     WhatIfScreen #whatif-status.error {
         color: $error;
     }
@@ -219,13 +326,27 @@ class WhatIfScreen(ModalScreen[None]):
         apply: Callable[[Retune], Awaitable[list[str]]] | None = None,
         draft: str | None = None,
         keep_draft: Callable[[str], None] | None = None,
+        live: Callable[[], Awaitable[GateSnapshot | None]] | None = None,
+        no_apply: str = "",
     ) -> None:
         """``apply``: sends one command to the attached gate (the live console's); None:
-        replay only (``tokengate review``, ``--read-only``). ``draft``: the form as it was left
-        for this window (closing the what-if once threw the edits away); ``keep_draft`` gets
-        the form's text when it closes."""
+        replay only (``tokengate review``, ``--read-only``), and ``no_apply`` says why when
+        ctrl+t is pressed (default: review's). ``live``: the gate's latest snapshot, for what
+        the confirmation says of the gate now. ``draft``: the form as it was left for this
+        window (closing the what-if once threw the edits away); ``keep_draft`` gets the form's
+        text when it closes."""
         super().__init__(classes="dialog-screen")
         self.apply = apply
+        self.live = live
+        self.no_apply = no_apply or NO_GATE
+        if apply is None:
+            # ctrl+t stays bound (it says why nothing is applied), out of the footer
+            self._bindings = BindingsMap.from_keys(
+                {
+                    key: [dataclasses.replace(b, show=False) if b.action == "apply" else b for b in found]
+                    for key, found in self._bindings.key_to_bindings.items()
+                }
+            )
         self.draft = draft
         self.keep_draft = keep_draft
         #: the messages of the command applied from here, if one was
@@ -246,22 +367,30 @@ class WhatIfScreen(ModalScreen[None]):
         #: the notes shown under the table, as ``notes_of`` gives them (True: a proposal's warning)
         self.notes: list[tuple[str, bool]] = []
         self._run = 0
+        #: the latest replay failed (or was refused): its answer cleared, nothing to apply
+        self.failed = False
+        #: the replay worker whose answer (or error) is awaited: an older one's is not shown
+        self._replaying: Worker[Any] | None = None
 
     def compose(self) -> ComposeResult:
         with Vertical(id="whatif-dialog", classes="dialog"):
             yield Static(f"What if: replay {self.window_text}", id="whatif-title", classes="dialog-title", markup=False)
-            yield TextArea("", id="whatif-form", soft_wrap=False, show_line_numbers=False)
             yield Static("loading the window…", id="whatif-status", markup=False)
-            table: DataTable[Text] = DataTable(id="whatif-table", zebra_stripes=True, cursor_type="row")
-            yield table
-            # the notes `tokengate replay` prints (the window's, the model's, the proposal's
-            # warnings): their own area, which scrolls, not the status line a replay overwrites
-            yield VerticalScroll(id="whatif-notes")
-            # each scenario's working budget over the window, on one scale: the replayed over the recorded
-            yield Static("", id="whatif-curve", markup=False)
+            with VerticalScroll(id="whatif-body"):
+                yield TextArea("", id="whatif-form", soft_wrap=False, show_line_numbers=False)
+                table: DataTable[Text] = DataTable(id="whatif-table", zebra_stripes=True, cursor_type="row")
+                yield table
+                # the notes `tokengate replay` prints (the window's, the model's, the proposal's
+                # warnings): their own area, which scrolls, not the status line a replay overwrites
+                yield VerticalScroll(id="whatif-notes")
+                # each scenario's working budget over the window, on one scale: the replayed over the recorded
+                yield Static("", id="whatif-curve", markup=False)
+            applies = " · ctrl+t applies" if self.apply is not None else ""
             yield Static(
-                "edit KEY=VALUE lines (as `tokengate replay --set`) · ctrl+r replays · esc closes · '?' = not trusted",
+                f"edit KEY=VALUE lines (as `tokengate replay --set`) · ctrl+r replays{applies} · esc closes · '?' = not trusted",
+                id="whatif-hint",
                 classes="dialog-hint",
+                markup=False,
             )
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Replay", id="whatif-replay", variant="success", disabled=True)
@@ -306,8 +435,8 @@ class WhatIfScreen(ModalScreen[None]):
             assert isinstance(result, tuple)
             run, text, answer = result
             if run != self._run:
-                return  # an older run's answer: a newer one is on its way
-            self.answer, self.proposal = answer, text
+                return  # an older run's answer: a newer one (or a refused one) came after it
+            self.answer, self.proposal, self.failed = answer, text, False
             self._fill(answer)
             assert self.window is not None
             self._show_notes(notes_of(self.window, answer))
@@ -319,8 +448,12 @@ class WhatIfScreen(ModalScreen[None]):
             warned = f" · {warnings} config-check warning{'' if warnings == 1 else 's'} below" if warnings else ""
             self._status(f"{what} · {untrusted} figures not trusted ('?': calibration error over 25%){warned}")
         elif event.state == WorkerState.ERROR:
+            if worker.group == "whatif-replay" and worker is not self._replaying:
+                return  # an older run's error: a newer one came after it
             error = worker.error
             message = str(error) if isinstance(error, ReplayError | ValueError) else f"{type(error).__name__}: {error}"
+            if worker.group == "whatif-replay":
+                self._forget_answer()
             prefix = "cannot replay this window: " if worker.group == "whatif-load" else "replay failed: "
             self._status(prefix + console_words(message), error=True)
 
@@ -368,8 +501,26 @@ class WhatIfScreen(ModalScreen[None]):
         if self.answer is None:
             return
         curve = self.query_one("#whatif-curve", Static)
-        self.curve_lines = budget_lines(self.answer, columns=curve.content_region.width or None)
+        # labelled by curve_label: budget_lines cuts a name at its end, and two proposals on one
+        # key read alike there
+        labelled = {**self.answer, "scenarios": [{**s, "name": curve_label(s["name"])} for s in self.answer["scenarios"]]}
+        self.curve_lines = budget_lines(labelled, columns=curve.content_region.width or None)
         curve.update("\n".join(self.curve_lines))
+
+    def _forget_answer(self) -> None:
+        """The latest replay failed (or was refused): the previous answer goes, not left under
+        the error as if it were this form's (a trial read the last run's proposal column under
+        "proposal not replayed"); nothing can be applied until a replay succeeds."""
+        self._run += 1  # a replay still running answers for a form that is no longer there
+        self._replaying = None
+        self.answer, self.proposal, self.failed = None, "", True
+        self.curve_lines = []
+        self.query_one("#whatif-table", DataTable).clear(columns=True)
+        self.query_one("#whatif-curve", Static).update("")
+        if self.window is not None:
+            self._show_notes(notes_of(self.window, None))
+        if self.apply is not None:
+            self.query_one("#whatif-apply", Button).disabled = True
 
     def on_resize(self, event: events.Resize) -> None:
         self._draw_curves()
@@ -391,25 +542,28 @@ class WhatIfScreen(ModalScreen[None]):
             if text:
                 proposal_from_set(text, self.window.config)  # checked here: a typo is said at once
         except ValueError as e:
-            self._status(f"proposal not replayed: {e}", error=True)
+            self._forget_answer()
+            self._status(f"proposal not replayed: {e} (the table is cleared)", error=True)
             return
         self._run += 1
         self._status(f"replaying {len(self.window.arrivals):,} arrivals" + (f" under {text}" if text else "") + " …")
-        self.run_worker(
+        self._replaying = self.run_worker(
             partial(self._replay_thread, self.window, text, self._run),
             thread=True,
             group="whatif-replay",
             exit_on_error=False,
         )
 
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        return self.apply is not None if action == "apply" else True
-
     @work(group="whatif-apply", exclusive=True, exit_on_error=False)
     async def action_apply(self) -> None:
         """Ask, then send the proposal last replayed as one Retune (the form's current text
         must be what was replayed: apply what you saw)."""
         if self.apply is None:
+            # said, not ignored (ctrl+t did nothing in review and in a read-only console)
+            self._status(self.no_apply, error=True)
+            return
+        if self.failed:
+            self._status("not applied: the last replay failed (its table is cleared): fix the form and replay it (ctrl+r)", error=True)
             return
         if self.answer is None or not self.proposal:
             self._status("replay a proposal first (ctrl+r): apply sends what the table shows", error=True)
@@ -423,15 +577,23 @@ class WhatIfScreen(ModalScreen[None]):
             self._status(f"not applied: {e}", error=True)
             return
         untrusted = len(self.answer["scenarios"][1]["untrusted"])
+        assert self.window is not None
+        budget = ""
+        if command.budget is not None:
+            curve = self.answer["scenarios"][-1].get("budget_curve")
+            budget = "\n" + budget_note(self.window.config.budget.mode, command.budget, curve)
+        # the running gate now, beside what was replayed: a hand retune since the window (a
+        # trial's queue_depth 12 where the replay ran 8) stays in force, and is said
+        snap = await self.live() if self.live is not None else None
+        differ = live_differences(self.recorded, self.proposal, live_values(snap)) if snap is not None else []
+        if differ:
+            them = "them as they are" if len(differ) > 1 else "it as it is"
+            budget += f"\nThe gate now differs from what was replayed: {', '.join(differ)}; applying leaves {them}."
         if not await self.app.push_screen_wait(
             ConfirmScreen(
                 "Apply the what-if",
                 f"Retune the running gate: {self.proposal.replace(',', ', ')}"
-                + (
-                    "\nThe budget is set by hand and the adaptive controller frozen there, as the replay held it (f unfreezes it)."
-                    if command.budget is not None
-                    else ""
-                )
+                + budget
                 # the figures behind the decision, as trusted as the calibration says (a trial
                 # applied a proposal whose 15 of 17 figures were marked '?', with nothing said here)
                 + (

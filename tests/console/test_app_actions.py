@@ -492,7 +492,10 @@ async def test_r_opens_the_review_screen_and_actions_stay_off_under_it(gate, tmp
         await pilot.press("f", "d", "t")  # the live view's actions are not for the review screen
         await pilot.pause()
         assert not gate.snapshot().controller.frozen and not audit_rows(gate)
-        await pilot.press("escape")
+        await pilot.press("escape")  # esc never leaves the review (it clears a filter): q does
+        await pilot.pause()
+        assert len(app.screen_stack) == 2
+        await pilot.press("q")
         await pilot.pause()
         assert len(app.screen_stack) == 1
 

@@ -412,7 +412,7 @@ class HostApp(App[None]):
         self.push_screen(ReviewScreen(self.journal))
 
 
-async def test_pushed_from_the_live_console_and_escape_returns(journal_1000: Path) -> None:
+async def test_pushed_from_the_live_console_and_q_returns(journal_1000: Path) -> None:
     app = HostApp(journal_1000)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("r")
@@ -421,7 +421,10 @@ async def test_pushed_from_the_live_console_and_escape_returns(journal_1000: Pat
         await pilot.press("r")  # inside the review, r reloads; it does not stack another review
         screen = await settle(pilot)
         assert len(app.screen_stack) == 2
-        await pilot.press("escape")
+        await pilot.press("escape")  # esc never leaves the review (it clears a filter): q does
+        await pilot.pause()
+        assert app.screen is screen
+        await pilot.press("q")
         await pilot.pause()
         assert not isinstance(app.screen, ReviewScreen)
         assert app.query_one("#live", Static)
@@ -449,7 +452,7 @@ async def test_corrupt_journal_shows_an_error(tmp_path: Path) -> None:
     async with app.run_test(size=SIZE) as pilot:
         screen = await settle(pilot)
         assert screen.error is not None and "bad.db" in screen.error
-        await pilot.press("escape")
+        await pilot.press("q")
         await pilot.pause()
     assert app.return_code == 1
 
@@ -689,7 +692,7 @@ async def test_at_80_columns_the_header_still_names_the_window(journal_1000: Pat
         assert "5 all   2023-11-14 22:20:00 → 2023-11-14 22:25:00 UTC" in header, header  # wide: as before
 
 
-async def test_escape_clears_a_filter_before_it_leaves_the_review(journal_1000: Path) -> None:
+async def test_escape_clears_a_filter_and_never_leaves_the_review(journal_1000: Path) -> None:
     app = ReviewApp(journal_1000)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
@@ -700,6 +703,9 @@ async def test_escape_clears_a_filter_before_it_leaves_the_review(journal_1000: 
         screen = await settle(pilot)
         assert app.is_running and app.screen is screen and not screen.filter_fields
         assert screen.total == 1000
-        await pilot.press("escape")
+        await pilot.press("escape")  # nothing to clear: it says q closes, and stays
         await pilot.pause()
-    assert app.return_code in (0, None)
+        assert app.is_running and app.screen is screen
+        await pilot.press("q")
+        await pilot.pause()
+    assert app.return_code == 0

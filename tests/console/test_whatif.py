@@ -201,8 +201,7 @@ async def test_apply_from_the_what_if_sends_exactly_one_retune(gate, journal: Pa
         await settle(pilot)
         assert screen.proposal == "classes.batch.queue_depth=3"
         await pilot.press("ctrl+t")
-        await pilot.pause()
-        assert isinstance(app.screen, ConfirmScreen)
+        await confirmation(pilot)  # the apply fetches the gate's snapshot first
         # the confirmation says how many of the figures behind it the calibration trusts not
         untrusted = len(screen.answer["scenarios"][1]["untrusted"])
         assert (f"{untrusted} of the table's figures are not trusted" in app.screen.message) == (untrusted > 0)
@@ -220,7 +219,7 @@ async def test_apply_from_the_what_if_sends_exactly_one_retune(gate, journal: Pa
         assert gate.backends.backends[0].admission.queue("batch").depth == 3
         # applied again: the gate already runs it, so nothing is audited and the screen says so
         await pilot.press("ctrl+t")
-        await pilot.pause()
+        await confirmation(pilot)
         await pilot.press("y")
         await settle(pilot)
         assert len(sent) == 2 and len(gate.recent_audit) == before + 1
@@ -518,3 +517,287 @@ async def test_a_window_before_the_journal_says_the_filter_key_the_user_typed(jo
         assert screen.error is not None
         assert "no decisions before until=" in screen.error, screen.error
         assert "--until" not in screen.error
+
+
+# ---- a user's trial of the live what-if (findings 1-7)
+
+
+@pytest.fixture
+def gate_journal(tmp_path: Path) -> Path:
+    """A window recorded under the console fixture's own config (tests/fakes.py GATE_CONFIG:
+    interactive queue_depth 4, batch 8): the live gate runs what was recorded, but for what a
+    test retunes on it."""
+    from tests.fakes import GATE_CONFIG
+
+    config = parse_config(GATE_CONFIG)
+    arrivals = synthetic_arrivals(300, 60.0, seed=3)
+    _, outcomes = recorded_by_model(config, FIT, arrivals)
+    path = tmp_path / "incident.db"
+    write_journal(str(path), config, FIT, arrivals, outcomes)
+    return path
+
+
+async def confirmation(pilot: Pilot) -> ConfirmScreen:
+    """The apply's confirmation, once shown (the apply first fetches the gate's snapshot)."""
+    for _ in range(200):
+        await pilot.pause()
+        if isinstance(pilot.app.screen, ConfirmScreen):
+            return pilot.app.screen
+    raise AssertionError(f"no confirmation: {pilot.app.screen}")
+
+
+def set_form(screen: WhatIfScreen, changes: dict[str, str]) -> None:
+    """The form with each KEY's line set to VALUE (a line added for a KEY not in it)."""
+    form = screen.query_one("#whatif-form", TextArea)
+    lines = form.text.splitlines()
+    for key, value in changes.items():
+        at = [i for i, line in enumerate(lines) if line.partition("=")[0] == key]
+        if at:
+            lines[at[0]] = f"{key}={value}"
+        else:
+            lines.append(f"{key}={value}")
+    form.text = "\n".join(lines)
+
+
+async def test_apply_says_where_the_live_gate_differs_from_what_was_replayed(gate, gate_journal: Path) -> None:
+    # A trial: an earlier retune had left classes.interactive.queue_depth=12 on the gate, the
+    # window recorded 8; the operator applied the budget, the SLO and batch's queue_depth, the
+    # dialog listed those alone and the gate kept 12, which the replay had not run with.
+    gate.journal_path = str(gate_journal)
+    app = make_app(gate)
+    async with app.run_test(size=SIZE) as pilot:
+        await app.send(Retune(cls="interactive", class_changes={"queue_depth": 12}))
+        await pilot.press("r")
+        screen = await open_whatif(pilot)
+        assert screen.recorded["classes.interactive.queue_depth"] == "4"
+        set_form(screen, {"backend.token_budget": "1500", "budget.slo_ttft_p95_ms": "3000", "classes.batch.queue_depth": "3"})
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert screen.error is None and screen.proposal
+        await pilot.press("ctrl+t")
+        said = (await confirmation(pilot)).message
+        assert (
+            "The gate now differs from what was replayed: classes.interactive.queue_depth 12 (replayed with 4); "
+            "applying leaves it as it is." in said
+        ), said
+        # the keys the proposal sets are not listed: the apply sets them
+        assert "classes.batch.queue_depth 8" not in said and "slo_ttft_p95_ms 2000" not in said
+        await pilot.press("y")
+        await settle(pilot)
+        assert screen.applied
+        assert gate.backends.backends[0].admission.queue("interactive").depth == 12  # as said: left as it is
+
+
+async def test_the_confirmation_says_an_adaptive_replay_moved_the_budget_the_apply_freezes(gate, journal: Path) -> None:
+    # A trial's JSON curve for backend.token_budget=1500: [[0,1500],[35,1200],[40,960]]; the
+    # dialog said "frozen there, as the replay held it", false in adaptive mode.
+    gate.journal_path = str(journal)
+    app = make_app(gate)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("r")
+        screen = await open_whatif(pilot)
+        assert screen.window is not None and screen.window.config.budget.mode == "adaptive"
+        set_form(screen, {"backend.token_budget": "1500"})
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert screen.proposal == "backend.token_budget=1500"
+        await pilot.press("ctrl+t")
+        said = (await confirmation(pilot)).message
+        assert "as the replay held it" not in said, said
+        assert "took backend.token_budget=1500 as the pool's ceiling and moved the budget under it" in said, said
+        assert "set to 1500 by hand and the controller frozen there (f unfreezes it): not what was replayed" in said
+        assert "Replay with budget.mode=static added to see what this apply does." in said
+        await pilot.press("n")
+        await settle(pilot)
+
+
+def test_the_budget_note_is_true_to_the_replays_mode() -> None:
+    from console.screens.whatif import budget_note
+
+    assert "as the replay held it" in budget_note("static", 1500, [[0, 1500]])
+    adaptive = budget_note("adaptive", 1500, [[0, 1500], [35, 1200], [40, 960]])
+    assert "moved the budget under it (960-1500)" in adaptive and "as the replay held it" not in adaptive
+
+
+async def test_a_failed_replay_clears_the_previous_answer_and_nothing_is_applied(gate, journal: Path) -> None:
+    # A trial: ctrl+r on a proposal, then a line budget.nope=3 and ctrl+r again: the header said
+    # "proposal not replayed: ... unknown key", the table still showed the previous proposal.
+    gate.journal_path = str(journal)
+    app = make_app(gate)
+    sent: list[object] = []
+    send = app.send
+
+    async def counting(command):
+        sent.append(command)
+        return await send(command)
+
+    app.send = counting  # type: ignore[method-assign]
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("r")
+        screen = await open_whatif(pilot)
+        set_form(screen, {"classes.batch.queue_depth": "3"})
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert screen.proposal == "classes.batch.queue_depth=3" and screen.table_rows and screen.curve_lines
+        set_form(screen, {"budget.nope": "3"})
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert screen.error is not None and screen.error.startswith("proposal not replayed:"), screen.error
+        assert screen.answer is None and screen.proposal == ""
+        assert screen.table_rows == [] and not screen.query_one("#whatif-table").columns
+        assert screen.curve_lines == [] and drawn(app, "#whatif-curve") == ""
+        assert screen.query_one("#whatif-apply", Button).disabled
+        # the form back as it was replayed: still nothing to apply until it is replayed again
+        form = screen.query_one("#whatif-form", TextArea)
+        form.text = "\n".join(line for line in form.text.splitlines() if not line.startswith("budget.nope="))
+        await pilot.press("ctrl+t")
+        await settle(pilot)
+        assert not isinstance(app.screen, ConfirmScreen) and not sent
+        assert screen.error is not None and "the last replay failed" in screen.error
+
+
+async def test_an_error_in_the_replay_worker_clears_the_previous_answer(journal: Path, monkeypatch) -> None:
+    import console.screens.whatif as whatif
+
+    real = whatif.run_replay
+    calls: list[int] = []
+
+    def second_fails(window, proposals):
+        calls.append(1)
+        if len(calls) == 2:
+            raise whatif.ReplayError("the journal moved under the replay")
+        return real(window, proposals)
+
+    monkeypatch.setattr(whatif, "run_replay", second_fails)
+    app = ReviewApp(journal)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_whatif(pilot)
+        set_form(screen, {"classes.batch.queue_depth": "3"})
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert screen.table_rows
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert screen.error is not None and "replay failed: the journal moved" in screen.error
+        assert screen.answer is None and screen.table_rows == [] and screen.curve_lines == []
+
+
+async def test_escape_never_quits_review_and_keeps_the_what_if_edits(journal: Path) -> None:
+    # A trial pressed esc twice to clear a filter: the second quit `tokengate review` (exit 0,
+    # nothing asked) and the what-if's edits went with it.
+    from textual.widgets import Input
+
+    app = ReviewApp(journal)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_whatif(pilot)
+        set_form(screen, {"classes.batch.queue_depth": "3"})
+        await pilot.press("escape")  # closes the what-if (a modal)
+        await settle(pilot)
+        review = app.screen
+        assert isinstance(review, ReviewScreen)
+        await pilot.press("slash", *"class=batch", "enter")
+        await settle(pilot)
+        assert review.filter_fields
+        await pilot.press("escape", "escape", "escape")
+        await settle(pilot)
+        assert app.is_running and app.screen is review and not review.filter_fields
+        assert any("q closes the review" in n.message for n in app._notifications)
+        await pilot.press("slash", "escape")  # in the filter field: leaves it
+        await pilot.pause()
+        assert app.is_running and app.screen is review and not isinstance(review.focused, Input)
+        again = await open_whatif(pilot)
+        assert "classes.batch.queue_depth=3" in again.query_one("#whatif-form", TextArea).text.splitlines()
+        await pilot.press("escape")
+        await settle(pilot)
+        await pilot.press("q")
+        await pilot.pause()
+    assert app.return_code == 0
+
+
+async def test_escape_on_the_live_console_neither_stops_the_gate_nor_leaves_the_review(gate, journal: Path) -> None:
+    gate.journal_path = str(journal)
+    app = make_app(gate)
+    assert app.link.info.embedded  # quitting this console would stop the gate
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("escape", "escape", "escape")
+        await pilot.pause()
+        assert app.is_running and len(app.screen_stack) == 1 and not gate.shutting_down
+        await pilot.press("r")
+        await settle(pilot)
+        assert isinstance(app.screen, ReviewScreen)
+        await pilot.press("escape", "escape")
+        await settle(pilot)
+        assert isinstance(app.screen, ReviewScreen) and app.is_running
+        await pilot.press("q")
+        await settle(pilot)
+        assert len(app.screen_stack) == 1 and app.is_running and not gate.shutting_down
+
+
+async def test_ctrl_t_without_a_gate_says_why(journal: Path) -> None:
+    from console.screens.whatif import NO_GATE
+
+    app = ReviewApp(journal)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_whatif(pilot)
+        await pilot.press("ctrl+t")
+        await settle(pilot)
+        assert screen.error == NO_GATE
+        assert "review has no gate" in drawn(app, "#whatif-status")
+        assert "ctrl+t" not in drawn(app, "#whatif-hint")
+
+
+async def test_ctrl_t_in_a_read_only_console_says_why(gate, journal: Path) -> None:
+    from console.screens.whatif import READ_ONLY
+
+    gate.journal_path = str(journal)
+    app = make_app(gate, read_only=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("r")
+        screen = await open_whatif(pilot)
+        await pilot.press("ctrl+t")
+        await settle(pilot)
+        assert screen.error == READ_ONLY and "read-only console: the gate refuses commands" in screen.error
+        assert not isinstance(app.screen, ConfirmScreen)
+
+
+async def test_budget_curve_labels_keep_the_proposals_value(journal: Path) -> None:
+    # cut at 24 characters, two proposals on one key both read `classes.interactive.ttf…`
+    app = ReviewApp(journal)
+    labels = []
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_whatif(pilot)
+        for value in ("800", "1200"):
+            set_form(screen, {"classes.interactive.ttft_objective_ms": value})
+            await pilot.press("ctrl+r")
+            await settle(pilot)
+            assert screen.proposal == f"classes.interactive.ttft_objective_ms={value}"
+            line = screen.curve_lines[2]
+            assert f"_ms={value} " in line, line
+            labels.append(line.split()[1])
+    assert labels[0] != labels[1], labels
+
+
+async def test_at_80x24_the_buttons_and_hints_stay_on_screen(gate, journal: Path) -> None:
+    # at 80x24 the key hints and the buttons were below the screen's edge until scrolled to
+    gate.journal_path = str(journal)
+    app = make_app(gate)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("r")
+        screen = await open_whatif(pilot)
+
+        def on_screen() -> None:
+            dialog = screen.query_one("#whatif-dialog").content_region
+            for selector in ("#whatif-replay", "#whatif-apply", "#whatif-close", "#whatif-hint", "#whatif-status"):
+                region = screen.query_one(selector).region
+                assert region.height > 0 and 0 <= region.y and region.bottom <= 24, (selector, region)
+                assert dialog.y <= region.y and region.bottom <= dialog.bottom, (selector, region, dialog)
+
+        on_screen()
+        assert "ctrl+t applies" in drawn(app, "#whatif-hint")
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert screen.answer is not None
+        on_screen()
+        screen.query_one("#whatif-table").focus()
+        await pilot.pause()
+        on_screen()
