@@ -103,6 +103,8 @@ _FLOAT_KEYS = ("slo_ttft_p95_ms", "queue_timeout_s", "ttft_objective_ms")
 def _number(key: str, text: str) -> int | float | None:
     if text.lower() == "none" and key.rpartition(".")[2] in ("limit_tokens", "ttft_objective_ms"):
         return None
+    if text.lower() == "slo" and key.endswith(".ttft_objective_ms"):
+        return None  # back to [budget] slo_ttft_p95_ms, as the live retune form writes it (and --set reads it)
     try:
         return float(text) if key.rpartition(".")[2] in _FLOAT_KEYS else int(text)
     except ValueError:

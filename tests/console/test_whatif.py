@@ -167,6 +167,8 @@ def test_retune_of_maps_the_retunes_keys_and_refuses_what_it_cannot_send() -> No
     # (not frozen, an adaptive controller moved 600 to 660 within 20 s in a user's trial)
     assert cmd.freeze is True
     assert retune_of("classes.batch.queue_depth=3").freeze is None  # no budget: the controller as it is
+    # `slo`, as the live retune form writes a class held to the SLO (the what-if refused it)
+    assert retune_of("classes.batch.ttft_objective_ms=slo").class_changes == {"ttft_objective_ms": None}
     with pytest.raises(ValueError, match="one class"):
         retune_of("classes.batch.queue_depth=3,classes.interactive.queue_depth=3")
     with pytest.raises(ValueError, match="does not set it"):
