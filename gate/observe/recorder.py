@@ -260,7 +260,8 @@ class Recorder:
         if move.largest_ttft_s is not None:  # reopened on few samples (gate/core/adaptive.py)
             why = (
                 f"largest TTFT {move.largest_ttft_s * 1000:.0f} ms vs SLO {slo_ttft_ms:g} ms over {move.samples} "
-                "samples, too few for a p95: every one well under it, so the budget reopens"
+                f"sample{'' if move.samples == 1 else 's'}, too few for a p95: "
+                f"{'it is' if move.samples == 1 else 'every one'} well under it, so the budget reopens"
             )
         self.audit_event(
             f"budget_{move.cause}",

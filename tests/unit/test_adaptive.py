@@ -571,3 +571,20 @@ def test_a_budget_closed_to_its_floor_reopens_on_a_trickle_of_fast_first_tokens(
         budgets.append(c.budget)
         t += 5.0
     assert budgets[:4] == [1250, 1562, 1952, 2000] and c.budget == 2000
+
+
+def test_a_reopen_on_few_samples_is_audited_with_the_largest_first_token() -> None:
+    """The audit row says why the budget moved with no p95: "p95 TTFT n/a" said nothing."""
+    from gate.observe.metrics import GateMetrics
+    from gate.observe.recorder import Recorder
+
+    recorder = Recorder(GateMetrics(), gate_id="host:1:t", clock=lambda: 0.0)
+    recorder.budget_moved("default", Move(5.0, 1024, 1126, Cause.OPEN, None, None, 1, largest_ttft_s=0.038), 2000.0)
+    recorder.budget_moved("default", Move(10.0, 1126, 1238, Cause.OPEN, None, None, 14, largest_ttft_s=0.053), 2000.0)
+    recorder.budget_moved("default", Move(15.0, 1238, 990, Cause.CLOSE, 2.6, None, 20), 2000.0)
+    notes = [(a.action, a.note) for a in recorder.recent_audit]
+    assert notes == [
+        ("budget_open", "largest TTFT 38 ms vs SLO 2000 ms over 1 sample, too few for a p95: it is well under it, so the budget reopens"),
+        ("budget_open", "largest TTFT 53 ms vs SLO 2000 ms over 14 samples, too few for a p95: every one well under it, so the budget reopens"),
+        ("budget_close", "p95 TTFT 2600 ms vs SLO 2000 ms over 20 samples"),
+    ]
