@@ -585,6 +585,9 @@ def test_a_reopen_on_few_samples_is_audited_with_the_largest_first_token() -> No
     notes = [(a.action, a.note) for a in recorder.recent_audit]
     assert notes == [
         ("budget_open", "largest TTFT 38 ms vs SLO 2000 ms over 1 sample, too few for a p95: it is well under it, so the budget reopens"),
-        ("budget_open", "largest TTFT 53 ms vs SLO 2000 ms over 14 samples, too few for a p95: every one well under it, so the budget reopens"),
+        (
+            "budget_open",
+            "largest TTFT 53 ms vs SLO 2000 ms over 14 samples, too few for a p95: every one well under it, so the budget reopens",
+        ),
         ("budget_close", "p95 TTFT 2600 ms vs SLO 2000 ms over 20 samples"),
     ]
