@@ -66,6 +66,7 @@ from gate.tools.replay import (
     budget_lines,
     load_window,
     model_line,
+    plain_value,
     proposal_from_set,
     run_replay,
     settable,
@@ -149,15 +150,6 @@ def retune_of(proposal: str, note: str = "") -> Retune:
 _RETUNE_KEYS = ("backend.token_budget", *(f"budget.{k}" for k in _SETTINGS), *(f"classes.NAME.{k}" for k in _CLASS_KEYS))
 
 
-def _plain(value: Any) -> str:
-    """A value as the form writes it (gate.tools.replay.settable's): ``none``, ``30`` for 30.0."""
-    if value is None:
-        return "none"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
-
-
 def _same(a: str, b: str) -> bool:
     try:
         return float(a) == float(b)
@@ -172,9 +164,12 @@ def live_values(snap: GateSnapshot) -> dict[str, str]:
     backend's budget is set by hand (frozen, or static mode), ``backend.token_budget``: an
     adaptive controller's moving budget is no threshold to compare."""
     c = snap.controller
-    out = {"budget.min_tokens": "0" if c.min_tokens_auto else _plain(c.min_tokens), "budget.slo_ttft_p95_ms": _plain(c.slo_ttft_ms)}
+    out = {
+        "budget.min_tokens": "0" if c.min_tokens_auto else plain_value(c.min_tokens),
+        "budget.slo_ttft_p95_ms": plain_value(c.slo_ttft_ms),
+    }
     if (c.frozen or c.mode == "static") and c.budget is not None and len(snap.backends) == 1:
-        out["backend.token_budget"] = _plain(c.budget)
+        out["backend.token_budget"] = plain_value(c.budget)
     for v in snap.classes:
         values = {
             "reserved_tokens": v.reserved_tokens,
@@ -184,7 +179,7 @@ def live_values(snap: GateSnapshot) -> dict[str, str]:
             "default_max_tokens": v.default_max_tokens,
             "ttft_objective_ms": v.own_ttft_objective_ms,
         }
-        out.update({f"classes.{v.name}.{k}": _plain(value) for k, value in values.items()})
+        out.update({f"classes.{v.name}.{k}": plain_value(value) for k, value in values.items()})
     return out
 
 

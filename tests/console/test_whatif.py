@@ -26,13 +26,18 @@ CONFIG = parse_config(EXAMPLE_CONFIG)
 FIT = SMALL_FIT
 
 
+def recorded_journal(tmp_path: Path, config=CONFIG) -> Path:
+    """300 arrivals over 60 s recorded by the backend model under `config`, as a journal."""
+    arrivals = synthetic_arrivals(300, 60.0, seed=3)
+    _, outcomes = recorded_by_model(config, FIT, arrivals)
+    path = tmp_path / "incident.db"
+    write_journal(str(path), config, FIT, arrivals, outcomes)
+    return path
+
+
 @pytest.fixture
 def journal(tmp_path: Path) -> Path:
-    arrivals = synthetic_arrivals(300, 60.0, seed=3)
-    _, outcomes = recorded_by_model(CONFIG, FIT, arrivals)
-    path = tmp_path / "incident.db"
-    write_journal(str(path), CONFIG, FIT, arrivals, outcomes)
-    return path
+    return recorded_journal(tmp_path)
 
 
 async def settle(pilot: Pilot) -> None:
@@ -531,12 +536,7 @@ def gate_journal(tmp_path: Path) -> Path:
     test retunes on it."""
     from tests.fakes import GATE_CONFIG
 
-    config = parse_config(GATE_CONFIG)
-    arrivals = synthetic_arrivals(300, 60.0, seed=3)
-    _, outcomes = recorded_by_model(config, FIT, arrivals)
-    path = tmp_path / "incident.db"
-    write_journal(str(path), config, FIT, arrivals, outcomes)
-    return path
+    return recorded_journal(tmp_path, parse_config(GATE_CONFIG))
 
 
 async def confirmation(pilot: Pilot) -> ConfirmScreen:

@@ -537,6 +537,14 @@ def _audit(conn: sqlite3.Connection, *rows: tuple[float, str, str, str, str]) ->
         )
 
 
+def _audit_after_first(path: str, *rows: tuple[float, str, str, str, str]) -> None:
+    """Audit rows as `_audit` writes them, each `ts` counted from the journal's first decision."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    first = conn.execute("SELECT min(ts) FROM decisions").fetchone()[0]
+    _audit(conn, *((first + r[0], *r[1:]) for r in rows))
+    conn.close()
+
+
 def test_recorded_changes_counts_the_operators_moves_in_the_window_only(tmp_path: Path) -> None:
     # a gate's start, its learned capacity and what was in force before the window are not
     # changes the engineer made in it (a window with none read "8 recorded changes")
@@ -573,14 +581,9 @@ def test_an_objective_moved_in_the_window_is_said_with_the_bar_attainment_keeps(
     # a trial's operator moved the SLO from 2 s to 3 s mid-incident; every column judged
     # attainment against the 2 s in force at the start, and nothing said so
     path = _journal(tmp_path, n=60, duration=10.0)
-    conn = sqlite3.connect(path, isolation_level=None)
-    first = conn.execute("SELECT min(ts) FROM decisions").fetchone()[0]
-    _audit(conn, (first + 2.0, "console", "pause_class", "class:batch", "True"))
-    conn.close()
+    _audit_after_first(path, (2.0, "console", "pause_class", "class:batch", "True"))
     assert not any("TTFT objective moved" in n for n in run_replay(load_window(path), [])["notes"])
-    conn = sqlite3.connect(path, isolation_level=None)
-    _audit(conn, (first + 3.0, "console", "set_budget_settings", "budget", "slo_ttft_p95_ms=3000"))
-    conn.close()
+    _audit_after_first(path, (3.0, "console", "set_budget_settings", "budget", "slo_ttft_p95_ms=3000"))
     window = load_window(path)
     (note,) = [n for n in run_replay(window, [])["notes"] if "TTFT objective moved" in n]
     assert "set_budget_settings budget" in note and f"{window.config.budget.slo_ttft_p95_ms:.0f} ms" in note
@@ -592,14 +595,9 @@ def test_an_objective_moved_in_the_window_is_said_with_the_bar_attainment_keeps(
         )
     )
     path = _journal(tmp_path, n=60, duration=10.0, config=own, name="own")
-    conn = sqlite3.connect(path, isolation_level=None)
-    first = conn.execute("SELECT min(ts) FROM decisions").fetchone()[0]
-    _audit(conn, (first + 3.0, "console", "set_budget_settings", "budget", "slo_ttft_p95_ms=3000"))
-    conn.close()
+    _audit_after_first(path, (3.0, "console", "set_budget_settings", "budget", "slo_ttft_p95_ms=3000"))
     assert not any("TTFT objective moved" in n for n in run_replay(load_window(path), [])["notes"])
-    conn = sqlite3.connect(path, isolation_level=None)
-    _audit(conn, (first + 4.0, "console", "set_class", "class:batch", "ttft_objective_ms=9000"))
-    conn.close()
+    _audit_after_first(path, (4.0, "console", "set_class", "class:batch", "ttft_objective_ms=9000"))
     (note,) = [n for n in run_replay(load_window(path), [])["notes"] if "TTFT objective moved" in n]
     assert "set_class class:batch" in note and "set_budget_settings" not in note and "batch 15000 ms" in note
 

@@ -561,14 +561,15 @@ def settable(config: Config, ceiling: int | None = None) -> list[tuple[str, str]
     backend = data["backends"][0] if data["backends"] else {}
     budget = backend.get("token_budget", ceiling)
     if budget is not None:
-        out.append(("backend.token_budget", _plain_value(budget)))
-    out += [(f"budget.{k}", _plain_value(data["budget"].get(k))) for k in RETUNE_BUDGET_KEYS if k in data["budget"]]
+        out.append(("backend.token_budget", plain_value(budget)))
+    out += [(f"budget.{k}", plain_value(data["budget"].get(k))) for k in RETUNE_BUDGET_KEYS if k in data["budget"]]
     for cls, body in data["classes"].items():
-        out += [(f"classes.{cls}.{k}", _plain_value(body.get(k))) for k in RETUNE_CLASS_KEYS]
+        out += [(f"classes.{cls}.{k}", plain_value(body.get(k))) for k in RETUNE_CLASS_KEYS]
     return out
 
 
-def _plain_value(value: Any) -> str:
+def plain_value(value: Any) -> str:
+    """A threshold as the what-if form writes it (`settable`): ``none``, ``30`` for 30.0."""
     if value is None:
         return "none"
     if isinstance(value, float) and value.is_integer():
