@@ -307,7 +307,10 @@ class ModelFleet:
         if reported in ("downloading", "downloaded"):
             reported = "loading"
         if reported == "unloaded" and exit_code:
-            reported = "failed"
+            # a child the gate stopped (an eviction, an operator's unload) that exits non-zero was
+            # asked to go, and went: unloaded, loadable at once. As `failed` it was refused 503 for
+            # the back-off (CI saw exit code 1 from an unload on a loaded 2-core host)
+            reported = "unloaded" if info.status == "evicting" else "failed"
         if reported not in ("unloaded", "loading", "loaded", "sleeping", "failed", "missing"):
             log.warning("router %s: model %s reports status %r; treated as unloaded", self.parent.name, model, reported)
             reported = "unloaded"

@@ -246,6 +246,16 @@ async def test_operator_commands_are_validated_whole() -> None:
         await asyncio.sleep(0.01)  # the unload call
         await fleet.refresh()
         assert fleet.info["a"].status == "unloaded" and fleet.info["a"].evictions == 0  # an operator's, not the gate's
+        # an unload whose child exits non-zero (seen: exit code 1 on a loaded host) is an unload,
+        # not a failure that refuses the model 503 for the back-off
+        router.models["a"] = {"value": "loaded"}
+        await fleet.refresh()
+        gate.control.execute(ModelAction("a", "unload"), operator=op)
+        await asyncio.sleep(0.01)
+        router.models["a"] = {"value": "unloaded", "failed": True, "exit_code": 1}
+        await fleet.refresh()
+        assert fleet.info["a"].status == "unloaded"
+        fleet.check(a)  # loadable at once
     finally:
         await close(gate)
 
