@@ -114,11 +114,7 @@ times measured at release say when the slots free (gate/core/waits.py):
       With the prompts prefilling at arrival instead, a newcomer arriving on a quiet moment
       was judged with none, queued, and met the prompts dispatched just before it: refused
       after its wait (T2, T3) instead of at arrival.
-  T5. a newcomer its class cannot reach at the working budget (E1) starts only by a turn: T1
-      counts its wait as at least the time to its class's next minimum-rate turn (G1 b) plus
-      one aging_s per waiter of its class before it that is beyond the reach too, and refuses
-      it at once (Retry-After = that turn) when its objective ends before it.
-Retry-After of a refusal to wait (T1, a full queue, T2/T3, T5, a timeout, a drain):
+Retry-After of a refusal to wait (T1, a full queue, T2/T3, a timeout, a drain):
   R1. it is staggered behind the refusals of the classes served before or with it (its own and
       the higher ones) in the last HERD_WINDOW_S: the k-th such refusal gets k x the spacing of
       slot frees (the mean hold / slots) more than its own estimate. Those refused at about
@@ -1523,33 +1519,11 @@ class Admission:
                 ahead += coming
                 forecast += coming
                 wait = self.expected_wait(ahead, now)
-        slot_wait = wait  # from the slots alone (the chance below is the slots')
-        turn_wait = self._turn_wait(entry, request, now) if not turn else None  # T5
-        if turn_wait is not None and turn_wait > (wait or 0.0):
-            wait = turn_wait
         if expected is None and wait is None:
             return None
         left = request.objective_from + objective_ms / 1000.0 - now - (expected or 0.0)  # to get a slot
-        if turn_wait is not None and turn_wait > left:
-            # T5: its class's next turn comes after its objective, whatever the slots do
-            spent_ms = (now - request.objective_from) * 1000
-            since = f"{spent_ms:.0f} ms since it came + " if spent_ms >= 0.5 else ""
-            first = f"first token {expected * 1000:.0f} ms" if expected is not None else "first token not measured yet"
-            before = self._beyond_reach_waiting(entry)
-            return Refuse(
-                request,
-                Reason.QUEUE_TIMEOUT,
-                f"class {request.cls!r} cannot start now: {since}its class's next turn in {turn_wait * 1000:.0f} ms "
-                f"(one request a turn, every {self.aging_s:g} s; {before} of its class before it) + {first} would miss "
-                f"its {objective_ms:g} ms time-to-first-token objective{self._held_back(request)}",
-                clamp_retry(turn_wait),
-            )
-        chance = (
-            self.chance_in_time(ahead, left, now, self.in_time_chance)
-            if slot_wait is not None and wait is not None and wait <= left
-            else None
-        )
-        unmeasured = slot_wait is None and self.in_time_chance > 0.0 and self.holds.sorted_s() is None
+        chance = self.chance_in_time(ahead, left, now, self.in_time_chance) if wait is not None and wait <= left else None
+        unmeasured = wait is None and self.in_time_chance > 0.0 and self.holds.sorted_s() is None
         if unmeasured:  # T1 before any hold is measured: how long the slots have run without a release
             chance = chance_before_any_hold(ahead, left, (now - r.admitted_at for r in self.ledger), self.capacity.slots)
         if (wait or 0.0) <= left and (chance is None or chance >= self.in_time_chance):
@@ -1588,27 +1562,6 @@ class Admission:
             f"class {request.cls!r} cannot start now: {why}{self._held_back(request)}",
             clamp_retry(wait) if wait is not None else self._retry_unmeasured(request.cls, request.cost, now),
         )
-
-    def _turn_wait(self, entry: _Class, request: Request, now: float) -> float | None:
-        """T5: a newcomer its class cannot reach at the working budget (E1: it starts only by a
-        turn) waits at least until its class's next minimum-rate turn (G1 b: aging_s after the
-        class last started a request) and one aging_s more for each waiter of its class before it
-        that is beyond the reach too; None when it is within reach or aging is off. A lower
-        bound: a turn may also go to another class, and the budget may grow meanwhile.
-
-        Queued on the slots' frees alone (about 0 on idle slots), such a waiter was refused by T2
-        once its objective's time was gone: a trial's batch, with the budget at interactive's
-        reservation, got 36 of 42 429s each after a 1.9 s hold."""
-        aging = self.aging_s
-        if aging is None or not self._beyond_budget(request):
-            return None
-        last = self._started_at.get(entry.policy.name)
-        due = 0.0 if last is None else max(0.0, last + aging - now)
-        return due + self._beyond_reach_waiting(entry) * aging
-
-    def _beyond_reach_waiting(self, entry: _Class) -> int:
-        """T5: the waiters of `entry` beyond its class's reach at the working budget."""
-        return sum(1 for w in entry.queue.in_order() if self._beyond_budget(w.request))
 
     def _higher_coming(self, priority: int, within_s: float) -> int:
         """T1: the higher classes' requests expected to arrive within `within_s` (their demand),
