@@ -23,6 +23,19 @@ Poisson arrivals at the cell's rate for ``--duration`` s, streamed chat, 30-word
 latency for a 429 (its end = its start), so a refusal's delay is the gate's own word in the
 message ("waited 0.37s ...", else decided at arrival). Writes
 bench/results/aiperf_client.json and prints the table.
+
+Below the table, per cell, where the share of the ideal goes: from the gate's journal, how full
+it kept the slots and how long a request held one (llama-server's speed in the run, against the
+calibration's: 4 slots / the saturation), the ideal again at that speed, and the CPU seconds of
+llama-server, aiperf (with its workers) and the gate. On this 2-core host the calibration's
+closed loop runs alone beside llama-server, the cells with aiperf sending 3x: a run of
+2026-12-07 kept the slots 96% busy, and a request held its slot 996 ms against 822 ms at
+calibration, so 77% of the ideal was 93% of the ideal at the run's own speed.
+
+``--pin`` (as bench/served_in_time.py's): llama-server alone on CPU 1 with one decode thread,
+aiperf and the gate on CPU 0, for the calibration and every cell alike: the load generator off
+llama-server's core, as a client on another host is. Say so when you quote figures measured
+with it.
 """
 
 from __future__ import annotations
@@ -32,7 +45,9 @@ import asyncio
 import json
 import os
 import re
+import resource
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -42,8 +57,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from bench.overload import Gate, pct, start_llama  # noqa: E402
-from bench.served_in_time import _cpu_s, closed_loop_rate, gate_toml, sequential_ttfts  # noqa: E402
+from bench.overload import N_SLOTS, Gate, pct  # noqa: E402
+from bench.served_in_time import PIN, _cpu_s, closed_loop_rate, gate_toml, llama, sequential_ttfts  # noqa: E402
 from gate.config import parse_config  # noqa: E402
 from gate.config.example import EXAMPLE_CONFIG  # noqa: E402
 from tests.llama.make_model import cached_model  # noqa: E402
@@ -79,7 +94,8 @@ def local_tokenizer(aiperf: Path, where: Path) -> Path:
 
 def run_aiperf(
     aiperf: Path, url: str, tokenizer: Path, rate: float, duration: float, out: Path, words: int, max_tokens: int, seed: int
-) -> float:
+) -> tuple[float, float]:
+    """aiperf's wall time and CPU seconds (with its workers)."""
     cmd = [
         str(aiperf),
         "profile",
@@ -123,11 +139,39 @@ def run_aiperf(
     ]
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     t = time.monotonic()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=duration + 240)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     (out / "aiperf.stdout").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         raise RuntimeError(f"aiperf exited {proc.returncode}: {(proc.stdout + proc.stderr)[-2000:]}")
-    return time.monotonic() - t
+    # aiperf and its workers (reaped by it, then by us): the client's share of the 2 cores
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return time.monotonic() - t, cpu
+
+
+def slot_profile(journal: Path, slots: int) -> dict:
+    """From the gate's journal: how full it kept llama-server's slots (the mean number busy,
+    dispatch to last token, over the span of service, as a share of `slots`) and how long a
+    request held its slot (dispatch to last token: llama-server's own speed in this run)."""
+    with sqlite3.connect(journal) as conn:
+        rows = conn.execute("SELECT ts, queue_ms, duration_ms FROM decisions WHERE outcome = 'admitted'").fetchall()
+    if not rows:
+        return {}
+    edges: list[tuple[float, int]] = []
+    holds: list[float] = []
+    for ts, queue_ms, duration_ms in rows:
+        start = ts + (queue_ms or 0.0) / 1000
+        end = ts + duration_ms / 1000
+        edges += [(start, 1), (end, -1)]
+        holds.append(end - start)
+    edges.sort()
+    busy, area, last = 0, 0.0, edges[0][0]
+    for at, step in edges:
+        area += min(busy, slots) * (at - last)
+        busy, last = busy + step, at
+    span = edges[-1][0] - edges[0][0]
+    return {"slot_occupancy": area / span / slots if span > 0 else None, "hold_mean_s": sum(holds) / len(holds)}
 
 
 def read_records(out: Path) -> list[dict]:
@@ -202,13 +246,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--model-size", default="fast")
     ap.add_argument("--seed", type=int, default=7, help="aiperf's --random-seed, the same for every cell (default 7)")
+    ap.add_argument(
+        "--pin",
+        action="store_true",
+        help="llama-server alone on CPU 1 (-t 1), aiperf and the gate on CPU 0, for the calibration and every cell: "
+        "the load generator off llama-server's core, as a client on another host would be",
+    )
     ap.add_argument("--out", default=str(HERE / "results" / "aiperf_client.json"))
     args = ap.parse_args(argv)
+    PIN[0] = args.pin
+    if args.pin and len(os.sched_getaffinity(0)) < 2:
+        ap.error("--pin needs two CPUs")
     aiperf = Path(args.aiperf)
     tokenizer = local_tokenizer(aiperf, Path(args.tokenizer_dir))
     binary, model = find_llama_server(), cached_model(args.model_size)
     load_before = round(os.getloadavg()[0], 2)
-    srv = start_llama(binary, model)
+    srv = llama(binary, model)
     try:
         unloaded = asyncio.run(sequential_ttfts(srv.url, 10, args.words, 4))
         saturation = asyncio.run(closed_loop_rate(srv.url, 4, 15.0, args.words, args.max_tokens))
@@ -225,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
         "unloaded_ttft_p95_s": p95,
         "objective_s": objective_s,
         "saturation_rps": saturation,
+        # a slot's hold at saturation: the closed loop's clients each hold one back to back
+        "calibration_hold_s": N_SLOTS / saturation,
+        "pinned": args.pin,
         "cells": {},
     }
     cells: list[tuple[str, float, bool | str]] = []
@@ -241,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         # cell that followed it ran on a host slower than its calibration, and 8% of its refusals
         # came after a wait, against 1.6-4.7% in four gate-only runs at load 1.4-2.5 (2026-12-05).
         cell_load = settle()
-        srv = start_llama(binary, model)
+        srv = llama(binary, model)
         gate = None
         try:
             url = srv.url
@@ -250,7 +306,12 @@ def main(argv: list[str] | None = None) -> int:
                 gate = Gate(gate_toml(srv.url, slo_ms), Path(tempfile.mkdtemp(prefix="tokengate-aiperf-"))).start()
                 url = gate.url
             out = Path(tempfile.mkdtemp(prefix="aiperf-cell-"))
-            wall = run_aiperf(aiperf, url, tokenizer, x * saturation, args.duration, out, args.words, args.max_tokens, args.seed)
+            pid = srv.pid or 0
+            llama_cpu0 = _cpu_s(pid) or 0.0
+            wall, client_cpu = run_aiperf(
+                aiperf, url, tokenizer, x * saturation, args.duration, out, args.words, args.max_tokens, args.seed
+            )
+            llama_cpu = (_cpu_s(pid) or 0.0) - llama_cpu0
             summary = summarise(read_records(out), objective_s, saturation, args.duration)
             # and by the objective the gate itself worked to (the example's 2 s, or the one set)
             own_s = (slo_ms / 1000 if slo_ms is not None else EXAMPLE_SLO_S) if via_gate else objective_s
@@ -258,8 +319,19 @@ def main(argv: list[str] | None = None) -> int:
             summary["within_gate_objective_of_served"] = summarise(read_records(out), own_s, saturation, args.duration)["within_of_served"]
             cell = {"summary": summary, "rate_rps": x * saturation, "aiperf_wall_s": round(wall, 1), "artifacts": str(out)}
             cell["loadavg_1m_before"] = cell_load
+            cell["cpu_s"] = {"llama_server": round(llama_cpu, 1), "aiperf": round(client_cpu, 1)}
             if gate is not None and gate.proc is not None:
                 cell["gate_cpu_s"] = _cpu_s(gate.proc.pid)
+                cell["cpu_s"]["gate"] = cell["gate_cpu_s"]
+                profile = slot_profile(gate.workdir / "journal.db", N_SLOTS)
+                if profile:
+                    # the ideal again at llama-server's speed in this run: its slots full, each
+                    # request holding one as long as they held here (the calibration's closed loop
+                    # ran with no load generator beside it on the 2 cores)
+                    in_run = N_SLOTS * args.duration / profile["hold_mean_s"]
+                    profile["ideal_at_in_run_speed"] = round(in_run, 1)
+                    profile["within_of_in_run_ideal"] = summary["within_objective"] / in_run
+                    cell["profile"] = profile
             cell["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
         finally:
             if gate is not None:
@@ -300,6 +372,21 @@ def print_table(report: dict) -> None:
             f"{f(s['ttft_p50_s'])} | {f(s['ttft_p95_s'])} | {f(s['within_of_served'], '%')} / {f(s['within_of_sent'], '%')} / "
             f"{f(s['within_of_ideal'], '%')} | {own} | {refusal} | {cell.get('loadavg_1m_before', '-')} / {cell.get('loadavg_1m_after', '-')} |"
         )
+    # where the share of the ideal goes: the slots the gate kept busy, and llama-server's speed in
+    # the run against the calibration's (the same 2 cores now run aiperf and the gate beside it)
+    calibration = report.get("calibration_hold_s")
+    for name, cell in report["cells"].items():
+        profile, cpu = cell.get("profile"), cell.get("cpu_s", {})
+        cpus = ", ".join(f"{k.replace('_', '-')} {v:.0f} s" for k, v in cpu.items() if v is not None)
+        if profile:
+            hold = f"{profile['hold_mean_s'] * 1000:.0f} ms" + (f" (calibration {calibration * 1000:.0f} ms)" if calibration else "")
+            print(
+                f"- {name}: slots busy {profile['slot_occupancy']:.0%}, a request held its slot {hold}; "
+                f"within the objective {profile['within_of_in_run_ideal']:.0%} of the ideal at this run's speed "
+                f"({profile['ideal_at_in_run_speed']:.0f}); CPU {cpus}"
+            )
+        elif cpus:
+            print(f"- {name}: CPU {cpus}")
 
 
 if __name__ == "__main__":

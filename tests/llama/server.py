@@ -213,6 +213,10 @@ class LlamaServer:
                     )
                 time.sleep(0.05)  # polling a subprocess that offers no readiness signal
 
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
     def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM, then SIGKILL after ``timeout``; returns the exit status."""
         proc, self._proc = self._proc, None
@@ -312,10 +316,6 @@ class LlamaRouter(LlamaServer):
         if self.models_max is not None:
             args += ["--models-max", str(self.models_max)]
         return args + list(self.extra_args)
-
-    @property
-    def pid(self) -> int | None:
-        return None if self._proc is None else self._proc.pid
 
     def children(self) -> dict[str, int]:
         """{model: pid} of the router's running child processes (from /proc)."""
