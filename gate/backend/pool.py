@@ -511,6 +511,7 @@ class BackendPool:
                 # the fitted model, else the median first-token time measured lately (#25: fixed
                 # prompt sizes give no fit, and the protection must not vanish with it)
                 expected_ttft=lambda r, prefilling: prefill.expected_or_recent(r.prompt_tokens, prefilling),
+                first_token_spread=prefill.spread,  # T1: likely to make it, its first token's spread counted
                 # a line of the prompt's tokens with a rate > 0, or a median: never less for a longer prompt (#24)
                 ttft_grows_with_prompt=True,
                 # every class has an objective: its own ttft_objective_ms, else the SLO

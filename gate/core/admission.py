@@ -93,7 +93,10 @@ times measured at release say when the slots free (gate/core/waits.py):
       waiter of that class, or to a newcomer of one offered a request within aging_s; without
       its turn, as many more as the higher classes are expected to offer within its wait,
       beyond the slots F7 keeps for them: each will pass it), plus
-      its expected first-token time, passes its objective, or when the chance that
+      its expected first-token time and that time's own spread (IN_TIME_CHANCE of the first
+      tokens measured lately came within it: `first_token_spread`; T2 and T3 judge by the
+      estimate alone, so a waiter T1 queued is not refused when the estimate moves within
+      that spread), passes its objective, or when the chance that
       a slot frees for it in time (from the spread of the measured holds, waits.chance_in_time)
       is below IN_TIME_CHANCE (before any hold is measured, a start under load: from how long
       the slots have run without a release, waits.chance_before_any_hold): it is queued only
@@ -396,6 +399,7 @@ class Admission:
         drain_window_s: float = 30.0,
         aging_s: float | None = None,
         expected_ttft: Callable[[Request, int], float | None] | None = None,
+        first_token_spread: Callable[[float], float] | None = None,
         budget_elastic: Callable[[], bool] = lambda: False,
         default_ttft_objective_ms: float | None = None,
         keep_slots: bool = True,
@@ -408,6 +412,9 @@ class Admission:
         # (request, prompt tokens prefilling now) -> seconds to its first token if dispatched
         # now, or None while unmeasured; the shell's measurement, injected to keep this pure.
         self.expected_ttft = expected_ttft
+        # chance -> seconds above `expected_ttft` within which that share of the first tokens came
+        # lately (the shell's measurement, as `expected_ttft`): T1 counts it, T2 and T3 do not
+        self.first_token_spread = first_token_spread
         # The shell's word that `expected_ttft` never falls as a request's prompt tokens grow, and
         # reads nothing else of the request (the prefill model's line, a median, a constant): T2's
         # walk then stops at the first waiter that, with the widest prompt waiting, can be neither
@@ -1506,6 +1513,10 @@ class Admission:
         if not objective_ms:
             return None
         expected = None if self.expected_ttft is None else self.expected_ttft(request, self.prefill_met())  # T4
+        spread = 0.0
+        if expected is not None and self.first_token_spread is not None and self.in_time_chance > 0.0:
+            spread = self.first_token_spread(self.in_time_chance)  # T1: the first token's own spread
+            expected += spread
         ahead = self._ahead_of_newcomer(entry, now, turn)
         wait = self.expected_wait(ahead, now)
         forecast = 0  # of `ahead`, those not here yet (the message says so: "46 ahead" beside a queue of 3 read as a bug)
@@ -1534,6 +1545,8 @@ class Admission:
         # "first token 0 ms" beside "first token 2335 ms" a minute later read as a measurement (a
         # trial): nothing measured counts as 0 and says so
         first = f"first token {expected * 1000:.0f} ms" if expected is not None else "first token not measured yet"
+        if spread > 0.0:
+            first += f" ({self.in_time_chance:.0%} of first tokens lately within it)"
         due = f" ({forecast} of them expected to arrive or take a turn first)" if forecast else ""
         if wait is None:
             waiting = f"{ahead} ahead, no slot has freed yet"

@@ -15,6 +15,12 @@ tokens on a 2,048-token pool, from chats of 30-50 tokens).
 
     expected_ttft(prompt, prefilling) = base + (prompt + prefilling) / rate
 
+`spread(chance)`: how far above that estimate the first tokens measured lately came, the
+`chance` quantile of (measured - estimated) over the last SPREAD_POINTS points: admission's T1
+adds it to the estimate, so that "likely to make its objective" counts the first token's own
+spread beside the slots' (a first token 130 or 340 ms after dispatch, as a prompt meets
+llama-server's batch between steps or behind one, has a median that jumps between the two).
+
 `auto_prefill_cap(slo_s)` is the most prompt tokens that may prefill at once so that a
 request dispatched behind them still gets its first token within the TTFT objective:
 (slo - base) x rate, never below MIN_CAP, and no cap at all when `base` alone is over the
@@ -23,6 +29,7 @@ objective (nothing admission does can meet it then).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -34,6 +41,8 @@ MAX_CAP = 2**31 - 1  # tokens: no pool comes near it, so as good as no cap
 MIN_T = 3.0
 #: first tokens whose median is the fallback estimate
 RECENT = 16
+#: first tokens whose spread above the estimate `spread` takes
+SPREAD_POINTS = 32
 
 
 @dataclass(slots=True)
@@ -45,6 +54,7 @@ class PrefillModel:
     _ys: deque[float] = field(default_factory=deque)
     _fit: tuple[float, float] | None = None  # (base_s, rate tokens/s)
     _recent: float | None = None  # recent_ttft() of the points as they are (None: not computed)
+    _spread: tuple[float, float] | None = None  # (chance, spread(chance)) of the points as they are
 
     def observe(self, tokens: int, ttft_s: float) -> None:
         """One first token: `tokens` = its prompt + prompts prefilling at its dispatch."""
@@ -57,6 +67,7 @@ class PrefillModel:
             self._ys.popleft()
         self._fit = self._solve()
         self._recent = None
+        self._spread = None
 
     @property
     def points(self) -> int:
@@ -99,6 +110,38 @@ class PrefillModel:
             ttft = fit[0] + (prompt_tokens + prefilling) / fit[1]
             return ttft if ttft > 0.0 else 0.0  # = max(0.0, ttft), NaN included, without the call
         return self.recent_ttft()
+
+    def spread(self, chance: float) -> float:
+        """Seconds above `expected_or_recent` within which `chance` of the first tokens measured
+        lately came: the nearest-rank `chance` quantile of (measured - estimated, with the fit
+        as it is now, else the recent median) over the last SPREAD_POINTS points; 0.0 before any
+        point, for a chance of 0, and when they came under the estimate.
+
+        Admission's T1 adds it to the estimate (#25, the example config at 3x on 4 slots: first
+        tokens 130 or 340 ms after dispatch, their median of 16 jumping between the two, queued
+        newcomers on the low one, and waiters queued on 209 ms were refused 0.1-0.3 s later when
+        it read 299 ms: 17 of 325 refusals after a wait, p95 100 ms. In virtual time with the
+        same bimodal first tokens, 5 seeds of 60 s: 68 -> 11 refused after a wait, 849 -> 875
+        served within the objective, tests/unit/test_first_token_spread.py)."""
+        if not self._ys or not chance > 0.0:
+            return 0.0
+        cached = self._spread
+        if cached is not None and cached[0] == chance:
+            return cached[1]  # the points have not changed since (asked per newcomer that must wait)
+        n = min(len(self._ys), SPREAD_POINTS)
+        ys = list(self._ys)[-n:]
+        fit = self._fit
+        if fit is not None:
+            base, rate = fit
+            xs = list(self._xs)[-n:]
+            over = sorted([y - max(0.0, base + x / rate) for x, y in zip(xs, ys, strict=True)])
+        else:
+            median = self.recent_ttft() or 0.0
+            over = sorted([y - median for y in ys])
+        rank = min(n, max(1, math.ceil(chance * n)))
+        value = max(0.0, over[rank - 1])
+        self._spread = (chance, value)
+        return value
 
     @property
     def source(self) -> str:

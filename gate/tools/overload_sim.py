@@ -155,14 +155,22 @@ def run(
     window_s: float = 10.0,
     seed: int = 1,
     service_spread: float = 0.0,
+    ttft_choices: Sequence[float] = (),
+    ttft_jitter: float = 0.0,
+    on_first_token: Callable[[Request, float], None] | None = None,
 ) -> Result:
     """Drive `scheduler` with `streams` for `duration_s` of virtual time, then let it drain.
 
     `service_spread`: each request holds its slot `service_s` x a uniform factor in
     [1 - spread, 1 + spread] (llama-server's holds vary; 0: all alike), drawn apart from the
-    arrivals so that the same seed sends the same traffic."""
+    arrivals so that the same seed sends the same traffic. `ttft_choices`: each request's first
+    token comes one of these after its dispatch, drawn alike (a prompt meets llama-server's batch
+    between decode steps or behind one: 130 or 340 ms on a 2-core host), x a uniform factor in
+    [1 - ttft_jitter, 1 + ttft_jitter]; none: `ttft_s`. `on_first_token(request, seconds from
+    dispatch)`: what the gate's shell measures at each first token (its PrefillModel)."""
     rng = random.Random(seed)
     spread = random.Random(seed * 7919 + 1)
+    first_tokens = random.Random(seed * 104729 + 3)
     events: list[tuple[float, int, str, str]] = []  # (time, seq, kind, request id)
     seq = 0
 
@@ -186,9 +194,12 @@ def run(
         for a in admits:
             o = outcomes[a.request.id]
             o.admitted_at = now
-            push(now + ttft_s, "first", a.request.id)
+            first = ttft_s
+            if ttft_choices:
+                first = first_tokens.choice(ttft_choices) * (1.0 + ttft_jitter * (2.0 * first_tokens.random() - 1.0))
+            push(now + first, "first", a.request.id)
             hold = service_s * (1.0 + service_spread * (2.0 * spread.random() - 1.0)) if service_spread else service_s
-            push(now + max(hold, ttft_s), "end", a.request.id)
+            push(now + max(hold, first), "end", a.request.id)
 
     def refused(refusals: Iterable[Refuse], now: float) -> None:
         for f in refusals:
@@ -214,7 +225,10 @@ def run(
             elif isinstance(d, Refuse):
                 refused([d], now)
         elif kind == "first":
-            outcomes[rid].first_token_at = now
+            o = outcomes[rid]
+            o.first_token_at = now
+            if on_first_token is not None and o.admitted_at is not None:
+                on_first_token(o.request, now - o.admitted_at)
             if scheduler.first_token(rid):
                 step(now)
         elif kind == "end":

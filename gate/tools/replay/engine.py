@@ -233,6 +233,7 @@ def replay(
         # every class without its own (T1-T3; the replay had neither, so it refused nothing on a
         # TTFT objective that the gate refused on, since #25)
         expected_ttft=lambda r, prefilling: prefill.expected_or_recent(r.prompt_tokens, prefilling),
+        first_token_spread=lambda chance: prefill.spread(chance),  # `prefill` is replaced at a restart
         # a line of the prompt's tokens with a rate > 0, or a median: never less for a longer prompt (#24)
         ttft_grows_with_prompt=True,
         default_ttft_objective_ms=config.budget.slo_ttft_p95_ms,
