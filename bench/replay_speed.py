@@ -6,7 +6,9 @@ The journal is synthetic (gate/tools/replay/synthetic.py): a seeded workload "re
 the replay engine itself under a known backend model (128 slots, a 65,536-token pool, fast
 enough that 167 arrivals/s keep short queues, as a busy production gate would), written as
 a real v4 journal. Timed: load_window (SQLite read + the backend fit) + run_replay (6 runs
-of the engine: replayed + 5 proposals) + the table.
+of the engine: replayed + 5 proposals, one after another: the goal's one core) + the table;
+then run_replay again as `tokengate replay` runs it by default, the 6 runs on one worker
+process per CPU (`replay_on_jobs_s`; its answer checked equal to the first).
 
     .venv/bin/python bench/replay_speed.py [--decisions N] [--window-s S]
 """
@@ -25,6 +27,7 @@ from pathlib import Path
 from gate.config import parse_config
 from gate.tools.replay import BackendFit, load_window, proposal_from_set, run_replay, to_table
 from gate.tools.replay.synthetic import recorded_by_model, synthetic_arrivals, write_journal
+from gate.tools.replay.workers import default_jobs
 
 CONFIG = """
 [budget]
@@ -67,6 +70,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--decisions", type=int, default=100_000)
     ap.add_argument("--window-s", type=float, default=600.0)
+    ap.add_argument("--jobs", type=int, default=0, help="worker processes for the second timing (default: the command's)")
     args = ap.parse_args()
     config = parse_config(CONFIG + '\n[[backends]]\nname = "default"\nurl = "http://127.0.0.1:8080"\nkv = "unified"\n')
     arrivals = synthetic_arrivals(args.decisions, args.window_s, seed=24)
@@ -81,10 +85,17 @@ def main() -> None:
         t0 = time.perf_counter()
         window = load_window(path)
         t1 = time.perf_counter()
-        answer = run_replay(window, [proposal_from_set(p, window.config) for p in PROPOSALS])
+        proposals = [proposal_from_set(p, window.config) for p in PROPOSALS]
+        answer = run_replay(window, proposals, jobs=1)  # the goal's one core
         table = to_table(answer)
         t2 = time.perf_counter()
         cpu_s = time.process_time() - c0
+        # the command's default: the 6 engine runs on one worker process per CPU (at most 6)
+        jobs = args.jobs or default_jobs(1 + len(proposals), len(window.arrivals))
+        t3 = time.perf_counter()
+        side_by_side = run_replay(window, proposals, jobs=jobs) if jobs > 1 else answer
+        t4 = time.perf_counter()
+        assert json.dumps(side_by_side) == json.dumps(answer), "the workers' answer differs from this process's"
     print(table)
     result = {
         "decisions": args.decisions,
@@ -95,6 +106,10 @@ def main() -> None:
         "total_s": round(t2 - t0, 3),
         "total_cpu_s": round(cpu_s, 3),
         "one_engine_run_s": round(record_s, 3),
+        # `tokengate replay`'s default (--jobs): the same answer, the runs on worker processes
+        "jobs": jobs,
+        "replay_on_jobs_s": round(t4 - t3, 3) if jobs > 1 else None,
+        "cpus": len(os.sched_getaffinity(0)),
         "goal_s": 10.0,
         "command": " ".join([".venv/bin/python bench/replay_speed.py", *sys.argv[1:]]),
         # 1-minute load average before and after the timed part (a shared VM: wall time runs

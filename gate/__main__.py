@@ -4,4 +4,5 @@ import sys
 
 from gate.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not when a spawned worker process imports it (tokengate replay --jobs)
+    sys.exit(main())

@@ -5,10 +5,13 @@ minutes). The form lists the thresholds the live retune edits (``t``), each as a
 line ``KEY=VALUE`` holding the value recorded as in force; the operator edits any of them
 (or adds other ``--set`` keys) and presses ctrl+r (or Replay). The replay
 (:mod:`gate.tools.replay`: load the window, fit the backend model, replay it at the
-recorded thresholds and under the proposal) runs in a thread worker, so the screen keeps
+recorded thresholds and under the proposal) runs in a child process (:class:`ReplayProcess`:
+the console may share its process with the gate, and a replay on a thread here took the GIL
+from the gate's loop for seconds), which a thread worker waits on, so the screen keeps
 rendering (measured on the contended 2-core machine: 300 arrivals / 60 s load+fit 0.01 s,
 replay at the recorded thresholds + 1 proposal 0.19 s; 5,000 arrivals / 300 s: 0.11 s and
-10.9 s); a newer run supersedes the view of an older one (the older thread runs out, unseen). The answer is the same table as
+10.9 s; the child keeps the replay at the recorded thresholds, so each proposal after the
+first is one engine run); a newer run stops an older one. The answer is the same table as
 ``tokengate replay``: recorded | replayed | error | proposal per class, a figure the
 calibration does not trust (error over 25%) ending in '?' and dimmed in every column.
 Under the table, the notes the command prints above its own (:func:`notes_of`): what the
@@ -62,13 +65,12 @@ from gate.data.snapshot import GateSnapshot
 from gate.ops.link import LinkLost
 from gate.tools.replay import (
     ReplayError,
+    ReplayProcess,
     Window,
     budget_lines,
-    load_window,
     model_line,
     plain_value,
     proposal_from_set,
-    run_replay,
     settable,
     table_cells,
 )
@@ -352,7 +354,13 @@ class WhatIfScreen(ModalScreen[None]):
         self.since = since
         self.until = until
         self.window_text = window_text
+        #: the window as loaded, without its arrivals (they stay in the replay's process)
         self.window: Window | None = None
+        self.arrivals = 0
+        #: the window is loaded and replayed in a child process: the console may share its
+        #: process with the gate (embedded), and a replay on a thread here held the GIL for
+        #: seconds, the gate's loop waiting ~5 ms at every wake-up (gate/tools/replay/workers.py)
+        self.process = ReplayProcess(journal_path, since, until)
         #: KEY -> recorded value (the form's starting lines)
         self.recorded: dict[str, str] = {}
         #: the last answer shown (``run_replay``'s), and the proposal text it replayed
@@ -400,18 +408,24 @@ class WhatIfScreen(ModalScreen[None]):
 
     # ---- workers (threads: reading and replaying take seconds) ----------------------------
 
-    def _load_thread(self) -> Window:
-        return load_window(self.journal_path, self.since, self.until)
+    def on_unmount(self) -> None:
+        self.process.close()  # a replay still running stops with the screen
 
-    def _replay_thread(self, window: Window, text: str, run: int) -> tuple[int, str, dict[str, Any]]:
-        proposals = [proposal_from_set(text, window.config)] if text else []
-        return run, text, run_replay(window, proposals)
+    def _load_thread(self) -> tuple[Window, int]:
+        return self.process.load()
+
+    def _replay_thread(self, text: str, run: int) -> tuple[int, str, dict[str, Any]]:
+        # the engine runs in the child; this thread waits on its pipe (the replay at the
+        # recorded thresholds is kept there: each proposal after the first is one engine run)
+        return run, text, self.process.replay(text)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         worker = event.worker
         event.stop()
         if event.state == WorkerState.SUCCESS and worker.group == "whatif-load":
-            window = worker.result
+            loaded = worker.result
+            assert isinstance(loaded, tuple)
+            window, self.arrivals = loaded
             assert isinstance(window, Window)
             self.window = window
             if window.since != self.since or (self.until is not None and window.until != self.until):
@@ -425,7 +439,7 @@ class WhatIfScreen(ModalScreen[None]):
             self.query_one("#whatif-replay", Button).disabled = False
             self._show_notes(notes_of(window, None))
             below = f" · {len(self.notes)} note{'' if len(self.notes) == 1 else 's'} below" if self.notes else ""
-            self._status(f"{len(window.arrivals):,} arrivals, backend {window.backend}; edit a threshold, then ctrl+r{below}")
+            self._status(f"{self.arrivals:,} arrivals, backend {window.backend}; edit a threshold, then ctrl+r{below}")
             self.query_one("#whatif-form", TextArea).focus()
         elif event.state == WorkerState.SUCCESS and worker.group == "whatif-replay":
             result = worker.result
@@ -543,9 +557,11 @@ class WhatIfScreen(ModalScreen[None]):
             self._status(f"proposal not replayed: {e} (the table is cleared)", error=True)
             return
         self._run += 1
-        self._status(f"replaying {len(self.window.arrivals):,} arrivals" + (f" under {text}" if text else "") + " …")
+        if self._replaying is not None and self._replaying.is_running:
+            self.process.cancel()  # its answer would not be shown: stop it rather than wait for it
+        self._status(f"replaying {self.arrivals:,} arrivals" + (f" under {text}" if text else "") + " …")
         self._replaying = self.run_worker(
-            partial(self._replay_thread, self.window, text, self._run),
+            partial(self._replay_thread, text, self._run),
             thread=True,
             group="whatif-replay",
             exit_on_error=False,

@@ -4,12 +4,14 @@ backend model, written with the writer's own schema; NOT a recording of a real g
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 
 import pytest
 from textual.pilot import Pilot
 from textual.widgets import Button, TextArea
+from textual.worker import WorkerFailed
 
 from console.review_app import ReviewApp
 from console.screens.confirm import ConfirmScreen
@@ -43,7 +45,8 @@ def journal(tmp_path: Path) -> Path:
 async def settle(pilot: Pilot) -> None:
     for _ in range(200):
         await pilot.pause()
-        await pilot.app.workers.wait_for_complete()
+        with contextlib.suppress(WorkerFailed):  # the screen says a worker's error (exit_on_error=False)
+            await pilot.app.workers.wait_for_complete()
         await pilot.pause()
         if not any(w.is_running for w in pilot.app.workers):
             return
@@ -246,40 +249,51 @@ async def test_read_only_console_offers_no_apply(gate, journal: Path) -> None:
         assert not isinstance(app.screen, ConfirmScreen)
 
 
-async def test_the_replay_runs_off_the_ui_thread(journal: Path, monkeypatch) -> None:
+async def test_the_replay_runs_off_the_ui_thread_and_out_of_the_consoles_process(journal: Path, monkeypatch) -> None:
     """A replay takes seconds (5,000 arrivals: ~11 s on the contended 2-core machine); while
-    one is held in its thread, the screen still answers keys and draws."""
+    one is held, the screen still answers keys and draws. And the engine never runs in the
+    console's process, which may be the gate's (embedded): here it fails if called, and the
+    replay still answers, from the child process."""
     import threading
 
     import console.screens.whatif as whatif
+    import gate.tools.replay.engine as engine
+    import gate.tools.replay.report as report
 
+    def not_here(*args, **kwargs):
+        raise AssertionError("the engine ran in the console's process")
+
+    monkeypatch.setattr(engine, "replay", not_here)
+    monkeypatch.setattr(report, "replay", not_here)
     release = threading.Event()
     started = threading.Event()
-    real = whatif.run_replay
+    real = whatif.ReplayProcess.replay
 
-    def held(window, proposals):
+    def held(self, text):
         started.set()
         assert release.wait(30)
-        return real(window, proposals)
+        return real(self, text)
 
-    monkeypatch.setattr(whatif, "run_replay", held)
+    monkeypatch.setattr(whatif.ReplayProcess, "replay", held)
     app = ReviewApp(journal)
     async with app.run_test(size=SIZE) as pilot:
         screen = await open_whatif(pilot)
+        assert screen.window is not None and screen.window.arrivals == () and screen.arrivals == 300
         await pilot.press("ctrl+r")
         for _ in range(100):
             await pilot.pause(0.01)
             if started.is_set():
                 break
         assert started.is_set()
-        assert "replaying" in str(screen.query_one("#whatif-status").render())
+        assert "replaying 300 arrivals" in str(screen.query_one("#whatif-status").render())
         form = screen.query_one("#whatif-form", TextArea)
         await pilot.press("end", "#", "x")  # the UI thread is free: typing lands
         assert form.text.splitlines()[0].endswith("#x")
         assert screen.answer is None
         release.set()
         await settle(pilot)
-        assert screen.answer is not None
+        assert screen.answer is not None, screen.error
+        assert screen.table_rows
 
 
 async def test_tokengate_reviews_what_if_is_the_wide_dialog_and_names_the_window_replayed(journal: Path) -> None:
@@ -409,16 +423,18 @@ async def test_the_window_notes_and_the_proposals_warnings_are_on_screen_after_a
     # A user's trial: `tokengate replay` printed the window's notes and the proposal's
     # config-check warnings; the what-if showed the notes in its status line until ctrl+r
     # replaced them, and never showed the warnings.
-    import dataclasses
-
-    import console.screens.whatif as whatif
-
-    said = "a gate is writing to this journal: requests still running at its end are not in it"
-    real = whatif.load_window
-    monkeypatch.setattr(whatif, "load_window", lambda *a: dataclasses.replace(real(*a), notes=(said,)))
+    # a window from before the gate's start: it starts at that start, and says so (the note
+    # comes from the window loaded in the replay's process, as every note does)
+    since = load_window(str(journal)).since - 60.0
+    full = load_window(str(journal), since)
+    (said,) = full.notes
     app = ReviewApp(journal)
     async with app.run_test(size=SIZE) as pilot:
-        screen = await open_whatif(pilot)
+        await settle(pilot)
+        app.push_screen(WhatIfScreen(str(journal), since, None))
+        await settle(pilot)
+        screen = app.screen
+        assert isinstance(screen, WhatIfScreen)
         window = screen.window
         assert window is not None and window.fit.notes  # the synthetic journal has no pool size: the model says so
         # before any replay: the window's notes and the model's, under the table
@@ -431,7 +447,7 @@ async def test_the_window_notes_and_the_proposals_warnings_are_on_screen_after_a
         await settle(pilot)
         assert screen.error is None and screen.proposal == "backend.token_budget=300"
         # the notes are the command line's, in its order: its "note: " lines
-        answer = run_replay(window, [proposal_from_set("backend.token_budget=300", window.config)])
+        answer = run_replay(full, [proposal_from_set("backend.token_budget=300", full.config)])
         cli = [line.removeprefix("note: ") for line in to_table(answer).splitlines() if line.startswith("note: ")]
         assert [n for n, _ in screen.notes] == cli
         warnings = answer["scenarios"][2]["warnings"]
@@ -661,16 +677,16 @@ async def test_a_failed_replay_clears_the_previous_answer_and_nothing_is_applied
 async def test_an_error_in_the_replay_worker_clears_the_previous_answer(journal: Path, monkeypatch) -> None:
     import console.screens.whatif as whatif
 
-    real = whatif.run_replay
+    real = whatif.ReplayProcess.replay
     calls: list[int] = []
 
-    def second_fails(window, proposals):
+    def second_fails(self, text):
         calls.append(1)
         if len(calls) == 2:
             raise whatif.ReplayError("the journal moved under the replay")
-        return real(window, proposals)
+        return real(self, text)
 
-    monkeypatch.setattr(whatif, "run_replay", second_fails)
+    monkeypatch.setattr(whatif.ReplayProcess, "replay", second_fails)
     app = ReviewApp(journal)
     async with app.run_test(size=SIZE) as pilot:
         screen = await open_whatif(pilot)

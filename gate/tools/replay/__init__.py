@@ -15,6 +15,11 @@ One module per concept; the flow is window (I/O) -> engine (pure) -> report (pur
 ``report``
     proposals (``--set``, ``--config``), per-class figures, calibration, ``untrusted``, and
     the table and JSON answers (:func:`run_replay`).
+``workers``
+    the engine's runs on worker processes side by side (``run_replay(jobs=N)``).
+``isolated``
+    :class:`ReplayProcess`: a window loaded and replayed in a child process, so that the
+    console's process (which may run the gate) runs none of it.
 
 This package's names are the one entry point the console may import beyond the journal
 reader (the review screen's what-if, console/screens/whatif.py; tests/unit/test_layers.py).
@@ -23,6 +28,7 @@ reader (the review screen's what-if, console/screens/whatif.py; tests/unit/test_
 from __future__ import annotations
 
 from gate.tools.replay.engine import Arrival, BackendFit, Change, Outcome, replay
+from gate.tools.replay.isolated import ReplayCancelled, ReplayProcess
 from gate.tools.replay.report import (
     UNTRUSTED_ABOVE,
     Proposal,
@@ -49,7 +55,9 @@ __all__ = [
     "Change",
     "Outcome",
     "Proposal",
+    "ReplayCancelled",
     "ReplayError",
+    "ReplayProcess",
     "Window",
     "budget_lines",
     "calibration",

@@ -27,6 +27,9 @@ config_in_force row precedes it: replay says which and exits 1. A window that st
 before the gate that wrote the journal did starts at that gate's start instead, and one
 that spans a gate restart replays each part under its gate's thresholds (a note says so).
 
+Each scenario is one run of the engine; they run side by side on worker processes (--jobs),
+one per CPU by default (a small window stays in this process), at a low priority.
+
 --set and --config are proposals; the journal is --journal (default tokengate.db here),
 not the --config file's [gate] journal.
 
@@ -106,7 +109,26 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter], epilog: s
         help="one proposal: another config file's thresholds (repeatable)",
     )
     p.add_argument("--format", choices=("table", "json"), default="table", help="table (default) or json (stable, for scripts)")
+    p.add_argument(
+        "--jobs",
+        metavar="N",
+        type=_jobs,
+        default=None,
+        help="replay the scenarios on N worker processes at once, each at nice 10 so that a gate and llama-server on "
+        "the same host keep the CPU (default: one per CPU, at most one per scenario, and 1 for a small window); 1: "
+        "one after another in this process. The answer is the same either way",
+    )
     p.set_defaults(func=cmd_replay)
+
+
+def _jobs(text: str) -> int:
+    try:
+        jobs = int(text)
+    except ValueError:
+        jobs = 0
+    if jobs < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of processes, 1 or more, got {text!r}")
+    return jobs
 
 
 class _InOrder(argparse.Action):
@@ -148,6 +170,7 @@ def cmd_replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from gate.config import ConfigError, load_config
     from gate.journal.export import find_journal, window_order_error
     from gate.tools.replay import ReplayError, load_window, proposal_from_config, proposal_from_set, run_replay, to_json, to_table
+    from gate.tools.replay.workers import default_jobs
 
     wrong_order = window_order_error(args.since, args.until)
     if wrong_order:
@@ -180,6 +203,11 @@ def cmd_replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if twice:
         err.write(f"tokengate replay: error: proposal given twice: {', '.join(twice)}\n")
         return 2
-    answer = run_replay(window, proposals)
+    jobs = args.jobs or default_jobs(1 + len(proposals), len(window.arrivals) + len(window.lead))
+    try:
+        answer = run_replay(window, proposals, jobs=jobs)
+    except ReplayError as e:  # a worker process died (killed, out of memory)
+        err.write(f"tokengate replay: error: {e}\n")
+        return 1
     out.write((to_json(answer) if args.format == "json" else to_table(answer)) + "\n")
     return 0

@@ -17,6 +17,7 @@ A figure's error is ``|replayed - recorded| / max(|recorded|, floor)`` (floor: 1
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from collections import Counter
@@ -30,6 +31,7 @@ from gate.config.thresholds import thresholds_of, without_credentials
 from gate.core.adaptive import percentile_nearest_rank
 from gate.tools.replay.engine import REPLAYED_ACTIONS, Arrival, Change, Outcome, as_recorded, replay, unpinned
 from gate.tools.replay.window import Window
+from gate.tools.replay.workers import Scenario, in_workers
 
 UNTRUSTED_ABOVE = 0.25
 _FLOORS = {"ms": 1.0, "count": 1.0, "ratio": 0.01, "rate": 1.0}
@@ -356,6 +358,20 @@ def _run(window: Window, config: Config, pinned: frozenset[str] = frozenset()) -
     return outs, _window_curve(curve, lead)
 
 
+def _scenario(window: Window, config: Config, pinned: frozenset[str] = frozenset()) -> Scenario:
+    outs, curve = _run(window, config, pinned)
+    return figures(window, outs, config), _curve(curve)
+
+
+def _scenarios(window: Window, runs: Sequence[tuple[Config, frozenset[str]]], jobs: int) -> list[Scenario]:
+    """The engine runs of `runs`, in order: one after another here, or on up to `jobs` worker
+    processes at once (gate/tools/replay/workers.py). The engine is deterministic, so the
+    answer is the same either way (tests/unit/test_replay_workers.py)."""
+    if jobs <= 1 or len(runs) <= 1:
+        return [_scenario(window, config, pinned) for config, pinned in runs]
+    return in_workers(_scenario, window, runs, jobs)
+
+
 def _warnings(window: Window, config: Config) -> list[str]:
     """`config check`'s capacity warnings for `config` on the fitted backend."""
     from gate.backend.pool import capacity_warnings
@@ -433,14 +449,27 @@ def _own_objective(config: Config, cls: str) -> bool:
     return policy is not None and policy.ttft_objective_ms is not None
 
 
-def run_replay(window: Window, proposals: Sequence[Proposal] = ()) -> dict[str, Any]:
-    """The whole answer: recorded, replayed at the recorded thresholds, then each proposal."""
+def run_replay(
+    window: Window, proposals: Sequence[Proposal] = (), *, jobs: int = 1, kept: dict[str, Scenario] | None = None
+) -> dict[str, Any]:
+    """The whole answer: recorded, replayed at the recorded thresholds, then each proposal.
+    `jobs` > 1: the engine runs on that many worker processes at once (#24: 6 runs of a
+    100,000-decision window took 127 s one after another). `kept`: the replay at the recorded
+    thresholds is taken from it and put in it (the what-if replays one window under proposal
+    after proposal: each after the first is one engine run, not two)."""
+    runs = [(p.config, p.pinned) for p in proposals]
+    base = None if kept is None else kept.get("replayed")
+    if base is None:
+        base, *done = _scenarios(window, [(window.config, frozenset()), *runs], jobs)
+        if kept is not None:
+            kept["replayed"] = copy.deepcopy(base)
+    else:
+        base, done = copy.deepcopy(base), _scenarios(window, runs, jobs)
     rec = figures(window, recorded_outcomes(window), window.config)
-    base, curve = _run(window, window.config)
-    rep = figures(window, base, window.config)
+    rep, replayed_curve = base
     cal = calibration(rec, rep)
     bad = untrusted(cal)
-    recorded_curve, replayed_curve = _curve(window.budget_curve), _curve(curve)
+    recorded_curve = _curve(window.budget_curve)
     scenarios = [
         {"name": "recorded", "classes": rec, "untrusted": [], "budget_curve": recorded_curve},
         {"name": "replayed", "classes": rep, "untrusted": bad, "budget_curve": replayed_curve},
@@ -449,8 +478,7 @@ def run_replay(window: Window, proposals: Sequence[Proposal] = ()) -> dict[str, 
     budget_cal = budget_calibration(recorded_curve, replayed_curve, window.duration_s)
     notes += _budget_notes(budget_cal, proposals)
     already = set(_warnings(window, window.config))
-    for p in proposals:
-        outs, curve = _run(window, p.config, p.pinned)
+    for p, (classes, curve) in zip(proposals, done, strict=True):
         # what `config check` would say of the proposal on this backend, beyond what it says of
         # the recorded config: a reservation above the pool replays as every arrival of a class
         # refused, which a trial read as a prediction
@@ -462,10 +490,10 @@ def run_replay(window: Window, proposals: Sequence[Proposal] = ()) -> dict[str, 
         scenarios.append(
             {
                 "name": p.name,
-                "classes": figures(window, outs, p.config),
+                "classes": classes,
                 "untrusted": bad,
                 "changes": sorted(p.pinned),
-                "budget_curve": _curve(curve),
+                "budget_curve": curve,
                 "warnings": said,
             }
         )
