@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -71,6 +75,62 @@ def test_a_worker_that_dies_is_said_not_waited_for(journal: str) -> None:
     window = load_window(journal)
     with pytest.raises(ReplayError, match="ended before it answered.*--jobs 1"):
         in_workers(_dies, window, [(window.config, frozenset()), (window.config, frozenset())], 2)
+
+
+def _how_it_runs(window: object, config: object, pinned: object) -> object:
+    return os.getpriority(os.PRIO_PROCESS, 0), signal.getsignal(signal.SIGINT) == signal.SIG_IGN, os.getppid()
+
+
+def test_workers_run_below_the_gate_and_leave_ctrl_c_to_the_command(journal: str) -> None:
+    window = load_window(journal)
+    runs = [(window.config, frozenset())] * 2
+    for nice, ignores_ctrl_c, parent in in_workers(_how_it_runs, window, runs, 2):  # type: ignore[arg-type]
+        assert nice >= 10 and ignores_ctrl_c and parent == os.getpid()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # this process's own is back
+
+
+def _busy(window: object, config: object, pinned: object) -> object:
+    print(os.getpid(), flush=True)
+    time.sleep(600)  # a run minutes long
+    return None
+
+
+ORPHANS = """
+import sys
+from gate.tools.replay import load_window
+from gate.tools.replay.workers import in_workers
+from tests.unit.test_replay_workers import _busy
+window = load_window(sys.argv[1])
+in_workers(_busy, window, [(window.config, frozenset())] * 2, 2)
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie nobody reaps (PID 1 in a container)
+    except FileNotFoundError:
+        return True
+
+
+def test_workers_exit_when_the_command_is_killed(journal: str) -> None:
+    # `kill` of `tokengate replay` alone (systemd's KillMode=process, the OOM killer): its
+    # workers ran out their runs, then blocked on their pipe for good (a trial)
+    command = subprocess.Popen([sys.executable, "-c", ORPHANS, journal], stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    try:
+        assert command.stdout is not None
+        workers = [int(command.stdout.readline()), int(command.stdout.readline())]  # both busy
+        assert not any(_gone(pid) for pid in workers)
+    finally:
+        command.kill()
+        command.wait()
+    deadline = time.monotonic() + 20
+    while not all(_gone(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [pid for pid in workers if not _gone(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"workers {left} outlived the command"
 
 
 def test_small_replays_stay_in_this_process_and_large_ones_use_the_cpus() -> None:

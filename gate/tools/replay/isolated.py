@@ -16,7 +16,7 @@ from typing import Any
 
 from gate.tools.replay.report import proposal_from_set, run_replay
 from gate.tools.replay.window import ReplayError, Window, load_window
-from gate.tools.replay.workers import Scenario, quiet_worker
+from gate.tools.replay.workers import Scenario, lower, quiet_worker
 
 
 def light(window: Window) -> Window:
@@ -24,11 +24,11 @@ def light(window: Window) -> Window:
     return dataclasses.replace(window, arrivals=(), lead=())
 
 
-def _serve(conn: Any, path: str, since: float | None, until: float | None, backend: str | None) -> None:
+def _serve(conn: Any, parent: int, path: str, since: float | None, until: float | None, backend: str | None) -> None:
     """The child: answers ("load",) with (the light window, the number of arrivals) and
     ("replay", text) with run_replay's answer for that proposal text ("" = calibration only),
     until the pipe closes."""
-    quiet_worker()
+    quiet_worker(parent)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)  # the console draws on the terminal this process inherited
     os.dup2(devnull, 2)
@@ -138,12 +138,14 @@ class ReplayProcess:
     def _start(self) -> None:
         context = multiprocessing.get_context("spawn")  # not fork: the console's process has threads
         ours, theirs = context.Pipe()
-        process = context.Process(target=_serve, args=(theirs, *self._ask), name="tokengate-replay", daemon=True)
+        process = context.Process(target=_serve, args=(theirs, os.getpid(), *self._ask), name="tokengate-replay", daemon=True)
         try:
             with _stderr_with_a_file():
                 process.start()
         finally:
             theirs.close()
+        if process.pid is not None:
+            lower(process.pid)
         self._process, self._conn = process, ours
 
     def _stop(self) -> None:

@@ -18,8 +18,9 @@ Two reasons to leave the caller's process:
   the light window (no arrivals) and the answer.
 
 Worker processes run at nice 10 (a replay started on a gate's host yields the CPU to the gate
-and llama-server), ignore SIGINT (the command that started them stops them), and the
-console's child writes nothing to the terminal the console draws on.
+and llama-server), ignore SIGINT (the command that started them stops them), exit within a
+second of their parent, and the console's child writes nothing to the terminal the console
+draws on.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ import multiprocessing
 import os
 import pickle
 import signal
-from collections.abc import Callable, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from functools import partial
@@ -67,15 +70,52 @@ def default_jobs(scenarios: int, arrivals: int) -> int:
     return max(1, min(cpus, scenarios))
 
 
-def quiet_worker() -> None:
-    with contextlib.suppress(OSError):
-        os.nice(NICE)
+def quiet_worker(parent: int) -> None:
+    """A worker's first act: nice 10 (see below), Ctrl-C left to the command that started it,
+    and an exit of its own once `parent` (the pid that started it) is gone: a `kill` of the
+    command alone (systemd's KillMode=process, the OOM killer) left its workers running out
+    their minutes-long runs, then blocked on their pipe for good (a trial)."""
+    lower(0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with, args=(parent,), name="exit-with-parent", daemon=True).start()
 
 
-def _adopt(blob: bytes) -> None:
+def _exit_with(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)  # the parent is gone: nobody reads what this process would answer
+
+
+def lower(pid: int) -> None:
+    """Nice 10 for `pid` (0: this process), whatever it was below that. The parent lowers a
+    worker as soon as it is started too: its interpreter's start and imports ran at the
+    parent's priority for ~0.5-1 s before its own call (a trial)."""
+    with contextlib.suppress(OSError):
+        if os.getpriority(os.PRIO_PROCESS, pid) < NICE:
+            os.setpriority(os.PRIO_PROCESS, pid, NICE)
+
+
+@contextlib.contextmanager
+def ctrl_c_held_for_children() -> Iterator[None]:
+    """Workers started inside are born with SIGINT blocked (the signal mask survives fork and
+    exec, and Python leaves it alone), so a Ctrl-C while they import is not a traceback from
+    each of them (a trial); this process gets it once they have started (it was pending, not
+    lost: ignoring it instead lost a Ctrl-C pressed while a worker read its window). From the
+    main thread only: threads started inside (the pool's) keep the mask, so the signal waits
+    for this thread."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def _adopt(parent: int, blob: bytes) -> None:
     global _window
-    quiet_worker()
+    quiet_worker(parent)
     _window = pickle.loads(blob)
 
 
@@ -92,17 +132,28 @@ def in_workers(fn: Run, window: Window, runs: Sequence[tuple[Config, frozenset[s
         max_workers=max(1, min(jobs, len(runs))),
         mp_context=multiprocessing.get_context("spawn"),  # not fork: the caller may have threads (the console)
         initializer=_adopt,
-        initargs=(blob,),
+        initargs=(os.getpid(), blob),
     )
     try:
-        done = list(pool.map(partial(_run_adopted, fn), runs))
+        with ctrl_c_held_for_children():
+            answers = pool.map(partial(_run_adopted, fn), runs)  # starts the workers
+        for process in _workers(pool):
+            lower(process.pid)
+        done = list(answers)
     except BrokenProcessPool as e:
         raise ReplayError(f"a replay worker process ended before it answered ({e}); --jobs 1 replays in this process") from e
     except BaseException:
-        # Ctrl-C, or a run's error: the other runs are not waited for (a worker's run is minutes long)
-        for process in list(getattr(pool, "_processes", {}).values()):
+        # Ctrl-C, or a run's error: the other runs are not waited for (a worker's run is
+        # minutes long). Stopped, then joined here: joined at the interpreter's exit instead,
+        # a second Ctrl-C there printed a traceback from `threading._shutdown` (a trial)
+        for process in _workers(pool):
             process.terminate()
-        pool.shutdown(wait=False, cancel_futures=True)
+        pool.shutdown(wait=True, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
     return done
+
+
+def _workers(pool: ProcessPoolExecutor) -> list[Any]:
+    """The pool's processes (a private attribute of CPython's executor: none if it goes)."""
+    return list((getattr(pool, "_processes", None) or {}).values())
