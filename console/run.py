@@ -147,6 +147,14 @@ async def _run(app, on_signal: Callable[[str], None] | None = None, *, gate_pids
     return app
 
 
+def run_apart(app) -> None:
+    """An app with no gate (`tokengate review`), run as the console is: SIGTERM and SIGHUP end
+    it as q does, and the terminal is given back (a `kill` of a review left the terminal in
+    its screen, raw, until `reset`: a trial)."""
+    limit_frames()
+    asyncio.run(_run(app))
+
+
 async def attach_console(path: str, *, read_only: bool = False) -> int:
     """`tokengate console --attach`: the console on a gate that is already running."""
     from gate.ops.link import LinkLost, SocketLink

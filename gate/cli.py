@@ -824,8 +824,10 @@ def _cmd_review(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except ReviewError as e:
         err.write(f"tokengate review: error: {e}\n")
         return EXIT_RUNTIME
+    from console.run import run_apart
+
     app = ReviewApp(journal, slo_ttft_ms=slo_ms)
-    app.run()
+    run_apart(app)
     if app.error:
         err.write(f"tokengate review: error: {app.error}\n")
         return EXIT_RUNTIME

@@ -325,6 +325,59 @@ async def test_hangup_of_an_attached_console_leaves_the_gate_serving(llama_split
             console.close()
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+async def test_a_review_killed_gives_the_terminal_back(tmp_path, sig):
+    # A trial's `kill` of `tokengate review` (with a what-if replaying) left the terminal in
+    # the review's screen, raw, until `reset`, and the replay's child ran on: it ends as q does
+    from gate.config import EXAMPLE_CONFIG, parse_config
+    from gate.tools.replay.synthetic import SMALL_FIT, recorded_by_model, synthetic_arrivals, write_journal
+
+    config = parse_config(EXAMPLE_CONFIG)
+    arrivals = synthetic_arrivals(3000, 120.0, seed=2)
+    _, outcomes = recorded_by_model(config, SMALL_FIT, arrivals)
+    journal = tmp_path / "incident.db"
+    write_journal(str(journal), config, SMALL_FIT, arrivals, outcomes)
+    review = Pty(str(TOKENGATE), "review", "--journal", str(journal), cwd=tmp_path)
+    try:
+        await wait_until(lambda: review.shows("REVIEW"), timeout_s=30)
+        os.write(review.master, b"5")  # the whole journal
+        os.write(review.master, b"w")
+        await wait_until(lambda: review.shows("arrivals, backend"), timeout_s=30)  # the what-if's window loaded
+        os.write(review.master, b"\x12")  # ctrl+r: a replay in its child process
+        await wait_until(lambda: review.shows("replaying"), timeout_s=10)
+        children = _children(review.proc.pid)
+        assert children, "the what-if replays in a child process"
+        review.proc.send_signal(sig)
+        rc = await asyncio.to_thread(review.proc.wait, 20)
+        assert rc == 0
+        tail = review.read()[-2000:]
+        assert b"\x1b[?1049l" in tail, tail  # out of the alternate screen: the terminal given back
+        await wait_until(lambda: not any(_alive(pid) for pid in children), timeout_s=10)
+    finally:
+        review.close()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 async def test_hangup_of_an_embedded_console_drains_the_gate_and_exits_zero(llama_split, tmp_path):
     config = write_config(tmp_path, llama_split.url)
     console = Pty(str(TOKENGATE), "console", "--config", str(config), cwd=tmp_path)
