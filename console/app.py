@@ -4,9 +4,10 @@ It renders only from `link.snapshot()` (one per tick, handed to the live view,
 console/screens/main.py's MainScreen, which hands it to every widget's
 `update_snapshot`) and changes the gate only with `link.command(...)`: one
 command per action, validated whole and applied atomically by the gate, which
-writes the audit rows; the console shows a toast. The link is the gate in this
-process (the embedded console; the gate then runs on its own thread's loop) or
-a running `tokengate serve` through its control socket (`--attach`). Audit rows
+writes the audit rows; the console shows a toast. The link is a `tokengate serve`
+through its control socket: the embedded console's own child (console/run.py
+GateProcess) or a running one (`--attach`); tests and the screenshot generator use a
+gate on this event loop (gate.ops.link.InProcessLink). Audit rows
 from other consoles arrive through `link.subscribe` and are toasted too.
 
 The work per tick is bounded whatever the request rate: one snapshot, at most

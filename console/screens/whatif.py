@@ -6,8 +6,8 @@ line ``KEY=VALUE`` holding the value recorded as in force; the operator edits an
 (or adds other ``--set`` keys) and presses ctrl+r (or Replay). The replay
 (:mod:`gate.tools.replay`: load the window, fit the backend model, replay it at the
 recorded thresholds and under the proposal) runs in a child process (:class:`ReplayProcess`:
-the console may share its process with the gate, and a replay on a thread here took the GIL
-from the gate's loop for seconds), which a thread worker waits on, so the screen keeps
+a replay on a thread here took the GIL from the console's loop for the whole run, and could
+not be stopped), which a thread worker waits on, so the screen keeps
 rendering (measured on the contended 2-core machine: 300 arrivals / 60 s load+fit 0.01 s,
 replay at the recorded thresholds + 1 proposal 0.19 s; 5,000 arrivals / 300 s: 0.11 s and
 10.9 s; the child keeps the replay at the recorded thresholds, so each proposal after the
@@ -357,9 +357,9 @@ class WhatIfScreen(ModalScreen[None]):
         #: the window as loaded, without its arrivals (they stay in the replay's process)
         self.window: Window | None = None
         self.arrivals = 0
-        #: the window is loaded and replayed in a child process: the console may share its
-        #: process with the gate (embedded), and a replay on a thread here held the GIL for
-        #: seconds, the gate's loop waiting ~5 ms at every wake-up (gate/tools/replay/workers.py)
+        #: the window is loaded and replayed in a child process: a replay on a thread here held
+        #: the GIL for the whole run, the console's loop waiting ~5 ms at every wake-up, and it
+        #: could not be stopped (gate/tools/replay/workers.py)
         self.process = ReplayProcess(journal_path, since, until)
         #: KEY -> recorded value (the form's starting lines)
         self.recorded: dict[str, str] = {}

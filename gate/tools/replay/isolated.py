@@ -1,6 +1,6 @@
 """The console's what-if in a child process: the window and every engine run stay out of the
-console's process (gate/tools/replay/workers.py says why: the embedded console shares its
-process, and so its GIL, with the gate's loop)."""
+console's process (gate/tools/replay/workers.py says why: a replay on the console's thread
+took the GIL from the console's loop for the whole run, and could not be stopped)."""
 
 from __future__ import annotations
 

@@ -9,13 +9,16 @@ Two reasons to leave the caller's process:
   `jobs` spawned processes, each given the window once (pickled, ~12 MB and ~0.9 s for 100,000
   arrivals), and returns their figures in the order asked: the engine is deterministic, so the
   answer is the one a run in this process gives.
-- **The console is a window, never a load.** The embedded console runs the gate on a thread
-  of its own process. A replay on another thread of that process holds the GIL for seconds to
-  minutes, and the gate's loop waits for it at every wake-up: measured, an asyncio loop's
-  2 ms sleeps overshot by 0.2 ms at p50 before and 5.4 ms p50 / 10.6 ms p99 / 78 ms at most
-  during a 22 s engine run on a thread beside it. :class:`ReplayProcess` keeps the window and
-  every engine run in one child process; the console's thread only waits on a pipe and gets
-  the light window (no arrivals) and the answer.
+- **The console is a window, never a load.** The what-if ran the engine on a thread of the
+  console's process: it held the GIL for the whole run, and the console's own loop (its keys,
+  its snapshots) waited for it at every wake-up (measured, an asyncio loop's 2 ms sleeps
+  overshot by 0.2 ms at p50 before, and by 5.4 ms p50 / 10.6 ms p99 / 78 ms at most during a
+  22 s engine run on a thread beside it); and a thread cannot be stopped, so a replay a newer
+  ctrl+r superseded ran out unseen, minutes of CPU on the gate's host. The gate itself is
+  another process (console/run.py GateProcess). :class:`ReplayProcess`
+  (gate/tools/replay/isolated.py) keeps the window and every engine run in one child process
+  that a newer replay or the screen's closing stops; the console's thread only waits on a pipe
+  and gets the light window (no arrivals) and the answer.
 
 Worker processes run at nice 10 (a replay started on a gate's host yields the CPU to the gate
 and llama-server), ignore SIGINT (the command that started them stops them), exit within a
