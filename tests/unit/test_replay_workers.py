@@ -4,6 +4,7 @@ or a stop said plainly. Real spawned processes, a real journal."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ import pytest
 import gate.tools.replay.report as report
 from gate.cli import main
 from gate.config import EXAMPLE_CONFIG, parse_config
-from gate.tools.replay import ReplayCancelled, ReplayError, ReplayProcess, load_window, proposal_from_set, run_replay
+from gate.tools.replay import ReplayCancelled, ReplayError, ReplayProcess, load_window, proposal_from_set, run_replay, workers
 from gate.tools.replay.synthetic import SMALL_FIT, recorded_by_model, synthetic_arrivals, write_journal
 from gate.tools.replay.workers import WORKERS_FROM, default_jobs, in_workers
 
@@ -215,3 +216,33 @@ def test_cli_jobs(journal: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out == here
     assert main([*args, "--jobs", "0"]) == 2  # a usage error
     assert "--jobs: must be a whole number of processes, 1 or more, got '0'" in capsys.readouterr().err
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_long_replay_says_what_it_does_on_a_terminal_and_only_there(journal: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a minute or more with nothing on the screen reads as a hang; the line goes to stderr, so
+    # that --format json stays one JSON document, and not to a pipe or a file
+    from gate.tools.replay import cli
+
+    monkeypatch.setattr(workers, "WORKERS_FROM", 1000)  # this journal's 400 arrivals x 4 scenarios: "long"
+    args = ["replay", "--journal", journal, "--format", "json", "--jobs", "1"]
+    for text in PROPOSALS:
+        args += ["--set", text]
+    parsed = _parser().parse_args(args)
+    out, err = io.StringIO(), _Terminal()
+    assert cli.cmd_replay(parsed, out, err) == 0
+    assert err.getvalue() == "tokengate replay: replaying 400 arrivals x 4 scenarios in this process (--jobs 1) ...\n"
+    json.loads(out.getvalue())
+    out, err = io.StringIO(), io.StringIO()
+    assert cli.cmd_replay(parsed, out, err) == 0
+    assert err.getvalue() == ""
+
+
+def _parser():
+    from gate.cli import build_parser
+
+    return build_parser()

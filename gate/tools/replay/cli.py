@@ -116,7 +116,8 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter], epilog: s
         default=None,
         help="replay the scenarios on N worker processes at once, each at nice 10 so that a gate and llama-server on "
         "the same host keep the CPU (default: one per CPU, at most one per scenario, and 1 for a small window); 1: "
-        "one after another in this process. The answer is the same either way",
+        "one after another in this process. The answer is the same either way; each worker holds its own copy of the "
+        "window (~1.3 KB per arrival, measured: 130 MB for 100,000, besides ~40 MB of its own)",
     )
     p.set_defaults(func=cmd_replay)
 
@@ -170,7 +171,7 @@ def cmd_replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from gate.config import ConfigError, load_config
     from gate.journal.export import find_journal, window_order_error
     from gate.tools.replay import ReplayError, load_window, proposal_from_config, proposal_from_set, run_replay, to_json, to_table
-    from gate.tools.replay.workers import default_jobs
+    from gate.tools.replay.workers import WORKERS_FROM, default_jobs
 
     wrong_order = window_order_error(args.since, args.until)
     if wrong_order:
@@ -203,7 +204,14 @@ def cmd_replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if twice:
         err.write(f"tokengate replay: error: proposal given twice: {', '.join(twice)}\n")
         return 2
-    jobs = args.jobs or default_jobs(1 + len(proposals), len(window.arrivals) + len(window.lead))
+    arrivals = len(window.arrivals) + len(window.lead)
+    jobs = args.jobs or default_jobs(1 + len(proposals), arrivals)
+    if err.isatty() and arrivals * (1 + len(proposals)) >= WORKERS_FROM:
+        # a minute or more with nothing on the screen reads as a hang (100,000 arrivals: ~22 s
+        # per scenario and core); said on stderr, so that --format json stays clean
+        where = f"on {jobs} worker processes (nice 10)" if jobs > 1 else "in this process (--jobs 1)"
+        err.write(f"tokengate replay: replaying {arrivals:,} arrivals x {1 + len(proposals)} scenarios {where} ...\n")
+        err.flush()
     try:
         answer = run_replay(window, proposals, jobs=jobs)
     except ReplayError as e:  # a worker process died (killed, out of memory)
