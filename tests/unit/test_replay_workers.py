@@ -23,6 +23,7 @@ from gate.tools.replay.synthetic import SMALL_FIT, recorded_by_model, synthetic_
 from gate.tools.replay.workers import WORKERS_FROM, default_jobs, in_workers
 
 CONFIG = parse_config(EXAMPLE_CONFIG)
+ROOT = Path(__file__).resolve().parents[2]  # where `tests.unit` imports from
 PROPOSALS = ("classes.interactive.queue_depth=1", "classes.batch.queue_depth=2", "budget.min_tokens=1024,budget.slo_ttft_p95_ms=500")
 
 
@@ -117,7 +118,7 @@ def _gone(pid: int) -> bool:
 def test_workers_exit_when_the_command_is_killed(journal: str) -> None:
     # `kill` of `tokengate replay` alone (systemd's KillMode=process, the OOM killer): its
     # workers ran out their runs, then blocked on their pipe for good (a trial)
-    command = subprocess.Popen([sys.executable, "-c", ORPHANS, journal], stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    command = subprocess.Popen([sys.executable, "-c", ORPHANS, journal], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         assert command.stdout is not None
         workers = [int(command.stdout.readline()), int(command.stdout.readline())]  # both busy
