@@ -670,7 +670,9 @@ class ReviewScreen(Screen[str | None]):
         from console.screens.whatif import WhatIfScreen, window_text
 
         if self.reader is None or self.now is None:
-            self.notify("the journal is not open", severity="warning", timeout=3)
+            # a `w` pressed before the journal has opened (its first second) is not lost silently
+            why = "the journal could not be opened" if self.error else "the journal is still opening: press w again in a moment"
+            self.notify(why, severity="warning", timeout=3)
             return
         since, until = self._range_bounds()
         if self.newest is not None and until is not None and until > self.newest + 1e-6:

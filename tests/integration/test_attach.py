@@ -138,6 +138,14 @@ class Pty:
     async def shows(self, text: str) -> bool:
         return text.encode() in self.output
 
+    async def wait_for(self, *texts: str, timeout_s: float) -> None:
+        """Until the screen has shown every one of texts; a failure says what it showed last."""
+        try:
+            await wait_until(lambda: all(t.encode() in self.output for t in texts), timeout_s=timeout_s)
+        except AssertionError as e:
+            tail = self.output[-3000:].decode(errors="replace")
+            raise AssertionError(f"{e}: waiting for {texts!r}; the screen's last bytes: {tail!r}") from None
+
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
@@ -339,12 +347,15 @@ async def test_a_review_killed_gives_the_terminal_back(tmp_path, sig):
     write_journal(str(journal), config, SMALL_FIT, arrivals, outcomes)
     review = Pty(str(TOKENGATE), "review", "--journal", str(journal), cwd=tmp_path)
     try:
-        await wait_until(lambda: review.shows("REVIEW"), timeout_s=30)
+        # The header's window ("... UTC") appears once the journal is open: "REVIEW" comes
+        # first, and a `w` before the journal is open only says so (CI lost this race once,
+        # under load: the what-if never opened)
+        await review.wait_for("REVIEW", " UTC", timeout_s=30)
         os.write(review.master, b"5")  # the whole journal
         os.write(review.master, b"w")
-        await wait_until(lambda: review.shows("arrivals, backend"), timeout_s=30)  # the what-if's window loaded
+        await review.wait_for("arrivals, backend", timeout_s=30)  # the what-if's window loaded
         os.write(review.master, b"\x12")  # ctrl+r: a replay in its child process
-        await wait_until(lambda: review.shows("replaying"), timeout_s=10)
+        await review.wait_for("replaying", timeout_s=10)
         children = _children(review.proc.pid)
         assert children, "the what-if replays in a child process"
         review.proc.send_signal(sig)
