@@ -178,6 +178,11 @@ def test_refuses_a_journal_before_v4(tmp_path: Path) -> None:
         ("ALTER TABLE decisions DROP COLUMN ttft_arrival_ms", "decisions table lacks ttft_arrival_ms: not a journal this version wrote"),
         ("ALTER TABLE decisions DROP COLUMN completion_tokens", "decisions table lacks completion_tokens: .* or damaged"),
         ("DROP TABLE samples", "has no samples table"),
+        # a damaged thresholds row said only "JSONDecodeError: Expecting property name ...", and
+        # `{}` replayed the built-in defaults without a word (a trial, 2026-12-07)
+        ("UPDATE audit SET new_value = '{not json' WHERE action = 'config_in_force'", "config_in_force row at .* is not valid JSON"),
+        ("UPDATE audit SET new_value = '{}' WHERE action = 'config_in_force'", "config_in_force row at .* holds no budget and no classes"),
+        ("UPDATE audit SET new_value = '[1]' WHERE action = 'config_in_force'", "holds no budget and no classes"),
     ],
 )
 def test_refuses_a_window_it_cannot_replay_and_says_why(tmp_path: Path, tamper: str, said: str) -> None:
@@ -405,6 +410,76 @@ def test_proposals_the_replay_cannot_honour_are_refused(tmp_path: Path, capsys: 
     for moment in ("nan", "inf", "-5"):
         assert main(["replay", "--journal", path, f"--since={moment}"]) == 2
         assert "is not a moment" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "said"),
+    [
+        # the same proposal, spaced otherwise: two JSON scenarios a script could not tell apart
+        (
+            ["--set", "classes.batch.queue_depth=1"],
+            ["--set", " classes.batch.queue_depth = 1 "],
+            "proposal given twice: classes.batch.queue_depth=1",
+        ),
+        # the same keys in another order
+        (
+            ["--set", "budget.aging_s=3,classes.batch.queue_depth=1"],
+            ["--set", "classes.batch.queue_depth=1,budget.aging_s=3"],
+            "propose the same thresholds",
+        ),
+        # one file by two paths
+        (["--config", "{same}"], ["--config", "{same_by_another_path}"], "propose the same thresholds"),
+    ],
+)
+def test_two_proposals_of_the_same_thresholds_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], first, second, said) -> None:
+    path = _journal(tmp_path, n=40, duration=10.0)
+    same = tmp_path / "same.toml"
+    same.write_text(EXAMPLE_CONFIG.replace("aging_s = 5.0", "aging_s = 3.0"))
+    assert "aging_s = 3.0" in same.read_text()
+    paths = {"{same}": str(same), "{same_by_another_path}": f"{tmp_path}/./same.toml"}
+    args = [paths.get(a, a) for a in first + second]
+    assert main(["replay", "--journal", path, *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tokengate replay: error: ") and said in err, err
+    # a proposal alone, spaced otherwise, is named by its items as read
+    assert main(["replay", "--journal", path, "--format", "json", *[paths.get(a, a) for a in second]]) == 0
+    names = [s["name"] for s in json.loads(capsys.readouterr().out)["scenarios"]]
+    assert names[2] == {"--set": " ".join(second[1].split()).replace(" = ", "=").strip(), "--config": paths.get(second[1])}[second[0]]
+
+
+def test_a_config_that_adds_a_class_replays_and_says_what_the_class_changes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A trial's candidate file with one more class could not be replayed at all: "classes.extra.
+    default_max_tokens cannot be replayed ... keep it as recorded (=None)", whatever it set."""
+    path = _journal(tmp_path, n=40, duration=10.0)
+    extra = tmp_path / "extra.toml"
+    extra.write_text(EXAMPLE_CONFIG + "\n[classes.extra]\npriority = 1\ndefault_max_tokens = 64\n")
+    assert main(["config", "check", str(extra)]) == 0
+    capsys.readouterr()
+    assert main(["replay", "--journal", path, "--format", "json", "--config", str(extra)]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert any("its class 'extra' is not in the recorded thresholds" in n for n in answer["notes"]), answer["notes"]
+    # a recorded class's default still cannot be replayed
+    changed = tmp_path / "changed.toml"
+    changed.write_text(extra.read_text().replace("default_max_tokens = 512", "default_max_tokens = 7", 1))
+    assert main(["replay", "--journal", path, "--config", str(changed)]) == 2
+    assert "classes.batch.default_max_tokens cannot be replayed" in capsys.readouterr().err
+
+
+def test_damaged_rows_the_replay_reads_around_are_said(tmp_path: Path) -> None:
+    """A capacity_learned row that does not read was called "a gate older than this one wrote
+    it"; decisions of a class no thresholds name kept their outcome unsaid (a trial, 2026-12-07)."""
+    path = _journal(tmp_path, n=60, duration=10.0)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(
+        "INSERT INTO audit (ts, operator, origin, source, action, target, old_value, new_value, note) VALUES (?, 'g', 'local', 'gate', "
+        "'capacity_learned', 'backend:default', NULL, 'garbage', '')",
+        (1_800_000_000.0 - 1.0,),
+    )
+    conn.execute("UPDATE decisions SET class = 'ghost' WHERE id IN (SELECT id FROM decisions ORDER BY id LIMIT 3)")
+    conn.close()
+    notes = " | ".join(load_window(path).notes)
+    assert "capacity_learned row of backend 'default' does not read as llama-server's capacity (damaged)" in notes, notes
+    assert "decisions of 'ghost', a class the thresholds in force do not have, keep their recorded outcome" in notes, notes
 
 
 def test_the_fit_models_the_layout_the_gate_learned(tmp_path: Path) -> None:

@@ -167,6 +167,22 @@ def _journal_of_config(args: argparse.Namespace, read: str) -> str | None:
     return None
 
 
+def _same_thresholds(proposals: list[Any]) -> str | None:
+    """Two proposals that replay the same thresholds (one column would repeat the other under
+    another name): the same text, the same keys in another order, one file by two paths."""
+    from gate.config.thresholds import thresholds_json
+
+    first: dict[tuple[str, frozenset[str]], str] = {}
+    for p in proposals:
+        key = (thresholds_json(p.config), p.pinned)
+        if key in first:
+            if first[key] == p.name:
+                return f"proposal given twice: {p.name}"
+            return f"{first[key]} and {p.name} propose the same thresholds: keep one"
+        first[key] = p.name
+    return None
+
+
 def cmd_replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from gate.config import ConfigError, load_config
     from gate.journal.export import find_journal, window_order_error
@@ -199,10 +215,9 @@ def cmd_replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except (ValueError, ConfigError) as e:
         err.write(f"tokengate replay: error: {e}\n")
         return 2
-    names = [p.name for p in proposals]
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        err.write(f"tokengate replay: error: proposal given twice: {', '.join(twice)}\n")
+    same = _same_thresholds(proposals)
+    if same:
+        err.write(f"tokengate replay: error: {same}\n")
         return 2
     arrivals = len(window.arrivals) + len(window.lead)
     jobs = args.jobs or default_jobs(1 + len(proposals), arrivals)

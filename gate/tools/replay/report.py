@@ -78,7 +78,11 @@ def _proposal(name: str, recorded: Config, data: dict[str, Any]) -> Proposal:
         raise ValueError(str(exc)) from None
     old, new = _flat(thresholds_of(recorded)), _flat(thresholds_of(config))
     pinned = frozenset(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
-    unreplayable = sorted(k for k in pinned if k.startswith("classes.") and k.endswith(".default_max_tokens"))
+    # (only a recorded class's: a class a --config adds has no recorded arrival for its default
+    # to apply to, and a trial's file with one more class could not be replayed at all)
+    unreplayable = sorted(
+        k for k in pinned if k.startswith("classes.") and k.endswith(".default_max_tokens") and k.split(".")[1] in recorded_classes
+    )
     if unreplayable:
         # (a trial's classes.batch.default_max_tokens=40 changed nothing, silently)
         recorded_values = ", ".join(f"{k}={old.get(k)}" for k in unreplayable)
@@ -109,6 +113,7 @@ def proposal_from_set(text: str, recorded: Config) -> Proposal:
     data = thresholds_of(recorded)
     seen: set[str] = set()
     given: set[str] = set()
+    items: list[str] = []
     for part in [p.strip() for p in text.split(",")]:
         key, sep, raw = part.partition("=")
         key = key.strip()
@@ -117,6 +122,7 @@ def proposal_from_set(text: str, recorded: Config) -> Proposal:
         if key in seen:
             raise ValueError(f"--set {key}: given twice in one proposal")
         seen.add(key)
+        items.append(f"{key}={raw.strip()}")
         # "slo": a class's objective back to [budget] slo_ttft_p95_ms, as the live retune form writes it
         unset = raw.strip().lower() == "none" or (key.endswith(".ttft_objective_ms") and raw.strip().lower() == "slo")
         value = None if unset else parse_value(raw.strip())
@@ -143,7 +149,10 @@ def proposal_from_set(text: str, recorded: Config) -> Proposal:
         else:
             table[rest] = value
         given.add(f"backends.{rest}" if head == "backend" else key)
-    return dataclasses.replace(_proposal(text, recorded, data), given=frozenset(given))
+    # named by its items as read (a " classes.b.queue_depth=1" beside "classes.b.queue_depth=1"
+    # made two JSON scenarios a script could not tell apart)
+    name = ",".join(items)
+    return dataclasses.replace(_proposal(name, recorded, data), given=frozenset(given))
 
 
 def proposal_from_config(name: str, other: Config, recorded: Config, backend: str) -> Proposal:
@@ -167,6 +176,12 @@ def proposal_from_config(name: str, other: Config, recorded: Config, backend: st
             f"(its {', '.join(k for k in BACKEND_KEYS if k in match[0]) or 'backend keys: none set'})",
         )
     data["backends"] = match
+    added = [c.name for c in other.classes if c.name not in {k.name for k in recorded.classes}]
+    if added:
+        notes += (
+            f"{name}: its class {', '.join(repr(a) for a in added)} is not in the recorded thresholds: no recorded arrival "
+            "names it, so it changes only what its reserved_tokens keep from the others",
+        )
     recorded_kv = [b.get("kv") for b in thresholds_of(recorded)["backends"] if b.get("name") == backend][:1]
     if match and recorded_kv and match[0].get("kv") != recorded_kv[0]:
         notes += (f'{name}: its kv = "{match[0].get("kv")}" {_KV_NOT_REPLAYED}',)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gate.config.schema import Config
+from gate.config.schema import Config, ConfigError
 from gate.config.thresholds import CONFIG_IN_FORCE, config_from_thresholds
 from gate.data.records import CAPACITY_LEARNED
 from gate.journal.schema import JournalError
@@ -187,7 +187,7 @@ def _load(conn: sqlite3.Connection, path: str, since: float | None, until: float
             f"{path}: no {CONFIG_IN_FORCE} audit row before the window: the gate that wrote it predates replay, "
             "so the thresholds in force are unknown"
         )
-    config = config_from_thresholds(cfg_row["new_value"] or "{}")
+    config = _config_of(path, cfg_row, f"at {iso(cfg_row['ts'])}")
     names = {c.name for c in config.classes}
     rows = conn.execute(
         'SELECT * FROM decisions WHERE ts >= ? AND ts < ? AND (backend = ? OR backend = "") ORDER BY ts, id', (since, until, backend)
@@ -220,6 +220,7 @@ def _load(conn: sqlite3.Connection, path: str, since: float | None, until: float
             "its decisions are incomplete, a replay would undercount the load"
         )
     changes: list[Change] = []
+    later: set[str] = set()  # the classes of a gate restarted in the window
     digest = str(cfg_row["note"])
     for r in conn.execute(
         "SELECT ts, action, target, new_value, note FROM audit WHERE ts > ? AND ts < ? ORDER BY ts, id", (cfg_row["ts"], until)
@@ -230,14 +231,27 @@ def _load(conn: sqlite3.Connection, path: str, since: float | None, until: float
             # a window across a restart under the first gate's, and said nothing)
             value, note, digest = _restart(path, r, backend, names, digest)
             notes.append(note)
+            later |= set(json.loads(value).get("classes", {}))
         changes.append(Change(r["ts"] - since, r["action"], r["target"], value))
     arrivals = tuple(_arrival(r, since, names) for r in rows if r["class"])
+    strangers = sorted({a.cls for a in arrivals} - names - later)
+    if strangers:
+        # (a damaged journal's decisions of a class no thresholds name kept their outcome unsaid)
+        notes.append(
+            f"decisions of {', '.join(repr(c) for c in strangers)}, a class the thresholds in force do not have, keep their "
+            "recorded outcome (the replay cannot admit them under thresholds it does not know)"
+        )
     learned = conn.execute(
         "SELECT new_value FROM audit WHERE action = ? AND target = ? AND ts <= ? ORDER BY ts <= ? DESC, "
         "CASE WHEN ts <= ? THEN -ts ELSE ts END LIMIT 1",
         (CAPACITY_LEARNED, f"backend:{backend}", until, since, since),
     ).fetchone()  # the last learned at the window's start, else the first learned in it
     learned_value = _learned(learned["new_value"]) if learned else None
+    if learned and learned_value is None:
+        notes.append(
+            f"the {CAPACITY_LEARNED} row of backend {backend!r} does not read as llama-server's capacity (damaged): "
+            "the slots, pool and KV layout are taken from the samples and the config instead"
+        )
     fit = fit_backend(rows, samples, config, since, learned_value)
     notes += _capacity_moves(changes, backend, learned_value, since)
     curve = tuple((s["ts"] - since, s["budget"]) for s in samples if s["budget"] is not None and since <= s["ts"] < until)
@@ -262,14 +276,39 @@ def _load(conn: sqlite3.Connection, path: str, since: float | None, until: float
     )
 
 
+def _thresholds_of_row(path: str, row: sqlite3.Row, where: str) -> dict[str, Any]:
+    """A config_in_force row's thresholds, or a ReplayError naming the row (a damaged row said
+    only "JSONDecodeError: Expecting property name ...", and a row of `{}` replayed the built-in
+    defaults with no word, every figure then far off: a trial, 2026-12-07)."""
+    try:
+        data = json.loads(row["new_value"] or "")
+    except ValueError as exc:
+        raise ReplayError(
+            f"{path}: the {CONFIG_IN_FORCE} row {where} is not valid JSON ({exc}): the thresholds in force are unknown"
+        ) from None
+    missing = [k for k in ("budget", "classes") if not (isinstance(data, dict) and isinstance(data.get(k), dict) and data[k])]
+    if missing:
+        raise ReplayError(
+            f"{path}: the {CONFIG_IN_FORCE} row {where} holds no {' and no '.join(missing)}: the thresholds in force are unknown "
+            "(a gate writes every class and its [budget] there; the row was damaged)"
+        )
+    return data
+
+
+def _config_of(path: str, row: sqlite3.Row, where: str) -> Config:
+    data = _thresholds_of_row(path, row, where)
+    try:
+        return config_from_thresholds(json.dumps(data))
+    except (ValueError, TypeError, AttributeError, ConfigError) as exc:
+        raise ReplayError(f"{path}: the {CONFIG_IN_FORCE} row {where} does not read as thresholds ({exc})") from None
+
+
 def _restart(path: str, row: sqlite3.Row, backend: str, classes: set[str], before: str) -> tuple[str, str, str]:
     """A config_in_force row inside the window (a gate restarted): its thresholds with the
     replayed backend first (the one the engine reads), the note that says so, its digest."""
-    from gate.config.schema import ConfigError
-
     when = _hms(row["ts"])
+    data = _thresholds_of_row(path, row, f"of the gate restart at {when}")
     try:
-        data = json.loads(row["new_value"] or "")
         data["backends"] = [b for b in data.get("backends", []) if b.get("name") == backend] or data.get("backends", [])[:1]
         config_from_thresholds(json.dumps(data))
     except (ValueError, TypeError, AttributeError, ConfigError) as exc:
@@ -666,7 +705,9 @@ def fit_backend(
         )
     if ceiling is None and budgets:
         ceiling = max(budgets)
-        notes.append("pool size not in the journal (a gate older than this one wrote it): the highest working budget sampled")
+        notes.append(
+            "pool size not in the journal (no capacity_learned row that reads; a gate older than replay writes none): the highest working budget sampled"
+        )
     if ceiling is None:
         ceiling = max((r["reserved_tokens"] for r in rows), default=2048) or 2048
         notes.append("pool size not in the samples: the largest reservation")
@@ -676,7 +717,9 @@ def fit_backend(
         kv = "split" if bcfg.kv == "split" else "unified"
         slot_context = ceiling // slots if kv == "split" else ceiling
         if bcfg.kv == "auto":
-            notes.append(f"the KV layout the gate learned is not in the journal (a gate older than this one wrote it): taken as {kv}")
+            notes.append(
+                f"the KV layout the gate learned is not in the journal (no capacity_learned row that reads; a gate older than replay writes none): taken as {kv}"
+            )
     ran = [
         r
         for r in rows
