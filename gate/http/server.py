@@ -292,6 +292,16 @@ async def _get_json(gate: RequestPorts, backend, path: str) -> Any:
         return None
 
 
+#: How long an idle client connection is kept open between requests (uvicorn's default: 5 s).
+#: A server that closes an idle connection at the moment its client reuses it makes that request
+#: fail with a reset: HTTP/1.1 has no way to say "closing" first, and a POST is not retried. httpx
+#: (and so the OpenAI SDK) keeps an idle connection for 5 s, exactly uvicorn's default: a CI run
+#: of three gates saw one such httpx.ReadError in a minute of traffic, and a loop of requests
+#: 0-30 ms inside the expiry failed 1 in 30 with the two equal, 0 in 30 with the server's longer
+#: (2026-12-07). nginx keeps 75 s, longer than the clients and load balancers in front of it
+#: (60 s idle timeouts are common): the same here.
+KEEP_ALIVE_S = 75
+
 #: past the grace period, how long uvicorn waits before it cancels what still runs (a moment
 #: for the connections that just finished to close)
 CUT_WAIT_S = 0.2
@@ -372,6 +382,7 @@ class HttpServer:
             server_header=False,  # no "server: uvicorn": the stack behind the gate is nobody's business
             date_header=False,  # the app's own (`Dated`): uvicorn's is the request's arrival
             timeout_graceful_shutdown=5,
+            timeout_keep_alive=KEEP_ALIVE_S,  # longer than the clients' own (above)
             http=guarded_protocol(self.header_timeout_s),  # slow clients: gate/http/clientguard.py
         )
         self._server = server = _EmbeddedServer(config)
