@@ -705,9 +705,7 @@ def fit_backend(
         )
     if ceiling is None and budgets:
         ceiling = max(budgets)
-        notes.append(
-            "pool size not in the journal (no capacity_learned row that reads; a gate older than replay writes none): the highest working budget sampled"
-        )
+        notes.append("pool size not in the journal (no capacity_learned row that reads): the highest working budget sampled")
     if ceiling is None:
         ceiling = max((r["reserved_tokens"] for r in rows), default=2048) or 2048
         notes.append("pool size not in the samples: the largest reservation")
@@ -717,9 +715,7 @@ def fit_backend(
         kv = "split" if bcfg.kv == "split" else "unified"
         slot_context = ceiling // slots if kv == "split" else ceiling
         if bcfg.kv == "auto":
-            notes.append(
-                f"the KV layout the gate learned is not in the journal (no capacity_learned row that reads; a gate older than replay writes none): taken as {kv}"
-            )
+            notes.append(f"the KV layout the gate learned is not in the journal (no capacity_learned row that reads): taken as {kv}")
     ran = [
         r
         for r in rows
