@@ -55,7 +55,7 @@ from console.widgets.status import StatusBar
 from gate.data.commands import ActionResult, Command, CommandError, Drain, Freeze, ModelAction, Pause, describe
 from gate.data.records import AuditRecord
 from gate.data.snapshot import GateSnapshot
-from gate.ops.link import GateLink, LinkLost
+from gate.ops.link import GateLink, LinkLost, NoAnswer
 
 __all__ = ["CHART_POINTS", "CHART_WINDOW_S", "TOASTED_SOURCES", "TokengateApp", "mark_label"]
 
@@ -360,6 +360,9 @@ class TokengateApp(App[None]):
         """Send a command; toast the result (or the refusal, as an error); re-render."""
         try:
             results = await self.send(command)
+        except NoAnswer as exc:  # neither applied nor refused: sent, unanswered
+            self.notify(str(exc), title=self._named("no answer"), severity="warning", markup=False, timeout=15)
+            return []
         except CommandError as exc:
             self.notify(str(exc), title=self._named("refused"), severity="error", markup=False)
             return []

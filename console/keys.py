@@ -26,7 +26,13 @@ MAIN_BINDINGS: tuple[Binding, ...] = (
     Binding("p", "pause_class", "pause", tooltip="pause/resume the selected class (503 class_paused)"),
     Binding("d", "drain_class", "drain", tooltip="drain the selected class's queue (asks; 503 drained)"),
     Binding("f", "freeze", "freeze", tooltip="freeze/unfreeze the adaptive controller"),
-    Binding("r", "review", "review", tooltip="review the journal (read-only)"),
+    Binding(
+        "r",
+        "review",
+        "review",
+        # (a trial's `?` said only "read-only", and nobody found the what-if or its apply)
+        tooltip="review the journal; w there: what-if, ctrl+t applies it",
+    ),
     # router mode only; not in the footer (room at 80 columns), `?` lists it
     Binding("m", "models", "models", show=False, tooltip="router mode: the models (load, unload, pin/unpin; each asks first)"),
     Binding("slash", "filter", "filter", key_display="/", tooltip="filter the decision tail (enter keeps, esc clears)"),

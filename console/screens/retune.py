@@ -21,7 +21,7 @@ from textual.widgets import Button, Checkbox, Input, Label, Static
 
 from gate.data.commands import CommandError, Retune
 from gate.data.snapshot import GateSnapshot
-from gate.ops.link import LinkLost
+from gate.ops.link import LinkLost, NoAnswer
 
 MAX_SLO_MS = 600_000.0
 MAX_QUEUE_DEPTH = 100_000
@@ -393,6 +393,9 @@ class RetuneScreen(ModalScreen[list[str] | None]):
                 self.dismiss([])
                 return
             messages = await self.apply(changes)
+        except NoAnswer as exc:  # sent, unanswered: not "refused"
+            self.query_one("#retune-result", Label).update(str(exc))
+            return
         except (CommandError, LinkLost) as exc:
             self.query_one("#retune-result", Label).update(f"refused: {exc}")
             return

@@ -62,7 +62,7 @@ from textual.worker import Worker, WorkerState
 from console.screens.confirm import ConfirmScreen
 from gate.data.commands import CommandError, Retune
 from gate.data.snapshot import GateSnapshot
-from gate.ops.link import LinkLost
+from gate.ops.link import LinkLost, NoAnswer
 from gate.tools.replay import (
     ReplayError,
     ReplayProcess,
@@ -197,6 +197,28 @@ def live_differences(recorded: Mapping[str, str], proposal: str, live: Mapping[s
         for key, value in recorded.items()
         if key not in proposed and key in live and not _same(live[key], value)
     ]
+
+
+def live_moves(recorded: Mapping[str, str], proposal: str, live: Mapping[str, str]) -> list[str]:
+    """Each proposed key as the apply moves it on the running gate: "KEY LIVE -> NEW", with
+    "(replayed RECORDED -> NEW)" when the gate no longer runs what the replay started from (a
+    trial's confirmation said only "queue_depth=6": the replay raised it from 4, the apply
+    lowered it from 8). "KEY RECORDED -> NEW" when the gate's value is not known (an adaptive
+    budget) or is the recorded one."""
+    out = []
+    for part in proposal.split(","):
+        key, _, value = (x.strip() for x in part.partition("="))
+        if not key:
+            continue
+        name = "backend." + key.split(".", 1)[1] if key.startswith("backends.") else key
+        was, running = recorded.get(name), live.get(name)
+        if running is not None and was is not None and not _same(running, was):
+            out.append(f"{key} {running} → {value} (replayed {was} → {value})")
+        elif was is not None:
+            out.append(f"{key} {was} → {value}")
+        else:
+            out.append(f"{key}={value}")
+    return out
 
 
 def budget_note(mode: str, budget: int, curve: list[list[float]] | None) -> str:
@@ -350,6 +372,7 @@ class WhatIfScreen(ModalScreen[None]):
         self.keep_draft = keep_draft
         #: the messages of the command applied from here, if one was
         self.applied: list[str] | None = None
+        self.applying = False  # an apply sent, its answer not in yet (one at a time)
         self.journal_path = journal_path
         self.since = since
         self.until = until
@@ -567,8 +590,23 @@ class WhatIfScreen(ModalScreen[None]):
             exit_on_error=False,
         )
 
-    @work(group="whatif-apply", exclusive=True, exit_on_error=False)
-    async def action_apply(self) -> None:
+    def action_apply(self) -> None:
+        """ctrl+t: one apply at a time. A second ctrl+t while the first waited on a stalled gate
+        cancelled the first's wait, not its command, which then landed unannounced (a trial)."""
+        if self.applying:
+            self._status("an apply is in flight: waiting for the gate's answer", error=True)
+            return
+        self.applying = True
+        self._apply()
+
+    @work(group="whatif-apply", exit_on_error=False)
+    async def _apply(self) -> None:
+        try:
+            await self._ask_and_apply()
+        finally:
+            self.applying = False
+
+    async def _ask_and_apply(self) -> None:
         """Ask, then send the proposal last replayed as one Retune (the form's current text
         must be what was replayed: apply what you saw)."""
         if self.apply is None:
@@ -598,14 +636,15 @@ class WhatIfScreen(ModalScreen[None]):
         # the running gate now, beside what was replayed: a hand retune since the window (a
         # trial's queue_depth 12 where the replay ran 8) stays in force, and is said
         snap = await self.live() if self.live is not None else None
-        differ = live_differences(self.recorded, self.proposal, live_values(snap)) if snap is not None else []
+        now = live_values(snap) if snap is not None else {}
+        differ = live_differences(self.recorded, self.proposal, now)
         if differ:
             them = "them as they are" if len(differ) > 1 else "it as it is"
             budget += f"\nThe gate now differs from what was replayed: {', '.join(differ)}; applying leaves {them}."
         if not await self.app.push_screen_wait(
             ConfirmScreen(
                 "Apply the what-if",
-                f"Retune the running gate: {self.proposal.replace(',', ', ')}"
+                f"Retune the running gate: {', '.join(live_moves(self.recorded, self.proposal, now))}"
                 + budget
                 # the figures behind the decision, as trusted as the calibration says (a trial
                 # applied a proposal whose 15 of 17 figures were marked '?', with nothing said here)
@@ -619,8 +658,12 @@ class WhatIfScreen(ModalScreen[None]):
             )
         ):
             return
+        self._status("applying: sent to the gate, waiting for its answer ...")
         try:
             self.applied = await self.apply(command)
+        except NoAnswer as e:  # sent, unanswered: neither "applied" nor "not applied"
+            self._status(f"unknown: {e}", error=True)
+            return
         except (CommandError, LinkLost) as e:
             self._status(f"not applied: {e}", error=True)
             return

@@ -53,6 +53,18 @@ class LinkLost(ConnectionError):
     """The gate went away (it stopped, or the socket closed)."""
 
 
+#: How long a command waits for the gate's answer. The gate answers a command on its loop in
+#: milliseconds; a gate whose process is stopped (SIGSTOP) or whose loop is stuck never did, and
+#: the console's apply then waited without a word (a trial: 30 s of an unchanged status line,
+#: then the retune landed when the gate was resumed, unannounced).
+ANSWER_WAIT_S = 10.0
+
+
+class NoAnswer(CommandError):
+    """The gate did not answer a command within ANSWER_WAIT_S: it may still apply it when it
+    answers (the audit will say), so this is neither "applied" nor "refused"."""
+
+
 @dataclass(frozen=True, slots=True)
 class GateInfo:
     """Who the console talks to, and as whom."""
@@ -258,7 +270,7 @@ class SocketLink:
         return snap
 
     async def command(self, command: Command) -> list[ActionResult]:
-        reply = await self._request({"op": "command", "command": to_wire(command)})
+        reply = await self._request({"op": "command", "command": to_wire(command)}, answer_within_s=ANSWER_WAIT_S)
         return [decode(ActionResult, r) for r in reply["results"]]
 
     async def stop_gate(self, why: str) -> None:
@@ -282,7 +294,7 @@ class SocketLink:
 
     # ---- plumbing ----------------------------------------------------------------
 
-    async def _request(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def _request(self, body: dict[str, Any], answer_within_s: float | None = None) -> dict[str, Any]:
         if self.lost.is_set():
             raise LinkLost(f"{self.path}: the gate closed the connection (it stopped or restarted)")
         rid = next(self._ids)
@@ -294,7 +306,14 @@ class SocketLink:
         except (ConnectionError, OSError) as exc:
             self._pending.pop(rid, None)
             raise LinkLost(f"{self.path}: {exc}") from None
-        reply = await future
+        try:
+            reply = await asyncio.wait_for(future, answer_within_s)
+        except TimeoutError:
+            self._pending.pop(rid, None)  # a late answer finds no one waiting, and is dropped
+            raise NoAnswer(
+                f"no answer from the gate within {answer_within_s:.0f} s (is its process stopped or stuck?): the command was "
+                "sent and may still take effect when the gate answers; its audit will say (tokengate log --kind audit)"
+            ) from None
         if not reply.get("ok"):
             raise CommandError(str(reply.get("error") or "refused"))
         return reply

@@ -4,6 +4,7 @@ backend model, written with the writer's own schema; NOT a recording of a real g
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 from pathlib import Path
@@ -40,6 +41,15 @@ def recorded_journal(tmp_path: Path, config=CONFIG) -> Path:
 @pytest.fixture
 def journal(tmp_path: Path) -> Path:
     return recorded_journal(tmp_path)
+
+
+async def until(pilot: Pilot, condition) -> None:
+    """Pause until `condition()` holds (a worker that is meant to stay running: not settle)."""
+    for _ in range(500):
+        if condition():
+            return
+        await pilot.pause()
+    raise AssertionError("the condition never held")
 
 
 async def settle(pilot: Pilot) -> None:
@@ -598,12 +608,69 @@ async def test_apply_says_where_the_live_gate_differs_from_what_was_replayed(gat
             "The gate now differs from what was replayed: classes.interactive.queue_depth 12 (replayed with 4); "
             "applying leaves it as it is." in said
         ), said
-        # the keys the proposal sets are not listed: the apply sets them
-        assert "classes.batch.queue_depth 8" not in said and "slo_ttft_p95_ms 2000" not in said
+        # each key the proposal sets, as the apply moves it on the gate (which runs the recorded
+        # value of each here) ...
+        assert "classes.batch.queue_depth 8 → 3" in said and "budget.slo_ttft_p95_ms 2000 → 3000" in said, said
+        # ... and not among the keys it leaves as they are
+        left = said.split("The gate now differs from what was replayed: ", 1)[1].split(";", 1)[0]
+        assert "classes.batch" not in left and "slo_ttft" not in left, left
         await pilot.press("y")
         await settle(pilot)
         assert screen.applied
         assert gate.backends.backends[0].admission.queue("interactive").depth == 12  # as said: left as it is
+
+
+async def test_the_confirmation_moves_each_key_from_what_the_gate_runs_now(gate, gate_journal: Path) -> None:
+    """A trial: the replay raised interactive's queue_depth from the window's 4 to 6, the gate
+    ran 8 by then, and the dialog said only "queue_depth=6": the apply lowered it."""
+    gate.journal_path = str(gate_journal)
+    app = make_app(gate)
+    async with app.run_test(size=SIZE) as pilot:
+        await app.send(Retune(cls="interactive", class_changes={"queue_depth": 8}))
+        await pilot.press("r")
+        screen = await open_whatif(pilot)
+        assert screen.recorded["classes.interactive.queue_depth"] == "4"
+        set_form(screen, {"classes.interactive.queue_depth": "6"})
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert screen.proposal == "classes.interactive.queue_depth=6"
+        await pilot.press("ctrl+t")
+        said = (await confirmation(pilot)).message
+        assert "Retune the running gate: classes.interactive.queue_depth 8 → 6 (replayed 4 → 6)" in said, said
+
+
+async def test_a_second_apply_waits_for_the_first_s_answer(gate, gate_journal: Path) -> None:
+    """A trial's second ctrl+t, while the first apply waited on a stopped gate, cancelled that
+    wait (not its command, which landed later unannounced) and asked again."""
+    gate.journal_path = str(gate_journal)
+    app = make_app(gate)
+    held = asyncio.Event()
+    sent: list[object] = []
+
+    async def stalled(command):  # a gate that has not answered yet
+        sent.append(command)
+        await held.wait()
+        return ["retuned"]
+
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("r")
+        screen = await open_whatif(pilot)
+        screen.apply = stalled
+        set_form(screen, {"classes.batch.queue_depth": "3"})
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        await pilot.press("ctrl+t")
+        await confirmation(pilot)
+        await pilot.press("y")
+        await until(pilot, lambda: sent)  # (not settle: the apply's worker waits on the gate)
+        await until(pilot, lambda: "applying: sent to the gate" in drawn(app, "#whatif-status"))
+        await pilot.press("ctrl+t")
+        await pilot.pause()
+        assert isinstance(app.screen, WhatIfScreen)  # no second confirmation
+        assert "an apply is in flight" in drawn(app, "#whatif-status") and len(sent) == 1
+        held.set()
+        await settle(pilot)
+        assert screen.applied == ["retuned"] and "applied: retuned" in drawn(app, "#whatif-status")
 
 
 async def test_the_confirmation_says_an_adaptive_replay_moved_the_budget_the_apply_freezes(gate, journal: Path) -> None:

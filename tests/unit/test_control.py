@@ -678,3 +678,31 @@ async def test_a_reload_of_a_file_that_now_holds_the_overridden_values_says_so(g
     assert [(r.action, r.target) for r in rows] == [("reload", "config"), ("overrides_replaced", "overrides")]
     note = [a.note for a in gate.recent_audit if a.action == "reload"][-1]
     assert note == "no changes in force: the file now holds the overridden values: tg.toml sha256:5678"
+
+
+async def test_a_command_the_gate_does_not_answer_is_said_unanswered_not_refused(gate, tmp_path, monkeypatch):
+    """A trial SIGSTOPped a gate and applied a what-if from its console: the status line stayed
+    unchanged for 30 s (the link waited for good), and the retune landed unannounced once the
+    gate was resumed. The link now gives up waiting after ANSWER_WAIT_S with NoAnswer, a
+    CommandError that says the command was sent and may still take effect; the link goes on."""
+    from gate.ops import link as link_mod
+    from gate.ops.control_socket import ControlServer
+    from gate.ops.link import NoAnswer, SocketLink
+
+    server = ControlServer(str(tmp_path / "gate.sock"), gate)
+    await server.start()
+    answer = server._handle
+    # a gate whose loop never gets to the command (stopped or stuck): no reply line
+    monkeypatch.setattr(server, "_handle", lambda s, r: b"" if isinstance(r, dict) and r.get("op") == "command" else answer(s, r))
+    monkeypatch.setattr(link_mod, "ANSWER_WAIT_S", 0.2)
+    try:
+        link = await SocketLink.connect(server.path)
+        with pytest.raises(NoAnswer, match="no answer from the gate within .*may still take effect.*tokengate log --kind audit"):
+            await link.command(Retune(cls="batch", class_changes={"queue_depth": 3}))
+        assert not link._pending  # nobody waits on it any more
+        await link.snapshot()  # the session goes on
+        monkeypatch.setattr(server, "_handle", answer)
+        assert await link.command(Retune(cls="batch", class_changes={"queue_depth": 3}))  # answered: applied
+        await link.close()
+    finally:
+        await server.close()
