@@ -587,6 +587,21 @@ def set_form(screen: WhatIfScreen, changes: dict[str, str]) -> None:
     form.text = "\n".join(lines)
 
 
+async def confirm_on_a_retuned_gate(app, pilot: Pilot, depth: int, form: dict[str, str]) -> tuple[WhatIfScreen, str]:
+    """The gate's interactive queue_depth retuned to `depth` (the window recorded 4), then a
+    what-if of `form` replayed and ctrl+t: the screen and what its confirmation says."""
+    await app.send(Retune(cls="interactive", class_changes={"queue_depth": depth}))
+    await pilot.press("r")
+    screen = await open_whatif(pilot)
+    assert screen.recorded["classes.interactive.queue_depth"] == "4"
+    set_form(screen, form)
+    await pilot.press("ctrl+r")
+    await settle(pilot)
+    assert screen.error is None and screen.proposal
+    await pilot.press("ctrl+t")
+    return screen, (await confirmation(pilot)).message
+
+
 async def test_apply_says_where_the_live_gate_differs_from_what_was_replayed(gate, gate_journal: Path) -> None:
     # A trial: an earlier retune had left classes.interactive.queue_depth=12 on the gate, the
     # window recorded 8; the operator applied the budget, the SLO and batch's queue_depth, the
@@ -594,16 +609,8 @@ async def test_apply_says_where_the_live_gate_differs_from_what_was_replayed(gat
     gate.journal_path = str(gate_journal)
     app = make_app(gate)
     async with app.run_test(size=SIZE) as pilot:
-        await app.send(Retune(cls="interactive", class_changes={"queue_depth": 12}))
-        await pilot.press("r")
-        screen = await open_whatif(pilot)
-        assert screen.recorded["classes.interactive.queue_depth"] == "4"
-        set_form(screen, {"backend.token_budget": "1500", "budget.slo_ttft_p95_ms": "3000", "classes.batch.queue_depth": "3"})
-        await pilot.press("ctrl+r")
-        await settle(pilot)
-        assert screen.error is None and screen.proposal
-        await pilot.press("ctrl+t")
-        said = (await confirmation(pilot)).message
+        form = {"backend.token_budget": "1500", "budget.slo_ttft_p95_ms": "3000", "classes.batch.queue_depth": "3"}
+        screen, said = await confirm_on_a_retuned_gate(app, pilot, 12, form)
         assert (
             "The gate now differs from what was replayed: classes.interactive.queue_depth 12 (replayed with 4); "
             "applying leaves it as it is." in said
@@ -626,16 +633,8 @@ async def test_the_confirmation_moves_each_key_from_what_the_gate_runs_now(gate,
     gate.journal_path = str(gate_journal)
     app = make_app(gate)
     async with app.run_test(size=SIZE) as pilot:
-        await app.send(Retune(cls="interactive", class_changes={"queue_depth": 8}))
-        await pilot.press("r")
-        screen = await open_whatif(pilot)
-        assert screen.recorded["classes.interactive.queue_depth"] == "4"
-        set_form(screen, {"classes.interactive.queue_depth": "6"})
-        await pilot.press("ctrl+r")
-        await settle(pilot)
+        screen, said = await confirm_on_a_retuned_gate(app, pilot, 8, {"classes.interactive.queue_depth": "6"})
         assert screen.proposal == "classes.interactive.queue_depth=6"
-        await pilot.press("ctrl+t")
-        said = (await confirmation(pilot)).message
         assert "Retune the running gate: classes.interactive.queue_depth 8 → 6 (replayed 4 → 6)" in said, said
 
 
