@@ -23,6 +23,7 @@ keys and what each does are in console/keys.py.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import time
@@ -55,7 +56,7 @@ from console.widgets.status import StatusBar
 from gate.data.commands import ActionResult, Command, CommandError, Drain, Freeze, ModelAction, Pause, describe
 from gate.data.records import AuditRecord
 from gate.data.snapshot import GateSnapshot
-from gate.ops.link import GateLink, LinkLost, NoAnswer
+from gate.ops.link import ANSWER_WAIT_S, GateLink, LinkLost, NoAnswer
 
 __all__ = ["CHART_POINTS", "CHART_WINDOW_S", "TOASTED_SOURCES", "TokengateApp", "mark_label"]
 
@@ -133,6 +134,7 @@ class TokengateApp(App[None]):
         #: (ts, budget, in_flight, p95 TTFT ms), appended every tick, paused or not
         self.history: deque[tuple[float, int | None, int, float | None]] = deque(maxlen=int(CHART_WINDOW_S / MIN_INTERVAL_S))
         self.last_snapshot: GateSnapshot | None = None
+        self.last_snapshot_at: float | None = None  # wall clock of the last snapshot received
         #: decisions that came while the view was paused or covered: rendered with the next view
         self._unseen: deque = deque(maxlen=200)
         #: (action, target, old, new) of this console's own results: not toasted twice
@@ -178,7 +180,17 @@ class TokengateApp(App[None]):
     async def _fetch(self) -> GateSnapshot | None:
         """One snapshot from the link (the gate's own loop does the work); None on failure."""
         try:
-            snap = await self.link.snapshot()
+            # A gate whose process is stopped or whose loop is stuck never answers: the view's
+            # clock stood still with nothing said, and every action waited behind it (a trial
+            # SIGSTOPped the gate: 30 s of an unchanged screen)
+            async with asyncio.timeout(ANSWER_WAIT_S):
+                snap = await self.link.snapshot()
+        except TimeoutError:
+            shown = f", from {time.strftime('%H:%M:%S', time.localtime(self.last_snapshot_at))}" if self.last_snapshot_at else ""
+            self._console_error(
+                f"the gate has not answered for {ANSWER_WAIT_S:.0f} s (is its process stopped or stuck?): the view shows its last snapshot{shown}"
+            )
+            return None
         except LinkLost as exc:
             self.gate_lost(str(exc))
             return None
@@ -188,6 +200,7 @@ class TokengateApp(App[None]):
         snap = dataclasses.replace(snap, operator=self.link.info.operator)
         self.last_error = None  # shown until a tick goes through cleanly
         self.last_snapshot = snap
+        self.last_snapshot_at = time.time()
         self._unseen.extend(snap.decisions)
         return snap
 

@@ -262,6 +262,36 @@ async def test_a_failing_snapshot_is_shown_not_fatal(gate, monkeypatch):
         assert app.last_error is None and "boom" not in str(app.status.content)
 
 
+async def test_a_gate_that_does_not_answer_is_said_and_the_console_goes_on(gate, monkeypatch):
+    """A trial SIGSTOPped an attached gate: the view's clock stood still with nothing said, and
+    every action waited behind the snapshot for good. Now a snapshot not answered within
+    ANSWER_WAIT_S is said in the status line, and the next answered one clears it."""
+    import asyncio
+
+    import console.app as app_mod
+
+    monkeypatch.setattr(app_mod, "ANSWER_WAIT_S", 0.2)
+    app = make_app(gate)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await app.tick()
+        assert app.last_snapshot_at is not None
+        link = app.link
+        answered = link.snapshot
+
+        async def stuck():  # a gate whose loop never gets to the request
+            await asyncio.Event().wait()
+
+        monkeypatch.setattr(link, "snapshot", stuck)
+        await app.tick()
+        await pilot.pause()
+        assert app.last_error is not None and "the gate has not answered for 0 s (is its process stopped or stuck?)" in app.last_error
+        assert "the view shows its last snapshot, from" in str(app.status.content)
+        assert app.is_running and not app._ticking  # the next tick is not held behind it
+        monkeypatch.setattr(link, "snapshot", answered)
+        await app.tick()
+        assert app.last_error is None
+
+
 async def test_the_work_per_tick_does_not_grow_with_the_decisions_per_second(gate):
     """10, 1,000 or 10,000 decisions between two ticks: one snapshot, one update per widget,
     and at most MAX_NEW_ROWS_PER_TICK new rows in the decision tail (the console is a window,
