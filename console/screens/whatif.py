@@ -114,6 +114,11 @@ def _number(key: str, text: str) -> int | float | None:
         raise ValueError(f"{key}={text}: not a number") from None
 
 
+def proposal_items(proposal: str) -> list[tuple[str, str]]:
+    """The ``KEY=VALUE`` items of a proposal's ``--set`` text, in order, stripped."""
+    return [(k.strip(), v.strip()) for k, _, v in (p.partition("=") for p in proposal.split(",") if p.strip())]
+
+
 def retune_of(proposal: str, note: str = "") -> Retune:
     """The ``--set`` text as the live retune's one command; ValueError when the retune cannot
     express it (a key it does not edit, or two classes: one Retune carries one class)."""
@@ -121,8 +126,7 @@ def retune_of(proposal: str, note: str = "") -> Retune:
     settings: dict[str, Any] = {}
     cls: str | None = None
     changes: dict[str, Any] = {}
-    for part in [p.strip() for p in proposal.split(",") if p.strip()]:
-        key, _, value = part.partition("=")
+    for key, value in proposal_items(proposal):
         head, _, rest = key.partition(".")
         if key in ("backend.token_budget", "backends.token_budget"):
             number = _number(key, value)
@@ -189,7 +193,7 @@ def live_differences(recorded: Mapping[str, str], proposal: str, live: Mapping[s
     """The form's keys the proposal leaves alone whose value on the running gate (`live`,
     :func:`live_values`) is not the one the replay ran with (`recorded`): "KEY LIVE (replayed
     with RECORDED)", in the form's order. Applying leaves them as they are."""
-    proposed = {part.partition("=")[0].strip() for part in proposal.split(",") if part.strip()}
+    proposed = {key for key, _ in proposal_items(proposal)}
     if proposed & {"backend.token_budget", "backends.token_budget"}:
         proposed |= {"backend.token_budget", "backends.token_budget"}
     return [
@@ -206,10 +210,7 @@ def live_moves(recorded: Mapping[str, str], proposal: str, live: Mapping[str, st
     lowered it from 8). "KEY RECORDED -> NEW" when the gate's value is not known (an adaptive
     budget) or is the recorded one."""
     out = []
-    for part in proposal.split(","):
-        key, _, value = (x.strip() for x in part.partition("="))
-        if not key:
-            continue
+    for key, value in proposal_items(proposal):
         name = "backend." + key.split(".", 1)[1] if key.startswith("backends.") else key
         was, running = recorded.get(name), live.get(name)
         if running is not None and was is not None and not _same(running, was):
