@@ -56,7 +56,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingsMap
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, DataTable, Static, TextArea
+from textual.widgets import Button, DataTable, Footer, Static, TextArea
 from textual.worker import Worker, WorkerState
 
 from console.screens.confirm import ConfirmScreen
@@ -426,6 +426,9 @@ class WhatIfScreen(ModalScreen[None]):
                 if self.apply is not None:
                     yield Button("Apply to gate", id="whatif-apply", variant="warning", disabled=True)
                 yield Button("Close", id="whatif-close")
+        # its own keys at the bottom line: without it the review's footer showed through the
+        # modal's tint (q Close, n Next page ...), keys the what-if does not answer (a trial)
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         self.run_worker(self._load_thread, thread=True, group="whatif-load", exit_on_error=False)

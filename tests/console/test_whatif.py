@@ -885,3 +885,22 @@ async def test_at_80x24_the_buttons_and_hints_stay_on_screen(gate, journal: Path
         screen.query_one("#whatif-table").focus()
         await pilot.pause()
         on_screen()
+
+
+async def test_the_bottom_line_names_the_what_ifs_keys_not_the_reviews(gate, journal: Path) -> None:
+    # the review's footer showed through the modal's tint (q Close, n Next page, 1-5 Range),
+    # keys the what-if does not answer, and never its own ctrl+r / ctrl+t (a trial)
+    def bottom(app) -> str:
+        return app.screen._compositor.render_strips()[-1].text
+
+    async with ReviewApp(journal).run_test(size=SIZE) as pilot:
+        await open_whatif(pilot)
+        line = bottom(pilot.app)
+        assert "replay" in line and "close" in line, line
+        assert "Next page" not in line and "Range" not in line and "apply" not in line, line  # review: nothing applies
+    gate.journal_path = str(journal)
+    async with make_app(gate).run_test(size=SIZE) as pilot:
+        await pilot.press("r")
+        await open_whatif(pilot)
+        line = bottom(pilot.app)
+        assert "replay" in line and "apply" in line and "Next page" not in line, line
