@@ -260,6 +260,8 @@ class GateService:
         if self.control_server is not None:
             await self.control_server.start()
         self.log.info("tokengate listening on %s", ", ".join([self.url, *(f"http://{a}" for a in self.http.also_bound)]))
+        if self.tenants.keyed:  # who may call: said where the operator looks first
+            self.log.info("no [[tenants]]: clients present the backends' own API key (api_key_env), as llama-server asks for it")
 
     async def stop(self, grace_s: float | None = None, *, why: str = "stop requested") -> None:
         """Refuse new work (503 shutting_down), wait for in-flight requests, then close.

@@ -101,7 +101,8 @@ kv = "auto"
 # goes between interactive requests, not in front of them. 0 = never yield. Default 512.
 prefill_yield_tokens = 512
 # Name of an environment variable holding the API key the gate sends upstream
-# (llama-server --api-key). Default: unset (send none).
+# (llama-server --api-key). Without [[tenants]], clients must present this key too, as
+# they would to llama-server itself. Default: unset (send none).
 # api_key_env = "LLAMA_API_KEY"
 # Router mode: llama-server started with --models-dir DIR or --models-preset FILE and no -m
 # runs one child process per model, loaded on demand. The gate notices it (/props says

@@ -181,7 +181,10 @@ class _Flow:
         try:
             tenants = self.gate.tenants
             headers = Headers(raw=self.scope["headers"])  # every pair: repeated credentials are seen
-            # With tenants, the key is checked before the body is read: an anonymous caller costs no read.
+            # With tenants, the key is checked before the body is read: an anonymous caller costs no read
+            # (open mode in front of a keyed backend: its key, the same way).
+            if tenants.open:
+                tenants.check_key(headers)
             caller = None if tenants.open else tenants.identify(headers, self._client_host(), None)
             self.caller = caller
             raw = await self._read_body()

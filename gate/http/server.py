@@ -56,10 +56,13 @@ def build_app(gate: RequestPorts) -> ASGIApp:
     objective_gaps = ObjectiveGapsMemo()  # /health's objective_below_ttft, once a second at most
 
     def authenticate(request: Request) -> None:
-        """With tenants configured, a valid key (sent once) or 401; open mode lets everyone in."""
+        """With tenants configured, a valid key (sent once) or 401; open mode lets everyone in,
+        unless a backend has a key: then that key, as llama-server asks for it here."""
         if not gate.tenants.open:
             client = request.client
             gate.tenants.identify(request.headers, client.host if client else None, None)
+        else:
+            gate.tenants.check_key(request.headers)
 
     async def health(request: Request) -> Response:
         # State only: a backend's detail may name its address, which is for the log and the console.

@@ -12,7 +12,11 @@ Two modes (DESIGN.md "Outside contracts", Config):
   malformed or unknown key is 401 ``invalid_api_key``; the message never echoes the key.
 * **Open** (no tenants): the tenant is the request body's ``user`` field when it is a non-empty
   string (cut to 64 characters, control characters as ``?``), else the client's address, else
-  ``"anonymous"``.
+  ``"anonymous"``. When a backend has a key (``[[backends]] api_key_env``: its ``--api-key``),
+  a request must present that key, as llama-server itself would ask (401 ``invalid_api_key``
+  otherwise; any configured backend's key is accepted): the gate sends the key upstream for
+  its own calls and the clients' alike, so without this check a key-protected llama-server
+  behind an open gate answered anyone (a trial).
 
 The class is the ``X-Tokengate-Class`` header when present, else the tenant's ``class``, else
 ``default_class``. A class that does not exist is 400 ``invalid_request`` (param
@@ -121,12 +125,14 @@ def _presented_key(headers: Mapping[str, str]) -> str:
 class TenantDirectory:
     """The tenants and their key digests; answers :meth:`identify` for each request."""
 
-    __slots__ = ("_config", "_class_names", "_entries")
+    __slots__ = ("_config", "_class_names", "_entries", "_backend_keys")
 
-    def __init__(self, config: Config, entries: tuple[tuple[bytes, TenantConfig], ...]) -> None:
+    def __init__(self, config: Config, entries: tuple[tuple[bytes, TenantConfig], ...], backend_keys: tuple[bytes, ...] = ()) -> None:
         self._config = config
         self._class_names = frozenset(config.class_names)
         self._entries = entries
+        #: open mode: the digests of the backends' own keys, one of which a request must present
+        self._backend_keys = () if entries else backend_keys
 
     @classmethod
     def from_config(cls, config: Config, environ: Mapping[str, str], *, source: str = "environment") -> TenantDirectory:
@@ -155,12 +161,39 @@ class TenantDirectory:
                 entries.append((bytes.fromhex(t.api_key_sha256), t))
             else:  # validate_config forbids this; keep the directory safe if it is bypassed
                 raise ConfigError(source, f"tenants[{i}]", "needs api_key_sha256 or api_key_env")
-        return cls(config, tuple(entries))
+        # a backend's variable unset or unusable: the backend refuses the gate's own calls, and
+        # the pool says so (that key is no client's either)
+        backend_keys = {
+            _digest(value)
+            for b in config.backends
+            if b.api_key_env and (value := environ.get(b.api_key_env)) is not None and _is_key_text(value)
+        }
+        return cls(config, tuple(entries), tuple(sorted(backend_keys)))
 
     @property
     def open(self) -> bool:
-        """True when no tenants are configured: no authentication, tenant from ``user``/address."""
+        """True when no tenants are configured: tenant from ``user``/address, every caller an
+        operator; a request still presents the backends' key when they have one (:attr:`keyed`)."""
         return not self._entries
+
+    @property
+    def keyed(self) -> bool:
+        """Open mode in front of a backend with a key: a request must present one of the
+        backends' keys (:meth:`check_key`), as it would to llama-server straight."""
+        return bool(self._backend_keys)
+
+    def check_key(self, headers: Mapping[str, str]) -> None:
+        """Open mode with backend keys: 401 unless the request presents one of them (compared in
+        constant time, every one, as tenants' keys are). Otherwise nothing: tenants are
+        authenticated by :meth:`identify`, an open gate before a keyless backend asks nothing."""
+        if not self._backend_keys:
+            return
+        presented = _digest(_presented_key(headers))
+        found = False
+        for digest in self._backend_keys:
+            found |= hmac.compare_digest(presented, digest)
+        if not found:
+            raise GateError(Reason.INVALID_API_KEY, "invalid API key")
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -171,6 +204,7 @@ class TenantDirectory:
         ``body_user`` is the request's ``user`` field, used only in open mode.
         """
         if self.open:
+            self.check_key(headers)
             if isinstance(body_user, str) and body_user.strip():
                 # Shown in the console, the log and the journal: no control characters
                 # (escape sequences) from a client.

@@ -104,3 +104,46 @@ async def test_llama_server_refusing_the_gates_key_is_a_502_not_the_clients_401(
             await released(gate)
         finally:
             server.stop()
+
+
+OPEN = """
+[classes.interactive]
+priority = 10
+[classes.batch]
+priority = 1
+"""
+
+
+async def test_an_open_gate_before_a_keyed_llama_server_asks_clients_for_its_key(llama_bin, tiny_model, tmp_path):
+    # Without [[tenants]] the gate was open while it sent llama-server's --api-key with every
+    # request: a key-protected llama-server behind it answered anyone, its operator routes too
+    # (POST /slots/0?action=erase reached it; a trial). Now a client presents the key it would
+    # present to llama-server straight, as llama-server asks for it.
+    server = LlamaServer(
+        llama_bin, tiny_model, mode="split", ctx=1024, n_slots=2, extra_args=("--api-key", "key-a"), log_path=tmp_path / "a.log"
+    )
+    server.start()
+    extra = BACKEND_EXTRA + '\napi_key_env = "UP_KEY"'
+    try:
+        async with (
+            running_gate(server.url, OPEN, environ={"UP_KEY": "key-a"}, kv="split", backend_extra=extra) as gate,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
+            requests = [*REQUESTS, ("GET", "/v1/models", None), ("POST", "/slots/0?action=erase", {})]
+            for headers in ({}, {"Authorization": "Bearer key-b"}, {"X-Api-Key": "nope"}):
+                for method, path, body in requests:
+                    r = await client.request(method, gate.url + path, json=body, headers=headers)
+                    straight = await client.request(method, server.url + path, json=body, headers=headers)
+                    assert (r.status_code, straight.status_code) == (401, 401), (path, headers, r.text, straight.text)
+                    assert r.json()["error"]["code"] == "invalid_api_key" and "key-a" not in r.text, r.text
+            for headers in ({"Authorization": "Bearer key-a"}, {"X-Api-Key": "key-a"}):
+                r = await client.post(gate.url + CHAT, json=chat(4), headers=headers)
+                assert r.status_code == 200, r.text
+                r = await client.get(gate.url + "/props", headers=headers)
+                assert r.status_code == 200 and "default_generation_settings" in r.json(), r.text
+            # probes and scrapers stay open, as with tenants
+            assert (await client.get(gate.url + "/health")).status_code == 200
+            assert (await client.get(gate.url + "/metrics")).status_code == 200
+            await released(gate)
+    finally:
+        server.stop()

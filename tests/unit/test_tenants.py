@@ -300,3 +300,46 @@ def test_header_value_is_case_insensitive_on_any_mapping() -> None:
 
 def test_open_mode_tenant_from_user_has_no_control_characters(open_dir: TenantDirectory) -> None:
     assert open_dir.identify({}, "h", "bob\x1b[2J\x00").tenant == "bob?[2J?"
+
+
+# -- open mode in front of a backend with a key ------------------------------------------------
+
+KEYED_TOML = (
+    OPEN_TOML
+    + """
+[[backends]]
+name = "a"
+url = "http://127.0.0.1:18080"
+api_key_env = "UP_A"
+[[backends]]
+name = "b"
+url = "http://127.0.0.1:18081"
+api_key_env = "UP_B"
+"""
+)
+
+
+def test_open_mode_before_a_keyed_backend_asks_for_one_of_its_keys() -> None:
+    # the gate forwards every request with the backend's key: without this check a key-protected
+    # llama-server behind an open gate answered anyone (a trial)
+    d = TenantDirectory.from_config(parse_config(KEYED_TOML), {"UP_A": "key-a", "UP_B": "key-b"})
+    assert d.open and d.keyed
+    for headers in ({}, bearer("key-c"), {"X-Api-Key": "key-"}, bearer("key-a key-b"), {"Authorization": "key-a"}):
+        err = refused(d.identify, headers, "10.0.0.7", "alice")
+        assert err.reason is Reason.INVALID_API_KEY and "key-a" not in str(err), (headers, err)
+        assert refused(d.check_key, headers).reason is Reason.INVALID_API_KEY
+    # either backend's key, either header; the tenant is still open mode's
+    assert d.identify(bearer("key-a"), "10.0.0.7", "alice") == Caller(tenant="alice", cls="interactive", tenant_config=None)
+    assert d.identify({"X-Api-Key": "key-b"}, "10.0.0.7", None).tenant == "10.0.0.7"
+    d.check_key(bearer("key-b"))
+
+
+def test_backend_keys_ask_nothing_more_where_tenants_authenticate_or_no_key_is_set() -> None:
+    tenants = TenantDirectory.from_config(parse_config(TENANTS_TOML + KEYED_TOML.replace(OPEN_TOML, "")), {**ENV, "UP_A": "key-a"})
+    assert not tenants.keyed
+    tenants.check_key({})  # tenants: identify authenticates the tenant's key, not the backend's
+    assert tenants.identify(bearer(KEY_A), "h", None).tenant == "team-a"
+    assert refused(tenants.identify, bearer("key-a"), "h", None).reason is Reason.INVALID_API_KEY
+    unset = TenantDirectory.from_config(parse_config(KEYED_TOML), {})  # the pool says the backend refuses the gate
+    assert unset.open and not unset.keyed
+    assert unset.identify({}, "h", None).tenant == "h"
