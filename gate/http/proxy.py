@@ -9,6 +9,7 @@ and its `finally` releases the reservation exactly once and writes the record.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import re
@@ -908,9 +909,24 @@ def _length(body: bytes) -> tuple[bytes, bytes]:
 
 
 def _detail(err: GateError) -> str:
-    """The journal's `detail` of `err`: the gate's own message (a backend's error body relayed
-    as is is the backend's to say, and not kept)."""
-    return "" if err.body is not None else err.message
+    """The journal's `detail` of `err`: the gate's own message. A backend's error body relayed
+    as is is the backend's to say, and not kept (its message may quote the request): only its
+    status and its error `type`, a word of llama-server's vocabulary, so a row says whose
+    mistake it was ("backend answered 400 (invalid_request_error)"; it was empty: a trial read
+    callers' typos as backend faults)."""
+    if err.body is None:
+        return err.message
+    kind = ""
+    with contextlib.suppress(ValueError, UnicodeDecodeError):
+        answer = json.loads(err.body)
+        found = answer.get("error") if isinstance(answer, dict) else None
+        found = found.get("type") if isinstance(found, dict) else None
+        if isinstance(found, str) and _ERROR_TYPE.fullmatch(found):
+            kind = f" ({found})"
+    return err.message + kind
+
+
+_ERROR_TYPE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 
 _CLOSING: set[asyncio.Future[Any]] = set()  # the loop keeps only weak references to tasks

@@ -9,12 +9,15 @@ notices, then it is started again on the same port and the gate serves again.
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import signal
 
 import httpx
 import pytest
 
+from gate.journal.export import export
 from tests.integration.gate_harness import released, running_gate, wait_until
 from tests.integration.hardening import AUTH, BACKEND_EXTRA, CHAT, ENV, TENANTS, chat, still_serves
 from tests.llama.server import LlamaServer
@@ -145,5 +148,32 @@ async def test_an_open_gate_before_a_keyed_llama_server_asks_clients_for_its_key
             assert (await client.get(gate.url + "/health")).status_code == 200
             assert (await client.get(gate.url + "/metrics")).status_code == 200
             await released(gate)
+    finally:
+        server.stop()
+
+
+async def test_llama_servers_refusal_of_an_admitted_request_is_journaled_with_its_status_and_type(llama_bin, tiny_model, tmp_path):
+    # llama-server's 400 for a caller's mistake was journaled refused / upstream_error with an
+    # empty detail: a trial read callers' typos as backend faults. The detail now says the
+    # status and llama-server's error type, never its message (it may quote the request).
+    server = LlamaServer(llama_bin, tiny_model, mode="split", ctx=1024, n_slots=2, log_path=tmp_path / "a.log")
+    server.start()
+    journal = str(tmp_path / "journal.db")
+    try:
+        async with (
+            running_gate(server.url, OPEN, kv="split", backend_extra=BACKEND_EXTRA, journal_path=journal) as gate,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
+            body = {"prompt": [999999], "n_predict": 3, "user": "typo"}
+            r = await client.post(gate.url + "/completion", json=body)
+            straight = await client.post(server.url + "/completion", json=body)
+            assert (r.status_code, r.json()) == (straight.status_code, straight.json()), (r.text, straight.text)
+            kind = straight.json()["error"]["type"]
+            await released(gate)
+        out = io.StringIO()
+        export(journal, out, fmt="json")
+        (row,) = [row for row in map(json.loads, out.getvalue().splitlines()) if row["tenant"] == "typo"]
+        assert (row["outcome"], row["http_status"]) == ("refused", straight.status_code), row
+        assert row["detail"] == f"backend answered {straight.status_code} ({kind})", row
     finally:
         server.stop()
