@@ -245,13 +245,19 @@ async def run_console(
     socket_path = config.gate.control_socket_path()
     if socket_path is None:
         raise ConsoleExit("the embedded console needs a control socket: set [gate] journal to a file or [gate] control_socket")
-    if read_only and not demo and not is_live(socket_path):
-        raise ConsoleExit(
-            f"--read-only only watches a running gate, and none runs on this config (control socket "
-            f"{socket_path}); start one with `tokengate serve --config {config_path or 'FILE'}`"
-        )
+    if read_only and not demo:
+        # one look, and never a start: a read-only console only watches. Looked at twice (is it
+        # live? then again below), a gate that stopped between the two looks (a restart) let it
+        # fall through and start a gate of its own, which took the journal's lock from the one
+        # being restarted (a trial)
+        if not is_live(socket_path):
+            raise ConsoleExit(
+                f"--read-only only watches a running gate, and none runs on this config (control socket "
+                f"{socket_path}); start one with `tokengate serve --config {config_path or 'FILE'}`"
+            )
+        return await attach_console(socket_path, read_only=True)
     if is_live(socket_path):
-        if read_only:
+        if read_only:  # --demo --read-only beside a demo gate already running: watch it
             return await attach_console(socket_path, read_only=True)
         raise ConsoleExit(
             f"a gate already runs on this config (control socket {socket_path}); watch or steer it with "
