@@ -114,7 +114,13 @@ def parse_server_args(argv: Sequence[str], env: Mapping[str, str] | None = None,
 def local_server_args(url: str, proc_root: str = "/proc") -> ServerArgs | None:
     """The command line of the one llama-server on this host that listens on `url`'s port.
 
-    None when the URL is not loopback, /proc is not there, or not exactly one matches."""
+    None when the URL is not loopback, /proc is not there, or none matches. Several match
+    during a restart: the old process finishes its running tasks (~30 s) after it has let the
+    port go, the new one already listens. The one started last is then the one that listens
+    (only one process can bind the port, and a later one that failed to bind has exited):
+    taken when /proc says when each started. Before, two matches meant "not known", and a
+    restarted llama-server's layout was assumed unified: a trial's gate ran at 512 of a
+    2,048-token split pool, 8 minutes on, until the server's next restart."""
     try:
         parts = urlsplit(url)
         port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -123,6 +129,7 @@ def local_server_args(url: str, proc_root: str = "/proc") -> ServerArgs | None:
     if (parts.hostname or "") not in _LOOPBACK:
         return None
     found: list[ServerArgs] = []
+    started: list[int | None] = []  # when each of `found` started
     try:
         entries = os.listdir(proc_root)
     except OSError:
@@ -150,7 +157,24 @@ def local_server_args(url: str, proc_root: str = "/proc") -> ServerArgs | None:
         args = parse_server_args(argv, env, pid=int(entry))
         if args.port == port and args.host in _LOOPBACK | {parts.hostname}:
             found.append(args)
-    return found[0] if len(found) == 1 else None
+            started.append(_started(os.path.join(proc_root, entry, "stat")))
+    if len(found) <= 1:
+        return found[0] if found else None
+    last = max((s for s in started if s is not None), default=None)
+    if None in started or started.count(last) != 1:
+        return None  # not known which one listens
+    return found[started.index(last)]
+
+
+def _started(stat_path: str) -> int | None:
+    """A process's start time (clock ticks since boot: /proc/PID/stat's 22nd field), or None."""
+    try:
+        with open(stat_path, "rb") as f:
+            raw = f.read()
+        # the 2nd field, the command's name in parentheses, may hold spaces: count after its ")"
+        return int(raw[raw.rindex(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def learn_layout(props: Mapping[str, Any], configured: str, args: ServerArgs | None, n_ctx_train: int | None = None) -> Layout:

@@ -181,3 +181,22 @@ def test_reservations_are_scaled_to_a_small_pool_and_said_so_every_class_and_the
     # An operator's min_tokens at the ceiling still leaves the controller no room, and is said.
     (stuck,) = capacity_warnings(None, cap, BudgetConfig(mode="adaptive", min_tokens=1024), example[1:])
     assert "no room" in stuck and "budget.min_tokens 1024" in stuck
+
+
+def test_during_a_restart_the_llama_server_started_last_is_the_one_that_listens(tmp_path: Path):
+    # the old process finishes its running tasks (~30 s) after letting the port go; two matched
+    # and the layout was "not known", assumed unified: a trial's gate ran at 512 of a 2,048-token
+    # split pool until the server's next restart
+    def proc(pid: int, started: int | None, *args: str) -> None:
+        d = tmp_path / str(pid)
+        d.mkdir()
+        (d / "cmdline").write_bytes(b"\0".join(a.encode() for a in args) + b"\0")
+        if started is not None:  # pid (comm) state ppid ... field 22: the start time
+            (d / "stat").write_text(f"{pid} (llama server) S 1 " + " ".join(["0"] * 17) + f" {started} 0 0\n")
+
+    proc(400, 5000, "/build/bin/llama-server", "-m", "m.gguf", "--port", "8081", "-np", "4", "-c", "1024")  # old, exiting
+    proc(500, 9000, "/build/bin/llama-server", "-m", "m.gguf", "--port", "8081", "-np", "4", "-c", "2048")  # new
+    found = local_server_args("http://127.0.0.1:8081", proc_root=str(tmp_path))
+    assert found is not None and (found.pid, found.ctx) == (500, 2048)
+    proc(600, None, "/build/bin/llama-server", "-m", "m.gguf", "--port", "8081")  # its start time unknown
+    assert local_server_args("http://127.0.0.1:8081", proc_root=str(tmp_path)) is None
