@@ -533,6 +533,15 @@ class Control:
         if {c.name for c in old.classes} != {c.name for c in new_config.classes}:
             raise CommandError("classes were added or removed: restart tokengate to apply")
         self._validated(new_config)
+        if new_config == self.file_config and self.overrides.lines():
+            # the file as it was read: nothing of it to apply, and the runtime overrides stay. A
+            # terminal hang-up is a SIGHUP too: closing the tmux session a gate ran in replaced
+            # the operator's retunes with the file's values (a trial); `overrides drop` goes back
+            # to the file
+            kept = "; ".join(self.overrides.lines())
+            log.info("reload: the file is unchanged since it was read; the runtime overrides stay in force: %s", kept)
+            what = f"the file is unchanged since it was read: the runtime overrides stay in force ({kept}; `tokengate overrides drop` goes back to the file)"
+            return [self._audit(operator, source, "reload", "config", None, None, f"{what}: {note}" if note else what)]
         results = []
         for key, before, after in _config_diff(old, new_config):
             results.append(self._audit(operator, source, "reload", key, before, after, note))

@@ -119,6 +119,16 @@ async def test_a_sighup_reload_says_which_runtime_overrides_it_replaces(tmp_path
             async with attached(tmp_path) as link:
                 await link.command(Retune(settings={"slo_ttft_p95_ms": 900.0}))
                 await link.command(Pause("batch", True))
+                # a hang-up of the terminal the gate runs in (tmux closed) is a SIGHUP with the
+                # file unchanged: it replaced the operator's retunes with the file's values (a
+                # trial); they stay, and the reload's row says so
+                proc.send_signal(signal.SIGHUP)
+                await wait_until(lambda: any("file is unchanged" in (r["note"] or "") for r in audit_rows(tmp_path)), timeout_s=10)
+                snap = await link.snapshot()
+                assert snap.controller.slo_ttft_ms == 900.0 and "batch paused" in snap.overrides, snap.overrides
+                assert not any(r["action"] == "overrides_replaced" for r in audit_rows(tmp_path))
+                # an edited file is the operator's word: its values replace the overrides
+                config.write_text(config.read_text().replace("queue_depth = 8", "queue_depth = 9", 1))
                 proc.send_signal(signal.SIGHUP)
                 await wait_until(lambda: any(r["action"] == "overrides_replaced" for r in audit_rows(tmp_path)), timeout_s=10)
                 snap = await link.snapshot()

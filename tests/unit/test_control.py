@@ -325,7 +325,11 @@ async def test_keep_slots_starts_from_the_config_and_a_retune_reaches_the_core(g
     assert backend.admission.keep_slots is True  # [budget] keep_slots defaults on (F7)
     gate.control.set_budget_settings(operator=ALICE, keep_slots=False)
     assert backend.admission.keep_slots is False
+    # the file's values unchanged (a default written out): the operator's override stays
     gate.control.reload(parse_config(CONFIG.replace("min_tokens = 1024", "min_tokens = 1024\nkeep_slots = true")), operator=ALICE)
+    assert backend.admission.keep_slots is False
+    edited = CONFIG.replace("min_tokens = 1024", "min_tokens = 1024\nkeep_slots = true").replace("queue_depth = 8", "queue_depth = 9")
+    gate.control.reload(parse_config(edited), operator=ALICE)
     assert backend.admission.keep_slots is True
 
 
@@ -706,3 +710,17 @@ async def test_a_command_the_gate_does_not_answer_is_said_unanswered_not_refused
         await link.close()
     finally:
         await server.close()
+
+
+async def test_a_reload_of_the_unchanged_file_keeps_the_runtime_overrides(gate):
+    """A terminal hang-up is a SIGHUP: closing the tmux session a gate ran in reloaded the
+    unchanged file and replaced the operator's retunes with its values (a trial)."""
+    from gate.data.commands import Retune
+
+    gate.control.execute(Retune(cls="batch", class_changes={"queue_depth": 3}), operator=ALICE)
+    rows = gate.control.reload(parse_config(CONFIG), operator=ALICE, note="tg.toml sha256:1234")
+    assert [(r.action, r.target) for r in rows] == [("reload", "config")]
+    note = [a.note for a in gate.recent_audit if a.action == "reload"][-1] or ""
+    assert "file is unchanged" in note and "overrides drop" in note and "queue_depth=3" in note, note
+    assert gate.config.class_by_name("batch").queue_depth == 3
+    assert gate.control.overrides.lines()
