@@ -124,6 +124,9 @@ class GateService:
             kv_bytes_per_token=kv_bytes_per_token,
         )
         self.backends.on_units = self._units_changed
+        self.backends.on_budget_move = lambda b, move: self.recorder.budget_moved(
+            b.name, move, self.config.budget.slo_ttft_p95_ms, asked=b.controller.asked if b.controller else None
+        )
         self.backends.on_state = lambda b, old, new: self.recorder.backend_changed(b.name, old, new, b.detail, self.operator)
         self.backends.on_capacity = lambda b: self.recorder.capacity_learned(
             b.name,

@@ -306,6 +306,9 @@ class BackendPool:
         #: first probe included): the service journals it, so that `tokengate replay` models the
         #: KV layout the gate learned, not the configured `kv = "auto"`
         self.on_capacity: Callable[[Backend], None] | None = None
+        #: the budget moved because the capacity did (clamped to a smaller pool, or an operator's
+        #: budget back once the pool allows it): audited as the controller's moves are
+        self.on_budget_move: Callable[[Backend, Move], None] | None = None
         #: finds a local llama-server's command line (a seam for tests)
         self._args_finder: Callable[[str], ServerArgs | None] = local_server_args
 
@@ -532,7 +535,11 @@ class BackendPool:
                 # force, R0): a llama-server restarted with a smaller -c kept the old pool's floor,
                 # clamped to the new ceiling, and the controller had no room
                 reseat = backend.capacity is not None and backend.capacity.ceiling != capacity.ceiling
-                backend.controller.set_ceiling(self._clock(), capacity.ceiling, self.floor_for(capacity.ceiling), reseat=reseat)
+                move = backend.controller.set_ceiling(self._clock(), capacity.ceiling, self.floor_for(capacity.ceiling), reseat=reseat)
+                if move is not None and self.on_budget_move is not None:
+                    # unsaid, a trial's frozen 1,200 became 1,024 on a smaller pool with no audit
+                    # row, the console still saying 1,200
+                    self.on_budget_move(backend, move)
         backend.capacity = capacity
         self._warn(backend)
 

@@ -50,6 +50,10 @@ Invariants (checked by ``check_invariants`` after every step in the tests):
    below ``min_samples`` its smoothing restarts, so a stale p95 from an
    earlier busy period never drives a move.
 6. The sample window holds at most ``max_samples`` samples, in time order.
+7. An operator's budget (set by hand, frozen, or a fixed one) is what is asked: when the
+   bounds clamp it (a llama-server restarted with a smaller pool) and then allow it again,
+   it comes back (``asked``). A trial froze 1,200 on a 2,048 pool, restarted the server at
+   1,024 and again at 2,048: the budget stayed at 1,024 for good while the console said 1,200.
 """
 
 from __future__ import annotations
@@ -190,6 +194,9 @@ class BudgetController:
         # could hold; the controller only tightens it when latency says so.
         start = settings.ceiling_tokens if initial_budget is None else initial_budget
         self._budget = self._clamp(start)
+        #: the budget an operator's word holds (7): set by hand, frozen at, or fixed; the bounds
+        #: clamp it, and it comes back when they allow it. Unused while the controller moves.
+        self._asked = int(start)
         # (ts, ttft_s, tpot_s); deque maxlen keeps memory bounded at any rate.
         self._window: deque[tuple[float, float | None, float | None]] = deque(maxlen=settings.max_samples)
         self._smoothed_ttft: float | None = None
@@ -220,6 +227,11 @@ class BudgetController:
     @property
     def frozen(self) -> bool:
         return self._frozen
+
+    @property
+    def asked(self) -> int | None:
+        """An operator's budget, before the bounds clamp it (7); None while the controller moves."""
+        return None if self.elastic else self._asked
 
     @property
     def elastic(self) -> bool:
@@ -335,6 +347,8 @@ class BudgetController:
 
     def freeze(self) -> None:
         """Stop the controller's own moves; manual and ceiling changes still apply."""
+        if not self._frozen:
+            self._asked = self._budget  # frozen where it stands: what a ceiling change brings back (7)
         self._frozen = True
 
     def unfreeze(self) -> None:
@@ -344,6 +358,7 @@ class BudgetController:
     def set_budget(self, now: float, tokens: int) -> Move:
         """Set the budget by hand (clamped); always returns the Move and starts the cool-down."""
         old = self._budget
+        self._asked = int(tokens)
         self._budget = self._clamp(tokens)
         self._last_move_ts = now
         return self._record(now, old, Cause.MANUAL)
@@ -362,7 +377,9 @@ class BudgetController:
                 raise ValueError(f"min_tokens must be >= 1, got {min_tokens}")
             self._min_tokens = min_tokens
         self._ceiling = ceiling_tokens
-        return self._move_to(now, ceiling_tokens if reseat and self.elastic else self._budget, Cause.CEILING_CHANGED)
+        if self.elastic:
+            return self._move_to(now, ceiling_tokens if reseat else self._budget, Cause.CEILING_CHANGED)
+        return self._move_to(now, self._asked, Cause.CEILING_CHANGED)  # clamped, or back (7)
 
     def set_tuning(self, settings: ControllerSettings) -> None:
         """The operator retuned [budget]: the objectives, the window, the samples it needs, the
@@ -387,7 +404,7 @@ class BudgetController:
                 raise ValueError(f"ceiling_tokens must be >= 1, got {ceiling_tokens}")
             self._ceiling = ceiling_tokens
         self._min_tokens = min_tokens
-        return self._move_to(now, self._budget, Cause.MANUAL)
+        return self._move_to(now, self._budget if self.elastic else self._asked, Cause.MANUAL)
 
     # -- internals -----------------------------------------------------------
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gate.backend.pool import Backend, BackendPool
-from gate.core.adaptive import Move
+from gate.core.adaptive import Cause, Move
 from gate.core.rollup import Rollup
 from gate.data.commands import Operator
 from gate.data.records import CAPACITY_LEARNED, AuditRecord, AuditSource, ClassSample, DecisionRecord, RecentDecisions, SampleRecord
@@ -253,11 +253,18 @@ class Recorder:
             )
         )
 
-    def budget_moved(self, backend: str, move: Move, slo_ttft_ms: float) -> None:
-        """The controller moved a backend's budget: an audit row (source=controller)."""
+    def budget_moved(self, backend: str, move: Move, slo_ttft_ms: float, *, asked: int | None = None) -> None:
+        """The controller moved a backend's budget: an audit row (source=controller). `asked`:
+        an operator's budget (set by hand, frozen, fixed) the move clamps or brings back."""
         ttft = "n/a" if move.p95_ttft_s is None else f"{move.p95_ttft_s * 1000:.0f} ms"
         why = f"p95 TTFT {ttft} vs SLO {slo_ttft_ms:g} ms over {move.samples} samples"
-        if move.largest_ttft_s is not None:  # reopened on few samples (gate/core/adaptive.py)
+        if move.cause == Cause.CEILING_CHANGED:
+            why = "llama-server's capacity changed (restarted with another pool)"
+            if asked is not None and asked != move.new_budget:
+                why += f": the operator's budget of {asked} is outside the bounds now; {move.new_budget} in force until they allow {asked} again"
+            elif asked is not None:
+                why += f": the operator's budget of {asked} is in force again"
+        elif move.largest_ttft_s is not None:  # reopened on few samples (gate/core/adaptive.py)
             why = (
                 f"largest TTFT {move.largest_ttft_s * 1000:.0f} ms vs SLO {slo_ttft_ms:g} ms over {move.samples} "
                 f"sample{'' if move.samples == 1 else 's'}, too few for a p95: "

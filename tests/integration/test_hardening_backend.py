@@ -177,3 +177,40 @@ async def test_llama_servers_refusal_of_an_admitted_request_is_journaled_with_it
         assert row["detail"] == f"backend answered {straight.status_code} ({kind})", row
     finally:
         server.stop()
+
+
+async def test_an_operators_budget_is_clamped_by_a_smaller_llama_server_said_and_back_with_the_pool(llama_bin, tiny_model, tmp_path):
+    # A trial froze the budget at 1,200 on a 2,048 pool, restarted llama-server with -c 1024 and
+    # again with 2,048: the budget became 1,024 with no audit row, the console still saying
+    # 1,200, and stayed at 1,024 for good. Now the clamp is audited and the 1,200 comes back.
+    from gate.data.commands import Retune
+    from gate.ops.control import Operator
+
+    def start(ctx: int, name: str, port: int | None = None) -> LlamaServer:
+        s = LlamaServer(llama_bin, tiny_model, mode="split", ctx=ctx, n_slots=2, log_path=tmp_path / name, port=port)
+        s.start()
+        return s
+
+    server = start(2048, "a.log")
+    port = server.port
+    budget_rows = lambda: [a for a in gate.recent_audit if a.action == "budget_ceiling_changed"]  # noqa: E731
+    try:
+        async with running_gate(server.url, OPEN, kv="split", backend_extra=BACKEND_EXTRA, probe_interval_s=30.0) as gate:
+            (backend,) = gate.backends
+            assert backend.capacity.ceiling == 2048
+            gate.control.execute(Retune(budget=1200, freeze=True), operator=Operator("ops", "local"))
+            assert backend.admission.budget == 1200
+            for ctx, name, expected in ((1024, "b.log", 1024), (2048, "c.log", 1200)):
+                server.stop()
+                await gate.backends.probe_all()  # down
+                server = start(ctx, name, port)
+                await gate.backends.probe_all()  # back, another pool
+                assert backend.capacity.ceiling == ctx
+                assert backend.admission.budget == expected, (ctx, backend.admission.budget)
+            clamped, back = budget_rows()
+            assert (clamped.old_value, clamped.new_value) == ("1200", "1024")
+            assert "operator's budget of 1200" in clamped.note and "until they allow 1200 again" in clamped.note, clamped.note
+            assert (back.old_value, back.new_value) == ("1024", "1200") and "in force again" in back.note, back.note
+            assert gate.control.overrides.lines()  # the operator's word is still the override
+    finally:
+        server.stop()

@@ -12,6 +12,7 @@ from gate.core.adaptive import (
     BudgetController,
     Cause,
     ControllerSettings,
+    FixedBudget,
     Move,
     has_demand,
     p95,
@@ -591,3 +592,37 @@ def test_a_reopen_on_few_samples_is_audited_with_the_largest_first_token() -> No
         ),
         ("budget_close", "p95 TTFT 2600 ms vs SLO 2000 ms over 20 samples"),
     ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    asked=st.integers(1, 200_000),
+    how=st.sampled_from(["set", "freeze", "fixed"]),
+    ceilings=st.lists(st.integers(1, 200_000), min_size=1, max_size=8),
+    floors=st.lists(st.one_of(st.none(), st.integers(1, 50_000)), min_size=8, max_size=8),
+)
+def test_an_operators_budget_comes_back_when_the_bounds_allow_it(asked, how, ceilings, floors) -> None:
+    # invariant 7: a trial froze 1,200 on a 2,048 pool, restarted llama-server at 1,024 and again
+    # at 2,048, and the budget stayed at 1,024 for good while the console said 1,200
+    if how == "fixed":
+        c: BudgetController = FixedBudget(ControllerSettings(min_tokens=1000, ceiling_tokens=200_000, slo_ttft_p95_s=SLO), asked)
+    else:
+        c = make(ceiling_tokens=200_000)
+        if how == "set":
+            c.freeze()
+            c.set_budget(0.0, asked)
+        else:
+            c.set_budget(0.0, asked)
+            c.freeze()
+            asked = c.budget  # frozen where it stood
+    floor = 1000
+    for i, (ceiling, new_floor) in enumerate(zip(ceilings, floors)):
+        c.set_ceiling(float(i + 1), ceiling, new_floor, reseat=bool(i % 2))
+        floor = new_floor or floor
+        c.check_invariants()
+        low = min(floor, ceiling)
+        assert c.budget == max(low, min(ceiling, asked)), (c.budget, asked, ceiling, floor)
+    # an unfrozen controller moves by itself: nothing is asked of it
+    if how != "fixed":
+        c.unfreeze()
+        assert c.asked is None

@@ -166,4 +166,6 @@ def test_the_floor_and_the_reservations_follow_a_backend_whose_pool_changes():
     b.controller.freeze()
     p.apply_capacity(b, Capacity(slots=2, slot_context=512, ceiling=1024))
     p.apply_capacity(b, Capacity(slots=4, slot_context=2048, ceiling=8192))
-    assert b.controller.budget == 2048  # clamped to 1,024, then the new floor: not reseated
+    # clamped to 1,024, then back to the operator's 3,000, not reseated at the ceiling (7: a
+    # trial's frozen 1,200 stayed at a smaller pool's 1,024 for good)
+    assert b.controller.budget == 3000
