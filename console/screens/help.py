@@ -20,7 +20,7 @@ LEGEND = (
     ("KV reserved", "tokens in flight x KV bytes per token (GGUF header; n/a when the model file is not on this host) against the pool"),
     (
         "waits on",
-        "what keeps a class's oldest request waiting: slots, token budget, class limit, tenant quota, prefill limit, priority, PAUSED",
+        "what keeps a class's oldest request waiting: slots, token budget, reservations, class limit, tenant quota, prefill limit, priority, PAUSED",
     ),
     (
         "wait p95",

@@ -1043,7 +1043,9 @@ class Admission:
 
     def waiting_on(self, cls: str) -> str:
         """What keeps `cls`'s oldest waiter waiting right now, in at most 14 characters for the
-        console: "paused", "slots 4/4 busy", "token budget", "aging (budget)" (larger than the
+        console: "paused", "slots 4/4 busy", "token budget", "reservations" (the budget has room,
+        the other classes' unused reservations hold it: a paused class's too; a trial read
+        "token budget" with 445 of 1,500 in flight), "aging (budget)" (larger than the
         controller's budget lets it be: it starts once aged, E1-E2), "class limit", "tenant quota",
         "prefill limit", "priority" (a higher class waits for the shared budget); "" when none waits."""
         queue = self._classes[cls].queue
@@ -1057,6 +1059,8 @@ class Admission:
             return "aging (budget)"
         if block is Block.SLOTS:
             return f"slots {self.ledger.slots}/{self.capacity.slots} busy"
+        if block is Block.BUDGET and self.ledger.in_flight + head.request.cost <= self.effective_budget:
+            return "reservations"
         return {
             Block.BUDGET: "token budget",
             Block.CLASS_LIMIT: "class limit",

@@ -410,6 +410,14 @@ def test_waiting_on_names_what_binds_the_oldest_waiter():
     adm.offer(req("batch", 100), 0.0)
     assert adm.waiting_on("batch") == "slots 1/1 busy"
 
+    # the budget has room; interactive's unused reservation holds it (paused or not): a trial
+    # read "token budget" with 445 of 1,500 in flight
+    adm = two_classes(budget=1000, interactive={"reserved_tokens": 600})
+    adm.pause("interactive")
+    adm.offer(req("batch", 300), 0.0)
+    adm.offer(req("batch", 300), 0.0)
+    assert adm.ledger.in_flight == 300 and adm.waiting_on("batch") == "reservations"
+
     adm = two_classes(budget=1000, batch={"limit_tokens": 500})
     adm.offer(req("batch", 400), 0.0)
     adm.offer(req("batch", 200), 0.0)
