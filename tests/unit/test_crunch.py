@@ -731,6 +731,10 @@ def test_reservations_are_never_zeroed_nor_changed_silently(server: ServerInfo, 
         assert interactive.reserved_tokens == 1024
     if edits["budget.min_tokens"] != report.recommendation.min_tokens:  # raised to hold the reservations
         assert any(n.startswith(f"budget.min_tokens {edits['budget.min_tokens']:,} rather than ") for n in notes)
+        # and the complete file below the edits, whose classes reserve nothing, says why its floor
+        # is lower (a trial read 512 in the edits and 272 in the file as a contradiction)
+        complete = text.split("complete tokengate.toml", 1)[1]
+        assert f"with your file's reservations it is {edits['budget.min_tokens']:,}" in complete, complete
     if server.kv == "unified":
         assert "classes.interactive.reserved_tokens" not in edits  # 1,024 fits half the 2,048 pool: kept
         assert edits["budget.min_tokens"] == 1024

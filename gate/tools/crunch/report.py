@@ -85,14 +85,22 @@ def _error_line(c: CellResult) -> str:
     return f"    failed {c.failed}/{c.requests}: " + "; ".join(parts)
 
 
-def config_snippet(report: CrunchReport, rec: Recommendation) -> str:
-    """The ``[budget]`` and ``[[backends]]`` tables to paste into tokengate.toml."""
+def config_snippet(report: CrunchReport, rec: Recommendation, file_min: int | None = None) -> str:
+    """The ``[budget]`` and ``[[backends]]`` tables to paste into tokengate.toml. `file_min`: the
+    floor the edits of the user's own file set, where its classes' reservations raised it (said
+    beside this file's, which has no class reserving anything: a trial read 512 in the edits and
+    272 here as a contradiction)."""
     best = rec.from_cell
     lines = [
         "[budget]",
         'mode = "adaptive"',
         "# The controller may close the budget down to here; one request of the largest size",
         "# measured still fits. Keep the classes' reserved_tokens within it.",
+        *(
+            [f"# (this file's classes reserve nothing; with your file's reservations it is {file_min:,}, as the edits above set)"]
+            if file_min is not None and file_min != rec.min_tokens
+            else []
+        ),
         f"min_tokens = {rec.min_tokens}",
     ]
     if report.slo.ttft_ms is not None:
@@ -407,7 +415,7 @@ def format_report(report: CrunchReport, *, config_text: str | None = None, confi
         "",
         "Or start from this complete tokengate.toml (a new file, not to paste into another):",
         "",
-        config_snippet(report, rec).rstrip("\n"),
+        config_snippet(report, rec, dict(edits).get("budget.min_tokens") if edits is not None else None).rstrip("\n"),
     ]
     return "\n".join(out) + "\n"
 
