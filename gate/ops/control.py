@@ -527,7 +527,21 @@ class Control:
                     keys += _changed_keys(f"backends[{i}]", a, b)
             raise CommandError(f"{', '.join(keys)} changed: [gate] and [[backends]] need a restart of tokengate")
         if old.tenants != new_config.tenants:
-            raise CommandError("[[tenants]] changed: restart tokengate to apply (keys are read at start)")
+            # which key (a trial raised one tenant's requests_per_minute and read only "keys are
+            # read at start"); names, not values: a tenant's key digest stays out of the audit
+            if len(old.tenants) != len(new_config.tenants):
+                changed = [f"[[tenants]] ({len(old.tenants)} -> {len(new_config.tenants)} tables)"]
+            else:
+                changed = [
+                    f"tenants[{i}].{f.name}"
+                    for i, (a, b) in enumerate(zip(old.tenants, new_config.tenants))
+                    for f in dataclasses.fields(a)
+                    if getattr(a, f.name) != getattr(b, f.name)
+                ]
+            raise CommandError(
+                f"{', '.join(changed)} changed: [[tenants]] are read at start (their keys from the environment), "
+                "so restart tokengate to apply; nothing else in the file was applied either"
+            )
         if old.shared != new_config.shared:
             raise CommandError("[shared] changed: restart tokengate to apply")
         if {c.name for c in old.classes} != {c.name for c in new_config.classes}:

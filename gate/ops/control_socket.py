@@ -68,6 +68,19 @@ OUTBOX = 256  # audit events kept for a console that reads slowly; older ones ar
 SNAPSHOT_PACE_S = 0.05
 
 
+def can_give_to(gid: int) -> bool:
+    """May this process chown a file it owns to group `gid`? Root may; anyone else only to a
+    group it is in (chown(2))."""
+    return os.geteuid() == 0 or gid == os.getegid() or gid in os.getgroups()
+
+
+def _user_name() -> str:
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return f"uid {os.geteuid()}"
+
+
 class SocketInUse(Exception):
     """The control socket's path is taken: a live gate answers there, or it is not a socket."""
 
@@ -188,6 +201,16 @@ class ControlServer:
                 gid = grp.getgrnam(self.group).gr_gid
             except KeyError:
                 raise SocketInUse(f"[gate] control_socket_group: no group {self.group!r} on this host") from None
+            if not can_give_to(gid):
+                # the chown failed later with EPERM, said as "cannot be created (Operation not
+                # permitted) ... set [gate] control_socket to a writable place": a trial followed the
+                # service setup (the ops group made, its user not in it) and no console could attach
+                user = _user_name()
+                raise SocketInUse(
+                    f"[gate] control_socket_group: this gate runs as {user}, which is not in group {self.group!r}, so it "
+                    f"cannot give its control socket to that group: under systemd add SupplementaryGroups={self.group} "
+                    f"to the unit (deploy/tokengate.service has it), else `usermod -aG {self.group} {user}`"
+                )
         self._gid = gid
         self.claim()
         self._open = True

@@ -724,3 +724,36 @@ async def test_a_reload_of_the_unchanged_file_keeps_the_runtime_overrides(gate):
     assert "file is unchanged" in note and "overrides drop" in note and "queue_depth=3" in note, note
     assert gate.config.class_by_name("batch").queue_depth == 3
     assert gate.control.overrides.lines()
+
+
+async def test_a_socket_group_the_gates_user_is_not_in_is_refused_at_start_and_said(gate, tmp_path, monkeypatch):
+    """A trial followed the service setup: the ops group made, the service's user not in it. The
+    socket's chown then failed with EPERM, said as "cannot be created (Operation not permitted)
+    ... set [gate] control_socket to a writable place", and no console could attach. Now the gate
+    refuses to start (exit 2) saying what to add, as for a group that does not exist."""
+    import grp
+
+    from gate.ops import control_socket
+    from gate.ops.control_socket import ControlServer, SocketInUse
+
+    group = grp.getgrgid(0).gr_name
+    monkeypatch.setattr(control_socket.os, "geteuid", lambda: 4242)
+    monkeypatch.setattr(control_socket.os, "getegid", lambda: 4242)
+    monkeypatch.setattr(control_socket.os, "getgroups", lambda: [4242])
+    server = ControlServer(str(tmp_path / "gate.sock"), gate, group=group)
+    with pytest.raises(SocketInUse, match=f"uid 4242, which is not in group '{group}'.*SupplementaryGroups={group}"):
+        await server.start()
+    assert not (tmp_path / "gate.sock").exists()
+    monkeypatch.setattr(control_socket.os, "getgroups", lambda: [4242, 0])  # a member: it may
+    assert control_socket.can_give_to(0)
+
+
+async def test_a_reload_that_changes_a_tenant_names_the_key_and_not_its_value(gate):
+    """A trial raised one tenant's requests_per_minute and read "[[tenants]] changed: restart
+    tokengate to apply (keys are read at start)", as if only keys were read at start."""
+    before = CONFIG + '\n[[tenants]]\nname = "web"\napi_key_sha256 = "' + "ab" * 32 + '"\nrequests_per_minute = 60\n'
+    gate.control.config = gate.control.file_config = parse_config(before)
+    after = parse_config(before.replace("requests_per_minute = 60", "requests_per_minute = 300"))
+    with pytest.raises(CommandError, match=r"^tenants\[0\]\.requests_per_minute changed: .*restart tokengate") as info:
+        gate.control.reload(after, operator=ALICE)
+    assert "ab" * 32 not in str(info.value) and "300" not in str(info.value)
