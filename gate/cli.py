@@ -589,6 +589,12 @@ def _cmd_config_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
     out.write(f"ok: {source} ({counts})\n")
     for w in fixed_budget_warnings(config) + objective_warnings(config):
         out.write(f"warning: {w}\n")  # what `serve` would warn at start (a warning: the exit status stays 0)
+    try:
+        _check_directories(config, source)
+    except ConfigError as exc:
+        # a warning, not an error: a file may be checked on another host than the one it serves
+        # on; said, since `serve` here would exit 2 (a trial read "ok", then serve refused)
+        out.write(f"warning: {exc.key}: {exc.problem}: `tokengate serve` on this host would refuse to start\n")
     if args.verbose:
         for line in describe_config(config):
             out.write(line + "\n")

@@ -345,3 +345,17 @@ def test_a_hang_up_while_serve_starts_does_not_kill_the_gate(tmp_path: Path) -> 
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
+
+
+def test_config_check_warns_of_a_journal_directory_serve_would_refuse(tmp_path, capsys):
+    # a trial's check said "ok", then serve exited 2 on the missing directory; a warning (exit 0):
+    # a file may be checked on another host than the one it serves on
+    p = tmp_path / "tg.toml"
+    p.write_text(f'[gate]\njournal = "{tmp_path / "nowhere" / "j.db"}"\n')
+    code, out, _ = run(capsys, "config", "check", str(p))
+    assert code == 0 and out.startswith("ok: ")
+    assert f"warning: gate.journal: {tmp_path / 'nowhere' / 'j.db'}: the directory {tmp_path / 'nowhere'} does not exist" in out
+    assert "serve` on this host would refuse to start" in out
+    (tmp_path / "nowhere").mkdir()
+    code, out, _ = run(capsys, "config", "check", str(p))
+    assert code == 0 and "warning" not in out
