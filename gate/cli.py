@@ -713,8 +713,20 @@ def describe_config(config: Config) -> list[str]:
         )
     if config.tenants:
         lines.append(f"tenants  {', '.join(t.name for t in config.tenants)}")
+    elif any(b.api_key_env for b in config.backends):
+        lines.append("tenants  none (open gate: clients present the backends' own API key, api_key_env)")
     else:
         lines.append("tenants  none (open gate)")
+    sh = config.shared
+    if sh.enabled:
+        from gate.fleet.sharedlimits.client import shown_redis_url
+
+        lines.append(
+            f"shared   tenant limits across gates on {shown_redis_url(sh.redis_url)} (prefix {sh.key_prefix!r}), "
+            f"{sh.failure_policy} when it is out of reach, renewal every {_fmt_num(sh.renew_interval_s)} s"
+        )
+    else:
+        lines.append("shared   off (each gate enforces its tenant limits alone)")
     return lines
 
 

@@ -359,3 +359,14 @@ def test_config_check_warns_of_a_journal_directory_serve_would_refuse(tmp_path, 
     (tmp_path / "nowhere").mkdir()
     code, out, _ = run(capsys, "config", "check", str(p))
     assert code == 0 and "warning" not in out
+
+
+def test_verbose_check_says_the_shared_limits_and_who_may_call(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # `config check -v` said nothing of [shared] (a trial), nor that an open gate in front of a
+    # keyed llama-server asks clients for its key
+    out = verbose_check(capsys, tmp_path, '[shared]\nredis_url = "redis://:s3cret@10.0.0.5:6379/0"\nfailure_policy = "fail_closed"\n')
+    assert "shared   tenant limits across gates on redis://10.0.0.5:6379/0 (prefix 'tokengate:'), fail_closed" in out
+    assert "s3cret" not in out
+    assert "shared   off" in verbose_check(capsys, tmp_path, "")
+    keyed = verbose_check(capsys, tmp_path, '[[backends]]\nname = "a"\nurl = "http://a:1"\napi_key_env = "UP"\n')
+    assert "tenants  none (open gate: clients present the backends' own API key, api_key_env)" in keyed

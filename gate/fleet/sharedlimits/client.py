@@ -54,7 +54,7 @@ from gate.fleet.sharedlimits.health import Flip, SharedHealth, SharedState, fits
 from gate.fleet.sharedlimits.heard import Heard, hear
 from gate.fleet.sharedlimits.scripts import RELEASE, RENEW, RESERVE, Script, tenant_keys
 
-__all__ = ["Lease", "SharedLimits"]
+__all__ = ["Lease", "SharedLimits", "shown_redis_url"]
 
 log = logging.getLogger("tokengate.shared")
 
@@ -115,7 +115,7 @@ class _Reservation:
     answer: asyncio.Future[Any]
 
 
-def _where(url: str) -> str:
+def shown_redis_url(url: str) -> str:
     """The Redis URL for the log: scheme, host, port and database, never a user or password."""
     parts = urlsplit(url)
     if parts.scheme == "unix":
@@ -217,7 +217,7 @@ class SharedLimits:
             log.info(
                 "shared limits: tenant limits shared through Redis %s (key prefix %r, %s, renewal every %g s, "
                 "wait bound %g ms); %d gate%s seen",
-                _where(self.config.redis_url),
+                shown_redis_url(self.config.redis_url),
                 self.config.key_prefix,
                 self.config.failure_policy,
                 self.config.renew_interval_s,
