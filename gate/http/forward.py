@@ -53,6 +53,9 @@ from gate.http.intake import check_headers
 from gate.http.proxy import CLIENT_CLOSED, json_answer
 from gate.http.requestids import RequestIds
 
+#: forwarded paths llama-server answers without its --api-key (its /health is the gate's own)
+KEYLESS_PATHS = frozenset({"/v1/health"})
+
 if TYPE_CHECKING:
     from gate.backend.pool import Backend, BackendPool
     from gate.http.ports import RequestPorts
@@ -207,6 +210,10 @@ class ForwardEndpoint:
     def _caller(self, request: Request, route: Route) -> Caller | None:
         tenants = self.gate.tenants
         if route is PREFLIGHT:
+            return None
+        if tenants.open and route.path in KEYLESS_PATHS:
+            # llama-server answers its health without a key: so does an open gate before a keyed
+            # one (a load balancer's check of /v1/health must not turn 401)
             return None
         client = request.client
         return tenants.identify(Headers(raw=request.scope["headers"]), client.host if client else None, None)

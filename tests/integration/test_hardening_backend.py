@@ -144,8 +144,10 @@ async def test_an_open_gate_before_a_keyed_llama_server_asks_clients_for_its_key
                 assert r.status_code == 200, r.text
                 r = await client.get(gate.url + "/props", headers=headers)
                 assert r.status_code == 200 and "default_generation_settings" in r.json(), r.text
-            # probes and scrapers stay open, as with tenants
+            # probes and scrapers stay open, as with tenants; /v1/health too, as llama-server answers it
             assert (await client.get(gate.url + "/health")).status_code == 200
+            health = await client.get(gate.url + "/v1/health")
+            assert health.status_code == (await client.get(server.url + "/v1/health")).status_code == 200, health.text
             assert (await client.get(gate.url + "/metrics")).status_code == 200
             await released(gate)
     finally:
