@@ -533,10 +533,9 @@ class Control:
                 changed = [f"[[tenants]] ({len(old.tenants)} -> {len(new_config.tenants)} tables)"]
             else:
                 changed = [
-                    f"tenants[{i}].{f.name}"
+                    k
                     for i, (a, b) in enumerate(zip(old.tenants, new_config.tenants))
-                    for f in dataclasses.fields(a)
-                    if getattr(a, f.name) != getattr(b, f.name)
+                    for k in _changed_keys(f"tenants[{i}]", a, b, values=False)
                 ]
             raise CommandError(
                 f"{', '.join(changed)} changed: [[tenants]] are read at start (their keys from the environment), "
@@ -719,10 +718,11 @@ def _floor_advice(tokens: int, floor: int, min_tokens: int, reserved: int) -> st
     )
 
 
-def _changed_keys(prefix: str, old: Any, new: Any) -> list[str]:
-    """`prefix.key (old -> new)` for each field that differs."""
+def _changed_keys(prefix: str, old: Any, new: Any, *, values: bool = True) -> list[str]:
+    """`prefix.key (old -> new)` for each field that differs; `prefix.key` alone without
+    ``values`` (a tenant's key digest stays out of the audit)."""
     return [
-        f"{prefix}.{f.name} ({_fmt(getattr(old, f.name))} -> {_fmt(getattr(new, f.name))})"
+        f"{prefix}.{f.name} ({_fmt(getattr(old, f.name))} -> {_fmt(getattr(new, f.name))})" if values else f"{prefix}.{f.name}"
         for f in dataclasses.fields(old)
         if getattr(old, f.name) != getattr(new, f.name)
     ]
