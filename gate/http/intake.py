@@ -179,7 +179,8 @@ def parse_request(
 
     ``path`` must be a key of :data:`ENDPOINTS` (anything else is the caller's bug:
     ``ValueError``). ``caller``: the tenant already identified (the HTTP layer does it
-    before reading the body, so an anonymous caller costs no body read). Raises
+    before reading the body, so an anonymous caller costs no body read; in open mode it
+    checks the backends' key there, :meth:`TenantDirectory.check_key`). Raises
     :class:`GateError` for anything the client got wrong.
     """
     kind = ENDPOINTS.get(path)
@@ -193,7 +194,8 @@ def parse_request(
         body = decode_body(raw)
         if caller is None:
             user = body.get("user") if open_user is None else open_user(body)
-            caller = tenants.identify(headers, client_host, user if isinstance(user, str) else None)
+            # open mode: the HTTP layer checked the key before reading the body (proxy.run)
+            caller = tenants.identify(headers, client_host, user if isinstance(user, str) else None, key_checked=True)
         return (build or build_intake)(kind, path, body, caller, config)
     except GateError as exc:
         exc.caller = caller  # the request was wrong, but who asked (and in which class) is known

@@ -198,13 +198,15 @@ class TenantDirectory:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def identify(self, headers: Mapping[str, str], client_host: str | None, body_user: str | None) -> Caller:
+    def identify(self, headers: Mapping[str, str], client_host: str | None, body_user: str | None, *, key_checked: bool = False) -> Caller:
         """Who is calling and in which class; raises :class:`GateError` (401, 400 or 403).
 
-        ``body_user`` is the request's ``user`` field, used only in open mode.
+        ``body_user`` is the request's ``user`` field, used only in open mode. ``key_checked``:
+        open mode's :meth:`check_key` already passed for these headers (before the body was read).
         """
         if self.open:
-            self.check_key(headers)
+            if not key_checked:
+                self.check_key(headers)
             if isinstance(body_user, str) and body_user.strip():
                 # Shown in the console, the log and the journal: no control characters
                 # (escape sequences) from a client.
