@@ -108,6 +108,7 @@ class GateService:
                 on_policy=self.metrics.shared_policy,
                 on_wait=self.metrics.shared_wait,
                 on_expired=self.metrics.shared_expired,
+                on_gates=lambda old, new: self.recorder.shared_gates_counted(old, new, self.operator),
             )
         self.ratelimit = RateLimiter(quotas.limits)
         self.backends = BackendPool(
@@ -243,6 +244,11 @@ class GateService:
         self._file_digest = config_digest(self.config)
         self.audit_gate(CONFIG_IN_FORCE, self._file_digest, new_value=thresholds_json(self.config))
         if self.shared is not None:
+            # N as the journal last counted it, should Redis be out of reach now: a restart
+            # during an outage must not take each tenant's whole limit on every gate
+            remembered = await self.recorder.remembered_gates()
+            if remembered is not None:
+                self.shared.health.remember(remembered)
             await self.shared.start()  # Redis out of reach is not fatal: the failure policy applies
         await self.backends.probe_all()
         self.control.keep_beside(self.journal_path, operator=self.operator)  # before it listens

@@ -89,6 +89,9 @@ AuditSource = Literal["console", "cli", "config", "controller", "signal", "api",
 #: the audit action of a ready backend's capacity, learned or changed (its value: JSON with
 #: slots, kv, slot_context, ceiling): `tokengate replay` models the layout the gate learned
 CAPACITY_LEARNED = "capacity_learned"
+#: the audit action of the gates counted on Redis ([shared]), when the count changes (its value:
+#: N): a gate started while Redis is out of reach divides fail_open's limits by the last one
+SHARED_GATES = "shared_gates"
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gate.core.errors import GateError, render
 from gate.core.reasons import Reason
+from gate.fleet.sharedlimits import Known, gates_phrase
 from gate.http.apis.dispatch import error_shape
 from gate.http.clientguard import BodyReader, abort, guarded_protocol, send_within, too_large
 from gate.http.cors import CorsMirror, mark_relayed
@@ -106,7 +107,7 @@ def build_app(gate: RequestPorts) -> ASGIApp:
         if gate.shared is not None:
             # the fleet's tenant limits: a trial's health check read "ok" while fail_closed
             # answered every limited tenant 429 (the console and /metrics said it, /health not)
-            answer["shared"] = shared_health(gate.shared.state, gate.shared.divisor)
+            answer["shared"] = shared_health(gate.shared.state, gate.shared.divisor, gate.shared.health.known)
         return json_answer(answer, 200 if ready else 503)
 
     async def metrics(request: Request) -> Response:
@@ -276,11 +277,11 @@ async def _answer(send: Send, err: GateError) -> None:
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-def shared_health(state: str, divisor: int) -> dict[str, Any]:
+def shared_health(state: str, divisor: int, known: Known = "counted") -> dict[str, Any]:
     """/health's `shared`: the state of the tenant limits shared through Redis, and what it means."""
     notes = {
         "ok": "tenant limits are held fleet-wide through Redis",
-        "fail_open": f"Redis unreachable: this gate enforces 1/{divisor} of each tenant's limits on its own (fail_open)",
+        "fail_open": f"Redis unreachable: this gate enforces 1/{divisor} of each tenant's limits on its own (fail_open; {gates_phrase(divisor, known)})",
         "fail_closed": "Redis unreachable: requests of tenants with limits get 429 shared_limit_unavailable (fail_closed)",
     }
     return {"state": state, "note": notes.get(state, "")}

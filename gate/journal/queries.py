@@ -162,6 +162,11 @@ class JournalQueries:
             params.append(max(0, int(limit)))
         return [dict(r) for r in await self._fetch(sql, params)]
 
+    async def last_audit(self, action: str) -> dict[str, Any] | None:
+        """The newest audit row of ``action``, or None."""
+        rows = await self._fetch(self._selects["audit"] + " WHERE action = ? ORDER BY ts DESC, id DESC LIMIT 1", [action])
+        return dict(rows[0]) if rows else None
+
     async def samples(
         self,
         since_ts: float | None = None,

@@ -24,9 +24,18 @@ from gate.backend.pool import Backend, BackendPool
 from gate.core.adaptive import Cause, Move
 from gate.core.rollup import Rollup
 from gate.data.commands import Operator
-from gate.data.records import CAPACITY_LEARNED, AuditRecord, AuditSource, ClassSample, DecisionRecord, RecentDecisions, SampleRecord
+from gate.data.records import (
+    CAPACITY_LEARNED,
+    SHARED_GATES,
+    AuditRecord,
+    AuditSource,
+    ClassSample,
+    DecisionRecord,
+    RecentDecisions,
+    SampleRecord,
+)
 from gate.data.snapshot import GpuReading
-from gate.fleet.sharedlimits import Flip
+from gate.fleet.sharedlimits import Flip, gates_phrase
 from gate.journal import Journal
 from gate.observe.metrics import GateMetrics
 
@@ -280,11 +289,45 @@ class Recorder:
             new_value=str(move.new_budget),
         )
 
+    def shared_gates_counted(self, old: int | None, new: int, operator: Operator) -> None:
+        """The gates counted on Redis changed (old None: the first count since start): the log,
+        and an audit row in the journal only (nobody changed anything), which a gate started
+        while Redis is out of reach reads back (:meth:`remembered_gates`)."""
+        note = f"{new} {'gate shares' if new == 1 else 'gates share'} the tenant limits through Redis" + (
+            "" if old is None else f" ({old} before)"
+        )
+        log.info("shared limits: %s", note)
+        if self.journal is not None:
+            self.journal.add(
+                AuditRecord(
+                    ts=time.time(),
+                    operator=operator.name,
+                    origin=operator.origin,
+                    source="gate",
+                    action=SHARED_GATES,
+                    target="gate",
+                    old_value=None if old is None else str(old),
+                    new_value=str(new),
+                    note=note,
+                    gate_id=self.gate_id,
+                )
+            )
+
+    async def remembered_gates(self) -> int | None:
+        """N as this journal last recorded it (:meth:`shared_gates_counted`), or None."""
+        if self.journal is None:
+            return None
+        try:
+            row = await self.journal.last_audit(SHARED_GATES)
+            return int(row["new_value"]) if row else None
+        except Exception:  # noqa: BLE001 (a journal that cannot be read: N is not remembered)
+            return None
+
     def shared_flipped(self, flip: Flip, operator: Operator) -> None:
         """The shared tenant limits changed state: the gauge, and an audit row (consoles toast it)."""
         self.metrics.set_shared(fallback=flip.new in ("fail_open", "fail_closed"), gates=flip.gates)
         if flip.new == "fail_open":
-            effect = f"each tenant limit runs locally at 1/{flip.gates} (N = {flip.gates} {'gate' if flip.gates == 1 else 'gates'} seen)"
+            effect = f"each tenant limit runs locally at 1/{flip.gates} ({gates_phrase(flip.gates, flip.known)})"
         elif flip.new == "fail_closed":
             effect = "limited tenants get 429 shared_limit_unavailable"
         else:

@@ -16,6 +16,7 @@ Figures print with `pytest -s` (the report quotes them).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections import Counter
@@ -28,8 +29,8 @@ import redis.asyncio as aioredis
 from gate.data.records import AuditRecord
 from gate.fleet.sharedlimits.scripts import tenant_keys
 from gate.service import GateService
-from tests.integration.fleet import Sampler, ServeProcess, Tenant, complete, fleet, fleet_extra, tenant_in_flight
-from tests.integration.gate_harness import wait_until
+from tests.integration.fleet import NO_PREFILL_CAP, Sampler, ServeProcess, Tenant, complete, fleet, fleet_extra, tenant_in_flight
+from tests.integration.gate_harness import running_gate, wait_until
 
 pytestmark = pytest.mark.llama
 
@@ -342,3 +343,54 @@ async def test_redis_slow_or_down_applies_the_policy_and_the_gates_recover(llama
         assert all(a.source == "gate" and a.target == "gate" and a.note for a in journal_rows)
         assert "429 shared_limit_unavailable" in journal_rows[0].note
         assert tenant_in_flight([opened, closed], team.name) == 0
+
+
+async def test_a_gate_restarted_while_redis_is_down_divides_by_the_count_its_journal_kept(llama_unified, redis_server, tmp_path) -> None:
+    """Two gates count each other on Redis; Redis goes down and one gate restarts: fail_open
+    must still run it on 1/2 of the quota, as its journal last counted, not take the whole
+    quota on every restarted gate (N = 1 was a guess: a fleet restarted during an outage ran
+    at N x the quota). Negative control: a gate on a fresh journal takes it whole, and says so."""
+    team = Tenant("team", quota=300)
+    extra = fleet_extra(redis_server.url, [team], policy="fail_open", renew_s=0.3, wait_ms=100)
+    journal = str(tmp_path / "a.db")
+    async with running_gate(
+        llama_unified.url, extra, backend_extra=f"token_budget = {BUDGET}\n{NO_PREFILL_CAP}", journal_path=journal
+    ) as a:
+        async with running_gate(llama_unified.url, extra, backend_extra=f"token_budget = {BUDGET}\n{NO_PREFILL_CAP}"):
+            await wait_until(lambda: a.shared.health.gates == 2, timeout_s=10)
+            await wait_until(lambda: _journal_says(journal, "2"), timeout_s=10)  # the count is journaled
+    redis_server.stop()
+    try:
+        await _restarted_during_the_outage(llama_unified, extra, journal, team)
+    finally:
+        redis_server.start()
+
+
+async def _restarted_during_the_outage(llama_unified, extra: str, journal: str, team: Tenant) -> None:
+    async with (
+        running_gate(llama_unified.url, extra, backend_extra=f"token_budget = {BUDGET}\n{NO_PREFILL_CAP}", journal_path=journal) as again,
+        running_gate(llama_unified.url, extra, backend_extra=f"token_budget = {BUDGET}\n{NO_PREFILL_CAP}") as fresh,
+        httpx.AsyncClient(timeout=600) as client,
+    ):
+        assert again.shared_state == "fail_open" and again.shared.divisor == 2 and again.shared.health.known == "journal"
+        big = await complete(client, again.url, team, 180)  # 1/2 of 300 is 150
+        assert big.status_code == 429 and big.json()["error"]["code"] == "tenant_quota", big.text
+        assert (await complete(client, again.url, team, 100)).status_code == 200
+        note = (await client.get(f"{again.url}/health")).json()["shared"]["note"]
+        assert "1/2 of each tenant" in note and "journal last counted" in note, note
+        flip = [a for a in again.recent_audit if a.action == "shared_limits"][-1]
+        assert "N = 2 gates, as this gate's journal last counted them" in flip.note, flip.note
+        # negative control: nothing remembered, N = 1, and the answer and the audit say it is a guess
+        assert fresh.shared.divisor == 1 and fresh.shared.health.known == "none"
+        assert (await complete(client, fresh.url, team, 180)).status_code == 200
+        note = (await client.get(f"{fresh.url}/health")).json()["shared"]["note"]
+        assert "journal holds no count" in note, note
+        assert tenant_in_flight([again, fresh], team.name) == 0
+
+
+def _journal_says(path: str, gates: str) -> bool:
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        row = conn.execute("SELECT new_value FROM audit WHERE action = 'shared_gates' ORDER BY ts DESC, id DESC LIMIT 1").fetchone()
+    return row is not None and row[0] == gates

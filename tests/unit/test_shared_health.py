@@ -12,7 +12,7 @@ from gate.fleet.sharedlimits.health import Flip, SharedHealth, fits_local_share,
 def test_a_connection_error_degrades_at_once_to_the_policy() -> None:  # rule 1
     for policy in ("fail_open", "fail_closed"):
         h = SharedHealth(policy)
-        assert h.failed("refused") == Flip("ok", policy, "refused", 1)
+        assert h.failed("refused") == Flip("ok", policy, "refused", 1, "none")  # N never counted, none remembered
         assert h.state == policy and h.degraded
         assert h.failed("refused again") is None  # rule 4: once per change
 
@@ -107,6 +107,32 @@ def test_the_first_count_after_start_cannot_hide_a_gate_counted_since() -> None:
     h.probed(gates=1, in_time=True, now=0.5)  # a late renewal of the other gate
     assert h.failed("refused") == Flip("ok", "fail_open", "refused", 2)
     assert h.divisor == 2
+
+
+def test_a_gate_started_while_redis_is_out_of_reach_divides_by_the_count_its_journal_remembers() -> None:  # rule 5
+    h = SharedHealth("fail_open", window_s=3.0)
+    h.remember(3)
+    assert h.known == "journal" and h.gates == 3
+    flip = h.failed("refused")
+    assert flip == Flip("ok", "fail_open", "refused", 3, "journal") and h.divisor == 3
+    # Redis back: the first counts may miss gates that have not renewed yet, so while degraded
+    # they do not lower the remembered N; once back, the counts alone say N
+    h.probed(gates=1, in_time=True, now=10.0)
+    assert h.known == "counted" and h.state == "ok"
+    h.seen(1, now=10.1)
+    assert h.gates == 1
+    h.failed("down again")
+    assert h.divisor == 1
+
+
+def test_a_remembered_count_is_no_count_once_redis_has_counted() -> None:  # rule 5
+    h = SharedHealth("fail_open", window_s=3.0)
+    h.probed(gates=1, in_time=True, now=0.0)  # Redis reached at start: a count
+    h.remember(4)  # too late: ignored
+    assert h.known == "counted" and h.gates == 1
+    fresh = SharedHealth("fail_open")
+    fresh.remember(1)  # one gate: nothing to divide, nothing remembered
+    assert fresh.known == "none" and fresh.gates == 1
 
 
 def test_fail_closed_never_divides() -> None:

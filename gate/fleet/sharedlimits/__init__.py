@@ -10,6 +10,6 @@
   ``[shared] redis_url`` is set.
 """
 
-from gate.fleet.sharedlimits.health import Flip, SharedHealth, SharedState, local_share
+from gate.fleet.sharedlimits.health import Flip, Known, SharedHealth, SharedState, gates_phrase, local_share
 
-__all__ = ["Flip", "SharedHealth", "SharedState", "local_share"]
+__all__ = ["Flip", "Known", "SharedHealth", "SharedState", "gates_phrase", "local_share"]

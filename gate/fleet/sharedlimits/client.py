@@ -50,7 +50,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from gate.config import SharedConfig, TenantConfig
 from gate.core.errors import GateError
 from gate.core.reasons import Reason
-from gate.fleet.sharedlimits.health import Flip, SharedHealth, SharedState, fits_local_share, local_share
+from gate.fleet.sharedlimits.health import Flip, SharedHealth, SharedState, fits_local_share, gates_phrase, local_share
 from gate.fleet.sharedlimits.heard import Heard, hear
 from gate.fleet.sharedlimits.scripts import RELEASE, RENEW, RESERVE, Script, tenant_keys
 
@@ -144,6 +144,7 @@ class SharedLimits:
         on_policy: Callable[[str], None] = lambda policy: None,
         on_wait: Callable[[float], None] = lambda seconds: None,
         on_expired: Callable[[int], None] = lambda count: None,
+        on_gates: Callable[[int | None, int], None] = lambda old, new: None,
     ) -> None:
         self.config = config
         #: this gate on Redis: its gate id (host:pid:start, to the second) and a random tail,
@@ -156,6 +157,10 @@ class SharedLimits:
         self._on_policy = on_policy
         self._on_wait = on_wait
         self._on_expired = on_expired
+        #: N as counted on Redis changed (old None: the first count since start): the service
+        #: journals it, so a gate restarted while Redis is out of reach remembers it (rule 5)
+        self._on_gates = on_gates
+        self._told_gates: int | None = None
         self._wait_s = config.wait_ms / 1000.0
         self._ttl_ms = int(config.lease_ttl_s * 1000)
         self._keep_ms = max(2 * self._ttl_ms, 10_000)
@@ -432,8 +437,9 @@ class SharedLimits:
             unsent = any(not lease.charged and id(lease) not in given for lease in self._held.values())
             if not (self.health.degraded and in_time and unsent):
                 break
-            self.health.seen(gates, time.monotonic())
+            self._counted(gates)
         self._flip(self.health.probed(gates, in_time, now=time.monotonic(), redis_ms=redis_ms, fresh=fresh))
+        self._tell_gates()
         if self._cold and in_time:
             # Back from a failure (a Redis restart leaves every pooled connection dead): the
             # pool is opened again now, not by the next burst inside its wait bound.
@@ -661,7 +667,7 @@ class SharedLimits:
             return
         gates, *replies = call.result()
         self.health.answered()
-        self.health.seen(int(gates), time.monotonic())
+        self._counted(int(gates))
         for item, reply in zip(batch, replies, strict=True):
             self._settle(item, reply)
 
@@ -677,7 +683,7 @@ class SharedLimits:
         if call.cancelled() or call.exception() is not None:
             return  # never made, or its fate unknown: a lease nobody renews expires
         gates, *replies = call.result()
-        self.health.seen(int(gates), time.monotonic())
+        self._counted(int(gates))
         for item, reply in zip(batch, replies, strict=True):
             self._undo(item.lease, reply)
 
@@ -779,12 +785,20 @@ class SharedLimits:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    def _counted(self, gates: int) -> None:
+        """Redis counted ``gates`` gates now (rule 5)."""
+        self.health.seen(gates, time.monotonic())
+        self._tell_gates()
+
+    def _tell_gates(self) -> None:
+        if self.health.ever_seen and self.health.gates != self._told_gates:
+            old, self._told_gates = self._told_gates, self.health.gates
+            self._on_gates(old, self._told_gates)
+
     def _flip(self, flip: Flip | None) -> None:
         if flip is None:
             return
         if flip.new != "ok":
             self._cold = True
-        log.warning(
-            "shared limits: %s -> %s (%s; %d %s seen)", flip.old, flip.new, flip.why, flip.gates, "gate" if flip.gates == 1 else "gates"
-        )
+        log.warning("shared limits: %s -> %s (%s; %s)", flip.old, flip.new, flip.why, gates_phrase(flip.gates, flip.known))
         self._on_flip(flip)

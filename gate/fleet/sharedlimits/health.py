@@ -32,7 +32,10 @@ Rules (numbered; ``tests/unit/test_shared_health.py`` checks each):
    one low count (a gate that has not renewed yet, or renewed late) from lowering it, and
    while degraded no count lowers it (the first counts after an outage may miss gates that
    have not reached Redis again). ``divisor`` is N while
-   ``fail_open`` applies, else 1: fail_open runs each gate on 1/N of each limit.
+   ``fail_open`` applies, else 1: fail_open runs each gate on 1/N of each limit. Before its
+   first count (a gate started while Redis is out of reach) N is the count this gate's
+   journal remembers from its last run (:meth:`SharedHealth.remember`; ``known`` says which),
+   else 1: a restart during an outage must not take each tenant's whole limit on every gate.
 6. Under fail_open a gate admits a limited tenant's request only if everything the gate
    holds for that tenant, admitted through Redis before the flip or by the policy after it,
    plus the request fits its share (:func:`fits_local_share`). So while Redis cannot be asked
@@ -46,10 +49,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["Flip", "SharedHealth", "SharedState", "fits_local_share", "local_share"]
+__all__ = ["Flip", "Known", "SharedHealth", "SharedState", "fits_local_share", "gates_phrase", "local_share"]
 
 SharedState = Literal["off", "ok", "fail_open", "fail_closed"]
 Policy = Literal["fail_open", "fail_closed"]
+#: how N is known (rule 5): counted on Redis since start, remembered from the journal, or neither
+Known = Literal["counted", "journal", "none"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,12 +65,24 @@ class Flip:
     new: SharedState
     why: str
     gates: int
+    known: Known = "counted"
+
+
+def gates_phrase(gates: int, known: Known) -> str:
+    """N as the log, the audit and /health say it: how it is known, for an operator at 3 a.m."""
+    if known == "counted":
+        return f"N = {gates} {'gate' if gates == 1 else 'gates'} seen"
+    if known == "journal":
+        return (
+            f"N = {gates} {'gate' if gates == 1 else 'gates'}, as this gate's journal last counted them on Redis (not reached since start)"
+        )
+    return "N = 1: Redis not reached since start and the journal holds no count of the gates, so this gate alone"
 
 
 class SharedHealth:
     """The state machine of rules 1-6 (rule 6: :func:`fits_local_share`, applied by the client)."""
 
-    __slots__ = ("policy", "timeouts_to_degrade", "window_s", "state", "_timeouts", "ever_seen", "_seen", "heard_since")
+    __slots__ = ("policy", "timeouts_to_degrade", "window_s", "state", "_timeouts", "ever_seen", "_seen", "heard_since", "remembered")
 
     def __init__(self, policy: Policy, *, timeouts_to_degrade: int = 1, window_s: float = 0.0, state: SharedState = "ok") -> None:
         if policy not in ("fail_open", "fail_closed"):
@@ -79,7 +96,8 @@ class SharedHealth:
         #: how long a count of gates is remembered, before the latest one (rule 5)
         self.window_s = window_s
         self.state: SharedState = state
-        #: False until one probe answered: N = 1 is then a guess, not a count
+        #: False until Redis counted the gates once (a probe or a reservation answered): N is
+        #: then remembered or a guess, not a count
         self.ever_seen = False
         self._timeouts = 0
         #: (when, gates) counts within the window, the largest first: each is larger than
@@ -87,6 +105,24 @@ class SharedHealth:
         self._seen: deque[tuple[float, int]] = deque()
         #: while degraded: Redis's clock (ms) at the first probe in time since, else None (rule 3)
         self.heard_since: float | None = None
+        #: N as the journal last recorded it (rule 5), until the first count
+        self.remembered: int | None = None
+
+    def remember(self, gates: int) -> None:
+        """N as this gate last counted it in an earlier run (its journal): what N is until
+        Redis counts the gates (rule 5). A count replaces it, as any older count (the window);
+        while degraded a smaller count does not lower it, as after an outage."""
+        if self.ever_seen or gates <= 1:
+            return
+        self.remembered = gates
+        self._seen.appendleft((float("-inf"), gates))
+
+    @property
+    def known(self) -> Known:
+        """How N is known now (rule 5)."""
+        if self.ever_seen:
+            return "counted"
+        return "journal" if self.remembered is not None else "none"
 
     @property
     def degraded(self) -> bool:
@@ -110,6 +146,7 @@ class SharedHealth:
     def seen(self, gates: int, now: float) -> None:
         """Redis counted ``gates`` gates at ``now`` (the caller's clock, in seconds; rule 5)."""
         gates = max(1, gates)
+        self.ever_seen = True
         while self._seen and self._seen[-1][1] <= gates:
             self._seen.pop()  # older and no larger: never the maximum again
         self._seen.append((now, gates))
@@ -168,14 +205,14 @@ class SharedHealth:
         self.state = "ok"
         self._timeouts = 0
         self.heard_since = None
-        return Flip(old, "ok", why, self.gates)
+        return Flip(old, "ok", why, self.gates, self.known)
 
     def _degrade(self, why: str) -> Flip:
         old = self.state
         self.state = self.policy
         self._timeouts = 0
         self.heard_since = None
-        return Flip(old, self.policy, why, self.gates)
+        return Flip(old, self.policy, why, self.gates, self.known)
 
 
 def local_share(limit: int | None, divisor: int) -> int | None:
