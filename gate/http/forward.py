@@ -111,7 +111,14 @@ class ForwardEndpoint:
             route = self._route(request)
             caller = self._caller(request, route)
             if model_routes.handled_here(route.name, gate.backends):
-                return await self._model_route(request, request_id, route, caller, t0, wall0)
+                # Router mode's load and unload: the gate's own model operations; a refusal is
+                # journaled once, below, with the unit it named (a trial found two rows each)
+                backend = model_routes.model_unit(gate.backends, await request.body())
+                self._operator_call(request, route, caller, backend)
+                answer = model_routes.apply(backend, route.name)
+                gate.metrics.forwarded(route.name, 200)
+                self._record(request, request_id, route.name, caller, backend, "forwarded", "ok", 200, t0, wall0)
+                return json_answer(answer, headers={"x-request-id": request_id})
             model = request.query_params.get("model")
             if model is not None:
                 backend = gate.backends.route(model) or _only_router(gate.backends)
@@ -161,22 +168,6 @@ class ForwardEndpoint:
         response.raw_headers = headers  # as llama-server sent them (its content-length included)
         mark_relayed(request.scope)  # its CORS headers too, as they are (gate/http/cors.py)
         return response
-
-    async def _model_route(
-        self, request: Request, request_id: str, route: Route, caller: Caller | None, t0: float, wall0: float
-    ) -> Response:
-        """Router mode's load and unload: the gate's own model operations (gate/http/model_routes.py)."""
-        backend = None
-        try:
-            backend = model_routes.model_unit(self.gate.backends, await request.body())
-            self._operator_call(request, route, caller, backend)
-            answer = model_routes.apply(backend, route.name)
-        except GateError as err:
-            self._record(request, request_id, route.name, caller, backend, err.outcome, err.reason.value, err.status, t0, wall0)
-            raise
-        self.gate.metrics.forwarded(route.name, 200)
-        self._record(request, request_id, route.name, caller, backend, "forwarded", "ok", 200, t0, wall0)
-        return json_answer(answer, headers={"x-request-id": request_id})
 
     # ---- the steps --------------------------------------------------------------------
 

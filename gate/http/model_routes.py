@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+from gate.backend.upstream import RETRY_DOWN_S
 from gate.core.errors import GateError
 from gate.core.reasons import Reason
 from gate.fleet import model_ops
@@ -60,6 +61,11 @@ def apply(unit: Backend, route_name: str) -> dict[str, bool]:
     """Load or unload the unit's model through the gate's model operations; llama-server's answer."""
     fleet, model = unit.fleet, unit.model
     assert isinstance(fleet, ModelFleet) and model is not None  # model_unit checked both
+    if not fleet.router_up:
+        # 503 as for any request while the router is down; the reason (its address, the
+        # connection error) is for the log and the console, never for a client (a trial got
+        # "400 ... cannot be loaded: router down: ConnectError: 127.0.0.1:21001 ...")
+        raise GateError(Reason.NO_BACKEND, f"the router serving model {model!r} is unreachable", "model", retry_after_s=RETRY_DOWN_S)
     try:
         if MODEL_ROUTES[route_name] == "load":
             model_ops.load(fleet, model)

@@ -5,6 +5,8 @@ and llama-server's own view agrees."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import httpx
 import pytest
 
@@ -73,6 +75,19 @@ async def test_a_client_load_and_unload_are_the_gates_own_model_operations(llama
         assert r.status_code == 400 and "not loaded" in r.json()["error"]["message"]
         health = (await client.get(gate.url + "/health")).json()
         assert health["status"] == "ok" and health["loaded"] == {"b0": []}
+        # every call journaled once, a refusal too (a trial found two rows per refusal, one
+        # without the unit it named, and the denials counted twice)
+        ids = Counter(r.request_id for r in gate.records if r.endpoint.startswith("POST /models/"))
+        assert len(ids) == 7 and set(ids.values()) == {1}, ids
+
+        # the router down: 503 as for any request, never its address or the connection error
+        router.stop()
+        await wait_until(lambda: gate.backends.configured[0].fleet.router_up is False, timeout_s=10)
+        host_port = router.url.removeprefix("http://")
+        for route in ("/models/load", "/models/unload"):
+            r = await client.post(gate.url + route, json={"model": "tiny2"}, headers=OPS)
+            assert r.status_code == 503 and r.json()["error"]["code"] == "no_backend", r.text
+            assert host_port not in r.text and "Error" not in r.text, r.text
 
 
 async def test_a_router_with_no_model_listed_is_ready_forwards_reads_and_serves_no_model(llama_router) -> None:
