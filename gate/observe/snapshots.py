@@ -273,12 +273,15 @@ def _controller_view(units: tuple[Backend, ...], config: Config, frozen: bool) -
     tpots = [c.p95_tpot_s for c in controllers if c.p95_tpot_s is not None]
     budgets = [b.admission.budget for b in units if b.admission is not None and b.capacity is not None]
     ceilings = [b.capacity.ceiling for b in units if b.capacity is not None]
+    # the floor in force: clamped to each backend's ceiling (the backend's warnings say so); a
+    # router's model not loaded yet has no capacity, and its provisional controller's floor (a
+    # quarter of 2^30) is nothing in force (a trial's header read [268,436,480..4,096])
+    floors = [b.controller for b in units if b.controller is not None and b.capacity is not None]
     return ControllerView(
         mode=config.budget.mode,
         frozen=frozen,
         budget=sum(budgets) if budgets else None,
-        # the floor in force: clamped to each backend's ceiling (the backend's warnings say so)
-        min_tokens=sum(c.min_tokens for c in controllers) if controllers else config.budget.min_tokens,
+        min_tokens=sum(c.min_tokens for c in floors) if floors else config.budget.min_tokens,
         ceiling=sum(ceilings) if ceilings else None,
         p95_ttft_ms=max(ttfts) * 1000 if ttfts else None,
         p95_tpot_ms=max(tpots) * 1000 if tpots else None,

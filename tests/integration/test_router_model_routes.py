@@ -31,9 +31,14 @@ APP = {"Authorization": "Bearer app-key"}
 
 async def test_a_client_load_and_unload_are_the_gates_own_model_operations(llama_router) -> None:
     router = llama_router(extra_args=("--no-models-autoload",))
+    # the auto floor (min_tokens 0), as in the example config: see the console's floor below
     async with (
         running_gate(
-            router.url, TENANTS + config(), kv="split", backend_extra=backend(), environ={"OPS_KEY": "ops-key", "APP_KEY": "app-key"}
+            router.url,
+            TENANTS + config().replace("min_tokens = 256", "min_tokens = 0"),
+            kv="split",
+            backend_extra=backend(),
+            environ={"OPS_KEY": "ops-key", "APP_KEY": "app-key"},
         ) as gate,
         httpx.AsyncClient(timeout=60, limits=NO_KEEPALIVE) as client,
     ):
@@ -47,6 +52,10 @@ async def test_a_client_load_and_unload_are_the_gates_own_model_operations(llama
         assert r.status_code == 200 and r.json() == {"success": True}, r.text
         await wait_until(lambda: status(gate, "tiny2") == "loaded", timeout_s=60)
         assert unit(gate, "tiny2").admission.capacity.slots > 0  # the gate's unit knows it is loaded
+        # the console's floor counts the loaded model only: the others have no capacity yet (a
+        # trial's header read budget 4,096 [268,436,480..4,096], and the retune form refused it)
+        view = gate.snapshot().controller
+        assert view.ceiling is not None and 0 < view.min_tokens <= view.ceiling, view
         assert (await listed(client, router))["tiny2"] == "loaded"
         audit = [a for a in gate.recent_audit if a.action == "POST /models/load"]
         assert len(audit) == 1 and audit[0].operator == "ops" and audit[0].target == "backend:b0/tiny2"
