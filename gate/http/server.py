@@ -56,14 +56,16 @@ def build_app(gate: RequestPorts) -> ASGIApp:
     admitted = AdmittedEndpoint(gate)
     objective_gaps = ObjectiveGapsMemo()  # /health's objective_below_ttft, once a second at most
 
-    def authenticate(request: Request) -> None:
+    def authenticate(request: Request) -> bool:
         """With tenants configured, a valid key (sent once) or 401; open mode lets everyone in,
-        unless a backend has a key: then that key, as llama-server asks for it here."""
+        unless a backend has a key: then that key, as llama-server asks for it here. True for
+        an operator (open mode: every caller)."""
         if not gate.tenants.open:
             client = request.client
-            gate.tenants.identify(request.headers, client.host if client else None, None)
-        else:
-            gate.tenants.check_key(request.headers)
+            caller = gate.tenants.identify(request.headers, client.host if client else None, None)
+            return caller.tenant_config is not None and caller.tenant_config.operator
+        gate.tenants.check_key(request.headers)
+        return True
 
     async def health(request: Request) -> Response:
         # State only: a backend's detail may name its address, which is for the log and the console.
@@ -126,7 +128,7 @@ def build_app(gate: RequestPorts) -> ASGIApp:
         return Response(body, media_type=content_type)
 
     async def models(request: Request) -> Response:
-        authenticate(request)
+        operator = authenticate(request)
         configured = gate.backends.configured
         results = await asyncio.gather(*(_get_json(gate, b, "/v1/models") for b in configured))
         data: list[Any] = []
@@ -142,7 +144,7 @@ def build_app(gate: RequestPorts) -> ASGIApp:
                 if backend.fleet is not None and isinstance(entry, dict) and entry.get("id") not in backend.config.models:
                     continue  # a router lists every model it has; the gate serves those configured
                 if isinstance(entry, dict):
-                    data.append({**entry, "owned_by": entry.get("owned_by") or backend.name})
+                    data.append({**_for_tenants(entry, operator), "owned_by": entry.get("owned_by") or backend.name})
             listed = {e.get("id") for e in data if isinstance(e, dict)}
             for name in backend.config.models:
                 if name not in listed:
@@ -275,6 +277,16 @@ async def _answer(send: Send, err: GateError) -> None:
     status, headers, body = render(err)
     await send({"type": "http.response.start", "status": status, "headers": [*headers, (b"Content-Length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _for_tenants(entry: dict[str, Any], operator: bool) -> dict[str, Any]:
+    """A router's model entry as a tenant that is not an operator sees it: without ``status``'s
+    ``args`` and ``preset``, the child process's command line (host paths, its port on the
+    router's host), which a trial read through the gate as any tenant."""
+    status = entry.get("status")
+    if operator or not isinstance(status, dict) or not ({"args", "preset"} & status.keys()):
+        return entry
+    return {**entry, "status": {k: v for k, v in status.items() if k not in ("args", "preset")}}
 
 
 def shared_health(state: str, divisor: int, known: Known = "counted") -> dict[str, Any]:

@@ -52,6 +52,12 @@ async def test_a_client_load_and_unload_are_the_gates_own_model_operations(llama
         assert r.status_code == 200 and r.json() == {"success": True}, r.text
         await wait_until(lambda: status(gate, "tiny2") == "loaded", timeout_s=60)
         assert unit(gate, "tiny2").admission.capacity.slots > 0  # the gate's unit knows it is loaded
+        # the model list: a tenant does not see the children's command lines (host paths, ports);
+        # an operator sees the router's entries as they are
+        for headers, shown in ((APP, False), (OPS, True)):
+            entries = {e["id"]: e for e in (await client.get(gate.url + "/v1/models", headers=headers)).json()["data"]}
+            assert entries["tiny2"]["status"]["value"] == "loaded"
+            assert ("args" in entries["tiny2"]["status"]) is shown and ("preset" in entries["tiny2"]["status"]) is shown, entries
         # the console's floor counts the loaded model only: the others have no capacity yet (a
         # trial's header read budget 4,096 [268,436,480..4,096], and the retune form refused it)
         view = gate.snapshot().controller
