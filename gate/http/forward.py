@@ -124,9 +124,13 @@ class ForwardEndpoint:
                 backend = gate.backends.route(model) or _only_router(gate.backends)
             else:
                 named = await _body_model(request, gate.backends)
-                # a router with no model listed has no unit: its own reads (GET /props) go to it
+                # No model named: the first backend, a router itself (its own GET /props, with
+                # "role": "router"; a POST /tokenize gets its 400 "model name is missing"), never
+                # its first model behind its back (a trial read tiny's props at /props).
                 backend = (
-                    (gate.backends.route(named) if named is not None else None) or gate.backends.route(None) or gate.backends.configured[0]
+                    gate.backends.configured[0]
+                    if named is None
+                    else gate.backends.route(named) or gate.backends.route(None) or gate.backends.configured[0]
                 )
             if backend is None:
                 raise GateError(Reason.MODEL_NOT_FOUND, "no backend serves that model", "model")
