@@ -695,7 +695,7 @@ def check_backend(
                 return f"not ready (/health answered {health.status_code})", (), ()
             props = client.get(config.url + "/props").json()
             if props.get("role") == "router":
-                return _check_router(client, config)
+                return _check_router(client, config, props)
             try:
                 n_ctx_train = client.get(config.url + "/v1/models").json()["data"][0]["meta"]["n_ctx_train"]
             except (httpx.HTTPError, ValueError, LookupError, TypeError):
@@ -718,10 +718,21 @@ def check_backend(
     return line, capacity_warnings(layout, cap, budget, classes), capacity_notes(cap, classes)
 
 
-def _check_router(client: httpx.Client, config: BackendConfig) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+def _check_router(client: httpx.Client, config: BackendConfig, props: Mapping[str, Any]) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
     """A router: each configured model's status in its /models list, and those it does not list
-    (every request for one is refused 503 model_unavailable)."""
+    (every request for one is refused 503 model_unavailable); no model listed at all, or pins
+    that take every --models-max place (both said only at serve time before: a trial)."""
     line = "router mode: capacity per model, checked when each loads"
+    if not config.models:
+        return line, ("a router needs `models`, the models the gate serves: with none every request is refused",), ()
+    max_instances = props.get("max_instances")
+    pins = [m for m in config.models if m in config.pin]
+    crowded: tuple[str, ...] = ()
+    if isinstance(max_instances, int) and 0 < max_instances <= len(pins) < len(config.models):
+        crowded = (
+            f"pin holds {len(pins)} of llama-server's {max_instances} --models-max places: "
+            f"{', '.join(m for m in config.models if m not in config.pin)} could never load (refused 503 model_unavailable)",
+        )
     try:
         data = client.get(config.url + "/models").json()["data"]
         listed: dict[str, str] = {}
@@ -743,7 +754,7 @@ def _check_router(client: httpx.Client, config: BackendConfig) -> tuple[str, tup
         for m in config.models
         if m not in listed
     )
-    return line, missing, ()
+    return line, missing + crowded, ()
 
 
 @dataclass(frozen=True, slots=True)

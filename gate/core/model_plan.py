@@ -16,6 +16,9 @@ Terms, per model m:
   idle_s      seconds since m last had a request in flight (or since it loaded).
   cold_start  what loading m again would cost, in seconds (configured, or its measured
               load time).
+  held        models the router runs that the gate does not serve (not in ``models``:
+              loaded straight, behind the gate): each takes a place, and the gate never
+              evicts them (they are not its to plan).
   evictable   m is loaded or sleeping, not pinned, holds no request in flight, has none
               waiting, and has been idle at least its cold start (ski rental: evicting a
               model used more recently than it takes to load it again costs more than
@@ -26,7 +29,8 @@ Rules:
   R2. Wanted models go in this order: asked by an operator, pinned, then the one whose
       oldest request has waited longest; ties by name.
   R3. A sleeping model with waiters is woken in place (it already holds its place).
-  R4. With a free place (``max_loaded`` 0, or fewer running), the first wanted model loads.
+  R4. With a free place (``max_loaded`` 0, or fewer running, ``held`` counted), the first
+      wanted model loads.
   R5. Otherwise the least recently used evictable model (largest idle_s; ties by name)
       is evicted for it (with more running than the limit, only evicted: room first).
       With none evictable nothing happens and ``blocked`` says why, naming each loaded
@@ -36,7 +40,8 @@ Invariants (``check_plan``):
   I1. ``evict`` is loaded or sleeping, holds no request in flight, has none waiting and is
       not pinned.
   I2. ``load`` is wanted; ``evict`` is set only when every place is taken and a model is wanted.
-  I3. A load never takes running models above ``max_loaded`` (when it is not 0).
+  I3. A load never takes running models (``held`` counted) above ``max_loaded`` (when it is
+      not 0): llama-server would then evict one of its own choosing, a pinned one perhaps.
   I4. Nothing is planned while a change is under way.
 """
 
@@ -120,8 +125,9 @@ def _reason(m: ModelState) -> str:
     return "pinned"
 
 
-def plan(models: Sequence[ModelState], max_loaded: int) -> Plan:
-    """What to do now (see the module docstring for the rules)."""
+def plan(models: Sequence[ModelState], max_loaded: int, held: Sequence[str] = ()) -> Plan:
+    """What to do now (see the module docstring for the rules); ``held``: the models running
+    on the router that the gate does not serve."""
     if any(m.status in CHANGING for m in models):
         return Plan()  # R1
     wanted = sorted((m for m in models if m.wanted), key=_order)
@@ -130,7 +136,7 @@ def plan(models: Sequence[ModelState], max_loaded: int) -> Plan:
     first = wanted[0]
     if first.status == "sleeping":
         return Plan(load=first.name, why=_reason(first), wake=True)  # R3
-    running = sum(1 for m in models if m.running)
+    running = sum(1 for m in models if m.running) + len(held)
     if max_loaded <= 0 or running < max_loaded:
         return Plan(load=first.name, why=_reason(first))  # R4
     candidates = [m for m in models if why_not_evictable(m, operator=first.asked) is None]
@@ -141,16 +147,17 @@ def plan(models: Sequence[ModelState], max_loaded: int) -> Plan:
         # More running than the limit (lowered, or loaded behind the gate): make room first.
         return Plan(evict=victim.name, why=_reason(first), waiting_for=first.name)
     reasons = [r for m in models if m.running and (r := why_not_evictable(m, operator=first.asked))]
+    reasons += [f"{name} loaded, not served by the gate" for name in held]
     return Plan(blocked=f"models_max {max_loaded}: " + ", ".join(reasons), waiting_for=first.name)
 
 
-def check_plan(models: Sequence[ModelState], max_loaded: int, p: Plan) -> None:
+def check_plan(models: Sequence[ModelState], max_loaded: int, p: Plan, held: Sequence[str] = ()) -> None:
     """Raise AssertionError unless `p` keeps I1-I4 for `models`."""
     by_name = {m.name: m for m in models}
     if any(m.status in CHANGING for m in models):
         assert p.load is None and p.evict is None, "I4 a change is under way"
         return
-    running = sum(1 for m in models if m.running)
+    running = sum(1 for m in models if m.running) + len(held)
     if p.evict is not None:
         victim = by_name[p.evict]
         assert victim.in_flight == 0 and victim.waiting == 0 and not victim.pinned, "I1 victim busy or pinned"

@@ -20,7 +20,7 @@ def load(fleet: ModelFleet, model: str) -> str:
     if not fleet.router_up or info.status in ("missing", "unknown"):
         raise ValueError(f"model {model!r} cannot be loaded: {fleet.units[model].detail}")
     asked = [dataclasses.replace(s, asked=True, may_load=True) if s.name == model else s for s in fleet.states()]
-    p = plan(asked, fleet.max_loaded)
+    p = plan(asked, fleet.max_loaded, fleet.held)
     if p.load is None and p.blocked:
         raise ValueError(f"cannot load {model!r} now: {p.blocked}")
     info.asked, info.retry_at, info.hold_off_until = True, 0.0, 0.0

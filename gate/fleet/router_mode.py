@@ -64,6 +64,7 @@ EVICT_TIMEOUT_S = 60.0
 FAIL_BACKOFF_S = 5.0  # a failed model is tried again after 5 s, 10 s, 20 s ... up to 300 s
 FAIL_BACKOFF_MAX_S = 300.0
 CALL_TIMEOUT_S = 10.0
+PLACES_TAKEN_RETRY_S = 60.0  # every --models-max place pinned: only an operator frees one
 
 EventHook = Callable[[str, str, "str | None", "str | None", str], None]
 
@@ -94,6 +95,9 @@ class ModelFleet:
         self._wake = asyncio.Event()
         self._next_refresh = -math.inf
         self.refreshed = False  # GET /models answered at least once
+        #: models the router runs that the gate does not serve (loaded straight): each takes one
+        #: of the --models-max places, never the gate's to evict (gate/core/model_plan.py)
+        self.held: tuple[str, ...] = ()
         self._calls: set[asyncio.Task] = set()
         now = clock()
         self.info: dict[str, ModelInfo] = {m: ModelInfo(idle_since=now, since=now) for m in parent.config.models}
@@ -147,6 +151,27 @@ class ModelFleet:
                 Reason.MODEL_UNAVAILABLE,
                 f"model {model!r} is not loaded and llama-server runs with --no-models-autoload; an operator can load it (console: m)",
             )
+        if info.status in ("unloaded", "failed") and (taken := self.places_taken(model)):
+            # Nothing the gate may evict: a request would wait out its queue and be told to
+            # retry in a second, forever (a trial: pin = ["tiny"] with --models-max 1)
+            raise GateError(
+                Reason.MODEL_UNAVAILABLE,
+                f"model {model!r} cannot be loaded: llama-server runs at most {self.max_loaded} "
+                f"{'model' if self.max_loaded == 1 else 'models'} (--models-max) and {taken} take every place; "
+                "an operator can unpin one (console: m)",
+                "model",
+                retry_after_s=PLACES_TAKEN_RETRY_S,
+            )
+
+    def places_taken(self, model: str) -> str:
+        """What holds every --models-max place for good, when something does and `model` is not
+        among it: the pinned models (not failed or missing) and those the router runs for others."""
+        if not self.max_loaded or model in self.pins:
+            return ""
+        pinned = [p for p in sorted(self.pins) if p in self.info and self.info[p].status not in ("missing", "failed")]
+        if len(pinned) + len(self.held) < self.max_loaded:
+            return ""
+        return ", ".join([*(f"{p} (pinned)" for p in pinned), *(f"{h} (loaded straight, not served by this gate)" for h in self.held)])
 
     def loaded(self, unit: Backend) -> bool:
         return unit.model is not None and self.info[unit.model].status == "loaded"
@@ -240,6 +265,15 @@ class ModelFleet:
             log.warning("router %s: GET /models failed: %s: %s", self.parent.name, type(exc).__name__, exc)
             return
         self.refreshed = True
+        self.held = tuple(
+            sorted(
+                name
+                for name, entry in listed.items()
+                if not ({name, *(entry.get("aliases") or ())} & self.info.keys())
+                and isinstance(entry.get("status"), dict)
+                and entry["status"].get("value") in ("loading", "loaded", "sleeping")
+            )
+        )
         for entry in list(listed.values()):
             for alias in entry.get("aliases") or ():
                 listed.setdefault(alias, entry)
@@ -254,7 +288,7 @@ class ModelFleet:
 
     async def step(self) -> None:
         """Plan with the states as they are now, and start what the plan says."""
-        p = plan(self.states(), self.max_loaded)
+        p = plan(self.states(), self.max_loaded, self.held)
         self.blocked = p.blocked
         if p.load is None and p.evict is None:
             return

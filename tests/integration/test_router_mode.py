@@ -509,3 +509,14 @@ def test_config_check_backends_names_a_configured_model_the_router_does_not_list
     out = StringIO()
     assert _cmd_config_check(Namespace(file=str(f), verbose=False, backends=True), out, err) == 0, out.getvalue()
     assert "tiny (unloaded)" in out.getvalue()
+    # no model listed, or pins taking every --models-max place: said by the check, exit 1 (a
+    # trial read ok for both, then every request, or every request for tiny2, was refused)
+    small = llama_router(models_max=1)
+    for backend_lines, said in (
+        ("", "a router needs `models`"),
+        ('models = ["tiny", "tiny2"]\npin = ["tiny"]\n', "pin holds 1 of llama-server's 1 --models-max places: tiny2 could never load"),
+    ):
+        f.write_text(f'[[backends]]\nname = "r"\nurl = "{small.url}"\n{backend_lines}kv = "split"\n')
+        out = StringIO()
+        assert _cmd_config_check(Namespace(file=str(f), verbose=False, backends=True), out, err) == 1, out.getvalue()
+        assert said in out.getvalue(), out.getvalue()

@@ -141,3 +141,40 @@ async def test_a_router_with_no_model_listed_is_ready_forwards_reads_and_serves_
             assert r.status_code >= 400 and record is not None and record.outcome == "forwarded", record  # nothing deleted or loaded
         assert (await listed(client, router)) == {"tiny": "unloaded", "tiny2": "unloaded"}  # nothing loaded behind its back
         await released(gate)
+
+
+async def test_models_max_taken_by_pins_or_by_models_loaded_straight_refuses_at_once_and_evicts_nothing(llama_router) -> None:
+    """Every --models-max place held by what the gate may not evict: a pinned model, or one
+    loaded on the router straight that the gate does not serve. A trial's gate loaded tiny2
+    into what it took for a free place and llama-server evicted the pinned model itself; with
+    the pin alone filling the places, requests waited out their queue and were told to retry
+    in a second, forever. Now: 503 model_unavailable at once, saying what holds the places."""
+    router = llama_router(models_max=1)
+    async with (
+        running_gate(router.url, config(), kv="split", backend_extra=backend(extra='pin = ["tiny"]')) as gate,
+        httpx.AsyncClient(timeout=60, limits=NO_KEEPALIVE) as client,
+    ):
+        await wait_until(lambda: status(gate, "tiny") == "loaded", timeout_s=60)
+        r = await client.post(gate.url + CHAT, json=chat("tiny2"))
+        assert r.status_code == 503 and r.json()["error"]["code"] == "model_unavailable", r.text
+        assert "tiny (pinned)" in r.json()["error"]["message"] and int(r.headers["retry-after"]) >= 30
+        assert (await client.post(gate.url + CHAT, json=chat("tiny"))).status_code == 200
+        await released(gate)
+
+    router = llama_router(models_max=1)
+    async with (
+        running_gate(router.url, config(), kv="split", backend_extra=backend(models='["tiny2"]')) as gate,
+        httpx.AsyncClient(timeout=60, limits=NO_KEEPALIVE) as client,
+    ):
+        assert (await client.post(router.url + "/models/load", json={"model": "tiny"})).status_code == 200
+
+        async def tiny_loaded() -> bool:
+            return (await listed(client, router))["tiny"] == "loaded"
+
+        await wait_until(tiny_loaded, timeout_s=60)
+        fleet = unit(gate, "tiny2").fleet
+        await wait_until(lambda: fleet.held == ("tiny",), timeout_s=10)
+        r = await client.post(gate.url + CHAT, json=chat("tiny2"))
+        assert r.status_code == 503 and "tiny (loaded straight, not served by this gate)" in r.json()["error"]["message"], r.text
+        assert await listed(client, router) == {"tiny": "loaded", "tiny2": "unloaded"}  # nothing evicted behind anyone's back
+        await released(gate)

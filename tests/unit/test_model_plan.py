@@ -154,10 +154,10 @@ def oracle_victim(models: list[ModelState], operator: bool) -> str | None:
 
 
 @EXAMPLES
-@given(fleets(), st.integers(0, 4))
-def test_every_plan_keeps_the_invariants_and_picks_the_oracles_victim(models: list[ModelState], max_loaded: int) -> None:
-    p = plan(models, max_loaded)
-    check_plan(models, max_loaded, p)
+@given(fleets(), st.integers(0, 4), st.lists(st.sampled_from(["x1", "x2"]), max_size=2, unique=True))
+def test_every_plan_keeps_the_invariants_and_picks_the_oracles_victim(models: list[ModelState], max_loaded: int, held: list[str]) -> None:
+    p = plan(models, max_loaded, held)
+    check_plan(models, max_loaded, p, held)
     if p.evict is not None:
         first = next(x for x in models if x.name == (p.load or p.waiting_for))
         assert p.evict == oracle_victim(models, first.asked)
@@ -181,3 +181,17 @@ def test_a_blind_lru_is_caught_by_the_same_check(models: list[ModelState], max_l
     if victim.in_flight or victim.waiting or victim.pinned:
         with pytest.raises(AssertionError, match="I1"):
             check_plan(models, max_loaded, blind)
+
+
+def test_models_the_router_runs_for_others_take_places_the_gate_never_plans_past() -> None:
+    """A model loaded on the router straight (not in the gate's ``models``) takes a place: a
+    trial's gate loaded tiny2 into what it took for a free place, and llama-server evicted the
+    pinned tiny to make room (its own LRU choice)."""
+    models = [m("tiny", "loaded", pinned=True, idle_s=50), m("tiny2", waiting=1)]
+    assert plan(models, 2).load == "tiny2"  # without the held one: a free place
+    p = plan(models, 2, held=["tiny3"])
+    assert p.load is None and p.blocked == "models_max 2: tiny pinned, tiny3 loaded, not served by the gate"
+    with pytest.raises(AssertionError, match="I3"):
+        check_plan(models, 2, Plan(load="tiny2", why="1 waiting"), held=["tiny3"])  # negative control
+    unpinned = [m("tiny", "loaded", idle_s=50), m("tiny2", waiting=1)]
+    assert plan(unpinned, 2, held=["tiny3"]) == Plan(load="tiny2", evict="tiny", why="1 waiting")
