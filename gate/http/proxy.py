@@ -305,6 +305,36 @@ class _Flow:
                 self.queued = self.queued or queued
             else:
                 self.queued = True  # admitted
+        if backend.fleet is not None and self.count is not None and self.count.source == "estimate" and serving(backend):
+            await self._recount(backend, intake)
+
+    async def _recount(self, backend: Backend, intake: Intake) -> None:
+        """A router's model cannot count before it is loaded (asking would load it): its waiters
+        were admitted on an estimate (JSON bytes / 3, without the chat template: 350 for a prompt
+        of 776 in a trial, and a 1,511-token prompt estimated at 685 reached llama-server, which
+        refused it). Dispatched now that it is loaded, the request is counted and its reservation
+        settled to the count; a larger count with no room where it stands gives the estimate's
+        hold back and is offered as counted, from its arrival (it may wait again; one that never
+        fits gets the gate's 400)."""
+        assert self.ticket is not None and backend.gatekeeper is not None
+        held = self.ticket.request
+        try:
+            measured = await measure(self.gate, backend, intake)
+        except BaseException:
+            backend.gatekeeper.release(self.ticket, ran=False)
+            self.ticket = None
+            raise
+        if measured.count.source != "exact":
+            return
+        if backend.capacity is not None and measured.tasks == 1:
+            self.intake = intake = fit_injected(intake, measured.count.tokens, backend.capacity.slot_context)
+        self.count = measured.count
+        counted = admission_request(held.id, intake, measured, held.arrival, held.came)
+        if backend.gatekeeper.settle(self.ticket, counted):
+            return
+        ticket, self.ticket = self.ticket, None
+        backend.gatekeeper.release(ticket, ran=False)
+        self.ticket = await backend.gatekeeper.acquire(counted)
 
     def _forward_early(self, backend: Backend, intake: Intake) -> Ticket | None:
         """Forward beside the count ([gate] forward_beside_count): when `backend` admits at once,

@@ -178,3 +178,38 @@ async def test_models_max_taken_by_pins_or_by_models_loaded_straight_refuses_at_
         assert r.status_code == 503 and "tiny (loaded straight, not served by this gate)" in r.json()["error"]["message"], r.text
         assert await listed(client, router) == {"tiny": "loaded", "tiny2": "unloaded"}  # nothing evicted behind anyone's back
         await released(gate)
+
+
+async def test_a_request_queued_for_a_model_not_loaded_is_counted_once_it_loads(llama_router) -> None:
+    """Before its first load a model cannot count (asking would load it): the gate admits on an
+    estimate, JSON bytes / 3 without the chat template. A trial's 31-message chat was estimated
+    at 350 tokens and held 360 through its run although llama-server counted 776; a 61-message
+    one estimated at 685 reached llama-server at 1,511 tokens, over the slot, and came back as
+    its 400 (journaled upstream_error). Now the count settles the reservation at dispatch."""
+    router = llama_router()
+    many = [{"role": "user" if i % 2 == 0 else "assistant", "content": "hi"} for i in range(31)]
+    async with (
+        running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate,
+        httpx.AsyncClient(timeout=120, limits=NO_KEEPALIVE) as client,
+    ):
+        assert status(gate, "tiny2") == "unloaded"
+        r = await client.post(
+            gate.url + CHAT, json={"model": "tiny2", "messages": many, "max_tokens": 4}, headers={"X-Request-Id": "cold-1"}
+        )
+        assert r.status_code == 200, r.text
+        await released(gate)
+        record = gate.records.find("cold-1")
+        assert record is not None and record.token_count_source == "exact", record
+        assert record.prompt_tokens == r.json()["usage"]["prompt_tokens"], (record, r.json()["usage"])
+
+        # one that never fits the slot once counted: the gate's own 400, before llama-server
+        await client.post(router.url + "/models/unload", json={"model": "tiny2"})
+        await wait_until(lambda: status(gate, "tiny2") == "unloaded", timeout_s=30)
+        longer = [{"role": "user" if i % 2 == 0 else "assistant", "content": "hi"} for i in range(91)]
+        r = await client.post(
+            gate.url + CHAT, json={"model": "tiny2", "messages": longer, "max_tokens": 4}, headers={"X-Request-Id": "cold-2"}
+        )
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+        record = gate.records.find("cold-2")
+        assert record is not None and record.reason == "context_length_exceeded" and record.token_count_source == "exact", record
+        await released(gate)
