@@ -108,8 +108,11 @@ prefill_yield_tokens = 512
 # runs one child process per model, loaded on demand. The gate notices it (/props says
 # "role": "router") and treats each name in `models` as its own capacity unit (slots, budget,
 # queues); `models` must then list the models to serve. Requests for a model that is not loaded
-# wait in the gate while it loads. Models the gate keeps loaded and never evicts to make room
-# for another (with --models-max N). Default [] (none pinned).
+# wait in the gate while it loads; a request must name its model, as llama-server asks.
+#
+# pin: models the gate keeps loaded and never evicts to make room for another (with
+# --models-max N); pins that take every place leave the other models unservable (503
+# model_unavailable; `config check --backends` warns). Default [] (none pinned).
 pin = []
 # What a cold start costs, in seconds: a loaded model idle for less than this is not evicted
 # for another one (it would likely be needed again before the load paid off). Default: unset

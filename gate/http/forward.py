@@ -220,8 +220,7 @@ class ForwardEndpoint:
             who = caller.tenant if caller is not None else "this caller"
             raise GateError(
                 Reason.OPERATOR_ONLY,
-                f"{route.name} changes llama-server: only operators may call it (tenant {who!r} is not one; "
-                "set operator = true in its [[tenants]] entry)",
+                f"{route.name} changes llama-server: only operators may call it (tenant {who!r} is not one)",
             )
         client = request.client
         query = request.url.query
