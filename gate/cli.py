@@ -98,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     console.add_argument(
         "--read-only",
         action="store_true",
-        help="watch only: hide every action (retune, pause, drain, freeze); the gate also refuses "
+        help="watch only: hide every action (retune, pause, drain, freeze, a router's model load, "
+        "unload and pin, a what-if's apply); the gate also refuses "
         "commands from this console. With --config F and a gate already running on F: attach read-only",
     )
     console.add_argument(

@@ -123,7 +123,7 @@ class MainScreen(Screen[None]):
         )
         self.slots = SlotsPanel(id="slots", unfreeze_key=action_key(self._bindings, "freeze"))
         self.gpu = GpuPanel(id="gpu")
-        self.models = ModelsPanel(id="models")  # router mode only; hidden otherwise
+        self.models = ModelsPanel(id="models", read_only=self.console.read_only)  # router mode only; hidden otherwise
         self.class_table = ClassesTable(id="classes")
         self.tabs = Tabs(
             Tab("1 denials", id="tab-denials"),

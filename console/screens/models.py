@@ -49,7 +49,7 @@ class ModelsScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="models-dialog", classes="dialog"):
-            yield Static(title(self.snap.models), id="models-title", classes="dialog-title")
+            yield Static(title(self.snap.models, read_only=self.read_only), id="models-title", classes="dialog-title")
             yield ModelsTable(id="models-table")
             hint = "read-only: no actions  |  esc closes" if self.read_only else "l load  u unload  p pin/unpin  |  esc closes"
             yield Static(hint, classes="dialog-hint")
@@ -62,7 +62,7 @@ class ModelsScreen(ModalScreen[None]):
     def update_snapshot(self, snap: GateSnapshot) -> None:
         """Called by the app every tick while this dialog is open."""
         self.snap = snap
-        self.query_one("#models-title", Static).update(title(snap.models))
+        self.query_one("#models-title", Static).update(title(snap.models, read_only=self.read_only))
         self.query_one(ModelsTable).update_models(snap.models)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:

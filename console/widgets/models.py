@@ -56,10 +56,10 @@ def model_cells(m: ModelView) -> dict[str, Any]:
     }
 
 
-def title(models: tuple[ModelView, ...]) -> str:
+def title(models: tuple[ModelView, ...], *, read_only: bool = False) -> str:
     loaded = sum(1 for m in models if m.status in ("loaded", "sleeping", "loading", "evicting"))
     top = max((m.models_max for m in models), default=0)
-    return f"models {loaded}/{top or 'any'} loaded  (m: load, unload, pin)"
+    return f"models {loaded}/{top or 'any'} loaded  " + ("(m: the rows)" if read_only else "(m: load, unload, pin)")
 
 
 class ModelsTable(DataTable):
@@ -89,8 +89,12 @@ class ModelsPanel(ModelsTable):
 
     can_focus = False
 
+    def __init__(self, *, read_only: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.read_only = read_only
+
     def update_snapshot(self, snap: GateSnapshot) -> None:
         self.display = bool(snap.models)
         if snap.models:
-            self.border_title = title(snap.models)
+            self.border_title = title(snap.models, read_only=self.read_only)
             self.update_models(snap.models)
