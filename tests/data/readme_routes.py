@@ -33,8 +33,10 @@ KINDS = {
 }
 #: routes whose treatment the access alone does not say
 NOTES = {
-    "GET /models": "answered by the gate: the model list merged across backends (llama-server's top-level `models` list kept)",
-    "GET /v1/models": "answered by the gate: the model list merged across backends (llama-server's top-level `models` list kept)",
+    "GET /models": "answered by the gate: the same merged list as `GET /v1/models`",
+    "GET /v1/models": "answered by the gate: the model list merged across backends (llama-server's top-level `models` list kept); "
+    "with `[[tenants]]`, a tenant that is not an operator sees a router's entries without `status.args` and `status.preset` "
+    "(the child processes' command lines: host paths, ports)",
     "GET /health": (
         "200 when a backend is ready (a router with nothing loaded counts, as llama-server says), `loaded` per router; 503 otherwise. "
         "Per backend: `state`, `slots`, `ceiling`, `kv`, `warnings`, and `reserved` (each reserving class's `configured` and "
