@@ -743,8 +743,9 @@ def test_changes_between_the_gate_s_start_and_the_window_are_named_in_a_note(tmp
     (said,) = [n for n in window.notes if "between the gate's start" in n]
     assert "2 changes" in said and "reload classes.batch.queue_depth" in said and "pause_class class:batch" in said
     assert "resume_class" not in said  # in the window: counted as an operator change in it
-    # a trial: the what-if's unchanged lines and --set with the same lines answered differently
-    assert "a what-if line left as it is keeps what was recorded, these changes included, where --set KEY=VALUE pins KEY" in said
+    # a trial: --set and the what-if's lines were compared with the gate's start, not with these
+    assert "compared with the thresholds in force at the window's start, these changes included" in said
+    assert "KEY=VALUE at that value changes nothing, another value pins KEY over them" in said
     assert not [n for n in load_window(path).notes if "between the gate's start" in n]  # from the gate's start: none
 
 
@@ -1279,9 +1280,9 @@ def test_a_set_key_at_its_recorded_value_says_the_operators_change_of_it_still_r
     answer = run_replay(window, [same, other, untouched])
     replayed, *columns = answer["scenarios"][1:]
     assert columns[0]["classes"] == replayed["classes"]  # as documented: the replayed column
-    said = [n for n in answer["notes"] if "recorded value" in n]
+    said = [n for n in answer["notes"] if "is the value in force at the window's start" in n]
     assert len(said) == 1, answer["notes"]
-    assert said[0].startswith(f"classes.interactive.queue_depth={depth}: ")
+    assert said[0].startswith(f"classes.interactive.queue_depth={depth} is the value in force at the window's start, so it pins nothing")
     assert "+5.0 s" in said[0] and "replayed as recorded" in said[0]
 
 
@@ -1588,3 +1589,99 @@ def test_a_class_objective_set_to_slo_goes_back_to_the_budget_slo_as_in_the_live
         proposal_from_set("budget.slo_ttft_p95_ms=1e308", own)  # it stopped at OverflowError in the engine
     with pytest.raises(ValueError):
         proposal_from_set("classes.interactive.queue_depth=slo", own)  # `slo` means the SLO for an objective only
+
+
+# ---- a user's trial: thresholds retuned before the window (findings 1 and 3)
+
+
+def _retuned_before(tmp_path: Path, *rows: tuple[float, str, str, str, str], name: str = "before") -> tuple[str, float]:
+    """A journal with audit rows `rows` (ts from its first decision), and a moment 3 s after its
+    first decision (a window's start after them)."""
+    path = _journal(tmp_path, n=200, duration=20.0, name=name)
+    _audit_after_first(path, *rows)
+    first = _decision_times(path)[0]
+    return path, first + 3.0
+
+
+def test_a_proposal_is_compared_with_the_thresholds_in_force_at_the_windows_start(tmp_path: Path) -> None:
+    """A trial: interactive's queue_depth retuned 64 -> 1 before the window; `--set
+    classes.interactive.queue_depth=64` ("what if I had not retuned?") was compared with the
+    gate's start config (64), pinned nothing and replayed the retune: "changes": [], the column
+    the replayed one, nothing said. It pins 64 over the retune now, and a --set of the value in
+    force (1) says that it changes nothing."""
+    path, since = _retuned_before(tmp_path, (1.0, "console", "set_class", "class:interactive", "queue_depth=1"))
+    window = load_window(path, since=since)
+    assert window.config.class_by_name("interactive").queue_depth == 1  # in force at the window's start
+    assert window.start_config.class_by_name("interactive").queue_depth == 64  # the gate's start
+    undone = proposal_from_set("classes.interactive.queue_depth=64", window.config)
+    kept = proposal_from_set("classes.interactive.queue_depth=1", window.config)
+    assert undone.pinned == frozenset({"classes.interactive.queue_depth"}) and not kept.pinned
+    answer = run_replay(window, [undone, kept])
+    replayed, col_undone, col_kept = answer["scenarios"][1:]
+    assert col_undone["changes"] == ["classes.interactive.queue_depth"] and col_kept["changes"] == []
+    assert col_undone["classes"] != replayed["classes"] and col_kept["classes"] == replayed["classes"]
+    # "what if I had not retuned" is the window replayed without the retune
+    without = dataclasses.replace(
+        window, config=window.start_config, started=None, changes=tuple(c for c in window.changes if c.action != "set_class")
+    )
+    assert col_undone["classes"] == run_replay(without)["scenarios"][1]["classes"]
+    (said,) = [n for n in answer["notes"] if n.endswith("so it changes nothing")]
+    assert said == (
+        "classes.interactive.queue_depth=1 is the value in force at the window's start (the gate started with 64: "
+        "a change before the window set it), so it changes nothing"
+    ), said
+    assert not any(n.startswith("classes.interactive.queue_depth=64") for n in answer["notes"]), answer["notes"]
+
+
+def test_a_proposal_pins_its_key_over_what_a_restarted_gate_restored_before_the_window(tmp_path: Path) -> None:
+    # the same across a gate restart before the window: the new gate put the retune back (its
+    # `restored` row), and a --set of the file's value changed nothing
+    path, since = _retuned_before(tmp_path, (1.5, "gate", "restored", "classes.interactive.queue_depth", "1"), name="restarted")
+    _restart_row(path, _decision_times(path)[0] + 1.0, CONFIG)
+    window = load_window(path, since=since)
+    assert (
+        window.config.class_by_name("interactive").queue_depth == 1 and window.start_config.class_by_name("interactive").queue_depth == 64
+    )
+    undone = proposal_from_set("classes.interactive.queue_depth=64", window.config)
+    answer = run_replay(window, [undone])
+    assert answer["scenarios"][2]["changes"] == ["classes.interactive.queue_depth"]
+    assert answer["scenarios"][2]["classes"] != answer["scenarios"][1]["classes"]
+
+
+def test_the_thresholds_in_force_at_the_start_are_what_the_engine_has_there() -> None:
+    """`in_force_at_start` folds the changes before the window as the engine applies them at its
+    start: replaying the gate's start config with them is replaying the folded config without them."""
+    from gate.tools.replay import Change
+    from gate.tools.replay.engine import in_force_at_start
+
+    arrivals = synthetic_arrivals(200, 20.0, seed=5)
+    before = [
+        Change(-9.0, "reload", "classes.batch.queue_depth", "2"),
+        Change(-8.0, "set_class", "class:interactive", "queue_depth=3, queue_timeout_s=2.5"),
+        Change(-7.0, "set_budget_settings", "budget", "slo_ttft_p95_ms=1500"),
+        Change(-6.0, "overrides_dropped", "overrides", None),  # back to the file: the reload stays
+        Change(-5.0, "set_class", "class:interactive", "queue_depth=5"),
+        Change(-4.0, "restored", "budget.aging_s", "2"),
+    ]
+    folded = in_force_at_start(CONFIG, before)
+    assert folded.class_by_name("batch").queue_depth == 2 and folded.class_by_name("interactive").queue_depth == 5
+    assert folded.class_by_name("interactive").queue_timeout_s == CONFIG.class_by_name("interactive").queue_timeout_s  # dropped
+    assert folded.budget.slo_ttft_p95_ms == CONFIG.budget.slo_ttft_p95_ms and folded.budget.aging_s == 2
+    assert replay(CONFIG, FIT, arrivals, before, until=21.0) == replay(folded, FIT, arrivals, [], until=21.0)
+
+
+def test_two_proposals_are_refused_as_no_change_only_when_they_change_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # a trial's two proposals at the gate's start values of keys retuned before the window were
+    # refused as "the same thresholds": both were silently no change
+    path, since = _retuned_before(
+        tmp_path,
+        (1.0, "console", "set_class", "class:interactive", "queue_depth=1"),
+        (1.2, "console", "set_class", "class:batch", "queue_depth=2"),
+    )
+    window = ["replay", "--journal", path, "--since", str(since), "--format", "json"]
+    assert main([*window, "--set", "classes.interactive.queue_depth=64", "--set", "classes.batch.queue_depth=256"]) == 0
+    scenarios = json.loads(capsys.readouterr().out)["scenarios"]
+    assert [s["changes"] for s in scenarios[2:]] == [["classes.interactive.queue_depth"], ["classes.batch.queue_depth"]]
+    assert main([*window, "--set", "classes.interactive.queue_depth=1", "--set", "classes.batch.queue_depth=2"]) == 2
+    err = capsys.readouterr().err
+    assert "classes.interactive.queue_depth=1 and classes.batch.queue_depth=2 both change nothing" in err, err

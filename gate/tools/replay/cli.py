@@ -30,8 +30,10 @@ that spans a gate restart replays each part under its gate's thresholds (a note 
 Each scenario is one run of the engine; they run side by side on worker processes (--jobs),
 one per CPU by default (a small window stays in this process), at a low priority.
 
---set and --config are proposals; the journal is --journal (default tokengate.db here),
-not the --config file's [gate] journal.
+--set and --config are proposals over the thresholds in force at the window's start (a
+retune, reload or restart before the window included): a key at that value changes nothing
+(a note says so), another value is held through the window over every recorded change of it.
+The journal is --journal (default tokengate.db here), not the --config file's [gate] journal.
 
 Examples:
   tokengate replay --journal tokengate.db --since 2026-12-02T03:00Z --until 2026-12-02T03:10Z
@@ -97,8 +99,8 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter], epilog: s
         action=_InOrder,
         default=[],
         dest="proposals",
-        help="one proposal over the recorded thresholds (repeat for several): budget.KEY, classes.NAME.KEY, backend.KEY; "
-        "several keys in one proposal separated by commas",
+        help="one proposal over the thresholds in force at the window's start (repeat for several): budget.KEY, "
+        "classes.NAME.KEY, backend.KEY; several keys in one proposal separated by commas",
     )
     p.add_argument(
         "--config",
@@ -178,6 +180,13 @@ def _same_thresholds(proposals: list[Any]) -> str | None:
         if key in first:
             if first[key] == p.name:
                 return f"proposal given twice: {p.name}"
+            if not p.pinned:
+                # (a trial's two proposals, each at the gate's start value of a key retuned before the
+                # window, were refused as "the same thresholds": they were, silently, no change at all)
+                return (
+                    f"{first[key]} and {p.name} both change nothing: each gives the thresholds in force at the window's start "
+                    "(the replayed column)"
+                )
             return f"{first[key]} and {p.name} propose the same thresholds: keep one"
         first[key] = p.name
     return None

@@ -26,7 +26,7 @@ from gate.config.thresholds import CONFIG_IN_FORCE, config_from_thresholds
 from gate.data.records import CAPACITY_LEARNED
 from gate.journal.schema import JournalError
 from gate.ops.lock import holder
-from gate.tools.replay.engine import CORE_REASONS, REPLAYED_ACTIONS, Arrival, BackendFit, Change
+from gate.tools.replay.engine import CORE_REASONS, REPLAYED_ACTIONS, Arrival, BackendFit, Change, in_force_at_start
 
 #: the schema version whose columns replay reads (decisions.ttft_arrival_ms, samples.journal_dropped)
 REPLAY_SCHEMA = 4
@@ -43,8 +43,11 @@ class Window:
     since: float  # epoch seconds
     until: float
     backend: str
-    config: Config  # the thresholds in force at the window's start (before its changes)
-    config_digest: str
+    #: the thresholds in force at the window's start: the gate's (`started`) with the changes
+    #: between its start and the window applied (`in_force_at_start`); what a proposal is
+    #: compared with, the what-if's form shows and slo_attainment is judged against
+    config: Config
+    config_digest: str  # the gate's start config's (its config_in_force row's note)
     arrivals: tuple[Arrival, ...]
     changes: tuple[Change, ...]
     fit: BackendFit
@@ -59,6 +62,15 @@ class Window:
     #: llama-server's KV pool as the journal records it (its capacity_learned row); None: not
     #: recorded (then `fit.ceiling` is an estimate, and no proposal is warned against it)
     pool: int | None = None
+    #: the thresholds the gate that wrote the window started with (its config_in_force row): the
+    #: engine starts from these and replays the changes before the window (``at`` <= 0) at its
+    #: start; None: the same as `config` (no threshold moved between the gate's start and the window)
+    started: Config | None = None
+
+    @property
+    def start_config(self) -> Config:
+        """The gate's start thresholds (`started`, else `config`)."""
+        return self.config if self.started is None else self.started
 
     @property
     def lead_s(self) -> float:
@@ -259,12 +271,13 @@ def _load(conn: sqlite3.Connection, path: str, since: float | None, until: float
     lead, arrivals = _distinct_ids(_lead(conn, backend, since, float(cfg_row["ts"]), names), arrivals)
     notes += _open_ends(conn, path, backend, since, asked_until, lead, float(cfg_row["ts"]))
     notes += _losses(conn, backend, since, asked_until, rows)
+    in_force = in_force_at_start(config, changes)
     return Window(
         path,
         since,
         until,
         backend,
-        config,
+        in_force,
         str(cfg_row["note"]),
         arrivals,
         tuple(changes),
@@ -273,6 +286,7 @@ def _load(conn: sqlite3.Connection, path: str, since: float | None, until: float
         tuple(notes),
         lead,
         learned_pool(learned_value),
+        None if in_force == config else config,
     )
 
 
@@ -497,17 +511,18 @@ def _changed_before(changes: list[Change], since: float, started: float, digest:
     trial's window after a SIGHUP reload read "0 operator changes in the window", and the
     what-if's lines, the gate's start values, as if they had been in force)."""
     before = [c for c in changes if c.at <= 0 and c.action in REPLAYED_ACTIONS]
-    # the last clause: a trial's what-if left its prefilled backend.token_budget=2048 as it was and
-    # replayed a budget set by hand to 1,024, where --set with the same line replayed 2,048
     if not before:
         return []
     listed = ", ".join(f"{_hms(since + c.at)} {c.action} {c.target}" for c in before[:6])
     more = f" and {len(before) - 6} more" if len(before) > 6 else ""
+    # the last clause: a trial's --set of a class's queue_depth at the gate's start value ("what if
+    # I had not retuned it before the window?") was compared with the gate's start, pinned nothing
+    # and replayed the retune: `changes` [], the column the replayed one, with nothing said
     return [
         f"{len(before)} change{'' if len(before) == 1 else 's'} between the gate's start ({_hms(started)}, config {digest}) "
-        f"and the window {'is' if len(before) == 1 else 'are'} in force at its start (replayed before it): {listed}{more}; --set keys and the what-if's lines "
-        "are compared with the gate's start: a what-if line left as it is keeps what was recorded, these changes included, where "
-        "--set KEY=VALUE pins KEY over them"
+        f"and the window {'is' if len(before) == 1 else 'are'} in force at its start (replayed before it): {listed}{more}; --set keys "
+        "and the what-if's lines are compared with the thresholds in force at the window's start, these changes included: "
+        "KEY=VALUE at that value changes nothing, another value pins KEY over them"
     ]
 
 
