@@ -1685,3 +1685,35 @@ def test_two_proposals_are_refused_as_no_change_only_when_they_change_nothing(tm
     assert main([*window, "--set", "classes.interactive.queue_depth=1", "--set", "classes.batch.queue_depth=2"]) == 2
     err = capsys.readouterr().err
     assert "classes.interactive.queue_depth=1 and classes.batch.queue_depth=2 both change nothing" in err, err
+
+
+def test_slo_attainment_is_judged_against_the_objective_in_force_at_the_windows_start(tmp_path: Path) -> None:
+    """A trial: the SLO (the bar of classes without their own objective) was retuned from 2 s to
+    0.5 s before the window; slo_attainment, and the objective the answer shows, were the gate's
+    start 2 s. It is the 0.5 s in force at the window's start now, in the recorded and replayed
+    columns alike, and a note says which bar that is beside the gate's start one."""
+    path, since = _retuned_before(tmp_path, (1.0, "console", "set_budget_settings", "budget", "slo_ttft_p95_ms=500"), name="slo")
+    window = load_window(path, since=since)
+    back = proposal_from_set("budget.slo_ttft_p95_ms=2000", window.config)  # the gate's start SLO: a proposal
+    answer = run_replay(window, [back])
+    recorded, replayed, proposed = answer["scenarios"][:3]
+    for cls in ("interactive", "batch"):
+        assert recorded["classes"][cls]["slo_objective_ms"] == replayed["classes"][cls]["slo_objective_ms"] == 500.0
+        assert proposed["classes"][cls]["slo_objective_ms"] == 2000.0
+        mine = [a for a in window.arrivals if a.cls == cls]
+        met = sum(1 for a in mine if a.outcome not in ("refused", "shed") and a.ttft_arrival_ms is not None and a.ttft_arrival_ms <= 500.0)
+        assert recorded["classes"][cls]["slo_attainment"] == round(met / len(mine), 4)
+    assert (
+        recorded["classes"]["interactive"]["slo_attainment"]
+        < run_replay(load_window(path))["scenarios"][0]["classes"]["interactive"]["slo_attainment"]
+    )
+    (said,) = [n for n in answer["notes"] if "TTFT objective was changed" in n]
+    assert said == (
+        "a TTFT objective was changed between the gate's start and the window: slo_attainment is judged against the "
+        "objectives in force at the window's start, batch 500 ms (the gate started with 2000 ms), interactive 500 ms "
+        "(the gate started with 2000 ms), in every column"
+    ), said
+    (bar,) = [n for n in answer["notes"] if "its own TTFT objectives" in n]
+    assert "2000 ms (recorded, replayed: 500 ms, in force at the window's start)" in bar, bar
+    # from the gate's start, nothing was in force before the window: no such note
+    assert not any("TTFT objective was changed" in n for n in run_replay(load_window(path))["notes"])

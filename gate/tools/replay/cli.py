@@ -47,7 +47,8 @@ JSON answer (--format json): {"scenarios": [{"name": "recorded", ...}, {"name": 
 {"name": "<--set text or --config file>", ...}], "calibration": {...}, "fit": {...}}; each scenario
 has "classes": {NAME: {"admitted", "refused": {REASON: N}, "failed": {REASON: N} (of the admitted: the
 backend failed them; a replay keeps a request's recorded failure where it admits it too), "queue_wait_p50_ms", "queue_wait_p95_ms",
-"ttft_p50_ms", "ttft_p95_ms", "slo_attainment" (0..1), "tokens_per_s", "arrivals"}} and "untrusted"
+"ttft_p50_ms", "ttft_p95_ms", "slo_attainment" (0..1: first token within "slo_objective_ms", the class's TTFT
+objective in force at the window's start, or the proposal's), "tokens_per_s", "arrivals"}} and "untrusted"
 (the figures, as CLASS.FIGURE, CLASS.refused.REASON or CLASS.failed.REASON, whose calibration error is over 25%);
 "notes": what the window does not show (its start moved to the gate's start, work queued or
 running at its start, requests still running in a journal a gate is writing, a gate restart

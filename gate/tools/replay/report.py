@@ -504,11 +504,24 @@ def _bar(config: Config, cls: str) -> float:
 
 
 def _moved_bar_notes(window: Window) -> list[str]:
-    """An operator's change in the window that moves a TTFT objective: slo_attainment is judged
-    against the objective in force at the window's start in every column (one bar to compare
-    the columns by; a trial's retune from 2 s to 3 s mid-incident went unsaid)."""
+    """The TTFT objectives slo_attainment is judged against, where they are not the gate's start
+    ones: every column judges every arrival against the objective in force at the window's start
+    (one bar to compare the columns by). A change before the window that moved one is said with the
+    gate's start value (a trial's retune of interactive's objective before the window was judged
+    against the gate's start objective, and nothing said which); an operator's change in the
+    window is said as not followed (a trial's retune from 2 s to 3 s mid-incident went unsaid)."""
     classes = sorted({a.cls for a in window.arrivals})
     notes = []
+    before = [
+        f"{c} {_bar(window.config, c):.0f} ms (the gate started with {_bar(window.start_config, c):.0f} ms)"
+        for c in classes
+        if _bar(window.config, c) != _bar(window.start_config, c)
+    ]
+    if before:
+        notes.append(
+            f"a TTFT objective was changed between the gate's start and the window: slo_attainment is judged against the "
+            f"objectives in force at the window's start, {', '.join(before)}, in every column"
+        )
     keys = {f"classes.{c}.ttft_objective_ms" for c in classes}
     if any(not _own_objective(window.config, c) for c in classes):
         # the SLO is the bar of a class without its own objective only (a trial's two classes had
@@ -520,7 +533,7 @@ def _moved_bar_notes(window: Window) -> list[str]:
         bars = ", ".join(f"{c} {_bar(window.config, c):.0f} ms" for c in classes)
         notes.append(
             f"a TTFT objective moved in the window ({at}): slo_attainment is judged against the objectives in force at "
-            f"its start ({bars}) for every arrival in every column, not the moved ones"
+            f"the window's start ({bars}) for every arrival in every column, not the moved ones"
         )
     return notes
 
