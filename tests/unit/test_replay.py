@@ -1717,3 +1717,40 @@ def test_slo_attainment_is_judged_against_the_objective_in_force_at_the_windows_
     assert "2000 ms (recorded, replayed: 500 ms, in force at the window's start)" in bar, bar
     # from the gate's start, nothing was in force before the window: no such note
     assert not any("TTFT objective was changed" in n for n in run_replay(load_window(path))["notes"])
+
+
+def _fit_rows(prompts: list[int], ttft_ms: list[float]) -> list[dict[str, object]]:
+    """Completed requests one after another (each alone on the backend), as fit_backend reads them."""
+    return [
+        {"ts": 10.0 * i, "outcome": "admitted", "queue_ms": 0.0, "ttft_ms": t, "duration_ms": t + 200.0, "completion_tokens": 5,
+         "prompt_tokens": p, "reserved_tokens": p + 5}
+        for i, (p, t) in enumerate(zip(prompts, ttft_ms, strict=True))
+    ]  # fmt: skip
+
+
+def test_the_prefill_fit_note_says_why_each_fallback_happened() -> None:
+    """A trial's note read "prefill rate not separable (prompt sizes barely vary)" where the
+    prompts varied 53-474 tokens: the fit had come out with a negative slope. Each fallback says
+    its own reason now."""
+    from gate.tools.replay import fit_backend
+
+    samples = [{"slots_total": 4, "budget": 2048}]
+
+    def note(prompts: list[int], ttft_ms: list[float]) -> str:
+        fit = fit_backend(_fit_rows(prompts, ttft_ms), samples, CONFIG, 0.0)  # type: ignore[arg-type]
+        (said,) = [n for n in fit.notes if n.startswith("prefill rate not separable")]
+        return said
+
+    varied = [53 + 22 * i for i in range(20)][:-1] + [474]
+    falling = note(varied, [400.0 - 0.5 * p for p in varied])  # TTFT falls as the prompt grows
+    assert "barely vary" not in falling and "53-474 prompt tokens" in falling, falling
+    assert "TTFT did not grow with the prompt: the fitted slope is -500.00 ms per 1,000 tokens" in falling, falling
+    below = note(varied, [p - 40.0 for p in varied])  # a line that would start below 0 ms
+    assert "over 53-474 prompt tokens prefilling at dispatch, the fit's TTFT base came out negative (-40 ms)" in below, below
+    same = note([100 + i for i in range(20)], [50.0 + i for i in range(20)])
+    assert "the prompt tokens prefilling at each dispatch barely vary: 100-119, under 64 apart" in same, same
+    few = note([53, 200, 474, 90, 300], [60.0, 90.0, 150.0, 70.0, 110.0])
+    assert "only 5 completed requests: 8 are needed to separate a prefill rate" in few, few
+    # a line that rises with the prompt is fitted: no note
+    fit = fit_backend(_fit_rows(varied, [20.0 + 0.5 * p for p in varied]), samples, CONFIG, 0.0)  # type: ignore[arg-type]
+    assert fit.prefill_tps == pytest.approx(2000.0) and not any("prefill rate" in n for n in fit.notes)

@@ -637,6 +637,37 @@ def _prefill_ahead(ran: list[sqlite3.Row]) -> tuple[list[float], list[float]]:
     return x, busy
 
 
+#: the fewest completed requests, and the least spread (tokens) of the prompt tokens prefilling
+#: at dispatch, from which the fit separates a prefill rate
+PREFILL_FIT_POINTS = 8
+PREFILL_FIT_SPREAD = 64
+
+
+def _prefill_not_fitted(points: int, prompts: list[float]) -> str:
+    """Why no fit with a prompt term is tried (or "" when one is)."""
+    if points < PREFILL_FIT_POINTS:
+        return f"only {points} completed requests: {PREFILL_FIT_POINTS} are needed to separate a prefill rate"
+    lo, hi = min(prompts), max(prompts)
+    if hi - lo < PREFILL_FIT_SPREAD:
+        return f"the prompt tokens prefilling at each dispatch barely vary: {lo:.0f}-{hi:.0f}, under {PREFILL_FIT_SPREAD} apart"
+    return ""
+
+
+def _prefill_rejected(sol: list[float] | None, prompts: list[float], with_busy: bool) -> str:
+    """Why a fit of TTFT with a prompt term (`sol`: base, [per busy slot,] per prompt token) was
+    not taken: the reason the note gives."""
+    span = f"{min(prompts):.0f}-{max(prompts):.0f} prompt tokens prefilling at dispatch"
+    if sol is None:
+        return f"over {span}, the prompt sizes move with the busy slots: least squares cannot tell them apart"
+    if sol[-1] <= 1e-7:
+        return (
+            f"over {span}, TTFT did not grow with the prompt: the fitted slope is "
+            f"{sol[-1] * 1e6:+.2f} ms per 1,000 tokens{' (beside the busy slots)' if with_busy else ''}"
+        )
+    negative = "base" if sol[0] < 0 else "cost per busy slot"
+    return f"over {span}, the fit's TTFT {negative} came out negative ({min(sol[:-1]) * 1000:.0f} ms)"
+
+
 def _median(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[len(ordered) // 2] if ordered else 0.0
@@ -754,9 +785,10 @@ def fit_backend(
     # varies enough to be separated from the others (and comes out non-negative): with a burst
     # that keeps every slot busy, or prompts all of one size, least squares would extrapolate
     # noise (a first try fitted 219 s from four points that all had 4 busy slots).
-    spread_busy = len(ran) >= 8 and max(busy_ttft) - min(busy_ttft) >= 1.0
-    spread_prompt = len(ran) >= 8 and max(prompts) - min(prompts) >= 64
+    spread_busy = len(ran) >= PREFILL_FIT_POINTS and max(busy_ttft) - min(busy_ttft) >= 1.0
+    spread_prompt = len(ran) >= PREFILL_FIT_POINTS and max(prompts) - min(prompts) >= PREFILL_FIT_SPREAD
     base, per_busy, rate = _median(ttft), 0.0, 1e9
+    why = _prefill_not_fitted(len(ran), prompts)  # why no prompt term, when it is not tried
     for use_busy, use_prompt in ((spread_busy, spread_prompt), (False, spread_prompt), (spread_busy, False)):
         if not (use_busy or use_prompt):
             continue
@@ -767,8 +799,12 @@ def fit_backend(
             per_busy = sol[1] if use_busy else 0.0
             rate = 1.0 / sol[-1] if use_prompt else 1e9
             break
+        if use_prompt:
+            why = _prefill_rejected(sol, prompts, use_busy)  # the last fit with a prompt term tried
     if rate >= 1e9:
-        notes.append("prefill rate not separable (prompt sizes barely vary): folded into the TTFT base")
+        # each fallback says its own reason: a trial's note read "prompt sizes barely vary" where
+        # they varied 53-474 tokens and the fitted slope was negative
+        notes.append(f"prefill rate not separable ({why}): folded into the TTFT base")
     tp_x, tp_y = [], []
     # Decode time per token against the requests in flight at dispatch: what the engine's model
     # reads (the mean over the decode fitted 12% slow on a model-made journal).
