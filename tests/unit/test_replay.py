@@ -1754,3 +1754,37 @@ def test_the_prefill_fit_note_says_why_each_fallback_happened() -> None:
     # a line that rises with the prompt is fitted: no note
     fit = fit_backend(_fit_rows(varied, [20.0 + 0.5 * p for p in varied]), samples, CONFIG, 0.0)  # type: ignore[arg-type]
     assert fit.prefill_tps == pytest.approx(2000.0) and not any("prefill rate" in n for n in fit.notes)
+
+
+def test_a_time_of_day_until_before_since_is_read_on_since_s_day(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trial at 13:45: `--since 13:43:05 --until 13:50` read --until as yesterday's (a time of
+    day later than now is yesterday's: a rule meant for --since) and was refused, "the window
+    would run from 2026-12-07T13:43:05 to 2026-12-06T13:50:00 (a duration is ...)". It is read
+    on --since's day, and trimmed to the last decision as the README promises."""
+    start = 1_800_000_000.0  # 2027-01-15T08:00:00Z
+    arrivals = synthetic_arrivals(60, 20.0, seed=2)
+    _, outcomes = recorded_by_model(CONFIG, FIT, arrivals)
+    path = str(tmp_path / "today.db")
+    write_journal(path, CONFIG, FIT, arrivals, outcomes, start=start)
+    now = start + 60.0  # 08:01:00
+    monkeypatch.setattr("time.time", lambda: now)
+    assert main(["replay", "--journal", path, "--since", "08:00:05", "--until", "08:05", "--format", "json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["since"] == start + 5.0 and answer["until"] < start + 25.0
+    assert any("is after the journal's last decision" in n for n in answer["notes"]), answer["notes"]
+    assert main(["log", "--journal", path, "--since", "08:00:05", "--until", "08:05", "--format", "json"]) == 0
+    assert capsys.readouterr().out.count("\n") > 10
+    # an --until that is not after --since even on its day: the hint is the rule for times of day
+    assert main(["replay", "--journal", path, "--since", "08:00:05", "--until", "07:30"]) == 2
+    err = capsys.readouterr().err
+    assert "the window would run from 2027-01-15T08:00:05.000Z to 2027-01-15T07:30:00.000Z" in err, err
+    assert "an --until time of day that would fall before --since is read on --since's day" in err and "a duration" not in err, err
+    from gate.journal.export import parse_since, window_moments
+
+    since, until = parse_since("08:00:05", now), parse_since("08:05", now)
+    assert until == start + 300.0 - 86400.0  # alone, a time of day later than now is yesterday's
+    assert window_moments(since, until) == (start + 5.0, start + 300.0)
+    # across midnight: 23:50 is yesterday's (later than now), 00:10 today's, after it: as read
+    assert window_moments(parse_since("23:50", now), parse_since("00:10", now)) == (start - 8 * 3600 - 600, start - 8 * 3600 + 600)

@@ -89,7 +89,8 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter], epilog: s
         metavar="WHEN",
         type=_when,
         default=None,
-        help="window end, same forms; default: the last decision (a later moment ends there too, with a note)",
+        help="window end, same forms (a time of day that would fall before --since: on --since's day); default: the "
+        "last decision (a later moment ends there too, with a note)",
     )
     p.add_argument(
         "--backend", metavar="NAME", default=None, help="the backend to replay (default: the one with most decisions in the window)"
@@ -195,7 +196,7 @@ def _same_thresholds(proposals: list[Any]) -> str | None:
 
 def cmd_replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from gate.config import ConfigError, load_config
-    from gate.journal.export import find_journal, window_order_error
+    from gate.journal.export import find_journal, window_moments, window_order_error
     from gate.tools.replay import ReplayError, load_window, proposal_from_config, proposal_from_set, run_replay, to_json, to_table
     from gate.tools.replay.workers import WORKERS_FROM, default_jobs
 
@@ -203,6 +204,7 @@ def cmd_replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if wrong_order:
         err.write(f"tokengate replay: error: {wrong_order}\n")  # a usage error: 2, as the help says
         return 2
+    args.since, args.until = window_moments(args.since, args.until)  # a time-of-day --until on --since's day
     journal, note = find_journal(args.journal)
     if note:
         err.write(f"tokengate replay: {note}\n")
