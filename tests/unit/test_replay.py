@@ -1788,3 +1788,35 @@ def test_a_time_of_day_until_before_since_is_read_on_since_s_day(
     assert window_moments(since, until) == (start + 5.0, start + 300.0)
     # across midnight: 23:50 is yesterday's (later than now), 00:10 today's, after it: as read
     assert window_moments(parse_since("23:50", now), parse_since("00:10", now)) == (start - 8 * 3600 - 600, start - 8 * 3600 + 600)
+
+
+def test_the_error_near_zero_is_one_rule_for_every_kind_of_figure(tmp_path: Path) -> None:
+    """A trial: queue_wait_p50_ms 0.100 -> 0.000 read 10% (0.1 ms over a 1 ms floor) beside
+    0 -> 8 refusals at 800% (over a 1-request floor), and asked "denominator floored at 1?". The
+    floor of each kind is four steps of noise (2.5 ms, 1 request, 0.01 of attainment, 1 token/s),
+    so one step off zero is the 25% bound and two are over it, for every kind; each calibration
+    entry names its floor, and the table says how the error is taken."""
+    from gate.tools.replay import calibration, untrusted
+
+    rec = {
+        "c": {
+            "queue_wait_p50_ms": 0.1,
+            "ttft_p50_ms": 0.0,
+            "slo_attainment": 0.0,
+            "tokens_per_s": 0.0,
+            "admitted": 0,
+            "refused": {"queue_full": 0, "queue_timeout": 0},
+        }
+    }
+    rep = {"c": {"queue_wait_p50_ms": 0.0, "ttft_p50_ms": 5.0, "slo_attainment": 0.01, "tokens_per_s": 1.0, "admitted": 1,
+                 "refused": {"queue_full": 8, "queue_timeout": 1}}}  # fmt: skip
+    cal = calibration(rec, rep)
+    assert cal["c.queue_wait_p50_ms"]["error"] == 0.01 and cal["c.queue_wait_p50_ms"]["floor"] == 10.0
+    assert cal["c.refused.queue_full"]["error"] == 2.0 and cal["c.refused.queue_full"]["floor"] == 4.0
+    # one step of noise off zero: the bound, trusted; two steps: over it, for each kind alike
+    assert [cal[f"c.{k}"]["error"] for k in ("admitted", "refused.queue_timeout", "slo_attainment", "tokens_per_s")] == [0.25] * 4
+    assert cal["c.ttft_p50_ms"]["error"] == 0.5 and untrusted(cal) == ["c.refused.queue_full", "c.ttft_p50_ms"]
+    answer = run_replay(load_window(_journal(tmp_path, n=40, duration=10.0)))
+    assert all(v["floor"] in (10.0, 4.0, 0.04) for v in answer["calibration"].values())
+    legend = "error = |replayed - recorded| / max(|recorded|, floor); floors 10 ms, 4 requests, 0.04 of attainment, 4 tokens/s"
+    assert legend in to_table(answer)

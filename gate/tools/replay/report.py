@@ -10,9 +10,11 @@ Figures per class, for every scenario: ``admitted``, ``refused`` (reason -> coun
 they ran when that ends after it).
 
 Calibration: the replay at the recorded thresholds against what the journal says happened.
-A figure's error is ``|replayed - recorded| / max(|recorded|, floor)`` (floor: 1 request,
-1 ms, 0.01 of attainment, 1 token/s, so that 0 against 1 is not infinite); over
-``UNTRUSTED_ABOVE`` it is listed in ``untrusted`` and marked in every column of the table.
+A figure's error is ``|replayed - recorded| / max(|recorded|, floor)``, the floor per kind of
+figure (`ERROR_FLOORS`: 10 ms, 4 requests, 0.04 of attainment, 4 tokens/s) so that 0 against 1
+is not infinite: one step of noise (`NOISE`: 2.5 ms, 1 request, 0.01, 1 token/s) off a figure
+near zero is exactly the ``UNTRUSTED_ABOVE`` bound (25%), two are over it, whatever the kind.
+Over the bound a figure is listed in ``untrusted`` and marked in every column of the table.
 """
 
 from __future__ import annotations
@@ -34,7 +36,14 @@ from gate.tools.replay.window import Window
 from gate.tools.replay.workers import Scenario, in_workers
 
 UNTRUSTED_ABOVE = 0.25
-_FLOORS = {"ms": 1.0, "count": 1.0, "ratio": 0.01, "rate": 1.0}
+#: per kind of figure, the smallest difference that is noise, not a miss: 2.5 ms (the gate's own
+#: dispatch and the event loop's wake-ups), one request, one point of attainment, a token a second
+NOISE = {"ms": 2.5, "count": 1.0, "ratio": 0.01, "rate": 1.0}
+#: the error's floor per kind: one step of noise off a figure near zero is the untrusted bound.
+#: The floors were 1 ms, 1 request, 0.01, 1 token/s: a trial's queue wait 0.100 -> 0.000 ms read
+#: 10% (0.1 over the 1 ms floor) beside 0 -> 8 refusals at 800%, and any 0.25 ms off a wait
+#: near zero was untrusted while one request off a count near zero was 100%
+ERROR_FLOORS = {kind: step / UNTRUSTED_ABOVE for kind, step in NOISE.items()}
 SCALARS = ("admitted", "queue_wait_p50_ms", "queue_wait_p95_ms", "ttft_p50_ms", "ttft_p95_ms", "slo_attainment", "tokens_per_s")
 
 
@@ -262,22 +271,29 @@ def _error(rec: float | None, rep: float | None, kind: str) -> float | None:
         return 0.0
     if rec is None or rep is None:
         return None
-    return abs(rep - rec) / max(abs(rec), _FLOORS[kind])
+    return abs(rep - rec) / max(abs(rec), ERROR_FLOORS[kind])
 
 
 def calibration(recorded: Mapping[str, dict[str, Any]], replayed: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Figure path (``class.figure`` or ``class.refused.reason``) -> recorded, replayed, error."""
+    """Figure path (``class.figure`` or ``class.refused.reason``) -> recorded, replayed, error,
+    and the floor the error is taken against near zero (`ERROR_FLOORS`)."""
     out: dict[str, dict[str, Any]] = {}
     for cls in sorted(recorded.keys() | replayed.keys()):
         a, b = recorded.get(cls, {}), replayed.get(cls, {})
         for fig in SCALARS:
             rec, rep = a.get(fig), b.get(fig)
-            out[f"{cls}.{fig}"] = {"recorded": rec, "replayed": rep, "error": _round(_error(rec, rep, _kind(fig)))}
+            kind = _kind(fig)
+            out[f"{cls}.{fig}"] = {"recorded": rec, "replayed": rep, "error": _round(_error(rec, rep, kind)), "floor": ERROR_FLOORS[kind]}
         for key in ("refused", "failed"):
             reasons = set(a.get(key, {})) | set(b.get(key, {}))
             for reason in sorted(reasons):
                 rec, rep = a.get(key, {}).get(reason, 0), b.get(key, {}).get(reason, 0)
-                out[f"{cls}.{key}.{reason}"] = {"recorded": rec, "replayed": rep, "error": _round(_error(rec, rep, "count"))}
+                out[f"{cls}.{key}.{reason}"] = {
+                    "recorded": rec,
+                    "replayed": rep,
+                    "error": _round(_error(rec, rep, "count")),
+                    "floor": ERROR_FLOORS["count"],
+                }
     return out
 
 
@@ -752,6 +768,17 @@ def model_line(fit: Mapping[str, Any]) -> str:
     )
 
 
+def error_legend() -> str:
+    """How the error column is taken, under the table (a trial read 10% for a queue wait of 0.1 ms
+    replayed as 0, and asked "denominator floored at 1?")."""
+    f = ERROR_FLOORS
+    return (
+        f"error = |replayed - recorded| / max(|recorded|, floor); floors {f['ms']:g} ms, {f['count']:g} requests, "
+        f"{f['ratio']:g} of attainment, {f['rate']:g} tokens/s: near 0, {NOISE['ms']:g} ms, {NOISE['count']:g} request, "
+        f"{NOISE['ratio']:g} or {NOISE['rate']:g} token/s off is {UNTRUSTED_ABOVE:.0%}"
+    )
+
+
 def to_table(answer: Mapping[str, Any]) -> str:
     """Recorded | replayed | error | each proposal; '?' marks a figure the calibration does not trust."""
     head, rows = table_cells(answer)
@@ -774,8 +801,9 @@ def to_table(answer: Mapping[str, Any]) -> str:
     out.append("")
     for row in lines:
         out.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+    out.append("")
+    out.append(error_legend())
     if bad:
-        out.append("")
         out.append(
             f"? = calibration error over {answer['untrusted_above']:.0%}: not a prediction "
             f"({len(bad)} figure{'' if len(bad) == 1 else 's'})"
