@@ -772,7 +772,7 @@ def _cmd_console(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def _cmd_log(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from gate.journal.export import ExportError, export, find_journal, window_order_error
+    from gate.journal.export import ExportError, export, find_journal, window_moments, window_order_error
 
     # flags that do not go together are a usage error (2, as the help says), before any file is read
     if args.cls is not None and args.kind != "decisions":
@@ -785,6 +785,7 @@ def _cmd_log(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if wrong_order:
         err.write(f"tokengate log: error: {wrong_order}\n")
         return EXIT_USAGE
+    args.since, args.until = window_moments(args.since, args.until)  # a time-of-day --until on --since's day
     given = args.journal
     if given is None and getattr(args, "config", None):
         given = load_config(args.config).gate.journal

@@ -50,6 +50,7 @@ from gate.journal.reader import (
     ReviewError,
     default_export_name,
     export_decisions_csv,
+    window_moments,
 )
 
 PAGE_SIZE = 200
@@ -404,7 +405,7 @@ class ReviewScreen(Screen[str | None]):
             since = parse_when(self.filter_fields["since"][0], self.now)
         if self.filter_fields.get("until"):
             until = parse_when(self.filter_fields["until"][0], self.now)
-        return since, until
+        return window_moments(since, until)  # an until= time of day before since= is on since='s day
 
     def _apply_range(self) -> None:
         since, until = self._range_bounds()

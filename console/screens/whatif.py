@@ -2,7 +2,10 @@
 
 The window is the review's current range (or its ``since=``/``until=`` filter: the incident's
 minutes). The form lists the thresholds the live retune edits (``t``), each as a ``--set``
-line ``KEY=VALUE`` holding the value recorded as in force; the operator edits any of them
+line ``KEY=VALUE`` holding its value in force at the window's start (``Window.config``: a retune
+before the window included; the gate's start values read as proposals that were none, and made
+the apply's confirmation say the gate differed from a replay that had run with the retune: a
+trial); the operator edits any of them
 (or adds other ``--set`` keys) and presses ctrl+r (or Replay). The replay
 (:mod:`gate.tools.replay`: load the window, fit the backend model, replay it at the
 recorded thresholds and under the proposal) runs in a child process (:class:`ReplayProcess`:
@@ -385,7 +388,7 @@ class WhatIfScreen(ModalScreen[None]):
         #: the GIL for the whole run, the console's loop waiting ~5 ms at every wake-up, and it
         #: could not be stopped (gate/tools/replay/workers.py)
         self.process = ReplayProcess(journal_path, since, until)
-        #: KEY -> recorded value (the form's starting lines)
+        #: KEY -> its value in force at the window's start (the form's starting lines)
         self.recorded: dict[str, str] = {}
         #: the last answer shown (``run_replay``'s), and the proposal text it replayed
         self.answer: dict[str, Any] | None = None

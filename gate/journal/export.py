@@ -49,6 +49,11 @@ _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _LAST_EPOCH_S = 253402300799.0  # 9999-12-31T23:59:59Z, the last moment a datetime holds
 
 
+class TimeOfDay(float):
+    """A moment read from a time of day (``21:10``): `parse_since` gives one, so that the window's
+    end can be read against its start (`window_moments`)."""
+
+
 class ExportError(Exception):
     """The journal cannot be exported (the message names the file)."""
 
@@ -93,7 +98,7 @@ def parse_since(text: str, now: float) -> float:
         except ValueError:
             raise ValueError(f"{text!r} is not a time of day (00:00 to 23:59:59): {forms}") from None
         ts = at.timestamp()
-        return ts - 86400.0 if ts > now else ts
+        return TimeOfDay(ts - 86400.0 if ts > now else ts)
     try:
         dt = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
@@ -121,17 +126,40 @@ def iso(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
+_DAY_S = 86400.0
+
+
+def window_moments(since: float | None, until: float | None) -> tuple[float | None, float | None]:
+    """--since and --until (or the review's since=/until=) as a window reads them, as plain floats:
+    a time of day is today's, or yesterday's when later than now, a rule for the window's start; a
+    time-of-day end that this puts at or before the start is read on the start's day (UTC) instead. A trial's
+    `--since 13:43:05 --until 13:50`, a few minutes before 13:50, read --until as yesterday's and
+    was refused ("the window would run from 2026-12-07T13:43:05 to 2026-12-06T13:50:00"); now it
+    ends at 13:50 today, which a reader then trims to its last decision."""
+    plain = (None if since is None else float(since), None if until is None else float(until))
+    if since is None or until is None or until > since or not isinstance(until, TimeOfDay):
+        return plain
+    return plain[0], math.floor(since / _DAY_S) * _DAY_S + until % _DAY_S
+
+
 def window_order_error(since: float | None, until: float | None) -> str | None:
     """The usage error of a --since/--until pair whose end is not after its start, with both
-    moments resolved: `--since 10m --until 15m` (read as "15 minutes long") is a window that
-    ends before it starts, and a bare "--until must be after --since" did not say why."""
+    moments resolved (`window_moments`): `--since 10m --until 15m` (read as "15 minutes long") is
+    a window that ends before it starts, and a bare "--until must be after --since" did not say why."""
+    of_day = isinstance(until, TimeOfDay)
+    since, until = window_moments(since, until)
     if since is None or until is None or until > since:
         return None
-    return (
-        f"--until must be after --since: the window would run from {iso(since)} to {iso(until)} "
-        "(a duration is a moment that long ago, not the window's length: --since 20m --until 5m is the "
-        "15 minutes that ended 5 minutes ago)"
-    )
+    if of_day:
+        # (the hint spoke of durations only, where the trial had given two times of day)
+        why = (
+            "a time of day is UTC, today's or yesterday's when later than now, and an --until time of day "
+            "that would fall before --since is read on --since's day: this one is not after --since even "
+            "there; for a window across midnight give --until as an ISO time (2026-12-08T00:30Z)"
+        )
+    else:
+        why = "a duration is a moment that long ago, not the window's length: --since 20m --until 5m is the 15 minutes that ended 5 minutes ago"
+    return f"--until must be after --since: the window would run from {iso(since)} to {iso(until)} ({why})"
 
 
 DEFAULT_JOURNAL = "tokengate.db"

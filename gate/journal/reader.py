@@ -29,13 +29,14 @@ from typing import Any
 import aiosqlite
 
 from gate.journal import COLUMNS, DecisionFilters, JournalQueries, time_where
-from gate.journal.export import FETCH, ExportError, check_version, open_read_only, parse_since, write_csv
+from gate.journal.export import FETCH, ExportError, check_version, open_read_only, parse_since, window_moments, write_csv
 from gate.journal.queries import FILTER_FIELDS, selects
 from gate.journal.schema import present_columns, select_list
 
 __all__ = [
     "FILTER_FIELDS",
     "parse_since",  # `--since`'s and the review's `since=` terms: one reading of "10m" or an ISO time
+    "window_moments",  # ... and of a time-of-day end before its start (on the start's day)
     "DecisionFilters",
     "JournalReader",
     "default_export_name",

@@ -675,6 +675,17 @@ async def test_since_and_until_zoom_to_an_incident_window_in_utc(journal_1000: P
         assert screen.total == sum(1 for i in range(400, 700) if i % 4 == 0)
 
 
+async def test_an_until_time_of_day_past_the_journals_newest_row_ends_on_since_s_day(journal_1000: Path) -> None:
+    # the journal's newest row is at 22:29:59: until=22:35, later than it, read as the day
+    # before (a rule for since=) and the window ran backwards, empty; it is since='s day's 22:35
+    app = ReviewApp(journal_1000)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = await apply_filter(pilot, "since=22:20 until=22:35")
+        await settle(pilot)
+        assert screen.total == 600  # BASE + 400 .. the last decision
+
+
 async def test_at_80_columns_the_header_still_names_the_window(journal_1000: Path) -> None:
     """At 80x24 the header was cut after "range 1 15m 2 1h 3 6h 4 24h 5 all   2023-11-14": the
     window reviewed (and replayed by `w`) was not on screen. Narrow, it comes before the range

@@ -904,3 +904,54 @@ async def test_the_bottom_line_names_the_what_ifs_keys_not_the_reviews(gate, jou
         await open_whatif(pilot)
         line = bottom(pilot.app)
         assert "replay" in line and "apply" in line and "Next page" not in line, line
+
+
+async def test_the_form_and_the_confirmation_start_from_the_thresholds_in_force_at_the_windows_start(gate, gate_journal: Path) -> None:
+    """A trial: interactive's queue_depth was retuned 4 -> 12 before the window; the what-if's
+    form offered the gate's start value (4), and the apply's confirmation said "The gate now
+    differs from what was replayed: classes.interactive.queue_depth 12 (replayed with 4)" although
+    the replay ran with 12 (the retune, in force at the window's start). The form holds 12 now;
+    the gate, which runs 12, does not differ; 4 is a proposal (pinned over the retune)."""
+    import sqlite3
+
+    from console.screens.whatif import live_differences
+
+    conn = sqlite3.connect(gate_journal, isolation_level=None)
+    first = conn.execute("SELECT min(ts) FROM decisions").fetchone()[0]
+    conn.execute(
+        "INSERT INTO audit (ts, operator, origin, source, action, target, old_value, new_value, note) "
+        "VALUES (?, 'op', 'local', 'console', 'set_class', 'class:interactive', 'queue_depth=4', 'queue_depth=12', '')",
+        (first + 1.0,),
+    )
+    conn.close()
+    gate.journal_path = str(gate_journal)
+    app = make_app(gate)
+    async with app.run_test(size=SIZE) as pilot:
+        await app.send(Retune(cls="interactive", class_changes={"queue_depth": 12}))
+        await pilot.press("r")
+        await settle(pilot)
+        review = app.screen
+        assert isinstance(review, ReviewScreen)
+        app.push_screen(WhatIfScreen(str(gate_journal), first + 5.0, None, apply=review.apply, live=review.live))
+        await settle(pilot)
+        screen = app.screen
+        assert isinstance(screen, WhatIfScreen) and screen.window is not None, screen.error
+        assert screen.recorded["classes.interactive.queue_depth"] == "12"
+        assert "classes.interactive.queue_depth=12" in screen.query_one("#whatif-form", TextArea).text.splitlines()
+        set_form(screen, {"classes.batch.queue_depth": "3"})
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert screen.error is None and screen.proposal == "classes.batch.queue_depth=3"
+        await pilot.press("ctrl+t")
+        said = (await confirmation(pilot)).message
+        assert "Retune the running gate: classes.batch.queue_depth 8 → 3" in said, said
+        assert "The gate now differs" not in said and "replayed with 4" not in said, said
+        await pilot.press("n")
+        await settle(pilot)
+        # the gate's start value is a proposal now: it pins 4 over the retune
+        assert live_differences(screen.recorded, "classes.interactive.queue_depth=4", {"classes.interactive.queue_depth": "12"}) == []
+        set_form(screen, {"classes.batch.queue_depth": "8", "classes.interactive.queue_depth": "4"})
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert screen.error is None and screen.proposal == "classes.interactive.queue_depth=4"
+        assert screen.answer is not None and screen.answer["scenarios"][2]["changes"] == ["classes.interactive.queue_depth"]

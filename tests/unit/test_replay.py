@@ -743,8 +743,9 @@ def test_changes_between_the_gate_s_start_and_the_window_are_named_in_a_note(tmp
     (said,) = [n for n in window.notes if "between the gate's start" in n]
     assert "2 changes" in said and "reload classes.batch.queue_depth" in said and "pause_class class:batch" in said
     assert "resume_class" not in said  # in the window: counted as an operator change in it
-    # a trial: the what-if's unchanged lines and --set with the same lines answered differently
-    assert "a what-if line left as it is keeps what was recorded, these changes included, where --set KEY=VALUE pins KEY" in said
+    # a trial: --set and the what-if's lines were compared with the gate's start, not with these
+    assert "compared with the thresholds in force at the window's start, these changes included" in said
+    assert "KEY=VALUE at that value changes nothing, another value pins KEY over them" in said
     assert not [n for n in load_window(path).notes if "between the gate's start" in n]  # from the gate's start: none
 
 
@@ -1279,9 +1280,9 @@ def test_a_set_key_at_its_recorded_value_says_the_operators_change_of_it_still_r
     answer = run_replay(window, [same, other, untouched])
     replayed, *columns = answer["scenarios"][1:]
     assert columns[0]["classes"] == replayed["classes"]  # as documented: the replayed column
-    said = [n for n in answer["notes"] if "recorded value" in n]
+    said = [n for n in answer["notes"] if "is the value in force at the window's start" in n]
     assert len(said) == 1, answer["notes"]
-    assert said[0].startswith(f"classes.interactive.queue_depth={depth}: ")
+    assert said[0].startswith(f"classes.interactive.queue_depth={depth} is the value in force at the window's start, so it pins nothing")
     assert "+5.0 s" in said[0] and "replayed as recorded" in said[0]
 
 
@@ -1588,3 +1589,234 @@ def test_a_class_objective_set_to_slo_goes_back_to_the_budget_slo_as_in_the_live
         proposal_from_set("budget.slo_ttft_p95_ms=1e308", own)  # it stopped at OverflowError in the engine
     with pytest.raises(ValueError):
         proposal_from_set("classes.interactive.queue_depth=slo", own)  # `slo` means the SLO for an objective only
+
+
+# ---- a user's trial: thresholds retuned before the window (findings 1 and 3)
+
+
+def _retuned_before(tmp_path: Path, *rows: tuple[float, str, str, str, str], name: str = "before") -> tuple[str, float]:
+    """A journal with audit rows `rows` (ts from its first decision), and a moment 3 s after its
+    first decision (a window's start after them)."""
+    path = _journal(tmp_path, n=200, duration=20.0, name=name)
+    _audit_after_first(path, *rows)
+    first = _decision_times(path)[0]
+    return path, first + 3.0
+
+
+def test_a_proposal_is_compared_with_the_thresholds_in_force_at_the_windows_start(tmp_path: Path) -> None:
+    """A trial: interactive's queue_depth retuned 64 -> 1 before the window; `--set
+    classes.interactive.queue_depth=64` ("what if I had not retuned?") was compared with the
+    gate's start config (64), pinned nothing and replayed the retune: "changes": [], the column
+    the replayed one, nothing said. It pins 64 over the retune now, and a --set of the value in
+    force (1) says that it changes nothing."""
+    path, since = _retuned_before(tmp_path, (1.0, "console", "set_class", "class:interactive", "queue_depth=1"))
+    window = load_window(path, since=since)
+    assert window.config.class_by_name("interactive").queue_depth == 1  # in force at the window's start
+    assert window.start_config.class_by_name("interactive").queue_depth == 64  # the gate's start
+    undone = proposal_from_set("classes.interactive.queue_depth=64", window.config)
+    kept = proposal_from_set("classes.interactive.queue_depth=1", window.config)
+    assert undone.pinned == frozenset({"classes.interactive.queue_depth"}) and not kept.pinned
+    answer = run_replay(window, [undone, kept])
+    replayed, col_undone, col_kept = answer["scenarios"][1:]
+    assert col_undone["changes"] == ["classes.interactive.queue_depth"] and col_kept["changes"] == []
+    assert col_undone["classes"] != replayed["classes"] and col_kept["classes"] == replayed["classes"]
+    # "what if I had not retuned" is the window replayed without the retune
+    without = dataclasses.replace(
+        window, config=window.start_config, started=None, changes=tuple(c for c in window.changes if c.action != "set_class")
+    )
+    assert col_undone["classes"] == run_replay(without)["scenarios"][1]["classes"]
+    (said,) = [n for n in answer["notes"] if n.endswith("so it changes nothing")]
+    assert said == (
+        "classes.interactive.queue_depth=1 is the value in force at the window's start (the gate started with 64: "
+        "a change before the window set it), so it changes nothing"
+    ), said
+    assert not any(n.startswith("classes.interactive.queue_depth=64") for n in answer["notes"]), answer["notes"]
+
+
+def test_a_proposal_pins_its_key_over_what_a_restarted_gate_restored_before_the_window(tmp_path: Path) -> None:
+    # the same across a gate restart before the window: the new gate put the retune back (its
+    # `restored` row), and a --set of the file's value changed nothing
+    path, since = _retuned_before(tmp_path, (1.5, "gate", "restored", "classes.interactive.queue_depth", "1"), name="restarted")
+    _restart_row(path, _decision_times(path)[0] + 1.0, CONFIG)
+    window = load_window(path, since=since)
+    assert (
+        window.config.class_by_name("interactive").queue_depth == 1 and window.start_config.class_by_name("interactive").queue_depth == 64
+    )
+    undone = proposal_from_set("classes.interactive.queue_depth=64", window.config)
+    answer = run_replay(window, [undone])
+    assert answer["scenarios"][2]["changes"] == ["classes.interactive.queue_depth"]
+    assert answer["scenarios"][2]["classes"] != answer["scenarios"][1]["classes"]
+
+
+def test_the_thresholds_in_force_at_the_start_are_what_the_engine_has_there() -> None:
+    """`in_force_at_start` folds the changes before the window as the engine applies them at its
+    start: replaying the gate's start config with them is replaying the folded config without them."""
+    from gate.tools.replay import Change
+    from gate.tools.replay.engine import in_force_at_start
+
+    arrivals = synthetic_arrivals(200, 20.0, seed=5)
+    before = [
+        Change(-9.0, "reload", "classes.batch.queue_depth", "2"),
+        Change(-8.0, "set_class", "class:interactive", "queue_depth=3, queue_timeout_s=2.5"),
+        Change(-7.0, "set_budget_settings", "budget", "slo_ttft_p95_ms=1500"),
+        Change(-6.0, "overrides_dropped", "overrides", None),  # back to the file: the reload stays
+        Change(-5.0, "set_class", "class:interactive", "queue_depth=5"),
+        Change(-4.0, "restored", "budget.aging_s", "2"),
+    ]
+    folded = in_force_at_start(CONFIG, before)
+    assert folded.class_by_name("batch").queue_depth == 2 and folded.class_by_name("interactive").queue_depth == 5
+    assert folded.class_by_name("interactive").queue_timeout_s == CONFIG.class_by_name("interactive").queue_timeout_s  # dropped
+    assert folded.budget.slo_ttft_p95_ms == CONFIG.budget.slo_ttft_p95_ms and folded.budget.aging_s == 2
+    assert replay(CONFIG, FIT, arrivals, before, until=21.0) == replay(folded, FIT, arrivals, [], until=21.0)
+
+
+def test_two_proposals_are_refused_as_no_change_only_when_they_change_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # a trial's two proposals at the gate's start values of keys retuned before the window were
+    # refused as "the same thresholds": both were silently no change
+    path, since = _retuned_before(
+        tmp_path,
+        (1.0, "console", "set_class", "class:interactive", "queue_depth=1"),
+        (1.2, "console", "set_class", "class:batch", "queue_depth=2"),
+    )
+    window = ["replay", "--journal", path, "--since", str(since), "--format", "json"]
+    assert main([*window, "--set", "classes.interactive.queue_depth=64", "--set", "classes.batch.queue_depth=256"]) == 0
+    scenarios = json.loads(capsys.readouterr().out)["scenarios"]
+    assert [s["changes"] for s in scenarios[2:]] == [["classes.interactive.queue_depth"], ["classes.batch.queue_depth"]]
+    assert main([*window, "--set", "classes.interactive.queue_depth=1", "--set", "classes.batch.queue_depth=2"]) == 2
+    err = capsys.readouterr().err
+    assert "classes.interactive.queue_depth=1 and classes.batch.queue_depth=2 both change nothing" in err, err
+
+
+def test_slo_attainment_is_judged_against_the_objective_in_force_at_the_windows_start(tmp_path: Path) -> None:
+    """A trial: the SLO (the bar of classes without their own objective) was retuned from 2 s to
+    0.5 s before the window; slo_attainment, and the objective the answer shows, were the gate's
+    start 2 s. It is the 0.5 s in force at the window's start now, in the recorded and replayed
+    columns alike, and a note says which bar that is beside the gate's start one."""
+    path, since = _retuned_before(tmp_path, (1.0, "console", "set_budget_settings", "budget", "slo_ttft_p95_ms=500"), name="slo")
+    window = load_window(path, since=since)
+    back = proposal_from_set("budget.slo_ttft_p95_ms=2000", window.config)  # the gate's start SLO: a proposal
+    answer = run_replay(window, [back])
+    recorded, replayed, proposed = answer["scenarios"][:3]
+    for cls in ("interactive", "batch"):
+        assert recorded["classes"][cls]["slo_objective_ms"] == replayed["classes"][cls]["slo_objective_ms"] == 500.0
+        assert proposed["classes"][cls]["slo_objective_ms"] == 2000.0
+        mine = [a for a in window.arrivals if a.cls == cls]
+        met = sum(1 for a in mine if a.outcome not in ("refused", "shed") and a.ttft_arrival_ms is not None and a.ttft_arrival_ms <= 500.0)
+        assert recorded["classes"][cls]["slo_attainment"] == round(met / len(mine), 4)
+    assert (
+        recorded["classes"]["interactive"]["slo_attainment"]
+        < run_replay(load_window(path))["scenarios"][0]["classes"]["interactive"]["slo_attainment"]
+    )
+    (said,) = [n for n in answer["notes"] if "TTFT objective was changed" in n]
+    assert said == (
+        "a TTFT objective was changed between the gate's start and the window: slo_attainment is judged against the "
+        "objectives in force at the window's start, batch 500 ms (the gate started with 2000 ms), interactive 500 ms "
+        "(the gate started with 2000 ms), in every column"
+    ), said
+    (bar,) = [n for n in answer["notes"] if "its own TTFT objectives" in n]
+    assert "2000 ms (recorded, replayed: 500 ms, in force at the window's start)" in bar, bar
+    # from the gate's start, nothing was in force before the window: no such note
+    assert not any("TTFT objective was changed" in n for n in run_replay(load_window(path))["notes"])
+
+
+def _fit_rows(prompts: list[int], ttft_ms: list[float]) -> list[dict[str, object]]:
+    """Completed requests one after another (each alone on the backend), as fit_backend reads them."""
+    return [
+        {"ts": 10.0 * i, "outcome": "admitted", "queue_ms": 0.0, "ttft_ms": t, "duration_ms": t + 200.0, "completion_tokens": 5,
+         "prompt_tokens": p, "reserved_tokens": p + 5}
+        for i, (p, t) in enumerate(zip(prompts, ttft_ms, strict=True))
+    ]  # fmt: skip
+
+
+def test_the_prefill_fit_note_says_why_each_fallback_happened() -> None:
+    """A trial's note read "prefill rate not separable (prompt sizes barely vary)" where the
+    prompts varied 53-474 tokens: the fit had come out with a negative slope. Each fallback says
+    its own reason now."""
+    from gate.tools.replay import fit_backend
+
+    samples = [{"slots_total": 4, "budget": 2048}]
+
+    def note(prompts: list[int], ttft_ms: list[float]) -> str:
+        fit = fit_backend(_fit_rows(prompts, ttft_ms), samples, CONFIG, 0.0)  # type: ignore[arg-type]
+        (said,) = [n for n in fit.notes if n.startswith("prefill rate not separable")]
+        return said
+
+    varied = [53 + 22 * i for i in range(20)][:-1] + [474]
+    falling = note(varied, [400.0 - 0.5 * p for p in varied])  # TTFT falls as the prompt grows
+    assert "barely vary" not in falling and "53-474 prompt tokens" in falling, falling
+    assert "TTFT did not grow with the prompt: the fitted slope is -500.00 ms per 1,000 tokens" in falling, falling
+    below = note(varied, [p - 40.0 for p in varied])  # a line that would start below 0 ms
+    assert "over 53-474 prompt tokens prefilling at dispatch, the fit's TTFT base came out negative (-40 ms)" in below, below
+    same = note([100 + i for i in range(20)], [50.0 + i for i in range(20)])
+    assert "the prompt tokens prefilling at each dispatch barely vary: 100-119, under 64 apart" in same, same
+    few = note([53, 200, 474, 90, 300], [60.0, 90.0, 150.0, 70.0, 110.0])
+    assert "only 5 completed requests: 8 are needed to separate a prefill rate" in few, few
+    # a line that rises with the prompt is fitted: no note
+    fit = fit_backend(_fit_rows(varied, [20.0 + 0.5 * p for p in varied]), samples, CONFIG, 0.0)  # type: ignore[arg-type]
+    assert fit.prefill_tps == pytest.approx(2000.0) and not any("prefill rate" in n for n in fit.notes)
+
+
+def test_a_time_of_day_until_before_since_is_read_on_since_s_day(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trial at 13:45: `--since 13:43:05 --until 13:50` read --until as yesterday's (a time of
+    day later than now is yesterday's: a rule meant for --since) and was refused, "the window
+    would run from 2026-12-07T13:43:05 to 2026-12-06T13:50:00 (a duration is ...)". It is read
+    on --since's day, and trimmed to the last decision as the README promises."""
+    start = 1_800_000_000.0  # 2027-01-15T08:00:00Z
+    arrivals = synthetic_arrivals(60, 20.0, seed=2)
+    _, outcomes = recorded_by_model(CONFIG, FIT, arrivals)
+    path = str(tmp_path / "today.db")
+    write_journal(path, CONFIG, FIT, arrivals, outcomes, start=start)
+    now = start + 60.0  # 08:01:00
+    monkeypatch.setattr("time.time", lambda: now)
+    assert main(["replay", "--journal", path, "--since", "08:00:05", "--until", "08:05", "--format", "json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["since"] == start + 5.0 and answer["until"] < start + 25.0
+    assert any("is after the journal's last decision" in n for n in answer["notes"]), answer["notes"]
+    assert main(["log", "--journal", path, "--since", "08:00:05", "--until", "08:05", "--format", "json"]) == 0
+    assert capsys.readouterr().out.count("\n") > 10
+    # an --until that is not after --since even on its day: the hint is the rule for times of day
+    assert main(["replay", "--journal", path, "--since", "08:00:05", "--until", "07:30"]) == 2
+    err = capsys.readouterr().err
+    assert "the window would run from 2027-01-15T08:00:05.000Z to 2027-01-15T07:30:00.000Z" in err, err
+    assert "an --until time of day that would fall before --since is read on --since's day" in err and "a duration" not in err, err
+    from gate.journal.export import parse_since, window_moments
+
+    since, until = parse_since("08:00:05", now), parse_since("08:05", now)
+    assert until == start + 300.0 - 86400.0  # alone, a time of day later than now is yesterday's
+    assert window_moments(since, until) == (start + 5.0, start + 300.0)
+    # across midnight: 23:50 is yesterday's (later than now), 00:10 today's, after it: as read
+    assert window_moments(parse_since("23:50", now), parse_since("00:10", now)) == (start - 8 * 3600 - 600, start - 8 * 3600 + 600)
+
+
+def test_the_error_near_zero_is_one_rule_for_every_kind_of_figure(tmp_path: Path) -> None:
+    """A trial: queue_wait_p50_ms 0.100 -> 0.000 read 10% (0.1 ms over a 1 ms floor) beside
+    0 -> 8 refusals at 800% (over a 1-request floor), and asked "denominator floored at 1?". The
+    floor of each kind is four steps of noise (2.5 ms, 1 request, 0.01 of attainment, 1 token/s),
+    so one step off zero is the 25% bound and two are over it, for every kind; each calibration
+    entry names its floor, and the table says how the error is taken."""
+    from gate.tools.replay import calibration, untrusted
+
+    rec = {
+        "c": {
+            "queue_wait_p50_ms": 0.1,
+            "ttft_p50_ms": 0.0,
+            "slo_attainment": 0.0,
+            "tokens_per_s": 0.0,
+            "admitted": 0,
+            "refused": {"queue_full": 0, "queue_timeout": 0},
+        }
+    }
+    rep = {"c": {"queue_wait_p50_ms": 0.0, "ttft_p50_ms": 5.0, "slo_attainment": 0.01, "tokens_per_s": 1.0, "admitted": 1,
+                 "refused": {"queue_full": 8, "queue_timeout": 1}}}  # fmt: skip
+    cal = calibration(rec, rep)
+    assert cal["c.queue_wait_p50_ms"]["error"] == 0.01 and cal["c.queue_wait_p50_ms"]["floor"] == 10.0
+    assert cal["c.refused.queue_full"]["error"] == 2.0 and cal["c.refused.queue_full"]["floor"] == 4.0
+    # one step of noise off zero: the bound, trusted; two steps: over it, for each kind alike
+    assert [cal[f"c.{k}"]["error"] for k in ("admitted", "refused.queue_timeout", "slo_attainment", "tokens_per_s")] == [0.25] * 4
+    assert cal["c.ttft_p50_ms"]["error"] == 0.5 and untrusted(cal) == ["c.refused.queue_full", "c.ttft_p50_ms"]
+    answer = run_replay(load_window(_journal(tmp_path, n=40, duration=10.0)))
+    assert all(v["floor"] in (10.0, 4.0, 0.04) for v in answer["calibration"].values())
+    legend = "error = |replayed - recorded| / max(|recorded|, floor); floors 10 ms, 4 requests, 0.04 of attainment, 4 tokens/s"
+    assert legend in to_table(answer)

@@ -18,8 +18,10 @@ proposal. The budget controller runs as in the gate, on the modelled latencies.
 First the calibration: the replay at the recorded thresholds against what happened, per
 class (admitted, refused by reason, queue wait (of the admitted requests, arrival to
 dispatch: a refused request's wait is in no figure) and TTFT p50/p95 from arrival, SLO
-attainment, tokens/s). A figure whose calibration error is over 25% is marked '?' in
-every column (and listed in `untrusted` in JSON): it is not a prediction.
+attainment, tokens/s). The error is |replayed - recorded| / max(|recorded|, floor), the floor
+per kind of figure 10 ms, 4 requests, 0.04 of attainment, 4 tokens/s: near zero, one step of
+noise (2.5 ms, 1 request, 0.01, 1 token/s) off is 25%. A figure whose calibration error is over
+25% is marked '?' in every column (and listed in `untrusted` in JSON): it is not a prediction.
 
 A window cannot be replayed when the journal predates schema v4, when its rows were
 written before that migration, when the writer dropped rows in it, or when no
@@ -30,8 +32,10 @@ that spans a gate restart replays each part under its gate's thresholds (a note 
 Each scenario is one run of the engine; they run side by side on worker processes (--jobs),
 one per CPU by default (a small window stays in this process), at a low priority.
 
---set and --config are proposals; the journal is --journal (default tokengate.db here),
-not the --config file's [gate] journal.
+--set and --config are proposals over the thresholds in force at the window's start (a
+retune, reload or restart before the window included): a key at that value changes nothing
+(a note says so), another value is held through the window over every recorded change of it.
+The journal is --journal (default tokengate.db here), not the --config file's [gate] journal.
 
 Examples:
   tokengate replay --journal tokengate.db --since 2026-12-02T03:00Z --until 2026-12-02T03:10Z
@@ -45,7 +49,8 @@ JSON answer (--format json): {"scenarios": [{"name": "recorded", ...}, {"name": 
 {"name": "<--set text or --config file>", ...}], "calibration": {...}, "fit": {...}}; each scenario
 has "classes": {NAME: {"admitted", "refused": {REASON: N}, "failed": {REASON: N} (of the admitted: the
 backend failed them; a replay keeps a request's recorded failure where it admits it too), "queue_wait_p50_ms", "queue_wait_p95_ms",
-"ttft_p50_ms", "ttft_p95_ms", "slo_attainment" (0..1), "tokens_per_s", "arrivals"}} and "untrusted"
+"ttft_p50_ms", "ttft_p95_ms", "slo_attainment" (0..1: first token within "slo_objective_ms", the class's TTFT
+objective in force at the window's start, or the proposal's), "tokens_per_s", "arrivals"}} and "untrusted"
 (the figures, as CLASS.FIGURE, CLASS.refused.REASON or CLASS.failed.REASON, whose calibration error is over 25%);
 "notes": what the window does not show (its start moved to the gate's start, work queued or
 running at its start, requests still running in a journal a gate is writing, a gate restart
@@ -86,7 +91,8 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter], epilog: s
         metavar="WHEN",
         type=_when,
         default=None,
-        help="window end, same forms; default: the last decision (a later moment ends there too, with a note)",
+        help="window end, same forms (a time of day that would fall before --since: on --since's day); default: the "
+        "last decision (a later moment ends there too, with a note)",
     )
     p.add_argument(
         "--backend", metavar="NAME", default=None, help="the backend to replay (default: the one with most decisions in the window)"
@@ -97,8 +103,8 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter], epilog: s
         action=_InOrder,
         default=[],
         dest="proposals",
-        help="one proposal over the recorded thresholds (repeat for several): budget.KEY, classes.NAME.KEY, backend.KEY; "
-        "several keys in one proposal separated by commas",
+        help="one proposal over the thresholds in force at the window's start (repeat for several): budget.KEY, "
+        "classes.NAME.KEY, backend.KEY; several keys in one proposal separated by commas",
     )
     p.add_argument(
         "--config",
@@ -178,6 +184,13 @@ def _same_thresholds(proposals: list[Any]) -> str | None:
         if key in first:
             if first[key] == p.name:
                 return f"proposal given twice: {p.name}"
+            if not p.pinned:
+                # (a trial's two proposals, each at the gate's start value of a key retuned before the
+                # window, were refused as "the same thresholds": they were, silently, no change at all)
+                return (
+                    f"{first[key]} and {p.name} both change nothing: each gives the thresholds in force at the window's start "
+                    "(the replayed column)"
+                )
             return f"{first[key]} and {p.name} propose the same thresholds: keep one"
         first[key] = p.name
     return None
@@ -185,7 +198,7 @@ def _same_thresholds(proposals: list[Any]) -> str | None:
 
 def cmd_replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from gate.config import ConfigError, load_config
-    from gate.journal.export import find_journal, window_order_error
+    from gate.journal.export import find_journal, window_moments, window_order_error
     from gate.tools.replay import ReplayError, load_window, proposal_from_config, proposal_from_set, run_replay, to_json, to_table
     from gate.tools.replay.workers import WORKERS_FROM, default_jobs
 
@@ -193,6 +206,7 @@ def cmd_replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if wrong_order:
         err.write(f"tokengate replay: error: {wrong_order}\n")  # a usage error: 2, as the help says
         return 2
+    args.since, args.until = window_moments(args.since, args.until)  # a time-of-day --until on --since's day
     journal, note = find_journal(args.journal)
     if note:
         err.write(f"tokengate replay: {note}\n")

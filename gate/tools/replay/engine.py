@@ -480,6 +480,57 @@ def _apply(
     advance(now)
 
 
+def in_force_at_start(config: Config, changes: Sequence[Change]) -> Config:
+    """The thresholds in force at the window's start: `config` (the gate's, its config_in_force
+    row) with the recorded threshold changes before the window (``at`` <= 0: retunes, reloads,
+    overrides a restarted gate restored, a drop of the overrides) applied as `replay` applies them
+    at its start (`_apply`). A proposal is compared with these, not with the gate's start: after
+    a retune of queue_depth 6 -> 12 before the window, a trial's ``--set queue_depth=6`` ("what
+    if I had not retuned?") pinned nothing and replayed 12. Pauses, drains, the freeze and a
+    budget set by hand are the controller's and the queues' state, not thresholds: not here."""
+    now, file = config, config
+    for c in changes:
+        if c.at > 0:
+            continue
+        action, target = c.action, c.target
+        if action == "set_class":
+            now = _class_values(now, target.partition(":")[2], _pairs(c.new_value))
+        elif action == "set_budget_settings":
+            now = _budget_values(now, _pairs(c.new_value))
+        elif action in ("reload", "restored") and target.startswith("classes.") and target.count(".") >= 2:
+            _, cls, key = target.split(".", 2)
+            now = _class_values(now, cls, {key: _parse(c.new_value)})
+            if action == "reload":
+                file = _class_values(file, cls, {key: _parse(c.new_value)})
+        elif action in ("reload", "restored") and target.startswith("budget."):
+            values = {target.split(".", 1)[1]: _parse(c.new_value)}
+            now = _budget_values(now, values)
+            if action == "reload":
+                file = _budget_values(file, values)
+        elif action == "overrides_dropped":
+            now = dataclasses.replace(now, classes=file.classes, budget=file.budget)
+    return now
+
+
+def _class_values(config: Config, cls: str, values: dict[str, Any]) -> Config:
+    """`config` with class `cls`'s keys of `values` set, as `_set_class` sets them (unknown keys
+    and an unknown class left alone)."""
+    known = {f.name for f in dataclasses.fields(ClassConfig)}
+    return dataclasses.replace(
+        config,
+        classes=tuple(
+            dataclasses.replace(c, **{k: v for k, v in values.items() if k in known}) if c.name == cls else c for c in config.classes
+        ),
+    )
+
+
+def _budget_values(config: Config, values: dict[str, Any]) -> Config:
+    """`config` with the [budget] keys of `values` set, as `_set_budget_settings` sets them (not
+    its mode, which no retune changes)."""
+    known = {f.name for f in dataclasses.fields(config.budget)} - {"mode"}
+    return dataclasses.replace(config, budget=dataclasses.replace(config.budget, **{k: v for k, v in values.items() if k in known}))
+
+
 def _set_file(state: dict[str, Any], cls: str | None, values: dict[str, Any]) -> None:
     """A reload's key in the file config the replay keeps beside the one in force (`state["file"]`)."""
     file: Config = state["file"]

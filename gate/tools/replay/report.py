@@ -10,9 +10,11 @@ Figures per class, for every scenario: ``admitted``, ``refused`` (reason -> coun
 they ran when that ends after it).
 
 Calibration: the replay at the recorded thresholds against what the journal says happened.
-A figure's error is ``|replayed - recorded| / max(|recorded|, floor)`` (floor: 1 request,
-1 ms, 0.01 of attainment, 1 token/s, so that 0 against 1 is not infinite); over
-``UNTRUSTED_ABOVE`` it is listed in ``untrusted`` and marked in every column of the table.
+A figure's error is ``|replayed - recorded| / max(|recorded|, floor)``, the floor per kind of
+figure (`ERROR_FLOORS`: 10 ms, 4 requests, 0.04 of attainment, 4 tokens/s) so that 0 against 1
+is not infinite: one step of noise (`NOISE`: 2.5 ms, 1 request, 0.01, 1 token/s) off a figure
+near zero is exactly the ``UNTRUSTED_ABOVE`` bound (25%), two are over it, whatever the kind.
+Over the bound a figure is listed in ``untrusted`` and marked in every column of the table.
 """
 
 from __future__ import annotations
@@ -34,7 +36,14 @@ from gate.tools.replay.window import Window
 from gate.tools.replay.workers import Scenario, in_workers
 
 UNTRUSTED_ABOVE = 0.25
-_FLOORS = {"ms": 1.0, "count": 1.0, "ratio": 0.01, "rate": 1.0}
+#: per kind of figure, the smallest difference that is noise, not a miss: 2.5 ms (the gate's own
+#: dispatch and the event loop's wake-ups), one request, one point of attainment, a token a second
+NOISE = {"ms": 2.5, "count": 1.0, "ratio": 0.01, "rate": 1.0}
+#: the error's floor per kind: one step of noise off a figure near zero is the untrusted bound.
+#: The floors were 1 ms, 1 request, 0.01, 1 token/s: a trial's queue wait 0.100 -> 0.000 ms read
+#: 10% (0.1 over the 1 ms floor) beside 0 -> 8 refusals at 800%, and any 0.25 ms off a wait
+#: near zero was untrusted while one request off a count near zero was 100%
+ERROR_FLOORS = {kind: step / UNTRUSTED_ABOVE for kind, step in NOISE.items()}
 SCALARS = ("admitted", "queue_wait_p50_ms", "queue_wait_p95_ms", "ttft_p50_ms", "ttft_p95_ms", "slo_attainment", "tokens_per_s")
 
 
@@ -42,7 +51,9 @@ SCALARS = ("admitted", "queue_wait_p50_ms", "queue_wait_p95_ms", "ttft_p50_ms", 
 class Proposal:
     name: str
     config: Config
-    pinned: frozenset[str]  # the keys whose value differs from the recorded thresholds
+    #: the keys whose value differs from the thresholds in force at the window's start (a
+    #: change before the window included): held at their value, their recorded changes not replayed
+    pinned: frozenset[str]
     given: frozenset[str] = frozenset()  # the keys a --set names (as pinned names them), changed or not
     notes: tuple[str, ...] = ()  # what the reader should know of how the proposal was read
 
@@ -105,7 +116,8 @@ _KV_NOT_REPLAYED = (
 
 
 def proposal_from_set(text: str, recorded: Config) -> Proposal:
-    """``KEY=VALUE[,KEY=VALUE...]`` over the recorded thresholds. Keys: ``budget.K``,
+    """``KEY=VALUE[,KEY=VALUE...]`` over the recorded thresholds (`recorded`: the window's
+    ``config``, those in force at its start, a change before it included). Keys: ``budget.K``,
     ``classes.NAME.K``, ``backend.K`` (the replayed backend: token_budget, max_prefill_tokens,
     prefill_yield_tokens; ``backends.K``, as ``changes`` names it, too); ``KEY=none``
     removes an optional key. A key given twice, an empty item, or a key the replay cannot honour
@@ -218,7 +230,7 @@ def figures(window: Window, outcomes: Mapping[str, Outcome], config: Config) -> 
             span = max(span, a.at + o.duration_ms / 1000.0)
     for cls in sorted(by_class):
         outs = by_class[cls]
-        objective = config.objective_ms(cls) or config.budget.slo_ttft_p95_ms  # a class it lacks: the SLO
+        objective = _bar(config, cls)
         ran = [o for o in outs if o.admitted]
         waits = [o.queue_ms for o in ran if o.queue_ms is not None]
         ttfts = [o.ttft_arrival_ms for o in ran if o.ttft_arrival_ms is not None]
@@ -259,22 +271,29 @@ def _error(rec: float | None, rep: float | None, kind: str) -> float | None:
         return 0.0
     if rec is None or rep is None:
         return None
-    return abs(rep - rec) / max(abs(rec), _FLOORS[kind])
+    return abs(rep - rec) / max(abs(rec), ERROR_FLOORS[kind])
 
 
 def calibration(recorded: Mapping[str, dict[str, Any]], replayed: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Figure path (``class.figure`` or ``class.refused.reason``) -> recorded, replayed, error."""
+    """Figure path (``class.figure`` or ``class.refused.reason``) -> recorded, replayed, error,
+    and the floor the error is taken against near zero (`ERROR_FLOORS`)."""
     out: dict[str, dict[str, Any]] = {}
     for cls in sorted(recorded.keys() | replayed.keys()):
         a, b = recorded.get(cls, {}), replayed.get(cls, {})
         for fig in SCALARS:
             rec, rep = a.get(fig), b.get(fig)
-            out[f"{cls}.{fig}"] = {"recorded": rec, "replayed": rep, "error": _round(_error(rec, rep, _kind(fig)))}
+            kind = _kind(fig)
+            out[f"{cls}.{fig}"] = {"recorded": rec, "replayed": rep, "error": _round(_error(rec, rep, kind)), "floor": ERROR_FLOORS[kind]}
         for key in ("refused", "failed"):
             reasons = set(a.get(key, {})) | set(b.get(key, {}))
             for reason in sorted(reasons):
                 rec, rep = a.get(key, {}).get(reason, 0), b.get(key, {}).get(reason, 0)
-                out[f"{cls}.{key}.{reason}"] = {"recorded": rec, "replayed": rep, "error": _round(_error(rec, rep, "count"))}
+                out[f"{cls}.{key}.{reason}"] = {
+                    "recorded": rec,
+                    "replayed": rep,
+                    "error": _round(_error(rec, rep, "count")),
+                    "floor": ERROR_FLOORS["count"],
+                }
     return out
 
 
@@ -366,14 +385,54 @@ def _window_curve(curve: list[tuple[float, int]], lead: float) -> list[tuple[flo
     return [(0.0, before[-1])] * bool(before) + [(t - lead, b) for t, b in curve if t - lead > 0.0]
 
 
+def moved_before(window: Window) -> set[str]:
+    """The keys (as a proposal's `pinned` names them) whose value in force at the window's start
+    is not the gate's start value: a change between the gate's start and the window moved them."""
+    if window.started is None:
+        return set()
+    start, now = _flat(thresholds_of(window.start_config)), _flat(thresholds_of(window.config))
+    return {k for k in start.keys() | now.keys() if start.get(k) != now.get(k)}
+
+
+def engine_config(window: Window, config: Config, pinned: frozenset[str] = frozenset()) -> Config:
+    """What the engine starts from for a scenario whose thresholds at the window's start are
+    `config` (`window.config`, or a proposal over it) and that pins `pinned`: `config`, but each
+    key a change before the window moved and the scenario does not pin at the gate's start value,
+    so that the engine, replaying those changes at the window's start, has the value in force
+    then; a pinned key keeps the scenario's value, and the changes of it are not replayed."""
+    if window.started is None:
+        return config
+    if config == window.config and not pinned:
+        return window.start_config
+    start = window.start_config
+    budget: dict[str, Any] = {}
+    classes: dict[str, dict[str, Any]] = {}
+    for key in moved_before(window) - pinned:
+        head, _, rest = key.partition(".")
+        if head == "budget":
+            budget[rest] = getattr(start.budget, rest)
+        elif head == "classes":
+            cls, _, name = rest.partition(".")
+            if any(c.name == cls for c in start.classes) and any(c.name == cls for c in config.classes):
+                classes.setdefault(cls, {})[name] = getattr(start.class_by_name(cls), name)
+    return dataclasses.replace(
+        config,
+        budget=dataclasses.replace(config.budget, **budget),
+        classes=tuple(dataclasses.replace(c, **classes[c.name]) if c.name in classes else c for c in config.classes),
+    )
+
+
 def _run(window: Window, config: Config, pinned: frozenset[str] = frozenset()) -> tuple[dict[str, Outcome], list[tuple[float, int]]]:
+    """One engine run of the scenario whose thresholds at the window's start are `config`."""
     arrivals, changes, until, lead = _from_lead(window)
     curve: list[tuple[float, int]] = []
-    outs = replay(config, window.fit, arrivals, changes, until=until, pinned=pinned, budget_curve=curve)
+    outs = replay(engine_config(window, config, pinned), window.fit, arrivals, changes, until=until, pinned=pinned, budget_curve=curve)
     return outs, _window_curve(curve, lead)
 
 
 def _scenario(window: Window, config: Config, pinned: frozenset[str] = frozenset()) -> Scenario:
+    """One scenario's figures (judged against `config`'s objectives: those in force at the
+    window's start, or the proposal's) and budget curve."""
     outs, curve = _run(window, config, pinned)
     return figures(window, outs, config), _curve(curve)
 
@@ -401,21 +460,41 @@ def _warnings(window: Window, config: Config) -> list[str]:
 
 
 def _unpinned_notes(window: Window, p: Proposal) -> list[str]:
-    """A key the --set names at its recorded value pins nothing (a proposal equal to the
-    recorded config is the replayed column): when an operator's change in the window moves
-    that key, say that it is replayed (a trial's "queue_depth=8, as before my retune to 12"
-    showed the replayed column again, and nothing said why)."""
+    """A key the proposal gives at its value in force at the window's start pins nothing (a
+    proposal equal to those thresholds is the replayed column): said, with why. When an
+    operator's change in the window moves that key, it is replayed as recorded (a trial's
+    "queue_depth=8, as before my retune to 12" showed the replayed column again, and nothing said
+    why); when none does, the key changes nothing. A change before the window is in force at its
+    start: a key it moved is compared with its value then, not with the gate's start (a trial's
+    "queue_depth=6, as before my retune" was compared with the gate's 6 and silently changed
+    nothing), and the note names the gate's start value. A --config file that pins nothing says so."""
     out = []
+    now = _flat(thresholds_of(window.config))
+    start = _flat(thresholds_of(window.start_config))
     for key in sorted(p.given - p.pinned):
+        value = f"{key}={plain_value(now.get(key))}"
+        said = value if p.name == value else f"{p.name}: {value}"  # not "K=V: K=V is ..."
+        was = (
+            f" (the gate started with {plain_value(start.get(key))}: a change before the window set it)"
+            if start.get(key) != now.get(key)
+            else ""
+        )
         moved = [c for c in window.changes if c.at > 0 and c.action in REPLAYED_ACTIONS and unpinned(c, frozenset({key})) != c]
         if moved:
             # a `restored` row is a restarted gate putting its kept overrides back, not an operator's
             # move (a trial's note named two restarts "the operator's change")
             at = ", ".join(f"+{c.at:.1f} s" + (" restored at a gate's start" if c.action == "restored" else "") for c in moved)
             out.append(
-                f"{p.name}: {key} is the recorded value, so it pins nothing: the recorded change of it in the window "
-                f"(at {at}) is replayed as recorded, as in the replayed column (a proposal holds only a value other than the recorded one)"
+                f"{said} is the value in force at the window's start{was}, so it pins nothing: the recorded change of it "
+                f"in the window (at {at}) is replayed as recorded, as in the replayed column (a proposal holds only a value other "
+                "than the one in force at the window's start)"
             )
+        else:
+            out.append(f"{said} is the value in force at the window's start{was}, so it changes nothing")
+    if not p.given and not p.pinned:
+        out.append(
+            f"{p.name}: its thresholds are the ones in force at the window's start, so it changes nothing (its column is the replayed one)"
+        )
     return out
 
 
@@ -424,39 +503,55 @@ def _yardstick_notes(window: Window, p: Proposal) -> list[str]:
     one (a trial's slo_ttft_p95_ms=3000 read 0.731 -> 0.864, partly because the bar moved, with
     nothing said): say which bars the columns use."""
 
-    def bar(config: Config, cls: str) -> float:
-        return config.objective_ms(cls) or config.budget.slo_ttft_p95_ms  # as figures() judges
-
     classes = sorted({a.cls for a in window.arrivals})
     moved = [
-        f"{c} {bar(p.config, c):.0f} ms (recorded, replayed: {bar(window.config, c):.0f} ms)"
+        f"{c} {_bar(p.config, c):.0f} ms (recorded, replayed: {_bar(window.config, c):.0f} ms, in force at the window's start)"
         for c in classes
-        if bar(p.config, c) != bar(window.config, c)
+        if _bar(p.config, c) != _bar(window.config, c)
     ]
     if not moved:
         return []
     return [f"{p.name}: its slo_attainment is judged against its own TTFT objectives, {', '.join(moved)}: not one bar across the columns"]
 
 
+def _bar(config: Config, cls: str) -> float:
+    """The TTFT objective `figures` judges class `cls`'s slo_attainment against under `config`."""
+    return config.objective_ms(cls) or config.budget.slo_ttft_p95_ms  # a class it lacks: the SLO
+
+
 def _moved_bar_notes(window: Window) -> list[str]:
-    """An operator's change in the window that moves a TTFT objective: slo_attainment is judged
-    against the objective in force at the window's start in every column (one bar to compare
-    the columns by; a trial's retune from 2 s to 3 s mid-incident went unsaid)."""
+    """The TTFT objectives slo_attainment is judged against, where they are not the gate's start
+    ones: every column judges every arrival against the objective in force at the window's start
+    (one bar to compare the columns by). A change before the window that moved one is said with the
+    gate's start value (a trial's retune of interactive's objective before the window was judged
+    against the gate's start objective, and nothing said which); an operator's change in the
+    window is said as not followed (a trial's retune from 2 s to 3 s mid-incident went unsaid)."""
     classes = sorted({a.cls for a in window.arrivals})
+    notes = []
+    before = [
+        f"{c} {_bar(window.config, c):.0f} ms (the gate started with {_bar(window.start_config, c):.0f} ms)"
+        for c in classes
+        if _bar(window.config, c) != _bar(window.start_config, c)
+    ]
+    if before:
+        notes.append(
+            f"a TTFT objective was changed between the gate's start and the window: slo_attainment is judged against the "
+            f"objectives in force at the window's start, {', '.join(before)}, in every column"
+        )
     keys = {f"classes.{c}.ttft_objective_ms" for c in classes}
     if any(not _own_objective(window.config, c) for c in classes):
         # the SLO is the bar of a class without its own objective only (a trial's two classes had
         # their own: the note fired on every slo_ttft_p95_ms retune, and no bar had moved)
         keys.add("budget.slo_ttft_p95_ms")
     moved = [c for c in window.changes if c.at > 0 and c.action in REPLAYED_ACTIONS and unpinned(c, frozenset(keys)) != c]
-    if not moved:
-        return []
-    at = ", ".join(f"+{c.at:.1f} s {c.action} {c.target}" for c in moved[:4]) + (" ..." if len(moved) > 4 else "")
-    bars = ", ".join(f"{c} {window.config.objective_ms(c) or window.config.budget.slo_ttft_p95_ms:.0f} ms" for c in classes)
-    return [
-        f"a TTFT objective moved in the window ({at}): slo_attainment is judged against the objectives in force at "
-        f"its start ({bars}) for every arrival in every column, not the moved ones"
-    ]
+    if moved:
+        at = ", ".join(f"+{c.at:.1f} s {c.action} {c.target}" for c in moved[:4]) + (" ..." if len(moved) > 4 else "")
+        bars = ", ".join(f"{c} {_bar(window.config, c):.0f} ms" for c in classes)
+        notes.append(
+            f"a TTFT objective moved in the window ({at}): slo_attainment is judged against the objectives in force at "
+            f"the window's start ({bars}) for every arrival in every column, not the moved ones"
+        )
+    return notes
 
 
 def _own_objective(config: Config, cls: str) -> bool:
@@ -673,6 +768,17 @@ def model_line(fit: Mapping[str, Any]) -> str:
     )
 
 
+def error_legend() -> str:
+    """How the error column is taken, under the table (a trial read 10% for a queue wait of 0.1 ms
+    replayed as 0, and asked "denominator floored at 1?")."""
+    f = ERROR_FLOORS
+    return (
+        f"error = |replayed - recorded| / max(|recorded|, floor); floors {f['ms']:g} ms, {f['count']:g} requests, "
+        f"{f['ratio']:g} of attainment, {f['rate']:g} tokens/s: near 0, {NOISE['ms']:g} ms, {NOISE['count']:g} request, "
+        f"{NOISE['ratio']:g} or {NOISE['rate']:g} token/s off is {UNTRUSTED_ABOVE:.0%}"
+    )
+
+
 def to_table(answer: Mapping[str, Any]) -> str:
     """Recorded | replayed | error | each proposal; '?' marks a figure the calibration does not trust."""
     head, rows = table_cells(answer)
@@ -695,8 +801,9 @@ def to_table(answer: Mapping[str, Any]) -> str:
     out.append("")
     for row in lines:
         out.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+    out.append("")
+    out.append(error_legend())
     if bad:
-        out.append("")
         out.append(
             f"? = calibration error over {answer['untrusted_above']:.0%}: not a prediction "
             f"({len(bad)} figure{'' if len(bad) == 1 else 's'})"

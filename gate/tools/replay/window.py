@@ -26,7 +26,7 @@ from gate.config.thresholds import CONFIG_IN_FORCE, config_from_thresholds
 from gate.data.records import CAPACITY_LEARNED
 from gate.journal.schema import JournalError
 from gate.ops.lock import holder
-from gate.tools.replay.engine import CORE_REASONS, REPLAYED_ACTIONS, Arrival, BackendFit, Change
+from gate.tools.replay.engine import CORE_REASONS, REPLAYED_ACTIONS, Arrival, BackendFit, Change, in_force_at_start
 
 #: the schema version whose columns replay reads (decisions.ttft_arrival_ms, samples.journal_dropped)
 REPLAY_SCHEMA = 4
@@ -43,8 +43,11 @@ class Window:
     since: float  # epoch seconds
     until: float
     backend: str
-    config: Config  # the thresholds in force at the window's start (before its changes)
-    config_digest: str
+    #: the thresholds in force at the window's start: the gate's (`started`) with the changes
+    #: between its start and the window applied (`in_force_at_start`); what a proposal is
+    #: compared with, the what-if's form shows and slo_attainment is judged against
+    config: Config
+    config_digest: str  # the gate's start config's (its config_in_force row's note)
     arrivals: tuple[Arrival, ...]
     changes: tuple[Change, ...]
     fit: BackendFit
@@ -59,6 +62,15 @@ class Window:
     #: llama-server's KV pool as the journal records it (its capacity_learned row); None: not
     #: recorded (then `fit.ceiling` is an estimate, and no proposal is warned against it)
     pool: int | None = None
+    #: the thresholds the gate that wrote the window started with (its config_in_force row): the
+    #: engine starts from these and replays the changes before the window (``at`` <= 0) at its
+    #: start; None: the same as `config` (no threshold moved between the gate's start and the window)
+    started: Config | None = None
+
+    @property
+    def start_config(self) -> Config:
+        """The gate's start thresholds (`started`, else `config`)."""
+        return self.config if self.started is None else self.started
 
     @property
     def lead_s(self) -> float:
@@ -259,12 +271,13 @@ def _load(conn: sqlite3.Connection, path: str, since: float | None, until: float
     lead, arrivals = _distinct_ids(_lead(conn, backend, since, float(cfg_row["ts"]), names), arrivals)
     notes += _open_ends(conn, path, backend, since, asked_until, lead, float(cfg_row["ts"]))
     notes += _losses(conn, backend, since, asked_until, rows)
+    in_force = in_force_at_start(config, changes)
     return Window(
         path,
         since,
         until,
         backend,
-        config,
+        in_force,
         str(cfg_row["note"]),
         arrivals,
         tuple(changes),
@@ -273,6 +286,7 @@ def _load(conn: sqlite3.Connection, path: str, since: float | None, until: float
         tuple(notes),
         lead,
         learned_pool(learned_value),
+        None if in_force == config else config,
     )
 
 
@@ -497,17 +511,18 @@ def _changed_before(changes: list[Change], since: float, started: float, digest:
     trial's window after a SIGHUP reload read "0 operator changes in the window", and the
     what-if's lines, the gate's start values, as if they had been in force)."""
     before = [c for c in changes if c.at <= 0 and c.action in REPLAYED_ACTIONS]
-    # the last clause: a trial's what-if left its prefilled backend.token_budget=2048 as it was and
-    # replayed a budget set by hand to 1,024, where --set with the same line replayed 2,048
     if not before:
         return []
     listed = ", ".join(f"{_hms(since + c.at)} {c.action} {c.target}" for c in before[:6])
     more = f" and {len(before) - 6} more" if len(before) > 6 else ""
+    # the last clause: a trial's --set of a class's queue_depth at the gate's start value ("what if
+    # I had not retuned it before the window?") was compared with the gate's start, pinned nothing
+    # and replayed the retune: `changes` [], the column the replayed one, with nothing said
     return [
         f"{len(before)} change{'' if len(before) == 1 else 's'} between the gate's start ({_hms(started)}, config {digest}) "
-        f"and the window {'is' if len(before) == 1 else 'are'} in force at its start (replayed before it): {listed}{more}; --set keys and the what-if's lines "
-        "are compared with the gate's start: a what-if line left as it is keeps what was recorded, these changes included, where "
-        "--set KEY=VALUE pins KEY over them"
+        f"and the window {'is' if len(before) == 1 else 'are'} in force at its start (replayed before it): {listed}{more}; --set keys "
+        "and the what-if's lines are compared with the thresholds in force at the window's start, these changes included: "
+        "KEY=VALUE at that value changes nothing, another value pins KEY over them"
     ]
 
 
@@ -620,6 +635,37 @@ def _prefill_ahead(ran: list[sqlite3.Row]) -> tuple[list[float], list[float]]:
             x[i] = float(ahead_tokens)
             busy[i] = float(len(running))
     return x, busy
+
+
+#: the fewest completed requests, and the least spread (tokens) of the prompt tokens prefilling
+#: at dispatch, from which the fit separates a prefill rate
+PREFILL_FIT_POINTS = 8
+PREFILL_FIT_SPREAD = 64
+
+
+def _prefill_not_fitted(points: int, prompts: list[float]) -> str:
+    """Why no fit with a prompt term is tried (or "" when one is)."""
+    if points < PREFILL_FIT_POINTS:
+        return f"only {points} completed requests: {PREFILL_FIT_POINTS} are needed to separate a prefill rate"
+    lo, hi = min(prompts), max(prompts)
+    if hi - lo < PREFILL_FIT_SPREAD:
+        return f"the prompt tokens prefilling at each dispatch barely vary: {lo:.0f}-{hi:.0f}, under {PREFILL_FIT_SPREAD} apart"
+    return ""
+
+
+def _prefill_rejected(sol: list[float] | None, prompts: list[float], with_busy: bool) -> str:
+    """Why a fit of TTFT with a prompt term (`sol`: base, [per busy slot,] per prompt token) was
+    not taken: the reason the note gives."""
+    span = f"{min(prompts):.0f}-{max(prompts):.0f} prompt tokens prefilling at dispatch"
+    if sol is None:
+        return f"over {span}, the prompt sizes move with the busy slots: least squares cannot tell them apart"
+    if sol[-1] <= 1e-7:
+        return (
+            f"over {span}, TTFT did not grow with the prompt: the fitted slope is "
+            f"{sol[-1] * 1e6:+.2f} ms per 1,000 tokens{' (beside the busy slots)' if with_busy else ''}"
+        )
+    negative = "base" if sol[0] < 0 else "cost per busy slot"
+    return f"over {span}, the fit's TTFT {negative} came out negative ({min(sol[:-1]) * 1000:.0f} ms)"
 
 
 def _median(values: list[float]) -> float:
@@ -739,9 +785,10 @@ def fit_backend(
     # varies enough to be separated from the others (and comes out non-negative): with a burst
     # that keeps every slot busy, or prompts all of one size, least squares would extrapolate
     # noise (a first try fitted 219 s from four points that all had 4 busy slots).
-    spread_busy = len(ran) >= 8 and max(busy_ttft) - min(busy_ttft) >= 1.0
-    spread_prompt = len(ran) >= 8 and max(prompts) - min(prompts) >= 64
+    spread_busy = len(ran) >= PREFILL_FIT_POINTS and max(busy_ttft) - min(busy_ttft) >= 1.0
+    spread_prompt = len(ran) >= PREFILL_FIT_POINTS and max(prompts) - min(prompts) >= PREFILL_FIT_SPREAD
     base, per_busy, rate = _median(ttft), 0.0, 1e9
+    why = _prefill_not_fitted(len(ran), prompts)  # why no prompt term, when it is not tried
     for use_busy, use_prompt in ((spread_busy, spread_prompt), (False, spread_prompt), (spread_busy, False)):
         if not (use_busy or use_prompt):
             continue
@@ -752,8 +799,12 @@ def fit_backend(
             per_busy = sol[1] if use_busy else 0.0
             rate = 1.0 / sol[-1] if use_prompt else 1e9
             break
+        if use_prompt:
+            why = _prefill_rejected(sol, prompts, use_busy)  # the last fit with a prompt term tried
     if rate >= 1e9:
-        notes.append("prefill rate not separable (prompt sizes barely vary): folded into the TTFT base")
+        # each fallback says its own reason: a trial's note read "prompt sizes barely vary" where
+        # they varied 53-474 tokens and the fitted slope was negative
+        notes.append(f"prefill rate not separable ({why}): folded into the TTFT base")
     tp_x, tp_y = [], []
     # Decode time per token against the requests in flight at dispatch: what the engine's model
     # reads (the mean over the decode fitted 12% slow on a model-made journal).
