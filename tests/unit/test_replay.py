@@ -1820,3 +1820,30 @@ def test_the_error_near_zero_is_one_rule_for_every_kind_of_figure(tmp_path: Path
     assert all(v["floor"] in (10.0, 4.0, 0.04) for v in answer["calibration"].values())
     legend = "error = |replayed - recorded| / max(|recorded|, floor); floors 10 ms, 4 requests, 0.04 of attainment, 4 tokens/s"
     assert legend in to_table(answer)
+
+
+def test_an_estimated_prompt_too_long_for_a_slot_is_not_replayed_as_too_long(tmp_path: Path) -> None:
+    """A trial's overload window: most refusals came at arrival, before llama-server counted
+    the prompt, so the journal holds the gate's estimate, which can exceed what the request
+    really was. Replayed as it stands, 8 batch requests recorded as queue_timeout were refused
+    context_length_exceeded and the figures moved (untrusted 800%). An estimate not refused for
+    its size is taken as the most that fits a slot, and a note says how many prompts are
+    estimates. Negative control: with the same rows marked exact, the replay keeps the sizes."""
+    path = _journal(tmp_path, n=60, duration=10.0)
+    slot = load_window(path).fit.slot_context
+    conn = sqlite3.connect(path, isolation_level=None)
+    ids = [r[0] for r in conn.execute("SELECT id FROM decisions WHERE reason != 'context_length_exceeded' ORDER BY ts LIMIT 5")]
+    marks = ",".join(map(str, ids))
+    conn.execute(f"UPDATE decisions SET prompt_tokens = ? + 100, token_count_source = 'estimate' WHERE id IN ({marks})", (slot,))
+    conn.close()
+    window = load_window(path)
+    longest = {a.prompt_tokens + a.max_tokens for a in window.arrivals if a.through_core}
+    assert max(longest) <= slot, (max(longest), slot)
+    said = [n for n in window.notes if "refused before llama-server counted them" in n]
+    assert said and "5 of these estimates would not fit a slot" in said[0], window.notes
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(f"UPDATE decisions SET token_count_source = 'exact' WHERE id IN ({marks})")
+    conn.close()
+    exact = load_window(path)
+    assert sum(1 for a in exact.arrivals if a.prompt_tokens == slot + 100) == 5  # counted: as recorded
+    assert not any("refused before llama-server counted them" in n for n in exact.notes)

@@ -265,6 +265,8 @@ def _load(conn: sqlite3.Connection, path: str, since: float | None, until: float
             "the slots, pool and KV layout are taken from the samples and the config instead"
         )
     fit = fit_backend(rows, samples, config, since, learned_value)
+    arrivals, estimated_notes = _estimated_prompts(arrivals, [r for r in rows if r["class"]], fit.slot_context)
+    notes += estimated_notes
     notes += _capacity_moves(changes, backend, learned_value, since)
     curve = tuple((s["ts"] - since, s["budget"]) for s in samples if s["budget"] is not None and since <= s["ts"] < until)
     notes += _changed_before(changes, since, float(cfg_row["ts"]), str(cfg_row["note"]))
@@ -555,6 +557,42 @@ def _arrival(r: sqlite3.Row, since: float, classes: set[str]) -> Arrival:
         endpoint=r["endpoint"],
         duration_ms=r["duration_ms"] if ran else None,
     )
+
+
+def _estimated_prompts(arrivals: tuple[Arrival, ...], rows: list[sqlite3.Row], slot_context: int) -> tuple[tuple[Arrival, ...], list[str]]:
+    """A request refused before llama-server counted it (at arrival, under load) has an
+    estimated prompt in the journal (its JSON bytes / 3 x what the backend's counts gave lately):
+    the arrivals as replayed, and the notes saying how many. An estimate that would not fit a
+    slot beside its max_tokens, on a request not refused for its size, is taken as the most
+    that fits: its refusal says it was not too long, and replayed as too long it moved refusals
+    from their recorded reason to context_length_exceeded (a trial: batch's queue_timeout 79 ->
+    72 and context_length_exceeded 0 -> 8, untrusted)."""
+    estimated = [r["token_count_source"] == "estimate" if "token_count_source" in r.keys() else False for r in rows]
+    count = sum(1 for a, e in zip(arrivals, estimated, strict=True) if e and a.through_core)
+    if not count:
+        return arrivals, []
+    out, fitted = [], 0
+    for a, e in zip(arrivals, estimated, strict=True):
+        if (
+            e
+            and a.through_core
+            and a.reason != "context_length_exceeded"
+            and a.prompt_tokens + a.max_tokens > slot_context >= a.max_tokens + 1
+        ):
+            a = replace(a, prompt_tokens=slot_context - a.max_tokens)
+            fitted += 1
+        out.append(a)
+    shown = sum(1 for a in arrivals if a.through_core)
+    note = (
+        f"{count} of the {shown} arrivals replayed were refused before llama-server counted them: their prompt sizes are "
+        "the gate's estimates, so figures that rest on them (refusals by reason above all) are less certain"
+    )
+    if fitted:
+        note += (
+            f"; {fitted} of these estimates would not fit a slot of {slot_context} tokens beside their max_tokens, though "
+            "they were not refused for their size: each is taken as the most that fits"
+        )
+    return tuple(out), [note]
 
 
 def _distinct_ids(*groups: tuple[Arrival, ...]) -> tuple[tuple[Arrival, ...], ...]:
