@@ -138,6 +138,11 @@ class Recorder:
         note = f"{capacity.slots} slots of {capacity.slot_context} tokens, {kv or 'unknown'} KV ({how}), ceiling {capacity.ceiling}" + (
             "" if pool == capacity.ceiling else f", pool {pool}"
         )
+        self._journal_only(CAPACITY_LEARNED, f"backend:{backend}", None, json.dumps(value, sort_keys=True), note, operator)
+
+    def _journal_only(self, action: str, target: str, old: str | None, new: str, note: str, operator: Operator) -> None:
+        """An audit row of what the gate learned, for the journal only: not in the console's
+        list of changes (nobody changed anything)."""
         if self.journal is not None:
             self.journal.add(
                 AuditRecord(
@@ -145,10 +150,10 @@ class Recorder:
                     operator=operator.name,
                     origin=operator.origin,
                     source="gate",
-                    action=CAPACITY_LEARNED,
-                    target=f"backend:{backend}",
-                    old_value=None,
-                    new_value=json.dumps(value, sort_keys=True),
+                    action=action,
+                    target=target,
+                    old_value=old,
+                    new_value=new,
                     note=note,
                     gate_id=self.gate_id,
                 )
@@ -297,21 +302,7 @@ class Recorder:
             "" if old is None else f" ({old} before)"
         )
         log.info("shared limits: %s", note)
-        if self.journal is not None:
-            self.journal.add(
-                AuditRecord(
-                    ts=time.time(),
-                    operator=operator.name,
-                    origin=operator.origin,
-                    source="gate",
-                    action=SHARED_GATES,
-                    target="gate",
-                    old_value=None if old is None else str(old),
-                    new_value=str(new),
-                    note=note,
-                    gate_id=self.gate_id,
-                )
-            )
+        self._journal_only(SHARED_GATES, "gate", None if old is None else str(old), str(new), note, operator)
 
     async def remembered_gates(self) -> int | None:
         """N as this journal last recorded it (:meth:`shared_gates_counted`), or None."""
