@@ -107,21 +107,29 @@ def refuse_waiting(unit: Backend, reason: Reason, message: str, retry_after_s: f
 
 
 def refuse_unfit(unit: Backend, cap: Capacity) -> None:
-    """Requests queued before the model's first load that its context can never hold: 400."""
+    """Requests queued before the model's first load that its context can never hold: 400.
+    Their prompts are estimates (a model not loaded cannot count), often twice the count: only
+    what holds whatever the prompt is refused here (its max_tokens alone, with a 1-token
+    prompt per task, too many tasks); the rest is counted at dispatch and judged then
+    (proxy._recount; a trial's 290-token chat was refused here as 530 > 512)."""
     adm, keeper = unit.admission, unit.gatekeeper
     assert adm is not None and keeper is not None
     refusals = []
     for cls in adm.class_names:
         reach = adm.class_reach(cls, cap.ceiling)
         for waiting in list(adm.queue(cls)):
-            cost = waiting.request.cost
-            if waiting.request.largest_task > cap.slot_context or cost > reach or waiting.request.tasks > cap.slots:
+            request = waiting.request
+            least = request.tasks * (1 + request.max_tokens)  # the smallest it could be: one prompt token a task
+            if 1 + request.max_tokens > cap.slot_context or least > reach or request.tasks > cap.slots:
                 adm.cancel(waiting.request.id)
                 refusals.append(
                     Refuse(
                         waiting.request,
                         Reason.CONTEXT_LENGTH_EXCEEDED,
-                        f"request needs {cost} tokens; model {unit.model!r} holds at most {min(cap.slot_context, reach)} per request",
+                        f"request needs at least {least} tokens ({request.tasks} tasks) where model {unit.model!r} holds at most "
+                        f"{min(cap.slot_context, reach)}"
+                        if request.tasks > cap.slots or least > reach
+                        else f"max_tokens {request.max_tokens} alone exceeds the {cap.slot_context}-token context of a slot of model {unit.model!r}",
                     )
                 )
     if refusals:

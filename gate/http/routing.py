@@ -101,6 +101,14 @@ async def measure(gate: RequestPorts, b: Backend, intake: Intake) -> Measured:
         return await _measure_parts(gate, b, intake)
     if intake.plans is None:
         count = await count_tokens(gate, b, intake)
+        if count.source == "estimate" and b.admission is not None:
+            # A router's model not loaded now, whose slot the gate knows from an earlier load (else
+            # the provisional 2^30, and this changes nothing): an
+            # estimate (JSON bytes / 3, ~2x English text) is no ground to refuse as too long (a
+            # trial's 290-token chat was refused at arrival as 514 + 16 > 512). Held at most at
+            # what fits a slot; the count at dispatch, once it is loaded, decides (proxy._recount).
+            fits = max(1, b.admission.capacity.slot_context - intake.max_tokens)
+            count = TokenCount(min(count.tokens, fits), "estimate", False)
         per_task: tuple[int, ...] = (count.tokens,)
     else:
         ask = not (b.fleet is not None and not serving(b))

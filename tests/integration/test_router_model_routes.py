@@ -213,3 +213,35 @@ async def test_a_request_queued_for_a_model_not_loaded_is_counted_once_it_loads(
         record = gate.records.find("cold-2")
         assert record is not None and record.reason == "context_length_exceeded" and record.token_count_source == "exact", record
         await released(gate)
+
+
+async def test_an_estimate_over_the_slot_is_not_refused_before_the_count(llama_router) -> None:
+    """A model not loaded cannot count: its requests hold the estimate (JSON bytes / 3), about
+    twice English text. A trial's 290-token chat with max_tokens 16 on 512-token slots was
+    refused as 514 + 16 > 512: at the load, to a model never loaded, and at once, to one loaded
+    before. It fits, so it is served, counted at dispatch."""
+    router = llama_router()
+    text = " ".join(["hello"] * 600)
+    body = {"model": "tiny2", "messages": [{"role": "user", "content": text}], "max_tokens": 16}
+    async with (
+        running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate,
+        httpx.AsyncClient(timeout=120, limits=NO_KEEPALIVE) as client,
+    ):
+        slot = None
+        for attempt in ("never-loaded", "loaded-before"):
+            assert status(gate, "tiny2") == "unloaded", attempt
+            r = await client.post(gate.url + CHAT, json=body, headers={"X-Request-Id": f"est-{attempt}"})
+            assert r.status_code == 200, (attempt, r.text)
+            real = r.json()["usage"]["prompt_tokens"]
+            slot = unit(gate, "tiny2").admission.capacity.slot_context
+            record = gate.records.find(f"est-{attempt}")
+            assert record.token_count_source == "exact" and record.prompt_tokens == real, record
+            assert len(text.encode()) // 3 + 16 > slot > real + 16, (
+                len(text) // 3,
+                slot,
+                real,
+            )  # the estimate would not fit; the count does
+            await released(gate)
+            await client.post(router.url + "/models/unload", json={"model": "tiny2"})
+            await wait_until(lambda: status(gate, "tiny2") == "unloaded", timeout_s=30)
+        assert slot is not None
