@@ -728,10 +728,12 @@ def _check_router(client: httpx.Client, config: BackendConfig, props: Mapping[st
     max_instances = props.get("max_instances")
     pins = [m for m in config.models if m in config.pin]
     crowded: tuple[str, ...] = ()
-    if isinstance(max_instances, int) and 0 < max_instances <= len(pins) < len(config.models):
+    if isinstance(max_instances, int) and 0 < max_instances <= len(pins) and len(pins) + (len(pins) < len(config.models)) > max_instances:
+        left = [m for m in config.models if m not in config.pin] or pins[max_instances:]
         crowded = (
-            f"pin holds {len(pins)} of llama-server's {max_instances} --models-max places: "
-            f"{', '.join(m for m in config.models if m not in config.pin)} could never load (refused 503 model_unavailable)",
+            f"pin names {len(pins)} {'model' if len(pins) == 1 else 'models'} and llama-server runs at most {max_instances} "
+            f"(--models-max): "
+            f"{', '.join(left)} could never load (refused 503 model_unavailable)",
         )
     try:
         data = client.get(config.url + "/models").json()["data"]

@@ -166,9 +166,10 @@ class ModelFleet:
     def places_taken(self, model: str) -> str:
         """What holds every --models-max place for good, when something does and `model` is not
         among it: the pinned models (not failed or missing) and those the router runs for others."""
-        if not self.max_loaded or model in self.pins:
+        if not self.max_loaded:
             return ""
-        pinned = [p for p in sorted(self.pins) if p in self.info and self.info[p].status not in ("missing", "failed")]
+        # (a pinned model too: more pins than places leave one of them out for good)
+        pinned = [p for p in sorted(self.pins) if p != model and p in self.info and self.info[p].status not in ("missing", "failed")]
         if len(pinned) + len(self.held) < self.max_loaded:
             return ""
         return ", ".join([*(f"{p} (pinned)" for p in pinned), *(f"{h} (loaded straight, not served by this gate)" for h in self.held)])

@@ -215,7 +215,7 @@ class _Flow:
     async def _serve(self) -> None:
         intake = self.intake
         assert intake is not None
-        if intake.model is None and self.gate.backends.configured[0].fleet is not None:
+        if not intake.model and self.gate.backends.configured[0].fleet is not None:
             # a router needs the model named, and says so in these words (a trial's request with
             # none was served by the router's first model, where llama-server answers 400)
             raise GateError(Reason.INVALID_REQUEST, "model name is missing from the request", "model")

@@ -514,7 +514,14 @@ def test_config_check_backends_names_a_configured_model_the_router_does_not_list
     small = llama_router(models_max=1)
     for backend_lines, said in (
         ("", "a router needs `models`"),
-        ('models = ["tiny", "tiny2"]\npin = ["tiny"]\n', "pin holds 1 of llama-server's 1 --models-max places: tiny2 could never load"),
+        (
+            'models = ["tiny", "tiny2"]\npin = ["tiny", "tiny2"]\n',
+            "pin names 2 models and llama-server runs at most 1 (--models-max): tiny2 could never load",
+        ),
+        (
+            'models = ["tiny", "tiny2"]\npin = ["tiny"]\n',
+            "pin names 1 model and llama-server runs at most 1 (--models-max): tiny2 could never load",
+        ),
     ):
         f.write_text(f'[[backends]]\nname = "r"\nurl = "{small.url}"\n{backend_lines}kv = "split"\n')
         out = StringIO()

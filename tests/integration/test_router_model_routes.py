@@ -55,8 +55,10 @@ async def test_a_client_load_and_unload_are_the_gates_own_model_operations(llama
         # no model named: llama-server's router answers 400 and its own /props; so does the gate
         # (it served the router's first model, and answered that model's /props)
         nameless = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-        for path in (CHAT, "/completion", "/tokenize"):
+        for path in (CHAT, "/completion", "/tokenize", "empty"):
             body = {"prompt": "hi", "n_predict": 2} if path == "/completion" else {"content": "hi"} if path == "/tokenize" else nameless
+            if path == "empty":  # "model": "" is no model either, for the router
+                path, body = CHAT, {**nameless, "model": ""}
             direct = await client.post(router.url + path, json=body)
             r = await client.post(gate.url + path, json=body, headers=OPS)
             assert r.status_code == direct.status_code == 400, (path, r.text, direct.text)
@@ -159,6 +161,17 @@ async def test_models_max_taken_by_pins_or_by_models_loaded_straight_refuses_at_
         assert r.status_code == 503 and r.json()["error"]["code"] == "model_unavailable", r.text
         assert "tiny (pinned)" in r.json()["error"]["message"] and int(r.headers["retry-after"]) >= 30
         assert (await client.post(gate.url + CHAT, json=chat("tiny"))).status_code == 200
+        await released(gate)
+
+    # more pins than places: the one left out is refused at once too (it waited out its queue)
+    router = llama_router(models_max=1)
+    async with (
+        running_gate(router.url, config(), kv="split", backend_extra=backend(extra='pin = ["tiny", "tiny2"]')) as gate,
+        httpx.AsyncClient(timeout=60, limits=NO_KEEPALIVE) as client,
+    ):
+        await wait_until(lambda: status(gate, "tiny") == "loaded", timeout_s=60)
+        r = await client.post(gate.url + CHAT, json=chat("tiny2"))
+        assert r.status_code == 503 and "tiny (pinned)" in r.json()["error"]["message"], r.text
         await released(gate)
 
     router = llama_router(models_max=1)
