@@ -286,8 +286,8 @@ class ReviewScreen(Screen[str | None]):
         self.now: float | None = None
         self.oldest: float | None = None
         self.newest: float | None = None  # the journal's last decision
-        #: the what-if form as it was left (its KEY=VALUE lines hold for any window: a live
-        #: range moves with the clock)
+        #: the what-if form's edits as it was left: the lines changed from its prefill, put over
+        #: the next window's prefill (a live range moves with the clock)
         self._whatif_draft: str | None = None
         self.filter_fields: dict[str, tuple[str, ...]] = {}
         self.filters = DecisionFilters()

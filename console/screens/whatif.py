@@ -288,6 +288,33 @@ def window_text(journal_path: str, since: float | None, until: float | None) -> 
     return f"{Path(journal_path).name}, {utc(since)} → {utc(until)} UTC"
 
 
+def edits_of(form: str, prefilled: dict[str, str]) -> str:
+    """The lines of `form` an operator changed from the window's prefill (a changed value, a line
+    that is not KEY=VALUE, a key not prefilled): what a what-if keeps when it closes. The whole
+    form was kept, and opened on another window it replayed that window's thresholds as edits
+    nobody typed (a trial: three keys, interactive admitted 30 against 33)."""
+    kept = []
+    for line in form.splitlines():
+        key, sep, value = line.partition("=")
+        if line.strip() and not (sep and prefilled.get(key.strip()) == value.strip()):
+            kept.append(line)
+    return "\n".join(kept)
+
+
+def over_prefill(pairs: list[tuple[str, str]], edits: str | None) -> str:
+    """This window's prefill with the operator's kept edits over it: an edited key replaces its
+    line, anything else is added at the end."""
+    lines = [f"{k}={v}" for k, v in pairs]
+    index = {k: i for i, (k, _) in enumerate(pairs)}
+    for line in (edits or "").splitlines():
+        key, sep, _ = line.partition("=")
+        if sep and key.strip() in index:
+            lines[index[key.strip()]] = line
+        else:
+            lines.append(line)
+    return "\n".join(lines)
+
+
 class WhatIfScreen(ModalScreen[None]):
     """See the module docstring. ``since``/``until``: the window (epoch seconds; None = the
     journal's first/last decision)."""
@@ -464,8 +491,7 @@ class WhatIfScreen(ModalScreen[None]):
                 self.query_one("#whatif-title", Static).update(f"What if: replay {self.window_text}")
             pairs = settable(window.config, window.fit.ceiling)
             self.recorded = dict(pairs)
-            prefilled = "\n".join(f"{k}={v}" for k, v in pairs)
-            self.query_one("#whatif-form", TextArea).text = prefilled if self.draft is None else self.draft
+            self.query_one("#whatif-form", TextArea).text = over_prefill(pairs, self.draft)
             self.query_one("#whatif-replay", Button).disabled = False
             self._show_notes(notes_of(window, None))
             below = f" · {len(self.notes)} note{'' if len(self.notes) == 1 else 's'} below" if self.notes else ""
@@ -691,5 +717,5 @@ class WhatIfScreen(ModalScreen[None]):
 
     def action_cancel(self) -> None:
         if self.keep_draft is not None and self.window is not None:
-            self.keep_draft(self.query_one("#whatif-form", TextArea).text)
+            self.keep_draft(edits_of(self.query_one("#whatif-form", TextArea).text, self.recorded))
         self.dismiss(None)

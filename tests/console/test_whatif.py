@@ -955,3 +955,25 @@ async def test_the_form_and_the_confirmation_start_from_the_thresholds_in_force_
         await settle(pilot)
         assert screen.error is None and screen.proposal == "classes.interactive.queue_depth=4"
         assert screen.answer is not None and screen.answer["scenarios"][2]["changes"] == ["classes.interactive.queue_depth"]
+
+
+def test_the_edits_kept_are_the_changed_lines_and_go_over_the_next_windows_prefill() -> None:
+    """A trial opened the what-if on one window, closed it unedited and opened it on another:
+    the form held the first window's values in force, and ctrl+r replayed them as a three-key
+    proposal nobody typed. What is kept is the lines changed from the prefill."""
+    from console.screens.whatif import edits_of, over_prefill
+
+    a = [("classes.interactive.queue_depth", "10"), ("classes.interactive.ttft_objective_ms", "none"), ("budget.aging_s", "5")]
+    b = [("classes.interactive.queue_depth", "16"), ("classes.interactive.ttft_objective_ms", "1500"), ("budget.aging_s", "5")]
+    untouched = over_prefill(a, None)
+    assert edits_of(untouched, dict(a)) == ""
+    assert over_prefill(b, edits_of(untouched, dict(a))) == over_prefill(b, None)  # B's own values, nothing proposed
+    edited = untouched.replace("budget.aging_s=5", "budget.aging_s=0") + "\nnonsense line"
+    kept = edits_of(edited, dict(a))
+    assert kept == "budget.aging_s=0\nnonsense line"
+    assert over_prefill(b, kept).splitlines() == [
+        "classes.interactive.queue_depth=16",
+        "classes.interactive.ttft_objective_ms=1500",
+        "budget.aging_s=0",
+        "nonsense line",
+    ]
