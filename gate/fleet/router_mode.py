@@ -204,6 +204,22 @@ class ModelFleet:
     def wake(self) -> None:
         self._wake.set()
 
+    def gone(self, unit: Backend) -> GateError:
+        """llama-server answered a request for `unit` "model is not loaded": unloaded or exited
+        outside the gate since the last GET /models. What the client gets (503, as for a failed
+        model: the client did nothing wrong), and the model list is read again at once."""
+        model = unit.model
+        assert model is not None
+        self._next_refresh = -math.inf
+        self._wake.set()
+        return GateError(
+            Reason.MODEL_UNAVAILABLE,
+            f"model {model!r} is no longer loaded on llama-server (unloaded or exited outside the gate); "
+            "the gate loads it again for the next requests",
+            "model",
+            retry_after_s=max(1.0, self.ready_in(model)),
+        )
+
     def demand(self, model: str) -> None:
         """A request for `model` was answered by a fallback while it was not loaded: load it
         as if that request waited, so that the next ones find it."""

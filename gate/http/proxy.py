@@ -489,7 +489,14 @@ class _Flow:
         self._check_progress()  # arms the watchdog: stall, overrun and request_timeout_s
         response = None
         try:
-            response = await (early if call is None else backend.upstream.open(*call))  # type: ignore[misc]
+            try:
+                response = await (early if call is None else backend.upstream.open(*call))  # type: ignore[misc]
+            except GateError as err:
+                if backend.fleet is not None and err.status == 400 and b"model is not loaded" in (err.body or b""):
+                    # the router's own 400 for a model gone outside the gate (a kill, a straight
+                    # unload): the client was told its request was wrong (a trial)
+                    raise backend.fleet.gone(backend) from None
+                raise
             relay = SseRelay(
                 response,
                 stats,

@@ -5,6 +5,7 @@ and llama-server's own view agrees."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import httpx
@@ -258,3 +259,32 @@ async def test_an_estimate_over_the_slot_is_not_refused_before_the_count(llama_r
             await client.post(router.url + "/models/unload", json={"model": "tiny2"})
             await wait_until(lambda: status(gate, "tiny2") == "unloaded", timeout_s=30)
         assert slot is not None
+
+
+async def test_a_model_unloaded_outside_the_gate_is_a_503_and_loaded_again(llama_router) -> None:
+    """A model unloaded on the router straight (or its process killed) between two of the gate's
+    reads of GET /models: the request it dispatched got llama-server's 400 "model is not loaded",
+    relayed, and the client was told its request was wrong (a trial). Now 503 model_unavailable
+    with Retry-After, the model list read again at once, and the next request loads it."""
+    router = llama_router()
+    async with (
+        running_gate(router.url, config(), kv="split", backend_extra=backend()) as gate,
+        httpx.AsyncClient(timeout=120, limits=NO_KEEPALIVE) as client,
+    ):
+        assert (await client.post(gate.url + CHAT, json=chat("tiny2"))).status_code == 200
+        await released(gate)
+        fleet = unit(gate, "tiny2").fleet
+        fleet._next_refresh = math.inf  # the gate has not read GET /models since: the race, made certain
+        assert (await client.post(router.url + "/models/unload", json={"model": "tiny2"})).status_code == 200
+
+        async def router_says_unloaded() -> bool:
+            return (await listed(client, router))["tiny2"] == "unloaded"
+
+        await wait_until(router_says_unloaded, timeout_s=30)
+        assert status(gate, "tiny2") == "loaded"  # what the gate still believes
+        r = await client.post(gate.url + CHAT, json=chat("tiny2"))
+        assert r.status_code == 503 and r.json()["error"]["code"] == "model_unavailable", r.text
+        assert int(r.headers["retry-after"]) >= 1 and "no longer loaded" in r.json()["error"]["message"]
+        await wait_until(lambda: status(gate, "tiny2") == "unloaded", timeout_s=10)  # read again at once
+        assert (await client.post(gate.url + CHAT, json=chat("tiny2"))).status_code == 200
+        await released(gate)
