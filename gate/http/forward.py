@@ -114,8 +114,10 @@ class ForwardEndpoint:
                 # Router mode's load and unload: the gate's own model operations; a refusal is
                 # journaled once, below, with the unit it named (a trial found two rows each)
                 backend = model_routes.model_unit(gate.backends, await request.body())
-                self._operator_call(request, route, caller, backend)
+                self._operator_call(request, route, caller, backend, audit=False)
                 answer = model_routes.apply(backend, route.name)
+                # audited once done: a refused load read in the audit as one that happened (a trial)
+                self._audit_call(request, route, caller, backend)
                 gate.metrics.forwarded(route.name, 200)
                 self._record(request, request_id, route.name, caller, backend, "forwarded", "ok", 200, t0, wall0)
                 return json_answer(answer, headers={"x-request-id": request_id})
@@ -213,8 +215,9 @@ class ForwardEndpoint:
         client = request.client
         return tenants.identify(Headers(raw=request.scope["headers"]), client.host if client else None, None)
 
-    def _operator_call(self, request: Request, route: Route, caller: Caller | None, backend: Backend) -> None:
-        """403 for a tenant that is not an operator; otherwise the audit row, before the call."""
+    def _operator_call(self, request: Request, route: Route, caller: Caller | None, backend: Backend, *, audit: bool = True) -> None:
+        """403 for a tenant that is not an operator; otherwise the audit row, before the call
+        (``audit`` False: the caller audits it once it is done, :meth:`_audit_call`)."""
         gate = self.gate
         if not gate.tenants.open and (caller is None or caller.tenant_config is None or not caller.tenant_config.operator):
             who = caller.tenant if caller is not None else "this caller"
@@ -222,6 +225,11 @@ class ForwardEndpoint:
                 Reason.OPERATOR_ONLY,
                 f"{route.name} changes llama-server: only operators may call it (tenant {who!r} is not one)",
             )
+        if audit:
+            self._audit_call(request, route, caller, backend)
+
+    def _audit_call(self, request: Request, route: Route, caller: Caller | None, backend: Backend) -> None:
+        gate = self.gate
         client = request.client
         query = request.url.query
         gate.recorder.audit_event(

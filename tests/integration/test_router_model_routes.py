@@ -117,6 +117,9 @@ async def test_a_client_load_and_unload_are_the_gates_own_model_operations(llama
             r = await client.post(gate.url + route, json={"model": "tiny2"}, headers=OPS)
             assert r.status_code == 503 and r.json()["error"]["code"] == "no_backend", r.text
             assert host_port not in r.text and "Error" not in r.text, r.text
+        # the audit holds the calls that happened, not the refused ones (they read as done)
+        done = Counter(a.action for a in gate.recent_audit if a.action.startswith("POST /models/"))
+        assert done == {"POST /models/load": 1, "POST /models/unload": 1}, done
 
 
 async def test_a_router_with_no_model_listed_is_ready_forwards_reads_and_serves_no_model(llama_router) -> None:
