@@ -236,7 +236,9 @@ def _backend_view(b: Backend, tel: BackendTelemetry | None) -> BackendView:
         slots_total=cap.slots if cap else None,
         slot_context=cap.slot_context if cap else None,
         ceiling=cap.ceiling if cap else None,
-        budget=adm.budget if adm else None,
+        # (a router's model before its first load has no capacity: its provisional 2^30 budget
+        # is no figure to show; a trial's line read "budget 1,073,741,824/n/a")
+        budget=adm.budget if adm and cap else None,
         in_flight=adm.ledger.in_flight if adm else 0,
         prefilling=adm.ledger.prefilling if adm else 0,
         queued=adm.waiting() if adm else 0,

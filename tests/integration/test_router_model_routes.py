@@ -76,6 +76,9 @@ async def test_a_client_load_and_unload_are_the_gates_own_model_operations(llama
         # trial's header read budget 4,096 [268,436,480..4,096], and the retune form refused it)
         view = gate.snapshot().controller
         assert view.ceiling is not None and 0 < view.min_tokens <= view.ceiling, view
+        # and the model never loaded shows no budget (its line read "budget 1,073,741,824/n/a")
+        lines = {b.name: b for b in gate.snapshot().backends}
+        assert lines["b0/tiny"].budget is None and lines["b0/tiny2"].budget == lines["b0/tiny2"].ceiling, lines
         assert (await listed(client, router))["tiny2"] == "loaded"
         audit = [a for a in gate.recent_audit if a.action == "POST /models/load"]
         assert len(audit) == 1 and audit[0].operator == "ops" and audit[0].target == "backend:b0/tiny2"
