@@ -158,28 +158,20 @@ async def test_models_max_taken_by_pins_or_by_models_loaded_straight_refuses_at_
     into what it took for a free place and llama-server evicted the pinned model itself; with
     the pin alone filling the places, requests waited out their queue and were told to retry
     in a second, forever. Now: 503 model_unavailable at once, saying what holds the places."""
-    router = llama_router(models_max=1)
-    async with (
-        running_gate(router.url, config(), kv="split", backend_extra=backend(extra='pin = ["tiny"]')) as gate,
-        httpx.AsyncClient(timeout=60, limits=NO_KEEPALIVE) as client,
-    ):
-        await wait_until(lambda: status(gate, "tiny") == "loaded", timeout_s=60)
-        r = await client.post(gate.url + CHAT, json=chat("tiny2"))
-        assert r.status_code == 503 and r.json()["error"]["code"] == "model_unavailable", r.text
-        assert "tiny (pinned)" in r.json()["error"]["message"] and int(r.headers["retry-after"]) >= 30
-        assert (await client.post(gate.url + CHAT, json=chat("tiny"))).status_code == 200
-        await released(gate)
-
-    # more pins than places: the one left out is refused at once too (it waited out its queue)
-    router = llama_router(models_max=1)
-    async with (
-        running_gate(router.url, config(), kv="split", backend_extra=backend(extra='pin = ["tiny", "tiny2"]')) as gate,
-        httpx.AsyncClient(timeout=60, limits=NO_KEEPALIVE) as client,
-    ):
-        await wait_until(lambda: status(gate, "tiny") == "loaded", timeout_s=60)
-        r = await client.post(gate.url + CHAT, json=chat("tiny2"))
-        assert r.status_code == 503 and "tiny (pinned)" in r.json()["error"]["message"], r.text
-        await released(gate)
+    # a pin filling the place, then more pins than places (tiny2, pinned too, is left out: it
+    # waited out its queue as well)
+    for pins in ('["tiny"]', '["tiny", "tiny2"]'):
+        router = llama_router(models_max=1)
+        async with (
+            running_gate(router.url, config(), kv="split", backend_extra=backend(extra=f"pin = {pins}")) as gate,
+            httpx.AsyncClient(timeout=60, limits=NO_KEEPALIVE) as client,
+        ):
+            await wait_until(lambda: status(gate, "tiny") == "loaded", timeout_s=60)
+            r = await client.post(gate.url + CHAT, json=chat("tiny2"))
+            assert r.status_code == 503 and r.json()["error"]["code"] == "model_unavailable", (pins, r.text)
+            assert "tiny (pinned)" in r.json()["error"]["message"] and int(r.headers["retry-after"]) >= 30
+            assert (await client.post(gate.url + CHAT, json=chat("tiny"))).status_code == 200
+            await released(gate)
 
     router = llama_router(models_max=1)
     async with (
