@@ -729,8 +729,9 @@ def _check_router(client: httpx.Client, config: BackendConfig, props: Mapping[st
     max_instances = props.get("max_instances")
     pins = [m for m in config.models if m in config.pin]
     crowded: tuple[str, ...] = ()
-    if isinstance(max_instances, int) and 0 < max_instances <= len(pins) and len(pins) + (len(pins) < len(config.models)) > max_instances:
-        left = [m for m in config.models if m not in config.pin] or pins[max_instances:]
+    # what can never load once the pins take every place: the pins past them, and the rest
+    left = pins[max_instances:] + [m for m in config.models if m not in config.pin] if isinstance(max_instances, int) else []
+    if isinstance(max_instances, int) and 0 < max_instances <= len(pins) and left:
         crowded = (
             f"pin names {len(pins)} {'model' if len(pins) == 1 else 'models'} and llama-server runs at most {max_instances} "
             f"(--models-max): "

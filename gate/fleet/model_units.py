@@ -120,18 +120,16 @@ def refuse_unfit(unit: Backend, cap: Capacity) -> None:
         for waiting in list(adm.queue(cls)):
             request = waiting.request
             least = request.tasks * (1 + request.max_tokens)  # the smallest it could be: one prompt token a task
-            if 1 + request.max_tokens > cap.slot_context or least > reach or request.tasks > cap.slots:
-                adm.cancel(waiting.request.id)
-                refusals.append(
-                    Refuse(
-                        waiting.request,
-                        Reason.CONTEXT_LENGTH_EXCEEDED,
-                        f"request needs at least {least} tokens ({request.tasks} tasks) where model {unit.model!r} holds at most "
-                        f"{min(cap.slot_context, reach)}"
-                        if request.tasks > cap.slots or least > reach
-                        else f"max_tokens {request.max_tokens} alone exceeds the {cap.slot_context}-token context of a slot of model {unit.model!r}",
-                    )
+            if request.tasks > cap.slots or least > reach:
+                why = f"request needs at least {least} tokens ({request.tasks} tasks) where model {unit.model!r} holds at most {min(cap.slot_context, reach)}"
+            elif 1 + request.max_tokens > cap.slot_context:
+                why = (
+                    f"max_tokens {request.max_tokens} alone exceeds the {cap.slot_context}-token context of a slot of model {unit.model!r}"
                 )
+            else:
+                continue
+            adm.cancel(request.id)
+            refusals.append(Refuse(request, Reason.CONTEXT_LENGTH_EXCEEDED, why))
     if refusals:
         keeper.refuse_waiting(refusals)
 

@@ -114,7 +114,7 @@ class ForwardEndpoint:
                 # Router mode's load and unload: the gate's own model operations; a refusal is
                 # journaled once, below, with the unit it named (a trial found two rows each)
                 backend = model_routes.model_unit(gate.backends, await request.body())
-                self._operator_call(request, route, caller, backend, audit=False)
+                self._require_operator(route, caller)
                 answer = model_routes.apply(backend, route.name)
                 # audited once done: a refused load read in the audit as one that happened (a trial)
                 self._audit_call(request, route, caller, backend)
@@ -137,7 +137,8 @@ class ForwardEndpoint:
             if backend is None:
                 raise GateError(Reason.MODEL_NOT_FOUND, "no backend serves that model", "model")
             if route.access == "operator":
-                self._operator_call(request, route, caller, backend)
+                self._require_operator(route, caller)
+                self._audit_call(request, route, caller, backend)
             upstream = await self._open(request, backend, credential=route is not PREFLIGHT)
         except GateError as err:
             label = route.name if route is not None else OTHER_ROUTE
@@ -215,20 +216,17 @@ class ForwardEndpoint:
         client = request.client
         return tenants.identify(Headers(raw=request.scope["headers"]), client.host if client else None, None)
 
-    def _operator_call(self, request: Request, route: Route, caller: Caller | None, backend: Backend, *, audit: bool = True) -> None:
-        """403 for a tenant that is not an operator; otherwise the audit row, before the call
-        (``audit`` False: the caller audits it once it is done, :meth:`_audit_call`)."""
-        gate = self.gate
-        if not gate.tenants.open and (caller is None or caller.tenant_config is None or not caller.tenant_config.operator):
+    def _require_operator(self, route: Route, caller: Caller | None) -> None:
+        """403 for a tenant that is not an operator."""
+        if not self.gate.tenants.is_operator(caller):
             who = caller.tenant if caller is not None else "this caller"
             raise GateError(
                 Reason.OPERATOR_ONLY,
                 f"{route.name} changes llama-server: only operators may call it (tenant {who!r} is not one)",
             )
-        if audit:
-            self._audit_call(request, route, caller, backend)
 
     def _audit_call(self, request: Request, route: Route, caller: Caller | None, backend: Backend) -> None:
+        """An operator route's audit row: before a forwarded call, once done for a model operation."""
         gate = self.gate
         client = request.client
         query = request.url.query

@@ -81,7 +81,14 @@ async def count_tokens(gate: RequestPorts, b: Backend, intake: Intake) -> TokenC
     (asking would load it behind the gate's back)."""
     kind = cast(TokenKind, intake.kind)  # one prompt counted whole: chat or completions (no plans)
     if b.fleet is not None and not serving(b):
-        return TokenCount(estimate_tokens(canonical_json(prompt_fields(kind, intake.body))), "estimate", False)
+        # An estimate (JSON bytes / 3, ~2x English text) is no ground to refuse as too long (a
+        # trial's 290-token chat was refused at arrival as 514 + 16 > 512): held at most at what
+        # fits the slot an earlier load told (else the provisional 2^30: no bound); the count at
+        # dispatch, once the model is loaded, decides (proxy._recount).
+        estimate = estimate_tokens(canonical_json(prompt_fields(kind, intake.body)))
+        if b.admission is not None:
+            estimate = min(estimate, max(1, b.admission.capacity.slot_context - intake.max_tokens))
+        return TokenCount(estimate, "estimate", False)
     return await gate.tokens.count(b.url, kind, intake.body, b.auth_headers(), model=b.model)
 
 
@@ -101,14 +108,6 @@ async def measure(gate: RequestPorts, b: Backend, intake: Intake) -> Measured:
         return await _measure_parts(gate, b, intake)
     if intake.plans is None:
         count = await count_tokens(gate, b, intake)
-        if count.source == "estimate" and b.admission is not None:
-            # A router's model not loaded now, whose slot the gate knows from an earlier load (else
-            # the provisional 2^30, and this changes nothing): an
-            # estimate (JSON bytes / 3, ~2x English text) is no ground to refuse as too long (a
-            # trial's 290-token chat was refused at arrival as 514 + 16 > 512). Held at most at
-            # what fits a slot; the count at dispatch, once it is loaded, decides (proxy._recount).
-            fits = max(1, b.admission.capacity.slot_context - intake.max_tokens)
-            count = TokenCount(min(count.tokens, fits), "estimate", False)
         per_task: tuple[int, ...] = (count.tokens,)
     else:
         ask = not (b.fleet is not None and not serving(b))

@@ -62,8 +62,7 @@ def build_app(gate: RequestPorts) -> ASGIApp:
         an operator (open mode: every caller)."""
         if not gate.tenants.open:
             client = request.client
-            caller = gate.tenants.identify(request.headers, client.host if client else None, None)
-            return caller.tenant_config is not None and caller.tenant_config.operator
+            return gate.tenants.is_operator(gate.tenants.identify(request.headers, client.host if client else None, None))
         gate.tenants.check_key(request.headers)
         return True
 

@@ -198,6 +198,11 @@ class TenantDirectory:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def is_operator(self, caller: Caller | None) -> bool:
+        """May `caller` use the operator routes: every caller of an open gate, else a tenant
+        with ``operator = true``."""
+        return self.open or (caller is not None and caller.tenant_config is not None and caller.tenant_config.operator)
+
     def identify(self, headers: Mapping[str, str], client_host: str | None, body_user: str | None, *, key_checked: bool = False) -> Caller:
         """Who is calling and in which class; raises :class:`GateError` (401, 400 or 403).
 
