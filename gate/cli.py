@@ -561,7 +561,7 @@ def _cmd_overrides(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     edits = [(f"budget.{k}", v) for k, v in sorted(current.settings.items())]
     edits += [(f"classes.{c}.{k}", v) for c, ch in sorted(current.classes.items()) for k, v in sorted(ch.items())]
     if not edits:
-        out.write("no retuned settings to write (paused classes, the freeze and hand budgets are runtime state)\n")
+        out.write("no retuned settings to write (paused classes, the freeze, hand budgets and model pins are runtime state)\n")
         return EXIT_OK
     _write_config(args.config, edits)
     for key, value in edits:
@@ -569,7 +569,7 @@ def _cmd_overrides(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if live:
         out.write("the running gate holds them until it re-reads the file: systemctl reload tokengate (SIGHUP)\n")
     else:
-        kept.save(path, kept.Overrides(budgets=current.budgets, paused=current.paused, frozen=current.frozen))
+        kept.save(path, kept.Overrides(budgets=current.budgets, paused=current.paused, frozen=current.frozen, pins=current.pins))
     return EXIT_OK
 
 

@@ -85,7 +85,7 @@ class ModelAction:
 @dataclass(frozen=True, slots=True)
 class DropOverrides:
     """Back to the config file: drop every runtime override (retunes, hand budgets, pauses,
-    the freeze) that a restart would otherwise restore."""
+    the freeze, router models pinned or unpinned) that a restart would otherwise restore."""
 
     note: str = ""
     op = "drop_overrides"

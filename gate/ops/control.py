@@ -91,6 +91,7 @@ class Control:
         self._keep_failed_now = False  # the command being executed could not write them
         self._budgets: dict[str, int] = {}  # working budgets set by hand, per backend
         self._pending_budgets: dict[str, int] = {}  # restored for backends whose capacity is not known yet
+        self._pending_pins: dict[str, bool] = {}  # restored for router units not seen yet (the router down at start)
 
     # ---- the console's entry point -------------------------------------------
 
@@ -150,7 +151,34 @@ class Control:
                 new = command.action == "pin"
         except ValueError as exc:
             raise CommandError(str(exc)) from None
-        return self._audit(operator, source, f"model_{command.action}", f"model:{unit.name}", old, new, note)
+        result = self._audit(operator, source, f"model_{command.action}", f"model:{unit.name}", old, new, note)
+        if command.action in ("pin", "unpin"):
+            self._pending_pins.pop(unit.name, None)
+            self._keep()  # a pin is the operator's, as a pause is: a restart keeps it
+        return result
+
+    def _pins(self) -> dict[str, bool]:
+        """Router units whose pin differs from the file's `pin` (with those restored but not seen yet)."""
+        out = dict(self._pending_pins)
+        for fleet in self._model_fleets():
+            for model, unit in fleet.units.items():
+                pinned = model in fleet.pins
+                if pinned != (model in fleet.parent.config.pin):
+                    out[unit.name] = pinned
+        return out
+
+    def _model_fleets(self) -> list[ModelFleet]:
+        return [f for f in self.backends.fleets if isinstance(f, ModelFleet)]
+
+    def _restore_pin(self, unit: Backend, pinned: bool, operator: Operator, source: AuditSource) -> ActionResult | None:
+        fleet, model = unit.fleet, unit.model
+        assert isinstance(fleet, ModelFleet) and model is not None
+        self._pending_pins.pop(unit.name, None)
+        old = model in fleet.pins
+        if old == pinned:
+            return None
+        model_ops.pin(fleet, model, pinned)
+        return self._audit(operator, source, "restored", f"model:{unit.name}", old, pinned, "kept from the last run")
 
     # ---- budget and controller ---------------------------------------------
 
@@ -331,6 +359,8 @@ class Control:
             tokens = self._pending_budgets.pop(backend.name, None)
             if tokens is not None:  # a restored hand budget, once the capacity is known
                 self._restore_budget(backend, tokens)
+        if backend.fleet is not None and backend.name in self._pending_pins:  # a restored pin, once its unit exists
+            self._restore_pin(backend, self._pending_pins[backend.name], self._restorer, "gate")
 
     # ---- runtime overrides: kept beside the journal, restored at start ----------------
 
@@ -357,6 +387,7 @@ class Control:
             budgets=dict(self._budgets) if holds else {},
             paused=sorted(self.paused),
             frozen=self.frozen,
+            pins=self._pins(),
         )
         self._save(quiet=False)
 
@@ -469,7 +500,30 @@ class Control:
                 self._pending_budgets[name] = tokens
             else:
                 results.append(self._restore_budget(backend, tokens))
+        results += self._restore_pins(saved.pins, operator, source)
         self._keep()
+        return results
+
+    def _restore_pins(self, pins: dict[str, bool], operator: Operator, source: AuditSource) -> list[ActionResult]:
+        """The router models pinned or unpinned by the last run: now where the unit exists, else
+        once the router is first seen (`adopt`); a model no longer configured is refused."""
+        results: list[ActionResult] = []
+        units = {u.name: u for f in self.backends.fleets for u in f.units.values()}
+        configured = {f"{b.name}/{m}" for b in self.backends.configured for m in b.config.models}
+        gone = []
+        for name, pinned in sorted(pins.items()):
+            if name in units:
+                done = self._restore_pin(units[name], pinned, operator, source)
+                if done is not None:
+                    results.append(done)
+            elif name in configured:
+                self._pending_pins[name] = pinned
+            else:
+                gone.append(name)
+        if gone:
+            results.append(
+                self._audit(operator, source, "restore_refused", "overrides", ", ".join(gone), None, "models no longer in the config")
+            )
         return results
 
     def _restore_budget(self, backend: Backend, tokens: int) -> ActionResult:
@@ -502,6 +556,11 @@ class Control:
                 b.controller.set_budget(self.clock(), b.capacity.ceiling)  # the static budget's own start
         self._budgets.clear()
         self._pending_budgets.clear()
+        self._pending_pins.clear()
+        for fleet in self._model_fleets():  # the file's pins
+            for model in fleet.units:
+                if (model in fleet.pins) != (model in fleet.parent.config.pin):
+                    model_ops.pin(fleet, model, model in fleet.parent.config.pin)
         self._keep()
         return self._audit(
             operator,

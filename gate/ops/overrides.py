@@ -1,7 +1,7 @@
 """Operator changes made at runtime, kept beside the journal so that a restart re-applies them.
 
-A retune (budget settings, a class's shares), a budget set by hand, a paused class and the
-controller's freeze are the operator's, not the file's. `Control` records each in one
+A retune (budget settings, a class's shares), a budget set by hand, a paused class, the
+controller's freeze and a router model pinned or unpinned are the operator's, not the file's. `Control` records each in one
 `Overrides` and writes it at once to `<journal>.overrides.json` (mode 0600, written whole
 to a temporary file, fsynced, renamed over the old one): a gate killed by SIGKILL a
 millisecond after the command still has it, which the journal's group commit cannot
@@ -42,9 +42,12 @@ class Overrides:
     budgets: dict[str, int] = field(default_factory=dict)  # backend -> working budget set by hand
     paused: list[str] = field(default_factory=list)
     frozen: bool = False
+    #: router mode: a model's unit ("backend/model") -> pinned, where the file's `pin` says otherwise
+    #: (a console unpin came back pinned after a restart: a trial, 2026-12-07)
+    pins: dict[str, bool] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.settings or self.classes or self.budgets or self.paused or self.frozen)
+        return bool(self.settings or self.classes or self.budgets or self.paused or self.frozen or self.pins)
 
     def lines(self) -> tuple[str, ...]:
         """One short item per override, for the header, `tokengate overrides` and audit notes."""
@@ -55,6 +58,7 @@ class Overrides:
         out += [f"{c} paused" for c in sorted(self.paused)]
         if self.frozen:
             out.append("controller frozen")
+        out += [f"model {unit} {'pinned' if pinned else 'unpinned'}" for unit, pinned in sorted(self.pins.items())]
         return tuple(out)
 
     def to_json(self) -> dict[str, Any]:
@@ -65,6 +69,7 @@ class Overrides:
             "budgets": self.budgets,
             "paused": sorted(self.paused),
             "frozen": self.frozen,
+            "pins": self.pins,
         }
 
     @classmethod
@@ -77,6 +82,7 @@ class Overrides:
             budgets={str(k): int(v) for k, v in (data.get("budgets") or {}).items()},
             paused=[str(c) for c in data.get("paused") or ()],
             frozen=bool(data.get("frozen", False)),
+            pins={str(k): bool(v) for k, v in (data.get("pins") or {}).items()},  # absent before 2026-12-07
         )
         return out
 

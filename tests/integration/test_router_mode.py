@@ -453,6 +453,41 @@ async def test_operator_loads_and_pins_a_model_from_the_console(llama_router) ->
     assert not router_log_has(router, OWN_EVICTION + HIDDEN_QUEUE)
 
 
+async def test_an_operators_pin_and_unpin_survive_a_gate_restart_and_dropping_the_overrides_goes_back_to_the_file(
+    llama_router, tmp_path: Path
+) -> None:
+    """A pin is the operator's, as a pause is: a console unpin came back pinned after a restart
+    (a trial). The file pins tiny; the operator unpins it and pins tiny2."""
+    from gate.data.commands import DropOverrides
+
+    router = llama_router(models_max=2)
+    journal = str(tmp_path / "journal.db")
+    pinned_tiny = backend(extra='pin = ["tiny"]')
+
+    def pins(gate) -> set[str]:
+        return set(unit(gate, "tiny").fleet.pins)
+
+    def restored(gate, since: float) -> set[tuple]:  # this gate's (the last 15 minutes of the journal hold the last one's)
+        return {(a.target, a.old_value, a.new_value) for a in audit(gate, "restored") if a.ts >= since}
+
+    async with running_gate(router.url, config(), kv="split", backend_extra=pinned_tiny, journal_path=journal) as gate:
+        assert pins(gate) == {"tiny"}
+        gate.control.execute(ModelAction("tiny", "unpin"), operator=OPERATOR)
+        gate.control.execute(ModelAction("tiny2", "pin"), operator=OPERATOR)
+        assert pins(gate) == {"tiny2"}
+        assert gate.control.overrides.lines() == ("model b0/tiny unpinned", "model b0/tiny2 pinned")
+    started = time.time()
+    async with running_gate(router.url, config(), kv="split", backend_extra=pinned_tiny, journal_path=journal) as gate:
+        assert pins(gate) == {"tiny2"}  # as the operator left them, not as the file says
+        assert restored(gate, started) == {("model:b0/tiny", "True", "False"), ("model:b0/tiny2", "False", "True")}
+        (dropped,) = gate.control.execute(DropOverrides(), operator=OPERATOR)
+        assert "model b0/tiny unpinned" in (dropped.old_value or "")
+        assert pins(gate) == {"tiny"} and not gate.control.overrides
+    started = time.time()
+    async with running_gate(router.url, config(), kv="split", backend_extra=pinned_tiny, journal_path=journal) as gate:
+        assert pins(gate) == {"tiny"} and not restored(gate, started)
+
+
 async def test_a_sleeping_model_is_woken_once_while_its_requests_wait_in_the_gate(llama_router) -> None:
     router = llama_router(extra_args=("--sleep-idle-seconds", "1"))
     async with (

@@ -66,11 +66,13 @@ def test_overrides_show_write_and_drop_without_a_running_gate(tmp_path):
                 "budgets": {},
                 "paused": ["batch"],
                 "frozen": True,
+                "pins": {"default/tiny": False},
             }
         )
     )
     rc, out, err = run("overrides", "--config", str(f))
     assert rc == 0 and "budget.min_tokens=1024" in out and "batch paused" in out and "controller frozen" in out
+    assert "model default/tiny unpinned" in out
     # where they come from: the file, not a gate (nothing runs on it), and what happens to them
     assert f"kept in {kept}, not in force: no gate runs on" in err and "the next gate on this journal starts with them" in err
     rc, out, _ = run("overrides", "write", "--config", str(f))
@@ -79,6 +81,7 @@ def test_overrides_show_write_and_drop_without_a_running_gate(tmp_path):
     assert c.budget.min_tokens == 1024 and c.class_by_name("batch").queue_depth == 3
     left = json.loads(kept.read_text())
     assert left["settings"] == {} and left["classes"] == {} and left["paused"] == ["batch"] and left["frozen"]
+    assert left["pins"] == {"default/tiny": False}  # runtime state, as a pause is: kept, not written into the file
     rc, out, _ = run("overrides", "drop", "--config", str(f))
     assert rc == 0 and not kept.exists()
 

@@ -475,6 +475,25 @@ async def test_an_unreadable_overrides_file_at_start_is_audited_not_only_logged(
     assert (tmp_path / "j.db.overrides.json.bad").exists()
 
 
+async def test_a_pin_kept_for_a_router_not_seen_yet_waits_for_it_and_a_model_gone_is_refused(tmp_path):
+    """Router mode: the last run's pins are restored once the router is first seen (down at the
+    start, its units do not exist yet); kept meanwhile, not lost by the next write of the
+    overrides. A model no longer configured is audited restore_refused, not carried on."""
+    import json
+
+    config = parse_config(CONFIG.replace('kv = "split"', 'kv = "split"\nmodels = ["m1"]', 1))
+    g = GateService(config, environ={}, transport=fake_llama_transport())
+    try:
+        (tmp_path / "j.db.overrides.json").write_text(json.dumps({"v": 1, "pins": {"default/m1": False, "default/gone": True}}))
+        g.control.keep_beside(str(tmp_path / "j.db"), operator=ALICE)
+        row = last_audit(g)
+        assert (row.action, row.old_value, row.note) == ("restore_refused", "default/gone", "models no longer in the config")
+        assert g.control.overrides.pins == {"default/m1": False}
+        assert json.loads((tmp_path / "j.db.overrides.json").read_text())["pins"] == {"default/m1": False}
+    finally:
+        await g.client.aclose()
+
+
 async def test_overrides_file_deleted_under_a_running_gate_is_written_again(gate, tmp_path, caplog):
     """A trial's `rm tokengate.db*` under a running gate took `tokengate.db.overrides.json`
     with it: the batch pause stayed in force and on the header, but the next restart ran the
