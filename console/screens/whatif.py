@@ -192,18 +192,27 @@ def live_values(snap: GateSnapshot) -> dict[str, str]:
     return out
 
 
-def live_differences(recorded: Mapping[str, str], proposal: str, live: Mapping[str, str]) -> list[str]:
+def live_differences(
+    recorded: Mapping[str, str], proposal: str, live: Mapping[str, str], at_end: Mapping[str, str] | None = None
+) -> list[str]:
     """The form's keys the proposal leaves alone whose value on the running gate (`live`,
-    :func:`live_values`) is not the one the replay ran with (`recorded`): "KEY LIVE (replayed
-    with RECORDED)", in the form's order. Applying leaves them as they are."""
+    :func:`live_values`) is not the one the replay ran with (`recorded`, at the window's start;
+    `at_end`, the window's end, when a change in the window moved it: the replay ran it as
+    recorded, and a trial's retune in the window read as "the gate now differs"): "KEY LIVE
+    (replayed with RECORDED)" or "(the replay ended with END)", in the form's order. Applying
+    leaves them as they are."""
     proposed = {key for key, _ in proposal_items(proposal)}
     if proposed & {"backend.token_budget", "backends.token_budget"}:
         proposed |= {"backend.token_budget", "backends.token_budget"}
-    return [
-        f"{key} {live[key]} (replayed with {value})"
-        for key, value in recorded.items()
-        if key not in proposed and key in live and not _same(live[key], value)
-    ]
+    out = []
+    for key, value in recorded.items():
+        end = (at_end or {}).get(key, value)
+        if key in proposed or key not in live or _same(live[key], end):
+            continue
+        out.append(
+            f"{key} {live[key]} (replayed with {value})" if _same(end, value) else f"{key} {live[key]} (the replay ended with {end})"
+        )
+    return out
 
 
 def live_moves(recorded: Mapping[str, str], proposal: str, live: Mapping[str, str]) -> list[str]:
@@ -417,6 +426,7 @@ class WhatIfScreen(ModalScreen[None]):
         self.process = ReplayProcess(journal_path, since, until)
         #: KEY -> its value in force at the window's start (the form's starting lines)
         self.recorded: dict[str, str] = {}
+        self.at_end: dict[str, str] = {}  # the form's keys at the window's end (a change in it replayed)
         #: the last answer shown (``run_replay``'s), and the proposal text it replayed
         self.answer: dict[str, Any] | None = None
         self.proposal = ""
@@ -491,6 +501,7 @@ class WhatIfScreen(ModalScreen[None]):
                 self.query_one("#whatif-title", Static).update(f"What if: replay {self.window_text}")
             pairs = settable(window.config, window.fit.ceiling)
             self.recorded = dict(pairs)
+            self.at_end = dict(settable(window.config_at_end, window.fit.ceiling))
             self.query_one("#whatif-form", TextArea).text = over_prefill(pairs, self.draft)
             self.query_one("#whatif-replay", Button).disabled = False
             self._show_notes(notes_of(window, None))
@@ -670,7 +681,7 @@ class WhatIfScreen(ModalScreen[None]):
         # trial's queue_depth 12 where the replay ran 8) stays in force, and is said
         snap = await self.live() if self.live is not None else None
         now = live_values(snap) if snap is not None else {}
-        differ = live_differences(self.recorded, self.proposal, now)
+        differ = live_differences(self.recorded, self.proposal, now, self.at_end)
         if differ:
             them = "them as they are" if len(differ) > 1 else "it as it is"
             budget += f"\nThe gate now differs from what was replayed: {', '.join(differ)}; applying leaves {them}."

@@ -957,6 +957,24 @@ async def test_the_form_and_the_confirmation_start_from_the_thresholds_in_force_
         assert screen.answer is not None and screen.answer["scenarios"][2]["changes"] == ["classes.interactive.queue_depth"]
 
 
+def test_a_change_recorded_in_the_window_is_not_read_as_the_gate_now_differing() -> None:
+    """A trial retuned queue_depth 8 -> 12 inside the window; the replay ran that retune as
+    recorded, and the apply's confirmation said "The gate now differs from what was replayed:
+    ... 12 (replayed with 8)". The gate is compared with the window's end now; a value that
+    differs from both is said against the end."""
+    from console.screens.whatif import live_differences
+
+    start = {"classes.interactive.queue_depth": "8", "classes.batch.queue_depth": "4"}
+    end = {"classes.interactive.queue_depth": "12", "classes.batch.queue_depth": "4"}
+    assert live_differences(start, "classes.batch.queue_depth=2", {"classes.interactive.queue_depth": "12"}, end) == []
+    assert live_differences(start, "classes.batch.queue_depth=2", {"classes.interactive.queue_depth": "16"}, end) == [
+        "classes.interactive.queue_depth 16 (the replay ended with 12)"
+    ]
+    assert live_differences(start, "classes.interactive.queue_depth=2", {"classes.batch.queue_depth": "6"}, end) == [
+        "classes.batch.queue_depth 6 (replayed with 4)"
+    ]
+
+
 def test_the_edits_kept_are_the_changed_lines_and_go_over_the_next_windows_prefill() -> None:
     """A trial opened the what-if on one window, closed it unedited and opened it on another:
     the form held the first window's values in force, and ctrl+r replayed them as a three-key

@@ -1648,6 +1648,43 @@ def test_a_proposal_pins_its_key_over_what_a_restarted_gate_restored_before_the_
     assert answer["scenarios"][2]["classes"] != answer["scenarios"][1]["classes"]
 
 
+def test_a_window_begun_in_a_restarts_gap_starts_with_the_overrides_the_new_gate_restored(tmp_path: Path) -> None:
+    """A trial's --since fell between the old gate's stop and the new gate's start: the window's
+    thresholds were the new gate's bare file, though every request in it met the retune the new
+    gate restored at its start (its `restored` row, before any decision)."""
+    path = _journal(tmp_path, n=200, duration=20.0, name="gap")
+    times = _decision_times(path)
+    since = times[100] + 1e-4
+    gap = times[101] - since
+    _restart_row(path, since + gap / 3, CONFIG)
+    conn = sqlite3.connect(path, isolation_level=None)
+    _audit(conn, (since + 2 * gap / 3, "gate", "restored", "classes.interactive.queue_depth", "1"))
+    conn.close()
+    window = load_window(path, since=since)
+    assert window.config.class_by_name("interactive").queue_depth == 1, window.config.class_by_name("interactive")
+    (said,) = [
+        n
+        for n in run_replay(window, [proposal_from_set("classes.interactive.queue_depth=1", window.config)], jobs=1)["notes"]
+        if n.endswith("so it changes nothing")
+    ]
+    assert said.startswith("classes.interactive.queue_depth=1 is the value in force at the window's start"), said
+
+
+def test_the_thresholds_at_the_windows_end_follow_its_changes_and_restarts(tmp_path: Path) -> None:
+    """`Window.config_at_end`: what the what-if's apply compares the running gate with (a change
+    in the window is replayed as recorded: the gate running it does not differ from the replay)."""
+    path = _journal(tmp_path, n=200, duration=20.0, name="end")
+    first = _decision_times(path)[0]
+    _audit_after_first(path, (8.0, "console", "set_class", "class:interactive", "queue_depth=3"))
+    window = load_window(path, since=first + 5.0)
+    assert window.config.class_by_name("interactive").queue_depth == 64
+    assert window.config_at_end.class_by_name("interactive").queue_depth == 3
+    _restart_row(path, first + 12.0, SMALL)  # a restart after it: the new gate's file
+    window = load_window(path, since=first + 5.0)
+    assert window.config_at_end.class_by_name("interactive").queue_depth == SMALL.class_by_name("interactive").queue_depth
+    assert window.config_at_end.budget.mode == "static"
+
+
 def test_the_thresholds_in_force_at_the_start_are_what_the_engine_has_there() -> None:
     """`in_force_at_start` folds the changes before the window as the engine applies them at its
     start: replaying the gate's start config with them is replaying the folded config without them."""

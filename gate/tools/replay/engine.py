@@ -480,20 +480,38 @@ def _apply(
     advance(now)
 
 
-def in_force_at_start(config: Config, changes: Sequence[Change]) -> Config:
+def in_force_from_start(change: Change, first_arrival_s: float) -> bool:
+    """Is `change` in force from the window's start: before it (``at`` <= 0), or an override a
+    restarted gate restored before the window's first arrival (`in_force_at_start`)?"""
+    return change.at <= 0 or (change.action == "restored" and change.at <= first_arrival_s)
+
+
+def in_force_at_start(config: Config, changes: Sequence[Change], first_arrival_s: float = 0.0, *, upto: float | None = None) -> Config:
     """The thresholds in force at the window's start: `config` (the gate's, its config_in_force
     row) with the recorded threshold changes before the window (``at`` <= 0: retunes, reloads,
     overrides a restarted gate restored, a drop of the overrides) applied as `replay` applies them
     at its start (`_apply`). A proposal is compared with these, not with the gate's start: after
     a retune of queue_depth 6 -> 12 before the window, a trial's ``--set queue_depth=6`` ("what
     if I had not retuned?") pinned nothing and replayed 12. Pauses, drains, the freeze and a
-    budget set by hand are the controller's and the queues' state, not thresholds: not here."""
+    budget set by hand are the controller's and the queues' state, not thresholds: not here.
+
+    `first_arrival_s`: the window's first arrival. The overrides a gate restored at its start
+    (``restored`` rows) before it count too: a window begun in a restart's gap (the old gate
+    gone, the new one not started) took the new gate's bare file as in force, though every
+    request of the window met its restored overrides (a trial).
+
+    `upto`: the changes up to that moment too (``float("inf")``: the thresholds in force at the
+    window's end), a gate restarted in between included."""
     now, file = config, config
     for c in changes:
-        if c.at > 0:
+        if not (in_force_from_start(c, first_arrival_s) or (upto is not None and c.at <= upto)):
             continue
         action, target = c.action, c.target
-        if action == "set_class":
+        if action == CONFIG_IN_FORCE:  # a gate restarted (none before the window: its row starts it)
+            new = restarted_config(c.new_value, config)
+            if new is not None:
+                now = file = dataclasses.replace(now, classes=new.classes, budget=new.budget)
+        elif action == "set_class":
             now = _class_values(now, target.partition(":")[2], _pairs(c.new_value))
         elif action == "set_budget_settings":
             now = _budget_values(now, _pairs(c.new_value))

@@ -479,7 +479,7 @@ def _unpinned_notes(window: Window, p: Proposal) -> list[str]:
             if start.get(key) != now.get(key)
             else ""
         )
-        moved = [c for c in window.changes if c.at > 0 and c.action in REPLAYED_ACTIONS and unpinned(c, frozenset({key})) != c]
+        moved = [c for c in window.changes if window.in_window(c) and c.action in REPLAYED_ACTIONS and unpinned(c, frozenset({key})) != c]
         if moved:
             # a `restored` row is a restarted gate putting its kept overrides back, not an operator's
             # move (a trial's note named two restarts "the operator's change")
@@ -543,7 +543,7 @@ def _moved_bar_notes(window: Window) -> list[str]:
         # the SLO is the bar of a class without its own objective only (a trial's two classes had
         # their own: the note fired on every slo_ttft_p95_ms retune, and no bar had moved)
         keys.add("budget.slo_ttft_p95_ms")
-    moved = [c for c in window.changes if c.at > 0 and c.action in REPLAYED_ACTIONS and unpinned(c, frozenset(keys)) != c]
+    moved = [c for c in window.changes if window.in_window(c) and c.action in REPLAYED_ACTIONS and unpinned(c, frozenset(keys)) != c]
     if moved:
         at = ", ".join(f"+{c.at:.1f} s {c.action} {c.target}" for c in moved[:4]) + (" ..." if len(moved) > 4 else "")
         bars = ", ".join(f"{c} {_bar(window.config, c):.0f} ms" for c in classes)
@@ -620,7 +620,7 @@ def run_replay(
         # its learned capacity, not what was in force before: a window with none read "8")
         "recorded_changes": sum(1 for c in window.changes if c.at > 0 and c.action in REPLAYED_ACTIONS and c.action != "restored"),
         # a restarted gate's kept overrides put back (`restored` rows): replayed, not an operator's move
-        "restored_changes": sum(1 for c in window.changes if c.at > 0 and c.action == "restored"),
+        "restored_changes": sum(1 for c in window.changes if c.action == "restored" and window.in_window(c)),
         "untrusted_above": UNTRUSTED_ABOVE,
         "notes": notes,
         "fit": fit,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import math
 import sqlite3
 import time
 from dataclasses import dataclass, replace
@@ -26,7 +27,7 @@ from gate.config.thresholds import CONFIG_IN_FORCE, config_from_thresholds
 from gate.data.records import CAPACITY_LEARNED
 from gate.journal.schema import JournalError
 from gate.ops.lock import holder
-from gate.tools.replay.engine import CORE_REASONS, REPLAYED_ACTIONS, Arrival, BackendFit, Change, in_force_at_start
+from gate.tools.replay.engine import CORE_REASONS, REPLAYED_ACTIONS, Arrival, BackendFit, Change, in_force_at_start, in_force_from_start
 
 #: the schema version whose columns replay reads (decisions.ttft_arrival_ms, samples.journal_dropped)
 REPLAY_SCHEMA = 4
@@ -71,6 +72,20 @@ class Window:
     def start_config(self) -> Config:
         """The gate's start thresholds (`started`, else `config`)."""
         return self.config if self.started is None else self.started
+
+    @property
+    def first_arrival_s(self) -> float:
+        """Seconds from `since` to the window's first arrival (0: none)."""
+        return min((a.at for a in self.arrivals), default=0.0)
+
+    @property
+    def config_at_end(self) -> Config:
+        """The thresholds in force at the window's end: `config` with the changes in it applied."""
+        return in_force_at_start(self.start_config, self.changes, self.first_arrival_s, upto=math.inf)
+
+    def in_window(self, change: Change) -> bool:
+        """A change made in the window, not in force from its start (`in_force_from_start`)."""
+        return not in_force_from_start(change, self.first_arrival_s)
 
     @property
     def lead_s(self) -> float:
@@ -273,7 +288,7 @@ def _load(conn: sqlite3.Connection, path: str, since: float | None, until: float
     lead, arrivals = _distinct_ids(_lead(conn, backend, since, float(cfg_row["ts"]), names), arrivals)
     notes += _open_ends(conn, path, backend, since, asked_until, lead, float(cfg_row["ts"]))
     notes += _losses(conn, backend, since, asked_until, rows)
-    in_force = in_force_at_start(config, changes)
+    in_force = in_force_at_start(config, changes, min((a.at for a in arrivals), default=0.0))
     return Window(
         path,
         since,
