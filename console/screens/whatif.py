@@ -499,9 +499,9 @@ class WhatIfScreen(ModalScreen[None]):
                 # the window replayed is not the one asked for (it starts at the gate's start): say which
                 self.window_text = window_text(window.path, window.since, window.until)
                 self.query_one("#whatif-title", Static).update(f"What if: replay {self.window_text}")
-            pairs = settable(window.config, window.fit.ceiling)
+            pairs = settable(window.config, window.fit.ceiling, window.held_budget())
             self.recorded = dict(pairs)
-            self.at_end = dict(settable(window.config_at_end, window.fit.ceiling))
+            self.at_end = dict(settable(window.config_at_end, window.fit.ceiling, window.held_budget(at_end=True)))
             self.query_one("#whatif-form", TextArea).text = over_prefill(pairs, self.draft)
             self.query_one("#whatif-replay", Button).disabled = False
             self._show_notes(notes_of(window, None))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
 import sqlite3
 from pathlib import Path
 
@@ -1683,6 +1684,37 @@ def test_the_thresholds_at_the_windows_end_follow_its_changes_and_restarts(tmp_p
     window = load_window(path, since=first + 5.0)
     assert window.config_at_end.class_by_name("interactive").queue_depth == SMALL.class_by_name("interactive").queue_depth
     assert window.config_at_end.budget.mode == "static"
+
+
+def test_a_budget_held_by_hand_at_the_windows_start_is_the_forms_token_budget(tmp_path: Path) -> None:
+    """A trial froze the controller and set 1200 by hand before the window: the what-if form
+    showed backend.token_budget at the pool (2048), and the apply's confirmation said
+    "backend.token_budget 1200 (replayed with 2048)" of a replay that ran at 1200."""
+    from gate.tools.replay import Change
+    from gate.tools.replay.engine import budget_held_at
+    from gate.tools.replay.report import settable
+
+    adaptive = CONFIG
+    assert adaptive.budget.mode == "adaptive"
+    set_1200 = Change(-5.0, "set_budget", "backend:default", "1200")
+    freeze = Change(-4.0, "freeze", "controller", "True")
+    assert budget_held_at(adaptive, [set_1200]) == (False, None)  # the controller moves it on
+    assert budget_held_at(adaptive, [set_1200, freeze]) == (True, None)  # held where the controller left it
+    assert budget_held_at(adaptive, [freeze, set_1200]) == (True, 1200)
+    unfreeze = Change(3.0, "unfreeze", "controller", "False")
+    assert budget_held_at(adaptive, [freeze, set_1200, unfreeze]) == (True, 1200)  # in the window: not at its start
+    assert budget_held_at(adaptive, [freeze, set_1200, unfreeze], upto=math.inf) == (False, None)
+    restart = Change(6.0, "config_in_force", "gate", thresholds_json(SMALL))  # static: held at its budget
+    assert budget_held_at(adaptive, [freeze, set_1200, restart], upto=math.inf) == (True, None)
+    assert budget_held_at(adaptive, [freeze, set_1200, Change(-1.0, "overrides_dropped", "overrides", None)]) == (False, None)
+
+    path, since = _retuned_before(
+        tmp_path, (1.0, "console", "freeze", "controller", "True"), (1.2, "console", "set_budget", "backend:default", "1200"), name="hand"
+    )
+    window = load_window(path, since=since)
+    held = window.held_budget()
+    assert held is not None and held == [b for t, b in window.budget_curve if t >= 0][0]
+    assert ("backend.token_budget", str(held)) in settable(window.config, window.fit.ceiling, held)
 
 
 def test_the_thresholds_in_force_at_the_start_are_what_the_engine_has_there() -> None:

@@ -530,6 +530,36 @@ def in_force_at_start(config: Config, changes: Sequence[Change], first_arrival_s
     return now
 
 
+def budget_held_at(
+    config: Config, changes: Sequence[Change], first_arrival_s: float = 0.0, *, upto: float | None = None
+) -> tuple[bool, int | None]:
+    """Is the working budget held where it is at the window's start (`upto`: at that moment, as
+    `in_force_at_start`): the controller frozen, or the mode static? With the last budget set by
+    hand (or restored by a restarted gate) while it is, else None. The what-if's form shows a
+    held budget as ``backend.token_budget``: it showed the pool, and the apply's confirmation
+    said "backend.token_budget 1200 (replayed with 2048)" of a replay that had run at the hand
+    budget of 1200 (a trial)."""
+    mode, frozen, budget = config.budget.mode, False, None
+    for c in changes:
+        if not (in_force_from_start(c, first_arrival_s) or (upto is not None and c.at <= upto)):
+            continue
+        action, target = c.action, c.target
+        if action == CONFIG_IN_FORCE:  # a new gate: its file's mode, no freeze, no hand budget (until restored)
+            new = restarted_config(c.new_value, config)
+            mode, frozen, budget = (new.budget.mode if new is not None else mode), False, None
+        elif action in ("freeze", "unfreeze") or (action == "restored" and target == "controller"):
+            frozen = action == "freeze" or c.new_value == "frozen"
+        elif action in ("set_budget", "restored") and target.startswith("backend:"):
+            value = _parse(c.new_value)
+            budget = value if isinstance(value, int) else budget
+        elif action == "overrides_dropped":
+            frozen, budget = False, None
+        if not frozen and mode != "static":
+            budget = None  # the controller moves it (a freeze holds it where the controller left it)
+    held = frozen or mode == "static"
+    return held, budget if held else None
+
+
 def _class_values(config: Config, cls: str, values: dict[str, Any]) -> Config:
     """`config` with class `cls`'s keys of `values` set, as `_set_class` sets them (unknown keys
     and an unknown class left alone)."""

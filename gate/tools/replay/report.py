@@ -690,14 +690,15 @@ RETUNE_BUDGET_KEYS = ("min_tokens", "slo_ttft_p95_ms")
 RETUNE_CLASS_KEYS = ("reserved_tokens", "limit_tokens", "queue_depth", "queue_timeout_s", "default_max_tokens", "ttft_objective_ms")
 
 
-def settable(config: Config, ceiling: int | None = None) -> list[tuple[str, str]]:
+def settable(config: Config, ceiling: int | None = None, held: int | None = None) -> list[tuple[str, str]]:
     """(KEY, recorded value) for the thresholds the live retune edits, in ``--set`` form:
-    ``backend.token_budget`` (the configured one, else ``ceiling``: the fitted pool the gate
-    discovered), ``budget.K`` and ``classes.NAME.K`` (``none`` for an unset one)."""
+    ``backend.token_budget`` (`held`, a budget held by hand, else the configured one, else
+    ``ceiling``: the fitted pool the gate discovered), ``budget.K`` and ``classes.NAME.K``
+    (``none`` for an unset one)."""
     data = thresholds_of(config)
     out: list[tuple[str, str]] = []
     backend = data["backends"][0] if data["backends"] else {}
-    budget = backend.get("token_budget", ceiling)
+    budget = held if held is not None else backend.get("token_budget", ceiling)
     if budget is not None:
         out.append(("backend.token_budget", plain_value(budget)))
     out += [(f"budget.{k}", plain_value(data["budget"].get(k))) for k in RETUNE_BUDGET_KEYS if k in data["budget"]]

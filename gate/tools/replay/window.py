@@ -27,7 +27,16 @@ from gate.config.thresholds import CONFIG_IN_FORCE, config_from_thresholds
 from gate.data.records import CAPACITY_LEARNED
 from gate.journal.schema import JournalError
 from gate.ops.lock import holder
-from gate.tools.replay.engine import CORE_REASONS, REPLAYED_ACTIONS, Arrival, BackendFit, Change, in_force_at_start, in_force_from_start
+from gate.tools.replay.engine import (
+    CORE_REASONS,
+    REPLAYED_ACTIONS,
+    Arrival,
+    BackendFit,
+    Change,
+    budget_held_at,
+    in_force_at_start,
+    in_force_from_start,
+)
 
 #: the schema version whose columns replay reads (decisions.ttft_arrival_ms, samples.journal_dropped)
 REPLAY_SCHEMA = 4
@@ -82,6 +91,16 @@ class Window:
     def config_at_end(self) -> Config:
         """The thresholds in force at the window's end: `config` with the changes in it applied."""
         return in_force_at_start(self.start_config, self.changes, self.first_arrival_s, upto=math.inf)
+
+    def held_budget(self, *, at_end: bool = False) -> int | None:
+        """The working budget held by hand at the window's start (`at_end`: its end), frozen or
+        static: the budget the journal sampled there, else the last one set by hand; None while
+        the controller moves it (`budget_held_at`)."""
+        held, hand = budget_held_at(self.start_config, self.changes, self.first_arrival_s, upto=math.inf if at_end else None)
+        if not held:
+            return None
+        sampled = [b for t, b in self.budget_curve if t >= 0]
+        return (sampled[-1] if at_end else sampled[0]) if sampled else hand
 
     def in_window(self, change: Change) -> bool:
         """A change made in the window, not in force from its start (`in_force_from_start`)."""
