@@ -483,8 +483,11 @@ class SseRelay:
             self.stats.first_token_at = self.clock()
             self.on_first_token()
         self.stats.tokens += 1
-        if not self.keep_usage_chunk and self.tasks == 1 and '"finish_reason":"' in payload and '"timings"' not in payload:
-            self._finish_is_token = True  # held until the next event (`reads`): its timings may follow
+        if not self.keep_usage_chunk and '"finish_reason":"' in payload and '"timings"' not in payload:
+            # held until the next event (`reads`): its timings may follow. With several tasks
+            # (n > 1) too: llama-server writes each task's finish chunk and its usage chunk one
+            # after the other (a trial's n = 2 stream lost both tasks' timings)
+            self._finish_is_token = True
         return self._inspect(payload)
 
     def _typed(self, events: EventFormat, line: str) -> bool:

@@ -228,6 +228,30 @@ async def test_answer_through_the_gate_is_llama_servers(llama_unified, case: Cas
         await released(gate)
 
 
+async def test_a_stream_of_several_tasks_keeps_each_tasks_timings(llama_unified):
+    """A client trial: a chat stream with n = 2 through the gate had no `timings` on either
+    finish chunk (llama-server moves them into the usage chunk the gate asks for and drops),
+    where llama-server's own stream has them on both. The tasks interleave as llama-server runs
+    them, so the chunks are compared per finish, not in order."""
+    body = {"messages": MESSAGES, "max_tokens": 4, "n": 2, "stream": True}
+
+    def finishes(chunks: list[Any]) -> list[tuple[int, bool]]:
+        out = []
+        for c in chunks:
+            if isinstance(c, dict) and c.get("choices") and c["choices"][0].get("finish_reason"):
+                out.append((c["choices"][0]["index"], "timings" in c))
+        return sorted(out)
+
+    async with running_gate(llama_unified.url) as gate, httpx.AsyncClient(timeout=60) as client:
+        case = Case("chat-stream-n2", CHAT, body)
+        direct = await answer(client, llama_unified.url, case)
+        gated = await answer(client, gate.url, case)
+        assert finishes(direct) == [(0, True), (1, True)], direct
+        assert finishes(gated) == finishes(direct), gated
+        assert not any(isinstance(c, dict) and c.get("choices") == [] for c in gated)  # no usage chunk: not asked for
+        await released(gate)
+
+
 #: response headers that are the hop's or the server's own, not llama-server's answer
 _HOP = frozenset({"date", "server", "content-length", "transfer-encoding", "connection", "keep-alive"})
 
