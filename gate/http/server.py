@@ -253,7 +253,7 @@ class _FastPath:
         reader = BodyReader(receive, scope["headers"], limits.max_body_bytes, limits.body_timeout_s)
         if reader.declared is not None and reader.declared > limits.max_body_bytes:
             # Every route, even one that never reads a body (GET /slots): not one byte is read.
-            return _answer(send, too_large(reader.declared, limits.max_body_bytes))
+            return _answer(send, too_large(reader.declared, limits.max_body_bytes), scope["path"])
 
         async def guarded_send(message: Message) -> None:
             try:
@@ -272,8 +272,10 @@ def _own(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> Respon
     return response
 
 
-async def _answer(send: Send, err: GateError) -> None:
-    status, headers, body = render(err)
+async def _answer(send: Send, err: GateError, path: str) -> None:
+    """`err` in the API shape of `path` (count_tokens: Anthropic's; a client trial's 413 there
+    came in OpenAI's when the body declared its length, Anthropic's when it was chunked)."""
+    status, headers, body = render(err, error_shape(path))
     await send({"type": "http.response.start", "status": status, "headers": [*headers, (b"Content-Length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 

@@ -70,6 +70,33 @@ async def test_body_over_the_limit_is_413_before_it_is_read(path, chunked):
         assert gate.in_flight_requests() == 0
 
 
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+async def test_a_413_on_anthropics_count_tokens_is_in_anthropics_shape_however_the_body_is_framed(chunked):
+    """A client trial: /v1/messages/count_tokens's 413 came in OpenAI's error shape when the body
+    declared its length (refused before any route is looked at), Anthropic's when chunked."""
+    import json
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 2 * LIMIT}]}).encode()
+
+    async def pieces():
+        yield body
+
+    async with (
+        running_gate(dead, f"[gate]\nmax_body_bytes = {LIMIT}\n" + TENANTS, environ=ENV) as gate,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
+        answer = await client.post(
+            gate.url + "/v1/messages/count_tokens",
+            content=pieces() if chunked else body,
+            headers={**AUTH, "Content-Type": "application/json"},
+        )
+        assert answer.status_code == 413, answer.text
+        error = answer.json()
+        assert error["type"] == "error" and error["error"]["type"] == "request_too_large", error
+        assert gate.in_flight_requests() == 0
+
+
 @pytest.mark.parametrize("path", ROUTES)
 async def test_anonymous_caller_is_refused_before_its_body_is_read(path):
     dead = f"http://127.0.0.1:{free_port()}"
