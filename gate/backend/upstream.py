@@ -202,9 +202,21 @@ def _announces_role(payload: str) -> bool:
     return True
 
 
-def forward_headers(incoming: Mapping[str, str], upstream_auth: str | None) -> dict[str, str]:
+def on_the_wire(value: str) -> str | bytes:
+    """A header value as the client sent it: the server decodes its bytes as latin-1, and httpx
+    encodes a str as ASCII, so bytes beyond ASCII (a UTF-8 app name in X-Title, which llama-server
+    takes) go as the bytes they were (a client trial's were refused with a 400)."""
+    return value if value.isascii() else value.encode("latin-1")
+
+
+def raw_headers(headers: Mapping[str, str | bytes]) -> list[tuple[bytes, bytes]]:
+    """`headers` as httpx takes bytes beyond ASCII (its typed str form is ASCII only)."""
+    return [(k.encode("latin-1"), v if isinstance(v, bytes) else v.encode("latin-1")) for k, v in headers.items()]
+
+
+def forward_headers(incoming: Mapping[str, str], upstream_auth: str | None) -> dict[str, str | bytes]:
     """The client's end-to-end headers, with the gate's own upstream credentials."""
-    out = {k: v for k, v in incoming.items() if k.lower() not in _DROP_HEADERS}
+    out: dict[str, str | bytes] = {k: on_the_wire(v) for k, v in incoming.items() if k.lower() not in _DROP_HEADERS}
     if upstream_auth:
         out["Authorization"] = f"Bearer {upstream_auth}"
     return out
@@ -236,7 +248,7 @@ class Upstream:
     _transport: httpx.AsyncBaseTransport | None = field(default=None, init=False, repr=False)
     _urls: dict[str, httpx.URL] = field(default_factory=dict, init=False, repr=False)
 
-    async def open(self, path: str, body: Mapping[str, Any], headers: Mapping[str, str]) -> httpx.Response:
+    async def open(self, path: str, body: Mapping[str, Any], headers: Mapping[str, str | bytes]) -> httpx.Response:
         """Send the request and wait for the status line; the caller must `aclose()` it.
 
         Straight to the client's transport, with the client's timeouts: what `client.send` adds
@@ -255,7 +267,7 @@ class Upstream:
             url,
             content=json.dumps(body).encode(),
             # llama-server closes the connection after every streamed answer without saying so; pooled, it fails the next request (502).
-            headers={**headers, "Content-Type": "application/json", "Connection": "close"},
+            headers=raw_headers({**headers, "Content-Type": "application/json", "Connection": "close"}),
             extensions={"timeout": self.client.timeout.as_dict()},
         )
         try:

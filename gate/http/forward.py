@@ -41,7 +41,16 @@ from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
-from gate.backend.upstream import RETRY_DOWN_S, forward_headers, is_redirect, json_object, redirect_error, relayed_headers
+from gate.backend.upstream import (
+    RETRY_DOWN_S,
+    forward_headers,
+    is_redirect,
+    json_object,
+    on_the_wire,
+    raw_headers,
+    redirect_error,
+    relayed_headers,
+)
 from gate.core.errors import GateError
 from gate.core.reasons import CLIENT_DISCONNECT, Outcome, Reason
 from gate.data.commands import Operator
@@ -256,7 +265,7 @@ class ForwardEndpoint:
         if not credential:
             headers.pop("Authorization", None)
         if content_type is not None:
-            headers["content-type"] = content_type
+            headers["content-type"] = on_the_wire(content_type)
         limits = self.gate.config.gate
         client = backend.upstream.client
         upstream_request = client.build_request(
@@ -264,7 +273,7 @@ class ForwardEndpoint:
             backend.url + request.url.path,
             params=params,
             content=body or None,
-            headers=headers,
+            headers=raw_headers(headers),
             # Server-sent events (/models/sse, /v1/stream) may be quiet for long: the request's own limit.
             timeout=httpx.Timeout(30.0, read=limits.request_timeout_s),
         )

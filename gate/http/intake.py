@@ -9,8 +9,8 @@ Order of checks (the first failure is the answer):
 1. With tenants configured: authentication (401 ``invalid_api_key``), then the class (400 for an
    unknown class, 403 ``class_not_allowed``). These come before anything in the body, so a
    caller without a valid key learns nothing about what the gate would accept.
-2. The headers the gate forwards: printable ASCII only (httpx, like any HTTP/1.1 client,
-   cannot send anything else), 400 ``invalid_request`` naming the header; a ``Content-Encoding``
+2. The headers the gate forwards: no control bytes (400 ``invalid_request`` naming the header;
+   bytes beyond ASCII go as the client sent them, as llama-server takes them); a ``Content-Encoding``
    other than identity is 415 (llama-server reads none: its own answer).
 3. The body (:mod:`gate.jsonbody`): UTF-8, JSON llama-server can read back (no NaN/Infinity or
    overflowing numbers, no duplicate keys, no lone surrogates, nesting at most
@@ -96,8 +96,9 @@ COUNT_FIELDS = ("n", "n_cmpl")
 
 _TOKEN_ID_MAX = 2**31 - 1  # llama_token is int32
 
-# Header values as decoded by the server (latin-1): visible ASCII, space and tab only.
-_UNSENDABLE = re.compile(r"[^\x20-\x7e\t]")
+# Header values as decoded by the server (latin-1): control bytes cannot be forwarded (h11 refuses
+# to write them); bytes beyond ASCII go as sent (upstream.on_the_wire), as llama-server takes them.
+_UNSENDABLE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}")
 
 
@@ -149,13 +150,13 @@ class Intake:
 
 
 def check_headers(headers: Mapping[str, str]) -> None:
-    """400 for a header value the gate could not forward (non-ASCII or control bytes)."""
+    """400 for a header value the gate could not forward (control bytes)."""
     for name, value in headers.items():
         if _UNSENDABLE.search(value):
             shown = name if _TOKEN.fullmatch(name) else "with an invalid name"
             raise GateError(
                 Reason.INVALID_REQUEST,
-                f"header {shown} holds bytes outside printable ASCII; the gate cannot forward it",
+                f"header {shown} holds control bytes; the gate cannot forward it",
                 name if _TOKEN.fullmatch(name) else None,
             )
 

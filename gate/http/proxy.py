@@ -527,7 +527,7 @@ class _Flow:
             elif early is not None:
                 early.add_done_callback(_close_answer)  # cut while its answer came: closed all the same
 
-    def _upstream_call(self, backend: Backend, intake: Intake) -> tuple[str, dict[str, Any], dict[str, str]]:
+    def _upstream_call(self, backend: Backend, intake: Intake) -> tuple[str, dict[str, Any], dict[str, str | bytes]]:
         """llama-server's path, body and headers for this request; sets `_plain`."""
         # The few options whose answer llama-server's stream lacks get a plain call (no fast cancel).
         # Embeddings and rerank have no stream at all: their body goes as sent, their answer as given.
