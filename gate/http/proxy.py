@@ -384,7 +384,14 @@ class _Flow:
         60 arrived together, each found an empty queue, and all of them waited on llama-server's
         counts (up to the 2 s the gate allows one) before 53 were refused (a trial, 2026-12-05)."""
         self._refuse_before_count(backend, intake)
+        waits = backend.counting.locked()
+        asked = self.gate.clock()
         async with backend.counting:
+            if waits:
+                # a wait in the gate's queue for the count's turn: a refusal after it reported a
+                # queue wait of 0 ms ("refused at once") after 2 s in the gate (a trial)
+                self.waited_s = (self.waited_s or 0.0) + max(0.0, self.gate.clock() - asked)
+                self.queued = True
             self._refuse_before_count(backend, intake)  # the ones counted before it may have queued
             return await measure(self.gate, backend, intake)
 
@@ -408,7 +415,7 @@ class _Flow:
                 # counted request is: a trial's batch default 512 on slots of 512 was journaled as
                 # 51 + 512, which replay re-ran as never-fits and the aiperf trace sent as 512
                 self.intake = fit_injected(intake, self.count.tokens, backend.capacity.slot_context)
-            self.waited_s = 0.0  # refused at once
+            self.waited_s = self.waited_s or 0.0  # refused at once (after its count's turn, if it waited for one)
             raise refused
 
     def _take_back(self, backend: Backend, ticket: Ticket) -> None:

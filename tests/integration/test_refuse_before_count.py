@@ -96,6 +96,15 @@ async def test_a_burst_is_counted_a_few_at_a_time_and_the_rest_refused_once_the_
             assert sorted(t.result().status_code for t in burst if t.done()) == [429] * 11
             # the ones that waited for their turn found the queue full and were refused uncounted
             assert fake.counts - asked == COUNTS_AT_ONCE
+            # ... after a wait in the gate, which they report (a trial: "queue ms 0" after 2 s):
+            # the 0.2 s at least that the counts were held, in the header and the journal alike
+            refused = [t.result() for t in burst if t.done()]
+            waited = [float(r.headers["x-tokengate-queue-ms"]) for r in refused]
+            assert sum(w >= 200.0 for w in waited) == 12 - COUNTS_AT_ONCE, waited
+            for r in refused:
+                await wait_until(lambda r=r: gate.records.find(r.headers["x-request-id"]) is not None)
+                record = gate.records.find(r.headers["x-request-id"])
+                assert round(record.queue_ms, 1) == float(r.headers["x-tokengate-queue-ms"]), (record, r.headers)
             for task in (*held, *burst):
                 task.cancel()
             await asyncio.gather(*held, *burst, return_exceptions=True)
