@@ -28,7 +28,7 @@ from textual.widgets import Input
 from console.styles import OUTCOME, http_status_style
 from console.widgets.borders import set_border_text
 from console.widgets.tail_table import GAP, Cell, TailTable
-from gate.core.reasons import CLIENT_DISCONNECT, SERVER_CANCELLED, Reason
+from gate.core.reasons import CLIENT_DISCONNECT, Reason
 from gate.data.records import DecisionRecord
 from gate.data.snapshot import GateSnapshot
 
@@ -47,7 +47,7 @@ FULL = tuple(LABELS)
 # Narrow: the reason whole (as wide as the longest reason code), the http status left out
 # (each reason has one status, gate/core/reasons.py), one space between columns: it fits 80x24.
 NARROW = ("time", "cls", "tenant", "outcome", "reason", "ttft")
-NARROW_WIDTHS = {"cls": 11, "tenant": 10, "reason": max(len(r) for r in (*Reason, CLIENT_DISCONNECT, SERVER_CANCELLED))}
+NARROW_WIDTHS = {"cls": 11, "tenant": 10, "reason": max(len(r) for r in (*Reason, CLIENT_DISCONNECT))}
 NARROW_GAP = 1
 NARROW_BELOW = 100
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from gate.core.admission import Admission, Admit, Capacity, ClassPolicy, Queue, Refuse, Step
@@ -215,6 +215,18 @@ class Gatekeeper:
             self._fail(refusal)
         self._arm_timer()
         self._changed()
+        return len(refusals)
+
+    def refuse_queued(self, reason: Reason, message: str, retry_after_s: float | None, *, classes: Collection[str] | None = None) -> int:
+        """Refuse every request waiting (in `classes` only, when given) with `reason`; how many."""
+        adm = self.admission
+        refusals = []
+        for cls in adm.class_names if classes is None else classes:
+            for waiting in list(adm.queue(cls)):
+                adm.cancel(waiting.request.id)
+                refusals.append(Refuse(waiting.request, reason, message, retry_after_s))
+        if refusals:
+            self.refuse_waiting(refusals)
         return len(refusals)
 
     def refuse_waiting(self, refusals: list[Refuse]) -> None:

@@ -87,4 +87,3 @@ _STATUS: dict[Reason, int] = {
 
 # Reasons a request ends with that are not errors answered to the client.
 CLIENT_DISCONNECT = "client_disconnect"
-SERVER_CANCELLED = "server_cancelled"

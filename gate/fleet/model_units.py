@@ -95,15 +95,8 @@ def set_capacity(unit: Backend, cap: Capacity, now: float, floor: int | None = N
 
 def refuse_waiting(unit: Backend, reason: Reason, message: str, retry_after_s: float | None) -> None:
     """Every request waiting for the unit gets `reason` (its model failed or is gone)."""
-    adm, keeper = unit.admission, unit.gatekeeper
-    assert adm is not None and keeper is not None
-    refusals = []
-    for cls in adm.class_names:
-        for waiting in list(adm.queue(cls)):
-            adm.cancel(waiting.request.id)
-            refusals.append(Refuse(waiting.request, reason, message, retry_after_s))
-    if refusals:
-        keeper.refuse_waiting(refusals)
+    assert unit.gatekeeper is not None
+    unit.gatekeeper.refuse_queued(reason, message, retry_after_s)
 
 
 def refuse_unfit(unit: Backend, cap: Capacity) -> None:

@@ -27,7 +27,7 @@ from gate.backend.tokens import TokenCount
 from gate.backend.upstream import REBUILT, EventFormat, RelayStats, SseRelay, forward_headers, relayed_headers, upstream_body
 from gate.core.errors import GateError, Who, error_object, render
 from gate.core.ledger import Request
-from gate.core.reasons import CLIENT_DISCONNECT, SERVER_CANCELLED, Reason
+from gate.core.reasons import CLIENT_DISCONNECT, Reason
 from gate.core.shedding import Deadline, next_deadline
 from gate.data.records import DecisionRecord, Outcome
 from gate.http.apis.dispatch import error_shape, event_format, parse_request
@@ -807,21 +807,24 @@ class _Flow:
 
         Returns True when the client got a complete answer (503, or the stream's end).
         Left to the server, an unanswered request becomes uvicorn's bare 500 while the
-        journal said 499; now both say 503 shutting_down (or 200 and a cut stream).
+        journal said 499; now both say 503 shutting_down (or 200 and a cut stream, its error event
+        shutting_down).
         """
         if self.concluded:
             return False
         err = GateError(Reason.SHUTTING_DOWN, "the gate shut down before this request finished", retry_after_s=1.0)
         try:
             async with asyncio.timeout(1.0):
+                # journaled with the code and message the client gets (a trial grepped the journal
+                # for the `shutting_down` its clients reported and found `server_cancelled`, no detail)
                 if self.started:
-                    self.conclude("cancelled", SERVER_CANCELLED, 200)
+                    self.conclude("cancelled", Reason.SHUTTING_DOWN.value, 200, err.message)
                     if self.intake is not None and self.intake.stream:
                         await self._body(self._error_event(err))
                     await self._last(b"")
                 else:
                     status, headers, body = render(err, error_shape(self.scope["path"]))
-                    self.conclude("cancelled", SERVER_CANCELLED, status)
+                    self.conclude("cancelled", Reason.SHUTTING_DOWN.value, status, err.message)
                     await self._start(status, headers, relayed=False)
                     await self._last(body)
         except (TimeoutError, GateError, OSError):

@@ -24,7 +24,7 @@ Conventions:
   configured model (llama-server serves one; the others are aliases), or "".
 - Label values are bounded: a class, model or reason label is a configured class
   (`register_classes`), a configured model (`register_models`), a `Reason` (or
-  "ok", "client_disconnect", "server_cancelled"), or "" (not known: refused before
+  "ok", "client_disconnect"), or "" (not known: refused before
   identification, no model given); anything else is "other". The `model` label
   used to copy the client's field: 300 refusals with random 20 kB model names grew
   /metrics from 16 kB to 12.4 MB. So the series count is at most
@@ -41,14 +41,14 @@ from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from gate import __version__
-from gate.core.reasons import CLIENT_DISCONNECT, SERVER_CANCELLED, Reason
+from gate.core.reasons import CLIENT_DISCONNECT, Reason
 from gate.data.endpoints import PREFLIGHT, ROUTES, UI_ASSET
 from gate.observe.gcpause import GENERATIONS, GcPauses
 
 OUTCOMES = ("admitted", "refused", "shed", "cancelled", "failed", "forwarded")
 OK_REASON = "ok"
 OTHER = "other"  # every label value that is not a configured name
-_REASONS = frozenset({*(r.value for r in Reason), OK_REASON, CLIENT_DISCONNECT, SERVER_CANCELLED})
+_REASONS = frozenset({*(r.value for r in Reason), OK_REASON, CLIENT_DISCONNECT})
 TOKEN_COUNT_SOURCES = ("exact", "estimate")
 #: what became of a request forwarded beside its count ([gate] forward_beside_count)
 BESIDE_RESULTS = ("settled", "grown", "over_bound", "taken_back")

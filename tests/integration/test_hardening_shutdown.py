@@ -67,8 +67,9 @@ async def test_request_cut_at_shutdown_is_journaled_as_answered(llama_unified, t
         assert status == 503, answer
         assert json.loads(answer)["error"]["code"] == "shutting_down"
     with sqlite3.connect(journal) as db:
-        rows = db.execute("SELECT outcome, reason, http_status FROM decisions WHERE request_id = 'cut'").fetchall()
-    assert rows == [("cancelled", "server_cancelled", status)]
+        rows = db.execute("SELECT outcome, reason, http_status, detail FROM decisions WHERE request_id = 'cut'").fetchall()
+    # the code and message the client got (a trial grepped the journal for `shutting_down`)
+    assert rows == [("cancelled", "shutting_down", status, "the gate shut down before this request finished")]
     await wait_until(lambda: ledger_total(gate) == 0, timeout_s=10)
     async with httpx.AsyncClient(timeout=10) as client:  # upstream closed: the shared server is free again
         await wait_until(lambda: idle(client, llama_unified.url), timeout_s=10)
@@ -80,3 +81,48 @@ async def busy(client: httpx.AsyncClient, url: str) -> bool:
 
 async def idle(client: httpx.AsyncClient, url: str) -> bool:
     return await busy_slots(client, url) == 0
+
+
+async def test_a_paused_classs_waiters_are_refused_when_the_gate_stops_not_held_for_the_grace(llama_unified, tmp_path):
+    """A trial: SIGTERM with 7 requests queued in a paused class held them for the whole 30 s
+    grace (nothing could resume them), then cut them: 47-53 s in the queue in all. They are
+    refused as the gate starts to stop, journaled with the code and message they got."""
+    from gate.ops.control import Operator
+
+    config = parse_config(gate_toml([llama_unified.url], TENANTS, backend_extra=BACKEND_EXTRA), "test.toml")
+    journal = tmp_path / "journal.db"
+    gate = GateService(config, environ=ENV, probe_interval_s=0.2, journal_path=str(journal))
+    await gate.start(port=0)
+    stopping = None
+    try:
+        async with httpx.AsyncClient(timeout=60) as client:
+            cap = next(iter(gate.backends)).capacity
+            slots, long = cap.slots, cap.ceiling // cap.slots - 64  # every slot held, as long as they hold
+            holders = [
+                asyncio.create_task(client.post(gate.url + CHAT, json={**chat(long), "ignore_eos": True}, headers=AUTH))
+                for _ in range(slots)
+            ]
+            await wait_until(lambda: len(next(iter(gate.backends)).admission.ledger) == slots, timeout_s=30)
+            batch = {**AUTH, "X-Tokengate-Class": "batch"}
+            waiters = [
+                asyncio.create_task(client.post(gate.url + CHAT, json=chat(4), headers={**batch, "X-Request-Id": f"paused-{i}"}))
+                for i in range(3)
+            ]
+            await wait_until(lambda: next(iter(gate.backends)).admission.waiting() == 3, timeout_s=10)
+            gate.control.pause("batch", True, operator=Operator("t", "local"))
+            stopping = asyncio.create_task(gate.stop(grace_s=30))
+            answers = await asyncio.wait_for(asyncio.gather(*waiters), 5)  # not the grace's 30 s
+            for r in answers:
+                assert r.status_code == 503, r.text
+                error = r.json()["error"]
+                assert error["code"] == "shutting_down" and "class 'batch' is paused" in error["message"], error
+            for t in holders:
+                t.cancel()
+            await asyncio.gather(*holders, return_exceptions=True)
+            await asyncio.wait_for(stopping, 30)
+    finally:
+        if stopping is None:
+            await gate.stop(grace_s=0.2)
+    with sqlite3.connect(journal) as db:
+        rows = db.execute("SELECT outcome, reason, http_status FROM decisions WHERE request_id LIKE 'paused-%'").fetchall()
+    assert rows == [("refused", "shutting_down", 503)] * 3
