@@ -47,7 +47,7 @@ from gate.observe.gpu import GpuMonitor, GpuSource, read_gpu
 from gate.observe.looplag import LoopLagMonitor, cpu_seconds
 from gate.observe.metrics import GateMetrics
 from gate.observe.recorder import Recorder
-from gate.observe.snapshots import GateState, build_snapshot
+from gate.observe.snapshots import BypassWatch, GateState, build_snapshot
 from gate.ops.control import Control
 from gate.ops.control_socket import ControlServer
 from gate.ops.lock import JournalLock, new_gate_id
@@ -144,6 +144,7 @@ class GateService:
         self.control = Control(config, self.backends, clock=clock, audit=self.audit)
         # Filled by the telemetry and GPU loops once wired; empty/None means "not polled".
         self.telemetry: dict[str, BackendTelemetry] = {}
+        self.bypass = BypassWatch()  # slots busy on llama-server beyond the gate's, on two reads in a row
         self.gpu_reading: GpuReading | None = None
         self.gpu: GpuSource = gpu if gpu is not None else GpuMonitor()
         self.journal_path = journal_path or config.gate.journal
@@ -438,6 +439,7 @@ class GateService:
             self.backends,
             self.recorder,
             self.telemetry,
+            bypass=self.bypass.slots,
             decisions_after=decisions_after,
             max_decisions=max_decisions,
         )
@@ -477,6 +479,7 @@ class GateService:
 
     def _on_telemetry(self, latest: dict[str, BackendTelemetry]) -> None:
         self.telemetry = dict(latest)
+        self.bypass.read(self.telemetry, self.backends)
 
     async def _gpu_loop(self, interval_s: float = 2.0) -> None:
         """NVML in a worker thread every 2 s (absent NVML reads as n/a, never an error); and

@@ -51,6 +51,33 @@ class GateState:
     overrides_not_kept: str = ""  # why they are not in their file for a restart ("": kept)
 
 
+class BypassWatch:
+    """Slots llama-server reports busy beyond the gate's own requests (traffic that bypassed the
+    gate), as seen on two telemetry reads in a row. One read raced the gate's own releases: a
+    /slots answer written just before a stream's end, read just after the gate let its slot go,
+    showed "+1 bypassing the gate" with nothing else connected (a trial: 3 of 60 frames). A
+    client that really bypasses the gate holds a slot across reads."""
+
+    def __init__(self) -> None:
+        self._excess: dict[str, tuple[float, int]] = {}  # backend -> (the read's time, its excess)
+        self.slots: dict[str, int] = {}  # backend -> the excess of both of its last two reads
+
+    def read(self, latest: Mapping[str, BackendTelemetry], units: Iterable[Backend]) -> None:
+        """A telemetry round: each backend's excess now, against the gate's slots now."""
+        for b in units:
+            tel = latest.get(b.name)
+            if tel is None or tel.stale or b.state != "ready" or tel.busy_slots is None:
+                self._excess.pop(b.name, None)
+                self.slots.pop(b.name, None)
+                continue
+            last = self._excess.get(b.name)
+            if last is not None and last[0] == tel.ts:
+                continue  # no new read of this backend
+            excess = max(0, tel.busy_slots - (b.admission.ledger.slots if b.admission else 0))
+            self._excess[b.name] = (tel.ts, excess)
+            self.slots[b.name] = min(excess, last[1]) if last is not None else 0
+
+
 def build_snapshot(
     state: GateState,
     config: Config,
@@ -58,14 +85,16 @@ def build_snapshot(
     recorder: Recorder,
     telemetry: Mapping[str, BackendTelemetry],
     *,
+    bypass: Mapping[str, int] | None = None,
     decisions_after: int = 0,
     max_decisions: int = 200,
 ) -> GateSnapshot:
+    """`bypass`: `BypassWatch.slots` (none: nothing is said to bypass the gate)."""
     now = recorder.clock()
     rollup = recorder.rollup
     counts = rollup.counts(now, 60)
     units = tuple(backends)
-    views = tuple(_backend_view(b, telemetry.get(b.name)) for b in units)
+    views = tuple(_backend_view(b, telemetry.get(b.name), (bypass or {}).get(b.name, 0)) for b in units)
     totals = class_totals(units, (c.name for c in config.classes))
     classes = []
     for c in config.classes:
@@ -215,7 +244,7 @@ def _duration(ms: float) -> str:
     return f"{ms:.0f} ms" if ms < 1000 else f"{ms / 1000:.3g} s"
 
 
-def _backend_view(b: Backend, tel: BackendTelemetry | None) -> BackendView:
+def _backend_view(b: Backend, tel: BackendTelemetry | None, bypass: int = 0) -> BackendView:
     adm, cap = b.admission, b.capacity
     return BackendView(
         name=b.name,
@@ -229,9 +258,7 @@ def _backend_view(b: Backend, tel: BackendTelemetry | None) -> BackendView:
         # A backend that is down has no live telemetry, whatever the poller still holds.
         telemetry_stale=tel is not None and (tel.stale or b.state != "ready"),
         telemetry_error=None if tel is None else (tel.error or (None if b.state == "ready" else f"backend {b.state}")),
-        bypass_slots=0
-        if tel is None or tel.stale or b.state != "ready" or tel.busy_slots is None
-        else max(0, tel.busy_slots - (adm.ledger.slots if adm else 0)),
+        bypass_slots=0 if tel is None or tel.stale or b.state != "ready" else bypass,
         slots_busy=adm.ledger.slots if adm else 0,
         slots_total=cap.slots if cap else None,
         slot_context=cap.slot_context if cap else None,

@@ -672,3 +672,32 @@ async def test_a_router_model_at_rest_is_not_logged_as_a_telemetry_failure(upstr
         async with httpx.AsyncClient(transport=httpx.MockTransport(upstream.handler)) as c:
             await make_poller(c, clock).poll_once()
     assert any(r.levelno == logging.WARNING and "telemetry failed" in r.getMessage() for r in caplog.records)
+
+
+def test_slots_busy_beyond_the_gate_are_said_only_when_two_reads_in_a_row_show_them() -> None:
+    """A trial's console read "+1 bypassing the gate" with nothing else connected: one /slots
+    answer written before a stream's end and read after the gate let its slot go. Traffic that
+    bypasses the gate holds its slot across reads; one read is no evidence."""
+    from types import SimpleNamespace
+
+    from gate.observe.snapshots import BypassWatch
+
+    gate_slots = [1]
+    unit = SimpleNamespace(name="b0", state="ready", admission=SimpleNamespace(ledger=SimpleNamespace(slots=0)))
+
+    def read(watch: BypassWatch, ts: float, busy: int) -> int:
+        unit.admission.ledger.slots = gate_slots[0]
+        slots = tuple(SlotInfo(i, 512, i < busy, None, None) for i in range(4))
+        tel = BackendTelemetry("b0", ts, slots, None, None, None, None, False, None)
+        watch.read({"b0": tel}, [unit])
+        return watch.slots.get("b0", 0)
+
+    watch = BypassWatch()
+    assert read(watch, 1.0, 2) == 0  # one slot more than the gate's: a race, maybe
+    assert read(watch, 2.0, 1) == 0  # gone at the next read: it was
+    assert read(watch, 3.0, 2) == 0
+    assert read(watch, 3.0, 2) == 0  # the same read again is not a second one
+    assert read(watch, 4.0, 3) == 1  # two reads in a row: at least one slot bypasses the gate
+    assert read(watch, 5.0, 3) == 2
+    gate_slots[0] = 3
+    assert read(watch, 6.0, 3) == 0  # the gate's own
