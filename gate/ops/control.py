@@ -473,7 +473,7 @@ class Control:
             except CommandError as exc:
                 results.append(
                     self._audit(
-                        operator, source, "restore_refused", "overrides", ", ".join(f"{k}={_fmt(v)}" for k, _, v in changes), None, str(exc)
+                        operator, source, "restore_refused", "overrides", ", ".join(_pair(k, v) for k, _, v in changes), None, str(exc)
                     )
                 )
             else:
@@ -800,12 +800,18 @@ def _unchanged(action: str, target: str, changes: Mapping[str, Any]) -> ActionRe
     return ActionResult(action, target, value, value, f"{target}: {value} already in force, nothing changed")
 
 
+def _pair(key: str, value: Any) -> str:
+    """`key=value` as an audit row and a toast say it: an unset value is `none`, as `--set` and
+    the what-if's form write it (a trial's toast read "ttft_objective_ms=None")."""
+    return f"{key}={'none' if value is None else _fmt(value)}"
+
+
 def _diff_old(obj: Any, changes: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k}={_fmt(getattr(obj, k))}" for k in sorted(changes))
+    return ", ".join(_pair(k, getattr(obj, k)) for k in sorted(changes))
 
 
 def _diff_new(changes: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(changes.items()))
+    return ", ".join(_pair(k, v) for k, v in sorted(changes.items()))
 
 
 def _config_diff(old: Config, new: Config) -> list[tuple[str, str | None, str | None]]:

@@ -242,7 +242,7 @@ async def test_t_retunes_budget_and_class_typed_by_keys(gate):
         by_action = {a.action: a for a in gate.recent_audit}
         assert (by_action["set_budget"].old_value, by_action["set_budget"].new_value) == ("8192", "4096")
         assert by_action["set_class"].target == "class:batch"
-        assert by_action["set_class"].old_value == "limit_tokens=None, queue_depth=8"
+        assert by_action["set_class"].old_value == "limit_tokens=none, queue_depth=8"
         assert by_action["set_class"].new_value == "limit_tokens=3000, queue_depth=2"
         assert all(a.operator == "alice" and a.origin == "10.1.2.3" for a in gate.recent_audit)
         toast = messages(app)[-1]
@@ -738,7 +738,7 @@ async def test_retune_sets_a_class_s_own_ttft_objective_and_slo_gives_it_back(ga
         assert not isinstance(app.screen, RetuneScreen)
         assert admission(gate).objective_ms("batch") == 30000
         row = audit_rows(gate, "set_class")[-1]
-        assert (row.old_value, row.new_value) == ("ttft_objective_ms=None", "ttft_objective_ms=30000")
+        assert (row.old_value, row.new_value) == ("ttft_objective_ms=none", "ttft_objective_ms=30000")
         await pilot.press("t")
         assert field(app, "ttft_objective_ms").value == "30000"
         field(app, "ttft_objective_ms").value = "slo"

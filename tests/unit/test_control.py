@@ -144,7 +144,7 @@ async def test_set_class_retunes_shares_and_queue_bounds(gate):
     assert gate.config.class_by_name("batch").queue_depth == 2
     row = last_audit(gate)
     assert row.target == "class:batch"
-    assert row.old_value == "limit_tokens=None, queue_depth=8" and row.new_value == "limit_tokens=3000, queue_depth=2"
+    assert row.old_value == "limit_tokens=none, queue_depth=8" and row.new_value == "limit_tokens=3000, queue_depth=2"
 
 
 @pytest.mark.parametrize(
@@ -600,7 +600,7 @@ async def test_a_class_s_ttft_objective_is_retuned_live_kept_and_restored(gate, 
     assert (row.action, row.target, row.old_value, row.new_value) == (
         "set_class",
         "class:batch",
-        "ttft_objective_ms=None",
+        "ttft_objective_ms=none",  # as --set and the form write it (a trial read "None")
         "ttft_objective_ms=30000",
     )
     batch = next(c for c in gate.snapshot().classes if c.name == "batch")

@@ -175,7 +175,7 @@ def _policy_for(config: Config) -> Any:
 
 
 def _parse(text: str | None) -> Any:
-    if text is None or text == "None":
+    if text is None or text in ("None", "none"):  # "none" in the audit's k=v pairs since 2026-12-07
         return None
     if text in ("True", "true"):
         return True
