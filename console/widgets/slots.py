@@ -103,7 +103,7 @@ def backend_line(b: BackendView, compact: bool) -> Text:
         line.append(f"  telemetry STALE{why}", "bold black on yellow")
     line.append("  deferred ")
     if b.requests_deferred is None:
-        line.append("n/a", "dim")
+        line.append("n/a" + (" (llama-server runs without --metrics)" if b.metrics_off and not compact else ""), "dim")
     else:
         line.append(str(b.requests_deferred), ALARM_BADGE if b.requests_deferred else "green")
     if not compact and b.decode_tps is not None:

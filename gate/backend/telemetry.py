@@ -211,6 +211,9 @@ class BackendTelemetry:
     decode_tps: float | None  # per-slot decode tokens/s, from counter deltas (last measured)
     stale: bool  # the last STALE_AFTER_MISSES polls failed: values are old
     error: str | None  # why the latest poll failed; None when it succeeded
+    #: endpoints llama-server answers 501 (turned off: "/metrics" without --metrics), for the
+    #: console to say why its fields are n/a (a trial read "deferred n/a" with no reason on screen)
+    off: tuple[str, ...] = ()
 
     @property
     def busy_slots(self) -> int | None:
@@ -426,6 +429,7 @@ class TelemetryPoller:
             decode_tps=b.decode_tps if metrics is not None else None,
             stale=False,
             error=None,
+            off=tuple(sorted(b.disabled_until)),
         )
 
     def _missed(self, b: _Backend, now: float, reason: str) -> None:

@@ -75,6 +75,7 @@ class BackendView:
     slots: tuple[SlotView, ...] | None  # llama-server's own /slots, when polled
     decode_tps: float | None
     requests_deferred: int | None  # llama-server's own queue: must stay 0
+    metrics_off: bool = False  # llama-server answers /metrics 501 (no --metrics): deferred and rates n/a
     kv_bytes_per_token: int | None = None
     prefill_tok_s: float | None = None  # measured prompt tokens/s (None until measured)
     prefill_cap: int | None = None  # prompt tokens that may prefill at once (None: no cap)

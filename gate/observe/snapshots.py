@@ -274,6 +274,7 @@ def _backend_view(b: Backend, tel: BackendTelemetry | None, bypass: int = 0) -> 
         else tuple(SlotView(s.id, s.n_ctx, s.processing, s.n_prompt_tokens, s.n_decoded) for s in tel.slots),
         decode_tps=None if tel is None else tel.decode_tps,
         requests_deferred=None if tel is None else tel.requests_deferred,
+        metrics_off=tel is not None and "/metrics" in tel.off,
         kv_bytes_per_token=b.kv_bytes_per_token,
         stretched_to=adm.stretched_to if adm else None,
         **_prefill_view(b),

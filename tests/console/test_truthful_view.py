@@ -503,6 +503,16 @@ def test_the_backend_line_says_why_in_flight_is_above_the_budget():
     assert "stretched" not in backend_line(_backend(), compact=False).plain
 
 
+def test_deferred_n_a_says_when_llama_server_runs_without_metrics():
+    """A trial read "deferred n/a" and found why only in the gate's log."""
+    from console.widgets.slots import backend_line
+
+    off = backend_line(_backend(requests_deferred=None, metrics_off=True), compact=False).plain
+    assert "deferred n/a (llama-server runs without --metrics)" in off
+    unread = backend_line(_backend(requests_deferred=None), compact=False).plain  # not read yet: no reason to give
+    assert "deferred n/a" in unread and "--metrics" not in unread
+
+
 async def test_a_scrolled_back_tail_keeps_its_rows_through_trims_under_load(gate):
     from console.widgets.decisions import DecisionTail
 
