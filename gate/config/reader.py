@@ -425,3 +425,24 @@ def _sorted_classes(classes: Iterable[ClassConfig]) -> tuple[ClassConfig, ...]:
     # Highest priority first; equal priorities in name order so the order never depends on
     # the order of keys in the file.
     return tuple(sorted(classes, key=lambda c: (-c.priority, c.name)))
+
+
+def beside_the_file(config: Config, path: str | os.PathLike[str] | None) -> tuple[Config, str | None]:
+    """For a command that reads what a gate on `config` writes (its journal, its control
+    socket): a relative ``[gate] journal`` is where the gate runs (its working directory),
+    which is not always here. When it is not here and the config file's folder holds it, that
+    one, with a note saying so (a trial ran `tokengate log --config /srv/gate/tokengate.toml`
+    from its home and read "tokengate.db: journal file not found" while the gate ran)."""
+    journal = config.gate.journal
+    if path is None or journal == ":memory:" or os.path.isabs(journal) or os.path.exists(journal):
+        return config, None
+    folder = os.path.dirname(os.path.abspath(os.fspath(path)))
+    there = os.path.join(folder, journal)
+    if not os.path.exists(there):
+        return config, None
+    socket = config.gate.control_socket
+    gate = dataclasses.replace(
+        config.gate, journal=there, control_socket=socket if not socket or os.path.isabs(socket) else os.path.join(folder, socket)
+    )
+    note = f"[gate] journal {journal!r} is not in this directory; reading the one beside {os.fspath(path)}: {there}"
+    return dataclasses.replace(config, gate=gate), note

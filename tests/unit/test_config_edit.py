@@ -86,6 +86,32 @@ def test_overrides_show_write_and_drop_without_a_running_gate(tmp_path):
     assert rc == 0 and not kept.exists()
 
 
+def test_commands_beside_a_gate_find_its_relative_journal_by_the_config_file(tmp_path, monkeypatch):
+    """A trial ran `tokengate log --config /srv/gate/tokengate.toml` from its home: the config's
+    relative journal (the gate's working directory) was looked for in the home, "journal file
+    not found" while the gate ran. Not here, the config file's folder holds it: that one, said."""
+    from gate.config import EXAMPLE_CONFIG as EXAMPLE
+    from gate.config.reader import beside_the_file
+
+    srv, home = tmp_path / "srv", tmp_path / "home"
+    srv.mkdir()
+    home.mkdir()
+    f = srv / "tokengate.toml"
+    f.write_text(EXAMPLE)
+    assert 'journal = "tokengate.db"' in EXAMPLE
+    (srv / "tokengate.db").write_bytes(b"")
+    (srv / "tokengate.db.overrides.json").write_text(json.dumps({"v": 1, "paused": ["batch"]}))
+    monkeypatch.chdir(home)
+    config, note = beside_the_file(parse_config(EXAMPLE, "f"), str(f))
+    assert config.gate.journal == str(srv / "tokengate.db") and config.gate.control_socket_path() == str(srv / "tokengate.sock")
+    assert note is not None and str(srv / "tokengate.db") in note
+    rc, out, err = run("overrides", "--config", str(f))
+    assert rc == 0 and "batch paused" in out, (out, err)
+    assert "reading the one beside" in err
+    (home / "tokengate.db").write_bytes(b"")  # one here: the gate's working directory may be here
+    assert beside_the_file(parse_config(EXAMPLE, "f"), str(f)) == (parse_config(EXAMPLE, "f"), None)
+
+
 @pytest.mark.parametrize("bad", ["budget", "min_tokens=3"])
 def test_config_set_names_what_it_needs(tmp_path, bad):
     f = tmp_path / "t.toml"
