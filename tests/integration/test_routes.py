@@ -291,8 +291,9 @@ async def test_bad_input_on_forwarded_routes_is_a_4xx_without_backend_addresses(
     async with running_gate(llama_unified.url, "[gate]\nmax_body_bytes = 1024\n") as gate, httpx.AsyncClient(timeout=30) as client:
         r = await client.post(gate.url + "/tokenize", content=b"x" * 4096, headers={"content-type": "application/json"})
         assert_error(r, 413, "body_too_large")
+        # a header byte beyond ASCII goes as sent, as llama-server takes it (it was a 400 here)
         r = await client.post(gate.url + "/tokenize", json={"content": "hi"}, headers={"X-Odd": "caf\xe9".encode("latin-1")})
-        assert_error(r, 400, "invalid_request")
+        assert r.status_code == 200 and r.json()["tokens"], r.text
         r = await client.request("TRACE", gate.url + "/props")
         assert r.status_code == 405
     async with running_gate("http://127.0.0.1:9") as gate, httpx.AsyncClient(timeout=30) as client:
