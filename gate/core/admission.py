@@ -1648,6 +1648,7 @@ class Admission:
         expecting = (
             f" after an expected {wait:.2f}s more" if wait else " now"
         )  # its slot is due: "dispatched, it would miss" read as a past
+        before = ""
         if first_s is not None:
             expecting = f" now, its first token expected in {first_s * 1000:.0f} ms"
         else:
@@ -1656,13 +1657,15 @@ class Admission:
             first = None if self.expected_ttft is None else self.expected_ttft(w.request, self.prefill_met())
             expecting += f", its first token {first * 1000:.0f} ms later" if first is not None else ""
             before_s = w.enqueued_at - w.request.objective_from  # reading its body and counting it
-            expecting += f" ({before_s * 1000:.0f} ms before it queued)" if before_s >= 0.0005 else ""
+            # beside the wait it adds to ("first token 546 ms later (16 ms before it queued)" read as
+            # part of the first token's time, a trial)
+            before = f" (and {before_s * 1000:.0f} ms before it, being read and counted)" if before_s >= 0.0005 else ""
         refusal = Refuse(
             w.request,
             Reason.QUEUE_TIMEOUT,
             # "if": it was refused, not dispatched ("dispatched now, ..., it would miss" read as a
             # dispatch, a trial)
-            f"waited {now - w.enqueued_at:.2f}s in class {cls!r}; if dispatched{expecting}, it would miss "
+            f"waited {now - w.enqueued_at:.2f}s in class {cls!r}{before}; if dispatched{expecting}, it would miss "
             f"the class's {objective_ms:g} ms time-to-first-token objective{self._held_back(w.request)}",
             clamp_retry(wait) if wait else self._retry_unmeasured(cls, w.request.cost, now),
         )
