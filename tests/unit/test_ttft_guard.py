@@ -542,7 +542,10 @@ def test_refusal_texts_add_up_and_say_what_is_not_measured():
     for _ in range(4):
         adm.holds.record(6.0)
     (late,) = adm.advance(11.6).expired
-    assert "(and 100 ms before it, being read and counted); if dispatched after an expected 4.40s more, its first token 200 ms later," in late.detail, late.detail
+    assert (
+        "(and 100 ms before it, being read and counted); if dispatched after an expected 4.40s more, its first token 200 ms later,"
+        in late.detail
+    ), late.detail
     # T1 with no first-token time measured: said so, not "0 ms"
     blind = one_class(default_ms=1000.0, ttft=None)
     measure_holds(blind, 2.0)
