@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+from pathlib import Path
 
 import httpx
 import pytest
@@ -24,12 +25,18 @@ from tests.integration.hardening import AUTH, BACKEND_EXTRA, CHAT, ENV, TENANTS,
 pytestmark = pytest.mark.llama
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["non-stream", "stream"])
-async def test_request_cut_at_shutdown_is_journaled_as_answered(llama_unified, tmp_path, stream):
-    config = parse_config(gate_toml([llama_unified.url], TENANTS, backend_extra=BACKEND_EXTRA), "test.toml")
+async def started_gate(url: str, tmp_path: Path) -> tuple[GateService, Path]:
+    """A gate stopped by the test itself (not running_gate's), and its journal file, read after."""
+    config = parse_config(gate_toml([url], TENANTS, backend_extra=BACKEND_EXTRA), "test.toml")
     journal = tmp_path / "journal.db"
     gate = GateService(config, environ=ENV, probe_interval_s=0.2, journal_path=str(journal))
     await gate.start(port=0)
+    return gate, journal
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["non-stream", "stream"])
+async def test_request_cut_at_shutdown_is_journaled_as_answered(llama_unified, tmp_path, stream):
+    gate, journal = await started_gate(llama_unified.url, tmp_path)
     stopped = False
     try:
         async with httpx.AsyncClient(timeout=60) as client:
@@ -89,10 +96,7 @@ async def test_a_paused_classs_waiters_are_refused_when_the_gate_stops_not_held_
     refused as the gate starts to stop, journaled with the code and message they got."""
     from gate.ops.control import Operator
 
-    config = parse_config(gate_toml([llama_unified.url], TENANTS, backend_extra=BACKEND_EXTRA), "test.toml")
-    journal = tmp_path / "journal.db"
-    gate = GateService(config, environ=ENV, probe_interval_s=0.2, journal_path=str(journal))
-    await gate.start(port=0)
+    gate, journal = await started_gate(llama_unified.url, tmp_path)
     stopping = None
     try:
         async with httpx.AsyncClient(timeout=60) as client:
