@@ -103,8 +103,9 @@ class Window:
         return (sampled[-1] if at_end else sampled[0]) if sampled else hand
 
     def in_window(self, change: Change) -> bool:
-        """A change made in the window, not in force from its start (`in_force_from_start`)."""
-        return not in_force_from_start(change, self.first_arrival_s)
+        """A change made in the window, not in force from its start (`in_force_from_start`); the
+        first arrival (a walk of the arrivals) is looked at only for a `restored` row in it."""
+        return change.at > 0 and (change.action != "restored" or not in_force_from_start(change, self.first_arrival_s))
 
     @property
     def lead_s(self) -> float:
