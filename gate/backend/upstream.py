@@ -65,7 +65,8 @@ _DROP_HEADERS = frozenset(
 
 
 # Response headers never relayed back to the client: hop-by-hop (RFC 9110 7.6.1), and the
-# ones the ASGI server writes itself.
+# Date the gate writes itself (`Dated`). llama-server's `Server: llama.cpp` is relayed: the gate's
+# stack writes none (uvicorn's is off), and a client that reads it sees what it would straight.
 HOP_BY_HOP = frozenset(
     {
         b"connection",
@@ -77,7 +78,6 @@ HOP_BY_HOP = frozenset(
         b"transfer-encoding",
         b"upgrade",
         b"date",
-        b"server",
         b"via",  # a proxy between the gate and llama-server (which never sends one): its host and port
     }
 )
