@@ -37,7 +37,7 @@ _TYPES: dict[int, str] = {
     400: "invalid_request_error",
     401: "authentication_error",
     403: "permission_error",
-    404: "invalid_request_error",
+    404: "not_found_error",  # llama-server's own 404 says so ("File Not Found")
     405: "invalid_request_error",
     408: "invalid_request_error",
     413: "invalid_request_error",

@@ -59,7 +59,7 @@ ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     403: "permission_error",
-    404: "invalid_request_error",
+    404: "not_found_error",  # as llama-server's own 404
     405: "invalid_request_error",
     413: "invalid_request_error",
 }
