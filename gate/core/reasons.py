@@ -65,7 +65,7 @@ _STATUS: dict[Reason, int] = {
     Reason.INVALID_API_KEY: 401,
     Reason.CLASS_NOT_ALLOWED: 403,
     Reason.OPERATOR_ONLY: 403,
-    Reason.MODEL_NOT_FOUND: 404,
+    Reason.MODEL_NOT_FOUND: 400,  # llama-server's router: 400 "model 'x' not found"
     Reason.CLIENT_STALLED: 408,
     Reason.BODY_TOO_LARGE: 413,
     Reason.QUEUE_FULL: 429,

@@ -222,7 +222,11 @@ class _Flow:
         backend = self.gate.backends.route(intake.model)
         if backend is None:
             shown = intake.model if intake.model is None or len(intake.model) <= 64 else intake.model[:64] + "..."
-            raise GateError(Reason.MODEL_NOT_FOUND, f"model {shown!r} is not served by this gate", "model")
+            # llama-server's router answers an unknown model so (400, its words); the gate adds where
+            # to look, since a model its router has may still not be one the gate serves
+            raise GateError(
+                Reason.MODEL_NOT_FOUND, f"model {shown!r} not found (GET /v1/models lists the models this gate serves)", "model"
+            )
         chain = fallback_chain(self.gate, intake.caller, backend)
         if backend.fleet is None and not chain:
             await self._admit(backend, intake, early=True)

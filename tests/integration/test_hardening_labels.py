@@ -19,7 +19,7 @@ pytestmark = pytest.mark.llama
 
 HOSTILE = [
     # (id, request fields / headers that vary per request, expected status, code)
-    ("random-model", lambda i: ({"model": os.urandom(10_000).hex()}, {}), 404, "model_not_found"),
+    ("random-model", lambda i: ({"model": os.urandom(10_000).hex()}, {}), 400, "model_not_found"),
     ("random-class", lambda i: ({}, {"X-Tokengate-Class": f"c{i}-" + "x" * 2000}), 400, "invalid_request"),
     ("random-key", lambda i: ({}, {"Authorization": f"Bearer sk-{i}-" + "k" * 2000}), 401, "invalid_api_key"),
 ]

@@ -189,7 +189,11 @@ async def test_gate_is_ready_in_router_mode_routes_by_model_and_each_budget_come
         assert not unit(gate, "tiny2").admission.fits_now(_request(600))
 
         unknown = await client.post(gate.url + CHAT, json=chat("tiny3"))
-        assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+        # as llama-server's router answers it: 400 "model 'tiny3' not found"
+        assert unknown.status_code == 400 and unknown.json()["error"]["code"] == "model_not_found", unknown.text
+        assert unknown.json()["error"]["message"].startswith("model 'tiny3' not found")
+        straight = await client.post(router.url + CHAT, json=chat("tiny3"))
+        assert straight.status_code == 400 and "model 'tiny3' not found" in straight.text, straight.text
 
         listed_models = (await client.get(gate.url + "/v1/models")).json()["data"]
         assert sorted(m["id"] for m in listed_models) == ["tiny", "tiny2"]

@@ -136,7 +136,7 @@ async def test_a_router_with_no_model_listed_is_ready_forwards_reads_and_serves_
         props = await client.get(gate.url + "/props")  # forwarded to the router itself
         assert props.status_code == 200 and props.json()["role"] == "router"
         r = await client.post(gate.url + CHAT, json=chat("tiny"))
-        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+        assert r.status_code == 400 and r.json()["error"]["code"] == "model_not_found"  # as the router's 400
         r = await client.post(gate.url + CHAT, json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
         assert r.status_code == 400 and r.json()["error"]["message"] == "model name is missing from the request", r.text
         r = await client.post(gate.url + "/models/load", json={"model": "tiny"})

@@ -217,7 +217,7 @@ def test_anthropic_shape_by_status_with_the_gates_code_and_retry_after() -> None
         Reason.INVALID_REQUEST: "invalid_request_error",
         Reason.INVALID_API_KEY: "authentication_error",
         Reason.CLASS_NOT_ALLOWED: "permission_error",
-        Reason.MODEL_NOT_FOUND: "not_found_error",
+        Reason.MODEL_NOT_FOUND: "invalid_request_error",  # 400, as llama-server's router
         Reason.BODY_TOO_LARGE: "request_too_large",
         Reason.QUEUE_FULL: "rate_limit_error",
         Reason.SHED_OVERRUN: "overloaded_error",
