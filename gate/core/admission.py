@@ -128,6 +128,10 @@ Retry-After of a refusal to wait (T1, a full queue, T2/T3, a timeout, a drain):
   R2. a refusal that only an operator's action ends (a paused class; a budget the operator set,
       static or frozen, that the class's share cannot reach) is told its class's queue_timeout_s
       at the least, not the drain's estimate: no drain ends it.
+  R3. a T1 refusal is told when its slot is expected to free by the spread of the holds (the
+      mean of the holds longer than a slot's age, less its age), never less than the mean's
+      wait; the drain rate is told only from MIN_HOLDS releases in its window (else the class's
+      objective, or its queue_timeout_s).
 A newcomer that fits now is admitted (the backend can start it; refusing on an estimate with
 nothing running would stop the measurements too). Unmeasured parts count as zero; with nothing
 measured there is no early refusal, and the waiter waits up to queue_timeout_s.
@@ -169,7 +173,18 @@ from gate.core import queueing
 from gate.core.ledger import Ledger, Request, Reservation
 from gate.core.queueing import ClassQueue, Waiting
 from gate.core.reasons import Reason
-from gate.core.waits import HoldTimes, chance_before_any_hold, chance_in_time, crossing, first_frees, growing_frees, remaining, wait_at
+from gate.core.waits import (
+    MIN_HOLDS,
+    HoldTimes,
+    chance_before_any_hold,
+    chance_in_time,
+    crossing,
+    first_frees,
+    growing_frees,
+    remaining,
+    residual_frees,
+    wait_at,
+)
 
 RETRY_MIN_S = 1.0
 RETRY_MAX_S = 120.0
@@ -325,6 +340,12 @@ class DrainRate:
     Retry-After 120 s, then 55, 42, 28 s, for the drain window's 30 s)."""
 
     window_s: float = 30.0
+    # Releases in the window before a rate is told (as the holds: waits.MIN_HOLDS): one request
+    # served 15 s before a burst, at a fresh gate, made a rate of its lone release, and the
+    # burst's refusals were told Retry-After 120, 116, 108 ... 9 s while the slots freed 4.9 s
+    # after it came (a user's trial, 2026-12-07); without a rate they are told their class's
+    # objective (or queue_timeout_s).
+    min_releases: int = MIN_HOLDS
     _events: deque[tuple[float, int]] = field(default_factory=deque)
     _total: int = 0
     _since: float | None = None
@@ -357,7 +378,7 @@ class DrainRate:
 
     def rate(self, now: float) -> float:
         self._trim(now)
-        if self._since is None or not self._events:
+        if self._since is None or len(self._events) < self.min_releases:
             return 0.0
         start = now - min(self.window_s, now - self._since)
         idle = sum(max(0.0, min(end, now) - max(begin, start)) for begin, end in self._idle)
@@ -1577,8 +1598,18 @@ class Admission:
             request,
             Reason.QUEUE_TIMEOUT,
             f"class {request.cls!r} cannot start now: {why}{self._held_back(request)}",
-            clamp_retry(wait) if wait is not None else self._retry_unmeasured(request.cls, request.cost, now),
+            clamp_retry(self._retry_wait(ahead, now, wait)) if wait is not None else self._retry_unmeasured(request.cls, request.cost, now),
         )
+
+    def _retry_wait(self, position: int, now: float, wait: float) -> float:
+        """R3: a T1 refusal's Retry-After: when the slot of the waiter `position` places from the
+        front is expected to free by the spread of the holds (waits.residual_frees), not by their
+        mean (`wait`), which says "now" of a slot held past it; never less than `wait`."""
+        holds, mean = self.holds.sorted_s(), self.holds.mean_s
+        if holds is None or mean is None or not self.capacity.slots:
+            return wait
+        frees = residual_frees([now - at for at in self.ledger.moments()], holds, self.capacity.slots)
+        return max(wait, wait_at(position, frees, mean))
 
     def _higher_coming(self, priority: int, within_s: float) -> int:
         """T1: the higher classes' requests expected to arrive within `within_s` (their demand),

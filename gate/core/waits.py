@@ -109,6 +109,24 @@ def remaining(held_since: Iterable[float], mean_s: float, now: float, slots: int
     return ([0.0] * max(0, slots - len(left)) + left)[: max(1, slots)]
 
 
+def residual_frees(ages: Iterable[float], holds: Sequence[float], slots: int) -> list[float]:
+    """Expected seconds until each slot frees, soonest first (a free slot: 0), from the spread of
+    the measured holds (`holds` sorted): a slot held `a` seconds frees, on average, when the holds
+    longer than `a` ended: their mean less `a`; one held past every hold measured in its overrun,
+    as `remaining` has it. A refusal's Retry-After, not T1-T3's judgement: the mean hold says a
+    slot past it frees "now" (1 s), while the holds that ran that long ran far longer (a user's
+    trial: four Retry-After: 1 in a row, each saying "0% likely to free", while the four slots
+    freed 12 s later)."""
+    n = len(holds)
+    longest = holds[-1] if n else 0.0
+    left: list[float] = []
+    for age in ages:
+        i = bisect_right(holds, age)
+        left.append(sum(holds[i:]) / (n - i) - age if i < n else age - longest)
+    left.sort()
+    return ([0.0] * max(0, slots - len(left)) + left)[: max(1, slots)]
+
+
 def growing_frees(
     held_since: Iterable[float], mean_s: float, now: float, slots: int, longest_s: float, places: int
 ) -> tuple[list[float], list[bool]]:

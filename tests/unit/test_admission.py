@@ -7,6 +7,7 @@ import pytest
 from gate.core.admission import Admit, Capacity, Queue, Refuse, TenantPolicy, check_invariants, clamp_retry
 from gate.core.ledger import Request
 from gate.core.reasons import Reason
+from gate.core.waits import MIN_HOLDS
 from tests.unit.core_helpers import req, state_of, two_classes
 
 
@@ -229,9 +230,10 @@ def test_a_drain_of_a_paused_class_tells_the_pauses_retry_after_not_the_drains()
     class_paused with Retry-After 90. Only the operator ends a pause (R2): a drained waiter of
     a paused class is told its queue_timeout_s at the least, as a newcomer is."""
     adm = two_classes(budget=100, batch={"queue_timeout_s": 90.0})
-    served = req("batch", 50)
-    adm.offer(served, 0.0)
-    adm.release(served.id, 0.5)  # a completed-token rate: the drain's estimate is a few seconds
+    for _ in range(4):  # a completed-token rate (from MIN_HOLDS releases): the drain's estimate is a few seconds
+        served = req("batch", 20)
+        adm.offer(served, 0.0)
+        adm.release(served.id, 0.5)
     adm.offer(req("batch", 100), 0.5)
     adm.offer(req("batch", 10), 0.5)
     adm.pause("batch")
@@ -372,6 +374,31 @@ def test_retry_after_after_a_lone_request_in_a_quiet_spell_counts_from_the_busy_
     adm.offer(r, 0.0)
     adm.release(r.id, 0.5)  # a lone request; then the gate is idle (nothing in flight or queued)
     assert _busy_spell(adm, 15.0) == pytest.approx(fresh, rel=0.05)  # was 17.8 s: 2,200 tokens over 24.5 s
+
+
+def test_a_few_releases_are_no_drain_rate_so_a_burst_at_a_fresh_gate_is_not_told_minutes():
+    """A user's trial: a fresh gate served one request, and 15 s later a burst's refusals were
+    told Retry-After 120, 116, 108 ... 9 s (the queue's tokens over that lone release's rate),
+    while the slots freed 4.9 s after the burst came. Until MIN_HOLDS releases are in the window
+    there is no rate, and the class's own wait bound is told, as at a cold start (R3)."""
+    adm = two_classes(budget=1000, slot_context=1000, slots=1, batch={"queue_timeout_s": 10.0})
+    for n in range(MIN_HOLDS):
+        r = req("batch", 200)
+        adm.offer(r, 0.0)
+        adm.release(r.id, 0.12)
+        if n < MIN_HOLDS - 1:
+            assert adm.drain_rate.rate(0.12) == 0  # too few to say
+    assert adm.drain_rate.rate(0.12) > 0  # the negative control: enough releases make a rate
+    fresh = two_classes(budget=1000, slot_context=1000, slots=1, batch={"queue_timeout_s": 10.0})
+    lone = req("batch", 200)
+    fresh.offer(lone, 0.0)
+    fresh.release(lone.id, 0.12)
+    fresh.offer(req("batch", 1000), 15.0)
+    for _ in range(3):
+        fresh.offer(req("batch", 400), 15.0)  # 1,200 tokens queued
+    assert fresh.drain_rate.rate(15.3) == 0
+    assert fresh.retry_after("batch", 400, 15.3) == 10.0  # was 8 s: 1,600 tokens at the lone release's 200 a second
+    check_invariants(fresh)
 
 
 def test_retry_after_is_clamped_between_1_and_120_seconds():

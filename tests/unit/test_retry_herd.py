@@ -169,9 +169,10 @@ def test_r2_only_an_operator_ends_a_pause_or_a_budget_set_by_hand_so_no_drain_es
             budget=1000,
             budget_elastic=lambda: elastic,
         )
-        r = req("interactive", 100, at=0.0)
-        assert isinstance(adm.offer(r, 0.0), Admit)
-        adm.release(r.id, 1.0)  # a drain measured: its estimate is ~1 s
+        for _ in range(4):  # a drain measured (MIN_HOLDS releases): its estimate is ~1 s
+            r = req("interactive", 25, at=0.0)
+            assert isinstance(adm.offer(r, 0.0), Admit)
+            adm.release(r.id, 1.0)
         return adm
 
     adm = core(elastic=False)

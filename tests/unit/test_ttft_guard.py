@@ -564,3 +564,7 @@ def test_refusal_texts_add_up_and_say_what_is_not_measured():
     overdue = held.offer(req("chat", 100, at=14.0), 14.0)  # held 4 s, mean 3.25 s: only the 10 s hold is longer
     assert isinstance(overdue, Refuse), overdue
     assert "0 ahead, the slots held past their mean hold" in overdue.detail and "expected wait 0 ms" not in overdue.detail, overdue.detail
+    # ... and it is told when such a slot is expected to free: the one hold that ran 4 s ran
+    # 10 s, so in 6 s (R3), not the mean's "now" (a user's trial: Retry-After 1 four times in a
+    # row, each "0% likely to free", while the slots freed 12 s later)
+    assert overdue.retry_after_s == 6.0, overdue
