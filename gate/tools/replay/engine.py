@@ -329,6 +329,14 @@ def replay(
                 # refused at intake, before the core, as gate/http/intake.py refuses it (400)
                 run.out[a.id] = Outcome(False, Reason.INVALID_REQUEST.value, None, None, 0)
                 continue
+            # as the gate asks before its count (gate/http/proxy.py `_refuse_before_count`, the
+            # prompt taken as 0): a paused class, or a T1 refusal a larger prompt only confirms,
+            # refuses before the size is known; offered whole, a window with batch paused under a
+            # smaller budget replayed batch's class_paused as context_length_exceeded (a trial)
+            early = adm.refuses_before_count(Request(a.id, a.cls, a.tenant, 0, a.max_tokens, now), now)
+            if early is not None:
+                refused(early)
+                continue
             req = Request(a.id, a.cls, a.tenant, a.prompt_tokens, a.max_tokens, now)
             decision = adm.offer(req, now)
             if isinstance(decision, Admit):
