@@ -12,8 +12,10 @@ one turn of the loop go to Redis in one script call (a burst costs one round tri
 per request), with the releases waiting for a ride.
 
 Redis is judged by what Redis did, not by how busy the gate is: the wait bound ``wait_ms``
-counts only the time the gate's loop was free to hear the answer (:mod:`.heard`), so a burst
-on a loaded host makes admission wait longer but never flips the gate. When Redis cannot be
+counts only the time the gate's loop was free to hear the answer (:mod:`.heard`), so the
+gate's own lag in a burst makes admission wait longer and does not flip the gate (Redis's own
+delay does: a Redis starved of CPU on the same loaded host missed 20 ms in a trial, hence the
+100 ms default). When Redis cannot be
 reached, or had the whole bound and said nothing, the gate switches to its failure policy
 at once and stops asking Redis until a renewal answers in time again (:mod:`.health`).
 
