@@ -9,6 +9,8 @@ A user trial (two gates sharing tenant quotas through one Redis):
   it is the credentials.
 - /health said "Redis unreachable" whatever the cause. Now its note says the cause: slow,
   refused, credentials refused.
+- a Redis restart (no persistence) was warned as leases that expired while the gate held
+  them, and counted (the alert TokengateSharedLeasesExpired). Now it is said as a restart.
 """
 
 from __future__ import annotations
@@ -17,12 +19,17 @@ import asyncio
 import logging
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from gate.config import SharedConfig, TenantConfig
+from gate.fleet.sharedlimits.client import SharedLimits
+from gate.fleet.sharedlimits.health import Flip
+from gate.fleet.sharedlimits.scripts import tenant_keys
 from tests.integration.fake_upstream import fake_upstream
 from tests.integration.gate_harness import running_gate, wait_until
 from tests.llama.server import free_port
@@ -174,3 +181,62 @@ async def test_health_the_log_and_the_audit_say_why_redis_does_not_decide(locked
         assert "(lease renewal: WRONGPASS invalid username-password pair" in rows[-1] and "unreachable" not in " ".join(rows)
         logged = " ".join(r.getMessage() for r in caplog.records)
         assert not secrets_in(logged + " ".join(rows))
+
+
+def tenant(quota: int) -> TenantConfig:
+    return TenantConfig(name="team-a", api_key_sha256="a" * 64, max_tokens_in_flight=quota)
+
+
+async def held_on_redis(peek: aioredis.Redis, prefix: str) -> int:
+    return int(await peek.get(tenant_keys(prefix, "team-a")[3]) or 0)
+
+
+async def held_is(peek: aioredis.Redis, prefix: str, tokens: int) -> bool:
+    return await held_on_redis(peek, prefix) == tokens
+
+
+async def test_a_redis_restart_is_said_as_one_and_not_counted_as_leases_expired(redis_server, caplog) -> None:
+    """Under fail_closed, Redis down for longer than a lease lives, then back empty: the renewal
+    that adopts the gate's leases says Redis restarted and lost its keys. Before: "1 lease(s)
+    expired on Redis while this gate held them ... the gate's event loop was too busy", counted
+    in tokengate_shared_leases_expired_held_total, which files TokengateSharedLeasesExpired."""
+    caplog.set_level(logging.INFO, logger="tokengate.shared")
+    expired: list[int] = []
+    flips: list[Flip] = []
+    config = SharedConfig(redis_url=redis_server.url, key_prefix="r:", failure_policy="fail_closed", renew_interval_s=0.2, wait_ms=100.0)
+    gate = SharedLimits(config, "g1", on_expired=expired.append, on_flip=flips.append)
+    await gate.start()
+    peek = aioredis.Redis.from_url(redis_server.url)
+    try:
+        lease = await gate.reserve(tenant(100), 70)
+        assert lease is not None and await held_on_redis(peek, "r:") == 70
+        redis_server.stop()
+        down_at = time.monotonic()
+        await wait_until(lambda: [f.new for f in flips] == ["fail_closed"], timeout_s=5.0)
+        # down for longer than a lease lives (0.6 s): what the old code took for an expiry
+        await wait_until(lambda: time.monotonic() - down_at > 1.5 * config.lease_ttl_s, timeout_s=5.0)
+        redis_server.start()  # same port, empty: no persistence
+        await wait_until(lambda: held_is(peek, "r:", 70), timeout_s=5.0)  # a renewal adopted it
+        await wait_until(lambda: gate.state == "ok", timeout_s=5.0)
+        assert gate.adopted == 1 and gate.expired_held == 0 and expired == []
+        said = [r.getMessage() for r in caplog.records if r.name == "tokengate.shared"]
+        assert any("Redis restarted (or was flushed) and lost its keys: 1 lease(s) re-adopted" in m for m in said), said
+        assert not any("expired on Redis while this gate held them" in m for m in said), said
+        gate.release(lease)
+        await wait_until(lambda: held_is(peek, "r:", 0), timeout_s=5.0)
+    finally:
+        await gate.stop()
+        await peek.aclose()
+
+
+async def test_redis_started_after_the_last_renewal_is_told_by_its_uptime(redis_server) -> None:
+    """When the gate's mark on Redis is too old to tell (an outage longer than `keep`, 10 s),
+    Redis's uptime says whether it started since the gate's last renewal it answered."""
+    gate = SharedLimits(SharedConfig(redis_url=redis_server.url, key_prefix="u:"), "g1")
+    await gate.start()
+    try:
+        assert not await gate._restarted_since(0.5)  # up for less than a second: cannot tell, so not said
+        assert not await gate._restarted_since(None)
+        assert await gate._restarted_since(3600.0)  # a renewal an hour ago, a Redis up for seconds
+    finally:
+        await gate.stop()

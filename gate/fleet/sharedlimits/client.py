@@ -293,6 +293,9 @@ class SharedLimits:
         self.expired_held = 0
         #: Redis's clock (ms) when it ran the last renewal that answered (None before the first)
         self._renewed_ms: float | None = None
+        #: this gate's score in `renewed` after the last renewal that answered: while it is
+        #: younger than `keep`, only a Redis that lost its keys can have lost it
+        self._renewed_score: float | None = None
         self._redis_clock: tuple[float, float] | None = None  # (Redis's ms, monotonic s) at the last renewal answer
         self._cold = False  # the pool's connections may be dead (a failure): open them again once Redis answers
         self._starting = False  # start()'s first renewal: a refusal of the credentials raises
@@ -537,7 +540,7 @@ class SharedLimits:
             try:
                 if not answered or call.cancelled():
                     raise TimeoutError(f"no answer in {heard.heard_s * 1000:.0f} ms")
-                gates, adopted, redis_ms, fresh = call.result()
+                gates, adopted, redis_ms, fresh, knew = call.result()
             except (TimeoutError, RedisError, OSError) as exc:
                 for tenant, ids in drops.items():
                     self._drops.setdefault(tenant, []).extend(ids)
@@ -555,10 +558,14 @@ class SharedLimits:
             # lease lives from the renewal Redis ran, and the gate's clock at composing said
             # less (a renewal composed on time can wait in a busy loop before it goes out).
             since_s = None if self._renewed_ms is None else (redis_ms - self._renewed_ms) / 1000.0
+            # Redis lost its keys (a restart without persistence, a flush) if this gate's mark in
+            # `renewed`, young enough that no renewal trimmed it, is gone.
+            wiped = not knew and self._renewed_score is not None and self._renewed_score >= redis_ms - self._keep_ms
             self._renewed_ms = redis_ms
+            self._renewed_score = float(composed) if 0 <= composed <= redis_ms else redis_ms
             if adopted:
                 self.adopted += adopted
-                self._adopted(adopted, sent, since_s)
+                await self._adopted(adopted, sent, since_s, wiped=wiped, knew=knew)
             # Released while the renewal was on its way: it may have put them back.
             for lease in sent:
                 if lease.released:
@@ -603,8 +610,9 @@ class SharedLimits:
         drops: dict[str, list[str]] | None = None,
         leaving: bool = False,
         composed_ms: int = -1,
-    ) -> tuple[int, int, float, int]:
-        """(gates counted, leases adopted, Redis's clock in ms, gates renewed since recovering began)."""
+    ) -> tuple[int, int, float, int, bool]:
+        """(gates counted, leases adopted, Redis's clock in ms, gates renewed since recovering
+        began, whether Redis knew this gate from an earlier renewal)."""
         assert self._redis is not None
         by_tenant: dict[str, tuple[list[Lease], list[str]]] = {}
         for lease in leases:
@@ -622,17 +630,37 @@ class SharedLimits:
                 args.extend((lease.id, lease.cost))
             args.append(len(dropped))
             args.extend(dropped)
-        gates, adopted, redis_ms, fresh = await self._call(RENEW, keys, args)
+        gates, adopted, redis_ms, fresh, knew = await self._call(RENEW, keys, args)
         self._redis_clock = (float(redis_ms), time.monotonic())
-        return int(gates), int(adopted), float(redis_ms), int(fresh)
+        return int(gates), int(adopted), float(redis_ms), int(fresh), bool(int(knew))
 
-    def _adopted(self, adopted: int, sent: tuple[Lease, ...], since_s: float | None) -> None:
+    async def _restarted_since(self, since_s: float | None) -> bool:
+        """Did Redis start after this gate's last renewal that answered, ``since_s`` ago (on
+        Redis's clock)? Asked (INFO server) only when Redis did not know this gate and that
+        renewal was too long ago to tell from its mark; False when Redis does not say (an ACL
+        without INFO, no answer within the renewal bound)."""
+        if since_s is None or self._redis is None:
+            return False
+        try:
+            async with asyncio.timeout(max(self._wait_s, self.config.renew_interval_s)):
+                info = await self._redis.info("server")
+            uptime_s = int(info["uptime_in_seconds"])
+        except (TimeoutError, RedisError, OSError, KeyError, TypeError, ValueError):
+            return False
+        return uptime_s + 1 <= since_s  # whole seconds: up less than since_s for certain
+
+    async def _adopted(
+        self, adopted: int, sent: tuple[Lease, ...], since_s: float | None, *, wiped: bool = False, knew: bool = True
+    ) -> None:
         """Say what the `adopted` leases of a renewal that carried `sent` were: those the failure
         policy admitted (handed over: the plan), those released while the renewal was on its
         way (put back by it, dropped by the next one), and the rest, which Redis had lost: by
-        a restart or an eviction, or because they expired there while this gate held them,
-        its renewals `since_s` apart being later than a lease lives. The last is the one that
-        breaks the quota (another gate may admit what they held), so it is a warning, counted."""
+        a restart or a flush (``wiped``: Redis no longer knew this gate), an eviction, or
+        because they expired there while this gate held them, its renewals `since_s` apart
+        being later than a lease lives. The last is the one that breaks the quota (another gate
+        may admit what they held), so it is a warning, counted; a restart is said as such (a
+        trial's restart of Redis under fail_closed was warned and counted as expiries, and
+        filed TokengateSharedLeasesExpired, which sent the reader to the gate's CPU)."""
         # Those the failure policy admitted were never in Redis: handing them over is the
         # plan, not a loss (a log saying "lost" sent the reader looking for an eviction).
         ours = min(adopted, sum(1 for lease in sent if lease.leased and not lease.charged))
@@ -646,7 +674,15 @@ class SharedLimits:
         if not lost:
             return
         ttl_s = self.config.lease_ttl_s
-        if since_s is not None and since_s >= ttl_s:
+        if not wiped and not knew:  # its mark too old to tell: did Redis start since?
+            wiped = await self._restarted_since(since_s)
+        if wiped:
+            log.warning(
+                "shared limits: Redis restarted (or was flushed) and lost its keys: %d lease(s) re-adopted (each gate puts "
+                "its leases back at its next renewal; not leases that expired while held)",
+                lost,
+            )
+        elif since_s is not None and since_s >= ttl_s:
             self.expired_held += lost
             self._on_expired(lost)
             log.warning(
