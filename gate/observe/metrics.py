@@ -261,7 +261,7 @@ class GateMetrics:
         # [shared]: tenant limits across gates through Redis (gate/fleet/sharedlimits/).
         self._shared_fallback = Gauge(
             "tokengate_shared_limit_fallback",
-            "1 while the [shared] failure policy applies (Redis out of reach or slow), else 0.",
+            "1 while the [shared] failure policy applies (Redis slow, refusing the connection or the gate's credentials: /health says which), else 0.",
             registry=r,
         )
         self._shared_gates = Gauge(
