@@ -3,8 +3,9 @@
 Two parts, both beside CPU hogs (busy loops, --hogs of them, each ending by itself after
 the run's length plus a margin, killed at the end) and a real redis-server on loopback:
 
-1. Fleet: two `tokengate serve` processes ([shared] at its defaults: wait_ms 20,
-   renew_interval_s 1, fail_open) in front of a FAKE upstream (tests/integration/
+1. Fleet: two `tokengate serve` processes ([shared] as tests/integration/fleet.py's
+   fleet_extra writes it: wait_ms 250, renew_interval_s 0.5, fail_open; not the defaults,
+   as this said before) in front of a FAKE upstream (tests/integration/
    fake_upstream.py, slow mode: not llama-server; it answers after --delay-ms and counts
    the requests in progress). One tenant may hold 3 requests' worth of tokens fleet-wide.
    Every --wave-ms, --burst requests to each gate at once, for --seconds. Reports the most

@@ -182,7 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--backends",
         action="store_true",
         help="also ask each running backend what it reports (slots, per-slot context, KV layout) and\n"
-        "say where the config contradicts it; exit 1 when it does or a backend is unreachable",
+        "say where the config contradicts it, and with [shared] whether its Redis answers and takes\n"
+        "the gate's credentials; exit 1 when it does, a backend or Redis is unreachable, or Redis\n"
+        "refuses the credentials",
     )
     check.set_defaults(func=_cmd_config_check)
     example = config_commands.add_parser(
@@ -615,6 +617,15 @@ def _cmd_config_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
                 out.write(f"warning: backend {b.name}: {w}\n")
             for n in notes:
                 out.write(f"note: backend {b.name}: {n}\n")  # handled by the gate itself: the exit status stays
+        if config.shared.enabled:
+            # a wrong password made `serve` run on its failure policy for ever (now it refuses
+            # to start); said here before a deploy, as a backend that does not answer is
+            from gate.fleet.sharedlimits.client import check_redis, shown_redis_url
+
+            line, ok = asyncio.run(check_redis(config.shared))
+            out.write(f"shared   {shown_redis_url(config.shared.redis_url)}: {line}\n")
+            if not ok:
+                rc = EXIT_RUNTIME
         return rc
     return EXIT_OK
 
@@ -899,6 +910,7 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     for w in objective_warnings(config):
         logging.getLogger("tokengate.config").warning("%s", w)
+    from gate.fleet.sharedlimits.causes import SharedStartError
     from gate.http.server import ListenError
     from gate.ops.control_socket import SocketInUse
     from gate.ops.lock import JournalLocked
@@ -923,7 +935,7 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         except ImportError:
             return asyncio.run(main)
         return uvloop.run(main)
-    except (JournalLocked, SocketInUse, ListenError) as exc:
+    except (JournalLocked, SocketInUse, ListenError, SharedStartError) as exc:
         err.write(f"tokengate serve: {exc}\n")
         return EXIT_USAGE
 

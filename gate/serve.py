@@ -13,6 +13,7 @@ import os
 import signal
 from collections.abc import Callable
 
+from gate.backend.pool import describe_state
 from gate.config import Config
 from gate.service import GateService
 
@@ -82,7 +83,7 @@ async def serve_until_signalled(
         gate.log.info("SIGHUP while starting: re-reading %s now", config_path)
         gate.control.reload_file(config_path, operator=gate.operator)
     for b in gate.backends:
-        gate.log.info("backend %s at %s: %s (%s)", b.name, b.url, b.state, b.detail)
+        gate.log.info("backend %s at %s: %s", b.name, b.url, describe_state(b))
     if gate.control_server is not None and gate.control_server.listening:
         gate.log.info("control socket %s (attach: tokengate console --attach %s)", gate.control_server.path, gate.control_server.path)
     if demo:

@@ -436,7 +436,7 @@ class BackendPool:
         if self.on_state is not None and not first and (before[0] == "ready") != (backend.state == "ready"):
             self.on_state(backend, before[0], backend.state)
         if (backend.state, backend.capacity) != before:
-            log.info("backend %s: %s (%s) %s", backend.name, backend.state, backend.detail, describe_capacity(backend))
+            log.info("backend %s: %s %s", backend.name, describe_state(backend), describe_capacity(backend))
             if backend.gatekeeper is not None:
                 backend.gatekeeper.advance()
             if self._on_change is not None:
@@ -638,6 +638,12 @@ def observe_upstream(backend: Backend, stats: RelayStats, now: float) -> None:
         tpot = (now - stats.first_token_at) / (stats.completion_tokens - 1)
     if backend.controller is not None:
         backend.controller.observe(now, stats.ttft_s, tpot)
+
+
+def describe_state(backend: Backend) -> str:
+    """A backend's state for the log: ``ready (ok)``, or the state alone when there is nothing
+    to add (a router's model at rest: the start-up log read ``unloaded ()``)."""
+    return f"{backend.state} ({backend.detail})" if backend.detail else backend.state
 
 
 def describe_capacity(backend: Backend) -> str:

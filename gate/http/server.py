@@ -34,6 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gate.core.errors import GateError, render
 from gate.core.reasons import Reason
 from gate.fleet.sharedlimits import Known, gates_phrase
+from gate.fleet.sharedlimits.causes import UNKNOWN
 from gate.http.apis.dispatch import error_shape
 from gate.http.clientguard import BodyReader, abort, guarded_protocol, send_within, too_large
 from gate.http.cors import CorsMirror, mark_relayed
@@ -108,7 +109,8 @@ def build_app(gate: RequestPorts) -> ASGIApp:
         if gate.shared is not None:
             # the fleet's tenant limits: a trial's health check read "ok" while fail_closed
             # answered every limited tenant 429 (the console and /metrics said it, /health not)
-            answer["shared"] = shared_health(gate.shared.state, gate.shared.divisor, gate.shared.health.known)
+            health = gate.shared.health
+            answer["shared"] = shared_health(gate.shared.state, gate.shared.divisor, health.known, health.cause)
         return json_answer(answer, 200 if ready else 503)
 
     async def metrics(request: Request) -> Response:
@@ -290,12 +292,16 @@ def _for_tenants(entry: dict[str, Any], operator: bool) -> dict[str, Any]:
     return {**entry, "status": {k: v for k, v in status.items() if k not in ("args", "preset")}}
 
 
-def shared_health(state: str, divisor: int, known: Known = "counted") -> dict[str, Any]:
-    """/health's `shared`: the state of the tenant limits shared through Redis, and what it means."""
+def shared_health(state: str, divisor: int, known: Known = "counted", cause: str = "") -> dict[str, Any]:
+    """/health's `shared`: the state of the tenant limits shared through Redis, and what it means.
+    ``cause``: why Redis does not decide (gate/fleet/sharedlimits/causes.py), never a password: a
+    trial's /health said "Redis unreachable" of a Redis that was slow, and of one that refused
+    the gate's password."""
+    why = cause or UNKNOWN
     notes = {
         "ok": "tenant limits are held fleet-wide through Redis",
-        "fail_open": f"Redis unreachable: this gate enforces 1/{divisor} of each tenant's limits on its own (fail_open; {gates_phrase(divisor, known)})",
-        "fail_closed": "Redis unreachable: requests of tenants with limits get 429 shared_limit_unavailable (fail_closed)",
+        "fail_open": f"{why}: this gate enforces 1/{divisor} of each tenant's limits on its own (fail_open; {gates_phrase(divisor, known)})",
+        "fail_closed": f"{why}: requests of tenants with limits get 429 shared_limit_unavailable (fail_closed)",
     }
     return {"state": state, "note": notes.get(state, "")}
 

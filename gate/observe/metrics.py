@@ -57,7 +57,7 @@ ROUTE_NAMES = frozenset({*(r.name for r in ROUTES), UI_ASSET.name, PREFLIGHT.nam
 #: what an endpoint picker routes on: GET /metrics/inference serves only these (it scrapes often)
 INFERENCE_METRICS = ("tokengate_num_requests_waiting", "tokengate_num_requests_running", "tokengate_kv_cache_usage_ratio")
 SHARED_POLICIES = ("fail_open", "fail_closed")
-# 0.1 ms .. 100 ms: a reservation is one round trip to a Redis nearby, cut at wait_ms (20 ms)
+# 0.1 ms .. 100 ms: a reservation is one round trip to a Redis nearby, cut at wait_ms (100 ms by default)
 SHARED_WAIT_BUCKETS = (
     0.0001, 0.0002, 0.0003, 0.0005, 0.00075, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1,
 )  # fmt: skip
@@ -261,7 +261,7 @@ class GateMetrics:
         # [shared]: tenant limits across gates through Redis (gate/fleet/sharedlimits/).
         self._shared_fallback = Gauge(
             "tokengate_shared_limit_fallback",
-            "1 while the [shared] failure policy applies (Redis out of reach or slow), else 0.",
+            "1 while the [shared] failure policy applies (Redis slow, refusing the connection or the gate's credentials: /health says which), else 0.",
             registry=r,
         )
         self._shared_gates = Gauge(

@@ -601,7 +601,17 @@ class Control:
                 "so restart tokengate to apply; nothing else in the file was applied either"
             )
         if old.shared != new_config.shared:
-            raise CommandError("[shared] changed: restart tokengate to apply")
+            # which key (a trial changed failure_policy and read only "[shared] changed"); the
+            # URL by name only: its password may be what changed
+            changed = [
+                f.name if f.name == "redis_url" else f"{f.name} ({_fmt(before)} -> {_fmt(after)})"
+                for f in dataclasses.fields(old.shared)
+                if (before := getattr(old.shared, f.name)) != (after := getattr(new_config.shared, f.name))
+            ]
+            raise CommandError(
+                f"[shared] {', '.join(changed)} changed: restart tokengate to apply (each gate of the fleet, one at a "
+                "time); nothing else in the file was applied either"
+            )
         if {c.name for c in old.classes} != {c.name for c in new_config.classes}:
             raise CommandError("classes were added or removed: restart tokengate to apply")
         self._validated(new_config)

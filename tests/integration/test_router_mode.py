@@ -566,3 +566,45 @@ def test_config_check_backends_names_a_configured_model_the_router_does_not_list
         out = StringIO()
         assert _cmd_config_check(Namespace(file=str(f), verbose=False, backends=True), out, err) == 1, out.getvalue()
         assert said in out.getvalue(), out.getvalue()
+
+
+def test_serves_start_up_log_says_a_model_at_rest_without_empty_parentheses(llama_router, tmp_path: Path) -> None:
+    """A trial's `tokengate serve` in router mode logged "backend r/tiny at ...: unloaded ()" for
+    each model at rest: a state with nothing to add is said alone, the others with their detail."""
+    import subprocess
+    import sys
+
+    from tests.llama.server import free_port
+
+    router = llama_router()
+    f = tmp_path / "g.toml"
+    f.write_text(
+        f'[gate]\nlisten = "127.0.0.1:{free_port()}"\njournal = "{tmp_path / "j.db"}"\n\n'
+        f'[[backends]]\nname = "r"\nurl = "{router.url}"\nmodels = ["tiny", "tiny2"]\nkv = "split"\n'
+    )
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gate.cli", "serve", "--config", str(f)],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # the start-up log, read as it comes, up to its last backend line
+            lines.append(line.rstrip("\n"))
+            if " backend r/tiny2 at " in line:
+                break
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    said = [line.split(" tokengate.service: ", 1)[1] for line in lines if " backend r" in line and " at http" in line]
+    assert said == [
+        f"backend r/tiny at {router.url}: unloaded",
+        f"backend r/tiny2 at {router.url}: unloaded",
+    ], lines

@@ -1,7 +1,7 @@
 """Start, pause, stop and restart a real redis-server for tests and benchmarks (no pytest here).
 
     with RedisServer(tmp_dir) as srv:
-        srv.url                      # redis://127.0.0.1:PORT/0
+        srv.url                      # redis://127.0.0.1:PORT/0 (with password=: redis://default:PW@...)
         srv.pause(); srv.resume()    # SIGSTOP / SIGCONT: a Redis that does not answer
         srv.stop(); srv.start()      # down, then back on the same port (empty: no persistence)
 
@@ -34,10 +34,14 @@ def find_redis_server() -> str:
     return path
 
 
-def ping(port: int, timeout: float = 0.5) -> bool:
-    """True when a Redis on 127.0.0.1:``port`` answers PING."""
+def ping(port: int, timeout: float = 0.5, *, password: str | None = None) -> bool:
+    """True when a Redis on 127.0.0.1:``port`` answers PING (after AUTH with ``password``)."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            if password is not None:
+                s.sendall(f"AUTH {password}\r\n".encode())
+                if not s.recv(64).startswith(b"+OK"):
+                    return False
             s.sendall(b"PING\r\n")
             return s.recv(64).startswith(b"+PONG")
     except OSError:
@@ -47,7 +51,11 @@ def ping(port: int, timeout: float = 0.5) -> bool:
 class RedisServer:
     """One redis-server subprocess on 127.0.0.1; its port stays the same across restarts."""
 
-    def __init__(self, workdir: str | os.PathLike, *, port: int | None = None, startup_timeout: float = 20.0) -> None:
+    def __init__(
+        self, workdir: str | os.PathLike, *, port: int | None = None, startup_timeout: float = 20.0, password: str | None = None
+    ) -> None:
+        #: requirepass: clients must AUTH with it (the default user's password)
+        self.password = password
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
@@ -57,6 +65,8 @@ class RedisServer:
 
     @property
     def url(self) -> str:
+        if self.password is not None:
+            return f"redis://default:{self.password}@127.0.0.1:{self.port}/0"
         return f"redis://127.0.0.1:{self.port}/0"
 
     @property
@@ -80,6 +90,7 @@ class RedisServer:
             "no",
             "--logfile",
             "",
+            *(("--requirepass", self.password) if self.password is not None else ()),
         ]
 
     def start(self) -> RedisServer:
@@ -90,7 +101,7 @@ class RedisServer:
             self._proc = subprocess.Popen(
                 self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
-        while not ping(self.port):
+        while not ping(self.port, password=self.password):
             if self._proc.poll() is not None:
                 code = self._proc.returncode
                 self._proc = None

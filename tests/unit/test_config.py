@@ -609,9 +609,11 @@ def test_fleet_errors_name_the_key(text: str, key: str, problem: str) -> None:
 # ---------------------------------------------------------------------------- [shared]
 
 
-def test_shared_defaults_are_off_fail_open_one_second_renewal_and_a_20_ms_bound() -> None:
+def test_shared_defaults_are_off_fail_open_one_second_renewal_and_a_100_ms_bound() -> None:
+    """100 ms, not 20: at 20 a trial's bursts on a loaded host flipped a gate in 4 of 4, since a
+    Redis starved of CPU on that host missed the bound (gate/config/schema.py says the figures)."""
     c = parse_config("")
-    assert c.shared == SharedConfig(redis_url="", key_prefix="tokengate:", failure_policy="fail_open", renew_interval_s=1.0, wait_ms=20.0)
+    assert c.shared == SharedConfig(redis_url="", key_prefix="tokengate:", failure_policy="fail_open", renew_interval_s=1.0, wait_ms=100.0)
     assert c.shared.lease_ttl_s == 3.0
 
 

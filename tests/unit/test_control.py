@@ -776,3 +776,17 @@ async def test_a_reload_that_changes_a_tenant_names_the_key_and_not_its_value(ga
     with pytest.raises(CommandError, match=r"^tenants\[0\]\.requests_per_minute changed: .*restart tokengate") as info:
         gate.control.reload(after, operator=ALICE)
     assert "ab" * 32 not in str(info.value) and "300" not in str(info.value)
+
+
+async def test_a_reload_that_changes_shared_names_the_keys_and_never_the_url(gate):
+    """A trial changed [shared] failure_policy and read "[shared] changed: restart tokengate to
+    apply", naming no key. The URL is named, not shown: its password may be what changed."""
+    before = CONFIG + '\n[shared]\nredis_url = "redis://:old-s3cret@10.0.0.5:6379/0"\nfailure_policy = "fail_open"\n'
+    gate.control.config = gate.control.file_config = parse_config(before)
+    after = parse_config(before.replace("fail_open", "fail_closed").replace("old-s3cret", "new-s3cret"))
+    with pytest.raises(CommandError) as info:
+        gate.control.reload(after, operator=ALICE)
+    assert str(info.value).startswith(
+        "[shared] redis_url, failure_policy (fail_open -> fail_closed) changed: restart tokengate to apply"
+    ), info.value
+    assert "s3cret" not in str(info.value) and "10.0.0.5" not in str(info.value)

@@ -40,6 +40,7 @@ ALERTS = {
     "TokengateReaperFiring",
     "TokengateInteractiveTTFTOverSLO",
     "TokengateSharedLimitFallback",
+    "TokengateSharedLimitPolicyApplied",
     "TokengateSharedLeasesExpired",
     "TokengateOperatorChannelDown",
     "TokengateClassPausedLong",

@@ -12,8 +12,10 @@ one turn of the loop go to Redis in one script call (a burst costs one round tri
 per request), with the releases waiting for a ride.
 
 Redis is judged by what Redis did, not by how busy the gate is: the wait bound ``wait_ms``
-counts only the time the gate's loop was free to hear the answer (:mod:`.heard`), so a burst
-on a loaded host makes admission wait longer but never flips the gate. When Redis cannot be
+counts only the time the gate's loop was free to hear the answer (:mod:`.heard`), so the
+gate's own lag in a burst makes admission wait longer and does not flip the gate (Redis's own
+delay does: a Redis starved of CPU on the same loaded host missed 20 ms in a trial, hence the
+100 ms default). When Redis cannot be
 reached, or had the whole bound and said nothing, the gate switches to its failure policy
 at once and stops asking Redis until a renewal answers in time again (:mod:`.health`).
 
@@ -30,6 +32,7 @@ Redis before the gate asks Redis again.
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import itertools
 import logging
@@ -44,17 +47,19 @@ from urllib.parse import urlsplit
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import AuthenticationError, AuthorizationError, NoPermissionError, NoScriptError, RedisError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gate.config import SharedConfig, TenantConfig
 from gate.core.errors import GateError
 from gate.core.reasons import Reason
+from gate.fleet.sharedlimits.causes import Cause, SharedStartError, scrub, slow
 from gate.fleet.sharedlimits.health import Flip, SharedHealth, SharedState, fits_local_share, gates_phrase, local_share
 from gate.fleet.sharedlimits.heard import Heard, hear
 from gate.fleet.sharedlimits.scripts import RELEASE, RENEW, RESERVE, Script, tenant_keys
 
-__all__ = ["Lease", "SharedLimits", "shown_redis_url"]
+__all__ = ["Lease", "SharedLimits", "cause_of", "check_redis", "shown_redis_url"]
 
 log = logging.getLogger("tokengate.shared")
 
@@ -132,6 +137,113 @@ def _arg(limit: int | None) -> int:
     return -1 if limit is None else limit
 
 
+#: Redis's words for a refusal of the gate's credentials, whatever class redis-py gives them
+#: (WRONGPASS, NOAUTH, a HELLO without AUTH, ERR invalid password of old Redis versions)
+_AUTH_WORDS = ("WRONGPASS", "NOAUTH", "HELLO must be called", "invalid username-password pair", "invalid password")
+#: ... and for a database index it does not have (SELECT 99 on a Redis of 16)
+_DB_WORDS = ("DB index is out of range", "invalid DB index", "Invalid Database")
+_CREDENTIALS_HINT = (
+    "correct the user and password in [shared] redis_url (redis://USER:PASSWORD@HOST:PORT/DB, or "
+    "redis://:PASSWORD@HOST:PORT/DB for Redis's default user)"
+)
+
+
+def _refused(exc: BaseException) -> bool:
+    """A refused connection, anywhere in ``exc``'s chain (redis-py keeps the OSError as its cause)."""
+    seen: set[int] = set()
+    at: BaseException | None = exc
+    while at is not None and id(at) not in seen:
+        seen.add(id(at))
+        if isinstance(at, ConnectionRefusedError) or (isinstance(at, OSError) and at.errno == errno.ECONNREFUSED):
+            return True
+        at = at.__cause__ or at.__context__
+    return "Error 111 " in str(exc) or "Connection refused" in str(exc)
+
+
+def cause_of(exc: BaseException, url: str, *, bound_ms: float | None = None) -> Cause:
+    """What ``exc`` of a call to the Redis at ``url`` says of Redis, shortly (:mod:`.causes`).
+    ``bound_ms``: the heard-time bound a builtin TimeoutError (no answer in it) stands for."""
+    words = str(exc)
+    code = getattr(exc, "status_code", None)
+    detail = scrub(
+        f"{code} {words}" if isinstance(code, str) and code and not words.startswith(code) else (words or type(exc).__name__), url
+    )
+    if any(w in words for w in _DB_WORDS):
+        db = urlsplit(url).path.strip("/") or "0"
+        return Cause(
+            "auth",
+            f"Redis has no database {db}",
+            detail,
+            "name a database Redis has at the end of [shared] redis_url (0 to 15 unless its `databases` says more)",
+        )
+    if isinstance(exc, (AuthenticationError, AuthorizationError)) or any(w in words for w in _AUTH_WORDS):
+        return Cause("auth", "Redis refused the gate's credentials", detail, _CREDENTIALS_HINT)
+    if isinstance(exc, NoPermissionError):
+        return Cause(
+            "auth",
+            "Redis refused the gate's user a command it needs",
+            detail,
+            "give the user of [shared] redis_url the commands the gate runs (EVALSHA, EVAL, SCRIPT LOAD, and the commands its "
+            "scripts run on the keys under key_prefix), or name another user",
+        )
+    if isinstance(exc, TimeoutError) and not isinstance(exc, RedisError):
+        return slow(bound_ms) if bound_ms is not None else Cause("slow", "Redis did not answer in time", detail)
+    if isinstance(exc, RedisTimeoutError):
+        return Cause("slow", "Redis did not answer in time", detail)
+    if _refused(exc):
+        return Cause("refused", "Redis refused the connection", detail)
+    if isinstance(exc, (RedisConnectionError, OSError)):
+        if "closed" in words.lower():
+            return Cause("unreachable", "Redis closed the connection", detail)
+        return Cause("unreachable", "Redis could not be reached", detail)
+    if isinstance(exc, ResponseError):
+        return Cause("error", "Redis answered with an error", detail)
+    return Cause("error", "the call to Redis failed", f"{type(exc).__name__}: {detail}")
+
+
+def start_refused(cause: Cause, url: str) -> SharedStartError:
+    """The error that stops ``tokengate serve`` (exit 2): the key, the Redis, the cause, the fix."""
+    return SharedStartError(
+        f"[shared] redis_url ({shown_redis_url(url)}): {cause.text} ({cause.detail}). That is a mistake in the config, not "
+        f"an outage: the gate does not start on it; {cause.hint}"
+    )
+
+
+async def check_redis(config: SharedConfig, *, timeout_s: float = 3.0) -> tuple[str, bool]:
+    """What ``tokengate config check --backends`` says of ``[shared] redis_url``: ``ok (...)``,
+    ``unreachable: ...``, ``authentication failed: ...`` or ``error: ...``; True when ok.
+    One connection (its AUTH, SELECT and CLIENT SETNAME as the gate's), PING, and the count of
+    gates alive on the key prefix; never writes."""
+    url = config.redis_url
+    try:
+        client = aioredis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            decode_responses=True,
+            retry=Retry(NoBackoff(), 0),
+            client_name="tokengate-config-check",
+        )
+    except ValueError as exc:
+        return f"error: {scrub(str(exc), url)}", False
+    try:
+        started = time.perf_counter()
+        await client.ping()
+        took_ms = (time.perf_counter() - started) * 1000.0
+        gates = int(await client.zcard(f"{config.key_prefix}gates"))
+    except (RedisError, OSError) as exc:
+        cause = cause_of(exc, url, bound_ms=timeout_s * 1000.0)
+        if cause.kind == "auth":
+            return f"authentication failed: {cause.text} ({cause.detail}); {cause.hint}", False
+        if cause.kind in ("refused", "unreachable", "slow"):
+            return f"unreachable: {cause.text} ({cause.detail})", False
+        return f"error: {cause.text} ({cause.detail})", False
+    finally:
+        await client.aclose()
+    alive = f"{gates} gate{'' if gates == 1 else 's'} alive on key prefix {config.key_prefix!r}"
+    return f"ok (connected and answered PING in {took_ms:.1f} ms; {alive})", True
+
+
 class SharedLimits:
     """The shared tenant limits of one gate; ``state`` is ``ok``, ``fail_open`` or ``fail_closed``."""
 
@@ -181,8 +293,12 @@ class SharedLimits:
         self.expired_held = 0
         #: Redis's clock (ms) when it ran the last renewal that answered (None before the first)
         self._renewed_ms: float | None = None
+        #: this gate's score in `renewed` after the last renewal that answered: while it is
+        #: younger than `keep`, only a Redis that lost its keys can have lost it
+        self._renewed_score: float | None = None
         self._redis_clock: tuple[float, float] | None = None  # (Redis's ms, monotonic s) at the last renewal answer
         self._cold = False  # the pool's connections may be dead (a failure): open them again once Redis answers
+        self._starting = False  # start()'s first renewal: a refusal of the credentials raises
 
     # ---- state ---------------------------------------------------------------
 
@@ -204,7 +320,12 @@ class SharedLimits:
 
     async def start(self) -> None:
         """Connect, say this gate is alive, start renewing. Never raises for Redis being out
-        of reach: the gate then starts under its failure policy and recovers by itself."""
+        of reach: the gate then starts under its failure policy and recovers by itself.
+
+        Raises :class:`SharedStartError` when the first contact is refused for the gate's
+        credentials, its user's rights or the database index: a config mistake, not an outage.
+        A trial's gate with a wrong password served every tenant at its whole quota on top of
+        the fleet, for ever, said once in the log."""
         socket_timeout = max(1.0, 2 * self.config.renew_interval_s)
         pool = aioredis.BlockingConnectionPool.from_url(
             self.config.redis_url,
@@ -217,7 +338,16 @@ class SharedLimits:
             client_name="tokengate-" + re.sub(r"[^A-Za-z0-9._:@-]", "_", self.member),  # CLIENT LIST shows it
         )
         self._redis = aioredis.Redis.from_pool(pool)
-        if await self.renew():
+        self._starting = True  # a first contact refused for its credentials stops the gate (renew raises)
+        try:
+            answered = await self.renew()
+        except SharedStartError:
+            await self._redis.aclose()
+            self._redis = None
+            raise
+        finally:
+            self._starting = False
+        if answered:
             gates = self.health.gates
             log.info(
                 "shared limits: tenant limits shared through Redis %s (key prefix %r, %s, renewal every %g s, "
@@ -410,14 +540,17 @@ class SharedLimits:
             try:
                 if not answered or call.cancelled():
                     raise TimeoutError(f"no answer in {heard.heard_s * 1000:.0f} ms")
-                gates, adopted, redis_ms, fresh = call.result()
+                gates, adopted, redis_ms, fresh, knew = call.result()
             except (TimeoutError, RedisError, OSError) as exc:
                 for tenant, ids in drops.items():
                     self._drops.setdefault(tenant, []).extend(ids)
                 self._trim_drops()
                 if isinstance(exc, RedisTimeoutError) and not heard.spent:
                     return False  # the gate was too busy to read it in time: not Redis's fault
-                self._flip(self.health.failed(f"lease renewal: {exc or type(exc).__name__}"))
+                cause = cause_of(exc, self.config.redis_url, bound_ms=heard.bound_s * 1000.0)
+                if self._starting and cause.kind == "auth":
+                    raise start_refused(cause, self.config.redis_url) from None
+                self._failed(exc, "lease renewal", cause=cause)
                 return False
             # Redis's part of it: the gate's own lag does not keep it degraded.
             in_time = heard.heard_s <= self._wait_s
@@ -425,10 +558,14 @@ class SharedLimits:
             # lease lives from the renewal Redis ran, and the gate's clock at composing said
             # less (a renewal composed on time can wait in a busy loop before it goes out).
             since_s = None if self._renewed_ms is None else (redis_ms - self._renewed_ms) / 1000.0
+            # Redis lost its keys (a restart without persistence, a flush) if this gate's mark in
+            # `renewed`, young enough that no renewal trimmed it, is gone.
+            wiped = not knew and self._renewed_score is not None and self._renewed_score >= redis_ms - self._keep_ms
             self._renewed_ms = redis_ms
+            self._renewed_score = float(composed) if 0 <= composed <= redis_ms else redis_ms
             if adopted:
                 self.adopted += adopted
-                self._adopted(adopted, sent, since_s)
+                await self._adopted(adopted, sent, since_s, wiped=wiped, knew=knew)
             # Released while the renewal was on its way: it may have put them back.
             for lease in sent:
                 if lease.released:
@@ -473,8 +610,9 @@ class SharedLimits:
         drops: dict[str, list[str]] | None = None,
         leaving: bool = False,
         composed_ms: int = -1,
-    ) -> tuple[int, int, float, int]:
-        """(gates counted, leases adopted, Redis's clock in ms, gates renewed since recovering began)."""
+    ) -> tuple[int, int, float, int, bool]:
+        """(gates counted, leases adopted, Redis's clock in ms, gates renewed since recovering
+        began, whether Redis knew this gate from an earlier renewal)."""
         assert self._redis is not None
         by_tenant: dict[str, tuple[list[Lease], list[str]]] = {}
         for lease in leases:
@@ -492,17 +630,37 @@ class SharedLimits:
                 args.extend((lease.id, lease.cost))
             args.append(len(dropped))
             args.extend(dropped)
-        gates, adopted, redis_ms, fresh = await self._call(RENEW, keys, args)
+        gates, adopted, redis_ms, fresh, knew = await self._call(RENEW, keys, args)
         self._redis_clock = (float(redis_ms), time.monotonic())
-        return int(gates), int(adopted), float(redis_ms), int(fresh)
+        return int(gates), int(adopted), float(redis_ms), int(fresh), bool(int(knew))
 
-    def _adopted(self, adopted: int, sent: tuple[Lease, ...], since_s: float | None) -> None:
+    async def _restarted_since(self, since_s: float | None) -> bool:
+        """Did Redis start after this gate's last renewal that answered, ``since_s`` ago (on
+        Redis's clock)? Asked (INFO server) only when Redis did not know this gate and that
+        renewal was too long ago to tell from its mark; False when Redis does not say (an ACL
+        without INFO, no answer within the renewal bound)."""
+        if since_s is None or self._redis is None:
+            return False
+        try:
+            async with asyncio.timeout(max(self._wait_s, self.config.renew_interval_s)):
+                info = await self._redis.info("server")
+            uptime_s = int(info["uptime_in_seconds"])
+        except (TimeoutError, RedisError, OSError, KeyError, TypeError, ValueError):
+            return False
+        return uptime_s + 1 <= since_s  # whole seconds: up less than since_s for certain
+
+    async def _adopted(
+        self, adopted: int, sent: tuple[Lease, ...], since_s: float | None, *, wiped: bool = False, knew: bool = True
+    ) -> None:
         """Say what the `adopted` leases of a renewal that carried `sent` were: those the failure
         policy admitted (handed over: the plan), those released while the renewal was on its
         way (put back by it, dropped by the next one), and the rest, which Redis had lost: by
-        a restart or an eviction, or because they expired there while this gate held them,
-        its renewals `since_s` apart being later than a lease lives. The last is the one that
-        breaks the quota (another gate may admit what they held), so it is a warning, counted."""
+        a restart or a flush (``wiped``: Redis no longer knew this gate), an eviction, or
+        because they expired there while this gate held them, its renewals `since_s` apart
+        being later than a lease lives. The last is the one that breaks the quota (another gate
+        may admit what they held), so it is a warning, counted; a restart is said as such (a
+        trial's restart of Redis under fail_closed was warned and counted as expiries, and
+        filed TokengateSharedLeasesExpired, which sent the reader to the gate's CPU)."""
         # Those the failure policy admitted were never in Redis: handing them over is the
         # plan, not a loss (a log saying "lost" sent the reader looking for an eviction).
         ours = min(adopted, sum(1 for lease in sent if lease.leased and not lease.charged))
@@ -516,7 +674,15 @@ class SharedLimits:
         if not lost:
             return
         ttl_s = self.config.lease_ttl_s
-        if since_s is not None and since_s >= ttl_s:
+        if not wiped and not knew:  # its mark too old to tell: did Redis start since?
+            wiped = await self._restarted_since(since_s)
+        if wiped:
+            log.warning(
+                "shared limits: Redis restarted (or was flushed) and lost its keys: %d lease(s) re-adopted (each gate puts "
+                "its leases back at its next renewal; not leases that expired while held)",
+                lost,
+            )
+        elif since_s is not None and since_s >= ttl_s:
             self.expired_held += lost
             self._on_expired(lost)
             log.warning(
@@ -646,7 +812,12 @@ class SharedLimits:
         if not call.done():
             # Redis had the whole bound of the gate's attention and said nothing: slow or hung.
             call.add_done_callback(functools.partial(self._landed_late, batch))
-            self._flip(self.health.timed_out(f"{self.config.wait_ms:g} ms, {heard.lag_s * 1000:.0f} ms of the gate's own lag beside it"))
+            self._flip(
+                self.health.timed_out(
+                    f"{self.config.wait_ms:g} ms, {heard.lag_s * 1000:.0f} ms of the gate's own lag beside it",
+                    slow(self.config.wait_ms).text,
+                )
+            )
             for item in batch:
                 self._settle(item, _BY_POLICY)
             return
@@ -660,7 +831,7 @@ class SharedLimits:
                 log.warning("shared limits: %d reservations unread after %.0f ms of loop lag; refused", len(batch), heard.lag_s * 1000)
                 answer = _UNHEARD
             else:
-                self._flip(self.health.failed(f"Redis: {exc}"))
+                self._failed(exc, "reservation")
                 answer = _BY_POLICY
             for item in batch:
                 self._settle(item, answer)
@@ -748,7 +919,7 @@ class SharedLimits:
             return
         self._releases_failed(batch)
         if not (isinstance(exc, RedisTimeoutError) and not heard.spent):  # else the gate's lag, not Redis
-            self._flip(self.health.failed(f"release: {exc or type(exc).__name__}"))
+            self._failed(exc, "release", bound_ms=heard.bound_s * 1000.0)
 
     def _releases_landed(self, batch: list[_Release], call: asyncio.Task[Any]) -> None:
         """The reservation that carried ``batch`` is done."""
@@ -794,6 +965,17 @@ class SharedLimits:
         if self.health.ever_seen and self.health.gates != self._told_gates:
             old, self._told_gates = self._told_gates, self.health.gates
             self._on_gates(old, self._told_gates)
+
+    def _failed(self, exc: BaseException, where: str, *, bound_ms: float | None = None, cause: Cause | None = None) -> None:
+        """A call to Redis (``where``) failed with ``exc``: the failure policy, said with its
+        cause (a refused password is not an outage; /health says which). Degraded already, a
+        new cause is logged once (Redis stopped answering, then refused the connection)."""
+        cause = cause or cause_of(exc, self.config.redis_url, bound_ms=bound_ms)
+        before = self.health.cause if self.health.degraded else None
+        flip = self.health.failed(cause.why(where), cause.text)
+        if flip is None and before is not None and before != self.health.cause:
+            log.warning("shared limits: still %s, now: %s", self.health.state, cause.why(where))
+        self._flip(flip)
 
     def _flip(self, flip: Flip | None) -> None:
         if flip is None:

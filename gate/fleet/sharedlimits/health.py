@@ -24,7 +24,10 @@ Rules (numbered; ``tests/unit/test_shared_health.py`` checks each):
    Redis ran only as it came back (a paused Redis runs what waited in its socket), does not. Recovering, a fail_open gate asks Redis and keeps to its
    local share as well; a fail_closed gate still refuses. Trouble again ends recovering.
 4. Every change of state is returned once, as a :class:`Flip`, for the audit and the log;
-   a call that changes nothing returns None.
+   a call that changes nothing returns None. ``cause`` is the short cause of the trouble
+   while degraded (:mod:`.causes`: slow, refused, credentials refused; /health says it), the
+   latest one reported: a Redis that stopped answering and then refused the connection says
+   the second.
 5. ``gates`` (N) is the largest count of gates seen on Redis within ``window_s`` before the
    latest count, at least 1. Every renewal and every reservation answer carries one, and
    Redis counts each gate that renewed or reserved within a lease's life, so N is at least
@@ -82,7 +85,18 @@ def gates_phrase(gates: int, known: Known) -> str:
 class SharedHealth:
     """The state machine of rules 1-6 (rule 6: :func:`fits_local_share`, applied by the client)."""
 
-    __slots__ = ("policy", "timeouts_to_degrade", "window_s", "state", "_timeouts", "ever_seen", "_seen", "heard_since", "remembered")
+    __slots__ = (
+        "policy",
+        "timeouts_to_degrade",
+        "window_s",
+        "state",
+        "_timeouts",
+        "ever_seen",
+        "_seen",
+        "heard_since",
+        "remembered",
+        "cause",
+    )
 
     def __init__(self, policy: Policy, *, timeouts_to_degrade: int = 1, window_s: float = 0.0, state: SharedState = "ok") -> None:
         if policy not in ("fail_open", "fail_closed"):
@@ -107,6 +121,8 @@ class SharedHealth:
         self.heard_since: float | None = None
         #: N as the journal last recorded it (rule 5), until the first count
         self.remembered: int | None = None
+        #: while degraded: the short cause of the latest trouble (rule 4), else ""
+        self.cause = ""
 
     def remember(self, gates: int) -> None:
         """N as this gate last counted it in an earlier run (its journal): what N is until
@@ -159,24 +175,28 @@ class SharedHealth:
         """An admission call answered within the bound (rule 2: the count of slow ones resets)."""
         self._timeouts = 0
 
-    def timed_out(self, what: str) -> Flip | None:
-        """An admission call that Redis did not answer within the bound (rule 2)."""
+    def timed_out(self, what: str, cause: str = "") -> Flip | None:
+        """An admission call that Redis did not answer within the bound (rule 2); ``cause``
+        says so shortly (rule 4)."""
         if self.degraded:
             self.heard_since = None
+            self.cause = cause or self.cause
             return None
         self._timeouts += 1
         if self._timeouts < self.timeouts_to_degrade:
             return None
         if self._timeouts == 1:
-            return self._degrade(f"Redis did not answer within the wait bound ({what})")
-        return self._degrade(f"{self._timeouts} calls in a row slower than the wait bound ({what})")
+            return self._degrade(f"Redis did not answer within the wait bound ({what})", cause)
+        return self._degrade(f"{self._timeouts} calls in a row slower than the wait bound ({what})", cause)
 
-    def failed(self, why: str) -> Flip | None:
-        """Redis could not be reached, or answered with an error (rule 1)."""
+    def failed(self, why: str, cause: str = "") -> Flip | None:
+        """Redis could not be reached, or answered with an error (rule 1); ``cause`` says
+        which shortly (rule 4)."""
         if self.degraded:
             self.heard_since = None
+            self.cause = cause or self.cause
             return None
-        return self._degrade(why)
+        return self._degrade(why, cause)
 
     def probed(
         self, gates: int, in_time: bool, *, now: float = 0.0, redis_ms: float | None = None, fresh: int | None = None
@@ -205,11 +225,13 @@ class SharedHealth:
         self.state = "ok"
         self._timeouts = 0
         self.heard_since = None
+        self.cause = ""
         return Flip(old, "ok", why, self.gates, self.known)
 
-    def _degrade(self, why: str) -> Flip:
+    def _degrade(self, why: str, cause: str = "") -> Flip:
         old = self.state
         self.state = self.policy
+        self.cause = cause or why
         self._timeouts = 0
         self.heard_since = None
         return Flip(old, self.policy, why, self.gates, self.known)

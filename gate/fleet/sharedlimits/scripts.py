@@ -228,7 +228,10 @@ RENEW = Script(
 -- KEYS: gates, renewed, then for each tenant: leases, costs, held
 -- ARGV: gate id, lease ttl ms, keep ms, gate window ms, leaving (1|0), since ms (-1: now),
 --       composed ms (-1: now), then for each tenant: n, n x (lease id, cost), d, d x lease id to drop
--- -> {gates seen within the window, leases adopted, now ms, gates renewed since `since`}
+-- -> {gates seen within the window, leases adopted, now ms, gates renewed since `since`, knew}
+-- knew: 1 when `renewed` held this gate before this call, 0 when not: its first renewal, or
+-- Redis lost the key (a restart without persistence, a flush), which the gate tells from a
+-- lease that expired while Redis ran: it knows when its last renewal left its mark there.
 -- Renewing is idempotent and self-healing: a lease this gate holds that Redis lost (a
 -- restart without persistence, an expiry while Redis was out of reach, a reservation made
 -- under fail_open) is adopted with its cost, so the fleet's count is true again. A gate
@@ -251,12 +254,16 @@ local composed = tonumber(ARGV[7])
 if composed < 0 or composed > now then
   composed = now
 end
+local knew = 1
 if ARGV[5] == '1' then
   redis.call('ZREM', KEYS[1], gate)
   redis.call('ZREM', KEYS[2], gate)
 else
   redis.call('ZADD', KEYS[1], now, gate)
   local last = redis.call('ZSCORE', KEYS[2], gate)
+  if not last then
+    knew = 0
+  end
   if not last or tonumber(last) < composed then
     redis.call('ZADD', KEYS[2], composed, gate)
   end
@@ -297,6 +304,6 @@ while k <= #KEYS do
   end
   k = k + 3
 end
-return {gates, adopted, now, fresh}
+return {gates, adopted, now, fresh, knew}
 """,
 )
