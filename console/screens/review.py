@@ -43,6 +43,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from console.styles import OUTCOME
 from console.widgets.budget_chart import BudgetChart
+from console.widgets.inputs import InOrderInput
 from gate.journal.reader import (
     FILTER_FIELDS,
     DecisionFilters,
@@ -319,7 +320,7 @@ class ReviewScreen(Screen[str | None]):
                 for label, key in AUDIT_COLUMNS:
                     audit.add_column(label, key=key)
                 yield audit
-            yield Input(placeholder=f"/ filter: {FILTER_HELP}", id="review-filter", compact=True)
+            yield InOrderInput(placeholder=f"/ filter: {FILTER_HELP}", id="review-filter", compact=True)
             yield Static("", id="review-filter-error")
             table = DecisionTable(id="review-decisions", cursor_type="row", zebra_stripes=True)
             for label, key in (
