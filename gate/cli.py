@@ -243,7 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
             "(a decision's ts is its ARRIVAL; its end is ts + duration_ms; the live console's\n"
             "tail shows the end). The journal is opened read-only, so this is safe while the\n"
             "gate is running. Timestamps are ISO-8601 UTC (table, csv); json is JSON Lines\n"
-            "with the raw epoch `ts` plus `ts_iso`.\n"
+            "with the raw epoch `ts` plus `ts_iso`. Two first-token times: ttft_arrival_ms from\n"
+            "arrival, its queue wait included (the console's and the review's TTFT ms), and\n"
+            "ttft_ms from dispatch to llama-server (the review's disp. TTFT ms, the controller's).\n"
             "Example: tokengate log --since 2h --format csv > last-2h.csv"
         ),
         epilog=_EXIT_CODES,
