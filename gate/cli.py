@@ -223,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
             "kept beside the journal (<journal>.overrides.json) and restored when the gate starts\n"
             "(a hand budget while the controller is frozen or static: an adaptive one moves it).\n"
             "  show   list them (default): the running gate's, and whether a restart would keep them\n"
-            "  drop   back to the config file (on the running gate, audited; else the kept file goes)\n"
+            "  drop   back to the config file (on the running gate, audited); with no gate running\n"
+            "         the kept file goes, audited in the journal (refused while a gate holds it)\n"
             "  write  write the retuned settings into --config (validated), so the file holds them;\n"
             "         paused classes, the freeze and hand budgets are runtime state and stay overrides"
         ),
@@ -244,7 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
             "(a decision's ts is its ARRIVAL; its end is ts + duration_ms; the live console's\n"
             "tail shows the end). The journal is opened read-only, so this is safe while the\n"
             "gate is running. Timestamps are ISO-8601 UTC (table, csv); json is JSON Lines\n"
-            "with the raw epoch `ts` plus `ts_iso`.\n"
+            "with the raw epoch `ts` plus `ts_iso`. Two first-token times: ttft_arrival_ms from\n"
+            "arrival, its queue wait included (the console's and the review's TTFT ms), and\n"
+            "ttft_ms from dispatch to llama-server (the review's disp. TTFT ms, the controller's).\n"
             "Example: tokengate log --since 2h --format csv > last-2h.csv"
         ),
         epilog=_EXIT_CODES,
@@ -553,10 +556,8 @@ def _cmd_overrides(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                     await link.close()
 
             out.write(asyncio.run(drop()) + f" (the gate on {socket_path}; audited)\n")
-        else:
-            kept.save(path, kept.Overrides())
-            out.write(f"dropped {len(current.lines())} kept overrides ({path}); no gate runs on {socket_path or 'this config'}\n")
-        return EXIT_OK
+            return EXIT_OK
+        return _drop_offline(journal, path, socket_path or "this config", out, err)
     # write
     if not args.config:
         err.write("tokengate overrides write: --config FILE is the file to write them into\n")
@@ -573,6 +574,72 @@ def _cmd_overrides(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         out.write("the running gate holds them until it re-reads the file: systemctl reload tokengate (SIGHUP)\n")
     else:
         kept.save(path, kept.Overrides(budgets=current.budgets, paused=current.paused, frozen=current.frozen, pins=current.pins))
+    return EXIT_OK
+
+
+def _drop_offline(journal: str, path: str, where: str, out: TextIO, err: TextIO) -> int:
+    """`overrides drop` with no gate answering on its control socket: the kept file goes, with an
+    audit row in the journal saying who dropped what (it went with no trace before), or nothing
+    changes. Under the journal's lock: a gate serving on this journal without its socket (one it
+    could not bind) would write its overrides again within a second, and the next start restore
+    what the row says was dropped; a gate starting meanwhile finds the journal in use."""
+    import sqlite3
+    import time
+
+    from gate.data.commands import Operator
+    from gate.data.records import AuditRecord
+    from gate.journal import JournalError, write_now
+    from gate.ops import overrides as kept
+    from gate.ops.lock import JournalLock, JournalLocked, new_gate_id
+
+    writer = new_gate_id()
+    lock = JournalLock(journal)
+    try:
+        lock.acquire(f"{writer} (tokengate overrides drop)")
+    except JournalLocked as exc:
+        err.write(
+            f"tokengate overrides drop: {exc}\n"
+            f"tokengate overrides drop: that gate does not answer on {where}: it keeps its overrides and would write "
+            "them again; drop them on it once its control socket answers, or stop it first. Nothing dropped\n"
+        )
+        return EXIT_RUNTIME
+    try:
+        current, damaged = kept.load_or_why(path, set_aside=False)  # read again, under the lock
+        if not current and damaged is None:
+            out.write(f"no kept overrides ({path} absent): nothing to drop; no gate runs on {where}\n")
+            return EXIT_OK
+        dropped = current.lines()
+        operator = Operator.from_environ()
+        note = f"no gate ran on {journal}: {path} removed, the next start runs on the config file alone"
+        if damaged is not None:
+            note += f" ({damaged})"
+        row = AuditRecord(
+            ts=time.time(),
+            operator=operator.name,
+            origin=operator.origin,
+            source="cli",
+            action="overrides_dropped",
+            target="overrides",
+            old_value="; ".join(dropped) or None,
+            new_value=None,
+            note=note,
+            gate_id=writer,
+        )
+        # Set aside first, removed once the row is committed: a row that cannot be written (a
+        # read-only or full disk) leaves the file where it was, and no row says what did not happen.
+        aside = path + ".dropping"
+        os.replace(path, aside)
+        try:
+            write_now(journal, [row])
+        except (sqlite3.Error, OSError, JournalError) as exc:
+            os.replace(aside, path)
+            err.write(f"tokengate overrides drop: {journal}: the audit row could not be written ({exc}): nothing dropped\n")
+            return EXIT_RUNTIME
+        os.unlink(aside)
+    finally:
+        lock.release()
+    what = f"{len(dropped)} kept overrides ({'; '.join(dropped)})" if dropped else "an unreadable overrides file"
+    out.write(f"dropped {what}: {path} removed; no gate runs on {where}; audited in {journal} (operator {operator.name})\n")
     return EXIT_OK
 
 

@@ -19,6 +19,7 @@ from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Static
 
+from console.widgets.inputs import InOrderInput
 from gate.data.commands import CommandError, Retune
 from gate.data.snapshot import GateSnapshot
 from gate.ops.link import LinkLost, NoAnswer
@@ -209,7 +210,7 @@ class RetuneScreen(ModalScreen[list[str] | None]):
                         yield Static(f"class {self.cls}", classes="retune-section")
                     with Horizontal(classes="retune-row", id=f"row-{key}"):
                         yield Label(label, classes="retune-label")
-                        yield Input(self.initial[key], id=f"field-{key}", compact=True, classes="retune-input")
+                        yield InOrderInput(self.initial[key], id=f"field-{key}", compact=True, classes="retune-input")
                         yield Label("", id=f"error-{key}", classes="retune-error", markup=False)
                 if not self.initial["budget"]:
                     yield Static("budget: backends differ or are not ready; leave empty to keep", classes="dialog-hint")

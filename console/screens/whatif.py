@@ -63,6 +63,7 @@ from textual.widgets import Button, DataTable, Footer, Static, TextArea
 from textual.worker import Worker, WorkerState
 
 from console.screens.confirm import ConfirmScreen
+from console.widgets.inputs import InOrderTextArea
 from gate.data.commands import CommandError, Retune
 from gate.data.snapshot import GateSnapshot
 from gate.ops.link import LinkLost, NoAnswer
@@ -446,7 +447,7 @@ class WhatIfScreen(ModalScreen[None]):
             yield Static(f"What if: replay {self.window_text}", id="whatif-title", classes="dialog-title", markup=False)
             yield Static("loading the window…", id="whatif-status", markup=False)
             with VerticalScroll(id="whatif-body"):
-                yield TextArea("", id="whatif-form", soft_wrap=False, show_line_numbers=False)
+                yield InOrderTextArea("", id="whatif-form", soft_wrap=False, show_line_numbers=False)
                 table: DataTable[Text] = DataTable(id="whatif-table", zebra_stripes=True, cursor_type="row")
                 yield table
                 # the notes `tokengate replay` prints (the window's, the model's, the proposal's

@@ -27,6 +27,7 @@ from textual.widgets import Input
 
 from console.styles import OUTCOME, http_status_style
 from console.widgets.borders import set_border_text
+from console.widgets.inputs import InOrderInput
 from console.widgets.tail_table import GAP, Cell, TailTable
 from gate.core.reasons import CLIENT_DISCONNECT, Reason
 from gate.data.records import DecisionRecord
@@ -130,7 +131,7 @@ class DecisionTail(Vertical):
         self._records: OrderedDict[str, tuple[dict[str, str], str]] = OrderedDict()
         self._matching = 0  # records that match the filter
         self.columns_shown: tuple[str, ...] = FULL
-        self.input = Input(placeholder="filter: substring of any column; enter keeps it, esc clears", id="decision-filter")
+        self.input = InOrderInput(placeholder="filter: substring of any column; enter keeps it, esc clears", id="decision-filter")
         self.input.display = False
         self.table = TailTable(id="decision-table")
         self._set_columns()

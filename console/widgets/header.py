@@ -75,23 +75,12 @@ class GateHeader(Static):
                 # Tenant limits shared through Redis: ok, or the failure policy applying.
                 line.append("  shared:")
                 line.append(snap.shared if snap.shared == "ok" else f" {snap.shared.upper()} ", SHARED.get(snap.shared, "bold"))
-            line.append(f"  op {snap.operator}", "cyan")
-            if self.attached:
-                line.append(f"  attached {self.attached}", "dim")
-        if self.read_only:
-            line.append("  ")
-            line.append(" READ-ONLY ", WARN_BADGE)
-        if self.paused:
-            line.append("  ")
-            line.append(" PAUSED ", VIEW_PAUSED_BADGE)
-        if snap is not None and snap.overrides:
-            # Runtime changes the config file does not hold: a restart restores them.
-            line.append("  ")
-            shown = ", ".join(o.removeprefix("budget.").removeprefix("classes.") for o in snap.overrides)
-            line.append(f" OVERRIDES {len(snap.overrides)}: {shown} ", "bold black on cyan")
-            if snap.overrides_not_kept:
-                # said once in a toast; the header said "OVERRIDES" as if a restart kept them
-                line.append(" NOT KEPT for a restart ", ALARM_BADGE)
+        overrides = snap.overrides if snap is not None else ()
+        line.append_text(self._fitted(line.cell_len, snap, overrides))
+        # the whole list where the header has no room for it: on hover (and `tokengate overrides`)
+        tip = ("Runtime overrides (a restart restores them):\n" + "\n".join(overrides)) if overrides else None
+        if tip != self.tooltip:
+            self.tooltip = tip
         if snap is not None:
             banner = journal_banner(snap)
             if banner:
@@ -102,3 +91,60 @@ class GateHeader(Static):
                 line.append(" GATE STOPPING: new requests are refused (503 shutting_down) ", ALARM_BADGE)
         show_text(self, line)
         self.set_class(bool(snap is not None and (journal_banner(snap) or snap.shutting_down)), "-alert")
+
+    def _fitted(self, used: int, snap: GateSnapshot | None, overrides: tuple[str, ...]) -> Text:
+        """The rest of the first line after `used` cells (operator, attached socket, badges,
+        OVERRIDES, NOT KEPT), made to fit the width: first the overrides list is cut with an
+        ellipsis (its count always stays), then the socket's path goes from its left, then
+        NOT KEPT's words, the list and the operator's name. The list folded onto a second line at
+        160 columns (a trial's three overrides), and at 80 the header took a row of the panels."""
+        attached = self.attached if snap is not None else ""
+        listed = ", ".join(o.removeprefix("budget.").removeprefix("classes.") for o in overrides)
+        count = f" OVERRIDES {len(overrides)}"
+        # each part's forms, widest first; a part steps to its next form while the line is too wide
+        forms: dict[str, list[str]] = {
+            "op": [f"  op {snap.operator}", ""] if snap is not None else [""],
+            "attached": [f"  attached {attached}"] + [f"  attached …{attached[-n:]}" for n in (24, 12)] + [""] if attached else [""],
+            "list": [f": {listed}", f": {_cut(listed, 24)}", "…"] if overrides else [""],
+            "not_kept": [" NOT KEPT for a restart ", " NOT KEPT "] if overrides and snap is not None and snap.overrides_not_kept else [""],
+        }
+        # which part gives way next: the list to its first 24 characters, the socket's path, ...
+        order = ["list", "attached", "attached", "attached", "not_kept", "list", "op"]
+        pick = dict.fromkeys(forms, 0)
+        fixed = (2 + len(" READ-ONLY ")) * self.read_only + (2 + len(" PAUSED ")) * self.paused
+        fixed += (2 + len(count) + 1) if overrides else 0  # "  " before the badge, its count, its closing space
+
+        def width() -> int:
+            return used + fixed + sum(len(forms[k][i]) for k, i in pick.items())
+
+        for part in order:
+            if self.size.width <= 0 or width() <= self.size.width:
+                break
+            pick[part] = min(pick[part] + 1, len(forms[part]) - 1)
+        shown_list = forms["list"][pick["list"]]
+        if overrides and self.size.width > 0 and pick["list"] > 0:
+            # cut to make room: the list takes back what the other parts left, if a few characters
+            room = self.size.width - (width() - len(shown_list)) - 2
+            shown_list = f": {_cut(listed, room)}" if room >= 8 else shown_list
+        out = Text()
+        out.append(forms["op"][pick["op"]], "cyan")
+        out.append(forms["attached"][pick["attached"]], "dim")
+        if self.read_only:
+            out.append("  ")
+            out.append(" READ-ONLY ", WARN_BADGE)
+        if self.paused:
+            out.append("  ")
+            out.append(" PAUSED ", VIEW_PAUSED_BADGE)
+        if overrides:
+            # Runtime changes the config file does not hold: a restart restores them.
+            out.append("  ")
+            out.append(f"{count}{shown_list} ", "bold black on cyan")
+        out.append(forms["not_kept"][pick["not_kept"]], ALARM_BADGE)
+        return out
+
+
+def _cut(text: str, most: int) -> str:
+    """`text`, or its first `most` - 1 characters and an ellipsis (at least the ellipsis)."""
+    if len(text) <= most:
+        return text
+    return text[: max(0, most - 1)].rstrip(", ") + "…"

@@ -147,7 +147,9 @@ def describe(action: str, target: str, old: str | None, new: str | None, note: s
     if action == "restored":
         return f"Restored {name} from the last run: {old} -> {new}"
     if action == "overrides_dropped":
-        return f"Dropped the runtime overrides ({old}): back to the config file" if old else "No runtime overrides were in force"
+        if not old:
+            return "No runtime overrides were in force"
+        return f"Dropped the runtime overrides ({old}): back to the config file" + (f"; {new}" if new else "")
     if action == "reload" and target == "config":
         return "Reloaded the config file: no changes"
     if action == "reload":

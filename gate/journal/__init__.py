@@ -40,7 +40,7 @@ from gate.journal.schema import (
     JournalVersionError,
     migrate_sync,
 )
-from gate.journal.writer import Journal, JournalHealth
+from gate.journal.writer import Journal, JournalHealth, write_now
 
 __all__ = [
     "COLUMNS",
@@ -54,6 +54,7 @@ __all__ = [
     "decision_from_row",
     "DecisionFilters",
     "time_where",
+    "write_now",
     "migrate_sync",
     "sample_from_row",
     # The field and table tuples and the migrations: public names of the module before the split.

@@ -61,6 +61,7 @@ from gate.journal.schema import (
     JournalError,
     JournalVersionError,
     _newer_message,
+    migrate_sync,
 )
 
 log = logging.getLogger("gate.journal")
@@ -131,6 +132,30 @@ def _write_groups(db: sqlite3.Connection, groups: dict[str, list[Row]]) -> None:
         with contextlib.suppress(Exception):
             db.execute("ROLLBACK")
         raise
+
+
+def write_now(path: str, rows: Sequence[Row], *, busy_timeout_ms: int = 5000) -> None:
+    """Write `rows` into the journal at `path` in one committed transaction, from a one-shot
+    command with no gate running (`tokengate overrides drop` offline, which deleted the kept
+    overrides with no trace before): created 0600 and brought to this schema as the gate's writer
+    does. Raises (sqlite3.Error, OSError, JournalVersionError) rather than drop a row: the caller
+    changes nothing it could not record."""
+    if path == ":memory:":
+        raise JournalError("no journal file to write to (:memory:)")
+    private_file(path)
+    db = sqlite3.connect(path, isolation_level=None, timeout=busy_timeout_ms / 1000.0)
+    try:
+        db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        db.execute("PRAGMA journal_mode = WAL")  # as the gate's writer keeps it (a no-op when it is)
+        migrate_sync(db, path)
+        groups: dict[str, list[Row]] = {}
+        for row in rows:
+            groups.setdefault(_TABLE_OF[type(row)][0], []).append(row)
+        _write_groups(db, groups)
+    finally:
+        db.close()
+    for suffix in ("-wal", "-shm"):
+        _tighten(path + suffix)
 
 
 async def _on_thread(conn: aiosqlite.Connection, fn: Callable[..., Any], *args: Any) -> Any:

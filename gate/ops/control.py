@@ -543,6 +543,9 @@ class Control:
     def drop_overrides(self, *, operator: Operator, note: str = "", source: AuditSource = "console") -> ActionResult:
         """Back to the config file: every runtime override dropped, in one audited step."""
         dropped = self.overrides.lines()
+        # the budgets an operator's word holds (set by hand while frozen or static, or frozen where
+        # the controller left them): back to where the file starts them
+        held = {name for name in self._budgets if self.frozen or self.config.budget.mode == "static"}
         self._apply_classes(self.file_config)  # the budget too, after the classes (their reservations set its floor)
         for cls in sorted(self.paused):
             self.paused.discard(cls)
@@ -550,10 +553,16 @@ class Control:
                 if b.gatekeeper is not None:
                     b.gatekeeper.pause(cls, False)
         self.frozen = False
+        budgets = []
         for b in self.backends:
             self.adopt(b)
-            if b.name in self._budgets and b.controller is not None and b.capacity is not None and self.config.budget.mode == "static":
-                b.controller.set_budget(self.clock(), b.capacity.ceiling)  # the static budget's own start
+            if b.name in held and b.controller is not None and b.capacity is not None:
+                # As a fresh start sets it: the ceiling, which is [[backends]] token_budget where set.
+                # Unset, a trial's budget set by hand (1500, frozen) stayed 1500 on /metrics against
+                # a ceiling of 2048 after "back to the config file", until traffic moved the controller.
+                move = b.controller.set_budget(self.clock(), b.capacity.ceiling)
+                start = "token_budget" if b.config.token_budget is not None else "the ceiling"
+                budgets.append(f"budget {move.old_budget} -> {move.new_budget} on {b.name} ({start}, as at start)")
         self._budgets.clear()
         self._pending_budgets.clear()
         self._pending_pins.clear()
@@ -568,7 +577,7 @@ class Control:
             "overrides_dropped",
             "overrides",
             "; ".join(dropped) or None,
-            None,
+            "; ".join(budgets) or None,
             note or ("back to the config file" if dropped else "none were in force"),
         )
 

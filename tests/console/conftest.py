@@ -127,3 +127,28 @@ class Queue:
         await asyncio.gather(*self.waiters, return_exceptions=True)
         for h in self.holders:
             gk.release(h)
+
+
+def type_ahead(app, *keys: str) -> None:
+    """Queue `keys` at the app all at once, as one read of the terminal delivers them (a paste,
+    `tmux send-keys` with several keys, typing ahead over a laggy link); `pilot.press` instead
+    waits for each key's effect before sending the next, and hid keys landing out of order."""
+    from textual import events
+    from textual.keys import _character_to_key
+
+    for key in keys:
+        name = _character_to_key(key) if len(key) == 1 and not key.isalnum() else key
+        event = events.Key(name, key if len(key) == 1 else None)
+        event.set_sender(app)
+        app.post_message(event)
+
+
+async def settle(pilot, turns: int = 100) -> None:
+    """Until the app and every widget of its screen have emptied their message queues: the keys
+    typed ahead and what they caused (a key bubbling up to its binding, Input.Changed, ...)."""
+    app = pilot.app
+    for _ in range(turns):
+        await pilot.pause()
+        if all(node._message_queue.empty() for node in (app, *app.screen.walk_children(with_self=True))):
+            return
+    raise AssertionError(f"the app kept messages queued after {turns} pauses")

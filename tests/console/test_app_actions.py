@@ -17,7 +17,7 @@ from console.screens.retune import RetuneScreen
 from console.screens.review import ReviewScreen
 from gate.backend.gatekeeper import Refused
 from gate.data.commands import CommandError
-from tests.console.conftest import Queue, decision, make_app, messages, record, severities
+from tests.console.conftest import Queue, decision, make_app, messages, record, settle, severities, type_ahead
 
 SIZE = (200, 50)
 
@@ -357,6 +357,48 @@ async def test_retune_fixing_the_input_enables_save_again(gate):
         assert save_disabled(app) and error_text(app, "queue_depth") == "a whole number, please"
         await pilot.press("backspace", "5")
         assert not save_disabled(app) and error_text(app, "queue_depth") == ""
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        # focusing a field selects its text ("slo"): the first backspace clears it, the next two
+        # find nothing; a trial's burst left "3" (the backspaces ran after "3000" was in)
+        ("backspace", "backspace", "backspace", *"3000"),
+        # another run's "End BSpace ...": the field empty ("required"), the 3 ms not even typed
+        ("end", "backspace", "backspace", "backspace", "backspace", *"3000"),
+        ("end", "backspace", *"3000", "home", "delete", "delete"),  # "sl3000", then "3000"
+    ],
+)
+async def test_retune_keys_typed_ahead_land_in_order_and_save_what_was_typed(gate, keys):
+    """Tabs, edits and enter in one burst, as `tmux send-keys` writes them: the value typed is
+    the one saved, never a TTFT objective of 3 ms."""
+    app = make_app(gate)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("t")  # interactive: TTFT obj. "slo", the ninth field
+        assert field(app, "ttft_objective_ms").value == "slo"
+        type_ahead(app, *["tab"] * 8, *keys, "enter")
+        await settle(pilot)
+        assert len(app.screen_stack) == 1, field(app, "ttft_objective_ms").value
+        assert gate.config.class_by_name("interactive").ttft_objective_ms == 3000
+        row = audit_rows(gate, "set_class")[-1]
+        assert (row.target, row.new_value) == ("class:interactive", "ttft_objective_ms=3000")
+
+
+async def test_filters_take_keys_typed_ahead_in_order(gate):
+    """The decision tail's filter and the review's: the same fields, the same burst."""
+    app = make_app(gate)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("slash")
+        type_ahead(app, *"acmx", "backspace", "e", "home", "delete")
+        await settle(pilot)
+        assert app.decisions.input.value == "cme"
+        await pilot.press("escape", "r")
+        assert isinstance(app.screen, ReviewScreen)
+        await pilot.press("slash")
+        type_ahead(app, *"batcx", "backspace", "h")
+        await settle(pilot)
+        assert app.screen.query_one("#review-filter", Input).value == "batch"
 
 
 async def test_retune_control_error_is_shown_in_the_form_not_a_crash(gate, monkeypatch):

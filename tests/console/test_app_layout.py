@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from rich.text import Text
 
 from console.app import CHART_POINTS, TokengateApp
@@ -395,25 +396,34 @@ async def test_a_chart_behind_its_tab_is_not_drawn_until_shown(gate):
         assert len(draws) == 1 and draws[-1]["budget"][-1] == 4096
 
 
-async def test_the_header_grows_and_shrinks_with_the_overrides_it_lists(gate):
-    """A trial at 120x40: the header said "OVERRIDES 2:" and the list itself (which budget,
-    the freeze) was on a second line the header had no room for, until the terminal was
-    resized; after `overrides drop` a blank line stayed instead."""
+@pytest.mark.parametrize("size", [(160, 48), (120, 40), (80, 24)])
+@pytest.mark.parametrize("not_kept", [False, True])
+async def test_the_overrides_fit_the_header_s_one_line_their_count_shown_the_list_cut(gate, size, not_kept):
+    """A trial's "OVERRIDES 3: ..." folded onto a second line at 160 columns (at 120 the list
+    had no room at all); at 80 the header took a second row from the panels. One line, the
+    count always, as much of the list as fits and an ellipsis; the whole list on hover."""
     from console.widgets.header import GateHeader
 
+    width = size[0]
     app = make_app(gate)
-    async with app.run_test(size=(120, 40)) as pilot:
+    async with app.run_test(size=size) as pilot:
         await app.tick()
         await pilot.pause()
         header = app.query_one(GateHeader)
-        assert header.size.height == 1
-        listed = ("budget.slo_ttft_p95_ms=60000", "budget 1536 on default", "interactive paused", "controller frozen")
-        header.update_snapshot(dataclasses.replace(gate.snapshot(), overrides=listed))
+        header.attached = "/run/tokengate/tokengate.sock"  # an attached console names its socket
+        listed = ("budget.slo_ttft_p95_ms=900", "classes.interactive.ttft_objective_ms=3000", "budget 1500 on default")
+        why = "/var/lib/tokengate/tokengate.db.overrides.json: No space left on device" if not_kept else ""
+        header.update_snapshot(dataclasses.replace(gate.snapshot(), overrides=listed, overrides_not_kept=why))
         await pilot.pause()
-        assert header.size.height >= 2
-        header.update_snapshot(gate.snapshot())
+        shown = str(header.content)
+        assert header.size.height == 1 and "\n" not in shown and len(shown) <= width, (len(shown), shown)
+        assert " OVERRIDES 3" in shown and ("NOT KEPT" in shown) == not_kept, shown
+        assert ("…" in shown) == (width < 200), shown  # cut at every width tried here
+        assert "slo_ttft_p95_ms=" in shown or width == 80  # as much of the list as there is room for
+        assert all(o in str(header.tooltip) for o in listed)
+        header.update_snapshot(gate.snapshot())  # dropped: the badge and its tooltip go
         await pilot.pause()
-        assert header.size.height == 1
+        assert header.size.height == 1 and "OVERRIDES" not in str(header.content) and header.tooltip is None
 
 
 async def test_the_header_says_when_the_overrides_in_force_are_not_kept_for_a_restart(gate):

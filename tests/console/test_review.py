@@ -51,6 +51,8 @@ def decision(i: int) -> DecisionRecord:
         http_status=429 if refused else 503 if shed else 200,
         queue_ms=float(i % 50) if not refused else 2.5,
         ttft_ms=None if refused else 120.0 + (i % 300),
+        # from arrival: the queue wait, the dispatch's first token and the body's 3 ms before both
+        ttft_arrival_ms=None if refused else float(i % 50) + 120.0 + (i % 300) + 3.0,
         duration_ms=900.0 + i % 1000,
         completion_tokens=None if refused else 64,
         budget_at_decision=16384,
@@ -639,6 +641,30 @@ async def test_audit_shows_operator_full_values_source_and_note_and_enter_opens_
         fields = dict(app.screen.fields)
         assert fields["operator"] == "carol" and fields["note"] == "incident 4711: batch starves"
         assert fields["old"] == "limit_tokens=None, queue_depth=8"
+
+
+async def test_ttft_means_from_arrival_as_in_the_live_console_and_the_dispatch_time_says_so(journal_1000: Path) -> None:
+    """A trial read "queue ms 297, ttft ms 89" here (the journal's ttft_ms, from dispatch) while
+    the live console's TTFT ms for the same request was ~400 (from arrival, queue included)."""
+    from console.screens.record import RecordScreen
+
+    app = ReviewApp(journal_1000)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await settle(pilot)
+        table = decisions_table(screen)
+        labels = {str(c.label): key.value for key, c in table.columns.items()}
+        assert labels["TTFT ms"] == "ttft_arrival_ms" and labels["disp. TTFT ms"] == "ttft_ms"
+        assert "ttft ms" not in labels
+        shown = dict(zip((str(c.label) for c in table.columns.values()), table.get_row_at(0)))
+        row = screen.page_rows[0]
+        assert row["ttft_arrival_ms"] is not None and row["ttft_arrival_ms"] > row["ttft_ms"]
+        assert str(shown["TTFT ms"]) == f"{row['ttft_arrival_ms']:,.0f}" and str(shown["disp. TTFT ms"]) == f"{row['ttft_ms']:,.0f}"
+        table.focus()
+        await pilot.press("enter")  # the row whole: each time named for what it counts from
+        assert isinstance(app.screen, RecordScreen)
+        fields = dict(app.screen.fields)
+        assert fields["ttft_arrival_ms (TTFT ms: from arrival, queue included)"] == str(row["ttft_arrival_ms"])
+        assert fields["ttft_ms (disp. TTFT ms: from dispatch)"] == str(row["ttft_ms"])
 
 
 async def test_the_range_fits_a_short_journal(tmp_path: Path) -> None:

@@ -22,7 +22,8 @@ from gate.config import EXAMPLE_CONFIG, parse_config
 from gate.data.commands import Retune
 from gate.tools.replay import BackendFit, load_window, proposal_from_set, run_replay, table_cells, to_table
 from gate.tools.replay.synthetic import SMALL_FIT, recorded_by_model, synthetic_arrivals, write_journal
-from tests.console.conftest import make_app
+from tests.console.conftest import make_app, type_ahead
+from tests.console.conftest import settle as settle_keys
 
 SIZE = (140, 45)
 CONFIG = parse_config(EXAMPLE_CONFIG)
@@ -150,6 +151,20 @@ async def test_w_replays_the_window_under_an_edited_threshold(journal: Path) -> 
         await pilot.press("escape")
         await pilot.pause()
         assert isinstance(app.screen, ReviewScreen)
+
+
+async def test_the_form_takes_keys_typed_ahead_in_order(journal: Path) -> None:
+    """A burst (a paste of edits, `tmux send-keys`): each editing key lands where it was typed."""
+    app = ReviewApp(journal)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_whatif(pilot)
+        form = screen.query_one("#whatif-form", TextArea)
+        form.focus()
+        form.move_cursor((0, 0))
+        first = form.text.splitlines()[0]
+        type_ahead(pilot.app, *"#x", "backspace", " ", "end", "backspace", "9")
+        await settle_keys(pilot)
+        assert form.text.splitlines()[0] == "# " + first[:-1] + "9"
 
 
 async def test_a_bad_proposal_is_said_and_not_replayed(journal: Path) -> None:

@@ -105,6 +105,10 @@ async def test_retune_pause_and_freeze_survive_sigkill_and_sigterm_then_drop_in_
                 assert result.action == "overrides_dropped" and "controller frozen" in (result.old_value or "")
                 snap = await link.snapshot()
                 assert snap.overrides == () and not snap.controller.frozen
+                # the budget held by hand (1536, frozen) goes where a start puts it, and is said
+                ceiling = snap.backends[0].ceiling
+                assert snap.backends[0].budget == ceiling and ceiling != 1536
+                assert f"budget 1536 -> {ceiling} on llama (the ceiling, as at start)" in result.message
                 assert not next(c for c in snap.classes if c.name == "batch").paused
                 assert snap.controller.slo_ttft_ms == 2000.0
         snap = await restart_and_look(tmp_path, config)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -110,6 +111,83 @@ def test_commands_beside_a_gate_find_its_relative_journal_by_the_config_file(tmp
     assert "reading the one beside" in err
     (home / "tokengate.db").write_bytes(b"")  # one here: the gate's working directory may be here
     assert beside_the_file(parse_config(EXAMPLE, "f"), str(f)) == (parse_config(EXAMPLE, "f"), None)
+
+
+def _kept_pause(tmp_path):
+    f = tmp_path / "tokengate.toml"
+    journal = tmp_path / "tokengate.db"
+    f.write_text(EXAMPLE_CONFIG.replace('journal = "tokengate.db"', f'journal = "{journal}"'))
+    kept = tmp_path / "tokengate.db.overrides.json"
+    kept.write_text(json.dumps({"v": 1, "paused": ["batch"], "frozen": True}))
+    return f, journal, kept
+
+
+def _audit(journal) -> list[tuple]:
+    import sqlite3
+
+    if not journal.exists():
+        return []
+    with contextlib.closing(sqlite3.connect(journal)) as db:
+        return db.execute("SELECT operator, origin, source, action, target, old_value, new_value, note FROM audit").fetchall()
+
+
+async def test_overrides_drop_with_no_gate_running_is_audited_in_the_journal(tmp_path, monkeypatch):
+    """A trial's offline `overrides drop` deleted a paused class and the freeze with no trace."""
+    from gate.data.commands import Operator
+    from gate.service import GateService
+    from tests.fakes import fake_llama_transport
+
+    monkeypatch.setenv("USER", "carol")
+    monkeypatch.delenv("SUDO_USER", raising=False)
+    monkeypatch.setenv("SSH_CONNECTION", "192.0.2.9 51000 10.0.0.1 22")
+    f, journal, kept = _kept_pause(tmp_path)
+    rc, out, err = run("overrides", "drop", "--config", str(f))
+    assert rc == 0, err
+    assert not kept.exists() and "batch paused; controller frozen" in out and f"audited in {journal}" in out
+    ((operator, origin, source, action, target, old, new, note),) = _audit(journal)
+    assert (operator, origin, source, action, target) == ("carol", "192.0.2.9", "cli", "overrides_dropped", "overrides")
+    assert old == "batch paused; controller frozen" and new is None
+    assert "no gate ran on" in note and "the next start runs on the config file alone" in note
+    assert os.stat(journal).st_mode & 0o077 == 0
+    # the next start agrees with the row: nothing restored, nothing paused, nothing frozen
+    g = GateService(parse_config(f.read_text()), environ={}, transport=fake_llama_transport())
+    try:
+        g.control.keep_beside(str(journal), operator=Operator("tokengate", "local"))
+        await g.backends.probe_all()
+        for b in g.backends:
+            g.control.adopt(b)
+        assert not g.control.paused and not g.control.frozen and g.control.overrides.lines() == ()
+        assert not [a for a in g.recent_audit if a.action in ("restored", "restore_refused")]
+    finally:
+        await g.client.aclose()
+    rc, out, _ = run("overrides", "drop", "--config", str(f))  # nothing left: nothing to audit
+    assert rc == 0 and "nothing to drop" in out and len(_audit(journal)) == 1
+
+
+def test_overrides_drop_refuses_while_a_gate_holds_the_journal_without_its_socket(tmp_path):
+    """A gate serving without its control socket (one it could not bind) writes its overrides
+    again within a second: a drop beside it would be undone, and the next start restore them."""
+    from gate.ops.lock import JournalLock
+
+    f, journal, kept = _kept_pause(tmp_path)
+    before = kept.read_text()
+    gate = JournalLock(str(journal))
+    gate.acquire("gpu-1:4242:20260101T000000Z")
+    try:
+        rc, out, err = run("overrides", "drop", "--config", str(f))
+    finally:
+        gate.release()
+    assert rc == 1 and "in use by another gate" in err and "gpu-1:4242" in err and "Nothing dropped" in err
+    assert kept.read_text() == before and not _audit(journal)
+
+
+def test_overrides_drop_that_cannot_write_its_audit_row_drops_nothing(tmp_path):
+    f, journal, kept = _kept_pause(tmp_path)
+    before = kept.read_text()
+    journal.write_bytes(b"not a database, not even close: " * 64)
+    rc, out, err = run("overrides", "drop", "--config", str(f))
+    assert rc == 1 and "the audit row could not be written" in err and "nothing dropped" in err
+    assert kept.read_text() == before and not list(tmp_path.glob("*.dropping"))
 
 
 @pytest.mark.parametrize("bad", ["budget", "min_tokens=3"])

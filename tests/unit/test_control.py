@@ -8,7 +8,7 @@ import contextlib
 import pytest
 
 from gate.config import parse_config
-from gate.data.commands import CommandError, Freeze, Retune
+from gate.data.commands import CommandError, DropOverrides, Freeze, Retune
 from gate.ops.control import Control, ControlError, Operator
 from gate.service import GateService
 from tests.fakes import GATE_CONFIG, fake_llama_transport
@@ -287,6 +287,44 @@ async def test_a_freeze_is_kept_with_the_budget_it_froze(gate, tmp_path):
     # unfrozen, the controller moves the budget again: nothing of it is kept
     gate.control.freeze(False, operator=ALICE)
     assert gate.control.overrides.budgets == {} and not gate.control.overrides.frozen
+
+
+@pytest.mark.parametrize(
+    ("config", "mode", "start", "said"),
+    [
+        (CONFIG, "adaptive", 8192, "the ceiling"),
+        (CONFIG.replace('kv = "split"', 'kv = "split"\ntoken_budget = 6000'), "adaptive", 6000, "token_budget"),
+        (CONFIG.replace("[budget]", '[budget]\nmode = "static"'), "static", 8192, "the ceiling"),
+    ],
+)
+async def test_dropping_the_overrides_puts_a_held_budget_where_the_file_starts_it(config, mode, start, said):
+    """A trial set 1500 by hand, frozen, then `overrides drop`: "back to the config file", yet
+    /metrics said 1500 against a ceiling of 2048 until traffic moved the controller."""
+    g = GateService(parse_config(config), environ={}, transport=fake_llama_transport())
+    await g.backends.probe_all()
+    try:
+        backend = g.backends.backends[0]
+        assert g.config.budget.mode == mode and backend.controller.budget == start
+        g.control.execute(Retune(budget=1500, freeze=mode == "adaptive" or None), operator=ALICE)
+        assert backend.admission.budget == 1500 and "budget 1500 on default" in g.control.overrides.lines()
+        (result,) = g.control.execute(DropOverrides(), operator=ALICE)
+        assert backend.controller.budget == start and backend.admission.budget == start
+        assert not backend.controller.frozen and g.control.overrides.lines() == ()
+        row = last_audit(g)
+        assert row.action == "overrides_dropped" and row.new_value == f"budget 1500 -> {start} on default ({said}, as at start)"
+        assert result.message.endswith(f"back to the config file; budget 1500 -> {start} on default ({said}, as at start)")
+    finally:
+        await g.client.aclose()
+
+
+async def test_dropping_the_overrides_leaves_a_budget_the_controller_moves_where_it_is(gate):
+    """Unfrozen, the adaptive controller owns the budget: the drop does not reset it."""
+    backend = gate.backends.backends[0]
+    gate.control.execute(Retune(settings={"slo_ttft_p95_ms": 900.0}), operator=ALICE)
+    gate.control.set_budget(4096, operator=ALICE)  # not held: the controller moves it from here
+    (result,) = gate.control.execute(DropOverrides(), operator=ALICE)
+    assert backend.controller.budget == 4096 and result.new_value is None
+    assert result.message == "Dropped the runtime overrides (budget.slo_ttft_p95_ms=900): back to the config file"
 
 
 async def test_controller_tick_shrinks_budget_on_slow_upstream_and_audits_it(gate):

@@ -105,6 +105,18 @@ def test_table_is_aligned(journal: Path) -> None:
     assert iso(NOW - 90 * 60) in lines[2]
 
 
+def test_the_tables_first_token_columns_say_which_time_they_count_from(journal: Path) -> None:
+    """The journal's ttft_ms counts from dispatch; the console's "TTFT ms" from arrival (a trial
+    read one beside the other for one request: 89 against ~400). CSV keeps the journal's names."""
+    buf = io.StringIO()
+    export(str(journal), buf, kind="decisions", fmt="table")
+    header = buf.getvalue().splitlines()[0].split()
+    assert "ttft_ms(dispatch)" in header and "ttft_arrival_ms(arrival)" in header and "ttft_ms" not in header
+    buf = io.StringIO()
+    export(str(journal), buf, kind="decisions", fmt="csv")
+    assert {"ttft_ms", "ttft_arrival_ms"} <= set(next(csv.reader(io.StringIO(buf.getvalue()))))
+
+
 def test_samples_and_audit(journal: Path) -> None:
     buf = io.StringIO()
     assert export(str(journal), buf, kind="samples", fmt="json") == 2

@@ -1070,6 +1070,11 @@ def test_dropping_the_overrides_ends_a_pause_and_a_retune_and_goes_back_to_the_f
     curve: list[tuple[float, int]] = []
     replay(static, FIT, arrivals, [Change(2.0, "set_budget", "backend:default", "1500"), dropped], until=21.0, budget_curve=curve)
     assert (2.0, 1500) in curve and curve[-1] == (10.0, 2048), curve
+    # and an adaptive one set by hand and frozen: the live gate's drop puts it at the ceiling too
+    curve = []
+    held = [Change(1.0, "freeze", "controller", "True"), Change(2.0, "set_budget", "backend:default", "1500"), dropped]
+    replay(CONFIG, FIT, arrivals, held, until=21.0, budget_curve=curve)
+    assert (2.0, 1500) in curve and (10.0, 2048) in curve, curve
 
 
 def test_a_window_with_a_killed_gate_says_requests_in_flight_then_are_missing(tmp_path: Path) -> None:

@@ -608,16 +608,18 @@ def _set_file(state: dict[str, Any], cls: str | None, values: dict[str, Any]) ->
 def _drop_overrides(now: float, adm: Admission, controller: Any, classes: dict[str, ClassConfig], state: dict[str, Any]) -> None:
     """`tokengate overrides drop` (or the console's), as `gate.ops.control.drop_overrides` does
     it: every class and [budget] back to the file's (a proposal's keys at their proposed value,
-    which its file config holds), every pause ended, the controller unfrozen, and a static
-    budget set by hand back to the ceiling. Not replayed until 2026-12-06, a dropped pause was
-    replayed as still in force: a trial's batch admitted 62 became 0 with 188 class_paused."""
+    which its file config holds), every pause ended, the controller unfrozen, and a budget an
+    operator held (static, or frozen) back to the ceiling, where a start sets it. Not replayed
+    until 2026-12-06, a dropped pause was replayed as still in force: a trial's batch admitted 62
+    became 0 with 188 class_paused."""
     file: Config = state["file"]
+    held = controller.frozen or file.budget.mode == "static"
     _classes_back_to(file, adm, classes)  # then [budget]: the reservations set its floor
     _set_budget_settings({f.name: getattr(file.budget, f.name) for f in dataclasses.fields(file.budget)}, now, adm, controller, state)
     for name in adm.class_names:  # then the pauses end, as the gate's drop_overrides orders it
         adm.resume(name)
     controller.unfreeze()
-    if file.budget.mode == "static":
+    if held:
         controller.set_budget(now, adm.capacity.ceiling)
 
 
