@@ -8,7 +8,7 @@ their owners change them while requests run (a reload, a drain).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -53,6 +53,8 @@ class RequestPorts:
     refresh_inference_gauges: Callable[[], None]
     #: llama-server's throughput gauges over a scraper's window, shared with the telemetry poller
     rate_windows: RateWindows
+    #: backend -> slots llama-server runs beyond the gate's own on two reads in a row (BypassWatch)
+    bypass_slots: Callable[[], Mapping[str, int]]
 
     @property
     def config(self) -> Config:

@@ -87,6 +87,9 @@ def build_app(gate: RequestPorts) -> ASGIApp:
                 }
             if b.warnings:  # what the capacity contradicts: loud where probes and people look
                 backends[b.name]["warnings"] = list(b.warnings)
+            bypassing = gate.bypass_slots().get(b.name)
+            if bypassing:  # another gate or a client in front of the same llama-server (a trial: silent)
+                backends[b.name]["bypassing_slots"] = bypassing
             if b.fleet is not None and b.model is not None:  # router mode: the model's own status
                 backends[b.name]["model_status"] = b.fleet.info[b.model].status
         # Router mode: an up router is ready with nothing loaded (it loads on demand, or an operator

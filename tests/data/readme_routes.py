@@ -39,13 +39,15 @@ NOTES = {
     "(the child processes' command lines: host paths, ports)",
     "GET /health": (
         "200 when a backend is ready (a router with nothing loaded counts, as llama-server says), `loaded` per router; 503 otherwise. "
-        "Per backend: `state`, `slots`, `ceiling`, `kv`, `warnings`, and `reserved` (each reserving class's `configured` and "
-        "`in_force` tokens, R0). `objective_below_ttft`, while a class's TTFT objective is below the first token llama-server "
+        "Per backend: `state`, `slots`, `ceiling`, `kv`, `warnings`, `reserved` (each reserving class's `configured` and "
+        "`in_force` tokens, R0), and `bypassing_slots` while llama-server runs requests the gate did not send (on two "
+        "telemetry reads in a row: another gate or a client in front of it; logged once as a WARNING too). `objective_below_ttft`, while a class's TTFT objective is below the first token llama-server "
         "delivers now (the median from dispatch of the class's first tokens in the last minute, at least 5, else of the "
         "backends' last first tokens): per class `objective_ms`, `first_token_ms` and a `note` (admitted requests miss it "
         "whatever the queue does; the console's met/obj column shows `13%/1.5s<2.3s` and the capacity panel the note). "
         "With `[shared]`, `shared`: the `state` of the tenant limits shared through Redis (`ok`, `fail_open`, `fail_closed`) "
-        "and a `note` saying what it means for tenants (still 200: the gate serves)"
+        'and a `note` saying why Redis does not decide ("Redis did not answer within 100 ms", "Redis refused the connection", '
+        '"Redis refused the gate\'s credentials", never a password) and what it means for tenants (still 200: the gate serves)'
     ),
     "GET /metrics": "the gate's series, then each backend's `llamacpp:*` series (see **Metrics**)",
     "POST /models/load": "with a router backend, the gate's own model operation instead (same checks and eviction plan as the console), so its units stay true",

@@ -15,7 +15,7 @@ from tests.llama.server import LlamaServer
 pytestmark = pytest.mark.llama
 
 
-async def test_bypass_occupancy_is_shown_and_a_dead_servers_telemetry_is_stale(llama_bin, tmp_path):
+async def test_bypass_occupancy_is_shown_and_a_dead_servers_telemetry_is_stale(llama_bin, tmp_path, caplog):
     from tests.llama.make_model import cached_model
 
     server = LlamaServer(llama_bin, cached_model("default"), mode="unified", ctx=2048, n_slots=4, log_path=tmp_path / "llama.log").start()
@@ -33,6 +33,12 @@ async def test_bypass_occupancy_is_shown_and_a_dead_servers_telemetry_is_stale(l
             v = view()
             assert v.slots_busy == 0 and not v.telemetry_stale
             assert "+1 bypassing the gate" in render_capacity(gate.snapshot(), compact=False).plain
+            # ... and where an on-call looks without a console (a trial's two gates in front of one
+            # llama-server said nothing): /health, and once in the log
+            health = (await client.get(gate.url + "/health")).json()
+            assert health["backends"]["b0"]["bypassing_slots"] == 1, health
+            said = [r for r in caplog.records if "this gate did not send" in r.getMessage()]
+            assert len(said) == 1 and said[0].levelname == "WARNING", said
             direct.cancel()
             await asyncio.gather(direct, return_exceptions=True)
 
