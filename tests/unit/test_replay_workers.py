@@ -92,7 +92,9 @@ def test_workers_run_below_the_gate_and_leave_ctrl_c_to_the_command(journal: str
 
 
 def _busy(window: object, config: object, pinned: object) -> object:
-    print(os.getpid(), flush=True)
+    # one write, atomic on a pipe: print() wrote the pid and its newline apart, and two workers'
+    # lines interleaved under load ("12345678", then "\n": int() failed, a CI-like run)
+    os.write(sys.stdout.fileno(), f"{os.getpid()}\n".encode())
     time.sleep(600)  # a run minutes long
     return None
 
