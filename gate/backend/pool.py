@@ -114,7 +114,7 @@ def capacity_warnings(layout: Layout | None, cap: Capacity | None, budget: Budge
             "than the cache holds, and llama-server then fails requests (context size exceeded); the cache is no longer "
             "kept from overcommitting"
         )
-    where = f"ceiling {cap.ceiling}" + (f" ({layout.kv} KV, {cap.slots} slots of {cap.slot_context})" if layout else "")
+    where = f"ceiling {cap.ceiling}" + (f" ({layout.kv} KV, {cap.slots} slot{'' if cap.slots == 1 else 's'} of {cap.slot_context})" if layout else "")
     if budget.min_tokens and budget.min_tokens > cap.ceiling:
         out.append(f"budget.min_tokens {budget.min_tokens} is above the {where}: the floor is clamped to {cap.ceiling}")
     classes = tuple(classes)
@@ -708,7 +708,8 @@ def check_backend(
         cap = capacity_from_props(props, config, layout)
     except ValueError as exc:
         return str(exc), (), ()
-    line = f"{cap.slots} slots of {cap.slot_context} tokens, kv {layout.kv} ({layout.source}: {layout.detail}), ceiling {cap.ceiling}"
+    slots = f"{cap.slots} slot{'' if cap.slots == 1 else 's'}"  # "1 slots of 2048 tokens": a trial's -np 1
+    line = f"{slots} of {cap.slot_context} tokens, kv {layout.kv} ({layout.source}: {layout.detail}), ceiling {cap.ceiling}"
     classes = tuple(classes)
     if budget.mode == "adaptive":
         # the floor in force (auto: a quarter of the ceiling, at least the reservations), which

@@ -757,7 +757,7 @@ def _ceiling_advice(b: Backend, ceiling: int) -> str:
     if cap is not None and cap.ceiling == ceiling:
         kv = f"{b.layout.kv} KV, " if b.layout is not None else ""
         return (
-            f"the ceiling is llama-server's KV pool as the gate learned it ({kv}{cap.slots} slots of {cap.slot_context} tokens): "
+            f"the ceiling is llama-server's KV pool as the gate learned it ({kv}{cap.slots} slot{'' if cap.slots == 1 else 's'} of {cap.slot_context} tokens): "
             "a budget above it would admit more than the cache holds; a llama-server restarted with a larger context (-c) "
             "raises it (the gate learns it on its next probe)"
         )
