@@ -777,14 +777,30 @@ def _floor_advice(tokens: int, floor: int, min_tokens: int, reserved: int) -> st
     )
 
 
+#: GateConfig's fields that the one TOML key `[gate] listen` sets
+_LISTEN_FIELDS = ("listen_host", "listen_port", "listen_also")
+
+
+def _listen_text(gate: Any) -> str:
+    """`[gate] listen` as the file writes it: "host:port", or the list of them."""
+    if not gate.listen_also:
+        return str(gate.listen)
+    return "[" + ", ".join([gate.listen, *gate.listen_also]) + "]"
+
+
 def _changed_keys(prefix: str, old: Any, new: Any, *, values: bool = True) -> list[str]:
-    """`prefix.key (old -> new)` for each field that differs; `prefix.key` alone without
-    ``values`` (a tenant's key digest stays out of the audit)."""
-    return [
-        f"{prefix}.{f.name} ({_fmt(getattr(old, f.name))} -> {_fmt(getattr(new, f.name))})" if values else f"{prefix}.{f.name}"
-        for f in dataclasses.fields(old)
-        if getattr(old, f.name) != getattr(new, f.name)
-    ]
+    """`prefix.key (old -> new)` for each key that differs, named as the file names it (a
+    trial's reload refusal named `gate.listen_port`, a key no file has: `gate.listen`);
+    `prefix.key` alone without ``values`` (a tenant's key digest stays out of the audit)."""
+    out = []
+    if prefix == "gate" and any(getattr(old, f) != getattr(new, f) for f in _LISTEN_FIELDS):
+        out.append(f"gate.listen ({_listen_text(old)} -> {_listen_text(new)})" if values else "gate.listen")
+    for f in dataclasses.fields(old):
+        if (prefix == "gate" and f.name in _LISTEN_FIELDS) or getattr(old, f.name) == getattr(new, f.name):
+            continue
+        key = f"{prefix}.{'class' if f.name == 'class_name' else f.name}"  # a tenant's TOML key `class`
+        out.append(f"{key} ({_fmt(getattr(old, f.name))} -> {_fmt(getattr(new, f.name))})" if values else key)
+    return out
 
 
 def _replaced(obj: Any, changes: Mapping[str, Any]) -> Any:

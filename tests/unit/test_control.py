@@ -238,6 +238,17 @@ async def test_reload_audits_each_changed_key_and_refuses_backend_changes(gate):
     assert "backends[0].url (http://llama:8080 -> http://llama:9090)" in str(refused.value)
 
 
+async def test_a_reload_refused_for_a_new_listen_address_names_the_key_the_file_has(gate):
+    # a first-day trial's refusal named `gate.listen_port`, which no file has: the key is `gate.listen`
+    with pytest.raises(ControlError, match="restart") as refused:
+        gate.control.reload(parse_config('[gate]\nlisten = "127.0.0.1:8082"\n' + CONFIG), operator=ALICE)
+    assert "gate.listen (127.0.0.1:8081 -> 127.0.0.1:8082)" in str(refused.value)
+    assert "listen_port" not in str(refused.value) and "listen_host" not in str(refused.value)
+    with pytest.raises(ControlError) as refused:  # a list: as the file writes it
+        gate.control.reload(parse_config('[gate]\nlisten = ["127.0.0.1:8081", "[::1]:8081"]\n' + CONFIG), operator=ALICE)
+    assert "gate.listen (127.0.0.1:8081 -> [127.0.0.1:8081, [::1]:8081])" in str(refused.value)
+
+
 async def test_reload_audits_every_class_setting_it_applies_not_only_the_retunable_ones(gate):
     """A class's TTFT objective took effect on SIGHUP with no audit row (CLASS_FIELDS, the
     retunable settings, was all the reload's diff looked at)."""
