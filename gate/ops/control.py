@@ -437,9 +437,17 @@ class Control:
         saved, why = overrides_file.load_or_why(self.overrides_path)
         if why is not None:  # the operator's pauses, freeze and retunes are not back: say so where they look
             self._audit(operator, "gate", "restore_refused", "overrides", None, None, why)
+        saved, held = _not_in(saved, self.config)
+        if held:
+            # `tokengate overrides write` put them in the file, and the gate was killed before a
+            # reload rewrote the overrides file: a trial's restart warned "restored
+            # classes.interactive.queue_depth: 9 -> 9" of a value the file holds
+            log.info("runtime overrides in %s the config file now holds: %s (kept, nothing to restore)", self.overrides_path, "; ".join(held))
         if saved:
             self.restore(saved, operator=operator)
             log.warning("restored runtime overrides from %s: %s", self.overrides_path, "; ".join(saved.lines()))
+        elif held:
+            self._keep()  # the overrides file says what is in force: nothing beyond the file
 
     def restore(self, saved: Overrides, *, operator: Operator, source: AuditSource = "gate") -> list[ActionResult]:
         """Re-apply the overrides a previous run kept, each with an audit row `restored`; what
@@ -779,6 +787,23 @@ def _floor_advice(tokens: int, floor: int, min_tokens: int, reserved: int) -> st
 
 #: GateConfig's fields that the one TOML key `[gate] listen` sets
 _LISTEN_FIELDS = ("listen_host", "listen_port", "listen_also")
+
+
+def _not_in(saved: Overrides, config: Config) -> tuple[Overrides, tuple[str, ...]]:
+    """`saved` without the [budget] and class settings `config` already holds, and the lines of
+    those (`key=value`): restoring one changes nothing."""
+    differs: dict[str, Any] = {}
+    held = Overrides()
+    for k, v in saved.settings.items():
+        (differs if getattr(config.budget, k, object()) != v else held.settings)[k] = v
+    in_file = {c.name: c for c in config.classes}
+    classes: dict[str, dict[str, Any]] = {}
+    for cls, changes in saved.classes.items():
+        base = in_file.get(cls)
+        for k, v in changes.items():
+            same = base is not None and getattr(base, k, object()) == v
+            (held.classes if same else classes).setdefault(cls, {})[k] = v
+    return dataclasses.replace(saved, settings=differs, classes=classes), held.lines()
 
 
 def _listen_text(gate: Any) -> str:

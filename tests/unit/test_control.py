@@ -486,6 +486,43 @@ async def test_an_unreadable_overrides_file_at_start_is_audited_not_only_logged(
     assert (tmp_path / "j.db.overrides.json.bad").exists()
 
 
+async def test_a_kept_override_the_file_now_holds_is_no_warning_nor_a_restored_row(tmp_path, caplog):
+    """A first-day trial: `tokengate overrides write` put a retune (queue_depth 9) into the file,
+    the gate was killed (-9) before a reload, and its restart warned "restored
+    classes.interactive.queue_depth: 9 -> 9" of a value equal to the file's. Said at info now,
+    with no `restored` row; a value that still differs is restored and warned of as before."""
+    import json
+
+    from gate.ops import overrides as overrides_file
+
+    kept = tmp_path / "j.db.overrides.json"
+    kept.write_text(json.dumps({"v": 1, "classes": {"interactive": {"queue_depth": 9}, "batch": {"queue_depth": 3}}}))
+    config = parse_config(CONFIG.replace("queue_depth = 4", "queue_depth = 9"))
+    g = GateService(config, environ={}, transport=fake_llama_transport())
+    try:
+        with caplog.at_level("INFO", logger="tokengate.service"):
+            g.control.keep_beside(str(tmp_path / "j.db"), operator=ALICE)
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert warned == [f"restored runtime overrides from {kept}: classes.batch.queue_depth=3"]
+        assert any("classes.interactive.queue_depth=9 (kept, nothing to restore)" in r.getMessage() for r in caplog.records)
+        restored = [(r.target, r.old_value, r.new_value) for r in g.recent_audit if r.action == "restored"]
+        assert restored == [("classes.batch.queue_depth", "8", "3")]
+        assert overrides_file.load(str(kept)).classes == {"batch": {"queue_depth": 3}}
+    finally:
+        await g.client.aclose()
+    # all of it in the file: nothing warned, and the kept file says no overrides
+    caplog.clear()
+    g = GateService(parse_config(CONFIG.replace("queue_depth = 8", "queue_depth = 3")), environ={}, transport=fake_llama_transport())
+    try:
+        with caplog.at_level("INFO", logger="tokengate.service"):
+            g.control.keep_beside(str(tmp_path / "j.db"), operator=ALICE)
+        assert not [r for r in caplog.records if r.levelname == "WARNING"]
+        assert not [r for r in g.recent_audit if r.action == "restored"]
+        assert not overrides_file.load(str(kept))
+    finally:
+        await g.client.aclose()
+
+
 async def test_a_pin_kept_for_a_router_not_seen_yet_waits_for_it_and_a_model_gone_is_refused(tmp_path):
     """Router mode: the last run's pins are restored once the router is first seen (down at the
     start, its units do not exist yet); kept meanwhile, not lost by the next write of the
