@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, TextIO
 
@@ -220,18 +221,29 @@ def build_parser() -> argparse.ArgumentParser:
             "Retunes, hand budgets, paused classes and the controller's freeze made at runtime are\n"
             "kept beside the journal (<journal>.overrides.json) and restored when the gate starts\n"
             "(a hand budget while the controller is frozen or static: an adaptive one moves it).\n"
-            "  show   list them (default): the running gate's, and whether a restart would keep them\n"
-            "  drop   back to the config file (on the running gate, audited; else the kept file goes)\n"
-            "  write  write the retuned settings into --config (validated), so the file holds them;\n"
-            "         paused classes, the freeze and hand budgets are runtime state and stay overrides"
+            "Without an ACTION: show."
         ),
         epilog=_EXIT_CODES,
         formatter_class=_Formatter,
     )
-    overrides.add_argument("action", nargs="?", choices=("show", "drop", "write"), default="show")
-    overrides.add_argument("--config", metavar="FILE", help="the gate's TOML config (its journal and control socket)")
-    overrides.add_argument("--journal", metavar="FILE", help="the journal (default: the config's gate.journal)")
-    overrides.set_defaults(func=_cmd_overrides)
+    # Each action a sub-command, so that --help gives each its own line (a trial's
+    # `{show,drop,write}` had none); --config and --journal go before or after it.
+    _add_overrides_options(overrides, default=None)
+    actions = overrides.add_subparsers(dest="action", metavar="[ACTION]", title="actions")
+    for name, text in (
+        ("show", "list them (the default): the running gate's, and whether a restart would keep them"),
+        ("drop", "back to the config file (on the running gate, audited; else the kept file goes)"),
+        (
+            "write",
+            "write the retuned settings into --config (validated), so the file holds them; paused classes, "
+            "the freeze and hand budgets are runtime state and stay overrides",
+        ),
+    ):
+        action = actions.add_parser(
+            name, help=text, description=textwrap.fill(text[0].upper() + text[1:] + ".", 88), epilog=_EXIT_CODES, formatter_class=_Formatter
+        )
+        _add_overrides_options(action, default=argparse.SUPPRESS)  # SUPPRESS: one given before ACTION stays
+    overrides.set_defaults(func=_cmd_overrides, action="show")
 
     # log
     log_cmd = commands.add_parser(
@@ -332,6 +344,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_replay_parser(commands, _Formatter, _EXIT_CODES)
     return parser
+
+
+def _add_overrides_options(parser: argparse.ArgumentParser, *, default: Any) -> None:
+    parser.add_argument("--config", metavar="FILE", default=default, help="the gate's TOML config (its journal and control socket)")
+    parser.add_argument("--journal", metavar="FILE", default=default, help="the journal (default: the config's gate.journal)")
 
 
 def _since_arg(text: str) -> float:

@@ -124,6 +124,18 @@ def test_help_texts(capsys: pytest.CaptureFixture[str], argv: list[str], expect:
         assert fragment in out
 
 
+def test_overrides_help_gives_each_action_a_line_of_its_own(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # a first-day trial: the positional `{show,drop,write}` had no help line
+    monkeypatch.setenv("COLUMNS", "100")
+    code, out, _ = run(capsys, "overrides", "--help")
+    assert code == 0
+    lines = out.splitlines()
+    for action, words in (("show", "list them"), ("drop", "back to the config file"), ("write", "write the retuned settings")):
+        assert any(line.split()[:1] == [action] and words in line for line in lines), (action, out)
+    code, out, _ = run(capsys, "overrides", "write", "--help")
+    assert code == 0 and "--config FILE" in out and "Write the retuned settings into --config" in out
+
+
 def test_verbose_check_summarises_the_defaults(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     empty = tmp_path / "empty.toml"
     empty.write_text("")
