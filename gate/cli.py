@@ -1074,6 +1074,15 @@ async def _simulate_until_signalled(config, host: str, port: int, out: TextIO, e
 # crunch: calibrate a llama-server before choosing a token budget (gate/tools/crunch/)
 
 
+_CRUNCH_EXIT_CODES = """\
+exit codes:
+  0  ok: a token budget is recommended
+  1  runtime failure (llama-server out of reach), or no cell met the objective, so no
+     budget is recommended (the table is printed all the same)
+  2  usage error: the arguments, or the arguments do not fit the server
+"""
+
+
 def _add_crunch_parser(commands: argparse._SubParsersAction) -> None:
     crunch = commands.add_parser(
         "crunch",
@@ -1095,7 +1104,7 @@ def _add_crunch_parser(commands: argparse._SubParsersAction) -> None:
             "traffic skews the numbers, and this load slows it down.\n"
             "Example: tokengate crunch http://127.0.0.1:8080 --slo-ttft-ms 1500 --slo-tpot-ms 80"
         ),
-        epilog=_EXIT_CODES,
+        epilog=_CRUNCH_EXIT_CODES,
         formatter_class=_Formatter,
     )
     crunch.add_argument(
@@ -1233,6 +1242,11 @@ def _cmd_crunch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             with open(args.config, encoding="utf-8") as f:
                 text = f.read()
         out.write(format_report(report, config_text=text, config_file=args.config))
+    if report.recommendation is None:
+        # a script's `crunch ... && deploy` went on, exit 0, after "No cell met the objective,
+        # so no budget is recommended" (a first-day trial at --slo-ttft-ms 10)
+        err.write("tokengate crunch: no cell met the objective: no budget recommended\n")
+        return EXIT_RUNTIME
     return EXIT_OK
 
 
