@@ -606,7 +606,7 @@ def _cmd_config_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
         )
     )
     out.write(f"ok: {source} ({counts})\n")
-    for w in fixed_budget_warnings(config) + objective_warnings(config):
+    for w in fixed_budget_warnings(config) + objective_warnings(config) + limit_warnings(config):
         out.write(f"warning: {w}\n")  # what `serve` would warn at start (a warning: the exit status stays 0)
     try:
         _check_directories(config, source)
@@ -674,6 +674,21 @@ def objective_warnings(config: Config) -> list[str]:
                 "miss it (milliseconds, not seconds?)"
             )
     return out
+
+
+def limit_warnings(config: Config) -> list[str]:
+    """A class whose limit_tokens is not above its default_max_tokens: a request of it without
+    max_tokens holds its prompt and default_max_tokens, more than the class may ever hold, and
+    is refused (400). A warning, not an error: requests that send a small max_tokens still run
+    (the overload tests' interactive class, limit 400 beside the default 512, is such a class)."""
+    return [
+        f"classes.{c.name}.limit_tokens = {c.limit_tokens} is not above its default_max_tokens {c.default_max_tokens}: "
+        f"a request of class {c.name!r} without max_tokens holds its prompt and {c.default_max_tokens} tokens, more than the "
+        "class may ever hold, so it is refused (400 context_length_exceeded); only requests that send a smaller "
+        "max_tokens run. Raise limit_tokens or lower default_max_tokens"
+        for c in config.classes
+        if c.limit_tokens is not None and c.limit_tokens <= c.default_max_tokens
+    ]
 
 
 def _fmt_tokens(n: int | None, none: str) -> str:
@@ -914,7 +929,7 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=err, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # One line per upstream call drowns what matters; the gate logs its own decisions.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    for w in objective_warnings(config):
+    for w in objective_warnings(config) + limit_warnings(config):
         logging.getLogger("tokengate.config").warning("%s", w)
     from gate.http.server import ListenError
     from gate.ops.control_socket import SocketInUse

@@ -28,6 +28,10 @@ from gate.core.adaptive import MAX_SAMPLES
 
 #: sun_path holds 108 bytes on Linux, the last one a NUL
 MAX_SOCKET_PATH = 107
+#: the most waiters one class may queue: each holds its client's connection open (a file
+#: descriptor), and a Linux process may have at most fs.nr_open of them (1,048,576, the kernel's
+#: default, read on this host's /proc/sys/fs/nr_open); deeper is a typo (a trial's 1e20 passed)
+MAX_QUEUE_DEPTH = 1_048_576
 DAY_S = 86_400  # a time threshold longer than a day is a typo (1e308 passed, and overflowed)
 
 
@@ -328,6 +332,13 @@ def validate_config(config: Config, source: str = "<config>") -> None:
                 f"must be at least reserved_tokens ({cl.reserved_tokens}), got {cl.limit_tokens}",
             )
         c.pos_int("queue_depth", cl.queue_depth)
+        c.check(
+            "queue_depth",
+            cl.queue_depth,
+            lambda v: v <= MAX_QUEUE_DEPTH,
+            f"at most {MAX_QUEUE_DEPTH:,} (each waiter holds its client's connection, an open file, and a Linux "
+            f"process may have at most {MAX_QUEUE_DEPTH:,}: fs.nr_open)",
+        )
         c.duration("queue_timeout_s", cl.queue_timeout_s, "s")
         c.duration("ttft_objective_ms", cl.ttft_objective_ms, "ms")
         c.pos_int("default_max_tokens", cl.default_max_tokens)

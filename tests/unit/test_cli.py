@@ -293,6 +293,23 @@ def test_check_warns_of_a_ttft_objective_no_first_token_meets(capsys: pytest.Cap
     assert code == 0 and out.count("warning: ") == 1 and "warning: classes.interactive.ttft_objective_ms = 1 ms" in out, out
 
 
+def test_check_warns_of_a_class_limit_no_default_request_fits(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # A first-day trial's limit_tokens = 10 beside default_max_tokens 512 passed without a word:
+    # no request of the class without max_tokens can ever start. A warning (exit 0), not an
+    # error: requests that send a small max_tokens still run.
+    p = tmp_path / "tokengate.toml"
+    p.write_text("[classes.interactive]\npriority = 10\nlimit_tokens = 10\n[classes.batch]\npriority = 1\nlimit_tokens = 513\n")
+    code, out, err = run(capsys, "config", "check", str(p))
+    assert code == 0, err
+    said = [line for line in out.splitlines() if line.startswith("warning: ")]
+    assert said == [
+        "warning: classes.interactive.limit_tokens = 10 is not above its default_max_tokens 512: a request of class "
+        "'interactive' without max_tokens holds its prompt and 512 tokens, more than the class may ever hold, so it "
+        "is refused (400 context_length_exceeded); only requests that send a smaller max_tokens run. Raise "
+        "limit_tokens or lower default_max_tokens"
+    ], out
+
+
 def test_python_dash_m_gate_is_the_tokengate_command(tmp_path: Path) -> None:
     # a checkout run without installing it: `python -m gate` said "cannot be directly executed"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}

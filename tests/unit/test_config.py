@@ -304,6 +304,15 @@ BAD_CONFIGS = [
     # (id, toml, exact key path, fragment of the problem)
     ("neg-depth", "[classes.batch]\npriority = 1\nqueue_depth = -3\n", "classes.batch.queue_depth", "must be a positive integer, got -3"),
     ("zero-depth", "[classes.batch]\npriority = 1\nqueue_depth = 0\n", "classes.batch.queue_depth", "positive integer, got 0"),
+    # a first-day trial's queue_depth = 99999999999999999999 passed: TOML's integers are 64-bit
+    (
+        "depth-past-64-bit",
+        "[classes.batch]\npriority = 1\nqueue_depth = 99999999999999999999\n",
+        "classes.batch.queue_depth",
+        "must be a 64-bit integer, as TOML's are (-9223372036854775808 to 9223372036854775807), got 99999999999999999999",
+    ),
+    ("budget-past-64-bit", "[[backends]]\ntoken_budget = 9223372036854775808\n", "backends[0].token_budget", "64-bit integer"),
+    ("depth-past-open-files", "[classes.batch]\npriority = 1\nqueue_depth = 1048577\n", "classes.batch.queue_depth", "at most 1,048,576"),
     ("bool-not-int", "[budget]\nmin_tokens = true\n", "budget.min_tokens", "integer, got boolean true"),
     ("float-not-int", "[gate]\nmax_body_bytes = 1.5\n", "gate.max_body_bytes", "integer, got float 1.5"),
     ("string-not-number", '[gate]\nshed_factor = "2"\n', "gate.shed_factor", 'number, got string "2"'),
