@@ -76,7 +76,9 @@ control_socket_group = ""
 [[backends]]
 # Unique name, shown in the console, metrics and journal. Default "default".
 name = "default"
-# Base URL, http(s)://host[:port], no path. Default "http://127.0.0.1:8080".
+# Base URL, http(s)://host[:port], no path. Default "http://127.0.0.1:8080". Each backend its
+# own llama-server (two on one would count its capacity twice), never the gate's own listen
+# address; only router-mode backends (a models list each, no model in both) may share one.
 url = "http://127.0.0.1:8080"
 # Model names (the request's "model" field) routed to this backend. A model may be routed to
 # one backend only. Default [] (no explicit routing).
