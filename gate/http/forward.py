@@ -194,7 +194,9 @@ class ForwardEndpoint:
             # as "/props", "%2e%2e" too, once decoded): the route checked here would not be the one
             # llama-server runs (a generation never admitted, an operator-only call by a tenant).
             # llama-server has no route with such a segment: its 404, as it would answer (not a 400).
-            raise GateError(Reason.INVALID_REQUEST, f"{method} {shown_path(path)}: a path with '.' or '..' segments is not forwarded", status=404)
+            raise GateError(
+                Reason.INVALID_REQUEST, f"{method} {shown_path(path)}: a path with '.' or '..' segments is not forwarded", status=404
+            )
         if method == "OPTIONS":
             return PREFLIGHT
         route = lookup("GET" if method == "HEAD" else method, path)

@@ -442,7 +442,9 @@ class Control:
             # `tokengate overrides write` put them in the file, and the gate was killed before a
             # reload rewrote the overrides file: a trial's restart warned "restored
             # classes.interactive.queue_depth: 9 -> 9" of a value the file holds
-            log.info("runtime overrides in %s the config file now holds: %s (kept, nothing to restore)", self.overrides_path, "; ".join(held))
+            log.info(
+                "runtime overrides in %s the config file now holds: %s (kept, nothing to restore)", self.overrides_path, "; ".join(held)
+            )
         if saved:
             self.restore(saved, operator=operator)
             log.warning("restored runtime overrides from %s: %s", self.overrides_path, "; ".join(saved.lines()))

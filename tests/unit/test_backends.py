@@ -183,5 +183,7 @@ def test_config_check_backends_says_1_slot_not_1_slots(monkeypatch):
 
     real = httpx.Client
     monkeypatch.setattr(httpx, "Client", lambda **kw: real(transport=httpx.MockTransport(handle), **kw))
-    line, _, _ = check_backend(BackendConfig(url="http://llama:8080"), BudgetConfig(), DEFAULT_CLASSES, environ={}, args_finder=lambda url: None)
+    line, _, _ = check_backend(
+        BackendConfig(url="http://llama:8080"), BudgetConfig(), DEFAULT_CLASSES, environ={}, args_finder=lambda url: None
+    )
     assert line.startswith("1 slot of 2048 tokens, kv unified"), line

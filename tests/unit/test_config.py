@@ -851,7 +851,10 @@ def test_router_backends_may_share_a_router_with_disjoint_models_only() -> None:
     config = parse_config(two_backends(url, url, 'models = ["a"]\n', 'models = ["b", "c"]\n'))
     assert [b.models for b in config.backends] == [("a",), ("b", "c")]
     e = error_of(two_backends(url, url, 'models = ["a"]\n', 'models = ["b", "a"]\n'))
-    assert (e.key, e.problem) == ("backends[1].models[1]", 'model "a" is already routed to backends[0] (default); a model name may be routed to one backend only')
+    assert (e.key, e.problem) == (
+        "backends[1].models[1]",
+        'model "a" is already routed to backends[0] (default); a model name may be routed to one backend only',
+    )
     e = error_of(two_backends(url, url, 'models = ["a"]\n'))  # one without models: the whole server
     assert e.key == "backends[1].url" and "would count its capacity twice" in e.problem
 
