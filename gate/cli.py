@@ -183,7 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--backends",
         action="store_true",
         help="also ask each running backend what it reports (slots, per-slot context, KV layout) and\n"
-        "say where the config contradicts it; exit 1 when it does or a backend is unreachable",
+        "say where the config contradicts it; exit 1 when it does or a backend is unreachable, 2 when two\n"
+        "backends reach one llama-server (their hosts resolve to one address, or its process is one pid)\n"
+        "or a backend is the gate's own listen address",
     )
     check.set_defaults(func=_cmd_config_check)
     example = config_commands.add_parser(
@@ -620,19 +622,31 @@ def _cmd_config_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
     if getattr(args, "backends", False):
         import os
 
+        from gate.backend import layout
         from gate.backend.pool import check_backend
+        from gate.backend.sameserver import check_places, same_process, same_process_problem
 
+        check_places(config, source)  # localhost and 127.0.0.1 on one port: exit 2 before asking either
         rc = EXIT_OK
+        routers = []
         for b in config.backends:
             line, warnings, notes = check_backend(b, config.budget, config.classes, environ=os.environ)
             out.write(f"backend  {b.name}  {b.url}: {line}\n")
+            if line.startswith("router mode"):
+                routers.append(b.name)
             if warnings or "unreachable" in line or line.startswith("not ready"):
                 rc = EXIT_RUNTIME
             for w in warnings:
                 out.write(f"warning: backend {b.name}: {w}\n")
             for n in notes:
                 out.write(f"note: backend {b.name}: {n}\n")  # handled by the gate itself: the exit status stays
-        return rc
+        # what resolving cannot tell (one llama-server on 0.0.0.0 reached as 127.0.0.1 and as
+        # ::1), its process can: a trial's two backends both printed "llama-server pid 28278"
+        pairs = same_process(config.backends, {b.name: layout.local_server_args(b.url) for b in config.backends}, routers)
+        for first, second, server in pairs:
+            i = config.backends.index(second)
+            err.write(f"{ConfigError(source, f'backends[{i}].url', same_process_problem(first, second, server))}\n")
+        return EXIT_USAGE if pairs else rc
     return EXIT_OK
 
 
@@ -926,6 +940,11 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     held_hangup = _hold_hangups()
     config = load_config(args.config)
     _check_directories(config, args.config or "the default config")
+    if not args.demo:  # the demo's backend is its simulator, on a port of its own
+        from gate.backend.sameserver import check_places
+
+        # two names of one llama-server (localhost, 127.0.0.1), or of the gate itself: exit 2
+        check_places(config, args.config or "the default config")
     logging.basicConfig(level=args.log_level.upper(), stream=err, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # One line per upstream call drowns what matters; the gate logs its own decisions.
     logging.getLogger("httpx").setLevel(logging.WARNING)
