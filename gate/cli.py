@@ -95,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--demo",
         action="store_true",
         help="run against the built-in llama-server simulator with synthetic interactive and "
-        "batch traffic; the screen is labelled SIMULATED",
+        "batch traffic; the screen is labelled SIMULATED. Its gate listens on [gate] listen when --config sets it, "
+        "else on a free port",
     )
     console.add_argument(
         "--read-only",
@@ -145,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--demo",
         action="store_true",
-        help="in front of the built-in llama-server simulator with synthetic traffic (SIMULATED; what `tokengate console --demo` runs)",
+        help="in front of the built-in llama-server simulator with synthetic traffic (SIMULATED; what `tokengate console "
+        "--demo` runs); it listens on [gate] listen when --config sets it, else on a free port (the log says which)",
     )
     serve.add_argument("--seed", type=int, default=7, help=argparse.SUPPRESS)
     serve.add_argument(

@@ -376,6 +376,46 @@ def test_a_hang_up_while_serve_starts_does_not_kill_the_gate(tmp_path: Path) -> 
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
 
 
+@pytest.mark.parametrize("listen", [True, False])
+def test_serve_demo_listens_where_the_config_says_else_on_a_free_port(tmp_path: Path, listen: bool) -> None:
+    """A first-day trial's `serve --demo --config demo.toml` bound a random port although the file
+    set [gate] listen: what the user wrote is where clients are pointed. Without it, a free port
+    (never a fight with a real gate on 8081), and the log says which."""
+    import signal
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = tmp_path / "demo.toml"
+    p.write_text((f'[gate]\nlisten = "127.0.0.1:{port}"\n' if listen else "[gate]\n") + 'journal = "demo.db"\n')
+    log = tmp_path / "serve.log"
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gate", "serve", "--demo", "--config", str(p), "--grace", "0"],
+            cwd=tmp_path,
+            stderr=stderr,
+            stdout=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+    try:
+        deadline = time.monotonic() + 60  # the demo's line comes right after "tokengate listening on"
+        while "demo: listening on" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:
+            if "tokengate listening on" in log.read_text():
+                deadline = min(deadline, time.monotonic() + 3)
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    said = log.read_text()
+    line = next((x for x in said.splitlines() if "demo: listening on" in x), said)
+    if listen:
+        assert f"demo: listening on http://127.0.0.1:{port}, the [gate] listen of {p}" in line, said
+    else:
+        assert "a free port (set [gate] listen in --config to choose one)" in line and f":{port}," not in line, said
+
+
 def test_config_check_warns_of_a_journal_directory_serve_would_refuse(tmp_path, capsys):
     # a trial's check said "ok", then serve exited 2 on the missing directory; a warning (exit 0):
     # a file may be checked on another host than the one it serves on
