@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, TextIO
 
@@ -94,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--demo",
         action="store_true",
         help="run against the built-in llama-server simulator with synthetic interactive and "
-        "batch traffic; the screen is labelled SIMULATED",
+        "batch traffic; the screen is labelled SIMULATED. Its gate listens on [gate] listen when --config sets it, "
+        "else on a free port",
     )
     console.add_argument(
         "--read-only",
@@ -144,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--demo",
         action="store_true",
-        help="in front of the built-in llama-server simulator with synthetic traffic (SIMULATED; what `tokengate console --demo` runs)",
+        help="in front of the built-in llama-server simulator with synthetic traffic (SIMULATED; what `tokengate console "
+        "--demo` runs); it listens on [gate] listen when --config sets it, else on a free port (the log says which)",
     )
     serve.add_argument("--seed", type=int, default=7, help=argparse.SUPPRESS)
     serve.add_argument(
@@ -184,7 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="also ask each running backend what it reports (slots, per-slot context, KV layout) and\n"
         "say where the config contradicts it, and with [shared] whether its Redis answers and takes\n"
         "the gate's credentials; exit 1 when it does, a backend or Redis is unreachable, or Redis\n"
-        "refuses the credentials",
+        "refuses the credentials; 2 when two backends reach one llama-server (their hosts resolve to one\n"
+        "address, or its process is one pid) or a backend is the gate's own listen address",
     )
     check.set_defaults(func=_cmd_config_check)
     example = config_commands.add_parser(
@@ -222,19 +226,33 @@ def build_parser() -> argparse.ArgumentParser:
             "Retunes, hand budgets, paused classes and the controller's freeze made at runtime are\n"
             "kept beside the journal (<journal>.overrides.json) and restored when the gate starts\n"
             "(a hand budget while the controller is frozen or static: an adaptive one moves it).\n"
-            "  show   list them (default): the running gate's, and whether a restart would keep them\n"
-            "  drop   back to the config file (on the running gate, audited); with no gate running\n"
-            "         the kept file goes, audited in the journal (refused while a gate holds it)\n"
-            "  write  write the retuned settings into --config (validated), so the file holds them;\n"
-            "         paused classes, the freeze and hand budgets are runtime state and stay overrides"
+            "Without an ACTION: show."
         ),
         epilog=_EXIT_CODES,
         formatter_class=_Formatter,
     )
-    overrides.add_argument("action", nargs="?", choices=("show", "drop", "write"), default="show")
-    overrides.add_argument("--config", metavar="FILE", help="the gate's TOML config (its journal and control socket)")
-    overrides.add_argument("--journal", metavar="FILE", help="the journal (default: the config's gate.journal)")
-    overrides.set_defaults(func=_cmd_overrides)
+    # Each action a sub-command, so that --help gives each its own line (a trial's
+    # `{show,drop,write}` had none); --config and --journal go before or after it.
+    _add_overrides_options(overrides, default=None)
+    actions = overrides.add_subparsers(dest="action", metavar="[ACTION]", title="actions")
+    for name, text in (
+        ("show", "list them (the default): the running gate's, and whether a restart would keep them"),
+        (
+            "drop",
+            "back to the config file (on the running gate, audited); with no gate running the kept file goes, "
+            "audited in the journal (refused while a gate holds it)",
+        ),
+        (
+            "write",
+            "write the retuned settings into --config (validated), so the file holds them; paused classes, "
+            "the freeze and hand budgets are runtime state and stay overrides",
+        ),
+    ):
+        action = actions.add_parser(
+            name, help=text, description=textwrap.fill(text[0].upper() + text[1:] + ".", 88), epilog=_EXIT_CODES, formatter_class=_Formatter
+        )
+        _add_overrides_options(action, default=argparse.SUPPRESS)  # SUPPRESS: one given before ACTION stays
+    overrides.set_defaults(func=_cmd_overrides, action="show")
 
     # log
     log_cmd = commands.add_parser(
@@ -337,6 +355,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_replay_parser(commands, _Formatter, _EXIT_CODES)
     return parser
+
+
+def _add_overrides_options(parser: argparse.ArgumentParser, *, default: Any) -> None:
+    parser.add_argument("--config", metavar="FILE", default=default, help="the gate's TOML config (its journal and control socket)")
+    parser.add_argument("--journal", metavar="FILE", default=default, help="the journal (default: the config's gate.journal)")
 
 
 def _since_arg(text: str) -> float:
@@ -658,7 +681,7 @@ def _cmd_config_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
         )
     )
     out.write(f"ok: {source} ({counts})\n")
-    for w in fixed_budget_warnings(config) + objective_warnings(config):
+    for w in fixed_budget_warnings(config) + objective_warnings(config) + limit_warnings(config):
         out.write(f"warning: {w}\n")  # what `serve` would warn at start (a warning: the exit status stays 0)
     try:
         _check_directories(config, source)
@@ -672,12 +695,18 @@ def _cmd_config_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
     if getattr(args, "backends", False):
         import os
 
+        from gate.backend import layout
         from gate.backend.pool import check_backend
+        from gate.backend.sameserver import check_places, same_process, same_process_problem
 
+        check_places(config, source)  # localhost and 127.0.0.1 on one port: exit 2 before asking either
         rc = EXIT_OK
+        routers = []
         for b in config.backends:
             line, warnings, notes = check_backend(b, config.budget, config.classes, environ=os.environ)
             out.write(f"backend  {b.name}  {b.url}: {line}\n")
+            if line.startswith("router mode"):
+                routers.append(b.name)
             if warnings or "unreachable" in line or line.startswith("not ready"):
                 rc = EXIT_RUNTIME
             for w in warnings:
@@ -693,7 +722,13 @@ def _cmd_config_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
             out.write(f"shared   {shown_redis_url(config.shared.redis_url)}: {line}\n")
             if not ok:
                 rc = EXIT_RUNTIME
-        return rc
+        # what resolving cannot tell (one llama-server on 0.0.0.0 reached as 127.0.0.1 and as
+        # ::1), its process can: a trial's two backends both printed "llama-server pid 28278"
+        pairs = same_process(config.backends, {b.name: layout.local_server_args(b.url) for b in config.backends}, routers)
+        for first, second, server in pairs:
+            i = config.backends.index(second)
+            err.write(f"{ConfigError(source, f'backends[{i}].url', same_process_problem(first, second, server))}\n")
+        return EXIT_USAGE if pairs else rc
     return EXIT_OK
 
 
@@ -735,6 +770,21 @@ def objective_warnings(config: Config) -> list[str]:
                 "miss it (milliseconds, not seconds?)"
             )
     return out
+
+
+def limit_warnings(config: Config) -> list[str]:
+    """A class whose limit_tokens is not above its default_max_tokens: a request of it without
+    max_tokens holds its prompt and default_max_tokens, more than the class may ever hold, and
+    is refused (400). A warning, not an error: requests that send a small max_tokens still run
+    (the overload tests' interactive class, limit 400 beside the default 512, is such a class)."""
+    return [
+        f"classes.{c.name}.limit_tokens = {c.limit_tokens} is not above its default_max_tokens {c.default_max_tokens}: "
+        f"a request of class {c.name!r} without max_tokens holds its prompt and {c.default_max_tokens} tokens, more than the "
+        "class may ever hold, so it is refused (400 context_length_exceeded); only requests that send a smaller "
+        "max_tokens run. Raise limit_tokens or lower default_max_tokens"
+        for c in config.classes
+        if c.limit_tokens is not None and c.limit_tokens <= c.default_max_tokens
+    ]
 
 
 def _fmt_tokens(n: int | None, none: str) -> str:
@@ -972,10 +1022,15 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     held_hangup = _hold_hangups()
     config = load_config(args.config)
     _check_directories(config, args.config or "the default config")
+    if not args.demo:  # the demo's backend is its simulator, on a port of its own
+        from gate.backend.sameserver import check_places
+
+        # two names of one llama-server (localhost, 127.0.0.1), or of the gate itself: exit 2
+        check_places(config, args.config or "the default config")
     logging.basicConfig(level=args.log_level.upper(), stream=err, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # One line per upstream call drowns what matters; the gate logs its own decisions.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    for w in objective_warnings(config):
+    for w in objective_warnings(config) + limit_warnings(config):
         logging.getLogger("tokengate.config").warning("%s", w)
     from gate.fleet.sharedlimits.causes import SharedStartError
     from gate.http.server import ListenError
@@ -1136,6 +1191,15 @@ async def _simulate_until_signalled(config, host: str, port: int, out: TextIO, e
 # crunch: calibrate a llama-server before choosing a token budget (gate/tools/crunch/)
 
 
+_CRUNCH_EXIT_CODES = """\
+exit codes:
+  0  ok: a token budget is recommended
+  1  runtime failure (llama-server out of reach), or no cell met the objective, so no
+     budget is recommended (the table is printed all the same)
+  2  usage error: the arguments, or the arguments do not fit the server
+"""
+
+
 def _add_crunch_parser(commands: argparse._SubParsersAction) -> None:
     crunch = commands.add_parser(
         "crunch",
@@ -1157,7 +1221,7 @@ def _add_crunch_parser(commands: argparse._SubParsersAction) -> None:
             "traffic skews the numbers, and this load slows it down.\n"
             "Example: tokengate crunch http://127.0.0.1:8080 --slo-ttft-ms 1500 --slo-tpot-ms 80"
         ),
-        epilog=_EXIT_CODES,
+        epilog=_CRUNCH_EXIT_CODES,
         formatter_class=_Formatter,
     )
     crunch.add_argument(
@@ -1295,6 +1359,11 @@ def _cmd_crunch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             with open(args.config, encoding="utf-8") as f:
                 text = f.read()
         out.write(format_report(report, config_text=text, config_file=args.config))
+    if report.recommendation is None:
+        # a script's `crunch ... && deploy` went on, exit 0, after "No cell met the objective,
+        # so no budget is recommended" (a first-day trial at --slo-ttft-ms 10)
+        err.write("tokengate crunch: no cell met the objective: no budget recommended\n")
+        return EXIT_RUNTIME
     return EXIT_OK
 
 

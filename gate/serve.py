@@ -42,9 +42,12 @@ async def serve_until_signalled(
     """
     simulator = traffic = None
     extras = {}
+    listen_given = False
     if demo:
-        from gate.tools.demo import DEMO_SIMULATOR, demo_config, demo_parts
+        from gate.tools.demo import DEMO_SIMULATOR, demo_config, demo_parts, listen_set_in
         from gate.tools.simulator import serve_simulator
+
+        listen_given = listen_set_in(config_path)  # a [gate] listen the file sets is honoured
 
         sim = DEMO_SIMULATOR(seed)
         simulator = await serve_simulator(sim, port=0)
@@ -74,7 +77,8 @@ async def serve_until_signalled(
 
         loop.add_signal_handler(CONSOLE_GONE, console_gone)
     try:
-        await gate.start(port=0 if demo else None)  # the demo never fights a real gate for its port
+        # the demo never fights a real gate for its port: a free one, unless the file says where
+        await gate.start(port=0 if demo and not listen_given else None)
     except BaseException:
         if simulator is not None:
             await simulator.stop()
@@ -88,6 +92,11 @@ async def serve_until_signalled(
         gate.log.info("control socket %s (attach: tokengate console --attach %s)", gate.control_server.path, gate.control_server.path)
     if demo:
         from gate.tools.demo import demo_traffic
+
+        if listen_given:
+            gate.log.info("demo: listening on %s, the [gate] listen of %s", gate.url, config_path)
+        else:
+            gate.log.info("demo: listening on %s, a free port (set [gate] listen in --config to choose one)", gate.url)
 
         traffic = demo_traffic(gate.url, seed)
         await traffic.start()

@@ -25,6 +25,7 @@ import httpx
 
 from gate.backend.gatekeeper import Gatekeeper, Ticket
 from gate.backend.layout import Layout, ServerArgs, learn_layout, local_server_args
+from gate.backend.sameserver import same_process_problem
 from gate.backend.upstream import RelayStats, Upstream
 from gate.config import BackendConfig, BudgetConfig
 from gate.core.adaptive import BudgetController, ControllerSettings, Move, controller_for, has_demand
@@ -114,7 +115,9 @@ def capacity_warnings(layout: Layout | None, cap: Capacity | None, budget: Budge
             "than the cache holds, and llama-server then fails requests (context size exceeded); the cache is no longer "
             "kept from overcommitting"
         )
-    where = f"ceiling {cap.ceiling}" + (f" ({layout.kv} KV, {cap.slots} slots of {cap.slot_context})" if layout else "")
+    where = f"ceiling {cap.ceiling}" + (
+        f" ({layout.kv} KV, {cap.slots} slot{'' if cap.slots == 1 else 's'} of {cap.slot_context})" if layout else ""
+    )
     if budget.min_tokens and budget.min_tokens > cap.ceiling:
         out.append(f"budget.min_tokens {budget.min_tokens} is above the {where}: the floor is clamped to {cap.ceiling}")
     classes = tuple(classes)
@@ -192,6 +195,8 @@ class Backend:
     #: health probes in a row that timed out (`BackendPool.probe`: a ready backend goes down on
     #: the PROBE_TIMEOUTS_DOWN-th, not on one)
     probe_timeouts: int = 0
+    #: the pid of the local llama-server on this backend's port (/proc), when one is found
+    server_pid: int | None = None
 
     @property
     def name(self) -> str:
@@ -312,6 +317,7 @@ class BackendPool:
         self.on_budget_move: Callable[[Backend, Move], None] | None = None
         #: finds a local llama-server's command line (a seam for tests)
         self._args_finder: Callable[[str], ServerArgs | None] = local_server_args
+        self._said_same: set[frozenset[str]] = set()  # backend pairs said to share one llama-server
 
     @property
     def backends(self) -> tuple[Backend, ...]:
@@ -410,12 +416,10 @@ class BackendPool:
                 else:
                     if backend.state != "ready" or backend.layout is None:
                         # Learned on each (re)start of the server: it may come back with other flags.
-                        backend.layout = learn_layout(
-                            backend.props,
-                            backend.config.kv,
-                            self._server_args(backend),
-                            await self._n_ctx_train(backend),
-                        )
+                        args = self._server_args(backend)
+                        backend.layout = learn_layout(backend.props, backend.config.kv, args, await self._n_ctx_train(backend))
+                        backend.server_pid = args.pid if args is not None else None
+                        self._say_same_process(backend, args)
                     self.apply_capacity(backend, capacity_from_props(backend.props, backend.config, backend.layout))
                     backend.state, backend.detail = "ready", "ok"
             backend.probe_timeouts = 0
@@ -443,6 +447,21 @@ class BackendPool:
                 self._on_change()
             if self.on_capacity is not None and backend.state == "ready" and backend.capacity is not None and backend.capacity != before[1]:
                 self.on_capacity(backend)
+
+    def _say_same_process(self, backend: Backend, args: ServerArgs | None) -> None:
+        """An ERROR when another backend's llama-server is this one's process: its capacity is
+        counted twice. `serve` refuses two URLs that resolve to one address; this is what
+        resolving cannot tell (llama-server on 0.0.0.0, reached as 127.0.0.1 and as ::1). Said
+        once per pair (a router's backends never get here: their probe takes the router path)."""
+        if args is None:
+            return
+        for other in self.configured:
+            pair = frozenset((backend.name, other.name))
+            if other is backend or other.server_pid != args.pid or pair in self._said_same:
+                continue
+            self._said_same.add(pair)
+            first, second = (other, backend) if self.configured.index(other) < self.configured.index(backend) else (backend, other)
+            log.error("%s", same_process_problem(first.config, second.config, args))
 
     def _server_args(self, backend: Backend) -> ServerArgs | None:
         return self._args_finder(backend.url)
@@ -714,7 +733,8 @@ def check_backend(
         cap = capacity_from_props(props, config, layout)
     except ValueError as exc:
         return str(exc), (), ()
-    line = f"{cap.slots} slots of {cap.slot_context} tokens, kv {layout.kv} ({layout.source}: {layout.detail}), ceiling {cap.ceiling}"
+    slots = f"{cap.slots} slot{'' if cap.slots == 1 else 's'}"  # "1 slots of 2048 tokens": a trial's -np 1
+    line = f"{slots} of {cap.slot_context} tokens, kv {layout.kv} ({layout.source}: {layout.detail}), ceiling {cap.ceiling}"
     classes = tuple(classes)
     if budget.mode == "adaptive":
         # the floor in force (auto: a quarter of the ceiling, at least the reservations), which

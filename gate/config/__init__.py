@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import hashlib
 
-from gate.config.checks import validate_config
+from gate.config.checks import _url_for_messages as url_for_messages
+from gate.config.checks import backend_endpoint, validate_config
 from gate.config.example import EXAMPLE_CONFIG
 from gate.config.reader import config_from_dict, load_config, parse_config
 from gate.config.schema import (
@@ -59,6 +60,7 @@ from gate.config.schema import (
 )
 
 __all__ = [
+    "backend_endpoint",
     "config_digest",
     "BackendConfig",
     "BudgetConfig",
@@ -77,6 +79,7 @@ __all__ = [
     "config_from_dict",
     "load_config",
     "parse_config",
+    "url_for_messages",
     "validate_config",
     # The name rules and the fallback class name: public names of the module before the split.
     "CLASS_NAME_RE",

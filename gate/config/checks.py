@@ -7,6 +7,7 @@ It works on any :class:`Config`, not only one just read from TOML, so code that 
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 import urllib.parse
 from collections.abc import Callable
@@ -28,6 +29,10 @@ from gate.core.adaptive import MAX_SAMPLES
 
 #: sun_path holds 108 bytes on Linux, the last one a NUL
 MAX_SOCKET_PATH = 107
+#: the most waiters one class may queue: each holds its client's connection open (a file
+#: descriptor), and a Linux process may have at most fs.nr_open of them (1,048,576, the kernel's
+#: default, read on this host's /proc/sys/fs/nr_open); deeper is a typo (a trial's 1e20 passed)
+MAX_QUEUE_DEPTH = 1_048_576
 DAY_S = 86_400  # a time threshold longer than a day is a typo (1e308 passed, and overflowed)
 
 
@@ -138,6 +143,94 @@ def _check_url(c: _Check, key: str, url: str) -> None:
         raise bad("must not have a query or fragment")
     if port == 0 or (parts.netloc.endswith(":") and port is None):
         raise bad("the port must be a number from 1 to 65535")
+
+
+def backend_endpoint(url: str) -> tuple[str, int] | None:
+    """Where a backend URL connects, as written: (host, port), the host lower-case without a
+    trailing dot (an IPv6 address in its short form, without brackets), the port the scheme's
+    default when the URL names none. None when it does not parse (`_check_url` says why).
+    Written forms only: `localhost` and `127.0.0.1` stay two (resolving them is
+    gate/backend/sameserver.py's, at `serve` and `config check --backends`)."""
+    try:
+        parts = urllib.parse.urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    host = _norm_host(parts.hostname or "")
+    if not host:
+        return None
+    return host, port or (443 if parts.scheme.lower() == "https" else 80)
+
+
+def _norm_host(host: str) -> str:
+    """A host as written, compared: lower-case, no brackets nor trailing dot, an IPv6 address in
+    its short form ([0:0::1] is [::1])."""
+    host = host.strip("[]").rstrip(".").lower()
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return host
+
+
+def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+def _reaches(listen_host: str, host: str) -> bool:
+    """Does a connection to `host` reach a socket bound to `listen_host` (same port), as far as
+    the written forms tell? The same host; an unspecified listen address (0.0.0.0, ::) is
+    reached at its family's loopback and at `localhost`; `localhost` is both loopbacks."""
+    lh = _norm_host(listen_host)
+    if lh == host:
+        return True
+    bound, target = _address(lh), _address(host)
+    if lh == "localhost":
+        return target is not None and target.is_loopback
+    if bound is None:
+        return False
+    if host == "localhost":
+        return bound.is_loopback or bound.is_unspecified
+    return bound.is_unspecified and target is not None and target.version == bound.version and (target.is_loopback or target.is_unspecified)
+
+
+def _check_backend_places(s: str, config: Config) -> None:
+    """No backend is the gate itself, and no two reach one llama-server (as written: the same
+    host and port after normalising): its capacity would be counted twice. Two router-mode
+    backends (each with a `models` list) may share a router: each model runs in a child process
+    of its own, so each is capacity of its own; their lists may not overlap (a model name routes
+    to one backend: checked with the models)."""
+    seen: dict[tuple[str, int], int] = {}
+    for i, be in enumerate(config.backends):
+        place = backend_endpoint(be.url)
+        if place is None:
+            continue
+        c = _Check(s, f"backends[{i}]")
+        shown = _show(_url_for_messages(be.url))
+        for listen_host, listen_port in config.gate.listen_addresses:
+            if listen_port == place[1] and _reaches(listen_host, place[0]):
+                listen = f"[{listen_host}]:{listen_port}" if ":" in listen_host else f"{listen_host}:{listen_port}"
+                # a trial's gate talked to itself forever: "loading ... capacity not known yet"
+                raise c.fail(
+                    "url",
+                    f"{shown} is the gate's own address ([gate] listen {_show(listen)}): the gate would forward each "
+                    "request to itself, round and round, and never learn llama-server's capacity; point it at llama-server",
+                )
+        k = seen.get(place)
+        if k is not None:
+            other = config.backends[k]
+            if not (be.models and other.models):
+                raise c.fail(
+                    "url",
+                    f"{shown} is the llama-server of backends[{k}] ({other.name}, {_show(_url_for_messages(other.url))}) "
+                    f"too: backends {_show(other.name)} and {_show(be.name)} would count its capacity twice, so the gate "
+                    "would admit up to twice what its KV cache holds; give each backend a llama-server of its own (only "
+                    "router-mode backends may share one: each with a `models` list, no model in both)",
+                )
+        else:
+            seen[place] = i
 
 
 def _check_redis_url(c: _Check, key: str, url: str) -> None:
@@ -307,6 +400,8 @@ def validate_config(config: Config, source: str = "<config>") -> None:
         _check_model_list(c, "pin", be.pin, be.models, "this backend's models")
         c.check("cold_start_s", be.cold_start_s, lambda v: v >= 0, "zero or more seconds")
 
+    _check_backend_places(s, config)
+
     # [classes.NAME]
     if not config.classes:
         raise ConfigError(s, "classes", "at least one class is required")
@@ -328,6 +423,13 @@ def validate_config(config: Config, source: str = "<config>") -> None:
                 f"must be at least reserved_tokens ({cl.reserved_tokens}), got {cl.limit_tokens}",
             )
         c.pos_int("queue_depth", cl.queue_depth)
+        c.check(
+            "queue_depth",
+            cl.queue_depth,
+            lambda v: v <= MAX_QUEUE_DEPTH,
+            f"at most {MAX_QUEUE_DEPTH:,} (each waiter holds its client's connection, an open file, and a Linux "
+            f"process may have at most {MAX_QUEUE_DEPTH:,}: fs.nr_open)",
+        )
         c.duration("queue_timeout_s", cl.queue_timeout_s, "s")
         c.duration("ttft_objective_ms", cl.ttft_objective_ms, "ms")
         c.pos_int("default_max_tokens", cl.default_max_tokens)

@@ -76,7 +76,9 @@ control_socket_group = ""
 [[backends]]
 # Unique name, shown in the console, metrics and journal. Default "default".
 name = "default"
-# Base URL, http(s)://host[:port], no path. Default "http://127.0.0.1:8080".
+# Base URL, http(s)://host[:port], no path. Default "http://127.0.0.1:8080". Each backend its
+# own llama-server (two on one would count its capacity twice), never the gate's own listen
+# address; only router-mode backends (a models list each, no model in both) may share one.
 url = "http://127.0.0.1:8080"
 # Model names (the request's "model" field) routed to this backend. A model may be routed to
 # one backend only. Default [] (no explicit routing).
@@ -179,11 +181,12 @@ priority = 10
 # room on any pool (a warning at start and in /health says what is in force).
 # Default 0.
 reserved_tokens = 1024
-# Most tokens this class may hold in flight, borrowing included; >= reserved_tokens.
+# Most tokens this class may hold in flight, borrowing included; >= reserved_tokens, and above
+# default_max_tokens (else a request without max_tokens never fits: a warning).
 # Default: unset (may borrow up to the whole budget).
 # limit_tokens = 8192
 # Most requests waiting in this class's queue; more are refused with 429 queue_full.
-# Default 64.
+# At most 1,048,576 (each waiter holds an open connection). Default 64.
 queue_depth = 64
 # Longest wait in the queue, in seconds; then 429 queue_timeout. A backstop: the TTFT objective
 # below refuses a request that cannot make it long before. Default 10.

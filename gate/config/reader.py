@@ -56,6 +56,8 @@ def load_config(path: str | os.PathLike[str] | None) -> Config:
     return parse_config(text, source)
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
 _TOML_POS_RE = re.compile(r"\s*\(at (line \d+, column \d+|end of document)\)\s*$")
 
 
@@ -135,6 +137,10 @@ class _Reader:
         v = self.table.get(k, default)
         if isinstance(v, bool) or not isinstance(v, int):
             raise self.error(k, f"must be an integer, got {_got(v)}")
+        if not INT64_MIN <= v <= INT64_MAX:
+            # TOML's integers are 64-bit and a parser must refuse others, but tomllib reads any:
+            # a trial's queue_depth = 99999999999999999999 passed `config check`
+            raise self.error(k, f"must be a 64-bit integer, as TOML's are ({INT64_MIN} to {INT64_MAX}), got {v}")
         return v
 
     def opt_int(self, k: str) -> int | None:

@@ -135,7 +135,8 @@ class Recorder:
         `ceiling` is the configured token_budget when there is one, `pool` what the server holds)."""
         pool = capacity.ceiling if getattr(capacity, "pool", None) is None else capacity.pool
         value = {"slots": capacity.slots, "kv": kv, "slot_context": capacity.slot_context, "ceiling": capacity.ceiling, "pool": pool}
-        note = f"{capacity.slots} slots of {capacity.slot_context} tokens, {kv or 'unknown'} KV ({how}), ceiling {capacity.ceiling}" + (
+        slots = f"{capacity.slots} slot{'' if capacity.slots == 1 else 's'}"
+        note = f"{slots} of {capacity.slot_context} tokens, {kv or 'unknown'} KV ({how}), ceiling {capacity.ceiling}" + (
             "" if pool == capacity.ceiling else f", pool {pool}"
         )
         self._journal_only(CAPACITY_LEARNED, f"backend:{backend}", None, json.dumps(value, sort_keys=True), note, operator)

@@ -437,9 +437,19 @@ class Control:
         saved, why = overrides_file.load_or_why(self.overrides_path)
         if why is not None:  # the operator's pauses, freeze and retunes are not back: say so where they look
             self._audit(operator, "gate", "restore_refused", "overrides", None, None, why)
+        saved, held = _not_in(saved, self.config)
+        if held:
+            # `tokengate overrides write` put them in the file, and the gate was killed before a
+            # reload rewrote the overrides file: a trial's restart warned "restored
+            # classes.interactive.queue_depth: 9 -> 9" of a value the file holds
+            log.info(
+                "runtime overrides in %s the config file now holds: %s (kept, nothing to restore)", self.overrides_path, "; ".join(held)
+            )
         if saved:
             self.restore(saved, operator=operator)
             log.warning("restored runtime overrides from %s: %s", self.overrides_path, "; ".join(saved.lines()))
+        elif held:
+            self._keep()  # the overrides file says what is in force: nothing beyond the file
 
     def restore(self, saved: Overrides, *, operator: Operator, source: AuditSource = "gate") -> list[ActionResult]:
         """Re-apply the overrides a previous run kept, each with an audit row `restored`; what
@@ -776,7 +786,7 @@ def _ceiling_advice(b: Backend, ceiling: int) -> str:
     if cap is not None and cap.ceiling == ceiling:
         kv = f"{b.layout.kv} KV, " if b.layout is not None else ""
         return (
-            f"the ceiling is llama-server's KV pool as the gate learned it ({kv}{cap.slots} slots of {cap.slot_context} tokens): "
+            f"the ceiling is llama-server's KV pool as the gate learned it ({kv}{cap.slots} slot{'' if cap.slots == 1 else 's'} of {cap.slot_context} tokens): "
             "a budget above it would admit more than the cache holds; a llama-server restarted with a larger context (-c) "
             "raises it (the gate learns it on its next probe)"
         )
@@ -796,14 +806,47 @@ def _floor_advice(tokens: int, floor: int, min_tokens: int, reserved: int) -> st
     )
 
 
+#: GateConfig's fields that the one TOML key `[gate] listen` sets
+_LISTEN_FIELDS = ("listen_host", "listen_port", "listen_also")
+
+
+def _not_in(saved: Overrides, config: Config) -> tuple[Overrides, tuple[str, ...]]:
+    """`saved` without the [budget] and class settings `config` already holds, and the lines of
+    those (`key=value`): restoring one changes nothing."""
+    differs: dict[str, Any] = {}
+    held = Overrides()
+    for k, v in saved.settings.items():
+        (differs if getattr(config.budget, k, object()) != v else held.settings)[k] = v
+    in_file = {c.name: c for c in config.classes}
+    classes: dict[str, dict[str, Any]] = {}
+    for cls, changes in saved.classes.items():
+        base = in_file.get(cls)
+        for k, v in changes.items():
+            same = base is not None and getattr(base, k, object()) == v
+            (held.classes if same else classes).setdefault(cls, {})[k] = v
+    return dataclasses.replace(saved, settings=differs, classes=classes), held.lines()
+
+
+def _listen_text(gate: Any) -> str:
+    """`[gate] listen` as the file writes it: "host:port", or the list of them."""
+    if not gate.listen_also:
+        return str(gate.listen)
+    return "[" + ", ".join([gate.listen, *gate.listen_also]) + "]"
+
+
 def _changed_keys(prefix: str, old: Any, new: Any, *, values: bool = True) -> list[str]:
-    """`prefix.key (old -> new)` for each field that differs; `prefix.key` alone without
-    ``values`` (a tenant's key digest stays out of the audit)."""
-    return [
-        f"{prefix}.{f.name} ({_fmt(getattr(old, f.name))} -> {_fmt(getattr(new, f.name))})" if values else f"{prefix}.{f.name}"
-        for f in dataclasses.fields(old)
-        if getattr(old, f.name) != getattr(new, f.name)
-    ]
+    """`prefix.key (old -> new)` for each key that differs, named as the file names it (a
+    trial's reload refusal named `gate.listen_port`, a key no file has: `gate.listen`);
+    `prefix.key` alone without ``values`` (a tenant's key digest stays out of the audit)."""
+    out = []
+    if prefix == "gate" and any(getattr(old, f) != getattr(new, f) for f in _LISTEN_FIELDS):
+        out.append(f"gate.listen ({_listen_text(old)} -> {_listen_text(new)})" if values else "gate.listen")
+    for f in dataclasses.fields(old):
+        if (prefix == "gate" and f.name in _LISTEN_FIELDS) or getattr(old, f.name) == getattr(new, f.name):
+            continue
+        key = f"{prefix}.{'class' if f.name == 'class_name' else f.name}"  # a tenant's TOML key `class`
+        out.append(f"{key} ({_fmt(getattr(old, f.name))} -> {_fmt(getattr(new, f.name))})" if values else key)
+    return out
 
 
 def _replaced(obj: Any, changes: Mapping[str, Any]) -> Any:

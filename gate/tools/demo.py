@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tomllib
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +52,21 @@ def demo_config(base: Config | None, simulator_url: str) -> Config:
     config = base if base is not None else parse_config(DEMO_CONFIG, "<demo>")
     backend = BackendConfig(name="simulated", url=simulator_url, kv="unified")
     return dataclasses.replace(config, backends=(backend,))
+
+
+def listen_set_in(config_path: str | None) -> bool:
+    """Does the file at `config_path` set `[gate] listen`? The demo then listens there, as the
+    user wrote it; otherwise on a free port, so as never to fight a real gate for the default
+    8081 (a trial's `serve --demo --config demo.toml` with listen set bound a random port)."""
+    if config_path is None:
+        return False
+    try:
+        with open(config_path, "rb") as f:
+            data = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return False  # load_config has read it already: not reached
+    gate = data.get("gate")
+    return isinstance(gate, dict) and "listen" in gate
 
 
 def DEMO_SIMULATOR(seed: int = 7) -> SimulatorConfig:

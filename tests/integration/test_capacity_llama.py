@@ -200,3 +200,26 @@ async def test_a_unified_pool_with_slots_capped_below_it_is_admitted_to_the_pool
                 task.cancel()
             await asyncio.gather(*sent, return_exceptions=True)
         await wait_until(lambda: len(adm.ledger) == 0 and adm.waiting() == 0, timeout_s=30)
+
+
+def test_config_check_backends_refuses_two_backends_on_one_llama_server(llama_split, tmp_path: Path, capsys):
+    """A first-day trial: `default` and `b2` on one llama-server (127.0.0.1 and localhost) passed
+    `config check --backends` with exit 0, both lines "llama-server pid N ... ceiling 2048": its
+    capacity counted twice. Resolving tells localhost; its process (the pid in /proc) tells [::1]."""
+    from gate.cli import main
+
+    port = llama_split.url.rsplit(":", 1)[1]
+    f = tmp_path / "tokengate.toml"
+    table = '[[backends]]\nname = "{}"\nurl = "http://{}:{}"\n'
+    f.write_text(CLASSES + table.format("default", "127.0.0.1", port) + table.format("b2", "localhost", port))
+    assert main(["config", "check", "--backends", str(f)]) == 2
+    out, err = capsys.readouterr()
+    assert f"resolve to the same address, 127.0.0.1 port {port}" in err and out.startswith("ok: ") and "backend  " not in out
+    f.write_text(CLASSES + table.format("default", "127.0.0.1", port) + table.format("b2", "[::1]", port))
+    assert main(["config", "check", "--backends", str(f)]) == 2
+    out, err = capsys.readouterr()
+    assert "backend  default" in out and "backend  b2" in out
+    assert (
+        f'{f}: backends[1].url: backends "default" (http://127.0.0.1:{port}) and "b2" (http://[::1]:{port}) reach the same llama-server, llama-server pid '
+        in err
+    )

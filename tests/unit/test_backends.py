@@ -169,3 +169,21 @@ def test_the_floor_and_the_reservations_follow_a_backend_whose_pool_changes():
     # clamped to 1,024, then back to the operator's 3,000, not reseated at the ceiling (7: a
     # trial's frozen 1,200 stayed at a smaller pool's 1,024 for good)
     assert b.controller.budget == 3000
+
+
+def test_config_check_backends_says_1_slot_not_1_slots(monkeypatch):
+    # A first-day trial's `-np 1` server: `config check --backends` printed "1 slots of 2048 tokens".
+    from gate.backend.pool import check_backend
+    from gate.config import DEFAULT_CLASSES, BudgetConfig
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200, json={"status": "ok"})
+        return httpx.Response(200, json={"total_slots": 1, "default_generation_settings": {"n_ctx": 2048}})
+
+    real = httpx.Client
+    monkeypatch.setattr(httpx, "Client", lambda **kw: real(transport=httpx.MockTransport(handle), **kw))
+    line, _, _ = check_backend(
+        BackendConfig(url="http://llama:8080"), BudgetConfig(), DEFAULT_CLASSES, environ={}, args_finder=lambda url: None
+    )
+    assert line.startswith("1 slot of 2048 tokens, kv unified"), line

@@ -124,6 +124,18 @@ def test_help_texts(capsys: pytest.CaptureFixture[str], argv: list[str], expect:
         assert fragment in out
 
 
+def test_overrides_help_gives_each_action_a_line_of_its_own(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # a first-day trial: the positional `{show,drop,write}` had no help line
+    monkeypatch.setenv("COLUMNS", "100")
+    code, out, _ = run(capsys, "overrides", "--help")
+    assert code == 0
+    lines = out.splitlines()
+    for action, words in (("show", "list them"), ("drop", "back to the config file"), ("write", "write the retuned settings")):
+        assert any(line.split()[:1] == [action] and words in line for line in lines), (action, out)
+    code, out, _ = run(capsys, "overrides", "write", "--help")
+    assert code == 0 and "--config FILE" in out and "Write the retuned settings into --config" in out
+
+
 def test_verbose_check_summarises_the_defaults(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     empty = tmp_path / "empty.toml"
     empty.write_text("")
@@ -281,6 +293,23 @@ def test_check_warns_of_a_ttft_objective_no_first_token_meets(capsys: pytest.Cap
     assert code == 0 and out.count("warning: ") == 1 and "warning: classes.interactive.ttft_objective_ms = 1 ms" in out, out
 
 
+def test_check_warns_of_a_class_limit_no_default_request_fits(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # A first-day trial's limit_tokens = 10 beside default_max_tokens 512 passed without a word:
+    # no request of the class without max_tokens can ever start. A warning (exit 0), not an
+    # error: requests that send a small max_tokens still run.
+    p = tmp_path / "tokengate.toml"
+    p.write_text("[classes.interactive]\npriority = 10\nlimit_tokens = 10\n[classes.batch]\npriority = 1\nlimit_tokens = 513\n")
+    code, out, err = run(capsys, "config", "check", str(p))
+    assert code == 0, err
+    said = [line for line in out.splitlines() if line.startswith("warning: ")]
+    assert said == [
+        "warning: classes.interactive.limit_tokens = 10 is not above its default_max_tokens 512: a request of class "
+        "'interactive' without max_tokens holds its prompt and 512 tokens, more than the class may ever hold, so it "
+        "is refused (400 context_length_exceeded); only requests that send a smaller max_tokens run. Raise "
+        "limit_tokens or lower default_max_tokens"
+    ], out
+
+
 def test_python_dash_m_gate_is_the_tokengate_command(tmp_path: Path) -> None:
     # a checkout run without installing it: `python -m gate` said "cannot be directly executed"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
@@ -345,6 +374,46 @@ def test_a_hang_up_while_serve_starts_does_not_kill_the_gate(tmp_path: Path) -> 
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
+
+
+@pytest.mark.parametrize("listen", [True, False])
+def test_serve_demo_listens_where_the_config_says_else_on_a_free_port(tmp_path: Path, listen: bool) -> None:
+    """A first-day trial's `serve --demo --config demo.toml` bound a random port although the file
+    set [gate] listen: what the user wrote is where clients are pointed. Without it, a free port
+    (never a fight with a real gate on 8081), and the log says which."""
+    import signal
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = tmp_path / "demo.toml"
+    p.write_text((f'[gate]\nlisten = "127.0.0.1:{port}"\n' if listen else "[gate]\n") + 'journal = "demo.db"\n')
+    log = tmp_path / "serve.log"
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gate", "serve", "--demo", "--config", str(p), "--grace", "0"],
+            cwd=tmp_path,
+            stderr=stderr,
+            stdout=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+    try:
+        deadline = time.monotonic() + 60  # the demo's line comes right after "tokengate listening on"
+        while "demo: listening on" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:
+            if "tokengate listening on" in log.read_text():
+                deadline = min(deadline, time.monotonic() + 3)
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    said = log.read_text()
+    line = next((x for x in said.splitlines() if "demo: listening on" in x), said)
+    if listen:
+        assert f"demo: listening on http://127.0.0.1:{port}, the [gate] listen of {p}" in line, said
+    else:
+        assert "a free port (set [gate] listen in --config to choose one)" in line and f":{port}," not in line, said
 
 
 def test_config_check_warns_of_a_journal_directory_serve_would_refuse(tmp_path, capsys):

@@ -304,6 +304,15 @@ BAD_CONFIGS = [
     # (id, toml, exact key path, fragment of the problem)
     ("neg-depth", "[classes.batch]\npriority = 1\nqueue_depth = -3\n", "classes.batch.queue_depth", "must be a positive integer, got -3"),
     ("zero-depth", "[classes.batch]\npriority = 1\nqueue_depth = 0\n", "classes.batch.queue_depth", "positive integer, got 0"),
+    # a first-day trial's queue_depth = 99999999999999999999 passed: TOML's integers are 64-bit
+    (
+        "depth-past-64-bit",
+        "[classes.batch]\npriority = 1\nqueue_depth = 99999999999999999999\n",
+        "classes.batch.queue_depth",
+        "must be a 64-bit integer, as TOML's are (-9223372036854775808 to 9223372036854775807), got 99999999999999999999",
+    ),
+    ("budget-past-64-bit", "[[backends]]\ntoken_budget = 9223372036854775808\n", "backends[0].token_budget", "64-bit integer"),
+    ("depth-past-open-files", "[classes.batch]\npriority = 1\nqueue_depth = 1048577\n", "classes.batch.queue_depth", "at most 1,048,576"),
     ("bool-not-int", "[budget]\nmin_tokens = true\n", "budget.min_tokens", "integer, got boolean true"),
     ("float-not-int", "[gate]\nmax_body_bytes = 1.5\n", "gate.max_body_bytes", "integer, got float 1.5"),
     ("string-not-number", '[gate]\nshed_factor = "2"\n', "gate.shed_factor", 'number, got string "2"'),
@@ -810,3 +819,76 @@ def test_the_example_says_how_its_classes_differ_from_the_built_in_ones() -> Non
     assert {c.name: c for c in built_in.classes} == unreserved
     assert example.class_by_name("interactive").reserved_tokens != 0
     assert example.class_by_name("batch").limit_tokens is not None
+
+
+# ---------------------------------------------------------------------------- backends' places
+
+
+def two_backends(url_a: str, url_b: str, more_a: str = "", more_b: str = "") -> str:
+    return f'[[backends]]\nurl = "{url_a}"\n{more_a}[[backends]]\nname = "b2"\nurl = "{url_b}"\n{more_b}'
+
+
+@pytest.mark.parametrize(
+    ("url_a", "url_b"),
+    [
+        ("http://127.0.0.1:18510", "http://127.0.0.1:18510"),  # a first-day trial's, before localhost
+        ("http://127.0.0.1:18510", "http://127.0.0.1:18510/"),
+        ("http://LLAMA.example:8080", "http://llama.example.:8080/"),  # case, the root's dot
+        ("http://llama", "http://llama:80"),  # the scheme's default port
+        ("https://llama", "http://llama:443"),
+        ("http://[::1]:8080", "http://[0:0::1]:8080"),
+    ],
+)
+def test_two_backends_at_one_llama_server_are_refused_naming_both(url_a: str, url_b: str) -> None:
+    """A first-day trial: two [[backends]] on one llama-server were accepted, so its capacity
+    counted twice (2 x 2,048 tokens admitted into its 4 slots)."""
+    e = error_of(two_backends(url_a, url_b))
+    assert e.key == "backends[1].url"
+    assert "backends[0] (default" in e.problem and 'backends "default" and "b2" would count its capacity twice' in e.problem
+
+
+def test_router_backends_may_share_a_router_with_disjoint_models_only() -> None:
+    # each model of a router runs in a child process of its own: separate capacity
+    url = "http://127.0.0.1:18510"
+    config = parse_config(two_backends(url, url, 'models = ["a"]\n', 'models = ["b", "c"]\n'))
+    assert [b.models for b in config.backends] == [("a",), ("b", "c")]
+    e = error_of(two_backends(url, url, 'models = ["a"]\n', 'models = ["b", "a"]\n'))
+    assert (e.key, e.problem) == (
+        "backends[1].models[1]",
+        'model "a" is already routed to backends[0] (default); a model name may be routed to one backend only',
+    )
+    e = error_of(two_backends(url, url, 'models = ["a"]\n'))  # one without models: the whole server
+    assert e.key == "backends[1].url" and "would count its capacity twice" in e.problem
+
+
+def test_backends_that_differ_as_written_pass_the_textual_check() -> None:
+    # localhost and 127.0.0.1 are told apart by resolving (`serve`, `config check --backends`)
+    parse_config(two_backends("http://127.0.0.1:18510", "http://localhost:18510"))
+    parse_config(two_backends("http://127.0.0.1:18510", "http://127.0.0.1:18511"))
+
+
+@pytest.mark.parametrize(
+    ("listen", "url"),
+    [
+        ('"127.0.0.1:8081"', "http://127.0.0.1:8081"),
+        ('"127.0.0.1:8081"', "http://localhost:8081/"),
+        ('"0.0.0.0:8081"', "http://127.0.0.1:8081"),
+        ('"0.0.0.0:8081"', "http://localhost:8081"),
+        ('"localhost:8081"', "http://[::1]:8081"),
+        ('["127.0.0.1:9000", "[::]:8081"]', "http://[::1]:8081"),
+    ],
+)
+def test_a_backend_at_the_gate_s_own_listen_address_is_refused(listen: str, url: str) -> None:
+    """A first-day trial: the gate then forwarded to itself forever ("loading ... capacity not
+    known yet")."""
+    e = error_of(f'[gate]\nlisten = {listen}\n[[backends]]\nurl = "{url}"\n')
+    assert e.key == "backends[0].url"
+    assert "is the gate's own address ([gate] listen" in e.problem and "forward each request to itself" in e.problem
+
+
+@pytest.mark.parametrize(
+    ("listen", "url"),
+    [('"127.0.0.1:8081"', "http://127.0.0.1:8080"), ('"0.0.0.0:8081"', "http://[::1]:8081"), ('"127.0.0.1:8081"', "http://10.0.0.7:8081")],
+)
+def test_a_backend_elsewhere_than_the_listen_address_passes(listen: str, url: str) -> None:
+    parse_config(f'[gate]\nlisten = {listen}\n[[backends]]\nurl = "{url}"\n')

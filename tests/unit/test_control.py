@@ -238,6 +238,17 @@ async def test_reload_audits_each_changed_key_and_refuses_backend_changes(gate):
     assert "backends[0].url (http://llama:8080 -> http://llama:9090)" in str(refused.value)
 
 
+async def test_a_reload_refused_for_a_new_listen_address_names_the_key_the_file_has(gate):
+    # a first-day trial's refusal named `gate.listen_port`, which no file has: the key is `gate.listen`
+    with pytest.raises(ControlError, match="restart") as refused:
+        gate.control.reload(parse_config('[gate]\nlisten = "127.0.0.1:8082"\n' + CONFIG), operator=ALICE)
+    assert "gate.listen (127.0.0.1:8081 -> 127.0.0.1:8082)" in str(refused.value)
+    assert "listen_port" not in str(refused.value) and "listen_host" not in str(refused.value)
+    with pytest.raises(ControlError) as refused:  # a list: as the file writes it
+        gate.control.reload(parse_config('[gate]\nlisten = ["127.0.0.1:8081", "[::1]:8081"]\n' + CONFIG), operator=ALICE)
+    assert "gate.listen (127.0.0.1:8081 -> [127.0.0.1:8081, [::1]:8081])" in str(refused.value)
+
+
 async def test_reload_audits_every_class_setting_it_applies_not_only_the_retunable_ones(gate):
     """A class's TTFT objective took effect on SIGHUP with no audit row (CLASS_FIELDS, the
     retunable settings, was all the reload's diff looked at)."""
@@ -511,6 +522,43 @@ async def test_an_unreadable_overrides_file_at_start_is_audited_not_only_logged(
     assert (row.action, row.target) == ("restore_refused", "overrides")
     assert str(kept) in row.note and ".bad" in row.note and "config file alone" in row.note
     assert (tmp_path / "j.db.overrides.json.bad").exists()
+
+
+async def test_a_kept_override_the_file_now_holds_is_no_warning_nor_a_restored_row(tmp_path, caplog):
+    """A first-day trial: `tokengate overrides write` put a retune (queue_depth 9) into the file,
+    the gate was killed (-9) before a reload, and its restart warned "restored
+    classes.interactive.queue_depth: 9 -> 9" of a value equal to the file's. Said at info now,
+    with no `restored` row; a value that still differs is restored and warned of as before."""
+    import json
+
+    from gate.ops import overrides as overrides_file
+
+    kept = tmp_path / "j.db.overrides.json"
+    kept.write_text(json.dumps({"v": 1, "classes": {"interactive": {"queue_depth": 9}, "batch": {"queue_depth": 3}}}))
+    config = parse_config(CONFIG.replace("queue_depth = 4", "queue_depth = 9"))
+    g = GateService(config, environ={}, transport=fake_llama_transport())
+    try:
+        with caplog.at_level("INFO", logger="tokengate.service"):
+            g.control.keep_beside(str(tmp_path / "j.db"), operator=ALICE)
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert warned == [f"restored runtime overrides from {kept}: classes.batch.queue_depth=3"]
+        assert any("classes.interactive.queue_depth=9 (kept, nothing to restore)" in r.getMessage() for r in caplog.records)
+        restored = [(r.target, r.old_value, r.new_value) for r in g.recent_audit if r.action == "restored"]
+        assert restored == [("classes.batch.queue_depth", "8", "3")]
+        assert overrides_file.load(str(kept)).classes == {"batch": {"queue_depth": 3}}
+    finally:
+        await g.client.aclose()
+    # all of it in the file: nothing warned, and the kept file says no overrides
+    caplog.clear()
+    g = GateService(parse_config(CONFIG.replace("queue_depth = 8", "queue_depth = 3")), environ={}, transport=fake_llama_transport())
+    try:
+        with caplog.at_level("INFO", logger="tokengate.service"):
+            g.control.keep_beside(str(tmp_path / "j.db"), operator=ALICE)
+        assert not [r for r in caplog.records if r.levelname == "WARNING"]
+        assert not [r for r in g.recent_audit if r.action == "restored"]
+        assert not overrides_file.load(str(kept))
+    finally:
+        await g.client.aclose()
 
 
 async def test_a_pin_kept_for_a_router_not_seen_yet_waits_for_it_and_a_model_gone_is_refused(tmp_path):

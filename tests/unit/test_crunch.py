@@ -791,3 +791,26 @@ def test_a_budget_raised_for_the_classes_says_so_and_not_that_a_request_did_not_
     assert "gave 816; raised for the classes, see below)" in text
     assert "note: token_budget raised from 816 to 1,024 so that every class reaches one slot's 512 tokens" in text
     assert "the largest request measured" not in text and "would not hold one" not in text
+
+
+@pytest.mark.parametrize("json_out", [False, True])
+def test_no_cell_meeting_the_objective_exits_1(json_out, capsys, monkeypatch) -> None:
+    """A first-day trial's `crunch URL --slo-ttft-ms 10` printed "No cell met the objective, so no
+    budget is recommended" and exited 0: a script went on as if it had a budget. Exit 1, as
+    the help's exit codes say; a recommendation is still 0."""
+    import gate.tools.crunch as crunch
+
+    reports = {"none": make_report([cell(512, 1, 5000)]), "met": make_report([cell(512, 1, 100), cell(512, 2, 200)])}
+    for name, code in (("none", 1), ("met", 0)):
+
+        async def fake_run(settings, err=None, report=reports[name]):
+            return report
+
+        monkeypatch.setattr(crunch, "run_crunch", fake_run)
+        assert main(["crunch", "http://127.0.0.1:8080", "--slo-ttft-ms", "10", *(["--json"] if json_out else [])]) == code, name
+        out, err = capsys.readouterr()
+        assert ("no budget recommended" in err) == (name == "none"), err
+        if name == "none" and not json_out:
+            assert "No cell met the objective" in out
+    main(["crunch", "--help"])
+    assert "no cell met the objective, so no\n     budget is recommended" in capsys.readouterr().out

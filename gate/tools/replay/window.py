@@ -757,7 +757,7 @@ def _learned(text: str | None) -> dict[str, Any] | None:
 
 
 def _describe_learned(v: dict[str, Any]) -> str:
-    return f"{v['slots']} slots of {v['slot_context']}, {v['kv']} KV, pool {learned_pool(v)}"
+    return f"{v['slots']} slot{'' if v['slots'] == 1 else 's'} of {v['slot_context']}, {v['kv']} KV, pool {learned_pool(v)}"
 
 
 def _capacity_moves(changes: list[Change], backend: str, used: dict[str, Any] | None, since: float) -> list[str]:
