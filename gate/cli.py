@@ -680,6 +680,11 @@ def _cmd_config_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
             _plural(len(config.tenants), "tenant", "tenants"),
         )
     )
+    if getattr(args, "backends", False):
+        from gate.backend.sameserver import check_places
+
+        # before "ok": a trial read "ok: dup.toml", then the error and exit 2
+        check_places(config, source)  # localhost and 127.0.0.1 on one port: exit 2 before asking either
     out.write(f"ok: {source} ({counts})\n")
     for w in fixed_budget_warnings(config) + objective_warnings(config) + limit_warnings(config):
         out.write(f"warning: {w}\n")  # what `serve` would warn at start (a warning: the exit status stays 0)
@@ -697,9 +702,8 @@ def _cmd_config_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
 
         from gate.backend import layout
         from gate.backend.pool import check_backend
-        from gate.backend.sameserver import check_places, same_process, same_process_problem
+        from gate.backend.sameserver import same_process, same_process_problem
 
-        check_places(config, source)  # localhost and 127.0.0.1 on one port: exit 2 before asking either
         rc = EXIT_OK
         routers = []
         for b in config.backends:

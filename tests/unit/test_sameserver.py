@@ -99,6 +99,7 @@ def test_config_check_backends_and_serve_exit_2_on_the_trial_s_two_names(capsys:
         out, err = capsys.readouterr()
         assert err.startswith(f"{p}: backends[1].url: ") and "resolve to the same address, 127.0.0.1 port 18510" in err, argv
         assert "Traceback" not in err and "backend  default" not in out  # before either is asked
+        assert "ok:" not in out, out  # not "ok: c.toml" above the error and its exit 2 (a re-read)
     assert not (tmp_path / "tg.db").exists()  # serve refused before it opened anything
 
 
