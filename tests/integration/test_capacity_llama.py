@@ -214,7 +214,7 @@ def test_config_check_backends_refuses_two_backends_on_one_llama_server(llama_sp
     f.write_text(CLASSES + table.format("default", "127.0.0.1", port) + table.format("b2", "localhost", port))
     assert main(["config", "check", "--backends", str(f)]) == 2
     out, err = capsys.readouterr()
-    assert f"resolve to the same address, 127.0.0.1 port {port}" in err and out.startswith("ok: ") and "backend  " not in out
+    assert f"resolve to the same address, 127.0.0.1 port {port}" in err and "ok:" not in out and "backend  " not in out
     f.write_text(CLASSES + table.format("default", "127.0.0.1", port) + table.format("b2", "[::1]", port))
     assert main(["config", "check", "--backends", str(f)]) == 2
     out, err = capsys.readouterr()
