@@ -123,7 +123,26 @@ def test_a_smaller_budget_moves_the_right_way(tmp_path: Path) -> None:
     answer = run_replay(window, [small])
     rep, prop = answer["scenarios"][1]["classes"], answer["scenarios"][2]["classes"]
     assert sum(c["admitted"] for c in prop.values()) < sum(c["admitted"] for c in rep.values())
-    assert "backends.token_budget" in answer["scenarios"][2]["changes"]
+    assert "backend.token_budget" in answer["scenarios"][2]["changes"]
+
+
+def test_changes_are_named_as_the_set_that_made_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A trial's `--set backend.token_budget=800 --format json` answered "changes":
+    # ["backends.token_budget"]: a script matching its own --set key against it missed it
+    path = _journal(tmp_path, n=80, duration=10.0)
+    args = ["replay", "--journal", path, "--format", "json", "--set", "backend.token_budget=800"]
+    assert main([*args, "--set", "backend.token_budget=2048,classes.batch.queue_depth=3"]) == 0
+    scenarios = json.loads(capsys.readouterr().out)["scenarios"]
+    assert scenarios[2]["changes"] == ["backend.token_budget"]
+    assert scenarios[3]["changes"] == ["backend.token_budget", "classes.batch.queue_depth"]
+    # a key given at its value in force is named as given in its note too (it read
+    # "backend.token_budget=1800,...: backends.token_budget=1800 is the value in force ...")
+    held = parse_config(EXAMPLE_CONFIG.replace("# token_budget = 16384", "token_budget = 1800"))
+    path = _journal(tmp_path, n=80, duration=10.0, config=held, name="held")
+    assert main(["replay", "--journal", path, "--format", "json", "--set", "backend.token_budget=1800,classes.batch.queue_depth=3"]) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert any(n.startswith("backend.token_budget=1800,classes.batch.queue_depth=3: backend.token_budget=1800 is the value") for n in notes)
+    assert not any("backends." in n for n in notes), notes
 
 
 def test_json_answer_shape(tmp_path: Path) -> None:

@@ -69,6 +69,12 @@ def _flat(thresholds: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def set_key(key: str) -> str:
+    """A pinned key as ``--set`` writes it: ``backends.token_budget`` -> ``backend.token_budget``
+    (the replay's one backend); the others as they are."""
+    return "backend." + key.removeprefix("backends.") if key.startswith("backends.") else key
+
+
 def _proposal(name: str, recorded: Config, data: dict[str, Any]) -> Proposal:
     recorded_classes = thresholds_of(recorded)["classes"]
     for cls, body in data["classes"].items():
@@ -119,7 +125,7 @@ def proposal_from_set(text: str, recorded: Config) -> Proposal:
     """``KEY=VALUE[,KEY=VALUE...]`` over the recorded thresholds (`recorded`: the window's
     ``config``, those in force at its start, a change before it included). Keys: ``budget.K``,
     ``classes.NAME.K``, ``backend.K`` (the replayed backend: token_budget, max_prefill_tokens,
-    prefill_yield_tokens; ``backends.K``, as ``changes`` names it, too); ``KEY=none``
+    prefill_yield_tokens; ``backends.K`` too, as ``changes`` named it before it said ``backend.K``); ``KEY=none``
     removes an optional key. A key given twice, an empty item, or a key the replay cannot honour
     (``default_class``: each arrival keeps its recorded class; a backend's address) is an error."""
     data = thresholds_of(recorded)
@@ -472,7 +478,7 @@ def _unpinned_notes(window: Window, p: Proposal) -> list[str]:
     now = _flat(thresholds_of(window.config))
     start = _flat(thresholds_of(window.start_config))
     for key in sorted(p.given - p.pinned):
-        value = f"{key}={plain_value(now.get(key))}"
+        value = f"{set_key(key)}={plain_value(now.get(key))}"  # as --set wrote it (not "backends.")
         said = value if p.name == value else f"{p.name}: {value}"  # not "K=V: K=V is ..."
         was = (
             f" (the gate started with {plain_value(start.get(key))}: a change before the window set it)"
@@ -602,7 +608,9 @@ def run_replay(
                 "name": p.name,
                 "classes": classes,
                 "untrusted": bad,
-                "changes": sorted(p.pinned),
+                # named as a --set names them: a script matching its own `--set
+                # backend.token_budget=800` against "backends.token_budget" missed it (a trial)
+                "changes": sorted(set_key(k) for k in p.pinned),
                 "budget_curve": curve,
                 "warnings": said,
             }
