@@ -1915,6 +1915,40 @@ def test_the_error_near_zero_is_one_rule_for_every_kind_of_figure(tmp_path: Path
     assert legend in to_table(answer)
 
 
+def test_the_bound_is_judged_on_the_error_as_shown() -> None:
+    """A trial's table: "batch admitted 4 3 25%" unmarked, "batch slo_attainment 0.067 0.050?
+    25%" marked: 0.017 / 0.067 is 25.4%, over the bound, shown as 25%. The bound is judged on
+    the percent shown, so one shown error is marked one way, in the table and in `untrusted`."""
+    from gate.tools.replay import calibration, table_cells, untrusted
+    from gate.tools.replay.report import budget_calibration
+
+    rec = {"batch": {"admitted": 4, "slo_attainment": 0.067, "ttft_p50_ms": 1000.0, "tokens_per_s": 100.0, "refused": {}}}
+    # 25.4% (shown 25%), 25.5% (shown 26%), 24.5% (shown 25%, half up)
+    rep = {"batch": {"admitted": 3, "slo_attainment": 0.05, "ttft_p50_ms": 1255.0, "tokens_per_s": 124.5, "refused": {}}}
+    cal = calibration(rec, rep)
+    answer = {"scenarios": [{"classes": rec}, {"classes": rep, "untrusted": untrusted(cal)}], "calibration": cal}
+    shown = {cells[1]: (cells[4], cells[3].endswith("?"), dim) for cells, dim in table_cells(answer)[1]}
+    assert shown == {
+        "admitted": ("25%", False, False),
+        "slo_attainment": ("25%", False, False),
+        "ttft_p50_ms": ("26%", True, True),
+        "tokens_per_s": ("25%", False, False),
+        **{f: ("-", False, False) for f in ("queue_wait_p50_ms", "queue_wait_p95_ms", "ttft_p95_ms")},
+    }, shown
+    assert untrusted(cal) == ["batch.ttft_p50_ms"]
+    # every shown percent around the bound: marked exactly when it reads over 25%
+    for i in range(2300, 2800):
+        cal = calibration({"c": {"admitted": 10000}}, {"c": {"admitted": 10000 + i}})
+        answer = {
+            "scenarios": [{"classes": {"c": {"admitted": 10000}}}, {"classes": {"c": {"admitted": 10000 + i}}, "untrusted": untrusted(cal)}]
+        }
+        cells, marked = table_cells({**answer, "calibration": cal})[1][0]
+        assert marked == (int(cells[4].rstrip("%")) > 25), (i, cells)
+    # the budget curve's mean is trusted by the same rule
+    assert budget_calibration([[0, 1000]], [[0, 1254]], 10.0)["trusted"]
+    assert not budget_calibration([[0, 1000]], [[0, 1255]], 10.0)["trusted"]
+
+
 def test_an_estimated_prompt_too_long_for_a_slot_is_not_replayed_as_too_long(tmp_path: Path) -> None:
     """A trial's overload window: most refusals came at arrival, before llama-server counted
     the prompt, so the journal holds the gate's estimate, which can exceed what the request

@@ -14,7 +14,10 @@ A figure's error is ``|replayed - recorded| / max(|recorded|, floor)``, the floo
 figure (`ERROR_FLOORS`: 10 ms, 4 requests, 0.04 of attainment, 4 tokens/s) so that 0 against 1
 is not infinite: one step of noise (`NOISE`: 2.5 ms, 1 request, 0.01, 1 token/s) off a figure
 near zero is exactly the ``UNTRUSTED_ABOVE`` bound (25%), two are over it, whatever the kind.
-Over the bound a figure is listed in ``untrusted`` and marked in every column of the table.
+Over the bound a figure is listed in ``untrusted`` and marked in every column of the table. The
+bound is judged on the error as the table shows it, a whole percent (`error_percent`): 0.067
+replayed as 0.050 is 25.4% off, shown "25%", and was marked '?' beside a count 4 -> 3 at exactly
+25% and unmarked (a trial); the same percent shown is now marked the same way everywhere.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -307,8 +311,20 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
 
 
+def error_percent(error: float) -> int:
+    """An error as the table shows it: a whole percent, half up (0.2537 -> 25)."""
+    return math.floor(error * 100 + 0.5)
+
+
+def over_bound(error: float | None, bound: float = UNTRUSTED_ABOVE) -> bool:
+    """Is the error, as shown (`error_percent`), over the bound? None (a figure on one side
+    only) is. The table's '?', the JSON's ``untrusted`` and ``budget_calibration.trusted`` all
+    ask this, so that "25%" is never marked in one row and not in the next."""
+    return error is None or error_percent(error) > error_percent(bound)
+
+
 def untrusted(cal: Mapping[str, dict[str, Any]], bound: float = UNTRUSTED_ABOVE) -> list[str]:
-    return sorted(k for k, v in cal.items() if v["error"] is None or v["error"] > bound)
+    return sorted(k for k, v in cal.items() if over_bound(v["error"], bound))
 
 
 def _curve(points: Iterable[tuple[float, int]]) -> list[list[float]]:
@@ -353,7 +369,7 @@ def budget_calibration(recorded: Sequence[Sequence[float]], replayed: Sequence[S
         "recorded_mean": round(rec, 1),
         "replayed_mean": round(rep, 1),
         "error": error,
-        "trusted": error is not None and error <= UNTRUSTED_ABOVE,
+        "trusted": not over_bound(error),
     }
 
 
@@ -686,7 +702,7 @@ def table_cells(answer: Mapping[str, Any]) -> tuple[list[str], list[tuple[list[s
         none = err is None or (values[0] is None and values[1] is None)
         # past 999% a percentage means nothing more (a recorded 0.1 ms queue wait replayed as
         # 1,129 ms read "112930%" in a trial's table, a number that looks like a bug)
-        shown = "-" if none else ">999%" if err > 9.995 else f"{err:.0%}"
+        shown = "-" if none else ">999%" if error_percent(err) > 999 else f"{error_percent(err)}%"
         cells = [cls, fig, _cell(values[0]), _cell(values[1]) + mark, shown]
         cells += [_cell(v) + mark for v in values[2:]]
         rows.append((cells, key in bad))
