@@ -861,7 +861,7 @@ def _cmd_console(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def _cmd_log(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from gate.journal.export import ExportError, export, find_journal, window_moments, window_order_error
+    from gate.journal.export import ExportError, export, find_journal, window_moments, window_order_error, yesterday_note
 
     # flags that do not go together are a usage error (2, as the help says), before any file is read
     if args.cls is not None and args.kind != "decisions":
@@ -874,6 +874,7 @@ def _cmd_log(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if wrong_order:
         err.write(f"tokengate log: error: {wrong_order}\n")
         return EXIT_USAGE
+    day_note = yesterday_note(args.since, args.until)
     args.since, args.until = window_moments(args.since, args.until)  # a time-of-day --until on --since's day
     given = args.journal
     if given is None and getattr(args, "config", None):
@@ -896,6 +897,8 @@ def _cmd_log(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         # the table says "(no rows)"; an empty trace or file said nothing (a trial's aiperf trace
         # of a window after the journal's end: exit 0, empty, no word)
         err.write(f"tokengate log: no {args.kind} rows in the selection: nothing written\n")
+    if n == 0 and day_note:
+        err.write(f"tokengate log: {day_note}\n")  # an empty yesterday, for a time of day meant today
     return EXIT_OK
 
 

@@ -1883,6 +1883,52 @@ def test_a_time_of_day_until_before_since_is_read_on_since_s_day(
     assert window_moments(parse_since("23:50", now), parse_since("00:10", now)) == (start - 8 * 3600 - 600, start - 8 * 3600 + 600)
 
 
+def test_a_time_of_day_read_as_yesterday_is_said_so_where_the_window_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trial: `--since 19:30 --until 19:31` given before 19:30 UTC (a local 19:3x) was read as
+    yesterday's, as documented, and the error printed "2026-12-06T19:31" without saying it was
+    taken as yesterday, nor that a time of day is UTC."""
+    start = 1_800_000_000.0  # 2027-01-15T08:00:00Z
+    arrivals = synthetic_arrivals(60, 20.0, seed=2)
+    _, outcomes = recorded_by_model(CONFIG, FIT, arrivals)
+    path = str(tmp_path / "today.db")
+    write_journal(path, CONFIG, FIT, arrivals, outcomes, start=start)
+    monkeypatch.setattr("time.time", lambda: start + 60.0)  # 08:01:00 UTC
+    assert main(["replay", "--journal", path, "--since", "08:30", "--until", "08:31"]) == 1
+    err = capsys.readouterr().err
+    assert "no decisions before --until 2027-01-14T08:31:00.000Z" in err, err
+    said = (
+        "tokengate replay: --since 08:30 and --until 08:31 were read as yesterday's (2027-01-14): a time of day is UTC, "
+        "and one later than now (08:01:00 UTC) is yesterday's; give an ISO-8601 time for another day"
+    )
+    assert said in err, err
+    # one of them: --until alone ...
+    assert main(["replay", "--journal", path, "--since", "2027-01-14T08:00Z", "--until", "08:31"]) == 1
+    assert "tokengate replay: --until 08:31 was read as yesterday's (2027-01-14)" in capsys.readouterr().err
+    # ... and an --until moved onto --since's day is not (here today's: no decision after 08:30)
+    assert main(["replay", "--journal", path, "--since", "2027-01-15T08:30Z", "--until", "08:31"]) == 1
+    assert "yesterday" not in capsys.readouterr().err
+    assert main(["replay", "--journal", path, "--since", "07:59", "--until", "08:31", "--format", "json"]) == 0
+    assert "yesterday" not in capsys.readouterr().err
+    # log: an empty selection says it too
+    assert main(["log", "--journal", path, "--since", "08:30", "--until", "08:31", "--format", "json"]) == 0
+    assert "tokengate log: --since 08:30 and --until 08:31 were read as yesterday's (2027-01-14)" in capsys.readouterr().err
+
+
+def test_a_number_with_a_leading_zero_is_said_to_be_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A trial's `--set classes.batch.queue_depth=05` read "must be an integer, got string "05""."""
+    path = _journal(tmp_path, n=20, duration=5.0)
+    assert main(["replay", "--journal", path, "--set", "classes.batch.queue_depth=05"]) == 2
+    err = capsys.readouterr().err
+    assert 'must be an integer, got "05", a number with a leading zero, which TOML does not allow: write 5' in err, err
+    config = tmp_path / "gate.toml"
+    config.write_text(EXAMPLE_CONFIG)
+    assert main(["config", "set", str(config), "budget.slo_ttft_p95_ms=-02.5"]) == 2
+    assert 'got "-02.5", a number with a leading zero, which TOML does not allow: write -2.5' in capsys.readouterr().err
+    assert config.read_text() == EXAMPLE_CONFIG
+
+
 def test_the_error_near_zero_is_one_rule_for_every_kind_of_figure(tmp_path: Path) -> None:
     """A trial: queue_wait_p50_ms 0.100 -> 0.000 read 10% (0.1 ms over a 1 ms floor) beside
     0 -> 8 refusals at 800% (over a 1-request floor), and asked "denominator floored at 1?". The
