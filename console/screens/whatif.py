@@ -32,7 +32,8 @@ under it (a trial's curve: 1500, then 1200, then 960), so the confirmation says 
 replay with ``budget.mode=static`` added shows what the apply does. The confirmation also lists
 the form's keys the proposal leaves alone whose value on the running gate now (its latest
 snapshot) differs from the one the replay ran with (a hand retune since the window): applying
-leaves them as they are (:func:`live_differences`). A proposal the live retune cannot express
+leaves them as they are (:func:`live_differences`); and the gate's controller (static, frozen or
+adaptive) when it is not the one the replay ran (:func:`controller_note`). A proposal the live retune cannot express
 (other keys, two classes) is replayable but not appliable, and the form says why. After a
 failed replay (a typo in the form, an error in the worker) the previous answer is cleared, not
 left under the error, and nothing can be applied until a replay succeeds. ``tokengate review``
@@ -233,6 +234,32 @@ def live_moves(recorded: Mapping[str, str], proposal: str, live: Mapping[str, st
         else:
             out.append(f"{key}={value}")
     return out
+
+
+def live_controller(snap: GateSnapshot) -> str:
+    """The running gate's controller as the replay names one: "static", "frozen" or "adaptive"."""
+    c = snap.controller
+    return "static" if c.mode == "static" else "frozen" if c.frozen else "adaptive"
+
+
+def controller_note(start: str, end: str, live: str, budget: int | None) -> str:
+    """What the confirmation says when the running gate's controller is not the one the replay
+    ran (`start`/`end`: at the window's start and end, `Window.controller_state`; `live`:
+    `live_controller`, `budget` its budget): a trial replayed a window with it adaptive and
+    applied to a gate frozen since, and the confirmation listed the thresholds that differed,
+    not that. "" when they agree."""
+    if live == end:
+        return ""
+    held = f", the budget held at {budget:,}" if budget is not None and live != "adaptive" else ""
+    ran = f"with it {end}" if start == end else f"with it {start}, then {end} (a change in the window)"
+    moves = (
+        "the replay's controller moved the budget, the gate's holds it"
+        if end == "adaptive"
+        else "the replay held the budget, the gate's controller moves it"
+        if live == "adaptive"
+        else "each holds the budget by hand"
+    )
+    return f"The gate's controller is now {live}{held}; the window was replayed {ran}: {moves}, and applying leaves it {live}."
 
 
 def budget_note(mode: str, budget: int, curve: list[list[float]] | None) -> str:
@@ -686,6 +713,12 @@ class WhatIfScreen(ModalScreen[None]):
         if differ:
             them = "them as they are" if len(differ) > 1 else "it as it is"
             budget += f"\nThe gate now differs from what was replayed: {', '.join(differ)}; applying leaves {them}."
+        if snap is not None and command.budget is None:
+            # (a proposed budget freezes the controller: budget_note says that of the replay)
+            state = controller_note(
+                self.window.controller_state(), self.window.controller_state(at_end=True), live_controller(snap), snap.controller.budget
+            )
+            budget += f"\n{state}" if state else ""
         if not await self.app.push_screen_wait(
             ConfirmScreen(
                 "Apply the what-if",

@@ -710,6 +710,50 @@ async def test_the_confirmation_says_an_adaptive_replay_moved_the_budget_the_app
         await settle(pilot)
 
 
+async def test_the_confirmation_says_the_gates_controller_is_not_the_one_replayed(gate, journal: Path) -> None:
+    # A trial: the window was replayed with the controller adaptive; the running gate's was
+    # frozen since, and the confirmation listed the thresholds that differed, not that
+    from gate.data.commands import Freeze
+
+    gate.journal_path = str(journal)
+    app = make_app(gate)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("r")
+        screen = await open_whatif(pilot)
+        assert screen.window is not None and screen.window.controller_state(at_end=True) == "adaptive"
+        set_form(screen, {"classes.batch.queue_depth": "3"})
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        await pilot.press("ctrl+t")
+        said = (await confirmation(pilot)).message
+        assert "controller" not in said, said  # adaptive on both sides: nothing to say
+        await pilot.press("n")
+        await settle(pilot)
+        await app.send(Freeze(True))
+        await pilot.press("ctrl+t")
+        said = (await confirmation(pilot)).message
+        held = gate.snapshot().controller.budget
+        assert (
+            f"The gate's controller is now frozen, the budget held at {held:,}; the window was replayed with it adaptive: "
+            "the replay's controller moved the budget, the gate's holds it, and applying leaves it frozen." in said
+        ), said
+        await pilot.press("n")
+        await settle(pilot)
+
+
+def test_the_controller_note_names_both_states() -> None:
+    from console.screens.whatif import controller_note
+
+    assert controller_note("adaptive", "adaptive", "adaptive", 2048) == ""
+    assert controller_note("static", "static", "static", 1200) == ""
+    assert "now adaptive; the window was replayed with it static: the replay held the budget, the gate's controller moves it" in (
+        controller_note("static", "static", "adaptive", 2048)
+    )
+    # a freeze in the window: the replay ended frozen, as the gate still is
+    assert controller_note("adaptive", "frozen", "frozen", 900) == ""
+    assert "replayed with it adaptive, then frozen (a change in the window)" in controller_note("adaptive", "frozen", "adaptive", 2048)
+
+
 def test_the_budget_note_is_true_to_the_replays_mode() -> None:
     from console.screens.whatif import budget_note
 

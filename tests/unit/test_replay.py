@@ -1731,6 +1731,13 @@ def test_a_budget_held_by_hand_at_the_windows_start_is_the_forms_token_budget(tm
     restart = Change(6.0, "config_in_force", "gate", thresholds_json(SMALL))  # static: held at its budget
     assert budget_held_at(adaptive, [freeze, set_1200, restart], upto=math.inf) == (True, None)
     assert budget_held_at(adaptive, [freeze, set_1200, Change(-1.0, "overrides_dropped", "overrides", None)]) == (False, None)
+    # the controller's state as the what-if's apply compares it with the gate's
+    from gate.tools.replay.engine import controller_state_at
+
+    assert controller_state_at(adaptive, [set_1200]) == "adaptive" and controller_state_at(SMALL, []) == "static"
+    assert controller_state_at(adaptive, [freeze, set_1200, unfreeze]) == "frozen"
+    assert controller_state_at(adaptive, [freeze, set_1200, unfreeze], upto=math.inf) == "adaptive"
+    assert controller_state_at(adaptive, [freeze, restart], upto=math.inf) == "static"
 
     path, since = _retuned_before(
         tmp_path, (1.0, "console", "freeze", "controller", "True"), (1.2, "console", "set_budget", "backend:default", "1200"), name="hand"
@@ -1739,6 +1746,7 @@ def test_a_budget_held_by_hand_at_the_windows_start_is_the_forms_token_budget(tm
     held = window.held_budget()
     assert held is not None and held == [b for t, b in window.budget_curve if t >= 0][0]
     assert ("backend.token_budget", str(held)) in settable(window.config, window.fit.ceiling, held)
+    assert window.controller_state() == window.controller_state(at_end=True) == "frozen"
 
 
 def test_the_thresholds_in_force_at_the_start_are_what_the_engine_has_there() -> None:
