@@ -25,7 +25,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -312,8 +311,9 @@ def _round(x: float | None) -> float | None:
 
 
 def error_percent(error: float) -> int:
-    """An error as the table shows it: a whole percent, half up (0.2537 -> 25)."""
-    return math.floor(error * 100 + 0.5)
+    """An error as the table shows it: a whole percent (0.2537 -> 25), rounded as the table
+    always printed it (``f"{error:.0%}"``, half to even: 0.005 -> 0)."""
+    return round(error * 100)
 
 
 def over_bound(error: float | None, bound: float = UNTRUSTED_ABOVE) -> bool:
