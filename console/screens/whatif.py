@@ -41,7 +41,14 @@ has no gate, nor has a ``--read-only`` console: there the what-if only replays, 
 says why.
 
 At 80x24 the form, the table, the notes and the curves share one scrolling area; the title,
-the status line, the key hints and the buttons stay on screen.
+the status line, the key hints and the buttons stay on screen. There the form and the table do
+not fit together: after a replay the table takes the area and the focus (the answer showed no
+row until Tab, and nothing said to press it: a trial), the key hints say how to scroll it and
+go back to the form (shift+tab), and its first column stays while it scrolls right to the
+proposal; below 100 columns the dialog takes every column (at 80 the error column was cut to
+"err"). Where both fit the form keeps the focus, to edit and replay again. The scrollbars draw
+whole cells: their ends' partial blocks read as stray glyphs at the dialog's edge (a trial's
+``▂▂``, ``▅▅``, ``▆▆``).
 """
 
 from __future__ import annotations
@@ -52,7 +59,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from rich.text import Text
 from textual import events, work
@@ -60,6 +67,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingsMap
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
+from textual.scrollbar import ScrollBarRender
 from textual.widgets import Button, DataTable, Footer, Static, TextArea
 from textual.worker import Worker, WorkerState
 
@@ -278,6 +286,26 @@ def budget_note(mode: str, budget: int, curve: list[list[float]] | None) -> str:
     )
 
 
+class WholeCellScrollBar(ScrollBarRender):
+    """A scrollbar whose thumb is whole cells, without the partial blocks (``▂``, ``▅``, ``▆``,
+    ``▎``) Textual draws at its ends: inside the what-if they read as stray glyphs (a trial)."""
+
+    VERTICAL_BARS: ClassVar[list[str]] = [" "] * 8
+    HORIZONTAL_BARS: ClassVar[list[str]] = [" "] * 8
+
+
+#: the key hints under the what-if's body: editing the form, and reading the table
+FORM_HINT = "edit KEY=VALUE lines (as `tokengate replay --set`) · ctrl+r replays{applies} · esc closes · '?' = not trusted"
+TABLE_HINT = "arrows scroll · shift+tab: the form{applies} · '?' = not trusted"
+
+
+def title_window(text: str) -> str:
+    """`window_text` for the title: the end's date once when it is the start's ("incident.db,
+    2027-01-15 07:59:59 → 08:00:59 UTC"), so that it fits one line at 80 columns."""
+    m = re.fullmatch(r"(.*, )(\d{4}-\d\d-\d\d) (\S+) → (\d{4}-\d\d-\d\d) (.*)", text)
+    return f"{m[1]}{m[2]} {m[3]} → {m[5]}" if m and m[2] == m[4] else text
+
+
 def curve_label(name: str, room: int = 24) -> str:
     """A scenario's name as the budget curves label it, in `room` characters: cut in the
     middle, keeping the value at its end (two proposals on one key were both
@@ -394,6 +422,10 @@ class WhatIfScreen(ModalScreen[None]):
     WhatIfScreen #whatif-hint {
         height: auto;
     }
+    /* one column each: at 80 columns every one counts for the table */
+    WhatIfScreen #whatif-body, WhatIfScreen #whatif-form, WhatIfScreen #whatif-table, WhatIfScreen #whatif-notes {
+        scrollbar-size-vertical: 1;
+    }
     WhatIfScreen #whatif-status.error {
         color: $error;
     }
@@ -471,20 +503,21 @@ class WhatIfScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="whatif-dialog", classes="dialog"):
-            yield Static(f"What if: replay {self.window_text}", id="whatif-title", classes="dialog-title", markup=False)
+            yield Static(f"What if: replay {title_window(self.window_text)}", id="whatif-title", classes="dialog-title", markup=False)
             yield Static("loading the window…", id="whatif-status", markup=False)
             with VerticalScroll(id="whatif-body"):
                 yield InOrderTextArea("", id="whatif-form", soft_wrap=False, show_line_numbers=False)
-                table: DataTable[Text] = DataTable(id="whatif-table", zebra_stripes=True, cursor_type="row")
+                # the class column stays while the table scrolls right (at 80 columns the proposal
+                # is past the edge, and scrolling to it took the class away: a trial)
+                table: DataTable[Text] = DataTable(id="whatif-table", zebra_stripes=True, cursor_type="row", fixed_columns=1)
                 yield table
                 # the notes `tokengate replay` prints (the window's, the model's, the proposal's
                 # warnings): their own area, which scrolls, not the status line a replay overwrites
                 yield VerticalScroll(id="whatif-notes")
                 # each scenario's working budget over the window, on one scale: the replayed over the recorded
                 yield Static("", id="whatif-curve", markup=False)
-            applies = " · ctrl+t applies" if self.apply is not None else ""
             yield Static(
-                f"edit KEY=VALUE lines (as `tokengate replay --set`) · ctrl+r replays{applies} · esc closes · '?' = not trusted",
+                FORM_HINT.format(applies=self._applies),
                 id="whatif-hint",
                 classes="dialog-hint",
                 markup=False,
@@ -498,8 +531,34 @@ class WhatIfScreen(ModalScreen[None]):
         # modal's tint (q Close, n Next page ...), keys the what-if does not answer (a trial)
         yield Footer(compact=True)
 
+    @property
+    def _applies(self) -> str:
+        return " · ctrl+t applies" if self.apply is not None else ""
+
     def on_mount(self) -> None:
+        for selector in ("#whatif-body", "#whatif-form", "#whatif-table", "#whatif-notes"):
+            widget = self.query_one(selector)
+            widget.vertical_scrollbar.renderer = WholeCellScrollBar
+            widget.horizontal_scrollbar.renderer = WholeCellScrollBar
         self.run_worker(self._load_thread, thread=True, group="whatif-load", exit_on_error=False)
+
+    def on_descendant_focus(self, event: events.DescendantFocus) -> None:
+        """The key hints follow the focus: the form's editing, or the table's scrolling."""
+        hint = TABLE_HINT if event.widget.id == "whatif-table" else FORM_HINT
+        self.query_one("#whatif-hint", Static).update(hint.format(applies=self._applies))
+
+    def _show_answer(self) -> None:
+        """After a replay, once laid out: when the table is not wholly in view (80x24: the form
+        above it fills the area), it takes the area and the focus; where both fit, the form
+        keeps the focus."""
+        body, table = self.query_one("#whatif-body", VerticalScroll), self.query_one("#whatif-table", DataTable)
+        if self.answer is None or self.focused is table:
+            return
+        seen = body.region
+        if seen.y <= table.region.y and table.region.bottom <= seen.bottom:
+            return
+        body.scroll_to_widget(table, animate=False, top=True)
+        table.focus(scroll_visible=False)
 
     # ---- workers (threads: reading and replaying take seconds) ----------------------------
 
@@ -526,7 +585,7 @@ class WhatIfScreen(ModalScreen[None]):
             if window.since != self.since or (self.until is not None and window.until != self.until):
                 # the window replayed is not the one asked for (it starts at the gate's start): say which
                 self.window_text = window_text(window.path, window.since, window.until)
-                self.query_one("#whatif-title", Static).update(f"What if: replay {self.window_text}")
+                self.query_one("#whatif-title", Static).update(f"What if: replay {title_window(self.window_text)}")
             pairs = settable(window.config, window.fit.ceiling, window.held_budget())
             self.recorded = dict(pairs)
             self.at_end = dict(settable(window.config_at_end, window.fit.ceiling, window.held_budget(at_end=True)))
@@ -544,6 +603,7 @@ class WhatIfScreen(ModalScreen[None]):
                 return  # an older run's answer: a newer one (or a refused one) came after it
             self.answer, self.proposal, self.failed = answer, text, False
             self._fill(answer)
+            self.call_after_refresh(self._show_answer)
             assert self.window is not None
             self._show_notes(notes_of(self.window, answer))
             if self.apply is not None:
@@ -552,7 +612,8 @@ class WhatIfScreen(ModalScreen[None]):
             what = f"proposal {text}" if text else "no change from the recorded thresholds (calibration only)"
             warnings = sum(1 for _, warning in self.notes if warning)
             warned = f" · {warnings} config-check warning{'' if warnings == 1 else 's'} below" if warnings else ""
-            self._status(f"{what} · {untrusted} figures not trusted ('?': calibration error over 25%){warned}")
+            figures = f"{untrusted} figure{'' if untrusted == 1 else 's'} not trusted"
+            self._status(f"{what} · {figures} ('?': calibration error over 25%){warned}")
         elif event.state == WorkerState.ERROR:
             if worker.group == "whatif-replay" and worker is not self._replaying:
                 return  # an older run's error: a newer one came after it
@@ -629,6 +690,7 @@ class WhatIfScreen(ModalScreen[None]):
             self.query_one("#whatif-apply", Button).disabled = True
 
     def on_resize(self, event: events.Resize) -> None:
+        self.set_class(event.size.width < 100, "-narrow")  # console/app.tcss: the dialog takes every column
         self._draw_curves()
 
     @property
