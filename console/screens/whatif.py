@@ -538,8 +538,9 @@ class WhatIfScreen(ModalScreen[None]):
     def on_mount(self) -> None:
         for selector in ("#whatif-body", "#whatif-form", "#whatif-table", "#whatif-notes"):
             widget = self.query_one(selector)
-            widget.vertical_scrollbar.renderer = WholeCellScrollBar
-            widget.horizontal_scrollbar.renderer = WholeCellScrollBar
+            # per scrollbar, as textual.scrollbar.ScrollBar.renderer's docs show (typed ClassVar there)
+            widget.vertical_scrollbar.renderer = WholeCellScrollBar  # type: ignore[misc]
+            widget.horizontal_scrollbar.renderer = WholeCellScrollBar  # type: ignore[misc]
         self.run_worker(self._load_thread, thread=True, group="whatif-load", exit_on_error=False)
 
     def on_descendant_focus(self, event: events.DescendantFocus) -> None:
