@@ -449,8 +449,17 @@ def _cmd_config_set(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return EXIT_USAGE
     for key, value in edits:
         out.write(f"set {key} = {value!r} in {args.file}\n")
-    replaced = _retunes_a_reload_replaces(args.file)
-    if replaced:
+    replaced, started_from = _retunes_a_reload_replaces(args.file)
+    if started_from and not _same_file(args.file, started_from):
+        # A copy of the gate's config (its journal, so its control socket, shared) was told
+        # "the running gate holds runtime retunes that its next reload replaces with this file's
+        # values ... overrides write --config other.toml" (a trial): a reload reads the file the
+        # gate was started from, never this one
+        err.write(
+            f"tokengate config set: note: {args.file} is not the running gate's config (the gate on its journal was "
+            f"started from {started_from}, which a reload re-reads): the gate does not read this file\n"
+        )
+    elif replaced:
         # A trial's morning `config set` + `systemctl reload` quietly undid the night's console
         # retunes (audited, toasted, but nobody who ran the reload was told before it).
         err.write(
@@ -461,9 +470,21 @@ def _cmd_config_set(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
-def _retunes_a_reload_replaces(path: str) -> list[str]:
+def _same_file(path: str, started_from: str) -> bool:
+    """Is `path` the file the gate was started from (resolved by the gate, in its directory)?"""
+    if os.path.realpath(path) == started_from:
+        return True
+    try:
+        return os.path.samefile(path, started_from)  # another name for it (a bind mount, a hard link)
+    except OSError:
+        return False
+
+
+def _retunes_a_reload_replaces(path: str) -> tuple[list[str], str | None]:
     """The retunes (not pauses, the freeze or hand budgets, which a reload keeps) the gate running
-    on the config at `path` holds that the file now says otherwise; [] when no gate runs on it."""
+    on the config at `path` (on its journal's control socket) holds that the file now says
+    otherwise, and the config file that gate was started from ("": it does not say, a gate
+    before it did); ([], None) when no gate runs on it."""
     import asyncio
 
     from gate.ops.control_socket import is_live
@@ -473,22 +494,23 @@ def _retunes_a_reload_replaces(path: str) -> list[str]:
     try:
         config = load_config(path)
     except ConfigError:
-        return []
+        return [], None
     socket_path = config.gate.control_socket_path()
     if not socket_path or not is_live(socket_path):
-        return []
+        return [], None
 
-    async def ask() -> tuple[str, ...]:
+    async def ask() -> tuple[tuple[str, ...], str]:
         link = await SocketLink.connect(socket_path, read_only=True, client="cli")
         try:
-            return (await link.snapshot()).overrides
+            snap = await link.snapshot()
+            return snap.overrides, snap.config_path
         finally:
             await link.close()
 
     try:
-        lines = asyncio.run(ask())
+        lines, started_from = asyncio.run(ask())
     except OSError:  # it stopped meanwhile (LinkLost is a ConnectionError)
-        return []
+        return [], None
     classes = {c.name: c for c in config.classes}
     replaced = []
     for line in lines:
@@ -504,7 +526,7 @@ def _retunes_a_reload_replaces(path: str) -> list[str]:
             now = None
         if _fmt(now) != value:
             replaced.append(line)
-    return replaced
+    return replaced, started_from
 
 
 def _cmd_overrides(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -915,7 +937,7 @@ def _cmd_console(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def _cmd_log(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from gate.journal.export import ExportError, export, find_journal, window_moments, window_order_error
+    from gate.journal.export import ExportError, export, find_journal, window_moments, window_order_error, yesterday_note
 
     # flags that do not go together are a usage error (2, as the help says), before any file is read
     if args.cls is not None and args.kind != "decisions":
@@ -928,6 +950,7 @@ def _cmd_log(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if wrong_order:
         err.write(f"tokengate log: error: {wrong_order}\n")
         return EXIT_USAGE
+    day_note = yesterday_note(args.since, args.until)
     args.since, args.until = window_moments(args.since, args.until)  # a time-of-day --until on --since's day
     given = args.journal
     if given is None and getattr(args, "config", None):
@@ -950,6 +973,8 @@ def _cmd_log(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         # the table says "(no rows)"; an empty trace or file said nothing (a trial's aiperf trace
         # of a window after the journal's end: exit 0, empty, no word)
         err.write(f"tokengate log: no {args.kind} rows in the selection: nothing written\n")
+    if n == 0 and day_note:
+        err.write(f"tokengate log: {day_note}\n")  # an empty yesterday, for a time of day meant today
     return EXIT_OK
 
 

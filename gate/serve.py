@@ -55,6 +55,7 @@ async def serve_until_signalled(
         extras = demo_parts(sim, lambda: simulator.runtime.core.busy_slots)  # SIMULATED label, GPU, model size
     gate = GateService(config, **extras)
     gate.drain_grace_s = grace_s
+    gate.config_path = os.path.realpath(config_path) if config_path else ""
     stop = asyncio.Event()
     why: list[str] = []
 

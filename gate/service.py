@@ -87,6 +87,9 @@ class GateService:
         self.client = upstream_client(transport)
         self.tokens = TokenCounter(self.client)
         self.gate_id = new_gate_id()
+        #: the config file this gate was started from, resolved (`tokengate serve` sets it; a reload
+        #: re-reads it): `tokengate config set` on another file sharing its journal is told so
+        self.config_path = ""
         self.metrics = GateMetrics()
         self.metrics.register_classes([c.name for c in config.classes])
         self.metrics.register_models(m for b in config.backends for m in b.models)
@@ -431,6 +434,7 @@ class GateService:
             listen=f"{self.host}:{self.port}",
             operator=self.operator.name,
             gate_id=self.gate_id,
+            config_path=self.config_path,
             paused=frozenset(self.control.paused),
             frozen=self.control.frozen,
             shutting_down=self.shutting_down,

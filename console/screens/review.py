@@ -439,6 +439,9 @@ class ReviewScreen(Screen[str | None]):
         since, until = self._range_bounds()
         chart_since = since if since is not None else (self.oldest if self.oldest is not None else self.now - 60)
         chart_until = until if until is not None else self.now
+        # the chart's right edge is the window's end: an until= filter's, else "now" (it was "now"
+        # whatever until= said, as the header's end once was)
+        chart_end = min(self.now, chart_until)
         points = await reader.sample_series(chart_since, chart_until, buckets=CHART_POINTS)
         audit = await reader.audit_rows(since, until, limit=AUDIT_ROWS)
         audit_total = await reader.count_audit(since, until)
@@ -455,8 +458,8 @@ class ReviewScreen(Screen[str | None]):
             p95_ttft_ms=[p.p95_ttft_ms for p in points],
             slo_ttft_ms=self.slo_ttft_ms,
             marks=marks,
-            now=self.now,
-            window_s=max(self.now - chart_since, 1.0),
+            now=chart_end,
+            window_s=max(chart_end - chart_since, 1.0),
         )
         table = self.query_one("#review-audit", DataTable)
         table.clear()
@@ -761,6 +764,10 @@ class ReviewScreen(Screen[str | None]):
         if self.reader is None or self.now is None:
             return
         self._apply_range()
+        # the chart and the audit list follow a since=/until= window as the rows and the header do
+        # (a trial's since=19:18:50 until=19:19:20 kept a chart of 19:16-19:31 and an audit list
+        # of rows outside the window under "audit: 8 in range")
+        self.run_worker(self._load_timeline(), group="review-timeline", exclusive=True, exit_on_error=False)
         self.run_worker(self._load_decisions("first", count=True), group="review-decisions", exclusive=True, exit_on_error=False)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:

@@ -32,7 +32,8 @@ under it (a trial's curve: 1500, then 1200, then 960), so the confirmation says 
 replay with ``budget.mode=static`` added shows what the apply does. The confirmation also lists
 the form's keys the proposal leaves alone whose value on the running gate now (its latest
 snapshot) differs from the one the replay ran with (a hand retune since the window): applying
-leaves them as they are (:func:`live_differences`). A proposal the live retune cannot express
+leaves them as they are (:func:`live_differences`); and the gate's controller (static, frozen or
+adaptive) when it is not the one the replay ran (:func:`controller_note`). A proposal the live retune cannot express
 (other keys, two classes) is replayable but not appliable, and the form says why. After a
 failed replay (a typo in the form, an error in the worker) the previous answer is cleared, not
 left under the error, and nothing can be applied until a replay succeeds. ``tokengate review``
@@ -40,7 +41,14 @@ has no gate, nor has a ``--read-only`` console: there the what-if only replays, 
 says why.
 
 At 80x24 the form, the table, the notes and the curves share one scrolling area; the title,
-the status line, the key hints and the buttons stay on screen.
+the status line, the key hints and the buttons stay on screen. There the form and the table do
+not fit together: after a replay the table takes the area and the focus (the answer showed no
+row until Tab, and nothing said to press it: a trial), the key hints say how to scroll it and
+go back to the form (shift+tab), and its first column stays while it scrolls right to the
+proposal; below 100 columns the dialog takes every column (at 80 the error column was cut to
+"err"). Where both fit the form keeps the focus, to edit and replay again. The scrollbars draw
+whole cells: their ends' partial blocks read as stray glyphs at the dialog's edge (a trial's
+``▂▂``, ``▅▅``, ``▆▆``).
 """
 
 from __future__ import annotations
@@ -51,7 +59,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from rich.text import Text
 from textual import events, work
@@ -59,6 +67,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingsMap
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
+from textual.scrollbar import ScrollBarRender
 from textual.widgets import Button, DataTable, Footer, Static, TextArea
 from textual.worker import Worker, WorkerState
 
@@ -235,6 +244,32 @@ def live_moves(recorded: Mapping[str, str], proposal: str, live: Mapping[str, st
     return out
 
 
+def live_controller(snap: GateSnapshot) -> str:
+    """The running gate's controller as the replay names one: "static", "frozen" or "adaptive"."""
+    c = snap.controller
+    return "static" if c.mode == "static" else "frozen" if c.frozen else "adaptive"
+
+
+def controller_note(start: str, end: str, live: str, budget: int | None) -> str:
+    """What the confirmation says when the running gate's controller is not the one the replay
+    ran (`start`/`end`: at the window's start and end, `Window.controller_state`; `live`:
+    `live_controller`, `budget` its budget): a trial replayed a window with it adaptive and
+    applied to a gate frozen since, and the confirmation listed the thresholds that differed,
+    not that. "" when they agree."""
+    if live == end:
+        return ""
+    held = f", the budget held at {budget:,}" if budget is not None and live != "adaptive" else ""
+    ran = f"with it {end}" if start == end else f"with it {start}, then {end} (a change in the window)"
+    moves = (
+        "the replay's controller moved the budget, the gate's holds it"
+        if end == "adaptive"
+        else "the replay held the budget, the gate's controller moves it"
+        if live == "adaptive"
+        else "each holds the budget by hand"
+    )
+    return f"The gate's controller is now {live}{held}; the window was replayed {ran}: {moves}, and applying leaves it {live}."
+
+
 def budget_note(mode: str, budget: int, curve: list[list[float]] | None) -> str:
     """What the confirmation says of a proposed ``backend.token_budget``, true to the replay's
     budget ``mode``: static, the replay held it as the apply will; adaptive, the replay took
@@ -249,6 +284,26 @@ def budget_note(mode: str, budget: int, curve: list[list[float]] | None) -> str:
         f"{moved}; applied, the budget is set to {budget} by hand and the controller frozen there (f unfreezes it): "
         "not what was replayed. Replay with budget.mode=static added to see what this apply does."
     )
+
+
+class WholeCellScrollBar(ScrollBarRender):
+    """A scrollbar whose thumb is whole cells, without the partial blocks (``▂``, ``▅``, ``▆``,
+    ``▎``) Textual draws at its ends: inside the what-if they read as stray glyphs (a trial)."""
+
+    VERTICAL_BARS: ClassVar[list[str]] = [" "] * 8
+    HORIZONTAL_BARS: ClassVar[list[str]] = [" "] * 8
+
+
+#: the key hints under the what-if's body: editing the form, and reading the table
+FORM_HINT = "edit KEY=VALUE lines (as `tokengate replay --set`) · ctrl+r replays{applies} · esc closes · '?' = not trusted"
+TABLE_HINT = "arrows scroll · shift+tab: the form{applies} · '?' = not trusted"
+
+
+def title_window(text: str) -> str:
+    """`window_text` for the title: the end's date once when it is the start's ("incident.db,
+    2027-01-15 07:59:59 → 08:00:59 UTC"), so that it fits one line at 80 columns."""
+    m = re.fullmatch(r"(.*, )(\d{4}-\d\d-\d\d) (\S+) → (\d{4}-\d\d-\d\d) (.*)", text)
+    return f"{m[1]}{m[2]} {m[3]} → {m[5]}" if m and m[2] == m[4] else text
 
 
 def curve_label(name: str, room: int = 24) -> str:
@@ -367,6 +422,10 @@ class WhatIfScreen(ModalScreen[None]):
     WhatIfScreen #whatif-hint {
         height: auto;
     }
+    /* one column each: at 80 columns every one counts for the table */
+    WhatIfScreen #whatif-body, WhatIfScreen #whatif-form, WhatIfScreen #whatif-table, WhatIfScreen #whatif-notes {
+        scrollbar-size-vertical: 1;
+    }
     WhatIfScreen #whatif-status.error {
         color: $error;
     }
@@ -444,20 +503,21 @@ class WhatIfScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="whatif-dialog", classes="dialog"):
-            yield Static(f"What if: replay {self.window_text}", id="whatif-title", classes="dialog-title", markup=False)
+            yield Static(f"What if: replay {title_window(self.window_text)}", id="whatif-title", classes="dialog-title", markup=False)
             yield Static("loading the window…", id="whatif-status", markup=False)
             with VerticalScroll(id="whatif-body"):
                 yield InOrderTextArea("", id="whatif-form", soft_wrap=False, show_line_numbers=False)
-                table: DataTable[Text] = DataTable(id="whatif-table", zebra_stripes=True, cursor_type="row")
+                # the class column stays while the table scrolls right (at 80 columns the proposal
+                # is past the edge, and scrolling to it took the class away: a trial)
+                table: DataTable[Text] = DataTable(id="whatif-table", zebra_stripes=True, cursor_type="row", fixed_columns=1)
                 yield table
                 # the notes `tokengate replay` prints (the window's, the model's, the proposal's
                 # warnings): their own area, which scrolls, not the status line a replay overwrites
                 yield VerticalScroll(id="whatif-notes")
                 # each scenario's working budget over the window, on one scale: the replayed over the recorded
                 yield Static("", id="whatif-curve", markup=False)
-            applies = " · ctrl+t applies" if self.apply is not None else ""
             yield Static(
-                f"edit KEY=VALUE lines (as `tokengate replay --set`) · ctrl+r replays{applies} · esc closes · '?' = not trusted",
+                FORM_HINT.format(applies=self._applies),
                 id="whatif-hint",
                 classes="dialog-hint",
                 markup=False,
@@ -471,8 +531,35 @@ class WhatIfScreen(ModalScreen[None]):
         # modal's tint (q Close, n Next page ...), keys the what-if does not answer (a trial)
         yield Footer(compact=True)
 
+    @property
+    def _applies(self) -> str:
+        return " · ctrl+t applies" if self.apply is not None else ""
+
     def on_mount(self) -> None:
+        for selector in ("#whatif-body", "#whatif-form", "#whatif-table", "#whatif-notes"):
+            widget = self.query_one(selector)
+            # per scrollbar, as textual.scrollbar.ScrollBar.renderer's docs show (typed ClassVar there)
+            widget.vertical_scrollbar.renderer = WholeCellScrollBar  # type: ignore[misc]
+            widget.horizontal_scrollbar.renderer = WholeCellScrollBar  # type: ignore[misc]
         self.run_worker(self._load_thread, thread=True, group="whatif-load", exit_on_error=False)
+
+    def on_descendant_focus(self, event: events.DescendantFocus) -> None:
+        """The key hints follow the focus: the form's editing, or the table's scrolling."""
+        hint = TABLE_HINT if event.widget.id == "whatif-table" else FORM_HINT
+        self.query_one("#whatif-hint", Static).update(hint.format(applies=self._applies))
+
+    def _show_answer(self) -> None:
+        """After a replay, once laid out: when the table is not wholly in view (80x24: the form
+        above it fills the area), it takes the area and the focus; where both fit, the form
+        keeps the focus."""
+        body, table = self.query_one("#whatif-body", VerticalScroll), self.query_one("#whatif-table", DataTable)
+        if self.answer is None or self.focused is table:
+            return
+        seen = body.region
+        if seen.y <= table.region.y and table.region.bottom <= seen.bottom:
+            return
+        body.scroll_to_widget(table, animate=False, top=True)
+        table.focus(scroll_visible=False)
 
     # ---- workers (threads: reading and replaying take seconds) ----------------------------
 
@@ -499,7 +586,7 @@ class WhatIfScreen(ModalScreen[None]):
             if window.since != self.since or (self.until is not None and window.until != self.until):
                 # the window replayed is not the one asked for (it starts at the gate's start): say which
                 self.window_text = window_text(window.path, window.since, window.until)
-                self.query_one("#whatif-title", Static).update(f"What if: replay {self.window_text}")
+                self.query_one("#whatif-title", Static).update(f"What if: replay {title_window(self.window_text)}")
             pairs = settable(window.config, window.fit.ceiling, window.held_budget())
             self.recorded = dict(pairs)
             self.at_end = dict(settable(window.config_at_end, window.fit.ceiling, window.held_budget(at_end=True)))
@@ -517,6 +604,7 @@ class WhatIfScreen(ModalScreen[None]):
                 return  # an older run's answer: a newer one (or a refused one) came after it
             self.answer, self.proposal, self.failed = answer, text, False
             self._fill(answer)
+            self.call_after_refresh(self._show_answer)
             assert self.window is not None
             self._show_notes(notes_of(self.window, answer))
             if self.apply is not None:
@@ -525,7 +613,8 @@ class WhatIfScreen(ModalScreen[None]):
             what = f"proposal {text}" if text else "no change from the recorded thresholds (calibration only)"
             warnings = sum(1 for _, warning in self.notes if warning)
             warned = f" · {warnings} config-check warning{'' if warnings == 1 else 's'} below" if warnings else ""
-            self._status(f"{what} · {untrusted} figures not trusted ('?': calibration error over 25%){warned}")
+            figures = f"{untrusted} figure{'' if untrusted == 1 else 's'} not trusted"
+            self._status(f"{what} · {figures} ('?': calibration error over 25%){warned}")
         elif event.state == WorkerState.ERROR:
             if worker.group == "whatif-replay" and worker is not self._replaying:
                 return  # an older run's error: a newer one came after it
@@ -602,6 +691,7 @@ class WhatIfScreen(ModalScreen[None]):
             self.query_one("#whatif-apply", Button).disabled = True
 
     def on_resize(self, event: events.Resize) -> None:
+        self.set_class(event.size.width < 100, "-narrow")  # console/app.tcss: the dialog takes every column
         self._draw_curves()
 
     @property
@@ -686,6 +776,12 @@ class WhatIfScreen(ModalScreen[None]):
         if differ:
             them = "them as they are" if len(differ) > 1 else "it as it is"
             budget += f"\nThe gate now differs from what was replayed: {', '.join(differ)}; applying leaves {them}."
+        if snap is not None and command.budget is None:
+            # (a proposed budget freezes the controller: budget_note says that of the replay)
+            state = controller_note(
+                self.window.controller_state(), self.window.controller_state(at_end=True), live_controller(snap), snap.controller.budget
+            )
+            budget += f"\n{state}" if state else ""
         if not await self.app.push_screen_wait(
             ConfirmScreen(
                 "Apply the what-if",

@@ -48,9 +48,18 @@ def _type_name(value: Any) -> str:
     return type(value).__name__  # dates and times
 
 
+#: a number TOML refuses for its leading zero (``05``, ``-007``, ``05.5``): read as a string by
+#: `gate.config.edit.parse_value` (`--set`, `config set`), so the type error needs saying why
+_LEADING_ZERO_RE = re.compile(r"([+-]?)0+(\d[\d_]*(?:\.\d+)?)")
+
+
 def _got(value: Any) -> str:
     if isinstance(value, dict):
         return "a table"
+    if isinstance(value, str) and (m := _LEADING_ZERO_RE.fullmatch(value.strip())):
+        # a trial's `--set classes.batch.queue_depth=05` read 'got string "05"': the 05 it typed
+        # was a number to them
+        return f"{_show(value)}, a number with a leading zero, which TOML does not allow: write {m.group(1)}{m.group(2)}"
     return f"{_type_name(value)} {_show(value)}"
 
 

@@ -233,6 +233,9 @@ class GateSnapshot:
     #: why the overrides in force are not in their file (a full or read-only disk): a restart
     #: would revert them; "" when kept (the gate retries the write every second)
     overrides_not_kept: str = ""
+    #: the config file the gate was started from and its reload (SIGHUP) re-reads, resolved; ""
+    #: when not known (a gate before this field, or one started without a file)
+    config_path: str = ""
 
     @property
     def budget(self) -> int | None:

@@ -51,7 +51,17 @@ _LAST_EPOCH_S = 253402300799.0  # 9999-12-31T23:59:59Z, the last moment a dateti
 
 class TimeOfDay(float):
     """A moment read from a time of day (``21:10``): `parse_since` gives one, so that the window's
-    end can be read against its start (`window_moments`)."""
+    end can be read against its start (`window_moments`); with the text given, and whether it was
+    read as yesterday's (later than `now`, the moment it was read at), for `yesterday_note`."""
+
+    text: str
+    yesterday: bool
+    now: float
+
+    def __new__(cls, value: float, text: str = "", *, yesterday: bool = False, now: float = 0.0) -> TimeOfDay:
+        moment = super().__new__(cls, value)
+        moment.text, moment.yesterday, moment.now = text, yesterday, now
+        return moment
 
 
 class ExportError(Exception):
@@ -98,7 +108,7 @@ def parse_since(text: str, now: float) -> float:
         except ValueError:
             raise ValueError(f"{text!r} is not a time of day (00:00 to 23:59:59): {forms}") from None
         ts = at.timestamp()
-        return TimeOfDay(ts - 86400.0 if ts > now else ts)
+        return TimeOfDay(ts - 86400.0 if ts > now else ts, text.strip(), yesterday=ts > now, now=now)
     try:
         dt = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
@@ -142,11 +152,33 @@ def window_moments(since: float | None, until: float | None) -> tuple[float | No
     return plain[0], math.floor(since / _DAY_S) * _DAY_S + until % _DAY_S
 
 
+def yesterday_note(since: float | None, until: float | None, until_flag: str = "--until") -> str:
+    """Which times of day of a window were read as yesterday's (later than now: documented, but
+    a trial's error printed "2026-12-06T19:31" for a `--until 19:31` and did not say so, nor that
+    the times are UTC, a local time given being the likely cause); "" when none was. An
+    --until moved onto --since's day (`window_moments`) is on that day, said with --since.
+    `until_flag`: "until=" for the review's filter (its start is then "since=")."""
+    flag = "--since" if until_flag == "--until" else "since="
+    read: list[tuple[str, TimeOfDay]] = [(flag, since)] if isinstance(since, TimeOfDay) and since.yesterday else []
+    if isinstance(until, TimeOfDay) and until.yesterday and window_moments(since, until)[1] == float(until):
+        read.append((until_flag, until))
+    if not read:
+        return ""
+    moment = read[0][1]
+    day = datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%d")
+    now = datetime.fromtimestamp(moment.now, UTC).strftime("%H:%M:%S")
+    return (
+        f"{' and '.join(f'{f} {t.text}' for f, t in read)} {'was' if len(read) == 1 else 'were'} read as yesterday's ({day}): "
+        f"a time of day is UTC, and one later than now ({now} UTC) is yesterday's; give an ISO-8601 time for another day"
+    )
+
+
 def window_order_error(since: float | None, until: float | None) -> str | None:
     """The usage error of a --since/--until pair whose end is not after its start, with both
     moments resolved (`window_moments`): `--since 10m --until 15m` (read as "15 minutes long") is
     a window that ends before it starts, and a bare "--until must be after --since" did not say why."""
     of_day = isinstance(until, TimeOfDay)
+    given_since, given_until = since, until
     since, until = window_moments(since, until)
     if since is None or until is None or until > since:
         return None
@@ -159,7 +191,8 @@ def window_order_error(since: float | None, until: float | None) -> str | None:
         )
     else:
         why = "a duration is a moment that long ago, not the window's length: --since 20m --until 5m is the 15 minutes that ended 5 minutes ago"
-    return f"--until must be after --since: the window would run from {iso(since)} to {iso(until)} ({why})"
+    said = yesterday_note(given_since, given_until)
+    return f"--until must be after --since: the window would run from {iso(since)} to {iso(until)} ({why})" + (f"; {said}" if said else "")
 
 
 DEFAULT_JOURNAL = "tokengate.db"

@@ -49,6 +49,7 @@ class GateState:
     gpu: GpuReading | None
     overrides: tuple[str, ...] = ()  # the operator's runtime changes in force (gate/ops/overrides.py)
     overrides_not_kept: str = ""  # why they are not in their file for a restart ("": kept)
+    config_path: str = ""  # the file the gate was started from, resolved ("": not known)
 
 
 class BypassWatch:
@@ -157,6 +158,7 @@ def build_snapshot(
         shared=state.shared,
         overrides=state.overrides,
         overrides_not_kept=state.overrides_not_kept,
+        config_path=state.config_path,
         models=tuple(v for fleet in backends.fleets for v in fleet.views(dict(telemetry))),
     )
 

@@ -701,6 +701,25 @@ async def test_since_and_until_zoom_to_an_incident_window_in_utc(journal_1000: P
         assert screen.total == sum(1 for i in range(400, 700) if i % 4 == 0)
 
 
+async def test_the_chart_and_the_audit_follow_a_since_until_window(journal_1000: Path) -> None:
+    # A trial's since=19:18:50 until=19:19:20 moved the header, the rows and the what-if's window,
+    # but the chart still spanned 19:16-19:31 and the audit pane said "audit: 8 in range" over
+    # rows outside the window
+    app = ReviewApp(journal_1000)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = await apply_filter(pilot, "since=22:20 until=22:25")  # BASE + 400 .. BASE + 700
+        audit = screen.query_one("#review-audit", DataTable)
+        assert [str(audit.get_row_at(i)[4]) for i in range(audit.row_count)] == ["decrease"]  # BASE + 450 alone
+        assert "audit: 1 in range" in str(screen.query_one("#review-audit-title", Static).render())
+        data = screen.query_one(BudgetChart)._data
+        assert data is not None and (data.now, data.window_s) == (BASE + 700, 300.0), (data.now, data.window_s)
+        assert data.times and BASE + 400 <= min(data.times) and max(data.times) < BASE + 700
+        assert [t for t, _ in data.marks] and all(BASE + 400 <= t < BASE + 700 for t, _ in data.marks), data.marks
+        screen = await press(pilot, "escape")  # the filter cleared: the range's chart and audit again
+        assert audit.row_count == 3 and screen.query_one(BudgetChart)._data.now == screen.now
+
+
 async def test_an_until_time_of_day_past_the_journals_newest_row_ends_on_since_s_day(journal_1000: Path) -> None:
     # the journal's newest row is at 22:29:59: until=22:35, later than it, read as the day
     # before (a rule for since=) and the window ran backwards, empty; it is since='s day's 22:35

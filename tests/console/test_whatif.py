@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import Button, TextArea
+from textual.widgets import Button, DataTable, TextArea
 from textual.worker import WorkerFailed
 
 from console.review_app import ReviewApp
@@ -422,6 +422,103 @@ async def test_at_80x24_the_answer_and_the_buttons_can_be_reached(journal: Path)
             assert visible.y <= widget.region.y and widget.region.bottom <= visible.bottom, (widget, widget.region, visible)
 
 
+#: the partial blocks Textual draws at a scrollbar thumb's ends: a trial's "stray glyphs"
+PARTIAL_BLOCKS = set("▁▂▃▄▅▆▇▉▊▋▌▍▎▏")
+
+
+def scrollbar_glyphs(screen: WhatIfScreen) -> list[tuple[str, str]]:
+    """The partial blocks drawn in the what-if's scrollbars (none: they draw whole cells)."""
+    strips = screen._compositor.render_strips()
+    seen = screen.query_one("#whatif-body").region  # what scrolled out of it is not drawn there
+    found = []
+    for selector in ("#whatif-body", "#whatif-form", "#whatif-table", "#whatif-notes"):
+        widget = screen.query_one(selector)
+        for shown, bar in (
+            (widget.show_vertical_scrollbar, widget.vertical_scrollbar),
+            (widget.show_horizontal_scrollbar, widget.horizontal_scrollbar),
+        ):
+            r = bar.region.intersection(seen)
+            if shown and r.area:
+                found += [(selector, c) for strip in strips[r.y : r.bottom] for c in strip.crop(r.x, r.right).text if c in PARTIAL_BLOCKS]
+    return found
+
+
+async def test_at_80x24_a_replay_shows_its_table_without_a_tab(journal: Path) -> None:
+    # A trial at 80x24: after ctrl+r the dialog showed the form, the one-line summary and the
+    # buttons; the table, the notes and the curves had no height until Tab, and nothing said to
+    # press it. The proposal column was past the right edge, and scrolling to it took the class
+    # column away; scrollbar ends drew block glyphs (▂▂, ▅▅, ▆▆) inside the dialog's right edge.
+    app = ReviewApp(journal)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await open_whatif(pilot)
+        set_form(screen, {"backend.token_budget": "800"})
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        table = screen.query_one("#whatif-table", DataTable)
+        await until(pilot, lambda: screen.focused is table)  # the table takes the focus, no Tab pressed
+        seen, shown = screen.query_one("#whatif-body").region, table.region
+        assert seen.y <= shown.y and shown.bottom <= seen.bottom and shown.height >= 10, (seen, shown)
+        rows = drawn(app, "#whatif-table")
+        assert rows.startswith("class figure recorded") and "batch admitted 31 33 6%" in rows, rows
+        assert "shift+tab: the form" in drawn(app, "#whatif-hint")
+        assert not scrollbar_glyphs(screen), scrollbar_glyphs(screen)
+        # scrolled right to the proposal, the class column stays
+        assert "proposal" not in rows
+        for _ in range(12):
+            await pilot.press("right")
+        await until(pilot, lambda: "proposal" in drawn(app, "#whatif-table"))
+        rows = drawn(app, "#whatif-table")
+        assert rows.startswith("class") and "batch" in rows.split("proposal", 1)[1], rows
+        # shift+tab: back to the form, in view, its hint again
+        await pilot.press("shift+tab")
+        form = screen.query_one("#whatif-form", TextArea)
+        await until(pilot, lambda: screen.focused is form)
+        await until(pilot, lambda: screen.query_one("#whatif-body").region.y <= form.region.y)
+        assert "edit KEY=VALUE lines" in drawn(app, "#whatif-hint")
+        # reopened with `w` (the form kept), the same
+        await pilot.press("escape")
+        screen = await open_whatif(pilot)
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        await until(pilot, lambda: screen.focused is screen.query_one("#whatif-table"))
+        assert "batch admitted 31 33 6%" in drawn(app, "#whatif-table")
+    # where the form and the table fit together, the form keeps the focus (edit, replay again)
+    async with ReviewApp(journal).run_test(size=(200, 50)) as pilot:
+        screen = await open_whatif(pilot)
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert screen.answer is not None and screen.focused is screen.query_one("#whatif-form")
+        assert "batch admitted" in drawn(pilot.app, "#whatif-table")
+        assert not scrollbar_glyphs(screen), scrollbar_glyphs(screen)
+
+
+def test_whatif_at_80x24_snapshot(snap_compare, journal: Path) -> None:
+    """The what-if at 80x24 after ctrl+r on a proposal, nothing else pressed: the table in
+    view and focused, its error column whole, the hints for it, no scrollbar glyphs (the old
+    layout showed the form, the summary and the buttons, and no row of the answer). Regenerate
+    after an intended change with `--snapshot-update` and look at the SVG before committing it."""
+
+    async def run_before(pilot: Pilot) -> None:
+        screen = await open_whatif(pilot)
+        set_form(screen, {"backend.token_budget": "800"})
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        for _ in range(100):  # the table takes the focus after its layout (not raised here: the picture says)
+            if screen.focused is screen.query_one("#whatif-table"):
+                break
+            await pilot.pause()
+        # every table, the review's behind too, sized to its rows and drawn at those widths
+        # (tests/console/test_review.py's snapshot: DataTable sizes its columns when idle)
+        tables = [t for s in pilot.app.screen_stack for t in s.query(DataTable)]
+        await until(pilot, lambda: not any(t._require_update_dimensions for t in tables))
+        for table in tables:
+            table._clear_caches()
+            table.refresh()
+        await pilot.pause()
+
+    assert snap_compare(ReviewApp(journal), terminal_size=(80, 24), run_before=run_before)
+
+
 async def test_closing_the_what_if_keeps_the_edits_for_the_next_time(journal: Path) -> None:
     # closing and reopening (esc, w) threw the edits away (a user's trial)
     app = ReviewApp(journal)
@@ -708,6 +805,50 @@ async def test_the_confirmation_says_an_adaptive_replay_moved_the_budget_the_app
         assert "Replay with budget.mode=static added to see what this apply does." in said
         await pilot.press("n")
         await settle(pilot)
+
+
+async def test_the_confirmation_says_the_gates_controller_is_not_the_one_replayed(gate, journal: Path) -> None:
+    # A trial: the window was replayed with the controller adaptive; the running gate's was
+    # frozen since, and the confirmation listed the thresholds that differed, not that
+    from gate.data.commands import Freeze
+
+    gate.journal_path = str(journal)
+    app = make_app(gate)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("r")
+        screen = await open_whatif(pilot)
+        assert screen.window is not None and screen.window.controller_state(at_end=True) == "adaptive"
+        set_form(screen, {"classes.batch.queue_depth": "3"})
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        await pilot.press("ctrl+t")
+        said = (await confirmation(pilot)).message
+        assert "controller" not in said, said  # adaptive on both sides: nothing to say
+        await pilot.press("n")
+        await settle(pilot)
+        await app.send(Freeze(True))
+        await pilot.press("ctrl+t")
+        said = (await confirmation(pilot)).message
+        held = gate.snapshot().controller.budget
+        assert (
+            f"The gate's controller is now frozen, the budget held at {held:,}; the window was replayed with it adaptive: "
+            "the replay's controller moved the budget, the gate's holds it, and applying leaves it frozen." in said
+        ), said
+        await pilot.press("n")
+        await settle(pilot)
+
+
+def test_the_controller_note_names_both_states() -> None:
+    from console.screens.whatif import controller_note
+
+    assert controller_note("adaptive", "adaptive", "adaptive", 2048) == ""
+    assert controller_note("static", "static", "static", 1200) == ""
+    assert "now adaptive; the window was replayed with it static: the replay held the budget, the gate's controller moves it" in (
+        controller_note("static", "static", "adaptive", 2048)
+    )
+    # a freeze in the window: the replay ended frozen, as the gate still is
+    assert controller_note("adaptive", "frozen", "frozen", 900) == ""
+    assert "replayed with it adaptive, then frozen (a change in the window)" in controller_note("adaptive", "frozen", "adaptive", 2048)
 
 
 def test_the_budget_note_is_true_to_the_replays_mode() -> None:

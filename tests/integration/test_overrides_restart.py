@@ -207,5 +207,29 @@ async def test_config_set_says_which_runtime_retunes_the_next_reload_would_repla
             assert "overrides write" in done.stderr and "batch paused" not in done.stderr
             done = await asyncio.to_thread(config_set, "budget.slo_ttft_p95_ms=900")  # the file holds it now
             assert "slo_ttft_p95_ms" not in done.stderr and "classes.batch.queue_depth=3" in done.stderr, done.stderr
+            # A trial's copy of the gate's config (its journal, so its control socket, shared) was
+            # told to `overrides write --config other.toml`: a reload never reads the copy
+            other = tmp_path / "other.toml"
+            other.write_text(config.read_text())
+            copy = await asyncio.to_thread(
+                subprocess.run,
+                [str(TOKENGATE), "config", "set", str(other), "classes.interactive.queue_depth=9"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert copy.returncode == 0, copy.stderr
+            assert "runtime retunes" not in copy.stderr and "overrides write" not in copy.stderr, copy.stderr
+            assert f"{other} is not the running gate's config (the gate on its journal was started from {config}" in copy.stderr
+            # the gate's own file, named relative (the gate was given its whole path), is the gate's
+            by_link = await asyncio.to_thread(
+                subprocess.run,
+                [str(TOKENGATE), "config", "set", config.name, "classes.interactive.queue_depth=9"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                cwd=tmp_path,
+            )
+            assert "classes.batch.queue_depth=3" in by_link.stderr and "not the running gate's" not in by_link.stderr, by_link.stderr
     done = await asyncio.to_thread(config_set, "classes.interactive.queue_depth=7")  # no gate runs: nothing to say
     assert done.returncode == 0 and done.stderr == "", done.stderr

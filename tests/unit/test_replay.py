@@ -123,7 +123,26 @@ def test_a_smaller_budget_moves_the_right_way(tmp_path: Path) -> None:
     answer = run_replay(window, [small])
     rep, prop = answer["scenarios"][1]["classes"], answer["scenarios"][2]["classes"]
     assert sum(c["admitted"] for c in prop.values()) < sum(c["admitted"] for c in rep.values())
-    assert "backends.token_budget" in answer["scenarios"][2]["changes"]
+    assert "backend.token_budget" in answer["scenarios"][2]["changes"]
+
+
+def test_changes_are_named_as_the_set_that_made_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A trial's `--set backend.token_budget=800 --format json` answered "changes":
+    # ["backends.token_budget"]: a script matching its own --set key against it missed it
+    path = _journal(tmp_path, n=80, duration=10.0)
+    args = ["replay", "--journal", path, "--format", "json", "--set", "backend.token_budget=800"]
+    assert main([*args, "--set", "backend.token_budget=2048,classes.batch.queue_depth=3"]) == 0
+    scenarios = json.loads(capsys.readouterr().out)["scenarios"]
+    assert scenarios[2]["changes"] == ["backend.token_budget"]
+    assert scenarios[3]["changes"] == ["backend.token_budget", "classes.batch.queue_depth"]
+    # a key given at its value in force is named as given in its note too (it read
+    # "backend.token_budget=1800,...: backends.token_budget=1800 is the value in force ...")
+    held = parse_config(EXAMPLE_CONFIG.replace("# token_budget = 16384", "token_budget = 1800"))
+    path = _journal(tmp_path, n=80, duration=10.0, config=held, name="held")
+    assert main(["replay", "--journal", path, "--format", "json", "--set", "backend.token_budget=1800,classes.batch.queue_depth=3"]) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert any(n.startswith("backend.token_budget=1800,classes.batch.queue_depth=3: backend.token_budget=1800 is the value") for n in notes)
+    assert not any("backends." in n for n in notes), notes
 
 
 def test_json_answer_shape(tmp_path: Path) -> None:
@@ -1712,6 +1731,13 @@ def test_a_budget_held_by_hand_at_the_windows_start_is_the_forms_token_budget(tm
     restart = Change(6.0, "config_in_force", "gate", thresholds_json(SMALL))  # static: held at its budget
     assert budget_held_at(adaptive, [freeze, set_1200, restart], upto=math.inf) == (True, None)
     assert budget_held_at(adaptive, [freeze, set_1200, Change(-1.0, "overrides_dropped", "overrides", None)]) == (False, None)
+    # the controller's state as the what-if's apply compares it with the gate's
+    from gate.tools.replay.engine import controller_state_at
+
+    assert controller_state_at(adaptive, [set_1200]) == "adaptive" and controller_state_at(SMALL, []) == "static"
+    assert controller_state_at(adaptive, [freeze, set_1200, unfreeze]) == "frozen"
+    assert controller_state_at(adaptive, [freeze, set_1200, unfreeze], upto=math.inf) == "adaptive"
+    assert controller_state_at(adaptive, [freeze, restart], upto=math.inf) == "static"
 
     path, since = _retuned_before(
         tmp_path, (1.0, "console", "freeze", "controller", "True"), (1.2, "console", "set_budget", "backend:default", "1200"), name="hand"
@@ -1720,6 +1746,7 @@ def test_a_budget_held_by_hand_at_the_windows_start_is_the_forms_token_budget(tm
     held = window.held_budget()
     assert held is not None and held == [b for t, b in window.budget_curve if t >= 0][0]
     assert ("backend.token_budget", str(held)) in settable(window.config, window.fit.ceiling, held)
+    assert window.controller_state() == window.controller_state(at_end=True) == "frozen"
 
 
 def test_the_thresholds_in_force_at_the_start_are_what_the_engine_has_there() -> None:
@@ -1864,6 +1891,52 @@ def test_a_time_of_day_until_before_since_is_read_on_since_s_day(
     assert window_moments(parse_since("23:50", now), parse_since("00:10", now)) == (start - 8 * 3600 - 600, start - 8 * 3600 + 600)
 
 
+def test_a_time_of_day_read_as_yesterday_is_said_so_where_the_window_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trial: `--since 19:30 --until 19:31` given before 19:30 UTC (a local 19:3x) was read as
+    yesterday's, as documented, and the error printed "2026-12-06T19:31" without saying it was
+    taken as yesterday, nor that a time of day is UTC."""
+    start = 1_800_000_000.0  # 2027-01-15T08:00:00Z
+    arrivals = synthetic_arrivals(60, 20.0, seed=2)
+    _, outcomes = recorded_by_model(CONFIG, FIT, arrivals)
+    path = str(tmp_path / "today.db")
+    write_journal(path, CONFIG, FIT, arrivals, outcomes, start=start)
+    monkeypatch.setattr("time.time", lambda: start + 60.0)  # 08:01:00 UTC
+    assert main(["replay", "--journal", path, "--since", "08:30", "--until", "08:31"]) == 1
+    err = capsys.readouterr().err
+    assert "no decisions before --until 2027-01-14T08:31:00.000Z" in err, err
+    said = (
+        "tokengate replay: --since 08:30 and --until 08:31 were read as yesterday's (2027-01-14): a time of day is UTC, "
+        "and one later than now (08:01:00 UTC) is yesterday's; give an ISO-8601 time for another day"
+    )
+    assert said in err, err
+    # one of them: --until alone ...
+    assert main(["replay", "--journal", path, "--since", "2027-01-14T08:00Z", "--until", "08:31"]) == 1
+    assert "tokengate replay: --until 08:31 was read as yesterday's (2027-01-14)" in capsys.readouterr().err
+    # ... and an --until moved onto --since's day is not (here today's: no decision after 08:30)
+    assert main(["replay", "--journal", path, "--since", "2027-01-15T08:30Z", "--until", "08:31"]) == 1
+    assert "yesterday" not in capsys.readouterr().err
+    assert main(["replay", "--journal", path, "--since", "07:59", "--until", "08:31", "--format", "json"]) == 0
+    assert "yesterday" not in capsys.readouterr().err
+    # log: an empty selection says it too
+    assert main(["log", "--journal", path, "--since", "08:30", "--until", "08:31", "--format", "json"]) == 0
+    assert "tokengate log: --since 08:30 and --until 08:31 were read as yesterday's (2027-01-14)" in capsys.readouterr().err
+
+
+def test_a_number_with_a_leading_zero_is_said_to_be_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A trial's `--set classes.batch.queue_depth=05` read "must be an integer, got string "05""."""
+    path = _journal(tmp_path, n=20, duration=5.0)
+    assert main(["replay", "--journal", path, "--set", "classes.batch.queue_depth=05"]) == 2
+    err = capsys.readouterr().err
+    assert 'must be an integer, got "05", a number with a leading zero, which TOML does not allow: write 5' in err, err
+    config = tmp_path / "gate.toml"
+    config.write_text(EXAMPLE_CONFIG)
+    assert main(["config", "set", str(config), "budget.slo_ttft_p95_ms=-02.5"]) == 2
+    assert 'got "-02.5", a number with a leading zero, which TOML does not allow: write -2.5' in capsys.readouterr().err
+    assert config.read_text() == EXAMPLE_CONFIG
+
+
 def test_the_error_near_zero_is_one_rule_for_every_kind_of_figure(tmp_path: Path) -> None:
     """A trial: queue_wait_p50_ms 0.100 -> 0.000 read 10% (0.1 ms over a 1 ms floor) beside
     0 -> 8 refusals at 800% (over a 1-request floor), and asked "denominator floored at 1?". The
@@ -1894,6 +1967,40 @@ def test_the_error_near_zero_is_one_rule_for_every_kind_of_figure(tmp_path: Path
     assert all(v["floor"] in (10.0, 4.0, 0.04) for v in answer["calibration"].values())
     legend = "error = |replayed - recorded| / max(|recorded|, floor); floors 10 ms, 4 requests, 0.04 of attainment, 4 tokens/s"
     assert legend in to_table(answer)
+
+
+def test_the_bound_is_judged_on_the_error_as_shown() -> None:
+    """A trial's table: "batch admitted 4 3 25%" unmarked, "batch slo_attainment 0.067 0.050?
+    25%" marked: 0.017 / 0.067 is 25.4%, over the bound, shown as 25%. The bound is judged on
+    the percent shown, so one shown error is marked one way, in the table and in `untrusted`."""
+    from gate.tools.replay import calibration, table_cells, untrusted
+    from gate.tools.replay.report import budget_calibration
+
+    rec = {"batch": {"admitted": 4, "slo_attainment": 0.067, "ttft_p50_ms": 1000.0, "tokens_per_s": 100.0, "refused": {}}}
+    # 25.4% (shown 25%), 25.5% (shown 26%), 24.5% (shown 24%: as the table printed it, half to even)
+    rep = {"batch": {"admitted": 3, "slo_attainment": 0.05, "ttft_p50_ms": 1255.0, "tokens_per_s": 124.5, "refused": {}}}
+    cal = calibration(rec, rep)
+    answer = {"scenarios": [{"classes": rec}, {"classes": rep, "untrusted": untrusted(cal)}], "calibration": cal}
+    shown = {cells[1]: (cells[4], cells[3].endswith("?"), dim) for cells, dim in table_cells(answer)[1]}
+    assert shown == {
+        "admitted": ("25%", False, False),
+        "slo_attainment": ("25%", False, False),
+        "ttft_p50_ms": ("26%", True, True),
+        "tokens_per_s": ("24%", False, False),
+        **{f: ("-", False, False) for f in ("queue_wait_p50_ms", "queue_wait_p95_ms", "ttft_p95_ms")},
+    }, shown
+    assert untrusted(cal) == ["batch.ttft_p50_ms"]
+    # every shown percent around the bound: marked exactly when it reads over 25%
+    for i in range(2300, 2800):
+        cal = calibration({"c": {"admitted": 10000}}, {"c": {"admitted": 10000 + i}})
+        answer = {
+            "scenarios": [{"classes": {"c": {"admitted": 10000}}}, {"classes": {"c": {"admitted": 10000 + i}}, "untrusted": untrusted(cal)}]
+        }
+        cells, marked = table_cells({**answer, "calibration": cal})[1][0]
+        assert marked == (int(cells[4].rstrip("%")) > 25), (i, cells)
+    # the budget curve's mean is trusted by the same rule
+    assert budget_calibration([[0, 1000]], [[0, 1254]], 10.0)["trusted"]
+    assert not budget_calibration([[0, 1000]], [[0, 1255]], 10.0)["trusted"]
 
 
 def test_an_estimated_prompt_too_long_for_a_slot_is_not_replayed_as_too_long(tmp_path: Path) -> None:

@@ -198,7 +198,7 @@ def _same_thresholds(proposals: list[Any]) -> str | None:
 
 def cmd_replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from gate.config import ConfigError, load_config
-    from gate.journal.export import find_journal, window_moments, window_order_error
+    from gate.journal.export import find_journal, window_moments, window_order_error, yesterday_note
     from gate.tools.replay import ReplayError, load_window, proposal_from_config, proposal_from_set, run_replay, to_json, to_table
     from gate.tools.replay.workers import WORKERS_FROM, default_jobs
 
@@ -206,6 +206,7 @@ def cmd_replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if wrong_order:
         err.write(f"tokengate replay: error: {wrong_order}\n")  # a usage error: 2, as the help says
         return 2
+    day_note = yesterday_note(args.since, args.until)
     args.since, args.until = window_moments(args.since, args.until)  # a time-of-day --until on --since's day
     journal, note = find_journal(args.journal)
     if note:
@@ -214,6 +215,8 @@ def cmd_replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         window = load_window(journal, args.since, args.until, args.backend)
     except ReplayError as e:
         err.write(f"tokengate replay: cannot replay: {e}\n")
+        if day_note:  # the error prints yesterday's date: say that it was read so, and why
+            err.write(f"tokengate replay: {day_note}\n")
         hint = _journal_of_config(args, journal) if args.journal is None else None
         if hint:
             err.write(f"tokengate replay: {hint}\n")

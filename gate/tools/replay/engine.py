@@ -547,6 +547,21 @@ def budget_held_at(
     held budget as ``backend.token_budget``: it showed the pool, and the apply's confirmation
     said "backend.token_budget 1200 (replayed with 2048)" of a replay that had run at the hand
     budget of 1200 (a trial)."""
+    state, budget = _controller_at(config, changes, first_arrival_s, upto)
+    held = state != "adaptive"
+    return held, budget if held else None
+
+
+def controller_state_at(config: Config, changes: Sequence[Change], first_arrival_s: float = 0.0, *, upto: float | None = None) -> str:
+    """The controller as the replay runs it at the window's start (`upto`: at that moment):
+    "static" (the mode), "frozen" (an adaptive one, frozen) or "adaptive" (it moves the budget).
+    The what-if's apply says when the gate's is not that one (a trial replayed a window with the
+    controller adaptive, and applied to a gate whose controller was frozen by then, unsaid)."""
+    return _controller_at(config, changes, first_arrival_s, upto)[0]
+
+
+def _controller_at(config: Config, changes: Sequence[Change], first_arrival_s: float, upto: float | None) -> tuple[str, int | None]:
+    """(`controller_state_at`'s state, the last budget set by hand while it is held, else None)."""
     mode, frozen, budget = config.budget.mode, False, None
     for c in changes:
         if not (in_force_from_start(c, first_arrival_s) or (upto is not None and c.at <= upto)):
@@ -564,8 +579,7 @@ def budget_held_at(
             frozen, budget = False, None
         if not frozen and mode != "static":
             budget = None  # the controller moves it (a freeze holds it where the controller left it)
-    held = frozen or mode == "static"
-    return held, budget if held else None
+    return ("static" if mode == "static" else "frozen" if frozen else "adaptive"), budget
 
 
 def _class_values(config: Config, cls: str, values: dict[str, Any]) -> Config:

@@ -14,7 +14,10 @@ A figure's error is ``|replayed - recorded| / max(|recorded|, floor)``, the floo
 figure (`ERROR_FLOORS`: 10 ms, 4 requests, 0.04 of attainment, 4 tokens/s) so that 0 against 1
 is not infinite: one step of noise (`NOISE`: 2.5 ms, 1 request, 0.01, 1 token/s) off a figure
 near zero is exactly the ``UNTRUSTED_ABOVE`` bound (25%), two are over it, whatever the kind.
-Over the bound a figure is listed in ``untrusted`` and marked in every column of the table.
+Over the bound a figure is listed in ``untrusted`` and marked in every column of the table. The
+bound is judged on the error as the table shows it, a whole percent (`error_percent`): 0.067
+replayed as 0.050 is 25.4% off, shown "25%", and was marked '?' beside a count 4 -> 3 at exactly
+25% and unmarked (a trial); the same percent shown is now marked the same way everywhere.
 """
 
 from __future__ import annotations
@@ -69,6 +72,12 @@ def _flat(thresholds: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def set_key(key: str) -> str:
+    """A pinned key as ``--set`` writes it: ``backends.token_budget`` -> ``backend.token_budget``
+    (the replay's one backend); the others as they are."""
+    return "backend." + key.removeprefix("backends.") if key.startswith("backends.") else key
+
+
 def _proposal(name: str, recorded: Config, data: dict[str, Any]) -> Proposal:
     recorded_classes = thresholds_of(recorded)["classes"]
     for cls, body in data["classes"].items():
@@ -119,7 +128,7 @@ def proposal_from_set(text: str, recorded: Config) -> Proposal:
     """``KEY=VALUE[,KEY=VALUE...]`` over the recorded thresholds (`recorded`: the window's
     ``config``, those in force at its start, a change before it included). Keys: ``budget.K``,
     ``classes.NAME.K``, ``backend.K`` (the replayed backend: token_budget, max_prefill_tokens,
-    prefill_yield_tokens; ``backends.K``, as ``changes`` names it, too); ``KEY=none``
+    prefill_yield_tokens; ``backends.K`` too, as ``changes`` named it before it said ``backend.K``); ``KEY=none``
     removes an optional key. A key given twice, an empty item, or a key the replay cannot honour
     (``default_class``: each arrival keeps its recorded class; a backend's address) is an error."""
     data = thresholds_of(recorded)
@@ -301,8 +310,21 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
 
 
+def error_percent(error: float) -> int:
+    """An error as the table shows it: a whole percent (0.2537 -> 25), rounded as the table
+    always printed it (``f"{error:.0%}"``, half to even: 0.005 -> 0)."""
+    return round(error * 100)
+
+
+def over_bound(error: float | None, bound: float = UNTRUSTED_ABOVE) -> bool:
+    """Is the error, as shown (`error_percent`), over the bound? None (a figure on one side
+    only) is. The table's '?', the JSON's ``untrusted`` and ``budget_calibration.trusted`` all
+    ask this, so that "25%" is never marked in one row and not in the next."""
+    return error is None or error_percent(error) > error_percent(bound)
+
+
 def untrusted(cal: Mapping[str, dict[str, Any]], bound: float = UNTRUSTED_ABOVE) -> list[str]:
-    return sorted(k for k, v in cal.items() if v["error"] is None or v["error"] > bound)
+    return sorted(k for k, v in cal.items() if over_bound(v["error"], bound))
 
 
 def _curve(points: Iterable[tuple[float, int]]) -> list[list[float]]:
@@ -347,7 +369,7 @@ def budget_calibration(recorded: Sequence[Sequence[float]], replayed: Sequence[S
         "recorded_mean": round(rec, 1),
         "replayed_mean": round(rep, 1),
         "error": error,
-        "trusted": error is not None and error <= UNTRUSTED_ABOVE,
+        "trusted": not over_bound(error),
     }
 
 
@@ -472,7 +494,7 @@ def _unpinned_notes(window: Window, p: Proposal) -> list[str]:
     now = _flat(thresholds_of(window.config))
     start = _flat(thresholds_of(window.start_config))
     for key in sorted(p.given - p.pinned):
-        value = f"{key}={plain_value(now.get(key))}"
+        value = f"{set_key(key)}={plain_value(now.get(key))}"  # as --set wrote it (not "backends.")
         said = value if p.name == value else f"{p.name}: {value}"  # not "K=V: K=V is ..."
         was = (
             f" (the gate started with {plain_value(start.get(key))}: a change before the window set it)"
@@ -602,7 +624,9 @@ def run_replay(
                 "name": p.name,
                 "classes": classes,
                 "untrusted": bad,
-                "changes": sorted(p.pinned),
+                # named as a --set names them: a script matching its own `--set
+                # backend.token_budget=800` against "backends.token_budget" missed it (a trial)
+                "changes": sorted(set_key(k) for k in p.pinned),
                 "budget_curve": curve,
                 "warnings": said,
             }
@@ -678,7 +702,7 @@ def table_cells(answer: Mapping[str, Any]) -> tuple[list[str], list[tuple[list[s
         none = err is None or (values[0] is None and values[1] is None)
         # past 999% a percentage means nothing more (a recorded 0.1 ms queue wait replayed as
         # 1,129 ms read "112930%" in a trial's table, a number that looks like a bug)
-        shown = "-" if none else ">999%" if err > 9.995 else f"{err:.0%}"
+        shown = "-" if none else ">999%" if error_percent(err) > 999 else f"{error_percent(err)}%"
         cells = [cls, fig, _cell(values[0]), _cell(values[1]) + mark, shown]
         cells += [_cell(v) + mark for v in values[2:]]
         rows.append((cells, key in bad))

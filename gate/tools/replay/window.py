@@ -34,6 +34,7 @@ from gate.tools.replay.engine import (
     BackendFit,
     Change,
     budget_held_at,
+    controller_state_at,
     in_force_at_start,
     in_force_from_start,
 )
@@ -101,6 +102,11 @@ class Window:
             return None
         sampled = [b for t, b in self.budget_curve if t >= 0]
         return (sampled[-1] if at_end else sampled[0]) if sampled else hand
+
+    def controller_state(self, *, at_end: bool = False) -> str:
+        """The controller as the replay ran it at the window's start (`at_end`: its end):
+        "static", "frozen" or "adaptive" (`controller_state_at`)."""
+        return controller_state_at(self.start_config, self.changes, self.first_arrival_s, upto=math.inf if at_end else None)
 
     def in_window(self, change: Change) -> bool:
         """A change made in the window, not in force from its start (`in_force_from_start`); the
