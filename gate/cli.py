@@ -413,8 +413,12 @@ def _write_config(path: str, edits: list[tuple[str, Any]]) -> None:
     # The new file takes the old one's owner, group and mode (a root-owned file the service's
     # group reads, 0640, stays so after `sudo tokengate config set`) and is created 0600, so
     # the text (a Redis password, perhaps) is never readable by more than the old file was.
-    st = os.stat(path)
-    tmp = path + ".tokengate-new"
+    # Written where a symlink points (config management often links /etc/tokengate/tokengate.toml
+    # to a managed file): replaced at the link's own path, the link became a plain file and the
+    # file it named kept the old values (a what-if trial).
+    target = os.path.realpath(path)
+    st = os.stat(target)
+    tmp = target + ".tokengate-new"
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)  # a leftover of an interrupted edit
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -424,7 +428,7 @@ def _write_config(path: str, edits: list[tuple[str, Any]]) -> None:
             os.fchown(f.fileno(), st.st_uid, st.st_gid)
         with contextlib.suppress(OSError):
             os.fchmod(f.fileno(), st.st_mode & 0o7777)
-    os.replace(tmp, path)
+    os.replace(tmp, target)
 
 
 def _cmd_config_set(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

@@ -53,6 +53,23 @@ def test_config_set_refuses_an_invalid_edit_and_leaves_the_file(tmp_path):
     assert parse_config(f.read_text(), "f").budget.min_tokens == 1024
 
 
+def test_config_set_through_a_symlink_edits_the_file_it_names_and_keeps_the_link(tmp_path):
+    # a what-if trial: the link became a plain file holding the edit, and the managed file it
+    # named kept the old values (the gate, started from the link, read them at its next start)
+    managed = tmp_path / "managed" / "tokengate.toml"
+    managed.parent.mkdir()
+    managed.write_text(EXAMPLE_CONFIG)
+    os.chmod(managed, 0o640)
+    link = tmp_path / "tokengate.toml"
+    link.symlink_to(managed)
+    rc, out, err = run("config", "set", str(link), "budget.min_tokens=1024")
+    assert rc == 0, err
+    assert link.is_symlink() and os.readlink(link) == str(managed)
+    assert parse_config(managed.read_text(), "m").budget.min_tokens == 1024
+    assert os.stat(managed).st_mode & 0o777 == 0o640
+    assert not list(tmp_path.glob("*.tokengate-new")) and not list(managed.parent.glob("*.tokengate-new"))
+
+
 def test_overrides_show_write_and_drop_without_a_running_gate(tmp_path):
     f = tmp_path / "tokengate.toml"
     journal = tmp_path / "tokengate.db"
