@@ -13,6 +13,8 @@ handler, where the characters are inserted, so each key takes effect before the 
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from textual import events
 from textual.widget import Widget
 from textual.widgets import Input, TextArea
@@ -33,21 +35,23 @@ async def run_own_binding(widget: Widget, event: events.Key) -> bool:
     return False
 
 
+async def _in_order(widget: Input | TextArea, event: events.Key, insert: Callable[[events.Key], Awaitable[None]]) -> None:
+    """`widget`'s key handler: its own binding now, else its own handler (`insert`)."""
+    if await run_own_binding(widget, event):
+        widget._restart_blink()
+        return
+    await insert(event)
+
+
 class InOrderInput(Input):
     """An Input whose editing keys run in the order typed, among the characters."""
 
     async def _on_key(self, event: events.Key) -> None:
-        if await run_own_binding(self, event):
-            self._restart_blink()
-            return
-        await super()._on_key(event)
+        await _in_order(self, event, super()._on_key)
 
 
 class InOrderTextArea(TextArea):
     """A TextArea whose editing keys run in the order typed, among the characters."""
 
     async def _on_key(self, event: events.Key) -> None:
-        if await run_own_binding(self, event):
-            self._restart_blink()
-            return
-        await super()._on_key(event)
+        await _in_order(self, event, super()._on_key)

@@ -686,6 +686,16 @@ async def confirmation(pilot: Pilot) -> ConfirmScreen:
     raise AssertionError(f"no confirmation: {pilot.app.screen}")
 
 
+async def replayed(pilot: Pilot, changes: dict[str, str]) -> WhatIfScreen:
+    """The review opened, its what-if with `changes` in the form, replayed."""
+    await pilot.press("r")
+    screen = await open_whatif(pilot)
+    set_form(screen, changes)
+    await pilot.press("ctrl+r")
+    await settle(pilot)
+    return screen
+
+
 def set_form(screen: WhatIfScreen, changes: dict[str, str]) -> None:
     """The form with each KEY's line set to VALUE (a line added for a KEY not in it)."""
     form = screen.query_one("#whatif-form", TextArea)
@@ -790,12 +800,8 @@ async def test_the_confirmation_says_an_adaptive_replay_moved_the_budget_the_app
     gate.journal_path = str(journal)
     app = make_app(gate)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("r")
-        screen = await open_whatif(pilot)
+        screen = await replayed(pilot, {"backend.token_budget": "1500"})
         assert screen.window is not None and screen.window.config.budget.mode == "adaptive"
-        set_form(screen, {"backend.token_budget": "1500"})
-        await pilot.press("ctrl+r")
-        await settle(pilot)
         assert screen.proposal == "backend.token_budget=1500"
         await pilot.press("ctrl+t")
         said = (await confirmation(pilot)).message
@@ -815,12 +821,8 @@ async def test_the_confirmation_says_the_gates_controller_is_not_the_one_replaye
     gate.journal_path = str(journal)
     app = make_app(gate)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("r")
-        screen = await open_whatif(pilot)
+        screen = await replayed(pilot, {"classes.batch.queue_depth": "3"})
         assert screen.window is not None and screen.window.controller_state(at_end=True) == "adaptive"
-        set_form(screen, {"classes.batch.queue_depth": "3"})
-        await pilot.press("ctrl+r")
-        await settle(pilot)
         await pilot.press("ctrl+t")
         said = (await confirmation(pilot)).message
         assert "controller" not in said, said  # adaptive on both sides: nothing to say
@@ -873,11 +875,7 @@ async def test_a_failed_replay_clears_the_previous_answer_and_nothing_is_applied
 
     app.send = counting  # type: ignore[method-assign]
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("r")
-        screen = await open_whatif(pilot)
-        set_form(screen, {"classes.batch.queue_depth": "3"})
-        await pilot.press("ctrl+r")
-        await settle(pilot)
+        screen = await replayed(pilot, {"classes.batch.queue_depth": "3"})
         assert screen.proposal == "classes.batch.queue_depth=3" and screen.table_rows and screen.curve_lines
         set_form(screen, {"budget.nope": "3"})
         await pilot.press("ctrl+r")
