@@ -2028,3 +2028,18 @@ def test_an_estimated_prompt_too_long_for_a_slot_is_not_replayed_as_too_long(tmp
     exact = load_window(path)
     assert sum(1 for a in exact.arrivals if a.prompt_tokens == slot + 100) == 5  # counted: as recorded
     assert not any("refused before llama-server counted them" in n for n in exact.notes)
+
+
+def test_a_paused_class_is_refused_as_paused_whatever_its_size_as_the_gate_refuses_it_before_its_count() -> None:
+    # A what-if trial: live, a batch request that would never fit a budget of 900 got 503
+    # class_paused (the gate asks before the count, the prompt as 0); replayed it was
+    # context_length_exceeded, and a proposal moved class_paused 21 -> 14 and that 0 -> 7.
+    from gate.tools.replay import Change
+
+    arrivals = [
+        dataclasses.replace(a, prompt_tokens=250, max_tokens=100) for a in synthetic_arrivals(200, 20.0, seed=6) if a.cls == "batch"
+    ][:20]
+    unpaused = replay(SMALL, FIT, arrivals, [], until=21.0)
+    assert {unpaused[a.id].reason for a in arrivals} == {"context_length_exceeded"}  # 350 never fits batch's reach under 300
+    paused = replay(SMALL, FIT, arrivals, [Change(0.0, "pause_class", "class:batch", "True")], until=21.0)
+    assert {paused[a.id].reason for a in arrivals} == {"class_paused"}  # was context_length_exceeded
