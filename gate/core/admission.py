@@ -46,17 +46,22 @@ a higher class beyond it (#25: under sustained overload every batch waiter had
 aged, aged waiters went first whatever their class, and interactive was starved
 instead; interactive admitted 8 of 94 at 1x saturation beside batch at 2x):
   G1. a waiter of class c *has its turn* when
-      (a) it is aged, and no higher-priority class has an unpaused waiter, or it fits c's
-          share: in_flight_c + cost <= reserved_c, or c has started no request by its turn
-          for `aging_s`; or
+      (a) it is aged, and no higher-priority class has an unpaused waiter or is expected to
+          need a free slot (F7 keeps one for it), or it fits c's share: in_flight_c + cost <=
+          reserved_c, or c has started no request by its turn for `aging_s`; or
       (b) it is c's oldest waiter (a newcomer, when none waits), aged or not, and c has
           started no request at all for `aging_s` (counted from its first arrival): the
           minimum rate. It needs no aging, so it holds for a class with a TTFT objective,
           whose waiters are refused (T1, T2) or served long before they age (#25: with
           objectives batch got 10, 15, 1, 0 in four 10 s windows on the real host, and
           none in some 10 s windows in virtual time with the example's 2 s objective).
-      Past c's reservation while a higher class waits, at most one request per `aging_s`
-      starts by a turn (c's turn is used: (a) and (b) wait for the next).
+      Past c's reservation while a higher class waits or is expected to need a slot, at most
+      one request per `aging_s` starts by a turn (c's turn is used: (a) and (b) wait for the
+      next). With TTFT objectives a higher class's newcomers are refused at arrival, not
+      queued: "waits" alone let aged batch waiters take every slot that freed (a trial, the
+      example with interactive at 1.5 s and batch at 60 s: 21 batch starts to 1 interactive in
+      19 s; in virtual time interactive served 135-144 in time beside batch against 181-193
+      alone, 158-176 with F7's demand counted).
   G2. waiters with their turn are served before every other waiter, oldest first, and never
       yield (F6, borrowing); while one of them waits for the shared budget, the prefill cap or
       a slot, no other class dispatches past its own reservation. A newcomer with its turn
@@ -757,10 +762,18 @@ class Admission:
     def _higher_waiting(self, priority: int) -> bool:
         return any(c.policy.priority > priority and c.waiters and not c.queue.paused for c in self._order)
 
+    def _higher_wants(self, priority: int) -> bool:
+        """G1 (a): does a higher class wait, or is it expected to need a free slot (F7's kept
+        slots; its newcomers are refused at arrival rather than queued, see G1)?"""
+        if self._higher_waiting(priority):
+            return True
+        return self.keep_slots and self.kept_slots(priority) > 0
+
     def _beyond_share(self, request: Request) -> bool:
-        """Would `request` take its class past its reservation while a higher class waits (G1)?"""
+        """Would `request` take its class past its reservation while a higher class waits or
+        is expected to need the slot (G1)?"""
         entry = self._classes[request.cls]
-        if not self._higher_waiting(entry.policy.priority):
+        if not self._higher_wants(entry.policy.priority):
             return False
         return self.ledger.class_tokens(request.cls) + request.cost > entry.reserved
 
@@ -1312,7 +1325,7 @@ class Admission:
                     aged.append(oldest)  # (b): the oldest, aged or not
                 continue
             # has_turn's inputs that are the same for every waiter of the class, once per class
-            higher = self._higher_waiting(c.policy.priority) or (waiting_above is not None and c.policy.priority < waiting_above)
+            higher = (waiting_above is not None and c.policy.priority < waiting_above) or self._higher_wants(c.policy.priority)
             in_class = self.ledger.class_tokens(c.policy.name)
             last = self._turn_at.get(c.policy.name)
             turn_due = last is None or now - last >= aging
