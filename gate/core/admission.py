@@ -1600,11 +1600,11 @@ class Admission:
             # 745 ms would miss its 2000 ms", for a client whose body took 2.2 s).
             spent_ms = (now - request.objective_from) * 1000
             since = f"{spent_ms:.0f} ms since it came + " if spent_ms >= 0.5 else ""
-            why = f"{since}{waiting} + {first} would miss its {objective_ms:g} ms time-to-first-token objective"
+            why = f"{since}{waiting} + {first} would miss its {self._objective_said(request.cls, objective_ms)}"
         else:
             why = (
                 f"a slot is only {_floor_pct(chance or 0.0)} likely to free within the {max(0.0, left) * 1000:.0f} ms its "
-                f"{objective_ms:g} ms time-to-first-token objective leaves ({waiting}; {first}); "
+                f"{self._objective_said(request.cls, objective_ms)} leaves ({waiting}; {first}); "
                 f"it queues at {self.in_time_chance:.0%}"
             )
         return Refuse(
@@ -1613,6 +1613,15 @@ class Admission:
             f"class {request.cls!r} cannot start now: {why}{self._held_back(request)}",
             clamp_retry(self._retry_wait(ahead, now, wait)) if wait is not None else self._retry_unmeasured(request.cls, request.cost, now),
         )
+
+    def _objective_said(self, cls: str, objective_ms: float) -> str:
+        """The objective a T1/T2 refusal names, and whose it is when the class sets none: a trial's
+        batch, `queue_timeout_s = 120` in its file, was refused in 5 ms with `queue_timeout` by
+        the [budget] default of 2 s it inherits, and raising the timeout would change nothing."""
+        said = f"{objective_ms:g} ms time-to-first-token objective"
+        if self._classes[cls].policy.ttft_objective_ms:
+            return said
+        return f"{said} ([budget] slo_ttft_p95_ms: class {cls!r} sets no ttft_objective_ms)"
 
     def _retry_wait(self, position: int, now: float, wait: float) -> float:
         """R3: a T1 refusal's Retry-After: when the slot of the waiter `position` places from the
@@ -1710,7 +1719,7 @@ class Admission:
             # "if": it was refused, not dispatched ("dispatched now, ..., it would miss" read as a
             # dispatch, a trial)
             f"waited {now - w.enqueued_at:.2f}s in class {cls!r}{before}; if dispatched{expecting}, it would miss "
-            f"the class's {objective_ms:g} ms time-to-first-token objective{self._held_back(w.request)}",
+            f"the class's {self._objective_said(cls, objective_ms)}{self._held_back(w.request)}",
             clamp_retry(wait) if wait else self._retry_unmeasured(cls, w.request.cost, now),
         )
         return self._staggered(refusal, now)

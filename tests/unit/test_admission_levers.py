@@ -112,6 +112,24 @@ def test_a_waiter_that_can_no_longer_meet_its_ttft_objective_is_refused_early():
     check_invariants(adm)
 
 
+def test_a_refusal_by_the_budget_default_objective_names_the_key_it_comes_from():
+    """A trial's batch (`queue_timeout_s = 120`) was refused in 5 ms with `queue_timeout` by the
+    [budget] default objective it inherits; the message named only "its 2000 ms objective", and
+    the timeout is the knob an engineer reaches for. A class with its own objective is not told."""
+    adm = pair(slots=1, objective_ms=300, expected=lambda r, prefilling: 0.150)
+    adm.default_ttft_objective_ms = 200.0  # [budget] slo_ttft_p95_ms, for batch (none of its own)
+    adm.offer(req("interactive", 100, prompt=50), 0.0)  # takes the only slot
+    batch = req("batch", 100, prompt=50, at=0.0)
+    assert isinstance(adm.offer(batch, 0.0), Queue)
+    refusal = adm.advance(0.051).expired[0]  # 200 ms - 150 ms to its first token: late after 50 ms
+    assert "200 ms time-to-first-token objective ([budget] slo_ttft_p95_ms: class 'batch' sets no ttft_objective_ms)" in refusal.detail
+    chat = req("interactive", 100, prompt=50, at=1.0)
+    own = adm.offer(chat, 1.0)  # refused at once (T1) or once late (T2): its own objective either way
+    if isinstance(own, Queue):
+        own = adm.advance(1.151).expired[0]
+    assert "300 ms time-to-first-token objective" in own.detail and "slo_ttft_p95_ms" not in own.detail
+
+
 def test_a_newcomer_that_must_wait_and_cannot_make_it_is_refused_at_once():
     adm = pair(slots=1, objective_ms=300, expected=lambda r, prefilling: 0.400)
     adm.offer(req("batch", 100, prompt=50), 0.0)
