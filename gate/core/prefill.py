@@ -6,14 +6,44 @@ y = seconds from dispatch to the first token. Over the most recent points a leas
 line y = base + x / rate separates the two parts of a TTFT under the current load:
 `base`, one decode step of whatever else is running (a new prompt joins the next step),
 and `rate`, prompt tokens processed per second. Old points fall out, so both follow the
-load. Until `min_points` points are in, or while the points do not show a slope clearly
-above zero (its t-statistic under MIN_T), there is no estimate (None): callers never act
-on a guess. That happens when the prompts are all about the same size, so their TTFTs
-differ by decode-step noise rather than prompt length: a least-squares slope through that
-noise is near zero and its rate absurd (a user saw 107,264 tok/s and a "cap" of 213,920
-tokens on a 2,048-token pool, from chats of 30-50 tokens).
+load.
 
-    expected_ttft(prompt, prefilling) = base + (prompt + prefilling) / rate
+    expected_ttft(prompt, prefilling) = base + (prompt + prefilling) / rate,
+                                        within P2's bound
+
+The rules (the estimate acts only on what has been measured):
+  P1. There is a line (`rate`, `base_s`, the "model" source) only from `min_points` points
+      whose x spans at least MIN_SPAN tokens (largest - smallest) and whose slope is clearly
+      above zero (its t-statistic at least MIN_T); else there is none (None), and
+      `expected_or_recent` is the median of the last RECENT first tokens (`recent_ttft`).
+      Both guard against prompts all of about one size, whose TTFTs differ by decode-step
+      noise or by the load of the moment rather than by prompt length: the slope through
+      them says nothing of prefill. The t-statistic alone let a slope through when the load
+      moved with the prompt's size (a user trial: chats of 67 tokens under one load, 68 under
+      a heavier one, first tokens 32-190 ms and 47-243 ms; a slope of 49 ms per token, t = 5,
+      on x from 67 to 68: rate 20 tok/s, base -3.2 s).
+  P2. The estimate for x is never above the largest first token among the line's points
+      times max(1, x / the largest x among them): within the x measured, never beyond what was
+      measured; past it, growing at most in proportion to x, as a line with base >= 0 through
+      the measured points grows (a cached prefix, base < 0, grows faster: its estimate past
+      the measured x is low, which admits and then measures, never refuses on a guess). The
+      same trial's line, read at x = 136 (a second chat beside one prefilling, T4), said
+      3,465 ms where no first token in the run had taken over 535 ms (none over 243 ms in
+      those 64 points), and the gate refused 35 requests in 56 s on such figures, interactive
+      chats with slots free among them ("expected wait 0 ms for 0 ahead + first token 3461
+      ms"): the line's auto cap, (2 s - base) x rate = 106 tokens, kept a second chat from
+      starting beside one prefilling, and T1 judged its wait by the line at 136 tokens. P2
+      alone bounds that estimate at 2 x 243 ms; P1 gives no line there at all.
+  P3. 0 <= `spread(chance)` <= the largest of its points' first tokens: it is a quantile of
+      measured first tokens less their (non-negative) estimate. So, with P2, what T1 adds up
+      (estimate + spread) for x within the measured range is at most twice the largest first
+      token measured, and past it at most that times x / the largest x.
+  P4. `expected_ttft` and `expected_or_recent` never fall as the prompt or what prefills
+      grows (admission's ttft_grows_with_prompt; #24): a line of slope > 0 and P2's bound
+      both grow with x, and so does their minimum; the median does not read x.
+
+A user saw, before P1's t-statistic, 107,264 tok/s and a "cap" of 213,920 tokens on a
+2,048-token pool, from chats of 30-50 tokens.
 
 `spread(chance)`: how far above that estimate the first tokens measured lately came, the
 `chance` quantile of (measured - estimated) over the last SPREAD_POINTS points: admission's T1
@@ -24,7 +54,7 @@ llama-server's batch between steps or behind one, has a median that jumps betwee
 `auto_prefill_cap(slo_s)` is the most prompt tokens that may prefill at once so that a
 request dispatched behind them still gets its first token within the TTFT objective:
 (slo - base) x rate, never below MIN_CAP, and no cap at all when `base` alone is over the
-objective (nothing admission does can meet it then).
+objective (nothing admission does can meet it then), or without a line (P1).
 """
 
 from __future__ import annotations
@@ -43,6 +73,11 @@ MIN_T = 3.0
 RECENT = 16
 #: first tokens whose spread above the estimate `spread` takes
 SPREAD_POINTS = 32
+#: P1: tokens the points' x must span (largest - smallest) for a line; the replay's own fit asks
+#: the same (gate/tools/replay/window.py, PREFILL_FIT_SPREAD). A trial's line came from x of 67
+#: and 68: at its speed (a 68-token prompt's first token in 29 ms, so over 2,300 tok/s) one token
+#: is under 0.5 ms of prefill, nothing against first tokens that varied by 23-535 ms.
+MIN_SPAN = 64
 
 
 @dataclass(slots=True)
@@ -52,7 +87,8 @@ class PrefillModel:
     # the points (x, y) as two deques in step: the refit sums each in C, without unzipping (#24)
     _xs: deque[float] = field(default_factory=deque)
     _ys: deque[float] = field(default_factory=deque)
-    _fit: tuple[float, float] | None = None  # (base_s, rate tokens/s)
+    # (base_s, rate tokens/s, the largest x and the largest y of the points fitted: P2's bound)
+    _fit: tuple[float, float, float, float] | None = None
     _recent: float | None = None  # recent_ttft() of the points as they are (None: not computed)
     _spread: tuple[float, float] | None = None  # (chance, spread(chance)) of the points as they are
 
@@ -84,10 +120,10 @@ class PrefillModel:
         return None if self._fit is None else self._fit[0]
 
     def expected_ttft(self, prompt_tokens: int, prefilling: int) -> float | None:
+        """The line's estimate within P2's bound, or None without a line (P1)."""
         if self._fit is None:
             return None
-        base, rate = self._fit
-        return max(0.0, base + (prompt_tokens + prefilling) / rate)
+        return _on_line(self._fit, prompt_tokens + prefilling)
 
     def recent_ttft(self, last: int = RECENT) -> float | None:
         """The median first-token time (from dispatch) of the last `last` points, or None before
@@ -107,7 +143,11 @@ class PrefillModel:
         """`expected_ttft` when fitted, else `recent_ttft` (None before any first token)."""
         fit = self._fit
         if fit is not None:  # = expected_ttft, inlined: admission asks per waiter on every walk (T2)
-            ttft = fit[0] + (prompt_tokens + prefilling) / fit[1]
+            x = prompt_tokens + prefilling
+            ttft = fit[0] + x / fit[1]
+            bound = fit[3] if x <= fit[2] else fit[3] * x / fit[2]  # P2
+            if ttft > bound:
+                ttft = bound
             return ttft if ttft > 0.0 else 0.0  # = max(0.0, ttft), NaN included, without the call
         return self.recent_ttft()
 
@@ -132,9 +172,9 @@ class PrefillModel:
         ys = list(self._ys)[-n:]
         fit = self._fit
         if fit is not None:
-            base, rate = fit
+            base, rate, _, top = fit  # every point's x is within the line's: P2's bound is `top`
             xs = list(self._xs)[-n:]
-            over = sorted([y - max(0.0, base + x / rate) for x, y in zip(xs, ys, strict=True)])
+            over = sorted([y - max(0.0, min(top, base + x / rate)) for x, y in zip(xs, ys, strict=True)])
         else:
             median = self.recent_ttft() or 0.0
             over = sorted([y - median for y in ys])
@@ -153,21 +193,24 @@ class PrefillModel:
         then no prefill cap can help, and serialising prompts would only cost throughput."""
         if self._fit is None:
             return None
-        base, rate = self._fit
+        base, rate, _, _ = self._fit
         if slo_s <= base:
             return None
         cap = (slo_s - base) * rate
         # a near-flat fit (rate ~1e300) or a huge objective gave inf, and int(inf) raised
         return MAX_CAP if not cap < MAX_CAP else max(MIN_CAP, int(cap))
 
-    def _solve(self) -> tuple[float, float] | None:
+    def _solve(self) -> tuple[float, float, float, float] | None:
         n = len(self._xs)
         if n < self.min_points:
             return None
+        xs = self._xs
+        x_top = max(xs)
+        if x_top - min(xs) < MIN_SPAN:
+            return None  # P1: prompts of about one size; a slope through them is not prefill
         # Lists and one pass per sum, in the points' order: the same float operations as the
         # formulas read, so the same fit to the bit (a replay refits on every first token, and
         # the generator form was ~1/6 of its time; tests/unit/test_replay_golden.py pins it).
-        xs = self._xs
         ys = self._ys
         mx = sum(xs) / n
         my = sum(ys) / n
@@ -187,4 +230,11 @@ class PrefillModel:
         # only the fitted intercept (base - cached / rate) predicts them. Clamped to 0 it put
         # cached / rate of phantom prefill into every estimate: ~0.5 s for a 1,500-token system
         # prompt at 3,000 tok/s, and TTFT-aware deadlines refused requests that would have made it.
-        return intercept, 1.0 / slope
+        return intercept, 1.0 / slope, x_top, max(ys)
+
+
+def _on_line(fit: tuple[float, float, float, float], x: float) -> float:
+    """The line at x, within P2's bound (the largest y fitted x max(1, x / the largest x)), >= 0."""
+    base, rate, x_top, y_top = fit
+    bound = y_top if x <= x_top else y_top * x / x_top
+    return max(0.0, min(bound, base + x / rate))

@@ -185,7 +185,15 @@ GOLDEN: dict[tuple[str, str], str] = {
 # paused class's arrival that never fits is asked again as the gate asks before its count (the
 # prompt as 0: class_paused): no arrival here moves. (Every arrival asked first, as the gate
 # does: 22 waiters' queue waits moved by up to 27 ms, no outcome, and a replay took 37% longer.)
-# Then G1 (a) with F7's demand (above; before, 54d919ead7e9746b).
+# Then the prefill model's P2 (gate/core/prefill.py: an estimate never above the largest first
+# token fitted, times x / the largest x past it): on the backend fitted from the journal (TTFT
+# rising with the busy slots too, which the line's x does not see) it bound 436 of 1.8 million
+# estimates in the aging_s=0 proposal, by at most 7.8%, and 9 of its 1,600 outcomes moved: batch
+# waiters dispatched 0.56 ms sooner (batch TTFT p50 7,118.0 -> 7,118.5 ms, tokens/s 138.40 ->
+# 138.39, interactive's 1,390.19 -> 1,390.16; admitted 1,107 either way); nothing else moved.
+# P1 (no line from x spanning under 64 tokens) moved nothing here (before, 54d919ead7e9746b).
+# Then G1 (a) with F7's demand (above; with P2 alone, c7cdc716d72d92e6; G1 alone gave this same
+# digest: under G1 the estimates P2 bound are not reached).
 GOLDEN_ANSWER = "0cb4161027144a0d"
 
 
