@@ -1969,6 +1969,24 @@ def test_the_error_near_zero_is_one_rule_for_every_kind_of_figure(tmp_path: Path
     assert legend in to_table(answer)
 
 
+def test_a_ttft_percentile_is_untrusted_with_its_queue_wait() -> None:
+    """A trial: interactive ttft_p50_ms predicted 1,322 ms without '?' (the gate then measured
+    545), built on a queue_wait_p50_ms of 1,111 marked '?' at 38%. TTFT is taken from arrival,
+    so it holds the wait: marked with it, at the same percentile only, in `untrusted`, the
+    table's '?' and its dimmed rows."""
+    from gate.tools.replay import calibration, table_cells, untrusted
+
+    rec = {"interactive": {"queue_wait_p50_ms": 800.0, "queue_wait_p95_ms": 1000.0, "ttft_p50_ms": 1200.0, "ttft_p95_ms": 1500.0}}
+    # the wait's p50 38% off; the TTFT's p50 only 10% (its prefill part fitted well), the p95s close
+    rep = {"interactive": {"queue_wait_p50_ms": 1104.0, "queue_wait_p95_ms": 1010.0, "ttft_p50_ms": 1320.0, "ttft_p95_ms": 1510.0}}
+    cal = calibration(rec, rep)
+    assert cal["interactive.ttft_p50_ms"]["error"] == 0.1
+    assert untrusted(cal) == ["interactive.queue_wait_p50_ms", "interactive.ttft_p50_ms"]
+    answer = {"scenarios": [{"classes": rec}, {"classes": rep, "untrusted": untrusted(cal)}], "calibration": cal}
+    marked = {cells[1]: (cells[3], dim) for cells, dim in table_cells(answer)[1] if cells[1] != "admitted"}
+    assert marked["ttft_p50_ms"] == ("1320?", True) and marked["ttft_p95_ms"] == ("1510", False), marked
+
+
 def test_the_bound_is_judged_on_the_error_as_shown() -> None:
     """A trial's table: "batch admitted 4 3 25%" unmarked, "batch slo_attainment 0.067 0.050?
     25%" marked: 0.017 / 0.067 is 25.4%, over the bound, shown as 25%. The bound is judged on

@@ -21,7 +21,9 @@ dispatch: a refused request's wait is in no figure) and TTFT p50/p95 from arriva
 attainment, tokens/s). The error is |replayed - recorded| / max(|recorded|, floor), the floor
 per kind of figure 10 ms, 4 requests, 0.04 of attainment, 4 tokens/s: near zero, one step of
 noise (2.5 ms, 1 request, 0.01, 1 token/s) off is 25%. A figure whose calibration error is over
-25% is marked '?' in every column (and listed in `untrusted` in JSON): it is not a prediction.
+25% is marked '?' in every column (and listed in `untrusted` in JSON): it is not a prediction;
+so is a class's TTFT p50/p95 whenever its queue wait at that percentile is (TTFT from arrival holds
+the wait).
 
 A window cannot be replayed when the journal predates schema v4, when its rows were
 written before that migration, when the writer dropped rows in it, or when no
@@ -51,7 +53,8 @@ has "classes": {NAME: {"admitted", "refused": {REASON: N}, "failed": {REASON: N}
 backend failed them; a replay keeps a request's recorded failure where it admits it too), "queue_wait_p50_ms", "queue_wait_p95_ms",
 "ttft_p50_ms", "ttft_p95_ms", "slo_attainment" (0..1: first token within "slo_objective_ms", the class's TTFT
 objective in force at the window's start, or the proposal's), "tokens_per_s", "arrivals"}} and "untrusted"
-(the figures, as CLASS.FIGURE, CLASS.refused.REASON or CLASS.failed.REASON, whose calibration error is over 25%);
+(the figures, as CLASS.FIGURE, CLASS.refused.REASON or CLASS.failed.REASON, whose calibration error is over 25%,
+and CLASS.ttft_pXX_ms wherever CLASS.queue_wait_pXX_ms is one);
 "notes": what the window does not show (its start moved to the gate's start, work queued or
 running at its start, requests still running in a journal a gate is writing, a gate restart
 or kill in it, decisions without a class).
