@@ -44,7 +44,7 @@ At 80x24 the form, the table, the notes and the curves share one scrolling area;
 the status line, the key hints and the buttons stay on screen. There the form and the table do
 not fit together: after a replay the table takes the area and the focus (the answer showed no
 row until Tab, and nothing said to press it: a trial), the key hints say how to scroll it and
-go back to the form (shift+tab), and its first column stays while it scrolls right to the
+go back to the form (shift+tab), and its first two columns (class, figure) stay while it scrolls right to the
 proposal; below 100 columns the dialog takes every column (at 80 the error column was cut to
 "err"). Where both fit the form keeps the focus, to edit and replay again. The scrollbars draw
 whole cells: their ends' partial blocks read as stray glyphs at the dialog's edge (a trial's
@@ -507,9 +507,10 @@ class WhatIfScreen(ModalScreen[None]):
             yield Static("loading the window…", id="whatif-status", markup=False)
             with VerticalScroll(id="whatif-body"):
                 yield InOrderTextArea("", id="whatif-form", soft_wrap=False, show_line_numbers=False)
-                # the class column stays while the table scrolls right (at 80 columns the proposal
-                # is past the edge, and scrolling to it took the class away: a trial)
-                table: DataTable[Text] = DataTable(id="whatif-table", zebra_stripes=True, cursor_type="row", fixed_columns=1)
+                # the class and figure columns stay while the table scrolls right (at 80 columns the
+                # proposal is past the edge: scrolling to it took the class away, then, with the class
+                # kept, the figure's name, whose rows read "_ms", "it_p50_ms": two trials)
+                table: DataTable[Text] = DataTable(id="whatif-table", zebra_stripes=True, cursor_type="row", fixed_columns=2)
                 yield table
                 # the notes `tokengate replay` prints (the window's, the model's, the proposal's
                 # warnings): their own area, which scrolls, not the status line a replay overwrites

@@ -462,13 +462,15 @@ async def test_at_80x24_a_replay_shows_its_table_without_a_tab(journal: Path) ->
         assert rows.startswith("class figure recorded") and "batch admitted 31 34 10%" in rows, rows
         assert "shift+tab: the form" in drawn(app, "#whatif-hint")
         assert not scrollbar_glyphs(screen), scrollbar_glyphs(screen)
-        # scrolled right to the proposal, the class column stays
+        # scrolled right to the proposal, the class and figure columns stay (with the class alone
+        # kept, a trial's rows read "batch _ms", "batch it_p50_ms")
         assert "proposal" not in rows
         for _ in range(12):
             await pilot.press("right")
         await until(pilot, lambda: "proposal" in drawn(app, "#whatif-table"))
         rows = drawn(app, "#whatif-table")
-        assert rows.startswith("class") and "batch" in rows.split("proposal", 1)[1], rows
+        assert rows.startswith("class figure") and "recorded" not in rows, rows
+        assert "batch queue_wait_p50_ms" in rows.split("proposal", 1)[1], rows
         # shift+tab: back to the form, in view, its hint again
         await pilot.press("shift+tab")
         form = screen.query_one("#whatif-form", TextArea)
