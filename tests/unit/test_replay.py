@@ -2061,3 +2061,39 @@ def test_a_paused_class_is_refused_as_paused_whatever_its_size_as_the_gate_refus
     assert {unpaused[a.id].reason for a in arrivals} == {"context_length_exceeded"}  # 350 never fits batch's reach under 300
     paused = replay(SMALL, FIT, arrivals, [Change(0.0, "pause_class", "class:batch", "True")], until=21.0)
     assert {paused[a.id].reason for a in arrivals} == {"class_paused"}  # was context_length_exceeded
+
+
+def test_a_time_of_day_read_as_yesterday_is_said_so_when_the_window_replays(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trial at 22:45 UTC: `--since 23:50` was yesterday's 23:50, before the gate's start, so the
+    window started there; the only word was the note that it starts at the gate's start, nothing
+    that 23:50 had been read as yesterday's."""
+    start = 1_800_000_000.0  # 2027-01-15T08:00:00Z
+    arrivals = synthetic_arrivals(60, 20.0, seed=2)
+    _, outcomes = recorded_by_model(CONFIG, FIT, arrivals)
+    path = str(tmp_path / "today.db")
+    write_journal(path, CONFIG, FIT, arrivals, outcomes, start=start)
+    monkeypatch.setattr("time.time", lambda: start + 60.0)  # 08:01:00 UTC
+    assert main(["replay", "--journal", path, "--since", "08:30", "--format", "json"]) == 0
+    out, err = capsys.readouterr()
+    assert any("when the gate that wrote the journal started" in n for n in json.loads(out)["notes"])
+    assert "tokengate replay: --since 08:30 was read as yesterday's (2027-01-14): a time of day is UTC, and one later " in err, err
+    assert main(["replay", "--journal", path, "--since", "07:59", "--format", "json"]) == 0
+    assert "yesterday" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("moment", "said"),
+    [
+        ("2026-13-45T00:00Z", "month 13 is not 1 to 12"),
+        ("2026-02-30", "day 30 is not in 2026-02 (1 to 28)"),
+        ("2026-12-01T24:10Z", "hour 24 is not 0 to 23"),
+        ("2026-12-01T23:60", "minute 60 is not 0 to 59"),
+    ],
+)
+def test_a_date_out_of_range_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str], moment: str, said: str) -> None:
+    # a trial's `--since 2026-13-45T00:00Z` read only "is not a moment" and the forms, its own among them
+    assert main(["replay", "--journal", str(tmp_path / "none.db"), "--since", moment]) == 2
+    err = capsys.readouterr().err
+    assert f"{moment!r} is not a moment: {said}; give a duration ago" in err, err

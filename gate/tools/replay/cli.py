@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import calendar
+import re
 from typing import Any, TextIO
 
 DESCRIPTION = """\
@@ -64,7 +66,36 @@ or kill in it, decisions without a class).
 def _when(text: str) -> float:
     from gate.journal.export import moment_arg  # the one reading of a moment, `tokengate log`'s too
 
-    return moment_arg(text)
+    try:
+        return moment_arg(text)
+    except argparse.ArgumentTypeError as e:
+        wrong = _out_of_range(text)
+        if not wrong:
+            raise
+        # (a trial's `--since 2026-13-45T00:00Z` read only "is not a moment", and the forms it
+        # listed were the one it had used)
+        raise argparse.ArgumentTypeError(str(e).replace("is not a moment: ", f"is not a moment: {wrong}; ", 1)) from None
+
+
+_ISO_PARTS = re.compile(r"\s*(\d{4})-(\d\d)-(\d\d)(?:[T ](\d\d):(\d\d)(?::(\d\d))?)?")
+
+
+def _out_of_range(text: str) -> str:
+    """What is out of range in an ISO-8601 time that is one by its shape ("month 13 is not 1 to
+    12"); "" when none is (the text is another problem, said as it is)."""
+    m = _ISO_PARTS.match(text)
+    if m is None:
+        return ""
+    year, month, day = (int(g) for g in m.groups()[:3])
+    if not 1 <= month <= 12:
+        return f"month {month} is not 1 to 12"
+    days = calendar.monthrange(year, month)[1]
+    if not 1 <= day <= days:
+        return f"day {day} is not in {year}-{month:02d} (1 to {days})"
+    for name, value, most in zip(("hour", "minute", "second"), m.groups()[3:], (23, 59, 59), strict=True):
+        if value is not None and int(value) > most:
+            return f"{name} {int(value)} is not 0 to {most}"
+    return ""
 
 
 def add_parser(commands: Any, formatter: type[argparse.HelpFormatter], epilog: str) -> None:
@@ -224,6 +255,10 @@ def cmd_replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if hint:
             err.write(f"tokengate replay: {hint}\n")
         return 1
+    if day_note:
+        # said when it replays too: a trial's `--since 23:50` at 22:45 UTC replayed from the gate's
+        # start, and only the note that the window starts there said anything of it
+        err.write(f"tokengate replay: {day_note}\n")
     try:
         # in the order given on the command line, --set and --config mixed (the table's columns)
         proposals = [
