@@ -389,22 +389,45 @@ def test_one_request_at_the_windows_start_is_one_request_in_the_note(tmp_path: P
     assert "(with the 1 arrival since then, not counted in the figures)" in said, said
 
 
-def test_a_journal_a_gate_is_writing_is_noted(tmp_path: Path) -> None:
+def test_a_journal_a_gate_is_writing_is_noted_when_requests_were_running_at_the_window_s_end(tmp_path: Path) -> None:
+    """A trial: "a gate is writing this journal ... requests still running are not in the window
+    yet" of a window at whose end nothing was in flight: said only when the sample at the
+    window's end and the gate's latest both show work."""
+    import time
+
     from gate.ops.lock import JournalLock
 
     path = _journal(tmp_path, n=40, duration=10.0)
     conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("UPDATE decisions SET ts = ts - ? ", (1_800_000_000.0 - __import__("time").time() + 5.0,))
-    conn.execute("UPDATE audit SET ts = ts - ? ", (1_800_000_000.0 - __import__("time").time() + 5.0,))
+    for table in ("decisions", "audit", "samples"):
+        conn.execute(f"UPDATE {table} SET ts = ts - ? ", (1_800_000_000.0 - time.time() + 5.0,))
     conn.close()
     assert not any("is writing this journal" in n for n in load_window(path).notes)  # a file nobody writes
     lock = JournalLock(path)
     lock.acquire("host:1:test")
+
+    def said() -> list[str]:
+        return [n for n in load_window(path).notes if "a gate is writing this journal" in n]
+
     try:
-        notes = load_window(path).notes
+        assert said() == []  # the samples show nothing in flight or queued: nothing can be missing
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("UPDATE samples SET in_flight = 700, queued = 1")
+        conn.close()
+        (note,) = said()
+        assert "(pid" in note and "700 tokens were in flight and 1 request queued at the window's end" in note, note
+        assert "requests still running are not in the window yet" in note and "--until" in note, note
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("UPDATE samples SET in_flight = 0, queued = 0 WHERE ts = (SELECT max(ts) FROM samples)")
+        conn.close()
+        assert said() == []  # running at the window's end, ended since: journaled
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("DELETE FROM samples")
+        conn.close()
+        (note,) = said()  # no sample to tell: said, as it cannot be ruled out
+        assert "no sample at the window's end says whether any request was running then" in note, note
     finally:
         lock.release()
-    assert any("a gate is writing this journal (pid" in n and "--until" in n for n in notes), notes
 
 
 def test_proposals_the_replay_cannot_honour_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
