@@ -1,7 +1,8 @@
 """`w` on the review screen: what if the window shown had run under other thresholds?
 
 The window is the review's current range (or its ``since=``/``until=`` filter: the incident's
-minutes). The form lists the thresholds the live retune edits (``t``), each as a ``--set``
+minutes). The form lists the thresholds the live retune edits (``t``) and a replay can change (not
+``default_max_tokens``, which the replay refuses: prefilled, it invited an edit), each as a ``--set``
 line ``KEY=VALUE`` holding its value in force at the window's start (``Window.config``: a retune
 before the window included; the gate's start values read as proposals that were none, and made
 the apply's confirmation say the gate differed from a replay that had run with the retune: a

@@ -101,7 +101,19 @@ def test_the_form_offers_every_class_key_the_live_retune_edits() -> None:
     )
     pairs = dict(settable(config, 2048))
     for c in config.classes:
-        assert {f"classes.{c.name}.{k}" for k in CLASS_SETTINGS} <= set(pairs), c.name
+        # but default_max_tokens, which a replay refuses to change (prefilled, a trial edited it
+        # and was refused): every line offered replays at another value
+        assert {f"classes.{c.name}.{k}" for k in CLASS_SETTINGS if k != "default_max_tokens"} <= set(pairs), c.name
+        assert f"classes.{c.name}.default_max_tokens" not in pairs
+    for key, value in pairs.items():
+        other = (
+            "4096"
+            if value == "none"
+            else "none"
+            if key.endswith((".limit_tokens", ".ttft_objective_ms"))
+            else str(int(float(value)) * 2 or 2048)
+        )
+        assert proposal_from_set(f"{key}={other}", config).pinned, key
     assert pairs["classes.batch.ttft_objective_ms"] == "1500"
     assert pairs["classes.interactive.ttft_objective_ms"] == "none"
     form = "\n".join(f"{k}={v}" for k, v in pairs.items())

@@ -722,13 +722,16 @@ def table_cells(answer: Mapping[str, Any]) -> tuple[list[str], list[tuple[list[s
     return head, rows
 
 
-#: the retune form's thresholds (console/screens/retune.py), as the what-if offers them
+#: the retune form's thresholds (console/screens/retune.py) that a replay can change, as the
+#: what-if offers them: not default_max_tokens, which `_proposal` refuses (the journal does not
+#: say which requests came without max_tokens); prefilled, it invited an edit the replay then
+#: refused (a trial)
 RETUNE_BUDGET_KEYS = ("min_tokens", "slo_ttft_p95_ms")
-RETUNE_CLASS_KEYS = ("reserved_tokens", "limit_tokens", "queue_depth", "queue_timeout_s", "default_max_tokens", "ttft_objective_ms")
+RETUNE_CLASS_KEYS = ("reserved_tokens", "limit_tokens", "queue_depth", "queue_timeout_s", "ttft_objective_ms")
 
 
 def settable(config: Config, ceiling: int | None = None, held: int | None = None) -> list[tuple[str, str]]:
-    """(KEY, recorded value) for the thresholds the live retune edits, in ``--set`` form:
+    """(KEY, recorded value) for the thresholds the live retune edits and a replay can change, in ``--set`` form:
     ``backend.token_budget`` (`held`, a budget held by hand, else the configured one, else
     ``ceiling``: the fitted pool the gate discovered), ``budget.K`` and ``classes.NAME.K``
     (``none`` for an unset one)."""
