@@ -877,6 +877,22 @@ def test_a_proposal_config_check_would_warn_about_says_so(tmp_path: Path) -> Non
     assert over.name + ": " in to_table(answer)
 
 
+def test_a_proposal_s_warnings_are_every_one_config_check_gives_its_thresholds(tmp_path: Path) -> None:
+    """The replay's proposal warnings were `capacity_warnings` alone: a limit_tokens at the
+    class's default_max_tokens replayed as 63 batch arrivals refused 400 context_length_exceeded,
+    and an objective of 20 ms (seconds meant?) as every waiter refused, with nothing said, where
+    `config check` warns of both (gate/config/checks.py)."""
+    from gate.config.checks import limit_warnings, objective_warnings
+
+    window = load_window(_journal(tmp_path, n=60, duration=10.0))
+    limit = proposal_from_set("classes.batch.limit_tokens=512", window.config)
+    objective = proposal_from_set("budget.slo_ttft_p95_ms=20", window.config)
+    answer = run_replay(window, [limit, objective])
+    assert answer["scenarios"][2]["warnings"] == limit_warnings(limit.config) != []
+    assert answer["scenarios"][3]["warnings"] == objective_warnings(objective.config) != []
+    assert "a request of class 'batch' without max_tokens holds its prompt and 512 tokens" in to_table(answer)
+
+
 # ---- a window across a gate restart (a user's trial: a real gate restarted, SIGKILLed) -------
 
 

@@ -482,8 +482,13 @@ def _scenarios(window: Window, runs: Sequence[tuple[Config, frozenset[str]]], jo
 
 
 def _warnings(window: Window, config: Config) -> list[str]:
-    """`config check`'s capacity warnings for `config` on the fitted backend."""
+    """`config check --backends`'s warnings for `config` on the fitted backend: the capacity's
+    (`capacity_warnings`, on the slots and pool the journal says llama-server had) and those of
+    the thresholds alone (`objective_warnings`, `limit_warnings`). Only the capacity's were
+    here: a proposal's limit_tokens at its default_max_tokens replayed as a class refused 400,
+    with nothing said, while `config check` warned of it."""
     from gate.backend.pool import capacity_warnings
+    from gate.config.checks import limit_warnings, objective_warnings
     from gate.core.admission import Capacity
 
     fit, backend = window.fit, config.backends[0]
@@ -491,7 +496,7 @@ def _warnings(window: Window, config: Config) -> list[str]:
     # taken from the configured token_budget warned a trial's 2,000 "above the pool of 1400")
     pool = None if backend.token_budget is None else window.pool
     cap = Capacity(fit.slots, fit.slot_context, backend.token_budget or fit.ceiling, pool=pool)
-    return list(capacity_warnings(None, cap, config.budget, config.classes))
+    return [*capacity_warnings(None, cap, config.budget, config.classes), *objective_warnings(config), *limit_warnings(config)]
 
 
 def _unpinned_notes(window: Window, p: Proposal) -> list[str]:
