@@ -160,38 +160,63 @@ def capacity_warnings(layout: Layout | None, cap: Capacity | None, budget: Budge
     return tuple(out)
 
 
-def held_budget_warnings(cap: Capacity | None, held: int | None, frozen: bool, classes: Iterable[ClassPolicy]) -> tuple[str, ...]:
-    """What a budget an operator holds below the ceiling (`held`: set by hand with the controller
-    frozen, or in static mode; None while the controller moves it) leaves a class: less room than
-    its default request needs (its default_max_tokens and a prompt, or the slot it fills), so
-    that each of its requests is refused 429 token_budget_exceeded until the budget moves (an
-    operator's budget is a limit, never stretched for aged work: E1-E2). The reservations in force
-    are those of the ceiling (R0), not of the budget held. `capacity_warnings` says what the
-    reservations leave at the ceiling; this, at the budget held, for the classes that fit there.
-    A what-if applied backend.token_budget=1024 (frozen) under a ceiling of 2,048: interactive's
-    1,024 stayed in force, batch could reach 0, and every batch request was refused with nothing
-    said, in the console, /health or the log (a trial)."""
-    if cap is None or held is None or held >= cap.ceiling:
-        return ()
+@dataclass(frozen=True, slots=True)
+class ShortReach:
+    """A class a budget leaves less room than its default request needs (`short_of_default`)."""
+
+    cls: str
+    default_max_tokens: int
+    reach: int  # the budget less the others' reservations in force (may be below 0)
+    others: tuple[tuple[str, int], ...]  # (class, reservation in force) of the others that reserve
+    at_ceiling: bool  # short at the ceiling too (the reservations alone: `capacity_warnings` says it)
+
+
+def short_of_default(budget: int, ceiling: int, slot_context: int | None, classes: Iterable[ClassPolicy]) -> list[ShortReach]:
+    """The classes that cannot start their default request (its default_max_tokens and a prompt
+    of a token at least, or the slot it fills: the gate lowers the default it injects to what the
+    slot holds) at `budget`, beside the others' reservations in force on `ceiling` (R0 scales them
+    to the ceiling, not to the budget): a class's reach as ``Admission.class_reach`` has it, its
+    own limit_tokens aside (a limit below the default is `limit_warnings`', a 400 at any budget).
+    The one computation behind `held_budget_warnings` and the what-if's confirmation
+    (gate/tools/replay/apply.py)."""
     classes = tuple(classes)
-    in_force = reservations_in_force(classes, cap.ceiling)
+    in_force = reservations_in_force(classes, ceiling)
     out = []
     for c in classes:
         default = getattr(c, "default_max_tokens", None)
         if not isinstance(default, int):
             continue
-        need = min(default + 1, cap.slot_context)  # as capacity_warnings: a prompt of one token at least
-        others = [(p.name, in_force[p.name]) for p in classes if p.name != c.name and in_force[p.name]]
+        need = min(default + 1, slot_context or default + 1)
+        others = tuple((p.name, in_force[p.name]) for p in classes if p.name != c.name and in_force[p.name])
         reserved = sum(n for _, n in others)
-        reach = held - reserved
-        if reach >= need or cap.ceiling - reserved < need:  # fits, or said at the ceiling already
-            continue
-        kept = f" and the other classes reserve {reserved} of it ({', '.join(f'{n} {k}' for n, k in others)})" if others else ""
+        if budget - reserved < need:
+            out.append(ShortReach(c.name, default, budget - reserved, others, ceiling - reserved < need))
+    return out
+
+
+def held_budget_warnings(cap: Capacity | None, held: int | None, frozen: bool, classes: Iterable[ClassPolicy]) -> tuple[str, ...]:
+    """What a budget an operator holds below the ceiling (`held`: set by hand with the controller
+    frozen, or in static mode; None while the controller moves it) leaves a class: less room than
+    its default request needs (`short_of_default`), so that each of its requests is refused 429
+    token_budget_exceeded until the budget moves (an operator's budget is a limit, never
+    stretched for aged work: E1-E2). `capacity_warnings` says what the reservations leave at the
+    ceiling; this, at the budget held, for the classes that fit at the ceiling. A what-if applied
+    backend.token_budget=1024 (frozen) under a ceiling of 2,048: interactive's 1,024 stayed in
+    force, batch could reach 0, and every batch request was refused with nothing said, in the
+    console, /health or the log (a trial)."""
+    if cap is None or held is None or held >= cap.ceiling:
+        return ()
+    out = []
+    for s in short_of_default(held, cap.ceiling, cap.slot_context, classes):
+        if s.at_ceiling:
+            continue  # said at the ceiling already
+        each = ", ".join(f"{n} {k}" for n, k in s.others)
+        kept = f" and the other classes reserve {sum(k for _, k in s.others)} of it ({each})" if s.others else ""
         how = "the controller frozen there" if frozen else "static mode"
         out.append(
-            f"classes.{c.name}: the budget is held at {held} by hand ({how}; the ceiling is {cap.ceiling}){kept}: a {c.name} "
-            f"request may hold at most {max(0, reach)} tokens, not its default_max_tokens {default} and a prompt: its requests "
-            f"are refused 429 token_budget_exceeded until the budget is raised{' or the controller unfrozen' if frozen else ''}"
+            f"classes.{s.cls}: the budget is held at {held} by hand ({how}; the ceiling is {cap.ceiling}){kept}: a {s.cls} "
+            f"request may hold at most {max(0, s.reach)} tokens, not its default_max_tokens {s.default_max_tokens} and a prompt: "
+            f"its requests are refused 429 token_budget_exceeded until the budget is raised{' or the controller unfrozen' if frozen else ''}"
         )
     return tuple(out)
 

@@ -3,9 +3,9 @@ class's reach at the budget held after it, with the reservations the gate keeps 
 
 from __future__ import annotations
 
+from gate.backend.pool import short_of_default
 from gate.core.admission import Admission, Capacity
 from gate.tools.replay import ClassShare, scaled_apart, short_reach
-from gate.tools.replay.apply import reach
 from tests.unit.core_helpers import Cls
 
 #: a trial's gate: the example's classes on a 2,048-token pool
@@ -13,15 +13,18 @@ LIVE = (ClassShare("interactive", 1024, 256), ClassShare("batch", 0, 512))
 
 
 def test_the_reach_is_the_budget_less_the_others_reservations_in_force_on_the_ceiling() -> None:
-    # the trial: backend.token_budget=1024 replayed as the ceiling, where R0 scaled interactive's
-    # 1,024 to 512 (batch reached 512, and was admitted); applied under the gate's 2,048, batch
-    # reaches 0 beside interactive's whole 1,024
-    assert reach(1024, 1024, LIVE, "batch") == 512
-    assert reach(1024, 2048, LIVE, "batch") == 0
-    assert reach(1024, 2048, LIVE, "interactive") == 1024
+    # the trial (slots of 512): backend.token_budget=1024 replayed as the ceiling, where R0 scaled
+    # interactive's 1,024 to 512 (batch reached 512, a whole slot, and was admitted); applied under
+    # the gate's 2,048, batch reaches 0 beside interactive's whole 1,024
+    assert short_of_default(1024, 1024, 512, LIVE) == []
+    (batch,) = short_of_default(1024, 2048, 512, LIVE)
+    assert (batch.cls, batch.reach, batch.others, batch.at_ceiling) == ("batch", 0, (("interactive", 1024),), False)
     # as the admission core reaches it (its limit_tokens aside)
     core = Admission([Cls("interactive", 10, reserved_tokens=1024), Cls("batch", 1)], Capacity(4, 2048, 2048), budget=1024)
-    assert core.class_reach("batch", 1024) == reach(1024, 2048, LIVE, "batch")
+    assert core.class_reach("batch", 1024) == batch.reach
+    # short at the ceiling too (the reservations alone): flagged, for the gate's log to leave to capacity_warnings
+    big = (LIVE[0], ClassShare("batch", 0, 1100))
+    assert short_of_default(1536, 2048, 2048, big)[0].at_ceiling and not short_of_default(1536, 2048, 2048, LIVE)[0].at_ceiling
 
 
 def test_a_class_short_of_its_default_request_is_said_plainly() -> None:

@@ -13,7 +13,6 @@ console's snapshot, the proposal's thresholds), words out.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,32 +28,19 @@ class ClassShare:
     default_max_tokens: int
 
 
-def reach(budget: int, ceiling: int, classes: Sequence[ClassShare], cls: str) -> int:
-    """The most tokens `cls` could hold at `budget` on a backend of `ceiling`, every other class
-    idle: the budget less the others' reservations in force there (R0 scales them to the ceiling,
-    not to the budget), as ``Admission.class_reach`` has it (its limit_tokens aside: a limit
-    below the default request is `config check`'s warning, and a 400, whatever the budget)."""
-    in_force = reservations_in_force(classes, ceiling)
-    return budget - sum(n for name, n in in_force.items() if name != cls)
-
-
 def short_reach(budget: int, ceiling: int, slot_context: int | None, classes: Sequence[ClassShare], where: str = "") -> list[str]:
-    """Each class that cannot start its default request (its default_max_tokens and a prompt of a
-    token at least, or the slot it fills) at `budget` held by hand on a backend of `ceiling`, in
-    the confirmation's words: "batch can reach 0 tokens at a budget of 1,024 held by hand
+    """Each class that cannot start its default request at `budget` held by hand on a backend of
+    `ceiling` (`short_of_default`, the gate's own judgement of a held budget), in the
+    confirmation's words: "batch can reach 0 tokens at a budget of 1,024 held by hand
     (interactive reserves 1,024): its requests will be refused with token_budget_exceeded until
     the budget is raised". `where`: " on NAME" when the gate has several backends."""
-    in_force = reservations_in_force(classes, ceiling)
+    from gate.backend.pool import short_of_default  # as report.py's capacity warnings: only when asked
+
     out = []
-    for c in classes:
-        need = min(c.default_max_tokens + 1, slot_context or math.inf)
-        has = reach(budget, ceiling, classes, c.name)
-        if has >= need:
-            continue
-        others = [f"{name} reserves {n:,}" for name, n in in_force.items() if name != c.name and n]
-        held = f" ({', '.join(others)})" if others else ""
+    for s in short_of_default(budget, ceiling, slot_context, classes):
+        held = f" ({', '.join(f'{name} reserves {n:,}' for name, n in s.others)})" if s.others else ""
         out.append(
-            f"{c.name} can reach {max(0, has):,} tokens at a budget of {budget:,} held by hand{where}{held}: its requests "
+            f"{s.cls} can reach {max(0, s.reach):,} tokens at a budget of {budget:,} held by hand{where}{held}: its requests "
             "will be refused with token_budget_exceeded until the budget is raised"
         )
     return out
