@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal, TextIO
 
 from gate import __version__
-from gate.config import EXAMPLE_CONFIG, Config, ConfigError, load_config, parse_config
+from gate.config import EXAMPLE_CONFIG, BackendConfig, Config, ConfigError, load_config, parse_config
+from gate.config.checks import limit_warnings, objective_warnings  # also the replay's proposal warnings
 from gate.config.reader import beside_the_file
 
 EXIT_OK = 0
@@ -712,7 +713,12 @@ def _cmd_config_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
         # before "ok": a trial read "ok: dup.toml", then the error and exit 2
         check_places(config, source)  # localhost and 127.0.0.1 on one port: exit 2 before asking either
     out.write(f"ok: {source} ({counts})\n")
-    for w in fixed_budget_warnings(config) + objective_warnings(config) + limit_warnings(config):
+    # With --backends, each backend's check says what the file's token_budget contradicts with the
+    # capacity llama-server reports (its slots' context too): the file-only warnings are said there
+    # only where it reports none. Both were printed: a trial read the reservation warning twice,
+    # and "batch ... never starts" from the file alone, where slots of 512 start it (`fit_injected`).
+    fixed = [] if getattr(args, "backends", False) else fixed_budget_warnings(config)
+    for w in fixed + objective_warnings(config) + limit_warnings(config):
         out.write(f"warning: {w}\n")  # what `serve` would warn at start (a warning: the exit status stays 0)
     try:
         _check_directories(config, source)
@@ -741,6 +747,9 @@ def _cmd_config_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
                 rc = EXIT_RUNTIME
             for w in warnings:
                 out.write(f"warning: backend {b.name}: {w}\n")
+            if ", ceiling " not in line:  # no capacity reported (unreachable, not ready, a router): the file's alone
+                for w in fixed_budget_warnings(config, (b,)):
+                    out.write(f"warning: {w}\n")
             for n in notes:
                 out.write(f"note: backend {b.name}: {n}\n")  # handled by the gate itself: the exit status stays
         if config.shared.enabled:
@@ -762,15 +771,16 @@ def _cmd_config_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
     return EXIT_OK
 
 
-def fixed_budget_warnings(config: Config) -> list[str]:
+def fixed_budget_warnings(config: Config, backends: Sequence[BackendConfig] | None = None) -> list[str]:
     """What `capacity_warnings` says of a backend whose ceiling the file fixes (token_budget),
     known without asking llama-server: reservations or min_tokens above it, a class left no
-    room (one slot's context is unknown here: `config check --backends` asks)."""
+    room (one slot's context is unknown here: `config check --backends` asks). `backends`: those
+    of `config` to check (default: all)."""
     from gate.backend.pool import capacity_warnings
     from gate.core.admission import Capacity
 
     out = []
-    for b in config.backends:
+    for b in config.backends if backends is None else backends:
         if b.token_budget is not None:
             cap = Capacity(slots=1, slot_context=sys.maxsize, ceiling=b.token_budget)
             out += [
@@ -778,43 +788,6 @@ def fixed_budget_warnings(config: Config) -> list[str]:
                 for w in capacity_warnings(None, cap, config.budget, config.classes)
             ]
     return out
-
-
-#: a TTFT objective below this is one no first token meets (llama-server's own HTTP hop and one
-#: decode step already take milliseconds): a typo of seconds for milliseconds, most likely
-OBJECTIVE_FLOOR_MS = 50.0
-
-
-def objective_warnings(config: Config) -> list[str]:
-    """TTFT objectives no first token can meet: each class's own, or [budget] slo_ttft_p95_ms
-    for those without one. Accepted (a warning, not an error): the gate then refuses every
-    request that would wait, and serves late the ones that fit at once."""
-    out = []
-    for c in config.classes:
-        objective = config.objective_ms(c.name) or 0.0
-        key = f"classes.{c.name}.ttft_objective_ms" if c.ttft_objective_ms else "budget.slo_ttft_p95_ms"
-        if objective < OBJECTIVE_FLOOR_MS:
-            out.append(
-                f"{key} = {objective:g} ms, the time-to-first-token objective of class {c.name!r}: no first token comes "
-                f"that soon, so every {c.name} request that would wait is refused at once, and those that start at once "
-                "miss it (milliseconds, not seconds?)"
-            )
-    return out
-
-
-def limit_warnings(config: Config) -> list[str]:
-    """A class whose limit_tokens is not above its default_max_tokens: a request of it without
-    max_tokens holds its prompt and default_max_tokens, more than the class may ever hold, and
-    is refused (400). A warning, not an error: requests that send a small max_tokens still run
-    (the overload tests' interactive class, limit 400 beside the default 512, is such a class)."""
-    return [
-        f"classes.{c.name}.limit_tokens = {c.limit_tokens} is not above its default_max_tokens {c.default_max_tokens}: "
-        f"a request of class {c.name!r} without max_tokens holds its prompt and {c.default_max_tokens} tokens, more than the "
-        "class may ever hold, so it is refused (400 context_length_exceeded); only requests that send a smaller "
-        "max_tokens run. Raise limit_tokens or lower default_max_tokens"
-        for c in config.classes
-        if c.limit_tokens is not None and c.limit_tokens <= c.default_max_tokens
-    ]
 
 
 def _fmt_tokens(n: int | None, none: str) -> str:

@@ -1,7 +1,8 @@
 """`w` on the review screen: what if the window shown had run under other thresholds?
 
 The window is the review's current range (or its ``since=``/``until=`` filter: the incident's
-minutes). The form lists the thresholds the live retune edits (``t``), each as a ``--set``
+minutes). The form lists the thresholds the live retune edits (``t``) and a replay can change (not
+``default_max_tokens``, which the replay refuses: prefilled, it invited an edit), each as a ``--set``
 line ``KEY=VALUE`` holding its value in force at the window's start (``Window.config``: a retune
 before the window included; the gate's start values read as proposals that were none, and made
 the apply's confirmation say the gate differed from a replay that had run with the retune: a
@@ -26,10 +27,17 @@ applied to the running gate: ctrl+t (or Apply) asks, then sends it as ONE Retune
 through the link (:func:`retune_of`: ``backend.token_budget`` -> the budget, set by hand and
 the controller frozen there (``f`` unfreezes), ``budget.min_tokens``/``budget.slo_ttft_p95_ms``
 -> settings, one class's retune keys), audited like ``t`` with a note naming the window. The
-budget applied is what was replayed only in static mode: in adaptive mode the replay took the
-proposed ``backend.token_budget`` as the pool's ceiling and its controller moved the budget
-under it (a trial's curve: 1500, then 1200, then 960), so the confirmation says so, and that a
-replay with ``budget.mode=static`` added shows what the apply does. The confirmation also lists
+replay took the proposed ``backend.token_budget`` as the pool's ceiling (in adaptive mode its
+controller moved the budget under it: a trial's curve 1500, then 1200, then 960); the apply holds
+it under the gate's own ceiling, which it leaves as it is, so only a static replay on that
+ceiling ran what the apply does, and the confirmation says which (:func:`budget_note`; it
+advised a replay with ``budget.mode=static``, which takes the budget as the ceiling too). The
+reservations in force are a share of the ceiling (R0): the confirmation warns of each class
+that cannot start its default request at the budget held after the apply, beside the
+reservations the gate keeps, and says where the replay scaled them otherwise
+(:func:`apply_warnings`: a trial's apply of 1,024 under a ceiling of 2,048, replayed with
+interactive's 1,024 scaled to 512, left batch 0 tokens and every batch request refused,
+unsaid). The confirmation also lists
 the form's keys the proposal leaves alone whose value on the running gate now (its latest
 snapshot) differs from the one the replay ran with (a hand retune since the window): applying
 leaves them as they are (:func:`live_differences`); and the gate's controller (static, frozen or
@@ -44,7 +52,7 @@ At 80x24 the form, the table, the notes and the curves share one scrolling area;
 the status line, the key hints and the buttons stay on screen. There the form and the table do
 not fit together: after a replay the table takes the area and the focus (the answer showed no
 row until Tab, and nothing said to press it: a trial), the key hints say how to scroll it and
-go back to the form (shift+tab), and its first column stays while it scrolls right to the
+go back to the form (shift+tab), and its first two columns (class, figure) stay while it scrolls right to the
 proposal; below 100 columns the dialog takes every column (at 80 the error column was cut to
 "err"). Where both fit the form keeps the focus, to edit and replay again. The scrollbars draw
 whole cells: their ends' partial blocks read as stray glyphs at the dialog's edge (a trial's
@@ -56,7 +64,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
@@ -77,6 +85,7 @@ from gate.data.commands import CommandError, Retune
 from gate.data.snapshot import GateSnapshot
 from gate.ops.link import LinkLost, NoAnswer
 from gate.tools.replay import (
+    ClassShare,
     ReplayError,
     ReplayProcess,
     Window,
@@ -84,7 +93,9 @@ from gate.tools.replay import (
     model_line,
     plain_value,
     proposal_from_set,
+    scaled_apart,
     settable,
+    short_reach,
     table_cells,
 )
 
@@ -270,20 +281,65 @@ def controller_note(start: str, end: str, live: str, budget: int | None) -> str:
     return f"The gate's controller is now {live}{held}; the window was replayed {ran}: {moves}, and applying leaves it {live}."
 
 
-def budget_note(mode: str, budget: int, curve: list[list[float]] | None) -> str:
-    """What the confirmation says of a proposed ``backend.token_budget``, true to the replay's
-    budget ``mode``: static, the replay held it as the apply will; adaptive, the replay took
-    it as the pool's ceiling and its controller moved under it (``curve``: the proposal's
-    ``budget_curve``, [[t, budget], ...]), while the apply sets it by hand and freezes it."""
+def budget_note(mode: str, budget: int, curve: list[list[float]] | None, ceiling: int | None = None) -> str:
+    """What the confirmation says of a proposed ``backend.token_budget``. The replay, in either
+    budget ``mode``, took it as the pool's ceiling (the reservations in force scaled to it, R0);
+    the apply sets the working budget by hand and freezes the controller there, under the gate's
+    own ceiling (`ceiling`, when the snapshot names one), which it leaves as it is. Static, the
+    replay held the budget; adaptive, its controller moved under it (``curve``: the proposal's
+    ``budget_curve``, [[t, budget], ...]). Only a static replay on the gate's own ceiling ran
+    what the apply does. It said "Replay with budget.mode=static added to see what this apply
+    does": false, a static replay also takes the budget as the ceiling, and the apply then
+    refuses budget.mode (a trial)."""
+    applied = f"applied, it is held at {budget} by hand, the controller frozen (f unfreezes)"
+    if ceiling == budget:
+        if mode != "adaptive":
+            return "The budget is set by hand and the adaptive controller frozen there, as the replay held it (f unfreezes it)."
+        under = ""
+    else:
+        under = f", under the gate's ceiling{'' if ceiling is None else f' of {ceiling:,}'}"
     if mode != "adaptive":
-        return "The budget is set by hand and the adaptive controller frozen there, as the replay held it (f unfreezes it)."
+        return (
+            f"The replay (budget.mode=static) held backend.token_budget={budget} as the pool's ceiling; {applied}{under}: "
+            "the budget replayed, not its ceiling (no replay holds a budget under the ceiling)."
+        )
     seen = [int(b) for _, b in curve or ()]
     moved = f" ({min(seen)}-{max(seen)})" if seen and min(seen) != max(seen) else ""
     return (
         f"The replay (budget.mode=adaptive) took backend.token_budget={budget} as the pool's ceiling and moved the budget under it"
-        f"{moved}; applied, the budget is set to {budget} by hand and the controller frozen there (f unfreezes it): "
-        "not what was replayed. Replay with budget.mode=static added to see what this apply does."
+        f"{moved}; {applied}{under}: not what was replayed (no replay holds a budget under the ceiling)."
     )
+
+
+def apply_warnings(command: Retune, snap: GateSnapshot | None, replayed: Sequence[ClassShare]) -> tuple[list[str], list[str]]:
+    """What the confirmation warns of the apply, on the running gate as its latest snapshot
+    shows it: the classes that cannot start their default request at the budget held after it
+    (`short_reach`: the proposal's budget, or the one the gate holds now, frozen or static),
+    with the reservations the gate keeps in force (on its ceiling, the proposal's class changes
+    applied); and, for a proposed budget, reservations the replay scaled on it as its ceiling
+    that the gate does not (`scaled_apart`, `replayed`: the proposal's classes). (warnings,
+    notes); nothing without a snapshot. A trial applied backend.token_budget=1024, replayed with
+    interactive's 1,024 scaled to 512 and batch admitted; on the gate batch reached 0 tokens and
+    every request was refused, and the dialog said nothing of it."""
+    if snap is None:
+        return [], []
+    changes = {k: v for k, v in command.class_changes.items() if k in ("reserved_tokens", "default_max_tokens")}
+    live = [ClassShare(v.name, v.reserved_tokens, v.default_max_tokens) for v in snap.classes]
+    live = [dataclasses.replace(c, **changes) if c.name == command.cls else c for c in live]
+    held = command.budget is not None or snap.controller.frozen or snap.controller.mode == "static"
+    warnings: list[str] = []
+    notes: list[str] = []
+    for b in snap.backends:
+        if b.ceiling is None:
+            continue
+        where = f" on {b.name}" if len(snap.backends) > 1 else ""
+        budget = command.budget if command.budget is not None else b.budget
+        if command.budget is not None:
+            apart = scaled_apart(command.budget, replayed, b.ceiling, live, where)
+            notes += [apart] if apart else []
+        if held and budget is not None:
+            warnings += short_reach(min(budget, b.ceiling), b.ceiling, b.slot_context, live, where)
+    return warnings, notes
 
 
 class WholeCellScrollBar(ScrollBarRender):
@@ -507,9 +563,10 @@ class WhatIfScreen(ModalScreen[None]):
             yield Static("loading the window…", id="whatif-status", markup=False)
             with VerticalScroll(id="whatif-body"):
                 yield InOrderTextArea("", id="whatif-form", soft_wrap=False, show_line_numbers=False)
-                # the class column stays while the table scrolls right (at 80 columns the proposal
-                # is past the edge, and scrolling to it took the class away: a trial)
-                table: DataTable[Text] = DataTable(id="whatif-table", zebra_stripes=True, cursor_type="row", fixed_columns=1)
+                # the class and figure columns stay while the table scrolls right (at 80 columns the
+                # proposal is past the edge: scrolling to it took the class away, then, with the class
+                # kept, the figure's name, whose rows read "_ms", "it_p50_ms": two trials)
+                table: DataTable[Text] = DataTable(id="whatif-table", zebra_stripes=True, cursor_type="row", fixed_columns=2)
                 yield table
                 # the notes `tokengate replay` prints (the window's, the model's, the proposal's
                 # warnings): their own area, which scrolls, not the status line a replay overwrites
@@ -764,14 +821,22 @@ class WhatIfScreen(ModalScreen[None]):
             return
         untrusted = len(self.answer["scenarios"][1]["untrusted"])
         assert self.window is not None
-        budget = ""
-        if command.budget is not None:
-            curve = self.answer["scenarios"][-1].get("budget_curve")
-            budget = "\n" + budget_note(self.window.config.budget.mode, command.budget, curve)
         # the running gate now, beside what was replayed: a hand retune since the window (a
         # trial's queue_depth 12 where the replay ran 8) stays in force, and is said
         snap = await self.live() if self.live is not None else None
         now = live_values(snap) if snap is not None else {}
+        replayed = [
+            ClassShare(c.name, c.reserved_tokens, c.default_max_tokens)
+            for c in proposal_from_set(self.proposal, self.window.config).config.classes
+        ]
+        warnings, apart = apply_warnings(command, snap, replayed)
+        budget = "".join(f"\nWARNING: {w}." for w in warnings)
+        if command.budget is not None:
+            curve = self.answer["scenarios"][-1].get("budget_curve")
+            ceilings = {b.ceiling for b in snap.backends if b.ceiling is not None} if snap is not None else set()
+            ceiling = next(iter(ceilings)) if len(ceilings) == 1 else None
+            budget += "\n" + budget_note(self.window.config.budget.mode, command.budget, curve, ceiling)
+        budget += "".join(f"\n{n}" for n in apart)
         differ = live_differences(self.recorded, self.proposal, now, self.at_end)
         if differ:
             them = "them as they are" if len(differ) > 1 else "it as it is"
@@ -812,7 +877,9 @@ class WhatIfScreen(ModalScreen[None]):
             self._status("nothing applied: the gate already runs these values (no audit row)")
             return
         self._status("applied: " + "; ".join(self.applied))
-        self.notify("\n".join(self.applied), title="what-if applied", markup=False)
+        # the gate's own word on a budget it now holds short of a class's default request (Control.execute)
+        warned = any("WARNING:" in m for m in self.applied)
+        self.notify("\n".join(self.applied), title="what-if applied", markup=False, severity="warning" if warned else "information")
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()

@@ -5,7 +5,8 @@ known: slots from `total_slots`, per-slot context from
 `default_generation_settings.n_ctx`, and the KV layout learned where the server's own
 figures tell it (gate/backend/layout.py), else the configured `kv`. Whatever the
 capacity contradicts (the config's `kv`, `min_tokens` or class reservations above the
-ceiling) is in the backend's `warnings`: logged, in /health and in the console.
+ceiling), and what a budget an operator holds below it leaves a class (`held_budget_warnings`),
+is in the backend's `warnings`: logged, in /health and in the console.
 
 A llama-server in router mode (its /props says `"role": "router"`) serves several
 models, each in its own child process: it becomes one capacity unit per configured
@@ -155,6 +156,67 @@ def capacity_warnings(layout: Layout | None, cap: Capacity | None, budget: Budge
         out.append(
             f"the adaptive budget has no room: its floor ({why}) is the ceiling {cap.ceiling}, so the "
             "controller can never lower it; lower min_tokens or reserved_tokens"
+        )
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class ShortReach:
+    """A class a budget leaves less room than its default request needs (`short_of_default`)."""
+
+    cls: str
+    default_max_tokens: int
+    reach: int  # the budget less the others' reservations in force (may be below 0)
+    others: tuple[tuple[str, int], ...]  # (class, reservation in force) of the others that reserve
+    at_ceiling: bool  # short at the ceiling too (the reservations alone: `capacity_warnings` says it)
+
+
+def short_of_default(budget: int, ceiling: int, slot_context: int | None, classes: Iterable[ClassPolicy]) -> list[ShortReach]:
+    """The classes that cannot start their default request (its default_max_tokens and a prompt
+    of a token at least, or the slot it fills: the gate lowers the default it injects to what the
+    slot holds) at `budget`, beside the others' reservations in force on `ceiling` (R0 scales them
+    to the ceiling, not to the budget): a class's reach as ``Admission.class_reach`` has it, its
+    own limit_tokens aside (a limit below the default is `limit_warnings`', a 400 at any budget).
+    The one computation behind `held_budget_warnings` and the what-if's confirmation
+    (gate/tools/replay/apply.py)."""
+    classes = tuple(classes)
+    in_force = reservations_in_force(classes, ceiling)
+    out = []
+    for c in classes:
+        default = getattr(c, "default_max_tokens", None)
+        if not isinstance(default, int):
+            continue
+        need = min(default + 1, slot_context or default + 1)
+        others = tuple((p.name, in_force[p.name]) for p in classes if p.name != c.name and in_force[p.name])
+        reserved = sum(n for _, n in others)
+        if budget - reserved < need:
+            out.append(ShortReach(c.name, default, budget - reserved, others, ceiling - reserved < need))
+    return out
+
+
+def held_budget_warnings(cap: Capacity | None, held: int | None, frozen: bool, classes: Iterable[ClassPolicy]) -> tuple[str, ...]:
+    """What a budget an operator holds below the ceiling (`held`: set by hand with the controller
+    frozen, or in static mode; None while the controller moves it) leaves a class: less room than
+    its default request needs (`short_of_default`), so that each of its requests is refused 429
+    token_budget_exceeded until the budget moves (an operator's budget is a limit, never
+    stretched for aged work: E1-E2). `capacity_warnings` says what the reservations leave at the
+    ceiling; this, at the budget held, for the classes that fit at the ceiling. A what-if applied
+    backend.token_budget=1024 (frozen) under a ceiling of 2,048: interactive's 1,024 stayed in
+    force, batch could reach 0, and every batch request was refused with nothing said, in the
+    console, /health or the log (a trial)."""
+    if cap is None or held is None or held >= cap.ceiling:
+        return ()
+    out = []
+    for s in short_of_default(held, cap.ceiling, cap.slot_context, classes):
+        if s.at_ceiling:
+            continue  # said at the ceiling already
+        each = ", ".join(f"{n} {k}" for n, k in s.others)
+        kept = f" and the other classes reserve {sum(k for _, k in s.others)} of it ({each})" if s.others else ""
+        how = "the controller frozen there" if frozen else "static mode"
+        out.append(
+            f"classes.{s.cls}: the budget is held at {held} by hand ({how}; the ceiling is {cap.ceiling}){kept}: a {s.cls} "
+            f"request may hold at most {max(0, s.reach)} tokens, not its default_max_tokens {s.default_max_tokens} and a prompt: "
+            f"its requests are refused 429 token_budget_exceeded until the budget is raised{' or the controller unfrozen' if frozen else ''}"
         )
     return tuple(out)
 
@@ -343,10 +405,12 @@ class BackendPool:
         return iter(self.backends)
 
     def _own(self, backend: Backend, controller: BudgetController) -> None:
-        """`controller` owns the backend's budget: each of its moves reaches the gatekeeper."""
+        """`controller` owns the backend's budget: each of its moves reaches the gatekeeper, and
+        the backend's warnings (a budget held by hand: `held_budget_warnings`)."""
         assert backend.gatekeeper is not None
         backend.controller = controller
         controller.on_change(backend.gatekeeper.set_budget)
+        controller.on_change(lambda _budget: self.warn(backend))
 
     def set_budget_config(self, budget: BudgetConfig) -> None:
         """Controllers created from now on use these settings (live ones are retuned by control).
@@ -365,12 +429,12 @@ class BackendPool:
                 self._own(b, new)
         self._budget = budget
         for b in self:
-            self._warn(b)
+            self.warn(b)
 
     def set_classes(self, classes: Iterable[ClassPolicy]) -> None:
         self._classes = tuple(classes)
         for b in self:
-            self._warn(b)
+            self.warn(b)
 
     def route(self, model: str | None) -> Backend | None:
         """Declared models first; an absent model goes to the first backend; else a catch-all.
@@ -476,9 +540,17 @@ class BackendPool:
             return None
 
     def capacity_warnings(self, backend: Backend) -> tuple[str, ...]:
-        return capacity_warnings(backend.layout, backend.capacity, self._budget, self._classes)
+        return capacity_warnings(backend.layout, backend.capacity, self._budget, self._classes) + self.held_warnings(backend)
 
-    def _warn(self, backend: Backend) -> None:
+    def held_warnings(self, backend: Backend) -> tuple[str, ...]:
+        """`held_budget_warnings` of the backend's budget, when an operator holds it."""
+        c = backend.controller
+        held = None if c is None or c.elastic else c.budget
+        return held_budget_warnings(backend.capacity, held, c is not None and c.frozen, self._classes)
+
+    def warn(self, backend: Backend) -> None:
+        """Recompute the backend's warnings (each logged once, as it appears): on a change of its
+        capacity, the classes, [budget], its budget, or the controller's freeze."""
         warnings = self.capacity_warnings(backend)
         if warnings != backend.warnings:
             for w in warnings:
@@ -555,13 +627,14 @@ class BackendPool:
                 # force, R0): a llama-server restarted with a smaller -c kept the old pool's floor,
                 # clamped to the new ceiling, and the controller had no room
                 reseat = backend.capacity is not None and backend.capacity.ceiling != capacity.ceiling
+                backend.capacity = capacity  # before the move, whose warnings (`warn`) judge against it
                 move = backend.controller.set_ceiling(self._clock(), capacity.ceiling, self.floor_for(capacity.ceiling), reseat=reseat)
                 if move is not None and self.on_budget_move is not None:
                     # unsaid, a trial's frozen 1,200 became 1,024 on a smaller pool with no audit
                     # row, the console still saying 1,200
                     self.on_budget_move(backend, move)
         backend.capacity = capacity
-        self._warn(backend)
+        self.warn(backend)
 
     async def run(self, interval_s: float = 1.0) -> None:
         """Probe every backend forever; a down backend costs one refused connect per interval.

@@ -1,4 +1,5 @@
-"""Validation on the dataclasses (values and cross-field rules).
+"""Validation on the dataclasses (values and cross-field rules), and the warnings a valid config
+is accepted with that need no backend (`objective_warnings`, `limit_warnings`).
 
 It works on any :class:`Config`, not only one just read from TOML, so code that builds a changed
 ``Config`` (a retune, a reload) runs the same checks and gets the same messages.
@@ -551,3 +552,42 @@ def validate_config(config: Config, source: str = "<config>") -> None:
         if f.socket in sockets:
             raise c.fail("socket", f"{_show(f.socket)} is already fleet[{sockets[f.socket]}]'s socket")
         sockets[f.socket] = i
+
+
+# ---- warnings: accepted, said (`config check`, `serve` at start, replay's proposals) ----------
+
+#: a TTFT objective below this is one no first token meets (llama-server's own HTTP hop and one
+#: decode step already take milliseconds): a typo of seconds for milliseconds, most likely
+OBJECTIVE_FLOOR_MS = 50.0
+
+
+def objective_warnings(config: Config) -> list[str]:
+    """TTFT objectives no first token can meet: each class's own, or [budget] slo_ttft_p95_ms
+    for those without one. Accepted (a warning, not an error): the gate then refuses every
+    request that would wait, and serves late the ones that fit at once."""
+    out = []
+    for c in config.classes:
+        objective = config.objective_ms(c.name) or 0.0
+        key = f"classes.{c.name}.ttft_objective_ms" if c.ttft_objective_ms else "budget.slo_ttft_p95_ms"
+        if objective < OBJECTIVE_FLOOR_MS:
+            out.append(
+                f"{key} = {objective:g} ms, the time-to-first-token objective of class {c.name!r}: no first token comes "
+                f"that soon, so every {c.name} request that would wait is refused at once, and those that start at once "
+                "miss it (milliseconds, not seconds?)"
+            )
+    return out
+
+
+def limit_warnings(config: Config) -> list[str]:
+    """A class whose limit_tokens is not above its default_max_tokens: a request of it without
+    max_tokens holds its prompt and default_max_tokens, more than the class may ever hold, and
+    is refused (400). A warning, not an error: requests that send a small max_tokens still run
+    (the overload tests' interactive class, limit 400 beside the default 512, is such a class)."""
+    return [
+        f"classes.{c.name}.limit_tokens = {c.limit_tokens} is not above its default_max_tokens {c.default_max_tokens}: "
+        f"a request of class {c.name!r} without max_tokens holds its prompt and {c.default_max_tokens} tokens, more than the "
+        "class may ever hold, so it is refused (400 context_length_exceeded); only requests that send a smaller "
+        "max_tokens run. Raise limit_tokens or lower default_max_tokens"
+        for c in config.classes
+        if c.limit_tokens is not None and c.limit_tokens <= c.default_max_tokens
+    ]

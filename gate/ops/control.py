@@ -103,7 +103,18 @@ class Control:
         # drain) leaves an earlier failure standing: clearing it here told the metric the
         # overrides were kept while the file still held the ones before the failed write.
         self._keep_failed_now = False
+        before = {b.name: b.warnings for b in self.backends}
         results = self._execute(command, operator=operator, source=source)
+        # A budget this command holds (set by hand, frozen, static) that leaves a class no room for
+        # its default request: said in the answer too, not only in the log and /health (a trial's
+        # what-if apply froze 1,024 under a ceiling of 2,048; every batch request was then refused,
+        # and the toast said only "budget 2048 -> 1024")
+        raised = [
+            f"backend {b.name}: {w}" for b in self.backends for w in self.backends.held_warnings(b) if w not in before.get(b.name, ())
+        ]
+        if raised and results:
+            last = results[-1]
+            results[-1] = dataclasses.replace(last, message=f"{last.message}. WARNING: {'; '.join(raised)}")
         if self._keep_failed_now and results:
             last = results[-1]
             warning = f" (NOT kept for a restart: {self.keep_error}; a restart would revert it)"
@@ -359,6 +370,7 @@ class Control:
             tokens = self._pending_budgets.pop(backend.name, None)
             if tokens is not None:  # a restored hand budget, once the capacity is known
                 self._restore_budget(backend, tokens)
+            self.backends.warn(backend)  # frozen, the budget is held: what it leaves each class is said
         if backend.fleet is not None and backend.name in self._pending_pins:  # a restored pin, once its unit exists
             self._restore_pin(backend, self._pending_pins[backend.name], self._restorer, "gate")
 

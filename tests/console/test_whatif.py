@@ -19,7 +19,7 @@ from console.screens.confirm import ConfirmScreen
 from console.screens.review import ReviewScreen
 from console.screens.whatif import WhatIfScreen, proposal_text, retune_of
 from gate.config import EXAMPLE_CONFIG, parse_config
-from gate.data.commands import Retune
+from gate.data.commands import Freeze, Retune
 from gate.tools.replay import BackendFit, load_window, proposal_from_set, run_replay, table_cells, to_table
 from gate.tools.replay.synthetic import SMALL_FIT, recorded_by_model, synthetic_arrivals, write_journal
 from tests.console.conftest import make_app, type_ahead
@@ -101,7 +101,19 @@ def test_the_form_offers_every_class_key_the_live_retune_edits() -> None:
     )
     pairs = dict(settable(config, 2048))
     for c in config.classes:
-        assert {f"classes.{c.name}.{k}" for k in CLASS_SETTINGS} <= set(pairs), c.name
+        # but default_max_tokens, which a replay refuses to change (prefilled, a trial edited it
+        # and was refused): every line offered replays at another value
+        assert {f"classes.{c.name}.{k}" for k in CLASS_SETTINGS if k != "default_max_tokens"} <= set(pairs), c.name
+        assert f"classes.{c.name}.default_max_tokens" not in pairs
+    for key, value in pairs.items():
+        other = (
+            "4096"
+            if value == "none"
+            else "none"
+            if key.endswith((".limit_tokens", ".ttft_objective_ms"))
+            else str(int(float(value)) * 2 or 2048)
+        )
+        assert proposal_from_set(f"{key}={other}", config).pinned, key
     assert pairs["classes.batch.ttft_objective_ms"] == "1500"
     assert pairs["classes.interactive.ttft_objective_ms"] == "none"
     form = "\n".join(f"{k}={v}" for k, v in pairs.items())
@@ -462,13 +474,15 @@ async def test_at_80x24_a_replay_shows_its_table_without_a_tab(journal: Path) ->
         assert rows.startswith("class figure recorded") and "batch admitted 31 34 10%" in rows, rows
         assert "shift+tab: the form" in drawn(app, "#whatif-hint")
         assert not scrollbar_glyphs(screen), scrollbar_glyphs(screen)
-        # scrolled right to the proposal, the class column stays
+        # scrolled right to the proposal, the class and figure columns stay (with the class alone
+        # kept, a trial's rows read "batch _ms", "batch it_p50_ms")
         assert "proposal" not in rows
         for _ in range(12):
             await pilot.press("right")
         await until(pilot, lambda: "proposal" in drawn(app, "#whatif-table"))
         rows = drawn(app, "#whatif-table")
-        assert rows.startswith("class") and "batch" in rows.split("proposal", 1)[1], rows
+        assert rows.startswith("class figure") and "recorded" not in rows, rows
+        assert "batch queue_wait_p50_ms" in rows.split("proposal", 1)[1], rows
         # shift+tab: back to the form, in view, its hint again
         await pilot.press("shift+tab")
         form = screen.query_one("#whatif-form", TextArea)
@@ -807,10 +821,62 @@ async def test_the_confirmation_says_an_adaptive_replay_moved_the_budget_the_app
         said = (await confirmation(pilot)).message
         assert "as the replay held it" not in said, said
         assert "took backend.token_budget=1500 as the pool's ceiling and moved the budget under it" in said, said
-        assert "set to 1500 by hand and the controller frozen there (f unfreezes it): not what was replayed" in said
-        assert "Replay with budget.mode=static added to see what this apply does." in said
+        assert (
+            "applied, it is held at 1500 by hand, the controller frozen (f unfreezes), under the gate's ceiling of 8,192: not "
+            "what was replayed (no replay holds a budget under the ceiling)." in said
+        ), said
+        # it advised "Replay with budget.mode=static added to see what this apply does": a static
+        # replay takes the budget as the ceiling too, and the apply refuses budget.mode
+        assert "budget.mode=static added" not in said
         await pilot.press("n")
         await settle(pilot)
+
+
+async def test_the_confirmation_warns_of_a_class_the_applied_budget_leaves_no_room(journal: Path) -> None:
+    """A trial applied backend.token_budget=1024: the replay took it as the ceiling, where R0
+    scaled interactive's 1,024 to 512, and predicted batch admitted; applied under the gate's
+    ceiling (2,048 there, 8,192 here), interactive's 1,024 stayed in force, batch reached 0 tokens
+    and every batch request was refused 429 token_budget_exceeded, and the dialog, like the
+    toast, said nothing of it."""
+    from tests.console.conftest import ENVIRON, SLOTS
+    from tests.fakes import GATE_CONFIG, gate_on_fake_llama
+
+    config = GATE_CONFIG.replace("reserved_tokens = 512", "reserved_tokens = 1024")
+    async with gate_on_fake_llama(config, environ=ENVIRON, slots=SLOTS) as gate:
+        gate.journal_path = str(journal)
+        app = make_app(gate)
+        async with app.run_test(size=SIZE) as pilot:
+            screen = await replayed(pilot, {"backend.token_budget": "1024"})
+            assert screen.answer["scenarios"][2]["classes"]["batch"]["admitted"] > 0  # as the replay predicted
+            await pilot.press("ctrl+t")
+            said = (await confirmation(pilot)).message
+            assert (
+                "WARNING: batch can reach 0 tokens at a budget of 1,024 held by hand (interactive reserves 1,024): its "
+                "requests will be refused with token_budget_exceeded until the budget is raised." in said
+            ), said
+            assert (
+                "On the replay's ceiling of 1,024, R0 put interactive 512 in force; the gate keeps interactive 1,024 in force "
+                "on its ceiling of 8,192." in said
+            ), said
+            await pilot.press("y")
+            await settle(pilot)
+            # applied (the operator was told): the gate's answer says it too, and the toast is a warning
+            assert screen.applied and "WARNING: backend default: classes.batch: the budget is held at 1024" in screen.applied[-1]
+            assert gate.backends.backends[0].admission.class_reach("batch", 1024) == 0
+            assert app._notifications and list(app._notifications)[-1].severity == "warning"
+        # at 80x24 what the confirmation says scrolls, its buttons on screen (they were pushed
+        # past the bottom edge)
+        async with make_app(gate).run_test(size=(80, 24)) as pilot:
+            await replayed(pilot, {"backend.token_budget": "1024"})
+            await pilot.press("ctrl+t")
+            dialog = await confirmation(pilot)
+            await pilot.pause()
+            body, yes = dialog.query_one("#confirm-body"), dialog.query_one("#yes")
+            assert yes.region.bottom <= 24 and body.max_scroll_y > 0, (yes.region, body.max_scroll_y)
+            await pilot.press("pagedown")
+            await pilot.pause()
+            assert body.scroll_y == body.max_scroll_y
+            await pilot.press("n")
 
 
 async def test_the_confirmation_says_the_gates_controller_is_not_the_one_replayed(gate, journal: Path) -> None:
@@ -840,6 +906,28 @@ async def test_the_confirmation_says_the_gates_controller_is_not_the_one_replaye
         await settle(pilot)
 
 
+async def test_the_confirmation_warns_of_a_reservation_raised_under_a_budget_the_gate_holds(gate, gate_journal: Path) -> None:
+    # no budget proposed, but the gate holds one (frozen at 1,500): interactive's reservation
+    # raised to 1,000 leaves batch 500 of it, short of its default request (512 and a prompt)
+    gate.journal_path = str(gate_journal)
+    app = make_app(gate)
+    async with app.run_test(size=SIZE) as pilot:
+        await app.send(Retune(budget=1500, freeze=True))
+        screen = await replayed(pilot, {"classes.interactive.reserved_tokens": "1000"})
+        assert screen.proposal == "classes.interactive.reserved_tokens=1000"
+        await pilot.press("ctrl+t")
+        said = (await confirmation(pilot)).message
+        assert "WARNING: batch can reach 500 tokens at a budget of 1,500 held by hand (interactive reserves 1,000)" in said, said
+        assert "R0 put" not in said  # no budget proposed: the replay ran the gate's ceiling's reservations
+        await pilot.press("n")
+        await settle(pilot)
+        await app.send(Freeze(False))  # the controller moves the budget: nothing is held to warn of
+        await pilot.press("ctrl+t")
+        assert "WARNING" not in (await confirmation(pilot)).message
+        await pilot.press("n")
+        await settle(pilot)
+
+
 def test_the_controller_note_names_both_states() -> None:
     from console.screens.whatif import controller_note
 
@@ -856,7 +944,12 @@ def test_the_controller_note_names_both_states() -> None:
 def test_the_budget_note_is_true_to_the_replays_mode() -> None:
     from console.screens.whatif import budget_note
 
-    assert "as the replay held it" in budget_note("static", 1500, [[0, 1500]])
+    # a static replay on the gate's own ceiling held what the apply holds; under it, it held the
+    # budget as the ceiling (the reservations in force scaled to it), which the apply does not
+    assert "as the replay held it" in budget_note("static", 1500, [[0, 1500]], ceiling=1500)
+    under = budget_note("static", 1500, [[0, 1500]], ceiling=2048)
+    assert "as the replay held it" not in under and "under the gate's ceiling of 2,048" in under
+    assert "the budget replayed, not its ceiling" in budget_note("static", 1500, [[0, 1500]])  # the ceiling unknown
     adaptive = budget_note("adaptive", 1500, [[0, 1500], [35, 1200], [40, 960]])
     assert "moved the budget under it (960-1500)" in adaptive and "as the replay held it" not in adaptive
 

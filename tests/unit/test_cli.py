@@ -274,6 +274,45 @@ def test_check_warns_of_reservations_over_a_fixed_token_budget(capsys: pytest.Ca
     assert run(capsys, "config", "check", str(p))[1] == f"ok: {p} (1 backend, 2 classes, 0 tenants)\n"
 
 
+def test_check_backends_says_each_capacity_warning_once_with_what_llama_server_reports(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trial's `config check staging.toml --backends`, token_budget 1024 on `-np 4 -c 2048`
+    (split, slots of 512): the reservation warning twice (from the file, then from the backend),
+    and from the file alone "batch ... may hold at most 512 tokens ... it never starts", which a
+    slot of 512 does start (the gate lowers the default it injects to what the slot holds). With
+    --backends the backend's check says them, with the slots llama-server reports; the file's
+    alone only where it reports none."""
+    import httpx
+
+    p = tmp_path / "staging.toml"
+    p.write_text(EXAMPLE_CONFIG.replace("# token_budget = 16384", "token_budget = 1024"))
+    up = {"ok": True}
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if not up["ok"]:
+            raise httpx.ConnectError("connection refused", request=request)
+        if request.url.path == "/health":
+            return httpx.Response(200, json={"status": "ok"})
+        if request.url.path == "/props":
+            return httpx.Response(200, json={"total_slots": 4, "kv_unified": False, "default_generation_settings": {"n_ctx": 512}})
+        return httpx.Response(404)
+
+    real = httpx.Client
+    monkeypatch.setattr(httpx, "Client", lambda **kw: real(transport=httpx.MockTransport(handle), **kw))
+    code, out, err = run(capsys, "config", "check", "--backends", str(p))
+    warnings = [line for line in out.splitlines() if line.startswith("warning: ")]
+    assert len([w for w in warnings if "class reservations (interactive 1024) are over 50%" in w]) == 1, out
+    assert "(split KV, 4 slots of 512)" in warnings[0] and "never starts" not in out, out
+    # llama-server not there: the file's token_budget is all there is to check, said under its line
+    up["ok"] = False
+    code, out, err = run(capsys, "config", "check", "--backends", str(p))
+    assert code == 1 and "backend  default  http://127.0.0.1:8080: unreachable" in out, out
+    said = out.split("unreachable", 1)[1]
+    assert "warning: backend default (token_budget 1024): class reservations (interactive 1024) are over 50%" in said, out
+    assert out.count("class reservations") == 1, out
+
+
 def test_check_warns_of_a_ttft_objective_no_first_token_meets(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     # A trial set 1 (ms): accepted without a word, the gate then refused every request that
     # would wait and served the others late. A warning (exit 0), naming the key that set it.

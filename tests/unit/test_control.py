@@ -300,6 +300,76 @@ async def test_a_freeze_is_kept_with_the_budget_it_froze(gate, tmp_path):
     assert gate.control.overrides.budgets == {} and not gate.control.overrides.frozen
 
 
+async def test_a_budget_held_below_what_the_reservations_leave_a_class_is_warned_everywhere(caplog):
+    """A what-if applied backend.token_budget=1024: set by hand and frozen under a ceiling of
+    2,048, interactive's 1,024 stayed in force, batch could reach 0, and every batch request was
+    refused 429 token_budget_exceeded; neither the toast, /health, the console's backend line
+    nor the log said so. Here the ceiling is 8,192 and interactive reserves 4,096 (half of it,
+    unscaled); a budget held at 4,096 leaves batch 0."""
+    import logging
+
+    import httpx
+
+    config = CONFIG.replace("min_tokens = 1024", "min_tokens = 0").replace("reserved_tokens = 512", "reserved_tokens = 4096")
+    g = GateService(parse_config(config), environ={}, transport=fake_llama_transport())
+    await g.backends.probe_all()
+
+    async def health() -> list[str]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=g.app), base_url="http://gate") as c:
+            return (await c.get("/health")).json()["backends"]["default"].get("warnings", [])
+
+    try:
+        backend = g.backends.backends[0]
+        assert await health() == [] and backend.warnings == ()
+        with caplog.at_level(logging.WARNING, logger="tokengate.backends"):
+            results = g.control.execute(Retune(budget=4096, freeze=True), operator=ALICE)  # as the what-if applies it
+        said = (
+            "classes.batch: the budget is held at 4096 by hand (the controller frozen there; the ceiling is 8192) and the "
+            "other classes reserve 4096 of it (interactive 4096): a batch request may hold at most 0 tokens, not its "
+            "default_max_tokens 512 and a prompt: its requests are refused 429 token_budget_exceeded until the budget is "
+            "raised or the controller unfrozen"
+        )
+        assert said in results[-1].message and "WARNING: backend default: " in results[-1].message, results
+        assert backend.admission.class_reach("batch", backend.admission.budget) == 0  # the core's own reach
+        assert await health() == [said] and backend.warnings == (said,)  # /health, and the snapshot's backend line
+        assert [r.getMessage() for r in caplog.records if said in r.getMessage()] == [f"backend default: {said}"]  # once
+        # raised to where batch's default fits beside the reservation: gone, everywhere
+        results = g.control.execute(Retune(budget=6000), operator=ALICE)
+        assert "WARNING" not in results[-1].message and await health() == []
+        # held again at 4,096, then unfrozen: the controller moves it, nothing is held
+        g.control.execute(Retune(budget=4096), operator=ALICE)
+        assert await health() == [said]
+        (result,) = g.control.execute(Freeze(False), operator=ALICE)
+        assert await health() == [] and "WARNING" not in result.message
+        # a freeze where the budget stands holds it too: said in the freeze's own answer
+        g.control.set_budget(4096, operator=ALICE)
+        (result,) = g.control.execute(Freeze(True), operator=ALICE)
+        assert result.message.startswith("Froze the controller") and said in result.message
+    finally:
+        await g.client.aclose()
+
+
+def test_a_static_budget_held_below_the_ceiling_is_warned_and_one_at_the_ceiling_is_not() -> None:
+    from gate.backend.pool import held_budget_warnings
+    from gate.config import ClassConfig
+    from gate.core.admission import Capacity
+
+    classes = (ClassConfig("interactive", priority=10, reserved_tokens=1024), ClassConfig("batch", priority=1, default_max_tokens=512))
+    cap = Capacity(slots=4, slot_context=2048, ceiling=2048)
+    (warning,) = held_budget_warnings(cap, 1024, False, classes)
+    assert "held at 1024 by hand (static mode; the ceiling is 2048)" in warning and "may hold at most 0 tokens" in warning
+    assert "unfrozen" not in warning
+    assert held_budget_warnings(cap, 2048, False, classes) == ()  # at the ceiling: capacity_warnings' part
+    assert held_budget_warnings(cap, None, False, classes) == ()  # the controller moves it
+    assert held_budget_warnings(cap, 1537, False, classes) == ()  # 513: a prompt of one token and 512 fit
+    (low,) = held_budget_warnings(cap, 1536, False, classes)
+    assert "may hold at most 512 tokens" in low
+    # no reservation: a budget below a class's default request refuses it all the same
+    alone = (ClassConfig("batch", priority=1, default_max_tokens=512),)
+    (warning,) = held_budget_warnings(cap, 300, True, alone)
+    assert "held at 300 by hand (the controller frozen there; the ceiling is 2048): a batch request may hold at most 300" in warning
+
+
 @pytest.mark.parametrize(
     ("config", "mode", "start", "said"),
     [

@@ -389,22 +389,45 @@ def test_one_request_at_the_windows_start_is_one_request_in_the_note(tmp_path: P
     assert "(with the 1 arrival since then, not counted in the figures)" in said, said
 
 
-def test_a_journal_a_gate_is_writing_is_noted(tmp_path: Path) -> None:
+def test_a_journal_a_gate_is_writing_is_noted_when_requests_were_running_at_the_window_s_end(tmp_path: Path) -> None:
+    """A trial: "a gate is writing this journal ... requests still running are not in the window
+    yet" of a window at whose end nothing was in flight: said only when the sample at the
+    window's end and the gate's latest both show work."""
+    import time
+
     from gate.ops.lock import JournalLock
 
     path = _journal(tmp_path, n=40, duration=10.0)
     conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("UPDATE decisions SET ts = ts - ? ", (1_800_000_000.0 - __import__("time").time() + 5.0,))
-    conn.execute("UPDATE audit SET ts = ts - ? ", (1_800_000_000.0 - __import__("time").time() + 5.0,))
+    for table in ("decisions", "audit", "samples"):
+        conn.execute(f"UPDATE {table} SET ts = ts - ? ", (1_800_000_000.0 - time.time() + 5.0,))
     conn.close()
     assert not any("is writing this journal" in n for n in load_window(path).notes)  # a file nobody writes
     lock = JournalLock(path)
     lock.acquire("host:1:test")
+
+    def said() -> list[str]:
+        return [n for n in load_window(path).notes if "a gate is writing this journal" in n]
+
     try:
-        notes = load_window(path).notes
+        assert said() == []  # the samples show nothing in flight or queued: nothing can be missing
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("UPDATE samples SET in_flight = 700, queued = 1")
+        conn.close()
+        (note,) = said()
+        assert "(pid" in note and "700 tokens were in flight and 1 request queued at the window's end" in note, note
+        assert "requests still running are not in the window yet" in note and "--until" in note, note
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("UPDATE samples SET in_flight = 0, queued = 0 WHERE ts = (SELECT max(ts) FROM samples)")
+        conn.close()
+        assert said() == []  # running at the window's end, ended since: journaled
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("DELETE FROM samples")
+        conn.close()
+        (note,) = said()  # no sample to tell: said, as it cannot be ruled out
+        assert "no sample at the window's end says whether any request was running then" in note, note
     finally:
         lock.release()
-    assert any("a gate is writing this journal (pid" in n and "--until" in n for n in notes), notes
 
 
 def test_proposals_the_replay_cannot_honour_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -852,6 +875,22 @@ def test_a_proposal_config_check_would_warn_about_says_so(tmp_path: Path) -> Non
     assert quiet["warnings"] == []
     assert any(n.startswith(over.name + ": ") for n in answer["notes"])
     assert over.name + ": " in to_table(answer)
+
+
+def test_a_proposal_s_warnings_are_every_one_config_check_gives_its_thresholds(tmp_path: Path) -> None:
+    """The replay's proposal warnings were `capacity_warnings` alone: a limit_tokens at the
+    class's default_max_tokens replayed as 63 batch arrivals refused 400 context_length_exceeded,
+    and an objective of 20 ms (seconds meant?) as every waiter refused, with nothing said, where
+    `config check` warns of both (gate/config/checks.py)."""
+    from gate.config.checks import limit_warnings, objective_warnings
+
+    window = load_window(_journal(tmp_path, n=60, duration=10.0))
+    limit = proposal_from_set("classes.batch.limit_tokens=512", window.config)
+    objective = proposal_from_set("budget.slo_ttft_p95_ms=20", window.config)
+    answer = run_replay(window, [limit, objective])
+    assert answer["scenarios"][2]["warnings"] == limit_warnings(limit.config) != []
+    assert answer["scenarios"][3]["warnings"] == objective_warnings(objective.config) != []
+    assert "a request of class 'batch' without max_tokens holds its prompt and 512 tokens" in to_table(answer)
 
 
 # ---- a window across a gate restart (a user's trial: a real gate restarted, SIGKILLed) -------
@@ -1969,6 +2008,24 @@ def test_the_error_near_zero_is_one_rule_for_every_kind_of_figure(tmp_path: Path
     assert legend in to_table(answer)
 
 
+def test_a_ttft_percentile_is_untrusted_with_its_queue_wait() -> None:
+    """A trial: interactive ttft_p50_ms predicted 1,322 ms without '?' (the gate then measured
+    545), built on a queue_wait_p50_ms of 1,111 marked '?' at 38%. TTFT is taken from arrival,
+    so it holds the wait: marked with it, at the same percentile only, in `untrusted`, the
+    table's '?' and its dimmed rows."""
+    from gate.tools.replay import calibration, table_cells, untrusted
+
+    rec = {"interactive": {"queue_wait_p50_ms": 800.0, "queue_wait_p95_ms": 1000.0, "ttft_p50_ms": 1200.0, "ttft_p95_ms": 1500.0}}
+    # the wait's p50 38% off; the TTFT's p50 only 10% (its prefill part fitted well), the p95s close
+    rep = {"interactive": {"queue_wait_p50_ms": 1104.0, "queue_wait_p95_ms": 1010.0, "ttft_p50_ms": 1320.0, "ttft_p95_ms": 1510.0}}
+    cal = calibration(rec, rep)
+    assert cal["interactive.ttft_p50_ms"]["error"] == 0.1
+    assert untrusted(cal) == ["interactive.queue_wait_p50_ms", "interactive.ttft_p50_ms"]
+    answer = {"scenarios": [{"classes": rec}, {"classes": rep, "untrusted": untrusted(cal)}], "calibration": cal}
+    marked = {cells[1]: (cells[3], dim) for cells, dim in table_cells(answer)[1] if cells[1] != "admitted"}
+    assert marked["ttft_p50_ms"] == ("1320?", True) and marked["ttft_p95_ms"] == ("1510", False), marked
+
+
 def test_the_bound_is_judged_on_the_error_as_shown() -> None:
     """A trial's table: "batch admitted 4 3 25%" unmarked, "batch slo_attainment 0.067 0.050?
     25%" marked: 0.017 / 0.067 is 25.4%, over the bound, shown as 25%. The bound is judged on
@@ -2043,3 +2100,39 @@ def test_a_paused_class_is_refused_as_paused_whatever_its_size_as_the_gate_refus
     assert {unpaused[a.id].reason for a in arrivals} == {"context_length_exceeded"}  # 350 never fits batch's reach under 300
     paused = replay(SMALL, FIT, arrivals, [Change(0.0, "pause_class", "class:batch", "True")], until=21.0)
     assert {paused[a.id].reason for a in arrivals} == {"class_paused"}  # was context_length_exceeded
+
+
+def test_a_time_of_day_read_as_yesterday_is_said_so_when_the_window_replays(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trial at 22:45 UTC: `--since 23:50` was yesterday's 23:50, before the gate's start, so the
+    window started there; the only word was the note that it starts at the gate's start, nothing
+    that 23:50 had been read as yesterday's."""
+    start = 1_800_000_000.0  # 2027-01-15T08:00:00Z
+    arrivals = synthetic_arrivals(60, 20.0, seed=2)
+    _, outcomes = recorded_by_model(CONFIG, FIT, arrivals)
+    path = str(tmp_path / "today.db")
+    write_journal(path, CONFIG, FIT, arrivals, outcomes, start=start)
+    monkeypatch.setattr("time.time", lambda: start + 60.0)  # 08:01:00 UTC
+    assert main(["replay", "--journal", path, "--since", "08:30", "--format", "json"]) == 0
+    out, err = capsys.readouterr()
+    assert any("when the gate that wrote the journal started" in n for n in json.loads(out)["notes"])
+    assert "tokengate replay: --since 08:30 was read as yesterday's (2027-01-14): a time of day is UTC, and one later " in err, err
+    assert main(["replay", "--journal", path, "--since", "07:59", "--format", "json"]) == 0
+    assert "yesterday" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("moment", "said"),
+    [
+        ("2026-13-45T00:00Z", "month 13 is not 1 to 12"),
+        ("2026-02-30", "day 30 is not in 2026-02 (1 to 28)"),
+        ("2026-12-01T24:10Z", "hour 24 is not 0 to 23"),
+        ("2026-12-01T23:60", "minute 60 is not 0 to 59"),
+    ],
+)
+def test_a_date_out_of_range_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str], moment: str, said: str) -> None:
+    # a trial's `--since 2026-13-45T00:00Z` read only "is not a moment" and the forms, its own among them
+    assert main(["replay", "--journal", str(tmp_path / "none.db"), "--since", moment]) == 2
+    err = capsys.readouterr().err
+    assert f"{moment!r} is not a moment: {said}; give a duration ago" in err, err

@@ -20,6 +20,10 @@ One module per concept; the flow is window (I/O) -> engine (pure) -> report (pur
 ``isolated``
     :class:`ReplayProcess`: a window loaded and replayed in a child process, so that the
     console's process (which may run the gate) runs none of it.
+``apply``
+    what applying a proposal does on the running gate that the replay did not run (the
+    reservations in force on the gate's ceiling, not the proposed budget): the what-if's
+    confirmation.
 
 This package's names are the one entry point the console may import beyond the journal
 reader (the review screen's what-if, console/screens/whatif.py; tests/unit/test_layers.py).
@@ -27,6 +31,7 @@ reader (the review screen's what-if, console/screens/whatif.py; tests/unit/test_
 
 from __future__ import annotations
 
+from gate.tools.replay.apply import ClassShare, scaled_apart, short_reach
 from gate.tools.replay.engine import Arrival, BackendFit, Change, Outcome, replay
 from gate.tools.replay.isolated import ReplayCancelled, ReplayProcess
 from gate.tools.replay.report import (
@@ -53,6 +58,7 @@ __all__ = [
     "Arrival",
     "BackendFit",
     "Change",
+    "ClassShare",
     "Outcome",
     "Proposal",
     "ReplayCancelled",
@@ -70,7 +76,9 @@ __all__ = [
     "proposal_from_set",
     "replay",
     "run_replay",
+    "scaled_apart",
     "settable",
+    "short_reach",
     "table_cells",
     "to_json",
     "to_table",

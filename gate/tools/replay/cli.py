@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import calendar
+import re
 from typing import Any, TextIO
 
 DESCRIPTION = """\
@@ -21,7 +23,9 @@ dispatch: a refused request's wait is in no figure) and TTFT p50/p95 from arriva
 attainment, tokens/s). The error is |replayed - recorded| / max(|recorded|, floor), the floor
 per kind of figure 10 ms, 4 requests, 0.04 of attainment, 4 tokens/s: near zero, one step of
 noise (2.5 ms, 1 request, 0.01, 1 token/s) off is 25%. A figure whose calibration error is over
-25% is marked '?' in every column (and listed in `untrusted` in JSON): it is not a prediction.
+25% is marked '?' in every column (and listed in `untrusted` in JSON): it is not a prediction;
+so is a class's TTFT p50/p95 whenever its queue wait at that percentile is (TTFT from arrival holds
+the wait).
 
 A window cannot be replayed when the journal predates schema v4, when its rows were
 written before that migration, when the writer dropped rows in it, or when no
@@ -51,7 +55,8 @@ has "classes": {NAME: {"admitted", "refused": {REASON: N}, "failed": {REASON: N}
 backend failed them; a replay keeps a request's recorded failure where it admits it too), "queue_wait_p50_ms", "queue_wait_p95_ms",
 "ttft_p50_ms", "ttft_p95_ms", "slo_attainment" (0..1: first token within "slo_objective_ms", the class's TTFT
 objective in force at the window's start, or the proposal's), "tokens_per_s", "arrivals"}} and "untrusted"
-(the figures, as CLASS.FIGURE, CLASS.refused.REASON or CLASS.failed.REASON, whose calibration error is over 25%);
+(the figures, as CLASS.FIGURE, CLASS.refused.REASON or CLASS.failed.REASON, whose calibration error is over 25%,
+and CLASS.ttft_pXX_ms wherever CLASS.queue_wait_pXX_ms is one);
 "notes": what the window does not show (its start moved to the gate's start, work queued or
 running at its start, requests still running in a journal a gate is writing, a gate restart
 or kill in it, decisions without a class).
@@ -61,7 +66,36 @@ or kill in it, decisions without a class).
 def _when(text: str) -> float:
     from gate.journal.export import moment_arg  # the one reading of a moment, `tokengate log`'s too
 
-    return moment_arg(text)
+    try:
+        return moment_arg(text)
+    except argparse.ArgumentTypeError as e:
+        wrong = _out_of_range(text)
+        if not wrong:
+            raise
+        # (a trial's `--since 2026-13-45T00:00Z` read only "is not a moment", and the forms it
+        # listed were the one it had used)
+        raise argparse.ArgumentTypeError(str(e).replace("is not a moment: ", f"is not a moment: {wrong}; ", 1)) from None
+
+
+_ISO_PARTS = re.compile(r"\s*(\d{4})-(\d\d)-(\d\d)(?:[T ](\d\d):(\d\d)(?::(\d\d))?)?")
+
+
+def _out_of_range(text: str) -> str:
+    """What is out of range in an ISO-8601 time that is one by its shape ("month 13 is not 1 to
+    12"); "" when none is (the text is another problem, said as it is)."""
+    m = _ISO_PARTS.match(text)
+    if m is None:
+        return ""
+    year, month, day = (int(g) for g in m.groups()[:3])
+    if not 1 <= month <= 12:
+        return f"month {month} is not 1 to 12"
+    days = calendar.monthrange(year, month)[1]
+    if not 1 <= day <= days:
+        return f"day {day} is not in {year}-{month:02d} (1 to {days})"
+    for name, value, most in zip(("hour", "minute", "second"), m.groups()[3:], (23, 59, 59), strict=True):
+        if value is not None and int(value) > most:
+            return f"{name} {int(value)} is not 0 to {most}"
+    return ""
 
 
 def add_parser(commands: Any, formatter: type[argparse.HelpFormatter], epilog: str) -> None:
@@ -221,6 +255,10 @@ def cmd_replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if hint:
             err.write(f"tokengate replay: {hint}\n")
         return 1
+    if day_note:
+        # said when it replays too: a trial's `--since 23:50` at 22:45 UTC replayed from the gate's
+        # start, and only the note that the window starts there said anything of it
+        err.write(f"tokengate replay: {day_note}\n")
     try:
         # in the order given on the command line, --set and --config mixed (the table's columns)
         proposals = [

@@ -17,7 +17,9 @@ near zero is exactly the ``UNTRUSTED_ABOVE`` bound (25%), two are over it, whate
 Over the bound a figure is listed in ``untrusted`` and marked in every column of the table. The
 bound is judged on the error as the table shows it, a whole percent (`error_percent`): 0.067
 replayed as 0.050 is 25.4% off, shown "25%", and was marked '?' beside a count 4 -> 3 at exactly
-25% and unmarked (a trial); the same percent shown is now marked the same way everywhere.
+25% and unmarked (a trial); the same percent shown is now marked the same way everywhere. A
+class's TTFT percentile is untrusted with its queue wait's (`untrusted`: TTFT from arrival holds
+the wait).
 """
 
 from __future__ import annotations
@@ -324,7 +326,18 @@ def over_bound(error: float | None, bound: float = UNTRUSTED_ABOVE) -> bool:
 
 
 def untrusted(cal: Mapping[str, dict[str, Any]], bound: float = UNTRUSTED_ABOVE) -> list[str]:
-    return sorted(k for k, v in cal.items() if over_bound(v["error"], bound))
+    """The figures whose calibration error is over the bound (`over_bound`), and a class's
+    ``ttft_pXX_ms`` whenever its ``queue_wait_pXX_ms`` (the same percentile) is one: TTFT is
+    measured from arrival, so it holds the queue wait, and a wait the replay gets wrong carries
+    into it even where the TTFT's own error at the recorded thresholds is small. A trial's
+    proposal predicted interactive ttft_p50_ms 1,322 ms unmarked (the gate then measured 545),
+    built on a queue_wait_p50_ms of 1,111 marked '?' at 38%."""
+    bad = {k for k, v in cal.items() if over_bound(v["error"], bound)}
+    for key in list(bad):
+        cls, _, figure = key.rpartition(".")
+        if figure.startswith("queue_wait_p") and f"{cls}.ttft_{figure.removeprefix('queue_wait_')}" in cal:
+            bad.add(f"{cls}.ttft_{figure.removeprefix('queue_wait_')}")
+    return sorted(bad)
 
 
 def _curve(points: Iterable[tuple[float, int]]) -> list[list[float]]:
@@ -469,8 +482,13 @@ def _scenarios(window: Window, runs: Sequence[tuple[Config, frozenset[str]]], jo
 
 
 def _warnings(window: Window, config: Config) -> list[str]:
-    """`config check`'s capacity warnings for `config` on the fitted backend."""
+    """`config check --backends`'s warnings for `config` on the fitted backend: the capacity's
+    (`capacity_warnings`, on the slots and pool the journal says llama-server had) and those of
+    the thresholds alone (`objective_warnings`, `limit_warnings`). Only the capacity's were
+    here: a proposal's limit_tokens at its default_max_tokens replayed as a class refused 400,
+    with nothing said, while `config check` warned of it."""
     from gate.backend.pool import capacity_warnings
+    from gate.config.checks import limit_warnings, objective_warnings
     from gate.core.admission import Capacity
 
     fit, backend = window.fit, config.backends[0]
@@ -478,7 +496,7 @@ def _warnings(window: Window, config: Config) -> list[str]:
     # taken from the configured token_budget warned a trial's 2,000 "above the pool of 1400")
     pool = None if backend.token_budget is None else window.pool
     cap = Capacity(fit.slots, fit.slot_context, backend.token_budget or fit.ceiling, pool=pool)
-    return list(capacity_warnings(None, cap, config.budget, config.classes))
+    return [*capacity_warnings(None, cap, config.budget, config.classes), *objective_warnings(config), *limit_warnings(config)]
 
 
 def _unpinned_notes(window: Window, p: Proposal) -> list[str]:
@@ -709,13 +727,16 @@ def table_cells(answer: Mapping[str, Any]) -> tuple[list[str], list[tuple[list[s
     return head, rows
 
 
-#: the retune form's thresholds (console/screens/retune.py), as the what-if offers them
+#: the retune form's thresholds (console/screens/retune.py) that a replay can change, as the
+#: what-if offers them: not default_max_tokens, which `_proposal` refuses (the journal does not
+#: say which requests came without max_tokens); prefilled, it invited an edit the replay then
+#: refused (a trial)
 RETUNE_BUDGET_KEYS = ("min_tokens", "slo_ttft_p95_ms")
-RETUNE_CLASS_KEYS = ("reserved_tokens", "limit_tokens", "queue_depth", "queue_timeout_s", "default_max_tokens", "ttft_objective_ms")
+RETUNE_CLASS_KEYS = ("reserved_tokens", "limit_tokens", "queue_depth", "queue_timeout_s", "ttft_objective_ms")
 
 
 def settable(config: Config, ceiling: int | None = None, held: int | None = None) -> list[tuple[str, str]]:
-    """(KEY, recorded value) for the thresholds the live retune edits, in ``--set`` form:
+    """(KEY, recorded value) for the thresholds the live retune edits and a replay can change, in ``--set`` form:
     ``backend.token_budget`` (`held`, a budget held by hand, else the configured one, else
     ``ceiling``: the fitted pool the gate discovered), ``budget.K`` and ``classes.NAME.K``
     (``none`` for an unset one)."""

@@ -436,7 +436,7 @@ def _open_ends(
     or running at its start (replayed first, from the earliest of them: `lead`; not those that
     arrived before the thresholds in force were, `config_ts`: a gate before it ran them), and,
     in a journal a gate is writing now (it holds the journal's lock), requests still running (a
-    decision is journaled when its request ends)."""
+    decision is journaled when its request ends), when the samples show any (`_still_running`)."""
     from gate.journal.export import iso
 
     notes = []
@@ -465,13 +465,39 @@ def _open_ends(
     (longest,) = conn.execute("SELECT max(duration_ms) FROM decisions WHERE backend = ? AND ts >= ?", (backend, since - 3600.0)).fetchone()
     longest_s = (longest or 0.0) / 1000.0
     if writer is not None and until > time.time() - longest_s - 1.0:
-        notes.append(
-            f"a gate is writing this journal ({writer}) and journals a request when it ends: requests still running are not "
-            f"in the window yet; for a complete window give --until a moment at least the longest request ago ({longest_s:.0f} s)"
-        )
+        running = _still_running(conn, backend, until)
+        if running:
+            notes.append(
+                f"a gate is writing this journal ({writer}) and journals a request when it ends; {running}: requests still "
+                f"running are not in the window yet; for a complete window give --until a moment at least the longest request "
+                f"ago ({longest_s:.0f} s)"
+            )
     elif writer is None:
         notes += _never_stopped(conn, until, longest_s)
     return notes
+
+
+def _still_running(conn: sqlite3.Connection, backend: str, until: float) -> str:
+    """In a journal a gate is writing: the work in flight or queued at the window's end (the first
+    sample at or after it) that the gate's latest sample still shows, in words; "" when either
+    sample shows none (nothing of the window can be missing: a request running at its end that
+    has ended since is journaled). The note said "requests still running are not in the window
+    yet" of every recent window, also when nothing was in flight (a trial). Without a sample to
+    tell (a gate that has written none yet), it cannot be ruled out: said so."""
+    query = "SELECT ts, in_flight, queued FROM samples WHERE backend = ? AND ts >= ? ORDER BY ts LIMIT 1"
+    end = conn.execute(query, (backend, until)).fetchone()
+    last = conn.execute("SELECT ts, in_flight, queued FROM samples WHERE backend = ? ORDER BY ts DESC LIMIT 1", (backend,)).fetchone()
+    if end is None:
+        end = last if last is not None and last["ts"] >= until - 2.0 else None  # the window ends at the gate's present
+    if end is None:
+        return "no sample at the window's end says whether any request was running then"
+    if not (end["in_flight"] or end["queued"]) or not (last["in_flight"] or last["queued"]):
+        return ""
+    queued = f" and {end['queued']} request{'' if end['queued'] == 1 else 's'} queued" if end["queued"] else ""
+    return (
+        f"{end['in_flight']:,} tokens were in flight{queued} at the window's end (the sample at {_hms(end['ts'])}), and its "
+        f"latest sample ({_hms(last['ts'])}) still shows work"
+    )
 
 
 def _never_stopped(conn: sqlite3.Connection, until: float, longest_s: float) -> list[str]:
