@@ -199,7 +199,9 @@ class Recorder:
             # (its own few arrivals) beside the last gate's minute of refusals in "ref/m".
             total_s = None if r.ttft_arrival_ms is None else r.ttft_arrival_ms / 1000
             met = judge(r, total_s, objective_ms(r.cls)) if objective_ms is not None and r.cls else None
-            self.rollup.add(mono - max(0.0, wall - ended), r.cls, r.outcome, r.reason, r.ttft_ms, r.queue_ms, met=met)
+            self.rollup.add(
+                mono - max(0.0, wall - ended), r.cls, r.outcome, r.reason, r.ttft_ms, r.queue_ms, met=met, ttft_arrival_ms=r.ttft_arrival_ms
+            )
         fields = {f.name for f in dataclasses.fields(AuditRecord)}
         for a in audit:
             self.recent_audit.append(AuditRecord(**{k: v for k, v in a.items() if k in fields}))
@@ -366,6 +368,7 @@ class Recorder:
             record.ttft_ms,
             record.queue_ms,
             met=judge(record, ttft_total_s, objective_ms),
+            ttft_arrival_ms=record.ttft_arrival_ms,
         )
         m = self.metrics
         m.decision(cls=record.cls, outcome=record.outcome, reason=record.reason, model=model or "")

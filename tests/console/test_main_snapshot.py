@@ -80,6 +80,7 @@ def decision(
         completion_tokens=None if refused else 40 + i % 80,
         budget_at_decision=8192,
         in_flight_at_decision=(i * 311) % 8192,
+        ttft_arrival_ms=None if refused else float((i * 13) % 400) + (ttft_ms or 90.0 + (i * 53) % 700),
     )
 
 
