@@ -20,7 +20,7 @@ from typing import Any, Literal, TextIO
 from gate import __version__
 from gate.config import EXAMPLE_CONFIG, BackendConfig, Config, ConfigError, load_config, parse_config
 from gate.config.checks import limit_warnings, objective_warnings  # also the replay's proposal warnings
-from gate.config.reader import beside_the_file
+from gate.config.reader import beside_the_file, relative_paths_note
 
 EXIT_OK = 0
 EXIT_RUNTIME = 1
@@ -542,7 +542,7 @@ def _cmd_overrides(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from gate.ops.control_socket import is_live
     from gate.ops.link import SocketLink
 
-    config = _read_side(args.config, err, "overrides")
+    config = _read_side(args.config, err, "overrides", journal=args.journal is None)
     journal = args.journal or config.gate.journal
     path = kept.path_for(journal)
     current, damaged = kept.load_or_why(path, set_aside=False)  # a gate may run on it: never moved here
@@ -863,18 +863,25 @@ def describe_config(config: Config) -> list[str]:
     return lines
 
 
-def _read_side(path: str | None, err: TextIO, command: str) -> Config:
+def _read_side(path: str | None, err: TextIO, command: str, *, journal: bool = True, socket: bool = True) -> Config:
     """The config at `path` for a command that reads what its gate writes: its journal and
-    control socket where the gate has them (`beside_the_file`), said on stderr when moved."""
+    control socket where the gate has them (`beside_the_file`), said on stderr when moved, and
+    where the relative ones it reads (`journal`, `socket`) are (`relative_paths_note`)."""
     config, note = beside_the_file(load_config(path), path)
     if note:
         err.write(f"tokengate {command}: {note}\n")
+    else:
+        note = relative_paths_note(config, path, journal=journal, socket=socket)
+        if note:
+            err.write(f"tokengate {command}: {note}\n")
     return config
 
 
 def _cmd_console(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     watching = (args.attach is not None or args.read_only) and not args.demo  # never starts a gate of its own
-    config = _read_side(args.config, err, "console") if watching else load_config(args.config)
+    # (an --attach that names its socket reads none of the config's)
+    named = any(args.attach or ())
+    config = _read_side(args.config, err, "console", journal=False, socket=not named) if watching else load_config(args.config)
     if args.attach is not None and args.demo:
         err.write("tokengate console: --attach and --demo do not go together (the demo runs its own gate)\n")
         return EXIT_USAGE
@@ -931,7 +938,7 @@ def _cmd_log(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     args.since, args.until = window_moments(args.since, args.until)  # a time-of-day --until on --since's day
     given = args.journal
     if given is None and getattr(args, "config", None):
-        given = _read_side(args.config, err, "log").gate.journal
+        given = _read_side(args.config, err, "log", socket=False).gate.journal
     journal, note = find_journal(given)
     if note:
         err.write(f"tokengate log: {note}\n")
@@ -974,7 +981,7 @@ def _cmd_review(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     slo_ms: float | None = None
     journal = args.journal
     if args.config:
-        config = _read_side(args.config, err, "review") if journal is None else load_config(args.config)
+        config = _read_side(args.config, err, "review", socket=False) if journal is None else load_config(args.config)
         slo_ms = config.budget.slo_ttft_p95_ms
         journal = journal or config.gate.journal
     from gate.journal.export import find_journal

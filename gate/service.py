@@ -145,7 +145,9 @@ class GateService:
             b.layout.kv if b.layout else None,
             f"{b.layout.source}: {b.layout.detail}" if b.layout else "no layout",
             self.operator,
+            chat_template_tokens=b.chat_template_tokens,
         )
+        self.backends.measure_template = lambda b: self.tokens.chat_template_tokens(b.url, b.auth_headers())
         self.model_metrics = ModelMetrics(
             self.metrics.registry, lambda: self.backends.fleets, (m for b in config.backends for m in b.models)
         )

@@ -74,14 +74,23 @@ def controller_outlook(snap: GateSnapshot) -> str:
     if c.frozen:
         return "controller frozen: the value stays until you unfreeze it (f)"
     slo = c.slo_ttft_ms
-    if c.p95_ttft_ms is None:
+    # its signal: p95 TTFT from dispatch (llama-server's latency, no queue wait), smoothed
+    ms = c.p95_ttft_ms
+    p95 = f"p95 TTFT from dispatch {ms:,.0f} ms" if ms is not None else ""
+    if ms is None:
         now = "with too few samples it waits; then"
-    elif c.p95_ttft_ms < 0.7 * slo:
-        now = f"p95 TTFT {c.p95_ttft_ms:,.0f} ms < 0.7 x SLO: it will raise it (x1.1 per step, up to {c.ceiling or 0:,}) when there is demand;"
-    elif c.p95_ttft_ms > 1.2 * slo:
-        now = f"p95 TTFT {c.p95_ttft_ms:,.0f} ms > 1.2 x SLO: it will lower it (x0.8 per step, down to {c.min_tokens:,});"
+    elif ms < 0.7 * slo and c.ceiling is not None and c.budget is not None and c.budget >= c.ceiling:
+        # "it will raise it" was said of a budget already at its ceiling (a trial): it cannot
+        now = (
+            f"{p95} < 0.7 x SLO, but the budget is at its ceiling {c.ceiling:,}: it cannot raise it; "
+            "a lower one you set it raises back (x1.1 per step) when there is demand;"
+        )
+    elif ms < 0.7 * slo:
+        now = f"{p95} < 0.7 x SLO: it will raise it (x1.1 per step, up to {c.ceiling or 0:,}) when there is demand;"
+    elif ms > 1.2 * slo:
+        now = f"{p95} > 1.2 x SLO: it will lower it (x0.8 per step, down to {c.min_tokens:,});"
     else:
-        now = f"p95 TTFT {c.p95_ttft_ms:,.0f} ms is near the SLO: it holds it for now;"
+        now = f"{p95} is near the SLO: it holds it for now;"
     return f"adaptive controller: {now} it moves the budget after every cool-down. Freeze it to keep your value."
 
 

@@ -326,6 +326,7 @@ class ReviewScreen(Screen[str | None]):
                 audit: DataTable[str] = DataTable(id="review-audit", cursor_type="row", zebra_stripes=True)
                 for label, key in AUDIT_COLUMNS:
                     audit.add_column(label, key=key)
+                self._audit_widths: tuple[tuple[str, int], ...] = ()  # the columns as laid out (`_show_audit`)
                 yield audit
             yield InOrderInput(placeholder=f"/ filter: {FILTER_HELP}", id="review-filter", compact=True)
             yield Static("", id="review-filter-error")
@@ -461,13 +462,8 @@ class ReviewScreen(Screen[str | None]):
             now=chart_end,
             window_s=max(chart_end - chart_since, 1.0),
         )
-        table = self.query_one("#review-audit", DataTable)
-        table.clear()
         self.audit_shown = list(reversed(audit))  # newest first, like the decisions
-        table.add_rows(
-            tuple(Text(_utc(a["ts"], self.time_fmt)) if key == "ts" else Text(_audit_value(a, key)) for _l, key in AUDIT_COLUMNS)
-            for a in self.audit_shown
-        )
+        self._show_audit(force=True)
         title = f"audit: {audit_total:,} in range"
         if audit_total > len(audit):
             title += f" (newest {len(audit):,} listed)"
@@ -592,6 +588,27 @@ class ReviewScreen(Screen[str | None]):
     def on_resize(self, event: events.Resize) -> None:
         if self.now is not None:
             self._refresh_header()
+            self.call_after_refresh(self._show_audit)
+
+    def _show_audit(self, *, force: bool = False) -> None:
+        """The audit rows in columns sized to them and to the width (`audit_layout`), laid out
+        again when the width asks for other columns (`force`: new rows)."""
+        table = self.query_one("#review-audit", DataTable)
+        cells = [
+            {key: _utc(a["ts"], self.time_fmt) if key == "ts" else _audit_value(a, key) for _label, key in AUDIT_COLUMNS}
+            for a in self.audit_shown
+        ]
+        # the scrollbar's two columns aside; before the first layout, the screen's width
+        width = (table.size.width or self.size.width or self.app.size.width) - 2
+        widths = audit_layout(cells, width)
+        if not force and widths == self._audit_widths:
+            return
+        self._audit_widths = widths
+        labels = dict((key, label) for label, key in AUDIT_COLUMNS)
+        table.clear(columns=True)
+        for key, w in widths:
+            table.add_column(labels[key], width=w, key=key)
+        table.add_rows(tuple(Text(_fit(row[key], w)) for key, w in widths) for row in cells)
 
     def _refresh_header(self) -> None:
         self.query_one("#review-header", Static).update(self._header_text())
@@ -794,6 +811,69 @@ AUDIT_COLUMNS = (
     ("new", "new_value"),
     ("note", "note"),
 )
+
+
+NOTE_LEAST = 10  # the note takes what the others leave, this much at least (else it goes)
+#: what gives way, in order, while the columns do not fit: the old and new values shorten, where
+#: from and through what go, the rest shortens, the note goes (a row opened whole shows it), the
+#: values shorten again; action and target stay readable longest (at 80 columns, whole)
+AUDIT_NARROWING: tuple[tuple[str, int | None], ...] = (
+    # first what is longer than it needs be: a config_in_force row's value is the whole config
+    # as JSON, ~1,000 characters (the row opened with enter shows each value whole)
+    ("new_value", 18),
+    ("old_value", 18),
+    ("target", 24),
+    ("action", 20),
+    ("operator", 12),
+    ("origin", 15),
+    ("source", 10),
+    ("old_value", 12),
+    ("new_value", 12),
+    ("origin", None),
+    ("source", None),
+    ("old_value", 8),
+    ("new_value", 8),
+    ("operator", 8),
+    ("note", None),
+    ("old_value", 6),
+    ("new_value", 6),
+    ("target", 16),
+    ("action", 14),
+    ("operator", None),
+    ("target", 12),
+    ("action", 12),
+)
+_CELL_PADDING = 2  # a DataTable cell's padding, one column each side
+
+
+def audit_layout(rows: list[dict[str, str]], width: int) -> tuple[tuple[str, int], ...]:
+    """(key, width) of each audit column shown in `width` columns: each as wide as its widest
+    cell (or its label), the note taking the rest; while they do not fit, AUDIT_NARROWING's
+    steps shorten a column (never below its label) or drop it. A trial's
+    list at 120x40 showed its columns at their labels' widths ("loca", "consol", "resume",
+    "class:", "Tru", "Fal"): sized here from the rows, not left to the table's own sizing."""
+    labels = {key: label for label, key in AUDIT_COLUMNS}
+    sizes = {key: max([len(labels[key])] + [len(r[key]) for r in rows]) for key in labels}
+    shown = [key for _label, key in AUDIT_COLUMNS]
+    note_least = min(NOTE_LEAST, sizes["note"])
+
+    def left() -> int:  # what the note gets (all of it when the note is gone: at least 0 to fit)
+        return width - sum(sizes[k] + _CELL_PADDING for k in shown if k != "note") - _CELL_PADDING * ("note" in shown)
+
+    for key, most in AUDIT_NARROWING:
+        if left() >= (note_least if "note" in shown else 0):
+            break
+        if most is None:
+            if key in shown:
+                shown.remove(key)
+        else:
+            sizes[key] = min(sizes[key], max(most, len(labels[key])))
+    return tuple((k, max(left(), 1) if k == "note" else sizes[k]) for k in shown)
+
+
+def _fit(text: str, width: int) -> str:
+    """`text` in `width` characters: cut with an ellipsis."""
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
 
 
 def _audit_value(a: dict[str, Any], key: str) -> str:

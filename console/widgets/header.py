@@ -48,7 +48,7 @@ class GateHeader(Static):
         self._draw()
 
     def on_resize(self) -> None:
-        self._draw()  # the name goes when the line is too narrow for it
+        self.call_after_refresh(self._draw)  # the name goes when the line is too narrow for it
 
     def update_snapshot(self, snap: GateSnapshot) -> None:
         self._snap = snap
@@ -57,8 +57,6 @@ class GateHeader(Static):
     def _draw(self) -> None:
         snap = self._snap
         line = Text(no_wrap=False, overflow="fold")
-        if self.size.width == 0 or self.size.width >= 100:
-            line.append(" tokengate ", "bold")
         if snap is None:
             line.append(" waiting for the first snapshot", "dim")
         else:
@@ -76,7 +74,10 @@ class GateHeader(Static):
                 line.append("  shared:")
                 line.append(snap.shared if snap.shared == "ok" else f" {snap.shared.upper()} ", SHARED.get(snap.shared, "bold"))
         overrides = snap.overrides if snap is not None else ()
-        line.append_text(self._fitted(line.cell_len, snap, overrides))
+        named, rest = self._fitted(line.cell_len, snap, overrides)
+        line.append_text(rest)
+        if named:
+            line = Text.assemble((" tokengate ", "bold"), line, no_wrap=False, overflow="fold")
         # the whole list where the header has no room for it: on hover (and `tokengate overrides`)
         tip = ("Runtime overrides (a restart restores them):\n" + "\n".join(overrides)) if overrides else None
         if tip != self.tooltip:
@@ -92,24 +93,30 @@ class GateHeader(Static):
         show_text(self, line)
         self.set_class(bool(snap is not None and (journal_banner(snap) or snap.shutting_down)), "-alert")
 
-    def _fitted(self, used: int, snap: GateSnapshot | None, overrides: tuple[str, ...]) -> Text:
-        """The rest of the first line after `used` cells (operator, attached socket, badges,
-        OVERRIDES, NOT KEPT), made to fit the width: first the overrides list is cut with an
-        ellipsis (its count always stays), then the socket's path goes from its left, then
-        NOT KEPT's words, the list and the operator's name. The list folded onto a second line at
-        160 columns (a trial's three overrides), and at 80 the header took a row of the panels."""
+    def _fitted(self, used: int, snap: GateSnapshot | None, overrides: tuple[str, ...]) -> tuple[bool, Text]:
+        """Whether the line starts with the name "tokengate", and the rest of the line after
+        `used` cells (operator, attached socket, badges, OVERRIDES, NOT KEPT), made to fit the
+        width: first the overrides list is cut with an ellipsis (its count always stays), then
+        the name goes, then the operator's name, then the socket's path from its left, then
+        NOT KEPT's words, the list and the socket. The list folded onto a second line at 160
+        columns (a trial's three overrides), and at 80 the header took a row of the panels; at
+        80 an attached console showed neither the name nor the socket it watched, where the
+        operator's own name had stayed (a trial)."""
         attached = self.attached if snap is not None else ""
         listed = ", ".join(o.removeprefix("budget.").removeprefix("classes.") for o in overrides)
         count = f" OVERRIDES {len(overrides)}"
         # each part's forms, widest first; a part steps to its next form while the line is too wide
         forms: dict[str, list[str]] = {
+            "name": [" tokengate ", ""],
             "op": [f"  op {snap.operator}", ""] if snap is not None else [""],
-            "attached": [f"  attached {attached}"] + [f"  attached …{attached[-n:]}" for n in (24, 12)] + [""] if attached else [""],
+            "attached": [f"  attached {attached}"] + [f"  attached …{attached[-n:]}" for n in (24, 12) if len(attached) > n] + [""]
+            if attached
+            else [""],
             "list": [f": {listed}", f": {_cut(listed, 24)}", "…"] if overrides else [""],
             "not_kept": [" NOT KEPT for a restart ", " NOT KEPT "] if overrides and snap is not None and snap.overrides_not_kept else [""],
         }
-        # which part gives way next: the list to its first 24 characters, the socket's path, ...
-        order = ["list", "attached", "attached", "attached", "not_kept", "list", "op"]
+        # which part gives way next: the list to its first 24 characters, the name, the operator, ...
+        order = ["list", "name", "op", "attached", "attached", "not_kept", "list", "attached"]
         pick = dict.fromkeys(forms, 0)
         fixed = (2 + len(" READ-ONLY ")) * self.read_only + (2 + len(" PAUSED ")) * self.paused
         fixed += (2 + len(count) + 1) if overrides else 0  # "  " before the badge, its count, its closing space
@@ -140,7 +147,7 @@ class GateHeader(Static):
             out.append("  ")
             out.append(f"{count}{shown_list} ", "bold black on cyan")
         out.append(forms["not_kept"][pick["not_kept"]], ALARM_BADGE)
-        return out
+        return bool(forms["name"][pick["name"]]), out
 
 
 def _cut(text: str, most: int) -> str:

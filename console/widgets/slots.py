@@ -49,12 +49,20 @@ def controller_line(c: ControllerView, in_flight: int, queued: int, *, compact: 
         line.append(f"{in_flight:,}")
     line.append("  queued " if not compact else "  q ")
     line.append(str(queued), "bold yellow" if queued else "")
-    # One p95 per frame: the classes table's (worst class, last minute); the controller's own
-    # input is smoothed over its window and named as such when it differs.
-    line.append("  p95 TTFT " if not compact else "  p95 ")
+    # The worst class's p95 TTFT from dispatch over the last minute, against [budget]
+    # slo_ttft_p95_ms: the kind of signal the adaptive controller closes on (its own input is
+    # smoothed over its window, named when it differs), said so. Unnamed, a trial read
+    # "117/2,000" in green as the clients' TTFT while they saw 1.9 s (their queue wait is not in
+    # it); the classes table shows each class's from arrival, against its own objective.
     p95 = "n/a" if c.p95_ttft_ms_1m is None else f"{c.p95_ttft_ms_1m:,.0f}"
-    line.append(p95, ttft_style(c.p95_ttft_ms_1m, c.slo_ttft_ms))
-    line.append(f"/{c.slo_ttft_ms:,.0f} ms")
+    if compact:  # as wide as "  p95 768/2,000 ms" was: 80 columns hold the line
+        line.append("  ctl p95 ")
+        line.append("n/a" if c.p95_ttft_ms_1m is None else _short_ms(c.p95_ttft_ms_1m), ttft_style(c.p95_ttft_ms_1m, c.slo_ttft_ms))
+        line.append(f"/{_short_ms(c.slo_ttft_ms)}")
+    else:
+        line.append("  p95 TTFT from dispatch ")
+        line.append(p95, ttft_style(c.p95_ttft_ms_1m, c.slo_ttft_ms))
+        line.append(f"/{c.slo_ttft_ms:,.0f} ms")
     if not compact and c.mode == "adaptive":
         if c.frozen:  # "0/20 samples, not moving yet" read as if it would move once it had them
             who = f" {c.frozen_by}" if c.frozen_by else ""
@@ -67,6 +75,11 @@ def controller_line(c: ControllerView, in_flight: int, queued: int, *, compact: 
         elif c.p95_ttft_ms_1m is None or abs(c.p95_ttft_ms - c.p95_ttft_ms_1m) >= 1:
             line.append(f" (controller sees {c.p95_ttft_ms:,.0f})", "dim")
     return line
+
+
+def _short_ms(ms: float) -> str:
+    """A time in few characters: 768ms, 1.9s, 2s."""
+    return f"{ms:.0f}ms" if ms < 1000 else f"{ms / 1000:.1f}".removesuffix(".0") + "s"
 
 
 def backend_line(b: BackendView, compact: bool) -> Text:

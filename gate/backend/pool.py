@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -259,6 +259,11 @@ class Backend:
     probe_timeouts: int = 0
     #: the pid of the local llama-server on this backend's port (/proc), when one is found
     server_pid: int | None = None
+    #: what llama-server's chat template adds to a chat's prompt count (`TokenCounter.
+    #: chat_template_tokens`), learned with the layout on each (re)start of the server; None:
+    #: not measured (a router, a backend that gave no count). Journaled with the capacity, for
+    #: `tokengate log --format aiperf`
+    chat_template_tokens: int | None = None
 
     @property
     def name(self) -> str:
@@ -374,6 +379,9 @@ class BackendPool:
         #: first probe included): the service journals it, so that `tokengate replay` models the
         #: KV layout the gate learned, not the configured `kv = "auto"`
         self.on_capacity: Callable[[Backend], None] | None = None
+        #: measures a backend's chat template (`Backend.chat_template_tokens`) when its layout is
+        #: learned; None: not measured (the service sets it to its token counter's)
+        self.measure_template: Callable[[Backend], Awaitable[int | None]] | None = None
         #: the budget moved because the capacity did (clamped to a smaller pool, or an operator's
         #: budget back once the pool allows it): audited as the controller's moves are
         self.on_budget_move: Callable[[Backend, Move], None] | None = None
@@ -461,7 +469,7 @@ class BackendPool:
 
     async def probe(self, backend: Backend) -> None:
         """One health check (and /props when ready); never raises."""
-        before = (backend.state, backend.capacity)
+        before = (backend.state, backend.capacity, backend.chat_template_tokens)
         first = backend.detail == "not probed yet"  # the first probe at start is not an event
         try:
             health = await backend.get("/health", timeout=self._timeout)
@@ -484,6 +492,7 @@ class BackendPool:
                         backend.layout = learn_layout(backend.props, backend.config.kv, args, await self._n_ctx_train(backend))
                         backend.server_pid = args.pid if args is not None else None
                         self._say_same_process(backend, args)
+                        backend.chat_template_tokens = await self._template_tokens(backend)
                     self.apply_capacity(backend, capacity_from_props(backend.props, backend.config, backend.layout))
                     backend.state, backend.detail = "ready", "ok"
             backend.probe_timeouts = 0
@@ -503,14 +512,26 @@ class BackendPool:
             backend.fleet.router_state(backend.state, backend.detail)
         if self.on_state is not None and not first and (before[0] == "ready") != (backend.state == "ready"):
             self.on_state(backend, before[0], backend.state)
-        if (backend.state, backend.capacity) != before:
+        if (backend.state, backend.capacity) != before[:2]:
             log.info("backend %s: %s %s", backend.name, describe_state(backend), describe_capacity(backend))
             if backend.gatekeeper is not None:
                 backend.gatekeeper.advance()
             if self._on_change is not None:
                 self._on_change()
-            if self.on_capacity is not None and backend.state == "ready" and backend.capacity is not None and backend.capacity != before[1]:
-                self.on_capacity(backend)
+        # (a restart on another model of the same size changes only the template: journaled too)
+        learned = (backend.capacity, backend.chat_template_tokens) != before[1:]
+        if self.on_capacity is not None and backend.state == "ready" and backend.capacity is not None and learned:
+            self.on_capacity(backend)
+
+    async def _template_tokens(self, backend: Backend) -> int | None:
+        """`measure_template`'s answer for `backend`; never raises (a probe must not fail on it)."""
+        if self.measure_template is None:
+            return None
+        try:
+            return await self.measure_template(backend)
+        except Exception:  # a bug here must not keep a backend from going ready
+            log.exception("backend %s: measuring the chat template failed", backend.name)
+            return None
 
     def _say_same_process(self, backend: Backend, args: ServerArgs | None) -> None:
         """An ERROR when another backend's llama-server is this one's process: its capacity is

@@ -157,6 +157,9 @@ _RATIO_MAX = 3.0
 _RATIO_EASE = 0.01
 #: how far one exact count moves the typical tokens per estimated token (`TokenCounter.likely`)
 _TYPICAL_WEIGHT = 0.1
+#: the chat `TokenCounter.chat_template_tokens` counts to learn the template's size
+_TEMPLATE_PROBE_TEXT = "hello"
+_TEMPLATE_PROBE: dict[str, Any] = {"messages": [{"role": "user", "content": _TEMPLATE_PROBE_TEXT}]}
 
 
 def estimate_tokens(canonical: bytes) -> int:
@@ -372,6 +375,30 @@ class TokenCounter:
         self._set_health(base_url, True, "")
         self._remember(key, tokens)
         return tokens
+
+    async def chat_template_tokens(self, base_url: str, headers: Mapping[str, str] | None = None) -> int | None:
+        """What the backend's chat template adds to a chat's prompt count: a one-user-message chat
+        counted as `count` counts chat requests, less its content's own tokens (tokenized as text
+        inside a prompt is: no BOS, no special tokens). None when the backend gives no count.
+
+        The prompt counts the journal keeps for chat requests include it, and `tokengate log
+        --format aiperf` takes it off again: aiperf synthesizes input_length tokens of text and
+        the server templates them once more (the test model's ChatML template is 40 tokens on a
+        prompt of 1, "hello": a trial's re-run sent every prompt ~40 tokens larger, +43%).
+        Not cached, and not a count the bound's or the estimate's ratios learn from (a 1-token
+        message is all template: 41 tokens for a 16-byte estimate would lift every later
+        estimate 2.6x); a failure logs at debug and marks no backend unhealthy. The content is
+        tokenized first: a backend without /tokenize is never asked the chat count."""
+        base_url = base_url.rstrip("/")
+        plain = dict(headers or {})
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                content = await self._tokenize(base_url, _TEMPLATE_PROBE_TEXT, False, plain, parse_special=False)
+                chat = await self._count_chat(base_url, canonical_json(_TEMPLATE_PROBE), plain)
+        except (_CountFailed, TimeoutError, httpx.HTTPError) as exc:
+            logger.debug("chat template size on %s not measured: %s", base_url, exc)
+            return None
+        return max(0, chat - content)
 
     async def aclose(self) -> None:
         """Cancel look-ups still in flight (their callers get estimates); the client stays open."""

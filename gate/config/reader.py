@@ -452,3 +452,37 @@ def beside_the_file(config: Config, path: str | os.PathLike[str] | None) -> tupl
     )
     note = f"[gate] journal {journal!r} is not in this directory; reading the one beside {os.fspath(path)}: {there}"
     return dataclasses.replace(config, gate=gate), note
+
+
+def relative_paths_note(config: Config, path: str | os.PathLike[str] | None, *, journal: bool = True, socket: bool = True) -> str | None:
+    """For a command that reads the journal (`journal`) or the control socket (`socket`) a config
+    file at `path` names: the absolute paths its relative ones resolve to (the current directory,
+    as `tokengate serve` reads them too), and another journal of that name in the config file's
+    folder. A trial's `tokengate overrides --config prod/tokengate.toml`, run from another gate's
+    directory, read that gate's tokengate.db and socket and showed its overrides as prod's state,
+    mid-incident, with no word of which files it had read. None: nothing relative (or no file)."""
+    if path is None:
+        return None
+    named = []
+    if journal and config.gate.journal != ":memory:" and not os.path.isabs(config.gate.journal):
+        named.append(("journal", config.gate.journal))
+    sock = config.gate.control_socket_path()
+    if socket and sock and not os.path.isabs(sock):
+        named.append(("control socket", sock))
+    if not named:
+        return None
+    note = " and ".join(f"{what} {os.path.abspath(p)}" for what, p in named) + (
+        f" (relative to the current directory, as {os.fspath(path)}'s [gate] paths are read, not to the file's folder)"
+    )
+    folder = os.path.dirname(os.path.abspath(os.fspath(path)))
+    there = os.path.join(folder, config.gate.journal)
+    if journal and named[0][0] == "journal" and os.path.exists(there) and not _same_file(there, config.gate.journal):
+        note += f"; the config file's folder holds another journal, {there}: if its gate runs there, pass --journal {there}"
+    return note
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False

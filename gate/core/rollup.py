@@ -19,7 +19,8 @@ _TTFT_PER_BUCKET = 256  # enough for a p95 per class per second, bounded at any 
 class _Bucket:
     second: int
     outcomes: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # (cls, outcome, reason)
-    ttft_ms: dict[str, list[float]] = field(default_factory=dict)
+    ttft_ms: dict[str, list[float]] = field(default_factory=dict)  # from dispatch
+    ttft_arrival_ms: dict[str, list[float]] = field(default_factory=dict)  # from arrival: what the client saw
     queue_ms: dict[str, list[float]] = field(default_factory=dict)
     judged: Counter[str] = field(default_factory=Counter)  # arrivals judged against their objective
     met: Counter[str] = field(default_factory=Counter)  # of those, first token within it
@@ -41,8 +42,11 @@ class Rollup:
         ttft_ms: float | None = None,
         queue_ms: float | None = None,
         met: bool | None = None,
+        ttft_arrival_ms: float | None = None,
     ) -> None:
-        """`queue_ms`: time spent waiting in the gate's queue, whatever the outcome (a queue
+        """`ttft_ms`: the first token from dispatch (llama-server's latency, the controller's
+        signal); `ttft_arrival_ms`: from arrival, the queue wait included (what the client saw).
+        `queue_ms`: time spent waiting in the gate's queue, whatever the outcome (a queue
         timeout waited longest of all). `met`: whether the arrival met its objective (a
         refusal did not); None: not judged (the client's own error or cancel)."""
         bucket = self._bucket(int(now))
@@ -50,7 +54,7 @@ class Rollup:
         if met is not None:
             bucket.judged[cls] += 1
             bucket.met[cls] += met
-        for value, per_class in ((ttft_ms, bucket.ttft_ms), (queue_ms, bucket.queue_ms)):
+        for value, per_class in ((ttft_ms, bucket.ttft_ms), (ttft_arrival_ms, bucket.ttft_arrival_ms), (queue_ms, bucket.queue_ms)):
             if value is not None:
                 samples = per_class.setdefault(cls, [])
                 if len(samples) < _TTFT_PER_BUCKET:
@@ -72,7 +76,12 @@ class Rollup:
         }
 
     def p95_ttft_ms(self, now: float, cls: str, window_s: int = 60) -> float | None:
+        """p95 first token of `cls` from dispatch (the controller's kind of signal)."""
         return _p95(v for b in self._within(now, window_s) for v in b.ttft_ms.get(cls, ()))
+
+    def p95_ttft_arrival_ms(self, now: float, cls: str, window_s: int = 60) -> float | None:
+        """p95 first token of `cls` from arrival, its queue wait included: what its clients saw."""
+        return _p95(v for b in self._within(now, window_s) for v in b.ttft_arrival_ms.get(cls, ()))
 
     def median_ttft_ms(self, now: float, cls: str, window_s: int = 60) -> tuple[float | None, int]:
         """The median first-token time (from dispatch) of `cls` in the window, and how many

@@ -137,7 +137,7 @@ class ClassView:
     oldest_wait_s: float | None
     admitted_per_min: int
     refused_per_min: int
-    p95_ttft_ms: float | None
+    p95_ttft_ms: float | None  # first token from dispatch, last minute (the controller's kind of signal)
     p95_queue_ms: float | None = None  # time in the gate's queue, last minute, every outcome
     waiting_on: str = ""  # what keeps its oldest waiter waiting now ("slots 4/4 busy", "paused", ...)
     #: arrivals of the last minute that met their first-token objective (from arrival, queue
@@ -157,6 +157,9 @@ class ClassView:
     #: its objective is below first_token_ms, in plain words ("" when it is not): admitted
     #: requests miss it even with no wait in the queue, whatever admission does
     objective_below_ttft: str = ""
+    #: p95 first token from arrival, last minute, its queue wait included: what its clients saw,
+    #: the figure its objective (ttft_objective_ms) is about (None: no first token, or an older gate)
+    p95_ttft_arrival_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +173,9 @@ class ControllerView:
     p95_tpot_ms: float | None
     slo_ttft_ms: float
     slo_tpot_ms: float | None
-    #: the frame's one p95 TTFT: the worst class's over the last minute, the classes table's figure
+    #: the worst class's p95 TTFT from dispatch over the last minute: the kind of signal the
+    #: adaptive controller closes on, against slo_ttft_ms (the classes table shows each class's
+    #: from arrival, against its own objective)
     p95_ttft_ms_1m: float | None = None
     samples: int = 0  # the controller's samples in its window
     min_samples: int = 0  # what it needs before it moves

@@ -14,13 +14,17 @@ Columns are the journal's column names (``class``, not the record field ``cls``)
 ``--custom-dataset-type mooncake_trace --fixed-schedule``: one JSON line per recorded arrival
 that carried a prompt count, ``{"timestamp": ms since the first, "input_length": prompt
 tokens, "output_length": tokens it really generated, else its max_tokens}``. No prompt text
-exists in the journal: aiperf synthesizes text of that length. The class and tenant are not
+exists in the journal: aiperf synthesizes text of that length. A chat request's input_length is
+its count less the chat template's tokens (`ChatTemplates`: the server templates aiperf's text
+again), as the gate measured them on its backend; said on stderr, as is a journal that does not
+say them. The class and tenant are not
 in the trace (aiperf sends one set of headers to every request): every class's arrivals are
 replayed as the class those headers name.
 """
 
 from __future__ import annotations
 
+import bisect
 import csv
 import json
 import math
@@ -32,6 +36,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from gate.data.endpoints import lookup
+from gate.data.records import CAPACITY_LEARNED
 from gate.journal import COLUMNS, SCHEMA_VERSION
 from gate.journal.schema import present_columns, select_list
 
@@ -327,7 +333,10 @@ def export(
             origin = _first_counted(conn, since_ts, path)
             left_out: list[int] = []
             estimated: list[int] = []
-            n = _write_aiperf(columns, rows, out, origin, left_out, estimated)
+            templates = ChatTemplates(_learned_templates(conn, path))
+            n = _write_aiperf(columns, rows, out, origin, left_out, estimated, templates)
+            if notes is not None:
+                notes.extend(templates.notes())
             if estimated and notes is not None:
                 notes.append(
                     f"{estimated[0]} of the {n} input_length values are the gate's estimates, not counts (token_count_source = "
@@ -375,6 +384,101 @@ def _first_counted(conn: sqlite3.Connection, since_ts: float | None, path: str) 
     return first
 
 
+#: the admitted kinds whose prompt llama-server builds with the model's chat template
+TEMPLATED_KINDS = frozenset({"chat", "messages", "responses"})
+
+
+def _learned_templates(conn: sqlite3.Connection, path: str) -> dict[str, list[tuple[float, int | None, bool]]]:
+    """Per backend, its capacity_learned rows in time order: (ts, the chat template's tokens,
+    whether the row has the key at all: rows of gates before it was journaled do not)."""
+    try:
+        rows = conn.execute("SELECT ts, target, new_value FROM audit WHERE action = ? ORDER BY ts, id", (CAPACITY_LEARNED,)).fetchall()
+    except sqlite3.Error as e:
+        raise ExportError(f"{path}: cannot read audit: {e}") from e
+    learned: dict[str, list[tuple[float, int | None, bool]]] = {}
+    for ts, target, text in rows:
+        try:
+            value = json.loads(text or "")
+        except ValueError:
+            continue
+        if not isinstance(value, dict) or not str(target).startswith("backend:"):
+            continue
+        tokens = value.get("chat_template_tokens")
+        known = isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0
+        learned.setdefault(str(target)[len("backend:") :], []).append((ts, tokens if known else None, "chat_template_tokens" in value))
+    return learned
+
+
+class ChatTemplates:
+    """What a chat request's journaled prompt count holds of its backend's chat template, by the
+    capacity_learned row in force at its arrival (the gate measures it on each start of
+    llama-server: `TokenCounter.chat_template_tokens`), and what the trace did with it.
+
+    llama-server counts a chat's prompt after its template (the test model's ChatML: 40 tokens
+    around a 1-token "hello"); aiperf synthesizes input_length tokens of text and the server
+    templates that again, so a trace of the counts as they are sent every chat prompt that much
+    larger (a trial's re-run: +43%, and 2 -> 12 context_length_exceeded refusals in batch)."""
+
+    def __init__(self, learned: dict[str, list[tuple[float, int | None, bool]]]) -> None:
+        self._learned = learned
+        self.taken: dict[tuple[str, int], int] = {}  # (backend, template tokens) -> lines
+        self.kept = 0  # chat lines whose template's size the journal does not say
+        self.kept_measured = False  # one of those had a row saying the gate could not measure it
+
+    def tokens(self, backend: str, ts: float) -> tuple[int | None, bool]:
+        """The template's tokens on `backend` at `ts` (the last row before it, else the first
+        after: a window from before the journal's first start), and whether a row said so."""
+        rows = self._learned.get(backend)
+        if not rows:
+            return None, False
+        at = bisect.bisect_right(rows, ts, key=lambda r: r[0])
+        row = rows[at - 1] if at else rows[0]
+        return row[1], row[2]
+
+    def input_length(self, backend: str, endpoint: str, ts: float, prompt: int) -> int:
+        route = lookup("POST", endpoint)
+        if route is None or route.kind not in TEMPLATED_KINDS:
+            return prompt
+        tokens, recorded = self.tokens(backend, ts)
+        if tokens is None:
+            self.kept += 1
+            self.kept_measured = self.kept_measured or recorded
+            return prompt
+        self.taken[(backend, tokens)] = self.taken.get((backend, tokens), 0) + 1
+        return prompt - tokens
+
+    def notes(self) -> list[str]:
+        out = []
+        if self.taken:
+            n = sum(self.taken.values())
+            sizes = sorted({t for _, t in self.taken})
+            if len(self.taken) == 1:
+                ((backend, t),) = self.taken
+                size = f"its {t} tokens, as the gate measured them on backend {backend}"
+            else:
+                size = "as the gate measured them: " + ", ".join(f"{t} on {b}" for b, t in sorted(self.taken))
+            out.append(
+                f"input_length of the {n} chat request{'' if n == 1 else 's'} is llama-server's prompt count less its chat "
+                f"template ({size}; never below 1): aiperf sends input_length tokens of text and the server templates "
+                f"them again" + ("" if len(sizes) == 1 else " (the template's size changed within the selection)")
+            )
+        if self.kept:
+            why = (
+                "the gate could not measure its size"
+                if self.kept_measured
+                else "this journal does not say its size (a gate before tokengate journaled it)"
+            )
+            k = self.kept
+            out.append(
+                f"input_length of {k} chat request{'' if k == 1 else 's'} includes llama-server's chat template: {why}, and "
+                "aiperf's chat requests get the template again, so a re-run sends each of them that much larger. Measure it: "
+                "the input_tokens of `curl -s $LLAMA/v1/chat/completions/input_tokens -d "
+                """'{"messages":[{"role":"user","content":"hello"}]}'` less the number of tokens of `curl -s $LLAMA/tokenize -d """
+                """'{"content":"hello","add_special":false}'`, and take it off each chat line's input_length"""
+            )
+        return out
+
+
 def _write_aiperf(
     columns: Sequence[str],
     rows: Iterator[tuple[Any, ...]],
@@ -382,13 +486,15 @@ def _write_aiperf(
     origin: float | None = None,
     left_out: list[int] | None = None,
     estimated: list[int] | None = None,
+    templates: ChatTemplates | None = None,
 ) -> int:
     """The trace lines; `left_out` gets the counts of decisions without token counts, refused and
     forwarded, `estimated` the count of lines whose prompt size is the gate's estimate (none: not
-    appended)."""
+    appended); `templates` takes each chat request's template off its prompt count (and keeps
+    what it did, for the notes)."""
     at = {name: i for i, name in enumerate(columns)}
     ts, prompt, max_tokens, done = at["ts"], at["prompt_tokens"], at["max_tokens"], at["completion_tokens"]
-    outcome = at["outcome"]
+    outcome, backend, endpoint = at["outcome"], at["backend"], at["endpoint"]
     source = at.get("token_count_source")
     first: float | None = origin
     n = skipped = forwarded = guessed = 0
@@ -403,7 +509,8 @@ def _write_aiperf(
             continue
         first = row[ts] if first is None else first
         output = row[done] if row[done] is not None else row[max_tokens]
-        line = {"timestamp": round((row[ts] - first) * 1000), "input_length": max(1, row[prompt]), "output_length": max(1, output)}
+        size = row[prompt] if templates is None else templates.input_length(row[backend], row[endpoint], row[ts], row[prompt])
+        line = {"timestamp": round((row[ts] - first) * 1000), "input_length": max(1, size), "output_length": max(1, output)}
         out.write(json.dumps(line, separators=(",", ":")) + "\n")
         n += 1
         guessed += source is not None and row[source] == "estimate"

@@ -128,17 +128,30 @@ class Recorder:
             new_value=new,
         )
 
-    def capacity_learned(self, backend: str, capacity: Any, kv: str | None, how: str, operator: Operator) -> None:
+    def capacity_learned(
+        self, backend: str, capacity: Any, kv: str | None, how: str, operator: Operator, *, chat_template_tokens: int | None = None
+    ) -> None:
         """A ready backend's capacity, learned or changed: an audit row in the journal (not in
         the console's list of changes: nobody changed anything) whose value `tokengate replay`
         reads for its backend model (slots, KV layout, context per slot, llama-server's KV pool:
-        `ceiling` is the configured token_budget when there is one, `pool` what the server holds)."""
+        `ceiling` is the configured token_budget when there is one, `pool` what the server holds),
+        and `tokengate log --format aiperf` its ``chat_template_tokens``: what the chat template adds
+        to a chat's prompt count (null: not measured; absent in rows of gates before it was kept)."""
         pool = capacity.ceiling if getattr(capacity, "pool", None) is None else capacity.pool
-        value = {"slots": capacity.slots, "kv": kv, "slot_context": capacity.slot_context, "ceiling": capacity.ceiling, "pool": pool}
+        value = {
+            "slots": capacity.slots,
+            "kv": kv,
+            "slot_context": capacity.slot_context,
+            "ceiling": capacity.ceiling,
+            "pool": pool,
+            "chat_template_tokens": chat_template_tokens,
+        }
         slots = f"{capacity.slots} slot{'' if capacity.slots == 1 else 's'}"
         note = f"{slots} of {capacity.slot_context} tokens, {kv or 'unknown'} KV ({how}), ceiling {capacity.ceiling}" + (
             "" if pool == capacity.ceiling else f", pool {pool}"
         )
+        if chat_template_tokens is not None:
+            note += f", chat template {chat_template_tokens} tokens"
         self._journal_only(CAPACITY_LEARNED, f"backend:{backend}", None, json.dumps(value, sort_keys=True), note, operator)
 
     def _journal_only(self, action: str, target: str, old: str | None, new: str, note: str, operator: Operator) -> None:
@@ -186,7 +199,9 @@ class Recorder:
             # (its own few arrivals) beside the last gate's minute of refusals in "ref/m".
             total_s = None if r.ttft_arrival_ms is None else r.ttft_arrival_ms / 1000
             met = judge(r, total_s, objective_ms(r.cls)) if objective_ms is not None and r.cls else None
-            self.rollup.add(mono - max(0.0, wall - ended), r.cls, r.outcome, r.reason, r.ttft_ms, r.queue_ms, met=met)
+            self.rollup.add(
+                mono - max(0.0, wall - ended), r.cls, r.outcome, r.reason, r.ttft_ms, r.queue_ms, met=met, ttft_arrival_ms=r.ttft_arrival_ms
+            )
         fields = {f.name for f in dataclasses.fields(AuditRecord)}
         for a in audit:
             self.recent_audit.append(AuditRecord(**{k: v for k, v in a.items() if k in fields}))
@@ -353,6 +368,7 @@ class Recorder:
             record.ttft_ms,
             record.queue_ms,
             met=judge(record, ttft_total_s, objective_ms),
+            ttft_arrival_ms=record.ttft_arrival_ms,
         )
         m = self.metrics
         m.decision(cls=record.cls, outcome=record.outcome, reason=record.reason, model=model or "")

@@ -118,6 +118,7 @@ def build_snapshot(
                 admitted_per_min=sum(n for (cls, o, _), n in counts.items() if cls == c.name and o == "admitted"),
                 refused_per_min=sum(n for (cls, o, _), n in counts.items() if cls == c.name and o == "refused"),
                 p95_ttft_ms=rollup.p95_ttft_ms(now, c.name),
+                p95_ttft_arrival_ms=rollup.p95_ttft_arrival_ms(now, c.name),
                 p95_queue_ms=rollup.p95_queue_ms(now, c.name),
                 waiting_on=waiting_on,
                 met=met,

@@ -250,15 +250,25 @@ class Control:
         if change.class_changes:
             self._apply_classes(new)
             scaled = self._scaled(change.cls) if change.cls and "reserved_tokens" in change.class_changes else ""
+            # the values stay parseable (replay reads `k=v`); what an unset objective meant goes
+            # in the note and the toast: "ttft_objective_ms=none -> 1500" read as if no objective
+            # had held, where [budget] slo_ttft_p95_ms 2000 had (a trial)
+            old_pairs, new_pairs = _diff_old(current, change.class_changes), _diff_new(change.class_changes)
+            assert current is not None  # class changes name a class: _class() found it above
+            meant = _objective_in_force(current, change.class_changes, old.budget.slo_ttft_p95_ms, new.budget.slo_ttft_p95_ms)
             result = self._audit(
                 operator,
                 source,
                 "set_class",
                 f"class:{change.cls}",
-                _diff_old(current, change.class_changes),
-                _diff_new(change.class_changes),
-                "; ".join(n for n in (change.note, scaled) if n),
+                old_pairs,
+                new_pairs,
+                "; ".join(n for n in (change.note, meant, scaled) if n),
             )
+            if meant:
+                shown_old = _diff_old(current, change.class_changes, slo_ms=old.budget.slo_ttft_p95_ms)
+                shown_new = _diff_new(change.class_changes, slo_ms=new.budget.slo_ttft_p95_ms)
+                result = dataclasses.replace(result, message=describe("set_class", result.target, shown_old, shown_new))
             results.append(dataclasses.replace(result, message=f"{result.message}; {scaled}") if scaled else result)
         if change.budget is not None:
             results += self._set_budget(targets, change.budget, operator, source, change.note)
@@ -874,18 +884,35 @@ def _unchanged(action: str, target: str, changes: Mapping[str, Any]) -> ActionRe
     return ActionResult(action, target, value, value, f"{target}: {value} already in force, nothing changed")
 
 
-def _pair(key: str, value: Any) -> str:
+def _pair(key: str, value: Any, slo_ms: float | None = None) -> str:
     """`key=value` as an audit row and a toast say it: an unset value is `none`, as `--set` and
-    the what-if's form write it (a trial's toast read "ttft_objective_ms=None")."""
+    the what-if's form write it (a trial's toast read "ttft_objective_ms=None"). `slo_ms`: for
+    people, an unset ttft_objective_ms says what holds instead, "none (2000 from slo_ttft_p95_ms)"."""
+    if value is None and key == "ttft_objective_ms" and slo_ms is not None:
+        return f"{key}=none ({_fmt(slo_ms)} from slo_ttft_p95_ms)"
     return f"{key}={'none' if value is None else _fmt(value)}"
 
 
-def _diff_old(obj: Any, changes: Mapping[str, Any]) -> str:
-    return ", ".join(_pair(k, getattr(obj, k)) for k in sorted(changes))
+def _diff_old(obj: Any, changes: Mapping[str, Any], *, slo_ms: float | None = None) -> str:
+    """The old values as `k=v, k=v`; `slo_ms`: said after an unset ttft_objective_ms (for people)."""
+    return ", ".join(_pair(k, getattr(obj, k), slo_ms) for k in sorted(changes))
 
 
-def _diff_new(changes: Mapping[str, Any]) -> str:
-    return ", ".join(_pair(k, v) for k, v in sorted(changes.items()))
+def _diff_new(changes: Mapping[str, Any], *, slo_ms: float | None = None) -> str:
+    return ", ".join(_pair(k, v, slo_ms) for k, v in sorted(changes.items()))
+
+
+def _objective_in_force(current: ClassConfig, changes: Mapping[str, Any], old_slo_ms: float, new_slo_ms: float) -> str:
+    """A set_class row's note when its ttft_objective_ms goes from or to unset: the objective
+    that held or will hold, [budget] slo_ttft_p95_ms ("" when neither side is unset)."""
+    if "ttft_objective_ms" not in changes:
+        return ""
+    said = []
+    if current.ttft_objective_ms is None:
+        said.append(f"ttft_objective_ms was none: {_fmt(old_slo_ms)} from [budget] slo_ttft_p95_ms in force")
+    if changes["ttft_objective_ms"] is None:
+        said.append(f"ttft_objective_ms none: {_fmt(new_slo_ms)} from [budget] slo_ttft_p95_ms in force")
+    return "; ".join(said)
 
 
 def _config_diff(old: Config, new: Config) -> list[tuple[str, str | None, str | None]]:

@@ -63,7 +63,9 @@ def decision(
     status: int = 200,
     ts: float = FIXED_NOW,
     ttft_ms: float | None = 120.0,
+    queue_ms: float = 3.0,
 ) -> DecisionRecord:
+    """A finished request; its first token from arrival is its wait plus its `ttft_ms` (from dispatch)."""
     n = next(_ids)
     return DecisionRecord(
         ts=ts,
@@ -80,12 +82,13 @@ def decision(
         outcome=outcome,
         reason=reason,
         http_status=status,
-        queue_ms=3.0,
+        queue_ms=queue_ms,
         ttft_ms=ttft_ms,
         duration_ms=900.0,
         completion_tokens=50,
         budget_at_decision=8192,
         in_flight_at_decision=1000,
+        ttft_arrival_ms=None if ttft_ms is None else queue_ms + ttft_ms,
     )
 
 

@@ -221,3 +221,26 @@ async def test_the_slo_line_is_labelled_with_the_slo(height, budget):
             assert right in ("", _compact(slo)), (height, slo, peak, rows[0][-12:])
             labelled = [line for line in text_of(chart).splitlines() if line.rstrip().endswith(_compact(slo))]
             assert labelled, (height, slo, peak)
+
+
+@pytest.mark.parametrize("height", [12, 14, 16, 22])
+async def test_close_mark_labels_are_drawn_on_rows_of_their_own(height):
+    """A trial's review chart (120x40: an 8-row plot) drew "setpause_clas": place_labels had put
+    pause_class on its second label row to miss set_budget, and that row fell on the first's
+    terminal row. Rendered, every label drawn is whole, and none is drawn over another."""
+    app = ChartApp(time_axis="utc")
+    async with app.run_test(size=(120, height)) as pilot:
+        chart = app.query_one(BudgetChart)
+        n = 1800  # an hour; the lines away from the labels' rows (a line drawn later covers a label)
+        times = [T0 + 2.0 * i for i in range(n)]
+        chart.set_series(times=times, budget=[8000.0] * n, in_flight=[300.0] * n, p95_ttft_ms=[50.0] * n, slo_ttft_ms=1500, marks=MARKS)
+        await pilot.pause()
+        out = text_of(chart)
+        drawn = [label[:10] for _, label in MARKS if label[:10] in out]
+        assert len(drawn) >= 3, (height, out)  # three label rows: three close labels
+        for line in out.splitlines():
+            for word in re.findall(r"[a-z][a-z_]{3,}", line):
+                assert word in {m[:10] for _, m in MARKS} or word in ("tokens", "left", "right", "budget", "flight"), (height, word, out)
+
+
+MARKS = [(T0 + 2400, "set_budget"), (T0 + 2460, "pause_class"), (T0 + 2520, "resume_class"), (T0 + 2580, "set_class")]  # 2 columns apart

@@ -80,6 +80,7 @@ def decision(
         completion_tokens=None if refused else 40 + i % 80,
         budget_at_decision=8192,
         in_flight_at_decision=(i * 311) % 8192,
+        ttft_arrival_ms=None if refused else float((i * 13) % 400) + (ttft_ms or 90.0 + (i * 53) % 700),
     )
 
 
@@ -157,6 +158,33 @@ def close(gate: GateService) -> None:
 def test_main_screen_snapshot(snap_compare, utc, frozen_tick_timer, size: tuple[int, int]) -> None:
     gate = make_gate()
     app = TokengateApp(InProcessLink(gate), interval_s=3600.0, clock=lambda: FIXED_NOW)
+
+    async def run_before(pilot: Pilot) -> None:
+        await fill(gate, app)
+        await pilot.pause()
+
+    try:
+        assert snap_compare(app, terminal_size=size, run_before=run_before)
+    finally:
+        close(gate)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+def test_attached_main_screen_snapshot(snap_compare, utc, frozen_tick_timer, size: tuple[int, int]) -> None:
+    """As `tokengate console --attach` draws it, the header naming the socket on its one row (a
+    trial's 80x24 header had lost it and had blank rows under it); at 120x40 a console reattached
+    to a restarted gate whose runtime overrides came back with it (a blank row came with them)."""
+    import dataclasses
+
+    from gate.data.commands import Freeze, Retune
+
+    gate = make_gate()
+    link = InProcessLink(gate)
+    link.info = dataclasses.replace(link.info, embedded=False, where="/run/tokengate/tokengate.sock" if size[0] > 80 else "tokengate.sock")
+    if size[0] > 80:
+        gate.control.execute(Retune(cls="interactive", class_changes={"ttft_objective_ms": 1500.0}), operator=gate.operator)
+        gate.control.execute(Freeze(True), operator=gate.operator)
+    app = TokengateApp(link, interval_s=3600.0, clock=lambda: FIXED_NOW)
 
     async def run_before(pilot: Pilot) -> None:
         await fill(gate, app)

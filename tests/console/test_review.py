@@ -765,3 +765,90 @@ async def test_escape_clears_a_filter_and_never_leaves_the_review(journal_1000: 
         await pilot.press("q")
         await pilot.pause()
     assert app.return_code == 0
+
+
+# ---- a trial: the audit list at 120x40 read "loca / consol / resume / class: / Tru / Fal" ------
+
+
+def _trial_audit() -> tuple[AuditRecord, ...]:
+    import json
+
+    from gate.config import EXAMPLE_CONFIG, parse_config
+    from gate.config.thresholds import thresholds_json
+
+    return (
+        AuditRecord(
+            BASE + 5,
+            "tokengate",
+            "local",
+            "gate",
+            "config_in_force",
+            "gate",
+            None,
+            thresholds_json(parse_config(EXAMPLE_CONFIG)),
+            "sha256:abc",
+        ),
+        AuditRecord(
+            BASE + 6, "tokengate", "local", "gate", "capacity_learned", "backend:default", None, json.dumps({"slots": 4, "kv": "unified"})
+        ),
+        AuditRecord(BASE + 600, "alice", "10.0.0.7", "console", "pause_class", "class:batch", "False", "True", "load test"),
+        AuditRecord(BASE + 640, "alice", "10.0.0.7", "console", "resume_class", "class:batch", "True", "False"),
+        AuditRecord(
+            BASE + 650, "alice", "10.0.0.7", "console", "set_class", "class:interactive", "ttft_objective_ms=none", "ttft_objective_ms=1500"
+        ),
+        AuditRecord(
+            BASE + 700, "controller", "local", "controller", "budget_decrease", "backend:default", "12000", "9600", "p95 TTFT 2400 ms"
+        ),
+    )
+
+
+def _audit_cells(rows: tuple[AuditRecord, ...]) -> list[dict[str, str]]:
+    from console.screens.review import AUDIT_COLUMNS
+
+    return [{key: "22:24:10" if key == "ts" else str(getattr(r, key) or "-") for _label, key in AUDIT_COLUMNS} for r in rows]
+
+
+@pytest.mark.parametrize("width", [78, 98, 118, 158])
+def test_the_audit_columns_keep_action_and_target_whole_and_fit_the_width(width: int) -> None:
+    from console.screens.review import AUDIT_COLUMNS, audit_layout
+
+    cells = _audit_cells(_trial_audit())
+    layout = dict(audit_layout(cells, width))
+    assert sum(w + 2 for w in layout.values()) <= width
+    longest = {key: max(len(c[key]) for c in cells) for _label, key in AUDIT_COLUMNS}
+    assert layout["action"] >= longest["action"] and layout["target"] >= longest["target"]  # whole
+    assert layout["ts"] >= len("time (UTC)") and layout["old_value"] >= len("False") and layout["new_value"] >= len("False")
+    assert layout["new_value"] < longest["new_value"]  # the config as JSON is not what takes the width
+    if width >= 118:
+        assert {"operator", "source", "note"} <= set(layout)
+    assert list(layout) == [key for _label, key in AUDIT_COLUMNS if key in layout]  # in their order
+
+
+async def test_the_review_lists_a_trials_audit_rows_readable_at_120x40(tmp_path: Path) -> None:
+    path = tmp_path / "trial.db"
+    journal = await Journal.open(path, clock=lambda: BASE + 800, retention_days=36500, strict=True)
+    try:
+        futures = [journal.add(decision(i)) for i in range(200)] + [journal.add(sample(i)) for i in range(400)]
+        futures += [journal.add(a) for a in _trial_audit()]
+        for fut in futures:
+            assert await fut
+    finally:
+        await journal.close()
+    app = ReviewApp(path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await settle(pilot)
+        audit = screen.query_one("#review-audit", DataTable)
+        widths = {str(key.value): column.get_render_width(audit) - 2 for key, column in audit.columns.items()}  # as drawn
+        assert widths["action"] >= len("budget_decrease") and widths["target"] >= len("class:interactive"), widths
+        assert widths["old_value"] >= len("False") and widths["new_value"] >= len("False"), widths
+        assert sum(w + 2 for w in widths.values()) <= audit.size.width, (widths, audit.size.width)
+        shot = app.export_screenshot().replace("&#160;", " ")
+        for text in ("resume_class", "class:interactive", "budget_decrease", "False"):
+            assert text in shot, text
+        # narrower: the columns laid out again for the width (action and target still whole)
+        await pilot.resize_terminal(80, 40)
+        for _ in range(5):
+            await pilot.pause()
+        widths = {str(key.value): column.get_render_width(audit) - 2 for key, column in audit.columns.items()}
+        assert "origin" not in widths and widths["action"] >= len("budget_decrease"), widths
+        assert sum(w + 2 for w in widths.values()) <= audit.size.width, (widths, audit.size.width)

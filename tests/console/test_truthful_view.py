@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
+import types
 
 from console.screens.confirm import ConfirmScreen
 from gate.data.commands import Retune
+from gate.data.snapshot import ControllerView
 from tests.console.conftest import FIXED_NOW, Queue, decision, make_app, messages, record
 
 
@@ -573,30 +576,63 @@ async def test_the_capacity_panel_keeps_each_value_with_its_unit_at_every_size(g
             await pilot.pause()
             await app.tick()
             lines = [strip.text for strip in app.slots.render_lines(app.slots.content_region.reset_offset)]
-            assert any(re.search(r"p95( TTFT)? \S+/2,000 ms", line) for line in lines), (size, lines)
+            assert any(re.search(r"p95 TTFT from dispatch \S+/2,000 ms|ctl p95 \S+/2s", line) for line in lines), (size, lines)
             assert any(re.search(r"deferred \S+", line) for line in lines), (size, lines)
 
 
-# ---- #22 item 8: one p95 TTFT per frame -------------------------------------------------------
+# ---- #22 item 8, then a trial: which p95 TTFT each figure is ------------------------------------
 
 
-async def test_capacity_panel_and_classes_table_show_the_same_p95_ttft(gate):
+async def test_the_classes_table_shows_ttft_from_arrival_against_the_classs_objective_and_the_panel_names_its_dispatch_p95(gate):
+    """A trial's classes table and capacity panel read "117/2,000" in green while clients saw a
+    p95 of 1.9 s: the figure was llama-server's first token from dispatch (the controller's kind
+    of signal, no queue wait) against [budget] slo_ttft_p95_ms, and after interactive's
+    ttft_objective_ms was retuned to 1,500 it still read "/2,000". The table now shows the first
+    token from arrival against the class's objective in force; the panel names its figure."""
+    from console.widgets.slots import controller_line
+
     app = make_app(gate)
     async with app.run_test(size=(160, 48)) as pilot:
-        for ttft in (350.0, 352.0):
-            d = decision("interactive")
-            record(gate, d.__class__(**{**{f: getattr(d, f) for f in d.__dataclass_fields__}, "ttft_ms": ttft}))
+        for ttft in (115.0, 117.0):
+            record(gate, decision("interactive", ttft_ms=ttft, queue_ms=1783.0))  # waited 1.8 s in the queue
         await app.tick()
         await pilot.pause()
+        cell = app.class_table.get_cell("interactive", "p95")
+        assert str(cell) == "1,900/2,000" and cell.style == "yellow"
         snap = gate.snapshot()
-        cls_p95 = next(c for c in snap.classes if c.name == "interactive").p95_ttft_ms
-        assert cls_p95 == 352.0 and snap.controller.p95_ttft_ms is None  # the controller has too few samples
-        from console.widgets.slots import controller_line
-
         line = controller_line(snap.controller, snap.in_flight, snap.queued).plain
-        assert "p95 TTFT 352/2,000 ms" in line and "n/a/2,000" not in line
-        assert "controller: " in line and "samples" in line
-        assert str(app.class_table.get_cell("interactive", "p95")).startswith("352/")
+        assert "p95 TTFT from dispatch 117/2,000 ms" in line and "controller: " in line and "samples" in line
+        assert "ctl p95 117ms/2s" in controller_line(snap.controller, snap.in_flight, snap.queued, compact=True).plain
+        gate.control.execute(Retune(cls="interactive", class_changes={"ttft_objective_ms": 1500.0}), operator=gate.operator)
+        await app.tick()
+        await pilot.pause()
+        cell = app.class_table.get_cell("interactive", "p95")
+        assert str(cell) == "1,900/1,500" and cell.style == "bold red"  # its own objective, missed
+        assert str(app.class_table.get_cell("batch", "p95")) == "n/a/2,000"  # batch is held to the SLO
+
+
+def test_the_retune_form_says_the_controller_cannot_raise_a_budget_at_its_ceiling():
+    """A trial's form said "p95 TTFT 148 ms < 0.7 x SLO: it will raise it" of a budget already
+    at its ceiling."""
+    from console.screens.retune import controller_outlook
+
+    view = ControllerView(
+        mode="adaptive",
+        frozen=False,
+        budget=8192,
+        min_tokens=1024,
+        ceiling=8192,
+        p95_ttft_ms=148.0,
+        p95_tpot_ms=None,
+        slo_ttft_ms=2000.0,
+        slo_tpot_ms=None,
+    )
+    snap = types.SimpleNamespace(controller=view)
+    said = controller_outlook(snap)  # type: ignore[arg-type]
+    assert "p95 TTFT from dispatch 148 ms < 0.7 x SLO, but the budget is at its ceiling 8,192: it cannot raise it" in said
+    assert "will raise" not in said
+    lower = controller_outlook(types.SimpleNamespace(controller=dataclasses.replace(view, budget=6554)))  # type: ignore[arg-type]
+    assert "it will raise it (x1.1 per step, up to 8,192) when there is demand" in lower
 
 
 async def test_denials_put_the_current_problem_first(gate):

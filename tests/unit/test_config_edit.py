@@ -130,6 +130,41 @@ def test_commands_beside_a_gate_find_its_relative_journal_by_the_config_file(tmp
     assert beside_the_file(parse_config(EXAMPLE, "f"), str(f)) == (parse_config(EXAMPLE, "f"), None)
 
 
+def test_commands_reading_a_configs_relative_journal_name_the_file_they_read(tmp_path, monkeypatch):
+    """A trial ran `tokengate overrides --config prod/tokengate.toml` from another gate's
+    directory, mid-incident: the config's relative journal resolved here (as documented, and as
+    `serve` reads it), and that gate's overrides were shown as prod's state, with no word of
+    which file. The rule stays; every command reading a relative path from a config names it."""
+    from gate.config import EXAMPLE_CONFIG as EXAMPLE
+
+    prod, other = tmp_path / "prod", tmp_path / "other"
+    prod.mkdir()
+    other.mkdir()
+    f = prod / "tokengate.toml"
+    f.write_text(EXAMPLE)
+    for folder, paused in ((prod, "interactive"), (other, "batch")):
+        (folder / "tokengate.db").write_bytes(b"")
+        (folder / "tokengate.db.overrides.json").write_text(json.dumps({"v": 1, "paused": [paused]}))
+    monkeypatch.chdir(other)
+    here = f"journal {other / 'tokengate.db'}"
+    rc, out, err = run("overrides", "--config", "../prod/tokengate.toml")
+    assert rc == 0 and "batch paused" in out  # the rule: the current directory's
+    assert f"tokengate overrides: {here} and control socket {other / 'tokengate.sock'} (relative to the current directory" in err
+    assert f"the config file's folder holds another journal, {prod / 'tokengate.db'}: if its gate runs there, pass --journal" in err
+    rc, out, err = run("overrides", "--config", str(f), "--journal", str(prod / "tokengate.db"))
+    assert rc == 0 and "interactive paused" in out
+    assert here not in err and "another journal" not in err  # the journal given: only the socket is the config's
+    assert f"control socket {other / 'tokengate.sock'} (relative to the current directory" in err
+    rc, _, err = run("log", "--config", str(f))
+    assert f"tokengate log: {here} (relative to the current directory" in err and "control socket" not in err
+    rc, _, err = run("console", "--read-only", "--config", str(f))  # no gate on it: refused, after the note
+    assert f"tokengate console: control socket {other / 'tokengate.sock'} (relative" in err and "journal /" not in err
+    absolute = prod / "absolute.toml"
+    absolute.write_text(EXAMPLE.replace('journal = "tokengate.db"', f'journal = "{prod / "tokengate.db"}"'))
+    rc, out, err = run("overrides", "--config", str(absolute))
+    assert rc == 0 and "interactive paused" in out and "relative" not in err  # nothing relative: nothing said
+
+
 def _kept_pause(tmp_path):
     f = tmp_path / "tokengate.toml"
     journal = tmp_path / "tokengate.db"

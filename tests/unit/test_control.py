@@ -763,10 +763,35 @@ async def test_a_class_s_ttft_objective_is_retuned_live_kept_and_restored(gate, 
     assert (batch.ttft_objective_ms, batch.own_ttft_objective_ms) == (30000, 30000)
     async with restarted(tmp_path) as after:
         assert after.backends.backends[0].admission.objective_ms("batch") == 30000
-    gate.control.execute(Retune(cls="batch", class_changes={"ttft_objective_ms": None}), operator=ALICE)
+    (back,) = gate.control.execute(Retune(cls="batch", class_changes={"ttft_objective_ms": None}), operator=ALICE)
     assert adm.objective_ms("batch") == 2000
+    assert back.message == "Class batch: ttft_objective_ms=30000 -> ttft_objective_ms=none (2000 from slo_ttft_p95_ms)"
     with pytest.raises(CommandError):
         gate.control.execute(Retune(cls="batch", class_changes={"ttft_objective_ms": -5.0}), operator=ALICE)
+
+
+async def test_a_class_objective_retune_says_which_objective_held_while_it_was_unset(gate):
+    """A trial's audit row and toast read "ttft_objective_ms=none -> 1500" where [budget]
+    slo_ttft_p95_ms 2000 held: as if the class had had no objective. The values stay `k=v` (the
+    replay parses them); the note says what held, and the toast shows it beside `none`."""
+    from gate.tools.replay.engine import _pairs
+
+    (result,) = gate.control.execute(Retune(cls="interactive", class_changes={"ttft_objective_ms": 1500.0}), operator=ALICE)
+    row = last_audit(gate)
+    assert (row.old_value, row.new_value) == ("ttft_objective_ms=none", "ttft_objective_ms=1500")
+    assert _pairs(row.old_value) == {"ttft_objective_ms": None} and _pairs(row.new_value) == {"ttft_objective_ms": 1500}
+    assert row.note == "ttft_objective_ms was none: 2000 from [budget] slo_ttft_p95_ms in force"
+    assert result.message == "Class interactive: ttft_objective_ms=none (2000 from slo_ttft_p95_ms) -> ttft_objective_ms=1500"
+    # a retune of the SLO beside it: the old side is the SLO that held, the new side the one that will
+    gate.control.execute(
+        Retune(settings={"slo_ttft_p95_ms": 3000.0}, cls="interactive", class_changes={"ttft_objective_ms": None}, note="back"),
+        operator=ALICE,
+    )
+    row = last_audit(gate)
+    assert (row.old_value, row.new_value) == ("ttft_objective_ms=1500", "ttft_objective_ms=none")
+    assert row.note == "back; ttft_objective_ms none: 3000 from [budget] slo_ttft_p95_ms in force"
+    (other,) = gate.control.execute(Retune(cls="interactive", class_changes={"queue_depth": 3}), operator=ALICE)
+    assert last_audit(gate).note == "" and "slo_ttft_p95_ms" not in other.message  # no objective changed: nothing said
 
 
 async def test_a_retune_of_the_controller_tuning_reaches_the_running_controller(gate):

@@ -449,3 +449,72 @@ def test_one_long_audit_value_does_not_pad_every_row_of_the_table(tmp_path: Path
     assert config in first
     assert len(second) < 200 and "paused" in second
     assert second.index("pause_class") == header.index("action")  # still aligned
+
+
+# ---- an aiperf trace's chat requests, less the chat template (a user's trial) ----------------
+
+
+def _aiperf(capsys: pytest.CaptureFixture[str], path: Path) -> tuple[list[int], str]:
+    code, out, err = run(capsys, "log", "--journal", str(path), "--format", "aiperf")
+    assert code == 0, err
+    return [json.loads(line)["input_length"] for line in out.splitlines()], err
+
+
+async def test_an_aiperf_trace_takes_the_chat_template_the_gate_measured_off_its_chat_prompts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A trial's re-run of an aiperf trace sent every chat prompt ~40 tokens larger (+43%, and
+    batch's context_length_exceeded went 2 -> 12): input_length was llama-server's count, which
+    holds the chat template, and the server templated aiperf's text of that length again. The
+    gate now measures the template as it learns the capacity (the fake's: 40 tokens) and journals
+    it; the trace takes it off templated requests' counts, never below 1, and says so."""
+    from tests.fakes import GATE_CONFIG, gate_on_fake_llama
+
+    path = tmp_path / "tokengate.db"
+    async with gate_on_fake_llama(GATE_CONFIG, chat_template=40, journal=str(path)) as g:
+        (backend,) = g.backends.backends
+        assert backend.chat_template_tokens == 40
+        at = time.time()
+        rows = [
+            decision(1, ts=at + 1, prompt_tokens=57),  # a chat: 17 tokens of text, 40 of template
+            decision(2, ts=at + 2, prompt_tokens=17, endpoint="/v1/completions"),  # no template
+            decision(3, ts=at + 3, prompt_tokens=40),  # nothing but the template (an empty message)
+            decision(4, ts=at + 4, prompt_tokens=45, endpoint="/v1/messages"),  # templated too
+        ]
+        assert all(await asyncio.gather(*(g.recorder.journal.add(r) for r in rows)))
+    (learned,) = sqlite3.connect(path).execute("SELECT new_value, note FROM audit WHERE action = 'capacity_learned'").fetchall()
+    assert json.loads(learned[0])["chat_template_tokens"] == 40 and learned[1].endswith("chat template 40 tokens")
+    lengths, err = _aiperf(capsys, path)
+    assert lengths == [17, 17, 1, 5]
+    assert err == (
+        "tokengate log: input_length of the 3 chat requests is llama-server's prompt count less its chat template "
+        "(its 40 tokens, as the gate measured them on backend default; never below 1): aiperf sends input_length tokens "
+        "of text and the server templates them again\n"
+    )
+
+
+async def test_an_aiperf_trace_of_a_journal_without_the_templates_size_says_the_counts_hold_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a journal of a gate before the template was measured (its capacity_learned row without the
+    # key), or of one whose backend gave no count: the counts are kept, and stderr says how to measure
+    from tests.fakes import GATE_CONFIG, gate_on_fake_llama
+
+    path = tmp_path / "tokengate.db"
+    async with gate_on_fake_llama(GATE_CONFIG, journal=str(path)) as g:  # the fake counts nothing
+        assert g.backends.backends[0].chat_template_tokens is None
+        at = time.time()
+        assert await g.recorder.journal.add(decision(1, ts=at + 1, prompt_tokens=57))
+    lengths, err = _aiperf(capsys, path)
+    assert lengths == [57]
+    assert "input_length of 1 chat request includes llama-server's chat template: the gate could not measure its size" in err
+    conn = sqlite3.connect(path, isolation_level=None)
+    (value,) = conn.execute("SELECT new_value FROM audit WHERE action = 'capacity_learned'").fetchone()
+    older = json.loads(value)
+    del older["chat_template_tokens"]
+    conn.execute("UPDATE audit SET new_value = ? WHERE action = 'capacity_learned'", (json.dumps(older),))
+    conn.close()
+    lengths, err = _aiperf(capsys, path)
+    assert lengths == [57]
+    assert "this journal does not say its size (a gate before tokengate journaled it)" in err
+    assert "/v1/chat/completions/input_tokens" in err and '"add_special":false' in err  # how to measure it

@@ -810,5 +810,7 @@ async def test_a_restarted_gate_judges_the_last_minutes_arrivals_as_the_gate_tha
         assert await rec.seed_from_journal(objective_ms=lambda cls: 2000.0) == 4
         # met: the 300 ms one; judged: both admitted and the 429 (a client's 400 is not judged)
         assert rec.rollup.met_share(time.monotonic(), "interactive") == (1, 3)
+        # and the classes table's p95 is from arrival too, the restarted gate's as the last one's
+        assert rec.rollup.p95_ttft_arrival_ms(time.monotonic(), "interactive") == 2500.0
     finally:
         await j.close()

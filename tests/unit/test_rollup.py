@@ -31,6 +31,18 @@ def test_p95_ttft_is_nearest_rank_over_the_window_per_class():
     assert r.p95_ttft_ms(200.0, "interactive") is None
 
 
+def test_p95_ttft_from_arrival_is_kept_apart_from_dispatch():
+    # the classes table shows what clients saw (queue wait included); the controller's kind of
+    # signal is from dispatch: a trial's table read 117 ms where clients saw 1.9 s
+    r = Rollup()
+    for _ in range(20):
+        r.add(10.0, "interactive", "admitted", "ok", ttft_ms=117.0, queue_ms=1783.0, ttft_arrival_ms=1900.0)
+    r.add(10.0, "interactive", "refused", "queue_timeout", queue_ms=5000.0)  # no first token: in neither
+    assert r.p95_ttft_ms(10.5, "interactive") == 117.0
+    assert r.p95_ttft_arrival_ms(10.5, "interactive") == 1900.0
+    assert r.p95_ttft_arrival_ms(10.5, "batch") is None
+
+
 def test_met_share_counts_refusals_as_misses_and_leaves_client_errors_and_cancels_out():
     from gate.core.rollup import Rollup
 

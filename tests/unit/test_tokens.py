@@ -533,3 +533,35 @@ async def test_a_likely_count_follows_what_the_backends_exact_counts_gave_per_es
     assert exact != est  # the negative control: the plain estimate was off
     assert counter.likely(URL, "chat", body).tokens == exact  # one exact count: its ratio
     assert counter.likely("http://other:8080", "chat", body).tokens == est  # per backend
+
+
+# --- the chat template's own tokens (for `tokengate log --format aiperf`) ---------------------
+
+
+@pytest.mark.parametrize("input_tokens", [True, False], ids=["input_tokens", "apply-template"])
+async def test_the_chat_templates_tokens_are_a_one_message_chats_count_less_its_content(counter, upstream, input_tokens):
+    """What the template adds, counted as chat requests are counted (input_tokens, else
+    apply-template + tokenize): the fake's template of one user message is `<user> hello </user>
+    <assistant>` + BOS: 5 tokens, 4 around the content's 1 (tokenized without BOS)."""
+    upstream.has_input_tokens = input_tokens
+    assert await counter.chat_template_tokens(URL) == 4
+    assert ("/tokenize", {"content": "hello", "add_special": False, "parse_special": False}) in upstream.calls
+
+
+async def test_measuring_the_chat_template_teaches_no_estimate_and_caches_nothing(counter, upstream):
+    # a one-token message is nearly all template: learned as a count, its tokens per estimated
+    # token (5 for 16 bytes) would have lifted the estimates of every request refused before its count
+    body = chat([{"role": "user", "content": "a " * 300}])
+    before = (counter.likely(URL, "chat", body), counter.bound(URL, "chat", body))
+    assert await counter.chat_template_tokens(URL) == 4
+    assert (counter.likely(URL, "chat", body), counter.bound(URL, "chat", body)) == before and len(counter) == 0
+
+
+async def test_a_backend_that_cannot_count_gives_no_template_size_and_no_health_warning(counter, upstream, caplog):
+    caplog.set_level(logging.WARNING, logger="tokengate.tokens")
+    upstream.status = 404  # a server (or a fake) without /tokenize
+    assert await counter.chat_template_tokens(URL) is None
+    assert upstream.paths() == ["/tokenize"]  # the chat count is never asked then
+    upstream.status, upstream.down = None, True
+    assert await counter.chat_template_tokens(URL) is None
+    assert not caplog.records
