@@ -30,7 +30,7 @@ from gate.backend.sameserver import same_process_problem
 from gate.backend.upstream import RelayStats, Upstream
 from gate.config import BackendConfig, BudgetConfig
 from gate.core.adaptive import BudgetController, ControllerSettings, Move, controller_for, has_demand
-from gate.core.admission import RESERVED_SHARE_MAX, Admission, Capacity, ClassPolicy, TenantPolicy, reservations_in_force
+from gate.core.admission import RESERVED_SHARE_MAX, Admission, Capacity, ClassPolicy, Reserves, TenantPolicy, reservations_in_force
 from gate.core.errors import GateError
 from gate.core.prefill import PrefillModel
 from gate.core.shedding import DecodeMeter
@@ -171,7 +171,7 @@ class ShortReach:
     at_ceiling: bool  # short at the ceiling too (the reservations alone: `capacity_warnings` says it)
 
 
-def short_of_default(budget: int, ceiling: int, slot_context: int | None, classes: Iterable[ClassPolicy]) -> list[ShortReach]:
+def short_of_default(budget: int, ceiling: int, slot_context: int | None, classes: Iterable[Reserves]) -> list[ShortReach]:
     """The classes that cannot start their default request (its default_max_tokens and a prompt
     of a token at least, or the slot it fills: the gate lowers the default it injects to what the
     slot holds) at `budget`, beside the others' reservations in force on `ceiling` (R0 scales them

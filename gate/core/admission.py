@@ -233,7 +233,16 @@ class ClassPolicy(Protocol):
 RESERVED_SHARE_MAX = 0.5
 
 
-def reservations_in_force(policies: Iterable[ClassPolicy], ceiling: int) -> dict[str, int]:
+class Reserves(Protocol):
+    """What R0 reads of a class: its name and its configured reservation."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def reserved_tokens(self) -> int: ...
+
+
+def reservations_in_force(policies: Iterable[Reserves], ceiling: int) -> dict[str, int]:
     """R0: each class's reservation on a backend of this ceiling: its reserved_tokens, or, when
     they add up to more than RESERVED_SHARE_MAX of the ceiling, its share of that, rounded down."""
     wanted = {p.name: p.reserved_tokens for p in policies}

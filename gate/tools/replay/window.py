@@ -465,10 +465,10 @@ def _open_ends(
     (longest,) = conn.execute("SELECT max(duration_ms) FROM decisions WHERE backend = ? AND ts >= ?", (backend, since - 3600.0)).fetchone()
     longest_s = (longest or 0.0) / 1000.0
     if writer is not None and until > time.time() - longest_s - 1.0:
-        running = _still_running(conn, backend, until)
-        if running:
+        still = _still_running(conn, backend, until)
+        if still:
             notes.append(
-                f"a gate is writing this journal ({writer}) and journals a request when it ends; {running}: requests still "
+                f"a gate is writing this journal ({writer}) and journals a request when it ends; {still}: requests still "
                 f"running are not in the window yet; for a complete window give --until a moment at least the longest request "
                 f"ago ({longest_s:.0f} s)"
             )
