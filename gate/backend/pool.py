@@ -213,10 +213,13 @@ def held_budget_warnings(cap: Capacity | None, held: int | None, frozen: bool, c
         each = ", ".join(f"{n} {k}" for n, k in s.others)
         kept = f" and the other classes reserve {sum(k for _, k in s.others)} of it ({each})" if s.others else ""
         how = "the controller frozen there" if frozen else "static mode"
+        # the consequence first: the console's backend line is cut at its width, and a trial's
+        # 120 columns ended at "... the ceiling is 2048) and the other", the 0 tokens unsaid
         out.append(
-            f"classes.{s.cls}: the budget is held at {held} by hand ({how}; the ceiling is {cap.ceiling}){kept}: a {s.cls} "
-            f"request may hold at most {max(0, s.reach)} tokens, not its default_max_tokens {s.default_max_tokens} and a prompt: "
-            f"its requests are refused 429 token_budget_exceeded until the budget is raised{' or the controller unfrozen' if frozen else ''}"
+            f"classes.{s.cls}: a {s.cls} request may hold at most {max(0, s.reach)} tokens, not its default_max_tokens "
+            f"{s.default_max_tokens} and a prompt: its requests are refused 429 token_budget_exceeded until the budget is "
+            f"raised{' or the controller unfrozen' if frozen else ''}; the budget is held at {held} by hand ({how}; the "
+            f"ceiling is {cap.ceiling}){kept}"
         )
     return tuple(out)
 
@@ -577,6 +580,9 @@ class BackendPool:
             for w in warnings:
                 if w not in backend.warnings:
                     log.warning("backend %s: %s", backend.name, w)
+            for w in backend.warnings:
+                if w not in warnings:  # a trial unfroze and saw it go only in /health and the console
+                    log.info("backend %s: no longer: %s", backend.name, w)
             backend.warnings = warnings
         notes = capacity_notes(backend.capacity, self._classes)
         if notes != backend.notes:

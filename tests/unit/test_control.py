@@ -324,10 +324,10 @@ async def test_a_budget_held_below_what_the_reservations_leave_a_class_is_warned
         with caplog.at_level(logging.WARNING, logger="tokengate.backends"):
             results = g.control.execute(Retune(budget=4096, freeze=True), operator=ALICE)  # as the what-if applies it
         said = (
-            "classes.batch: the budget is held at 4096 by hand (the controller frozen there; the ceiling is 8192) and the "
-            "other classes reserve 4096 of it (interactive 4096): a batch request may hold at most 0 tokens, not its "
-            "default_max_tokens 512 and a prompt: its requests are refused 429 token_budget_exceeded until the budget is "
-            "raised or the controller unfrozen"
+            "classes.batch: a batch request may hold at most 0 tokens, not its default_max_tokens 512 and a prompt: its "
+            "requests are refused 429 token_budget_exceeded until the budget is raised or the controller unfrozen; the "
+            "budget is held at 4096 by hand (the controller frozen there; the ceiling is 8192) and the other classes "
+            "reserve 4096 of it (interactive 4096)"
         )
         assert said in results[-1].message and "WARNING: backend default: " in results[-1].message, results
         assert backend.admission.class_reach("batch", backend.admission.budget) == 0  # the core's own reach
@@ -339,8 +339,10 @@ async def test_a_budget_held_below_what_the_reservations_leave_a_class_is_warned
         # held again at 4,096, then unfrozen: the controller moves it, nothing is held
         g.control.execute(Retune(budget=4096), operator=ALICE)
         assert await health() == [said]
-        (result,) = g.control.execute(Freeze(False), operator=ALICE)
+        with caplog.at_level(logging.INFO, logger="tokengate.backends"):
+            (result,) = g.control.execute(Freeze(False), operator=ALICE)
         assert await health() == [] and "WARNING" not in result.message
+        assert f"backend default: no longer: {said}" in [r.getMessage() for r in caplog.records]  # the log says it went
         # a freeze where the budget stands holds it too: said in the freeze's own answer
         g.control.set_budget(4096, operator=ALICE)
         (result,) = g.control.execute(Freeze(True), operator=ALICE)
@@ -367,7 +369,7 @@ def test_a_static_budget_held_below_the_ceiling_is_warned_and_one_at_the_ceiling
     # no reservation: a budget below a class's default request refuses it all the same
     alone = (ClassConfig("batch", priority=1, default_max_tokens=512),)
     (warning,) = held_budget_warnings(cap, 300, True, alone)
-    assert "held at 300 by hand (the controller frozen there; the ceiling is 2048): a batch request may hold at most 300" in warning
+    assert warning.startswith("classes.batch: a batch request may hold at most 300 tokens") and warning.endswith("held at 300 by hand (the controller frozen there; the ceiling is 2048)")
 
 
 @pytest.mark.parametrize(
