@@ -861,7 +861,10 @@ async def test_the_confirmation_warns_of_a_class_the_applied_budget_leaves_no_ro
             await pilot.press("y")
             await settle(pilot)
             # applied (the operator was told): the gate's answer says it too, and the toast is a warning
-            assert screen.applied and "WARNING: backend default: classes.batch: a batch request may hold at most 0 tokens" in screen.applied[-1]
+            assert (
+                screen.applied
+                and "WARNING: backend default: classes.batch: a batch request may hold at most 0 tokens" in screen.applied[-1]
+            )
             assert gate.backends.backends[0].admission.class_reach("batch", 1024) == 0
             assert app._notifications and list(app._notifications)[-1].severity == "warning"
         # at 80x24 what the confirmation says scrolls, its buttons on screen (they were pushed

@@ -369,7 +369,9 @@ def test_a_static_budget_held_below_the_ceiling_is_warned_and_one_at_the_ceiling
     # no reservation: a budget below a class's default request refuses it all the same
     alone = (ClassConfig("batch", priority=1, default_max_tokens=512),)
     (warning,) = held_budget_warnings(cap, 300, True, alone)
-    assert warning.startswith("classes.batch: a batch request may hold at most 300 tokens") and warning.endswith("held at 300 by hand (the controller frozen there; the ceiling is 2048)")
+    assert warning.startswith("classes.batch: a batch request may hold at most 300 tokens") and warning.endswith(
+        "held at 300 by hand (the controller frozen there; the ceiling is 2048)"
+    )
 
 
 @pytest.mark.parametrize(
