@@ -154,10 +154,8 @@ def close(gate: GateService) -> None:
     asyncio.run(gate.client.aclose())
 
 
-@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
-def test_main_screen_snapshot(snap_compare, utc, frozen_tick_timer, size: tuple[int, int]) -> None:
-    gate = make_gate()
-    app = TokengateApp(InProcessLink(gate), interval_s=3600.0, clock=lambda: FIXED_NOW)
+def assert_snapshot(snap_compare, gate, app: TokengateApp, size: tuple[int, int]) -> None:
+    """The main screen after `fill`, as `snap_compare` pins it; the gate closed after."""
 
     async def run_before(pilot: Pilot) -> None:
         await fill(gate, app)
@@ -167,6 +165,14 @@ def test_main_screen_snapshot(snap_compare, utc, frozen_tick_timer, size: tuple[
         assert snap_compare(app, terminal_size=size, run_before=run_before)
     finally:
         close(gate)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+def test_main_screen_snapshot(snap_compare, utc, frozen_tick_timer, size: tuple[int, int]) -> None:
+    gate = make_gate()
+    app = TokengateApp(InProcessLink(gate), interval_s=3600.0, clock=lambda: FIXED_NOW)
+
+    assert_snapshot(snap_compare, gate, app, size)
 
 
 @pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
@@ -186,11 +192,4 @@ def test_attached_main_screen_snapshot(snap_compare, utc, frozen_tick_timer, siz
         gate.control.execute(Freeze(True), operator=gate.operator)
     app = TokengateApp(link, interval_s=3600.0, clock=lambda: FIXED_NOW)
 
-    async def run_before(pilot: Pilot) -> None:
-        await fill(gate, app)
-        await pilot.pause()
-
-    try:
-        assert snap_compare(app, terminal_size=size, run_before=run_before)
-    finally:
-        close(gate)
+    assert_snapshot(snap_compare, gate, app, size)

@@ -270,15 +270,17 @@ def with_objective() -> list[Cls]:
     ]
 
 
-def in_time_run(scheduler: sim.Scheduler, streams: list[sim.Stream], seed: int) -> sim.Result:
+def in_time_run(
+    scheduler: sim.Scheduler, streams: list[sim.Stream], seed: int, *, ttft_s: float = TTFT_S, objective_s: dict[str, float] | None = None
+) -> sim.Result:
     return sim.run(
         scheduler,
         streams,
         slots=SLOTS,
         service_s=SERVICE_S,
-        ttft_s=TTFT_S,
+        ttft_s=ttft_s,
         duration_s=120.0,
-        objective_s={"interactive": OBJECTIVE_S, "batch": OBJECTIVE_S},
+        objective_s=objective_s or {"interactive": OBJECTIVE_S, "batch": OBJECTIVE_S},
         seed=seed,
         service_spread=0.3,
     )
@@ -350,17 +352,7 @@ def apart_run(make: type[Admission], streams: list[sim.Stream], seed: int) -> si
         aging_s=5.0,
         expected_ttft=lambda _r, _p: TTFT_SHORT,
     )
-    return sim.run(
-        scheduler,
-        streams,
-        slots=SLOTS,
-        service_s=SERVICE_S,
-        ttft_s=TTFT_SHORT,
-        duration_s=120.0,
-        objective_s={"interactive": SHORT_S, "batch": LONG_S},
-        seed=seed,
-        service_spread=0.3,
-    )
+    return in_time_run(scheduler, streams, seed, ttft_s=TTFT_SHORT, objective_s={"interactive": SHORT_S, "batch": LONG_S})
 
 
 def kept_beside_aged_batch(make: type[Admission], seed: int) -> tuple[float, list[int]]:

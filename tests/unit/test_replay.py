@@ -1936,18 +1936,24 @@ def test_a_time_of_day_until_before_since_is_read_on_since_s_day(
     assert window_moments(parse_since("23:50", now), parse_since("00:10", now)) == (start - 8 * 3600 - 600, start - 8 * 3600 + 600)
 
 
-def test_a_time_of_day_read_as_yesterday_is_said_so_where_the_window_is_refused(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A trial: `--since 19:30 --until 19:31` given before 19:30 UTC (a local 19:3x) was read as
-    yesterday's, as documented, and the error printed "2026-12-06T19:31" without saying it was
-    taken as yesterday, nor that a time of day is UTC."""
+def journal_at_0800(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A journal of 20 s from 2027-01-15 08:00:00 UTC, read at 08:01:00 (the clock pinned)."""
     start = 1_800_000_000.0  # 2027-01-15T08:00:00Z
     arrivals = synthetic_arrivals(60, 20.0, seed=2)
     _, outcomes = recorded_by_model(CONFIG, FIT, arrivals)
     path = str(tmp_path / "today.db")
     write_journal(path, CONFIG, FIT, arrivals, outcomes, start=start)
     monkeypatch.setattr("time.time", lambda: start + 60.0)  # 08:01:00 UTC
+    return path
+
+
+def test_a_time_of_day_read_as_yesterday_is_said_so_where_the_window_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trial: `--since 19:30 --until 19:31` given before 19:30 UTC (a local 19:3x) was read as
+    yesterday's, as documented, and the error printed "2026-12-06T19:31" without saying it was
+    taken as yesterday, nor that a time of day is UTC."""
+    path = journal_at_0800(tmp_path, monkeypatch)
     assert main(["replay", "--journal", path, "--since", "08:30", "--until", "08:31"]) == 1
     err = capsys.readouterr().err
     assert "no decisions before --until 2027-01-14T08:31:00.000Z" in err, err
@@ -2114,12 +2120,7 @@ def test_a_time_of_day_read_as_yesterday_is_said_so_when_the_window_replays(
     """A trial at 22:45 UTC: `--since 23:50` was yesterday's 23:50, before the gate's start, so the
     window started there; the only word was the note that it starts at the gate's start, nothing
     that 23:50 had been read as yesterday's."""
-    start = 1_800_000_000.0  # 2027-01-15T08:00:00Z
-    arrivals = synthetic_arrivals(60, 20.0, seed=2)
-    _, outcomes = recorded_by_model(CONFIG, FIT, arrivals)
-    path = str(tmp_path / "today.db")
-    write_journal(path, CONFIG, FIT, arrivals, outcomes, start=start)
-    monkeypatch.setattr("time.time", lambda: start + 60.0)  # 08:01:00 UTC
+    path = journal_at_0800(tmp_path, monkeypatch)
     assert main(["replay", "--journal", path, "--since", "08:30", "--format", "json"]) == 0
     out, err = capsys.readouterr()
     assert any("when the gate that wrote the journal started" in n for n in json.loads(out)["notes"])
