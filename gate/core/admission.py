@@ -1100,6 +1100,11 @@ class Admission:
         block = self.blocker(head.request)
         if block is Block.BUDGET and self._stretches() and self._beyond_budget(head.request):
             return "aging (budget)"
+        if block is Block.SLOTS and not self._stretches() and self._beyond_budget(head.request):
+            # no free slot would start it: the budget an operator holds leaves its class less (a
+            # trial's batch, 31 waiting under a budget held at 1,024 that interactive's reservation
+            # took whole, read "slots 4/4 busy")
+            return "reservations" if head.request.cost <= self.budget else "token budget"
         if block is Block.SLOTS:
             return f"slots {self.ledger.slots}/{self.capacity.slots} busy"
         if block is Block.BUDGET and self.ledger.in_flight + head.request.cost <= self.effective_budget:

@@ -445,6 +445,18 @@ def test_waiting_on_names_what_binds_the_oldest_waiter():
     adm.offer(req("batch", 300), 0.0)
     assert adm.ledger.in_flight == 300 and adm.waiting_on("batch") == "reservations"
 
+    # every slot busy, but no free slot would start it: the budget then held (static) leaves
+    # batch nothing beside interactive's 600 (a trial's 31 batch waiters, queued before a what-if
+    # held the budget at 1,024 that interactive's reservation took whole, read "slots 4/4 busy")
+    adm = two_classes(budget=1000, slots=1, interactive={"reserved_tokens": 600})
+    adm.offer(req("interactive", 100), 0.0)
+    adm.offer(req("batch", 300), 0.0)
+    assert adm.waiting_on("batch") == "slots 1/1 busy"  # it fits once the slot frees
+    adm.set_budget(600)
+    assert adm.ledger.slots == 1 and adm.waiting_on("batch") == "reservations"
+    adm.set_budget(250)
+    assert adm.waiting_on("batch") == "token budget"
+
     adm = two_classes(budget=1000, batch={"limit_tokens": 500})
     adm.offer(req("batch", 400), 0.0)
     adm.offer(req("batch", 200), 0.0)
