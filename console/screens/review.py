@@ -440,6 +440,10 @@ class ReviewScreen(Screen[str | None]):
         since, until = self._range_bounds()
         chart_since = since if since is not None else (self.oldest if self.oldest is not None else self.now - 60)
         chart_until = until if until is not None else self.now
+        if self.oldest is not None and not self.filter_fields.get("since") and chart_since < self.oldest:
+            # a range wider than the journal starts at its first row, not in blank: a trial's
+            # 3 minutes of journal filled the right fifth of 15m, the audit marks' labels clipped
+            chart_since = max(min(self.oldest, chart_until - 60.0), chart_since)
         # the chart's right edge is the window's end: an until= filter's, else "now" (it was "now"
         # whatever until= said, as the header's end once was)
         chart_end = min(self.now, chart_until)
