@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gate.data.records import AuditRecord
 from gate.data.snapshot import GateSnapshot
@@ -81,9 +82,10 @@ class FleetRow:
     running: int | None  # requests holding a reservation (dispatched upstream)
     queued: int | None
     denials_per_min: int | None
-    p95_ttft_ms: float | None
-    slo_ttft_ms: float | None
+    p95_ttft_ms: float | None  # the class furthest over its objective: its TTFT p95 from arrival
+    slo_ttft_ms: float | None  # ... and that objective (`worst_class_ttft`)
     shared: str  # off | ok | fail_open | fail_closed
+    ttft_class: str = ""  # ... and that class
 
 
 def fleet_row(name: str, snap: GateSnapshot | None, error: str | None) -> FleetRow:
@@ -104,10 +106,24 @@ def fleet_row(name: str, snap: GateSnapshot | None, error: str | None) -> FleetR
         running=max(0, snap.requests_in_flight - snap.queued),
         queued=snap.queued,
         denials_per_min=sum(c.refused_per_min for c in snap.classes),
-        p95_ttft_ms=snap.controller.p95_ttft_ms_1m,  # the one the gate's own console shows
-        slo_ttft_ms=snap.controller.slo_ttft_ms,
+        **worst_class_ttft(snap),
         shared=snap.shared or "off",
     )
+
+
+def worst_class_ttft(snap: GateSnapshot) -> dict[str, Any]:
+    """The class furthest over (or nearest to) its own objective, by its TTFT p95 from arrival,
+    as the gate's classes table shows them: the column said the worst class's p95 from dispatch
+    against [budget]'s SLO, `117/2,000` in green while clients waited 1.9 s and interactive's
+    objective was 1.5 s (a trial, of the gate's own console; the fleet's said the same). With no
+    class measured, the SLO and no figure."""
+    judged = [
+        (c.p95_ttft_arrival_ms / c.ttft_objective_ms, c) for c in snap.classes if c.p95_ttft_arrival_ms is not None and c.ttft_objective_ms
+    ]
+    if not judged:
+        return {"p95_ttft_ms": None, "slo_ttft_ms": snap.controller.slo_ttft_ms}
+    _, c = max(judged, key=lambda j: j[0])
+    return {"p95_ttft_ms": c.p95_ttft_arrival_ms, "slo_ttft_ms": c.ttft_objective_ms, "ttft_class": c.name}
 
 
 class FleetGate:

@@ -31,7 +31,7 @@ COLUMNS: dict[str, str] = {
     "in_flight": "in flight",
     "queued": "queued",
     "denials": "ref/m",
-    "p95": "TTFT p95/SLO",
+    "p95": "TTFT p95/obj",
     "shared": "shared",
     "note": "",
 }
@@ -58,7 +58,10 @@ def row_cells(row: FleetRow) -> dict[str, Any]:
         "denials": Text(_n(row.denials_per_min), style="bold red" if row.denials_per_min else ""),
         "p95": Text("-")
         if row.slo_ttft_ms is None
-        else Text(f"{p95}/{row.slo_ttft_ms:,.0f} ms", style=ttft_style(row.p95_ttft_ms, row.slo_ttft_ms)),
+        else Text(
+            f"{p95}/{row.slo_ttft_ms:,.0f} ms{f' {row.ttft_class}' if row.ttft_class else ''}",
+            style=ttft_style(row.p95_ttft_ms, row.slo_ttft_ms),
+        ),
         "shared": Text(row.shared, style=SHARED.get(row.shared, "")),
         "note": Text(row.note, style="red"),
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import types
 
 import pytest
 
@@ -81,6 +82,60 @@ async def test_a_row_holds_the_gates_own_figures():
     finally:
         gk.close()
         await gate.client.aclose()
+
+
+def test_the_ttft_column_is_the_class_furthest_over_its_own_objective_from_arrival():
+    """The column read the worst class's p95 from dispatch against [budget]'s SLO: `117/2,000`
+    in green while clients waited 1.9 s and interactive's objective was 1.5 s (a trial)."""
+    from console.fleet import worst_class_ttft
+    from gate.data.snapshot import ClassView, ControllerView
+
+    def view(name: str, dispatch: float | None, arrival: float | None, objective: float) -> ClassView:
+        return ClassView(
+            name=name,
+            priority=1,
+            paused=False,
+            reserved_tokens=0,
+            limit_tokens=None,
+            queue_depth=8,
+            queue_timeout_s=10.0,
+            default_max_tokens=64,
+            max_tokens_cap=64,
+            in_flight=0,
+            queued=0,
+            oldest_wait_s=None,
+            admitted_per_min=0,
+            refused_per_min=0,
+            p95_ttft_ms=dispatch,
+            p95_ttft_arrival_ms=arrival,
+            p95_queue_ms=None,
+            waiting_on="",
+            ttft_objective_ms=objective,
+        )
+
+    controller = ControllerView(
+        mode="adaptive",
+        frozen=False,
+        budget=2048,
+        min_tokens=1024,
+        ceiling=2048,
+        p95_ttft_ms=117.0,
+        p95_tpot_ms=None,
+        slo_ttft_ms=2000.0,
+        slo_tpot_ms=None,
+    )
+    snap = types.SimpleNamespace(
+        controller=controller,
+        classes=(
+            view("interactive", 117.0, 1900.0, 1500.0),  # 127% of its objective
+            view("batch", 150.0, 40000.0, 60000.0),  # 67% of its
+        ),
+    )
+    assert worst_class_ttft(snap) == {"p95_ttft_ms": 1900.0, "slo_ttft_ms": 1500.0, "ttft_class": "interactive"}
+    snap.classes = (view("interactive", None, None, 1500.0),)
+    assert worst_class_ttft(snap) == {"p95_ttft_ms": None, "slo_ttft_ms": 2000.0}  # nothing measured: the SLO
+    row = fleet_row("gpu-1", None, None)
+    assert row.ttft_class == ""
 
 
 def test_an_unreachable_gate_is_a_row_that_says_why():
